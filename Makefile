@@ -59,7 +59,7 @@ test-fast: setup
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen
-	$(BIN)/python -m collectors.k8s.regen
+	$(BIN)/python -m collectors.k8s.regen_podresources
 
 docs: setup
 	$(BIN)/perfd catalog --doc > docs/metrics.md

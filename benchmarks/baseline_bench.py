@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collectors.nvml.collector import THROTTLE_REASONS
 from collectors.nvml.processes import GpuProcess, ProcessTracker
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.runtime import GC_THRESHOLDS
 from perfd.aggregator.snapshot import overview_of
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
@@ -127,7 +127,7 @@ class _Node:
                 procs.append(GpuProcess(900_000 + rank, 2_000_000_000))  # declares no rank: foreign
             ev = tracker.update(dict(labels), procs, now)
             assert ev is not None
-            ev["labels"]["node"] = self.id  # what the agent adds (perfd.agent.main)
+            ev["labels"]["node"] = self.id  # what the agent adds (perfd.agent.node_agent)
             events.append(dict(ev))
         ns = int(now * 1e9)
         self.send(agg, encode_batch(self.id, self._next(), [], steps, events, self.table, created_ns=ns,

@@ -75,7 +75,7 @@ def run_ingest_bench(n_agents: int, samples_per_batch: int, seconds: float, *, w
         got = {"batches": 0, "samples": 0}
         real: Any = None
         if sink == "aggregator":
-            from perfd.aggregator.main import Aggregator, AggregatorConfig
+            from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 
             real = Aggregator(AggregatorConfig()).on_batch
 

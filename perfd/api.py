@@ -74,7 +74,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.analyze import check_gpu, check_log
     from perfd.logfiles import LogFileError
-    from perfd.report.serving import build_serving_report
+    from perfd.report.serving_report import build_serving_report
     from perfd.serving_model import ServingModelSpec
 
     why = check_log(str(path)) or check_gpu(gpu, None)

@@ -540,13 +540,13 @@ CATALOG: tuple[MetricDef, ...] = (
        ("reason",)),
     _m("perfd_aggregator_jobs_held", "gauge", "count",
        "Jobs held now (what --max-jobs counts: named by an open stream's Hello, or holding data not yet "
-       "pruned); perfd.aggregator.lifecycle", _AGGREGATOR, ()),
+       "pruned); perfd.aggregator.retention", _AGGREGATOR, ()),
     _m("perfd_aggregator_series_held", "gauge", "count",
        "Node series definitions held now (what --max-series counts; an agent's leave when it is "
        "forgotten)", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_held_bytes", "gauge", "bytes",
        "Bytes the --state-dir files take on disk now (the database, its write-ahead log and index: what "
-       "--state-max-mib caps); absent without a state dir. perfd.aggregator.store", _AGGREGATOR, ()),
+       "--state-max-mib caps); absent without a state dir. perfd.aggregator.state_store", _AGGREGATOR, ()),
     _m("perfd_aggregator_state_max_bytes", "gauge", "bytes",
        "The --state-dir cap (--state-max-mib) in bytes: held / max is how full the journal is (the oldest "
        "batches go first past it)", _AGGREGATOR, ()),

@@ -69,6 +69,7 @@ class RankHost(TypedDict, total=False):
     state_since: float  # epoch s the agent first saw it in this state
     observed_at: float  # epoch s of the reading
     started_at: float  # epoch s the process started (the node's clock, as observed_at)
+    threads: int  # the process's threads (proc(5) stat num_threads)
     cpu_cores: float  # CPU seconds per second over the last interval (all threads)
     wait_ratio: float  # run-queue wait ÷ (run + wait), all threads, last interval
     cpu_demand_cores: float  # (run + wait) ÷ interval: the CPU its threads wanted
@@ -81,6 +82,7 @@ class RankHost(TypedDict, total=False):
     others: list[dict[str, object]]  # the top of them: pid, user, name, cmdline, cpu_ratio, own
     cgroup: str
     throttled_ratio: float  # cgroup CFS periods throttled ÷ periods, last interval
+    throttled_s: float  # seconds the cgroup was throttled in the last interval
     cpu_quota_cores: float  # the cgroup's CPU quota (cpu.max / cfs_quota_us), when one is set
     pressure: dict[str, float]  # resource (cpu, memory, io) -> PSI "some" share, last interval
     pressure_source: str  # "cgroup" or "node" (the rank's cgroup is the root: /proc/pressure)
@@ -90,11 +92,12 @@ class RankHost(TypedDict, total=False):
 
 
 class LaunchExit(TypedDict, total=False):
-    """How a job's ``perfd launch`` ended, from its manifest (collectors/ranks)."""
+    """How a job's ``perfd launch`` ended, from its manifest (collectors/ranks). None: the manifest
+    gives no integer code or no time (one written by an older or a killed launcher)."""
 
-    status: str
-    exit_code: int
-    ended: float
+    status: str  # perfd.manifest.STATUS_EXITED
+    exit_code: int | None
+    ended: float | None
 
 
 class RankProcesses(TypedDict, total=False):
@@ -177,7 +180,7 @@ NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder 
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
                "A collective stuck past the hang threshold (and its resolution)", whole=True)
 HOOK_PROFILE = _k("hook_profile", "mapping", False, "collectors/hook",
-                  ("perfd/agent/captures.py: cudaProfilerApi ranges",),
+                  ("perfd/agent/capture_executor.py: cudaProfilerApi ranges",),
                   "A rank's step hook state (profiler range open/closed)", whole=True)
 GPU_LOST = _k("gpu_lost", "none", False, "collectors/nvml", (_AGG_LOG,), "A GPU fell off the bus")
 XID = _k("xid", "mapping", False, "collectors/nvml", (_AGG_LOG,), "An XID error on a GPU")

@@ -85,7 +85,7 @@ MAX_RETRY_AFTER_S = 30.0
 LIVENESS_BUDGET_S = 30.0  # what docs/reliability.md promises
 
 # ---- aggregator state -----------------------------------------------------------------------------
-# What the caps count is what is held *now* (perfd.aggregator.lifecycle): a job while a live stream's
+# What the caps count is what is held *now* (perfd.aggregator.retention): a job while a live stream's
 # Hello names it or while its data is kept; a series while its agent is connected or recently was.
 MAX_JOBS = 1_000  # distinct job names held
 # Jobs one agent id may hold, and one identity (a client certificate, or the address of a client

@@ -2,7 +2,7 @@
 (``perfd agent --launch-manifest``: its ``job`` and ``collectors``) and by collectors/ranks (the
 launched process: ``pid`` while ``status`` is running).
 
-Written by perfd.launch (``manifest_data`` fills the keys), read here: a plain module below both
+Written by perfd.launcher (``manifest_data`` fills the keys), read here: a plain module below both
 the launcher and the collectors, so a collector never imports the launcher.
 """
 
@@ -31,7 +31,7 @@ class FlightRecorderSetup(TypedDict):
 
 
 class LaunchManifest(TypedDict):
-    """What ``perfd launch`` writes (perfd.launch.manifest_data)."""
+    """What ``perfd launch`` writes (perfd.launcher.manifest_data)."""
 
     version: int
     job: str

@@ -12,7 +12,7 @@ import pytest
 
 import collectors.megatron
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent
+from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
 from perfd.model import Sample
 

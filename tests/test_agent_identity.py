@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfd.agent.config import apply_overrides, load_config
-from perfd.agent.main import Agent
+from perfd.agent.node_agent import Agent
 from perfd.collector import Collected
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES
 from perfd.model import Sample

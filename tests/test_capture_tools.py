@@ -10,7 +10,7 @@ import pytest
 from perfd.capture import request as capture_request
 from perfd.commands import capture as capture_cmd
 from perfd.model import CAPTURE_TOOLS
-from perfd.rules import model as rules_model
+from perfd.rules import rule_types as rules_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -92,7 +92,7 @@ def test_every_other_catalog_metric_is_named_by_code() -> None:
 def test_the_check_sees_constants_and_ignores_docstrings(tmp_path: Path) -> None:
     found = named_in_code()
     assert "perfd/aggregator/job_rows.py" in found[catalog.JOB_STALLED_SECONDS]  # through the constant
-    assert "perfd/agent/main.py" in found["perfd_agent_captures_total"]
+    assert "perfd/agent/node_agent.py" in found["perfd_agent_captures_total"]
     tree = ast.parse('"""perfd_gpu_power_watts"""\nx = 1\n')
     assert len(_docstrings(tree)) == 1
 

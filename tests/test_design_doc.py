@@ -3,8 +3,8 @@
 Source comments, docstrings, threshold declarations and docs cite ``docs/design.md §N`` (sometimes
 with the part's name: ``§3 "Transport"``, ``§2 Diagnosis playbook``). A citation of a design file
 kept outside the repository cannot be followed from a clone; a citation of a section or a part the
-page does not have cannot be followed either. Values the page quotes as ```NAME` = value`` must be
-the ones the code declares.
+page does not have cannot be followed either; nor can a path outside the repository, in any tracked
+file. Values the page quotes as ```NAME` = value`` must be the ones the code declares.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ CITED = "docs/design.md"
 
 # Any spelling of a file named design.md: only the repository's, spelled exactly CITED, may be cited.
 _ANY_DESIGN = re.compile(r"design\.md", re.IGNORECASE)
-# A folder outside the repository that design facts used to be read from.
-_OUTSIDE = re.compile(r"\.\./shared/")
+# Folders outside the repository that facts and fixtures used to be read from, by absolute or relative
+# path: a clone has neither, so a file that names them cites something no reader can open.
+_OUTSIDE = re.compile(r"(?:/work/|\.\./)(?:shared|briefs)\b")
 _SECTION_MARK = re.compile(r"§\s*(\d+(?:\.\d+)*)")
 _MD_FILE = re.compile(r"[\w./-]+\.md\b")
 _QUOTED_PART = re.compile(r'\s+"([^"\n]+)"')
@@ -152,6 +153,10 @@ def test_every_citation_resolves_inside_the_repository() -> None:
     ('# docs/design.md §3 "Transports"', "has no part 'Transports'"),
     ("_D = 'docs/design.md §2 Diagnosis playbooks'", "has no part 'Diagnosis playbooks'"),
     ("# the bytes are in ../shared/fixtures", "outside the repository"),
+    ('LOG = Path("/work/shared/fixtures/megatron/a.log")', "outside the repository"),
+    ("measured on the H100 (`/work/shared/gpu/README.md`)", "outside the repository"),
+    ("| `/work/briefs/probe/run.sh` |", "outside the repository"),
+    ("see ../shared", "outside the repository"),
 ])
 def test_the_check_catches_a_broken_citation(text: str, wrong: str) -> None:
     problems = check_citations({"perfd/x.py": text}, DESIGN.read_text())

@@ -4,9 +4,11 @@ of any shape raising past that edge: the issue-54 item 1 class of bug (one proce
 
 from __future__ import annotations
 
+import json
 import time
 from array import array
-from typing import Any
+from pathlib import Path
+from typing import Any, get_type_hints
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,10 +16,12 @@ from hypothesis import strategies as st
 
 from perfd import events
 from perfd import limits as L
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_gpus, job_summary
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.model import StepRecord
 from perfd.transport.codec import F64, I64, U32, DecodedBatch
+from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.record_codec import event_from_pb, event_to_pb
 
 
 def _batch(steps: list[StepRecord] = (), evs: list[Any] = ()) -> DecodedBatch:  # type: ignore[assignment]
@@ -141,3 +145,46 @@ def test_what_the_producers_send_is_of_its_declared_type() -> None:
     for ev in evs:
         got, problems = events.checked(ev)
         assert problems == [] and got is not None and len(got["payload"]["ranks"]) == 2
+
+
+_RECORDED = Path(__file__).resolve().parent / "data" / "host" / "rank_observations.json"
+
+
+@pytest.mark.parametrize("name", ["calm", "contention", "stopped", "gone"])
+def test_a_recorded_rank_processes_payload_round_trips_as_declared(name: str) -> None:
+    """A payload the ranks collector sent (recorded: tests/data/host) crosses the wire and the edge
+    unchanged, and every key of it is one RankProcesses and RankHost declare: a key the collector sends
+    and the declaration lacks passes the edge unchecked and is read untyped."""
+    payload = json.loads(_RECORDED.read_text())[name]
+    m = pb.Event()
+    event_to_pb({"kind": events.RANK_PROCESSES.name, "time": 1.0, "job": "j", "payload": payload}, m)
+    got, problems = events.checked(event_from_pb(m))
+    assert problems == [] and got is not None and got["payload"] == payload
+    assert set(payload) <= set(get_type_hints(events.RankProcesses))
+    declared = set(get_type_hints(events.RankHost))
+    for row in payload["ranks"]:
+        assert set(row) <= declared, set(row) - declared
+    row = payload["ranks"][0]
+    assert ("threads" in row) == (row["state"] != "gone")  # the key that was sent undeclared
+
+
+def test_a_launch_without_an_exit_code_round_trips_as_declared(tmp_path: Path) -> None:
+    """The ranks collector's launch end from a manifest that gives no code and no end time (None)."""
+    from collectors.ranks import RanksCollector
+    from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, write_manifest
+
+    manifest = tmp_path / "launch.json"
+    write_manifest(manifest, {"version": MANIFEST_VERSION, "job": "j", "status": STATUS_EXITED, "pid": None,
+                              "exit_code": None, "ended": None, "collectors": {}})
+    c = RanksCollector({"job": "j", "launch_manifest": str(manifest), "event_every_s": 0})
+    if not c.probe().available:
+        pytest.skip(c.probe().reason)
+    sent = [e for e in c.collect(time.time()).events if e["kind"] == events.RANK_PROCESSES.name]
+    assert len(sent) == 1
+    payload = sent[0]["payload"]
+    assert payload["launch"] == {"status": STATUS_EXITED, "exit_code": None, "ended": None}
+    m = pb.Event()
+    event_to_pb(sent[0], m)
+    got, problems = events.checked(event_from_pb(m))
+    assert problems == [] and got is not None and got["payload"] == payload
+    assert set(payload["launch"]) <= set(get_type_hints(events.LaunchExit))

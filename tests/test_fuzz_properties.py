@@ -30,7 +30,7 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.rules.expr import ExprError, compile_expr
-from perfd.rules.loader import parse_pack
+from perfd.rules.pack_loader import parse_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON = (ROOT / "tests" / "data" / "megatron" / "tp2_swiglu_gqa_untied.log").read_text().splitlines()

@@ -21,7 +21,7 @@ import pytest
 from collectors.megatron import parse_file, parse_lines
 from perfd import bounds, finite_json
 from perfd import limits as L
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate
@@ -29,7 +29,7 @@ from perfd.cli import main as cli_main
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.model import JobInfo
 from perfd.rules.expr import MAX_EXPR_DEPTH, ExprError, compile_expr
-from perfd.rules.loader import MAX_YAML_DEPTH, parse_pack
+from perfd.rules.pack_loader import MAX_YAML_DEPTH, parse_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "megatron"

@@ -144,7 +144,7 @@ def test_the_cycle_check_sees_a_function_level_cycle(tmp_path: Path):
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     probe = tmp_path / "probe.py"
     probe.write_text("from typing import TYPE_CHECKING\n"
-                     "if TYPE_CHECKING:\n    from perfd.agent import main\n"
+                     "if TYPE_CHECKING:\n    from perfd.agent import node_agent\n"
                      "def g():\n    from perfd.report import build_report\n    return build_report\n"
                      "from . import flops\n")
     mods = _imports(probe, package="perfd.analytics")
@@ -161,7 +161,7 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # gRPC is perfd's transport: no collector may use it, except collectors/k8s, whose source (the
     # kubelet's pod-resources API) is itself a gRPC service.
     # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
-    assert not _violations(files, ("perfd.launch", "perfd.commands", "perfd.aggregator", "perfd.cli"))
+    assert not _violations(files, ("perfd.launcher", "perfd.commands", "perfd.aggregator", "perfd.cli"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
     # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
     # perfd.serving_model).
@@ -173,7 +173,7 @@ def test_collectors_know_nothing_of_transport_or_exporters():
 def test_the_launcher_imports_no_collector():
     """`perfd launch` sets up what collectors read (the manifest, the Flight Recorder's environment)
     through modules below both (perfd.manifest, perfd.flight_recorder_env)."""
-    assert not _violations([ROOT / "perfd" / "launch.py"], ("collectors",))
+    assert not _violations([ROOT / "perfd" / "launcher.py"], ("collectors",))
 
 
 def test_exporters_know_nothing_of_collectors():
@@ -213,7 +213,8 @@ def test_agent_and_aggregator_never_import_torch():
         "import sys, importlib\n"
         "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'collectors.megatron']\n"
         "import pkgutil\n"
-        "for m in ('perfd.agent.main', 'perfd.aggregator.main', 'collectors.nvml', 'collectors.host'):\n"
+        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.daemon', 'collectors.nvml',\n"
+        "          'collectors.host'):\n"
         "    try:\n"
         "        importlib.util.find_spec(m) and mods.append(m)\n"
         "    except ModuleNotFoundError:\n"

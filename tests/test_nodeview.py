@@ -72,7 +72,7 @@ def test_gpu_view_reads_the_latest_values_throttle_flags_and_only_the_names_aske
 def test_a_restarted_agent_numbering_its_series_anew_updates_the_right_series() -> None:
     """Through the aggregator: a new stream's batch defines id 0 as another series; its values
     land there and the series id 0 meant before keeps its value."""
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from perfd.model import Sample
     from perfd.transport.codec import DecodedBatch, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.config import apply_overrides, load_config
-from perfd.transport.shard import pick_aggregator
+from perfd.transport.shard_routing import pick_aggregator
 from tests.faults.test_network_faults import _megatron_lines
 from tests.procs import free_port, http_get, wait_for
 

@@ -1,4 +1,4 @@
-"""perfd.aggregator.store: the aggregator's --state-dir (SQLite, WAL)."""
+"""perfd.aggregator.state_store: the aggregator's --state-dir (SQLite, WAL)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.store import (
+from perfd.aggregator.state_store import (
     BATCH,
     HELLO,
     SCHEMA_VERSION,
@@ -96,7 +96,7 @@ def test_a_damaged_state_file_stops_start_up_with_one_clear_line(tmp_path: Path)
 
 
 def test_the_rules_loop_prunes_the_journal_even_while_ingest_holds_a_transaction(tmp_path: Path) -> None:
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 
     agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path)))
     store = agg.store
@@ -163,7 +163,7 @@ def test_the_state_is_pruned_by_bytes_oldest_batches_first(tmp_path: Path) -> No
 
 def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_several_jobs(
         tmp_path: Path) -> None:
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from perfd.model import StepRecord
     from perfd.transport.codec import encode_batch
     from perfd.transport.series import SeriesTable
@@ -202,7 +202,7 @@ def test_what_the_aggregator_refused_is_never_journalled(tmp_path: Path) -> None
     """Issue 43 item 4: the journal stores what the aggregator kept of a batch and the jobs a Hello
     was given — not a stranger's step records or events for a job it does not host, nor Hello names
     the guard refused."""
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from perfd.model import StepRecord
     from perfd.transport.codec import HelloInfo, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.model import Sample
 

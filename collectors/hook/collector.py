@@ -37,7 +37,7 @@ named by its hook (``KIND_TRACE_WRITTEN``) and reported with the sender's uid, w
 What each rank's hook says of its process is kept in ``ranks`` (:class:`HookRank`): its pid (as
 verified above), the CUDA device it computes on (UUID: the agent places a rank whose process declares
 no RANK on its GPU, perfd.agent.hook_gpus) and what it can do for a capture (a Kineto trace of its
-own, or the Kineto daemon: perfd.agent.captures). Step records a hook could not deliver (its backlog
+own, or the Kineto daemon: perfd.agent.capture_executor). Step records a hook could not deliver (its backlog
 overflowed while the agent was away) are counted here when a later record says so (``records_lost``).
 
 Where it listens: by default ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`),
@@ -62,7 +62,7 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from collectors.config import as_int
+from collectors.config_values import as_int
 from collectors.hook import peers as P
 from collectors.hook.requests import Requests, RequestSender
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.model import Sample
 

@@ -1,7 +1,7 @@
 """Kubernetes collector: GPU → (namespace, pod, container) from the kubelet pod-resources API.
 
 See README.md in this folder for what it reads, the event it emits, config keys and failure
-behaviour. The gRPC code in ``gen/`` is generated (``python -m collectors.k8s.regen``).
+behaviour. The gRPC code in ``gen/`` is generated (``python -m collectors.k8s.regen_podresources``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from collectors.config import as_float, as_int
+from collectors.config_values import as_float, as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.parser import MegatronLogParser
 from collectors.megatron.tail import LogTail, TailPosition

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from collectors.nccl.flight_recorder import FlightRecorderTracker
 from collectors.nccl.hangs import HangReport, detect_hangs
 from collectors.nccl.inspector import InspectorReader

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from collectors.nvml.gpm import GPM_METRICS, GpmSampler
 from collectors.nvml.probe import DeviceState, MemoryInfo, Utilization, is_permanent, probe_device
 from collectors.nvml.processes import (

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from collectors.config import as_int
+from collectors.config_values import as_int
 from collectors.nvml.probe import is_permanent
 from collectors.nvml.wrapper import Nvml
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from collectors.nvml.collector import NvmlCollector
 from collectors.nvml.replay import FORMAT_VERSION, entries
 from collectors.nvml.wrapper import Nvml

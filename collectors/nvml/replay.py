@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import REPLAY_FINISHED
 from perfd.model import Sample

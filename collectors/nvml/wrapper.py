@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from collectors.config import as_int
+from collectors.config_values import as_int
 
 log = logging.getLogger(__name__)
 

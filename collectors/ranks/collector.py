@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from collectors.ranks import procfs
 from perfd import limits as L
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
-from perfd.events import RANK_PROCESSES, RankHost
+from perfd.events import RANK_PROCESSES, LaunchExit, RankHost
 from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
 from perfd.model import Sample
 from perfd.procinfo import (
@@ -102,13 +102,6 @@ class RanksConfig:
                    proc=str(cfg.get("proc", procfs.PROC)), event_every_s=every,
                    pod=bool(cfg.get("pod", False)))
 
-
-
-class RankRow(RankHost, total=False):
-    """One rank's row as this collector builds it: events.RankHost, and what it reads beside."""
-
-    threads: int
-    throttled_s: float
 
 
 _RankMarks = tuple[int, str, bool, bool, bool]  # rank, then _marks: what makes an event due at once
@@ -174,7 +167,7 @@ class RanksCollector(Collector):
         self._sent: dict[str, tuple[float, tuple[_RankMarks, ...]]] = {}  # job -> (last event, its marks)
         # job -> its launch's end as the launch manifest says it (status, exit code, when): sent with
         # the job's rank_processes events, so the aggregator knows the job ended without waiting
-        self._launch: dict[str, dict[str, object]] = {}  # events.LaunchExit, exit_code and ended or None
+        self._launch: dict[str, LaunchExit] = {}
         self._launch_sent: set[str] = set()  # jobs whose launch end went out with no rank to report
         self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
         self.last_scan_pids = 0
@@ -233,7 +226,7 @@ class RanksCollector(Collector):
                 self.count_error("discover-failed", repr(exc))
         cpus = procfs.read_cpu_times(self.config.proc)
         self._cg_cache = {}
-        rows: dict[tuple[str, int], RankRow] = {}
+        rows: dict[tuple[str, int], RankHost] = {}
         for key, rp in list(self.ranks.items()):
             try:
                 row = self._measure(rp, t, now, cpus)
@@ -367,7 +360,7 @@ class RanksCollector(Collector):
 
     # ---- one rank ------------------------------------------------------------------------------
     def _measure(self, rp: RankProc, t: float, now: float,
-                 cpus: dict[int, tuple[int, int]] | None) -> RankRow | None:
+                 cpus: dict[int, tuple[int, int]] | None) -> RankHost | None:
         proc = self.config.proc
         st = procfs.read_stat(rp.pid, proc)
         if st is None or (rp.start_ticks is not None and st.start_ticks != rp.start_ticks):
@@ -379,8 +372,8 @@ class RanksCollector(Collector):
             return None
         if state != rp.state:
             rp.state, rp.state_since = state, now
-        row: RankRow = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
-                               "state_since": rp.state_since, "observed_at": now}
+        row: RankHost = {"rank": rp.rank, "pid": rp.pid, "source": rp.source, "state": state,
+                          "state_since": rp.state_since, "observed_at": now}
         boot = procfs.boot_time(proc)
         if boot is not None and rp.start_ticks is not None:
             # when the process started: one started after the job's last step is a new run starting
@@ -437,7 +430,7 @@ class RanksCollector(Collector):
         rp.prev_t = t
         return row
 
-    def _children(self, rp: RankProc, row: RankRow, dt: float | None) -> None:
+    def _children(self, rp: RankProc, row: RankHost, dt: float | None) -> None:
         """The CPU the rank's descendants used (its data-loader workers: the job's own work, shown as
         the job's, never as other processes on its CPUs); a child that came or went within the
         interval counts from its first reading on."""
@@ -471,7 +464,7 @@ class RanksCollector(Collector):
             busy, total = busy + b[0] - a[0], total + b[1] - a[1]
         return min(1.0, busy / total) if total > 0 else None
 
-    def _cgroup(self, rp: RankProc, row: RankRow, dt: float | None) -> None:
+    def _cgroup(self, rp: RankProc, row: RankHost, dt: float | None) -> None:
         text = procfs.read_text(f"{self.config.proc}/{rp.pid}/cgroup")
         if text is not None and text != rp.cgroup_text:  # first read, or moved (a pod's resize, a test)
             if rp.cgroup_text is not None:
@@ -516,7 +509,7 @@ class RanksCollector(Collector):
                                          procfs.read_oom_kills(d))
         return got
 
-    def _oom(self, rp: RankProc, row: RankRow) -> None:
+    def _oom(self, rp: RankProc, row: RankHost) -> None:
         oom = self._cgroup_files(rp.cgroup)[2] if rp.cgroup is not None else None
         if oom is None:
             return
@@ -526,7 +519,7 @@ class RanksCollector(Collector):
         row["oom_kills_since_follow"] = oom - rp.oom_at_follow
 
     # ---- who else runs on a waiting rank's CPUs ---------------------------------------------------
-    def _contention(self, rows: dict[tuple[str, int], RankRow], t: float) -> None:
+    def _contention(self, rows: dict[tuple[str, int], RankHost], t: float) -> None:
         """While some rank waits for a CPU, read every process's CPU time and last CPU each collect;
         with the previous scan, name what ran on each waiting rank's CPUs. No wait: no scan (and
         the previous one is dropped, so a later scan never spans a long gap)."""
@@ -606,14 +599,14 @@ class RanksCollector(Collector):
         return (pages - prev[1]) * procfs.PAGE_SIZE / (t - prev[0])
 
     # ---- output --------------------------------------------------------------------------------
-    def _emit(self, rows: dict[tuple[str, int], RankRow], swap: float | None, now: float,
+    def _emit(self, rows: dict[tuple[str, int], RankHost], swap: float | None, now: float,
               out: Collected) -> None:
         def emit(name: str, value: float, labels: dict[str, str]) -> None:
             out.samples.append(Sample(name=name, value=float(value), time=now, labels=labels))
 
         if swap is not None and rows:  # the ranks' memory-pressure context: none without a rank followed
             emit("perfd_host_swap_in_bytes_per_second", swap, {})
-        by_job: dict[str, list[RankRow]] = {}
+        by_job: dict[str, list[RankHost]] = {}
         for (job, rank), row in sorted(rows.items()):
             by_job.setdefault(job, []).append(row)
             lab = {"job_name": job, "rank": str(rank)} if job else {"rank": str(rank)}
@@ -660,14 +653,14 @@ class RanksCollector(Collector):
             })
 
 
-def _waits(row: RankRow) -> bool:
+def _waits(row: RankHost) -> bool:
     """The rank waits for a CPU: a share of the time it wanted one past CPU_WAIT_SCAN, and it wanted
     some (a rank that barely runs waits a few µs a wake-up: a large share of almost nothing)."""
     wait, demand = row.get("wait_ratio"), row.get("cpu_demand_cores")
     return wait is not None and wait >= CPU_WAIT_SCAN.value and (demand is None or demand >= MIN_DEMAND)
 
 
-def _marks(row: RankRow) -> tuple[str, bool, bool, bool]:
+def _marks(row: RankHost) -> tuple[str, bool, bool, bool]:
     """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
     corroboration), waiting for a CPU, throttled."""
     cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from collectors.config import as_float, as_int
+from collectors.config_values import as_float, as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.sglang.metrics import scrape

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from collectors.config import as_int
+from collectors.config_values import as_int
 from collectors.megatron.gaps import TailGaps
 from collectors.megatron.tail import LogTail
 from collectors.torchtitan.parser import TorchtitanLogParser

@@ -13,7 +13,7 @@ from perfd import limits as L
 from perfd.engine.subjects import DEFAULT_PARTITIONS
 from perfd.jobname import job_name_problem
 from perfd.procinfo import user_id
-from perfd.transport.shard import pick_aggregator
+from perfd.transport.shard_routing import pick_aggregator
 
 
 class ConfigError(ValueError):

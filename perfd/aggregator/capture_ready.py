@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from perfd.aggregator.snapshot import JobSnapshot
 from perfd.analytics.steps.steady import Exclusion
-from perfd.rules.engine import TargetWait
-from perfd.rules.model import CaptureAction
+from perfd.rules.evaluator import TargetWait
+from perfd.rules.rule_types import CaptureAction
 
 RETRY_FIRST_S, RETRY_MAX_S = 5.0, 60.0
 # A target rank's step hook counts as reachable while its latest record is this recent (at least; three

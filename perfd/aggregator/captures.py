@@ -41,8 +41,8 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
-from perfd.rules.model import CaptureAction, CaptureTargets, Rule
+from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
+from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
 from perfd.typed import obj
 
@@ -94,7 +94,7 @@ class CaptureCoordinator:
         state.attach_captures(self)  # capture progress reported by the agents; the jobs' records
 
     def forget_job(self, job: str) -> None:
-        """The job was pruned (perfd.aggregator.lifecycle): its request window and its rules' states
+        """The job was pruned (perfd.aggregator.retention): its request window and its rules' states
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
         with self._lock:
             self._requests.pop(job, None)

@@ -1,5 +1,5 @@
 """Wiring of the aggregator to its state store (``--state-dir``): what is written, when, and how
-it is read back at start. The store itself (SQLite, what "durable" means) is perfd.aggregator.store.
+it is read back at start. The store itself (SQLite, what "durable" means) is perfd.aggregator.state_store.
 
 Agent data goes through the ingest server's journal hooks (:class:`Journal`): a Hello's job list,
 each accepted batch without its samples, the dedupe seq — committed before each Ack. The
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfd import limits as L
-from perfd.aggregator.store import BATCH, HELLO, StateStore, StoreError
+from perfd.aggregator.state_store import BATCH, HELLO, StateStore, StoreError
 from perfd.aggregator.wiring import AggregatorParts
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept
@@ -141,7 +141,7 @@ def _replay(agg: AggregatorParts, store: StateStore, counts: dict[str, int]) -> 
 
     # A Hello holds a job only while its stream is open, and none is at a restart: of the jobs it
     # names, only those with data come back (their hosts matter); the others would be released at
-    # once (perfd.aggregator.lifecycle) and could only take room at the cap meanwhile.
+    # once (perfd.aggregator.retention) and could only take room at the cap meanwhile.
     with_data = store.journal_jobs()
     # Pruned jobs whose tombstone is younger than the row being replayed: the rows come in arrival
     # order, so the set only shrinks as the replay goes on.
@@ -150,7 +150,7 @@ def _replay(agg: AggregatorParts, store: StateStore, counts: dict[str, int]) -> 
     for t, kind, agent, body in store.replay_timed():
         try:
             # Replayed at the time each row first arrived: a job that ended a day before the restart
-            # is a day old again, not one that stepped a moment ago (perfd.aggregator.lifecycle).
+            # is a day old again, not one that stepped a moment ago (perfd.aggregator.retention).
             if kind == HELLO:
                 agg.on_hello_jobs(agent, [str(j) for j in json.loads(body) if str(j) in with_data], float(t))
                 counts["hellos"] += 1

@@ -15,7 +15,7 @@ name, host and write only the jobs its certificate's entry gives it (``identity_
 or not it is a host: a Hello naming another's job makes nobody its host.
 
 Caps (perfd.limits) count what is held *now*. A job is held by the agents that name it in a Hello
-or write it; the lifecycle (perfd.aggregator.lifecycle) releases an agent's hold when its stream
+or write it; the lifecycle (perfd.aggregator.retention) releases an agent's hold when its stream
 ends on a job it only named, and a job whole when it is pruned — so the jobs cap frees as jobs end,
 also across a restart. Each agent id and each identity (a certificate, or the address of a client
 without credentials) holds at most its quota of the cap, so no one client takes all of it; at the

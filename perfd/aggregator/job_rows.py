@@ -41,7 +41,7 @@ def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = Fa
     perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
     --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
     the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
-    it (perfd.rules.model.carrying_scopes). State, stalled seconds and goodput are computed from
+    it (perfd.rules.rule_types.carrying_scopes). State, stalled seconds and goodput are computed from
     the snapshot at ``now`` (they change with the clock between refreshes)."""
     rows: list[Row] = []
     for snap in snaps:

@@ -491,7 +491,7 @@ class NodeView:
 
     def forget_agent(self, agent_id: str) -> None:
         """Drop what the agent sent (its series' latest values, its GPUs' process lists and pods):
-        it is gone for good (perfd.aggregator.lifecycle)."""
+        it is gone for good (perfd.aggregator.retention)."""
         with self._lock:
             self._agents.pop(agent_id, None)
             self.agent_seen.pop(agent_id, None)

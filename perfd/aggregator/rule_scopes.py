@@ -1,9 +1,9 @@
 """The values the rules engine reads on the aggregator: what /metrics exports for each job, keyed by
 rule scope.
 
-Scope keys (perfd.rules.engine): the job name for job scope, ``(job, rank)`` for rank scope,
+Scope keys (perfd.rules.evaluator): the job name for job scope, ``(job, rank)`` for rank scope,
 ``(job, node, gpu)`` for gpu scope. A job series goes to the scope its labels name, as
-:func:`perfd.rules.model.carrying_scopes` says from the catalog for ``perfd rules check``: with a
+:func:`perfd.rules.rule_types.carrying_scopes` says from the catalog for ``perfd rules check``: with a
 ``rank`` label to rank scope, with ``node`` and ``gpu`` to gpu scope, else to job scope. Its other
 labels (group, scope, class, state, ...) stay in the series key (:func:`perfd.rules.expr.series_key`),
 so a rule selects one as ``perfd_job_comm_total_group_ratio{group="dp"}``.
@@ -26,9 +26,9 @@ from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
 from perfd.catalog import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row
-from perfd.rules.engine import ScopeKey, job_of
+from perfd.rules.evaluator import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key
-from perfd.rules.model import carrying_scopes
+from perfd.rules.rule_types import carrying_scopes
 
 Values = dict[str, float | None]
 

@@ -3,7 +3,7 @@
 The SGLang collector sends plain records (``perfd.model.ServingData`` in ``serving_data`` events);
 here they feed one ``ServingWindow`` per job, and ``perfd.analytics.serving.serving_analysis.analyze_window``
 plus
-``perfd.report.serving.build_serving_report`` turn the window into the job's serving gauges (catalog
+``perfd.report.serving_report.build_serving_report`` turn the window into the job's serving gauges (catalog
 names, label ``job_name``) and its four-part report: the same functions ``perfd analyze sglang`` runs
 offline. The analysis is recomputed at most every ``min_recompute_s`` and only when data arrived.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
 from perfd.model import ServingData
-from perfd.report.serving import build_serving_report
+from perfd.report.serving_report import build_serving_report
 from perfd.serving_model import ServingModelSpec
 
 log = logging.getLogger(__name__)

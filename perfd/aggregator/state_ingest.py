@@ -1,4 +1,4 @@
-"""The ingest side of the aggregator's state: what the transport (perfd.aggregator.main), the engine's
+"""The ingest side of the aggregator's state: what the transport (perfd.aggregator.daemon), the engine's
 root (perfd.aggregator.engine_sink) and the durable replay (perfd.aggregator.durable) call, writing
 the parts it is built with (the job store, the node view, the collective and serving stores, the event
 log, the incident tracker, the rank hosts).
@@ -218,7 +218,7 @@ class StateIngest:
 
     @writes
     def forget_job(self, job: str) -> None:
-        """Drop everything held of the job (perfd.aggregator.lifecycle prunes it)."""
+        """Drop everything held of the job (perfd.aggregator.retention prunes it)."""
         self.jobs.forget(job)
         self.collectives.forget(job)
         self.serving.forget(job)

@@ -1,5 +1,5 @@
-"""The aggregator's parts as its lifecycle (perfd.aggregator.lifecycle) and its durable state
-(perfd.aggregator.durable) reach them: a Protocol that perfd.aggregator.main.Aggregator satisfies, so
+"""The aggregator's parts as its lifecycle (perfd.aggregator.retention) and its durable state
+(perfd.aggregator.durable) reach them: a Protocol that perfd.aggregator.daemon.Aggregator satisfies, so
 that those modules take the aggregator without importing the module that builds it (main imports
 them). Properties, not attributes: read-only, so the aggregator's own, more precise types fit. Its
 state as :class:`HeldState`: what the two read and write of it (perfd.aggregator.state gives it)."""
@@ -12,7 +12,7 @@ from typing import Protocol
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state_readers import JobReader
-from perfd.aggregator.store import StateStore
+from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.limits import Limits
 from perfd.transport.codec import DecodedBatch

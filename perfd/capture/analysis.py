@@ -45,7 +45,7 @@ from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
-from perfd.capture.replay import HostTrace, replay_device
+from perfd.capture.step_replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep
 
 Interval = tuple[float, float]
@@ -281,7 +281,7 @@ class DeviceBreakdown:
     # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
     # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
     norm_rows: dict[int, int] = field(default_factory=dict)
-    # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.replay)
+    # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
 
     def categories(self) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """Nsight Compute (ncu) for a running job (issue 34 item 5): the chosen ranks start under ncu with
 profiling off, and a capture opens one step's range through the step hook.
 
-Facts this rests on (measured on the H100, /work/shared/gpu/README.md "Nsight Compute", ncu 2025.3.1):
+Facts this rests on (measured on the H100, ncu 2025.3.1: docs/design.md §3 "Nsight Compute"):
 
 - A process under ``ncu --profile-from-start off`` pays for every kernel launch, profiled or not:
   ~80 µs a launch on the H100 (a loop of 2,000 one-element adds: 21 ms without ncu, 167-207 ms under

@@ -320,7 +320,7 @@ def run_sglang(args: argparse.Namespace) -> int:
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
-    from perfd.report.serving import build_serving_report
+    from perfd.report.serving_report import build_serving_report
 
     peak_given = args.peak_tflops if args.peak_tflops is not None else args.peak_bandwidth_tbs
     why = (check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops)

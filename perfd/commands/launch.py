@@ -1,4 +1,4 @@
-"""`perfd launch [options] -- CMD ...`: argument parsing; the work is in perfd/launch.py."""
+"""`perfd launch [options] -- CMD ...`: argument parsing; the work is in perfd/launcher.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _launch(args: argparse.Namespace) -> int:
     from perfd.capture.ncu_exec import NcuOptions
     from perfd.commands.ncu import time_budget
     from perfd.jobname import job_name_problem
-    from perfd.launch import LaunchOptions, run_launch
+    from perfd.launcher import LaunchOptions, run_launch
 
     ncu_ranks = None
     if args.ncu is not None:
@@ -85,6 +85,6 @@ def register(sub: SubParsers) -> None:
     p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log)")
     p.add_argument("--manifest", help="launch manifest (default: <run dir>/launch.json)")
     p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config "
-                   "(default: this user's private ~/.local/state/perfd/launch/<job>)")
+                   "(default: this user's private ~/.local/state/perfd/launcher/<job>)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS ...]")
     p.set_defaults(handler=_launch)

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from perfd import limits as L
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
-from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
 from perfd.shared_thresholds import STALL_PHASE_MAX_S
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def _agent(args: argparse.Namespace) -> int:
     from perfd.agent.config import ConfigError, apply_overrides, load_config
-    from perfd.agent.main import run_agent
+    from perfd.agent.node_agent import run_agent
 
     try:
         cfg = apply_overrides(
@@ -51,7 +51,7 @@ def _aggregator(args: argparse.Namespace) -> int:
     from perfd.aggregator.runtime import grpc_experiments
 
     grpc_experiments()  # before grpc is imported (the next line): its core reads it once
-    from perfd.aggregator.main import AggregatorConfig, run_aggregator
+    from perfd.aggregator.daemon import AggregatorConfig, run_aggregator
 
     try:
         coll, coll_jobs = collective_configs(args.inter_node_link, args.inter_node_busbw_gbs or (),
@@ -188,7 +188,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _rules_check(args: argparse.Namespace) -> int:
-    from perfd.rules.cli import run_rules_check
+    from perfd.rules.check_command import run_rules_check
 
     return run_rules_check(args.files)
 

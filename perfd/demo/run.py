@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.table import Table
 
 from perfd.report import render_text
-from perfd.report.report import Report
+from perfd.report.training_report import Report
 from perfd.typed import obj, objs
 
 DATA = Path(__file__).resolve().parent / "data"

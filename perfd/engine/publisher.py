@@ -252,7 +252,7 @@ class EngineClient(CommandTarget):
             await asyncio.sleep(0.05)
 
     def counters(self) -> dict[str, int]:
-        """What the agent's /metrics reads of its sender (perfd.agent.main), as AgentClient's."""
+        """What the agent's /metrics reads of its sender (perfd.agent.node_agent), as AgentClient's."""
         with self._lock:
             out = self.spool.stats()
         out.update(connected=int(self.connected), connects=self.connects, reconnects=self.reconnects,

@@ -32,7 +32,7 @@ KEEP_ITERATIONS = 16
 GONE_ITERATIONS = 64
 # A job no partial came for this long leaves the root's memory (its iterations, what it knew of the
 # gone ones, its ranks: at 100k ranks ~1 GB, kept for ever before, job after job); the store keeps
-# its records and prunes the job as it ends (perfd.aggregator.lifecycle). Its run count stays (a few
+# its records and prunes the job as it ends (perfd.aggregator.retention). Its run count stays (a few
 # bytes): a job silent this long and stepping again is the same run unless its ranks restarted.
 IDLE_FORGET_S = 600.0
 # A job the aggregator refused (its jobs cap) is not asked about again for this long: every node's

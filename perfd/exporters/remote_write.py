@@ -1,6 +1,6 @@
 """Prometheus remote-write of the aggregator's series: the cluster-wide view past one process.
 
-Each aggregator (sharded by job, perfd/transport/shard.py) holds only its jobs; a horizontally
+Each aggregator (sharded by job, perfd/transport/shard_routing.py) holds only its jobs; a horizontally
 scalable store that takes remote-write — Prometheus with ``--web.enable-remote-write-receiver``,
 VictoriaMetrics, Grafana Mimir, Thanos Receive — puts every shard's jobs in one place. Every
 ``interval_s`` the writer takes what the aggregator's /metrics shows (the same collector, so the

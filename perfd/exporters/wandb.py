@@ -207,7 +207,7 @@ class WandbExporter:
                              ("WANDB_CONFIG_DIR", "config"), ("WANDB_ARTIFACT_DIR", "artifacts")):
                 os.environ.setdefault(var, os.path.join(self.directory, sub))
             # W&B makes two temporary folders when imported (media, artifact staging), removed by
-            # atexit handlers: the aggregator ends with os._exit (perfd.aggregator.main), which runs
+            # atexit handlers: the aggregator ends with os._exit (perfd.aggregator.daemon), which runs
             # none, so they were left in /tmp at every stop. Made under our directory instead (the
             # default temporary folder is changed for the import only).
             tmp = os.path.join(self.directory, "tmp")

@@ -37,8 +37,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from perfd.hook import wire
+from perfd.hook.hook_state import HookState, Slot
 from perfd.hook.jobinfo import DeviceMesh, job_msg
-from perfd.hook.state import HookState, Slot
 from perfd.hook.timing import CudaApi, RollingPercentiles
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from types import TracebackType
 
 from perfd.hook import wire
+from perfd.hook.hook_state import HookState, Slot
 from perfd.hook.loader import FetchClock
 from perfd.hook.sender import DatagramSender
-from perfd.hook.state import HookState, Slot
 
 # An announcement waits at most this long for a harvester pass to end (it then goes out with the
 # harvester's next pass): the loop is about to pause anyway, a few ms are nothing.

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from perfd.hook import wire
-from perfd.hook.state import HookState
+from perfd.hook.hook_state import HookState
 from perfd.hook.timing import MarkerFactory
 from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
 from perfd.limits import HOOK_MAX_STEPS

@@ -22,7 +22,7 @@ hook records every slot's events once at the first ``step_begin()``, so no step 
 
 What happens to a step after ``step_end()`` (the harvester thread, or inline harvesting), and why,
 is in ``perfd.hook.harvest``; the profile range protocol is in ``perfd.hook.profile``; the slot and
-the state the parts share, in ``perfd.hook.state``. ``StepHook`` is made of those parts (base
+the state the parts share, in ``perfd.hook.hook_state``. ``StepHook`` is made of those parts (base
 classes) and keeps here the step path, its construction and its lifecycle.
 
 The first ``warmup_steps`` steps are reported but flagged and left out of the rolling p50/p90/p99.
@@ -48,11 +48,11 @@ from perfd.armed import ARMED_ENV
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
+from perfd.hook.hook_state import Slot
 from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
-from perfd.hook.state import Slot
 from perfd.hook.timing import (
     CudaApi,
     HostMarker,

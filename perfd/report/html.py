@@ -42,7 +42,6 @@ from perfd.report.picture import (
     goodput_bar,
     rank_heatmap,
 )
-from perfd.report.report import Report, ReportSummary, format_value, layout_text
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -56,6 +55,7 @@ from perfd.report.svg import (
     line_chart,
     stacked_bars,
 )
+from perfd.report.training_report import Report, ReportSummary, format_value, layout_text
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#222;margin:0;

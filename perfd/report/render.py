@@ -15,7 +15,7 @@ from perfd import catalog
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
 from perfd.report import budget_view, plan_view
-from perfd.report.report import Report, format_value
+from perfd.report.training_report import Report, format_value
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfd.rules.loader import default_pack_path, expand_paths, parse_pack_checked, read_pack
-from perfd.rules.model import Rule, RuleError
+from perfd.rules.pack_loader import default_pack_path, expand_paths, parse_pack_checked, read_pack
+from perfd.rules.rule_types import Rule, RuleError
 
 SHIPPED_PACKS = ("default.yaml", "serving.yaml")  # rules/ beside the package (or installed copies)
 

@@ -46,7 +46,7 @@ SAMPLE_FIELDS = ("series", "series_ids", "timestamps_ns", "values", "series_ids_
                  "values_le")
 
 
-# Command kinds (Command.kind) the agent executes: a capture (perfd/agent/captures.py), the Python
+# Command kinds (Command.kind) the agent executes: a capture (perfd/agent/capture_executor.py), the Python
 # stacks of a job's ranks (perfd/agent/stacks.py; the aggregator asks when a stall opens).
 COMMAND_CAPTURE = "capture"
 COMMAND_STACKS = "stacks"

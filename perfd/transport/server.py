@@ -468,7 +468,7 @@ class IngestServer:
         return conn is not None and not conn.closed
 
     def forget_agent(self, agent_id: str) -> None:
-        """The aggregator forgot the agent (gone long enough, perfd.aggregator.lifecycle): its series
+        """The aggregator forgot the agent (gone long enough, perfd.aggregator.retention): its series
         table goes (its next Hello is decoded and admitted afresh), and so does the binding of its id
         to a client without credentials, which lasted only while its stream was open anyway. A
         credential's binding stays. Its dedupe seq leaves memory where the journal keeps it (read

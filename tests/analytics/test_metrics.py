@@ -143,7 +143,7 @@ def test_torchtitan_crosscheck_allows_two_percent() -> None:
 
 def test_layout_text_leaves_out_what_is_unknown() -> None:
     from perfd.analytics.run.run_summary import JobLayout
-    from perfd.report.report import layout_text as text_of
+    from perfd.report.training_report import layout_text as text_of
 
     def layout_text(d: dict[str, Any]) -> str:
         return text_of(JobLayout.from_json(d))

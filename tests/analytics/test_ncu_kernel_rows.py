@@ -131,7 +131,7 @@ def test_the_top_kernels_sit_on_the_part_in_time_order_with_the_recorded_figures
 
 def test_the_text_report_shows_them_under_their_part() -> None:
     from perfd.report.render import render_text
-    from perfd.report.report import Report
+    from perfd.report.training_report import Report
 
     s = summary_of(rank0())
     text = render_text(Report.from_json(s["report"]))

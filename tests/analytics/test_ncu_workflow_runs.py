@@ -159,8 +159,8 @@ def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path: Path
     """One aggregator per run over one state directory, as on the H100: the journal gives the step
     records and job info back, the GPU model (named only by the NVML samples, which are not kept)
     comes back with the documents, before the first analysis digests the runs the replay closed."""
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from perfd.aggregator.durable import restore, save_documents
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
     from perfd.jobinfo_json import job_info_to_json
     from perfd.model import Sample
     from perfd.transport.codec import HelloInfo, decode_batch, encode_batch

@@ -12,7 +12,7 @@ import pytest
 
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report.render import render_text
-from perfd.report.report import analysis_json, build_report
+from perfd.report.training_report import analysis_json, build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = sorted([*ROOT.glob("tests/data/**/*.log"), *ROOT.glob("tests/data/**/*.log.gz"),

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from perfd.agent.captures import AgentCaptures
+from perfd.agent.capture_executor import AgentCaptures
 from perfd.capture.dynolog import DynologClient, DynologError, DynologKineto, kineto_socket_taken
 from perfd.capture.kineto_daemon import build_config, socket_address
 

@@ -193,7 +193,7 @@ def test_range_reports_and_wait_stable(tmp_path):
 
 
 def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, capsys):
-    from perfd.agent.captures import AgentCaptures
+    from perfd.agent.capture_executor import AgentCaptures
     from perfd.capture.nsys_exec import rank_range_prefix
     from perfd.cli import main
 
@@ -227,7 +227,7 @@ def test_the_agent_hands_its_manager_nsys_only_when_nsys_can_run(tmp_path: Path,
     """The manager got the executor exactly when nsys was NOT found (available() returns None when
     it can run, else the reason): on the GPU machine a rule's nsys capture failed with "no nsys
     executor in this agent" although PERFD_NSYS named a working nsys."""
-    from perfd.agent.captures import AgentCaptures
+    from perfd.agent.capture_executor import AgentCaptures
 
     nsys = tmp_path / "nsys"
     nsys.write_text("#!/bin/sh\n")

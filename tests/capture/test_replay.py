@@ -1,4 +1,4 @@
-"""The launch-by-launch replay of a captured step (perfd.capture.replay) and its reading on the job's
+"""The launch-by-launch replay of a captured step (perfd.capture.step_replay) and its reading on the job's
 clock (perfd.analytics.advice.replay_gains): hand-built timelines whose answer is worked out by hand,
 and the recorded H200 captures of Megatron-LM (tests/data/captures/kineto_h200_v*_megatron) replayed
 against the trace's own step marks and the runs' own logs."""
@@ -13,7 +13,7 @@ from perfd.analytics.advice.replay_gains import PROFILED_SLICES_HOLD, calibrate,
 from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 from perfd.capture.analysis import analyze_trace
 from perfd.capture.chrome_trace import read_chrome_trace
-from perfd.capture.replay import _BARE_LAYERS_SYNC, _LAYERS, _MB_START, _SYNC, Event, Timeline, simulate
+from perfd.capture.step_replay import _BARE_LAYERS_SYNC, _LAYERS, _MB_START, _SYNC, Event, Timeline, simulate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 V2, V3 = DATA / "kineto_h200_v2_megatron", DATA / "kineto_h200_v3_megatron"

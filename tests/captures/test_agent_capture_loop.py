@@ -7,8 +7,8 @@ import asyncio
 from pathlib import Path
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.agent.node_agent import Agent
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.collector import Registry
 
 

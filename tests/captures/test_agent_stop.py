@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.agent.main import CAPTURE_STOP_S, SHUTDOWN_BUDGET_S
+from perfd.agent.node_agent import CAPTURE_STOP_S, SHUTDOWN_BUDGET_S
 from tests.procs import Procs, get_json, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow

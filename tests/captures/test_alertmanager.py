@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.procs import free_port

@@ -16,7 +16,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd import events
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.bookkeeping import device_summary
 from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.jobinfo_json import job_info_to_json

@@ -8,8 +8,8 @@ from pathlib import Path
 from collectors.megatron import parse_file
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.state import AggregatorState
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import parse_pack
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_alertmanager_alerts_without_perfd_capture_ask_for_nothing():
 
 
 def test_gpu_rules_see_only_the_series_they_read_and_fire_on_a_throttled_gpu():
-    from perfd.rules.loader import load_pack
+    from perfd.rules.pack_loader import load_pack
 
     st = _state()
     lab = (("gpu", "0"), ("node", "n1"))

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent, default_registry
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.agent.node_agent import Agent, default_registry
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.chrome_trace import read_chrome_trace
 from perfd.capture.hook_trace import HOOK_TRACE
 

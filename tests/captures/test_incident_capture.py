@@ -11,8 +11,8 @@ from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.analytics.advice.capture_findings import steady_compute_ms
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import default_pack_path, load_pack
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command
 from tests.incidents.test_incidents_live import DP2, _slowed, _state_with
 

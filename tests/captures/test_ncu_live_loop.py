@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent, default_registry
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.agent.node_agent import Agent, default_registry
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.ncu_exec import read_target
 from tests.capture.test_ncu_capture import make_fake_ncu
 

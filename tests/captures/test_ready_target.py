@@ -13,8 +13,8 @@ from perfd.aggregator.capture_ready import RETRY_FIRST_S
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.model import CaptureFailure, Provenance, StepRecord
-from perfd.rules.engine import NOT_READY, RuleEngine, TargetWait
-from perfd.rules.loader import parse_pack
+from perfd.rules.evaluator import NOT_READY, RuleEngine, TargetWait
+from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command
 
 ROOT = Path(__file__).resolve().parents[2]

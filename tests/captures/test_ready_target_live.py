@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent, default_registry
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.agent.node_agent import Agent, default_registry
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from tests.capture.test_ncu_capture import make_fake_ncu
 from tests.captures.test_ncu_live_loop import DETAILS, LAUNCH_PATCH
 

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collectors.nccl import NcclCollector
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent, default_registry
+from perfd.agent.node_agent import Agent, default_registry
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress
@@ -224,7 +224,7 @@ def test_default_registry_has_nccl_and_hook():
 
 
 def test_agent_forwards_collectives_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    import perfd.agent.main as am
+    import perfd.agent.node_agent as am
     from perfd.collector import Collected
 
     monkeypatch.setattr(am, "MAX_COLLECTIVES_PER_BATCH", 3)

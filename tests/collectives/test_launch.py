@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.config import AgentConfig, ConfigError, apply_overrides
-from perfd.launch import LaunchError, LaunchOptions, plan_launch, run_launch
+from perfd.launcher import LaunchError, LaunchOptions, plan_launch, run_launch
 from perfd.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +122,7 @@ def test_torchtitan_flags_the_user_gave_are_kept(tmp_path: Path) -> None:
 def test_agent_reads_a_torchtitan_launch(tmp_path: Path) -> None:
     """The manifest of a torchtitan launch configures the agent's torchtitan collector; the model
     and dtype still come from the agent's own config."""
-    from perfd.launch import manifest_data
+    from perfd.launcher import manifest_data
     from perfd.manifest import write_manifest
 
     opts = LaunchOptions(TITAN, job="tt", flight_recorder=str(tmp_path / "fr"), run_dir=str(tmp_path / "r"))

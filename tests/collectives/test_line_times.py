@@ -12,7 +12,7 @@ from pathlib import Path
 
 from collectors.megatron.collector import MegatronCollector
 from collectors.megatron.tail import LogTail
-from perfd.launch import LaunchOptions, run_launch
+from perfd.launcher import LaunchOptions, run_launch
 from perfd.linetimes import LineTimes, format_record, sidecar_path
 from perfd.manifest import load_manifest
 

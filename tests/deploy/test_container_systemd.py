@@ -102,7 +102,7 @@ def test_unit_command_lines_and_agent_config_are_valid(tmp_path: Path):
         if ns.command == "agent":
             assert ns.config == "/etc/perfd/agent.yaml" and ns.spool_dir.startswith("/var/lib/perfd")
     cfg = load_config(ROOT / "deploy" / "systemd" / "agent.yaml").finish()
-    from perfd.agent.main import default_registry
+    from perfd.agent.node_agent import default_registry
 
     reg = default_registry()
     for name, ccfg in cfg.collectors.items():

@@ -161,7 +161,7 @@ def test_agent_daemonset_monitors_without_taking_gpus(tmp_path: Path):
     cfg_file.write_text(cm["data"]["agent.yaml"])
     cfg = load_config(cfg_file).finish()
     assert cfg.spool_dir == "/var/lib/perfd/spool" and set(cfg.collectors) == {"nvml", "host", "k8s"}
-    from perfd.agent.main import default_registry
+    from perfd.agent.node_agent import default_registry
 
     reg = default_registry()
     for name, ccfg in cfg.collectors.items():

@@ -120,7 +120,7 @@ def test_aggregator_client_against_a_real_aggregator(live: Live) -> None:
 def test_aggregator_client_with_a_token(tmp_path: Path) -> None:
     import asyncio
 
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 
     token = tmp_path / "token"
     token.write_text("s3cret-token-0123456789\n")

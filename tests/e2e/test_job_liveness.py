@@ -125,8 +125,8 @@ def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() 
     import time as _time
 
     from perfd.aggregator.captures import CaptureCoordinator
-    from perfd.rules.engine import RuleEngine
-    from perfd.rules.loader import load_pack
+    from perfd.rules.evaluator import RuleEngine
+    from perfd.rules.pack_loader import load_pack
 
     parsed = parse_file(DP2, job="dp2")
     st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=5.0)

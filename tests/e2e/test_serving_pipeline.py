@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfd import catalog
-from perfd.report.report import Report
+from perfd.report.training_report import Report
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
 

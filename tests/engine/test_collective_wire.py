@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.engine_sink import EngineSink
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.collfold import CollectivePartial, reduce
 from perfd.engine import collective_codec as cc

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster

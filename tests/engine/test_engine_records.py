@@ -22,8 +22,8 @@ import pytest
 
 from perfd import events as E
 from perfd.aggregator import forward as fwd
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.engine_sink import EngineSink
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.limits import Limits
 from perfd.model import Sample, StepRecord
 from perfd.typed import number, obj

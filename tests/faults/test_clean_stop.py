@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.model import StepRecord
 from tests.faults.streams import send_batches
 
@@ -56,4 +56,4 @@ def test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store(
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not any("closed" in e or "could not" in e for e in errors), errors
     assert after_stop == [None]  # the tick finished before the store closed, and nothing failed
-    assert took < 4.5  # inside the shutdown budget (perfd.aggregator.main.SHUTDOWN_BUDGET_S)
+    assert took < 4.5  # inside the shutdown budget (perfd.aggregator.daemon.SHUTDOWN_BUDGET_S)

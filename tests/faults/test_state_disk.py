@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.main import Aggregator, AggregatorConfig
-from perfd.aggregator.store import BATCH, StateStore
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.aggregator.state_store import BATCH, StateStore
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.gen import perfd_pb2 as pb

@@ -30,8 +30,8 @@ from perfd.collector import Collected
 from perfd.hook import StepHook, wire
 from perfd.model import CPU, CUDA, StepRecord
 from perfd.report import build_report, render_text
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import default_pack_path, load_pack
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command
 
 torch = pytest.importorskip("torch")

@@ -22,7 +22,7 @@ from collectors.megatron import parse_file
 from collectors.ranks import RanksCollector
 from perfd import events
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent
+from perfd.agent.node_agent import Agent
 from perfd.agent.stacks import StackDumper, dump_stack, find_py_spy
 from perfd.collector import Collected
 from perfd.hook import StepHook

@@ -35,7 +35,7 @@ from perfd.analytics.incidents.verdict_text import (
 )
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
-from perfd.report.report import build_report
+from perfd.report.training_report import build_report
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 

@@ -15,8 +15,8 @@ from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import parse_pack_checked
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import parse_pack_checked
 from tests.silence import arrived_ago
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -376,8 +376,8 @@ def test_a_pending_collective_corroborates_a_stall_of_busy_ranks(tmp_path: Path)
     stuck is the Flight Recorder: the recorded dumps of a real hung DDP job (rank 1 never joined),
     through the real agent and aggregator path; each rank's newest collective joins the stall."""
     from perfd.agent.config import AgentConfig
-    from perfd.agent.main import Agent
-    from perfd.aggregator.main import Aggregator, AggregatorConfig
+    from perfd.agent.node_agent import Agent
+    from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from tests.collectives.test_collectives_aggregator import (
         FakeClient,
         _recorded_hang_collected,

@@ -12,8 +12,8 @@ from typing import Any
 from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
-from perfd.aggregator.main import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.model import StepRecord, TimerValue
 from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
@@ -152,7 +152,7 @@ def test_a_shared_gpu_names_the_rank_the_foreign_process_and_the_cost_after_it_e
 def test_a_recorded_hang_is_an_incident_naming_the_rank_that_never_joined(tmp_path: Path) -> None:
     out, _ = _recorded_hang_collected(tmp_path)
     from perfd.agent.config import AgentConfig
-    from perfd.agent.main import Agent
+    from perfd.agent.node_agent import Agent
 
     agent = Agent(AgentConfig(job="ddp", node="n1", metrics_port=None))
     agent.client = FakeClient()

@@ -18,8 +18,8 @@ from perfd.cli import main as perfd_main
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
 from perfd.report.html import page_from_json, render_html
-from perfd.report.report import analysis_json, format_value
 from perfd.report.svg import diverging_color, nice_ticks
+from perfd.report.training_report import analysis_json, format_value
 from tests.integrations.integrations_helpers import ROOT
 
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

@@ -35,9 +35,10 @@ def _families() -> list[Metric]:
 
 
 def test_generated_code_is_current() -> None:
-    from perfd.exporters.prompb.regen import GEN_DIR, stale_files
+    from perfd.exporters.prompb.regen_remote import GEN_DIR, stale_files
 
-    assert not stale_files(GEN_DIR), "run `python -m perfd.exporters.prompb.regen` and commit the result"
+    assert not stale_files(GEN_DIR), ("run `python -m perfd.exporters.prompb.regen_remote` and commit the "
+                                      "result")
 
 
 def test_write_request_carries_every_sample_with_sorted_labels() -> None:

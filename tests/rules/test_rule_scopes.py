@@ -36,11 +36,11 @@ from perfd.catalog import RANK_HOST_SERIES
 from perfd.collector import Collected
 from perfd.events import SERVING_DATA
 from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
-from perfd.rules.cli import run_rules_check
-from perfd.rules.engine import RuleEngine, ScopeKey, scope_of
+from perfd.rules.check_command import run_rules_check
+from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
 from perfd.rules.expr import SCOPE_LABELS, series_key
-from perfd.rules.loader import check_files_warned, parse_pack
-from perfd.rules.model import carrying_scopes
+from perfd.rules.pack_loader import check_files_warned, parse_pack
+from perfd.rules.rule_types import carrying_scopes
 from tests.collectives.collective_helpers import MS, T0, load_fixture_records, step
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from perfd.rules.engine import CaptureArbiter, Firing, RuleEngine, ScopeKey, job_of, scope_of
-from perfd.rules.loader import parse_pack
-from perfd.rules.model import Rule
+from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, job_of, scope_of
+from perfd.rules.pack_loader import parse_pack
+from perfd.rules.rule_types import Rule
 
 MFU = "perfd_job_mfu_ratio"
 STRAG = "perfd_job_straggler_rtt_spread_times"  # alias straggler_ratio; the old name is deprecated

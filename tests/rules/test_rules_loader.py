@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from perfd.model import CAPTURE_TOOLS
-from perfd.rules.cli import run_rules_check
-from perfd.rules.loader import check_files, default_pack_path, load_pack, parse_pack
-from perfd.rules.model import (
+from perfd.rules.check_command import run_rules_check
+from perfd.rules.pack_loader import check_files, default_pack_path, load_pack, parse_pack
+from perfd.rules.rule_types import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_DISK_QUOTA_BYTES,
     DEFAULT_MAX_PER_HOUR,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from perfd.agent.config import AgentConfig
-from perfd.agent.main import Agent
+from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
 from perfd.model import Sample
 from tests.procs import free_port
@@ -62,7 +62,7 @@ def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
 
 
 def test_defaults_listen_on_loopback_only() -> None:
-    from perfd.aggregator.main import AggregatorConfig
+    from perfd.aggregator.daemon import AggregatorConfig
 
     assert AggregatorConfig().grpc_host == "127.0.0.1" and AggregatorConfig().http_host == "127.0.0.1"
     assert AgentConfig().metrics_host == "127.0.0.1"

@@ -423,7 +423,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
                           "collectors": {"hook": {"socket_path": str(tmp_path / "h.sock")}}})
     cfg = apply_overrides(AgentConfig(), launch_manifest=str(path), nvml="off")
     assert cfg.job_uid == 4321
-    from perfd.agent.main import Agent
+    from perfd.agent.node_agent import Agent
     from perfd.collector import Registry
 
     made: list[HookCollector] = []
@@ -437,7 +437,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
     Agent(cfg, reg).build()
     assert made[0].job_uid == 4321
     # What perfd launch writes: its own user.
-    from perfd.launch import LaunchOptions, manifest_data, plan_launch
+    from perfd.launcher import LaunchOptions, manifest_data, plan_launch
 
     plan = plan_launch(LaunchOptions(job="j", command=["true"], run_dir=str(tmp_path / "run"),
                                      agent_socket=str(tmp_path / "h.sock")), {})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfd import limits as L
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient

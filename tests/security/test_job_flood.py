@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from perfd import limits as L
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 

@@ -22,7 +22,7 @@ from tests.faults.streams import send_batches
 from tests.procs import Procs, get_json, run_env, start_aggregator, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-FORGED = "2099-01-01 00:00:00,000 ERROR perfd.aggregator.main: FORGED"
+FORGED = "2099-01-01 00:00:00,000 ERROR perfd.aggregator.daemon: FORGED"
 EVIL = f"x\r\n{FORGED}\x1b[2K\u202e"
 
 

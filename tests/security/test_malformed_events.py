@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.durable import Journal
-from perfd.aggregator.store import StateStore
+from perfd.aggregator.state_store import StateStore
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import encode_batch

@@ -1,6 +1,6 @@
 """A process is the job's rank by its uid and the declared job, never by ``RANK`` alone (issue 54 item
 7): ``collectors/nvml/processes.py`` took any process with RANK in its environment as the job's own
-whatever its user, and ``perfd/agent/captures.py`` then made another user's ``RANK=3`` process the
+whatever its user, and ``perfd/agent/capture_executor.py`` then made another user's ``RANK=3`` process the
 capture target for rank 3. Real processes: the job's (this uid) and another user's (tests/security/
 other_user.py), each with RANK in its environment; a setuid program with RANK for the node agent."""
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from collectors.nvml.processes import GpuProcess, ProcessTracker
-from perfd.agent.captures import AgentCaptures
+from perfd.agent.capture_executor import AgentCaptures
 from tests.security.other_user import OtherUser, other_user, system_python
 
 SLEEP = "import time; time.sleep(120)"
@@ -111,7 +111,7 @@ def test_a_node_agent_never_targets_a_setuid_process(tmp_path: Path) -> None:
 
 def test_the_agent_tells_its_nvml_collector_the_job_user() -> None:
     from perfd.agent.config import AgentConfig
-    from perfd.agent.main import Agent, default_registry
+    from perfd.agent.node_agent import Agent, default_registry
 
     cfg = AgentConfig(job="j", job_user="4321", collectors={"nvml": {"source": "off"}}).finish()
     agent = Agent(cfg, default_registry())

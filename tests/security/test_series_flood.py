@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from perfd import limits as L
-from perfd.aggregator.main import Aggregator, AggregatorConfig
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.model import Sample
 from perfd.transport.client import AgentClient
 from perfd.transport.series import Series

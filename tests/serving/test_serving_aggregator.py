@@ -21,7 +21,7 @@ from perfd.model import (
     ServingData,
     ServingRecord,
 )
-from perfd.report.serving import build_serving_report
+from perfd.report.serving_report import build_serving_report
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb
 from perfd.typed import obj

@@ -14,9 +14,9 @@ from perfd.analytics.common import MetricValue
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.model import ServerInfo
-from perfd.rules.cli import run_rules_check
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import load_pack
+from perfd.rules.check_command import run_rules_check
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import load_pack
 
 PACK = Path(__file__).resolve().parents[2] / "rules" / "serving.yaml"
 RULE_TO_FINDING = {

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from collectors.dcgm import SOURCE, DcgmCollector
 from perfd import catalog
-from perfd.agent.main import default_registry
+from perfd.agent.node_agent import default_registry
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 A100 = {"modelName": "NVIDIA A100-SXM4-80GB", "Hostname": "node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15"}

@@ -156,9 +156,9 @@ def test_sample_config_is_valid():
 
 def test_generated_code_is_not_stale():
     pytest.importorskip("grpc_tools")
-    from collectors.k8s.regen import GEN_DIR, stale_files
+    from collectors.k8s.regen_podresources import GEN_DIR, stale_files
 
-    assert not stale_files(GEN_DIR), "run `python -m collectors.k8s.regen` and commit the result"
+    assert not stale_files(GEN_DIR), "run `python -m collectors.k8s.regen_podresources` and commit the result"
 
 
 def test_generated_code_imports_in_a_fresh_interpreter():

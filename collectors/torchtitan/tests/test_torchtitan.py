@@ -157,7 +157,7 @@ def test_collector_tails_the_log(tmp_path: Path) -> None:
 
 
 def test_the_agent_knows_the_collector() -> None:
-    from perfd.agent.main import default_registry
+    from perfd.agent.node_agent import default_registry
 
     assert "torchtitan" in default_registry().names()
 

@@ -1,4 +1,4 @@
-"""What the launch-by-launch replay of a capture (perfd.capture.replay) says a change saves, on the
+"""What the launch-by-launch replay of a capture (perfd.capture.step_replay) says a change saves, on the
 job's own clock (issue 53). Pure.
 
 The trace's host is the profiled one: it records every op, so it runs slower than the job does (on
@@ -8,13 +8,13 @@ time the job never spends. The replay gives the step at several host speeds; the
 unchanged replay steps at the job's own steady median is the job's host, and each change is read
 there. The job's median is known to within its run-to-run spread (remedies.run_spread_ms): the host
 speeds at both ends of it widen the range, with the change's own model parameter at both ends
-(perfd.capture.replay: MICROBATCH_DEVICE, GRAPHED_HOST, DROPOUT_HOST).
+(perfd.capture.step_replay: MICROBATCH_DEVICE, GRAPHED_HOST, DROPOUT_HOST).
 
 The replay does not model all of a step: at the profiled host's own speed it steps shorter than the
 trace did (ReplayTable.unmodelled_ms: 22 ms of a 396 ms step on the H200's wide model, whose kernels
 hide the host). That time is no sign of a slow host, so the job's clock is matched less it: matched
 whole, a GPU-bound job read as a host slower than the profiled one, and every host-side change was
-promised its slowest-host gain (timer level 1: 6.6-20.5 ms predicted, 3.9 measured; 3.1-10.2 with the
+promised its slowest-host gain (timer level 1: 6.6-20.5 ms predicted, 3.9 measured; 3.1-14.6 with the
 time set apart; docs/evidence/plan_h200_v6).
 """
 

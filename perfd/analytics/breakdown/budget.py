@@ -237,7 +237,7 @@ class StepBudget:
     # the robust deviation of the job's steady step times (1.4826 x their median absolute deviation):
     # how far a rerun moves (perfd.analytics.advice.remedies.run_spread_ms); None: not known
     step_sd_ms: float | None = None
-    # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.replay)
+    # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
 
     def ms(self, part: Part) -> float:

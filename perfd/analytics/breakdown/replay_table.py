@@ -1,4 +1,4 @@
-"""What a launch-by-launch replay of a captured step says (perfd.capture.replay computes it; the
+"""What a launch-by-launch replay of a captured step says (perfd.capture.step_replay computes it; the
 remedies read it through perfd.analytics.advice.replay_gains): the changes it applies and the step
 time it gives for each combination of them, over a grid of host scales. Plain data.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from perfd.analytics.common import TextEnum
 from perfd.typed import numbers, obj
 
-# --- the replay's model (perfd.capture.replay): why each constant is what it is ---------------------
+# --- the replay's model (perfd.capture.step_replay): why each constant is what it is ---------------------
 # a launch's host call to its kernel's earliest start (H100/H200 traces: 3-6 µs)
 LAUNCH_LATENCY_NS = 4000.0
 # Host scales replayed: the profiled host is PROFILED_HOST; the job's own is faster (0.4-0.9 on the H200

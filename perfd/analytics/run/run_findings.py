@@ -226,7 +226,7 @@ def communication(c: RunContext) -> Out:
     return f, r
 
 
-# The run's data-share finding (the report fits its action to the ranks' CPUs: perfd.report.report._with_cpu)
+# The run's data-share finding (the report fits its action to the ranks' CPUs: training_report._with_cpu)
 DATA_LOADING_FINDING = "data-loading"
 
 

@@ -1,1 +1,1 @@
-"""Generated from remote.proto by `python -m perfd.exporters.prompb.regen`. Do not edit."""
+"""Generated from remote.proto by `python -m perfd.exporters.prompb.regen_remote`. Do not edit."""

@@ -22,12 +22,12 @@ from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
-from perfd.aggregator.lifecycle import Lifecycle
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
+from perfd.aggregator.retention import Lifecycle
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
-from perfd.aggregator.store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
-from perfd.aggregator.store import StateStore, StoreError
+from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
+from perfd.aggregator.state_store import StateStore, StoreError
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.engine.subjects import EngineConfig
@@ -36,9 +36,9 @@ from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, Remote
 from perfd.jobinfo_json import decode_job_info
 from perfd.limits import REFUSED_JOB_INFO_VALUE
 from perfd.refusals import Refusals
-from perfd.rules.engine import RuleEngine
-from perfd.rules.loader import default_pack_path
-from perfd.rules.model import RulePackError
+from perfd.rules.evaluator import RuleEngine
+from perfd.rules.pack_loader import default_pack_path
+from perfd.rules.rule_types import RulePackError
 from perfd.rules.ruleset import load_rule_set
 from perfd.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import Command, DecodedBatch, HelloInfo
@@ -326,7 +326,7 @@ class Aggregator:
         return (set(self.state.job_agents(job)) | set(self.state.rank_host_agents(job))) - {ENGINE_AGENT}
 
     def forget_series(self, agent_id: str) -> None:
-        """The agent was forgotten (perfd.aggregator.lifecycle): its series leave the cap."""
+        """The agent was forgotten (perfd.aggregator.retention): its series leave the cap."""
         self._series.pop(agent_id, None)
         self.guard.release_series(agent_id)
 

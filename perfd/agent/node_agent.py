@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from collectors.config import as_float
+from collectors.config_values import as_float
 from perfd import catalog
 from perfd import limits as L
 from perfd.agent.checkpoints import Checkpoints
@@ -55,7 +55,7 @@ from perfd.transport.codec import COMMAND_STACKS, Command
 from perfd.transport.spool import Spool
 
 if TYPE_CHECKING:
-    from perfd.agent.captures import AgentCaptures
+    from perfd.agent.capture_executor import AgentCaptures
 
 log = logging.getLogger(__name__)
 
@@ -545,7 +545,7 @@ class Agent:
                 ", ".join(phases))
 
     def _start_captures(self) -> None:
-        from perfd.agent.captures import AgentCaptures
+        from perfd.agent.capture_executor import AgentCaptures
 
         hook = self.scheduler.states.get("hook")
         ranks = self.scheduler.states.get("ranks")

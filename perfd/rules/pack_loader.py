@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from perfd import catalog
 from perfd.rules.expr import Expr, ExprError, compile_expr
-from perfd.rules.model import (
+from perfd.rules.rule_types import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_DISK_QUOTA_BYTES,
     DEFAULT_MAX_PER_HOUR,
@@ -416,7 +416,7 @@ def parse_pack(text: str, path: str = "<string>") -> tuple[RulePack | None, list
 def parse_pack_checked(text: str, path: str = "<string>"
                        ) -> tuple[RulePack | None, list[RuleError], list[RuleError]]:
     """:func:`parse_pack`, and the warnings: rules that load but read a series their scope never
-    holds on the aggregator (:func:`perfd.rules.model.carrying_scopes`)."""
+    holds on the aggregator (:func:`perfd.rules.rule_types.carrying_scopes`)."""
     ctx = _Ctx(path)
     pack = _parse_pack(ctx, text)
     return pack, ctx.errors, ctx.warnings

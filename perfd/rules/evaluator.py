@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from perfd.rules.expr import Values
-from perfd.rules.model import Action, Annotations, CaptureAction, CaptureTargets, Rule, Scope, Severity
+from perfd.rules.rule_types import Action, Annotations, CaptureAction, CaptureTargets, Rule, Scope, Severity
 
 ScopeKey = str | tuple[str, int] | tuple[str, str, str]
 # Mapping is invariant in its key type: a TypeVar lets callers pass dict[str, ...] for jobs alone.

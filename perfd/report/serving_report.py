@@ -7,7 +7,7 @@ from __future__ import annotations
 from perfd import catalog
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingAnalysis
 from perfd.analytics.serving.serving_findings import serving_status
-from perfd.report.report import Report, ReportMetric, ReportSummary, format_value
+from perfd.report.training_report import Report, ReportMetric, ReportSummary, format_value
 
 # the first warning finding decides what the summary names as the limit
 _LIMITS: dict[str, str] = {

@@ -1,6 +1,6 @@
 """Regenerate ``perfd/exporters/prompb/gen/`` from ``remote.proto``.
 
-``python -m perfd.exporters.prompb.regen``.
+``python -m perfd.exporters.prompb.regen_remote``.
 
 See perfd/protogen.py for the method. ``tests/test_remote_write.py`` fails when the committed files
 are stale.
@@ -14,7 +14,7 @@ from pathlib import Path
 from perfd.protogen import ProtoPackage, regen_main
 
 HERE = Path(__file__).resolve().parent
-PACKAGE = ProtoPackage(HERE / "remote.proto", HERE / "gen", "python -m perfd.exporters.prompb.regen",
+PACKAGE = ProtoPackage(HERE / "remote.proto", HERE / "gen", "python -m perfd.exporters.prompb.regen_remote",
                        grpc=False)
 GEN_DIR = PACKAGE.gen_dir
 stale_files = PACKAGE.stale_files

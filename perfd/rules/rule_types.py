@@ -1,4 +1,4 @@
-"""Rule packs as plain frozen dataclasses (built by :mod:`perfd.rules.loader`).
+"""Rule packs as plain frozen dataclasses (built by :mod:`perfd.rules.pack_loader`).
 
 Keys follow Prometheus alerting rules where they mean the same (``expr``, ``for``, ``labels``,
 ``annotations``); ``scope`` and ``action`` are perfd's own: where a condition is evaluated, and what

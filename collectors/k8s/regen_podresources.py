@@ -1,4 +1,5 @@
-"""Regenerate ``collectors/k8s/gen/`` from ``podresources_v1.proto``: ``python -m collectors.k8s.regen``.
+"""Regenerate ``collectors/k8s/gen/`` from ``podresources_v1.proto``:
+``python -m collectors.k8s.regen_podresources``.
 
 See perfd/protogen.py for the method. ``collectors/k8s/tests/test_podresources.py`` fails when the
 committed files are stale.
@@ -12,7 +13,8 @@ from pathlib import Path
 from perfd.protogen import ProtoPackage, regen_main
 
 HERE = Path(__file__).resolve().parent
-PACKAGE = ProtoPackage(HERE / "podresources_v1.proto", HERE / "gen", "python -m collectors.k8s.regen")
+PACKAGE = ProtoPackage(HERE / "podresources_v1.proto", HERE / "gen",
+                       "python -m collectors.k8s.regen_podresources")
 GEN_DIR = PACKAGE.gen_dir
 GENERATED = PACKAGE.generated
 generate = PACKAGE.generate

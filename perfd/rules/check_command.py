@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from perfd.rules.loader import default_pack_path
+from perfd.rules.pack_loader import default_pack_path
 from perfd.rules.ruleset import load_rule_set, shipped_rules
 
 
