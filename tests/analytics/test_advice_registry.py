@@ -4,7 +4,7 @@ entry, and with a class added in a scratch registry."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -27,7 +27,7 @@ from perfd.analytics.breakdown.advice_registry import (
     short_name,
 )
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
-from perfd.analytics.breakdown.budget import NO_FLOPS, Source, StepBudget, classify, finish
+from perfd.analytics.breakdown.budget import NO_FLOPS, PartDetail, Source, StepBudget, classify, finish
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
@@ -38,9 +38,9 @@ from perfd.commands.catalog import registry_text
 WITH_PARTS = [c for c in CLASSES if class_parts().get(c.cls)]
 
 
-def _captured(ms: dict[Part, float], detail: dict[Part, dict[str, Any]] | None = None) -> StepBudget:
+def _captured(ms: dict[Part, float], detail: dict[Part, PartDetail] | None = None) -> StepBudget:
     """A budget that saw the kernels (a capture's), with these parts."""
-    rows = [(p, v, Source.CAPTURE, dict((detail or {}).get(p, {}))) for p, v in ms.items()]
+    rows = [(p, v, Source.CAPTURE, PartDetail(**(detail or {}).get(p, {}))) for p, v in ms.items()]
     return finish(rows, [Source.CAPTURE], NO_FLOPS)
 
 
