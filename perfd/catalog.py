@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from perfd.model import CAPTURE_TOOLS
 
@@ -98,8 +98,9 @@ class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
     the analysis' per-iteration result (perfd.analytics.run.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
-    its tables and tiles) derives its value from these two through :func:`job_values` (of an
-    iteration) or :func:`median_values` (of a summary's steady medians)."""
+    its tables and tiles) derives its value from these two through :func:`in_unit`: /metrics and the
+    rules from the run's column of ``attr`` (perfd.exporters.prometheus), the others through
+    :func:`job_values` (of an iteration) or :func:`median_values` (of a summary's steady medians)."""
 
     name: str
     kind: Kind
@@ -616,32 +617,36 @@ def job_metrics(show: Show | None = None) -> tuple[MetricDef, ...]:
     return tuple(m for m in CATALOG if m.attr and (show is None or show in m.shows))
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     f = float(v)
     return f if math.isfinite(f) else None
 
 
-def _scaled(metric: MetricDef, v: Any) -> float | None:
+def in_unit(metric: MetricDef, v: object) -> float | None:
+    """A job metric's value in the catalog unit, from the value of its ``attr`` (an iteration
+    result's field, or the same field read from the run's column of it: /metrics reads the column,
+    perfd.exporters.prometheus); None when absent (never 0)."""
     n = _number(v)
     return None if n is None else n * metric.scale
 
 
 def job_value(metric: MetricDef, it: IterationResult) -> float | None:
     """One job metric of an iteration result, in the catalog unit; None when absent (never 0)."""
-    return _scaled(metric, getattr(it, metric.attr)) if metric.attr is not None else None
+    return in_unit(metric, getattr(it, metric.attr)) if metric.attr is not None else None
 
 
 def median_value(metric: MetricDef, medians: Mapping[str, float | None]) -> float | None:
     """One job metric of a run summary's steady ``medians`` (keyed by the iteration result's
     attributes), in the catalog unit; None when absent (never 0)."""
-    return _scaled(metric, medians.get(metric.attr)) if metric.attr is not None else None
+    return in_unit(metric, medians.get(metric.attr)) if metric.attr is not None else None
 
 
 def job_values(it: IterationResult, show: Show | None = None) -> dict[str, float]:
-    """{catalog name: value} of every job metric present in an iteration result: the one mapping
-    every consumer uses; absent values are left out."""
+    """{catalog name: value} of every job metric present in an iteration result (W&B, the report,
+    its tables and tiles; /metrics reads the run's columns instead, through :func:`in_unit` as
+    here); absent values are left out."""
     return {m.name: v for m in job_metrics(show) if (v := job_value(m, it)) is not None}
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from perfd import catalog
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration_table import Table
 from perfd.exporters.prometheus import job_families
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,7 +78,9 @@ def test_job_metrics_come_out_of_the_generic_exporter() -> None:
     for m in catalog.job_metrics():
         if m.attr and m.attr != "iteration":
             setattr(iteration, m.attr, 1.0)
-    emitted = {s.name for fam in job_families({"j": iteration}) for s in fam.samples}
+    table: Table[IterationResult] = Table(IterationResult, "iteration")
+    table.append(iteration)
+    emitted = {s.name for fam in job_families({"j": table}) for s in fam.samples}
     assert {m.name for m in catalog.job_metrics()} <= emitted
 
 

@@ -77,7 +77,9 @@ def test_what_changes_with_the_clock_is_computed_when_read() -> None:
     ov = snap.overview_at(later)
     assert ov["state"] == STALLED and ov["last_step_age_s"] == pytest.approx(3600.0)
     assert list(ov)[:11] == list(snap.overview)  # the store's keys, in their order, first
-    assert latest_of_running([snap], now) == {"j": snap.latest}
+    its = snap.iterations
+    assert its is not None and latest_of_running([snap], now) == {"j": its}
+    assert snap.latest == its[len(its) - 1]
     assert latest_of_running([snap], later) == {}
     st.ingest_events("agent-1", [{"kind": "gpu_processes", "labels": {"node": "n1", "gpu": str(r)},
                                   "payload": []} for r in (0, 1)])

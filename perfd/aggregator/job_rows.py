@@ -12,6 +12,7 @@ from perfd.aggregator.snapshot import JobSnapshot
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.steps.goodput import metric_rows as goodput_rows
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, STALLED
 from perfd.exporters.prometheus import Row, iteration_rows
 
@@ -24,7 +25,7 @@ class JobRowSource(Protocol):
     def job_view_rows(self) -> tuple[list[Row], list[Row]]: ...
 
 
-def rank_rows(latest: Mapping[str, IterationResult], snaps: Mapping[str, JobSnapshot]) -> list[Row]:
+def rank_rows(latest: Mapping[str, Table[IterationResult]], snaps: Mapping[str, JobSnapshot]) -> list[Row]:
     """perfd_job_rank_info: where each rank of a running job runs (the snapshot's placement)."""
     rows: list[Row] = []
     for job in sorted(latest):
@@ -72,24 +73,25 @@ def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = Fa
     return rows
 
 
-def job_row_groups(source: JobRowSource, snaps: Sequence[JobSnapshot], latest: Mapping[str, IterationResult],
-                   now: float, per_rank: bool = True, node_info: bool = False) -> list[list[Row]]:
+def job_row_groups(source: JobRowSource, snaps: Sequence[JobSnapshot],
+                   latest: Mapping[str, Table[IterationResult]], now: float, per_rank: bool = True,
+                   node_info: bool = False) -> list[list[Row]]:
     """Every job series beside the latest iterations' own, in /metrics' order: rank placement,
-    collectives, incidents, liveness, serving. ``latest``: {job: its latest analysed iteration} of
-    the running jobs (perfd.aggregator.snapshot.latest_of_running)."""
+    collectives, incidents, liveness, serving. ``latest``: {job: its analysed iterations, the latest
+    last} of the running jobs (perfd.aggregator.snapshot.latest_of_running)."""
     incidents, serving = source.job_view_rows()
     by_job = {s.job: s for s in snaps}
     return [rank_rows(latest, by_job) if per_rank else [], source.collective_rows(per_rank), incidents,
             liveness_rows(snaps, now, node_info), serving]
 
 
-def job_rows(source: JobRowSource, snaps: Sequence[JobSnapshot], latest: Mapping[str, IterationResult],
+def job_rows(source: JobRowSource, snaps: Sequence[JobSnapshot], latest: Mapping[str, Table[IterationResult]],
              now: float, per_rank: bool = True) -> list[Row]:
     """Every job series /metrics exports, as (labels, catalog name, value): the latest iterations'
     series, then :func:`job_row_groups`' (what the rules' scopes hold)."""
     rows: list[Row] = []
-    for job, it in sorted(latest.items()):
-        rows.extend(iteration_rows(job, it, per_rank))
+    for job, iterations in sorted(latest.items()):
+        rows.extend(iteration_rows(job, iterations, per_rank))
     for group in job_row_groups(source, snaps, latest, now, per_rank):
         rows.extend(group)
     return rows

@@ -30,6 +30,7 @@ from perfd.analytics.incidents.verdict_text import stall_text
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.goodput import Goodput, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,13 @@ class JobSnapshot:
         return a.iterations[-1] if a is not None and a.iterations else None
 
     @property
+    def iterations(self) -> Table[IterationResult] | None:
+        """The analysed iterations, the latest last (None before the first): for a reader of a few
+        of the latest's fields, which need not build the whole row (:attr:`latest`)."""
+        a = self.analysis
+        return a.iterations if a is not None and a.iterations else None
+
+    @property
     def median_step_s(self) -> float | None:
         """The median step time of the job's analysis, in seconds (None without one)."""
         med_ms = self.analysis.summary.median("step_time_ms") if self.analysis is not None else None
@@ -124,9 +132,10 @@ class JobSnapshot:
         """When the job's last step ended, by its own clock where its record says (a log's last record
         can arrive after the processes exited: it is held until the log goes quiet), else when it
         arrived; 0 without one."""
-        latest = self.latest
-        if latest is not None and latest.end_time is not None:
-            return float(latest.end_time)
+        its = self.iterations
+        end = its.get(len(its) - 1, "end_time") if its is not None else None
+        if end is not None:
+            return float(end)
         last = self.overview.get("last_step_time")
         return float(last) if last else 0.0
 
@@ -183,15 +192,16 @@ def overview_of(snap: JobSnapshot | None, now: float | None = None) -> dict[str,
 
 
 def latest_of_running(snapshots: Iterable[JobSnapshot], now: float | None = None
-                      ) -> dict[str, IterationResult]:
-    """{job: its latest analysed iteration} of the jobs running at ``now``: what /metrics exports as
-    the job's derived gauges and the rules evaluate (a stalled or ended job's leave both)."""
+                      ) -> dict[str, Table[IterationResult]]:
+    """{job: its analysed iterations, the latest last} of the jobs running at ``now``: the latest is
+    what /metrics exports as the job's derived gauges and the rules evaluate (a stalled or ended
+    job's leave both), read from the table's columns (perfd.exporters.prometheus.latest_series)."""
     now = time.time() if now is None else now
-    out: dict[str, IterationResult] = {}
+    out: dict[str, Table[IterationResult]] = {}
     for snap in snapshots:
-        latest = snap.latest
-        if latest is not None and snap.state_at(now)[0] == RUNNING:
-            out[snap.job] = latest
+        its = snap.iterations
+        if its is not None and snap.state_at(now)[0] == RUNNING:
+            out[snap.job] = its
     return out
 
 

@@ -1,13 +1,13 @@
 """Prometheus exposition of perfd's numbers, named and described by the metric catalog.
 
-Knows nothing of collectors: it is handed plain values (an iteration's analysis result, the
-latest node series) and turns them into metric families. A value that is None is not exported at
-all: an absent series, never a 0.
+Knows nothing of collectors: it is handed plain values (a run's analysed iterations, the latest
+node series) and turns them into metric families. A value that is None is not exported at all: an
+absent series, never a 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
@@ -23,6 +23,7 @@ from perfd.limits import RANK_RATIO_TOP_K
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
+    from perfd.analytics.steps.iteration_table import Table
 
 
 def _gauge(name: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -36,22 +37,39 @@ def _name_for_family(name: str) -> str:
 
 
 Row = tuple[Mapping[str, str], str, float]  # (labels, catalog name, value)
+# Where :func:`latest_series` hands each series: (catalog name, labels, value).
+Emit = Callable[[str, Mapping[str, str], float], None]
 _BOTTLENECK = "perfd_job_bottleneck_info"
 _RANK_RATIO = "perfd_job_rank_compute_ratio"
 
 
-def iteration_rows(job: str, it: IterationResult, per_rank: bool = True) -> list[Row]:
-    """The series of a job's latest analysed iteration: every catalog job metric present
-    (perfd.catalog.job_values, the one mapping), the bottleneck class and, unless ``per_rank`` is
-    False, each rank's compute ratio. /metrics and the rules both read these."""
+def latest_series(job: str, iterations: Table[IterationResult], per_rank: bool, emit: Emit
+                  ) -> dict[int, float]:
+    """The series of a job's latest analysed iteration (the last row of its run's table), read from
+    the table's columns without building the row, each handed to ``emit``: every catalog job metric
+    present (its ``attr``'s column in the catalog unit: perfd.catalog.in_unit), the bottleneck class
+    and, unless ``per_rank`` is False, each rank's compute ratio; then the slowest ranks. Returns the
+    ranks' compute ratios. /metrics (:func:`job_families`) and the rules (:func:`iteration_rows`) both
+    read these: one listing, and no value passes through a mapping or a row on its way to a family."""
+    i = len(iterations) - 1
     lab = {"job_name": job}
-    rows: list[Row] = [(lab, name, value) for name, value in catalog.job_values(it).items()]
-    rows.append(({**lab, "class": it.bottleneck}, _BOTTLENECK, 1.0))
-    ratios = it.straggler_rank_compute_ratio
+    for m in catalog.job_metrics():
+        if m.attr is not None and (v := catalog.in_unit(m, iterations.get(i, m.attr))) is not None:
+            emit(m.name, lab, v)
+    emit(_BOTTLENECK, {**lab, "class": iterations.get(i, "bottleneck")}, 1.0)
+    ratios: dict[int, float] = iterations.get(i, "straggler_rank_compute_ratio")
     if per_rank:
         for rank, ratio in sorted(ratios.items(), key=lambda kv: int(kv[0])):
-            rows.append(({**lab, "rank": str(rank)}, _RANK_RATIO, float(ratio)))
-    rows.extend(rank_picture_rows(job, ratios))
+            emit(_RANK_RATIO, {**lab, "rank": str(rank)}, float(ratio))
+    for labels, name, value in rank_picture_rows(job, ratios):
+        emit(name, labels, value)
+    return ratios
+
+
+def iteration_rows(job: str, iterations: Table[IterationResult], per_rank: bool = True) -> list[Row]:
+    """:func:`latest_series` as (labels, catalog name, value) rows: what the rules read."""
+    rows: list[Row] = []
+    latest_series(job, iterations, per_rank, lambda name, labels, value: rows.append((labels, name, value)))
     return rows
 
 
@@ -77,10 +95,12 @@ def rank_ratio_buckets(ratios: Mapping[Any, float]) -> tuple[list[tuple[str, flo
     return counts, sum(values)
 
 
-def job_families(job_iterations: Mapping[str, IterationResult], per_rank: bool = True) -> Iterator[Metric]:
-    """Families for every job's latest analysed iteration: {job name: iteration result}
-    (:func:`iteration_rows`). ``per_rank=False`` leaves out the per-rank series (bounded cardinality
-    for very large jobs)."""
+def job_families(job_iterations: Mapping[str, Table[IterationResult]], per_rank: bool = True
+                 ) -> Iterator[Metric]:
+    """Families for every job's latest analysed iteration: {job name: its run's table, whose last row
+    is that iteration} (:func:`latest_series`, each value added to its family as it is read from its
+    column). ``per_rank=False`` leaves out the per-rank series (bounded cardinality for very large
+    jobs)."""
     names: dict[str, list[str]] = {m.name: ["job_name"] for m in catalog.job_metrics()}
     names[_BOTTLENECK] = ["job_name", "class"]
     names[_RANK_RATIO] = ["job_name", "rank"]
@@ -88,10 +108,12 @@ def job_families(job_iterations: Mapping[str, IterationResult], per_rank: bool =
     fams = {name: _gauge(name, labels) for name, labels in names.items()}
     d = catalog.get(catalog.RANK_RATIO_RANKS)
     ranks = GaugeHistogramMetricFamily(d.name, f"{d.description} [source: {d.source}]", labels=["job_name"])
-    for job, it in sorted(job_iterations.items()):
-        for row_labels, name, value in iteration_rows(job, it, per_rank):
-            fams[name].add_metric([row_labels[k] for k in names[name]], value)
-        buckets = rank_ratio_buckets(it.straggler_rank_compute_ratio)
+
+    def add(name: str, labels: Mapping[str, str], value: float) -> None:
+        fams[name].add_metric([labels[k] for k in names[name]], value)
+
+    for job, iterations in sorted(job_iterations.items()):
+        buckets = rank_ratio_buckets(latest_series(job, iterations, per_rank, add))
         if buckets is not None:
             ranks.add_metric([job], buckets[0], buckets[1])
     yield from fams.values()

@@ -14,6 +14,7 @@ from collectors.megatron import parse_file
 from perfd.aggregator.http import _StateCollector, job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration_table import Table
 from perfd.cli import main as perfd_main
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
@@ -194,8 +195,9 @@ def test_per_rank_series_switch_and_iterations_api() -> None:
     assert its is not None and len(its["iterations"]) == len(parsed.records)
     assert its["iterations"][-1]["straggler_rank_compute_ratio"]
     assert job_iterations(st, "nope") is None
-    one = {"j": IterationResult(1, straggler_rank_compute_ratio={0: 1.2})}
-    fams = {f.name: f for f in job_families(one, per_rank=False)}
+    one: Table[IterationResult] = Table(IterationResult, "iteration")
+    one.append(IterationResult(1, straggler_rank_compute_ratio={0: 1.2}))
+    fams = {f.name: f for f in job_families({"j": one}, per_rank=False)}
     assert fams["perfd_job_rank_compute_ratio"].samples == []
 
 
