@@ -2,8 +2,9 @@
 
 Knows nothing of collectors: it is handed the typed parts of a run analysis (the ``JobBlock``, the
 ``IterationResult`` rows, the ``RunSummary``) and logs them with ``wandb.log({...}, step=iteration)``
-under the catalog's names (perfd.catalog.job_values, the mapping the Prometheus exporter uses), so a
-W&B chart and a Prometheus query of one metric show the same number. Rules kept here:
+under the catalog's names (perfd.catalog.job_values: each value through catalog.in_unit, as the
+Prometheus exporter reads its column), so a W&B chart and a Prometheus query of one metric show the
+same number. Rules kept here:
 
 - an iteration is logged once per run: only iterations above the last one logged go out, in order
   (W&B steps only go forward, so a record arriving after a later iteration was logged is left out);
