@@ -3,10 +3,10 @@
 Each job is a recorded 2-GPU Megatron-LM run, in turn the demo's (perfd/demo/data, 2×H200, pipeline
 parallel) and tests/data/megatron/dp2_all_timers.log (data parallel, with per-rank compute ratios),
 its step records through the wire form (protobuf bytes) into one ``AggregatorState`` with its two
-ranks placed on two GPUs, analysed once (``refresh``). Then a scrape, as /metrics makes it (``_StateCollector`` in a
-registry, ``generate_latest``), is timed ``--rounds`` times, and the job families alone
-(``job_families`` of the running jobs' latest iterations) as often. The clock is held still, so
-two runs on two commits serve the same text: ``--out FILE`` writes one scrape, to ``diff``.
+ranks placed on two GPUs, analysed once (``refresh``). Then a scrape, as /metrics makes it
+(``_StateCollector`` in a registry, ``generate_latest``), is timed ``--rounds`` times, and the job
+families alone (``job_families`` of the running jobs' latest iterations) as often. The clock is held
+still, so two runs on two commits serve the same text: ``--out FILE`` writes one scrape, to ``diff``.
 
     PYTHONPATH=$PWD python benchmarks/scrape_bench.py [--jobs 64] [--rounds 200] [--out FILE]
                                                       [--no-rank-series]
