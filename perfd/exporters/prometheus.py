@@ -50,7 +50,8 @@ def latest_series(job: str, iterations: Table[IterationResult], per_rank: bool, 
     present (its ``attr``'s column in the catalog unit: perfd.catalog.in_unit), the bottleneck class
     and, unless ``per_rank`` is False, each rank's compute ratio; then the slowest ranks. Returns the
     ranks' compute ratios. /metrics (:func:`job_families`) and the rules (:func:`iteration_rows`) both
-    read these: one listing, and no value passes through a mapping or a row on its way to a family."""
+    read these, one listing; a job metric's value goes from its column to ``emit`` as it is read, no
+    row, mapping or tuple between (tests/test_mfu_path.py watches MFU's)."""
     i = len(iterations) - 1
     lab = {"job_name": job}
     for m in catalog.job_metrics():
