@@ -97,9 +97,8 @@ _JOB_SHOWS: frozenset[Show] = frozenset({SUMMARY, REPORT, WANDB})
 class MetricDef:
     """One metric, declared once. For a per-iteration job metric, ``attr`` names the attribute of
     the analysis' per-iteration result (perfd.analytics.run.run_analysis.IterationResult) and
-    ``scale`` turns it into the catalog unit: every consumer (Prometheus, W&B, rules, the report,
-    its tables and tiles) derives its value from these two through :func:`in_unit`: /metrics and the
-    rules from the run's column of ``attr`` (perfd.exporters.prometheus), the others through
+    ``scale`` turns it into the catalog unit: every consumer derives its value from these two through
+    :func:`in_unit`: /metrics and the rules from the run table's column, the others through
     :func:`job_values` (of an iteration) or :func:`median_values` (of a summary's steady medians)."""
 
     name: str
@@ -625,11 +624,8 @@ def _number(v: object) -> float | None:
 
 
 def in_unit(metric: MetricDef, v: object) -> float | None:
-    """A job metric's value in the catalog unit, from the value of its ``attr`` (an iteration
-    result's field, or the same field read from the run's column of it: /metrics reads the column,
-    perfd.exporters.prometheus); None when absent (never 0)."""
-    n = _number(v)
-    return None if n is None else n * metric.scale
+    """A job metric's value in the catalog unit from a value of its ``attr``; None when absent (never 0)."""
+    return None if (n := _number(v)) is None else n * metric.scale
 
 
 def job_value(metric: MetricDef, it: IterationResult) -> float | None:
@@ -644,9 +640,8 @@ def median_value(metric: MetricDef, medians: Mapping[str, float | None]) -> floa
 
 
 def job_values(it: IterationResult, show: Show | None = None) -> dict[str, float]:
-    """{catalog name: value} of every job metric present in an iteration result (W&B, the report,
-    its tables and tiles; /metrics reads the run's columns instead, through :func:`in_unit` as
-    here); absent values are left out."""
+    """{catalog name: value} of every job metric present in an iteration result (W&B, the report;
+    /metrics reads the run's columns through :func:`in_unit`); absent values are left out."""
     return {m.name: v for m in job_metrics(show) if (v := job_value(m, it)) is not None}
 
 
