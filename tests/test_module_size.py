@@ -17,7 +17,6 @@ OVER = {
     "perfd/model.py": 619,
     "perfd/agent/node_agent.py": 628,
     "perfd/hook/step.py": 637,
-    "perfd/analytics/run/run_findings.py": 650,
     "perfd/transport/server.py": 650,
     "collectors/hook/collector.py": 656,
     "perfd/catalog.py": 656,
