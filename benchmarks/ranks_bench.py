@@ -99,10 +99,10 @@ def run_scan(collects: int) -> dict[str, Any]:
         for _ in range(collects + 2):
             time.sleep(0.3)
             c.collect(time.time())
-            if c.last_scan_s is not None:
-                scans.append(c.last_scan_s * 1e3)
-                pids.append(c.last_scan_pids)
-                c.last_scan_s = None
+            if c.contention.last_s is not None:
+                scans.append(c.contention.last_s * 1e3)
+                pids.append(c.contention.last_pids)
+                c.contention.last_s = None
         if not scans:
             return {"error": "the rank never waited for a CPU: no scan ran"}
         ms = statistics.median(scans)

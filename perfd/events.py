@@ -175,7 +175,8 @@ GPU_PODS = _k("gpu_pods", "list", True, "collectors/k8s",
               ("perfd/aggregator/nodes.py: GPU -> pod",), "GPU -> pod allocation of a node", GpuOwner)
 SERVING_DATA = _k("serving_data", "mapping", True, "collectors/sglang",
                   ("perfd/aggregator/serving.py: the job's serving window and analysis",),
-                  "SGLang log records, server facts and a /metrics scrape (perfd.model.ServingData)")
+                  "SGLang log records, server facts and a /metrics scrape "
+                  "(perfd.serving_records.ServingData)")
 NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder hang detector)",
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
                "A collective stuck past the hang threshold (and its resolution)", whole=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd import catalog
+from perfd import catalog, catalog_labels
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.exporters.prometheus import job_families
@@ -101,15 +101,15 @@ def test_the_check_sees_constants_and_ignores_docstrings(tmp_path: Path) -> None
 
 
 def test_every_closed_label_set_resolves_and_the_doc_counts_its_values() -> None:
-    """A label whose values are a closed set names its declaration (catalog.LABEL_SETS); the doc's
+    """A label whose values are a closed set names its declaration (catalog_labels.LABEL_SETS); the doc's
     count and values come from it, so a ninth bottleneck class shows up without editing the catalog."""
     from perfd.analytics.breakdown.bottleneck import BottleneckClass
     from perfd.commands.catalog import label_text, label_values
 
-    assert set(catalog.LABEL_SETS) <= set(catalog.LABELS)
-    for name, ref in catalog.LABEL_SETS.items():
+    assert set(catalog_labels.LABEL_SETS) <= set(catalog_labels.LABELS)
+    for name, ref in catalog_labels.LABEL_SETS.items():
         values = label_values(ref)
         assert values and len(set(values)) == len(values), name
         assert f"{len(values)} values" in label_text(name)
-    assert label_values(catalog.LABEL_SETS["class"]) == tuple(c.value for c in BottleneckClass)
-    assert not any(ch.isdigit() for ch in catalog.LABELS["class"])  # no count written by hand
+    assert label_values(catalog_labels.LABEL_SETS["class"]) == tuple(c.value for c in BottleneckClass)
+    assert not any(ch.isdigit() for ch in catalog_labels.LABELS["class"])  # no count written by hand

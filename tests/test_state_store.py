@@ -10,15 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd.aggregator.state_store import (
-    BATCH,
-    HELLO,
-    SCHEMA_VERSION,
-    StateStore,
-    StateTooNew,
-    StoreError,
-    schema_of,
-)
+from perfd.aggregator.state_schema import BATCH, HELLO, SCHEMA_VERSION, StateTooNew, StoreError, schema_of
+from perfd.aggregator.state_store import StateStore
 
 
 def test_journal_job_info_seqs_and_documents_come_back_after_reopening(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
 ``data-wait`` and ``compute`` (the hook's timer names, perfd.model), and the hook's
-rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers.
+rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers
+(:mod:`collectors.hook.step_records`, with the pauses a rank announced before its step).
 It also sends profile requests back to a rank's hook (``request_profile``), to the address its
 records came from, and reports the hook's answers as ``hook_profile`` events.
 
@@ -65,6 +66,7 @@ from dataclasses import dataclass, field
 from collectors.config_values import as_int
 from collectors.hook import peers as P
 from collectors.hook.requests import Requests, RequestSender
+from collectors.hook.step_records import MAX_PAUSE_RANKS, Pauses, step_record
 from perfd.bounds import LAYOUT_BOUNDS, in_bounds
 from perfd.collector import Capabilities, Collected
 from perfd.dtypes import normalize_dtype
@@ -80,22 +82,11 @@ from perfd.limits import (
 from perfd.model import (
     CPU,
     CUDA,
-    HOOK_COMPUTE,
-    HOOK_DATA_WAIT,
-    HOOK_DATA_WAIT_FROM_FIELD,
-    HOOK_IN_STEP_FIELD,
-    HOOK_OUTSIDE,
-    HOOK_PAUSE_TIMERS,
-    HOOK_STEP_IN_STEP,
-    HOOK_STEP_PERIOD,
-    HOOK_STEP_TIME_FIELD,
     Device,
     JobInfo,
     ModelSpec,
     ParallelLayout,
-    Provenance,
     StepRecord,
-    TimerValue,
 )
 from perfd.privdir import UnsafeDirError, private_dir
 from perfd.procinfo import user_id
@@ -188,15 +179,8 @@ def _foreign_owner(path: str) -> int | None:
     return uid if uid != os.geteuid() else None
 
 
-def _ms(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e6
 
 
-
-
-# Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
-# rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
-MAX_PAUSE_RANKS = 4096
 
 
 NOT_JOB_USER = "not_job_user"  # a record from a process that does not run as the job's user
@@ -229,12 +213,7 @@ class HookCollector(RequestSender):
         self._layout = ParallelLayout()  # what the hooks' job records said (KIND_JOB)
         self._spec = ModelSpec()
         self._job_sent: JobInfo | None = None
-        self._pause_began: dict[int, tuple[str, int]] = {}  # rank -> (phase, hook's time_ns) while open
-        self._paused_ms: dict[int, dict[str, float]] = {}  # rank -> phase -> ms, until its next record
-        # rank -> wall ns the last pause held ended: a KIND_STEP2 record takes the pauses only when it
-        # ended after them (its period holds them; the hook took them out of it), not the record of
-        # a step the GPU finished earlier that the hook had still to send.
-        self._paused_until: dict[int, int] = {}
+        self.pauses = Pauses(self._c)  # each rank's announced pauses, for its next record
         self._senders = P.SenderCheck()
         # pid -> the uid of the sender that vouched for it, for the agent (Agent._note_ranks): the
         # newest MAX_PAUSE_RANKS verified pids. Written here, read by the agent's thread (dict get).
@@ -482,7 +461,7 @@ class HookCollector(RequestSender):
             self.count_error("malformed:phase", f"phase {m.phase} state {m.state} rank {m.rank}")
             return
         self._c("phase_records")
-        self._time_pause(m, phase, state)
+        self.pauses.time(m, phase, state)
         out.events.append({
             "kind": JOB_PHASE.name, "severity": "info", "time": now, "job": self.config.job,
             "text": f"rank {m.rank} (pid {m.pid}): {phase} {state}s after step {m.step}",
@@ -490,27 +469,6 @@ class HookCollector(RequestSender):
             "payload": {"job": self.config.job, "phase": phase, "state": state, "iteration": m.step,
                         "rank": m.rank, "pid": m.pid, "at": m.time_ns / 1e9, "source": "hook"},
         })
-
-    def _time_pause(self, m: wire.PhaseMsg, phase: str, state: str) -> None:
-        """The pause's length by the hook's own clock (begin -> end), held for the rank's next
-        record (``HOOK_PAUSE_TIMERS``): goodput counts it as a checkpoint save or an evaluation in
-        the window before that record instead of an unexplained gap (a stall)."""
-        if state == "begin":
-            if m.rank in self._pause_began or len(self._pause_began) < MAX_PAUSE_RANKS:
-                self._pause_began[m.rank] = (phase, m.time_ns)
-            else:
-                self._c("pause_over_cap")
-            return
-        began = self._pause_began.pop(m.rank, None)
-        if began is None or began[0] != phase or m.time_ns < began[1]:
-            self._c("pause_end_unmatched")  # an end without its begin (a hook started mid-phase)
-            return
-        if m.rank not in self._paused_ms and len(self._paused_ms) >= MAX_PAUSE_RANKS:
-            self._c("pause_over_cap")
-            return
-        held = self._paused_ms.setdefault(m.rank, {})
-        held[phase] = held.get(phase, 0.0) + (m.time_ns - began[1]) / 1e6
-        self._paused_until[m.rank] = max(m.time_ns, self._paused_until.get(m.rank, 0))
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
         """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
@@ -604,10 +562,7 @@ class HookCollector(RequestSender):
     def _step_record(self, m: wire.StepMsg, kind: int = wire.KIND_STEP2) -> StepRecord | None:
         # Taken by the rank's next step whether or not it becomes a record: the pause lies before it
         # (in its period, for a KIND_STEP2 record ending after the pause).
-        paused = None
-        if kind != wire.KIND_STEP2 or m.end_time_ns >= self._paused_until.get(m.rank, 0):
-            paused = self._paused_ms.pop(m.rank, None)
-            self._paused_until.pop(m.rank, None)
+        paused = self.pauses.take(m, kind)
         warmup = bool(m.flags & wire.FLAG_WARMUP)
         if warmup and not self.config.include_warmup:
             self._c("warmup_skipped")
@@ -615,42 +570,7 @@ class HookCollector(RequestSender):
         if m.rank < 0:
             self.count_error("malformed:no_rank")
             return None
-        fields: dict[str, str] = {"timing": "cuda" if m.flags & wire.FLAG_CUDA else "host",
-                                  "pid": str(m.pid), "percentile_window": str(m.window_n)}
-        # The step time: its period where the hook measured one (previous end -> this end: the
-        # time between the steps is the job's too), else the time inside the step (the first step
-        # of a series; a hook older than KIND_STEP2, whose steps said nothing of the time between).
-        step_ns = m.step_ns if m.period_ns is None else m.period_ns
-        fields[HOOK_STEP_TIME_FIELD] = HOOK_STEP_PERIOD if m.period_ns is not None else HOOK_STEP_IN_STEP
-        if kind == wire.KIND_STEP2:
-            fields[HOOK_IN_STEP_FIELD] = f"{m.step_ns / 1e6:.6g}"
-        if m.flags & wire.FLAG_HAS_DATA:
-            fields[HOOK_DATA_WAIT_FROM_FIELD] = wire.data_wait_from(m.flags)
-        for key, val in (("step_time_p50_ms", m.p50_ns), ("step_time_p90_ms", m.p90_ns),
-                         ("step_time_p99_ms", m.p99_ns), ("compute_ms", m.compute_ns)):
-            if val is not None:
-                fields[key] = f"{val / 1e6:.6g}"
-        if warmup:
-            fields["warmup"] = "true"
         if m.send_drops or m.harvest_drops:
             self._lost(m)
-            fields["hook_send_drops"] = str(m.send_drops)
-            fields["hook_harvest_drops"] = str(m.harvest_drops)
-        timers: dict[str, TimerValue] = {}
-        # The hook's phases under the timer names perfd.model declares.
-        for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns),
-                         (HOOK_OUTSIDE, m.outside_ns)):
-            ms = _ms(ns)
-            if ms is not None:
-                timers[name] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
-        for phase, ms in (paused or {}).items():
-            timers[HOOK_PAUSE_TIMERS[phase]] = TimerValue(min_ms=ms, max_ms=ms, per_rank={m.rank: ms})
         self._c("records")
-        return StepRecord(
-            job=self.config.job, iteration=m.step, rank=m.rank, end_time=m.end_time_ns / 1e9,
-            step_time_ms=step_ns / 1e6, interval=1, fields=fields, timers=timers,
-            source=Provenance("hook", f"rank{m.rank}:pid{m.pid}"),
-            disturbed_by_capture=bool(m.flags & wire.FLAG_PROFILING),
-            armed=bool(m.flags & wire.FLAG_ARMED),
-            tokens_per_step=m.tokens_per_step, flops_per_step=m.flops_per_step,
-        )
+        return step_record(m, kind, self.config.job, paused)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collectors.megatron import args as margs
+from collectors.megatron.intervals import RunIntervals
 from collectors.megatron.lines import (
     IterationLine,
     parse_all_timer_name,
@@ -98,10 +99,7 @@ class MegatronLogParser:
         self._all_current: str | None = None  # timer name under which 'all' rank rows go
         self._step_timer_names: set[str] = set()  # the pending record's step timers (see _note_step_timer)
         self._blocks_for_pending = 0  # timer blocks printed since the pending record's line
-        # Iterations a record covers (see _interval): the previous record of this run, and
-        # whether it was the run's first-iteration log ("certain" | "maybe").
-        self._prev_record: StepRecord | None = None
-        self._prev_first: str | None = None
+        self._intervals = RunIntervals()  # iterations each record of this run covers
         self._arrived: float | None = None  # the line being fed: when it was printed, if known
         self._startup_seen = False  # start-up output since the last record: the next one starts a run
         # A checkpoint save or an evaluation the loop announced and has not ended: its timer
@@ -428,8 +426,7 @@ class MegatronLogParser:
         """Start-up output: a new run (or a restart appended to the same log) begins here."""
         self._complete(out)  # the previous run's last record is complete
         self._startup_seen = True
-        self._prev_record = None
-        self._prev_first = None
+        self._intervals = RunIntervals()
 
     def _close_args(self) -> None:
         self._args_mode = None
@@ -462,9 +459,9 @@ class MegatronLogParser:
         start-up's."""
         if self._pending is not None:
             return self._pending.timers
-        if self._prev_record is not None and not self._startup_seen:
+        if self._intervals.prev is not None and not self._startup_seen:
             # An issue, so that the agent counts it (collector errors "parse:timer-after-record").
-            it = self._prev_record.iteration
+            it = self._intervals.prev.iteration
             self._issue("timer-after-record", f"a timer block after iteration {it}'s record was handed out: "
                                               "its timers are lost")
             return {}
@@ -488,7 +485,7 @@ class MegatronLogParser:
         li = self.job_info.log_interval
         if li and rec.interval and rec.interval != li and self._step_timer_names:
             # Megatron divides the step timers by log_interval even when the log covers another
-            # number of iterations (a run's first log, and the one after it: see _interval).
+            # number of iterations (a run's first log, and the one after it: see intervals.py).
             scale = li / rec.interval
             for name in self._step_timer_names:
                 tv = rec.timers.get(name)
@@ -529,7 +526,7 @@ class MegatronLogParser:
             self._run_armed = self._armed_seen or (self._run_armed and not rec.first_of_run)
         self._armed_seen = False
         rec.armed = self._run_armed
-        rec.interval = self._interval(rec)
+        rec.interval = self._intervals.of(rec, self.job_info.log_interval)
         if it.truncated:
             self._issue("truncated-iteration-line", line)
         if it.intrusion is not None or it.bad_segments:
@@ -538,58 +535,6 @@ class MegatronLogParser:
         self._pending = rec
         self._step_timer_names = set()
         self._blocks_for_pending = 0
-
-    def _interval(self, rec: StepRecord) -> int | None:
-        """How many iterations this record's averages cover.
-
-        Recent Megatron-LM (core 0.20 here) logs the first iteration of every run, fresh or
-        resumed, on top of each ``log_interval``-th one, and does not reset its accumulators
-        after that first log. So the first record covers 1 iteration and the next one everything
-        since the run began: on the shared fixture (log interval 1) iteration 2's 3180 ms is the
-        mean of iterations 1 (5868 ms) and 2 (~493 ms). Timers are still divided by log_interval:
-        _complete fixes that.
-
-        A first record whose iteration is not a multiple of log_interval can only be such a log.
-        With log interval 1 the first record (iteration 1) looks like any other, and versions
-        without the first-iteration log reset after it: the next record then decides by its own
-        numbers (_looks_unreset). Without a log interval or evidence: the gap to the previous one.
-        """
-        li = self.job_info.log_interval
-        prev = self._prev_record
-        self._prev_record = rec
-        # First record seen, a restart, or a run resumed after start-up output (iteration 21 after
-        # a checkpoint of 20 is a run's first log too, whatever the previous record's number).
-        if prev is None or rec.iteration <= prev.iteration or rec.first_of_run:
-            if li and rec.iteration % li:
-                self._prev_first = "certain"
-                return 1
-            if rec.iteration == 1 or (rec.first_of_run and li == 1):
-                self._prev_first = "maybe"
-                return 1
-            self._prev_first = None
-            return li
-        gap = rec.iteration - prev.iteration
-        state, self._prev_first = self._prev_first, None
-        if state == "certain" or (state == "maybe" and _looks_unreset(prev, rec, gap)):
-            return gap + 1
-        return gap
-
-
-def _looks_unreset(prev: StepRecord, rec: StepRecord, gap: int) -> bool:
-    """Does ``rec``'s step time average ``prev``'s iteration in too (no reset after ``prev``)?
-
-    The wall-clock gap between the two lines is the time of the ``gap`` new iterations. Without
-    a reset the printed mean is (prev's time + that) / (gap + 1); with one, that / gap.
-    """
-    p_end, r_end, p_step, r_step = prev.end_time, rec.end_time, prev.step_time_ms, rec.step_time_ms
-    if p_end is None or r_end is None or p_step is None or r_step is None:
-        return False
-    wall_ms = (r_end - p_end) * 1000.0
-    if wall_ms <= 0:
-        return False
-    with_reset = wall_ms / gap
-    without_reset = (p_step + wall_ms) / (gap + 1)
-    return abs(r_step - without_reset) < abs(r_step - with_reset)
 
 
 def parse_lines(lines: Iterable[str], job: str = "megatron", source_name: str = "<lines>") -> ParsedLog:

@@ -10,7 +10,8 @@ of CPU contention), its cgroup's CFS throttling (cpu.stat), pressure stall infor
 ``*.pressure``, the node's /proc/pressure for the root cgroup), OOM kills (memory.events) and major
 faults; the node's swap-in rate. While a rank waits for a CPU (thresholds.CPU_WAIT_SCAN) a scan of
 every process's CPU time names the processes that ran on its CPUs (pid, user, command, share), the
-job's own (a data loader worker: a descendant of a rank) told apart from the others.
+job's own (a data loader worker: a descendant of a rank) told apart from the others
+(collectors/ranks/contention.py).
 
 Whom it follows, and whose process the agent acts on (py-spy stacks take :meth:`RanksCollector.rank_pids`):
 each rank process is followed only as the user who vouched for it — the launch child's user for its
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from collectors.config_values import as_float
 from collectors.ranks import procfs
+from collectors.ranks.contention import ContentionScan, waits
 from perfd import limits as L
 from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
@@ -44,23 +46,17 @@ from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
 from perfd.model import Sample
 from perfd.procinfo import (
     pod_ranks,
-    psutil_lookup,
     psutil_rank_env,
-    psutil_user,
     read_identity,
     same_process,
-    shown_cmdline,
 )
-from perfd.shared_thresholds import CPU_THROTTLED_SHARE, CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
+from perfd.shared_thresholds import CPU_THROTTLED_SHARE, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the
 # command under it; coreutils' timeout forks).
 WRAPPERS = frozenset({"ncu", "nsys", "nsys-launcher", "timeout", "strace", "ltrace", "perf", "valgrind"})
 SOURCES = ("launch", "gpu", "pod", "hook")  # how a rank process became known; the first listed wins
-# CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
-# idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
-MIN_DEMAND = STALL_IDLE_CPU_CORES.value
 # States worth the event at every collect (a sleeping rank is a GPU job's normal state: it waits on
 # the device); the others go out on change, and every event_every_s.
 NOTABLE_STATES = frozenset({"stopped", "zombie", "gone", "disk_sleep"})
@@ -156,10 +152,8 @@ class RanksCollector(Collector):
         self.ranks: dict[tuple[str, int], RankProc] = {}
         self._mounts: procfs.Mounts | None = None
         self._prev_cpus: dict[int, tuple[int, int]] | None = None
-        self._prev_scan: tuple[float, dict[int, procfs.ProcStat]] | None = None
         self._prev_swap: tuple[float, int] | None = None
         self._discovered_at = float("-inf")
-        self._names: dict[tuple[int, int], tuple[str | None, str | None, str | None]] = {}
         # cgroup dirs -> its files' readings, this collect only (see _cgroup_files)
         self._cg_cache: dict[tuple[str | None, str | None, str | None, bool], tuple[procfs.Throttling | None,
                                                     tuple[dict[str, int], str] | None, int | None]] = {}
@@ -169,8 +163,8 @@ class RanksCollector(Collector):
         # the job's rank_processes events, so the aggregator knows the job ended without waiting
         self._launch: dict[str, LaunchExit] = {}
         self._launch_sent: set[str] = set()  # jobs whose launch end went out with no rank to report
-        self.last_scan_s: float | None = None  # the last contention scan's duration (perfd bench ranks)
-        self.last_scan_pids = 0
+        self.contention = ContentionScan(self.config.proc, self.config.interval_s, self.config.scan,
+                                         self.count_error)
 
     # ---- what the agent tells it ---------------------------------------------------------------
     def note(self, pid: int, rank: int, source: str, job: str | None = None, uid: int | None = None) -> None:
@@ -239,7 +233,10 @@ class RanksCollector(Collector):
             rows[key] = row
         self._prev_cpus = cpus
         try:
-            self._contention(rows, t)
+            pids: dict[str, set[int]] = {}
+            for (job, _), rp in self.ranks.items():
+                pids.setdefault(job, set()).add(rp.pid)
+            self.contention.scan(rows, pids, t)
         except Exception as exc:
             self.count_error("scan-failed", repr(exc))
         swap = self._swap_rate(t)
@@ -518,77 +515,6 @@ class RanksCollector(Collector):
         row["oom_kills"] = oom
         row["oom_kills_since_follow"] = oom - rp.oom_at_follow
 
-    # ---- who else runs on a waiting rank's CPUs ---------------------------------------------------
-    def _contention(self, rows: dict[tuple[str, int], RankHost], t: float) -> None:
-        """While some rank waits for a CPU, read every process's CPU time and last CPU each collect;
-        with the previous scan, name what ran on each waiting rank's CPUs. No wait: no scan (and
-        the previous one is dropped, so a later scan never spans a long gap)."""
-        waiting = [r for r in rows.values() if _waits(r) and r.get("allowed_cpus")]
-        if not self.config.scan or not waiting:
-            self._prev_scan = None
-            return
-        t0 = time.perf_counter()
-        procs, left_out = procfs.scan_processes(L.MAX_SCAN_PIDS, self.config.proc)
-        self.last_scan_s, self.last_scan_pids = time.perf_counter() - t0, len(procs)
-        if left_out:
-            self.count_error("scan-over-cap", f"{left_out} processes not read")
-        prev, self._prev_scan = self._prev_scan, (t, procs)
-        if prev is None or t - prev[0] > 3 * self.config.interval_s or t <= prev[0]:
-            return
-        dt, before = t - prev[0], prev[1]
-        ranks_by_job: dict[str, set[int]] = {}
-        for (job, _), rp in self.ranks.items():
-            ranks_by_job.setdefault(job, set()).add(rp.pid)
-        waiting_ids = {id(r) for r in waiting}
-        for (job, _), row in rows.items():
-            if id(row) not in waiting_ids:
-                continue
-            allowed = set(row["allowed_cpus"])
-            own_roots = ranks_by_job.get(job, set())
-            found = []
-            for pid, st in procs.items():
-                old = before.get(pid)
-                if pid == row["pid"] or old is None or old.start_ticks != st.start_ticks:
-                    continue
-                used = st.cpu_s - old.cpu_s
-                if used <= 0 or st.processor not in allowed:
-                    continue
-                # A process that may run elsewhere too spent only part of its time here: as much as
-                # its allowed CPUs overlap the rank's (it migrates; the kernel keeps no per-CPU time
-                # per process).
-                aff = procfs.affinity(pid)
-                part = len(allowed & set(aff)) / len(aff) if aff else 1.0
-                share = min(1.0, used * part / (dt * len(allowed)))
-                found.append((share, pid, st, _descends(pid, own_roots, procs)))
-            # The kernel's per-CPU accounting bounds what the others took: the CPUs' busy share less
-            # the rank's own use of them. Estimates over it are scaled down to it.
-            busy = row.get("allowed_busy_ratio")
-            mine = min(1.0, (row.get("cpu_cores") or 0.0) / len(allowed))
-            total = sum(f[0] for f in found)
-            if busy is not None and total > max(0.0, busy - mine) and total > 0:
-                k = max(0.0, busy - mine) / total
-                found = [(sh * k, pid, st, own) for sh, pid, st, own in found]
-            row["others_ratio"] = min(1.0, sum(f[0] for f in found if not f[3]))
-            row["own_ratio"] = min(1.0, sum(f[0] for f in found if f[3]))
-            top = sorted(found, key=lambda f: (-f[0], f[1]))[:L.RANK_OTHERS_TOP_N]
-            row["others"] = [self._named(share, pid, st, own) for share, pid, st, own in top]
-
-    def _named(self, share: float, pid: int, st: procfs.ProcStat, own: bool) -> dict[str, object]:
-        key = (pid, st.start_ticks)
-        got = self._names.get(key)
-        if got is None:
-            name, cmd = psutil_lookup(pid)
-            got = (name or st.comm, cmd, psutil_user(pid))
-            if len(self._names) > 4 * L.MAX_SCAN_PIDS:
-                self._names.clear()
-            self._names[key] = got
-        name, cmd, user = got
-        # Another process is named by pid, user and command name only; the job's own (a rank's
-        # descendant) keeps its command line, redacted (perfd.procinfo.shown_cmdline).
-        return {"pid": pid, "name": name, "user": user,
-                "cmdline": shown_cmdline(cmd, own, L.MAX_RANK_PAYLOAD_CMDLINE),
-                "cpu_ratio": round(share, 4), "cpu": st.processor, "own": own}
-
     def _swap_rate(self, t: float) -> float | None:
         pages = procfs.read_swap_in_pages(self.config.proc)
         if pages is None:
@@ -653,13 +579,6 @@ class RanksCollector(Collector):
             })
 
 
-def _waits(row: RankHost) -> bool:
-    """The rank waits for a CPU: a share of the time it wanted one past CPU_WAIT_SCAN, and it wanted
-    some (a rank that barely runs waits a few µs a wake-up: a large share of almost nothing)."""
-    wait, demand = row.get("wait_ratio"), row.get("cpu_demand_cores")
-    return wait is not None and wait >= CPU_WAIT_SCAN.value and (demand is None or demand >= MIN_DEMAND)
-
-
 def _marks(row: RankHost) -> tuple[str, bool, bool, bool]:
     """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
     corroboration), waiting for a CPU, throttled."""
@@ -668,18 +587,5 @@ def _marks(row: RankHost) -> tuple[str, bool, bool, bool]:
     # change worth an event (the event still carries the exact state).
     state = str(row.get("state"))
     idle = cpu is not None and cpu < STALL_IDLE_CPU_CORES.value
-    return (state if state in NOTABLE_STATES else "live", idle, _waits(row),
+    return (state if state in NOTABLE_STATES else "live", idle, waits(row),
             thr is not None and thr >= CPU_THROTTLED_SHARE.value)
-
-
-def _descends(pid: int, roots: set[int], procs: dict[int, procfs.ProcStat]) -> bool:
-    """Whether ``pid`` is a descendant of one of ``roots`` (the job's rank processes: a data loader
-    worker is the job's own), by the parent pids of the scan; at most 64 generations up."""
-    p = procs.get(pid)
-    for _ in range(64):
-        if p is None or p.ppid <= 1:
-            return False
-        if p.ppid in roots:
-            return True
-        p = procs.get(p.ppid)
-    return False

@@ -1,5 +1,5 @@
 """The agent-side SGLang collector: tails the server log, scrapes ``/metrics``, and sends what it read
-as plain records (``perfd.model.ServingData`` in ``serving_data`` events). The aggregator analyses
+as plain records (``perfd.serving_records.ServingData`` in ``serving_data`` events). The aggregator analyses
 them (perfd/aggregator/serving.py), as it does Megatron's step records: the job's serving gauges and
 report are computed there, by the same functions ``perfd analyze sglang`` uses offline."""
 
@@ -18,8 +18,8 @@ from collectors.sglang.metrics import scrape
 from collectors.sglang.parser import SglangLogParser
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.events import SERVING_DATA
-from perfd.model import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 from perfd.serving_model import ServingModelSpec
+from perfd.serving_records import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
                          "scrape_interval_s", "scrape_timeout_s", "model", "gpu", "peak_tflops",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from perfd.bounds import MAX_SERVING_VALUE
-from perfd.model import BatchKind, ServerInfo, ServingRecord
+from perfd.serving_records import BatchKind, ServerInfo, ServingRecord
 
 MAX_LINE = 64 * 1024
 

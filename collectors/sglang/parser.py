@@ -14,7 +14,8 @@ from pathlib import Path
 
 from collectors.sglang.lines import MAX_LINE, BatchParse, parse_batch_line, parse_startup_line, split_prefix
 from perfd.logfiles import iter_text_lines
-from perfd.model import ParseIssue, Provenance, ServerInfo, ServingRecord
+from perfd.model import ParseIssue, Provenance
+from perfd.serving_records import ServerInfo, ServingRecord
 
 MAX_ISSUES = 10_000
 DAY_S = 86400.0

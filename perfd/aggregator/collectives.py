@@ -43,6 +43,7 @@ from perfd.collfold import (
 from perfd.hang_fact import HangEvent
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.typed import obj
+from perfd.winfigures import WindowFigures
 
 Row = tuple[Mapping[str, str], str, float]
 # What the window fold is told of a job (the aggregator's jobs store has it): a key that changes with
@@ -137,12 +138,13 @@ class CollectiveStore:
             log.info("collectives: %d collective record(s) left their jobs' retention (%d a job, the oldest "
                      "first) since the last line", line, self.max_records)
 
-    def ingest_partial(self, agent_id: str, part: CollectivePartial) -> None:
+    def ingest_partial(self, agent_id: str, part: CollectivePartial, folded: bool = False) -> None:
         """Merge a node's reduced collective records in (a join: one read twice merges once). Every
         rank's newest operations are kept (``reduced_retention``), where of records as sent the job's
         newest ``max_records_per_job`` are: at 100,000 ranks 0.2 a rank, most ranks unseen. What went
         in (new, or a further state) is folded per step window (perfd.analytics.collectives.winfold)
-        before the retention lets it go."""
+        before the retention lets it go; ``folded``: not (a shard's fold had them all, and hands its
+        figures on: :meth:`ingest_figures`)."""
         steps = self._fold_steps(part.job)
         with self._lock:
             jc = self.jobs.setdefault(part.job, JobCollectives())
@@ -162,7 +164,8 @@ class CollectiveStore:
             if steps is not None:
                 fold.set_steps(*steps)
             # the ranks it touched (the others settle when their next operations come, or at the analysis)
-            fold.advance(fold.add(taken))
+            if not folded:
+                fold.advance(fold.add(taken))
             for row in part.ops.values():
                 if row.rank is not None and row.source == FR:
                     jc.rank_agent[row.rank] = agent_id  # the partial's rows are its agent's ranks' (one node)
@@ -171,6 +174,14 @@ class CollectiveStore:
         if line:
             log.info("collectives: %d collective operation(s) left their jobs' retention (%s) since the last "
                      "line", line, self.reduced_retention)
+
+    def ingest_figures(self, figs: WindowFigures) -> None:
+        """Merge per-window figures a shard's fold made of its ranks' operations (a join: one read
+        twice merges once); the analysis reads them as its own fold's."""
+        with self._lock:
+            jc = self.jobs.setdefault(figs.job, JobCollectives())
+            if self._fold(figs.job, jc).add_figures(figs):
+                jc.version += 1
 
     def _fold(self, job: str, jc: JobCollectives) -> WindowFold:
         if jc.fold is None:

@@ -26,8 +26,9 @@ from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.retention import Lifecycle
 from perfd.aggregator.runtime import gc_seconds, tune_gc
 from perfd.aggregator.state import AggregatorState
+from perfd.aggregator.state_schema import StoreError
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
-from perfd.aggregator.state_store import StateStore, StoreError
+from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.engine.subjects import EngineConfig

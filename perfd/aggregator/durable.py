@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from perfd import limits as L
-from perfd.aggregator.state_store import BATCH, HELLO, StateStore, StoreError
+from perfd.aggregator.state_schema import BATCH, HELLO, StoreError
+from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wiring import AggregatorParts
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept

@@ -1,6 +1,6 @@
 """The aggregator's serving view: per-job SGLang records and scrapes, and their latest analysis.
 
-The SGLang collector sends plain records (``perfd.model.ServingData`` in ``serving_data`` events);
+The SGLang collector sends plain records (``perfd.serving_records.ServingData`` in ``serving_data`` events);
 here they feed one ``ServingWindow`` per job, and ``perfd.analytics.serving.serving_analysis.analyze_window``
 plus
 ``perfd.report.serving_report.build_serving_report`` turn the window into the job's serving gauges (catalog
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
-from perfd.model import ServingData
 from perfd.report.serving_report import build_serving_report
 from perfd.serving_model import ServingModelSpec
+from perfd.serving_records import ServingData
 
 log = logging.getLogger(__name__)
 

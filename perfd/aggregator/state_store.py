@@ -30,10 +30,11 @@ loses its rows here too (its batches, its job info), so it stays pruned across a
 also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of it
 from being replayed — a tombstone goes once no journal row older than it is left.
 
-Versioned (``SCHEMA_VERSION``, in the file's user_version): a newer build reads the files of older
-ones (upgraded once, at open); an older build stops at start-up on a file of a newer schema, with one
-line and exit 2, and leaves it untouched, rather than read it lossy (issue 56: a downgrade once read
-29 of 40 iterations and said nothing).
+Versioned (``SCHEMA_VERSION``, in the file's user_version; the tables, the checks and the upgrade are
+perfd/aggregator/state_schema.py's): a newer build reads the files of older ones (upgraded once, at
+open); an older build stops at start-up on a file of a newer schema, with one line and exit 2, and
+leaves it untouched, rather than read it lossy (issue 56: a downgrade once read 29 of 40 iterations
+and said nothing).
 
 Why SQLite and not a file of our own: the stdlib has it, WAL gives one writer with readers beside
 it, and its transactions are what "acknowledged means durable" needs.
@@ -50,12 +51,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from perfd import __version__
+from perfd.aggregator.state_schema import (
+    HELLO,
+    SCHEMA_VERSION,
+    TABLES,
+    StoreError,
+    migrate,
+    refuse_newer,
+    settle_version,
+)
 from perfd.privdir import private_dir
 
 log = logging.getLogger(__name__)
 
-HELLO, BATCH = "hello", "batch"
 DEFAULT_MAX_BATCHES = 200_000  # journal rows kept; the oldest batches go first (job info is kept apart)
 # Bytes of the whole state (journal batches, Hellos, job info, documents): the oldest batches go
 # first to keep under it (``--state-max-mib``). What a restart replays is bounded by it too.
@@ -72,73 +80,6 @@ FAILURE_LOG_INTERVAL_S = 60.0  # a full disk fails every commit: one log line pe
 # checkpoints and is cut back to WAL_LIMIT_BYTES, plus the shared-memory index beside it.
 WAL_ROOM_BYTES = WAL_LIMIT_BYTES + (256 << 10)
 _ROW_BYTES = 48  # a dedupe row's agent, epoch and numbers, amortised
-
-# journal.job: the one job a batch's step records, job info, collectives and events name (NULL:
-# several, or none), so that a pruned job's rows can be deleted.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL,
-                                    kind TEXT NOT NULL, agent TEXT NOT NULL, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS hello (agent TEXT PRIMARY KEY, t REAL NOT NULL, body BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS job_info (job TEXT PRIMARY KEY, agent TEXT NOT NULL, json TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS seq (agent TEXT PRIMARY KEY, epoch TEXT NOT NULL, seq INTEGER NOT NULL,
-                                t REAL NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS doc (name TEXT PRIMARY KEY, json TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS pruned (job TEXT PRIMARY KEY, t REAL NOT NULL);
-"""
-
-
-# What a state file holds and how (its tables, and the protobuf batches and JSON documents in them),
-# as a number kept in the file (SQLite's user_version). Raise it with every change an older build
-# would read lossy. A newer build upgrades an older file at open (:meth:`StateStore._migrate`); an
-# older build refuses a newer file (:class:`StateTooNew`) and leaves it as it is. 0: the files of
-# the builds before the number (perfd 0.1.0), which wrote none.
-SCHEMA_VERSION = 1
-
-
-class StoreError(Exception):
-    """The state directory cannot be used or written (a clear message for a person)."""
-
-
-class StateTooNew(StoreError):
-    """The state file was written by a newer perfd than this one (its schema is higher): reading it
-    would lose what this build does not know, so start-up stops and the file stays untouched."""
-
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_USER_VERSION_AT = 60  # the file header's user_version: 4 bytes, big-endian (sqlite.org/fileformat.html)
-
-
-def schema_of(path: Path) -> int:
-    """The schema number of an existing state file, read without writing anything: from the file's
-    header while no write-ahead log holds newer pages (a clean stop), else through a read-only
-    connection (which neither creates tables nor checkpoints the log into the file). 0 for a file
-    that is not SQLite's: the open's own checks name the damage."""
-    with path.open("rb") as fh:
-        header = fh.read(100)
-    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        return 0
-    wal = path.with_name(path.name + "-wal")
-    if not wal.exists() or wal.stat().st_size == 0:
-        return int.from_bytes(header[_USER_VERSION_AT:_USER_VERSION_AT + 4], "big")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return int(db.execute("PRAGMA user_version").fetchone()[0])
-    finally:
-        db.close()
-
-
-def refuse_newer(path: Path) -> None:
-    """StateTooNew when ``path`` holds state of a schema above this build's (nothing is written)."""
-    if not path.exists():
-        return
-    found = schema_of(path)
-    if found > SCHEMA_VERSION:
-        raise StateTooNew(
-            f"{path} holds state of schema {found}, written by a newer perfd; this perfd {__version__} "
-            f"reads schema {SCHEMA_VERSION} and older. Refusing to start rather than read it lossy; the "
-            "file is left as it is. Run the perfd that wrote it (or a newer one), or move the state "
-            "directory away to start with an empty state.")
-
 
 class StateStore:
     """One SQLite database under the state directory. Journal writes and :meth:`commit` run on the
@@ -180,13 +121,12 @@ class StateStore:
             if check != ["ok"]:
                 raise StoreError(f"{self.path} is damaged ({'; '.join(check)[:300]}): move it away to "
                                  "start with an empty state, or put back a good copy")
-            self._db.executescript(_SCHEMA)
-            self._migrate()
-            found = int(self._db.execute("PRAGMA user_version").fetchone()[0])
-            if found > SCHEMA_VERSION:  # written between the check above and this connection
-                raise StateTooNew(f"{self.path}: schema {found} is newer than this perfd's {SCHEMA_VERSION}")
+            self._db.executescript(TABLES)
+            folded = migrate(self._db)
+            if folded is not None:
+                log.info("state store: %d Hello row(s) of an older build folded into one per agent", folded)
+            found = settle_version(self._db, self.path)
             if found < SCHEMA_VERSION:
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 log.info("state store: %s upgraded from schema %d to %d", self.path, found, SCHEMA_VERSION)
             if int(self._db.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
                 # A file of an older build: rebuilt once so its free pages can go back (bounded by the
@@ -305,29 +245,6 @@ class StateStore:
                                self._db.execute("SELECT agent, epoch FROM seq")}
         except sqlite3.Error:
             pass  # the disk is failing: the last known sizes stand
-
-    def _migrate(self) -> None:
-        """A state file of an older build: Hellos were journal rows (one per Hello, never pruned), and
-        the journal had no job column. Keep each agent's latest Hello, add the column."""
-        cols = {r[1] for r in self._db.execute("PRAGMA table_info(journal)")}
-        if "job" not in cols:
-            self._db.execute("ALTER TABLE journal ADD COLUMN job TEXT")
-        if "t" not in {r[1] for r in self._db.execute("PRAGMA table_info(seq)")}:
-            self._db.execute("ALTER TABLE seq ADD COLUMN t REAL NOT NULL DEFAULT 0")
-        self._db.execute("CREATE INDEX IF NOT EXISTS journal_job ON journal (job)")
-        if self._db.execute("SELECT 1 FROM journal WHERE kind = ? LIMIT 1", (HELLO,)).fetchone() is None:
-            return
-        self._db.execute("BEGIN")  # one transaction: the Hellos move whole or not at all
-        try:
-            self._db.execute("INSERT OR REPLACE INTO hello (agent, t, body) SELECT agent, t, body "
-                             "FROM journal WHERE id IN (SELECT MAX(id) FROM journal WHERE kind = ? "
-                             "GROUP BY agent)", (HELLO,))
-            n = self._db.execute("DELETE FROM journal WHERE kind = ?", (HELLO,)).rowcount
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            self._db.execute("ROLLBACK")
-            raise
-        log.info("state store: %d Hello row(s) of an older build folded into one per agent", n)
 
     def journal(self, kind: str, agent: str, body: bytes, job: str | None = None) -> bool:
         """A batch (``job``: the one job its data names, if one), or a Hello (:meth:`put_hello`)."""

@@ -14,8 +14,8 @@ from perfd import finite_json
 if TYPE_CHECKING:
     from collectors.megatron.parser import ParsedLog
     from perfd.analytics.run.run_result import RunAnalysis
-    from perfd.model import MetricsSnapshot
     from perfd.serving_model import ServingModelSpec
+    from perfd.serving_records import MetricsSnapshot
 
 
 def add_sglang_arguments(p: argparse.ArgumentParser) -> None:

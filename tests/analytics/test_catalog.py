@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from perfd import catalog
+from perfd import catalog, catalog_labels
+from perfd.commands.catalog import render_markdown
 
 REQUIRED = [
     "perfd_job_mfu_ratio", "perfd_job_step_time_seconds", "perfd_job_model_tflops_per_gpu",
@@ -71,7 +72,7 @@ def test_names_follow_conventions() -> None:
 def test_labels_are_bounded_and_never_job() -> None:
     for m in catalog.CATALOG:
         assert "job" not in m.labels, m.name  # reserved by Prometheus: the label is job_name
-        assert set(m.labels) <= set(catalog.LABELS), (m.name, m.labels)
+        assert set(m.labels) <= set(catalog_labels.LABELS), (m.name, m.labels)
         assert len(m.labels) == len(set(m.labels))
         if m.name.startswith(("perfd_job_", "perfd_serving_")):
             assert m.labels[0] == "job_name"
@@ -83,7 +84,7 @@ def test_get_and_markdown() -> None:
     assert catalog.get("perfd_job_mfu_ratio").unit == "ratio"
     with pytest.raises(KeyError, match="not in the perfd catalog"):
         catalog.get("perfd_job_mfu_percent")
-    md = catalog.render_markdown()
+    md = render_markdown()
     lines = md.strip().splitlines()
     assert lines[0].startswith("| name |") and len(lines) == 2 + len(catalog.CATALOG)
     assert "`perfd_gpu_power_watts`" in md

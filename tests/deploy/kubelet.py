@@ -1,9 +1,9 @@
 """Play the kubelet for a rendered pod (Helm chart, deploy/k8s, the example job): each volume becomes a
 folder holding what its ConfigMap or Secret holds (hostPath and emptyDir volumes: empty folders), each
 container path in the args and the config file (and the working directory) is mapped to its folder,
-the downward API's fields fill the env, `$(VAR)` is expanded from it, and Service DNS names resolve to
-this machine. Then the container's command runs for real, exactly as rendered (a real `perfd
-aggregator`, a real `perfd agent`).
+the downward API's fields and a ConfigMap's keys (envFrom) fill the env, `$(VAR)` is expanded from
+it, and Service DNS names resolve to this machine. Then the container's command runs for real,
+exactly as rendered (a real `perfd aggregator`, a real `perfd agent`).
 
 What it does not play: the network plugin (a NetworkPolicy is read, tests/deploy/netpol.py) and pod
 isolation (every process is on this machine). A Secret is looked up in the pod's own namespace, as the
@@ -125,7 +125,10 @@ def kubelet(obj: dict[str, Any], root: Path, secrets: Secrets, dns: dict[str, st
             text = text.replace(name, addr)
         return text
 
-    env = {}
+    env: dict[str, str] = {}
+    for ref in c.get("envFrom", []):  # a ConfigMap's keys, before env (whose names win, as the kubelet's)
+        assert set(ref) == {"configMapRef"}, f"envFrom {ref} not played here"
+        env.update((configmaps or {})[ref["configMapRef"]["name"]])
     for e in c.get("env", []):
         ref = (e.get("valueFrom") or {}).get("fieldRef")
         env[e["name"]] = _field(ref["fieldPath"], meta, namespace) if ref else str(e.get("value", ""))

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.aggregator.state_store import BATCH, StateStore
+from perfd.aggregator.state_schema import BATCH
+from perfd.aggregator.state_store import StateStore
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.gen import perfd_pb2 as pb

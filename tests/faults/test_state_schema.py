@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.checkpoints import FORMAT
-from perfd.aggregator.state_store import SCHEMA_VERSION, schema_of
+from perfd.aggregator.state_schema import SCHEMA_VERSION, schema_of
 from tests.faults.test_network_faults import JOB, _megatron_lines
 from tests.procs import Procs, free_port, http_get, start_agent, start_aggregator, wait_for
 

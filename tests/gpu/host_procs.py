@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 TOP = 5  # the other processes named in a run's record, the busiest first
+KILL_WAIT_S = 5.0  # how long a killed leftover is waited for (gone, or a zombie its parent has not reaped)
 Snapshot = dict[int, tuple[str, int, float]]  # pid -> (name, session, CPU seconds so far)
 
 
@@ -60,14 +61,18 @@ def _cores(pid: int) -> str | None:
 def left_behind(session: int, now: Snapshot | None = None) -> list[dict[str, Any]]:
     """The processes of a run's session still alive after its leader exited (``now``: a snapshot
     just taken, else one is), each killed (SIGKILL): the next run must not share its cores with them."""
-    found = []
+    found, killed = [], []
     for pid, (name, sid, cpu) in (snapshot() if now is None else now).items():
         if sid == session and pid != os.getpid():
             found.append({"pid": pid, "name": name, "cpu_s": round(cpu, 2), "cores": _cores(pid)})
             try:
-                psutil.Process(pid).kill()
+                proc = psutil.Process(pid)
+                proc.kill()
+                killed.append(proc)
             except psutil.Error:
                 pass
+    # SIGKILL lands when the process next runs: on a loaded machine a snapshot taken at once still saw it
+    psutil.wait_procs(killed, timeout=KILL_WAIT_S)
     return found
 
 

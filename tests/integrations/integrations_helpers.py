@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from perfd import catalog
+from perfd import catalog, catalog_labels
 from tests.procs import free_port as free_port
 from tests.procs import http_get
 
@@ -176,8 +176,8 @@ def catalog_problems(names: set[str]) -> list[str]:
     return problems
 
 
-# Labels Prometheus adds (job, instance) and perfd's own (the catalog's LABELS).
-KNOWN_LABELS = set(catalog.LABELS) | {"job", "instance", "le", "__name__"}
+# Labels Prometheus adds (job, instance) and perfd's own.
+KNOWN_LABELS = set(catalog_labels.LABELS) | {"job", "instance", "le", "__name__"}
 
 
 def promql_label_names(expr: str) -> set[str]:

@@ -35,12 +35,12 @@ from perfd.aggregator.state import AggregatorState
 from perfd.catalog import RANK_HOST_SERIES
 from perfd.collector import Collected
 from perfd.events import SERVING_DATA
-from perfd.model import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
 from perfd.rules.expr import SCOPE_LABELS, series_key
 from perfd.rules.pack_loader import check_files_warned, parse_pack
 from perfd.rules.rule_types import carrying_scopes
+from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServingData
 from tests.collectives.collective_helpers import MS, T0, load_fixture_records, step
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ import pytest
 
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import AgentConfig
-from perfd.aggregator.state_store import StateStore, StoreError
+from perfd.aggregator.state_schema import StoreError
+from perfd.aggregator.state_store import StateStore
 from perfd.capture.nsys_exec import default_capture_root
 from perfd.capture.store import MANIFEST, CaptureStore
 from perfd.privdir import UnsafeDirError, private_dir, rmtree_at

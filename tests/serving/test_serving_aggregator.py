@@ -1,4 +1,4 @@
-"""Serving is analysed on the aggregator from the records the agent sends (perfd.model.ServingData
+"""Serving is analysed on the aggregator from the records the agent sends (perfd.serving_records.ServingData
 through the transport's event codec), with the same numbers as ``perfd analyze sglang`` offline."""
 
 from __future__ import annotations
@@ -14,14 +14,8 @@ from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.events import SERVING_DATA
-from perfd.model import (
-    HistogramSeries,
-    MetricsSnapshot,
-    ServerInfo,
-    ServingData,
-    ServingRecord,
-)
 from perfd.report.serving_report import build_serving_report
+from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb
 from perfd.typed import obj

@@ -17,8 +17,8 @@ from perfd.analytics.serving.serving_analysis import (
     summarize,
 )
 from perfd.analytics.serving.spec import decode_step_rate, resolve
-from perfd.model import ServerInfo, ServingRecord
 from perfd.serving_model import ServingModelSpec
+from perfd.serving_records import ServerInfo, ServingRecord
 
 DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -151,7 +151,7 @@ def test_window_drops_old_records_and_keeps_a_scrape_baseline() -> None:
     assert len(w.records()) == 3
     w.add_records([rec("decode", 75.0 + i) for i in range(4)], now=0.0)
     assert len(w.records()) == 5 and w.dropped == 2
-    from perfd.model import MetricsSnapshot
+    from perfd.serving_records import MetricsSnapshot
 
     for t in (0.0, 30.0, 61.0, 95.0):
         w.add_scrape(MetricsSnapshot(time=t, source="x"))

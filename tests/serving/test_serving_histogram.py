@@ -15,7 +15,7 @@ from perfd.analytics.serving.histogram import (
     merge_series,
     window_quantile,
 )
-from perfd.model import HistogramSeries, MetricsSnapshot
+from perfd.serving_records import HistogramSeries, MetricsSnapshot
 
 INF = math.inf
 

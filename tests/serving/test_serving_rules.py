@@ -13,10 +13,10 @@ from perfd import catalog
 from perfd.analytics.common import MetricValue
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving.serving_findings import derive_serving_findings
-from perfd.model import ServerInfo
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import load_pack
+from perfd.serving_records import ServerInfo
 
 PACK = Path(__file__).resolve().parents[2] / "rules" / "serving.yaml"
 RULE_TO_FINDING = {

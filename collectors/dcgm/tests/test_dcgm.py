@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from collectors.dcgm import SOURCE, DcgmCollector
-from perfd import catalog
+from perfd import catalog, catalog_labels
 from perfd.agent.node_agent import default_registry
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
@@ -67,7 +67,7 @@ def test_profiling_fields_become_perfd_gpu_series(exporter: Exporter) -> None:
     assert s.labels == {"gpu": "1", "uuid": "GPU-0001", "model": "NVIDIA A100-SXM4-80GB", "source": SOURCE}
     assert s.time == 123.0
     for (name, _), smp in got.items():
-        assert catalog.get(name).kind == "gauge" and set(smp.labels) <= set(catalog.LABELS)
+        assert catalog.get(name).kind == "gauge" and set(smp.labels) <= set(catalog_labels.LABELS)
     assert c.errors == {}
 
 

@@ -97,7 +97,7 @@ def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:
     out = Collected()
     c._handle(wire.pack_phase(msg), "addr", Sender(me, os.getuid(), os.getgid()), time.time(), out)
     assert c.counts["pause_end_unmatched"] == 1 and len(out.events) == 1  # the event still goes
-    assert c._paused_ms == {}
+    assert c.pauses.held == {}
 
 
 def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -> None:

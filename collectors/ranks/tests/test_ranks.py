@@ -154,7 +154,7 @@ def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None
     shares = [o["cpu_ratio"] for o in r["others"]]
     assert shares == sorted(shares, reverse=True)
     assert len(r["others"]) <= L.RANK_OTHERS_TOP_N
-    assert c.last_scan_pids > 0 and c.last_scan_s is not None
+    assert c.contention.last_pids > 0 and c.contention.last_s is not None
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from perfd import catalog
 from perfd.aggregator.serving import ServingStore
 from perfd.collector import Collected, Registry
 from perfd.events import SERVING_DATA
-from perfd.model import ServingData
+from perfd.serving_records import ServingData
 
 DATA = Path(__file__).parent / "data"
 

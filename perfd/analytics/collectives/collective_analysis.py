@@ -236,7 +236,7 @@ class _RankLists:
 def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],
             steps: Sequence[StepRecord], cfg: CollectiveConfig, fold: FoldView | None = None,
             layout: ParallelLayout | None = None) -> None:
-    if not timed and not (fold is not None and fold.counts.folded):
+    if not timed and not (fold is not None and (fold.counts.folded or fold.counts.received)):
         out.absent_reason = ("no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
                              "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)"
                              if out.sources.get(FR) else "no Flight Recorder records")

@@ -56,6 +56,7 @@ from perfd.analytics.collectives.collective_windows import (
 from perfd.analytics.collectives.groups import classify_group
 from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.model import ParallelLayout, StepRecord
+from perfd.winfigures import ABSENT, RankWindow, WindowFigures
 
 # A window's figures are made once the rank's operations reach this many windows past it.
 SETTLE_WINDOWS = 1
@@ -63,7 +64,6 @@ SETTLE_WINDOWS = 1
 # a rank: ~3 iterations of a rank running 6 collectives an iteration; a job running more a rank an
 # iteration has its windows folded away uncovered at that scale, counted).
 PENDING = Retention(per_rank=4096, per_job=2_000_000)
-ABSENT = -1  # a class with no operation in a rank's window (0 is a class whose ops took no time)
 
 Figure = tuple[StepWindow, int, dict[str, int]]  # a window, the union of its intervals, per class
 
@@ -79,6 +79,7 @@ class FoldCounts:
     uncovered: int = 0  # (rank, window) settled that its operations do not cover
     retracted: int = 0  # of the windows made, found uncovered after all (a sequence gap seen later)
     evicted: int = 0  # (rank, window) figures let go with their iteration (older than the kept ones)
+    received: int = 0  # (rank, window) figures made elsewhere (a shard's fold) merged in
 
     def to_json(self) -> dict[str, int]:
         return dict(vars(self))
@@ -154,10 +155,12 @@ class WindowFold:
     """One job's per-window figures, folded from its operations as they come (see the module)."""
 
     def __init__(self, config: CollectiveConfig | None = None, pending: Retention = PENDING,
-                 settle: int = SETTLE_WINDOWS) -> None:
+                 settle: int = SETTLE_WINDOWS, keep: int | None = None) -> None:
         self.cfg = config or CollectiveConfig()
         self.pending_bound, self.settle = pending, settle
-        self.keep = max(self.cfg.recent_windows, self.cfg.max_iterations_out)
+        # iterations of figures kept: what the analysis reads; a shard's fold keeps fewer (it hands
+        # them on: take_figures)
+        self.keep = keep or max(self.cfg.recent_windows, self.cfg.max_iterations_out)
         self.ranks: dict[int, _Rank] = {}
         self.blocks: dict[int, _Block] = {}  # iteration -> its figures
         self.pending = 0
@@ -170,6 +173,12 @@ class WindowFold:
         self._biggest = 0
         self._top = -1
         self._classes: Classes | None = None
+        # Figures made elsewhere (a shard's fold of its ranks' operations), merged by their join
+        self.outside = WindowFigures("")
+        # What take_figures handed on: each block's rows up to, the ranks touched since, retractions
+        self._taken: dict[int, int] = {}
+        self._touched: set[int] = set()
+        self._retracted: list[tuple[int, int]] = []
 
     # ---- what the store tells it -------------------------------------------------------------------
     def set_steps(self, key: object, steps: Sequence[StepRecord], layout: ParallelLayout | None) -> None:
@@ -179,6 +188,8 @@ class WindowFold:
         self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
         self.layout = layout
         self.steps_key = key
+        # windows its waiting operations fall in may have closed: their rows are handed on again
+        self._touched.update(r for r, st in self.ranks.items() if st.buffer)
 
     def add(self, rows: Iterable[OpRow]) -> set[int]:
         """Take operations the store newly merged; the ranks they touched (then :meth:`advance`)."""
@@ -205,6 +216,7 @@ class WindowFold:
             self.pending += 1
             c.folded += 1
             touched.add(rank)
+        self._touched |= touched
         k = self.pending_bound.k(len(self.ranks))
         if k is not None:
             for rank in touched:
@@ -222,10 +234,66 @@ class WindowFold:
 
     def view(self) -> FoldView:
         """A snapshot the analysis reads outside the store's lock (blocks only grow at their end, and
-        a rank's context is replaced, never changed)."""
+        a rank's context is replaced, never changed; the figures made elsewhere are copied)."""
+        outside: dict[int, list[RankWindow]] = {}
+        for (it, _), w in self.outside.rows.items():
+            outside.setdefault(it, []).append(w)
         return FoldView({it: (b, len(b)) for it, b in self.blocks.items()},
                         {r: (list(st.buffer.values()), st.ctx, st.frontier) for r, st in self.ranks.items()},
-                        self._biggest, self._top, FoldCounts(**vars(self.counts)))
+                        self._biggest, self._top, FoldCounts(**vars(self.counts)), outside)
+
+    # ---- figures made in one fold and read in another (a shard's, the root's) ---------------------
+    def add_figures(self, figs: WindowFigures) -> int:
+        """Merge figures a shard's fold made of its ranks (a join: one delivered twice merges once);
+        how many went in. The newest ``keep`` iterations are kept, as of the blocks."""
+        figs = WindowFigures(self.outside.job or figs.job, figs.rows)
+        if not self.outside.job:
+            self.outside.job = figs.job
+        n = len(self.outside.absorb(figs))
+        self.counts.received += n
+        its = sorted({it for it, _ in self.outside.rows})
+        if len(its) > self.keep:
+            old = set(its[:len(its) - self.keep])
+            for key in [k for k in self.outside.rows if k[0] in old]:
+                del self.outside.rows[key]
+        return n
+
+    def take_figures(self, job: str) -> WindowFigures:
+        """What this fold made since the last take, to hand on: the rows of settled windows (and a
+        settled row taken back by a sequence gap seen later, as uncovered), and for each rank that
+        took operations since, its windows after its frontier as its waiting operations give them
+        (provisional: a later row of the same window replaces it where the figures are merged)."""
+        out = WindowFigures(job)
+        for it, i in self._retracted:
+            block = self.blocks.get(it)
+            if block is not None and i < len(block):
+                out.add(it, self._row(block, i, True))
+        self._retracted.clear()
+        for it, block in self.blocks.items():
+            for i in range(self._taken.get(it, 0), len(block)):
+                out.add(it, self._row(block, i, True))
+            self._taken[it] = len(block)
+        classes = self._class_map()
+        for rank in sorted(self._touched):
+            st = self.ranks.get(rank)
+            if st is None or not st.buffer:
+                continue
+            rows = list(st.buffer.values())
+            tl = rank_timeline(rows, classes.rows(rows), st.ctx)
+            for w in self._windows_of(rank):
+                if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w):
+                    comm, by = tl.window(w)
+                    out.add(w.iteration, RankWindow(rank, w.start_ns, w.end_ns, w.n_iterations, w.excluded,
+                                                    comm, tuple(sorted(by.items())), False, st.newest))
+        self._touched.clear()
+        return out
+
+    def _row(self, block: _Block, i: int, settled: bool) -> RankWindow:
+        w, rank = block.windows[i], block.ranks[i]
+        st = self.ranks.get(rank)
+        by = tuple(sorted((c, col[i]) for c, col in block.by.items() if col[i] != ABSENT))
+        return RankWindow(rank, w.start_ns, w.end_ns, w.n_iterations, w.excluded, block.comm[i], by, settled,
+                          st.newest if st is not None else 0)
 
     # ---- inside ------------------------------------------------------------------------------------
     def _see_group(self, row: OpRow) -> None:
@@ -269,6 +337,7 @@ class WindowFold:
         if len(self.blocks) > self.keep:
             for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
                 self.counts.evicted += len(self.blocks.pop(it))
+                self._taken.pop(it, None)
 
     def _fold_away(self, rank: int, st: _Rank, k: int) -> None:
         """Past the bound: the rank's oldest waiting operations leave without their windows."""
@@ -294,6 +363,7 @@ class WindowFold:
                 for i, r in enumerate(block.ranks):
                     if r == rank and block.comm[i] != ABSENT and block.windows[i] == w:
                         block.comm[i] = ABSENT
+                        self._retracted.append((w.iteration, i))
                         self.counts.windows -= 1
                         self.counts.uncovered += 1
                         self.counts.retracted += 1
@@ -319,6 +389,7 @@ class FoldView:
     biggest: int
     top: int
     counts: FoldCounts
+    outside: Mapping[int, list[RankWindow]] = field(default_factory=dict)  # iteration -> rows made elsewhere
 
     def figures(self, windows_of: Callable[[int], list[StepWindow]], layout: ParallelLayout | None,
                 order: str) -> dict[int, list[Figure]]:
@@ -332,6 +403,19 @@ class FoldView:
                 if block.comm[i] != ABSENT:
                     by = {c: col[i] for c, col in cols if col[i] != ABSENT}
                     out.setdefault(block.ranks[i], []).append((block.windows[i], block.comm[i], by))
+        shared: dict[tuple[int, int, int, int, str | None], StepWindow] = {}  # one window object a window
+        for it in sorted(self.outside):
+            for f in self.outside[it]:
+                if f.comm_ns == ABSENT:
+                    continue
+                key = (it, f.start_ns, f.end_ns, f.n_iterations, f.excluded)
+                w = shared.get(key)
+                if w is None:
+                    w = shared[key] = StepWindow(*key)
+                out.setdefault(f.rank, []).append((w, f.comm_ns, dict(f.by)))
+        if self.outside and self.blocks:  # a rank folded here and elsewhere: its windows in order
+            for figs in out.values():
+                figs.sort(key=lambda f: f[0].start_ns)
         classes = Classes(layout, self.biggest, self.top, order)
         for rank, (rows, ctx, frontier) in self.waiting.items():
             if not rows:

@@ -24,7 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perfd.model import HistogramSeries, LabelSet, MetricsSnapshot
+from perfd.model import LabelSet
+from perfd.serving_records import HistogramSeries, MetricsSnapshot
 
 # Labels that name a replica of the same process group's numbers (TP/PP ranks report the same
 # requests): for gauges perfd keeps the lowest rank of each and sums the rest (dp_rank, priority).

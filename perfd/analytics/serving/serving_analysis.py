@@ -38,8 +38,9 @@ from perfd.analytics.serving.spec import (
     peaks,
     resolve,
 )
-from perfd.model import MetricsSnapshot, Provenance, ServerInfo, ServingRecord
+from perfd.model import Provenance
 from perfd.serving_model import ServingModelSpec
+from perfd.serving_records import MetricsSnapshot, ServerInfo, ServingRecord
 
 # summary key -> catalog name (perfd/catalog.py, "serving" section)
 CATALOG_NAMES: dict[str, str] = {

@@ -15,7 +15,7 @@ from typing import Protocol
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import MetricValue
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
-from perfd.model import ServerInfo
+from perfd.serving_records import ServerInfo
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
 ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from perfd.analytics.common import MetricValue
 from perfd.analytics.steps.gpus import peak_memory_bandwidth, peak_tflops
 from perfd.dtypes import normalize_dtype
-from perfd.model import Provenance, ServerInfo
+from perfd.model import Provenance
 from perfd.serving_model import ServingModelSpec
+from perfd.serving_records import ServerInfo
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # SGLang --kv-cache-dtype values

@@ -1,0 +1,98 @@
+"""The window fold where a slice of a job's nodes is reduced (pure): a shard of the engine holds its
+partitions' nodes' step records (each rank's own ends: its windows) and, sent beside them, those
+nodes' collective operations, so it can fold every operation of its ranks into per-window figures
+(perfd.analytics.collectives.winfold, the same code the root's store runs) and hand the root the
+figures (perfd.winfigures: one row a rank a window) instead of the operations. The root merges the
+shards' figures (a join) into its store's fold, which the analysis reads as it reads its own.
+
+What the root's analysis then gives is the one aggregator's: a rank's windows are its own step ends,
+which the shard holding its node has as the root has them; its operations are all the shard's; the
+classes need the job's layout (its info, which a node's message carries) and world size (the groups
+the operations name). What differs: a capture or warm-up flag that marks only some ranks' steps is
+the slowest of the shard's ranks' where the root has the slowest of the job's (both a fold's flags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.winfold import PENDING, WindowFold
+from perfd.collfold import CollectivePartial
+from perfd.model import ParallelLayout, StepRecord
+from perfd.winfigures import WindowFigures
+
+# Iterations of step records a shard keeps a job (its ranks' windows): the newest operations settle
+# within a few windows of their step records; older windows have handed their figures on.
+KEEP_STEP_ITERATIONS = 32
+# Iterations of settled figures a shard's fold keeps (a sequence gap seen later takes them back).
+KEEP_FIGURE_ITERATIONS = 8
+
+
+@dataclass
+class _Job:
+    fold: WindowFold
+    steps: dict[int, list[StepRecord]] = field(default_factory=dict)  # iteration -> its records here
+    layout: ParallelLayout | None = None
+    version: int = 0  # changes with the steps and the layout
+
+
+class ShardCollectives:
+    """Each job's fold of the operations of the ranks this shard holds."""
+
+    def __init__(self, config: CollectiveConfig | None = None) -> None:
+        self.cfg = config or CollectiveConfig()
+        self.jobs: dict[str, _Job] = {}
+
+    def _job(self, job: str) -> _Job:
+        j = self.jobs.get(job)
+        if j is None:
+            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS))
+        return j
+
+    def add_steps(self, records: Iterable[StepRecord]) -> None:
+        """Step records of this shard's ranks (a fold of them: each rank's own end), any job."""
+        for r in records:
+            j = self._job(r.job)
+            j.steps.setdefault(r.iteration, []).append(r)
+            j.version += 1
+            if len(j.steps) > KEEP_STEP_ITERATIONS:
+                del j.steps[min(j.steps)]
+
+    def set_layout(self, job: str, layout: ParallelLayout | None) -> None:
+        j = self._job(job)
+        if layout != j.layout:
+            j.layout, j.version = layout, j.version + 1
+
+    def add(self, part: CollectivePartial) -> None:
+        """Its operations onto their ranks' timelines; the windows now settled folded."""
+        j = self._job(part.job)
+        self._steps_to_fold(j)
+        fold = j.fold
+        fold.advance(fold.add(row for rows in part.streams.values() for row in rows.values()))
+
+    def take(self) -> list[WindowFigures]:
+        """Per job, what its fold made since the last take (perfd.analytics.collectives.winfold's
+        take_figures); jobs with nothing new left out."""
+        out = []
+        for job, j in self.jobs.items():
+            if self._steps_to_fold(j):
+                j.fold.advance()
+            figs = j.fold.take_figures(job)
+            if figs:
+                out.append(figs)
+        return out
+
+    def frontier(self, job: str, rank: int) -> int | None:
+        """The enqueue time up to which the rank's operations are folded and handed on (None: none)."""
+        j = self.jobs.get(job)
+        st = None if j is None else j.fold.ranks.get(rank)
+        return None if st is None else st.frontier
+
+    def _steps_to_fold(self, j: _Job) -> bool:
+        if j.fold.steps_key == j.version:
+            return False
+        steps = [r for it in sorted(j.steps) for r in j.steps[it]]
+        j.fold.set_steps(j.version, steps, j.layout)
+        return True

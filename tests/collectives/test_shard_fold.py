@@ -1,0 +1,130 @@
+"""The window fold at the shards (perfd.analytics.collectives.shardfold): each shard folds every
+operation of its nodes' ranks against their own step ends and hands the root per-window figures
+(perfd.winfigures); the root's store merges them (a join) beside the store's share of the rows. The
+per-iteration shares, and with every row held the whole analysis, are one aggregator's, byte for
+byte — figures delivered twice and in any order merging once."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+
+from perfd.aggregator.collectives import CollectiveStore
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
+from perfd.analytics.collectives.shardfold import ShardCollectives
+from perfd.collfold import Retention, for_sending, reduce
+from perfd.model import CollectiveRecord, StepRecord
+from perfd.winfigures import RankWindow, WindowFigures
+from tests.collectives.test_collective_partial import (
+    ITERATIONS,
+    LAYOUT,
+    NODES,
+    PER_NODE,
+    RANK_NODES,
+    WORLD,
+    synthetic_job,
+)
+from tests.collectives.test_window_fold import TWO_A_RANK, _shares
+
+SHARDS = 2
+
+
+def _node(r: CollectiveRecord | StepRecord) -> int:
+    return (r.rank if isinstance(r.rank, int) else 0) // PER_NODE
+
+
+def _through_shards(recs: list[CollectiveRecord], steps: list[StepRecord], keep: Retention,
+                    again: bool = False) -> tuple[CollectiveStore, list[StepRecord], list[WindowFigures]]:
+    """Each iteration: every node's operations to its shard (all of them), the store's share of them
+    to the root's store; then the iteration's step records, to the shards (their ranks') and the root;
+    then each shard's figures to the root. ``again``: every figures message delivered a second time,
+    the later ones first."""
+    store = CollectiveStore(reduced_retention=keep, min_recompute_s=0.0)
+    held: list[StepRecord] = []
+    store.fold_inputs = lambda job: ((len(held), LAYOUT), lambda: (list(held), LAYOUT))
+    shards = [ShardCollectives() for _ in range(SHARDS)]
+    for sh in shards:
+        sh.set_layout("j", LAYOUT)
+    sent: list[WindowFigures] = []
+    its = sorted({s.iteration for s in steps})
+    ends = {it: max(round((s.end_time or 0) * 1e9) for s in steps if s.iteration == it) for it in its}
+    prev = None
+    for it in [*its, None]:
+        batch = [r for r in recs if (prev is None or (r.time_created_ns or 0) > ends[prev])
+                 and (it is None or (r.time_created_ns or 0) <= ends[it])]
+        for n in range(NODES):
+            mine = [r for r in batch if _node(r) == n]
+            if mine:
+                shards[n % SHARDS].add(reduce("j", mine))
+                store.ingest_partial(f"node-{n}", for_sending(reduce("j", mine), keep), folded=True)
+        if it is not None:
+            these = [s for s in steps if s.iteration == it]
+            for n in range(NODES):
+                shards[n % SHARDS].add_steps([s for s in these if _node(s) == n])
+            held.extend(these)
+            prev = it
+        for sh in shards:
+            for figs in sh.take():
+                sent.append(figs)
+                store.ingest_figures(figs)
+    if again:
+        for figs in reversed(sent):
+            store.ingest_figures(figs)
+    return store, held, sent
+
+
+def _analysis(store: CollectiveStore, steps: Sequence[StepRecord]) -> CollectiveAnalysis:
+    got = store.analysis("j", (len(steps),), lambda: (list(steps), LAYOUT, {}, None), force=True)
+    assert got is not None
+    return got
+
+
+def test_the_shards_figures_give_every_ranks_per_iteration_share_with_two_operations_a_rank_held() -> None:
+    recs, steps = synthetic_job()
+    want = analyze_collectives("j", recs, steps, layout=LAYOUT)
+    assert len(want.iterations) == ITERATIONS - 1
+    store, held, sent = _through_shards(recs, steps, TWO_A_RANK)
+    jc = store.jobs["j"]
+    assert jc.partial is not None and len(jc.partial) == 2 * WORLD
+    assert jc.fold is not None and jc.fold.counts.folded == 0  # nothing folded at the root
+    assert jc.fold.counts.received >= WORLD * (ITERATIONS - 1)
+    got = _analysis(store, held)
+    assert all(len(it.share_by_rank) == WORLD for it in got.iterations)
+    assert _shares(got) == _shares(want)
+    # Provisional rows were replaced by settled ones of the same windows
+    assert any(not w.settled for f in sent for w in f.rows.values())
+    assert all(w.settled for (it, _), w in jc.fold.outside.rows.items() if it < ITERATIONS - 1)
+
+
+def test_figures_delivered_twice_in_any_order_merge_once() -> None:
+    recs, steps = synthetic_job()
+    want = _shares(analyze_collectives("j", recs, steps, layout=LAYOUT))
+    store, held, sent = _through_shards(recs, steps, TWO_A_RANK, again=True)
+    assert _shares(_analysis(store, held)) == want
+    fold = store.jobs["j"].fold
+    assert fold is not None
+    rows = dict(fold.outside.rows)
+    merged = WindowFigures("j")
+    shuffled = list(sent)
+    random.Random(3).shuffle(shuffled)
+    for figs in shuffled:
+        merged.absorb(figs)
+    assert merged.rows == rows  # any order, any number of deliveries: the same rows
+
+
+def test_every_row_held_the_root_answers_as_one_aggregator_byte_for_byte() -> None:
+    recs, steps = synthetic_job()
+    want = json.dumps(analyze_collectives("j", recs, steps, layout=LAYOUT, rank_nodes=RANK_NODES).to_json(),
+                      sort_keys=True)
+    store, held, _ = _through_shards(recs, steps, Retention(per_rank=512, per_job=250_000))
+    assert json.dumps(_analysis(store, held).to_json(), sort_keys=True) == want
+
+
+def test_the_join_keeps_a_settled_row_over_a_provisional_one_whatever_comes_first() -> None:
+    prov = RankWindow(3, 10, 20, 1, None, 4, (("tp", 4),), False, 25)
+    final = RankWindow(3, 10, 20, 1, None, 5, (("tp", 5),), True, 24)
+    a, b = WindowFigures("j"), WindowFigures("j")
+    assert a.add(7, prov) and a.add(7, final) and not a.add(7, prov)
+    assert b.add(7, final) and not b.add(7, prov)
+    assert a.rows == b.rows == {(7, 3): final}
