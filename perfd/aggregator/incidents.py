@@ -31,7 +31,7 @@ from perfd.analytics.incidents.attribution import xid_evidence
 from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident, render_cause
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, decide, merge
 from perfd.analytics.incidents.host_evidence import oom_evidence
-from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal, as_kept
+from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot, Withdrawal, as_kept
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,9 @@ class IncidentTracker:
         events: list[dict[str, Any]] = []
         with self._lock:
             kept = self._jobs.setdefault(job, {})
+            # A record the analysis now ends sooner (its stretch split by cause, perfd.analytics.
+            # incidents.split): what was seen of its iterations after the cut goes on with the next piece.
+            cut: _Cut | None = None
             for inc in found:
                 if inc.kinds == [STALL] and inc.id not in kept and (carrier := _taken_over(kept, inc)):
                     # The analysis' incident of these iterations took the live stall over: it gets the
@@ -180,6 +183,14 @@ class IncidentTracker:
                     continue
                 key = self._match(kept, inc)
                 prev = kept.get(key) if key else None
+                handed: IncidentEvidence | None = None
+                if cut is not None and prev is None and inc.first_iteration <= cut.last:
+                    handed, later = _at_end(cut.later, inc)
+                    cut = _Cut(cut.kept, later, cut.last) if later is not None else None
+                else:
+                    cut = None
+                if prev is not None and not inc.open and (cut_now := _cut(prev, inc, found)) is not None:
+                    prev, cut = cut_now.kept, cut_now
                 # A live stall these iterations end (their slow step is the stop): one episode.
                 stalls = [] if STALL in inc.kinds else _stall_records(kept, inc, key)
                 if prev is None and stalls:
@@ -191,7 +202,7 @@ class IncidentTracker:
                     if inc.first_iteration == prev.incident.first_iteration:
                         kept[key or inc.id] = _refine_closed(prev, inc, now)
                     continue
-                rec = self._record(inc, prev, stalls, snapshot, captures, now)
+                rec = self._record(inc, prev, stalls, snapshot, captures, now, handed)
                 for d in stalls:
                     kept.pop(d.id, None)
                 if prev is None:
@@ -213,10 +224,12 @@ class IncidentTracker:
 
     @staticmethod
     def _record(inc: Incident, prev: TrackedIncident | None, stalls: Sequence[TrackedIncident],
-                snapshot: Snapshot, captures: Sequence[CaptureRecord], now: float) -> TrackedIncident:
+                snapshot: Snapshot, captures: Sequence[CaptureRecord], now: float,
+                handed: IncidentEvidence | None = None) -> TrackedIncident:
         """``inc`` as recorded now: what it carried before (``prev``) and the live stalls it takes over
-        (``stalls``), with what its ranks' GPUs and hosts show now while it is open."""
-        pev = prev.incident.evidence if prev is not None else None
+        (``stalls``), with what its ranks' GPUs and hosts show now while it is open. ``handed``: what
+        was seen of its iterations while they were part of another record's stretch (split since)."""
+        pev = prev.incident.evidence if prev is not None else handed
         gpu: dict[int, RankSnapshot] = dict(pev.gpu or {}) if pev is not None else {}
         live = [as_kept(e) for e in pev.gpu_observed or ()] if pev is not None else []
         xid_base: dict[int, float] = dict(pev.xid_at_open or {}) if pev is not None else {}
@@ -422,6 +435,50 @@ class IncidentTracker:
                 n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.open)
                 rows.append(({"job_name": job}, "perfd_job_incidents_open", float(n_open)))
             return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """A record cut short at ``inc``'s end: the record with what was seen up to then (``kept``), and
+    what was seen after it (``later``, for the piece of the stretch that follows, up to ``last``)."""
+
+    kept: TrackedIncident
+    later: IncidentEvidence
+    last: int
+
+
+def _at_end(ev: IncidentEvidence, inc: Incident) -> tuple[IncidentEvidence, IncidentEvidence | None]:
+    """Live evidence split at the end of ``inc``: what was seen up to it (an item by its first
+    sighting), and what was seen after it (by its last sighting; a rank's snapshot by when it was
+    taken), None while ``inc`` is open or reaches the end of what was seen. An item seen across the
+    end is in both: its sightings are not kept one by one."""
+    end = inc.end_time
+    items = tuple(ev.gpu_observed or ())
+    if inc.open or end is None:
+        return ev, None
+    mine = replace(ev, gpu_observed=tuple(e for e in items if e.first_seen is None or e.first_seen <= end))
+    after = tuple(e for e in items if e.last_seen is not None and e.last_seen > end)
+    gpu = {r: snap for r, snap in (ev.gpu or {}).items() if snap.taken_at > end}
+    if not after and not gpu:
+        return mine, None
+    return mine, IncidentEvidence(gpu=gpu, gpu_observed=after, xid_at_open=ev.xid_at_open,
+                                  oom_at_open=ev.oom_at_open)
+
+
+def _cut(rec: TrackedIncident, inc: Incident, found: Sequence[Incident]) -> _Cut | None:
+    """``rec`` as far as ``inc`` (closed) now reaches, where the analysis split its stretch by cause
+    (another of ``found`` begins in what it recorded after ``inc``): what was seen after ``inc``'s end
+    is the later piece's (a CPU contention seen while load-slowed steps ran never blames the data-slow
+    steps before them). An incident that only ends sooner keeps all it saw (its last sightings come
+    after its last step: a refresh follows the records)."""
+    kept = rec.incident
+    if STALL in kept.kinds or not any(inc.last_iteration < o.first_iteration <= kept.last_iteration
+                                      for o in found if o is not inc):
+        return None
+    mine, later = _at_end(kept.evidence, inc)
+    out = _Cut(replace(rec, incident=replace(kept, evidence=mine)), later or IncidentEvidence(),
+               kept.last_iteration)
+    return out
 
 
 def _overlaps(d: TrackedIncident, inc: Incident) -> bool:

@@ -142,7 +142,9 @@ INCIDENT_MERGE_FRACTION = Threshold(
     0.25, "two stretches with the same cause merge across a gap up to a quarter of the shorter one's "
     "length (a lasting shift is one incident; a lone noisy step does not stretch a long one)", _INC)
 EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communication) that grew by half "
-                                "of the slowdown or more (its median step, or the cost it lost) explains it",
+                                "of the slowdown or more (its median step, or the cost it lost) explains it; "
+                                "a contiguous run of a stretch's steps it explains, and not the rest, is an "
+                                "incident of its own (perfd.analytics.incidents.split)",
                            _INC)
 # --- lasting shifts (perfd.analytics.steps.changepoint)
 # -------------------------------------------------------

@@ -31,6 +31,7 @@ from perfd.analytics.incidents.evidence import (
     decide,
 )
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, LevelShift, as_kept
+from perfd.analytics.incidents.split import split_by_cause
 from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_s
 from perfd.analytics.incidents.verdict_text import cause_text, sentence, stall_text
 from perfd.analytics.steps import windows
@@ -196,7 +197,9 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
     it is measured by. Steps above STEP_FACTOR × the median form stretches (MERGE_GAP ordinary steps
     may flicker within one); stretches naming the same rank merge across gaps short against their
-    length; an incident costs at least :func:`min_cost_s` — smaller departures are counted as jitter.
+    length; a stretch whose steps change cause is an incident per cause
+    (perfd.analytics.incidents.split); an incident costs at least :func:`min_cost_s` — smaller
+    departures are counted as jitter.
     A lasting shift (perfd.analytics.steps.changepoint) is one incident of kind ``level-shift`` measured
     against the level before it, to the end or to ``new_normal_at`` (the user took the new level as
     the new normal there: from it on that level is the reference). ``steps``: the step times from
@@ -306,6 +309,22 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
             del r[:len(head)]
     captures.sort()
     real = _merge_same_cause(post, real, flags)
+
+    # Steps of different causes in one stretch (a data slowdown that ran into load-slowed steps) are
+    # an incident each (perfd.analytics.incidents.split); a lasting shift is one level, never split.
+    def by_cause(run: list[int]) -> list[list[int]]:
+        if any(flags[i] == LEVEL_SHIFT for i in run):
+            return [run]
+        excess = {i: None if (z := sized[i]) is None
+                  else (z - (new_level if normal_from is not None and i >= normal_from else ref)) * scale[i]
+                  for i in run}
+        growth = [{i: None if (pm := _part_ms(post[i], getattr(post[i], attr))) is None
+                   else pm - (steady_ms or 0.0) for i in run}
+                  for steady_ms, attr in ((steady_parts[0], "data_share"),
+                                          (steady_parts[1], "comm_exposed_share"))]
+        return split_by_cause(run, excess, growth, min_cost_s(ref) * 1e3)
+
+    real = [piece for r in real for piece in by_cause(r)]
 
     def build(run: list[int]) -> Incident:
         level = new_level if normal_from is not None and run[0] >= normal_from else ref
