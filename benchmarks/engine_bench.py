@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.answer_lag import AnswerWatch  # noqa: E402
+from perfd.aggregator.daemon import AggregatorConfig  # noqa: E402
 from perfd.engine import subjects as S  # noqa: E402
 
 JOB = "engine-bench job"  # a space: the subject carries the job's token, the name rides inside
@@ -89,6 +90,10 @@ SAMPLE_S = 0.5  # the CPU sampler's period (the per-interval peaks)
 # The root's /iterations is polled this often: the answer's lag is measured to within it (an API read of
 # a 100k-rank job's rows took 3 ms p50, 87 ms p99 on the 16-core host: api_iterations_s)
 POLL_S = 0.5
+# The root rebuilds a changed job's analysis this often (its reads serve the last one); the rows after the
+# drain are read until two reads two refreshes apart agree, at most SETTLE_READS of them.
+REFRESH_S = AggregatorConfig.refresh_interval_s
+SETTLE_READS = 20
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
@@ -136,6 +141,24 @@ def _answer_of(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if rank is None:
         rank = next((int(p[4:]) for p in src.split(":") if p.startswith("rank") and p[4:].isdigit()), None)
     return {"mfu": row.get("mfu"), "slowest_rank": rank, "comm_exposed_share": row.get("comm_exposed_share")}
+
+
+def _settled_rows(job_url: str) -> list[dict[str, Any]]:
+    """Each iteration's answer as the run ends: what the polls' rows are held to. The counters say the
+    root has every message; the rows come from the analysis, which reads lag by up to a refresh (the
+    aggregator rebuilds a changed job's every REFRESH_S), so they are read until two reads a refresh
+    apart agree (at most SETTLE_READS of them)."""
+    prev: list[dict[str, Any]] | None = None
+    for _ in range(SETTLE_READS):
+        try:
+            rows = [r for r in _get_json(job_url)[0].get("iterations") or [] if "iteration" in r]
+        except OSError:
+            rows = []
+        if rows and rows == prev:
+            return rows
+        prev = rows
+        time.sleep(2 * REFRESH_S)
+    return prev or []
 
 
 def node_name(n: int) -> str:
@@ -628,10 +651,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             time.sleep(0.2)
             shf = [_read_json(f) for f in stats_files]
 
-        try:  # each iteration's answer as the run ends: what the polls' rows are held to
-            final_rows = [r for r in _get_json(job_url)[0].get("iterations") or [] if "iteration" in r]
-        except OSError:
-            final_rows = []
+        final_rows = _settled_rows(job_url)
         figs = {w.name: w.figures() for w in watched}
         busy = _busy(m1) - _busy(m0)
         ours = sum(f["cpu_cores"] for f in figs.values())
@@ -685,6 +705,10 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                                  "answer_present": {k: sum(1 for p in polls if (p["answer"] or {}).get(k)
                                                            is not None) for k in ANSWER},
                                  "last": polls[-1] if polls else None,
+                                 # the newest iteration's answer once the run drained and the analysis
+                                 # caught up (a poll during the load may read an iteration mid-fold)
+                                 "final": _answer_of(max(final_rows, key=lambda r: int(r["iteration"]),
+                                                         default=None)),
                                  # from an iteration's end to the first poll whose row gave its final
                                  # answer (benchmarks/answer_lag.py: an upper bound, by up to poll_s)
                                  "poll_s": POLL_S,

@@ -108,8 +108,11 @@ def test_bench_engine_every_message_reaches_the_root_and_every_iteration_complet
     lag_answer = check["answer_lag"]
     assert check["poll_s"] > 0 and lag_answer["n"] >= 1 and lag_answer["s"] is not None, lag_answer
     assert 0 <= lag_answer["s"]["p50"] <= lag_answer["s"]["max"] < 30
-    last = check["last"]["answer"]
-    assert 0 < last["mfu"] < 1 and last["slowest_rank"] == _slowest_rank(20)
+    # The answer as each iteration ends whole: a poll during the load may read an iteration mid-fold,
+    # whose slowest rank is that of the ranks folded so far (it read 76 for 81 once, under load).
+    final = check["final"]
+    assert final is not None and 0 < final["mfu"] < 1 and final["slowest_rank"] == _slowest_rank(20)
+    assert check["last"]["answer"] is not None and 0 < check["last"]["answer"]["mfu"] < 1
     # The text form (without --json) reads the same result.
     text = engine_bench._table(res)
     assert "bench-shard-0" in text and "consumer restarts" in text and f"{res['published']} published" in text
