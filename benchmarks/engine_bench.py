@@ -146,7 +146,7 @@ def _answer_of(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def _settled_rows(job_url: str) -> list[dict[str, Any]]:
     """Each iteration's answer as the run ends: what the polls' rows are held to. The counters say the
     root has every message; the rows come from the analysis, which reads lag by up to a refresh (the
-    aggregator rebuilds a changed job's every REFRESH_S), so they are read until two reads a refresh
+    aggregator rebuilds a changed job's every REFRESH_S), so they are read until two reads two refreshes
     apart agree (at most SETTLE_READS of them)."""
     prev: list[dict[str, Any]] | None = None
     for _ in range(SETTLE_READS):
