@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from transformers import TrainerCallback
     from typing_extensions import Unpack
 
-    from perfd.hook.step import StepHookOptions
+    from perfd.hook.hook_types import StepHookOptions
 
     class HFCallback(TrainerCallback):
         """What :func:`hf_callback` returns (its class is made at the first call, when transformers

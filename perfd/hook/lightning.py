@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from lightning.pytorch import Callback
     from typing_extensions import Unpack
 
-    from perfd.hook.step import StepHookOptions
+    from perfd.hook.hook_types import StepHookOptions
 
     class LightningCallback(Callback):
         """What :func:`lightning_callback` returns (its class is made at the first call, when

@@ -42,13 +42,14 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Literal, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from perfd.armed import ARMED_ENV
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
 from perfd.hook.hook_state import Slot
+from perfd.hook.hook_types import HookCounters
 from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
@@ -98,64 +99,6 @@ class _StepContext:
             self._hook.step_end()
         else:
             self._hook.abandon_step()  # a step that raised is not a step time
-
-
-
-
-class StepHookOptions(TypedDict, total=False):
-    """:class:`StepHook`'s arguments, for the framework callbacks that make one (``**hook_kwargs``)."""
-
-    socket_path: str | None
-    warmup_steps: int
-    tokens_per_step: float | None
-    flops_per_step: float | None
-    cuda: bool
-    rank: int | None
-    window: int
-    pool_size: int
-    marker_factory: MarkerFactory | None
-    profiler: ProfilerControl | None
-    enabled: bool | None
-    flush_interval_s: float
-    batch_records: int
-    cuda_data_event: bool
-    harvest_interval_s: float | None
-    model: ModelSpec | Mapping[str, object] | None
-    dtype: str | None
-    layout: Mapping[str, int] | None
-    mesh: DeviceMesh | None
-    device_uuid: str | None
-    watch_dataloader: bool
-
-
-class HookCounters(TypedDict):
-    """:meth:`StepHook.counters`: the hook's own health, for tests and a job's logs."""
-
-    steps_begun: int
-    steps_reported: int
-    pending: int
-    batched: int
-    harvest_drops: int
-    unpaired: int
-    internal_errors: int
-    alias_misses: int
-    sent: int
-    send_drops: int
-    send_drop_reasons: dict[str, int]
-    cuda: bool
-    profiling: bool
-    last_error: str | None
-    cuda_api: Literal["driver", "torch"] | None
-    cuda_driver_errors: int
-    harvester: Literal["thread", "inline"]
-    harvest_passes: int
-    harvest_cpu_ns: int
-    queries: int
-    held: int
-    delivered_late: int
-    step_arg_errors: int
-    control_refused: int
-    device_uuid: str | None
 
 
 class StepHook(PhaseControl, ProfileControl, Harvester):
