@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 600
 GENERATED = "gen"  # perfd/transport/gen, collectors/k8s/gen, perfd/exporters/prompb/gen
 OVER = {
-    "perfd/agent/node_agent.py": 628,
     "perfd/transport/server.py": 650,
 }
 

@@ -15,9 +15,8 @@ import os
 import resource
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from collectors.config_values import as_float
 from perfd import catalog
 from perfd import limits as L
+from perfd.agent.agent_http import AgentMetrics, LatestSeries, MetricsHandler
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
 from perfd.agent.hook_gpus import HookGpus, hook_ranks, label_of
@@ -37,7 +37,6 @@ from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, payload_of
 from perfd.exporters import httpd
-from perfd.exporters.prometheus import build_info_families, series_families
 from perfd.jobinfo_json import job_info_to_json
 from perfd.model import (
     CAPTURE_OUTCOMES,
@@ -46,7 +45,6 @@ from perfd.model import (
     JobInfo,
     Sample,
     StepRecord,
-    label_set,
     merge_job_info,
 )
 from perfd.placement import declared_job
@@ -106,75 +104,12 @@ def _hook_collector(cfg: Mapping[str, object]) -> Collector:
 MAX_COLLECTIVES_PER_BATCH = 20_000
 
 
-class NodeView:
-    """Latest value of every node series the agent produced, for its own /metrics.
-
-    A collector's collect that emits a metric gives all of that metric's series from that collector:
-    its earlier series of the metric that it did not emit again are gone (a rank whose state went
-    from running to sleeping, an info series labelled with the state, is no longer both; a GPU
-    process that left is no longer listed). A metric a collect did not emit at all keeps its series
-    (collectors emit some metrics only at some collects)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # (collector, metric) -> label set -> value
-        self._latest: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
-
-    def update(self, collector: str, samples: list[Sample]) -> None:
-        fresh: dict[tuple[str, str], dict[tuple[tuple[str, str], ...], float]] = {}
-        for s in samples:
-            fresh.setdefault((collector, s.name), {})[label_set(s.labels)] = s.value
-        with self._lock:
-            self._latest.update(fresh)
-
-    def rows(self) -> list[tuple[Mapping[str, str], str, float]]:
-        with self._lock:
-            return [(dict(lbl), name, v) for (_, name), series in self._latest.items()
-                    for lbl, v in series.items()]
-
-
-class _AgentMetrics:
-    """Scrape-time view: node series + the agent's self-metrics (catalog names)."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-
-    def collect(self) -> Iterator[Metric]:
-        a = self.agent
-        yield from series_families(a.node_rows())
-        yield from series_families(a.self_metric_rows())
-        yield a.collect_duration_family()
-        yield from build_info_families()
-
-
-class _MetricsHandler(httpd.BufferedHandler):
-    """The agent's HTTP: /metrics and /healthz; anything else is 404."""
-
-    app: CollectorRegistry
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        if path == "/metrics":
-            body, headers = httpd.metrics_response(self.app, self.headers.get("Accept"),
-                                                   self.headers.get("Accept-Encoding"))
-        elif path == "/healthz":
-            body, headers = b"ok\n", [("Content-Type", "text/plain")]
-        else:
-            body, headers = b"only /metrics and /healthz here\n", [("Content-Type", "text/plain")]
-        self.send_response(200 if path in httpd.PROBE_PATHS else 404)
-        for k, v in headers:
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
 class Agent:
     def __init__(self, cfg: AgentConfig, registry: Registry | None = None) -> None:
         self.cfg = cfg
         self.registry = registry or default_registry()
         self.scheduler = Scheduler()
-        self.view = NodeView()
+        self.view = LatestSeries()
         # AgentClient or EngineClient (imported lazily: grpc, nats) when sending; tests put a stand-in
         # there and read what it was given, so this stays Any.
         self.client: Any = None
@@ -229,11 +164,11 @@ class Agent:
         if self.cfg.metrics_port is None:
             return
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(_AgentMetrics(self))
+        reg.register(AgentMetrics(self))
         # One thread for every connection and its deadlines, two for /metrics, one that answers
         # 404: 2,000 idle connections cost buffers, not 2,000 threads (perfd.exporters.httpd).
         try:
-            self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, _MetricsHandler, reg,
+            self.http = httpd.HttpServer(self.cfg.metrics_host, self.cfg.metrics_port, MetricsHandler, reg,
                                          refusals=self.http_refusals, api_threads=1, name="agent-http")
         except OSError as exc:
             raise httpd.bind_error(exc, self.cfg.metrics_host, self.cfg.metrics_port, "/metrics",
