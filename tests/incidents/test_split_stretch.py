@@ -13,7 +13,6 @@ analyses as the live aggregator takes them (every 25 steps) and once more at the
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from perfd.aggregator.incidents import IncidentTracker
@@ -23,42 +22,27 @@ from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 from perfd.analytics.incidents.incident_evidence import RankSnapshot
 from perfd.analytics.incidents.split import split_by_cause
 from perfd.analytics.steps.iteration import IterationResult
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
+from tests.incidents.hook_steps import hook_state, jitter
 
 JOB = "split"
 STEADY_MS = 16.0  # 4 ms data wait + 12 ms compute
 
 
-def _jitter(i: int) -> float:
-    return (i * 7919 % 13) / 13 * 0.6  # a steady loop's few tenths of a ms, deterministic
-
-
 def _steady(n: int) -> list[tuple[float, float]]:
-    return [(4 + _jitter(i), 12.0) for i in range(n)]
+    return [(4 + jitter(i), 12.0) for i in range(n)]
 
 
 def _data_slow(n: int) -> list[tuple[float, float]]:
-    return [(40 + _jitter(i), 12.0 + _jitter(i + 3)) for i in range(n)]
+    return [(40 + jitter(i), 12.0 + jitter(i + 3)) for i in range(n)]
 
 
 def _load_slow(n: int) -> list[tuple[float, float]]:
     """Compute slowed by other processes on the CPUs (~2.9x the steady step), no data growth."""
-    return [(4 + _jitter(i), 42.0 + 3 * _jitter(i + 5)) for i in range(n)]
+    return [(4 + jitter(i), 42.0 + 3 * jitter(i + 5)) for i in range(n)]
 
 
-def _state(shape: list[tuple[float, float]], every: int = 25) -> AggregatorState:
-    """One rank's hook records: (data wait, compute) in ms per step, ending now."""
-    st = AggregatorState(min_recompute_s=0.0)
-    t = time.time() - sum(d + c for d, c in shape) / 1e3 - 5
-    for i, (d, c) in enumerate(shape, start=1):
-        t += (d + c) / 1e3
-        timers = {HOOK_DATA_WAIT: TimerValue(d, d, {0: d}), HOOK_COMPUTE: TimerValue(c, c, {0: c})}
-        st.ingest_steps("agent-a", [StepRecord(job=JOB, iteration=i, rank=0, end_time=t, step_time_ms=d + c,
-                                               interval=1, timers=timers)])
-        if i % every == 0:
-            st.analysis(JOB, force=True)
-    st.analysis(JOB, force=True)
-    return st
+def _state(shape: list[tuple[float, float]]) -> AggregatorState:
+    return hook_state(JOB, shape)
 
 
 def _incidents(st: AggregatorState) -> list[dict[str, Any]]:
@@ -119,8 +103,8 @@ def test_a_few_load_slowed_steps_after_a_data_stretch_stay_with_it() -> None:
 
 def test_one_cause_throughout_is_never_split() -> None:
     """A long data slowdown whose waits vary, and a long load with a little data growth in it."""
-    shape = (_steady(60) + [(30 + 20 * ((i // 7) % 2) + _jitter(i), 12.0) for i in range(120)]
-             + _steady(60) + [(5 + _jitter(i), 40.0 + _jitter(i)) for i in range(120)] + _steady(60))
+    shape = (_steady(60) + [(30 + 20 * ((i // 7) % 2) + jitter(i), 12.0) for i in range(120)]
+             + _steady(60) + [(5 + jitter(i), 40.0 + jitter(i)) for i in range(120)] + _steady(60))
     incs = _incidents(_state(shape))
     data, load = _over(incs, 61, 180), _over(incs, 241, 360)
     assert (data["first_iteration"], data["last_iteration"]) == (61, 180), _seen(incs)
