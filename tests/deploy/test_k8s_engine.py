@@ -33,7 +33,7 @@ from perfd.engine import subjects as S
 from tests.deploy.netpol import admits, selects
 from tests.deploy.test_helm_agent_runs import procs  # noqa: F401  (the fixture: every process stopped)
 from tests.deploy.test_helm_chart import CHART
-from tests.deploy.test_helm_engine import ENGINE, TOKEN_SECRET
+from tests.deploy.test_helm_engine import ENGINE, TOKEN_SECRET, _container, _pod
 from tests.deploy.test_helm_engine import _render as _helm_render
 from tests.deploy.test_k8s_secure import _kustomize, _validate
 
@@ -57,16 +57,6 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str, namespace: str = PERF
              and d["metadata"].get("namespace", namespace) == namespace]
     assert len(found) == 1, (kind, name, len(found))
     return found[0]
-
-
-def _pod(obj: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
-    return spec
-
-
-def _container(obj: dict[str, Any]) -> dict[str, Any]:
-    (c,) = _pod(obj)["containers"]
-    return dict(c)
 
 
 def _engine_settings(docs: list[dict[str, Any]]) -> dict[str, str]:
