@@ -27,13 +27,16 @@ def test_a_runs_leftovers_are_named_and_killed_and_a_busy_neighbour_is_counted()
                 and time.monotonic() < deadline:
             time.sleep(0.05)  # its half second of CPU (/proc counts in ticks: 0.49 s of it)
         after = host_procs.snapshot()
-        others = host_procs.others(before, after, run.pid, wall_s=1.0)
+        # every process named: on a loaded machine (the suite's other workers) five others may each
+        # have used more than the neighbour's half second
+        others = host_procs.others(before, after, run.pid, wall_s=1.0, top=None)
         left = host_procs.left_behind(run.pid)
         assert [x["name"] for x in left] == ["sleep"]
         assert host_procs.left_behind(run.pid) == []  # killed: nothing of the run's session is left
         mine = [x for x in others["top"] if x["pid"] == neighbour.pid]
         assert mine and mine[0]["cpu_s"] >= 0.4 and others["cpu_s"] >= 0.4
-        assert all(x["name"] != "sleep" for x in others["top"])  # the run's own are not "others"
+        # the run's own are not "others" (by pid: the suite's other tests may run a sleep of their own)
+        assert not {x["pid"] for x in left} & {x["pid"] for x in others["top"]}
     finally:
         neighbour.kill()
         neighbour.wait()

@@ -76,10 +76,12 @@ def left_behind(session: int, now: Snapshot | None = None) -> list[dict[str, Any
     return found
 
 
-def others(before: Snapshot, after: Snapshot, session: int, wall_s: float) -> dict[str, Any]:
+def others(before: Snapshot, after: Snapshot, session: int, wall_s: float,
+           top: int | None = TOP) -> dict[str, Any]:
     """CPU used during a run by the processes outside its session (this one excluded), as cores on
-    average over the run, the busiest named. A process born during the run counts from zero; one that
-    ended during it is not seen (its time is lost to this count: say so rather than guess)."""
+    average over the run, the ``top`` busiest named (None: every one). A process born during the run
+    counts from zero; one that ended during it is not seen (its time is lost to this count: say so
+    rather than guess)."""
     me = os.getpid()
     used = []
     for pid, (name, sid, cpu) in after.items():
@@ -94,6 +96,6 @@ def others(before: Snapshot, after: Snapshot, session: int, wall_s: float) -> di
     return {
         "cores": round(total / wall_s, 3) if wall_s > 0 else None,
         "cpu_s": round(total, 2),
-        "top": [{"pid": p, "name": n, "cpu_s": round(d, 2), "cores": _cores(p)} for d, p, n in used[:TOP]],
+        "top": [{"pid": p, "name": n, "cpu_s": round(d, 2), "cores": _cores(p)} for d, p, n in used[:top]],
         "note": "processes that ended during the run are not counted",
     }
