@@ -80,17 +80,24 @@ class AckTimeout(Exception):
 class StreamEnded(Exception):
     """The status the aggregator ended a stream with, when a write on it failed first: a write
     to a stream the server already closed fails with INTERNAL ("Internal error from Core") or "RPC
-    already finished", which names no reason; the call's own status does (UNAUTHENTICATED, ...)."""
+    already finished", which names no reason; the call's own status does (UNAUTHENTICATED, ...),
+    and its trailing metadata says when a refused agent may come back (L.RETRY_AFTER_KEY)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 trailers: tuple[tuple[str, str | bytes], ...] = ()) -> None:
         super().__init__(f"{code.name}: {details}")
-        self.code, self.details = code, details
+        self.code, self.details, self.trailers = code, details, trailers
 
 
 def retry_after(e: BaseException) -> float | None:
     """When the aggregator that refused a stream said to come back (seconds; perfd.limits.RETRY_AFTER_KEY
     in the trailing metadata), within MAX_RETRY_AFTER_S; None when it did not say."""
-    meta = e.trailing_metadata() if isinstance(e, grpc.aio.AioRpcError) else None
+    if isinstance(e, grpc.aio.AioRpcError):
+        meta = e.trailing_metadata()
+    elif isinstance(e, StreamEnded):  # the refusal came back through a failed write
+        meta = e.trailers
+    else:
+        meta = None
     for key, value in meta or ():
         if key == L.RETRY_AFTER_KEY:
             try:
@@ -104,11 +111,12 @@ async def _ended_with(call: AgentCall) -> StreamEnded | None:
     try:
         code = await asyncio.wait_for(call.code(), 2.0)
         details = await call.details()
+        trailers = tuple(await call.trailing_metadata() or ())
     except Exception:  # no status in time, or none to read: the write's own error stands
         return None
     if code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
         return None
-    return StreamEnded(code, str(details or ""))
+    return StreamEnded(code, str(details or ""), trailers)
 
 
 class AgentClient(CommandTarget):

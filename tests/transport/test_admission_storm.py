@@ -64,6 +64,7 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
     proc.start()
     hints: list[float] = []
+    read: list[BaseException] = []  # the refusals the agents read as such
 
     async def body() -> tuple[list[AgentClient], float]:
         port = await asyncio.to_thread(parent.recv)
@@ -74,6 +75,8 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
 
             def noting(e: BaseException, note: Any = note) -> None:
                 note(e)
+                if L.REFUSED_OVERLOADED in str(e.details() if isinstance(e, grpc.aio.AioRpcError) else e):
+                    read.append(e)
                 if (h := retry_after(e)) is not None:
                     hints.append(h)
             c._note_error = noting  # type: ignore[method-assign]
@@ -101,7 +104,10 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
           f"{lag:.2f} s): all connected in {took:.1f} s; {refused} overload refusals of {refused_agents} "
           f"agents, hints {min(hints):.1f}-{max(hints):.1f} s, {opened} streams opened")
     assert lag < L.MAX_LOOP_LAG_S  # the lag alone would have let them all in
-    assert refused > 0 and len(hints) == refused  # each refusal said when to come back
+    # Each refusal an agent read said when to come back, whether it came as the read's error or through
+    # a failed write. A refusal whose status did not come within the client's 2 s (a loaded machine)
+    # reads as the write's own error: the agent backs off on its own then, and the server counted it.
+    assert refused > 0 and len(hints) == len(read) and 0.9 * refused <= len(read) <= refused
     assert all(L.MIN_RETRY_AFTER_S <= h <= L.MAX_RETRY_AFTER_S for h in hints)
     # The refused came back after the hint (>= 0.5 s), not at their own 50-300 ms backoff: each agent
     # was refused a few times at most, and nothing timed out and reconnected.
@@ -126,3 +132,43 @@ def test_each_sign_of_saturation_refuses_with_a_retry_hint(kwargs: dict[str, Any
     admit_stream(10, 0.0, L.Limits(), opening=511, first_ack_wait_s=9.9, busy=0.89, busy_for_s=60.0)
     admit_stream(10, 0.0, L.Limits(), busy=0.99, busy_for_s=9.0)  # a burst shorter than the limit: let in
     admit_stream(10, 0.0, L.Limits(), opening=700, answer_rate=150.0)  # room for 750 at that rate
+
+
+def test_a_refusal_read_through_a_failed_write_keeps_its_retry_hint() -> None:
+    """A refused stream's status reaches the agent either as the read's error or, when its next write
+    fails first, through the call's status (StreamEnded): the second way lost the trailing metadata,
+    so that agent retried at its own 50 ms backoff instead of the hint (3 of 269 refusals in a loaded
+    run of the storm above)."""
+    from perfd.transport.client import _ended_with
+
+    async def refuse(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for _ in requests:  # the first message read, the stream refused with a hint
+            context.set_trailing_metadata(((L.RETRY_AFTER_KEY, "1500"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "overloaded: test")
+        yield b""  # pragma: no cover - never reached
+
+    async def body() -> tuple[BaseException | None, float | None]:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "t.T", {"S": grpc.stream_stream_rpc_method_handler(refuse)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                call = ch.stream_stream("/t.T/S")()
+                failed = None
+                for _ in range(200):  # writes until one fails on the closed stream
+                    try:
+                        await call.write(b"x")
+                    except Exception as e:
+                        failed = e
+                        break
+                    await asyncio.sleep(0.01)
+                ended = await _ended_with(call)  # type: ignore[arg-type]
+                return failed, retry_after(ended) if ended is not None else None
+        finally:
+            await server.stop(None)
+
+    failed, hint = asyncio.run(body())
+    assert failed is not None  # the write path was the one taken
+    assert hint == 1.5
