@@ -164,7 +164,7 @@ def test_a_refusal_read_through_a_failed_write_keeps_its_retry_hint() -> None:
                         failed = e
                         break
                     await asyncio.sleep(0.01)
-                ended = await _ended_with(call)  # type: ignore[arg-type]
+                ended = await _ended_with(call)
                 return failed, retry_after(ended) if ended is not None else None
         finally:
             await server.stop(None)
