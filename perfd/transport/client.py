@@ -111,9 +111,12 @@ async def _ended_with(call: AgentCall) -> StreamEnded | None:
     try:
         code = await asyncio.wait_for(call.code(), 2.0)
         details = await call.details()
-        trailers = tuple(await call.trailing_metadata() or ())
     except Exception:  # no status in time, or none to read: the write's own error stands
         return None
+    try:
+        trailers = tuple(await call.trailing_metadata() or ())
+    except Exception:  # the status stands without its trailers (then no retry hint)
+        trailers = ()
     if code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
         return None
     return StreamEnded(code, str(details or ""), trailers)

@@ -22,13 +22,9 @@ there; a re-delivered sample repeats a (series, timestamp) point.
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import logging
-import socket
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -52,11 +48,12 @@ from perfd.transport.codec import (
     HelloInfo,
     command_to_pb,
     decode_batch,
-    decode_hello,
 )
 from perfd.transport.delivery import IngestJournal, Kept, SeqTracker
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.grpc_api import Server, ServicerContext
+from perfd.transport.grpc_bind import bind, server_options
+from perfd.transport.hello_tables import SeriesTables
 from perfd.transport.security import UNAUTHENTICATED_PREFIX, IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
 from perfd.transport.stream import AgentStream
@@ -71,34 +68,6 @@ OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
-
-
-def probe_bind(host: str, port: int) -> None:
-    """Bind ``host:port`` as gRPC would (SO_REUSEADDR, no SO_REUSEPORT) and let go at once: raises
-    the kernel's OSError (errno kept: in use, not local) without gRPC printing a line of its own."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-
-
-def server_options(max_message_bytes: int = L.MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    ms = 1000
-    return [
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        # A port already in use must refuse to start: with SO_REUSEPORT a second aggregator would
-        # share the port and take some agents' connections.
-        ("grpc.so_reuseport", 0),
-        # Agents ping every KEEPALIVE_TIME_S to notice a dead network; let them, even idle.
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(L.KEEPALIVE_TIME_S * ms) // 2),
-        ("grpc.http2.max_ping_strikes", 0),
-        # And notice dead agents ourselves, so their stream (and its registry entry) goes away.
-        ("grpc.keepalive_time_ms", int(L.KEEPALIVE_TIME_S * ms)),
-        ("grpc.keepalive_timeout_ms", int(L.KEEPALIVE_TIMEOUT_S * ms)),
-        ("grpc.http2.max_pings_without_data", 0),  # an idle agent sends no data: keep pinging it
-    ]
 
 
 class IngestServer:
@@ -148,14 +117,7 @@ class IngestServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, AgentStream] = {}  # agent_id -> its live stream (commands go there)
         self._identities: dict[str, str] = {}  # agent_id -> the identity it is bound to
-        # agent_id -> (digest of its last Hello, the id -> Series table its streams built). A new
-        # stream's Hello is compared with it: byte for byte the same Hello (a reconnect after a
-        # cut) takes the table over without decoding it; otherwise only the ids whose definition
-        # differs from the kept one are reported as redefined, so nothing downstream resolves the
-        # agent's unchanged series again. After a cut under overload 2,000 agents come back at
-        # once, and decoding and re-resolving every series was ~13 us a series, 2.6 ms an agent.
-        # Least recently used first; at most limits.max_streams entries.
-        self._tables: OrderedDict[str, tuple[bytes, dict[int, Series]]] = OrderedDict()
+        self._tables = SeriesTables()  # each agent's series table, kept for its next Hello
         self._open = 0
         self._conns: set[AgentStream] = set()  # open streams, for the one liveness task
         self.backlog = Backlog()  # how far behind admission runs (perfd.transport.admission)
@@ -175,7 +137,6 @@ class IngestServer:
         self.streams_opened = 0
         self.streams_superseded = 0
         self.streams_closed_token_rotated = 0
-        self.hellos_reused = 0
         self.heartbeats = 0
         self.batches = 0
         self.samples = 0
@@ -208,30 +169,11 @@ class IngestServer:
         )
         service = grpc.method_handlers_generic_handler(self.SERVICE, {"Stream": handler})
         server.add_generic_rpc_handlers((service,))
-        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if port:
-            try:  # before gRPC tries: its C core logs a raw line of its own on stderr when bind fails
-                probe_bind(host, port)
-            except OSError:
-                await server.stop(None)
-                raise
-        try:
-            if self.tls is not None:
-                bound = server.add_secure_port(addr, self.tls.credentials())
-            else:
-                bound = server.add_insecure_port(addr)
-        except RuntimeError as exc:  # grpcio raises where older versions returned 0
-            bound, why = 0, str(exc)
-        else:
-            why = ""
-        if not bound:  # the port taken between the probe and gRPC's own bind (a race)
-            await server.stop(None)
-            why = why.split(";")[0]  # not gRPC's advice to set GRPC_VERBOSITY
-            raise OSError(errno.EADDRINUSE, f"address in use or not local ({why})".rstrip(" ()"))
+        bound = await bind(server, host, port, self.tls)
         await server.start()
         self._server = server
         self._liveness_task = asyncio.create_task(self._liveness_loop())
-        return int(bound)
+        return bound
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop accepting; give open streams ``grace`` seconds (None: cancel them now).
@@ -458,6 +400,11 @@ class IngestServer:
             conn.closed = True
             conn.wake.set()
 
+    @property
+    def hellos_reused(self) -> int:
+        """Hellos byte for byte the same as the agent's last (a reconnect): its table taken over."""
+        return self._tables.reused
+
     def identity_of(self, agent_id: str) -> str | None:
         """The identity ``agent_id`` is bound to (None before its first stream)."""
         return self._identities.get(agent_id)
@@ -477,7 +424,7 @@ class IngestServer:
         it has a stream."""
         if self.live(agent_id):
             return
-        self._tables.pop(agent_id, None)
+        self._tables.forget(agent_id)
         self._agent_losses.pop(agent_id, None)
         self._logged_errors.difference_update({(agent_id, "decode"), (agent_id, "deliver")})
         if self.journal is not None:  # its dedupe seq is on disk, read back if it comes back (_hello)
@@ -515,22 +462,7 @@ class IngestServer:
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
             raise
-        digest = hashlib.blake2b(hello.SerializeToString(deterministic=True), digest_size=16).digest()
-        kept = self._tables.get(hello.agent_id)
-        if kept is not None and kept[0] == digest:
-            self.hellos_reused += 1
-            conn.series = kept[1]
-            info = decode_hello(hello, None, peer=conn.peer)
-        else:
-            info = decode_hello(hello, conn.series, peer=conn.peer, admit=self._admitter(hello.agent_id))
-            before = kept[1] if kept is not None else {}
-            conn.hello_ids = [i for i, s in conn.series.items() if before.get(i) != s]
-            if before and len(conn.series) < len(hello.series):  # some refused: ids held before go
-                conn.hello_ids += [d.id for d in hello.series if d.id in before and d.id not in conn.series]
-            self._tables[hello.agent_id] = (digest, conn.series)
-        self._tables.move_to_end(hello.agent_id)
-        while len(self._tables) > self.limits.max_streams:
-            self._tables.popitem(last=False)
+        info = self._tables.take(conn, hello, self._admitter(hello.agent_id), self.limits.max_streams)
         conn.agent_id, conn.epoch = info.agent_id, info.spool_epoch
         self.backlog.heard(conn)
         if self.journal is not None and (self.journal.lost(info.agent_id)
@@ -625,7 +557,7 @@ class IngestServer:
             "streams_opened": self.streams_opened,
             "streams_superseded": self.streams_superseded,
             "streams_closed_token_rotated": self.streams_closed_token_rotated,
-            "hellos_reused": self.hellos_reused,
+            "hellos_reused": self._tables.reused,
             "heartbeats": self.heartbeats,
             "batches": self.batches,
             "samples": self.samples,

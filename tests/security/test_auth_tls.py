@@ -449,7 +449,7 @@ def test_oversized_event_is_refused_and_counted() -> None:
 def test_message_size_cap() -> None:
     assert pb  # the cap is a gRPC option on both sides
     from perfd.transport.client import channel_options
-    from perfd.transport.server import server_options
+    from perfd.transport.grpc_bind import server_options
 
     assert ("grpc.max_receive_message_length", L.MAX_MESSAGE_BYTES) in server_options()
     assert ("grpc.so_reuseport", 0) in server_options()
