@@ -36,7 +36,6 @@ from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
-from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
@@ -108,18 +107,20 @@ class CaptureCoordinator:
         rate-limited: the rules read what the tick's refresh just analysed)."""
         return self.state.snapshot(job, Analysed.CURRENT)
 
-    def _latest(self, job: str) -> IterationResult | None:
-        snap = self._snapshot(job)
-        return snap.latest if snap is not None else None
-
     def slowest_rank(self, job: str) -> int | None:
-        it = self._latest(job)
-        if it is None:
+        """The latest analysed iteration's slowest rank: the highest compute ratio, else the rank the
+        round trips name. Two columns of the run table's last row, read where they are kept (a
+        capture request needs no whole row built)."""
+        snap = self._snapshot(job)
+        its = snap.iterations if snap is not None else None
+        if its is None:
             return None
-        ratios = it.straggler_rank_compute_ratio
+        last = len(its) - 1
+        ratios: Mapping[int, float] = its.get(last, "straggler_rank_compute_ratio")
         if ratios:
             return max(ratios, key=lambda r: ratios[r])
-        return it.straggler_rtt_max_rank
+        rank: int | None = its.get(last, "straggler_rtt_max_rank")
+        return rank
 
     def incident_ranks(self, job: str) -> tuple[int, ...]:
         """For each open incident of the job, the costliest first: the rank its verdict blames, else

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from collectors.megatron import parse_file
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
+from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import parse_pack
@@ -159,3 +160,15 @@ def test_a_capture_reaches_the_sidecar_on_the_ranks_node_not_the_others() -> Non
     assert rec.agents == ["node-b/j"] and [a for a, _ in sent] == ["node-b/j"]
     rec = co.request("j", [0], "kineto", 2, "manual", now=2.0)
     assert rec.agents == ["node-a/j"]
+
+
+def test_the_slowest_rank_is_read_from_the_latest_rows_columns_as_the_whole_row_gives_it():
+    st = _state()
+    co = _coordinator(st, [])
+    snap = st.snapshot("j", Analysed.CURRENT)
+    assert snap is not None and snap.latest is not None
+    row = snap.latest  # the whole row, built: the reference
+    # this log's rows time no rank's compute (no hook): the round trips' slowest rank stands
+    assert not row.straggler_rank_compute_ratio and row.straggler_rtt_max_rank == 1
+    assert co.slowest_rank("j") == 1
+    assert co.slowest_rank("no-such-job") is None
