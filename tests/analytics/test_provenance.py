@@ -1,14 +1,17 @@
-"""Provenance as codes: each sentence declared once, rendered where shown, kept compact in a table."""
+"""Provenance as codes: each sentence declared once (in the report), rendered where shown, kept compact in
+a table."""
 
 from __future__ import annotations
 
 import math
+import string
 
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table, _Cites
-from perfd.analytics.steps.provenance import Code, Kind, cite, line, text
+from perfd.analytics.steps.provenance import Code, Kind, cite
 from perfd.model import Provenance
+from perfd.report.provenance_text import TEMPLATE, line, text
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
 LOG = Provenance("megatron", "train.log:1769")
@@ -34,12 +37,20 @@ def test_golden_sentences() -> None:
     assert text(cite(Code.NON_POSITIVE, 0.0, 2)) == "non-positive step time 0.0 ms or world 2"
 
 
-def test_every_code_has_a_kind_and_a_template() -> None:
-    assert len({c.value for c in Code}) == len(Code)  # two codes sharing a template stay two codes
+def _fields(template: str) -> set[int]:
+    return {int(f) for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+
+
+def test_every_code_has_a_kind_and_one_template_of_its_arity() -> None:
+    """The analytics declare a code's kind and arity; the report its sentence, taking exactly those
+    arguments (a template that skips one, or reads one past the end, fails here, not in a report)."""
+    assert len({c.value for c in Code}) == len(Code)  # two codes of one kind and arity stay two codes
+    assert set(TEMPLATE) == set(Code)
     for c in Code:
-        assert isinstance(c.kind, Kind) and c.template
+        assert isinstance(c.kind, Kind) and TEMPLATE[c]
+        assert _fields(TEMPLATE[c]) == set(range(c.arity)), c
     assert cite(Code.WHY, "x").absent and not cite(Code.RECORD, LOG).absent
-    assert all(c.kind is not Kind.CAVEAT or "{" not in c.template for c in Code)  # a caveat takes no numbers
+    assert all(c.kind is not Kind.CAVEAT or c.arity == 0 for c in Code)  # a caveat takes no numbers
 
 
 def _row(i: int, **sources: object) -> IterationResult:

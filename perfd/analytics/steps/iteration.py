@@ -5,13 +5,12 @@ importing the run level."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.steps.iteration_table import CITED
-from perfd.analytics.steps.provenance import Cited, line, lines
+from perfd.analytics.steps.provenance import Cited
 
 
 def json_value(v: object) -> object:
@@ -81,15 +80,5 @@ class IterationResult:
     excluded_reason: str | None = None
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
     # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
-    # English by perfd.analytics.steps.provenance.line); a run's table keeps the codes and numbers
+    # English by perfd.report.provenance_text.line); a run's table keeps the codes and numbers
     sources: dict[str, Cited] = field(default_factory=dict, metadata={CITED: True})
-
-    def source_line(self, metric: str) -> str | None:
-        """A metric's source as it reads (``absent: why`` when absent), None when it has none."""
-        c = self.sources.get(metric)
-        return line(c) if c is not None else None
-
-    def to_json(self) -> dict[str, object]:
-        out = {f.name: json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        out["sources"] = lines(self.sources)
-        return out

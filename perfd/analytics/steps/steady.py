@@ -11,7 +11,7 @@ steps differ in size), recomputed over all records passed in: in a live feed it 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum, finite
@@ -41,17 +41,6 @@ class Exclusion(TextEnum):
     ARMED = "armed"
 
 
-# Each kind in one sentence, for a reader of the codes (the per-iteration sentence, with its numbers,
-# stays in SteadyState.excluded for the report's findings).
-EXCLUSION_TEXT: dict[Exclusion, str] = {
-    Exclusion.WARMUP: "warm-up: the run's first records",
-    Exclusion.CAPTURE: "disturbed by perfd's own capture (its id in the range)",
-    Exclusion.NO_STEP_TIME: "no step time",
-    Exclusion.OUTLIER: "a step far slower than the steady one, in a slow window",
-    Exclusion.INCIDENT: "part of an incident (its id in the range; its cause in the job's incidents)",
-}
-
-
 @dataclass(frozen=True)
 class SteadyState:
     """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
@@ -62,7 +51,7 @@ class SteadyState:
     warmup_records: int = 0
     reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
     # iteration -> the incident or capture disturbance (its id) it was left out for: what a range of
-    # excluded iterations refers to instead of repeating its sentence (perfd.analytics.steps.row_codes)
+    # excluded iterations refers to instead of repeating its sentence (perfd.report.row_json)
     refs: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -127,3 +116,41 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
         if kind is not None:
             excluded[iteration], kinds[iteration] = reason, kind
     return SteadyState(steady, excluded, kinds, w, ref)
+
+
+@dataclass(frozen=True)
+class ExcludedRange:
+    """Consecutive iterations left out of the steady state for one reason."""
+
+    first: int
+    last: int
+    kind: Exclusion
+    ref: str | None = None  # the incident or capture disturbance they belong to
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"first": self.first, "last": self.last, "kind": self.kind.value}
+        if self.ref is not None:
+            out["ref"] = self.ref
+        return out
+
+
+def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
+                    iterations: Iterable[int] | None = None) -> tuple[ExcludedRange, ...]:
+    """The excluded iterations as ranges: a range runs while the kind and reference stay the same
+    and no steady iteration (one of ``iterations`` not in ``kinds``) lies between (iterations the run
+    never logged, a log interval's gaps, do not break it)."""
+    order = sorted(iterations) if iterations is not None else sorted(kinds)
+    out: list[ExcludedRange] = []
+    cur: tuple[int, Exclusion, str | None] | None = None  # the open range's first, kind, ref
+    for i in order:
+        kind = kinds.get(i)
+        if kind is None:
+            cur = None
+            continue
+        ref = refs.get(i)
+        if cur is not None and cur[1] is kind and cur[2] == ref:
+            out[-1] = ExcludedRange(cur[0], i, kind, ref)
+        else:
+            cur = (i, kind, ref)
+            out.append(ExcludedRange(i, i, kind, ref))
+    return tuple(out)
