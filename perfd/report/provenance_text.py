@@ -50,6 +50,7 @@ TEMPLATE: dict[Code, str] = {
     Code.WHY: "{0}",
     Code.NO_LOSS: "no loss on this iteration (a NaN loss removes the field)",
     Code.MISSING: "missing {0}",
+    Code.MISSING_NOTED: "missing {0}; {1}",
     Code.NON_POSITIVE: "non-positive step time {0} ms or world {1}",
     Code.NO_STEP_TIME: "step time absent",
     Code.NO_TIMERS: "no {0} timers present",
@@ -65,6 +66,14 @@ TEMPLATE: dict[Code, str] = {
         "or per-rank values (all)",
     Code.FB_ZERO: "forward-backward timer is zero",
     Code.IMBALANCE_INPUTS: "needs the measured stage idle and the analytic bubble",
+    # Notes of the straggler check.
+    Code.RTT_BETWEEN_STAGES: "rtt spread > {0:g}× between rank {1} (stage {2}) and rank {3} (stage {4}): "
+        "stage imbalance, not a straggler",
+    Code.RTT_STAGES_UNKNOWN: "rtt spread > {0:g}× but the ranks' pipeline stages are unknown",
+    Code.SPREAD_WITH_PP: "compute timer spread with pp>1 reflects stage imbalance, not stragglers",
+    Code.PER_RANK_NO_PP: "per-rank timers: pipeline size unknown, ranks not compared",
+    Code.PER_RANK_NO_STAGE: "per-rank timers: pipeline stage of ranks unknown, not compared",
+    Code.PER_RANK_INSTEAD: "per-rank timers present: compared per rank instead of the min/max spread",
 }
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.steady import Exclusion
-from perfd.report.provenance_text import line, lines
+from perfd.report.provenance_text import line, lines, text
 
 # Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
 # the measured matmul ceiling is the row's MFU times the run's one ratio, in the job block), and those
@@ -124,7 +124,7 @@ class RowCodes:
             if ref is not None:
                 out["excluded_ref"] = ref
         for n in it.straggler_notes:  # a run's notes hold for stretches of it: ranges, in the legend
-            self._span(self._note_spans.setdefault(self._code(self._notes, n), []), it.iteration)
+            self._span(self._note_spans.setdefault(self._code(self._notes, text(n)), []), it.iteration)
         self._last = it.iteration
         return out
 

@@ -72,7 +72,7 @@ class IterationResult:
     straggler_candidate_ranks: list[int] = field(default_factory=list)
     # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
     straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
-    straggler_notes: list[str] = field(default_factory=list)
+    straggler_notes: list[Cited] = field(default_factory=list)  # codes (Kind.NOTE): said in the legend
     bottleneck: str = "unknown"
     lm_loss: float | None = None
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only

@@ -19,15 +19,16 @@ from perfd.model import Provenance
 
 
 class Kind(enum.Enum):
-    """What a sentence says: the source of a present number, the reason of an absent one, or the
-    caveat a source carries (an inference)."""
+    """What a sentence says: the source of a present number, the reason of an absent one, the
+    caveat a source carries (an inference), or a note on how a row was read (the straggler check's)."""
 
     SOURCE = "source"
     ABSENT = "absent"
     CAVEAT = "caveat"
+    NOTE = "note"
 
 
-_S, _A, _C = Kind.SOURCE, Kind.ABSENT, Kind.CAVEAT
+_S, _A, _C, _N = Kind.SOURCE, Kind.ABSENT, Kind.CAVEAT, Kind.NOTE
 
 
 class Code(enum.Enum):
@@ -64,7 +65,8 @@ class Code(enum.Enum):
     UNKNOWN = _A, 0  # no reason given
     WHY = _A, 1  # a reason declared elsewhere (a vocabulary's, the FLOPs count's, the peak's)
     NO_LOSS = _A, 0
-    MISSING = _A, 1
+    MISSING = _A, 1  # the fields missing (names)
+    MISSING_NOTED = _A, 2  # the fields missing, and the notes on how they were read
     NON_POSITIVE = _A, 2
     NO_STEP_TIME = _A, 0
     NO_TIMERS = _A, 1
@@ -78,6 +80,13 @@ class Code(enum.Enum):
     MAX_ONLY = _A, 0
     FB_ZERO = _A, 0
     IMBALANCE_INPUTS = _A, 0
+    # Notes of the straggler check (perfd.analytics.steps.stragglers): why a spread names no rank.
+    RTT_BETWEEN_STAGES = _N, 5  # the ratio, then rank and stage of the fastest and of the slowest
+    RTT_STAGES_UNKNOWN = _N, 1  # the ratio
+    SPREAD_WITH_PP = _N, 0  # pp > 1: a compute spread is the stages' imbalance
+    PER_RANK_NO_PP = _N, 0
+    PER_RANK_NO_STAGE = _N, 0
+    PER_RANK_INSTEAD = _N, 0  # per-rank timers compared, not the min/max spread
 
     kind: Kind
     arity: int
