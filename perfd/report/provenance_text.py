@@ -74,6 +74,15 @@ TEMPLATE: dict[Code, str] = {
     Code.PER_RANK_NO_PP: "per-rank timers: pipeline size unknown, ranks not compared",
     Code.PER_RANK_NO_STAGE: "per-rank timers: pipeline stage of ranks unknown, not compared",
     Code.PER_RANK_INSTEAD: "per-rank timers present: compared per rank instead of the min/max spread",
+    # Why a row is out of the steady state.
+    Code.WARMUP_ROWS: "warm-up (first {0} records)",
+    Code.CAPTURED: "disturbed by a perfd capture",
+    Code.NO_STEP: "no step time",
+    Code.ARMED_STEP: "armed: its rank runs under a profiler (perfd ncu-exec): the profiler's step, not the "
+        "job's",
+    Code.OUTLIER_STEP: "step {0:g} ms > {1:g}× the steady {2:.4g} ms a step",
+    Code.IN_INCIDENT: "incident {0}: {1}",
+    Code.IN_CAPTURE: "perfd capture ({0})",
 }
 
 

@@ -208,10 +208,11 @@ def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recomme
 
 
 def quoting(f: Finding) -> Finding:
-    """A finding as shown: one that quotes a metric's source (a code and its numbers) with the
-    sentence appended to its observation."""
-    if isinstance(f, QuotingFinding) and f.quoted is not None:
-        return dataclasses.replace(f, observation=f"{f.observation} {line(f.quoted)}", quoted=None)
+    """A finding as shown: one that quotes sentences kept as codes (a metric's source, an
+    iteration's exclusion) with them worded after its observation."""
+    if isinstance(f, QuotingFinding) and f.quotes:
+        said = "; ".join(lead + line(c) for lead, c in f.quotes)
+        return dataclasses.replace(f, observation=f.observation + said, quotes=())
     return f
 
 

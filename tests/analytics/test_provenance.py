@@ -7,10 +7,12 @@ import math
 import string
 
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_findings import QuotingFinding
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table, _Cites
 from perfd.analytics.steps.provenance import Code, Kind, cite
 from perfd.model import Provenance
+from perfd.report import build_report
 from perfd.report.provenance_text import TEMPLATE, line, text
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
@@ -96,3 +98,16 @@ def test_a_run_keeps_one_shape_and_its_numbers_per_row() -> None:
     assert len(a.iterations) == 40 and len(col.shapes) <= 3  # warm-up rows differ (a NaN loss, ...)
     assert len(col.nums) <= 12 * len(a.iterations)  # its log line, step, data wait, 3 sums, 5 timers
     assert not any(isinstance(x, str) for x in col.store)
+
+
+def test_a_finding_quotes_a_source_as_a_code_and_the_report_words_it() -> None:
+    """The MFU-absent finding carries the first iteration's MFU source as a code; the report's
+    finding reads as it always did (a golden observation), the analysis' own holds no sentence."""
+    a = analyze_run(fixture_job(), fixture_records(), gpu_name=None, live=False)
+    (raw,) = [f for f in a.findings if f.id == "mfu-absent"]
+    assert isinstance(raw, QuotingFinding) and raw.quotes == (("", a.iterations[0].sources["mfu"]),)
+    assert raw.quotes[0][1].code is Code.WHY and raw.observation == "MFU "
+    (shown,) = [f for f in build_report(a).findings if f.id == "mfu-absent"]
+    assert shown.observation == ("MFU absent: GPU name unknown; give the GPU (--gpu NAME, as NVML names it) "
+                                 "or its peak (--peak-tflops N) to get MFU")
+    assert "quotes" not in shown.to_json() and shown.to_json()["observation"] == shown.observation

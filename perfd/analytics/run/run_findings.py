@@ -53,11 +53,11 @@ def _pct(x: float | None) -> str:
 
 @dataclass
 class QuotingFinding(Finding):
-    """A finding whose observation ends with a metric's source or reason of absence, kept as its code
-    and numbers (``quoted``): the sentence is made where the finding is shown (perfd.report
-    .build_report appends it to ``observation``), not here."""
+    """A finding whose observation ends with sentences kept as codes and numbers (``quotes``: each a
+    lead and a code, as a metric's source or an iteration's exclusion): they are worded where the
+    finding is shown (perfd.report.build_report appends them to ``observation``, "; " between)."""
 
-    quoted: Cited | None = field(default=None, metadata={"json": False})
+    quotes: tuple[tuple[str, Cited], ...] = field(default=(), metadata={"json": False})
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,8 @@ def mfu_grade(c: RunContext) -> Out:
                            f"{a.summary.runs.current} is armed), and run {ref.run}'s digest holds no MFU "
                            "(its GPU or its model FLOPs were unknown when its records were digested)"), None
         if quoted is not None:
-            return [QuotingFinding("mfu-absent", Severity.INFO, "MFU not available", "MFU", {}, span,
-                                   quoted=quoted)], []
+            return [QuotingFinding("mfu-absent", Severity.INFO, "MFU not available", "MFU ", {}, span,
+                                   quotes=(("", quoted),))], []
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
     n = a.summary.n_steady
     if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
@@ -454,8 +454,9 @@ def outliers(c: RunContext) -> Out:
             if kind is Exclusion.OUTLIER}
     if not slow:
         return [], []
-    return [Finding("steady-state-outliers", Severity.INFO, f"{len(slow)} slow iteration(s) left out",
-                    "; ".join(f"iteration {k}: {v}" for k, v in slow.items()), {}, c.span)], []
+    return [QuotingFinding("steady-state-outliers", Severity.INFO,
+                           f"{len(slow)} slow iteration(s) left out", "", {}, c.span,
+                           quotes=tuple((f"iteration {k}: ", v) for k, v in slow.items()))], []
 
 
 Analyzer = Callable[[RunContext], Out]

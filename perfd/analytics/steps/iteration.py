@@ -77,7 +77,7 @@ class IterationResult:
     lm_loss: float | None = None
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
-    excluded_reason: str | None = None
+    excluded_reason: Cited | None = None  # why it is out of the steady state: a code (Kind.EXCLUDED)
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
     # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
     # English by perfd.report.provenance_text.line); a run's table keeps the codes and numbers

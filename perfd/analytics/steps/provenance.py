@@ -20,15 +20,17 @@ from perfd.model import Provenance
 
 class Kind(enum.Enum):
     """What a sentence says: the source of a present number, the reason of an absent one, the
-    caveat a source carries (an inference), or a note on how a row was read (the straggler check's)."""
+    caveat a source carries (an inference), a note on how a row was read (the straggler check's), or
+    why a row is out of the steady state (with its numbers: perfd.analytics.steps.steady)."""
 
     SOURCE = "source"
     ABSENT = "absent"
     CAVEAT = "caveat"
     NOTE = "note"
+    EXCLUDED = "excluded"
 
 
-_S, _A, _C, _N = Kind.SOURCE, Kind.ABSENT, Kind.CAVEAT, Kind.NOTE
+_S, _A, _C, _N, _X = Kind.SOURCE, Kind.ABSENT, Kind.CAVEAT, Kind.NOTE, Kind.EXCLUDED
 
 
 class Code(enum.Enum):
@@ -87,6 +89,14 @@ class Code(enum.Enum):
     PER_RANK_NO_PP = _N, 0
     PER_RANK_NO_STAGE = _N, 0
     PER_RANK_INSTEAD = _N, 0  # per-rank timers compared, not the min/max spread
+    # Why a row is out of the steady state (steady.Exclusion says which kind; these, with its numbers).
+    WARMUP_ROWS = _X, 1  # how many records the warm-up is
+    CAPTURED = _X, 0  # disturbed by perfd's own capture
+    NO_STEP = _X, 0
+    ARMED_STEP = _X, 0  # its rank runs under a profiler
+    OUTLIER_STEP = _X, 3  # the step, the outlier factor, the steady step
+    IN_INCIDENT = _X, 2  # the incident's id and its cause as the incident words it
+    IN_CAPTURE = _X, 1  # the capture disturbance's id
 
     kind: Kind
     arity: int

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum, finite
 from perfd.analytics.steps import windows
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.model import StepRecord
 
 WARMUP_MIN_ITERATIONS = 3
@@ -24,12 +25,12 @@ OUTLIER_FACTOR = 2.0
 # ... and its window of steps past the midpoint between the steady level and that: one mode of a
 # regular pattern (a two-worker loader's long wait) never moves its window's mean that far.
 WINDOW_OUTLIER = (1.0 + OUTLIER_FACTOR) / 2
-ARMED_REASON = "armed: its rank runs under a profiler (perfd ncu-exec): the profiler's step, not the job's"
+CAPTURED, NO_STEP, ARMED = cite(Code.CAPTURED), cite(Code.NO_STEP), cite(Code.ARMED_STEP)
 
 
 class Exclusion(TextEnum):
-    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the sentence saying
-    it with its numbers is ``SteadyState.excluded``, for people)."""
+    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the code saying it
+    with its numbers is ``SteadyState.excluded``, worded where shown)."""
 
     WARMUP = "warmup"
     CAPTURE = "capture"  # disturbed by perfd's own capture
@@ -46,7 +47,7 @@ class SteadyState:
     """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
 
     steady: dict[int, bool]
-    excluded: dict[int, str] = field(default_factory=dict)
+    excluded: dict[int, Cited] = field(default_factory=dict)  # codes of Kind.EXCLUDED
     kinds: dict[int, Exclusion] = field(default_factory=dict)
     warmup_records: int = 0
     reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
@@ -92,26 +93,26 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
     ref = windows.reference(post)
     smooth = windows.rolling(post)
     steady: dict[int, bool] = {}
-    excluded: dict[int, str] = {}
+    excluded: dict[int, Cited] = {}
     kinds: dict[int, Exclusion] = {}
-    warmup = f"warm-up (first {w} records)"  # one string for every warm-up iteration
+    warmup = cite(Code.WARMUP_ROWS, w)  # one value for every warm-up iteration
     for i, iteration in enumerate(iterations):
         step = steps[i]
         kind: Exclusion | None = None
         if i < w:
             kind, reason = Exclusion.WARMUP, warmup
         elif disturbed[i]:
-            kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
+            kind, reason = Exclusion.CAPTURE, CAPTURED
         elif step is None:
-            kind, reason = Exclusion.NO_STEP_TIME, "no step time"
+            kind, reason = Exclusion.NO_STEP_TIME, NO_STEP
         elif armed[i] and unarmed:  # measured against the unarmed level, every armed step is slow
-            kind, reason = Exclusion.ARMED, ARMED_REASON
+            kind, reason = Exclusion.ARMED, ARMED
         elif ref is not None and (own := sized[i]) is not None and own > OUTLIER_FACTOR * ref \
                 and (smooth[i - w] or 0.0) > WINDOW_OUTLIER * ref:
             kind = Exclusion.OUTLIER
-            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× the steady {ref:.4g} ms a step"
+            reason = cite(Code.OUTLIER_STEP, step, OUTLIER_FACTOR, ref)
         elif armed[i]:
-            kind, reason = Exclusion.ARMED, ARMED_REASON
+            kind, reason = Exclusion.ARMED, ARMED
         steady[iteration] = kind is None
         if kind is not None:
             excluded[iteration], kinds[iteration] = reason, kind
