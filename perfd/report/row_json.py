@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.steps.iteration import IterationResult, json_value
+from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.steady import Exclusion
 from perfd.report.provenance_text import line, lines, text
 
@@ -176,9 +176,3 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     rest = a.to_json()
     return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(), **rest}
 
-
-def iteration_json(it: IterationResult) -> dict[str, object]:
-    """One iteration whole (every field, each metric's source as it reads), for a test or a dump."""
-    out = {f.name: json_value(getattr(it, f.name)) for f in dataclasses.fields(it)}
-    out["sources"] = lines(it.sources)
-    return out
