@@ -1,6 +1,7 @@
 """English only where it is shown (issue 57): the sentences perfd/report declares for the analytics'
-codes (perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes) are
-in no analytics source again. Checked on the source (AST, no import): every literal part of each
+codes (perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a
+row's exclusion; the JSON legend's exclusion kinds, perfd.report.row_json) are in no analytics
+source again. Checked on the source (AST, no import): every literal part of each
 template that reads as words is looked for in every string constant of perfd/analytics."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import string
 from pathlib import Path
 
 from perfd.report.provenance_text import TEMPLATE
+from perfd.report.row_json import EXCLUSION_TEXT
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = re.compile(r"[A-Za-z][A-Za-z-]+")
@@ -39,6 +41,7 @@ def _found(fragments: dict[str, str], files: list[Path]) -> list[str]:
 
 def test_no_analytics_module_words_a_code_again() -> None:
     fragments = {frag: c.name for c, t in TEMPLATE.items() for frag in _fragments(t)}
+    fragments |= {frag: f"Exclusion.{k.name}" for k, t in EXCLUSION_TEXT.items() for frag in _fragments(t)}
     assert len(fragments) > 30  # the check looks for real sentences
     files = sorted((ROOT / "perfd" / "analytics").rglob("*.py"))
     assert files
