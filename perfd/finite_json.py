@@ -19,7 +19,7 @@ MAX_DEPTH = 200  # deeper than any result perfd builds; below the interpreter's 
 
 class Lazy:
     """A value computed when it is written (a legend of codes that the rows before it fill as they
-    are streamed: perfd.analytics.steps.row_codes)."""
+    are streamed: perfd.report.row_json)."""
 
     def __init__(self, make: Callable[[], object]) -> None:
         self.make = make

@@ -29,6 +29,7 @@ from perfd import bounds, finite_json
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.report.row_json import run_json
 from perfd.rules.expr import ExprError, compile_expr
 from perfd.rules.pack_loader import parse_pack
 
@@ -102,7 +103,7 @@ def test_megatron_parser_and_analysis(lines: list[str]) -> None:
     # Whatever the parser kept is within the declared bounds: the analyses never see 10^29 layers.
     assert bounds.check_job_info(log.job_info) == []
     result = analyze_run(log.job_info, log.records)
-    json.loads(finite_json.dumps(result.to_json()))
+    json.loads(finite_json.dumps(run_json(result)))
     # The job info crosses the network and decodes to the same values, with nothing refused.
     info, refused = decode_job_info(job_info_to_json(log.job_info))
     assert refused == [] and info == log.job_info

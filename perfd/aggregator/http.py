@@ -34,6 +34,7 @@ from perfd.exporters.prometheus import build_info_families, histogram_families, 
 from perfd.exporters.remote_write import TargetStats
 from perfd.refusals import Refusals
 from perfd.report import analysis_json
+from perfd.report.row_json import iteration_rows, row_codes
 from perfd.transport.security import TokenFile
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ def collectives_json(state: HttpState, job: str) -> dict[str, Any] | None:
 
 def job_iterations(state: HttpState, job: str, sources: bool = True) -> dict[str, Any] | None:
     """Every analysed iteration the aggregator holds for ``job`` (the per-iteration rows of
-    `perfd analyze megatron --json`: provenance as codes, perfd.analytics.steps.row_codes), oldest
+    `perfd analyze megatron --json`: provenance as codes, perfd.report.row_json), oldest
     first, with their legend (``iteration_codes``); None for an unknown job. ``sources=False``: the
     legend without each metric's source (the summary's report has them)."""
     snap = state.snapshot(job, Analysed.SERVED)
@@ -297,8 +298,8 @@ def job_iterations(state: HttpState, job: str, sources: bool = True) -> dict[str
     analysis = snap.analysis
     if analysis is None:
         return {"job_name": job, "iterations": [], "iteration_codes": {}}
-    codes = analysis.row_codes()
-    its = list(analysis.iteration_rows(codes=codes))
+    codes = row_codes(analysis)
+    its = list(iteration_rows(analysis, codes=codes))
     return {"job_name": job, "iterations": its, "iteration_codes": codes.legend(sources)}
 
 

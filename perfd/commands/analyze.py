@@ -211,13 +211,14 @@ def run_analyze(args: argparse.Namespace) -> int:
     if why:
         return refuse(why)
     from perfd.report import analysis_json, build_report, render_text
+    from perfd.report.row_json import iteration_rows, row_codes
 
     steady_only = args.iterations == ITERATIONS_STEADY
     if args.json:
         # the rows are written as they are built (finite_json.write), never held as one list
-        codes = analysis.row_codes()
+        codes = row_codes(analysis)
         rows: Iterable[dict[str, object]] = ([] if args.iterations == ITERATIONS_NONE
-                                             else analysis.iteration_rows(steady_only, codes))
+                                             else iteration_rows(analysis, steady_only, codes))
         out: dict[str, object] = {}
         for key, value in analysis_json(analysis, rows=rows, codes=codes).items():
             out[key] = value

@@ -298,7 +298,7 @@ def breakdown_chart(its: Sequence[ChartIteration]) -> str:
             known = sum(v for v in shares.values() if v is not None)
             total = it.comm_exposed_share
             split = sum(v for k, v in shares.items() if k != "data loading" and v is not None)
-            # rows carry 6 significant digits (perfd.analytics.steps.row_codes): a part of 1e-5 of the
+            # rows carry 6 significant digits (perfd.report.row_json): a part of 1e-5 of the
             # step is their rounding, not communication
             extra = total - split if total is not None and total - split > 1e-5 else None
             oth.append(None if extra is None else extra * step)

@@ -83,7 +83,7 @@ class ChartIteration:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ChartIteration | None:
-        """From a row of the aggregator's /api/jobs/<job>/iterations (perfd.analytics.steps.row_codes);
+        """From a row of the aggregator's /api/jobs/<job>/iterations (perfd.report.row_json);
         None for a row with no iteration number."""
         it = d.get("iteration")
         if not isinstance(it, int) or isinstance(it, bool):

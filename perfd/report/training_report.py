@@ -21,14 +21,15 @@ from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.incidents.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.run.arming import ArmingCost
-from perfd.analytics.run.run_findings import DATA_LOADING_FINDING
+from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
-from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.provenance_text import line
+from perfd.report.row_json import RowCodes, row_codes, run_json
 
 
 @dataclass
@@ -133,7 +134,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
     s = analysis.summary
-    findings, recs = list(analysis.findings), list(analysis.recommendations)
+    findings, recs = [quoting(f) for f in analysis.findings], list(analysis.recommendations)
     arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if arming is not None:
         findings.append(arming_finding(arming))
@@ -206,6 +207,15 @@ def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recomme
                                detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 
+def quoting(f: Finding) -> Finding:
+    """A finding as shown: one that quotes sentences kept as codes (a metric's source, an
+    iteration's exclusion) with them worded after its observation."""
+    if isinstance(f, QuotingFinding) and f.quotes:
+        said = "; ".join(lead + line(c) for lead, c in f.quotes)
+        return dataclasses.replace(f, observation=f.observation + said, quotes=())
+    return f
+
+
 def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None, *,
                   rows: Iterable[dict[str, Any]] | None = None, codes: RowCodes | None = None,
                   arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> dict[str, Any]:
@@ -214,12 +224,12 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] |
     aggregator passes the incidents it kept). ``rows``: the iterations' rows (an iterator for
     finite_json.write to stream, or none), instead of every iteration's as a list; ``codes``: the
     coder that made them (their legend is written after them)."""
-    out = {**analysis.to_json(iterations=rows is None),
+    out = {**run_json(analysis, iterations=rows is None),
            "report": build_report(analysis, incidents, arming=arming, cpu=cpu).to_json()}
     if rows is not None:
         out["iterations"] = rows
         out["iteration_codes"] = (finite_json.Lazy(codes.legend) if codes is not None
-                                  else analysis.row_codes().legend())
+                                  else row_codes(analysis).legend())
     if incidents is not None:
         out["incidents"] = [i.to_json() for i in incidents]
     return out
@@ -228,7 +238,8 @@ def analysis_json(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] |
 def _source_of(analysis: RunAnalysis, key: str) -> str:
     """The source text of a metric, from the last steady iteration that has one."""
     for it in analysis.steady_rows(newest_first=True):
-        src = it.source_line(key)
+        c = it.sources.get(key)
+        src = line(c) if c is not None else None
         if src:
             return src
     return "absent: no steady-state iterations"

@@ -17,6 +17,7 @@ from perfd.analytics.steps.flops import (
     record_flops,
     six_n_flops,
 )
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.model import ModelSpec
 from tests.analytics.analytics_helpers import fixture_job
 
@@ -187,7 +188,7 @@ def test_missing_inputs_give_none_and_the_list() -> None:
     res = megatron_flops(spec, None, "0.20.0")
     assert res.flops_per_iteration is None
     assert set(res.missing) == {"kv_channels", "seq_length", "padded_vocab_size", "global_batch_size"}
-    assert res.reason() is not None and "padded_vocab_size" in (res.reason() or "")
+    assert res.why() == cite(Code.MISSING, res.missing)  # why, as a code: the fields missing
     no_ffn = fixture_job().spec
     no_ffn.ffn_hidden_size = None
     assert megatron_flops(no_ffn, 64).missing == ("ffn_hidden_size",)
@@ -200,7 +201,9 @@ def test_mla_is_not_guessed() -> None:
     spec = fixture_job().spec
     spec.multi_latent_attention = True
     res = megatron_flops(spec, 64, "0.20.0")
-    assert res.flops_per_iteration is None and "MLA" in (res.reason() or "")
+    why = res.why()  # a note of this module's, quoted: the model's attention is not counted
+    assert res.flops_per_iteration is None and why is not None and why.code is Code.WHY
+    assert "MLA" in str(why.args[0])
 
 
 def test_moe_layer_pattern() -> None:

@@ -1,14 +1,19 @@
-"""Provenance as codes: each sentence declared once, rendered where shown, kept compact in a table."""
+"""Provenance as codes: each sentence declared once (in the report), rendered where shown, kept compact in
+a table."""
 
 from __future__ import annotations
 
 import math
+import string
 
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_findings import QuotingFinding
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table, _Cites
-from perfd.analytics.steps.provenance import Code, Kind, cite, line, text
+from perfd.analytics.steps.provenance import Code, Kind, cite
 from perfd.model import Provenance
+from perfd.report import build_report
+from perfd.report.provenance_text import TEMPLATE, line, text
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
 LOG = Provenance("megatron", "train.log:1769")
@@ -34,12 +39,20 @@ def test_golden_sentences() -> None:
     assert text(cite(Code.NON_POSITIVE, 0.0, 2)) == "non-positive step time 0.0 ms or world 2"
 
 
-def test_every_code_has_a_kind_and_a_template() -> None:
-    assert len({c.value for c in Code}) == len(Code)  # two codes sharing a template stay two codes
+def _fields(template: str) -> set[int]:
+    return {int(f) for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+
+
+def test_every_code_has_a_kind_and_one_template_of_its_arity() -> None:
+    """The analytics declare a code's kind and arity; the report its sentence, taking exactly those
+    arguments (a template that skips one, or reads one past the end, fails here, not in a report)."""
+    assert len({c.value for c in Code}) == len(Code)  # two codes of one kind and arity stay two codes
+    assert set(TEMPLATE) == set(Code)
     for c in Code:
-        assert isinstance(c.kind, Kind) and c.template
+        assert isinstance(c.kind, Kind) and TEMPLATE[c]
+        assert _fields(TEMPLATE[c]) == set(range(c.arity)), c
     assert cite(Code.WHY, "x").absent and not cite(Code.RECORD, LOG).absent
-    assert all(c.kind is not Kind.CAVEAT or "{" not in c.template for c in Code)  # a caveat takes no numbers
+    assert all(c.kind is not Kind.CAVEAT or c.arity == 0 for c in Code)  # a caveat takes no numbers
 
 
 def _row(i: int, **sources: object) -> IterationResult:
@@ -85,3 +98,16 @@ def test_a_run_keeps_one_shape_and_its_numbers_per_row() -> None:
     assert len(a.iterations) == 40 and len(col.shapes) <= 3  # warm-up rows differ (a NaN loss, ...)
     assert len(col.nums) <= 12 * len(a.iterations)  # its log line, step, data wait, 3 sums, 5 timers
     assert not any(isinstance(x, str) for x in col.store)
+
+
+def test_a_finding_quotes_a_source_as_a_code_and_the_report_words_it() -> None:
+    """The MFU-absent finding carries the first iteration's MFU source as a code; the report's
+    finding reads as it always did (a golden observation), the analysis' own holds no sentence."""
+    a = analyze_run(fixture_job(), fixture_records(), gpu_name=None, live=False)
+    (raw,) = [f for f in a.findings if f.id == "mfu-absent"]
+    assert isinstance(raw, QuotingFinding) and raw.quotes == (("", a.iterations[0].sources["mfu"]),)
+    assert raw.quotes[0][1].code is Code.WHY and raw.observation == "MFU "
+    (shown,) = [f for f in build_report(a).findings if f.id == "mfu-absent"]
+    assert shown.observation == ("MFU absent: GPU name unknown; give the GPU (--gpu NAME, as NVML names it) "
+                                 "or its peak (--peak-tflops N) to get MFU")
+    assert "quotes" not in shown.to_json() and shown.to_json()["observation"] == shown.observation

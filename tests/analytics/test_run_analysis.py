@@ -13,6 +13,8 @@ from perfd.analytics.run.run_analysis import analyze_run, resolve_dtype
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.model import ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.report import analysis_json
+from perfd.report.provenance_text import line
+from perfd.report.row_json import run_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
 from tests.analytics.megatron_fixture_data import ROWS
 
@@ -68,11 +70,10 @@ def test_every_iteration_matches_logged_throughput() -> None:
     assert it38.sources["data_share"].code is Code.TIMER_SHARE
     assert it38.sources["data_share"].args[-1] == Provenance("megatron", "h200x2_tp1_pp2_gbs64_mbs4.log:1769")
     assert it38.sources["pp_idle_max"].caveat is Code.MINMAX_PAIRING
-    # and as the report and the JSON legend show them (the golden sentences)
-    assert it38.source_line("data_share") == (
-        "megatron:timer batch-generator (max across ranks) 12.7 ms ÷ step time 331.1 ms; "
-        "megatron:h200x2_tp1_pp2_gbs64_mbs4.log:1769")
-    assert it38.source_line("pp_idle_max") == (
+    assert it38.sources["data_share"].args[:5] == ("megatron", "batch-generator", "max across ranks", 12.7,
+                                                    331.1)
+    # and as the report and the JSON legend show it (a golden sentence on recorded data)
+    assert line(it38.sources["pp_idle_max"]) == (
         "megatron:1 − (forward-compute min 124.99 + backward-compute min 123.21) / forward-backward max "
         "322.71; megatron:h200x2_tp1_pp2_gbs64_mbs4.log:1769 [inference: min forward paired with min "
         "backward (lighter stage), max with max (heavier stage); minmax timers do not say which rank "
@@ -121,7 +122,7 @@ def test_nan_loss_iteration_does_not_break_anything() -> None:
     assert it20.mfu is not None and it20.steady_state
     losses = [r[4] for r in ROWS if r[0] >= 5 and r[0] not in (20, 21)]
     assert a.summary.median("lm_loss") == pytest.approx(statistics.median(losses))
-    doc = json.loads(json.dumps(a.to_json(), allow_nan=False))
+    doc = json.loads(json.dumps(run_json(a), allow_nan=False))
     # absent, never null; each row says why by a code the legend spells out once
     for row in doc["iterations"][19:21]:
         assert "lm_loss" not in row
@@ -134,7 +135,7 @@ def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
     assert a.summary.median("mfu") is None
     mfu_src = a.iterations[10].sources["mfu"]
     assert mfu_src.code is Code.WHY and "GPU name unknown" in str(mfu_src.args[0])
-    doc = a.to_json()
+    doc = run_json(a)
     assert all("mfu" not in it for it in doc["iterations"])  # absent from every row, never 0
     assert "GPU name unknown" in doc["iteration_codes"]["sources"]["mfu"]
     assert doc["job"]["gpu"]["peak_tflops"] is None
@@ -150,9 +151,9 @@ def test_missing_model_spec_falls_back_to_logged_then_absent() -> None:
     a = analyze_run(job, fixture_records(), gpu_name="NVIDIA H200")
     it = a.iterations[37]
     assert it.model_tflops_per_gpu == 84.2  # Megatron's figure, second preference
-    assert it.sources["model_tflops_per_gpu"].code is Code.THROUGHPUT_LOGGED
-    assert it.source_line("model_tflops_per_gpu") == (
-        "megatron:logged throughput per GPU (perfd's formula unavailable: missing hidden_size)")
+    # why perfd's formula is unavailable: the FLOPs count's reason, as a code
+    assert it.sources["model_tflops_per_gpu"] == cite(Code.THROUGHPUT_LOGGED, "megatron",
+                                                      cite(Code.MISSING, ("hidden_size",)))
     assert it.tflops_check_ok is None  # nothing to cross-check against itself
     assert a.job.flops.per_iteration is None and "hidden_size" in a.job.flops.missing
     recs = fixture_records()
@@ -161,7 +162,7 @@ def test_missing_model_spec_falls_back_to_logged_then_absent() -> None:
     b = analyze_run(job, recs, gpu_name="NVIDIA H200")
     assert b.iterations[37].model_tflops_per_gpu is None and b.iterations[37].mfu is None
     why = b.iterations[37].sources["model_tflops_per_gpu"]
-    assert why.code is Code.WHY and "hidden_size" in str(why.args[0])
+    assert why == cite(Code.MISSING, ("hidden_size",))
 
 
 def test_missing_timers_leave_metrics_absent() -> None:
@@ -192,8 +193,9 @@ def test_world_size_from_layout_product() -> None:
 
 def test_to_json_shape() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    # no report: built above
-    assert list(a.to_json()) == ["job", "iterations", "iteration_codes", "summary", "incidents"]
+    # no rows, no legend, no report: made where shown (perfd.report)
+    assert list(a.to_json()) == ["job", "summary", "incidents"]
+    assert list(run_json(a)) == ["job", "iterations", "iteration_codes", "summary", "incidents"]
     doc = analysis_json(a)  # what `perfd analyze megatron --json` prints
     assert list(doc) == ["job", "iterations", "iteration_codes", "summary", "incidents", "report"]
     assert doc["incidents"] == []  # the shared fixture's slow iterations are jitter, not incidents

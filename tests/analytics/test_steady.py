@@ -7,8 +7,10 @@ import statistics
 
 import pytest
 
-from perfd.analytics.steps.steady import steady_state, steady_state_of, warmup_count
+from perfd.analytics.steps.provenance import Code, cite
+from perfd.analytics.steps.steady import OUTLIER_FACTOR, steady_state, steady_state_of, warmup_count
 from perfd.model import StepRecord
+from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_records
 
 
@@ -29,8 +31,11 @@ def test_outliers_and_captures_excluded() -> None:
     recs[26].step_time_ms = None  # iteration 27
     recs[27].step_time_ms = 250.0  # iteration 28: > 2×, but its window is not: part of the steady cost
     st = steady_state(list(reversed(recs)))  # order does not matter
-    assert 20 in st.excluded and "2× the steady" in st.excluded[20]
-    assert "capture" in st.excluded[25] and "no step time" in st.excluded[27]
+    # why, as codes with the numbers (the step, the factor, the steady step); worded where shown
+    assert st.reference_step_ms == 100.0
+    assert st.excluded[20] == cite(Code.OUTLIER_STEP, 1000.0, OUTLIER_FACTOR, 100.0)
+    assert st.excluded[25] == cite(Code.CAPTURED) and st.excluded[27] == cite(Code.NO_STEP)
+    assert text(st.excluded[20]) == "step 1000 ms > 2× the steady 100 ms a step"  # one golden sentence
     assert st.steady[28] is True
     assert st.iterations == [i for i in range(4, 31) if i not in (20, 25, 27)]
 

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.steps.stragglers import RankOrder, StragglerResult, detect, persistent, rank_order
+from perfd.analytics.steps.provenance import Code, cite
+from perfd.analytics.steps.stragglers import (
+    STRAGGLER_RATIO,
+    RankOrder,
+    StragglerResult,
+    detect,
+    persistent,
+    rank_order,
+)
 from perfd.model import ParallelLayout, RankValue, StepRecord, StragglerLine, TimerValue
+from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 DP2 = ParallelLayout(world_size=2, tp=1, pp=1, dp=2, cp=1)
@@ -26,6 +35,11 @@ def test_fixture_line_spread_is_between_stages_not_a_straggler() -> None:
     assert res.compute_spread == pytest.approx(159.84 / 124.99)
     assert res.compute_spread_flagged is None  # pp > 1: stage imbalance, not a straggler
     assert not res.flagged
+    # why no rank is named: codes with the ranks and stages, worded where shown (one golden sentence)
+    assert res.notes == [cite(Code.RTT_BETWEEN_STAGES, STRAGGLER_RATIO, 0, 0, 1, 1),
+                         cite(Code.SPREAD_WITH_PP)]
+    assert text(res.notes[0]) == ("rtt spread > 1.1× between rank 0 (stage 0) and rank 1 (stage 1): stage "
+                                  "imbalance, not a straggler")
 
 
 def test_dp2_straggler_line_names_the_rank() -> None:

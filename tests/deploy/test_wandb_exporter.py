@@ -35,6 +35,7 @@ from perfd.exporters.wandb import (
     node_metrics,
     summary_metrics,
 )
+from perfd.report.row_json import run_json
 from tests.procs import stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +208,7 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 def test_offline_run_reads_back_equal_to_the_analysis(wandb_env: Path):
     typed = {"gpt-demo": _analysis(DEMO_LOG, "gpt-demo"), "dp2": _analysis(DP2_LOG, "dp2")}
     demo_its, dp2_its = list(typed["gpt-demo"].iterations), list(typed["dp2"].iterations)
-    demo, dp2 = typed["gpt-demo"].to_json(), typed["dp2"].to_json()
+    demo, dp2 = run_json(typed["gpt-demo"]), run_json(typed["dp2"])
     assert len(demo["iterations"]) > 20
     ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "runs"))
     # The aggregator calls this every few seconds with the analysis so far: half, then all, twice.
@@ -300,7 +301,7 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
     assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == rid, proc.stderr[-2000:]
 
     typed = _analysis(DEMO_LOG, "gpt-demo")
-    demo = typed.to_json()
+    demo = run_json(typed)
     # what the launch manifest gives the agent, the agent the job info
     block = dataclasses.replace(typed.job, wandb_run_id=rid)
     ex = WandbExporter("perfd-test", mode="offline", directory=str(wandb_env / "perfd"))

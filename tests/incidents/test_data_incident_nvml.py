@@ -23,6 +23,7 @@ import pytest
 
 from perfd.aggregator.http import job_summary
 from perfd.analytics.incidents.verdict_text import DATA_MORE_WORKERS_ACTION
+from perfd.analytics.steps.provenance import Code, cite
 from tests.gpu.plain_loop_live import truth_data
 from tests.loop_replay import PHASES_NVML, TRAINING_NVML, Feed, loop, nvml_frames, replay, run3_host
 
@@ -82,7 +83,7 @@ def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(
     assert a is not None
     (marked,) = [i for i in a.incidents if i.id == inc["id"]]
     assert marked.cause == inc["cause"]
-    assert a.summary.excluded[inc["first_iteration"]] == f"incident {inc['id']}: {inc['cause']}"
+    assert a.summary.excluded[inc["first_iteration"]] == cite(Code.IN_INCIDENT, inc["id"], inc["cause"])
     full = job_summary(st, JOB)
     assert full is not None
     recs = full["report"]["recommendations"]

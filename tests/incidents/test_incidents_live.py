@@ -15,6 +15,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.steps.provenance import Code
 from perfd.model import StepRecord, TimerValue
 from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
 
@@ -58,7 +59,7 @@ def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_clas
     dist = a.summary.capture_disturbances.to_json()
     assert dist["n"] == 1 and dist["stretches"][0]["last_iteration"] == 16
     assert all(not it.steady_state for it in a.iterations if 15 <= it.iteration <= 16)
-    assert a.summary.excluded[15].startswith("perfd capture")
+    assert a.summary.excluded[15].code is Code.IN_CAPTURE
     summary = job_summary(st, "dp2")
     assert summary is not None and "capture" not in summary["report"]["summary"]["headline"]
     # The capture's timeline votes for the job's class although its iterations stay out of the steady
@@ -82,7 +83,7 @@ def test_a_capture_that_never_started_disturbs_nothing() -> None:
                                   "links": {"command_id": rec.id}, "text": "no process known"}])
     a = st.analysis("dp2", force=True)
     assert a is not None and a.summary.capture_disturbances.n == 0
-    assert not any(str(v).startswith("perfd capture") for v in a.summary.excluded.values())
+    assert not any(v.code is Code.IN_CAPTURE for v in a.summary.excluded.values())
 
 
 def _slowed(records: list[StepRecord], its: range, rank: int, factor: float) -> list[StepRecord]:

@@ -24,7 +24,7 @@ import yaml
 from collectors.torchtitan.collector import TorchtitanCollector, model_spec
 from collectors.torchtitan.parser import TorchtitanLogParser
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.analytics.steps.provenance import Code
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.model import StepRecord
 from perfd.report import build_report
 
@@ -97,8 +97,7 @@ def test_without_a_model_spec_the_logged_throughput_stands_in() -> None:
     it = a.steady_iterations()[0]
     # The parameter count from the log gives 6·N·tokens; perfd says which count it used.
     assert a.flops.formula == "6*N*tokens" and it.mfu is not None
-    assert it.sources["logged_tflops_per_gpu"].code is Code.QUOTED
-    assert it.source_line("logged_tflops_per_gpu") == "torchtitan: tflops (per device)"
+    assert it.sources["logged_tflops_per_gpu"] == cite(Code.QUOTED, "torchtitan: tflops (per device)")
 
 
 def test_per_rank_lines_make_per_rank_records() -> None:

@@ -211,8 +211,8 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
         if gbs not in flops_cache:
             flops_cache[gbs] = model_flops(job.spec, gbs, job.framework_version, job.framework)
         fl = flops_cache[gbs]
-    why = fl.reason()
-    tput = Measured.absent(Code.WHY, why) if why else Measured.absent(Code.FLOPS_UNKNOWN)
+    why = fl.why()
+    tput = Measured.absent_as(why) if why is not None else Measured.absent(Code.FLOPS_UNKNOWN)
     if fl.available and fl.formula != FORMULA_6N:
         tput = throughput_per_gpu(fl.flops_per_iteration, it.step_time_ms, world, fl.source)
     if tput.value is None and it.logged_tflops_per_gpu is not None:

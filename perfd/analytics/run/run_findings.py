@@ -11,7 +11,7 @@ sentences.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
@@ -29,6 +29,7 @@ from perfd.analytics.run.run_figures import MIN_GRADE_STEPS, too_few
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
+from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups, untimed_text
@@ -48,6 +49,15 @@ SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+@dataclass
+class QuotingFinding(Finding):
+    """A finding whose observation ends with sentences kept as codes and numbers (``quotes``: each a
+    lead and a code, as a metric's source or an iteration's exclusion): they are worded where the
+    finding is shown (perfd.report.build_report appends them to ``observation``, "; " between)."""
+
+    quotes: tuple[tuple[str, Cited], ...] = field(default=(), metadata={"json": False})
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,20 @@ def mfu_grade(c: RunContext) -> Out:
     a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
     if mfu is None:
-        why = (a.iterations[0].source_line("mfu") or "unknown") if a.iterations else "no iterations"
+        # the first iteration's MFU source says why (a code, quoted where the finding is shown)
+        quoted = a.iterations[0].sources.get("mfu") if a.iterations else None
+        why = "unknown" if a.iterations else "no iterations"
         ref = a.summary.runs.reference
-        if a.summary.runs.figures is FiguresFrom.NONE:
-            why = a.summary.runs.text() or why
+        told = a.summary.runs.text()
+        if a.summary.runs.figures is FiguresFrom.NONE and told:
+            why, quoted = told, None
         elif ref is not None:  # the figures are an earlier run's: its digest is why, not this run's steps
-            why = (f"absent: the figures are run {ref.run}'s (every step of run {a.summary.runs.current} "
-                   f"is armed), and run {ref.run}'s digest holds no MFU (its GPU or its model FLOPs were "
-                   "unknown when its records were digested)")
+            why, quoted = (f"absent: the figures are run {ref.run}'s (every step of run "
+                           f"{a.summary.runs.current} is armed), and run {ref.run}'s digest holds no MFU "
+                           "(its GPU or its model FLOPs were unknown when its records were digested)"), None
+        if quoted is not None:
+            return [QuotingFinding("mfu-absent", Severity.INFO, "MFU not available", "MFU ", {}, span,
+                                   quotes=(("", quoted),))], []
         return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
     n = a.summary.n_steady
     if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
@@ -438,8 +454,9 @@ def outliers(c: RunContext) -> Out:
             if kind is Exclusion.OUTLIER}
     if not slow:
         return [], []
-    return [Finding("steady-state-outliers", Severity.INFO, f"{len(slow)} slow iteration(s) left out",
-                    "; ".join(f"iteration {k}: {v}" for k, v in slow.items()), {}, c.span)], []
+    return [QuotingFinding("steady-state-outliers", Severity.INFO,
+                           f"{len(slow)} slow iteration(s) left out", "", {}, c.span,
+                           quotes=tuple((f"iteration {k}: ", v) for k, v in slow.items()))], []
 
 
 Analyzer = Callable[[RunContext], Out]

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from perfd.analytics.incidents.detect import DETECTION_FIELDS, Detection, detect_incidents
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 
 if TYPE_CHECKING:  # run_analysis builds the table and calls these
@@ -84,7 +85,7 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             step = table.get(i, "step_time_ms")
             if lost and step is not None and ref is not None and not disturbed[i]:
                 table.put(i, incident_lost_ms=step - ref)
-            reason = f"incident {inc.id}: {inc.cause}" if lost else f"perfd capture ({inc.id})"
+            reason = cite(Code.IN_INCIDENT, inc.id, inc.cause) if lost else cite(Code.IN_CAPTURE, inc.id)
             table.put(i, steady_state=False, excluded_reason=reason)
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason

@@ -24,7 +24,6 @@ from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.gpus import PeakResult
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.iteration_table import Table
-from perfd.analytics.steps.row_codes import RowCodes
 from perfd.analytics.steps.steady import Exclusion, SteadyState
 from perfd.analytics.steps.stragglers import (
     PersistentStragglers,
@@ -73,30 +72,13 @@ class RunAnalysis:
         """The run's logged time: the sum of its step times."""
         return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
 
-    def row_codes(self) -> RowCodes:
-        """The coder of this run's JSON rows (perfd.analytics.steps.row_codes): one per document."""
-        n = len(self.iterations)
-        return RowCodes(self.iterations[n - 1] if n else None, self.steady.kinds, self.steady.refs)
-
-    def iteration_rows(self, steady_only: bool = False, codes: RowCodes | None = None
-                       ) -> Iterator[dict[str, Any]]:
-        """JSON rows of every iteration, or of the steady ones, built one at a time (``codes``: the
-        document's coder, whose legend says what the rows' codes mean)."""
-        coder = codes if codes is not None else self.row_codes()
-        return coder.rows(self.steady_rows() if steady_only else self.iterations)
-
-    def to_json(self, iterations: bool = True) -> dict[str, Any]:
-        """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
-        capture_match, where a capture was read against the job: perfd.analytics.breakdown
-        .capture_match). A row has the metrics it has (absent ones are not in it; the legend says why).
-        The report is built above this layer (perfd.report.analysis_json adds it).
-        ``iterations=False``: no rows (a caller that streams them, see iteration_rows)."""
-        codes = self.row_codes()
-        rows = list(self.iteration_rows(codes=codes)) if iterations else []
+    def to_json(self) -> dict[str, Any]:
+        """Keys: job, summary, incidents (and capture_match, where a capture was read against the
+        job: perfd.analytics.breakdown.capture_match). The iterations' rows, their legend and the
+        report are made where they are shown, in English (perfd.report.row_json.run_json,
+        perfd.report.analysis_json)."""
         out = {
             "job": json_value(self.job.to_json()),
-            "iterations": rows,
-            "iteration_codes": codes.legend(),
             "summary": json_value(self.summary.to_json()),
             "incidents": [json_value(i.to_json()) for i in self.incidents],
         }

@@ -27,8 +27,8 @@ from perfd.analytics.steps.flops import FlopsResult
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.gpus import PeakResult, gpu_memory_mib
 from perfd.analytics.steps.iteration_table import Table
-from perfd.analytics.steps.row_codes import ExcludedRange, excluded_ranges
-from perfd.analytics.steps.steady import Exclusion, SteadyState
+from perfd.analytics.steps.provenance import Cited
+from perfd.analytics.steps.steady import ExcludedRange, Exclusion, SteadyState, excluded_ranges
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
 
@@ -334,9 +334,9 @@ class RunSummary:
     steady_first_iteration: int | None
     steady_last_iteration: int | None
     warmup_records: int
-    excluded: Mapping[int, str]  # iteration -> why it is not steady
+    excluded: Mapping[int, Cited]  # iteration -> why it is not steady, a code (Kind.EXCLUDED)
     excluded_kinds: Mapping[int, Exclusion]
-    # the same as ranges of (kind, incident or capture): what JSON carries (row_codes.excluded_ranges)
+    # the same as ranges of (kind, incident or capture): what JSON carries (steady.excluded_ranges)
     excluded_ranges: tuple[ExcludedRange, ...] = ()
     medians: Mapping[str, float | None]  # SUMMARY_METRICS -> its steady value (TIME_WEIGHTED, ...)
     step_time_cv: float | None

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.steps.hf_spec import SpecReading, is_hf_config, read_hf_config
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.bounds import SPEC_BOUNDS, in_bounds
 from perfd.model import ModelSpec, Provenance
 
@@ -91,15 +92,16 @@ class FlopsResult:
     def available(self) -> bool:
         return self.flops_per_iteration is not None
 
-    def reason(self) -> str | None:
-        """Why the count is absent (None when it is present)."""
+    def why(self) -> Cited | None:
+        """Why the count is absent, as a code (None when it is present): the fields missing, with
+        this module's notes on how the spec was read (texts declared here, quoted) where there are."""
         if self.available:
             return None
-        parts = []
+        notes = "; ".join(self.notes)
         if self.missing:
-            parts.append("missing " + ", ".join(self.missing))
-        parts.extend(self.notes)
-        return "; ".join(parts) or "model FLOPs unknown"
+            return (cite(Code.MISSING_NOTED, self.missing, notes) if notes
+                    else cite(Code.MISSING, self.missing))
+        return cite(Code.WHY, notes) if notes else cite(Code.FLOPS_UNKNOWN)
 
 
 def parse_version(version: str | None) -> tuple[int, int] | None:
@@ -402,7 +404,7 @@ def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytor
     got = megatron_flops(probe, 1, None, framework)
     if not got.available or got.flops_per_iteration is None or got.formula is None:
         missing = [m for m in got.missing if m != "global_batch_size"]
-        why = ("missing " + ", ".join(missing)) if missing else (got.reason() or "model FLOPs unknown")
+        why = ("missing " + ", ".join(missing)) if missing else ("; ".join(got.notes) or "no formula applies")
         if "kv_channels" in missing:
             why += " (kv_channels = hidden_size ÷ num_attention_heads: give both, heads dividing hidden)"
         if "padded_vocab_size" in missing:

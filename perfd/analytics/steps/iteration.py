@@ -5,13 +5,12 @@ importing the run level."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.steps.iteration_table import CITED
-from perfd.analytics.steps.provenance import Cited, line, lines
+from perfd.analytics.steps.provenance import Cited
 
 
 def json_value(v: object) -> object:
@@ -73,23 +72,13 @@ class IterationResult:
     straggler_candidate_ranks: list[int] = field(default_factory=list)
     # rank -> its forward+backward compute / the median of its stage (per-rank timers only)
     straggler_rank_compute_ratio: dict[int, float] = field(default_factory=dict)
-    straggler_notes: list[str] = field(default_factory=list)
+    straggler_notes: list[Cited] = field(default_factory=list)  # codes (Kind.NOTE): said in the legend
     bottleneck: str = "unknown"
     lm_loss: float | None = None
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
-    excluded_reason: str | None = None
+    excluded_reason: Cited | None = None  # why it is out of the steady state: a code (Kind.EXCLUDED)
     armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
     # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
-    # English by perfd.analytics.steps.provenance.line); a run's table keeps the codes and numbers
+    # English by perfd.report.provenance_text.line); a run's table keeps the codes and numbers
     sources: dict[str, Cited] = field(default_factory=dict, metadata={CITED: True})
-
-    def source_line(self, metric: str) -> str | None:
-        """A metric's source as it reads (``absent: why`` when absent), None when it has none."""
-        c = self.sources.get(metric)
-        return line(c) if c is not None else None
-
-    def to_json(self) -> dict[str, object]:
-        out = {f.name: json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        out["sources"] = lines(self.sources)
-        return out

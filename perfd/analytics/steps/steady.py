@@ -11,11 +11,12 @@ steps differ in size), recomputed over all records passed in: in a live feed it 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum, finite
 from perfd.analytics.steps import windows
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.model import StepRecord
 
 WARMUP_MIN_ITERATIONS = 3
@@ -24,12 +25,12 @@ OUTLIER_FACTOR = 2.0
 # ... and its window of steps past the midpoint between the steady level and that: one mode of a
 # regular pattern (a two-worker loader's long wait) never moves its window's mean that far.
 WINDOW_OUTLIER = (1.0 + OUTLIER_FACTOR) / 2
-ARMED_REASON = "armed: its rank runs under a profiler (perfd ncu-exec): the profiler's step, not the job's"
+CAPTURED, NO_STEP, ARMED = cite(Code.CAPTURED), cite(Code.NO_STEP), cite(Code.ARMED_STEP)
 
 
 class Exclusion(TextEnum):
-    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the sentence saying
-    it with its numbers is ``SteadyState.excluded``, for people)."""
+    """Why an iteration is left out of the steady state (``SteadyState.kinds``; the code saying it
+    with its numbers is ``SteadyState.excluded``, worded where shown)."""
 
     WARMUP = "warmup"
     CAPTURE = "capture"  # disturbed by perfd's own capture
@@ -41,28 +42,17 @@ class Exclusion(TextEnum):
     ARMED = "armed"
 
 
-# Each kind in one sentence, for a reader of the codes (the per-iteration sentence, with its numbers,
-# stays in SteadyState.excluded for the report's findings).
-EXCLUSION_TEXT: dict[Exclusion, str] = {
-    Exclusion.WARMUP: "warm-up: the run's first records",
-    Exclusion.CAPTURE: "disturbed by perfd's own capture (its id in the range)",
-    Exclusion.NO_STEP_TIME: "no step time",
-    Exclusion.OUTLIER: "a step far slower than the steady one, in a slow window",
-    Exclusion.INCIDENT: "part of an incident (its id in the range; its cause in the job's incidents)",
-}
-
-
 @dataclass(frozen=True)
 class SteadyState:
     """iteration -> steady?, why each excluded iteration was left out (typed, and said)."""
 
     steady: dict[int, bool]
-    excluded: dict[int, str] = field(default_factory=dict)
+    excluded: dict[int, Cited] = field(default_factory=dict)  # codes of Kind.EXCLUDED
     kinds: dict[int, Exclusion] = field(default_factory=dict)
     warmup_records: int = 0
     reference_step_ms: float | None = None  # steady time per step (windows.reference), per mean work
     # iteration -> the incident or capture disturbance (its id) it was left out for: what a range of
-    # excluded iterations refers to instead of repeating its sentence (perfd.analytics.steps.row_codes)
+    # excluded iterations refers to instead of repeating its sentence (perfd.report.row_json)
     refs: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -103,27 +93,65 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
     ref = windows.reference(post)
     smooth = windows.rolling(post)
     steady: dict[int, bool] = {}
-    excluded: dict[int, str] = {}
+    excluded: dict[int, Cited] = {}
     kinds: dict[int, Exclusion] = {}
-    warmup = f"warm-up (first {w} records)"  # one string for every warm-up iteration
+    warmup = cite(Code.WARMUP_ROWS, w)  # one value for every warm-up iteration
     for i, iteration in enumerate(iterations):
         step = steps[i]
         kind: Exclusion | None = None
         if i < w:
             kind, reason = Exclusion.WARMUP, warmup
         elif disturbed[i]:
-            kind, reason = Exclusion.CAPTURE, "disturbed by a perfd capture"
+            kind, reason = Exclusion.CAPTURE, CAPTURED
         elif step is None:
-            kind, reason = Exclusion.NO_STEP_TIME, "no step time"
+            kind, reason = Exclusion.NO_STEP_TIME, NO_STEP
         elif armed[i] and unarmed:  # measured against the unarmed level, every armed step is slow
-            kind, reason = Exclusion.ARMED, ARMED_REASON
+            kind, reason = Exclusion.ARMED, ARMED
         elif ref is not None and (own := sized[i]) is not None and own > OUTLIER_FACTOR * ref \
                 and (smooth[i - w] or 0.0) > WINDOW_OUTLIER * ref:
             kind = Exclusion.OUTLIER
-            reason = f"step {step:g} ms > {OUTLIER_FACTOR:g}× the steady {ref:.4g} ms a step"
+            reason = cite(Code.OUTLIER_STEP, step, OUTLIER_FACTOR, ref)
         elif armed[i]:
-            kind, reason = Exclusion.ARMED, ARMED_REASON
+            kind, reason = Exclusion.ARMED, ARMED
         steady[iteration] = kind is None
         if kind is not None:
             excluded[iteration], kinds[iteration] = reason, kind
     return SteadyState(steady, excluded, kinds, w, ref)
+
+
+@dataclass(frozen=True)
+class ExcludedRange:
+    """Consecutive iterations left out of the steady state for one reason."""
+
+    first: int
+    last: int
+    kind: Exclusion
+    ref: str | None = None  # the incident or capture disturbance they belong to
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"first": self.first, "last": self.last, "kind": self.kind.value}
+        if self.ref is not None:
+            out["ref"] = self.ref
+        return out
+
+
+def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
+                    iterations: Iterable[int] | None = None) -> tuple[ExcludedRange, ...]:
+    """The excluded iterations as ranges: a range runs while the kind and reference stay the same
+    and no steady iteration (one of ``iterations`` not in ``kinds``) lies between (iterations the run
+    never logged, a log interval's gaps, do not break it)."""
+    order = sorted(iterations) if iterations is not None else sorted(kinds)
+    out: list[ExcludedRange] = []
+    cur: tuple[int, Exclusion, str | None] | None = None  # the open range's first, kind, ref
+    for i in order:
+        kind = kinds.get(i)
+        if kind is None:
+            cur = None
+            continue
+        ref = refs.get(i)
+        if cur is not None and cur[1] is kind and cur[2] == ref:
+            out[-1] = ExcludedRange(cur[0], i, kind, ref)
+        else:
+            cur = (i, kind, ref)
+            out.append(ExcludedRange(i, i, kind, ref))
+    return tuple(out)

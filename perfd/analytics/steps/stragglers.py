@@ -20,6 +20,7 @@ from typing import Protocol
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE, median, pp_stage_of_rank
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.model import ParallelLayout, StepRecord, TimerValue
 
 STRAGGLER_RATIO = th.STRAGGLER_RATIO.value
@@ -61,7 +62,7 @@ class StragglerResult:
     compute_spread_flagged: bool | None = None  # None when not applicable (pp > 1 or absent)
     per_rank_ratio: dict[int, float] = field(default_factory=dict)  # rank -> compute / stage median
     per_rank_flagged: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Cited] = field(default_factory=list)  # why a spread names no rank, as codes (Kind.NOTE)
 
     @property
     def flagged_ranks(self) -> list[int]:
@@ -109,10 +110,9 @@ def detect(rec: StepRecord, ranks: RankOrder) -> StragglerResult:
             elif s_lo is not None and s_hi is not None:
                 res.line_between_stages = True
                 # the spread itself is the row's straggler_rtt_ratio: the note is the same on every such row
-                res.notes.append(f"rtt spread > 1.1× between rank {lo.rank} (stage {s_lo}) and rank "
-                                 f"{hi.rank} (stage {s_hi}): stage imbalance, not a straggler")
+                res.notes.append(cite(Code.RTT_BETWEEN_STAGES, STRAGGLER_RATIO, lo.rank, s_lo, hi.rank, s_hi))
             else:
-                res.notes.append("rtt spread > 1.1× but the ranks' pipeline stages are unknown")
+                res.notes.append(cite(Code.RTT_STAGES_UNKNOWN, STRAGGLER_RATIO))
 
     spreads = [s for s in (_spread(rec.timers.get(FORWARD_COMPUTE)),
                            _spread(rec.timers.get(BACKWARD_COMPUTE))) if s is not None]
@@ -121,25 +121,25 @@ def detect(rec: StepRecord, ranks: RankOrder) -> StragglerResult:
         if pp == 1:
             res.compute_spread_flagged = res.compute_spread > STRAGGLER_RATIO
         elif pp is not None:
-            res.notes.append("compute timer spread with pp>1 reflects stage imbalance, not stragglers")
+            res.notes.append(cite(Code.SPREAD_WITH_PP))
 
     fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
     has_rows = fwd is not None and bwd is not None and bool(fwd.per_rank) and bool(bwd.per_rank)
     if has_rows and pp is None:
-        res.notes.append("per-rank timers: pipeline size unknown, ranks not compared")
+        res.notes.append(cite(Code.PER_RANK_NO_PP))
     elif has_rows and fwd is not None and bwd is not None and pp is not None:
         compute = {r: fwd.per_rank[r] + bwd.per_rank[r] for r in set(fwd.per_rank) & set(bwd.per_rank)}
         groups: dict[int, dict[int, float]] = {}
         for r, c in compute.items():
             stage = ranks.stage(r) if pp > 1 else 0
             if stage is None:
-                res.notes.append("per-rank timers: pipeline stage of ranks unknown, not compared")
+                res.notes.append(cite(Code.PER_RANK_NO_STAGE))
                 groups = {}
                 break
             groups.setdefault(stage, {})[r] = c
         if groups and res.compute_spread_flagged is not None:
             res.compute_spread_flagged = None  # the per-rank comparison below names the rank
-            res.notes.append("per-rank timers present: compared per rank instead of the min/max spread")
+            res.notes.append(cite(Code.PER_RANK_INSTEAD))
         for group in groups.values():
             med = median(group.values())
             if med is None or med <= 0 or len(group) < 2:

@@ -1,4 +1,4 @@
-"""Per-iteration rows sized for their readers: each fact once, provenance as codes, ranges not lists.
+"""Per-iteration JSON rows sized for their readers: each fact once, provenance as codes, ranges not lists.
 
 An iteration's typed result (perfd.analytics.steps.iteration.IterationResult) keeps the source of
 every metric as a code with the row's own numbers and log line (perfd.analytics.steps.provenance);
@@ -19,7 +19,10 @@ The legend (:meth:`RowCodes.legend`) says each once, in English: every metric's 
 row has it, the absence reasons, the exclusion kinds, and the straggler notes and the measuring
 methods (``comm_method``, ``pp_idle_method``) with the ranges of rows each held on (a note like
 "per-rank timers present" is the run's, not one row's).
-:func:`excluded_ranges` gives a summary's excluded iterations as ranges of (kind, reference). Pure.
+Here, where things are shown, not in the analytics: the rows' and the legend's English (each code's
+sentence, perfd.report.provenance_text) is made only where it is shown — `perfd analyze --json` and
+the aggregator's /api/jobs/<job>/iterations. A summary's excluded iterations as ranges of (kind,
+reference): perfd.analytics.steps.steady.excluded_ranges. Pure.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ import dataclasses
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
+from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.iteration import IterationResult
-from perfd.analytics.steps.provenance import line, lines
-from perfd.analytics.steps.steady import EXCLUSION_TEXT, Exclusion
+from perfd.analytics.steps.steady import Exclusion
+from perfd.report.provenance_text import line, lines, text
 
 # Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
 # the measured matmul ceiling is the row's MFU times the run's one ratio, in the job block), and those
@@ -44,6 +49,16 @@ DERIVED = ("mfu_vs_measured_ceiling",)
 STATED = ("steady_state",)  # a flag every row states, raised or not (the rest: only where raised)
 CODE_CHARS = 8  # of a text's SHA-1: a code per distinct reason or note
 STEP_TIME = "step_time_ms"  # whose source is the record's own (its log line)
+
+# Each kind in one sentence, for a reader of the codes (the per-iteration sentence, with its numbers,
+# stays in SteadyState.excluded for the report's findings).
+EXCLUSION_TEXT: dict[Exclusion, str] = {
+    Exclusion.WARMUP: "warm-up: the run's first records",
+    Exclusion.CAPTURE: "disturbed by perfd's own capture (its id in the range)",
+    Exclusion.NO_STEP_TIME: "no step time",
+    Exclusion.OUTLIER: "a step far slower than the steady one, in a slow window",
+    Exclusion.INCIDENT: "part of an incident (its id in the range; its cause in the job's incidents)",
+}
 
 
 def _plain(v: object) -> object:
@@ -92,7 +107,8 @@ class RowCodes:
             if v is False and f.default is False and f.name not in STATED:
                 continue  # a flag not raised (not armed, not between stages)
             out[f.name] = _plain(v)
-        src = it.source_line(STEP_TIME)
+        step = it.sources.get(STEP_TIME)
+        src = line(step) if step is not None else None
         if src:
             out["source"] = src
         newest = self.newest
@@ -108,7 +124,7 @@ class RowCodes:
             if ref is not None:
                 out["excluded_ref"] = ref
         for n in it.straggler_notes:  # a run's notes hold for stretches of it: ranges, in the legend
-            self._span(self._note_spans.setdefault(self._code(self._notes, n), []), it.iteration)
+            self._span(self._note_spans.setdefault(self._code(self._notes, text(n)), []), it.iteration)
         self._last = it.iteration
         return out
 
@@ -136,39 +152,27 @@ class RowCodes:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
-class ExcludedRange:
-    """Consecutive iterations left out of the steady state for one reason."""
-
-    first: int
-    last: int
-    kind: Exclusion
-    ref: str | None = None  # the incident or capture disturbance they belong to
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"first": self.first, "last": self.last, "kind": self.kind.value}
-        if self.ref is not None:
-            out["ref"] = self.ref
-        return out
+def row_codes(a: RunAnalysis) -> RowCodes:
+    """The coder of a run's JSON rows: one per document."""
+    n = len(a.iterations)
+    return RowCodes(a.iterations[n - 1] if n else None, a.steady.kinds, a.steady.refs)
 
 
-def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
-                    iterations: Iterable[int] | None = None) -> tuple[ExcludedRange, ...]:
-    """The excluded iterations as ranges: a range runs while the kind and reference stay the same
-    and no steady iteration (one of ``iterations`` not in ``kinds``) lies between (iterations the run
-    never logged, a log interval's gaps, do not break it)."""
-    order = sorted(iterations) if iterations is not None else sorted(kinds)
-    out: list[ExcludedRange] = []
-    cur: tuple[int, Exclusion, str | None] | None = None  # the open range's first, kind, ref
-    for i in order:
-        kind = kinds.get(i)
-        if kind is None:
-            cur = None
-            continue
-        ref = refs.get(i)
-        if cur is not None and cur[1] is kind and cur[2] == ref:
-            out[-1] = ExcludedRange(cur[0], i, kind, ref)
-        else:
-            cur = (i, kind, ref)
-            out.append(ExcludedRange(i, i, kind, ref))
-    return tuple(out)
+def iteration_rows(a: RunAnalysis, steady_only: bool = False, codes: RowCodes | None = None
+                   ) -> Iterator[dict[str, Any]]:
+    """JSON rows of every iteration, or of the steady ones, built one at a time (``codes``: the
+    document's coder, whose legend says what the rows' codes mean)."""
+    coder = codes if codes is not None else row_codes(a)
+    return coder.rows(a.steady_rows() if steady_only else a.iterations)
+
+
+def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
+    """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
+    capture_match, where a capture was read against the job: perfd.analytics.breakdown
+    .capture_match). A row has the metrics it has (absent ones are not in it; the legend says why).
+    ``iterations=False``: no rows (a caller that streams them, see iteration_rows)."""
+    codes = row_codes(a)
+    rows = list(iteration_rows(a, codes=codes)) if iterations else []
+    rest = a.to_json()
+    return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(), **rest}
+
