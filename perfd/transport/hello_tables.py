@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 
 from perfd.transport.codec import AdmitSeries, HelloInfo, decode_hello
 from perfd.transport.gen import perfd_pb2 as pb
@@ -50,6 +51,10 @@ class SeriesTables:
         while len(self._by_agent) > cap:
             self._by_agent.popitem(last=False)
         return info
+
+    def tables(self) -> Iterator[tuple[str, Mapping[int, Series]]]:
+        """(agent id, its kept table) of every agent kept, least recently used first."""
+        return ((a, t) for a, (_, t) in self._by_agent.items())
 
     def forget(self, agent_id: str) -> None:
         self._by_agent.pop(agent_id, None)

@@ -79,7 +79,7 @@ def test_refused_series_are_held_nowhere_and_admitted_ones_keep_their_samples() 
             # Nothing of the 25,000 refused series stayed (streams' tables, kept Hello tables, the
             # aggregator's caches): the issue's build held every one of them.
             assert _live_series() - base < 100
-            assert all(len(t) == 0 for a, (_, t) in agg.server._tables.items() if a.startswith("refused"))
+            assert all(len(t) == 0 for a, t in agg.server._tables.tables() if a.startswith("refused"))
             assert not any(a.startswith("refused") for a in agg._series)
             # The refused agents' samples were dropped (counted), never an error; the held agent's
             # series keep their values.
