@@ -46,8 +46,13 @@ typecheck: setup
 # shows there before it times out). --max-worker-restart 0: a worker that crashes (a segfault in a
 # native library, seen once) fails the run with the test it was running named; pytest-xdist 3.8.0
 # replacing it under --dist loadgroup can hang the session for good (pytest-xdist issues 1323, 1327).
+# PYTHONDONTWRITEBYTECODE unset, as for test-fast below, and for more than the workers' assertion
+# rewriting: the suite starts many Python processes (perfd's CLI, agents, aggregators, shards,
+# hooked loops), and where none may write bytecode each compiles every perfd module it imports again
+# (perfd.cli + the aggregator + the agent: 0.84 s of CPU a start, 0.43 s with __pycache__; 2-core
+# machine, 2026-11-26).
 test: lint typecheck
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=25
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=25
 
 # The fast loop: every test not marked `slow` (a test of ~2 s or more on the 2-core machine is
 # marked; so is each user of a module fixture that costs that), no lint or type-check: 1,844 tests in

@@ -8,7 +8,9 @@ import os
 import pytest
 
 # pytester: tests/test_leftover_procs.py runs an inner pytest to see the guard fail a run
-pytest_plugins = ["pytester", "tests.leftover_procs"]
+# tests.cpu_times: each test's CPU and wall time, only where PERFD_TEST_CPU names a folder
+# tests.trace_cache: the session's folder of traces read once (tests/trace_cache.py)
+pytest_plugins = ["pytester", "tests.leftover_procs", "tests.cpu_times", "tests.trace_cache"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

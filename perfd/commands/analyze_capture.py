@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from perfd import finite_json
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.typed import obj, objs
+
+if TYPE_CHECKING:
+    from perfd.capture.analysis import CaptureAnalysis
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -76,20 +80,26 @@ def timeline_class(path: str, steps: int | None = None, forced: bool = False) ->
     (what a live capture gives the job's analysis). ``steps``: the iterations it holds (None: the
     run's analysis infers them from its steady step time); ``forced``: read against the job even where
     it is another job's (perfd.analytics.breakdown.capture_match)."""
-    from perfd.analytics.advice.capture_findings import diagnose_capture
-
     p = Path(path)
     if p.suffix in (".nsys-rep", ".sqlite"):
         from perfd.capture.nsys_sqlite import analyze_nsys
 
-        devices = analyze_nsys(p).to_json()["devices"]
-    else:
-        from perfd.capture.chrome_trace import analyze_chrome_trace
+        return timeline_of(p.name, analyze_nsys(p), steps, forced)
+    from perfd.capture.chrome_trace import analyze_chrome_trace
 
-        devices = analyze_chrome_trace(p).to_json()["devices"]
+    return timeline_of(p.name, analyze_chrome_trace(p), steps, forced)
+
+
+def timeline_of(name: str, analysis: CaptureAnalysis, steps: int | None = None,
+                forced: bool = False) -> TimelineClass:
+    """timeline_class of a capture already analysed (``name``: its file's): the analysis is most of the
+    cost (seconds for a Megatron-LM step), the class a few milliseconds more."""
+    from perfd.analytics.advice.capture_findings import diagnose_capture
+
+    devices = analysis.to_json()["devices"]
     assert isinstance(devices, list)
-    d = diagnose_capture(devices, label=p.name, iterations=steps)
+    d = diagnose_capture(devices, label=name, iterations=steps)
     decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
     device = next((x for x in devices if isinstance(x, dict) and x.get("device") == decided), None)
-    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {p.name}", device, steps, p.name,
+    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {name}", device, steps, name,
                          devices=tuple(x for x in devices if isinstance(x, dict)), forced=forced)

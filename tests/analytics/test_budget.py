@@ -23,8 +23,7 @@ from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShar
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.commands.analyze_capture import timeline_class
+from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 KINETO = DATA / "kineto_h100_megatron"

@@ -19,8 +19,8 @@ import pytest
 from collectors.megatron import parse_file
 from perfd.analytics.breakdown.capture_match import Check, JobFacts, check, job_facts
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.cli import main as perfd_main
+from tests.trace_cache import analyze_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 K = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"

@@ -25,8 +25,8 @@ from perfd.analytics.ncu.join import (
     template_tokens,
     timeline_kernels,
 )
-from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.ncu_report import parse_csv
+from tests.trace_cache import analyze_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[1] / "data"
 MLP = parse_csv((ROOT / "ncu" / "h100_mlp_sol_details_5.csv").read_text())

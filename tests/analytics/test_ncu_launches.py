@@ -37,9 +37,9 @@ from perfd.analytics.ncu.launches import (
     layer_window,
     passes,
 )
-from perfd.capture.chrome_trace import analyze_chrome_trace, read_chrome_trace
 from perfd.capture.launch_order import timeline_launches
 from perfd.capture.ncu_report import parse_exports
+from tests.trace_cache import analyze_chrome_trace, read_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 K = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"

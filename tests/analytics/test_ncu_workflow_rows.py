@@ -37,6 +37,7 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
+from tests.trace_cache import cached
 
 pytestmark = pytest.mark.slow
 
@@ -59,19 +60,24 @@ def range_analysis(capture: str = RANGE2) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The CLI's JSON of run 2's range joined launch by launch to run 1's trace, as the range ran."""
-    d = tmp_path_factory.mktemp("ncu")
-    for page in ("details", "raw"):
-        (d / f"{page}.csv").write_bytes(gzip.decompress((NCU / f"h100_workflow_run2_rank0_{page}.csv.gz")
-                                                        .read_bytes()))
+    """The CLI's JSON of run 2's range joined launch by launch to run 1's trace, as the range ran: once
+    per session, whichever xdist worker asks first (a function of the files read and the code)."""
+    pages = [NCU / f"h100_workflow_run2_rank0_{page}.csv.gz" for page in ("details", "raw")]
     a = range_analysis()
-    r = perfd("analyze", "ncu", d / "details.csv", "--csv", d / "raw.csv", "--capture", TRACE,
-              "--kernel-filter", a["kernel_filter"], "--launch-skip", a["kernel_choice"]["launch_skip"],
-              "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert isinstance(out, dict)
-    return out
+    flags = ("--kernel-filter", a["kernel_filter"], "--launch-skip", a["kernel_choice"]["launch_skip"])
+
+    def run() -> dict[str, Any]:
+        d = tmp_path_factory.mktemp("ncu")
+        for page, gz in zip(("details", "raw"), pages, strict=True):
+            (d / f"{page}.csv").write_bytes(gzip.decompress(gz.read_bytes()))
+        r = perfd("analyze", "ncu", d / "details.csv", "--csv", d / "raw.csv", "--capture", TRACE, *flags,
+                  "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert isinstance(out, dict)
+        return out
+
+    return cached("ncu-workflow-rows", [*pages, TRACE], flags, run)
 
 
 def test_analyze_ncu_reproduces_the_coverage_the_agent_recorded(rows: dict[str, Any]) -> None:
@@ -92,7 +98,7 @@ def test_analyze_ncu_reproduces_the_coverage_the_agent_recorded(rows: dict[str, 
 def run1_with_rows(rows_json: str) -> RunAnalysis:
     """Run 1's log read with its Kineto trace (the step budget) and run 2's ncu rows on its parts, as the
     live aggregator joins them (perfd.aggregator.capture_records.ncu_of)."""
-    from perfd.commands.analyze_capture import timeline_class
+    from tests.trace_cache import timeline_class
 
     out = json.loads(rows_json)
     a = range_analysis()
@@ -160,9 +166,9 @@ def prefix_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     did when ncu-prefix ran), and a stand-in ncu binary: (capture dir, ncu)."""
     import shutil
 
-    from perfd.capture.chrome_trace import analyze_chrome_trace
     from perfd.capture.store import CaptureStore
     from tests.capture.test_ncu_capture import make_fake_ncu
+    from tests.trace_cache import analyze_chrome_trace
 
     d = tmp_path_factory.mktemp("prefix")
     exe, _ = make_fake_ncu(d)
@@ -228,7 +234,7 @@ def test_the_budget_holds_one_data_wait_and_names_whose_capture_it_is() -> None:
     "The capture slowed its steps by +23%" beside run 2's ncu arming, with no word of whose capture:
     it is run 1's Kineto capture against run 1's steady steps, like with like."""
     from perfd.analytics.breakdown.step_parts import Part
-    from perfd.commands.analyze_capture import timeline_class
+    from tests.trace_cache import timeline_class
 
     p = parse_lines((log_text(1) + log_text(2)).splitlines(keepends=True), job=JOB)
     a = analyze_run(p.job_info, list(p.records), gpu_name=GPU, timeline=timeline_class(str(TRACE)),

@@ -25,9 +25,8 @@ from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.commands.analyze_capture import timeline_class
 from perfd.report.plan_view import compact, text_lines
+from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from perfd.analytics.advice.remedies import Advice, FitContext, Framework, Remed
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.commands.analyze_capture import timeline_class
+from tests.trace_cache import timeline_class
 
 ROOT = Path(__file__).resolve().parents[2]
 KINETO = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfd.capture.chrome_trace import analyze_chrome_trace
+from tests import trace_cache
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def _whole_us(trace: Path, out: Path) -> Path:
 @pytest.mark.parametrize("name", ["big_rank0.json.gz", "tiny_rank0.json.gz"])
 def test_capture_idle_matches_hta_within_one_point(name: str, tmp_path: Path) -> None:
     trace = DATA / name
-    dev = analyze_chrome_trace(trace).device(0)
+    dev = trace_cache.analyze_chrome_trace(trace).device(0)
     ours = 100.0 * dev.idle_ms / dev.span_ms
     ref = _hta_idle_pct(trace, tmp_path)
     # The same data as HTA reads it: HTA keeps whole microseconds, which on the tiny job's 2 µs
@@ -69,7 +70,7 @@ def test_the_big_capture_is_launch_bound_not_waiting_on_the_host() -> None:
     host's long waits a small one."""
     from perfd.analytics.advice.capture_findings import diagnose_capture
 
-    dev = analyze_chrome_trace(DATA / "big_rank0.json.gz").device(0)
+    dev = trace_cache.analyze_chrome_trace(DATA / "big_rank0.json.gz").device(0)
     d = diagnose_capture([dev.to_json()], label="big")
     assert d.bottleneck == "mixed"
     assert max(d.class_shares, key=lambda c: d.class_shares[c]) == "launch-overhead"

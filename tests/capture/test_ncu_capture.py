@@ -70,7 +70,7 @@ def calls(state: Path) -> list[list[str]]:
 
 @cache
 def megatron_device() -> dict[str, Any]:
-    from perfd.capture.chrome_trace import analyze_chrome_trace
+    from tests.trace_cache import analyze_chrome_trace
 
     a = analyze_chrome_trace(DATA / "captures" / "kineto_h100_megatron" / "big_rank0.json.gz", top_n=80)
     dev = a.to_json()["devices"][0]  # type: ignore[index]
@@ -104,7 +104,7 @@ class Job:
     def kineto_capture(self, keep_trace: bool = True, steps: int | None = None) -> str:
         """A Kineto capture of rank 0 as the agent keeps one: the real trace as its artifact, the
         analysis with the top 10 kernels (``steps``: the steps the capture asked for)."""
-        from perfd.capture.chrome_trace import analyze_chrome_trace
+        from tests.trace_cache import analyze_chrome_trace
 
         m = self.store.new_capture("job1", (0,), "kineto")
         if steps is not None:

@@ -13,9 +13,9 @@ import pytest
 
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import KernelEvent, MemEvent, TraceData, analyze_trace
-from perfd.capture.chrome_trace import analyze_chrome_trace, read_chrome_trace
 from perfd.capture.ops import Flow, HostRange, Launch, Method, RangeKind, attribute
 from tests.capture.op_reference import Reference, _load
+from tests.trace_cache import analyze_chrome_trace, cached, read_chrome_trace
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
 DEFAULT = KINETO / "ops_default_rank0.json.gz"  # the on-demand default: CPU ops, no stacks, no shapes
@@ -33,7 +33,7 @@ def _ref_shares(path: Path) -> tuple[dict[str, float], float]:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, float]:
-    shares, _ = _ref_shares(STACK)
+    shares, _ = cached("op-reference-shares", [STACK], (), lambda: _ref_shares(STACK))  # once a session
     assert shares["attention"] > 0.4 and shares["linear"] > 0.15  # the reference is not empty
     return shares
 

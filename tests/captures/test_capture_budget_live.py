@@ -21,11 +21,10 @@ from perfd import events
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.bookkeeping import device_summary
-from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.commands.analyze_capture import timeline_class
 from perfd.jobinfo_json import job_info_to_json
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
+from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 pytestmark = pytest.mark.slow
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"

@@ -18,11 +18,11 @@ from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.bookkeeping import device_summary
-from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.jobinfo_json import job_info_to_json
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.captures.test_capture_budget_live import _get, _post, _until
+from tests.trace_cache import analyze_chrome_trace
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

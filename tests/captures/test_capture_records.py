@@ -12,8 +12,8 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.capture.bookkeeping import device_summary
-from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.transport.codec import Command
+from tests.trace_cache import analyze_chrome_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
 JOB = "ops-live"

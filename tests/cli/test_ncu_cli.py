@@ -273,7 +273,7 @@ def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_pa
     (they run back to back around the loss), said on stderr and carried to ncu and the target."""
     import shutil
 
-    from perfd.capture.chrome_trace import analyze_chrome_trace
+    from tests.trace_cache import analyze_chrome_trace
 
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"

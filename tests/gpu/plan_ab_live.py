@@ -327,7 +327,7 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
     to combine (else the plan's promised items)."""
     from collectors.megatron import parse_file
     from perfd.analytics.run.run_analysis import analyze_run
-    from perfd.commands.analyze_capture import timeline_class
+    from tests.trace_cache import timeline_class  # once per test session (the A/B tests read each twice)
 
     parsed = parse_file(log, job=name)
     records = [dataclasses.replace(r, disturbed_by_capture=True)

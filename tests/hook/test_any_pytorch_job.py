@@ -55,7 +55,10 @@ def _collect(c: HookCollector, n_steps: int, timeout: float = 20.0) -> Collected
     return out
 
 
-pytestmark = pytest.mark.slow  # a real training loop of 200 steps (~5 s)
+# a real training loop of 200 steps (~5 s), the module fixture of every test: one xdist worker runs them
+# all, so the loop runs once, not in each worker that takes one of them (four times, 9-10 s each under
+# make test's six workers)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("any_pytorch_job")]
 
 
 @pytest.fixture(scope="module")

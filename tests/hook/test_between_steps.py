@@ -33,7 +33,9 @@ from perfd.report import build_report
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow  # real loops with DataLoader worker processes: ~3 s each
+# real loops with DataLoader worker processes: ~3 s each. One xdist worker runs the module: each loop of
+# the module fixture once, not once in every worker that takes a test of it (10 loops for 5 under six)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("between_steps")]
 
 JOB = "loop"
 STEPS = 60

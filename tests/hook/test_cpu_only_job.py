@@ -35,7 +35,8 @@ from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.slow  # a real loop of 230 steps (~7 s)
+# a real loop of 230 steps (~7 s), the module fixture: one xdist worker runs the module, so it runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_only_job")]
 
 JOB = "cpu-loop"
 STEPS = 230
