@@ -88,6 +88,10 @@ def test_a_late_input_changes_an_answered_iteration_as_a_full_rebuild_does(late:
     live.refresh()  # nothing new: nothing computed again
     assert memo.hits == hits
     if late == "record":
+        misses = memo.misses
+        root.handle([_message(by_node[2][LATE - 1], 2, LATE)])  # a redelivery changes nothing
+        live.refresh()
+        assert memo.misses == misses and _row(live, LATE) == before
         root.handle(held)
     else:  # the job's info says another dtype: every iteration's MFU is read against another peak
         root.handle([encode("info2", "node-0", 1, (), {JOB: job_info_to_json(_info("bf16"))})])
