@@ -136,8 +136,9 @@ def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, str]:
 class AnalysisMemo:
     """Per-iteration work kept from one analysis of a growing run to the next (the aggregator keeps
     one per job): an iteration whose record is the *same object* as last time (or an equal one: a
-    copy sent again), under the same job context, is not computed again, so a new iteration costs its own work — the per-rank straggler
-    detection, exposed communication and stage idle — not a re-run over the history. What depends
+    copy sent again), under the same job context, is not computed again, so a new iteration costs
+    its own work — the per-rank straggler detection, exposed communication and stage idle — not a
+    re-run over the history. What depends
     on the whole run (steady state, incidents, the class with GPM and the timeline, the summary) is
     still derived from every iteration, from these results. Plain data owned by the caller; the
     analysis stays a function of its inputs (the same result with or without a memo: tested)."""
