@@ -214,7 +214,7 @@ class JobAnalyses:
         self._worker.submit(self._collectives_in_worker, job)
 
     def _collectives_in_worker(self, job: str) -> None:
-        """A costly job's collective analysis, when due; a new one whose hangs differ from the last's
+        """A costly job's collective analysis, when due; a new one with hangs, or after one with hangs,
         goes to the job's incidents at once (a hung job makes no new step analysis to carry them)."""
         with self._queue_lock:
             self._queued.discard(job)
