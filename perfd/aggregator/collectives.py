@@ -55,6 +55,9 @@ FoldInputs = tuple[object, Callable[[], tuple[Sequence[StepRecord], ParallelLayo
 # would hold a core. Below it, min_recompute_s alone, as before.
 ANALYSIS_COST_FACTOR = 10
 COSTLY_ANALYSIS_S = 1.0
+# Before a job's first analysis says what it costs: the operations held from which it is taken to be
+# costly (8,000 ranks' 248,000 took 0.8-8.8 s of CPU, ``perfd bench root-refresh --collectives``).
+COSTLY_ROWS = 100_000
 log = logging.getLogger(__name__)
 
 
@@ -302,6 +305,23 @@ class CollectiveStore:
             jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
             jc.analysis_cost = time.monotonic() - began
         return result
+
+    def held(self, job: str) -> CollectiveAnalysis | None:
+        """The job's last analysis, whatever its age; None before its first (never computed here)."""
+        with self._lock:
+            jc = self.jobs.get(job)
+            return jc.analysis if jc is not None else None
+
+    def costly(self, job: str) -> bool:
+        """Whether the job's analysis is one to make off every reader's path: its last took
+        COSTLY_ANALYSIS_S or more, or, before its first, it holds COSTLY_ROWS operations or more."""
+        with self._lock:
+            jc = self.jobs.get(job)
+            if jc is None:
+                return False
+            if jc.analysis is not None:
+                return jc.analysis_cost >= COSTLY_ANALYSIS_S
+            return len(jc.records) + (len(jc.partial) if jc.partial is not None else 0) >= COSTLY_ROWS
 
     def _recompute_after(self, jc: JobCollectives) -> float:
         if jc.analysis_cost < COSTLY_ANALYSIS_S:

@@ -13,8 +13,10 @@ immutable one while the next is built.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any
 
@@ -66,6 +68,14 @@ class JobAnalyses:
         self.sightings = Sightings(jobs, nodes, hosts, placements, gpu_baseline, self.inputs.stepping)
         self.snapshots = Snapshots(self._build_snapshot, self._snapshot_version)
         self._tracked: dict[str, RunAnalysis] = {}  # job -> the analysis incidents were taken from
+        # A job whose collective analysis is costly (CollectiveStore.costly: ~20 s of CPU at 100,000
+        # ranks) has it made here, one at a time, at the store's own cadence (ANALYSIS_COST_FACTOR
+        # times what the last took), never on the refresh that renews the per-iteration answer: made
+        # there, each one held every job's step analysis, snapshot and stall check back for as long.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perfd-collectives")
+        self._queued: set[str] = set()  # jobs whose collective analysis waits for the worker
+        self._queue_lock = threading.Lock()
+        self._track_lock = threading.Lock()  # the worker's incident updates and the refresh's, in turn
 
     def forget(self, job: str) -> None:
         """The job was pruned: what its analyses left here goes."""
@@ -118,8 +128,9 @@ class JobAnalyses:
     @writes
     def _took(self, job: str, a: RunAnalysis) -> None:
         """A new analysis of the job: its snapshot shows it, and the incidents it found."""
-        self._tracked[job] = a
-        self._track_incidents(job, a)
+        with self._track_lock:
+            self._tracked[job] = a
+            self._track_incidents(job, a)
 
     def _track_incidents(self, job: str, a: RunAnalysis) -> None:
         found = list(a.incidents)
@@ -175,8 +186,16 @@ class JobAnalyses:
     def collective_analysis(self, job: str, force: bool = False, cached: bool = False
                             ) -> CollectiveAnalysis | None:
         """The job's collective analysis (None when no collective record or hang event came in);
-        ``cached``: the last one whatever its age, if there is one (the JSON API)."""
+        ``cached``: the last one whatever its age, if there is one (the JSON API). A costly one
+        (CollectiveStore.costly) is the last one made unless ``force``: the worker makes the next
+        (None until its first is made)."""
+        if not force and self.collectives.costly(job):
+            self._queue_collectives(job)
+            return self.collectives.held(job)
+        return self._collective_analysis(job, force, cached)
 
+    def _collective_analysis(self, job: str, force: bool = False, cached: bool = False
+                             ) -> CollectiveAnalysis | None:
         def inputs() -> tuple[list[StepRecord], Any, dict[int, str], str | None]:
             placed = {r: p.node for r, p in self.placements.get(job, self.jobs.agents_of(job)).ranks.items()}
             got = self.jobs.records_and_layout(job)
@@ -186,6 +205,36 @@ class JobAnalyses:
             return records, layout, placed, gpu
 
         return self.collectives.analysis(job, self.jobs.steps_key(job), inputs, force=force, cached=cached)
+
+    def _queue_collectives(self, job: str) -> None:
+        with self._queue_lock:
+            if job in self._queued:
+                return
+            self._queued.add(job)
+        self._worker.submit(self._collectives_in_worker, job)
+
+    def _collectives_in_worker(self, job: str) -> None:
+        """A costly job's collective analysis, when due; a new one with hangs, or after one with hangs,
+        goes to the job's incidents at once (a hung job makes no new step analysis to carry them)."""
+        with self._queue_lock:
+            self._queued.discard(job)
+        try:
+            before = self.collectives.held(job)
+            a = self._collective_analysis(job)
+        except Exception:  # counted in the collective store
+            log.exception("collective analysis of job %s failed", job)
+            return
+        if a is not None and a is not before and (a.hangs or (before is not None and before.hangs)):
+            self._retrack(job)
+            self.snapshots.get(job, rebuild=True)
+
+    @writes
+    def _retrack(self, job: str) -> None:
+        """The job's incidents again, from its last analysis and the collective analysis made now."""
+        with self._track_lock:
+            tracked = self._tracked.get(job)
+            if tracked is not None:
+                self._track_incidents(job, tracked)
 
     def collective_rows(self, per_rank: bool = True) -> list[Row]:
         """/metrics rows of every job's collective analysis, plus the store's own counters."""
@@ -214,7 +263,8 @@ class JobAnalyses:
             except Exception:  # counted in the job store's stats; other jobs go on
                 log.exception("analysis of job %s failed", job)
             try:
-                self.collective_analysis(job)  # a job with collective records and no steps too
+                # A job with collective records and no steps too; a costly one is queued for the worker
+                self.collective_analysis(job)
             except Exception:  # counted in the collective store
                 log.exception("collective analysis of job %s failed", job)
             try:

@@ -25,6 +25,8 @@ BENCHES = {
     "ranks": ("benchmarks.ranks_bench", "the agent's ranks collector per rank and per node (real processes)"),
     "collectives": ("benchmarks.collectives_bench",
                     "an N-node job's collective records reduced: bytes, agent and root CPU, analysis"),
+    "root-refresh": ("benchmarks.root_refresh_bench",
+                     "the engine root's analysis refresh of an N-node job, per iteration (in process)"),
 }
 
 

@@ -135,9 +135,10 @@ def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, str]:
 @dataclass
 class AnalysisMemo:
     """Per-iteration work kept from one analysis of a growing run to the next (the aggregator keeps
-    one per job): an iteration whose record is the *same object* as last time, under the same job
-    context, is not computed again, so a new iteration costs its own work — the per-rank straggler
-    detection, exposed communication and stage idle — not a re-run over the history. What depends
+    one per job): an iteration whose record is the *same object* as last time (or an equal one: a
+    copy sent again), under the same job context, is not computed again, so a new iteration costs
+    its own work — the per-rank straggler detection, exposed communication and stage idle — not a
+    re-run over the history. What depends
     on the whole run (steady state, incidents, the class with GPM and the timeline, the summary) is
     still derived from every iteration, from these results. Plain data owned by the caller; the
     analysis stays a function of its inputs (the same result with or without a memo: tested)."""
@@ -412,7 +413,11 @@ class RunBuilder:
         memo, lay = self.memo, self.job.layout
         self._span(rec)
         kept = memo.entries.get(rec.iteration) if memo is not None else None
-        if kept is not None and kept[0] is rec:
+        # The same record, or an equal one: a copy sent again (an engine root hands an iteration's
+        # fold on anew when a shard's partial is redelivered), whose metrics are the same
+        if kept is not None and (kept[0] is rec or kept[0] == rec):
+            if kept[0] is not rec:  # held from now on: the next analysis resumes over it
+                memo.entries[rec.iteration] = (rec, kept[1], kept[2])  # type: ignore[union-attr]
             it = dataclasses.replace(kept[1])  # a copy: the lines below set its fields
             memo.hits += 1  # type: ignore[union-attr]
         else:
