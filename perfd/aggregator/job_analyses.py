@@ -13,10 +13,10 @@ immutable one while the next is built.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any
 
@@ -72,7 +72,11 @@ class JobAnalyses:
         # ranks) has it made here, one at a time, at the store's own cadence (ANALYSIS_COST_FACTOR
         # times what the last took), never on the refresh that renews the per-iteration answer: made
         # there, each one held every job's step analysis, snapshot and stall check back for as long.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="perfd-collectives")
+        # A daemon thread, started at the first costly job: an interpreter exiting (the aggregator
+        # stopped) does not wait for an analysis in progress (~20 s at 100,000 ranks), as it would
+        # for a ThreadPoolExecutor's worker; the analysis holds nothing that must be written out.
+        self._work: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
         self._queued: set[str] = set()  # jobs whose collective analysis waits for the worker
         self._queue_lock = threading.Lock()
         self._track_lock = threading.Lock()  # the worker's incident updates and the refresh's, in turn
@@ -211,7 +215,14 @@ class JobAnalyses:
             if job in self._queued:
                 return
             self._queued.add(job)
-        self._worker.submit(self._collectives_in_worker, job)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work_loop, name="perfd-collectives", daemon=True)
+                self._worker.start()
+        self._work.put(job)
+
+    def _work_loop(self) -> None:
+        while True:
+            self._collectives_in_worker(self._work.get())
 
     def _collectives_in_worker(self, job: str) -> None:
         """A costly job's collective analysis, when due; a new one with hangs, or after one with hangs,
