@@ -90,6 +90,15 @@ class ShardCollectives:
         st = None if j is None else j.fold.ranks.get(rank)
         return None if st is None else st.frontier
 
+    def settled_from(self, job: str, rank: int) -> int | None:
+        """The start of the rank's last settled window (its figures taken final); None: no
+        operation of the rank here (nothing of it waits on this fold), or none settled yet (-1)."""
+        j = self.jobs.get(job)
+        st = None if j is None else j.fold.ranks.get(rank)
+        if st is None:
+            return None
+        return -1 if st.settled_start is None else st.settled_start
+
     def _steps_to_fold(self, j: _Job) -> bool:
         if j.fold.steps_key == j.version:
             return False

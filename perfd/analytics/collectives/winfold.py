@@ -117,6 +117,7 @@ class _Rank:
     ctx: TimelineContext = field(default_factory=TimelineContext)  # the operations let go
     frontier: int | None = None  # enqueue time up to which its operations are folded
     newest: int = 0  # the newest enqueue time taken
+    settled_start: int | None = None  # the start of its last settled window (a shard's acks read it)
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,7 @@ class WindowFold:
             else:
                 self.counts.uncovered += 1
         self._let_go(st, tl.tail, cut)
+        st.settled_start = settled[-1].start_ns
         if len(self.blocks) > self.keep:
             for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
                 self.counts.evicted += len(self.blocks.pop(it))
