@@ -41,14 +41,18 @@ class _Job:
 class ShardCollectives:
     """Each job's fold of the operations of the ranks this shard holds."""
 
-    def __init__(self, config: CollectiveConfig | None = None) -> None:
+    def __init__(self, config: CollectiveConfig | None = None, cache: bool = True) -> None:
+        """``cache``: each rank's provisional windows kept from its settling and handed on when they
+        change (WindowFold's ``hands_on``); off, computed again at every take (the bench's baseline)."""
         self.cfg = config or CollectiveConfig()
+        self.cache = cache
         self.jobs: dict[str, _Job] = {}
 
     def _job(self, job: str) -> _Job:
         j = self.jobs.get(job)
         if j is None:
-            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS))
+            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS,
+                                                 hands_on=self.cache))
         return j
 
     def add_steps(self, records: Iterable[StepRecord]) -> None:
