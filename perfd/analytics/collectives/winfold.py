@@ -123,6 +123,7 @@ class _Rank:
     # is of (what its newest windows' figures are read from: computed again only when that changed),
     # and what it handed on of each window (iteration -> its figures)
     timeline: tuple[tuple[object, ...], RankTimeline] | None = None
+    read: tuple[RankTimeline, list[StepWindow]] | None = None  # the timeline and windows last read
     sent: dict[int, tuple[object, ...]] = field(default_factory=dict)
 
 
@@ -201,6 +202,20 @@ class WindowFold:
         self.steps_key = key
         # windows its waiting operations fall in may have closed: their rows are handed on again
         self._touched.update(r for r, st in self.ranks.items() if st.buffer)
+
+    def set_rank_steps(self, key: object, steps: Sequence[StepRecord], ranks: Iterable[int]) -> None:
+        """``ranks``' windows again from ``steps`` (records holding every end of theirs; the others'
+        windows, the job's and the layout as they were): a shard's fold, whose new step ends each name
+        a node's ranks, where every end built every rank's windows again."""
+        rank_windows, _ = step_windows(steps)
+        for r in ranks:
+            ws = rank_windows.get(r)
+            if ws is not None:
+                self._per_rank[r] = _Bounds.of(ws)
+            st = self.ranks.get(r)
+            if st is not None and st.buffer:
+                self._touched.add(r)
+        self.steps_key = key
 
     def add(self, rows: Iterable[OpRow]) -> set[int]:
         """Take operations the store newly merged; the ranks they touched (then :meth:`advance`)."""
@@ -291,11 +306,19 @@ class WindowFold:
                 continue
             if self.hands_on:
                 tl = self._timeline(st, classes)
+                # its windows after the frontier that its operations can cover (sorted: by bisection)
+                b = self._per_rank.get(rank) or self._job
+                lo = 0 if st.frontier is None else bisect.bisect_left(b.starts, st.frontier)
+                mine = b.windows[lo:bisect.bisect_right(b.ends, tl.created[-1]) if tl.created else lo]
+                if st.read is not None and st.read[0] is tl and st.read[1] == mine:
+                    continue  # the same timeline over the same windows: what it handed on last
+                st.read = (tl, mine)
+                figs = [(w, *tl.window(w)) for w in mine if tl.complete(w)]
             else:
                 rows = list(st.buffer.values())
                 tl = rank_timeline(rows, classes.rows(rows), st.ctx)
-            figs = [(w, *tl.window(w)) for w in self._windows_of(rank)
-                    if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w)]
+                figs = [(w, *tl.window(w)) for w in self._windows_of(rank)
+                        if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w)]
             for w, comm, by_ in figs:
                 by = tuple(sorted(by_.items()))
                 if self.hands_on:  # the same figures as handed on before: the join has them
