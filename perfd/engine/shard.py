@@ -52,6 +52,7 @@ MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # ~4.8 MB, which the engine refused at every flush (perfd bench engine --shards 1): nothing got through.
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
+YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Shard:
         self._leases: dict[int, Lease] = {}
         self._flushes = 0
         self._connected_once = False
+        self._naks: set[asyncio.Future[list[BaseException | None]]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -134,7 +136,7 @@ class Shard:
                         pass
             finally:
                 leases = list(self._leases.values())
-                await self._retire(list(self._tasks))
+                await self._retire(list(self._tasks), kv)
                 await self._flush(js)  # what was folded leaves before the leases do
                 flusher.cancel()
                 await asyncio.gather(flusher, return_exceptions=True)
@@ -156,7 +158,7 @@ class Shard:
                 why = t.exception() if not t.cancelled() else None
                 self.stats.consumer_restarts += 1
                 log.warning("shard %s: partition %d's consumer ended (%r): started again", self.id, p, why)
-                self._start(js, p)
+                self._start(js, p, kv)
         members = max(1, len(await holders(kv, MEMBER_PREFIX)))
         share = math.ceil(self.cfg.partitions / members)
         # Each shard starts looking at its own offset, so shards starting together take different ones.
@@ -171,53 +173,70 @@ class Shard:
             if await lease.acquire():
                 self.stats.leases_taken += 1
                 self._leases[p] = lease
-                self._start(js, p)
+                self._start(js, p, kv)
                 log.info("shard %s: holds partition %d", self.id, p)
         over = sorted(self._leases)[share:]  # over the share (more shards now): give them back
         if over:
             leases = [self._leases[p] for p in over]
-            await self._retire(over)
+            await self._retire(over, kv)
             await self._flush(js)  # what they fetched is acknowledged before another shard holds them
             for lease in leases:
                 await lease.release()
         self.stats.partitions = sorted(self._leases)
 
-    def _start(self, js: JetStream, p: int) -> None:
+    def _start(self, js: JetStream, p: int, kv: KeyValue) -> None:
         stop = self._stops[p] = asyncio.Event()
-        self._tasks[p] = asyncio.create_task(self._consume(js, p, stop))
+        self._tasks[p] = asyncio.create_task(self._consume(js, p, stop, kv))
 
     def _drop(self, p: int) -> None:
         """At once (the lease is lost, or the connection): what the consumer had fetched and not
         folded, or folded and held for its windows, is delivered again after ACK_WAIT_S."""
         if self.windows is not None:
-            self.windows.drop(p)
+            self._hand_back(self.windows.drop(p))
         self._stops.pop(p, asyncio.Event()).set()
         t = self._tasks.pop(p, None)
         if t is not None:
             t.cancel()
         self._leases.pop(p, None)
 
-    async def _retire(self, partitions: list[int]) -> None:
+    def _hand_back(self, msgs: list[Msg]) -> None:
+        """Held messages of a partition this shard gives up: delivered again at once, before newer
+        ones, to the next holder (which folds them from the windows they fed; best effort: one not
+        handed back comes again after the ack wait)."""
+        if msgs:
+            task = asyncio.ensure_future(asyncio.gather(*(m.nak() for m in msgs), return_exceptions=True))
+            self._naks.add(task)
+            task.add_done_callback(self._naks.discard)
+
+    async def _retire(self, partitions: list[int], kv: KeyValue | None = None) -> None:
         """Between two fetches (each ends within FETCH_TIMEOUT_S): what the consumers fetched is
         folded, so a partition handed over (or a shard stopped) leaves nothing waiting out the ack
-        wait for the next holder. A consumer that does not end in time is cancelled."""
+        wait for the next holder. A consumer that does not end in time is cancelled. Messages held for
+        their windows are handed back, and the partition marked handed (``kv``)."""
         tasks = []
         for p in partitions:
-            if self.windows is not None:  # delivered again to the next holder, after its windows' start
-                self.windows.drop(p)
             self._stops.pop(p, asyncio.Event()).set()
             self._leases.pop(p, None)
             t = self._tasks.pop(p, None)
             if t is not None:
                 tasks.append(t)
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=FETCH_TIMEOUT_S + 2.0)
-        for t in late:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=FETCH_TIMEOUT_S + 2.0)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.windows is not None:
+            for p in partitions:
+                self._hand_back(self.windows.drop(p))
+            await asyncio.gather(*self._naks, return_exceptions=True)
+            if kv is not None:
+                for p in partitions:
+                    try:
+                        await kv.put(S.partition_handed(p), self.id.encode())
+                    except Exception as exc:  # the next holder waits out the ack wait instead
+                        log.info("shard %s: partition %d not marked handed (%s)", self.id, p, exc)
 
-    async def _consume(self, js: JetStream, p: int, stop: asyncio.Event) -> None:
+    async def _consume(self, js: JetStream, p: int, stop: asyncio.Event, kv: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -226,10 +245,11 @@ class Shard:
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
                                   max_ack_pending=MAX_ACK_PENDING if self.windows is None
                                   else MAX_ACK_PENDING_HELD))
-        if self.windows is not None and (await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))
-                                         ).num_ack_pending:
-            # A previous holder's messages are out: once due again the engine hands them out before
-            # newer ones, which folded first would settle windows past them (shard_windows)
+        if self.windows is not None and not await _handed(kv, p) and (
+                await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))).num_ack_pending:
+            # A previous holder's messages are out (it stopped without handing them back): once due
+            # again the engine hands them out before newer ones, which folded first would settle
+            # windows past them (shard_windows)
             self.stats.takeover_waits += 1
             log.info("shard %s: partition %d has messages of its last holder out: fetching in %.0f s",
                      self.id, p, S.ACK_WAIT_S)
@@ -242,8 +262,12 @@ class Shard:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
                 continue
-            for m in msgs:
+            for k, m in enumerate(msgs):
                 self._fold_in(m, p)
+                if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
+                    # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
+                    # flushes run between them (512 in one go held the loop seconds: leases expired)
+                    await asyncio.sleep(0)
         try:
             await sub.unsubscribe()
         except Exception as exc:  # the connection is going: the server forgets the subscription
@@ -328,3 +352,19 @@ class Shard:
                 await m.ack()
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
+
+
+async def _handed(kv: KeyValue, p: int) -> bool:
+    """Whether the partition's last holder gave it up on purpose, its held messages handed back (the
+    mark is taken: it is for this hand-over only)."""
+    try:
+        e = await kv.get(S.partition_handed(p))
+    except Exception:  # no such key (nats' KeyNotFoundError and kin): not handed, or it expired
+        return False
+    if not e.value:
+        return False
+    try:
+        await kv.delete(S.partition_handed(p))
+    except Exception as exc:  # it expires with the bucket's TTL
+        log.debug("partition %d: handed mark not deleted (%s)", p, exc)
+    return True
