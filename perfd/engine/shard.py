@@ -190,7 +190,9 @@ class Shard:
 
     def _drop(self, p: int) -> None:
         """At once (the lease is lost, or the connection): what the consumer had fetched and not
-        folded, or folded and held for its windows, is delivered again after ACK_WAIT_S."""
+        folded is delivered again after ACK_WAIT_S; what it held for its windows is handed back (at once,
+        where the connection still works). A shard that took the partition meanwhile waits out the ack
+        wait before fetching (shard_windows): those come to it first either way."""
         if self.windows is not None:
             self._hand_back(self.windows.drop(p))
         self._stops.pop(p, asyncio.Event()).set()

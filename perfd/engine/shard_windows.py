@@ -26,7 +26,9 @@ provisional figures handed on (counted ``released_unsettled``: what a kill then 
 The other half of it is the order: a shard taking a partition whose consumer has messages delivered
 and not acknowledged (its holder was killed) starts fetching only after ACK_WAIT_S, when the engine
 delivers those again before anything newer; fetched first, the newer operations would settle windows
-past the older ones, which the fold would then refuse as late.
+past the older ones, which the fold would then refuse as late. A shard that gives a partition up on
+purpose (more shards, a stop) hands its held messages back instead (nak: the engine delivers them at
+once, before newer ones) and marks the partition handed, so its next holder fetches at once.
 """
 
 from __future__ import annotations
