@@ -107,3 +107,29 @@ def test_acknowledged_as_soon_as_folded_the_same_kills_lose_windows(monkeypatch:
     monkeypatch.setattr(shard_windows, "HOLD_S", 0.0)  # every hold released at the flush after it
     lost = [k for k in range(len(msgs)) if _through(plan, msgs, sent, k) != want]
     assert len(lost) > len(msgs) // 2, lost
+
+
+def test_window_figures_cross_the_wire_whole_and_in_pieces() -> None:
+    """perfd.engine.figures_codec: rows with and without classes, excluded or not, settled or not,
+    uncovered (ABSENT) come back equal; cut in pieces, they merge back to the same rows."""
+    from perfd.engine import figures_codec
+    from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.winfigures import ABSENT, RankWindow, WindowFigures
+
+    figs = WindowFigures("a job")
+    figs.add(3, RankWindow(0, 10, 20, 1, None, 5, (("dp", 2), ("tp", 4)), True, 19))
+    figs.add(3, RankWindow(1, 11, 21, 1, "warmup", 0, (), False, 25))
+    figs.add(4, RankWindow(0, 20, 40, 2, "capture", ABSENT, (("tp", 7),), True, 41))
+    figs.add(5, RankWindow(7, 40, 60, 1, "warmup", 9, (("world", 1),), False, 61))
+    m = pb.WindowFigures()
+    figures_codec.to_pb(figs, m)
+    back = figures_codec.from_pb(pb.WindowFigures.FromString(m.SerializeToString()))
+    assert back.job == figs.job and back.rows == figs.rows
+    merged = WindowFigures("a job")
+    for piece in figures_codec.chunks(figs, rows=3):
+        assert len(piece) <= 3
+        merged.absorb(piece)
+    assert merged.rows == figs.rows
+    m.rank.append(9)  # columns of unequal length: refused, not read past
+    with pytest.raises(ValueError):
+        figures_codec.from_pb(m)
