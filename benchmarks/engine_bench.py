@@ -95,9 +95,13 @@ POLL_S = 0.5
 REFRESH_S = AggregatorConfig.refresh_interval_s
 SETTLE_READS = 20
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
-ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable")
+ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable",
+                 "collectives", "collectives_folded", "figure_rows")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
-                  "leases_lost", "consumer_restarts")
+                  "leases_lost", "consumer_restarts", "takeover_waits", "windows")
+# ``--collectives``: each rank's collective operations an iteration (benchmarks.collectives_bench's job:
+# COLLECTIVE_OPS tensor-parallel all-reduces, one data-parallel all-reduce and a world barrier)
+COLLECTIVE_OPS = 4
 
 
 # --------------------------------------------------------------------------------------- load side
@@ -165,22 +169,55 @@ def node_name(n: int) -> str:
     return f"node-{n:05d}"
 
 
-def node_templates(job: str, first: int, n: int, world: int, partitions: int, epoch: str
-                   ) -> list[tuple[str, Any]]:
-    """(subject, parsed EngineBatch) of each node, made once by perfd's own encoder."""
+def node_templates(job: str, first: int, n: int, world: int, partitions: int, epoch: str,
+                   collectives: bool = False) -> list[tuple[str, Any, OpsTemplate | None]]:
+    """(subject, parsed EngineBatch) of each node, made once by perfd's own encoder; ``collectives``:
+    with its ranks' operations of an iteration beside the partial, as an agent sends them to the
+    shard (the template's iteration 0; each iteration moves their times and sequence numbers on)."""
+    import random
+
+    from benchmarks.collectives_bench import _node_records
+    from perfd.collfold import reduce
     from perfd.engine.partial import encode, partials_of
     from perfd.transport.gen import perfd_pb2 as pb
 
     out = []
     now = time.time()
+    rng = random.Random(1)
+    ranks = list(range(world))
+    nodes = world // RANKS_PER_NODE
     for node in range(first, first + n):
         mid = f"{node_name(node)}:{epoch}:0"
         recs = _rank_records(job, node, world, 0, now)
-        data = encode(mid, node_name(node), time.time_ns(), partials_of(recs, mid))
+        colls = ([reduce(job, _node_records(node, RANKS_PER_NODE, nodes, it, COLLECTIVE_OPS, ranks, rng))
+                  for it in (0, 1)] if collectives else [])
+        data = encode(mid, node_name(node), time.time_ns(), partials_of(recs, mid), collectives=colls[:1],
+                      to_partition=True)
         b = pb.EngineBatch()
         b.ParseFromString(data)
-        out.append((S.node_subject(job, S.partition_of(job, node_name(node), partitions)), b))
+        ops = None
+        if colls:  # each row's sequence number's step an iteration, from the template's next iteration
+            nxt = pb.EngineBatch()
+            nxt.ParseFromString(encode(mid, node_name(node), 0, (), collectives=colls[1:]))
+            c0, c1 = b.collective_partials[0], nxt.collective_partials[0]
+            s0, s1 = list(c0.collective_seq_id), list(c1.collective_seq_id)
+            ops = OpsTemplate(s0, [y - x for x, y in zip(s0, s1, strict=True)])
+        out.append((S.node_subject(job, S.partition_of(job, node_name(node), partitions)), b, ops))
     return out
+
+
+@dataclass
+class OpsTemplate:
+    """A node template's operations: each row's sequence number at iteration 0 and its step an
+    iteration (its enqueue times move as one: the column holds differences, the first from 0)."""
+
+    seq0: list[int]
+    step: list[int]
+
+
+# Where an iteration's operations start, after the iteration's previous end (the template's start at
+# collectives_bench.T0; its operations span ~1.2 s: --iteration-s must be longer)
+OPS_AFTER_S = 0.05
 
 
 def start_messages(job: str, first: int, n: int, world: int, epoch: str, partitions: int,
@@ -249,10 +286,19 @@ def logged_message(node: int, world: int, epoch: str, iteration: int, end: float
 
 
 def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
-               created_ns: int) -> tuple[str, bytes]:
-    """The node's message of ``iteration``: the template with what changes set; (message id, bytes)."""
+               created_ns: int, ops: OpsTemplate | None = None, iteration_s: float = 0.0
+               ) -> tuple[str, bytes]:
+    """The node's message of ``iteration``: the template with what changes set; (message id, bytes).
+    ``ops``: its operations moved to the iteration (enqueued from OPS_AFTER_S after the iteration's
+    previous end, ``end - iteration_s``)."""
     mid = f"{node_name(node)}:{epoch}:{iteration}"
     b.id, b.created_ns = mid, created_ns
+    if ops is not None:
+        c = b.collective_partials[0]
+        c.time_created_delta_ns[0] = round((end - iteration_s + OPS_AFTER_S) * 1e9)
+        seq = c.collective_seq_id
+        for i, (s0, k) in enumerate(zip(ops.seq0, ops.step, strict=True)):
+            seq[i] = s0 + iteration * k
     p = b.partials[0]
     p.iteration = p.fold.iteration = iteration
     p.fold.end_time = end
@@ -261,6 +307,18 @@ def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
     p.fold.step_time_ms = 1000.0 + (iteration % 7) + (node % 11) * 0.01  # the slowest rank's period
     p.messages[0] = mid
     return mid, b.SerializeToString()
+
+
+def records_message(b: Any, node: int, epoch: str, iteration: int, created_ns: int) -> tuple[str, str, bytes]:
+    """(subject, id, bytes) of the node's records message of ``iteration`` with ``--collectives``: the
+    store's share of its operations, marked folded at the shards (the share is all of them, 6 a rank,
+    up to 41,666 ranks: collfold.SENT_RETENTION's 250,000 a job)."""
+    from perfd.transport.gen import perfd_pb2 as pb
+
+    mid = f"{node_name(node)}:{epoch}:{iteration}:ops"
+    r = pb.EngineBatch(id=mid, sender=node_name(node), created_ns=created_ns, collectives_folded=True)
+    r.collective_partials.add().CopyFrom(b.collective_partials[0])
+    return S.records_subject(JOB), mid, r.SerializeToString()
 
 
 @dataclass
@@ -276,6 +334,7 @@ class LoadArgs:
     iteration_s: float
     inflight: int
     log: bool = False
+    collectives: bool = False
 
 
 def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: Any, ready: Any,
@@ -284,7 +343,7 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
     from perfd.engine.connect import connect
 
     epoch = secrets.token_hex(4)
-    tmpl = node_templates(JOB, a.first, a.n, a.world, a.partitions, epoch)
+    tmpl = node_templates(JOB, a.first, a.n, a.world, a.partitions, epoch, a.collectives)
     size = len(tmpl[0][1].SerializeToString()) if tmpl else 0
     cfg = S.EngineConfig(a.servers, token=a.token, tls_ca=a.tls_ca, partitions=a.partitions)
     spans: list[float] = []
@@ -312,8 +371,17 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
                 behind.append(end - due)
                 ns = time.time_ns()
                 msgs = [(subj, *(logged_message(node, a.world, epoch, it, end, ns) if a.log and node == 0
-                                 else message_of(b, node, epoch, it, end, ns)))
-                        for node, (subj, b) in enumerate(tmpl, start=a.first)]
+                                 else message_of(b, node, epoch, it, end, ns, ops, a.iteration_s)))
+                        for node, (subj, b, ops) in enumerate(tmpl, start=a.first)]
+                # the store's share of the same operations, to the root (the records stream; not counted
+                # in ``published``, which the root's node messages are checked against)
+                shares = [records_message(b, node, epoch, it, ns) for node, (_, b, ops) in
+                          enumerate(tmpl, start=a.first) if ops is not None]
+                for k in range(0, len(shares), a.inflight):
+                    got = await asyncio.gather(*(js.publish(s, d, timeout=10.0, headers={"Nats-Msg-Id": m})
+                                                 for s, m, d in shares[k:k + a.inflight]),
+                                               return_exceptions=True)
+                    errors += sum(isinstance(x, BaseException) for x in got)
                 todo = msgs
                 for _attempt in range(5):  # a failed publish is tried again with its id (deduplicated)
                     failed = []
@@ -494,7 +562,7 @@ class Children:
 def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
-               log: bool = False) -> dict[str, Any]:
+               log: bool = False, collectives: bool = False) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -551,7 +619,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         first = 0
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
-                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log)
+                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log, collectives)
             p = ctx.Process(target=_load, args=(la, t0v, lastv, abort, published, newest, ready, results),
                             daemon=True)
             p.start()
@@ -665,7 +733,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                         "busy_cores": round(busy / wall, 3),
                         "others_cores": round(max(0.0, busy / wall - ours), 3)},
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
-                       "log": log,
+                       "log": log, "collectives": collectives,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
                        "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight},
             "message_bytes": max((r["message_bytes"] for r in res_loads), default=0),
@@ -795,6 +863,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", action="store_true",
                     help="a Megatron-LM job: node 0 also sends its last rank's log records (the recorded "
                          "H200 log's, replayed), which its iterations are then read from")
+    ap.add_argument("--collectives", action="store_true",
+                    help="each rank's collective operations too (6 an iteration: collectives_bench's job), "
+                         "to its node's shard, which folds their windows, and their share to the root")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -804,7 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
-                     inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log)
+                     inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
+                     collectives=ns.collectives)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

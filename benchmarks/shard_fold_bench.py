@@ -5,7 +5,13 @@ folded, then the iteration's step folds of its nodes, then the figures taken. Th
 ``perfd bench collectives``'s (``--ops`` tensor-parallel all-reduces, one data-parallel all-reduce and
 a world barrier a rank an iteration); ``--shard-nodes`` of its ``--nodes`` are this shard's.
 
+``--compare``: the same messages folded twice in turn, by the fold as it is (each rank's provisional
+windows kept from its settling, handed on when they change) and with them computed again at every
+take (``ShardCollectives(cache=False)``, the fold before), ``--rounds`` times each; the CPU ratio and
+the figures each handed on (the settled ones must be equal).
+
     python -m benchmarks.shard_fold_bench [--nodes 12500] [--shard-nodes 3125] [--iterations 3]
+        [--takes 8] [--compare]
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ from perfd.model import ParallelLayout, StepRecord
 PER_NODE = 8
 
 
-def run(nodes: int, shard_nodes: int, iterations: int, ops: int) -> dict[str, object]:
+Inputs = list[tuple[list[bytes], list[StepRecord]]]
+
+
+def _inputs(nodes: int, shard_nodes: int, iterations: int, ops: int) -> Inputs:
+    """Each iteration's node messages (encoded) and its step folds, made once (outside the timing)."""
     world = list(range(nodes * PER_NODE))
     rng = random.Random(1)
-    sh = ShardCollectives()
-    sh.set_layout("bench", ParallelLayout(world_size=len(world), tp=PER_NODE, pp=1, dp=nodes))
-    fold_s = take_s = 0.0
-    rows = figures = 0
+    out = []
     for it in range(iterations):
         msgs = [encode(f"node-{n}:e:{it}", f"node-{n}", 1, (),
                        collectives=[reduce("bench", _node_records(n, PER_NODE, nodes, it, ops, world, rng))])
@@ -44,20 +51,38 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int) -> dict[str, ob
             fold = p.fold
             if fold is not None:
                 folds.append(fold)
-        t = time.process_time()
-        for m in msgs:
-            for part in decode(m).collectives:
-                rows += len(part)
-                sh.add(part)
-        sh.add_steps(folds)
-        fold_s += time.process_time() - t
-        t = time.process_time()
-        figures += sum(len(f) for f in sh.take())
-        take_s += time.process_time() - t
-    return {"ranks": shard_nodes * PER_NODE, "job_ranks": len(world), "iterations": iterations, "rows": rows,
+        out.append((msgs, folds))
+    return out
+
+
+def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = True,
+        inputs: Inputs | None = None, takes: int = 1) -> dict[str, object]:
+    """``takes``: the figures taken that many times an iteration, each after a share of its nodes'
+    messages (a shard flushes every FLUSH_S: 8 times in a 2 s iteration)."""
+    sh = ShardCollectives(cache=cache)
+    sh.set_layout("bench", ParallelLayout(world_size=nodes * PER_NODE, tp=PER_NODE, pp=1, dp=nodes))
+    fold_s = take_s = 0.0
+    rows = figures = settled = 0
+    for msgs, folds in inputs or _inputs(nodes, shard_nodes, iterations, ops):
+        for k in range(takes):  # the nodes' messages as they come between two of the shard's flushes
+            t = time.process_time()
+            for m in msgs[k::takes]:
+                for part in decode(m).collectives:
+                    rows += len(part)
+                    sh.add(part)
+            sh.add_steps(folds[k::takes])
+            fold_s += time.process_time() - t
+            t = time.process_time()
+            taken = sh.take()
+            take_s += time.process_time() - t
+            figures += sum(len(f) for f in taken)
+            settled += sum(w.settled for f in taken for w in f.rows.values())
+    return {"ranks": shard_nodes * PER_NODE, "job_ranks": nodes * PER_NODE, "iterations": iterations,
+            "rows": rows,
             "decode_and_fold_cpu_s": round(fold_s, 2), "take_cpu_s": round(take_s, 2),
             "cpu_us_per_row": round(1e6 * (fold_s + take_s) / max(1, rows), 1),
             "cpu_s_per_iteration": round((fold_s + take_s) / iterations, 2), "figures": figures,
+            "settled_figures": settled, "cache": cache, "takes_per_iteration": takes,
             "window_fold": sh.jobs["bench"].fold.counts.to_json()}
 
 
@@ -67,8 +92,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-nodes", type=int, default=3_125)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--ops", type=int, default=4)
+    ap.add_argument("--compare", action="store_true",
+                    help="the fold as it is against the one before, in turn")
+    ap.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each, alternating")
+    ap.add_argument("--takes", type=int, default=1,
+                    help="figures taken this many times an iteration (a shard: every 0.25 s, 8 in 2 s)")
     a = ap.parse_args(argv)
-    print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops), indent=1))
+    if not a.compare:
+        print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops, takes=a.takes), indent=1))
+        return 0
+    inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
+    runs: dict[str, list[dict[str, object]]] = {"before": [], "after": []}
+    for _ in range(a.rounds):
+        for name, cache in (("before", False), ("after", True)):
+            runs[name].append(run(a.nodes, a.shard_nodes, a.iterations, a.ops, cache, inputs, a.takes))
+    cpu = {k: [float(str(r["decode_and_fold_cpu_s"])) + float(str(r["take_cpu_s"])) for r in v]
+           for k, v in runs.items()}
+    print(json.dumps({"runs": runs, "cpu_s": cpu,
+                      "after_over_before": round(min(cpu["after"]) / min(cpu["before"]), 3),
+                      "settled_equal": len({r["settled_figures"] for v in runs.values() for r in v}) == 1},
+                     indent=1))
     return 0
 
 

@@ -55,7 +55,7 @@ def _slowest_rank(nodes: int) -> int:
     from perfd.stepfold import fold_ranks
 
     folds = [decode(engine_bench.message_of(b, n, "ep", 1, 0.0, 0)[1]).partials[0].fold
-             for n, (_s, b) in enumerate(engine_bench.node_templates("j", 0, nodes, nodes * 8, 4, "ep"))]
+             for n, (_s, b, _o) in enumerate(engine_bench.node_templates("j", 0, nodes, nodes * 8, 4, "ep"))]
     src = fold_ranks([f for f in folds if f is not None]).source
     assert src is not None
     return int(src.detail.split(":")[0].removeprefix("rank"))
@@ -125,7 +125,7 @@ def test_a_node_message_is_a_real_engine_batch_of_its_iteration() -> None:
     from perfd.engine.subjects import node_subject, partition_of
 
     tm = engine_bench.node_templates("a job", 3, 2, 40, 16, "ep")
-    assert [s for s, _ in tm] == [node_subject("a job", partition_of("a job", f"node-0000{n}", 16))
+    assert [s for s, _, _ in tm] == [node_subject("a job", partition_of("a job", f"node-0000{n}", 16))
                                   for n in (3, 4)]
     end = time.time()
     for it in (1, 2):
@@ -190,3 +190,30 @@ def test_bench_engine_storm_refuses_nonsense() -> None:
     proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", "--agents", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--agents and --procs >= 1" in proc.stderr
+
+
+def test_with_collectives_a_node_message_carries_its_ranks_operations_of_that_iteration() -> None:
+    """``--collectives``: the template's operations re-stamped per iteration — every rank's 6, enqueued
+    between the iteration's previous end and its end, their sequence numbers those of the iteration —
+    beside the partial (a node message, for its shard's window fold), and the store's share of them on
+    the records stream, marked folded at the shards."""
+    from perfd.engine.partial import decode
+
+    tm = engine_bench.node_templates("a job", 0, 2, 16, 16, "ep", collectives=True)
+    end, period = time.time(), 2.0
+    seqs = []
+    for it in (1, 2):
+        _s, b, ops = tm[1]
+        _mid, data = engine_bench.message_of(b, 1, "ep", it, end + it * period, 123, ops, period)
+        d = decode(data)
+        assert d.is_node_message and len(d.partials) == 1 and len(d.collectives) == 1
+        rows = list(d.collectives[0].ops.values())
+        assert len(rows) == 8 * (engine_bench.COLLECTIVE_OPS + 2)
+        assert {r.rank for r in rows} == set(range(8, 16))
+        ts = [r.time_created_ns or 0 for r in rows]
+        assert (end + (it - 1) * period) * 1e9 < min(ts) and max(ts) < (end + it * period) * 1e9
+        seqs.append(sorted((r.rank, r.pg_id, r.collective_seq_id) for r in rows))
+        _subj, _rid, rdata = engine_bench.records_message(b, 1, "ep", it, 123)
+        r = decode(rdata)
+        assert not r.is_node_message and r.collectives_folded and r.collectives[0] == d.collectives[0]
+    assert seqs[0] != seqs[1] and len({s for *_, s in seqs[1]}) > 1

@@ -21,6 +21,7 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.jobs import StepConflicts
 from perfd.collfold import CollectivePartial
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.winfigures import WindowFigures
 
 
 class StateSink(Protocol):
@@ -40,7 +41,10 @@ class StateSink(Protocol):
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None: ...
 
-    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial,
+                                  folded: bool = False) -> None: ...
+
+    def ingest_window_figures(self, figs: WindowFigures) -> None: ...
 
 
 class EngineSink:
@@ -75,8 +79,15 @@ class EngineSink:
         if typed:
             self.state.ingest_events(agent_id, [ev for _i, ev, _cut in typed])
 
-    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None:
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial,
+                                  folded: bool = False) -> None:
         """A node's collective records as its agent reduced them: held by the jobs cap like the
-        records themselves (the job by the agent that sent them)."""
+        records themselves (the job by the agent that sent them). ``folded``: the shards fold their
+        windows (:meth:`ingest_window_figures`), the store only keeps them."""
         if len(partial) and self.guard.admit_job(partial.job, agent_id):
-            self.state.ingest_collective_partial(agent_id, partial)
+            self.state.ingest_collective_partial(agent_id, partial, folded)
+
+    def ingest_window_figures(self, figs: WindowFigures) -> None:
+        """A shard's per-window figures of its ranks (the root admitted the job)."""
+        if len(figs):
+            self.state.ingest_window_figures(figs)

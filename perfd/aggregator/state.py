@@ -73,6 +73,7 @@ from perfd.collfold import CollectivePartial
 from perfd.exporters.prometheus import Row
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
+from perfd.winfigures import WindowFigures
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
 
@@ -184,8 +185,12 @@ class AggregatorState:
     def held_fold(self, job: str, iteration: int) -> StepRecord | None:
         return self._ingest.held_fold(job, iteration)
 
-    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None:
-        self._ingest.ingest_collective_partial(agent_id, partial)
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial,
+                                  folded: bool = False) -> None:
+        self._ingest.ingest_collective_partial(agent_id, partial, folded)
+
+    def ingest_window_figures(self, figs: WindowFigures) -> None:
+        self._ingest.ingest_window_figures(figs)
 
     def set_new_normal(self, job: str, iteration: int | None) -> int | None:
         return self._ingest.set_new_normal(job, iteration)

@@ -36,6 +36,7 @@ from perfd.events import (
 from perfd.limits import REFUSAL_LOG_INTERVAL_S
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
+from perfd.winfigures import WindowFigures
 
 MAX_CONFLICT_KEYS = 10_000  # (job, holder, sender) whose last conflict event is remembered
 
@@ -189,11 +190,18 @@ class StateIngest:
         return self.jobs.held_fold(job, iteration)
 
     @writes
-    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None:
-        """A node's collective records as its agent reduced them (the engine path)."""
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial,
+                                  folded: bool = False) -> None:
+        """A node's collective records as its agent reduced them (the engine path); ``folded``: their
+        windows are folded at the shards, whose figures come through :meth:`ingest_window_figures`."""
         self.nodes.seen(agent_id)
         self.jobs.add_agent(partial.job, agent_id)
-        self.collectives.ingest_partial(agent_id, partial)
+        self.collectives.ingest_partial(agent_id, partial, folded)
+
+    @writes
+    def ingest_window_figures(self, figs: WindowFigures) -> None:
+        """Per-window figures a shard's fold made of its ranks' operations (the engine path)."""
+        self.collectives.ingest_figures(figs)
 
     # ---- what the API, the durable replay and the lifecycle write -------------------------------------
     @writes

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 from perfd.engine.subjects import DEFAULT_PARTITIONS, EngineConfig
 
 if TYPE_CHECKING:
+    from perfd.engine.shard import Shard
+
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
@@ -68,8 +70,16 @@ def _nats_missing(prog: str) -> bool:
     return False
 
 
-def _shard(args: argparse.Namespace) -> int:
+def make_shard(cfg: EngineConfig, shard_id: str, replicas: int = 1) -> Shard:
+    """A shard with the collective window fold wired in: the engine imports nothing of the analytics
+    (tests/test_layering.py), so the command, which sees every layer, hands the fold to it."""
+    from perfd.analytics.collectives.shardfold import ShardCollectives
     from perfd.engine.shard import Shard
+
+    return Shard(cfg, shard_id, replicas=replicas, collectives=ShardCollectives())
+
+
+def _shard(args: argparse.Namespace) -> int:
 
     cfg = engine_config(args, "perfd shard")
     if cfg is None:
@@ -77,7 +87,7 @@ def _shard(args: argparse.Namespace) -> int:
         return 2
     if _nats_missing("perfd shard"):
         return 2
-    shard = Shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", replicas=args.engine_replicas)
+    shard = make_shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", args.engine_replicas)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -89,7 +99,8 @@ def _shard(args: argparse.Namespace) -> int:
             await asyncio.wait({task}, timeout=args.stats_interval)
             if args.stats_file:  # whole or not at all: written beside, then renamed
                 tmp = Path(args.stats_file + ".tmp")
-                tmp.write_text(json.dumps({"id": shard.id, **shard.stats.to_json()}))
+                windows = shard.windows.stats.__dict__ if shard.windows is not None else {}
+                tmp.write_text(json.dumps({"id": shard.id, **shard.stats.to_json(), "windows": windows}))
                 tmp.replace(args.stats_file)
         task.result()
 

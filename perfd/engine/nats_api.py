@@ -36,6 +36,7 @@ class Msg(Protocol):
     def metadata(self) -> MsgMetadata: ...  # JetStream messages only
     async def respond(self, data: bytes) -> None: ...
     async def ack(self) -> None: ...
+    async def nak(self) -> None: ...  # delivered again at once, before newer messages
     async def term(self) -> None: ...
 
 
@@ -74,7 +75,14 @@ class KeyValue(Protocol):
     async def keys(self) -> Sequence[str]: ...
 
 
+class ConsumerInfo(Protocol):
+    @property
+    def num_ack_pending(self) -> int | None: ...  # delivered and not acknowledged yet
+
+
 class JetStream(Protocol):
+    async def consumer_info(self, stream: str, consumer: str,
+                            timeout: float | None = ...) -> ConsumerInfo: ...
     async def publish(self, subject: str, payload: bytes = ..., *, timeout: float | None = ...,
                       headers: dict[str, str] | None = ...) -> PubAck: ...
     async def subscribe(self, subject: str, *, stream: str | None = ..., ordered_consumer: bool = ...,

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from perfd.collfold import CollectivePartial
-from perfd.engine import collective_codec
+from perfd.engine import collective_codec, figures_codec
 from perfd.model import StepRecord
 from perfd.stepfold import RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
+from perfd.winfigures import WindowFigures
 
 
 class Partial:
@@ -152,10 +153,16 @@ def from_pb(m: pb.Partial) -> Partial:
 
 def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Partial],
            job_info_json: dict[str, str] | None = None, records: pb.Batch | None = None,
-           collectives: Sequence[CollectivePartial] = ()) -> bytes:
+           collectives: Sequence[CollectivePartial] = (), figures: Sequence[WindowFigures] = (),
+           collectives_folded: bool = False, to_partition: bool = False) -> bytes:
     """``records``: a node's events (and, from an agent that does not reduce them, its collective
-    records); ``collectives``: its collective records reduced. Either goes without partials beside."""
-    b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns)
+    records); ``collectives``: its collective records reduced: on a records message (without partials
+    beside) the store's share, ``collectives_folded`` when every operation also went to the shards; on
+    a node message (beside its partials) every operation, for its shard's window fold. ``figures``:
+    a shard's window figures (perfd.winfigures), to the job's root. ``to_partition``: a node message
+    (what routes it; partials or job info say so too)."""
+    b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns,
+                       collectives_folded=collectives_folded, to_partition=to_partition)
     for p in partials:
         to_pb(p, b.partials.add())
     if job_info_json:
@@ -164,6 +171,8 @@ def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Parti
         b.records.CopyFrom(records)
     for c in collectives:
         collective_codec.to_pb(c, b.collective_partials.add())
+    for f in figures:
+        figures_codec.to_pb(f, b.window_figures.add())
     return b.SerializeToString()
 
 
@@ -213,12 +222,21 @@ class Decoded:
     job_info_json: dict[str, str]
     records: pb.Batch | None = None  # a node's events and collective records, as sent
     collectives: list[CollectivePartial] = field(default_factory=list)  # its collective records reduced
+    figures: list[WindowFigures] = field(default_factory=list)  # a shard's window figures
+    collectives_folded: bool = False  # a records message's collectives went to the shards' folds too
+    to_partition: bool = False  # a node message, whatever it carries
+
+    @property
+    def is_node_message(self) -> bool:
+        """To the job's partition of the node stream (its shard), not the records stream."""
+        return self.to_partition or (self.records is None and not self.collectives)
 
     @property
     def records_job(self) -> str:
         """The job a records message is of ("": a node's events of no job): one per message."""
         if self.collectives:
             return self.collectives[0].job
+
         r = self.records
         if r is None:
             return ""
@@ -234,4 +252,6 @@ def decode(data: bytes) -> Decoded:
         raise ValueError(f"not an EngineBatch: {exc}") from None
     return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json),
                    b.records if b.HasField("records") else None,
-                   [collective_codec.from_pb(m) for m in b.collective_partials])
+                   [collective_codec.from_pb(m) for m in b.collective_partials],
+                   [figures_codec.from_pb(m) for m in b.window_figures], b.collectives_folded,
+                   b.to_partition)

@@ -7,9 +7,16 @@ disk-backed where the agent has a spool dir) until the engine acknowledged it; o
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
 published. Events go as sent, and collective records reduced to one partial (perfd.collfold:
-compact rows, one per operation, a rank's newest SENT_RETENTION, the store's share: the root folds
-each into per-window figures before its store lets it go), one message per job, to the records stream
-(perfd.engine.subjects), which the jobs' root reads beside the partials.
+compact rows, one per operation, a rank's newest SENT_RETENTION, the store's share), one message per
+job, to the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials.
+
+Where the per-window figures are folded: a job whose ranks' step records this agent sends (the step
+hook: each rank's own ends, its windows) has every collective operation sent on the node's partition
+too, beside the step partials (at most SHARD_ROWS a message), and the shard holding it folds them
+(perfd.analytics.collectives.shardfold, wired in by ``perfd shard``); the records message then says
+so (``collectives_folded``) and the root keeps its rows without folding them. A job whose windows the
+node does not have (a Megatron-LM log's, on another node) keeps the root's fold of the store's share,
+as before: a shard holding only some nodes could not tell its ranks' windows.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import TypedDict
 
 from google.protobuf.message import DecodeError
 
-from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect
 from perfd.engine.nats_api import JetStream, Msg, NatsClient
@@ -40,6 +47,10 @@ from perfd.transport.wakeup import wake
 log = logging.getLogger("perfd.engine")
 
 PUBLISH_TIMEOUT_S = 5.0
+# Operations in one node message at most: ~40 bytes a row on the wire, ~160 KB, well under the
+# engine's 1 MiB (a first Flight Recorder dump of a node's ranks may hold 20,000).
+SHARD_ROWS = 4096
+MAX_RANKED_JOBS = 1024  # jobs remembered as sending rank step records (bounded: forgotten, then seen again)
 
 
 class PublisherStats(TypedDict):
@@ -66,7 +77,8 @@ class EngineClient(CommandTarget):
 
     def __init__(self, cfg: S.EngineConfig, agent_id: str, *, node: str, spool: Spool | None = None,
                  window: int = 32, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
-                 on_command: Callable[[Command], object] | None = None) -> None:
+                 on_command: Callable[[Command], object] | None = None, collectives_at_shards: bool = True
+                 ) -> None:
         self.cfg = cfg
         self.agent_id = agent_id
         self.on_command = on_command
@@ -89,6 +101,10 @@ class EngineClient(CommandTarget):
         self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
         self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
+        # Send a job's operations to its partition's shard once this agent sent rank step records of
+        # it (off: the root folds the store's share, as an agent before the shards' fold did)
+        self.collectives_at_shards = collectives_at_shards
+        self._ranked_jobs: set[str] = set()
 
     # ---- producer side (any thread) ------------------------------------------------------------
     def submit(self, samples: Iterable[Sample] = (), steps: Iterable[StepRecord] = (),
@@ -111,16 +127,35 @@ class EngineClient(CommandTarget):
             by_job.setdefault(job, [])
         seq = 0
         with self._lock:
+            if self.collectives_at_shards:
+                ranked = {job for job, recs in by_job.items() if any(isinstance(r.rank, int) for r in recs)}
+                if len(self._ranked_jobs | ranked) > MAX_RANKED_JOBS:
+                    self._ranked_jobs.clear()
+                self._ranked_jobs |= ranked
+            to_shard = {job: colls for job, (_, colls) in records.items()
+                        if colls and job in self._ranked_jobs}
+            for job in to_shard:
+                by_job.setdefault(job, [])
             for job, recs in by_job.items():
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
                 info = {job: job_info_json[job]} if job_info_json and job in job_info_json else None
+                pieces = _pieces(job, to_shard[job]) if job in to_shard else [[]]
                 data = encode(mid, self.agent_id, time.time_ns(),
-                              partials_of(recs, mid, self._runs.new_runs(recs)), info)
+                              partials_of(recs, mid, self._runs.new_runs(recs)), info,
+                              collectives=pieces[0], to_partition=True)
                 if on_seq is not None:
                     on_seq(seq)
                 self.spool.append(seq, data)
                 self.batches_submitted += 1
+                for piece in pieces[1:]:
+                    seq = self.spool.next_seq()
+                    mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
+                    if on_seq is not None:
+                        on_seq(seq)
+                    self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), collectives=piece,
+                                                  to_partition=True))
+                    self.batches_submitted += 1
             for job, (evs, colls) in records.items():
                 seq = self.spool.next_seq()
                 mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
@@ -131,7 +166,7 @@ class EngineClient(CommandTarget):
                 if on_seq is not None:
                     on_seq(seq)
                 self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), records=batch,
-                                              collectives=reduced))
+                                              collectives=reduced, collectives_folded=job in to_shard))
                 self.batches_submitted += 1
                 self.records_submitted += len(evs) + len(colls)
         if seq:
@@ -228,10 +263,11 @@ class EngineClient(CommandTarget):
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
             d = decode(data)
-            if d.records is not None or d.collectives:
+            if not d.is_node_message:
                 subject = S.records_subject(d.records_job)
             else:
-                job = d.partials[0].job if d.partials else next(iter(d.job_info_json))
+                job = (d.partials[0].job if d.partials else d.collectives[0].job if d.collectives
+                       else next(iter(d.job_info_json)))
                 subject = S.node_subject(job, S.partition_of(job, self.node, self.cfg.partitions))
         except (ValueError, StopIteration) as exc:
             self.unreadable += 1
@@ -275,3 +311,8 @@ class EngineClient(CommandTarget):
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,
                 "last_error": self.last_error}
+
+
+def _pieces(job: str, colls: Sequence[CollectiveRecord]) -> list[list[CollectivePartial]]:
+    """A node's operations of one job reduced in pieces of at most SHARD_ROWS (each a node message)."""
+    return [[reduce(job, colls[k:k + SHARD_ROWS])] for k in range(0, len(colls), SHARD_ROWS)] or [[]]

@@ -9,10 +9,13 @@ what it holds from it, and a partial read twice folds once. The nodes' events co
 sent them, and their collective records as each agent reduced them
 (perfd.collfold), on the records stream, read the same way beside the partials
 (the engine drops a message published twice within its duplicate window; a reduced one read twice
-merges once: the merge is a join). The reduced collective records are merged here, in the store the
-root hands them to, not at the shards: their stream goes from the agents to the root past the
-shards, which fold the step partials of their partitions; merging at a shard would move the same
-rows through one more hop and one more publish, and a join gives the same answer wherever it runs.
+merges once: the merge is a join). The reduced collective records (the store's share of each rank's)
+are merged here, in the store the root hands them to: what the analysis reads of whole operations
+(who arrives last, the wait asymmetry, the groups, hangs). Their per-window figures, the
+per-iteration shares, are folded at the shards where the agents send every operation there too (the
+records message says ``collectives_folded``; the shards' figures come on the partials stream and go
+to the store's join, ``ingest_window_figures``), and here otherwise: an agent of a job whose ranks'
+windows its node does not have (a Megatron-LM log's), or one older than the shards' fold.
 What the root pays is linear in what arrives: 0.37 ms of CPU a node message of a 100,000-rank job
 (decode and a keyed insert per row; ``perfd bench collectives``). Everything goes to a
 :class:`RootSink` — the aggregator — so nothing here knows the aggregator.
@@ -39,6 +42,7 @@ from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 from perfd.transport.record_codec import DecodedEvent
+from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
@@ -54,7 +58,9 @@ class RootSink(Protocol):
     def held_fold(self, job: str, iteration: int) -> StepRecord | None: ...
     def ingest_records(self, agent_id: str, events: Sequence[DecodedEvent],
                        collectives: Sequence[CollectiveRecord]) -> None: ...
-    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial) -> None: ...
+    def ingest_collective_partial(self, agent_id: str, partial: CollectivePartial,
+                                  folded: bool = False) -> None: ...
+    def ingest_window_figures(self, figs: WindowFigures) -> None: ...
     def admit_job(self, job: str) -> bool: ...
 
 
@@ -260,6 +266,12 @@ class Root:
                 self.sink.ingest_job_info(ENGINE_AGENT, job, info)
                 self.fold.note_world(job, info.layout.world_size)
             parts.extend(d.partials)
+            for figs in d.figures:
+                if figs.job in self.fold.jobs or self.sink.admit_job(figs.job):
+                    self.stats.figure_rows += len(figs)
+                    self.sink.ingest_window_figures(figs)
+                else:
+                    self.stats.refused += 1
         records, new_ranks = self.fold.add(parts, self.sink.held_fold, time.time(), self.sink.admit_job)
         if records:
             self.sink.ingest_steps(ENGINE_AGENT, records)
@@ -288,10 +300,11 @@ class Root:
                 self.stats.events += len(got.events)
                 self.stats.collectives += len(got.collectives)
                 self.sink.ingest_records(d.sender, got.events, got.collectives)
+            self.stats.collectives_folded += d.collectives_folded
             for part in d.collectives:
                 self.stats.collective_partials += 1
                 self.stats.collectives += len(part)
-                self.sink.ingest_collective_partial(d.sender, part)
+                self.sink.ingest_collective_partial(d.sender, part, d.collectives_folded)
 
 
 def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:

@@ -71,6 +71,8 @@ class RootStats:
     events: int = 0
     collectives: int = 0  # operations: records as sent, or rows of the partials they were reduced to
     collective_partials: int = 0  # of those messages, the ones that carried them reduced
+    collectives_folded: int = 0  # of those, the ones whose operations the shards folded (not the root)
+    figure_rows: int = 0  # per-window figures the shards' folds made, (iteration, rank) rows handed on
     # Iterations that became whole (every rank the job has shown folded in), and the time from their
     # last rank's step end to then: what the job's analysis waits for the engine, a shard and this root.
     complete: int = 0

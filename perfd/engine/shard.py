@@ -10,6 +10,11 @@ only once the engine acknowledged that does it acknowledge the node messages fol
 killed at any point leaves its unacknowledged messages to the engine, which delivers them again
 (after ACK_WAIT_S) to whoever holds the partition next; a message that reached the root twice that
 way is folded once (perfd.stepfold) and counted.
+
+Given a collective fold (``perfd shard`` wires perfd.analytics.collectives.shardfold's in), the shard
+also folds the operations its nodes' agents send beside their step partials into per-window figures,
+published to the job's root with the partials; a message's acknowledgement then waits for the
+windows it fed to settle (perfd.engine.shard_windows says why).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.leases import Lease, holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
-from perfd.engine.partial import Partial, decode, encode_batches
+from perfd.engine.partial import Partial, decode, encode, encode_batches
+from perfd.engine.shard_windows import CollectiveFold, Holds
 
 log = logging.getLogger("perfd.engine")
 
@@ -36,11 +43,16 @@ MEMBER_PREFIX = "member."
 # Node messages a partition's consumer hands out before they are acknowledged: a few fetches. More
 # would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
 MAX_ACK_PENDING = 4 * FETCH_BATCH
+# With a collective fold, a message stays unacknowledged until its windows settle (about three
+# iterations: shard_windows): a partition of a 100,000-rank job over 16 partitions has ~780 node
+# messages an iteration out at once. (The consumer's first creator sets it: a durable consumer keeps it.)
+MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # A partial's ranks at most: ~48 bytes a rank on the wire (the step hook's records), so ~200 KB, well
 # under nats-server's 1 MiB message. One shard holding a 100,000-rank job folded it into one partial of
 # ~4.8 MB, which the engine refused at every flush (perfd bench engine --shards 1): nothing got through.
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
+YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
 
 
 @dataclass
@@ -53,15 +65,18 @@ class ShardStats:
     leases_taken: int = 0
     leases_lost: int = 0
     consumer_restarts: int = 0
+    takeover_waits: int = 0  # partitions taken with messages of a previous holder due again first
     partitions: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, int | list[int]]:
+    def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
 class Shard:
-    def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1) -> None:
+    def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1,
+                 collectives: CollectiveFold | None = None) -> None:
         self.cfg, self.id, self.replicas = cfg, shard_id, replicas
+        self.windows = Holds(collectives) if collectives is not None else None
         self.epoch = uuid.uuid4().hex[:12]
         self.stats = ShardStats()
         self._pending: dict[tuple[str, int], list[Partial]] = {}
@@ -74,6 +89,7 @@ class Shard:
         self._leases: dict[int, Lease] = {}
         self._flushes = 0
         self._connected_once = False
+        self._naks: set[asyncio.Future[list[BaseException | None]]] = set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -120,7 +136,7 @@ class Shard:
                         pass
             finally:
                 leases = list(self._leases.values())
-                await self._retire(list(self._tasks))
+                await self._retire(list(self._tasks), kv)
                 await self._flush(js)  # what was folded leaves before the leases do
                 flusher.cancel()
                 await asyncio.gather(flusher, return_exceptions=True)
@@ -142,7 +158,7 @@ class Shard:
                 why = t.exception() if not t.cancelled() else None
                 self.stats.consumer_restarts += 1
                 log.warning("shard %s: partition %d's consumer ended (%r): started again", self.id, p, why)
-                self._start(js, p)
+                self._start(js, p, kv)
         members = max(1, len(await holders(kv, MEMBER_PREFIX)))
         share = math.ceil(self.cfg.partitions / members)
         # Each shard starts looking at its own offset, so shards starting together take different ones.
@@ -157,34 +173,48 @@ class Shard:
             if await lease.acquire():
                 self.stats.leases_taken += 1
                 self._leases[p] = lease
-                self._start(js, p)
+                self._start(js, p, kv)
                 log.info("shard %s: holds partition %d", self.id, p)
         over = sorted(self._leases)[share:]  # over the share (more shards now): give them back
         if over:
             leases = [self._leases[p] for p in over]
-            await self._retire(over)
+            await self._retire(over, kv)
             await self._flush(js)  # what they fetched is acknowledged before another shard holds them
             for lease in leases:
                 await lease.release()
         self.stats.partitions = sorted(self._leases)
 
-    def _start(self, js: JetStream, p: int) -> None:
+    def _start(self, js: JetStream, p: int, kv: KeyValue) -> None:
         stop = self._stops[p] = asyncio.Event()
-        self._tasks[p] = asyncio.create_task(self._consume(js, p, stop))
+        self._tasks[p] = asyncio.create_task(self._consume(js, p, stop, kv))
 
     def _drop(self, p: int) -> None:
         """At once (the lease is lost, or the connection): what the consumer had fetched and not
-        folded is delivered again after ACK_WAIT_S."""
+        folded is delivered again after ACK_WAIT_S; what it held for its windows is handed back (at once,
+        where the connection still works). A shard that took the partition meanwhile waits out the ack
+        wait before fetching (shard_windows): those come to it first either way."""
+        if self.windows is not None:
+            self._hand_back(self.windows.drop(p))
         self._stops.pop(p, asyncio.Event()).set()
         t = self._tasks.pop(p, None)
         if t is not None:
             t.cancel()
         self._leases.pop(p, None)
 
-    async def _retire(self, partitions: list[int]) -> None:
+    def _hand_back(self, msgs: list[Msg]) -> None:
+        """Held messages of a partition this shard gives up: delivered again at once, before newer
+        ones, to the next holder (which folds them from the windows they fed; best effort: one not
+        handed back comes again after the ack wait)."""
+        if msgs:
+            task = asyncio.ensure_future(asyncio.gather(*(m.nak() for m in msgs), return_exceptions=True))
+            self._naks.add(task)
+            task.add_done_callback(self._naks.discard)
+
+    async def _retire(self, partitions: list[int], kv: KeyValue | None = None) -> None:
         """Between two fetches (each ends within FETCH_TIMEOUT_S): what the consumers fetched is
         folded, so a partition handed over (or a shard stopped) leaves nothing waiting out the ack
-        wait for the next holder. A consumer that does not end in time is cancelled."""
+        wait for the next holder. A consumer that does not end in time is cancelled. Messages held for
+        their windows are handed back, and the partition marked handed (``kv``)."""
         tasks = []
         for p in partitions:
             self._stops.pop(p, asyncio.Event()).set()
@@ -192,34 +222,60 @@ class Shard:
             t = self._tasks.pop(p, None)
             if t is not None:
                 tasks.append(t)
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=FETCH_TIMEOUT_S + 2.0)
-        for t in late:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=FETCH_TIMEOUT_S + 2.0)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.windows is not None:
+            for p in partitions:
+                self._hand_back(self.windows.drop(p))
+            await asyncio.gather(*self._naks, return_exceptions=True)
+            if kv is not None:
+                for p in partitions:
+                    try:
+                        await kv.put(S.partition_handed(p), self.id.encode())
+                    except Exception as exc:  # the next holder waits out the ack wait instead
+                        log.info("shard %s: partition %d not marked handed (%s)", self.id, p, exc)
 
-    async def _consume(self, js: JetStream, p: int, stop: asyncio.Event) -> None:
+    async def _consume(self, js: JetStream, p: int, stop: asyncio.Event, kv: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import AckPolicy, ConsumerConfig
 
         sub = await js.pull_subscribe(
             S.partition_filter(p), durable=S.shard_consumer(p), stream=S.NODES_STREAM,
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
-                                  max_ack_pending=MAX_ACK_PENDING))
+                                  max_ack_pending=MAX_ACK_PENDING if self.windows is None
+                                  else MAX_ACK_PENDING_HELD))
+        if self.windows is not None and not await _handed(kv, p) and (
+                await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))).num_ack_pending:
+            # A previous holder's messages are out (it stopped without handing them back): once due
+            # again the engine hands them out before newer ones, which folded first would settle
+            # windows past them (shard_windows)
+            self.stats.takeover_waits += 1
+            log.info("shard %s: partition %d has messages of its last holder out: fetching in %.0f s",
+                     self.id, p, S.ACK_WAIT_S)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=S.ACK_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
                 continue
-            for m in msgs:
-                self._fold_in(m)
+            for k, m in enumerate(msgs):
+                self._fold_in(m, p)
+                if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
+                    # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
+                    # flushes run between them (512 in one go held the loop seconds: leases expired)
+                    await asyncio.sleep(0)
         try:
             await sub.unsubscribe()
         except Exception as exc:  # the connection is going: the server forgets the subscription
             log.debug("shard %s: partition %d unsubscribe: %s", self.id, p, exc)
 
-    def _fold_in(self, m: Msg) -> None:
+    def _fold_in(self, m: Msg, partition: int) -> None:
         self.stats.node_messages += 1
         try:
             d = decode(m.data)
@@ -235,7 +291,8 @@ class Shard:
             else:
                 held.append(part)
         self._job_info.update(d.job_info_json)
-        self._to_ack.append(m)
+        if self.windows is None or not self.windows.fold_in(d, m, partition, time.monotonic()):
+            self._to_ack.append(m)
 
     def _next_batch_id(self) -> str:
         self._flushes += 1
@@ -247,7 +304,9 @@ class Shard:
             await self._flush(js)
 
     async def _flush(self, js: JetStream) -> None:
-        if not (self._pending or self._job_info or self._to_term or self._to_ack):
+        figures = self.windows.take() if self.windows is not None else []
+        released = self.windows.release(time.monotonic()) if self.windows is not None else []
+        if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released):
             return
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
@@ -264,6 +323,15 @@ class Shard:
                     await js.publish(S.partials_subject(job), data, timeout=5.0, headers={"Nats-Msg-Id": bid})
                     self.stats.batches_published += 1
                 self.stats.partials_published += len(parts)
+            # The figures after the partials: the windows they are of came with those step ends
+            for figs in figures:
+                for piece in figures_codec.chunks(figs):
+                    bid = self._next_batch_id()
+                    await js.publish(S.partials_subject(figs.job), encode(bid, self.id, time.time_ns(), (),
+                                                                         figures=[piece]),
+                                     timeout=5.0, headers={"Nats-Msg-Id": bid})
+                    assert self.windows is not None
+                    self.windows.stats.figure_messages += 1
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
@@ -271,6 +339,9 @@ class Shard:
                 self._pending[key] = parts + self._pending.get(key, [])
             self._job_info = {**infos, **self._job_info}
             self._to_ack = to_ack + self._to_ack
+            if self.windows is not None:
+                self.windows.give_back(figures)
+                self.windows.hold_again(released, time.monotonic())
             return
         terms, self._to_term = self._to_term, []
         for m in terms:
@@ -278,8 +349,24 @@ class Shard:
                 await m.term()
             except Exception as exc:  # delivered again and terminated then
                 log.info("shard %s: term failed (%s)", self.id, exc)
-        for m in to_ack:
+        for m in [*to_ack, *released]:
             try:
                 await m.ack()
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
+
+
+async def _handed(kv: KeyValue, p: int) -> bool:
+    """Whether the partition's last holder gave it up on purpose, its held messages handed back (the
+    mark is taken: it is for this hand-over only)."""
+    try:
+        e = await kv.get(S.partition_handed(p))
+    except Exception:  # no such key (nats' KeyNotFoundError and kin): not handed, or it expired
+        return False
+    if not e.value:
+        return False
+    try:
+        await kv.delete(S.partition_handed(p))
+    except Exception as exc:  # it expires with the bucket's TTL
+        log.debug("partition %d: handed mark not deleted (%s)", p, exc)
+    return True

@@ -74,6 +74,13 @@ def partition_lease(partition: int) -> str:
     return f"partition.{partition}"
 
 
+def partition_handed(partition: int) -> str:
+    """Put (in the lease bucket, expiring with its TTL) by a shard that gave a partition up on purpose,
+    its held messages handed back (nak: the engine delivers them first to the next holder), so that
+    holder need not wait out the ack wait as after a crash."""
+    return f"handed.{partition}"
+
+
 def shard_consumer(partition: int) -> str:
     """The durable consumer of a partition: whichever shard holds its lease pulls from it, so the
     engine keeps what was delivered and not acknowledged across a change of holder."""

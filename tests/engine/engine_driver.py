@@ -116,13 +116,18 @@ class Plan:
                         max(self.wait_ms(r, it) for r in ranks) / step)
 
 
+Feed = Callable[[int, int, float], dict[str, Any]]
+
+
 class Load:
     """The simulated nodes, in a thread of their own with its own event loop: ``start()``, then
     iterations go out every ``plan.period_s``; ``finish()`` waits until the engine acknowledged every
     message; ``close()`` stops the clients and the thread."""
 
-    def __init__(self, cfg: S.EngineConfig, plan: Plan) -> None:
+    def __init__(self, cfg: S.EngineConfig, plan: Plan, feed: Feed | None = None) -> None:
         self.cfg, self.plan = cfg, plan
+        # what node n submits for iteration it at time t (default: the plan's step records)
+        self.feed: Feed = feed or (lambda n, it, t: {"steps": plan.records(n, it, t)})
         self.submitted = 0  # iterations submitted so far
         self.submit_wall: dict[int, float] = {}  # iteration -> time.time() of its submit
         self.submit_mono: dict[int, float] = {}
@@ -162,7 +167,7 @@ class Load:
                     break
                 t = time.time()
                 for n, c in enumerate(self._clients):
-                    c.submit(steps=self.plan.records(n, it, t))
+                    c.submit(**self.feed(n, it, t))
                 self.submit_wall[it], self.submit_mono[it] = t, time.monotonic()
                 self.submitted = it
             await self._stop.wait()
@@ -392,8 +397,8 @@ class Rig:
         self.base = self.base or url
         return url
 
-    def start_load(self, plan: Plan) -> Load:
-        self.load = Load(self.cfg(), plan).start()
+    def start_load(self, plan: Plan, feed: Feed | None = None) -> Load:
+        self.load = Load(self.cfg(), plan, feed).start()
         return self.load
 
     def start_watch(self) -> Watch:
@@ -566,7 +571,8 @@ class Figures:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
 
 
-def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = False) -> Figures:
+def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = False,
+                     records_messages: int = 0) -> Figures:
     """Wait until the engine is at rest — every message published and acknowledged by the engine,
     the node stream empty (every message acknowledged by a shard after its partial was stored),
     every partial read by the root — then assert nothing lost and nothing doubled:
@@ -575,11 +581,14 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = F
     - the root folded exactly that many distinct node messages (none lost; one delivered twice is
       ``redelivered``, folded once);
     - every iteration's row shows the plan's figures (its slowest rank, latest end, longest data
-      wait), and the root counted every iteration whole (``complete``; the first may not count)."""
+      wait), and the root counted every iteration whole (``complete``; the first may not count).
+
+    ``records_messages``: of the clients' messages, those that went to the records stream (a feed
+    with collective records), not node messages."""
     load = rig.load
     assert load is not None
     load.finish(timeout)
-    distinct = load.distinct_published()
+    distinct = load.distinct_published() - records_messages
 
     def at_rest() -> bool:
         nodes = stream_state(rig.urls, S.NODES_STREAM)

@@ -8,6 +8,7 @@ analysis JSON one aggregator fed the records as sent gives, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -19,10 +20,11 @@ import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
+from perfd.commands.engine import make_shard
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
-from perfd.engine.shard import Shard
+from perfd.engine.rootfold import RootStats
 from perfd.model import CollectiveRecord
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job
@@ -39,18 +41,23 @@ def _answer(state: AggregatorState) -> str:
 
 
 async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient]], Awaitable[None]],
-                              shards: int = 0, done: Callable[[Any], bool] = lambda stats: True
-                              ) -> dict[str, Any]:
-    """An aggregator leading as the job's root, ``shards`` shards (the step partials' path; the
-    records stream goes to the root) and a client per node, fed by ``feed``; once every collective
-    record submitted is at the root and ``done(root.stats)``: the root's answer and counters."""
+                              shards: int = 0, done: Callable[[Any], bool] = lambda stats: True,
+                              at_shards: bool = True, want: str | None = None) -> dict[str, Any]:
+    """An aggregator leading as the job's root, ``shards`` shards as ``perfd shard`` makes them (the
+    step partials' path, and the window fold of the operations sent beside them) and a client per
+    node (``at_shards``: sending a job's operations to the shards once it sent its ranks' step
+    records), fed by ``feed``; once every collective record submitted is at the root and
+    ``done(root.stats)`` (and the answer is ``want``, for a while: the shards' last figures come a
+    flush after the last message): the root's answer and counters."""
     cfg = S.EngineConfig(tuple(urls), partitions=4)
     agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
                                       engine_root_id="root-a"))
     await agg.start()
     stop = asyncio.Event()
-    shard_tasks = [asyncio.create_task(Shard(cfg, f"shard-{i}").run(stop)) for i in range(shards)]
-    clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}") for n in range(NODES)]
+    shard_list = [make_shard(cfg, f"shard-{i}") for i in range(shards)]
+    shard_tasks = [asyncio.create_task(s.run(stop)) for s in shard_list]
+    clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}", collectives_at_shards=at_shards)
+               for n in range(NODES)]
     senders = [asyncio.create_task(c.run()) for c in clients]
     try:
         await feed(clients)
@@ -60,8 +67,12 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
         sent = sum(c.stats()["records_submitted"] for c in clients)
         await _until(lambda: root.stats.collectives == sent and done(root.stats), 60,
                      lambda: root.stats.to_json())
+        if want is not None:
+            with contextlib.suppress(AssertionError):  # what it is then is compared by the caller
+                await _until(lambda: _answer(agg.state) == want, 30, lambda: "")
         return {"got": _answer(agg.state), "stats": root.stats.to_json(),
-                "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts()}
+                "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts(),
+                "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None]}
     finally:
         stop.set()
         for t in senders:
@@ -100,13 +111,18 @@ def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tm
     assert out["got"] == want
 
 
-def test_step_records_and_collectives_through_the_engine_give_one_aggregators_answer(tmp_path: Path) -> None:
-    """The same job with its ranks' step records, each rank's end its own (up to 4 ms apart, as a real
-    job's): each node's agent folds its ranks' records of an iteration into one, the shards and the
-    root fold those, and the root's window fold reads each rank's own end from the fold
-    (``StepRecord.rank_end_times``). Sent as an agent sends, an iteration at a time (its steps, then
-    the operations enqueued in it), the per-rank and per-iteration shares are one aggregator's, fed
-    the ranks' own records, byte for byte."""
+@pytest.mark.parametrize("at_shards", [True, False], ids=["folded-at-the-shards", "folded-at-the-root"])
+def test_step_records_and_collectives_through_the_engine_give_one_aggregators_answer(
+        tmp_path: Path, at_shards: bool) -> None:
+    """The same job with its ranks' step records (the step hook's shape), each rank's end its own (up
+    to 4 ms apart, as a real job's): each node's agent folds its ranks' records of an iteration into
+    one, the shards and the root fold those. Sent as an agent sends, an iteration at a time (its
+    steps, then the operations enqueued in it), the per-rank and per-iteration shares, and the whole
+    collective analysis, are one aggregator's, fed the ranks' own records, byte for byte, whichever
+    folds the windows: ``folded-at-the-shards``, the agents send every operation beside their step
+    partials and the two shards' window folds hand the root per-window figures (the root folds none
+    itself); ``folded-at-the-root``, an agent that does not (the path before the shards' fold), the
+    root's window fold reads each rank's own end from the fold (``StepRecord.rank_end_times``)."""
     _need_nats_server()
     recs, steps = synthetic_job()
     rng = random.Random(5)
@@ -135,9 +151,20 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
                 c.submit(steps=step_at[n, it], collectives=coll_at.get((n, it), []))
             await asyncio.sleep(0.05)
 
+    windows = len(a["iterations"]) * NODES * PER_NODE  # (iteration, rank) rows of the shares
+
+    def done(st: RootStats) -> bool:  # the store has all the root read
+        return st.node_messages >= NODES * len(its) and st.held_back == 0
+
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2,
-                                              done=lambda st: st.node_messages >= NODES * len(its)
-                                              and st.held_back == 0))  # the store has all the root read
+        out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2, done=done, at_shards=at_shards,
+                                              want=want))
     assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
+    if at_shards:  # the windows were folded at the shards, from every operation; none at the root
+        assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
+        assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]
+        assert sum(s["operations"] for s in out["shards"]) == len(recs), out["shards"]
+        assert all(s["operations"] for s in out["shards"]), out["shards"]  # both shards folded some
+    else:
+        assert out["fold"]["folded"] > 0 and out["fold"]["received"] == 0, out["fold"]
     assert out["got"] == want, out["fold"]

@@ -24,8 +24,11 @@ from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
 
 # Iterations of step records a shard keeps a job (its ranks' windows): the newest operations settle
-# within a few windows of their step records; older windows have handed their figures on.
-KEEP_STEP_ITERATIONS = 32
+# within a few windows of their step records (the waiting ones are bounded at ~3 iterations a rank at
+# 100,000 ranks: winfold.PENDING); older windows have handed their figures on. Every new step end
+# builds the windows again from all of them (32 were a fifth of a shard's fold, flushing 8 times an
+# iteration: shard_fold_bench --takes 8).
+KEEP_STEP_ITERATIONS = 12
 # Iterations of settled figures a shard's fold keeps (a sequence gap seen later takes them back).
 KEEP_FIGURE_ITERATIONS = 8
 
@@ -36,19 +39,26 @@ class _Job:
     steps: dict[int, list[StepRecord]] = field(default_factory=dict)  # iteration -> its records here
     layout: ParallelLayout | None = None
     version: int = 0  # changes with the steps and the layout
+    # The ranks whose ends came since the fold last had its windows (None: every rank's windows again:
+    # the layout changed, an iteration left, or a record without its ranks' ends came)
+    changed: set[int] | None = None
 
 
 class ShardCollectives:
     """Each job's fold of the operations of the ranks this shard holds."""
 
-    def __init__(self, config: CollectiveConfig | None = None) -> None:
+    def __init__(self, config: CollectiveConfig | None = None, cache: bool = True) -> None:
+        """``cache``: each rank's provisional windows kept from its settling and handed on when they
+        change (WindowFold's ``hands_on``); off, computed again at every take (the bench's baseline)."""
         self.cfg = config or CollectiveConfig()
+        self.cache = cache
         self.jobs: dict[str, _Job] = {}
 
     def _job(self, job: str) -> _Job:
         j = self.jobs.get(job)
         if j is None:
-            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS))
+            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS,
+                                                 hands_on=self.cache))
         return j
 
     def add_steps(self, records: Iterable[StepRecord]) -> None:
@@ -57,13 +67,18 @@ class ShardCollectives:
             j = self._job(r.job)
             j.steps.setdefault(r.iteration, []).append(r)
             j.version += 1
+            if j.changed is not None:
+                if r.rank_end_times and self.cache:
+                    j.changed.update(r.rank_end_times)
+                else:
+                    j.changed = None
             if len(j.steps) > KEEP_STEP_ITERATIONS:
                 del j.steps[min(j.steps)]
 
     def set_layout(self, job: str, layout: ParallelLayout | None) -> None:
         j = self._job(job)
         if layout != j.layout:
-            j.layout, j.version = layout, j.version + 1
+            j.layout, j.version, j.changed = layout, j.version + 1, None
 
     def add(self, part: CollectivePartial) -> None:
         """Its operations onto their ranks' timelines; the windows now settled folded."""
@@ -90,9 +105,26 @@ class ShardCollectives:
         st = None if j is None else j.fold.ranks.get(rank)
         return None if st is None else st.frontier
 
+    def settled_from(self, job: str, rank: int) -> int | None:
+        """The start of the rank's last settled window (its figures taken final); None: no
+        operation of the rank here (nothing of it waits on this fold), or none settled yet (-1)."""
+        j = self.jobs.get(job)
+        st = None if j is None else j.fold.ranks.get(rank)
+        if st is None:
+            return None
+        return -1 if st.settled_start is None else st.settled_start
+
     def _steps_to_fold(self, j: _Job) -> bool:
         if j.fold.steps_key == j.version:
             return False
-        steps = [r for it in sorted(j.steps) for r in j.steps[it]]
-        j.fold.set_steps(j.version, steps, j.layout)
+        if j.changed is not None and j.fold.steps_key is not None:
+            # Only the ranks whose ends came: their records (a node's fold names its ranks) give their
+            # windows as all the records would (each rank's windows are its own ends)
+            changed = j.changed
+            steps = [r for it in sorted(j.steps) for r in j.steps[it]
+                     if not changed.isdisjoint(r.rank_end_times)]
+            j.fold.set_rank_steps(j.version, steps, j.changed)
+        else:
+            j.fold.set_steps(j.version, [r for it in sorted(j.steps) for r in j.steps[it]], j.layout)
+        j.changed = set()
         return True

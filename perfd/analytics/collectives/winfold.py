@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.collective_windows import (
+    RankTimeline,
     StepWindow,
     TimelineContext,
     rank_timeline,
@@ -117,6 +118,13 @@ class _Rank:
     ctx: TimelineContext = field(default_factory=TimelineContext)  # the operations let go
     frontier: int | None = None  # enqueue time up to which its operations are folded
     newest: int = 0  # the newest enqueue time taken
+    settled_start: int | None = None  # the start of its last settled window (a shard's acks read it)
+    # (a fold that hands its figures on) the timeline of its waiting operations, under the state it
+    # is of (what its newest windows' figures are read from: computed again only when that changed),
+    # and what it handed on of each window (iteration -> its figures)
+    timeline: tuple[tuple[object, ...], RankTimeline] | None = None
+    read: tuple[RankTimeline, list[StepWindow]] | None = None  # the timeline and windows last read
+    sent: dict[int, tuple[object, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,8 +163,12 @@ class WindowFold:
     """One job's per-window figures, folded from its operations as they come (see the module)."""
 
     def __init__(self, config: CollectiveConfig | None = None, pending: Retention = PENDING,
-                 settle: int = SETTLE_WINDOWS, keep: int | None = None) -> None:
+                 settle: int = SETTLE_WINDOWS, keep: int | None = None, hands_on: bool = False) -> None:
         self.cfg = config or CollectiveConfig()
+        # A fold whose figures are taken (take_figures: a shard's) keeps each rank's provisional
+        # windows from the timeline its settling built, and hands on only those that changed: a rank's
+        # newest windows were computed again at every take, a third of a shard's fold (shard_fold_bench)
+        self.hands_on = hands_on
         self.pending_bound, self.settle = pending, settle
         # iterations of figures kept: what the analysis reads; a shard's fold keeps fewer (it hands
         # them on: take_figures)
@@ -190,6 +202,20 @@ class WindowFold:
         self.steps_key = key
         # windows its waiting operations fall in may have closed: their rows are handed on again
         self._touched.update(r for r, st in self.ranks.items() if st.buffer)
+
+    def set_rank_steps(self, key: object, steps: Sequence[StepRecord], ranks: Iterable[int]) -> None:
+        """``ranks``' windows again from ``steps`` (records holding every end of theirs; the others'
+        windows, the job's and the layout as they were): a shard's fold, whose new step ends each name
+        a node's ranks, where every end built every rank's windows again."""
+        rank_windows, _ = step_windows(steps)
+        for r in ranks:
+            ws = rank_windows.get(r)
+            if ws is not None:
+                self._per_rank[r] = _Bounds.of(ws)
+            st = self.ranks.get(r)
+            if st is not None and st.buffer:
+                self._touched.add(r)
+        self.steps_key = key
 
     def add(self, rows: Iterable[OpRow]) -> set[int]:
         """Take operations the store newly merged; the ranks they touched (then :meth:`advance`)."""
@@ -278,15 +304,46 @@ class WindowFold:
             st = self.ranks.get(rank)
             if st is None or not st.buffer:
                 continue
-            rows = list(st.buffer.values())
-            tl = rank_timeline(rows, classes.rows(rows), st.ctx)
-            for w in self._windows_of(rank):
-                if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w):
-                    comm, by = tl.window(w)
-                    out.add(w.iteration, RankWindow(rank, w.start_ns, w.end_ns, w.n_iterations, w.excluded,
-                                                    comm, tuple(sorted(by.items())), False, st.newest))
+            if self.hands_on:
+                tl = self._timeline(st, classes)
+                # its windows after the frontier that its operations can cover (sorted: by bisection)
+                b = self._per_rank.get(rank) or self._job
+                lo = 0 if st.frontier is None else bisect.bisect_left(b.starts, st.frontier)
+                mine = b.windows[lo:bisect.bisect_right(b.ends, tl.created[-1]) if tl.created else lo]
+                if st.read is not None and st.read[0] is tl and st.read[1] == mine:
+                    continue  # the same timeline over the same windows: what it handed on last
+                st.read = (tl, mine)
+                figs = [(w, *tl.window(w)) for w in mine if tl.complete(w)]
+            else:
+                rows = list(st.buffer.values())
+                tl = rank_timeline(rows, classes.rows(rows), st.ctx)
+                figs = [(w, *tl.window(w)) for w in self._windows_of(rank)
+                        if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w)]
+            for w, comm, by_ in figs:
+                by = tuple(sorted(by_.items()))
+                if self.hands_on:  # the same figures as handed on before: the join has them
+                    fig = (w.start_ns, w.end_ns, w.n_iterations, w.excluded, comm, by)
+                    if st.sent.get(w.iteration) == fig:
+                        continue
+                    st.sent[w.iteration] = fig
+                out.add(w.iteration, RankWindow(rank, w.start_ns, w.end_ns, w.n_iterations, w.excluded,
+                                                comm, by, False, st.newest))
         self._touched.clear()
         return out
+
+    def _timeline(self, st: _Rank, classes: Classes) -> RankTimeline:
+        """The rank's waiting operations' timeline: the one its last settling or take built while
+        nothing changed since (its windows are read from it as they are now, so new step ends need no
+        new timeline), else built again. Its settling's, built before the settled operations were let
+        go, gives every window after the frontier as this one would: the same operations in them, each
+        after the same predecessor in its queue, the same first operation and gaps."""
+        key = (id(classes), id(st.ctx), len(st.buffer), st.newest, st.frontier)
+        if st.timeline is not None and st.timeline[0] == key:
+            return st.timeline[1]
+        rows = list(st.buffer.values())
+        tl = rank_timeline(rows, classes.rows(rows), st.ctx)
+        st.timeline = (key, tl)
+        return tl
 
     def _row(self, block: _Block, i: int, settled: bool) -> RankWindow:
         w, rank = block.windows[i], block.ranks[i]
@@ -334,6 +391,11 @@ class WindowFold:
             else:
                 self.counts.uncovered += 1
         self._let_go(st, tl.tail, cut)
+        st.settled_start = settled[-1].start_ns
+        if self.hands_on:  # what the take reads the windows after the new frontier from
+            st.timeline = ((id(self._classes), id(st.ctx), len(st.buffer), st.newest, st.frontier), tl)
+            for it in [it for it in st.sent if it <= settled[-1].iteration]:
+                del st.sent[it]
         if len(self.blocks) > self.keep:
             for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
                 self.counts.evicted += len(self.blocks.pop(it))

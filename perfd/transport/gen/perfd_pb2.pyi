@@ -426,7 +426,7 @@ class Partial(_message.Message):
     def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ..., new_run: _Optional[bool] = ...) -> None: ...
 
 class EngineBatch(_message.Message):
-    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials")
+    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials", "window_figures", "collectives_folded", "to_partition")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +441,9 @@ class EngineBatch(_message.Message):
     JOB_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVE_PARTIALS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIGURES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FOLDED_FIELD_NUMBER: _ClassVar[int]
+    TO_PARTITION_FIELD_NUMBER: _ClassVar[int]
     id: str
     sender: str
     created_ns: int
@@ -448,7 +451,46 @@ class EngineBatch(_message.Message):
     job_info_json: _containers.ScalarMap[str, str]
     records: Batch
     collective_partials: _containers.RepeatedCompositeFieldContainer[CollectivePartial]
-    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ...) -> None: ...
+    window_figures: _containers.RepeatedCompositeFieldContainer[WindowFigures]
+    collectives_folded: bool
+    to_partition: bool
+    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ...) -> None: ...
+
+class WindowFigures(_message.Message):
+    __slots__ = ("job", "iteration", "rank", "start_ns", "end_ns", "n_iterations", "comm_ns", "basis", "settled", "excluded_names", "excluded", "by")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    N_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    COMM_NS_FIELD_NUMBER: _ClassVar[int]
+    BASIS_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_NAMES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    iteration: _containers.RepeatedScalarFieldContainer[int]
+    rank: _containers.RepeatedScalarFieldContainer[int]
+    start_ns: _containers.RepeatedScalarFieldContainer[int]
+    end_ns: _containers.RepeatedScalarFieldContainer[int]
+    n_iterations: _containers.RepeatedScalarFieldContainer[int]
+    comm_ns: _containers.RepeatedScalarFieldContainer[int]
+    basis: _containers.RepeatedScalarFieldContainer[int]
+    settled: _containers.RepeatedScalarFieldContainer[bool]
+    excluded_names: _containers.RepeatedScalarFieldContainer[str]
+    excluded: _containers.RepeatedScalarFieldContainer[int]
+    by: _containers.RepeatedCompositeFieldContainer[WindowClass]
+    def __init__(self, job: _Optional[str] = ..., iteration: _Optional[_Iterable[int]] = ..., rank: _Optional[_Iterable[int]] = ..., start_ns: _Optional[_Iterable[int]] = ..., end_ns: _Optional[_Iterable[int]] = ..., n_iterations: _Optional[_Iterable[int]] = ..., comm_ns: _Optional[_Iterable[int]] = ..., basis: _Optional[_Iterable[int]] = ..., settled: _Optional[_Iterable[bool]] = ..., excluded_names: _Optional[_Iterable[str]] = ..., excluded: _Optional[_Iterable[int]] = ..., by: _Optional[_Iterable[_Union[WindowClass, _Mapping]]] = ...) -> None: ...
+
+class WindowClass(_message.Message):
+    __slots__ = ("name", "union_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNION_NS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    union_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., union_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CollectivePartial(_message.Message):
     __slots__ = ("job", "strings", "groups", "source", "op", "group", "state", "host", "unset", "is_p2p", "rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "peer", "bytes", "time_created_delta_ns", "pid", "duration_ms", "busbw_gbs", "p2p_seq_id", "duration_ms_f32", "progress_rank", "progress_group", "progress_p2p", "progress_enqueued", "progress_completed")

@@ -1,0 +1,190 @@
+"""A shard's window fold of its nodes' collective operations, and when it may acknowledge the node
+messages that fed it.
+
+The fold itself is the analytics' (perfd.analytics.collectives.shardfold.ShardCollectives): the
+engine imports nothing of the analytics (tests/test_layering.py), so ``perfd shard`` (perfd.commands,
+which sees every layer) hands it to the shard as a :class:`CollectiveFold`, as the aggregator hands
+the root its sink. Without one a shard folds step partials only, as before; node messages' operations
+are then left unread (an agent sends them only to shards of this version or later).
+
+Why a message's acknowledgement waits for its windows (:class:`Holds`). A node message's operations
+and step ends feed windows that settle later (once the rank's operations reach a window past them);
+until then they wait in the fold, in this process only. Acknowledged at once, a shard killed with
+them waiting would lose them: the root would keep the provisional figures it was handed (made from
+the operations there were) and the next holder, never given them again, could not settle those
+windows. So a message is acknowledged once, for every rank it names that the fold holds operations
+of, a settled window starts at or after its latest time for that rank (its newest operation's
+enqueue time, its step end): the windows it fed are settled and their figures published before the
+acknowledgement, and the messages the engine delivers again after a kill start before the first
+unsettled window, with the operations of the window before it (what a timeline's context needs: each
+group's previous operation). The next holder folds them again: a window settled twice gives the same
+row under the same (iteration, rank) key, which the root's join merges once; nothing is doubled.
+Held at most HOLD_S (under the engine's ACK_WAIT_S, so not delivered twice meanwhile): a job that
+stopped has windows that never settle, and past it its messages are acknowledged with their windows'
+provisional figures handed on (counted ``released_unsettled``: what a kill then would lose).
+
+The other half of it is the order: a shard taking a partition whose consumer has messages delivered
+and not acknowledged (its holder was killed) starts fetching only after ACK_WAIT_S, when the engine
+delivers those again before anything newer; fetched first, the newer operations would settle windows
+past the older ones, which the fold would then refuse as late. A shard that gives a partition up on
+purpose (more shards, a stop) hands its held messages back instead (nak: the engine delivers them at
+once, before newer ones) and marks the partition handed, so its next holder fetches at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from perfd.collfold import CollectivePartial
+from perfd.engine.nats_api import Msg
+from perfd.engine.partial import Decoded
+from perfd.jobinfo_json import job_info_from_json
+from perfd.model import ParallelLayout, StepRecord
+from perfd.winfigures import WindowFigures
+
+# A message is acknowledged within this long even if its windows have not settled (under the
+# engine's ACK_WAIT_S, 10 s: a hold past it would have it delivered again to no purpose).
+HOLD_S = 7.0
+
+
+class CollectiveFold(Protocol):
+    """What a shard needs of the window fold (ShardCollectives has it)."""
+
+    def add_steps(self, records: Iterable[StepRecord]) -> None: ...
+    def set_layout(self, job: str, layout: ParallelLayout | None) -> None: ...
+    def add(self, part: CollectivePartial) -> None: ...
+    def take(self) -> list[WindowFigures]: ...
+    def settled_from(self, job: str, rank: int) -> int | None: ...
+
+
+@dataclass
+class _Held:
+    msg: Msg
+    partition: int
+    since: float
+    needs: list[tuple[str, int, int]]  # (job, rank, latest time of it in the message, ns)
+
+
+@dataclass
+class WindowStats:
+    collective_messages: int = 0  # node messages with operations folded here
+    operations: int = 0
+    figure_rows: int = 0  # (iteration, rank) rows published
+    figure_messages: int = 0
+    held: int = 0  # node messages whose acknowledgement waits for their windows now
+    released_unsettled: int = 0  # acknowledged after HOLD_S with a window still open
+    bad_job_info: int = 0
+
+
+class Holds:
+    """The fold, the node messages waiting on it, and the figures taken and not yet published."""
+
+    def __init__(self, fold: CollectiveFold) -> None:
+        self.fold = fold
+        self.stats = WindowStats()
+        self._held: list[_Held] = []
+        self._jobs: set[str] = set()  # jobs whose operations come here: their steps are folded too
+        self._layouts: dict[str, ParallelLayout | None] = {}
+        self._unsent: dict[str, WindowFigures] = {}
+
+    def fold_in(self, d: Decoded, m: Msg, partition: int, now: float) -> bool:
+        """Fold a node message's operations, step ends and layout in; True: its acknowledgement waits
+        (:meth:`release`)."""
+        for job, text in d.job_info_json.items():
+            try:
+                layout = job_info_from_json(text).layout
+            except ValueError:
+                self.stats.bad_job_info += 1
+                continue
+            if self._layouts.get(job) != layout:
+                self._layouts[job] = layout
+                self.fold.set_layout(job, layout)
+        latest: dict[tuple[str, int], int] = {}
+        for part in d.collectives:
+            self._jobs.add(part.job)
+            self.stats.collective_messages += 1
+            self.stats.operations += len(part)
+            for row in part.ops.values():
+                if row.rank is not None and row.time_created_ns is not None:
+                    key = (part.job, row.rank)
+                    latest[key] = max(latest.get(key, 0), row.time_created_ns)
+            self.fold.add(part)
+        folds = []
+        for p in d.partials:
+            if p.job not in self._jobs:
+                continue
+            fold = p.fold
+            if fold is None:
+                continue
+            folds.append(fold)
+            for rank, end in fold.rank_end_times.items():
+                key = (p.job, rank)
+                latest[key] = max(latest.get(key, 0), round(end * 1e9))
+        if folds:
+            self.fold.add_steps(folds)
+        if not latest:
+            return False
+        self._held.append(_Held(m, partition, now, [(j, r, t) for (j, r), t in latest.items()]))
+        return True
+
+    def take(self) -> list[WindowFigures]:
+        """Figures made since the last take, with those a failed publish gave back (:meth:`give_back`)."""
+        for figs in self.fold.take():
+            held = self._unsent.get(figs.job)
+            if held is None:
+                self._unsent[figs.job] = figs
+            else:
+                held.absorb(figs)
+        out, self._unsent = list(self._unsent.values()), {}
+        for figs in out:
+            self.stats.figure_rows += len(figs)
+        return out
+
+    def give_back(self, figs: Sequence[WindowFigures]) -> None:
+        """Figures a publish did not get out: taken again at the next flush (a join: none doubled)."""
+        for f in figs:
+            self.stats.figure_rows -= len(f)
+            held = self._unsent.get(f.job)
+            if held is None:
+                self._unsent[f.job] = f
+            else:
+                held.absorb(f)
+
+    def release(self, now: float) -> list[Msg]:
+        """The held messages whose windows have settled (their figures taken: acknowledge them once
+        those are published), or that waited HOLD_S."""
+        out, keep = [], []
+        for h in self._held:
+            if self._settled(h):
+                out.append(h.msg)
+            elif now - h.since >= HOLD_S:
+                self.stats.released_unsettled += 1
+                out.append(h.msg)
+            else:
+                keep.append(h)
+        self._held = keep
+        self.stats.held = len(keep)
+        return out
+
+    def hold_again(self, msgs: Sequence[Msg], now: float) -> None:
+        """Messages :meth:`release` gave that could not be acknowledged with their figures (the
+        publish failed): acknowledged at the next flush that publishes."""
+        self._held.extend(_Held(m, -1, now - HOLD_S, []) for m in msgs)
+        self.stats.held = len(self._held)
+
+    def drop(self, partition: int) -> list[Msg]:
+        """A partition given up: its held messages leave this shard (unacknowledged, the engine
+        delivers them again to the next holder; or the caller acknowledges them)."""
+        gone = [h.msg for h in self._held if h.partition == partition]
+        self._held = [h for h in self._held if h.partition != partition]
+        self.stats.held = len(self._held)
+        return gone
+
+    def _settled(self, h: _Held) -> bool:
+        for job, rank, t in h.needs:
+            s = self.fold.settled_from(job, rank)
+            if s is not None and s < t:
+                return False
+        return True

@@ -1,0 +1,163 @@
+"""A shard killed mid-run while it folds collective windows (perfd.engine.shard_windows): real
+nats-server, real ``perfd shard`` and ``perfd aggregator --engine`` processes (tests/engine/engine_driver.py),
+nodes publishing the step hook's records and, beside them, their ranks' Flight Recorder operations.
+The shard that holds more nodes gets SIGKILL while it holds messages whose windows have not settled;
+the engine delivers them again to the next holder, which folds them before anything newer. Then the
+root's collective analysis is one aggregator's, fed the same records, byte for byte: no window's
+figures lost (every rank's per-iteration share is there) and none doubled (the same shares and counts);
+and the step records' checks of test_engine_faults.py hold too (every node message folded once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.aggregator.state import AggregatorState
+from perfd.model import CollectiveRecord, StepRecord
+from tests.engine.engine_driver import (
+    RANKS_PER_NODE,
+    Plan,
+    Rig,
+    consumers,
+    need_nats_server,
+    settle_and_check,
+)
+from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+PERIOD_S = 0.5
+TP_OPS = 3
+
+
+class Job:
+    """What every node sends each iteration: the plan's step records, and per rank TP_OPS all-reduces
+    on its node's group, one on its data-parallel group (across nodes) and a world barrier, each
+    enqueued between the rank's previous step end and this one (so in this iteration's window). The
+    barrier comes two messages later (Flight Recorder sends an operation once final, in dump order: a
+    slow one after those enqueued after it): a window's provisional figures, made once the next
+    window's operations show it covered, lack it, and only the settled ones have it — what a shard
+    killed between the two would lose."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.sent: list[tuple[int, list[StepRecord], list[CollectiveRecord]]] = []
+        self._t: dict[int, float] = {}
+        self._seq: dict[tuple[int, int], int] = {}
+        # node -> its barriers of the last two iterations, each sent with the second message after its own
+        self._late: dict[int, list[list[CollectiveRecord]]] = {}
+
+    def feed(self, n: int, it: int, t: float) -> dict[str, Any]:
+        self._t.setdefault(it, t)
+        prev = self._t.get(it - 1, t - PERIOD_S)
+        lo, hi = max(prev + 0.05, t - 0.8 * PERIOD_S), t - 0.05  # past every rank's previous end
+        world, nodes = self.plan.world, self.plan.nodes
+        waiting = self._late.setdefault(n, [])
+        colls: list[CollectiveRecord] = waiting.pop(0) if len(waiting) == 2 else []
+        late: list[CollectiveRecord] = []
+        for lr in range(RANKS_PER_NODE):
+            r = n * RANKS_PER_NODE + lr
+            tp = [n * RANKS_PER_NODE + i for i in range(RANKS_PER_NODE)]
+            groups = [(10 + n, tp, "TENSOR_MODEL_PARALLEL_GROUP")] * TP_OPS + [
+                (20 + lr, [m * RANKS_PER_NODE + lr for m in range(nodes)], "undefined"),
+                (0, list(range(world)), "default_pg")]
+            for k, (pg, ranks, desc) in enumerate(groups):
+                seq = self._seq[r, pg] = self._seq.get((r, pg), -1) + 1
+                created = lo + (hi - lo) * (k + 0.3 * (r % 3) / 3) / len(groups)
+                (late if pg == 0 else colls).append(CollectiveRecord(
+                    job=self.plan.job, source="flight_recorder", op="all_reduce", rank=r, pg_id=pg,
+                    pg_name=str(pg), pg_desc=desc, pg_ranks=ranks, group_rank=ranks.index(r),
+                    group_size=len(ranks), collective_seq_id=seq, bytes=4 << 20, dtype="Float",
+                    state="completed", time_created_ns=round(created * 1e9),
+                    duration_ms=1.0 + ((r * 7 + it * 3 + k) % 11) * 0.5))
+        waiting.append(late)
+        steps = self.plan.records(n, it, t)
+        self.sent.append((n, steps, colls))
+        return {"steps": steps, "collectives": colls}
+
+    def one_aggregator(self) -> str:
+        single = AggregatorState()
+        for n, steps, colls in self.sent:
+            single.ingest_steps(f"agent-{n}", steps)
+            single.ingest_collectives(f"agent-{n}", colls)
+        got = single.collective_analysis(self.plan.job, force=True)
+        assert got is not None
+        return json.dumps(got.to_json(), sort_keys=True)
+
+
+def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:
+    """Where the root's analysis is not one aggregator's: each iteration's ranks missing, extra or
+    of another share, and the other keys that differ."""
+    out = [f"keys differing: {sorted(k for k in want if got.get(k) != want.get(k))}"]
+    g = {it["iteration"]: it for it in got.get("iterations") or []}
+    for it in want["iterations"]:
+        o = g.get(it["iteration"])
+        if o is None:
+            out.append(f"iteration {it['iteration']}: missing")
+            continue
+        a, b = o.get("share_by_rank", {}), it.get("share_by_rank", {})
+        diff = {r: (a.get(r), b.get(r)) for r in set(a) | set(b) if a.get(r) != b.get(r)}
+        if diff or o != it:
+            some = dict(list(diff.items())[:4])
+            out.append(f"iteration {it['iteration']}: {len(diff)} ranks differ {some}; "
+                       f"keys {sorted(k for k in it if o.get(k) != it.get(k))}")
+    return "\n".join(out)
+
+
+def _root_answer(rig: Rig, job: str) -> str:
+    doc = get_json(f"{rig.base}/api/jobs/{urllib.parse.quote(job, safe='')}/summary")
+    return json.dumps(doc.get("collectives"), sort_keys=True)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    need_nats_server()
+    r = Rig(tmp_path / "rig")
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "not-restarted"])
+def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool) -> None:
+    plan = Plan(nodes=4, iterations=24, period_s=PERIOD_S)
+    job = Job(plan)
+    with rig.explained():
+        rig.up(("shard-a", "shard-b"))
+        by_part = rig.node_partitions(plan)
+        held = {s: sum(len(by_part.get(p, [])) for p in rig.partitions_of(s)) for s in ("shard-a", "shard-b")}
+        victim, survivor = sorted(held, key=lambda s: -held[s])
+        assert held[victim] > 0
+        load = rig.start_load(plan, job.feed)
+        load.wait_submitted(8)
+        mine = rig.partitions_of(victim)
+        pending = wait_for(lambda: sum(c["ack_pending"] for c in consumers(rig.urls, mine).values())
+                           or NOT_YET, 5, f"{victim} holding messages", ignore=NOT_YET, interval=0.05)
+        rig.kill(victim)
+        t_kill = time.monotonic()
+        if restart:
+            time.sleep(3.0)
+            rig.start_shard(victim)
+        f = settle_and_check(rig, plan, timeout=90, late=True, records_messages=plan.nodes * plan.iterations)
+        want = job.one_aggregator()
+        doc = json.loads(want)
+        assert len(doc["iterations"]) >= plan.iterations - 3, doc["iterations"]
+        try:
+            wait_for(lambda: _root_answer(rig, plan.job) == want or NOT_YET, 60,
+                     "the root's collective analysis to be one aggregator's", ignore=NOT_YET, interval=0.5)
+        except WaitTimeout:
+            raise AssertionError(_differences(json.loads(_root_answer(rig, plan.job)), doc)) from None
+        took = time.monotonic() - t_kill
+        stats = {s: rig.shard_stats(s) for s in (victim, survivor) if rig.shards[s].proc.poll() is None}
+        print(f"FIGURES collectives, shard killed ({'restarted' if restart else 'not restarted'}): {victim} "
+              f"held {held[victim]}/{plan.nodes} nodes, {pending} messages unacknowledged at the kill; "
+              f"{f.line()}; answer equal {took:.1f}s after the kill; shards {stats}")
+        assert f.redelivered > 0, f.line()  # the kill had messages delivered again: the case under test

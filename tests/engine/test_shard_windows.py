@@ -1,0 +1,135 @@
+"""A shard's holds on its node messages while their collective windows settle
+(perfd.engine.shard_windows), in process: the node messages of a hook-shaped job with collectives (each
+rank's barrier two messages late, as Flight Recorder sends a slow operation after those enqueued after
+it) go through a shard's window fold, whose figures go to a store as the root hands them on. The
+shard is "killed" after any one of the messages: what it acknowledged is gone, what it held is
+delivered again, first, to a new shard (a fresh fold), which takes every later message. Whatever the
+moment, the store's collective analysis is one aggregator's, byte for byte: nothing lost, nothing
+doubled. Acknowledged as soon as folded, the same kill loses windows (the control case)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.collectives.shardfold import ShardCollectives
+from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.engine import shard_windows
+from perfd.engine.nats_api import MsgMetadata
+from perfd.engine.partial import decode, encode, partials_of
+from perfd.engine.shard_windows import Holds
+from tests.engine.engine_driver import Plan
+from tests.engine.test_engine_collectives_faults import Job
+
+ITERATIONS = 14
+
+
+@dataclass
+class _Msg:
+    """What a hold keeps of a JetStream message (acknowledged by the caller)."""
+
+    seq: int
+    data: bytes
+    reply: str = ""
+
+    @property
+    def metadata(self) -> MsgMetadata:
+        raise AssertionError("a hold reads no metadata")
+
+    async def respond(self, data: bytes) -> None: ...
+    async def ack(self) -> None: ...
+    async def nak(self) -> None: ...
+    async def term(self) -> None: ...
+
+
+def _messages() -> tuple[Plan, list[_Msg], list[dict[str, Any]], str]:
+    plan = Plan(nodes=2, iterations=ITERATIONS, period_s=0.5)
+    job = Job(plan)
+    sent: list[dict[str, Any]] = []
+    msgs: list[_Msg] = []
+    for it in range(1, ITERATIONS + 1):
+        for n in range(plan.nodes):
+            d = job.feed(n, it, 1000.0 + 0.5 * it)
+            sent.append(d)
+            mid = f"agent-{n}:e:{it}"
+            msgs.append(_Msg(len(msgs), encode(mid, f"agent-{n}", 1, partials_of(d["steps"], mid),
+                                               collectives=[reduce(plan.job, d["collectives"])],
+                                               to_partition=True)))
+    return plan, msgs, sent, job.one_aggregator()
+
+
+def _through(plan: Plan, msgs: list[_Msg], sent: list[dict[str, Any]], kill_after: int | None) -> str:
+    """Every message through a shard killed after message ``kill_after`` (its held ones delivered
+    again to a fresh shard, before the rest); the root's store's analysis."""
+    root = AggregatorState()
+    for d in sent:  # the records stream: the store's share of the rows, kept, not folded
+        root.ingest_steps("a", d["steps"])
+        root.ingest_collective_partial("a", for_sending(reduce(plan.job, d["collectives"]), SENT_RETENTION),
+                                       folded=True)
+    holds = Holds(ShardCollectives())
+    acked: set[int] = set()
+    seqs = {id(m): m.seq for m in msgs}
+
+    def flush() -> None:
+        for figs in holds.take():
+            root.ingest_window_figures(figs)
+        acked.update(seqs[id(m)] for m in holds.release(0.0))
+
+    todo = list(msgs)
+    while todo:
+        m = todo.pop(0)
+        if not holds.fold_in(decode(m.data), m, 0, 0.0):
+            acked.add(m.seq)
+        flush()
+        if kill_after is not None and m.seq == kill_after:
+            kill_after = None
+            holds = Holds(ShardCollectives())  # the next holder: the unacknowledged come again, first
+            todo = [x for x in msgs if x.seq <= m.seq and x.seq not in acked] + todo
+    got = root.collective_analysis(plan.job, force=True)
+    assert got is not None
+    return json.dumps(got.to_json(), sort_keys=True)
+
+
+def test_a_shard_killed_after_any_message_loses_and_doubles_no_window() -> None:
+    plan, msgs, sent, want = _messages()
+    assert len(json.loads(want)["iterations"]) >= ITERATIONS - 3
+    assert _through(plan, msgs, sent, None) == want
+    for k in range(len(msgs)):
+        assert _through(plan, msgs, sent, k) == want, f"killed after message {k}"
+
+
+def test_acknowledged_as_soon_as_folded_the_same_kills_lose_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, msgs, sent, want = _messages()
+    monkeypatch.setattr(shard_windows, "HOLD_S", 0.0)  # every hold released at the flush after it
+    lost = [k for k in range(len(msgs)) if _through(plan, msgs, sent, k) != want]
+    assert len(lost) > len(msgs) // 2, lost
+
+
+def test_window_figures_cross_the_wire_whole_and_in_pieces() -> None:
+    """perfd.engine.figures_codec: rows with and without classes, excluded or not, settled or not,
+    uncovered (ABSENT) come back equal; cut in pieces, they merge back to the same rows."""
+    from perfd.engine import figures_codec
+    from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.winfigures import ABSENT, RankWindow, WindowFigures
+
+    figs = WindowFigures("a job")
+    figs.add(3, RankWindow(0, 10, 20, 1, None, 5, (("dp", 2), ("tp", 4)), True, 19))
+    figs.add(3, RankWindow(1, 11, 21, 1, "warmup", 0, (), False, 25))
+    figs.add(4, RankWindow(0, 20, 40, 2, "capture", ABSENT, (("tp", 7),), True, 41))
+    figs.add(5, RankWindow(7, 40, 60, 1, "warmup", 9, (("world", 1),), False, 61))
+    m = pb.WindowFigures()
+    figures_codec.to_pb(figs, m)
+    back = figures_codec.from_pb(pb.WindowFigures.FromString(m.SerializeToString()))
+    assert back.job == figs.job and back.rows == figs.rows
+    merged = WindowFigures("a job")
+    for piece in figures_codec.chunks(figs, rows=3):
+        assert len(piece) <= 3
+        merged.absorb(piece)
+    assert merged.rows == figs.rows
+    m.rank.append(9)  # columns of unequal length: refused, not read past
+    with pytest.raises(ValueError):
+        figures_codec.from_pb(m)
