@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
-from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.run.run_summary import CaptureDisturbances
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.report.incident_findings import incident_findings
 
 
 def _its(steps: list[float]) -> list[IterationResult]:

@@ -27,7 +27,6 @@ from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
-from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.incidents.verdict_text import (
     DATA_CPU_BOUND_ACTION,
     DATA_LOADING_ACTION,
@@ -35,6 +34,7 @@ from perfd.analytics.incidents.verdict_text import (
 )
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
+from perfd.report.incident_findings import incident_findings
 from perfd.report.training_report import build_report
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

@@ -144,7 +144,7 @@ class Incident:
         """The evidence as served (a stall's own has always opened with the stall)."""
         return self.evidence.to_json(stall_first=self.kinds == [STALL])
 
-    # What makes it a ReportedIncident (perfd.analytics.incidents.incident_findings): offline it is all there
+    # What makes it a ReportedIncident (perfd.report.incident_findings): offline it is all there
     # is, and no capture is known.
     @property
     def incident(self) -> Incident:

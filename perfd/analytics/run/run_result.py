@@ -37,6 +37,8 @@ class RunAnalysis:
     job: JobBlock
     iterations: Table[IterationResult]  # a row is built when read: see iteration_table
     summary: RunSummary
+    # the run's own (ordered among themselves): the report adds the incidents' and orders all again
+    # (perfd.report.training_report.build_report)
     findings: list[Finding]
     recommendations: list[Recommendation]
     steady: SteadyState

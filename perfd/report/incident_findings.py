@@ -1,5 +1,6 @@
 """What a report says of incidents: one finding and one recommendation each, and which of them
-perfd's own capture made (never the headline).
+perfd's own capture made (never the headline). Made where the report is built (build_report), not in
+the analysis: they word the incident (its cause line, its action) for a person.
 
 The incidents are typed: analysed offline (perfd.analytics.incidents.detect.Incident) or as the live
 aggregator kept them (perfd/aggregator/incident_records.TrackedIncident); both are a
