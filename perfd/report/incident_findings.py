@@ -9,14 +9,18 @@ aggregator kept them (perfd/aggregator/incident_records.TrackedIncident); both a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
-from perfd.analytics.incidents.evidence import EvidenceKind
+from perfd.analytics.incidents.evidence import EvidenceKind, Missing, Verdict
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
-from perfd.analytics.incidents.verdict_text import action_text, cpu_use_text
+from perfd.analytics.incidents.verdict_text import cpu_use_text, cpus_text
+from perfd.typed import objs
+
+K = EvidenceKind
 
 
 class ReportedIncident(Protocol):
@@ -79,7 +83,8 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         action, used = _action(inc, cpu)
         detail = inc.cause + (f"; {cpu_use_text(used)}" if used is not None else "")
-        rs.append(Recommendation("", fid, 0, action, detail, impact))
+        dl = data_loading(used, inc.cpu_only) if _data_wait(inc) else None
+        rs.append(Recommendation("", fid, 0, action, detail, impact, data_loading=dl))
     return fs, rs
 
 
@@ -103,10 +108,116 @@ def _action(inc: Incident, cpu: CpuUse | None = None) -> tuple[str, CpuUse | Non
     if HANG in inc.kinds:
         return ("Find why the named rank(s) never reached the collective (their last Flight Recorder "
                 "entries, a dead process, a lost GPU); set a NCCL timeout so a hang fails fast"), None
-    v = inc.verdict
-    used = (incident_cpu_use(inc) or cpu) if v is not None and v.cause is EvidenceKind.DATA_WAIT else None
-    return action_text(v, list(inc.ranks), used, inc.cpu_only), used
+    used = (incident_cpu_use(inc) or cpu) if _data_wait(inc) else None
+    return action_text(inc.verdict, list(inc.ranks), used, inc.cpu_only), used
+
+
+def _data_wait(inc: Incident) -> bool:
+    """Slow data leads the incident (its action is a data-loading one: perfd.analytics.finding_types
+    .DataLoading)."""
+    return HANG not in inc.kinds and inc.verdict is not None and inc.verdict.cause is EvidenceKind.DATA_WAIT
 
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.0f} ms"
+
+
+def _host_action(v: Verdict, d: Mapping[str, object]) -> str | None:
+    """The first thing to do when the rank's process or its host explains the incident."""
+    pid = d.get("pid")
+    who = f"rank {v.rank}'s process" + (f" (pid {pid})" if pid is not None else "")
+    if v.cause is K.PROCESS_STOPPED:
+        return (f"Find what stopped {who}: a debugger attached, a SIGSTOP from a scheduler "
+                "(suspend, preemption) or a frozen cgroup; `kill -CONT` it or restart the job, and set a "
+                "NCCL timeout so the other ranks do not wait for ever")
+    if v.cause in (K.OOM_KILL, K.PROCESS_GONE):
+        return (f"{who[0].upper()}{who[1:]} died: read the kernel log (dmesg: OOM kills) and its "
+                "output; give the job more host memory or use less (fewer data-loader workers, less "
+                "pinned memory), then restart it from its last checkpoint")
+    if v.cause is K.CPU_CONTENTION:
+        others = objs(d.get("others"))
+        pids = ", ".join(str(o.get("pid")) for o in others[:4])
+        return (f"Keep other processes off rank {v.rank}'s {cpus_text(d.get('allowed_cpus'))}"
+                + (f" (pid {pids})" if pids else "") + ": give the job dedicated cores (cpuset / taskset, "
+                "the Kubernetes static CPU manager) or move the other processes away")
+    if v.cause is K.CPU_THROTTLED:
+        return ("Raise or remove the job's CPU limit (Kubernetes resources.limits.cpu, cgroup cpu.max): "
+                "its quota throttles the rank and its data-loader workers")
+    if v.cause is K.MEMORY_PRESSURE:
+        return ("Give the job's node more free memory (fewer data-loader workers or prefetched batches, "
+                "no other memory-hungry processes); turn swap off for training nodes")
+    if v.cause is K.IO_BLOCKED:
+        return ("Check the storage the job reads and writes (data, checkpoints): its latency and "
+                "throughput, other jobs on it; stage data on local disk")
+    return None
+
+
+def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None,
+                cpu_only: bool = False) -> str:
+    """The first thing to do about an incident with this verdict (``cpu``: the rank's CPU use, which
+    decides a data-loading action; ``cpu_only``: the job computes on CPUs, no GPU to check)."""
+    r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
+    who = f"rank {r}'s GPU" if r is not None else "the job's GPUs"
+    if cpu_only and (v is None or v.lead is None or v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE)):
+        whose = f"rank {r}'s" if r is not None else "the job's"
+        return (f"Check {whose} own work and host: uneven data or sharding, host-side stalls (checkpointing, "
+                "evaluation, garbage collection), other processes on its CPUs")
+    if v is None or v.lead is None:
+        if r is not None:
+            return (
+                f"Check rank {r}: its GPU (clocks, throttle reasons, other processes, XID errors), then "
+                "uneven data or sharding and host-side stalls"
+            )
+        return (
+            "Look for host-side causes of the slow stretch: checkpointing, evaluation, other jobs on the node"
+        )
+    d: Mapping[str, Any] = v.lead.detail
+    host = _host_action(v, d)
+    if host is not None:
+        return host
+    if v.cause in (K.XID, K.HW_SLOWDOWN):
+        return (
+            f"Drain {who} and check its health (XID codes in the driver log, nvidia-smi -q, the node's "
+            "hardware monitoring); reschedule the job without it"
+        )
+    if v.cause is K.FOREIGN_PROCESS:
+        return (
+            f"Keep other processes off {who} (exclusive-process compute mode, or the scheduler's GPU "
+            f"isolation): pid {d.get('pid', v.lead.key)} ran there during the incident"
+        )
+    if v.cause is K.THERMAL:
+        return f"Check {who}'s cooling: airflow, fans, inlet temperature (no other process explains it)"
+    if v.cause is K.POWER_CAP:
+        return (
+            f"Check {who}'s power limit and power delivery (nvidia-smi -q -d POWER: enforced against "
+            "default limit); no other process explains it"
+        )
+    if v.cause is K.CLOCK_DROP:
+        return f"Check {who}'s clocks: locked or application clocks, throttle reasons"
+    if v.cause is K.AFTER_CAPTURE:
+        return (
+            "perfd's capture cost this: stop on-demand captures of this job (raise the rule's cooldown or "
+            "drop the rule) and restart its ranks when convenient to shed the profiler's overhead"
+        )
+    if v.cause is K.CAPTURE_FINDING:
+        return (
+            f"Look for contention on {who}: the same kernels ran slower while captured (other processes, "
+            "MPS clients, clocks)"
+        )
+    if v.cause is K.DATA_WAIT:
+        return DATA_ACTIONS[data_loading(cpu, cpu_only)]
+    if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
+        gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
+        if gpu_known:
+            return (
+                f"Check rank {v.rank}'s own work: uneven data or sharding, host-side stalls (CPU "
+                "contention, garbage collection); its GPU showed no fault, no co-tenant, no throttling"
+            )
+        return (
+            f"Check rank {v.rank}'s GPU (clocks, throttle reasons, other processes, XID errors: an agent "
+            "with NVML on its node shows them), then uneven data or sharding"
+        )
+    return (
+        "Communication slowed: check the links and peers of the rank's process groups; overlap "
+        "communication with compute"
+    )

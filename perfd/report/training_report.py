@@ -15,10 +15,11 @@ from typing import Any
 from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
+from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
-from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
+from perfd.analytics.incidents.verdict_text import cpu_use_text
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
@@ -81,7 +82,7 @@ class Report:
             "arming": plain_json(self.arming.to_json() if self.arming is not None else None),
             "plan": plain_json(self.plan.to_json() if self.plan is not None else None),
             "findings": [plain_json(f.to_json()) for f in self.findings],
-            "recommendations": [plain_json(dataclasses.asdict(r)) for r in self.recommendations],
+            "recommendations": [plain_json(r.to_json()) for r in self.recommendations],
         }
 
 
@@ -207,7 +208,8 @@ def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recomme
     """The run's data-loading recommendation with the action its ranks' CPUs call for, and why."""
     if r.finding_id != DATA_LOADING_FINDING and r.remedy != RemedyId.DATA_LOADER.value:
         return r
-    return dataclasses.replace(r, action=data_loading_action(cpu, cpu_only),
+    dl = data_loading(cpu, cpu_only)
+    return dataclasses.replace(r, action=DATA_ACTIONS[dl], data_loading=dl,
                                detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 

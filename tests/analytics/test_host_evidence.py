@@ -16,7 +16,8 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
 from perfd.analytics.incidents.host_evidence import foreign_others, host_items, oom_evidence
 from perfd.analytics.incidents.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
-from perfd.analytics.incidents.verdict_text import action_text, cause_text, cpus_text, sentence
+from perfd.analytics.incidents.verdict_text import cause_text, cpus_text, sentence
+from perfd.report.incident_findings import action_text
 
 K = EvidenceKind
 DATA = Path(__file__).resolve().parents[1] / "data" / "host" / "rank_observations.json"

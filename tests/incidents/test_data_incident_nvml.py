@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.http import job_summary
-from perfd.analytics.incidents.verdict_text import DATA_MORE_WORKERS_ACTION
+from perfd.analytics.breakdown.advice_registry import DATA_MORE_WORKERS_ACTION
 from perfd.analytics.steps.provenance import Code, cite
 from tests.gpu.plain_loop_live import truth_data
 from tests.loop_replay import PHASES_NVML, TRAINING_NVML, Feed, loop, nvml_frames, replay, run3_host
