@@ -17,7 +17,7 @@ from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind, Missing, Verdict
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
-from perfd.analytics.incidents.verdict_text import cpu_use_text, cpus_text
+from perfd.report.incident_text import cause_line, cpu_use_text, cpus_text
 from perfd.typed import objs
 
 K = EvidenceKind
@@ -74,7 +74,7 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
             steps += f" perfd's capture cost {cap_cost:.1f} s more inside it (not counted as lost)."
         fs.append(Finding(fid, Severity.CRITICAL if HANG in kinds else Severity.WARNING,
                           f"Incident {span}: {lost}" + (" (still open)" if inc.open else ""),
-                          f"{inc.cause}{during}.{steps}{cap_text}",
+                          f"{cause_line(inc)}{during}.{steps}{cap_text}",
                           # the incident by its id: its evidence, verdict and captures are the
                           # incident's own (each fact once: the report sits beside the incidents)
                           {"incident": inc.id, "kinds": kinds, "ranks": list(inc.ranks), "cost_s": cost,
@@ -82,7 +82,7 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
                           span, inc.evidence.source or "", FindingOrigin.INCIDENT))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         action, used = _action(inc, cpu)
-        detail = inc.cause + (f"; {cpu_use_text(used)}" if used is not None else "")
+        detail = cause_line(inc) + (f"; {cpu_use_text(used)}" if used is not None else "")
         dl = data_loading(used, inc.cpu_only) if _data_wait(inc) else None
         rs.append(Recommendation("", fid, 0, action, detail, impact, data_loading=dl))
     return fs, rs

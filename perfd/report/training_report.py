@@ -19,7 +19,6 @@ from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
-from perfd.analytics.incidents.verdict_text import cpu_use_text
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
@@ -29,6 +28,7 @@ from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
+from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line
 from perfd.report.row_json import RowCodes, row_codes, run_json
 
@@ -186,7 +186,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     worst = max(costed, key=lambda ic: ic[1], default=None)
     if worst is not None:  # the largest recoverable loss leads
         top, cost = worst
-        headline += (f". Largest loss: {top.cause} — {cost:.0f} s lost "
+        headline += (f". Largest loss: {cause_line(top)} — {cost:.0f} s lost "
                      f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,

@@ -226,7 +226,7 @@ BANDS: tuple[GradeEntry, ...] = tuple(g for g in GRADES if g.band is not None)
 # (perfd.analytics.finding_types.order_findings, on DataLoading). Which one depends on the rank's CPUs
 # (collectors/ranks, perfd.analytics.incidents.host_evidence.cpu_use): with room, more workers load
 # more batches at once; full, another worker only shares the same CPUs. The words carry no numbers
-# (the numbers go in the detail: perfd.analytics.incidents.verdict_text.cpu_use_text).
+# (the numbers go in the detail: perfd.report.incident_text.cpu_use_text).
 DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
                        "the storage the data comes from")
 DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (the rank's CPUs have room), "

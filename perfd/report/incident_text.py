@@ -1,5 +1,10 @@
-"""Sentences for typed evidence and verdicts (perfd.analytics.incidents.evidence): the one place they become
-English. Nothing reads these sentences back: decisions are made on the typed values.
+"""An incident in English: the sentence of each kind of typed evidence (perfd.analytics.incidents
+.evidence), what is missing, a live stall, the incident's one line (its cause, :func:`cause_line`) and
+what a rank's GPU shows (:func:`gpu_observations`). The one place they become English, where they are
+shown (the report, the HTML page, the HTTP API's JSON, the events, `perfd top`); nothing reads them
+back: decisions are made on the typed values. An incident keeps no line of its own, except one
+recorded by an older perfd (Incident.cause, read back from the aggregator's state): that one is shown
+as it was written.
 """
 
 from __future__ import annotations
@@ -7,12 +12,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
+from perfd.analytics.incidents.attribution import GpuHint
+from perfd.analytics.incidents.detect import CAPTURE, HANG, LEVEL_SHIFT, STALL, Incident
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
 
 
 def cpu_use_text(use: CpuUse) -> str:
-    """The evidence behind :func:`data_loading_action`, in one sentence."""
+    """The evidence behind a data-loading action (perfd.analytics.breakdown.advice_registry.data_loading),
+    in one sentence."""
     where = f"{use.cpus} CPU(s)" if use.cpus is not None else "its CPUs"
     parts = [f"rank {use.rank}'s {where}" + (f" {use.busy_ratio:.0%} busy" if use.busy_ratio is not None
                                              else "")]
@@ -327,3 +335,70 @@ def cause_text(v: Verdict, slow: str, single_rank: bool = False, cpu_only: bool 
     if v.effects:
         text += "; with its effects: " + "; ".join(sentence(e) for e in v.effects)
     return text
+
+
+def slow_text(inc: Incident) -> str:
+    return (f"steps {inc.median_step_ms / inc.steady_step_ms:.1f}× the steady time per step"
+            if inc.median_step_ms and inc.steady_step_ms else "slow steps")
+
+
+def _hang_line(inc: Incident) -> str:
+    """A collective hang's line: the op, and who never reached it (else who is stuck in it)."""
+    ev = inc.evidence
+    if ev.hang is None:  # a record kept without its hang: its own line
+        return inc.cause
+    culprits, stuck = list(ev.ranks_not_joined or ()), list(ev.stuck_ranks or ())
+    return (f"collective hang: {ev.hang.op} #{ev.hang.seq} — "
+            + (f"rank(s) {', '.join(map(str, culprits))} never reached it" if culprits
+               else f"rank(s) {', '.join(map(str, stuck))} stuck in it"))
+
+
+def cause_line(inc: Incident) -> str:
+    """The incident's one line from its typed values: a hang's op, a stall's silence, a capture-only
+    stretch, a level shift, else its verdict's lead, how slow, and what the lead also explains. A
+    line recorded by an older perfd (Incident.cause) is shown as it was written."""
+    if inc.cause:
+        return inc.cause
+    if HANG in inc.kinds:
+        return _hang_line(inc)
+    verdict = inc.verdict if inc.verdict is not None else decide([], inc.ranks)  # not decided yet
+    if inc.kinds == [STALL]:  # open, or closed with no slow step after it: the silence is its measure
+        st = inc.evidence.stall.check if inc.evidence.stall is not None else None
+        silent, cadence = (st.silent_s, st.cadence_s) if st is not None else (None, None)
+        if verdict.lead is not None:  # the lead names what the reasons would only hint at
+            return f"{stall_text(silent, cadence, ())}; {sentence(verdict.lead)}"
+        return stall_text(silent, cadence, list(st.reasons) if st is not None else [])
+    if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
+        return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({slow_text(inc)})"
+    cp = inc.evidence.change_point
+    if LEVEL_SHIFT in inc.kinds and cp is not None:
+        normal = cp.new_normal_at
+        return (f"step time shifted from {cp.before_ms:.0f} to {cp.after_ms:.0f} ms at iteration "
+                f"{cp.iteration} and " + (f"stayed until taken as the new normal at iteration {normal}"
+                                             if normal is not None else "stays there")
+                + f"; {cause_text(verdict, slow_text(inc), inc.single_rank, inc.cpu_only)}")
+    return cause_text(verdict, slow_text(inc), inc.single_rank, inc.cpu_only)
+
+
+def incident_json(inc: Incident) -> dict[str, object]:
+    """An incident as JSON, its line worded (the offline analysis'; the live aggregator's kept ones:
+    perfd/aggregator/incident_records.TrackedIncident.to_json)."""
+    return {**inc.to_json(), "cause": cause_line(inc)}
+
+
+def gpu_observations(h: GpuHint) -> list[str]:
+    """What a rank's GPU shows against the job's others, in sentences (perfd.analytics.incidents
+    .attribution.gpu_hints): its items', or that it is unplaced, or that it looks like the others."""
+    if not h.placed:
+        return [missing_text(Missing.RANK_PLACEMENT)]
+    if not h.items:
+        return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
+                "at its data loading or host instead"]
+    return [sentence(e) for e in h.items]
+
+
+def hint_json(h: GpuHint) -> dict[str, object]:
+    """A GPU hint as the HTTP API serves it, its observations worded."""
+    return {"rank": h.rank, "node": h.node, "gpu": h.gpu, "placed": h.placed,
+            "observations": gpu_observations(h), "evidence": dict(h.evidence),
+            "items": [e.to_json() for e in h.items]}
