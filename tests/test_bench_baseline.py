@@ -17,6 +17,7 @@ from perfd.aggregator.state import GpuKey
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents.detect import Incident
 from perfd.cli import main
+from perfd.report.incident_text import hint_json
 
 GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
 
@@ -57,7 +58,7 @@ def test_the_narrow_views_give_the_same_hints_and_snapshots(monkeypatch: pytest.
 
     def hints(view: GpuView) -> list[dict[str, Any]]:
         procs, values, throttles = view
-        return [h.to_json() for h in gpu_hints(sorted(placed), placed, values, throttles, procs, 5.0)]
+        return [hint_json(h) for h in gpu_hints(sorted(placed), placed, values, throttles, procs, 5.0)]
 
     got = hints(narrow)
     assert got == hints(full) and any(h["items"] for h in got)

@@ -118,7 +118,7 @@ class CaptureRecord:
     def to_json(self) -> dict[str, object]:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out.update(findings=[f.to_json() for f in self.findings],
-                   recommendations=[dataclasses.asdict(r) for r in self.recommendations],
+                   recommendations=[r.to_json() for r in self.recommendations],
                    bottleneck=self.bottleneck.value if self.bottleneck is not None else None,
                    decided=self.decided.to_json() if self.decided is not None else None,
                    budget=self.budget.to_json() if self.budget is not None else None,

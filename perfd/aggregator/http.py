@@ -33,7 +33,7 @@ from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
 from perfd.refusals import Refusals
-from perfd.report import analysis_json
+from perfd.report import analysis_json, incident_text
 from perfd.report.row_json import iteration_rows, row_codes
 from perfd.transport.security import TokenFile
 
@@ -195,7 +195,7 @@ def rank_view(state: HttpState, snap: JobSnapshot, world_size: int | None,
                       "other_processes": [dict(p) for p in foreign_processes(
                           pl, procs.get(key, []), job_pids)]})
     hints = gpu_hints(candidates, placements, values, throttles, procs) if candidates else []
-    return {"ranks": ranks, "gpu_hints": [h.to_json() for h in hints],
+    return {"ranks": ranks, "gpu_hints": [incident_text.hint_json(h) for h in hints],
             "source": "collectors/nvml process lists (RANK from each process's environment, else the "
                       "rank's step hook: its pid or its CUDA device, perfd.agent.hook_gpus) joined with "
                       "the latest NVML values of its GPU"}

@@ -20,6 +20,7 @@ from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
 from perfd.analytics.incidents.stall import silence_cost_s
 from perfd.events import INCIDENT_OPENED
+from perfd.report.incident_text import cause_line
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class TrackedIncident:
 
     def to_json(self) -> dict[str, object]:
         out = self.incident.to_json()
+        out["cause"] = cause_line(self.incident)  # worded here: the API's, the events' and the state's
         out["duration_s"] = self.duration_s
         out.update(captures=[c.to_json() for c in self.captures], first_seen=self.first_seen,
                    updated_at=self.updated_at)
@@ -131,7 +133,7 @@ def incident_event(kind: str, job: str, rec: TrackedIncident, withdrawn: Withdra
     opened = kind == INCIDENT_OPENED.name
     cost = inc.cost_s
     text = (f"incident {inc.id} withdrawn ({withdrawn.value}): it was not one" if withdrawn is not None
-            else f"incident {inc.id} {'opened' if opened else 'closed'}: {inc.cause}"
+            else f"incident {inc.id} {'opened' if opened else 'closed'}: {cause_line(inc)}"
             + (f" ({cost:.1f} s lost)" if cost is not None else ""))
     return {"kind": kind, "severity": "warning" if opened else "info", "job": job, "time": rec.updated_at,
             "text": text,
@@ -140,5 +142,5 @@ def incident_event(kind: str, job: str, rec: TrackedIncident, withdrawn: Withdra
             "payload": {"id": inc.id, "first_iteration": inc.first_iteration,
                         "last_iteration": inc.last_iteration, "ranks": list(inc.ranks),
                         "kinds": list(inc.kinds),
-                        "cost_s": cost, "open": inc.open, "cause": inc.cause,
+                        "cost_s": cost, "open": inc.open, "cause": cause_line(inc),
                         **({"withdrawn": withdrawn.value} if withdrawn is not None else {})}}

@@ -28,7 +28,7 @@ from perfd.aggregator.incident_records import (
     with_stall_cost,
 )
 from perfd.analytics.incidents.attribution import xid_evidence
-from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident, render_cause
+from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, decide, merge
 from perfd.analytics.incidents.host_evidence import oom_evidence
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot, Withdrawal, as_kept
@@ -77,7 +77,8 @@ def _refine_closed(rec: TrackedIncident, inc: Incident, now: float) -> TrackedIn
                   steady_step_ms=inc.steady_step_ms, median_step_ms=inc.median_step_ms,
                   max_step_ms=inc.max_step_ms, end_time=inc.end_time, ranks=list(inc.ranks),
                   capture_cost_s=inc.capture_cost_s, evidence=ev, verdict=verdict)
-    out = replace(out, cause=render_cause(out, verdict) if verdict is not None else inc.cause)
+    # a new verdict: its line is worded from it where shown (an older perfd's recorded line goes)
+    out = replace(out, cause="" if verdict is not None else inc.cause)
     return replace(rec, incident=out, updated_at=now)
 
 
@@ -264,7 +265,7 @@ class IncidentTracker:
                      oom_at_open=oom_base)
         # its own lists: the analysis' incident is not the record's (as the JSON docs once copied them)
         out = replace(inc, kinds=list(inc.kinds), ranks=list(inc.ranks), verdict=verdict,
-                      cause=render_cause(inc, verdict), evidence=ev)
+                      cause="", evidence=ev)  # worded from the verdict where shown
         first_seen = prev.first_seen if prev is not None else now
         if stalls:  # the stall seen live, with its ranks' states and stacks, stays with it
             # The episode began where the stall did: slow steps a few iterations after a pause

@@ -26,12 +26,12 @@ from perfd.aggregator.incident_records import TrackedIncident
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import HANG
 from perfd.analytics.incidents.stall import StallCheck
-from perfd.analytics.incidents.verdict_text import stall_text
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.goodput import Goodput, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.report.incident_text import stall_text
 
 log = logging.getLogger(__name__)
 

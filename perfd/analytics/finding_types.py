@@ -67,6 +67,26 @@ class Finding:
         return d
 
 
+class DataAction(TextEnum):
+    """The one action for slow data, whether an incident's verdict or the run's data share asks for
+    it, by what the rank's CPUs allow (perfd.analytics.incidents.host_evidence.CpuUse): its words are
+    perfd.analytics.breakdown.advice_registry.DATA_ACTIONS. Recommendations with the same one (and
+    the same ``cpu_only``) are one: :func:`order_findings` keeps the one of most gain."""
+
+    LOAD_FASTER = "load-faster"  # the CPUs unknown: more workers, pinned memory, prefetch
+    MORE_WORKERS = "more-workers"  # the CPUs have room
+    CHEAPER_BATCHES = "cheaper-batches"  # the CPUs are full: more workers would only share them
+
+
+@dataclass(frozen=True)
+class DataLoading:
+    """A recommendation's typed data-loading action: the action, and whether the job computes on its
+    CPUs (no GPU advice: its words differ)."""
+
+    action: DataAction
+    cpu_only: bool = False
+
+
 @dataclass
 class Recommendation:
     """An action, tied to a finding; priority 1 is the first thing to do."""
@@ -85,17 +105,28 @@ class Recommendation:
     remove: list[str] = field(default_factory=list)  # options to take out
     needs: list[str] = field(default_factory=list)  # packages the job lacks that it needs
     effort: str | None = None  # perfd.analytics.advice.remedies.Effort value: a flag, an install, code
+    # The typed action of a data-loading recommendation, what merges it (order_findings); in the
+    # process only: its JSON is the action's words.
+    data_loading: DataLoading | None = field(default=None, metadata={"json": False})
+
+    def to_json(self) -> dict[str, object]:
+        """The recommendation's JSON: every field but those kept in the process."""
+        d = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("json", True):
+                del d[f.name]
+        return d
 
 
 def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
     """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ...; of
-    recommendations with the same action (an incident's and the run's, both for slow data) the one
-    of most gain stays."""
+    recommendations with the same typed data-loading action (an incident's, the run's data share's,
+    the data-loader remedy's) the one of most gain stays. Merged on the typed action, never its words."""
     f.sort(key=lambda x: SEVERITY_ORDER.get(str(x.severity), 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
     kept: list[Recommendation] = []
     for rec in r:
-        if all(rec.action != k.action for k in kept):
+        if rec.data_loading is None or all(rec.data_loading != k.data_loading for k in kept):
             kept.append(rec)
     r = kept
     for i, rec in enumerate(r, start=1):

@@ -13,7 +13,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from perfd.analytics.incidents.verdict_text import cpus_text
+from perfd.report.incident_text import cpus_text
 from perfd.typed import obj, objs
 
 NA = "–"

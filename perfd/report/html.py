@@ -18,7 +18,6 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
-from perfd.analytics.incidents.incident_findings import ReportedIncident
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import (
     REDUCTIONS_TEXT,
@@ -29,6 +28,7 @@ from perfd.analytics.run.run_summary import (
 )
 from perfd.analytics.steps.goodput import Goodput
 from perfd.report import budget_view, plan_view
+from perfd.report.incident_findings import ReportedIncident
 from perfd.report.picture import (
     CHART_FIELDS,
     MAX_BARS,

@@ -18,6 +18,7 @@ from perfd.analytics.common import pp_stage_of_rank
 from perfd.analytics.incidents.detect import CAPTURE, Incident
 from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
 from perfd.analytics.steps.goodput import KIND_HELP, KINDS, Goodput
+from perfd.report.incident_text import cause_line
 from perfd.report.svg import (
     BLUE,
     GREEN,
@@ -120,7 +121,7 @@ class IncidentMark:
 
     @classmethod
     def of(cls, inc: Incident) -> IncidentMark:
-        return cls(inc.id, inc.first_iteration, inc.last_iteration, _finite(inc.cost_s), inc.cause,
+        return cls(inc.id, inc.first_iteration, inc.last_iteration, _finite(inc.cost_s), cause_line(inc),
                    tuple(inc.kinds))
 
     @classmethod

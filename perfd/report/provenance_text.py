@@ -81,7 +81,7 @@ TEMPLATE: dict[Code, str] = {
     Code.ARMED_STEP: "armed: its rank runs under a profiler (perfd ncu-exec): the profiler's step, not the "
         "job's",
     Code.OUTLIER_STEP: "step {0:g} ms > {1:g}× the steady {2:.4g} ms a step",
-    Code.IN_INCIDENT: "incident {0}: {1}",
+    Code.IN_INCIDENT: "incident {0}",
     Code.IN_CAPTURE: "perfd capture ({0})",
 }
 

@@ -34,8 +34,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.steady import Exclusion
+from perfd.report.incident_text import incident_json
 from perfd.report.provenance_text import line, lines, text
 
 # Row keys replaced by codes (the English in the legend), those a row never repeats (the MFU against
@@ -174,5 +175,7 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     codes = row_codes(a)
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
-    return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(), **rest}
+    return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(),
+            "summary": rest.pop("summary"),
+            "incidents": [json_value(incident_json(i)) for i in a.incidents], **rest}
 

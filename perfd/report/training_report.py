@@ -15,11 +15,10 @@ from typing import Any
 from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
+from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
 from perfd.analytics.breakdown.budget import StepBudget
-from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity, order_findings
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
-from perfd.analytics.incidents.incident_findings import ReportedIncident, incident_findings, is_disturbance
-from perfd.analytics.incidents.verdict_text import cpu_use_text, data_loading_action
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
@@ -28,6 +27,8 @@ from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
+from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line
 from perfd.report.row_json import RowCodes, row_codes, run_json
 
@@ -81,7 +82,7 @@ class Report:
             "arming": plain_json(self.arming.to_json() if self.arming is not None else None),
             "plan": plain_json(self.plan.to_json() if self.plan is not None else None),
             "findings": [plain_json(f.to_json()) for f in self.findings],
-            "recommendations": [plain_json(dataclasses.asdict(r)) for r in self.recommendations],
+            "recommendations": [plain_json(r.to_json()) for r in self.recommendations],
         }
 
 
@@ -134,18 +135,22 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     perfd.analytics.incidents.host_evidence.job_cpu_use): a data-loading action then says more workers only
     where the CPUs have room."""
     s = analysis.summary
+    run_s = analysis.run_seconds() or None
     findings, recs = [quoting(f) for f in analysis.findings], list(analysis.recommendations)
     arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
-    if arming is not None:
-        findings.append(arming_finding(arming))
-    if cpu is not None:
-        recs = [_with_cpu(r, cpu, analysis.job.device == CPU) for r in recs]
-    if incidents is not None:  # the analysis' incident findings give way to the kept incidents'
-        gone = {f.id for f in findings if f.origin is FindingOrigin.INCIDENT}
-        findings = [f for f in findings if f.origin is not FindingOrigin.INCIDENT]
-        recs = [r for r in recs if r.finding_id not in gone]
-        run_s = analysis.run_seconds()
-        inc_f, inc_r = incident_findings(incidents, run_s or None, cpu)
+    if incidents is None:  # the incidents the analysis found; its arming finding follows, unordered
+        inc_f, inc_r = incident_findings(analysis.incidents, run_s)
+        findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
+        if arming is not None:
+            findings.append(arming_finding(arming))
+        if cpu is not None:
+            recs = [_with_cpu(r, cpu, analysis.job.device == CPU) for r in recs]
+    else:  # the kept incidents (and the CPU use now, for those whose own snapshot has none)
+        if arming is not None:
+            findings.append(arming_finding(arming))
+        if cpu is not None:
+            recs = [_with_cpu(r, cpu, analysis.job.device == CPU) for r in recs]
+        inc_f, inc_r = incident_findings(incidents, run_s, cpu)
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
     mfu = s.median("mfu")
@@ -181,7 +186,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     worst = max(costed, key=lambda ic: ic[1], default=None)
     if worst is not None:  # the largest recoverable loss leads
         top, cost = worst
-        headline += (f". Largest loss: {top.cause} — {cost:.0f} s lost "
+        headline += (f". Largest loss: {cause_line(top)} — {cost:.0f} s lost "
                      f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
@@ -203,7 +208,8 @@ def _with_cpu(r: Recommendation, cpu: CpuUse, cpu_only: bool = False) -> Recomme
     """The run's data-loading recommendation with the action its ranks' CPUs call for, and why."""
     if r.finding_id != DATA_LOADING_FINDING and r.remedy != RemedyId.DATA_LOADER.value:
         return r
-    return dataclasses.replace(r, action=data_loading_action(cpu, cpu_only),
+    dl = data_loading(cpu, cpu_only)
+    return dataclasses.replace(r, action=DATA_ACTIONS[dl], data_loading=dl,
                                detail=f"{r.detail}; {cpu_use_text(cpu)}")
 
 

@@ -2,6 +2,7 @@ from typing import Any
 
 from perfd.analytics.incidents.attribution import RankPlacement, foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.incidents.evidence import EvidenceKind as K
+from perfd.report.incident_text import gpu_observations
 
 PROCS: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("node-a", "0"): [{"pid": 10, "rank": 0, "local_rank": 0, "world_size": 4, "cmdline": "python train.py"}],
@@ -37,15 +38,15 @@ def test_hints_name_the_throttled_gpu_and_the_co_tenant():
     by = {e.kind: e for e in h3.items}
     assert by[K.CLOCK_DROP].worst == 1.35e9 and by[K.THERMAL].worst == 78
     assert by[K.HW_SLOWDOWN].detail["reasons"] == ["hw_thermal"]  # gpu_idle is no slowdown
-    text = " ".join(h3.observations)
+    text = " ".join(gpu_observations(h3))
     assert "SM clock 1350 MHz" in text and "hw_thermal" in text and "gpu_idle" not in text
     assert "78 C against the job's median" in text
     h1 = hints[1]
     (fp,) = h1.items
     assert fp.kind is K.FOREIGN_PROCESS and fp.key == "99" and fp.detail["cmdline"] == "python notebook.py"
-    assert "pid 99 (python notebook.py" in " ".join(h1.observations)
-    assert hints[0].items == [] and "looks like the others" in hints[0].observations[0]
-    assert hints[7].node is None and not hints[7].placed and "unknown" in hints[7].observations[0]
+    assert "pid 99 (python notebook.py" in " ".join(gpu_observations(h1))
+    assert hints[0].items == [] and "looks like the others" in gpu_observations(hints[0])[0]
+    assert hints[7].node is None and not hints[7].placed and "unknown" in gpu_observations(hints[7])[0]
 
 
 def test_foreign_processes_excludes_the_jobs_own_ranks():

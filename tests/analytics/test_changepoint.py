@@ -17,6 +17,7 @@ from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.changepoint import find_change_point
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
+from perfd.report.incident_text import cause_line
 
 
 def shifted(first_slow: int = 151, last: int = 300, before: float = 60.0, after: float = 90.0) -> list[float]:
@@ -60,7 +61,7 @@ def test_the_shift_is_one_incident_counted_to_the_end_and_in_goodput() -> None:
     assert inc.cost_s == pytest.approx(150 * 0.030)  # Σ(step − level before) to the end
     cp = inc.evidence.change_point
     assert cp is not None and cp.before_ms == 60.0 and cp.after_ms == 90.0
-    assert "shifted from 60 to 90 ms at iteration 151" in inc.cause
+    assert "shifted from 60 to 90 ms at iteration 151" in cause_line(inc)
     gp = a.summary.to_json()["goodput"]
     assert gp["parts_s"]["incident"] == pytest.approx(inc.cost_s)
     assert a.summary.median("step_time_ms") == 60.0  # steady state: the level before the shift
@@ -70,7 +71,7 @@ def test_taken_as_the_new_normal_the_shift_stops_costing() -> None:
     a = analyze_run(JobInfo(), records(shifted()), job_name="j", new_normal_at=220)
     inc = next(i for i in a.incidents if LEVEL_SHIFT in i.kinds)
     assert (inc.first_iteration, inc.last_iteration, inc.open) == (151, 219, False)
-    assert inc.cost_s == pytest.approx(69 * 0.030) and "new normal at iteration 220" in inc.cause
+    assert inc.cost_s == pytest.approx(69 * 0.030) and "new normal at iteration 220" in cause_line(inc)
     later = shifted() + [90.0] * 20 + [200.0] * 10 + [90.0] * 20  # a slowdown on top of the new normal
     b = analyze_run(JobInfo(), records(later), job_name="j", new_normal_at=220)
     spike = next(i for i in b.incidents if LEVEL_SHIFT not in i.kinds)

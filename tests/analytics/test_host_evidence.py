@@ -1,6 +1,6 @@
 """Host evidence of a rank process (perfd.analytics.incidents.host_evidence), its place in the causal order
-(perfd.analytics.incidents.evidence), its sentences (verdict_text) and the live stall check (perfd.analytics
-.stall). The observations are collectors/ranks payloads recorded on real processes
+(perfd.analytics.incidents.evidence), its sentences (perfd.report.incident_text) and the live stall check
+(perfd.analytics.stall). The observations are collectors/ranks payloads recorded on real processes
 (tests/data/host/record_obs.py); variations of them test each threshold."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
 from perfd.analytics.incidents.host_evidence import foreign_others, host_items, oom_evidence
 from perfd.analytics.incidents.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
-from perfd.analytics.incidents.verdict_text import action_text, cause_text, cpus_text, sentence
+from perfd.report.incident_findings import action_text
+from perfd.report.incident_text import cause_text, cpus_text, sentence
 
 K = EvidenceKind
 DATA = Path(__file__).resolve().parents[1] / "data" / "host" / "rank_observations.json"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
-from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.run.run_summary import CaptureDisturbances
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.report.incident_findings import incident_findings
+from perfd.report.incident_text import cause_line
 
 
 def _its(steps: list[float]) -> list[IterationResult]:
@@ -25,7 +26,7 @@ def test_a_slow_stretch_with_a_flicker_is_one_incident_and_jitter_is_none() -> N
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (14, 18, [SLOW])
     assert inc.cost_s == sum(s - 500.0 for s in steps[13:18]) / 1e3
     assert inc.start_time == ends[13] and inc.end_time == ends[18] and not inc.open
-    assert "no per-rank data names a rank" in inc.cause
+    assert "no per-rank data names a rank" in cause_line(inc)
 
 
 def test_a_slowdown_that_starts_as_perfds_capture_ends_is_blamed_on_the_capture() -> None:
@@ -34,7 +35,7 @@ def test_a_slowdown_that_starts_as_perfds_capture_ends_is_blamed_on_the_capture(
     (inc,) = found.incidents
     assert (inc.first_iteration, inc.last_iteration, inc.kinds) == (13, 14, [SLOW]) and inc.open
     assert inc.verdict is not None and inc.verdict.cause == "after_capture"
-    assert "perfd's own capture ended" in inc.cause
+    assert "perfd's own capture ended" in cause_line(inc)
     assert [(d.first_iteration, d.last_iteration) for d in found.disturbances] == [(11, 11)]
 
 
@@ -81,7 +82,7 @@ def test_a_named_rank_and_its_finding() -> None:
         it.straggler_candidate_ranks = [3]
         it.straggler_rank_compute_ratio = {0: 0.9, 3: 2.1}
     (inc,) = detect_incidents(its, {}, {}, 0, None).incidents
-    assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in inc.cause
+    assert inc.ranks == [3] and "rank 3 computed up to 2.10×" in cause_line(inc)
     fs, rs = incident_findings([inc], run_s=10.0)
     assert fs[0].id == f"incident-{inc.id}" and fs[0].evidence["ranks"] == [3]
     assert inc.cost_s is not None and rs[0].impact == inc.cost_s / 10.0 and "rank 3" in rs[0].action

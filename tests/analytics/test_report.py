@@ -120,15 +120,21 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     """The H100 hook job with slow data listed "Speed up data loading" twice (its incident's and the
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
-    from perfd.analytics.finding_types import Recommendation, order_findings
-    from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
+    from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
+    from perfd.analytics.finding_types import DataAction, DataLoading, Recommendation, order_findings
     from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
 
-    recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18),
-            Recommendation("", "incident-inc-80", 0, DATA_LOADING_ACTION, "", 0.6),
-            Recommendation("", "other", 0, "Something else", "", 0.1)]
+    load = DataLoading(DataAction.LOAD_FASTER)
+    recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18, data_loading=load),
+            Recommendation("", "incident-inc-80", 0, "said otherwise", "", 0.6, data_loading=load),
+            Recommendation("", "other", 0, "Something else", "", 0.1),
+            Recommendation("", "other-2", 0, "Something else", "", 0.05),
+            Recommendation("", "cpu-only", 0, DATA_LOADING_ACTION, "", 0.01,
+                           data_loading=DataLoading(DataAction.LOAD_FASTER, cpu_only=True))]
     _, out = order_findings([], recs)
-    assert [(r.finding_id, r.id) for r in out] == [("incident-inc-80", "R1"), ("other", "R2")]
+    # merged on the typed action, never on the words: the same words without it are two actions
+    assert [(r.finding_id, r.id) for r in out] == [("incident-inc-80", "R1"), ("other", "R2"),
+                                                   ("other-2", "R3"), ("cpu-only", "R4")]
 
     records = [StepRecord("h", it, rank="all", end_time=1000.0 + 0.05 * it, step_time_ms=50.0,
                           timers={"data-wait": TimerValue(12.0, 12.0, {0: 12.0})},
@@ -137,4 +143,4 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     data = next(f for f in a.findings if f.id == "data-loading")
     assert "data-wait" in data.observation and "batch-generator" not in data.observation
     assert data.source == "hook timer data-wait"
-    assert [r.action for r in a.recommendations].count(DATA_LOADING_ACTION) == 1
+    assert [r.action for r in build_report(a).recommendations].count(DATA_LOADING_ACTION) == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfd.commands.analyze import analyze_megatron_file
+from perfd.report.incident_text import cause_line
 from perfd.report.render import render_text
 from perfd.report.training_report import analysis_json, build_report
 
@@ -44,8 +45,8 @@ def test_a_one_rank_job_says_its_only_rank_not_a_missing_flag(tmp_path: Path) ->
     _, analysis = analyze_megatron_file(str(log), gpu="NVIDIA H100 80GB HBM3")
     (inc,) = analysis.incidents
     assert inc.ranks == [0] and inc.single_rank
-    assert "the job's only rank (0)" in inc.cause
-    assert "--timing-log-option all" not in inc.cause and "names a rank" not in inc.cause
+    assert "the job's only rank (0)" in cause_line(inc)
+    assert "--timing-log-option all" not in cause_line(inc) and "names a rank" not in cause_line(inc)
 
 
 # Deciding by a sentence perfd wrote: `"... " in obs`, `in o for o in ...observations`, `in reason`.

@@ -193,8 +193,8 @@ def test_world_size_from_layout_product() -> None:
 
 def test_to_json_shape() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name="NVIDIA H200")
-    # no rows, no legend, no report: made where shown (perfd.report)
-    assert list(a.to_json()) == ["job", "summary", "incidents"]
+    # no rows, no legend, no incidents (their lines), no report: made where shown (perfd.report)
+    assert list(a.to_json()) == ["job", "summary"]
     assert list(run_json(a)) == ["job", "iterations", "iteration_codes", "summary", "incidents"]
     doc = analysis_json(a)  # what `perfd analyze megatron --json` prints
     assert list(doc) == ["job", "iterations", "iteration_codes", "summary", "incidents", "report"]

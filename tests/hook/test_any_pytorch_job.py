@@ -30,6 +30,7 @@ from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.report import build_report
+from perfd.report.incident_text import cause_line
 from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
 
 torch = pytest.importorskip("torch")
@@ -239,7 +240,7 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     assert in_stretch >= (0.5 if _busy(run) else 0.8) * lost_s
     # The cause is the data wait (typed), not a guess: it grew by most of the slowdown.
     assert inc.verdict is not None and inc.verdict.cause == "data_wait"
-    assert "data loading took up to" in inc.cause
+    assert "data loading took up to" in cause_line(inc)
 
 
 def test_the_headline_names_only_what_is_known(analysed: dict[str, Any]) -> None:

@@ -18,9 +18,9 @@ from perfd.agent.hook_gpus import FROM_DEVICE, FROM_PID, HookGpus, HookRankInfo,
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import Missing
-from perfd.analytics.incidents.verdict_text import missing_text
 from perfd.hook import StepHook
 from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.report.incident_text import missing_text
 
 UUID = "GPU-8b7c1e2a-0d3f-4c55-9a1e-55aa66bb77cc"
 

@@ -16,13 +16,21 @@ from dataclasses import dataclass
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
-from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig, run_spread_ms
+from perfd.analytics.advice.remedies import (
+    Advice,
+    Effort,
+    FitContext,
+    Framework,
+    JobConfig,
+    RemedyId,
+    run_spread_ms,
+)
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.advice_registry import PART
 from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.finding_types import DataAction, DataLoading, Finding, Recommendation, Severity
 from perfd.analytics.ncu.ncu_verdicts import ncu_rows
 
 
@@ -353,6 +361,8 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         list(a.remove),
         list(a.needs),
         a.effort.value,
+        # the data-loader remedy's action is the data-loading one (its words: DATA_LOADING_ACTION)
+        data_loading=DataLoading(DataAction.LOAD_FASTER) if a.remedy is RemedyId.DATA_LOADER else None,
     )
 
 

@@ -52,7 +52,7 @@ class CaptureDiagnosis:
 
     def to_json(self) -> dict[str, object]:
         return {"findings": [f.to_json() for f in self.findings],
-                "recommendations": [dataclasses.asdict(r) for r in self.recommendations],
+                "recommendations": [r.to_json() for r in self.recommendations],
                 "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
                 "slowdown": {str(k): v for k, v in self.slowdown.items()},
                 "budgets": {str(k): b.to_json() for k, b in self.budgets.items()},

@@ -45,10 +45,10 @@ from perfd.analytics.advice.remedies import (
     ranged,
     removal,
 )
+from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.incidents.verdict_text import DATA_LOADING_ACTION
 from perfd.model import PACKAGE_APEX, PACKAGE_TE
 
 LAYERS, OPT = Phase.LAYERS, Phase.OPTIMIZER

@@ -143,7 +143,7 @@ class CollectiveAnalysis:
             "waits": [w.to_json() for w in self.waits],
             "hangs": [h.to_json() for h in self.hangs],
             "findings": [f.to_json() for f in self.findings],
-            "recommendations": [vars(r) for r in self.recommendations],
+            "recommendations": [r.to_json() for r in self.recommendations],
         }
 
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypeGuard
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, causal_key
-from perfd.analytics.incidents.verdict_text import missing_text, sentence
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, causal_key
 
 GpuKey = tuple[str, str]  # (node, gpu index)
 
@@ -44,7 +43,8 @@ class RankPlacement:
 @dataclass
 class GpuHint:
     """What a rank's GPU shows against the job's other GPUs: typed evidence (``items``), and the
-    numbers read (``evidence``). ``observations`` are the items' sentences, for display only."""
+    numbers read (``evidence``). Its sentences and JSON are made where shown
+    (perfd.report.incident_text.gpu_observations, hint_json)."""
 
     rank: int
     node: str | None
@@ -52,20 +52,6 @@ class GpuHint:
     items: list[Evidence] = field(default_factory=list)
     evidence: dict[str, float | list[str]] = field(default_factory=dict)
     placed: bool = True
-
-    @property
-    def observations(self) -> list[str]:
-        if not self.placed:
-            return [missing_text(Missing.RANK_PLACEMENT)]
-        if not self.items:
-            return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
-                    "at its data loading or host instead"]
-        return [sentence(e) for e in self.items]
-
-    def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
-                "observations": self.observations, "evidence": dict(self.evidence),
-                "items": [e.to_json() for e in self.items]}
 
 
 def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, object]]],

@@ -33,7 +33,6 @@ from perfd.analytics.incidents.evidence import (
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, LevelShift, as_kept
 from perfd.analytics.incidents.split import split_by_cause
 from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_s
-from perfd.analytics.incidents.verdict_text import cause_text, sentence, stall_text
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.changepoint import accept, find_change_point
 
@@ -114,7 +113,9 @@ class Incident:
     start_time: float | None = None  # epoch s: the end of the iteration before the first
     end_time: float | None = None  # epoch s: the end of the last iteration
     open: bool = False  # the run's latest iteration is still part of it
-    # one line rendered from ``verdict`` (perfd.analytics.incidents.verdict_text), for display
+    # The line an older perfd recorded (read back from the aggregator's state) and nothing else: a
+    # fresh incident's line is worded where it is shown, from its typed values
+    # (perfd.report.incident_text.cause_line).
     cause: str = ""
     evidence: IncidentEvidence = field(default_factory=IncidentEvidence)
     verdict: Verdict | None = None  # None: not decided yet (a hang's or a stall's, before the tracker)
@@ -144,7 +145,7 @@ class Incident:
         """The evidence as served (a stall's own has always opened with the stall)."""
         return self.evidence.to_json(stall_first=self.kinds == [STALL])
 
-    # What makes it a ReportedIncident (perfd.analytics.incidents.incident_findings): offline it is all there
+    # What makes it a ReportedIncident (perfd.report.incident_findings): offline it is all there
     # is, and no capture is known.
     @property
     def incident(self) -> Incident:
@@ -157,10 +158,6 @@ class Incident:
     def observed(self) -> list[Evidence]:
         """The typed items the incident's steps show, as the incident keeps them."""
         return [as_kept(e) for e in self.evidence.observed or ()]
-
-    def slow_text(self) -> str:
-        return (f"steps {self.median_step_ms / self.steady_step_ms:.1f}× the steady time per step"
-                if self.median_step_ms and self.steady_step_ms else "slow steps")
 
 
 @dataclass
@@ -338,7 +335,6 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
             accepted = post[shift.accepted_index].iteration if shift.accepted_index is not None else None
             shifted_at = post[shift.index].iteration
             inc.evidence = replace(inc.evidence, change_point=LevelShift.of(shift, shifted_at, accepted))
-            inc.cause = render_cause(inc, inc.verdict or decide([], inc.ranks))
         before = [c for c in captures if c[-1] < run[0] <= c[-1] + MERGE_GAP + 1]
         if before and flags[run[0]] != CAPTURE:  # the slowdown started as perfd's capture ended
             c = before[-1]
@@ -349,7 +345,6 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
             prior = inc.verdict
             verdict = decide(inc.observed(), inc.ranks, prior.missing if prior is not None else ())
             inc.verdict = verdict
-            inc.cause = render_cause(inc, verdict)
         return inc
 
     floor = min_cost_s(ref)
@@ -506,31 +501,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
                    max_step_ms=max(all_steps) if all_steps else None,
                    start_time=start, end_time=end_times.get(last), open=is_open, evidence=ev, verdict=verdict,
                    capture_cost_s=capture_cost, single_rank=single, cpu_only=cpu_only)
-    inc.cause = render_cause(inc, verdict)
     return inc
-
-
-def render_cause(inc: Incident, verdict: Verdict) -> str:
-    """The incident's one line from its verdict (a capture-only stretch says so; a hang keeps the
-    line its detector wrote)."""
-    if HANG in inc.kinds:
-        return inc.cause
-    if inc.kinds == [STALL]:  # open, or closed with no slow step after it: the silence is its measure
-        st = inc.evidence.stall.check if inc.evidence.stall is not None else None
-        silent, cadence = (st.silent_s, st.cadence_s) if st is not None else (None, None)
-        if verdict.lead is not None:  # the lead names what the reasons would only hint at
-            return f"{stall_text(silent, cadence, ())}; {sentence(verdict.lead)}"
-        return stall_text(silent, cadence, list(st.reasons) if st is not None else [])
-    if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
-        return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({inc.slow_text()})"
-    cp = inc.evidence.change_point
-    if LEVEL_SHIFT in inc.kinds and cp is not None:
-        normal = cp.new_normal_at
-        return (f"step time shifted from {cp.before_ms:.0f} to {cp.after_ms:.0f} ms at iteration "
-                f"{cp.iteration} and " + (f"stayed until taken as the new normal at iteration {normal}"
-                                             if normal is not None else "stays there")
-                + f"; {cause_text(verdict, inc.slow_text(), inc.single_rank, inc.cpu_only)}")
-    return cause_text(verdict, inc.slow_text(), inc.single_rank, inc.cpu_only)
 
 
 def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Incident:
@@ -542,17 +513,14 @@ def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Inc
     culprits, stuck = list(hang.ranks_not_joined), list(hang.stuck_ranks)
     it = (last_iteration + 1) if last_iteration is not None else 0
     cost = (end if end is not None else now) - start
-    inc = Incident(id=f"hang-{hang.process_group}-{hang.seq}", first_iteration=it,
-                   last_iteration=it, kinds=[HANG], ranks=culprits or stuck, n_iterations=0, cost_s=cost,
-                   steady_step_ms=None, median_step_ms=None, max_step_ms=None, start_time=start, end_time=end,
-                   open=not hang.resolved,
-                   evidence=IncidentEvidence(hang=hang, stuck_ranks=tuple(stuck),
-                                             ranks_not_joined=tuple(culprits),
-                                             source="collectors/nccl Flight Recorder hang detector"))
-    inc.cause = (f"collective hang: {hang.op} #{hang.seq} — "
-                 + (f"rank(s) {', '.join(map(str, culprits))} never reached it" if culprits
-                    else f"rank(s) {', '.join(map(str, stuck))} stuck in it"))
-    return inc
+    return Incident(id=f"hang-{hang.process_group}-{hang.seq}", first_iteration=it,
+                    last_iteration=it, kinds=[HANG], ranks=culprits or stuck, n_iterations=0, cost_s=cost,
+                    steady_step_ms=None, median_step_ms=None, max_step_ms=None, start_time=start,
+                    end_time=end,
+                    open=not hang.resolved,
+                    evidence=IncidentEvidence(hang=hang, stuck_ranks=tuple(stuck),
+                                              ranks_not_joined=tuple(culprits),
+                                               source="collectors/nccl Flight Recorder hang detector"))
 
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,

@@ -15,7 +15,7 @@ the rank's process itself (stopped, gone, OOM-killed), hardware faults, then a f
 its GPU or its CPUs, or a CPU quota), then the node's limits (thermal, power, memory, I/O), then the
 rank's own work, then communication — at any time during the incident. A foreign process outranks
 the power cap and clock drop it causes; those stay in the verdict as its effects. Nothing here is
-English but the names the renderer (:mod:`perfd.analytics.incidents.verdict_text`) turns into sentences. Pure;
+English but the names the renderer (perfd.report.incident_text) turns into sentences. Pure;
 no I/O.
 """
 
@@ -123,7 +123,7 @@ STEADY_PRESENT = th.STEADY_PRESENT.value
 
 class StallReason(str, enum.Enum):
     """What corroborates a job's silence as a stall (perfd.analytics.incidents.stall; a closed set, said in
-    English by perfd.analytics.incidents.verdict_text)."""
+    English by perfd.report.incident_text)."""
 
     STOPPED = "stopped"  # a rank process in state T/t
     GONE = "gone"  # a rank process exited or a zombie, while others of the job live

@@ -2,7 +2,7 @@
 stopped, gone, OOM-killed, CPU contention with the processes that caused it, CPU-quota throttling,
 memory pressure or swap, blocked in I/O. Pure: a rank's observation (perfd.events.RankHost, as the
 agent reported it) in, :class:`perfd.analytics.incidents.evidence.Evidence` out, with the numbers the verdict
-renderer (perfd.analytics.incidents.verdict_text) puts in its sentences. The thresholds are
+renderer (perfd.report.incident_text) puts in its sentences. The thresholds are
 perfd.shared_thresholds' (each says why).
 """
 
@@ -40,7 +40,7 @@ class CpuRoom(str, enum.Enum):
 @dataclass(frozen=True)
 class CpuUse:
     """How a rank's process and its own children (data-loader workers) use the CPUs it may run on:
-    what decides between more workers and cheaper transforms (perfd.analytics.incidents.verdict_text)."""
+    what decides between more workers and cheaper transforms (perfd.report.incident_text)."""
 
     rank: int
     room: CpuRoom

@@ -28,8 +28,6 @@ from perfd.analytics.common import (
     timer_max,
     vocabulary_of,
 )
-from perfd.analytics.finding_types import order_findings
-from perfd.analytics.incidents.incident_findings import incident_findings
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
 from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
@@ -519,9 +517,8 @@ class RunBuilder:
         mismatch = finding(match, bool(self.timeline and self.timeline.forced)) if match is not None else None
         if mismatch is not None:  # its steps are not the job's: their excess is not the profiler's cost
             fs = [f for f in fs if f.id != CAPTURE_COST_FINDING] + [mismatch]
-        run_s = analysis.run_seconds()
-        inc_f, inc_r = incident_findings(incidents, run_s or None)
-        analysis.findings, analysis.recommendations = order_findings([*fs, *inc_f], [*rs, *inc_r])
+        # the run's own: build_report adds the incidents' (perfd.report.incident_findings) and orders all
+        analysis.findings, analysis.recommendations = fs, rs
         if memo is not None:
             memo.run = (_KeptRun((self.gpm, self.timeline, self.gpm_when), self.records, table, disturbed,
                                  [i for i, v in enumerate(table.column("incident_lost_ms")) if v is not None])

@@ -19,12 +19,18 @@ from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
+from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
-from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
-from perfd.analytics.incidents.verdict_text import data_loading_action
+from perfd.analytics.finding_types import (
+    DataAction,
+    DataLoading,
+    Finding,
+    Recommendation,
+    Severity,
+    order_findings,
+)
 from perfd.analytics.run.run_figures import MIN_GRADE_STEPS, too_few
 from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
 from perfd.analytics.run.runs import FiguresFrom
@@ -268,7 +274,8 @@ def data_loading(c: RunContext) -> Out:
     cv = c.a.summary.step_time_cv
     if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
         detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
-    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, data_loading_action(None, cpu_only), detail, ds)]
+    dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
+    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_ACTIONS[dl], detail, ds, data_loading=dl)]
 
 
 OUTSIDE_STEP_FINDING = "outside-step"

@@ -85,7 +85,7 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             step = table.get(i, "step_time_ms")
             if lost and step is not None and ref is not None and not disturbed[i]:
                 table.put(i, incident_lost_ms=step - ref)
-            reason = cite(Code.IN_INCIDENT, inc.id, inc.cause) if lost else cite(Code.IN_CAPTURE, inc.id)
+            reason = cite(Code.IN_INCIDENT, inc.id) if lost else cite(Code.IN_CAPTURE, inc.id)
             table.put(i, steady_state=False, excluded_reason=reason)
             steady.steady[iteration] = False
             steady.excluded[iteration] = reason

@@ -37,6 +37,8 @@ class RunAnalysis:
     job: JobBlock
     iterations: Table[IterationResult]  # a row is built when read: see iteration_table
     summary: RunSummary
+    # the run's own (ordered among themselves): the report adds the incidents' and orders all again
+    # (perfd.report.training_report.build_report)
     findings: list[Finding]
     recommendations: list[Recommendation]
     steady: SteadyState
@@ -73,14 +75,13 @@ class RunAnalysis:
         return float(sum(s for s in self.values("step_time_ms") if s is not None)) / 1e3
 
     def to_json(self) -> dict[str, Any]:
-        """Keys: job, summary, incidents (and capture_match, where a capture was read against the
-        job: perfd.analytics.breakdown.capture_match). The iterations' rows, their legend and the
-        report are made where they are shown, in English (perfd.report.row_json.run_json,
+        """Keys: job, summary (and capture_match, where a capture was read against the job:
+        perfd.analytics.breakdown.capture_match). The iterations' rows, their legend, the incidents
+        and the report are made where they are shown, in English (perfd.report.row_json.run_json,
         perfd.report.analysis_json)."""
         out = {
             "job": json_value(self.job.to_json()),
             "summary": json_value(self.summary.to_json()),
-            "incidents": [json_value(i.to_json()) for i in self.incidents],
         }
         if self.capture_match is not None:  # a capture was read against the job: whether it is its
             out["capture_match"] = json_value(self.capture_match.to_json())

@@ -95,7 +95,7 @@ class Code(enum.Enum):
     NO_STEP = _X, 0
     ARMED_STEP = _X, 0  # its rank runs under a profiler
     OUTLIER_STEP = _X, 3  # the step, the outlier factor, the steady step
-    IN_INCIDENT = _X, 2  # the incident's id and its cause as the incident words it
+    IN_INCIDENT = _X, 1  # the incident's id (its cause is the incident's, worded where it is shown)
     IN_CAPTURE = _X, 1  # the capture disturbance's id
 
     kind: Kind

@@ -1,55 +1,26 @@
-"""Sentences for typed evidence and verdicts (perfd.analytics.incidents.evidence): the one place they become
-English. Nothing reads these sentences back: decisions are made on the typed values.
+"""An incident in English: the sentence of each kind of typed evidence (perfd.analytics.incidents
+.evidence), what is missing, a live stall, the incident's one line (its cause, :func:`cause_line`) and
+what a rank's GPU shows (:func:`gpu_observations`). The one place they become English, where they are
+shown (the report, the HTML page, the HTTP API's JSON, the events, `perfd top`); nothing reads them
+back: decisions are made on the typed values. An incident keeps no line of its own, except one
+recorded by an older perfd (Incident.cause, read back from the aggregator's state): that one is shown
+as it was written.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
-from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict
+from perfd.analytics.incidents.attribution import GpuHint
+from perfd.analytics.incidents.detect import CAPTURE, HANG, LEVEL_SHIFT, STALL, Incident
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
-from perfd.typed import objs
-
-# One action for slow data, whether an incident's verdict or the run's data share asks for it: the
-# report merges recommendations with the same action (perfd.analytics.run.run_findings.order_findings). Which
-# one depends on the rank's CPUs (collectors/ranks, perfd.analytics.incidents.host_evidence.cpu_use): with
-# room,
-# more workers load more batches at once; full, another worker only shares the same CPUs. The texts
-# carry no numbers so that they merge; the numbers go in the detail (:func:`cpu_use_text`).
-DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
-                       "the storage the data comes from")
-DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (the rank's CPUs have room), "
-                            "pinned memory, prefetch; check the storage the data comes from")
-DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are full, so more data-loader "
-                         "workers would only share them; cheaper transforms (decode and augment once, "
-                         "offline, or on the GPU) or more CPUs for the job")
-
-
-# A CPU-only job's (perfd.model.JobInfo.device): pinned memory only speeds copies to a GPU, and there
-# is no GPU to move transforms to.
-DATA_LOADING_ACTION_CPU = ("Speed up data loading: more data-loader workers, prefetch; check the storage the "
-                           "data comes from")
-DATA_MORE_WORKERS_ACTION_CPU = ("Speed up data loading: more data-loader workers (the rank's CPUs have "
-                                "room), prefetch; check the storage the data comes from")
-DATA_CPU_BOUND_ACTION_CPU = ("Make each batch cheaper to load: the rank's CPUs are full (the training "
-                             "computes on them too), so more data-loader workers would only share them; "
-                             "cheaper transforms (decode and augment once, offline) or more CPUs for the job")
-
-
-def data_loading_action(use: CpuUse | None, cpu_only: bool = False) -> str:
-    """The data-loading action that fits the rank's CPUs (unknown: the general one); ``cpu_only``: a
-    job that computes on its CPUs (no GPU advice)."""
-    if use is None:
-        return DATA_LOADING_ACTION_CPU if cpu_only else DATA_LOADING_ACTION
-    if use.room is CpuRoom.FULL:
-        return DATA_CPU_BOUND_ACTION_CPU if cpu_only else DATA_CPU_BOUND_ACTION
-    return DATA_MORE_WORKERS_ACTION_CPU if cpu_only else DATA_MORE_WORKERS_ACTION
 
 
 def cpu_use_text(use: CpuUse) -> str:
-    """The evidence behind :func:`data_loading_action`, in one sentence."""
+    """The evidence behind a data-loading action (perfd.analytics.breakdown.advice_registry.data_loading),
+    in one sentence."""
     where = f"{use.cpus} CPU(s)" if use.cpus is not None else "its CPUs"
     parts = [f"rank {use.rank}'s {where}" + (f" {use.busy_ratio:.0%} busy" if use.busy_ratio is not None
                                              else "")]
@@ -366,102 +337,68 @@ def cause_text(v: Verdict, slow: str, single_rank: bool = False, cpu_only: bool 
     return text
 
 
-def _host_action(v: Verdict, d: Mapping[str, object]) -> str | None:
-    """The first thing to do when the rank's process or its host explains the incident."""
-    pid = d.get("pid")
-    who = f"rank {v.rank}'s process" + (f" (pid {pid})" if pid is not None else "")
-    if v.cause is K.PROCESS_STOPPED:
-        return (f"Find what stopped {who}: a debugger attached, a SIGSTOP from a scheduler "
-                "(suspend, preemption) or a frozen cgroup; `kill -CONT` it or restart the job, and set a "
-                "NCCL timeout so the other ranks do not wait for ever")
-    if v.cause in (K.OOM_KILL, K.PROCESS_GONE):
-        return (f"{who[0].upper()}{who[1:]} died: read the kernel log (dmesg: OOM kills) and its "
-                "output; give the job more host memory or use less (fewer data-loader workers, less "
-                "pinned memory), then restart it from its last checkpoint")
-    if v.cause is K.CPU_CONTENTION:
-        others = objs(d.get("others"))
-        pids = ", ".join(str(o.get("pid")) for o in others[:4])
-        return (f"Keep other processes off rank {v.rank}'s {cpus_text(d.get('allowed_cpus'))}"
-                + (f" (pid {pids})" if pids else "") + ": give the job dedicated cores (cpuset / taskset, "
-                "the Kubernetes static CPU manager) or move the other processes away")
-    if v.cause is K.CPU_THROTTLED:
-        return ("Raise or remove the job's CPU limit (Kubernetes resources.limits.cpu, cgroup cpu.max): "
-                "its quota throttles the rank and its data-loader workers")
-    if v.cause is K.MEMORY_PRESSURE:
-        return ("Give the job's node more free memory (fewer data-loader workers or prefetched batches, "
-                "no other memory-hungry processes); turn swap off for training nodes")
-    if v.cause is K.IO_BLOCKED:
-        return ("Check the storage the job reads and writes (data, checkpoints): its latency and "
-                "throughput, other jobs on it; stage data on local disk")
-    return None
+def slow_text(inc: Incident) -> str:
+    return (f"steps {inc.median_step_ms / inc.steady_step_ms:.1f}× the steady time per step"
+            if inc.median_step_ms and inc.steady_step_ms else "slow steps")
 
 
-def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None = None,
-                cpu_only: bool = False) -> str:
-    """The first thing to do about an incident with this verdict (``cpu``: the rank's CPU use, which
-    decides a data-loading action; ``cpu_only``: the job computes on CPUs, no GPU to check)."""
-    r = v.rank if v is not None and v.rank is not None else (ranks[0] if ranks else None)
-    who = f"rank {r}'s GPU" if r is not None else "the job's GPUs"
-    if cpu_only and (v is None or v.lead is None or v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE)):
-        whose = f"rank {r}'s" if r is not None else "the job's"
-        return (f"Check {whose} own work and host: uneven data or sharding, host-side stalls (checkpointing, "
-                "evaluation, garbage collection), other processes on its CPUs")
-    if v is None or v.lead is None:
-        if r is not None:
-            return (
-                f"Check rank {r}: its GPU (clocks, throttle reasons, other processes, XID errors), then "
-                "uneven data or sharding and host-side stalls"
-            )
-        return (
-            "Look for host-side causes of the slow stretch: checkpointing, evaluation, other jobs on the node"
-        )
-    d: Mapping[str, Any] = v.lead.detail
-    host = _host_action(v, d)
-    if host is not None:
-        return host
-    if v.cause in (K.XID, K.HW_SLOWDOWN):
-        return (
-            f"Drain {who} and check its health (XID codes in the driver log, nvidia-smi -q, the node's "
-            "hardware monitoring); reschedule the job without it"
-        )
-    if v.cause is K.FOREIGN_PROCESS:
-        return (
-            f"Keep other processes off {who} (exclusive-process compute mode, or the scheduler's GPU "
-            f"isolation): pid {d.get('pid', v.lead.key)} ran there during the incident"
-        )
-    if v.cause is K.THERMAL:
-        return f"Check {who}'s cooling: airflow, fans, inlet temperature (no other process explains it)"
-    if v.cause is K.POWER_CAP:
-        return (
-            f"Check {who}'s power limit and power delivery (nvidia-smi -q -d POWER: enforced against "
-            "default limit); no other process explains it"
-        )
-    if v.cause is K.CLOCK_DROP:
-        return f"Check {who}'s clocks: locked or application clocks, throttle reasons"
-    if v.cause is K.AFTER_CAPTURE:
-        return (
-            "perfd's capture cost this: stop on-demand captures of this job (raise the rule's cooldown or "
-            "drop the rule) and restart its ranks when convenient to shed the profiler's overhead"
-        )
-    if v.cause is K.CAPTURE_FINDING:
-        return (
-            f"Look for contention on {who}: the same kernels ran slower while captured (other processes, "
-            "MPS clients, clocks)"
-        )
-    if v.cause is K.DATA_WAIT:
-        return data_loading_action(cpu, cpu_only)
-    if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
-        gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
-        if gpu_known:
-            return (
-                f"Check rank {v.rank}'s own work: uneven data or sharding, host-side stalls (CPU "
-                "contention, garbage collection); its GPU showed no fault, no co-tenant, no throttling"
-            )
-        return (
-            f"Check rank {v.rank}'s GPU (clocks, throttle reasons, other processes, XID errors: an agent "
-            "with NVML on its node shows them), then uneven data or sharding"
-        )
-    return (
-        "Communication slowed: check the links and peers of the rank's process groups; overlap "
-        "communication with compute"
-    )
+def _hang_line(inc: Incident) -> str:
+    """A collective hang's line: the op, and who never reached it (else who is stuck in it)."""
+    ev = inc.evidence
+    if ev.hang is None:  # a record kept without its hang: its own line
+        return inc.cause
+    culprits, stuck = list(ev.ranks_not_joined or ()), list(ev.stuck_ranks or ())
+    return (f"collective hang: {ev.hang.op} #{ev.hang.seq} — "
+            + (f"rank(s) {', '.join(map(str, culprits))} never reached it" if culprits
+               else f"rank(s) {', '.join(map(str, stuck))} stuck in it"))
+
+
+def cause_line(inc: Incident) -> str:
+    """The incident's one line from its typed values: a hang's op, a stall's silence, a capture-only
+    stretch, a level shift, else its verdict's lead, how slow, and what the lead also explains. A
+    line recorded by an older perfd (Incident.cause) is shown as it was written."""
+    if inc.cause:
+        return inc.cause
+    if HANG in inc.kinds:
+        return _hang_line(inc)
+    verdict = inc.verdict if inc.verdict is not None else decide([], inc.ranks)  # not decided yet
+    if inc.kinds == [STALL]:  # open, or closed with no slow step after it: the silence is its measure
+        st = inc.evidence.stall.check if inc.evidence.stall is not None else None
+        silent, cadence = (st.silent_s, st.cadence_s) if st is not None else (None, None)
+        if verdict.lead is not None:  # the lead names what the reasons would only hint at
+            return f"{stall_text(silent, cadence, ())}; {sentence(verdict.lead)}"
+        return stall_text(silent, cadence, list(st.reasons) if st is not None else [])
+    if CAPTURE in inc.kinds and not inc.ranks and len(inc.kinds) == 1:
+        return f"perfd's own capture disturbed {inc.n_iterations} iteration(s) ({slow_text(inc)})"
+    cp = inc.evidence.change_point
+    if LEVEL_SHIFT in inc.kinds and cp is not None:
+        normal = cp.new_normal_at
+        return (f"step time shifted from {cp.before_ms:.0f} to {cp.after_ms:.0f} ms at iteration "
+                f"{cp.iteration} and " + (f"stayed until taken as the new normal at iteration {normal}"
+                                             if normal is not None else "stays there")
+                + f"; {cause_text(verdict, slow_text(inc), inc.single_rank, inc.cpu_only)}")
+    return cause_text(verdict, slow_text(inc), inc.single_rank, inc.cpu_only)
+
+
+def incident_json(inc: Incident) -> dict[str, object]:
+    """An incident as JSON, its line worded (the offline analysis'; the live aggregator's kept ones:
+    perfd/aggregator/incident_records.TrackedIncident.to_json)."""
+    return {**inc.to_json(), "cause": cause_line(inc)}
+
+
+def gpu_observations(h: GpuHint) -> list[str]:
+    """What a rank's GPU shows against the job's others, in sentences (perfd.analytics.incidents
+    .attribution.gpu_hints): its items', or that it is unplaced, or that it looks like the others."""
+    if not h.placed:
+        return [missing_text(Missing.RANK_PLACEMENT)]
+    if not h.items:
+        return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
+                "at its data loading or host instead"]
+    return [sentence(e) for e in h.items]
+
+
+def hint_json(h: GpuHint) -> dict[str, object]:
+    """A GPU hint as the HTTP API serves it, its observations worded."""
+    return {"rank": h.rank, "node": h.node, "gpu": h.gpu, "placed": h.placed,
+            "observations": gpu_observations(h), "evidence": dict(h.evidence),
+            "items": [e.to_json() for e in h.items]}

@@ -1,0 +1,33 @@
+"""An incident's line is worded where it is shown (perfd.report.incident_text, issue 57): analytics keeps
+typed values only; a line an older perfd recorded is shown as written."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from perfd.analytics.collectives.collective_hangs import HangView
+from perfd.analytics.incidents.detect import HANG, hang_incident
+from perfd.report.incident_text import cause_line, incident_json
+
+
+def _hang(not_joined: list[int]) -> HangView:
+    return HangView(process_group="0", op="allreduce", seq=7, is_p2p=False, stuck_ranks=[0, 2],
+                    ranks_not_joined=not_joined, inferred_not_joined=[], ranks_unknown=[],
+                    first_reported=120.0, last_reported=125.0, age_at_first_report_s=5.0, resolved=False,
+                    resolution="", agents=["a"], user_frame=None, texts=[])
+
+
+def test_a_hang_is_worded_from_its_evidence_not_stored() -> None:
+    inc = hang_incident(_hang([1, 3]), 48, 126.0)
+    assert inc.kinds == [HANG] and inc.cause == ""  # analytics words nothing
+    assert cause_line(inc) == "collective hang: allreduce #7 — rank(s) 1, 3 never reached it"
+    stuck = hang_incident(_hang([]), 48, 126.0)
+    assert cause_line(stuck) == "collective hang: allreduce #7 — rank(s) 0, 2 stuck in it"
+    # the JSON as served carries the line, in the key's place
+    doc = incident_json(inc)
+    assert doc["cause"] == cause_line(inc) and list(doc) == list(inc.to_json())
+
+
+def test_a_line_recorded_by_an_older_perfd_is_shown_as_written() -> None:
+    inc = dataclasses.replace(hang_incident(_hang([1]), 48, 126.0), cause="as it was written then")
+    assert cause_line(inc) == "as it was written then"
