@@ -7,7 +7,7 @@ serving, incidents) can import them without importing each other.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,16 @@ class FindingOrigin(TextEnum):
     INCIDENT = "incident"
 
 
+def json_fields(obj: Finding | Recommendation) -> dict[str, object]:
+    """A finding's or recommendation's JSON: every field but those marked ``json: False`` (kept in the
+    process)."""
+    d = dataclasses.asdict(obj)
+    for f in dataclasses.fields(obj):
+        if not f.metadata.get("json", True):
+            del d[f.name]
+    return d
+
+
 @dataclass
 class Finding:
     """An observation with its evidence (numbers and the iterations they cover)."""
@@ -60,11 +70,7 @@ class Finding:
 
     def to_json(self) -> dict[str, object]:
         """The finding's JSON: every field but those kept in the process."""
-        d = dataclasses.asdict(self)
-        for f in dataclasses.fields(self):
-            if not f.metadata.get("json", True):
-                del d[f.name]
-        return d
+        return json_fields(self)
 
 
 class DataAction(TextEnum):
@@ -108,25 +114,27 @@ class Recommendation:
     # The typed action of a data-loading recommendation, what merges it (order_findings); in the
     # process only: its JSON is the action's words.
     data_loading: DataLoading | None = field(default=None, metadata={"json": False})
+    # What else makes two recommendations one (an incident's action: its kind, cause and ranks, the
+    # inputs its words are made of); in the process only. None: merged with none.
+    same_as: Hashable | None = field(default=None, metadata={"json": False})
 
     def to_json(self) -> dict[str, object]:
         """The recommendation's JSON: every field but those kept in the process."""
-        d = dataclasses.asdict(self)
-        for f in dataclasses.fields(self):
-            if not f.metadata.get("json", True):
-                del d[f.name]
-        return d
+        return json_fields(self)
 
 
 def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:
     """Findings by severity; recommendations by expected gain (impact), numbered R1, R2, ...; of
     recommendations with the same typed data-loading action (an incident's, the run's data share's,
-    the data-loader remedy's) the one of most gain stays. Merged on the typed action, never its words."""
+    the data-loader remedy's), or the same ``same_as``, the one of most gain stays. Merged on typed
+    values, never on words."""
     f.sort(key=lambda x: SEVERITY_ORDER.get(str(x.severity), 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
     kept: list[Recommendation] = []
     for rec in r:
-        if rec.data_loading is None or all(rec.data_loading != k.data_loading for k in kept):
+        key = rec.data_loading if rec.data_loading is not None else rec.same_as
+        if key is None or all(key != (k.data_loading if k.data_loading is not None else k.same_as)
+                              for k in kept):
             kept.append(rec)
     r = kept
     for i, rec in enumerate(r, start=1):

@@ -84,7 +84,12 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
         action, used = _action(inc, cpu)
         detail = cause_line(inc) + (f"; {cpu_use_text(used)}" if used is not None else "")
         dl = data_loading(used, inc.cpu_only) if _data_wait(inc) else None
-        rs.append(Recommendation("", fid, 0, action, detail, impact, data_loading=dl))
+        v = inc.verdict
+        # two incidents of one cause on the same ranks ask for the same thing: one recommendation
+        same = (HANG in kinds, v.cause if v is not None else None, v.rank if v is not None else None,
+                tuple(inc.ranks))
+        rs.append(Recommendation("", fid, 0, action, detail, impact, data_loading=dl,
+                                 same_as=same if dl is None else None))
     return fs, rs
 
 

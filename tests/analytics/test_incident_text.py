@@ -31,3 +31,18 @@ def test_a_hang_is_worded_from_its_evidence_not_stored() -> None:
 def test_a_line_recorded_by_an_older_perfd_is_shown_as_written() -> None:
     inc = dataclasses.replace(hang_incident(_hang([1]), 48, 126.0), cause="as it was written then")
     assert cause_line(inc) == "as it was written then"
+
+
+def test_two_incidents_asking_the_same_thing_are_one_recommendation_merged_on_values() -> None:
+    """Two hangs of the same ranks ask for one action: one recommendation, the costlier kept; a hang of
+    other ranks stays apart. Merged on the action's typed inputs, not on its words."""
+    from perfd.analytics.finding_types import order_findings
+    from perfd.report.incident_findings import incident_findings
+
+    first = dataclasses.replace(hang_incident(_hang([1, 3]), 48, 126.0), id="a", cost_s=5.0)
+    again = dataclasses.replace(hang_incident(_hang([1, 3]), 60, 200.0), id="b", cost_s=9.0)
+    other = dataclasses.replace(hang_incident(_hang([2]), 70, 300.0), id="c", cost_s=1.0)
+    _, recs = incident_findings([first, again, other], run_s=100.0)
+    assert len(recs) == 3 and recs[0].action == recs[1].action
+    _, out = order_findings([], recs)
+    assert [r.finding_id for r in out] == ["incident-b", "incident-c"]
