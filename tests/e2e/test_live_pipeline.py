@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perfd import catalog
 from perfd.commands.analyze import analyze_megatron_file
+from perfd.report.row_json import run_json
 from tests.procs import free_port as _free_port
 from tests.procs import http_get as _get
 from tests.procs import wait_for as _wait
@@ -97,7 +98,7 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
             return s if ov["iterations_seen"] == n and ov["last_iteration"] == last_it == analysed else None
 
         summary = _wait(caught_up, 30, f"aggregator to see {n} iterations")
-        want = offline.to_json()
+        want = run_json(offline)  # the JSON `perfd analyze` writes
         assert summary["summary"] == json.loads(json.dumps(want["summary"]))
         assert summary["latest"] == json.loads(json.dumps(want["iterations"][-1]))
         assert summary["job"]["layout"] == want["job"]["layout"]
