@@ -14,7 +14,9 @@
 #   bash tests/gpu/engine_sizing.sh "$OUT" [points...]   # a point: NODES:SHARDS, e.g. 12500:4
 #
 # The job is a Megatron-LM one (bench engine --log: its rows answer MFU, the exposed communication and
-# the slowest rank); LOG= (empty) runs the hook-only job of the 2-core table instead.
+# the slowest rank); LOG= (empty) runs the hook-only job of the 2-core table instead. COLLECTIVES=1
+# adds each node's collective operations (bench engine --collectives: the shards fold their windows),
+# its files named ..._tls_coll.json.
 # Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
 # machine's facts first.
 set -u
@@ -31,10 +33,13 @@ export PATH="$PWD/.gpu-engine/site/bin:$PATH"
 for p in "${points[@]}"; do
   nodes=${p%%:*}; shards=${p##*:}
   procs=$(( nodes >= 5000 ? 4 : 2 ))
+  coll=(); tag=""
+  [ "${COLLECTIVES:-}" = 1 ] && { coll=(--collectives); tag=_coll; }
+  name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
   timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
-      --seconds 30 --warmup 10 --tls ${LOG---log} --json > "$out/engine_16core_n${nodes}_s${shards}_tls.json" \
-      2> >(grep -v eof_received > "$out/engine_16core_n${nodes}_s${shards}_tls.err")
-  python3 - "$out/engine_16core_n${nodes}_s${shards}_tls.json" <<'PY'
+      --seconds 30 --warmup 10 --tls ${LOG---log} "${coll[@]}" --json > "$name.json" \
+      2> >(grep -v eof_received > "$name.err")
+  python3 - "$name.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 r = d["root"]
