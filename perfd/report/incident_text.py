@@ -141,12 +141,16 @@ def _after_capture(e: Evidence) -> str:
             "before it: the profiler's cost outlasted the capture")
 
 
-def _data(e: Evidence) -> str:
-    d = e.detail
-    base = d.get("steady")
+def _share_grew(what: str, e: Evidence) -> str:
+    """A part's share of the step that grew: its worst share, and its steady one where known."""
+    base = e.detail.get("steady")
     return (
-        f"data loading took up to {e.worst:.0%} of the step" if e.worst is not None else "data loading grew"
+        f"{what} took up to {e.worst:.0%} of the step" if e.worst is not None else f"{what} grew"
     ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
+
+
+def _data(e: Evidence) -> str:
+    return _share_grew("data loading", e)
 
 
 def _ratio(e: Evidence) -> str:
@@ -162,12 +166,7 @@ def _line(e: Evidence) -> str:
 
 
 def _comm(e: Evidence) -> str:
-    base = e.detail.get("steady")
-    return (
-        f"exposed communication took up to {e.worst:.0%} of the step"
-        if e.worst is not None
-        else "exposed communication grew"
-    ) + (f" (steady {base:.0%})" if isinstance(base, (int, float)) else "")
+    return _share_grew("exposed communication", e)
 
 
 def cpus_text(cpus: object) -> str:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +24,6 @@ from tests.engine.engine_driver import (
     Plan,
     Rig,
     consumers,
-    need_nats_server,
     settle_and_check,
 )
 from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
@@ -114,16 +111,6 @@ def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:
 def _root_answer(rig: Rig, job: str) -> str:
     doc = get_json(f"{rig.base}/api/jobs/{urllib.parse.quote(job, safe='')}/summary")
     return json.dumps(doc.get("collectives"), sort_keys=True)
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    need_nats_server()
-    r = Rig(tmp_path / "rig")
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 @pytest.mark.parametrize("restart", [True, False], ids=["restarted", "not-restarted"])

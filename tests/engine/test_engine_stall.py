@@ -14,13 +14,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine.engine_driver import Rig, need_nats_server
+from tests.engine.engine_driver import Rig
 from tests.procs import get_json, start_aggregator, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -28,16 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
 
 LOOP = Path(__file__).resolve().parents[1] / "host" / "hook_loop.py"
 JOB = "enginejob"
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    need_nats_server()
-    r = Rig(tmp_path / "rig")
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 def test_a_stopped_rank_is_a_stall_through_the_engine_its_cause_the_stopped_process(rig: Rig,
