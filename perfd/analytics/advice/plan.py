@@ -225,14 +225,13 @@ def combined(advice: Iterable[Advice | PlanItem], spread_ms: float,
     removed once, by the most any of them removes of it, low and high apart (a remedy another of the
     set replaces adds nothing); the run-to-run spread once. With ``replay``, the span of that and of
     the remedies read from the replay replayed together (as each of their ranges spans both: the
-    replay's alone where the trace's slices are the profiler's or the GPU hides the host,
-    ReplayGains.spans_slices)."""
+    replay's alone where the trace's slices are the profiler's, ReplayGains.slices_hold)."""
     given = list(advice)
     by_slices = _combined(given, spread_ms, None)
     if replay is None:
         return by_slices
     both = _combined(given, spread_ms, replay)
-    if not replay.spans_slices:  # the profiler lengthened the trace's gaps, or the GPU hides them
+    if not replay.slices_hold:  # the profiler lengthened the trace's gaps: the replay alone
         return both
     return min(by_slices[0], both[0]), max(by_slices[1], both[1])
 

@@ -197,14 +197,13 @@ class FitContext:
         slices give (``gaps``), the basis saying both (None: no replay). Neither model holds every
         measurement (docs/evidence/README.md, issue 53: the replay on the H200's host-bound jobs, the
         slices on the H100's busy GPU), so the range is what both allow; but where the captured step ran
-        longer than the job's (ReplayGains.slices_hold) or the GPU hides the host (ReplayGains.host_hidden),
-        the replay alone."""
+        longer than the job's (ReplayGains.slices_hold), the replay alone."""
         r = self.replay
         g = r.of((change,)) if r is not None else None
         if r is None or g is None:
             return None
         said = replay_basis(r, what, self.budget.step_ms)
-        if gaps is None or not r.spans_slices:
+        if gaps is None or not r.slices_hold:
             return Gain(g[0], g[1], said)
         return Gain(min(g[0], gaps.low_ms), max(g[1], gaps.high_ms),
                     f"{said}: {g[0]:.0f}–{g[1]:.0f} ms; by the trace's slices, {gaps.basis}: "
@@ -239,9 +238,8 @@ MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal 
 # capture on the job's own clock (perfd.analytics.advice.replay_gains); 4 = as 3 where the profiler slowed
 # the trace's host, the span of the replay's and the trace slices' ranges where it did not (the H100 A/B
 # held the slices, not the replay: docs/evidence/README.md); 5 = as 4 with the job's clock matched to the
-# replay less the time the replay does not model (perfd.analytics.advice.replay_gains); 6 = as 5 with the
-# replay alone where the GPU hides the job's host (ReplayGains.host_hidden).
-GAIN_MODEL = 6
+# replay less the time the replay does not model (perfd.analytics.advice.replay_gains).
+GAIN_MODEL = 5
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
