@@ -175,7 +175,11 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     codes = row_codes(a)
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
-    return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(),
+    job = rest.pop("job")
+    gpu, why = job.get("gpu"), a.job.gpu.peak_reason
+    if isinstance(gpu, dict) and why is not None:
+        gpu["peak_reason"] = text(why)  # its code's sentence, in the key's place
+    return {"job": job, "iterations": rows, "iteration_codes": codes.legend(),
             "summary": rest.pop("summary"),
             "incidents": [json_value(incident_json(i)) for i in a.incidents], **rest}
 

@@ -440,20 +440,25 @@ class JobGpu:
     dtype_source: str = ""
     peak_tflops: float | None = None
     peak_source: str | None = None
-    peak_reason: str | None = None  # why there is no peak
+    peak_reason: Cited | None = None  # why there is no peak (worded where shown: report.row_json.run_json)
     measured_ceiling_tflops: float | None = None
     memory_mib: float | None = None
 
     @classmethod
     def from_json(cls, d: object) -> JobGpu:
+        """Back from the JSON as served: its ``peak_reason`` is a sentence there, not read back (a page
+        made from that JSON shows its report, already worded)."""
         if not isinstance(d, Mapping):
             return cls()
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+                      if f.name in d and f.name != "peak_reason"})
 
     def to_json(self) -> dict[str, str | float | None]:
+        """``peak_reason`` as its code's name: the edge that serves it words it in its place."""
         return {"name": self.name, "model": self.model, "dtype": self.dtype,
                 "dtype_source": self.dtype_source, "peak_tflops": self.peak_tflops,
-                "peak_source": self.peak_source, "peak_reason": self.peak_reason,
+                "peak_source": self.peak_source,
+                "peak_reason": self.peak_reason.code.name if self.peak_reason is not None else None,
                 "measured_ceiling_tflops": self.measured_ceiling_tflops, "memory_mib": self.memory_mib}
 
 

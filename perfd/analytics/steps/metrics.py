@@ -74,7 +74,7 @@ def mfu(tflops_per_gpu: Measured, peak: PeakResult) -> Measured:
     if tflops_per_gpu.value is None:
         return Measured.absent_as(tflops_per_gpu.cite)
     if peak.peak_tflops is None:
-        return Measured.absent(Code.WHY, peak.reason) if peak.reason else Measured.absent(Code.PEAK_UNKNOWN)
+        return Measured.absent_as(peak.reason if peak.reason is not None else cite(Code.PEAK_UNKNOWN))
     src = peak.source.detail if peak.source else f"peak {peak.peak_tflops:g}"
     return Measured(tflops_per_gpu.value / peak.peak_tflops, cite(Code.MFU, src))
 
