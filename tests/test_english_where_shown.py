@@ -137,7 +137,7 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
         Peaks: set(),
         PeakResult: {"dtype", "gpu_model"},  # (b) a peak's reason is a code
         BandwidthResult: {"gpu_model"},
-        JobGpu: {"name", "model", "dtype", "dtype_source", "peak_source"},
+        JobGpu: {"name", "model", "dtype", "dtype_source"},
         RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
         IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
         # a serving finding's own words are the finding's; what it quotes of a figure is a code

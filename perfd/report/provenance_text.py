@@ -66,6 +66,14 @@ TEMPLATE: dict[Code, str] = {
         "or per-rank values (all)",
     Code.FB_ZERO: "forward-backward timer is zero",
     Code.IMBALANCE_INPUTS: "needs the measured stage idle and the analytic bubble",
+    # Where a peak comes from.
+    Code.FROM_GPU_TABLE: "gpus:{0}",
+    Code.FROM_CONFIG: "config:{0}",
+    Code.PEAK_TABLE: "peak table: {0} {1} {2:g} TFLOP/s ({3})",
+    Code.PEAK_OVERRIDE: "peak_tflops={0:g} (explicit override)",
+    Code.PEAK_VALUE: "peak {0:g}",
+    Code.BANDWIDTH_TABLE: "bandwidth table: {0} {1:g} TB/s ({2})",
+    Code.BANDWIDTH_OVERRIDE: "peak_bandwidth={0:g} B/s (override)",
     # Why there is no peak.
     Code.PEAK_NOT_POSITIVE: "configured peak {0} TFLOP/s is not positive",
     Code.PEAK_NO_GPU: "GPU name unknown; give the GPU (--gpu NAME, as NVML names it) or its peak "

@@ -25,7 +25,7 @@ def test_nvml_names(nvml: str, model: str, bf16: float) -> None:
     assert row is not None and row.model == model
     res = peak_tflops(nvml, "bf16")
     assert res.peak_tflops == bf16 and res.gpu_model == model
-    assert res.source is not None and res.source.collector == "gpus"
+    assert res.source == cite(Code.FROM_GPU_TABLE, cite(Code.PEAK_TABLE, model, "bf16", bf16, row.datasheet))
     assert peak_tflops(nvml, "fp16").peak_tflops == bf16
 
 
@@ -59,7 +59,8 @@ def test_unknown_gpu_or_dtype_is_absent_not_guessed() -> None:
 
 def test_override_wins() -> None:
     res = peak_tflops("NVIDIA GeForce RTX 4090", "bf16", override=165.0)
-    assert res.peak_tflops == 165.0 and res.source is not None and res.source.collector == "config"
+    assert res.peak_tflops == 165.0 and res.source == cite(Code.FROM_CONFIG, cite(Code.PEAK_OVERRIDE, 165.0))
+    assert text(res.source) == "config:peak_tflops=165 (explicit override)"  # a golden sentence
     assert peak_tflops("NVIDIA H200", "bf16", override=900.0).peak_tflops == 900.0
     assert peak_tflops("NVIDIA H200", "bf16", override=0.0).peak_tflops is None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfd.analytics.steps.gpus import MEMORY_BANDWIDTH, peak_memory_bandwidth
-from perfd.analytics.steps.provenance import Code, cite
+from perfd.analytics.steps.provenance import Cited, Code, cite
 
 
 @pytest.mark.parametrize(("nvml", "model", "tbs"), [
@@ -20,7 +20,9 @@ from perfd.analytics.steps.provenance import Code, cite
 def test_table(nvml: str, model: str, tbs: float) -> None:
     res = peak_memory_bandwidth(nvml)
     assert res.gpu_model == model and res.bytes_per_s == pytest.approx(tbs * 1e12)
-    assert res.source is not None and res.source.collector == "gpus" and model in res.source.detail
+    assert res.source is not None and res.source.code is Code.FROM_GPU_TABLE
+    row = res.source.args[0]
+    assert isinstance(row, Cited) and row.code is Code.BANDWIDTH_TABLE and row.args[:2] == (model, tbs)
 
 
 @pytest.mark.parametrize("nvml", ["NVIDIA A100-PCIE-40GB", "NVIDIA GB200", "NVIDIA GH200 480GB",

@@ -207,9 +207,8 @@ def peaks(gpu_name: str | None, dtype: str | None, peak_tflops_override: float |
           bandwidth_override: float | None = None) -> Peaks:
     pk = peak_tflops(gpu_name, dtype, peak_tflops_override)
     bw = peak_memory_bandwidth(gpu_name, bandwidth_override)
-    flops_src = cite(Code.QUOTED, pk.source) if pk.source else (pk.reason or cite(Code.SG_PEAK_FLOPS_UNKNOWN))
-    bw_src = (cite(Code.QUOTED, bw.source) if bw.source
-              else (bw.reason or cite(Code.SG_PEAK_BANDWIDTH_UNKNOWN)))
+    flops_src = pk.source or pk.reason or cite(Code.SG_PEAK_FLOPS_UNKNOWN)
+    bw_src = bw.source or bw.reason or cite(Code.SG_PEAK_BANDWIDTH_UNKNOWN)
     return Peaks(pk.peak_tflops * 1e12 if pk.peak_tflops else None, bw.bytes_per_s, flops_src, bw_src)
 
 

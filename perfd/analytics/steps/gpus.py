@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.dtypes import DTYPES, normalize_dtype
-from perfd.model import Provenance
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ class PeakResult:
     dtype: str | None
     gpu_model: str | None  # canonical row name, or None (unknown GPU / explicit override only)
     measured_ceiling_tflops: float | None
-    source: Provenance | None
+    source: Cited | None  # the table's row or the configured figure (FROM_GPU_TABLE / FROM_CONFIG around it)
     reason: Cited | None = None  # why peak_tflops is None: a code and its arguments (worded where shown)
 
 
@@ -198,7 +197,7 @@ def peak_tflops(
             return PeakResult(None, canon, row.model if row else None, ceiling, None,
                               reason=cite(Code.PEAK_NOT_POSITIVE, override))
         return PeakResult(float(override), canon, row.model if row else None, ceiling,
-                          Provenance("config", f"peak_tflops={override:g} (explicit override)"))
+                          cite(Code.FROM_CONFIG, cite(Code.PEAK_OVERRIDE, override)))
     if row is None:
         return PeakResult(None, canon, None, None, None,
                           reason=(cite(Code.PEAK_GPU_UNLISTED, gpu_name) if gpu_name
@@ -210,9 +209,8 @@ def peak_tflops(
     if value is None:
         return PeakResult(None, canon, row.model, ceiling, None,
                           reason=cite(Code.PEAK_NO_FIGURE, canon, row.model))
-    return PeakResult(value, canon, row.model, ceiling,
-                      Provenance("gpus", f"peak table: {row.model} {canon} {value:g} TFLOP/s "
-                                 f"({row.datasheet})"))
+    row_src = cite(Code.PEAK_TABLE, row.model, canon, value, row.datasheet)
+    return PeakResult(value, canon, row.model, ceiling, cite(Code.FROM_GPU_TABLE, row_src))
 
 
 # --- peak memory bandwidth (for serving MBU) -------------------------------------------------
@@ -237,7 +235,7 @@ class BandwidthResult:
 
     bytes_per_s: float | None
     gpu_model: str | None
-    source: Provenance | None
+    source: Cited | None  # the bandwidth table's row or the configured figure
     reason: Cited | None = None  # why bytes_per_s is None: a code and its arguments
 
 
@@ -247,12 +245,12 @@ def peak_memory_bandwidth(gpu_name: str | None, override_bytes_per_s: float | No
     if override_bytes_per_s is not None:
         if override_bytes_per_s <= 0:
             return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_NOT_POSITIVE, override_bytes_per_s))
-        src = Provenance("config", f"peak_bandwidth={override_bytes_per_s:g} B/s (override)")
+        src = cite(Code.FROM_CONFIG, cite(Code.BANDWIDTH_OVERRIDE, override_bytes_per_s))
         return BandwidthResult(float(override_bytes_per_s), None, src)
     if not gpu_name:
         return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_NO_GPU))
     for model, (patterns, bw, sheet) in MEMORY_BANDWIDTH.items():
         if any(re.search(p, gpu_name, flags=re.IGNORECASE) for p in patterns):
-            src = Provenance("gpus", f"bandwidth table: {model} {bw / 1e12:g} TB/s ({sheet})")
+            src = cite(Code.FROM_GPU_TABLE, cite(Code.BANDWIDTH_TABLE, model, bw / 1e12, sheet))
             return BandwidthResult(bw, model, src)
     return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_GPU_UNLISTED, gpu_name))

@@ -75,7 +75,7 @@ def mfu(tflops_per_gpu: Measured, peak: PeakResult) -> Measured:
         return Measured.absent_as(tflops_per_gpu.cite)
     if peak.peak_tflops is None:
         return Measured.absent_as(peak.reason if peak.reason is not None else cite(Code.PEAK_UNKNOWN))
-    src = peak.source.detail if peak.source else f"peak {peak.peak_tflops:g}"
+    src = peak.source.args[0] if peak.source else cite(Code.PEAK_VALUE, peak.peak_tflops)  # its detail
     return Measured(tflops_per_gpu.value / peak.peak_tflops, cite(Code.MFU, src))
 
 

@@ -82,6 +82,15 @@ class Code(enum.Enum):
     MAX_ONLY = _A, 0
     FB_ZERO = _A, 0
     IMBALANCE_INPUTS = _A, 0
+    # Where a peak comes from (perfd.analytics.steps.gpus: PeakResult.source, BandwidthResult.source):
+    # the table's or the configuration's code around the row's or the setting's detail.
+    FROM_GPU_TABLE = _S, 1  # gpus: the detail
+    FROM_CONFIG = _S, 1  # config: the detail
+    PEAK_TABLE = _S, 4  # the GPU model, the dtype, TFLOP/s, the datasheet
+    PEAK_OVERRIDE = _S, 1  # the configured TFLOP/s
+    PEAK_VALUE = _S, 1  # a peak without a source: its TFLOP/s
+    BANDWIDTH_TABLE = _S, 3  # the GPU model, TB/s, the datasheet
+    BANDWIDTH_OVERRIDE = _S, 1  # the configured bytes/s
     # Why there is no peak to measure against (perfd.analytics.steps.gpus: PeakResult.reason,
     # BandwidthResult.reason; a CPU job's, perfd.analytics.run.run_analysis).
     PEAK_NOT_POSITIVE = _A, 1  # the configured peak TFLOP/s
