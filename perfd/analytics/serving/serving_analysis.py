@@ -228,7 +228,7 @@ def summarize(records: Sequence[ServingRecord], server: ServerInfo | None = None
     extras = _efficiency(v, groups, server, spec, gpu_name, peak_tflops, peak_bandwidth)
     extras.update(records=len(records), prefill_lines=sum(1 for r in records if pre(r)),
                   decode_lines=sum(1 for r in records if dec(r)), dp_groups=sorted(groups) or [],
-                  window=_span_text(records))
+                  window=_window_span(records))
     return ServingSummary(v, extras)
 
 
@@ -244,7 +244,7 @@ def _any(r: ServingRecord) -> bool:
     return True
 
 
-def _span_text(records: Sequence[ServingRecord]) -> Cited:
+def _window_span(records: Sequence[ServingRecord]) -> Cited:
     ts = [t for t in (r.timeline() for r in records) if t is not None]
     if not records:
         return cite(Code.SG_NO_BATCH_LINES)

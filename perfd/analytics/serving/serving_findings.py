@@ -83,7 +83,7 @@ def _window(s: ServingFigures, server: ServerInfo | None) -> _Window:
     chunk = server.chunked_prefill_size if server else None
     if chunk is None and server is not None:
         chunk = server.arg_int("chunked_prefill_size")
-    span = s.extras.get("window")  # the records' span (serving_analysis._span_text)
+    span = s.extras.get("window")  # the records' span (serving_analysis._window_span)
     return _Window(s, src, span if isinstance(span, Cited) else None, chunk,
                    server.arg_str("schedule_policy") if server else None,
                    server.max_running_requests if server else None)
