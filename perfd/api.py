@@ -74,7 +74,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.analyze import check_gpu, check_log
     from perfd.logfiles import LogFileError
-    from perfd.report.serving_report import build_serving_report
+    from perfd.report.serving_report import build_serving_report, serving_json
     from perfd.serving_model import ServingModelSpec
 
     why = check_log(str(path)) or check_gpu(gpu, None)
@@ -88,7 +88,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
         raise PerfdInputError(f"no SGLang 'Prefill batch' / 'Decode batch' lines in {path}")
     analysis = analyze_serving(job or Path(path).stem, parsed.records, parsed.server, None, None,
                                ServingModelSpec(), gpu, None, None, lifetime_percentiles=True)
-    return {"records": [r.to_json() for r in parsed.records], "summary": analysis.to_json(),
+    return {"records": [r.to_json() for r in parsed.records], "summary": serving_json(analysis),
             "report": build_serving_report(analysis).to_json()}
 
 

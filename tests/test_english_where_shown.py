@@ -3,13 +3,20 @@ codes (perfd.report.provenance_text: metric sources, absence reasons, caveats, s
 row's exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences,
 its line and its action, perfd.report.incident_text and incident_findings) are in no analytics
 source again. Checked on the source (AST, no import): every literal part of each
-template that reads as words is looked for in every string constant of perfd/analytics."""
+template that reads as words is looked for in every string constant of perfd/analytics. The serving
+figures' sources and reasons (MetricValue), a peak's reason, the evidence's source and a rank snapshot's
+observations are codes too: their sentences are TEMPLATE's and incident_text's (so the checks above
+catch them spelled in analytics again), and the typed values that carry them hold no text (checked
+on their annotations: a field typed ``str`` there again is the English back)."""
 
 from __future__ import annotations
 
 import ast
+import collections.abc
+import dataclasses
 import re
 import string
+import typing
 from pathlib import Path
 
 from perfd.report.provenance_text import TEMPLATE
@@ -18,6 +25,10 @@ from perfd.report.row_json import EXCLUSION_TEXT
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = re.compile(r"[A-Za-z][A-Za-z-]+")
 MIN_WORDS = 3  # a shorter fragment ("step time", "unknown") is no sentence: it may be said anywhere
+# Names of quantities and a phrase the analytics' docs and notes use too (the serving spec's docstrings,
+# a FLOPs note): no sentence of a code.
+NAMED_ELSEWHERE = {"KV bytes per token", "FLOPs per token", "KV heads replicated",
+                   "observations in the window", "is not positive"}
 
 
 def _fragments(template: str, least: int = MIN_WORDS) -> list[str]:
@@ -41,9 +52,12 @@ def _found(fragments: dict[str, str], files: list[Path]) -> list[str]:
 
 
 def test_no_analytics_module_words_a_code_again() -> None:
-    fragments = {frag: c.name for c, t in TEMPLATE.items() for frag in _fragments(t)}
+    fragments = {frag: c.name for c, t in TEMPLATE.items() for frag in _fragments(t)
+                 if frag not in NAMED_ELSEWHERE}
     fragments |= {frag: f"Exclusion.{k.name}" for k, t in EXCLUSION_TEXT.items() for frag in _fragments(t)}
-    assert len(fragments) > 30  # the check looks for real sentences
+    assert len(fragments) > 100  # the check looks for real sentences (the serving ones among them)
+    assert "no speculative decoding ('accept len') logged" in fragments  # a serving reason
+    assert "not in the bandwidth table; give the peak bandwidth in config" in fragments  # a peak's reason
     files = sorted((ROOT / "perfd" / "analytics").rglob("*.py"))
     assert files
     found = _found(fragments, files)
@@ -93,3 +107,57 @@ def test_the_check_finds_a_sentence_said_in_a_module(tmp_path: Path) -> None:
     said = {frag: name for name in INCIDENT_TEXT for frag in _said(ROOT / "perfd" / "report" / name)}
     assert [x.split(": ", 1)[1] for x in _found(said, [probe])] == [
         "incident_text.py 'the straggler detector named rank'"]
+
+
+def _text_in(hint: object) -> bool:
+    """Whether a type annotation can hold text: ``str`` itself, or inside a union, a tuple or a
+    mapping's values (a mapping keyed by names holds names, not sentences)."""
+    if hint is str:
+        return True
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (dict, collections.abc.Mapping):
+        args = args[1:]
+    return any(_text_in(a) for a in args)
+
+
+def test_the_typed_values_hold_codes_not_sentences() -> None:
+    """Each value that used to carry a sentence: the fields that may hold text are names and data only
+    (a GPU's name, a dtype, the kept observations read back from the state store), never the source, a
+    reason or the observations made now."""
+    from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
+    from perfd.analytics.run.run_summary import JobGpu
+    from perfd.analytics.serving.histogram import Quantile
+    from perfd.analytics.serving.serving_findings import ServingFinding
+    from perfd.analytics.serving.spec import MetricValue, Peaks
+    from perfd.analytics.steps.gpus import BandwidthResult, PeakResult
+
+    allowed: dict[type, set[str]] = {
+        MetricValue: set(),  # (a) a serving figure: its source and reason are codes
+        Quantile: set(),
+        Peaks: set(),
+        PeakResult: {"dtype", "gpu_model"},  # (b) a peak's reason is a code
+        BandwidthResult: {"gpu_model"},
+        JobGpu: {"name", "model", "dtype", "dtype_source"},
+        RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
+        IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
+        # a serving finding's own words are the finding's; what it quotes of a figure is a code
+        ServingFinding: {f.name for f in dataclasses.fields(ServingFinding)} - {"span", "cited", "quotes"},
+    }
+    for cls, names in allowed.items():
+        hints = typing.get_type_hints(cls)
+        texts = {f.name for f in dataclasses.fields(cls) if _text_in(hints[f.name])}
+        assert texts <= names, (cls.__name__, texts - names)
+
+
+def test_the_type_check_sees_text_in_a_field(tmp_path: Path) -> None:
+    @dataclasses.dataclass
+    class Old:
+        observations: tuple[str, ...]
+        source: str | None = None
+        notes: dict[int, str] | None = None
+        numbers: dict[str, float] | None = None
+
+    hints = typing.get_type_hints(Old)
+    assert [n for n in ("observations", "source", "notes", "numbers") if _text_in(hints[n])] == [
+        "observations", "source", "notes"]
+    assert not _text_in(typing.get_type_hints(test_the_type_check_sees_text_in_a_field)["return"])

@@ -30,6 +30,7 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.report.row_json import run_json
+from perfd.report.serving_report import build_serving_report, serving_json
 from perfd.rules.expr import ExprError, compile_expr
 from perfd.rules.pack_loader import parse_pack
 
@@ -116,7 +117,8 @@ def test_sglang_parser_and_analysis(lines: list[str]) -> None:
     log = parse_sglang(lines)
     _counted(dict(log.counts), list(log.issues))
     analysis = analyze_serving("fuzz", log.records, log.server)
-    json.loads(finite_json.dumps(analysis.to_json()))
+    json.loads(finite_json.dumps(serving_json(analysis)))  # its codes worded where shown
+    json.loads(finite_json.dumps(build_serving_report(analysis).to_json()))
 
 
 @settings(max_examples=100, deadline=None, derandomize=True)

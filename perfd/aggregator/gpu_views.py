@@ -22,11 +22,10 @@ from typing import Any
 
 from perfd import catalog
 from perfd.aggregator.nodes import GpuKey, NodeView
-from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gpu_hints, place_ranks
+from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gpu_hints, gpu_seen, place_ranks
 from perfd.analytics.incidents.evidence import Evidence, causal_key
 from perfd.analytics.incidents.host_evidence import host_items
 from perfd.analytics.incidents.incident_evidence import RankSnapshot
-from perfd.report.incident_text import gpu_observations
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 SNAPSHOT_SERIES = frozenset({
@@ -170,7 +169,7 @@ def rank_snapshots(named: Sequence[int], v: SnapshotView, hosts: Mapping[int, Ma
             vals, reasons = values.get((h.node, h.gpu), {}), list(throttles.get((h.node, h.gpu), []))
         out[h.rank] = RankSnapshot(
             rank=h.rank, node=h.node, gpu=h.gpu, placed=h.placed,
-            observations=() if cpu_only and not h.placed else tuple(gpu_observations(h)),
+            seen=gpu_seen(h.placed, h.items, cpu_only), seen_items=tuple(h.items),
             numbers=dict(h.evidence), items=tuple(h.items),
             gpu_values={k: x for k, x in vals.items() if k in SNAPSHOT_SERIES},
             throttle_reasons=tuple(reasons), taken_at=now,

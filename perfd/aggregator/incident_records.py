@@ -20,7 +20,7 @@ from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
 from perfd.analytics.incidents.stall import silence_cost_s
 from perfd.events import INCIDENT_OPENED
-from perfd.report.incident_text import cause_line
+from perfd.report.incident_text import cause_line, unworded_evidence, worded_evidence
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class TrackedIncident:
         return self.cost_parts.steps_s if self.cost_parts is not None else self.incident.cost_s
 
     def to_json(self) -> dict[str, object]:
-        out = self.incident.to_json()
+        out = worded_evidence(self.incident, self.incident.to_json())  # its source, observations in words
         out["cause"] = cause_line(self.incident)  # worded here: the API's, the events' and the state's
         out["duration_s"] = self.duration_s
         out.update(captures=[c.to_json() for c in self.captures], first_seen=self.first_seen,
@@ -111,7 +111,8 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
         steady_step_ms=d.get("steady_step_ms"), median_step_ms=d.get("median_step_ms"),
         max_step_ms=d.get("max_step_ms"), start_time=d.get("start_time"), end_time=d.get("end_time"),
         open=bool(d.get("open")), cause=str(d.get("cause") or ""),
-        evidence=IncidentEvidence.from_json(ev) if isinstance(ev, Mapping) else IncidentEvidence(),
+        evidence=(IncidentEvidence.from_json(unworded_evidence(ev)) if isinstance(ev, Mapping)
+                  else IncidentEvidence()),
         verdict=verdict_from_json(d.get("verdict"), as_written=True), capture_cost_s=d.get("capture_cost_s"),
         single_rank=bool(d.get("single_rank")), cpu_only=bool(d.get("cpu_only")))
     parts = d.get("cost_parts")

@@ -21,23 +21,6 @@ class TextEnum(str, enum.Enum):
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
 
-@dataclass(frozen=True)
-class MetricValue:
-    """A number with where it came from, or None with why it is absent (never a silent 0)."""
-
-    value: float | None
-    source: Provenance | None = None
-    reason: str | None = None  # why value is None (or a caveat when it is an inference)
-
-    @staticmethod
-    def absent(reason: str) -> MetricValue:
-        return MetricValue(None, None, reason)
-
-    @property
-    def present(self) -> bool:
-        return self.value is not None
-
-
 # Megatron timers that the CPU timeline blocks on while gradients are synchronised after the
 # backward pass (finalize_model_grads and the distributed optimizer): DP grad reduce / param
 # gather plus the extra all-reduces (tied embeddings across the first/last stage, TP-replicated

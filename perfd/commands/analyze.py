@@ -321,7 +321,7 @@ def run_sglang(args: argparse.Namespace) -> int:
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
-    from perfd.report.serving_report import build_serving_report
+    from perfd.report.serving_report import build_serving_report, serving_json
 
     peak_given = args.peak_tflops if args.peak_tflops is not None else args.peak_bandwidth_tbs
     why = (check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops)
@@ -355,7 +355,7 @@ def run_sglang(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "records": [r.to_json() for r in parsed.records],
-            "summary": analysis.to_json(),
+            "summary": serving_json(analysis),
             "report": report.to_json(),
             "parse": {"counts": dict(parsed.counts),
                       "issues": [{"line": i.line_no, "reason": i.reason, "text": i.text}

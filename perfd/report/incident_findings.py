@@ -17,7 +17,7 @@ from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind, Missing, Verdict
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
-from perfd.report.incident_text import cause_line, cpu_use_text, cpus_text
+from perfd.report.incident_text import EVIDENCE_SOURCE_TEXT, cause_line, cpu_use_text, cpus_text
 from perfd.typed import objs
 
 K = EvidenceKind
@@ -79,7 +79,8 @@ def incident_findings(incidents: Sequence[ReportedIncident], run_s: float | None
                           # incident's own (each fact once: the report sits beside the incidents)
                           {"incident": inc.id, "kinds": kinds, "ranks": list(inc.ranks), "cost_s": cost,
                            "cause": inc.verdict.cause.value if inc.verdict and inc.verdict.cause else None},
-                          span, inc.evidence.source or "", FindingOrigin.INCIDENT))
+                          span, EVIDENCE_SOURCE_TEXT[src] if (src := inc.evidence.source) is not None else "",
+                          FindingOrigin.INCIDENT))
         impact = (cost / run_s) if isinstance(cost, (int, float)) and run_s else None
         action, used = _action(inc, cpu)
         detail = cause_line(inc) + (f"; {cpu_use_text(used)}" if used is not None else "")

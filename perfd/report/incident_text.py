@@ -1,6 +1,7 @@
 """An incident in English: the sentence of each kind of typed evidence (perfd.analytics.incidents
 .evidence), what is missing, a live stall, the incident's one line (its cause, :func:`cause_line`) and
-what a rank's GPU shows (:func:`gpu_observations`). The one place they become English, where they are
+what a rank's GPU shows (:func:`gpu_observations`, :func:`seen_text`), which detector the evidence
+comes from (:data:`EVIDENCE_SOURCE_TEXT`). The one place they become English, where they are
 shown (the report, the HTML page, the HTTP API's JSON, the events, `perfd top`); nothing reads them
 back: decisions are made on the typed values. An incident keeps no line of its own, except one
 recorded by an older perfd (Incident.cause, read back from the aggregator's state): that one is shown
@@ -12,10 +13,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from perfd.analytics.incidents.attribution import GpuHint
+from perfd.analytics.incidents.attribution import GpuHint, GpuSeen, gpu_seen
 from perfd.analytics.incidents.detect import CAPTURE, HANG, LEVEL_SHIFT, STALL, Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
+from perfd.analytics.incidents.incident_evidence import EvidenceSource
 
 
 def cpu_use_text(use: CpuUse) -> str:
@@ -382,18 +384,60 @@ def cause_line(inc: Incident) -> str:
 def incident_json(inc: Incident) -> dict[str, object]:
     """An incident as JSON, its line worded (the offline analysis'; the live aggregator's kept ones:
     perfd/aggregator/incident_records.TrackedIncident.to_json)."""
-    return {**inc.to_json(), "cause": cause_line(inc)}
+    return {**worded_evidence(inc, inc.to_json()), "cause": cause_line(inc)}
+
+
+def seen_text(seen: GpuSeen, items: Sequence[Evidence]) -> list[str]:
+    """What a rank's GPU shows against the job's others, in sentences: its items', or that it is
+    unplaced, or that it looks like the others; nothing for a CPU job's rank on no GPU."""
+    if seen is GpuSeen.NO_GPU:
+        return []
+    if seen is GpuSeen.UNPLACED:
+        return [missing_text(Missing.RANK_PLACEMENT)]
+    if seen is GpuSeen.LIKE_OTHERS:
+        return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
+                "at its data loading or host instead"]
+    return [sentence(e) for e in items]
 
 
 def gpu_observations(h: GpuHint) -> list[str]:
-    """What a rank's GPU shows against the job's others, in sentences (perfd.analytics.incidents
-    .attribution.gpu_hints): its items', or that it is unplaced, or that it looks like the others."""
-    if not h.placed:
-        return [missing_text(Missing.RANK_PLACEMENT)]
-    if not h.items:
-        return ["its GPU looks like the others (clock, throttling, temperature, no other process): look "
-                "at its data loading or host instead"]
-    return [sentence(e) for e in h.items]
+    """A GPU hint's observations (perfd.analytics.incidents.attribution.gpu_hints) in sentences."""
+    return seen_text(gpu_seen(h.placed, h.items), h.items)
+
+
+# Which detector an incident's evidence comes from (IncidentEvidence.source), as the JSON and the
+# report's finding say it.
+EVIDENCE_SOURCE_TEXT: dict[EvidenceSource, str] = {
+    EvidenceSource.STEPS: "per-iteration analysis (step timers, straggler detector)",
+    EvidenceSource.NCCL_HANG: "collectors/nccl Flight Recorder hang detector",
+    EvidenceSource.LIVE_STALL: "perfd aggregator, live stall detector (perfd.analytics.incidents.stall)",
+}
+
+
+def worded_evidence(inc: Incident, doc: dict[str, object]) -> dict[str, object]:
+    """``inc``'s JSON (Incident.to_json: its evidence's codes where sentences are served) with its
+    evidence's source and each rank snapshot's observations worded, in their places (the keys keep
+    their order: a value replaced in a dict stays where it was)."""
+    ev, src = doc.get("evidence"), inc.evidence.source
+    if not isinstance(ev, dict):
+        return doc
+    if src is not None:
+        ev["source"] = EVIDENCE_SOURCE_TEXT[src]
+    snaps, served = inc.evidence.gpu or {}, ev.get("gpu")
+    for r, snap in snaps.items():
+        one = served.get(str(r)) if isinstance(served, dict) else None
+        if isinstance(one, dict) and snap.written is None:
+            one["observations"] = seen_text(snap.seen, snap.seen_items)
+    return doc
+
+
+def unworded_evidence(ev: Mapping[str, object]) -> dict[str, object]:
+    """Served evidence JSON (the state store's copy) with its source's sentence back as its code, for
+    IncidentEvidence.from_json: one lookup in the table above, no parsing; a sentence it does not
+    declare (an older perfd's) reads as no source."""
+    src = ev.get("source")
+    code = next((k.value for k, t in EVIDENCE_SOURCE_TEXT.items() if t == src), None)
+    return {**ev, "source": code} if "source" in ev else dict(ev)
 
 
 def hint_json(h: GpuHint) -> dict[str, object]:

@@ -175,7 +175,12 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     codes = row_codes(a)
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
-    return {"job": rest.pop("job"), "iterations": rows, "iteration_codes": codes.legend(),
+    job = rest.pop("job")
+    gpu, peak = job.get("gpu"), a.job.gpu
+    for key, c in (("peak_source", peak.peak_source), ("peak_reason", peak.peak_reason)):
+        if isinstance(gpu, dict) and c is not None:
+            gpu[key] = text(c)  # its code's sentence, in the key's place
+    return {"job": job, "iterations": rows, "iteration_codes": codes.legend(),
             "summary": rest.pop("summary"),
             "incidents": [json_value(incident_json(i)) for i in a.incidents], **rest}
 

@@ -1,12 +1,20 @@
 """The four-part report of a serving job (Summary, Metrics with sources, Findings with evidence,
 Recommendations tied to findings), in the same types as the training report so ``render_text``,
-``render_rich`` and ``Report.to_json`` work on it unchanged. Pure."""
+``render_rich`` and ``Report.to_json`` work on it unchanged, and the summary's JSON: where the
+analysis' codes (a value's source or why it is absent, the window, a finding's quotes) become their
+sentences (perfd.report.provenance_text). Pure."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from perfd import catalog
+from perfd.analytics.finding_types import Finding
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingAnalysis
-from perfd.analytics.serving.serving_findings import serving_status
+from perfd.analytics.serving.serving_findings import ServingFinding, serving_status
+from perfd.analytics.steps.provenance import Cited
+from perfd.report.provenance_text import text
 from perfd.report.training_report import Report, ReportMetric, ReportSummary, format_value
 
 # the first warning finding decides what the summary names as the limit
@@ -26,9 +34,9 @@ def build_serving_report(a: ServingAnalysis) -> Report:
         mv = s.values.get(key)
         value = mv.value if mv is not None else None
         if mv is not None and mv.source is not None:
-            src = str(mv.source)
+            src = text(mv.source)
         else:
-            src = f"absent: {mv.reason if mv is not None else 'not computed'}"
+            src = f"absent: {_text(mv.reason) if mv is not None else 'not computed'}"
         metrics.append(ReportMetric(name, value, d.unit, src, d.description))
     status, status_text = serving_status(a.findings)
     limit = next((f for f in a.findings if f.id in _LIMITS and f.severity != "info"), None)
@@ -48,6 +56,35 @@ def build_serving_report(a: ServingAnalysis) -> Report:
                 f"{format_value(v('itl_p99'), 'seconds')}"
                 f", decode MBU {format_value(v('decode_mbu'), 'ratio')}" + (f" ({model})" if model else ""))
     summary = ReportSummary(a.job, status, status_text, v("decode_mfu"), bottleneck, reason,
-                            str(s.extras.get("window", "")), headline)
+                            _text(s.extras.get("window", "")), headline)
     # No training job block: the served model and window are in the headline and the steady text.
-    return Report(summary, metrics, list(a.findings), list(a.recommendations))
+    return Report(summary, metrics, [shown_finding(f) for f in a.findings], list(a.recommendations))
+
+
+def _text(v: object) -> str:
+    """A code's sentence; "None" where there is none (as an absent reason always read)."""
+    return text(v) if isinstance(v, Cited) else str(v)
+
+
+def shown_finding(f: Finding) -> Finding:
+    """A serving finding as shown: its window, source and quotes worded (ServingFinding)."""
+    if not isinstance(f, ServingFinding):
+        return f
+    quoted = (text(q) if q is not None else "" for q in f.quotes)
+    obs = f.observation.format(*quoted) if f.quotes else f.observation
+    return dataclasses.replace(f, observation=obs, span=None, cited=None, quotes=(),
+                               iterations=text(f.span) if f.span is not None else f.iterations,
+                               source=text(f.cited) if f.cited is not None else f.source)
+
+
+def serving_json(a: ServingAnalysis) -> dict[str, object]:
+    """{job, values: {key: {value, source, reason}}, metrics: {catalog name: value}, <extras>, server}:
+    the sources, reasons and the extras' sources (the GPUs', the peaks', the window) worded."""
+    s = a.summary
+    vals = {k: {"value": (mv.value if mv.value is None or math.isfinite(mv.value) else None),
+                "source": text(mv.source) if mv.source else None,
+                "reason": text(mv.reason) if mv.reason is not None else None}
+            for k, mv in s.values.items()}
+    extras = {k: text(v) if isinstance(v, Cited) else v for k, v in s.extras.items()}
+    return {"job": a.job, "values": vals, "metrics": s.job_metrics(), **extras,
+            "server": dataclasses.asdict(a.server) if a.server else None}

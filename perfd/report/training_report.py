@@ -29,7 +29,7 @@ from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
-from perfd.report.provenance_text import line
+from perfd.report.provenance_text import line, text
 from perfd.report.row_json import RowCodes, row_codes, run_json
 
 
@@ -170,9 +170,9 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     gpu = job.gpu
-    mfu_text = (f"MFU {format_value(mfu, 'ratio')} ({grade_label(grade)})"
-                if mfu is not None
-                else f"MFU unknown ({gpu.peak_reason or 'no model FLOPs or peak'})")
+    why = text(gpu.peak_reason) if gpu.peak_reason is not None else "no model FLOPs or peak"
+    mfu_text = (f"MFU {format_value(mfu, 'ratio')} ({grade_label(grade)})" if mfu is not None
+                else f"MFU unknown ({why})")
     tput = s.median("model_tflops_per_gpu")
     headline = (f"{job.name or 'job'}: {mfu_text}"
                 + (f", {format_value(tput, 'tflops')} per GPU" if tput is not None else "")

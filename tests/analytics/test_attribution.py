@@ -1,8 +1,15 @@
 from typing import Any
 
-from perfd.analytics.incidents.attribution import RankPlacement, foreign_processes, gpu_hints, place_ranks
+from perfd.analytics.incidents.attribution import (
+    GpuSeen,
+    RankPlacement,
+    foreign_processes,
+    gpu_hints,
+    gpu_seen,
+    place_ranks,
+)
 from perfd.analytics.incidents.evidence import EvidenceKind as K
-from perfd.report.incident_text import gpu_observations
+from perfd.report.incident_text import gpu_observations, seen_text
 
 PROCS: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("node-a", "0"): [{"pid": 10, "rank": 0, "local_rank": 0, "world_size": 4, "cmdline": "python train.py"}],
@@ -47,6 +54,10 @@ def test_hints_name_the_throttled_gpu_and_the_co_tenant():
     assert "pid 99 (python notebook.py" in " ".join(gpu_observations(h1))
     assert hints[0].items == [] and "looks like the others" in gpu_observations(hints[0])[0]
     assert hints[7].node is None and not hints[7].placed and "unknown" in gpu_observations(hints[7])[0]
+    # what each hint's observations are, as a code (their sentences are made where shown)
+    assert [gpu_seen(h.placed, h.items) for h in (h3, h1, hints[0], hints[7])] == [
+        GpuSeen.ITEMS, GpuSeen.ITEMS, GpuSeen.LIKE_OTHERS, GpuSeen.UNPLACED]
+    assert gpu_seen(False, [], cpu_only=True) is GpuSeen.NO_GPU and seen_text(GpuSeen.NO_GPU, h3.items) == []
 
 
 def test_foreign_processes_excludes_the_jobs_own_ranks():

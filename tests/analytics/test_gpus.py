@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from perfd.analytics.steps.gpus import lookup_gpu, peak_tflops
-from perfd.dtypes import normalize_dtype
+from perfd.analytics.steps.provenance import Code, cite
+from perfd.dtypes import DTYPES, normalize_dtype
+from perfd.report.provenance_text import text
 
 
 @pytest.mark.parametrize(("nvml", "model", "bf16"), [
@@ -23,7 +25,7 @@ def test_nvml_names(nvml: str, model: str, bf16: float) -> None:
     assert row is not None and row.model == model
     res = peak_tflops(nvml, "bf16")
     assert res.peak_tflops == bf16 and res.gpu_model == model
-    assert res.source is not None and res.source.collector == "gpus"
+    assert res.source == cite(Code.FROM_GPU_TABLE, cite(Code.PEAK_TABLE, model, "bf16", bf16, row.datasheet))
     assert peak_tflops(nvml, "fp16").peak_tflops == bf16
 
 
@@ -31,7 +33,7 @@ def test_fp8_is_twice_hopper_and_absent_on_ampere() -> None:
     assert peak_tflops("NVIDIA H200", "fp8").peak_tflops == pytest.approx(2 * 989, abs=1)
     assert peak_tflops("NVIDIA B200", "fp8").peak_tflops == 2 * 2250
     a100 = peak_tflops("NVIDIA A100-SXM4-80GB", "fp8")
-    assert a100.peak_tflops is None and "no fp8 peak" in (a100.reason or "")
+    assert a100.peak_tflops is None and a100.reason == cite(Code.PEAK_NO_FIGURE, "fp8", "A100")
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32").peak_tflops == 156.0
 
 
@@ -43,16 +45,22 @@ def test_measured_ceiling() -> None:
 
 def test_unknown_gpu_or_dtype_is_absent_not_guessed() -> None:
     res = peak_tflops("NVIDIA GeForce RTX 4090", "bf16")
-    assert res.peak_tflops is None and "not in the peak table" in (res.reason or "")
-    assert peak_tflops(None, "bf16").peak_tflops is None
-    assert peak_tflops("NVIDIA H200", None).peak_tflops is None
-    assert peak_tflops("NVIDIA H200", "int4").peak_tflops is None
+    assert res.peak_tflops is None and res.reason == cite(Code.PEAK_GPU_UNLISTED, "NVIDIA GeForce RTX 4090")
+    # why, as a code and its arguments: each worded where it is shown (perfd.report.provenance_text)
+    assert peak_tflops(None, "bf16").reason == cite(Code.PEAK_NO_GPU)
+    assert peak_tflops("NVIDIA H200", None).reason == cite(Code.PEAK_NO_DTYPE)
+    assert peak_tflops("NVIDIA H200", "int4").reason == cite(Code.PEAK_DTYPE_UNRECOGNISED, "int4", DTYPES)
+    assert peak_tflops("NVIDIA H200", "bf16", -1.0).reason == cite(Code.PEAK_NOT_POSITIVE, -1.0)
+    why = peak_tflops("NVIDIA H200", "int4").reason
+    assert why is not None and text(why) == (  # a golden sentence
+        "dtype 'int4' not recognised (--dtype takes one of bf16, fp16, fp8, tf32, fp32)")
     assert lookup_gpu("NVIDIA H100") is None  # SXM or PCIe? not guessed
 
 
 def test_override_wins() -> None:
     res = peak_tflops("NVIDIA GeForce RTX 4090", "bf16", override=165.0)
-    assert res.peak_tflops == 165.0 and res.source is not None and res.source.collector == "config"
+    assert res.peak_tflops == 165.0 and res.source == cite(Code.FROM_CONFIG, cite(Code.PEAK_OVERRIDE, 165.0))
+    assert text(res.source) == "config:peak_tflops=165 (explicit override)"  # a golden sentence
     assert peak_tflops("NVIDIA H200", "bf16", override=900.0).peak_tflops == 900.0
     assert peak_tflops("NVIDIA H200", "bf16", override=0.0).peak_tflops is None
 

@@ -7,7 +7,8 @@ import dataclasses
 
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.detect import HANG, hang_incident
-from perfd.report.incident_text import cause_line, incident_json
+from perfd.analytics.incidents.incident_evidence import EvidenceSource
+from perfd.report.incident_text import cause_line, incident_json, unworded_evidence
 
 
 def _hang(not_joined: list[int]) -> HangView:
@@ -26,6 +27,18 @@ def test_a_hang_is_worded_from_its_evidence_not_stored() -> None:
     # the JSON as served carries the line, in the key's place
     doc = incident_json(inc)
     assert doc["cause"] == cause_line(inc) and list(doc) == list(inc.to_json())
+
+
+def test_the_evidence_source_is_a_code_worded_where_served() -> None:
+    inc = hang_incident(_hang([1]), 48, 126.0)
+    assert inc.evidence.source is EvidenceSource.NCCL_HANG
+    served = incident_json(inc)["evidence"]
+    assert isinstance(served, dict) and served["source"] == "collectors/nccl Flight Recorder hang detector"
+    assert inc.to_json()["evidence"] == {**served, "source": "nccl_hang"}  # analytics' JSON: the code
+    assert list(served) == list(inc.evidence.to_json())  # in the key's place
+    # the state store's copy reads back to the code, by the table, never by parsing the sentence
+    assert unworded_evidence(served)["source"] == "nccl_hang"
+    assert unworded_evidence({**served, "source": "an older perfd's words"})["source"] is None
 
 
 def test_a_line_recorded_by_an_older_perfd_is_shown_as_written() -> None:

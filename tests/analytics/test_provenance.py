@@ -106,7 +106,7 @@ def test_a_finding_quotes_a_source_as_a_code_and_the_report_words_it() -> None:
     a = analyze_run(fixture_job(), fixture_records(), gpu_name=None, live=False)
     (raw,) = [f for f in a.findings if f.id == "mfu-absent"]
     assert isinstance(raw, QuotingFinding) and raw.quotes == (("", a.iterations[0].sources["mfu"]),)
-    assert raw.quotes[0][1].code is Code.WHY and raw.observation == "MFU "
+    assert raw.quotes[0][1].code is Code.PEAK_NO_GPU and raw.observation == "MFU "
     (shown,) = [f for f in build_report(a).findings if f.id == "mfu-absent"]
     assert shown.observation == ("MFU absent: GPU name unknown; give the GPU (--gpu NAME, as NVML names it) "
                                  "or its peak (--peak-tflops N) to get MFU")

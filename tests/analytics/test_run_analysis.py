@@ -134,11 +134,13 @@ def test_unknown_gpu_gives_null_mfu_not_zero() -> None:
     assert all(it.mfu is None for it in a.iterations)
     assert a.summary.median("mfu") is None
     mfu_src = a.iterations[10].sources["mfu"]
-    assert mfu_src.code is Code.WHY and "GPU name unknown" in str(mfu_src.args[0])
+    assert mfu_src.code is Code.PEAK_NO_GPU and a.job.gpu.peak_reason == mfu_src  # the peak's reason, a code
     doc = run_json(a)
     assert all("mfu" not in it for it in doc["iterations"])  # absent from every row, never 0
     assert "GPU name unknown" in doc["iteration_codes"]["sources"]["mfu"]
     assert doc["job"]["gpu"]["peak_tflops"] is None
+    assert doc["job"]["gpu"]["peak_reason"].startswith("GPU name unknown; give the GPU")  # worded in the JSON
+    assert a.to_json()["job"]["gpu"]["peak_reason"] == "PEAK_NO_GPU"  # the analysis' own: its code
     assert any(f.id == "mfu-absent" for f in a.findings)
     # an explicit peak from config makes MFU available again
     b = analyze_run(fixture_job(), fixture_records(), gpu_name="Some GPU", peak_tflops=500.0)

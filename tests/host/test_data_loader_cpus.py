@@ -28,6 +28,7 @@ from perfd.analytics.breakdown.advice_registry import (
     DATA_LOADING_ACTION,
     DATA_MORE_WORKERS_ACTION,
 )
+from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items, job_cpu_use
@@ -150,7 +151,8 @@ def test_the_runs_data_loading_remedy_fits_the_ranks_cpus() -> None:
 def test_a_data_wait_incident_takes_the_cpu_use_of_its_time() -> None:
     lead = Evidence(EvidenceKind.DATA_WAIT, 0, "", 0.8, 1.0, 2.0, 10, {"steady": 0.3, "grew_ms": 50.0,
                                                                       "excess_ms": 60.0})
-    snap = RankSnapshot(0, None, None, True, (), {}, (), {}, (), 0.0, host=_obs(allowed_busy_ratio=0.97))
+    snap = RankSnapshot(0, None, None, True, GpuSeen.NO_GPU, {}, (), {}, (), 0.0,
+                        host=_obs(allowed_busy_ratio=0.97))
     inc = Incident(id="i1", first_iteration=10, last_iteration=20, kinds=["slow"], ranks=[0], n_iterations=0,
                    cost_s=12.0, steady_step_ms=None, median_step_ms=None, max_step_ms=None, cause="data",
                    evidence=IncidentEvidence(gpu={0: snap}), verdict=decide([lead], [0]))

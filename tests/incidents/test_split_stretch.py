@@ -17,6 +17,7 @@ from typing import Any
 
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.detect import Incident, detect_incidents
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 from perfd.analytics.incidents.incident_evidence import RankSnapshot
@@ -150,7 +151,7 @@ def test_what_the_host_showed_while_the_load_slowed_steps_ran_is_theirs_live() -
                           {"wait_ratio": 0.6, "others_share": 0.7}),) if load_from < now <= load_to else ()
 
         def snap(inc: Incident) -> dict[int, RankSnapshot]:
-            return {0: RankSnapshot(0, "n0", None, False, (), {}, items, {}, (), now)}
+            return {0: RankSnapshot(0, "n0", None, False, GpuSeen.NO_GPU, {}, items, {}, (), now)}
         return snap
 
     tr = IncidentTracker(lambda events: None)

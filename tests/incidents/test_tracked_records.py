@@ -11,10 +11,10 @@ from perfd import finite_json
 from perfd.aggregator.gpu_views import SnapshotView, rank_snapshots
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.analytics.collectives.collective_hangs import HangView
-from perfd.analytics.incidents.attribution import RankPlacement
+from perfd.analytics.incidents.attribution import GpuSeen, RankPlacement
 from perfd.analytics.incidents.detect import Incident, detect_incidents, hang_incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason
-from perfd.analytics.incidents.incident_evidence import Withdrawal
+from perfd.analytics.incidents.incident_evidence import EvidenceSource, Withdrawal
 from perfd.analytics.incidents.stall import RankSeen, StallCheck, Status
 from perfd.analytics.steps.iteration import IterationResult
 
@@ -54,6 +54,17 @@ def test_the_evidence_keys_keep_their_order_and_the_state_store_copy_reads_back_
     tr.update("j", [_stall(None)], _snapshot(100.0), [], 100.0)
     (stall,) = tr.incidents("j")
     assert list(stall["evidence"]) == ["stall", "source", *LIVE_KEYS]  # a stall's own evidence opens with it
+    # Typed inside (the source's and the observations' codes), worded in the JSON served and kept.
+    kept_stall = tr.typed_incidents("j")[0].incident
+    assert kept_stall.evidence.source is EvidenceSource.LIVE_STALL
+    assert kept_stall.evidence.gpu is not None and kept_stall.evidence.gpu[0].seen is GpuSeen.ITEMS
+    assert kept_stall.to_json()["evidence"]["gpu"]["0"]["observations"] == "items"  # type: ignore[index]
+    assert stall["evidence"]["source"] == ("perfd aggregator, live stall detector "
+                                           "(perfd.analytics.incidents.stall)")
+    assert stall["evidence"]["gpu"]["0"]["observations"] == [
+        "rank 0's process (pid 10) on n0 was stopped (state T: SIGSTOP, a debugger, or a frozen container)",
+        "rank 0's GPU was shared with another process: pid 932 (python other.py; 0.0 GiB)",
+        "rank 0's GPU was power-capped (sw_power_cap; 699 W of a 700 W limit)"]
     tr.update("j", [_stall(None)], _snapshot(101.0), [], 101.0)  # the XID count rose: an int on the wire
     tr.update("j", _slow(), _snapshot(106.0), [], 106.0)  # the slow steps take the stall over
     (carrier,) = tr.incidents("j")

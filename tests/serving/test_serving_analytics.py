@@ -17,12 +17,20 @@ from perfd.analytics.serving.serving_analysis import (
     summarize,
 )
 from perfd.analytics.serving.spec import decode_step_rate, resolve
+from perfd.analytics.steps.provenance import Cited, Code, cite
+from perfd.report.provenance_text import text
+from perfd.report.serving_report import serving_json
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import ServerInfo, ServingRecord
 
 DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
+
+
+def codes(c: Cited) -> set[Code]:
+    """Every code a sentence is made of (its nested ones too)."""
+    return {c.code}.union(*(codes(a) for a in c.args if isinstance(a, Cited)))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +62,19 @@ def test_throughput_load_and_cache_numbers(dp2: ParsedServingLog) -> None:
     assert v("prefix_hit") == pytest.approx((4000 / 16000 + 6000 / 16000) / 2)
     assert v("prefix_hit_batches") == pytest.approx((1 / 2 + 2 / 2) / 2)
     assert v("cuda_graph") == pytest.approx((1.0 + 2 / 3) / 2)
-    assert v("spec_accept_length") is None and "accept len" in (s.values["spec_accept_length"].reason or "")
+    assert v("spec_accept_length") is None
+    assert s.values["spec_accept_length"].reason == cite(Code.SG_NO_ACCEPT_LEN)
     assert s.extras["dp_groups"] == ["DP0", "DP1"] and s.extras["decode_lines"] == 8
-    assert "summed over 2 DP groups" in str(s.values["gen_throughput"].source)
-    assert "log lines" in str(s.values["gen_throughput"].source)
+    # the source as a code and its numbers: the log's lines of each DP group, summed over the two
+    src = s.values["gen_throughput"].source
+    assert src is not None and src.code is Code.SG_LOG
+    over = src.args[0]
+    assert isinstance(over, Cited) and over.code is Code.SG_PER_GROUP_SUM
+    assert over.args[0] == cite(Code.SG_GEN_TPUT)
+    assert over.args[2] == 2 and isinstance(over.args[1], Cited) and over.args[1].code is Code.SG_LINES
+    # worded where shown (a golden check of the sentence)
+    assert text(src).startswith("sglang-log:mean of 'gen throughput (token/s)' over 8 line(s), log lines ")
+    assert text(src).endswith(", summed over 2 DP groups")
 
 
 def test_mbu_from_the_logs_own_startup_lines(dp2: ParsedServingLog) -> None:
@@ -73,10 +90,12 @@ def test_mbu_from_the_logs_own_startup_lines(dp2: ParsedServingLog) -> None:
         per_rank.append(statistics.fmean(vals))
     assert s.value("decode_mbu") == pytest.approx(statistics.fmean(per_rank))
     assert 0.3 < s.value("decode_mbu") < 0.5  # type: ignore[operator]
-    src = str(s.values["decode_mbu"].source)
-    assert "Load weight end" in src and "KV Cache is allocated" in src and "H100 SXM 3.35 TB/s" in src
+    src = s.values["decode_mbu"].source
+    assert src is not None and {Code.SG_MBU, Code.SG_WEIGHTS_LOGGED, Code.SG_KV_LOGGED} <= codes(src)
+    assert "H100 SXM 3.35 TB/s" in text(src)  # the bandwidth table's row, quoted
     # MFU needs the parameter count: absent, with the reason
-    assert s.value("decode_mfu") is None and "parameter count" in (s.values["decode_mfu"].reason or "")
+    why = s.values["decode_mfu"].reason
+    assert s.value("decode_mfu") is None and why is not None and Code.SG_PARAMS_UNKNOWN in codes(why)
 
 
 def test_mfu_and_mbu_from_a_model_spec(dp2: ParsedServingLog) -> None:
@@ -98,15 +117,16 @@ def test_absent_inputs_give_absent_results_with_reasons() -> None:
                         "gen throughput (token/s): 40.00, #queue-req: 0"]).records
     s = summarize(recs)
     mbu = s.values["decode_mbu"]
-    assert mbu.value is None and "weight bytes unknown" in (mbu.reason or "") and "GPU name unknown" in (
-        mbu.reason or "")
+    assert mbu.value is None and mbu.reason is not None
+    assert {Code.SG_WEIGHTS_UNKNOWN, Code.BANDWIDTH_NO_GPU} <= codes(mbu.reason)
     assert s.value("input_throughput") is None and s.value("batch_fill") is None
-    assert "max_running_requests unknown" in (s.values["batch_fill"].reason or "")
+    assert s.values["batch_fill"].reason == cite(Code.SG_NO_MRR)
     assert s.value("queue_growth") is None and s.value("ttft_p99") is None
     spec = ServingModelSpec(params=1e9, dtype="bf16", kv_bytes_per_token=1e5, tp=1)
     unknown_gpu = summarize(recs, spec=spec, gpu_name="NVIDIA GeForce RTX 4090")
-    assert unknown_gpu.value("decode_mbu") is None and "not in the bandwidth table" in (
-        unknown_gpu.values["decode_mbu"].reason or "")
+    why = unknown_gpu.values["decode_mbu"].reason
+    assert unknown_gpu.value("decode_mbu") is None and why == cite(Code.BANDWIDTH_GPU_UNLISTED,
+                                                                   "NVIDIA GeForce RTX 4090")
     ok = summarize(recs, spec=ServingModelSpec(params=1e9, dtype="bf16", kv_bytes_per_token=1e5, tp=1),
                    gpu_name="NVIDIA GeForce RTX 4090", peak_bandwidth=1e12, peak_tflops=100.0)
     assert ok.value("decode_mbu") == pytest.approx((2e9 + 100 * 1e5) * (40 / 4) / 1e12)
@@ -125,10 +145,12 @@ def test_spec_resolution_rules() -> None:
     # 2 KV heads on 8 GPUs: each head is replicated 4×
     assert rep.kv_bytes_per_token_gpu.value == pytest.approx(2 * 2 * 2 * 64 * 2 * (8 / 2) / 8)
     awq = resolve(ServingModelSpec(params=7e9), ServerInfo(args={"quantization": "awq"}), 1)
-    assert awq.weight_bytes_gpu.value is None and "awq" in (awq.weight_bytes_gpu.reason or "")
+    assert awq.weight_bytes_gpu.value is None
+    assert awq.weight_bytes_gpu.reason == cite(Code.SG_QUANT_UNKNOWN, "awq")
     half = resolve(ServingModelSpec(num_layers=2, dtype="bf16"), None, 1)
     assert half.kv_bytes_per_token_gpu.value is None
-    assert "kv heads" in (half.kv_bytes_per_token_gpu.reason or "")
+    missing = ("kv heads", "head dim (or hidden and heads)")
+    assert half.kv_bytes_per_token_gpu.reason == cite(Code.SG_KV_MISSING, missing)
     with pytest.raises(ValueError, match="unknown model spec key"):
         ServingModelSpec.from_mapping({"param": 1})
     assert ServingModelSpec.from_mapping({"params": "8e9", "tp": "2"}) == ServingModelSpec(params=8e9, tp=2)
@@ -168,4 +190,4 @@ def test_analysis_findings_on_the_fixture(dp2: ParsedServingLog) -> None:
     assert "kv-low-while-queued" in ids and "cuda-graph-low" in ids and "latency-absent" in ids
     assert {r.finding_id for r in a.recommendations} <= set(ids)
     assert [r.priority for r in a.recommendations] == list(range(1, len(a.recommendations) + 1))
-    assert a.to_json()["server"]["max_running_requests"] == 4096
+    assert serving_json(a)["server"]["max_running_requests"] == 4096  # type: ignore[index]

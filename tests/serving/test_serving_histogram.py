@@ -15,6 +15,8 @@ from perfd.analytics.serving.histogram import (
     merge_series,
     window_quantile,
 )
+from perfd.analytics.steps.provenance import Code, cite
+from perfd.report.provenance_text import text
 from perfd.serving_records import HistogramSeries, MetricsSnapshot
 
 INF = math.inf
@@ -77,10 +79,13 @@ def test_window_quantile_explains_itself() -> None:
     cur = snap(30.0, histograms={"h": [series(10, 20, 20)]})
     q = window_quantile(0.5, "h", cur, prev)
     assert q.value == pytest.approx(0.1) and q.observations == 20
-    assert "30.0 s apart" in q.method and "as Prometheus" in q.method
-    assert window_quantile(0.5, "nope", cur, prev).reason == "nope not exposed by test"
+    # how, as a code and its numbers: q, the histogram, its window (Δ over 30 s), the series, the count
+    assert q.method is not None and q.method.code is Code.SG_QUANTILE
+    assert q.method.args[:2] == (0.5, "h") and q.method.args[2] == cite(Code.SG_BUCKETS_DELTA, 30.0)
+    assert "30.0 s apart" in text(q.method) and "as Prometheus" in text(q.method)  # worded where shown
+    assert window_quantile(0.5, "nope", cur, prev).reason == cite(Code.SG_NOT_EXPOSED, "nope", "test")
     empty = window_quantile(0.5, "h", cur, cur)
-    assert empty.value is None and empty.reason == "no h observations in the window"
+    assert empty.value is None and empty.reason == cite(Code.SG_NO_OBSERVATIONS_OF, "h")
 
 
 def test_gauges_keep_the_lowest_tp_rank_and_sum_dp_ranks() -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from perfd import catalog
-from perfd.analytics.common import MetricValue
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving.serving_findings import derive_serving_findings
+from perfd.analytics.serving.spec import MetricValue
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import load_pack
@@ -39,7 +40,8 @@ def test_pack_checks_and_reads_only_serving_metrics() -> None:
 
 
 def _summary(values: dict[str, float | None]) -> ServingSummary:
-    vals = {k: MetricValue(v) if v is not None else MetricValue.absent("x") for k, v in values.items()}
+    why = cite(Code.UNKNOWN)
+    vals = {k: MetricValue(v) if v is not None else MetricValue.absent(why) for k, v in values.items()}
     return ServingSummary(vals, {"window": "test"})
 
 

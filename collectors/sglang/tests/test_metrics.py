@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from collectors.sglang.metrics import parse_exposition, read_file, scrape
 from perfd.analytics.serving.histogram import window_quantile
 from perfd.analytics.serving.serving_analysis import summarize
+from perfd.analytics.steps.provenance import Code, cite
 
 TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
 ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
@@ -111,9 +112,10 @@ def test_window_percentiles_match_a_direct_computation(server: Server) -> None:
             true = sorted(obs)[max(math.ceil(q * len(obs)) - 1, 0)]
             lo, hi = bucket_of(true, bounds)
             assert got.value is not None and lo <= got.value <= hi, (name, q, true, got.value)
-            assert "between two scrapes 20.0 s apart" in got.method
+            assert got.method is not None and got.method.args[2] == cite(Code.SG_BUCKETS_DELTA, 20.0)
         lifetime = window_quantile(0.99, name, second, None)
-        assert lifetime.observations > len(obs) and "since the server started" in lifetime.method
+        assert lifetime.observations > len(obs) and lifetime.method is not None
+        assert lifetime.method.args[2] == cite(Code.SG_BUCKETS_LIFETIME)
     # the same numbers through the summary: gauges de-duplicated over TP ranks, counters as rates
     s = summarize([], scrape=second, prev_scrape=first)
     assert s.value("running_requests") == 12 and s.value("queued_requests") == 3
@@ -137,8 +139,8 @@ def test_older_time_per_output_token_name_is_used() -> None:
         s = summarize([], scrape=second, prev_scrape=first)
         assert s.value("itl_p50") == pytest.approx(direct_quantile(0.5, obs, ITL_BUCKETS))
         assert "time_per_output_token_seconds" in str(s.values["itl_p50"].source)
-        assert s.value("ttft_p50") is None and "no sglang:time_to_first_token_seconds observations" in (
-            s.values["ttft_p50"].reason or "")
+        assert s.value("ttft_p50") is None and s.values["ttft_p50"].reason == cite(
+            Code.SG_NO_OBSERVATIONS_OF, "sglang:time_to_first_token_seconds")
     finally:
         srv.close()
 
@@ -148,7 +150,7 @@ def test_one_scrape_gives_no_window_percentiles_unless_lifetime_is_asked(server:
     snap, _ = scrape(server.url, 5.0)
     assert snap is not None
     live = summarize([], scrape=snap)
-    assert live.value("ttft_p50") is None and "two scrapes" in (live.values["ttft_p50"].reason or "")
+    assert live.value("ttft_p50") is None and live.values["ttft_p50"].reason == cite(Code.SG_TWO_SCRAPES)
     assert live.value("gen_throughput") is None  # a counter rate needs two scrapes
     offline = summarize([], scrape=snap, lifetime_percentiles=True)
     assert offline.value("ttft_p50") == pytest.approx(direct_quantile(0.5, [0.3, 0.5], TTFT_BUCKETS))

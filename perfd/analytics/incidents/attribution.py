@@ -7,6 +7,7 @@ named stays unplaced; nothing is inferred from GPU indices or rank order.
 
 from __future__ import annotations
 
+import enum
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ class RankPlacement:
     pid: int
     local_rank: int | None = None
     world_size: int | None = None
+
+
+class GpuSeen(str, enum.Enum):
+    """What a rank's GPU shows against the job's others, as its observations say it (worded where
+    shown: perfd.report.incident_text.seen_text; the items are the hint's or the snapshot's)."""
+
+    NO_GPU = "no_gpu"  # a CPU job's rank on no GPU: nothing to say of a GPU
+    UNPLACED = "unplaced"  # its GPU is unknown (no placement)
+    LIKE_OTHERS = "like_others"  # nothing stands out: look at its data loading or host
+    ITEMS = "items"  # its items, each its own sentence
+
+
+def gpu_seen(placed: bool, items: Sequence[Evidence], cpu_only: bool = False) -> GpuSeen:
+    """The kind of a rank's observations; ``cpu_only``: the job computes on CPUs."""
+    if not placed:
+        return GpuSeen.NO_GPU if cpu_only else GpuSeen.UNPLACED
+    return GpuSeen.ITEMS if items else GpuSeen.LIKE_OTHERS
 
 
 @dataclass

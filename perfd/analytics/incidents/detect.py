@@ -30,7 +30,7 @@ from perfd.analytics.incidents.evidence import (
     Verdict,
     decide,
 )
-from perfd.analytics.incidents.incident_evidence import IncidentEvidence, LevelShift, as_kept
+from perfd.analytics.incidents.incident_evidence import EvidenceSource, IncidentEvidence, LevelShift, as_kept
 from perfd.analytics.incidents.split import split_by_cause
 from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_s
 from perfd.analytics.steps import windows
@@ -493,7 +493,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
         rank_compute_ratio_max={r: round(v, 4) for r, v in sorted(ratios.items())},
         straggler_line_max_rank=dict(rtt_max), disturbed_by_capture=len(its) - len(own),
         observed=tuple(items),
-        source="per-iteration analysis (step timers, straggler detector)")
+        source=EvidenceSource.STEPS)
     all_steps = steps + touched
     inc = Incident(id=f"inc-{first}", first_iteration=first, last_iteration=last, kinds=sorted(set(kinds)),
                    ranks=ranks, n_iterations=len(its), cost_s=cost, steady_step_ms=ref,
@@ -520,7 +520,7 @@ def hang_incident(hang: HangView, last_iteration: int | None, now: float) -> Inc
                     open=not hang.resolved,
                     evidence=IncidentEvidence(hang=hang, stuck_ranks=tuple(stuck),
                                               ranks_not_joined=tuple(culprits),
-                                               source="collectors/nccl Flight Recorder hang detector"))
+                                               source=EvidenceSource.NCCL_HANG))
 
 
 def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int, started_at: float | None,
@@ -540,5 +540,5 @@ def stall_incident(check: StallCheck, first_iteration: int, last_iteration: int,
                     end_time=closed_at, open=closed_at is None,
                     evidence=IncidentEvidence(
                         stall=stall,
-                        source="perfd aggregator, live stall detector (perfd.analytics.incidents.stall)"),
+                        source=EvidenceSource.LIVE_STALL),
                     single_rank=single_rank, cpu_only=cpu_only)

@@ -5,8 +5,10 @@ over), a collective hang, a live stall (perfd.analytics.incidents.stall.StallSee
 what only the live aggregator saw while the incident ran: each involved rank's GPU and host snapshot,
 the items accumulated over its life, the XID and OOM counts when it opened
 (perfd/aggregator/incidents.py). JSON appears only at the edges: :meth:`IncidentEvidence.to_json`
-gives the keys the HTTP API, the events and the state store have always carried, in the same order;
-the ``from_json`` functions serve the state store's load alone. Pure; no I/O.
+gives the keys the HTTP API, the events and the state store have always carried, in the same order,
+with codes where sentences are shown (the evidence's source, a snapshot's observations): the edges
+that serve it word them (perfd.report.incident_text.worded_evidence); the ``from_json`` functions
+serve the state store's load alone. Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from perfd.analytics.collectives.collective_hangs import HangView
+from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint
@@ -29,6 +32,15 @@ class Withdrawal(str, enum.Enum):
     JOB_EXIT = "job_exit"  # the silence after the last step was the job's exit (perfd/aggregator/stalls.py)
     LATE_RECORDS = "late_records"  # the job's own clock shows no gap: its records came late
     NCU_ARMING = "ncu_arming"  # the armed rank's slower life: the arming's cost (perfd.analytics.run.arming)
+
+
+class EvidenceSource(str, enum.Enum):
+    """Which detector an incident's evidence comes from (a closed set; its sentence is
+    perfd.report.incident_text.EVIDENCE_SOURCE_TEXT, worded where the JSON is served)."""
+
+    STEPS = "steps"  # the per-iteration analysis: step timers, the straggler detector
+    NCCL_HANG = "nccl_hang"  # collectors/nccl's Flight Recorder hang detector
+    LIVE_STALL = "live_stall"  # the aggregator's live stall detector (perfd.analytics.incidents.stall)
 
 
 V = TypeVar("V")
@@ -79,26 +91,33 @@ class LevelShift:
 @dataclass(frozen=True)
 class RankSnapshot:
     """What one rank's GPU and its process on its host showed at ``taken_at`` (perfd/aggregator/
-    gpu_views.rank_snapshots): the rank's GPU hint (perfd.analytics.incidents.attribution.GpuHint: its
-    sentences and numbers) and typed items, the kept GPU series, the throttle reasons, and the host's
-    observation of the process as its agent sent it (free-form: the agent's own record)."""
+    gpu_views.rank_snapshots): the rank's GPU hint (perfd.analytics.incidents.attribution.GpuHint: what
+    it shows, its numbers) and typed items, the kept GPU series, the throttle reasons, and the host's
+    observation of the process as its agent sent it (free-form: the agent's own record). Its
+    observations are worded where shown (perfd.report.incident_text.seen_text) from ``seen`` and
+    ``seen_items`` (the hint's items when it was taken: ``items`` gains the XID and OOM items the
+    tracker adds after); its JSON carries ``seen``'s code under "observations" until then. One read back
+    from the state store keeps its observations as they were served (``written``), shown as written."""
 
     rank: int
     node: str | None
     gpu: str | None
     placed: bool
-    observations: tuple[str, ...]  # the items' sentences when it was taken, for display
+    seen: GpuSeen  # what its observations say: nothing, unplaced, like the others, or its items
     numbers: Mapping[str, object]  # GpuHint.evidence: the pid and the values gpu_hints compared
     items: tuple[Evidence, ...]
     gpu_values: Mapping[str, float]
     throttle_reasons: tuple[str, ...]
     taken_at: float
     host: Mapping[str, object] | None = None
+    seen_items: tuple[Evidence, ...] = ()  # what its observations word when ``seen`` is ITEMS
+    written: tuple[str, ...] | None = None  # its observations as the state store kept them
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
             "rank": self.rank, "node": self.node, "gpu": self.gpu, "placed": self.placed,
-            "observations": list(self.observations), "evidence": dict(self.numbers),
+            "observations": list(self.written) if self.written is not None else self.seen.value,
+            "evidence": dict(self.numbers),
             "items": [e.to_json() for e in self.items]}
         if self.host is not None:
             out["host"] = dict(self.host)
@@ -108,12 +127,14 @@ class RankSnapshot:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> RankSnapshot:
-        host = d.get("host")
-        return RankSnapshot(int(d["rank"]), d.get("node"), d.get("gpu"), bool(d.get("placed", True)),
-                            tuple(d.get("observations") or ()), dict(d.get("evidence") or {}),
-                            _evidence(d.get("items")), dict(d.get("gpu_values") or {}),
+        host, placed, items, obs = d.get("host"), bool(d.get("placed", True)), _evidence(d.get("items")), \
+            d.get("observations")
+        return RankSnapshot(int(d["rank"]), d.get("node"), d.get("gpu"), placed,
+                            _seen(obs, placed, items), dict(d.get("evidence") or {}),
+                            items, dict(d.get("gpu_values") or {}),
                             tuple(d.get("throttle_reasons") or ()), d.get("taken_at") or 0.0,
-                            dict(host) if isinstance(host, Mapping) else None)
+                            dict(host) if isinstance(host, Mapping) else None,
+                            written=tuple(str(o) for o in obs) if isinstance(obs, list) else None)
 
 
 @dataclass(frozen=True)
@@ -132,7 +153,7 @@ class IncidentEvidence:
     ranks_not_joined: tuple[int, ...] | None = None
     stall: StallSeen | None = None  # the live stall the incident is, or took over
     observed: tuple[Evidence, ...] | None = None  # the steps' typed items
-    source: str | None = None
+    source: EvidenceSource | None = None
     change_point: LevelShift | None = None
     inside_incident: str | None = None  # a capture's disturbance inside this incident (its id)
     # What the live aggregator saw while it ran (perfd/aggregator/incidents.py)
@@ -161,7 +182,7 @@ class IncidentEvidence:
         if stall_first:
             put("stall", stall)
         put("observed", [e.to_json() for e in self.observed] if self.observed is not None else None)
-        put("source", self.source)
+        put("source", self.source.value if self.source is not None else None)  # a code: worded where served
         put("change_point", self.change_point.to_json() if self.change_point is not None else None)
         put("inside_incident", self.inside_incident)
         put("gpu", {str(r): s.to_json() for r, s in self.gpu.items()} if self.gpu is not None else None)
@@ -194,13 +215,32 @@ class IncidentEvidence:
             stuck_ranks=ranks("stuck_ranks"), ranks_not_joined=ranks("ranks_not_joined"),
             stall=StallSeen.from_json(stall) if isinstance(stall, Mapping) else None,
             observed=_evidence(d["observed"]) if isinstance(d.get("observed"), list) else None,
-            source=d.get("source"),
+            source=_source(d.get("source")),
             change_point=LevelShift.from_json(cp) if isinstance(cp, Mapping) else None,
             inside_incident=d.get("inside_incident"),
             gpu=({int(r): RankSnapshot.from_json(s) for r, s in gpu.items()}
                  if isinstance(gpu, Mapping) else None),
             gpu_observed=_evidence(d["gpu_observed"]) if isinstance(d.get("gpu_observed"), list) else None,
             xid_at_open=ints("xid_at_open"), oom_at_open=ints("oom_at_open"))
+
+
+def _seen(kept: object, placed: bool, items: tuple[Evidence, ...]) -> GpuSeen:
+    """A snapshot's ``seen`` from its JSON: its code, or (as served and kept by the state store, its
+    observations worded, shown as written) the kind they were of: an unplaced rank's said nothing of
+    its GPU (a CPU job's) or that it is unplaced; a placed one's its items, or that it looks like the
+    others (the kept items may hold more: the tracker's XID and OOM items)."""
+    if isinstance(kept, str) and kept in GpuSeen._value2member_map_:
+        return GpuSeen(kept)
+    if not placed:
+        return GpuSeen.UNPLACED if kept else GpuSeen.NO_GPU
+    return GpuSeen.ITEMS if items else GpuSeen.LIKE_OTHERS
+
+
+def _source(kept: object) -> EvidenceSource | None:
+    """The evidence's source from its JSON code (the state store's load turns a served sentence back
+    into its code first: perfd.report.incident_text.unworded_evidence)."""
+    known = isinstance(kept, str) and kept in EvidenceSource._value2member_map_
+    return EvidenceSource(kept) if known else None
 
 
 def _hang(d: Mapping[str, Any]) -> HangView:

@@ -75,10 +75,6 @@ from perfd.analytics.steps.windows import robust_sd
 from perfd.dtypes import normalize_dtype
 from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, StepRecord
 
-# Why a CPU-only job has no MFU (perfd.model.JobInfo.device): said instead of "GPU name unknown".
-CPU_ONLY_NO_PEAK = ("the job computes on CPUs (no CUDA in its processes): MFU is measured against a GPU's "
-                    "peak; --peak-tflops gives one for its CPUs")
-
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
 # analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
 # ("allocated" between steps is the state the step keeps: weights, gradients, optimizer state).
@@ -341,7 +337,8 @@ class RunBuilder:
         peak = peak_tflops(gpu_name, self.canon_dtype, peak_override)
         if job.device == CPU and peak_override is None:  # the GPU is not a missing input: there is none
             peak = dataclasses.replace(peak, peak_tflops=None, source=None, gpu_model=None,
-                                       measured_ceiling_tflops=None, reason=CPU_ONLY_NO_PEAK)
+                                       measured_ceiling_tflops=None,
+                                       reason=cite(Code.PEAK_CPU_ONLY))  # said instead of "GPU name unknown"
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})

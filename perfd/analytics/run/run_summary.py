@@ -197,7 +197,7 @@ def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str |
             dtype=dtype,
             dtype_source=dtype_src,
             peak_tflops=peak.peak_tflops,
-            peak_source=str(peak.source) if peak.source else None,
+            peak_source=peak.source,
             peak_reason=peak.reason,
             measured_ceiling_tflops=peak.measured_ceiling_tflops,
             memory_mib=gpu_memory_mib(gpu_name),
@@ -439,21 +439,28 @@ class JobGpu:
     dtype: str | None = None
     dtype_source: str = ""
     peak_tflops: float | None = None
-    peak_source: str | None = None
-    peak_reason: str | None = None  # why there is no peak
+    # where the peak comes from, or why there is none: codes, worded where shown (report.row_json.run_json)
+    peak_source: Cited | None = None
+    peak_reason: Cited | None = None
     measured_ceiling_tflops: float | None = None
     memory_mib: float | None = None
 
     @classmethod
     def from_json(cls, d: object) -> JobGpu:
+        """Back from the JSON as served: its ``peak_source`` and ``peak_reason`` are sentences there, not
+        read back (a page made from that JSON shows its report, already worded)."""
         if not isinstance(d, Mapping):
             return cls()
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+                      if f.name in d and f.name not in ("peak_source", "peak_reason")})
 
     def to_json(self) -> dict[str, str | float | None]:
+        """``peak_source`` and ``peak_reason`` as their codes' names: the edge that serves them words them
+        in their places."""
         return {"name": self.name, "model": self.model, "dtype": self.dtype,
                 "dtype_source": self.dtype_source, "peak_tflops": self.peak_tflops,
-                "peak_source": self.peak_source, "peak_reason": self.peak_reason,
+                "peak_source": self.peak_source.code.name if self.peak_source is not None else None,
+                "peak_reason": self.peak_reason.code.name if self.peak_reason is not None else None,
                 "measured_ceiling_tflops": self.measured_ceiling_tflops, "memory_mib": self.memory_mib}
 
 

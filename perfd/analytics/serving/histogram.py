@@ -24,6 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.model import LabelSet
 from perfd.serving_records import HistogramSeries, MetricsSnapshot
 
@@ -36,8 +37,8 @@ DUPLICATE_RANK_LABELS: tuple[str, ...] = ("tp_rank", "pp_rank", "moe_ep_rank", "
 class Quantile:
     value: float | None
     observations: float  # observations in the window the quantile was computed over
-    method: str
-    reason: str | None = None  # why value is None
+    method: Cited | None  # how it was computed (None: no histogram to compute it from)
+    reason: Cited | None = None  # why value is None
 
 
 def _monotonic(buckets: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -113,7 +114,7 @@ def window_quantile(q: float, name: str, cur: MetricsSnapshot,
     """
     series = cur.histograms.get(name)
     if not series:
-        return Quantile(None, 0.0, "", f"{name} not exposed by {cur.source}")
+        return Quantile(None, 0.0, None, cite(Code.SG_NOT_EXPOSED, name, cur.source))
     before = {s.labels: s for s in prev.histograms.get(name, [])} if prev is not None else {}
     deltas: list[HistogramSeries] = []
     resets = 0
@@ -122,22 +123,16 @@ def window_quantile(q: float, name: str, cur: MetricsSnapshot,
         resets += reset
         deltas.append(d)
     buckets, left_out = merge_series(deltas)
-    if prev is not None:
-        span = cur.time - prev.time
-        window = f"Δ of cumulative buckets between two scrapes {span:.1f} s apart"
-    else:
-        window = "cumulative buckets since the server started (one scrape only)"
+    window = (cite(Code.SG_BUCKETS_DELTA, cur.time - prev.time) if prev is not None
+              else cite(Code.SG_BUCKETS_LIFETIME))
     n = buckets[-1][1] if buckets and math.isinf(buckets[-1][0]) else 0.0
-    notes = []
+    method = cite(Code.SG_QUANTILE, q, name, window, len(deltas) - left_out, n)
     if resets:
-        notes.append(f"{resets} series reset between scrapes (counted from the reset)")
+        method = cite(Code.SG_QUANTILE_RESETS, method, resets)
     if left_out:
-        notes.append(f"{left_out} series with other bucket bounds left out")
-    method = (f"histogram_quantile({q:g}) of {name}: {window}, {len(deltas) - left_out} series summed by le, "
-              f"{n:g} observations, linear interpolation within the bucket (as Prometheus)"
-              + (f"; {'; '.join(notes)}" if notes else ""))
+        method = cite(Code.SG_QUANTILE_LEFT_OUT, method, left_out)
     if buckets is None or n <= 0:
-        return Quantile(None, n, method, f"no {name} observations in the window")
+        return Quantile(None, n, method, cite(Code.SG_NO_OBSERVATIONS_OF, name))
     return Quantile(histogram_quantile(q, buckets), n, method)
 
 

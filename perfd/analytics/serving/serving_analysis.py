@@ -4,7 +4,8 @@ Entry points, shared by the CLI (``perfd analyze sglang``), the collector and th
 offline and live numbers cannot drift apart:
 
 - ``summarize(records, server, scrape, prev_scrape, spec, ...) -> ServingSummary``: every number
-  as a MetricValue (value + source, or None + reason);
+  as a MetricValue (value + source, or None + reason: codes and their numbers, worded where shown,
+  perfd.report.serving_report.serving_json);
 - ``serving_job_metrics(records_or_window, ...) -> {catalog name: value}``: only present values;
 - ``ServingWindow``: a bounded, time-windowed accumulator (records + scrapes) the aggregator holds
   per job (perfd/aggregator/serving.py, from the records the SGLang collector sends);
@@ -19,7 +20,6 @@ ratios averaged. Sources say how many lines and schedulers a number covers.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections import deque
@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.common import MetricValue
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.serving import histogram as sh
 from perfd.analytics.serving.spec import (
+    MetricValue,
     Resolved,
     decode_bytes_per_step,
     decode_step_rate,
@@ -38,7 +38,7 @@ from perfd.analytics.serving.spec import (
     peaks,
     resolve,
 )
-from perfd.model import Provenance
+from perfd.analytics.steps.provenance import Arg, Cited, Code, cite
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import MetricsSnapshot, ServerInfo, ServingRecord
 
@@ -76,7 +76,8 @@ MIN_SLOPE_POINTS = 3
 @dataclass
 class ServingSummary:
     values: dict[str, MetricValue]
-    extras: dict[str, object] = field(default_factory=dict)  # what the efficiency figures were read from
+    # what the efficiency figures were read from (their sources as codes) and the window's span
+    extras: dict[str, object] = field(default_factory=dict)
 
     def value(self, key: str) -> float | None:
         mv = self.values.get(key)
@@ -91,12 +92,6 @@ class ServingSummary:
                 out[name] = float(v)
         return out
 
-    def to_json(self) -> dict[str, object]:
-        vals = {k: {"value": (mv.value if mv.value is None or math.isfinite(mv.value) else None),
-                    "source": str(mv.source) if mv.source else None, "reason": mv.reason}
-                for k, mv in self.values.items()}
-        return {"values": vals, "metrics": self.job_metrics(), **self.extras}
-
 
 # --- helpers ---------------------------------------------------------------------------------------
 
@@ -108,11 +103,11 @@ def _mean(xs: Iterable[float | None]) -> float | None:
         return None
 
 
-def _lines(recs: Sequence[ServingRecord]) -> str:
+def _lines(recs: Sequence[ServingRecord]) -> Cited:
     if not recs:
-        return "no lines"
+        return cite(Code.SG_NO_LINES)
     lo, hi = min(r.line_no for r in recs), max(r.line_no for r in recs)
-    return f"{len(recs)} line(s), log lines {lo}–{hi}" if lo != hi else f"1 line (log line {lo})"
+    return cite(Code.SG_LINES, len(recs), lo, hi) if lo != hi else cite(Code.SG_ONE_LINE, lo)
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float | None:
@@ -127,12 +122,8 @@ def _slope(points: Sequence[tuple[float, float]]) -> float | None:
     return sum((t - mt) * (y - my) for t, y in points) / den
 
 
-def _log(detail: str) -> Provenance:
-    return Provenance("sglang-log", detail)
-
-
 def _per_group(groups: dict[str, list[ServingRecord]], fn: Callable[[list[ServingRecord]], float | None],
-               how: str, what: str, pick: Callable[[ServingRecord], bool]) -> MetricValue | None:
+               how: str, what: Code, pick: Callable[[ServingRecord], bool]) -> MetricValue | None:
     """Apply ``fn`` per scheduler and combine (sum or mean); None when no scheduler has a value."""
     vals: list[float] = []
     used: list[ServingRecord] = []
@@ -144,9 +135,10 @@ def _per_group(groups: dict[str, list[ServingRecord]], fn: Callable[[list[Servin
     if not vals:
         return None
     value = sum(vals) if how == "sum" else statistics.fmean(vals)
-    verb = "summed" if how == "sum" else "averaged"
-    comb = "" if len(vals) == 1 else f", {verb} over {len(vals)} DP groups"
-    return MetricValue(value, _log(f"{what} over {_lines(used)}{comb}"))
+    many = Code.SG_PER_GROUP_SUM if how == "sum" else Code.SG_PER_GROUP_MEAN
+    over = (cite(Code.SG_PER_GROUP_ONE, cite(what), _lines(used)) if len(vals) == 1
+            else cite(many, cite(what), _lines(used), len(vals)))
+    return MetricValue(value, cite(Code.SG_LOG, over))
 
 
 # --- the summary -----------------------------------------------------------------------------------
@@ -168,70 +160,66 @@ def summarize(records: Sequence[ServingRecord], server: ServerInfo | None = None
     pre, dec, anyk = _is_prefill, _is_decode, _any
     v: dict[str, MetricValue] = {}
 
-    def put(key: str, *cands: MetricValue | None, reason: str) -> None:
+    def put(key: str, *cands: MetricValue | None, reason: Cited) -> None:
         v[key] = next((c for c in cands if c is not None and c.value is not None), MetricValue.absent(reason))
 
     # throughput
     put("gen_throughput",
         _per_group(groups, lambda rs: _mean(r.gen_throughput for r in rs if dec(r)), "sum",
-                   "mean of 'gen throughput (token/s)'", dec),
+                   Code.SG_GEN_TPUT, dec),
         _scrape_rate(scrape, prev_scrape, "sglang:generation_tokens_total", None),
         _scrape_gauge(scrape, "sglang:gen_throughput", "sum"),
-        reason="no decode lines with 'gen throughput' and no sglang:generation_tokens_total rate")
+        reason=cite(Code.SG_NO_GEN_TPUT))
     put("input_throughput",
         _per_group(groups, lambda rs: _mean(r.input_throughput for r in rs if pre(r)), "sum",
-                   "mean of 'input throughput (token/s)'", pre),
+                   Code.SG_INPUT_TPUT, pre),
         _per_group(groups, _input_rate_from_span, "sum",
-                   "Σ '#new-token' of prefill lines after the first line ÷ the lines' time span", pre),
+                   Code.SG_INPUT_FROM_SPAN, pre),
         _scrape_rate(scrape, prev_scrape, "sglang:prompt_tokens_total", "sglang:cached_tokens_total"),
-        reason="no 'input throughput' logged, prefill lines without a time span, and no token counters")
+        reason=cite(Code.SG_NO_INPUT_TPUT))
     # load
     put("running_requests",
-        _per_group(groups, _running, "sum", "mean of '#running-req' (decode lines, else prefill lines)",
-                   anyk),
+        _per_group(groups, _running, "sum", Code.SG_RUNNING, anyk),
         _scrape_gauge(scrape, "sglang:num_running_reqs", "sum"),
-        reason="no '#running-req' in the log and no sglang:num_running_reqs")
+        reason=cite(Code.SG_NO_RUNNING))
     put("queued_requests",
         _per_group(groups, lambda rs: _mean(float(r.queue_req) for r in rs if r.queue_req is not None), "sum",
-                   "mean of '#queue-req'", anyk),
+                   Code.SG_QUEUE, anyk),
         _scrape_gauge(scrape, "sglang:num_queue_reqs", "sum"),
-        reason="no '#queue-req' in the log and no sglang:num_queue_reqs")
+        reason=cite(Code.SG_NO_QUEUE))
     put("queue_growth",
-        _per_group(groups, _queue_slope, "sum", "least-squares slope of '#queue-req' over time", anyk),
-        reason=f"queue growth needs ≥ {MIN_SLOPE_POINTS} timestamped lines with '#queue-req'")
+        _per_group(groups, _queue_slope, "sum", Code.SG_QUEUE_SLOPE, anyk),
+        reason=cite(Code.SG_QUEUE_POINTS, MIN_SLOPE_POINTS))
     put("kv_usage",
         _per_group(groups, lambda rs: _mean(r.kv_usage() for r in rs), "mean",
-                   "mean of 'token usage' (hybrid models: the fuller pool)", anyk),
+                   Code.SG_KV_USAGE, anyk),
         _scrape_gauge(scrape, "sglang:token_usage", "mean"),
-        reason="no 'token usage' in the log and no sglang:token_usage")
+        reason=cite(Code.SG_NO_KV_USAGE))
     mrr = server.max_running_requests if server else None
     run = v["running_requests"].value
-    fill_src = Provenance("analytics", f"running requests ÷ max_running_requests={mrr} (start-up line)")
+    fill_src = cite(Code.SG_ANALYTICS, cite(Code.SG_BATCH_FILL, str(mrr)))
     put("batch_fill", MetricValue(run / mrr, fill_src) if run is not None and mrr else None,
-        reason=("max_running_requests unknown (start-up line not in the log)" if not mrr
-                else "running requests absent"))
+        reason=cite(Code.SG_NO_MRR) if not mrr else cite(Code.SG_NO_RUNNING_FOR_FILL))
     # prefix cache
     put("prefix_hit",
-        _per_group(groups, _hit_ratio, "mean", "Σ'#cached-token' ÷ Σ('#new-token' + '#cached-token')", pre),
+        _per_group(groups, _hit_ratio, "mean", Code.SG_HIT_TOKENS, pre),
         _scrape_hit(scrape, prev_scrape),
-        _per_group(groups, _last_cache_hit_rate, "mean",
-                   "last 'cache hit rate' (SGLang ≤ 0.4: cumulative since start)", pre),
-        _scrape_gauge(scrape, "sglang:cache_hit_rate", "mean",
-                      caveat="last prefill batch only; decode logs set 0"),
-        reason="no prefill lines with '#cached-token' and no cached/prompt token counters")
+        _per_group(groups, _last_cache_hit_rate, "mean", Code.SG_LAST_HIT_RATE, pre),
+        _scrape_gauge(scrape, "sglang:cache_hit_rate", "mean", caveat=cite(Code.SG_HIT_GAUGE_CAVEAT)),
+        reason=cite(Code.SG_NO_HIT))
     put("prefix_hit_batches",
-        _per_group(groups, _hit_batches, "mean", "share of prefill lines with '#cached-token' > 0", pre),
-        reason="no prefill lines with '#cached-token'")
+        _per_group(groups, _hit_batches, "mean", Code.SG_HIT_BATCHES, pre),
+        reason=cite(Code.SG_NO_HIT_BATCHES))
     put("cuda_graph",
         _per_group(groups, lambda rs: _mean(float(bool(r.cuda_graph)) for r in rs
                                             if dec(r) and r.cuda_graph is not None), "mean",
-                   "share of decode lines with 'cuda graph: True'", dec),
-        reason="decode lines print no 'cuda graph' (SGLang < 0.4.9) or no decode lines")
+                   Code.SG_CUDA_GRAPH, dec),
+        reason=cite(Code.SG_NO_CUDA_GRAPH))
     put("spec_accept_length",
-        _per_group(groups, lambda rs: _mean(r.accept_len for r in rs if dec(r)), "mean", "mean of 'accept "
-                                                                                         "len'", dec),
+        _per_group(groups, lambda rs: _mean(r.accept_len for r in rs if dec(r)), "mean", Code.SG_ACCEPT_LEN,
+                   dec),
         _scrape_gauge(scrape, "sglang:spec_accept_length", "mean"),
-        reason="no speculative decoding ('accept len') logged")
+        reason=cite(Code.SG_NO_ACCEPT_LEN))
     # latency percentiles
     for key, names, q in (("ttft_p50", HIST_TTFT, 0.5), ("ttft_p99", HIST_TTFT, 0.99),
                           ("itl_p50", HIST_ITL, 0.5), ("itl_p99", HIST_ITL, 0.99),
@@ -240,7 +228,7 @@ def summarize(records: Sequence[ServingRecord], server: ServerInfo | None = None
     extras = _efficiency(v, groups, server, spec, gpu_name, peak_tflops, peak_bandwidth)
     extras.update(records=len(records), prefill_lines=sum(1 for r in records if pre(r)),
                   decode_lines=sum(1 for r in records if dec(r)), dp_groups=sorted(groups) or [],
-                  window=_span_text(records))
+                  window=_window_span(records))
     return ServingSummary(v, extras)
 
 
@@ -256,13 +244,13 @@ def _any(r: ServingRecord) -> bool:
     return True
 
 
-def _span_text(records: Sequence[ServingRecord]) -> str:
+def _window_span(records: Sequence[ServingRecord]) -> Cited:
     ts = [t for t in (r.timeline() for r in records) if t is not None]
     if not records:
-        return "no batch lines"
+        return cite(Code.SG_NO_BATCH_LINES)
     if len(ts) >= 2:
-        return f"{len(records)} batch lines over {max(ts) - min(ts):.0f} s"
-    return f"{len(records)} batch lines (no time span)"
+        return cite(Code.SG_WINDOW, len(records), max(ts) - min(ts))
+    return cite(Code.SG_WINDOW_NO_SPAN, len(records))
 
 
 def _input_rate_from_span(rs: list[ServingRecord]) -> float | None:
@@ -305,19 +293,20 @@ def _hit_batches(rs: list[ServingRecord]) -> float | None:
     return sum(1 for x in c if x > 0) / len(c) if c else None
 
 
-def _metrics(detail: str, scrape: MetricsSnapshot) -> Provenance:
-    return Provenance("sglang-metrics", f"{detail} ({scrape.source})")
+def _metrics(detail: Cited, scrape: MetricsSnapshot) -> Cited:
+    return cite(Code.SG_METRICS, detail, scrape.source)
 
 
 def _scrape_gauge(scrape: MetricsSnapshot | None, name: str, how: str,
-                  caveat: str = "") -> MetricValue | None:
+                  caveat: Cited | None = None) -> MetricValue | None:
     if scrape is None:
         return None
     val, n = sh.gauge_value(scrape, name, how)
     if val is None:
         return None
-    extra = f"; {caveat}" if caveat else ""
-    return MetricValue(val, _metrics(f"{name}, {how} of {n} series (lowest TP/PP rank kept){extra}", scrape))
+    said = (cite(Code.SG_GAUGE, name, how, n) if caveat is None
+            else cite(Code.SG_GAUGE_NOTED, name, how, n, caveat))
+    return MetricValue(val, _metrics(said, scrape))
 
 
 def _scrape_rate(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None, name: str,
@@ -327,14 +316,14 @@ def _scrape_rate(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None, name
     rate = sh.counter_rate(name, cur, prev)
     if rate is None:
         return None
-    what = f"rate of {name}"
+    what = cite(Code.SG_RATE, name)
     if minus is not None:
         sub = sh.counter_rate(minus, cur, prev)
         if sub is not None:
-            rate, what = rate - sub, f"rate of {name} − rate of {minus} (computed, not cached)"
+            rate, what = rate - sub, cite(Code.SG_RATE_MINUS, name, minus)
         else:
-            what += " (includes cached prompt tokens: no cached_tokens_total)"
-    return MetricValue(rate, _metrics(f"{what} over {cur.time - prev.time:.1f} s", cur))
+            what = cite(Code.SG_RATE_WITH_CACHED, name)
+    return MetricValue(rate, _metrics(cite(Code.SG_OVER_SECONDS, what, cur.time - prev.time), cur))
 
 
 def _scrape_hit(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None) -> MetricValue | None:
@@ -344,23 +333,21 @@ def _scrape_hit(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None) -> Me
     prompt = sh.counter_increase("sglang:prompt_tokens_total", cur, prev)
     if cached is None or not prompt:
         return None
-    return MetricValue(cached / prompt, _metrics("Δ sglang:cached_tokens_total ÷ Δ "
-                                                 "sglang:prompt_tokens_total "
-                                                 f"over {cur.time - prev.time:.1f} s", cur))
+    return MetricValue(cached / prompt, _metrics(cite(Code.SG_HIT_COUNTERS, cur.time - prev.time), cur))
 
 
 def _percentile(cur: MetricsSnapshot | None, prev: MetricsSnapshot | None, names: Sequence[str], q: float,
                 lifetime_ok: bool) -> MetricValue:
     if cur is None:
-        return MetricValue.absent(f"no /metrics scrape ({names[0]} comes only from SGLang --enable-metrics)")
+        return MetricValue.absent(cite(Code.SG_NO_SCRAPE, names[0]))
     if prev is None and not lifetime_ok:
-        return MetricValue.absent("needs two scrapes: percentiles are over the window between them")
+        return MetricValue.absent(cite(Code.SG_TWO_SCRAPES))
     name = sh.first_histogram(cur, names)
     if name is None:
-        return MetricValue.absent(f"{' / '.join(names)} not exposed by {cur.source}")
+        return MetricValue.absent(cite(Code.SG_NOT_EXPOSED, " / ".join(names), cur.source))
     res = sh.window_quantile(q, name, cur, prev)
-    if res.value is None:
-        return MetricValue.absent(res.reason or "no observations")
+    if res.value is None or res.method is None:
+        return MetricValue.absent(res.reason or cite(Code.SG_NO_OBSERVATIONS))
     return MetricValue(res.value, _metrics(res.method, cur))
 
 
@@ -381,29 +368,30 @@ def _efficiency(v: dict[str, MetricValue], groups: dict[str, list[ServingRecord]
     total_gpus = gpg * n_groups if gpg else None
     for key, tput in (("decode_mfu", "gen_throughput"), ("prefill_mfu", "input_throughput")):
         t = v[tput].value
-        need = [(res.flops_per_token.value, res.flops_per_token.reason), (pk.flops, pk.flops_source),
-                (total_gpus, gpg_src), (t, f"{tput} absent: {v[tput].reason}")]
-        missing = [str(why) for val, why in need if val is None]
+        need: list[tuple[float | None, Arg | None]] = [
+            (res.flops_per_token.value, res.flops_per_token.reason), (pk.flops, pk.flops_source),
+            (total_gpus, gpg_src), (t, cite(Code.SG_TPUT_ABSENT, tput, _said(v[tput].reason)))]
+        missing = [_said(why) for val, why in need if val is None]
         if missing:
-            v[key] = MetricValue.absent("; ".join(missing))
+            v[key] = MetricValue.absent(_both(missing))
             continue
         assert res.flops_per_token.value and pk.flops and total_gpus and t is not None
-        flops_src = res.flops_per_token.source.detail if res.flops_per_token.source else ""
-        v[key] = MetricValue(res.flops_per_token.value * t / (total_gpus * pk.flops),
-                             Provenance("analytics", f"{flops_src} × {tput} ({v[tput].source}) ÷ "
-                                                     f"({total_gpus} GPUs × peak; {pk.flops_source})"))
+        how = cite(Code.SG_MFU, res.flops_per_token.detail, tput, _said(v[tput].source), total_gpus,
+                   pk.flops_source)
+        value = res.flops_per_token.value * t / (total_gpus * pk.flops)
+        v[key] = MetricValue(value, cite(Code.SG_ANALYTICS, how))
     v["decode_mbu"], extras["decode_steps_per_s"], extras["decode_bytes_per_step_per_gpu"] = _mbu(
         groups, server, res, pk.bandwidth, pk.bandwidth_source)
     return extras
 
 
 def _mbu(groups: dict[str, list[ServingRecord]], server: ServerInfo | None, res: Resolved, bw: float | None,
-         bw_src: str) -> tuple[MetricValue, float | None, float | None]:
+         bw_src: Cited) -> tuple[MetricValue, float | None, float | None]:
     w_gpu, kv_gpu = res.weight_bytes_gpu, res.kv_bytes_per_token_gpu
-    missing = [str(why) for val, why in ((w_gpu.value, w_gpu.reason), (kv_gpu.value, kv_gpu.reason),
-                                         (bw, bw_src)) if val is None]
+    missing = [_said(why) for val, why in ((w_gpu.value, w_gpu.reason), (kv_gpu.value, kv_gpu.reason),
+                                           (bw, bw_src)) if val is None]
     if missing:
-        return MetricValue.absent("; ".join(missing)), None, None
+        return MetricValue.absent(_both(missing)), None, None
     assert bw
     per_group: list[float] = []
     steps: list[float] = []
@@ -430,15 +418,26 @@ def _mbu(groups: dict[str, list[ServingRecord]], server: ServerInfo | None, res:
         if vals:
             per_group.append(statistics.fmean(vals))
     if not per_group:
-        why = "no decode lines with 'gen throughput', '#running-req' > 0 and KV tokens in use"
-        return MetricValue.absent(why), None, None
-    note = "; KV tokens = token usage × max_total_num_tokens (inferred)" if inferred_kv else ""
+        return MetricValue.absent(cite(Code.SG_NO_MBU_LINES)), None, None
     w, kv_pt = res.weight_bytes_gpu, res.kv_bytes_per_token_gpu
-    src = Provenance("analytics", f"per GPU (weights {w.value:.3g} B [{w.source}] + '#token' × "
-                                  f"{kv_pt.value:.3g} B/token [{kv_pt.source}]) × steps/s ('gen throughput' "
-                                  f"÷ ('#running-req' × tokens per step)) ÷ {bw / 1e12:g} TB/s [{bw_src}], "
-                                  f"mean over {_lines(used)}{note}")
+    assert w.value is not None and kv_pt.value is not None
+    how = cite(Code.SG_MBU, w.value, _said(w.source), kv_pt.value, _said(kv_pt.source), bw / 1e12, bw_src,
+               _lines(used))
+    src = cite(Code.SG_ANALYTICS, cite(Code.SG_KV_INFERRED, how) if inferred_kv else how)
     return MetricValue(statistics.fmean(per_group), src), statistics.fmean(steps), statistics.fmean(bytes_)
+
+
+def _said(c: Arg | None) -> Arg:
+    """A source or reason as another sentence quotes it ("None" where there is none, as it always read)."""
+    return "None" if c is None else c
+
+
+def _both(whys: list[Arg]) -> Cited:
+    """Several reasons, one after the other ("; " between)."""
+    out = whys[0] if isinstance(whys[0], Cited) else cite(Code.WHY, whys[0])
+    for w in whys[1:]:
+        out = cite(Code.SG_BOTH, out, w)
+    return out
 
 
 def serving_job_metrics(source: ServingWindow | Sequence[ServingRecord], **kwargs: Any) -> dict[str, float]:
@@ -526,11 +525,6 @@ class ServingAnalysis:
     findings: list[Finding]
     recommendations: list[Recommendation]
     server: ServerInfo | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """{job, values: {key: {value, source, reason}}, metrics: {catalog name: value}, <extras>, server}"""
-        return {"job": self.job, **self.summary.to_json(),
-                "server": dataclasses.asdict(self.server) if self.server else None}
 
 
 def analyze_serving(job: str, records: Sequence[ServingRecord], server: ServerInfo | None = None,

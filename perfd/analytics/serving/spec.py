@@ -14,7 +14,9 @@ Definitions (per GPU, over wall-clock time of the window):
   attention FLOPs (small against 2·N for short contexts; an under-estimate for long ones). Both are
   wall-clock shares: decode MFU + prefill MFU is the job's model FLOPs utilisation.
 
-Absent inputs give absent results, each with the reason (docs/design.md §2: never a silent 0).
+Absent inputs give absent results, each with the reason (docs/design.md §2: never a silent 0). Sources
+and reasons are codes and their numbers (perfd.analytics.steps.provenance: the SG_ codes), worded where
+they are shown (perfd.report.serving_report).
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from perfd.analytics.common import MetricValue
 from perfd.analytics.steps.gpus import peak_memory_bandwidth, peak_tflops
+from perfd.analytics.steps.provenance import Arg, Cited, Code, cite
 from perfd.dtypes import normalize_dtype
-from perfd.model import Provenance
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import ServerInfo
 
@@ -38,6 +39,29 @@ FP8_QUANT = frozenset({"fp8", "w8a8_fp8", "modelopt", "modelopt_fp8", "fbgemm_fp
 
 
 @dataclass(frozen=True)
+class MetricValue:
+    """A number with where it came from, or None with why it is absent (never a silent 0): each a code
+    and its arguments, a source its collector's code around its detail (Code.SG_LOG, ...)."""
+
+    value: float | None
+    source: Cited | None = None
+    reason: Cited | None = None  # why value is None
+
+    @staticmethod
+    def absent(reason: Cited) -> MetricValue:
+        return MetricValue(None, None, reason)
+
+    @property
+    def present(self) -> bool:
+        return self.value is not None
+
+    @property
+    def detail(self) -> Arg:
+        """The source's detail without its collector (as another source quotes it); "" without one."""
+        return self.source.args[0] if self.source is not None else ""
+
+
+@dataclass(frozen=True)
 class Resolved:
     """The numbers MBU/MFU use, per GPU, each with where it came from or why it is absent."""
 
@@ -47,47 +71,51 @@ class Resolved:
     dtype: str | None
 
 
-def _dtype(spec: ServingModelSpec, server: ServerInfo | None) -> tuple[str | None, str]:
+def _dtype(spec: ServingModelSpec, server: ServerInfo | None) -> tuple[str | None, Cited]:
     if spec.dtype:
-        return normalize_dtype(spec.dtype), "config dtype"
+        return normalize_dtype(spec.dtype), cite(Code.SG_DTYPE_CONFIG)
     raw = server.arg_str("dtype") if server else None
     if raw and raw != "auto":
-        return normalize_dtype(raw), "server_args dtype"
+        return normalize_dtype(raw), cite(Code.SG_DTYPE_SERVER_ARGS)
     if server and server.torch_dtype:
-        return normalize_dtype(server.torch_dtype), "'Load weight end' dtype"
-    return None, "dtype unknown (server_args dtype 'auto' or absent): give the model dtype"
+        return normalize_dtype(server.torch_dtype), cite(Code.SG_DTYPE_LOAD_WEIGHT)
+    return None, cite(Code.SG_DTYPE_UNKNOWN)
 
 
-def _cfg(value: float, detail: str) -> MetricValue:
-    return MetricValue(value, Provenance("config", detail))
+def _cfg(value: float, detail: Cited) -> MetricValue:
+    return MetricValue(value, cite(Code.SG_CONFIG, detail))
 
 
-def _log(value: float, detail: str) -> MetricValue:
-    return MetricValue(value, Provenance("sglang-log", detail))
+def _log(value: float, detail: Cited) -> MetricValue:
+    return MetricValue(value, cite(Code.SG_LOG, detail))
+
+
+def _absent(code: Code, *args: Arg) -> MetricValue:
+    return MetricValue.absent(cite(code, *args))
 
 
 def _weights_total(spec: ServingModelSpec, server: ServerInfo | None, dtype: str | None,
-                   dsrc: str) -> MetricValue | None:
+                   dsrc: Cited) -> MetricValue | None:
     """All weights from the config (None when the config says nothing about them)."""
     if spec.weight_bytes is not None:
-        return _cfg(spec.weight_bytes, f"weight_bytes={spec.weight_bytes:g}")
+        return _cfg(spec.weight_bytes, cite(Code.SG_WEIGHT_BYTES, spec.weight_bytes))
     if spec.params is None:
         return None
     quant = server.arg_str("quantization") if server else None
     if quant and quant in FP8_QUANT:
-        return _cfg(spec.params, f"params={spec.params:g} × 1 B (quantization {quant})")
+        return _cfg(spec.params, cite(Code.SG_PARAMS_QUANT, spec.params, quant))
     if quant:
-        return MetricValue.absent(f"quantization {quant!r}: bytes per weight unknown; give weight_bytes")
+        return _absent(Code.SG_QUANT_UNKNOWN, quant)
     if dtype is None or dtype not in DTYPE_BYTES:
-        return MetricValue.absent(f"weight bytes: {dsrc}")
+        return _absent(Code.SG_NO_WEIGHT_DTYPE, dsrc)
     b = DTYPE_BYTES[dtype]
-    return _cfg(spec.params * b, f"params={spec.params:g} × {b:g} B ({dtype}, {dsrc})")
+    return _cfg(spec.params * b, cite(Code.SG_PARAMS_DTYPE, spec.params, b, dtype, dsrc))
 
 
 def _kv_total(spec: ServingModelSpec, server: ServerInfo | None, dtype: str | None) -> MetricValue | None:
     """KV bytes per token of the whole model from the config (None when it says nothing)."""
     if spec.kv_bytes_per_token is not None:
-        return _cfg(spec.kv_bytes_per_token, f"kv_bytes_per_token={spec.kv_bytes_per_token:g}")
+        return _cfg(spec.kv_bytes_per_token, cite(Code.SG_KV_BYTES, spec.kv_bytes_per_token))
     head_dim = spec.head_dim
     if head_dim is None and spec.hidden_size and spec.num_attention_heads:
         head_dim = spec.hidden_size // spec.num_attention_heads
@@ -95,24 +123,26 @@ def _kv_total(spec: ServingModelSpec, server: ServerInfo | None, dtype: str | No
         return None
     kv_raw = spec.kv_dtype or (server.arg_str("kv_cache_dtype") if server else None)
     if kv_raw in (None, "auto"):
-        kv_b, kv_what = DTYPE_BYTES.get(dtype or ""), f"KV dtype = model dtype {dtype}"
+        kv_b, kv_what = DTYPE_BYTES.get(dtype or ""), cite(Code.SG_KV_DTYPE_MODEL, str(dtype))
     else:
         assert kv_raw is not None
         kv_b = KV_DTYPE_BYTES.get(kv_raw.lower()) or DTYPE_BYTES.get(normalize_dtype(kv_raw) or "")
-        kv_what = f"KV dtype {kv_raw}"
+        kv_what = cite(Code.SG_KV_DTYPE_GIVEN, kv_raw)
     missing = [n for n, v in (("layers", spec.num_layers), ("kv heads", spec.num_kv_heads),
                               ("head dim (or hidden and heads)", head_dim), ("KV dtype bytes", kv_b))
                if not v]
     if missing:
-        return MetricValue.absent(f"KV bytes per token: {', '.join(missing)} unknown")
+        return _absent(Code.SG_KV_MISSING, tuple(missing))
     assert spec.num_layers and spec.num_kv_heads and head_dim and kv_b
     return _cfg(2.0 * spec.num_layers * spec.num_kv_heads * head_dim * kv_b,
-                f"2 × {spec.num_layers} layers × {spec.num_kv_heads} KV heads × {head_dim} head dim × "
-                f"{kv_b:g} B ({kv_what})")
+                cite(Code.SG_KV_FORMULA, spec.num_layers, spec.num_kv_heads, head_dim, kv_b, kv_what))
+
+
+GPUS_UNKNOWN = cite(Code.SG_GPUS_UNKNOWN)  # why the GPUs per DP group are absent, when no one says
 
 
 def resolve(spec: ServingModelSpec, server: ServerInfo | None = None, gpus_per_group: int | None = None,
-            gpus_reason: str = "GPUs per DP group unknown") -> Resolved:
+            gpus_reason: Cited = GPUS_UNKNOWN) -> Resolved:
     """Per-GPU weight bytes and KV bytes per token, and FLOPs per token.
 
     The config (``spec``) wins; what it does not state comes from the log's start-up lines, which
@@ -124,68 +154,62 @@ def resolve(spec: ServingModelSpec, server: ServerInfo | None = None, gpus_per_g
     gpg = gpus_per_group
     w = _weights_total(spec, server, dtype, dsrc)
     if w is not None and w.value is not None:
-        w = (MetricValue(w.value / gpg, Provenance("config", f"{w.source.detail if w.source else ''} ÷ {gpg} "
-                                                             "GPUs"))
-             if gpg else MetricValue.absent(f"weights per GPU: {gpus_reason}"))
+        w = (_cfg(w.value / gpg, cite(Code.SG_PER_GPU, w.detail, gpg))
+             if gpg else _absent(Code.SG_WEIGHTS_PER_GPU_UNKNOWN, gpus_reason))
     elif w is None:
         if server and server.weight_bytes_per_gpu:
-            w = _log(server.weight_bytes_per_gpu, "'Load weight end' mem "
-                                                  f"usage={server.weight_bytes_per_gpu / 2**30:.2f}"
-                                                  " GB per GPU")
+            gib = server.weight_bytes_per_gpu / 2**30
+            w = _log(server.weight_bytes_per_gpu, cite(Code.SG_WEIGHTS_LOGGED, gib))
         else:
-            w = MetricValue.absent("weight bytes unknown: give --model-params (or the log's 'Load weight "
-                                   "end ... mem usage' line)")
+            w = _absent(Code.SG_WEIGHTS_UNKNOWN)
     kv = _kv_total(spec, server, dtype)
     if kv is not None and kv.value is not None:
         rep = tp / spec.num_kv_heads if spec.num_kv_heads and tp and tp > spec.num_kv_heads else 1.0
-        what = kv.source.detail if kv.source else ""
-        what += f" × {rep:g} (KV heads replicated)" if rep > 1 else ""
-        kv = (MetricValue(kv.value * rep / gpg, Provenance("config", f"{what} ÷ {gpg} GPUs")) if gpg
-              else MetricValue.absent(f"KV per GPU: {gpus_reason}"))
+        what = cite(Code.SG_KV_REPLICATED, kv.detail, rep) if rep > 1 else kv.detail
+        kv = (_cfg(kv.value * rep / gpg, cite(Code.SG_PER_GPU, what, gpg)) if gpg
+              else _absent(Code.SG_KV_PER_GPU_UNKNOWN, gpus_reason))
     elif kv is None:
         if server and server.kv_pool_bytes_per_gpu and server.kv_pool_tokens:
             kv = _log(server.kv_pool_bytes_per_gpu / server.kv_pool_tokens,
-                      f"'KV Cache is allocated' {server.kv_pool_bytes_per_gpu / 2**30:.2f} GB ÷ "
-                      f"{server.kv_pool_tokens} tokens per GPU")
+                      cite(Code.SG_KV_LOGGED, server.kv_pool_bytes_per_gpu / 2**30, server.kv_pool_tokens))
         else:
-            kv = MetricValue.absent("KV bytes per token unknown: give layers, KV heads, head dim (or "
-                                    "--kv-bytes-per-token), or keep the log's 'KV Cache is allocated' line")
+            kv = _absent(Code.SG_KV_UNKNOWN)
     n = spec.active_params or spec.params
     which = "active_params" if spec.active_params else "params"
-    fl = (_cfg(2.0 * n, f"2 × {which}={n:g} FLOPs per token") if n
-          else MetricValue.absent("model parameter count unknown (--model-params)"))
+    fl = (_cfg(2.0 * n, cite(Code.SG_FLOPS_PER_TOKEN, which, n)) if n
+          else _absent(Code.SG_PARAMS_UNKNOWN))
     return Resolved(w, kv, fl, dtype)
 
 
-def gpus_per_group(spec: ServingModelSpec, server: ServerInfo | None, groups: int) -> tuple[int | None, str]:
-    """GPUs behind one logging scheduler (one DP group), and how that was decided."""
+def gpus_per_group(spec: ServingModelSpec, server: ServerInfo | None, groups: int
+                   ) -> tuple[int | None, Cited]:
+    """GPUs behind one logging scheduler (one DP group), and how that was decided (or why not)."""
     if spec.gpus:
-        return (spec.gpus // max(groups, 1) or None), f"config gpus={spec.gpus} over {groups} DP group(s)"
+        return (spec.gpus // max(groups, 1) or None), cite(Code.SG_GPUS_CONFIG, spec.gpus, groups)
     tp = spec.tp or (server.arg_int("tp_size") if server else None)
     pp = spec.pp or (server.arg_int("pp_size") if server else None) or None
     if tp is None:
-        return None, "tensor-parallel size unknown (no server_args line; give --tp or --gpus)"
+        return None, cite(Code.SG_TP_UNKNOWN)
     if server and server.arg_str("enable_dp_attention") == "True" and not spec.gpus:
-        return None, "DP attention shares the TP GPUs between DP groups: give --gpus"
-    return tp * (pp or 1), f"TP={tp} × PP={pp or 1} per DP group"
+        return None, cite(Code.SG_DP_ATTENTION)
+    return tp * (pp or 1), cite(Code.SG_GPUS_TP_PP, tp, pp or 1)
 
 
 @dataclass(frozen=True)
 class Peaks:
     flops: float | None  # FLOP/s per GPU
     bandwidth: float | None  # bytes/s per GPU
-    flops_source: str
-    bandwidth_source: str
+    flops_source: Cited  # the peak's source (quoted), or why there is none
+    bandwidth_source: Cited
 
 
 def peaks(gpu_name: str | None, dtype: str | None, peak_tflops_override: float | None = None,
           bandwidth_override: float | None = None) -> Peaks:
     pk = peak_tflops(gpu_name, dtype, peak_tflops_override)
     bw = peak_memory_bandwidth(gpu_name, bandwidth_override)
-    return Peaks(pk.peak_tflops * 1e12 if pk.peak_tflops else None,
-                 bw.bytes_per_s,
-                 str(pk.source) if pk.source else (pk.reason or "peak FLOP/s unknown"),
-                 str(bw.source) if bw.source else (bw.reason or "peak bandwidth unknown"))
+    flops_src = pk.source or pk.reason or cite(Code.SG_PEAK_FLOPS_UNKNOWN)
+    bw_src = bw.source or bw.reason or cite(Code.SG_PEAK_BANDWIDTH_UNKNOWN)
+    return Peaks(pk.peak_tflops * 1e12 if pk.peak_tflops else None, bw.bytes_per_s, flops_src, bw_src)
 
 
 def decode_step_rate(gen_tps: float | None, running: float | None, accept_len: float | None) -> float | None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.dtypes import DTYPES, normalize_dtype
-from perfd.model import Provenance
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ class PeakResult:
     dtype: str | None
     gpu_model: str | None  # canonical row name, or None (unknown GPU / explicit override only)
     measured_ceiling_tflops: float | None
-    source: Provenance | None
-    reason: str | None = None  # why peak_tflops is None
+    source: Cited | None  # the table's row or the configured figure (FROM_GPU_TABLE / FROM_CONFIG around it)
+    reason: Cited | None = None  # why peak_tflops is None: a code and its arguments (worded where shown)
 
 
 def peak_tflops(
@@ -195,25 +195,22 @@ def peak_tflops(
     if override is not None:
         if override <= 0:
             return PeakResult(None, canon, row.model if row else None, ceiling, None,
-                              reason=f"configured peak {override} TFLOP/s is not positive")
+                              reason=cite(Code.PEAK_NOT_POSITIVE, override))
         return PeakResult(float(override), canon, row.model if row else None, ceiling,
-                          Provenance("config", f"peak_tflops={override:g} (explicit override)"))
+                          cite(Code.FROM_CONFIG, cite(Code.PEAK_OVERRIDE, override)))
     if row is None:
-        why = "GPU name unknown" if not gpu_name else f"GPU {gpu_name!r} not in the peak table"
         return PeakResult(None, canon, None, None, None,
-                          reason=f"{why}; give the GPU (--gpu NAME, as NVML names it) or its peak "
-                                 "(--peak-tflops N) to get MFU")
+                          reason=(cite(Code.PEAK_GPU_UNLISTED, gpu_name) if gpu_name
+                                  else cite(Code.PEAK_NO_GPU)))
     if canon is None:
-        why = ("training dtype unknown (give --dtype, e.g. bf16)" if dtype is None
-               else f"dtype {dtype!r} not recognised (--dtype takes one of {', '.join(DTYPES)})")
+        why = cite(Code.PEAK_NO_DTYPE) if dtype is None else cite(Code.PEAK_DTYPE_UNRECOGNISED, dtype, DTYPES)
         return PeakResult(None, None, row.model, None, None, reason=why)
     value = row.peak_tflops.get(canon)
     if value is None:
         return PeakResult(None, canon, row.model, ceiling, None,
-                          reason=f"no {canon} peak known for {row.model}")
-    return PeakResult(value, canon, row.model, ceiling,
-                      Provenance("gpus", f"peak table: {row.model} {canon} {value:g} TFLOP/s "
-                                 f"({row.datasheet})"))
+                          reason=cite(Code.PEAK_NO_FIGURE, canon, row.model))
+    row_src = cite(Code.PEAK_TABLE, row.model, canon, value, row.datasheet)
+    return PeakResult(value, canon, row.model, ceiling, cite(Code.FROM_GPU_TABLE, row_src))
 
 
 # --- peak memory bandwidth (for serving MBU) -------------------------------------------------
@@ -238,8 +235,8 @@ class BandwidthResult:
 
     bytes_per_s: float | None
     gpu_model: str | None
-    source: Provenance | None
-    reason: str | None = None
+    source: Cited | None  # the bandwidth table's row or the configured figure
+    reason: Cited | None = None  # why bytes_per_s is None: a code and its arguments
 
 
 def peak_memory_bandwidth(gpu_name: str | None, override_bytes_per_s: float | None = None) -> BandwidthResult:
@@ -247,15 +244,13 @@ def peak_memory_bandwidth(gpu_name: str | None, override_bytes_per_s: float | No
     guessed: an unknown GPU gives ``bytes_per_s=None`` with the reason."""
     if override_bytes_per_s is not None:
         if override_bytes_per_s <= 0:
-            why = f"configured bandwidth {override_bytes_per_s} is not positive"
-            return BandwidthResult(None, None, None, why)
-        src = Provenance("config", f"peak_bandwidth={override_bytes_per_s:g} B/s (override)")
+            return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_NOT_POSITIVE, override_bytes_per_s))
+        src = cite(Code.FROM_CONFIG, cite(Code.BANDWIDTH_OVERRIDE, override_bytes_per_s))
         return BandwidthResult(float(override_bytes_per_s), None, src)
     if not gpu_name:
-        return BandwidthResult(None, None, None, "GPU name unknown; give --gpu or the peak bandwidth")
+        return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_NO_GPU))
     for model, (patterns, bw, sheet) in MEMORY_BANDWIDTH.items():
         if any(re.search(p, gpu_name, flags=re.IGNORECASE) for p in patterns):
-            src = Provenance("gpus", f"bandwidth table: {model} {bw / 1e12:g} TB/s ({sheet})")
+            src = cite(Code.FROM_GPU_TABLE, cite(Code.BANDWIDTH_TABLE, model, bw / 1e12, sheet))
             return BandwidthResult(bw, model, src)
-    why = f"GPU {gpu_name!r} not in the bandwidth table; give the peak bandwidth in config"
-    return BandwidthResult(None, None, None, why)
+    return BandwidthResult(None, None, None, cite(Code.BANDWIDTH_GPU_UNLISTED, gpu_name))

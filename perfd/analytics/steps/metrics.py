@@ -74,8 +74,8 @@ def mfu(tflops_per_gpu: Measured, peak: PeakResult) -> Measured:
     if tflops_per_gpu.value is None:
         return Measured.absent_as(tflops_per_gpu.cite)
     if peak.peak_tflops is None:
-        return Measured.absent(Code.WHY, peak.reason) if peak.reason else Measured.absent(Code.PEAK_UNKNOWN)
-    src = peak.source.detail if peak.source else f"peak {peak.peak_tflops:g}"
+        return Measured.absent_as(peak.reason if peak.reason is not None else cite(Code.PEAK_UNKNOWN))
+    src = peak.source.args[0] if peak.source else cite(Code.PEAK_VALUE, peak.peak_tflops)  # its detail
     return Measured(tflops_per_gpu.value / peak.peak_tflops, cite(Code.MFU, src))
 
 
