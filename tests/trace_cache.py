@@ -14,18 +14,27 @@ its workers in the environment (``PERFD_TRACE_CACHE``); it is removed when that 
 session never reads what perfd's code of another session computed. A pytester inner session inherits
 its parent's. Outside pytest (no folder named) each call computes afresh. Where two workers ask for one
 result at once, the second waits on a lock for the first's rather than computing it too (two cores).
+
+``perfd_cli`` runs perfd's CLI in this process with perfd.capture.chrome_trace's reading and analysis
+through the session's results: for the tests of what a command concludes from a trace (the ncu
+commands read and analyse their capture's trace, 5-10 s of CPU a run, the same each time), not of
+the process it runs in (exit by exec, signals, a shell's quoting: those keep a subprocess).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
+import logging
 import os
 import pickle
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -37,7 +46,12 @@ if TYPE_CHECKING:  # tests/gpu scripts import this where pytest may not be insta
 
 ENV = "PERFD_TRACE_CACHE"
 T = TypeVar("T")
+_Read = Callable[[str | Path], "TraceData"]
+_Analyze = Callable[[str | Path, int, bool], "CaptureAnalysis"]
 _MADE: list[str] = []  # the folder this process made (and removes at its end)
+# perfd.capture.chrome_trace's own read_chrome_trace and analyze_chrome_trace, taken before perfd_cli
+# puts the session's in their place: what computes each result (never the stand-ins, calling themselves)
+_PERFD: list[tuple[_Read, _Analyze]] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,21 +90,63 @@ def cached(kind: str, paths: Sequence[str | Path], args: tuple[object, ...], com
 
 # The file's path enters perfd's reading of it only as ``source`` (perfd.capture.chrome_trace): a copy
 # of a recording (a capture store's) shares the recording's result, its own path put back.
+def _perfd() -> tuple[_Read, _Analyze]:
+    if not _PERFD:
+        from perfd.capture import chrome_trace
+
+        _PERFD.append((chrome_trace.read_chrome_trace, chrome_trace.analyze_chrome_trace))
+    return _PERFD[0]
+
+
 def read_chrome_trace(path: str | Path) -> TraceData:
     """perfd.capture.chrome_trace.read_chrome_trace, once per session."""
-    from perfd.capture import chrome_trace
-
-    data = cached("read", [path], (), lambda: chrome_trace.read_chrome_trace(path))
+    data = cached("read", [path], (), lambda: _perfd()[0](path))
     return dataclasses.replace(data, source=str(path))
 
 
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
     """perfd.capture.chrome_trace.analyze_chrome_trace, once per session."""
+    a = cached("analyze", [path], (top_n, use_frames), lambda: _perfd()[1](path, top_n, use_frames))
+    return dataclasses.replace(a, source=str(path))
+
+
+@contextlib.contextmanager
+def _session_traces() -> Iterator[None]:
+    """perfd.capture.chrome_trace's read_chrome_trace and analyze_chrome_trace as the session's, for
+    perfd's code that looks them up at its call (the commands import them where they use them)."""
+    import pytest
+
     from perfd.capture import chrome_trace
 
-    a = cached("analyze", [path], (top_n, use_frames),
-               lambda: chrome_trace.analyze_chrome_trace(path, top_n, use_frames))
-    return dataclasses.replace(a, source=str(path))
+    _perfd()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(chrome_trace, "read_chrome_trace", read_chrome_trace)
+        mp.setattr(chrome_trace, "analyze_chrome_trace", analyze_chrome_trace)
+        yield
+
+
+def perfd_cli(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``perfd ARGS`` run in this process with ``env`` added to the environment, the traces it reads
+    the session's: its exit status, stdout and stderr as a subprocess's would be."""
+    import pytest
+
+    from perfd.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    with _session_traces(), pytest.MonkeyPatch.context() as mp, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        for k, v in env.items():
+            mp.setenv(k, v)
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:  # a handler main's logging set up would outlive the streams it writes to
+            for h in [h for h in root.handlers if h not in handlers]:
+                root.removeHandler(h)
+    return subprocess.CompletedProcess([str(a) for a in args], code, out.getvalue(), err.getvalue())
 
 
 def timeline_class(path: str, steps: int | None = None, forced: bool = False) -> TimelineClass:

@@ -19,8 +19,7 @@ import pytest
 from collectors.megatron import parse_file
 from perfd.analytics.breakdown.capture_match import Check, JobFacts, check, job_facts
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.cli import main as perfd_main
-from tests.trace_cache import analyze_chrome_trace
+from tests.trace_cache import analyze_chrome_trace, perfd_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 K = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"
@@ -109,10 +108,10 @@ def test_a_capture_too_short_for_the_jobs_flops_is_another_jobs():
 
 
 @pytest.mark.slow
-def test_cli_refuses_a_capture_of_another_job_with_one_line(capsys: pytest.CaptureFixture[str]):
-    rc = perfd_main(["analyze", "megatron", str(PP2), "--capture", str(K / "ops_default_rank0.json.gz")])
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == ""
+def test_cli_refuses_a_capture_of_another_job_with_one_line():
+    r = perfd_cli("analyze", "megatron", PP2, "--capture", K / "ops_default_rank0.json.gz")
+    err = r.stderr
+    assert r.returncode == 2 and r.stdout == ""
     assert len(err.strip().splitlines()) == 1
     assert "not of this job" in err and "8,192 rows" in err and "4,096 tokens" in err
     assert "no SendRecv kernel" in err and "711 ms against the job's steady 345 ms" in err
@@ -120,11 +119,11 @@ def test_cli_refuses_a_capture_of_another_job_with_one_line(capsys: pytest.Captu
 
 
 @pytest.mark.slow
-def test_cli_capture_force_reads_it_and_says_it_does_not_match(capsys: pytest.CaptureFixture[str]):
-    rc = perfd_main(["analyze", "megatron", str(PP2), "--capture", str(K / "ops_default_rank0.json.gz"),
-                     "--capture-force", "--json"])
-    out = json.loads(capsys.readouterr().out)
-    assert rc == 0
+def test_cli_capture_force_reads_it_and_says_it_does_not_match():
+    r = perfd_cli("analyze", "megatron", PP2, "--capture", K / "ops_default_rank0.json.gz", "--capture-force",
+                  "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0
     assert out["capture_match"]["refused"] is True
     found = {f["id"]: f for f in out["report"]["findings"]}
     assert "read anyway (--capture-force)" in found["capture-mismatch"]["title"]
@@ -133,18 +132,17 @@ def test_cli_capture_force_reads_it_and_says_it_does_not_match(capsys: pytest.Ca
 
 
 @pytest.mark.slow
-def test_cli_a_capture_of_the_job_is_read_as_before(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    rc = perfd_main(["analyze", "megatron", str(_log("ops", tmp_path)), "--gpu", H100, "--capture",
-                     str(K / "ops_default_rank0.json.gz"), "--json"])
-    out = json.loads(capsys.readouterr().out)
-    assert rc == 0 and out["capture_match"]["matches"] is True
+def test_cli_a_capture_of_the_job_is_read_as_before(tmp_path: Path):
+    r = perfd_cli("analyze", "megatron", _log("ops", tmp_path), "--gpu", H100, "--capture",
+                  K / "ops_default_rank0.json.gz", "--json")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["capture_match"]["matches"] is True
     assert "capture-mismatch" not in {f["id"] for f in out["report"]["findings"]}
     assert out["summary"]["step_budget"]["basis"].startswith("capture ops_default_rank0")
 
 
 @pytest.mark.slow
-def test_html_report_refuses_it_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_html_report_refuses_it_too(tmp_path: Path):
     out = tmp_path / "r.html"
-    rc = perfd_main(["report", "--log", str(PP2), "--html", str(out), "--capture",
-                     str(K / "big2048_rank0.json.gz")])
-    assert rc == 2 and "not of this job" in capsys.readouterr().err and not out.exists()
+    r = perfd_cli("report", "--log", PP2, "--html", out, "--capture", K / "big2048_rank0.json.gz")
+    assert r.returncode == 2 and "not of this job" in r.stderr and not out.exists()

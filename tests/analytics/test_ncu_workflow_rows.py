@@ -4,7 +4,8 @@ launches, ncu 2025.3.1, the details and raw pages) and the Kineto trace of run 1
 and its launch window, both of the same job.
 
 - ``perfd analyze ncu details.csv --csv raw.csv --capture trace --kernel-filter F --launch-skip S --json``
-  (the real CLI) gives the coverage the agent recorded with the capture: 72 launches, 72 matched, exact,
+  (the real CLI, in the test's process with the trace read once a session: tests/trace_cache.py) gives
+  the coverage the agent recorded with the capture: 72 launches, 72 matched, exact,
   the forward of layer 12 and the backward of layers 11-12.
 - Every ncu verdict agrees with the budget the same trace gives run 1's log: the linear GEMMs (the budget
   measures them at 84% of the matmul ceiling) read "fewer FLOPs", never "shape"; attention's batched
@@ -22,9 +23,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -37,19 +35,12 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
-from tests.trace_cache import cached
+from tests.trace_cache import cached, perfd_cli
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 TRACE = NCU / "h100_workflow_run1_rank0_trace.json.gz"
 TNT = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"
-
-
-def perfd(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def range_analysis(capture: str = RANGE2) -> dict[str, Any]:
@@ -70,7 +61,7 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         d = tmp_path_factory.mktemp("ncu")
         for page, gz in zip(("details", "raw"), pages, strict=True):
             (d / f"{page}.csv").write_bytes(gzip.decompress(gz.read_bytes()))
-        r = perfd("analyze", "ncu", d / "details.csv", "--csv", d / "raw.csv", "--capture", TRACE, *flags,
+        r = perfd_cli("analyze", "ncu", d / "details.csv", "--csv", d / "raw.csv", "--capture", TRACE, *flags,
                   "--json")
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
@@ -192,7 +183,7 @@ def test_a_launch_window_fits_its_time_budget(prefix_store: tuple[Path, Path]) -
     caps, exe = prefix_store
     held = [manifests()[c]["range_held_s"] for c in (RANGE2, RANGE3)]
     assert held == pytest.approx([78.0, 79.0], abs=0.01)
-    r = perfd("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
+    r = perfd_cli("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
     skip, count = int(words[words.index("--launch-skip") + 1]), int(words[words.index("--launch-count") + 1])
@@ -202,8 +193,8 @@ def test_a_launch_window_fits_its_time_budget(prefix_store: tuple[Path, Path]) -
     assert "s to profile" in r.stderr
     said = float(r.stderr.split("s to profile")[0].rsplit("~", 1)[1])
     assert said == pytest.approx(sum(held) / 2, rel=0.1)  # ncu's time as the H100 took it (was ~44 s)
-    tight = perfd("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, "--time-budget", "60",
-                  "--launch-count", "20", PERFD_NCU=str(exe))
+    tight = perfd_cli("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, "--time-budget",
+                      "60", "--launch-count", "20", PERFD_NCU=str(exe))
     assert tight.returncode == 0, tight.stderr
     assert "no launch window" in tight.stderr and f"--time-budget {budget:g}" in tight.stderr
     assert "--launch-skip" not in tight.stdout.split()  # no window it cannot finish in 60 s
@@ -221,7 +212,7 @@ def test_the_arming_estimate_holds_what_arming_cost(prefix_store: tuple[Path, Pa
     armed = statistics.median(s.step_s for s in run_of(2).steps[WARMUP:] if not touched(s))
     extra_ms = (armed - run1_steady_median_s()) * 1e3
     assert 1000 < extra_ms < 1400
-    r = perfd("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
+    r = perfd_cli("ncu-prefix", "--job", JOB, "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
     m = re.search(r"expect \+(\d+) to \+(\d+) ms of host time per step", r.stderr)
     assert m is not None, r.stderr
     low, high = float(m.group(1)), float(m.group(2))

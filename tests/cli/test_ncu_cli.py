@@ -1,7 +1,9 @@
 """The ncu commands as a person runs them (the real CLI in a subprocess): `perfd analyze ncu` on the
 recorded exports (tests/data/ncu), `perfd ncu-prefix` / `perfd ncu-exec` putting only the chosen
 rank under ncu (a stand-in ncu binary that records its argv and runs the command, as ncu does while
-profiling is off), and `perfd launch --ncu`."""
+profiling is off), and `perfd launch --ncu`. A command that reads a recorded Kineto trace runs in the
+test's process, the trace read and analysed once a session (tests/trace_cache.perfd_cli): what it
+concludes from the trace is the same, 5-10 s of CPU a run less."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from perfd.capture.ncu_exec import (
 )
 from perfd.capture.store import CaptureStore
 from tests.capture.test_ncu_capture import calls, make_fake_ncu, megatron_device
+from tests.trace_cache import perfd_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -64,14 +67,14 @@ def test_analyze_ncu_text_and_json():
 def test_analyze_ncu_joined_to_a_capture():
     """The ncu rows of the MLP loop against the real Megatron-LM Kineto capture: the GELU, the bf16 add
     and the layer norm are kernels both ran; the shares come from the capture."""
-    j = perfd("analyze", "ncu", MLP, "--capture", BIG, "--json")
+    j = perfd_cli("analyze", "ncu", MLP, "--capture", BIG, "--json")
     assert j.returncode == 0, j.stderr
     out = json.loads(j.stdout)
     matched = [k for k in out["kernels"] if k["match"] != "none"]
     assert matched and all(k["captured_share"] is not None for k in matched)
     gemm = next(c for c in out["categories"] if c["category"] == "gemm")
     assert gemm["captured_share"] == pytest.approx(megatron_device()["categories"]["gemm"])
-    t = perfd("analyze", "ncu", MLP, "--capture", BIG)
+    t = perfd_cli("analyze", "ncu", MLP, "--capture", BIG)
     assert "% of the captured time" in t.stdout and "(joined to big_rank0.json.gz)" in t.stdout
 
 
@@ -285,7 +288,7 @@ def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_pa
     m["analysis"] = {"0": analyze_chrome_trace(trace).to_json()}
     m["steps"] = {"start": 14, "count": 3}
     store.finish(m, "ok")
-    r = perfd("ncu-prefix", "--job", "j1", "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
+    r = perfd_cli("ncu-prefix", "--job", "j1", "--ranks", "0", "--capture-dir", caps, PERFD_NCU=str(exe))
     assert r.returncode == 0, r.stderr
     assert "launch window: skip" in r.stderr and "the forward and backward of layer 12 of 12" in r.stderr
     words = r.stdout.split()
@@ -305,7 +308,7 @@ def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_pa
 @pytest.mark.slow
 def test_analyze_ncu_with_a_trace_of_another_run_says_its_launches_are_unmatched():
     details = DATA / "ncu" / "h100_megatron_rank0_details.csv"
-    r = perfd("analyze", "ncu", details, "--csv", DATA / "ncu" / "h100_megatron_rank0_raw.csv",
+    r = perfd_cli("analyze", "ncu", details, "--csv", DATA / "ncu" / "h100_megatron_rank0_raw.csv",
               "--capture", DATA / "captures" / "kineto_h100_megatron" / "ops_default_rank0.json.gz", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
