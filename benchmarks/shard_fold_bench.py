@@ -10,6 +10,9 @@ windows kept from its settling, handed on when they change) and with them comput
 take (``ShardCollectives(cache=False)``, the fold before), ``--rounds`` times each; the CPU ratio and
 the figures each handed on (the settled ones must be equal).
 
+The collector set as ``perfd shard`` sets it (perfd.aggregator.runtime.tune_gc; ``--default-gc``:
+Python's).
+
 ``--profile N``: the timed part under cProfile, its N costliest functions (by own time) beside the
 figures (cProfile slows the small calls most: read the shares, not the seconds).
 
@@ -27,6 +30,7 @@ import random
 import time
 
 from benchmarks.collectives_bench import ITERATION_NS, T0, _node_records
+from perfd.aggregator.runtime import tune_gc
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import reduce
 from perfd.engine.partial import Partial, decode, encode
@@ -116,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each, alternating")
     ap.add_argument("--takes", type=int, default=1,
                     help="figures taken this many times an iteration (a shard: every 0.25 s, 8 in 2 s)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="Python's collector settings, not the shard's (perfd.aggregator.runtime.tune_gc)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="the timed part under cProfile: its N costliest functions by own time")
     a = ap.parse_args(argv)
+    if not a.default_gc:  # as `perfd shard` runs
+        tune_gc()
     if a.profile:
         inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
         prof = cProfile.Profile()
