@@ -10,18 +10,27 @@ windows kept from its settling, handed on when they change) and with them comput
 take (``ShardCollectives(cache=False)``, the fold before), ``--rounds`` times each; the CPU ratio and
 the figures each handed on (the settled ones must be equal).
 
+The collector set as ``perfd shard`` sets it (perfd.aggregator.runtime.tune_gc; ``--default-gc``:
+Python's).
+
+``--profile N``: the timed part under cProfile, its N costliest functions (by own time) beside the
+figures (cProfile slows the small calls most: read the shares, not the seconds).
+
     python -m benchmarks.shard_fold_bench [--nodes 12500] [--shard-nodes 3125] [--iterations 3]
-        [--takes 8] [--compare]
+        [--takes 8] [--compare] [--profile 25]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import random
 import time
 
 from benchmarks.collectives_bench import ITERATION_NS, T0, _node_records
+from perfd.aggregator.runtime import tune_gc
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import reduce
 from perfd.engine.partial import Partial, decode, encode
@@ -61,13 +70,16 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = T
     messages (a shard flushes every FLUSH_S: 8 times in a 2 s iteration)."""
     sh = ShardCollectives(cache=cache)
     sh.set_layout("bench", ParallelLayout(world_size=nodes * PER_NODE, tp=PER_NODE, pp=1, dp=nodes))
-    fold_s = take_s = 0.0
+    fold_s = take_s = decode_s = 0.0
     rows = figures = settled = 0
     for msgs, folds in inputs or _inputs(nodes, shard_nodes, iterations, ops):
         for k in range(takes):  # the nodes' messages as they come between two of the shard's flushes
             t = time.process_time()
             for m in msgs[k::takes]:
-                for part in decode(m).collectives:
+                t0 = time.process_time()
+                parts = decode(m).collectives
+                decode_s += time.process_time() - t0
+                for part in parts:
                     rows += len(part)
                     sh.add(part)
             sh.add_steps(folds[k::takes])
@@ -79,11 +91,22 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = T
             settled += sum(w.settled for f in taken for w in f.rows.values())
     return {"ranks": shard_nodes * PER_NODE, "job_ranks": nodes * PER_NODE, "iterations": iterations,
             "rows": rows,
-            "decode_and_fold_cpu_s": round(fold_s, 2), "take_cpu_s": round(take_s, 2),
+            "decode_and_fold_cpu_s": round(fold_s, 2), "decode_cpu_s": round(decode_s, 2),
+            "take_cpu_s": round(take_s, 2),
             "cpu_us_per_row": round(1e6 * (fold_s + take_s) / max(1, rows), 1),
             "cpu_s_per_iteration": round((fold_s + take_s) / iterations, 2), "figures": figures,
             "settled_figures": settled, "cache": cache, "takes_per_iteration": takes,
             "window_fold": sh.jobs["bench"].fold.counts.to_json()}
+
+
+def _top(prof: cProfile.Profile, n: int) -> list[dict[str, object]]:
+    """The ``n`` functions of most own time: each's calls, own and cumulative seconds, share of all."""
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # type: ignore[attr-defined]
+    return [{"function": f"{path.rsplit('/', 1)[-1]}:{line}({name})", "calls": nc, "own_s": round(tt, 3),
+             "cum_s": round(ct, 3), "own_share": round(tt / max(total, 1e-9), 3)}
+            for (path, line, name), (_cc, nc, tt, ct, _callers) in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +120,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each, alternating")
     ap.add_argument("--takes", type=int, default=1,
                     help="figures taken this many times an iteration (a shard: every 0.25 s, 8 in 2 s)")
+    ap.add_argument("--default-gc", action="store_true",
+                    help="Python's collector settings, not the shard's (perfd.aggregator.runtime.tune_gc)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="the timed part under cProfile: its N costliest functions by own time")
     a = ap.parse_args(argv)
+    if not a.default_gc:  # as `perfd shard` runs
+        tune_gc()
+    if a.profile:
+        inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
+        prof = cProfile.Profile()
+        got = prof.runcall(run, a.nodes, a.shard_nodes, a.iterations, a.ops, True, inputs, a.takes)
+        print(json.dumps({"run": got, "profile": _top(prof, a.profile)}, indent=1))
+        return 0
     if not a.compare:
         print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops, takes=a.takes), indent=1))
         return 0

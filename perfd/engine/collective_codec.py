@@ -6,8 +6,8 @@ in tests/engine/test_collective_wire.py against the ``CollectiveRecord`` it redu
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from perfd.collfold import CollectivePartial, GroupRef, OpRow, op_key
 from perfd.transport.gen import perfd_pb2 as pb
@@ -20,6 +20,7 @@ DURATION_F64 = 1 << len(NULLABLE)  # the row's duration is in duration_ms, not d
 _INTS = ("rank", "pg_id", "group_rank", "group_size", "nnodes", "collective_seq_id", "p2p_seq_id", "peer",
          "bytes", "pid")
 _F32 = struct.Struct("<f")
+_V = TypeVar("_V", int, float)
 
 
 def _is_f32(x: float) -> bool:
@@ -137,51 +138,71 @@ def ranks_of_runs(runs: Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-# A group this large or larger is read once and its one object shared by every message that names it
-# (so the root's merge and the analysis tell it apart by identity, not by comparing 100,000 ranks);
-# the cache is let go when it holds BIG_GROUPS_KEPT (a job has a world group and a few data-parallel
-# groups this large).
+# A group is read once and its one object shared by every message that names it: the root's merge and
+# the analysis tell a group apart by identity, not by comparing its ranks (100,000 for a world group),
+# and a shard's fold looks each row's group up by it (a new equal object compares field by field).
+# Keyed by its strings (not their indices: each message lists its own) and its runs. A group of
+# BIG_GROUP_RANKS or more is kept apart from the others, so that a root naming more small groups than
+# SMALL_GROUPS_KEPT (a 100,000-rank job has 12,500 tensor-parallel groups of 8) lets those go, not
+# its world and data-parallel groups; either cache is let go whole when full.
 BIG_GROUP_RANKS = 256
 BIG_GROUPS_KEPT = 1024
+SMALL_GROUPS_KEPT = 8192
 MAX_GROUP_RANKS = 1 << 22  # a group listing more ranks is not one (the engine is for 100,000)
-_big_groups: dict[tuple[str | None, str | None, str | None, bytes], GroupRef] = {}
+GroupKey = tuple[str | None, str | None, str | None, bool, tuple[int, ...]]
+_big_groups: dict[GroupKey, GroupRef] = {}
+_small_groups: dict[GroupKey, GroupRef] = {}
 
 
 def _group(g: pb.CollectiveGroup, s: Callable[[int], str | None]) -> GroupRef:
-    runs = g.ranks_runs
-    big = g.has_ranks and sum(runs[2::3]) >= BIG_GROUP_RANKS
-    key = (s(g.pg_name), s(g.comm_id), s(g.pg_desc), array("q", runs).tobytes()) if big else None
-    if key is not None and (hit := _big_groups.get(key)) is not None:
+    runs = tuple(g.ranks_runs)
+    key = (s(g.pg_name), s(g.comm_id), s(g.pg_desc), g.has_ranks, runs)
+    hit = _small_groups.get(key) or _big_groups.get(key)
+    if hit is not None:
         return hit
-    ref = GroupRef(s(g.pg_name), s(g.comm_id), s(g.pg_desc), ranks_of_runs(runs) if g.has_ranks else None)
-    if key is not None:
-        if len(_big_groups) >= BIG_GROUPS_KEPT:
-            _big_groups.clear()
-        _big_groups[key] = ref
+    ref = GroupRef(key[0], key[1], key[2], ranks_of_runs(runs) if g.has_ranks else None)
+    kept = _big_groups if len(ref.pg_ranks or ()) >= BIG_GROUP_RANKS else _small_groups
+    if len(kept) >= (BIG_GROUPS_KEPT if kept is _big_groups else SMALL_GROUPS_KEPT):
+        kept.clear()
+    kept[key] = ref
     return ref
 
 
-class _Column:
-    """A nullable column read in row order: the next set value for each row whose mask has it."""
+def _nullable(name: str, values: Sequence[_V], unset: Sequence[int], any_unset: int,
+              bit: str | None = None) -> list[_V | None]:
+    """A nullable column, one entry a row (None where its row's mask has the column's ``bit``)."""
+    return _expand(name, list(values), unset, any_unset, _BIT[bit or name])
 
-    def __init__(self, name: str, values: Sequence[float]) -> None:
-        self.name, self.it, self.n = name, iter(values), len(values)
-        self.used = 0
 
-    def take(self) -> float:
-        self.used += 1
-        try:
-            return next(self.it)
-        except StopIteration:
-            raise ValueError(f"column {self.name} has fewer values than its rows' masks say") from None
+def _expand(name: str, vals: list[_V], unset: Sequence[int], any_unset: int, bit: int) -> list[_V | None]:
+    if not any_unset & bit:  # set on every row (the usual: Flight Recorder's rows have every field)
+        if len(vals) != len(unset):
+            raise ValueError(f"column {name} has {len(vals)} values for {len(unset)} rows")
+        return list[_V | None](vals)
+    if sum(1 for u in unset if not u & bit) != len(vals):
+        raise ValueError(f"column {name} has {len(vals)} values, not the count its rows' masks say")
+    it = iter(vals)
+    return [None if u & bit else next(it) for u in unset]
+
+
+def _strings(col: Sequence[int], strings: list[str | None], what: str) -> list[str | None]:
+    try:
+        return [strings[i] for i in col]
+    except IndexError:
+        raise ValueError(f"a {what} string index past the {len(strings) - 1} listed") from None
 
 
 def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
-    """ValueError for a malformed partial (the caller counts and drops it)."""
+    """ValueError for a malformed partial (the caller counts and drops it).
+
+    Column by column, then zipped into rows (a tuple each: OpRow): a shard decodes every operation
+    of its nodes' ranks (150,000 an iteration at 100,000 ranks and 4 shards), and reading row by row
+    through per-column iterators and a dict a row was over a third of its fold (shard_fold_bench
+    --profile)."""
     n = len(m.source)
     if any(len(c) != n for c in (m.op, m.group, m.state, m.host, m.unset, m.is_p2p)):
         raise ValueError("a collective partial's row columns differ in length")
-    strings = [None, *m.strings]
+    strings: list[str | None] = [None, *m.strings]
 
     def s(i: int) -> str | None:
         if i >= len(strings):
@@ -189,44 +210,80 @@ def from_pb(m: pb.CollectivePartial) -> CollectivePartial:
         return strings[i]
 
     groups = [_group(g, s) for g in m.groups]
-    cols = {c: _Column(c, getattr(m, c)) for c in _INTS}
-    times, d64, d32, bw = (_Column(c, getattr(m, c)) for c in ("time_created_delta_ns", "duration_ms",
-                                                                 "duration_ms_f32", "busbw_gbs"))
+    source, op = _strings(m.source, strings, "source"), _strings(m.op, strings, "op")
+    if any(v is None for v in source) or any(v is None for v in op):
+        raise ValueError("a collective partial's row without its source or op")
+    try:
+        group = [groups[i] for i in m.group]
+    except IndexError:
+        raise ValueError(f"a group index past the {len(groups)} listed") from None
+    unset = list(m.unset)
+    any_unset = 0
+    for u in set(unset):
+        any_unset |= u
+    col: dict[str, list[object]] = {
+        "source": list[object](source), "op": list[object](op), "group": list[object](group),
+        "is_p2p": list[object](m.is_p2p), "state": list[object](_strings(m.state, strings, "state")),
+        "host": list[object](_strings(m.host, strings, "host"))}
+    for c in _INTS:
+        col[c] = list[object](_nullable(c, getattr(m, c), unset, any_unset))
+    col["time_created_ns"] = list[object](_created(m, unset, any_unset))
+    col["duration_ms"] = list[object](_durations(m, unset, any_unset))
+    col["busbw_gbs"] = list[object](_nullable("busbw_gbs", m.busbw_gbs, unset, any_unset))
     out = CollectivePartial(m.job)
-    t = 0
-    for i, unset in enumerate(m.unset):
-        source, op = s(m.source[i]), s(m.op[i])
-        if source is None or op is None:
-            raise ValueError("a collective partial's row without its source or op")
-        if m.group[i] >= len(groups):
-            raise ValueError(f"group index {m.group[i]} past the {len(groups)} listed")
-        iv = {c: None if unset & _BIT[c] else int(col.take()) for c, col in cols.items()}
-        created = None
-        if not unset & _BIT["time_created_ns"]:
-            t += int(times.take())
-            created = t
-        dur = None if unset & _BIT["duration_ms"] else (d64 if unset & DURATION_F64 else d32).take()
-        row = OpRow(source, op, groups[m.group[i]], iv["rank"], iv["pg_id"], iv["group_rank"],
-                    iv["group_size"], iv["nnodes"], iv["collective_seq_id"], iv["p2p_seq_id"], m.is_p2p[i],
-                    iv["peer"], iv["bytes"], s(m.state[i]), created, dur,
-                    None if unset & _BIT["busbw_gbs"] else bw.take(), s(m.host[i]), iv["pid"])
+    make = tuple.__new__  # a row straight from its columns (OpRow's own __new__ takes them one by one)
+    for vals in zip(*(col[f] for f in OpRow._fields), strict=True):
+        row: OpRow = make(OpRow, vals)
         out.add(op_key(row), row)
-    if any(c.used != c.n for c in (*cols.values(), times, d64, d32, bw)):
-        raise ValueError("a collective partial's column has more values than its rows' masks say")
-    _read_progress(m, s, out)
+    _read_progress(m, strings, out)
     return out
 
 
-def _read_progress(m: pb.CollectivePartial, s: Callable[[int], str | None], out: CollectivePartial) -> None:
+def _created(m: pb.CollectivePartial, unset: Sequence[int], any_unset: int) -> list[int | None]:
+    """Enqueue times from their differences (each from the previous set one, the first from 0)."""
+    deltas = _nullable("time_created_delta_ns", m.time_created_delta_ns, unset, any_unset,
+                       "time_created_ns")
+    t = 0
+    out: list[int | None] = []
+    for d in deltas:
+        if d is None:
+            out.append(None)
+        else:
+            t += d
+            out.append(t)
+    return out
+
+
+def _durations(m: pb.CollectivePartial, unset: Sequence[int], any_unset: int) -> list[float | None]:
+    """Each set duration from the float32 column, or the float64 one where its row's mask says."""
+    bit = _BIT["duration_ms"]
+    d32, d64 = list(m.duration_ms_f32), list(m.duration_ms)
+    if not any_unset & (bit | DURATION_F64):
+        if d64:
+            raise ValueError("column duration_ms has values no row's mask names")
+        return _expand("duration_ms_f32", d32, unset, any_unset, bit)
+    wide = [0 if u & bit else (2 if u & DURATION_F64 else 1) for u in unset]  # 0: unset, 1: f32, 2: f64
+    if wide.count(1) != len(d32) or wide.count(2) != len(d64):
+        raise ValueError("a collective partial's duration columns differ from their rows' masks")
+    i32, i64 = iter(d32), iter(d64)
+    return [None if w == 0 else next(i32) if w == 1 else next(i64) for w in wide]
+
+
+def _read_progress(m: pb.CollectivePartial, strings: list[str | None], out: CollectivePartial) -> None:
     cols = (m.progress_rank, m.progress_group, m.progress_p2p, m.progress_enqueued, m.progress_completed)
     if any(len(c) != len(m.progress_rank) for c in cols):
         raise ValueError("a collective partial's progress columns differ in length")
-    for rank, gi, p2p, enq, done in zip(*cols, strict=True):
-        group = s(gi)
-        if group is None:
-            raise ValueError("a collective partial's progress entry without its group")
-        key = (rank, group, p2p)
+    listed = _strings(m.progress_group, strings, "progress group")
+    names = [g for g in listed if g is not None]
+    if len(names) != len(listed):
+        raise ValueError("a collective partial's progress entry without its group")
+    keys = list(zip(m.progress_rank, names, m.progress_p2p, strict=True))
+    if len(set(keys)) == len(keys):  # each (rank, group, p2p) once: what an agent sends
+        for held, seqs in ((out.progress.enqueued, m.progress_enqueued),
+                           (out.progress.completed, m.progress_completed)):
+            held.update((k, q) for k, q in zip(keys, seqs, strict=True) if q > -1)
+        return
+    for key, enq, done in zip(keys, m.progress_enqueued, m.progress_completed, strict=True):
         for held, seq in ((out.progress.enqueued, enq), (out.progress.completed, done)):
             if seq > held.get(key, -1):
                 held[key] = seq
-

@@ -87,17 +87,21 @@ class Holds:
         self._held: list[_Held] = []
         self._jobs: set[str] = set()  # jobs whose operations come here: their steps are folded too
         self._layouts: dict[str, ParallelLayout | None] = {}
+        self._info_read: dict[str, str] = {}  # job -> the info its layout was last read from
         self._unsent: dict[str, WindowFigures] = {}
 
     def fold_in(self, d: Decoded, m: Msg, partition: int, now: float) -> bool:
         """Fold a node message's operations, step ends and layout in; True: its acknowledgement waits
         (:meth:`release`)."""
         for job, text in d.job_info_json.items():
+            if self._info_read.get(job) == text:
+                continue  # every node message of a hook job carries its info: read once, not each time
             try:
                 layout = job_info_from_json(text).layout
             except ValueError:
                 self.stats.bad_job_info += 1
                 continue
+            self._info_read[job] = text
             if self._layouts.get(job) != layout:
                 self._layouts[job] = layout
                 self.fold.set_layout(job, layout)
@@ -106,10 +110,11 @@ class Holds:
             self._jobs.add(part.job)
             self.stats.collective_messages += 1
             self.stats.operations += len(part)
-            for row in part.ops.values():
-                if row.rank is not None and row.time_created_ns is not None:
-                    key = (part.job, row.rank)
-                    latest[key] = max(latest.get(key, 0), row.time_created_ns)
+            for rows in part.streams.values():  # (part.ops would build one dict of them a message)
+                for row in rows.values():
+                    if row.rank is not None and row.time_created_ns is not None:
+                        key = (part.job, row.rank)
+                        latest[key] = max(latest.get(key, 0), row.time_created_ns)
             self.fold.add(part)
         folds = []
         for p in d.partials:

@@ -22,6 +22,8 @@ from perfd.engine import shard_windows
 from perfd.engine.nats_api import MsgMetadata
 from perfd.engine.partial import decode, encode, partials_of
 from perfd.engine.shard_windows import Holds
+from perfd.jobinfo_json import job_info_from_json, job_info_to_json
+from perfd.model import JobInfo, ParallelLayout
 from tests.engine.engine_driver import Plan
 from tests.engine.test_engine_collectives_faults import Job
 
@@ -133,3 +135,27 @@ def test_window_figures_cross_the_wire_whole_and_in_pieces() -> None:
     m.rank.append(9)  # columns of unequal length: refused, not read past
     with pytest.raises(ValueError):
         figures_codec.from_pb(m)
+
+
+def test_a_jobs_info_is_read_once_whatever_many_messages_carry_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node message of a hook job carries its info: the shard reads its layout once, again
+    only when the text changes; an unreadable one is counted each time it comes."""
+    read: list[str] = []
+    real = job_info_from_json
+
+    def counting(text: str) -> JobInfo:
+        read.append(text)
+        return real(text)
+
+    monkeypatch.setattr(shard_windows, "job_info_from_json", counting)
+    fold = ShardCollectives()
+    holds = Holds(fold)
+    infos = [job_info_to_json(JobInfo(layout=ParallelLayout(world_size=16, tp=tp, pp=1, dp=16 // tp)))
+             for tp in (8, 8, 8, 4, 4, 8)] + ["{not json", "{not json"]
+    for i, text in enumerate(infos):
+        holds.fold_in(decode(encode(f"m{i}", "node-0", 1, (), job_info_json={"j": text}, to_partition=True)),
+                      _Msg(i, b""), 0, 0.0)
+    assert read == [infos[0], infos[3], infos[5], infos[6], infos[7]]
+    assert holds.stats.bad_job_info == 2
+    layout = fold.jobs["j"].layout
+    assert layout is not None and layout.tp == 8

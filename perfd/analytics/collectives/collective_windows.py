@@ -161,30 +161,30 @@ class RankTimeline:
         return union_ns((s, e) for s, e, _ in sel), {c: union_ns(v) for c, v in by.items()}
 
 
-def _seq(r: TimedOp) -> int | None:
-    return r.p2p_seq_id if r.is_p2p else r.collective_seq_id
-
-
 def rank_timeline(recs: Sequence[TimedOp], cls: Mapping[int, str], context: TimelineContext | None = None,
                   cut_ns: int | None = None) -> RankTimeline:
     """``cls``: id(record) -> group class. ``context``: what came before ``recs`` (folded away);
     ``cut_ns``: also give the context after the ops enqueued up to it (``tail``)."""
     ctx = context or TimelineContext()
-    queues: dict[QueueKey, list[TimedOp]] = {}
+    # Each op's sequence number read once, its queue's list sorted by (sequence, enqueue time, the
+    # order it came in): the order a stable sort on the first two gives, without a key call an op
+    # (a shard builds each rank's timeline twice an iteration: shard_fold_bench --profile)
+    queues: dict[QueueKey, list[tuple[int, int, int, int | None, TimedOp]]] = {}
     seqs: dict[SeqKey, list[tuple[int, int]]] = {}
-    for r in recs:
-        seq = _seq(r)
-        queues.setdefault((r.pg_id, r.is_p2p, r.peer if r.is_p2p else None), []).append(r)
-        if seq is not None and r.time_created_ns is not None:
-            seqs.setdefault((r.pg_id, r.is_p2p), []).append((seq, r.time_created_ns))
+    for i, r in enumerate(recs):
+        p2p, created_or_none = r.is_p2p, r.time_created_ns
+        seq = r.p2p_seq_id if p2p else r.collective_seq_id
+        queues.setdefault((r.pg_id, p2p, r.peer if p2p else None), []).append(
+            (seq or 0, created_or_none or 0, i, seq, r))
+        if seq is not None and created_or_none is not None:
+            seqs.setdefault((r.pg_id, p2p), []).append((seq, created_or_none))
     tail_q = dict(ctx.queues) if cut_ns is not None else {}
     items: list[tuple[int, int, int, str]] = []
     for qkey, q in queues.items():
-        q.sort(key=lambda r: (_seq(r) or 0, r.time_created_ns or 0))
+        q.sort()  # (sequence or 0, enqueue time or 0, arrival): never reaches the op itself
         prev_seq, prev_end = ctx.queues.get(qkey, (None, None))
-        for r in q:
-            created, dur = r.time_created_ns or 0, r.duration_ms or 0.0
-            seq = _seq(r)
+        for _, created, _, seq, r in q:
+            dur = r.duration_ms or 0.0
             # Ops of one group run in order on its stream: an op starts after the previous one ends.
             start = created if prev_end is None or seq is None or prev_seq is None or seq != prev_seq + 1 \
                 else max(created, prev_end)

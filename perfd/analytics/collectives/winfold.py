@@ -156,7 +156,12 @@ class Classes:
         return c
 
     def rows(self, rows: Iterable[OpRow]) -> dict[int, str]:
-        return {id(r): self.of(r.group) for r in rows}
+        known = self._of  # the groups classed already: a dict look-up a row, not a method call
+        out: dict[int, str] = {}
+        for r in rows:
+            c = known.get(r.group)
+            out[id(r)] = c if c is not None else self.of(r.group)
+        return out
 
 
 class WindowFold:
