@@ -69,3 +69,40 @@ def test_iterations_let_go_and_a_ranks_own_records() -> None:
         _same(memo, held)
     memo.update([])
     _same(memo, [])
+
+
+def test_any_sequence_of_changes_gives_what_a_rebuild_gives() -> None:
+    """Random changes of every kind the job store makes, each checked against step_windows: a new
+    iteration's fold (of some ranks, handed again with more), a late one for any iteration held,
+    iterations let go from the oldest, a rank's own records, ends that do not move on, equal ends."""
+    rng = random.Random(11)
+    memo = StepWindowMemo()
+    held: dict[int, list[StepRecord]] = {}
+    nxt = 1
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.35 or not held:  # the next iteration, its fold of some ranks
+            held[nxt] = [_fold(nxt, rng, ranks=range(rng.randint(1, RANKS)), warm=rng.random() < 0.1)]
+            nxt += 1
+        elif op < 0.6:  # a fold handed on again (more ranks, other ends), any iteration held
+            it = rng.choice(list(held))
+            held[it] = [_fold(it, rng, ranks=range(rng.randint(1, RANKS)))]
+        elif op < 0.7:  # the oldest let go
+            del held[min(held)]
+        elif op < 0.8:  # a rank's own record, sometimes ending no later than the iteration before
+            it = rng.choice(list(held))
+            held[it] = [*held[it], StepRecord(job="j", iteration=it, rank=rng.randrange(RANKS),
+                                              end_time=100.0 + it - rng.choice((0.0, 1.5)))]
+        elif op < 0.9:  # a second fold of the iteration beside the first, equal ends for some ranks
+            it = rng.choice(list(held))
+            f = held[it][0]
+            held[it] = [*held[it], StepRecord(job="j", iteration=it, rank="all", end_time=f.end_time,
+                                              rank_end_times={r: e for r, e in f.rank_end_times.items()
+                                                              if r % 2 == 0})]
+        else:  # a job-level record (a log's line)
+            it = rng.choice(list(held))
+            held[it] = [*held[it], StepRecord(job="j", iteration=it, rank="last",
+                                              end_time=100.0 + it + rng.random())]
+        steps = [s for it in sorted(held) for s in held[it]]
+        memo.update(steps)
+        _same(memo, steps)

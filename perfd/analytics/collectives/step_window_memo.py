@@ -1,6 +1,6 @@
 """The step windows of a job whose records change an iteration at a time (pure): what
-:func:`perfd.analytics.collectives.collective_windows.step_windows` gives, made again only for the
-iterations whose records changed since the last call.
+:func:`perfd.analytics.collectives.collective_windows.step_windows` gives, made again only where the
+records changed since the last call.
 
 Why: the root's window fold needs every rank's windows whenever the job's step records change (each
 new iteration's fold, each late node's partial). Made whole each time, they cost O(ranks x iterations
@@ -8,14 +8,18 @@ held) — 1-3 s of the root's CPU an iteration at 8,000 ranks and 30 iterations
 (``perfd bench root-refresh --collectives``), growing with the iterations held — while the job's
 other analyses waited on the store that made them. Here a record is known by its identity (the job
 store replaces a record it changes, never changes one in place): an iteration whose records are the
-same objects as last time is not read again, and a rank's windows are extended or trimmed when its
-iterations only came after (or left before) the ones it held, made whole again otherwise (a late
-record for an iteration inside the ones held).
+same objects as last time is not read again, and a rank's windows before the first iteration that
+changed for it are kept (those of iterations let go, before every iteration held, dropped), the rest
+made again from its last end before that iteration: a new iteration makes one window a rank, a late
+record for an iteration inside the ones held makes those from it on. Each rank's end is read from the
+records when it is needed, not kept beside them (at 100,000 ranks that would be every record's
+per-rank ends again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import bisect
+from collections.abc import Iterable, Sequence
 
 from perfd.analytics.collectives.collective_windows import IterationEnd, StepWindow, iteration_windows
 from perfd.model import StepRecord
@@ -26,52 +30,94 @@ class StepWindowMemo:
 
     def __init__(self) -> None:
         self._by_it: dict[int, list[StepRecord]] = {}  # the records last read, per iteration, in order
-        self._ends: dict[int, dict[int, IterationEnd]] = {}  # rank -> iteration -> its end
+        self._its: list[int] = []  # their iterations, in order
+        self._own: dict[int, dict[int, StepRecord]] = {}  # iteration -> rank -> its own record (the last)
         self._job: dict[int, IterationEnd] = {}  # iteration -> the job's end ("last"/"all" records)
-        self._cells: dict[int, dict[int, IterationEnd]] = {}  # iteration -> rank -> its end there
         self.rank_windows: dict[int, list[StepWindow]] = {}
         self.job_windows: list[StepWindow] = []
 
     def update(self, steps: Sequence[StepRecord]) -> set[int]:
-        """Read ``steps`` (the job's records, in the job store's order); the ranks whose windows
-        changed. ``rank_windows`` and ``job_windows`` are then ``step_windows(steps)``'s; a changed
-        rank's list is a new one (a reader of the last one keeps it whole)."""
+        """Read ``steps`` (the job's records, in the job store's order); the ranks whose windows may
+        have changed. ``rank_windows`` and ``job_windows`` are then ``step_windows(steps)``'s; a
+        changed rank's list is a new one (a reader of the last one keeps it whole)."""
         by_it: dict[int, list[StepRecord]] = {}
         for s in steps:
             if s.end_time is not None:
                 by_it.setdefault(s.iteration, []).append(s)
-        changed = [it for it in by_it.keys() | self._by_it.keys()
-                   if not _same(by_it.get(it), self._by_it.get(it))]
-        self._by_it = by_it
-        touched: dict[int, set[int]] = {}  # rank -> its iterations that changed
-        job_changed = False
+        old = self._by_it
+        changed = [it for it in by_it.keys() | old.keys() if not _same(by_it.get(it), old.get(it))]
+        if not changed:
+            return set()
+        self._by_it, self._its = by_it, sorted(by_it)
+        touched: dict[int, int | None] = {}  # rank -> the first iteration held that changed for it
+        first = self._its[0] if self._its else None
         for it in changed:
-            cell, job_end = _cell(by_it.get(it, []))
-            old = self._cells.pop(it, {})
-            if cell:
-                self._cells[it] = cell
-            for rank in old.keys() | cell.keys():
-                touched.setdefault(rank, set()).add(it)
-                ends = self._ends.setdefault(rank, {})
-                if rank in cell:
-                    ends[it] = cell[rank]
-                else:
-                    ends.pop(it, None)
-            if job_end is not None:
-                self._job[it] = job_end
-                job_changed = True
-            elif self._job.pop(it, None) is not None:
-                job_changed = True
-        for rank, its in touched.items():
-            ends = self._ends[rank]
-            if not ends:
-                del self._ends[rank]
+            recs = by_it.get(it, [])
+            own = {s.rank: s for s in recs if isinstance(s.rank, int)}
+            if own:
+                self._own[it] = own
+            else:
+                self._own.pop(it, None)
+            job = _job_end(recs)
+            if job is not None:
+                self._job[it] = job
+            else:
+                self._job.pop(it, None)
+            # an iteration let go before every one held only trims (first = None: none is held)
+            at = it if first is not None and it >= first else None
+            for rank in _ranks(old.get(it, ())) | _ranks(recs):
+                cur = touched.get(rank, at)
+                touched[rank] = at if cur is None else cur if at is None else min(cur, at)
+        for rank, lo in touched.items():
+            ws = self._rank(rank, lo, first)
+            if ws is None:
                 self.rank_windows.pop(rank, None)
-                continue
-            self.rank_windows[rank] = _windows_after(self.rank_windows.get(rank), ends, its)
-        if job_changed:
-            self.job_windows = iteration_windows(self._job)
+            else:
+                self.rank_windows[rank] = ws
+        self.job_windows = iteration_windows(self._job)
         return set(touched)
+
+    def _end(self, it: int, rank: int) -> IterationEnd | None:
+        """The rank's end of iteration ``it`` as step_windows reads it: its own record's, else the
+        latest of the folds' (the first of equal ones)."""
+        own = self._own.get(it, {}).get(rank)
+        if own is not None:
+            return (own.end_time or 0.0, own)
+        best: IterationEnd | None = None
+        for s in self._by_it.get(it, ()):
+            e = None if isinstance(s.rank, int) else s.rank_end_times.get(rank)
+            if e is not None and (best is None or best[0] < e):
+                best = (e, s)
+        return best
+
+    def _rank(self, rank: int, lo: int | None, first: int | None) -> list[StepWindow] | None:
+        """The rank's windows now (None: it has no end): those held that end before its last end
+        before ``lo`` (the first iteration held that changed for it; None: none did), less those of
+        iterations before ``first`` (let go), then the ones from that end on made again."""
+        if first is None:
+            return None
+        held = self.rank_windows.get(rank, [])
+        its = self._its
+        i = len(its) if lo is None else bisect.bisect_left(its, lo)
+        p = None  # the rank's last end before lo
+        while i > 0 and p is None:
+            i -= 1
+            if self._end(its[i], rank) is not None:
+                p = its[i]
+        if p is None:
+            i, j = 0, 0  # nothing before lo: every window made again
+        else:
+            j = len(held)
+            while j and held[j - 1].iteration > p:
+                j -= 1
+            i = 0
+            while i < j and held[i].iteration - held[i].n_iterations < first:
+                i += 1
+        tail = {it: e for it in its[bisect.bisect_left(its, p if p is not None else first):]
+                if (e := self._end(it, rank)) is not None}
+        if not tail and i == j:
+            return None
+        return held[i:j] + iteration_windows(tail)
 
 
 def _same(a: list[StepRecord] | None, b: list[StepRecord] | None) -> bool:
@@ -80,37 +126,23 @@ def _same(a: list[StepRecord] | None, b: list[StepRecord] | None) -> bool:
         and all(x is y for x, y in zip(a, b, strict=True))
 
 
-def _cell(recs: Sequence[StepRecord]) -> tuple[dict[int, IterationEnd], IterationEnd | None]:
-    """One iteration's ends per rank and the job's, as step_windows reads them from its records."""
-    own: dict[int, IterationEnd] = {}
-    folded: dict[int, IterationEnd] = {}
+def _ranks(recs: Iterable[StepRecord]) -> set[int]:
+    """The ranks whose ends ``recs`` give."""
+    out: set[int] = set()
+    for s in recs:
+        if isinstance(s.rank, int):
+            out.add(s.rank)
+        else:
+            out.update(s.rank_end_times)
+    return out
+
+
+def _job_end(recs: Sequence[StepRecord]) -> IterationEnd | None:
+    """The job's end of an iteration as step_windows reads it: its latest record of no rank and no
+    ranks' ends (the first of equal ones)."""
     job: StepRecord | None = None
     for s in recs:
-        end = s.end_time or 0.0
-        if isinstance(s.rank, int):
-            own[s.rank] = (end, s)
-            continue
-        if not s.rank_end_times and (job is None or (job.end_time or 0.0) < end):
+        if not isinstance(s.rank, int) and not s.rank_end_times \
+                and (job is None or (job.end_time or 0.0) < (s.end_time or 0.0)):
             job = s
-        for rank, e in s.rank_end_times.items():
-            held = folded.get(rank)
-            if held is None or held[0] < e:
-                folded[rank] = (e, s)
-    return {**folded, **own}, None if job is None else (job.end_time or 0.0, job)
-
-
-def _windows_after(held: list[StepWindow] | None, ends: Mapping[int, IterationEnd], changed: set[int]
-                   ) -> list[StepWindow]:
-    """A rank's windows now: the ones ``held`` (in order of iteration) trimmed of iterations gone
-    before the first it holds and extended by iterations after the last it held, when that is all
-    that ``changed``; else made whole."""
-    if not held:
-        return iteration_windows(ends)
-    held_last = held[-1].iteration
-    gone = [it for it in changed if it not in ends]
-    first = min(ends)
-    if any(it >= first for it in gone) or any(it <= held_last for it in changed if it in ends):
-        return iteration_windows(ends)
-    kept = [w for w in held if w.iteration - w.n_iterations >= first] if gone else held
-    # from the last window's end on (an iteration after it whose end did not move on made none)
-    return kept + iteration_windows({it: end for it, end in ends.items() if it >= held_last})
+    return None if job is None else (job.end_time or 0.0, job)
