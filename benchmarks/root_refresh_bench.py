@@ -210,11 +210,13 @@ def live(nodes: int, built: list[tuple[list[bytes], list[bytes]]], iteration_s: 
         th.start()
     ended: dict[int, float] = {}
     folds: list[float] = []
+    behind: list[float] = []
     t0 = time.monotonic()
     for k, (msgs, coll) in enumerate(built, 1):
         due = t0 + k * iteration_s
         time.sleep(max(0.0, due - time.monotonic()))
         ended[k] = max(due, time.monotonic())  # the iteration ended: its nodes' messages are here
+        behind.append(ended[k] - due)  # the loop was still folding earlier ones (not in the lag)
         folds.append(_timed(lambda m=msgs, c=coll: _fold(root, m, c)))  # type: ignore[misc]
     last = len(built)
     deadline = time.monotonic() + DRAIN_S
@@ -250,6 +252,7 @@ def live(nodes: int, built: list[tuple[list[bytes], list[bytes]]], iteration_s: 
     return {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "iterations": last, "iteration_s": iteration_s,
             "answer_lag_s": _quantiles(lags), "unsettled": unsettled, "polls": len(polls),
             "refresh_wall_s": _quantiles(refreshes), "fold_cpu_s": _quantiles(folds),
+            "loop_behind_s": _quantiles(behind),
             "collective_analysis_cost_s": round(jc.analysis_cost, 3) if jc is not None else None}
 
 

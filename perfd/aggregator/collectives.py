@@ -28,6 +28,7 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
+from perfd.analytics.collectives.step_window_memo import StepWindowMemo
 from perfd.analytics.collectives.winfold import FoldCounts, WindowFold
 from perfd.collfold import (
     REDUCED_RETENTION,
@@ -73,6 +74,12 @@ class JobCollectives:
     # Its per-window figures, folded from every operation merged into ``partial`` (which keeps 2 a
     # rank at 100,000 ranks: the step-window shares are read from here)
     fold: WindowFold | None = None
+    # The step windows ``fold`` reads, made again only for the iterations whose records changed, outside
+    # the store's lock (under their own: the root's loop and the analysis' worker both set them):
+    # made whole under it at every new iteration, they held every reader of the store — the refresh
+    # that publishes the per-iteration answer among them — for 1-3 s at 8,000 ranks
+    windows: StepWindowMemo = field(default_factory=StepWindowMemo)
+    windows_lock: threading.Lock = field(default_factory=threading.Lock)
     rank_agent: dict[int, str] = field(default_factory=dict)  # rank -> agent whose dumps hold it
     # As they arrived, read once (None: an event the hang merge cannot read, held and counted all the same)
     hang_events: list[HangEvent | None] = field(default_factory=list)
@@ -148,7 +155,8 @@ class CollectiveStore:
         in (new, or a further state) is folded per step window (perfd.analytics.collectives.winfold)
         before the retention lets it go; ``folded``: not (a shard's fold had them all, and hands its
         figures on: :meth:`ingest_figures`)."""
-        steps = self._fold_steps(part.job)
+        if self.fold_inputs is not None:
+            self._set_windows(part.job, *self.fold_inputs(part.job))
         with self._lock:
             jc = self.jobs.setdefault(part.job, JobCollectives())
             if jc.partial is None:
@@ -164,8 +172,6 @@ class CollectiveStore:
             jc.dropped += dropped
             self.dropped += dropped
             fold = self._fold(part.job, jc)
-            if steps is not None:
-                fold.set_steps(*steps)
             # the ranks it touched (the others settle when their next operations come, or at the analysis)
             if not folded:
                 fold.advance(fold.add(taken))
@@ -191,17 +197,24 @@ class CollectiveStore:
             jc.fold = WindowFold(self.job_config.get(job, self.config))
         return jc.fold
 
-    def _fold_steps(self, job: str) -> tuple[object, Sequence[StepRecord], ParallelLayout | None] | None:
-        """The job's step records and layout for its window fold, when they changed since it last
-        had them (None: unchanged, or no source); read outside the lock (the jobs store has its own)."""
-        if self.fold_inputs is None:
-            return None
-        key, get = self.fold_inputs(job)
+    def _set_windows(self, job: str, key: object,
+                     get: Callable[[], tuple[Sequence[StepRecord], ParallelLayout | None]]) -> None:
+        """The job's window fold given its step windows and layout, when they changed since it last
+        had them (``key``): the records read (the jobs store has its own lock) and the windows made
+        outside the store's lock, only those of the iterations whose records changed (StepWindowMemo)."""
         with self._lock:
-            jc = self.jobs.get(job)
-            if jc is not None and jc.fold is not None and jc.fold.steps_key == key:
-                return None
-        return (key, *get())
+            jc = self.jobs.setdefault(job, JobCollectives())
+        with jc.windows_lock:
+            with self._lock:
+                if jc.fold is not None and jc.fold.steps_key == key:
+                    return
+            steps, layout = get()
+            changed = jc.windows.update(steps)
+            with self._lock:
+                fold = self._fold(job, jc)
+                # the memo's ranks that changed since the fold's last windows (every rank: its first)
+                fold.set_windows(key, jc.windows.rank_windows, jc.windows.job_windows, layout,
+                                 None if fold.steps_key is None else changed)
 
     def fold_counts(self) -> dict[str, int]:
         """The window folds' counters over every job, and the operations waiting (for /api/stats)."""
@@ -287,10 +300,9 @@ class CollectiveStore:
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
         view = None
         if partial is not None:
+            self._set_windows(job, (steps_key, layout), lambda: (steps, layout))
             with self._lock:
                 fold = self._fold(job, jc)
-                if fold.steps_key != (steps_key, layout):
-                    fold.set_steps((steps_key, layout), steps, layout)
                 fold.advance()
                 view = fold.view()
         began = time.monotonic()
@@ -302,25 +314,28 @@ class CollectiveStore:
                 self.analysis_errors += 1
             raise
         with self._lock:
+            jc.analysis_cost = time.monotonic() - began  # before the analysis: costly reads it unlocked
             jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
-            jc.analysis_cost = time.monotonic() - began
         return result
 
+    # held and costly read a job's last analysis and its cost without the store's lock: the refresh
+    # asks both before it publishes a job's new per-iteration answer, and the lock is held by the
+    # root's loop for as long as it merges a node's operations (each dict read and attribute read is
+    # whole under the interpreter's lock; the analysis' cost is written before the analysis).
     def held(self, job: str) -> CollectiveAnalysis | None:
         """The job's last analysis, whatever its age; None before its first (never computed here)."""
-        with self._lock:
-            jc = self.jobs.get(job)
-            return jc.analysis if jc is not None else None
+        jc = self.jobs.get(job)
+        return jc.analysis if jc is not None else None
 
     def costly(self, job: str) -> bool:
         """Whether the job's analysis is one to make off every reader's path: its last took
         COSTLY_ANALYSIS_S or more, or, before its first, it holds COSTLY_ROWS operations or more."""
-        with self._lock:
-            jc = self.jobs.get(job)
-            if jc is None:
-                return False
-            if jc.analysis is not None:
-                return jc.analysis_cost >= COSTLY_ANALYSIS_S
+        jc = self.jobs.get(job)
+        if jc is None:
+            return False
+        if jc.analysis is not None:
+            return jc.analysis_cost >= COSTLY_ANALYSIS_S
+        with self._lock:  # before its first analysis only: the rows are counted as they are merged
             return len(jc.records) + (len(jc.partial) if jc.partial is not None else 0) >= COSTLY_ROWS
 
     def _recompute_after(self, jc: JobCollectives) -> float:

@@ -181,3 +181,29 @@ def test_a_hang_in_a_costly_collective_analysis_opens_its_incident_without_a_new
     while not state._analyses.incidents.has_open(JOB) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert state._analyses.incidents.has_open(JOB)
+
+
+def test_the_refresh_publishes_a_new_answer_while_the_collective_store_is_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The root's loop holds the collective store's lock while it merges a node's operations (and
+    held it 1-3 s at 8,000 ranks while it made the job's step windows): the refresh asks whether the
+    job's collective analysis is costly before it publishes a new step analysis, and must not wait on
+    that lock for the answer (fails with CollectiveStore.costly reading under the lock)."""
+    monkeypatch.setattr(coll_store, "COSTLY_ROWS", 1)
+    monkeypatch.setattr(coll_store, "COSTLY_ANALYSIS_S", 0.0)  # every analysis of this job is costly
+    state = AggregatorState(min_recompute_s=0.0)
+    _collective_job(state, 5)
+    state.refresh()
+    deadline = time.monotonic() + 30
+    while state.collective_analysis(JOB) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert state.collective_analysis(JOB) is not None  # its first is made: it is known to be costly
+    state.ingest_steps("a", [StepRecord(job=JOB, iteration=6, rank=r, end_time=1_795_000_000.6,
+                                        step_time_ms=100.0) for r in (0, 1)])
+    with state._analyses.collectives._lock:  # the loop merging a node's operations
+        done = threading.Thread(target=state.refresh, daemon=True)
+        done.start()
+        done.join(10)
+        assert not done.is_alive(), "the refresh waited on the collective store's lock"
+        snap = state.snapshot(JOB)
+        assert snap is not None and snap.latest is not None and snap.latest.iteration == 6

@@ -37,7 +37,8 @@ class StepWindow:
         return (self.end_ns - self.start_ns) / 1e6
 
 
-_End = tuple[float, StepRecord]  # an iteration's end (epoch seconds) and the record whose flags it has
+# An iteration's end (epoch seconds) and the record whose flags it has
+IterationEnd = tuple[float, StepRecord]
 
 
 def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
@@ -48,8 +49,8 @@ def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow
     window: the ranks' records held as they came make none either, so a rank whose records have not
     come yet (its node's fold is still on its way through the engine) waits for them rather than
     being read over the other ranks' windows."""
-    per_rank: dict[int, dict[int, _End]] = {}
-    folded: dict[int, dict[int, _End]] = {}
+    per_rank: dict[int, dict[int, IterationEnd]] = {}
+    folded: dict[int, dict[int, IterationEnd]] = {}
     job: dict[int, StepRecord] = {}
     for s in steps:
         if s.end_time is None:
@@ -67,11 +68,11 @@ def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow
                 folded[rank][s.iteration] = (end, s)
     for rank, ends in folded.items():
         per_rank[rank] = {**ends, **per_rank.get(rank, {})}
-    return ({r: _windows(v) for r, v in per_rank.items()},
-            _windows({i: (s.end_time or 0.0, s) for i, s in job.items()}))
+    return ({r: iteration_windows(v) for r, v in per_rank.items()},
+            iteration_windows({i: (s.end_time or 0.0, s) for i, s in job.items()}))
 
 
-def _windows(by_it: Mapping[int, _End]) -> list[StepWindow]:
+def iteration_windows(by_it: Mapping[int, IterationEnd]) -> list[StepWindow]:
     out: list[StepWindow] = []
     its = sorted(by_it)
     for a, b in itertools.pairwise(its):

@@ -200,9 +200,22 @@ class WindowFold:
     # ---- what the store tells it -------------------------------------------------------------------
     def set_steps(self, key: object, steps: Sequence[StepRecord], layout: ParallelLayout | None) -> None:
         """The job's step records (its windows) and layout, when they changed (``key``)."""
-        rank_windows, job_windows = step_windows(steps)
+        self.set_windows(key, *step_windows(steps), layout)
+
+    def set_windows(self, key: object, rank_windows: Mapping[int, list[StepWindow]],
+                    job_windows: list[StepWindow], layout: ParallelLayout | None,
+                    changed: Iterable[int] | None = None) -> None:
+        """As :meth:`set_steps`, from the windows made already (a StepWindowMemo's, made outside the
+        store's lock); only the ``changed`` ranks' are read again (None: every rank's)."""
         self._job = _Bounds.of(job_windows)
-        self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
+        if changed is None:
+            self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
+        for r in changed or ():
+            ws = rank_windows.get(r)
+            if ws is None:
+                self._per_rank.pop(r, None)
+            else:
+                self._per_rank[r] = _Bounds.of(ws)
         self.layout = layout
         self.steps_key = key
         # windows its waiting operations fall in may have closed: their rows are handed on again
