@@ -94,7 +94,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
 
 def read_capture(path: str | Path) -> dict[str, Any]:
     """Per-device breakdown (busy, idle, compute, NCCL, exposed communication, top kernels) of a
-    Kineto/Chrome trace (.json, .json.gz) or an nsys capture (.nsys-rep, .sqlite)."""
+    Kineto/Chrome trace (.json, .json.gz, .json.xz) or an nsys capture (.nsys-rep, .sqlite)."""
     p = Path(path)
     if not p.is_file():
         raise PerfdInputError(f"{path} is a directory" if p.is_dir() else f"no such capture file: {path}")

@@ -30,8 +30,10 @@ for log in sorted(MEG.glob("*.log")) + sorted(MEG.glob("*.log.gz")):
     RUNS.append((f"megatron_{stem}_text", ["megatron", str(log), "--gpu", "NVIDIA H100 80GB HBM3"]))
 for d in sorted(CAP.glob("kineto_*_megatron")):
     for log in sorted(d.glob("*_megatron.log.gz")):
-        trace = log.with_name(log.name.replace("_megatron.log.gz", "_rank0.json.gz"))
-        if trace.exists():
+        # the A/B plans' captures are kept as xz (repository size), the others as gzip
+        named = log.name.replace("_megatron.log.gz", "_rank0.json")
+        trace = next((t for z in (".gz", ".xz") if (t := log.with_name(named + z)).exists()), None)
+        if trace is not None:
             gpu = "NVIDIA H200" if "h200" in d.name else "NVIDIA H100 80GB HBM3"
             stem = f"{d.name}_{log.name.split('_megatron')[0]}"
             RUNS.append((stem, ["megatron", str(log), "--gpu", gpu, "--capture", str(trace), "--json"]))

@@ -61,7 +61,7 @@ def rows() -> list[Row]:
         for c in json.loads((d / "table.json").read_text())["configs"]:
             name = c["config"]
             ab = d / f"ab_{name}.json"
-            trace, log = kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz"
+            trace, log = kineto / f"plan_{name}_rank0.json.xz", kineto / f"plan_{name}_megatron.log.gz"
             if not (ab.exists() and trace.exists() and log.exists()):
                 continue
             res = json.loads(ab.read_text())

@@ -547,7 +547,7 @@ def parse_lines(lines: Iterable[str], job: str = "megatron", source_name: str = 
 
 
 def parse_file(path: str | Path, job: str = "megatron") -> ParsedLog:
-    """Parse a whole log file, plain, gzip or zstd (perfd.logfiles). Bytes that are not UTF-8 are
+    """Parse a whole log file, plain, gzip, xz or zstd (perfd.logfiles). Bytes that are not UTF-8 are
     replaced; only OSError (an unreadable path, a corrupt archive), EOFError (a truncated one) and
     LogFileError are raised. Lines are split on b"\\n" alone, as LogTail does, so both see the same
     lines."""

@@ -110,6 +110,6 @@ def parse_lines(lines: Iterable[str], source_name: str = "sglang.log") -> Parsed
 
 
 def parse_file(path: str | Path) -> ParsedServingLog:
-    """Parse a whole log file, plain, gzip or zstd (perfd.logfiles)."""
+    """Parse a whole log file, plain, gzip, xz or zstd (perfd.logfiles)."""
     p = Path(path)
     return parse_lines(iter_text_lines(p), source_name=p.name)

@@ -1,4 +1,4 @@
-"""Read a Kineto / Chrome trace (``.json`` or ``.json.gz``) into timeline events.
+"""Read a Kineto / Chrome trace (``.json``, ``.json.gz`` or ``.json.xz``) into timeline events.
 
 Kineto writes complete events (``ph: "X"``) with ``ts``/``dur`` in µs. GPU activity has ``cat``
 ``kernel``, ``gpu_memcpy`` or ``gpu_memset``, and its ``pid`` is the device (``args.device`` says
@@ -17,7 +17,9 @@ is its thread. ``Optimizer.step#`` / ``ProfilerStep#`` annotations count the tra
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import lzma
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +27,7 @@ from pathlib import Path
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
+from perfd.logfiles import compression_of_bytes
 
 _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -162,16 +165,28 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
 
 
 def read_chrome_trace(path: str | Path) -> TraceData:
-    """Read a trace file; gzip is recognised by its magic bytes, whatever the file is called."""
+    """Read a trace file; gzip and xz are recognised by their magic bytes, whatever the file is called.
+    A truncated archive raises EOFError, xz's as gzip's."""
     p = Path(path)
     raw = p.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
+    kind = compression_of_bytes(raw)
+    if kind == "gzip":
         raw = gzip.decompress(raw)
+    elif kind == "xz":
+        raw = _unxz(raw)
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}: not valid JSON: {e}") from e
     return parse_chrome_trace(doc, str(p))
+
+
+def _unxz(raw: bytes) -> bytes:
+    """The xz file's content. Read as a file, not with lzma.decompress: a cut stream then raises
+    EOFError, as gzip.decompress does (lzma.decompress raises LZMAError), so a truncated trace takes
+    the same path whichever its format."""
+    with lzma.LZMAFile(io.BytesIO(raw)) as f:
+        return f.read()
 
 
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:

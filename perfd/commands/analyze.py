@@ -70,7 +70,7 @@ def add_iterations_argument(p: argparse.ArgumentParser) -> None:
 def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = None,
                           peak_tflops: float | None = None, dtype: str | None = None,
                           progress: bool = False) -> tuple[ParsedLog, RunAnalysis]:
-    """Parse and analyse one log (plain, gzip or zstd); returns (parsed, RunAnalysis) (also used by
+    """Parse and analyse one log (plain, gzip, xz or zstd); returns (parsed, RunAnalysis) (also used by
     the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
     from collectors.megatron import parse_lines
     from perfd.analytics.run.run_analysis import analyze_run

@@ -21,7 +21,7 @@ def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     n.add_argument("--json", action="store_true", help="print JSON")
     n.add_argument("--check-sql", action="store_true",
                    help="also compute busy/NCCL with plain SQL over the export (the accuracy check)")
-    t = asub.add_parser("trace", help="breakdown of a Kineto / Chrome trace (.json or .json.gz)")
+    t = asub.add_parser("trace", help="breakdown of a Kineto / Chrome trace (.json, .json.gz or .json.xz)")
     t.add_argument("file")
     t.add_argument("--json", action="store_true", help="print JSON")
 

@@ -17,7 +17,7 @@ from perfd import finite_json
 
 def add_arguments(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = asub.add_parser("torchtitan", help="analyse a torchtitan training log")
-    p.add_argument("log", help="path to the log file (stdout of the run; gzip/zstd read too)")
+    p.add_argument("log", help="path to the log file (stdout of the run; gzip/xz/zstd read too)")
     p.add_argument("--model", metavar="FILE", help="YAML mapping of the model's shape (ModelSpec fields: "
                    "num_layers, hidden_size, ffn_hidden_size, num_attention_heads, kv_channels, "
                    "num_query_groups, padded_vocab_size, swiglu); without it perfd has no FLOPs count "

@@ -472,7 +472,7 @@ def test_the_ab_evidence_holds_when_recorded(f: Path | None) -> None:
     if res["plan"].get("model", 1) != GAIN_MODEL:  # written by an earlier model: kept as it measured
         return
     kineto = KINETO.parent / f"kineto_{f.parent.name.removeprefix('plan_')}_megatron"
-    now = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
+    now = plan_from(kineto / f"plan_{name}_rank0.json.xz", kineto / f"plan_{name}_megatron.log.gz",
                     res.get("gpu") or H100, name, captured_of(res))
     for remedy, item in res["plan"]["apply_here"].items():
         assert now["apply_here"][remedy]["gain_ms"] == pytest.approx(item["gain_ms"], rel=0.02), remedy
@@ -481,7 +481,7 @@ def test_the_ab_evidence_holds_when_recorded(f: Path | None) -> None:
         first = float(runs["base"]["steady"]["median_ms"])
         changes = [r["started_at"] for k, r in runs.items() if not k.startswith("base")]
         assert at_base["written_at"] < min(changes), name
-        again = plan_from(kineto / f"plan_{name}_rank0.json.gz", kineto / f"plan_{name}_megatron.log.gz",
+        again = plan_from(kineto / f"plan_{name}_rank0.json.xz", kineto / f"plan_{name}_megatron.log.gz",
                           res.get("gpu") or H100, name, captured_of(res), first,
                           at_base["set"]["remedies"])
         for remedy, item in at_base["apply_here"].items():

@@ -1,9 +1,11 @@
-"""Kineto / Chrome traces: a small trace written here, plain and gzipped."""
+"""Kineto / Chrome traces: a small trace written here, plain, gzipped and xz-compressed."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import lzma
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,27 @@ def test_gzip_and_bare_event_list(tmp_path: Path) -> None:
         _write(tmp_path / "plain.json", TRACE)).to_json()["devices"]
     bare = parse_chrome_trace(EVENTS)
     assert bare.rank is None and len(bare.kernels) == 5
+
+
+def test_xz_reads_as_gzip_whatever_it_is_called(tmp_path: Path) -> None:
+    body = json.dumps(TRACE).encode()
+    gz = tmp_path / "trace.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(body))
+    xz = tmp_path / "trace.pt.trace.json"  # no .xz: the magic bytes say it
+    xz.write_bytes(lzma.compress(body, preset=9 | lzma.PRESET_EXTREME))
+    assert read_chrome_trace(xz).kernels == read_chrome_trace(gz).kernels != []
+    assert analyze_chrome_trace(xz).to_json()["devices"] == analyze_chrome_trace(gz).to_json()["devices"]
+
+
+@pytest.mark.parametrize("pack", [gzip.compress, lzma.compress], ids=["gzip", "xz"])
+def test_a_cut_archive_raises_eof_whichever_its_format(tmp_path: Path,
+                                                        pack: Callable[[bytes], bytes]) -> None:
+    # Large enough that the cut falls inside the compressed data, not in its header.
+    packed = pack(json.dumps({**TRACE, "traceEvents": EVENTS * 200}).encode())
+    cut = tmp_path / "trace.json.gz"
+    cut.write_bytes(packed[:len(packed) // 2])
+    with pytest.raises(EOFError, match="ended before the end-of-stream marker"):
+        read_chrome_trace(cut)
 
 
 def test_cpu_annotations_apply_when_there_is_no_gpu_projection() -> None:

@@ -123,7 +123,7 @@ def test_the_recorded_captures_replay_to_their_own_step(folder: Path, name: str,
     replay builds the GPU's from each launch); the micro-batches it finds a step are the job's (global
     over micro-batch size, from its command line); a faster host never steps slower, and no change
     makes it slower."""
-    a = analyze_trace(read_chrome_trace(folder / f"plan_{name}_rank0.json.gz"))
+    a = analyze_trace(read_chrome_trace(folder / f"plan_{name}_rank0.json.xz"))
     t = a.devices[0].replay
     assert t is not None and t.microbatches == microbatches
     at_one = t.as_is[t.scales.index(1.0)]

@@ -4,6 +4,7 @@ one line on stderr, never a page of n/a with status 0."""
 from __future__ import annotations
 
 import gzip
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_directory_is_named_a_directory(tmp_path, what):
 
 
 @pytest.mark.slow
-def test_gzip_and_zstd_logs_read_as_text(tmp_path):
+def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path):
     plain = perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H200", "--json")
     assert plain.returncode == 0, plain.stderr
     gz = tmp_path / "train.log.gz"
@@ -66,10 +67,12 @@ def test_gzip_and_zstd_logs_read_as_text(tmp_path):
     # Compression is told from the bytes, not the name: a .log that is gzip is read too.
     disguised = tmp_path / "other.log"
     disguised.write_bytes(gz.read_bytes())
+    xz = tmp_path / "train.log.xz"
+    xz.write_bytes(lzma.compress(MEGATRON.read_bytes()))
     zstandard = pytest.importorskip("zstandard")
     zst = tmp_path / "train.log.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(MEGATRON.read_bytes()))
-    for f in (gz, disguised, zst):
+    for f in (gz, disguised, xz, zst):
         r = perfd("analyze", "megatron", f, "--gpu", "NVIDIA H200", "--json", "--job", "tp2")
         assert r.returncode == 0, r.stderr
         assert '"parse"' in r.stdout
@@ -93,9 +96,10 @@ def test_zstd_without_the_package_says_what_to_install(tmp_path):
 
 
 @pytest.mark.slow
-def test_corrupt_gzip_is_refused(tmp_path):
-    bad = tmp_path / "train.log.gz"
-    bad.write_bytes(gzip.compress(MEGATRON.read_bytes())[:4000])  # truncated archive
+@pytest.mark.parametrize("pack", [gzip.compress, lzma.compress], ids=["gzip", "xz"])
+def test_truncated_archive_is_refused(tmp_path, pack):
+    bad = tmp_path / "train.log"  # the bytes say what it is
+    bad.write_bytes(pack(MEGATRON.read_bytes())[:4000])  # truncated archive
     assert "cannot read" in one_line_refusal(perfd("analyze", "megatron", bad))
 
 
