@@ -21,7 +21,7 @@ from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.collectives.collective_analysis import finish
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.engine import subjects as S
 from perfd.engine.partial import encode, partials_of
 from perfd.engine.root import Root
@@ -133,18 +133,10 @@ def test_a_costly_collective_analysis_does_not_hold_the_per_iteration_answer_bac
     monkeypatch.setattr(coll_store, "COSTLY_ROWS", 1)  # this job's few operations count as costly
     state = AggregatorState(min_recompute_s=0.0)
     _collective_job(state, 5)
-    done = threading.Thread(target=state.refresh, daemon=True)
-    done.start()
-    done.join(10)
-    assert not done.is_alive(), "the refresh waited for the collective analysis"
-    snap = state.snapshot(JOB)
-    assert snap is not None and snap.latest is not None and snap.latest.iteration == 5
+    _refresh_publishes(state, 5, "the refresh waited for the collective analysis")
     assert state.collective_analysis(JOB) is None  # its first is still being made
     release.set()
-    deadline = time.monotonic() + 30
-    while state.collective_analysis(JOB) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    got = state.collective_analysis(JOB)
+    got = _first_collective_analysis(state)
     assert got is not None
     want = state.collective_analysis(JOB, force=True)
     assert want is not None and json.dumps(got.to_json()) == json.dumps(want.to_json())
@@ -194,16 +186,26 @@ def test_the_refresh_publishes_a_new_answer_while_the_collective_store_is_held(
     state = AggregatorState(min_recompute_s=0.0)
     _collective_job(state, 5)
     state.refresh()
-    deadline = time.monotonic() + 30
-    while state.collective_analysis(JOB) is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert state.collective_analysis(JOB) is not None  # its first is made: it is known to be costly
+    assert _first_collective_analysis(state) is not None  # its first is made: it is known to be costly
     state.ingest_steps("a", [StepRecord(job=JOB, iteration=6, rank=r, end_time=1_795_000_000.6,
                                         step_time_ms=100.0) for r in (0, 1)])
     with state._analyses.collectives._lock:  # the loop merging a node's operations
-        done = threading.Thread(target=state.refresh, daemon=True)
-        done.start()
-        done.join(10)
-        assert not done.is_alive(), "the refresh waited on the collective store's lock"
-        snap = state.snapshot(JOB)
-        assert snap is not None and snap.latest is not None and snap.latest.iteration == 6
+        _refresh_publishes(state, 6, "the refresh waited on the collective store's lock")
+
+
+def _refresh_publishes(state: AggregatorState, iteration: int, why: str) -> None:
+    """A refresh on its own thread ends within 10 s and the job's snapshot shows ``iteration``."""
+    done = threading.Thread(target=state.refresh, daemon=True)
+    done.start()
+    done.join(10)
+    assert not done.is_alive(), why
+    snap = state.snapshot(JOB)
+    assert snap is not None and snap.latest is not None and snap.latest.iteration == iteration
+
+
+def _first_collective_analysis(state: AggregatorState) -> CollectiveAnalysis | None:
+    """The job's collective analysis once the worker has made it (None after 30 s)."""
+    deadline = time.monotonic() + 30
+    while state.collective_analysis(JOB) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return state.collective_analysis(JOB)
