@@ -95,6 +95,7 @@ def _agents(a: AgentsArgs, t0: Any, last: Any, status: Any, ready: Any) -> None:
                         "duplicates": sum(c.duplicates for c in clients),
                         "pending": sum(c.spool.pending_count() for c in clients),
                         "reconnects": sum(c.reconnects for c in clients),
+                        "close_timeouts": sum(c.close_timeouts for c in clients),
                         "publish_errors": sum(c.publish_errors for c in clients)})
 
         while True:
@@ -128,9 +129,28 @@ def _burn(stop: Any) -> None:
             pass
 
 
+class Budget:
+    """The run's one deadline: each wait takes the lesser of its own bound and what is left, and the
+    first that runs out is named (``ran_out_in``) instead of the run being killed from outside with
+    nothing said (a test's subprocess timeout)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.ran_out_in: str | None = None
+
+    def bound(self, seconds: float) -> float:
+        """A monotonic deadline: ``seconds`` from now, or the run's end if sooner."""
+        return min(time.monotonic() + seconds, self.end)
+
+    def check(self, phase: str, done: bool) -> None:
+        """Call after a phase's wait: not done at the run's end names the phase."""
+        if not done and self.ran_out_in is None and time.monotonic() >= self.end:
+            self.ran_out_in = phase
+
+
 def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: float, after_s: float,
-              iteration_s: float = 2.0, partitions: int = S.DEFAULT_PARTITIONS, keep: bool = False
-              ) -> dict[str, Any]:
+              iteration_s: float = 2.0, partitions: int = S.DEFAULT_PARTITIONS, keep: bool = False,
+              budget_s: float = 900.0) -> dict[str, Any]:
     from perfd.engine.natsd import NatsCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="perfd-engine-storm-"))
@@ -142,6 +162,7 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
     stop_burn = ctx.Event()
     workers: list[Any] = []
     ok = False
+    budget = Budget(budget_s)
 
     try:
         cluster.start()
@@ -200,12 +221,13 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
         t_start = time.time()
         t0v.value = t_start
         connected_at = None
-        deadline = time.monotonic() + 300
+        deadline = budget.bound(300)
         while connected_at is None and time.monotonic() < deadline:
             time.sleep(0.25)
             drain_status()
             if len(latest) == procs and total("connected") == agents:
                 connected_at = time.time() - t_start
+        budget.check("first connect", connected_at is not None)
         time.sleep(max(0.0, t_start + before_s - time.time()))
         drain_status()
         before = {k: total(k) for k in ("reconnects", "publish_errors", "published")}
@@ -219,7 +241,8 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
         all_after = None
         pending_max = 0
         end = t_up + after_s
-        while time.time() < end or (all_after is None and time.time() < end + 120):
+        deadline = budget.bound(after_s + 120)
+        while (time.time() < end or all_after is None) and time.monotonic() < deadline:
             time.sleep(0.25)
             drain_status()
             conn, pend = total("connected"), total("pending")
@@ -227,26 +250,32 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
             timeline.append((round(time.time() - t_up, 2), conn, pend))
             if all_after is None and conn == agents:
                 all_after = time.time() - t_up
+        budget.check("reconnect", all_after is not None)
 
         lastv.value = max(int(s["iteration"]) for s in latest.values()) + 1
         finals: dict[int, dict[str, Any]] = {}
-        t_stop = time.monotonic()
-        while len(finals) < procs and time.monotonic() - t_stop < 180:
+        deadline = budget.bound(180)
+        while len(finals) < procs and time.monotonic() < deadline:
             try:
                 s = status.get(timeout=1.0)
             except Exception:
                 continue
             if s["final"]:
                 finals[s["index"]] = s
+        budget.check("load drain", len(finals) == procs)
         distinct = sum(int(s["submitted"]) for s in finals.values())
         published = sum(int(s["published"]) for s in finals.values())
         iterations = int(lastv.value)
         ef = engine_stats()
-        t_drain = time.monotonic()
-        while time.monotonic() - t_drain < 60 and (ef.get("node_messages", 0) < distinct
-                                                   or ef.get("complete", 0) < iterations - 1):
+        deadline = budget.bound(60)
+
+        def root_short() -> bool:
+            return bool(ef.get("node_messages", 0) < distinct or ef.get("complete", 0) < iterations - 1)
+
+        while time.monotonic() < deadline and root_short():
             time.sleep(0.25)
             ef = engine_stats()
+        budget.check("root drain", not root_short())
         shard = _read_json(shard_stats)
         per_second = [(t, c) for t, c, _ in timeline if abs(t - round(t)) < 0.13]
         out: dict[str, Any] = {
@@ -254,12 +283,14 @@ def run_storm(agents: int, procs: int, burners: int, down_s: float, before_s: fl
                         "python": sys.version.split()[0]},
             "config": {"agents": agents, "procs": procs, "burners": burners, "down_s": down_s,
                        "before_s": before_s, "after_s": after_s, "iteration_s": iteration_s,
-                       "partitions": partitions, "auth": "token"},
+                       "partitions": partitions, "auth": "token", "budget_s": budget_s},
+            "ran_out_in": budget.ran_out_in,
             "initial_connect_s": None if connected_at is None else round(connected_at, 2),
             "storm": {"killed_at_s": round(t_kill - t_start, 2), "down_s": round(t_up - t_kill, 2),
                       "all_connected_after_s": None if all_after is None else round(all_after, 2),
                       "connected": per_second[:120], "pending_max": pending_max,
                       "reconnects": total("reconnects") - before["reconnects"],
+                      "close_timeouts": total("close_timeouts"),
                       "publish_errors": total("publish_errors") - before["publish_errors"]},
             "final": {"iterations": iterations, "distinct_messages": distinct, "published": published,
                       "duplicates_dropped_by_engine": sum(int(s["duplicates"]) for s in finals.values()),
@@ -306,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps after the restart (default: %(default)s)")
     ap.add_argument("--iteration-s", type=float, default=2.0,
                     help="the job's iteration (default: %(default)s)")
+    ap.add_argument("--budget-s", type=float, default=900.0,
+                    help="the whole run's bound: the first wait still short at its end is named in "
+                         "ran_out_in and the run fails (default: %(default)s)")
     ap.add_argument("--keep", action="store_true", help="keep the run's folder (logs, store)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
@@ -313,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print("perfd bench engine-storm: --agents and --procs >= 1, --burners >= 0, --down-s and "
               "--iteration-s > 0", file=sys.stderr)
         return 2
-    res = run_storm(a.agents, a.procs, a.burners, a.down_s, a.before_s, a.after_s, a.iteration_s, keep=a.keep)
+    res = run_storm(a.agents, a.procs, a.burners, a.down_s, a.before_s, a.after_s, a.iteration_s, keep=a.keep,
+                    budget_s=a.budget_s)
     if a.json:
         print(json.dumps(res, indent=2))
     else:
@@ -324,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{st['publish_errors']} failed publishes, {st['pending_max']} messages waiting at most); "
               f"{fin['root_node_messages']} of {fin['distinct_messages']} messages folded once: "
               f"{fin['every_message_once']}; iterations whole: {fin['every_iteration_whole']}")
-    return 0 if res["final"]["every_message_once"] and res["final"]["every_iteration_whole"] else 1
+    if res["ran_out_in"]:
+        print(f"perfd bench engine-storm: the run's {a.budget_s:.0f} s ran out waiting for: "
+              f"{res['ran_out_in']}", file=sys.stderr)
+    ok = res["final"]["every_message_once"] and res["final"]["every_iteration_whole"]
+    return 0 if ok and not res["ran_out_in"] else 1
 
 
 if __name__ == "__main__":

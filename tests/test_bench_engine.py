@@ -169,8 +169,9 @@ def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubl
     """`perfd bench engine-storm`, small: 30 real EngineClients in 2 processes, one burner, the
     nats-server killed for 3 s mid-run: every agent reconnects by itself, every message is folded once."""
     _need_nats_server()
+    # --budget-s under the subprocess's bound: a wait that runs out is named in the JSON (ran_out_in)
     argv = ["--agents", "30", "--procs", "2", "--burners", "1", "--down-s", "3", "--before-s", "6",
-            "--after-s", "8", "--json"]
+            "--after-s", "8", "--budget-s", "220", "--json"]
     proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", *argv], cwd=ROOT,
                      timeout=280, env={**os.environ, "TMPDIR": str(tmp_path)})
     # the bench's JSON (stdout) says which count fell short; its stderr is mostly the reconnects' noise
@@ -178,6 +179,7 @@ def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubl
     assert not list(tmp_path.glob("perfd-engine-storm-*"))  # a run that worked leaves no folder
     res = json.loads(proc.stdout[proc.stdout.index("{"):])
     st, fin = res["storm"], res["final"]
+    assert res["ran_out_in"] is None
     assert res["initial_connect_s"] is not None and st["down_s"] >= 3.0
     assert st["all_connected_after_s"] is not None and st["reconnects"] >= 30  # each agent lost it once
     assert st["connected"][-1][1] == 30 and st["pending_max"] > 0  # messages waited while it was down

@@ -5,6 +5,7 @@ module only turns an :class:`EngineConfig` into its options and declares the str
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,12 @@ from perfd.engine import subjects as S
 from perfd.engine.nats_api import NatsClient
 
 RECONNECT_ATTEMPTS = 5
+# How long closing a connection may take before its owner lets it go and connects afresh. nats-py's
+# close (and its own reconnect) awaits the old socket's transport closing, which can wait for good on
+# a socket the server dropped (nats.py issues 671 and 718): an agent stuck there never published
+# again (a CI run of `perfd bench engine-storm`: an agent still not connected minutes after its
+# nats-server came back). A clean close takes milliseconds.
+CLOSE_TIMEOUT_S = 5.0
 log = logging.getLogger("perfd.engine")
 
 
@@ -70,6 +77,25 @@ async def connect(cfg: S.EngineConfig, name: str,
     if reconnected_cb is not None:
         opts["reconnected_cb"] = reconnected_cb
     return await nats.connect(**opts)
+
+
+async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) -> bool:
+    """Close ``nc``, waiting at most ``timeout``; False (logged) when it did not close in time: the
+    caller goes on with a fresh connection and counts it. A close that raises is a broken connection
+    closed all the same (True). Never raises but CancelledError. ``timeout``: CLOSE_TIMEOUT_S unless given."""
+    timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
+    try:
+        await asyncio.wait_for(nc.close(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        log.warning("engine: %s's connection did not close in %.0f s: let go (a fresh one is made)",
+                    who, timeout)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # closing a broken connection: nothing left to save
+        log.info("engine: %s's connection closed with %s: %s", who, type(exc).__name__, exc)
+        return True
+    return False
 
 
 async def ensure_streams(nc: NatsClient, replicas: int = 1) -> None:

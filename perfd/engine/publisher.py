@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 
 from perfd.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
 from perfd.engine import subjects as S
-from perfd.engine.connect import connect
+from perfd.engine.connect import close_bounded, connect
 from perfd.engine.nats_api import JetStream, Msg, NatsClient
 from perfd.engine.partial import RunMarks, decode, encode, partials_of
 from perfd.model import CollectiveRecord, Sample, StepRecord
@@ -62,6 +62,7 @@ class PublisherStats(TypedDict):
     duplicates: int
     publish_errors: int
     unreadable: int
+    close_timeouts: int
     commands_received: int
     command_errors: int
     undecodable_commands: int
@@ -96,6 +97,7 @@ class EngineClient(CommandTarget):
         self.connects = self.reconnects = 0
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
+        self.close_timeouts = 0  # connections let go that did not close in time (connect.close_bounded)
         self.records_submitted = 0  # events and collective records spooled for the records stream
         self.collectives_not_sent = 0  # of those, collective records the reduction left out (counted)
         self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
@@ -205,11 +207,8 @@ class EngineClient(CommandTarget):
                             self.last_error, delay, self.spool.pending_count())
             finally:
                 self._nc = None
-                if nc is not None:
-                    try:
-                        await nc.close()
-                    except Exception:  # closing a broken connection: nothing left to save
-                        pass
+                if nc is not None and not await close_bounded(nc, f"agent {self.agent_id}"):
+                    self.close_timeouts += 1
             await asyncio.sleep(delay * random.uniform(0.5, 1.5))  # jittered: agents do not return in step
             delay = min(self.backoff_max_s, delay * 2)
 
@@ -294,7 +293,8 @@ class EngineClient(CommandTarget):
         out.update(connected=int(self.connected), connects=self.connects, reconnects=self.reconnects,
                    batches_submitted=self.batches_submitted, batches_acked=self.published,
                    stream_errors=self.publish_errors, ack_timeouts=0, duplicates=self.duplicates,
-                   unreadable=self.unreadable, commands_received=self.commands_received,
+                   unreadable=self.unreadable, close_timeouts=self.close_timeouts,
+                   commands_received=self.commands_received,
                    command_errors=self.command_errors)
         return out
 
@@ -306,7 +306,8 @@ class EngineClient(CommandTarget):
     def stats(self) -> PublisherStats:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "publish_errors": self.publish_errors,
-                "unreadable": self.unreadable, "commands_received": self.commands_received,
+                "unreadable": self.unreadable, "close_timeouts": self.close_timeouts,
+                "commands_received": self.commands_received,
                 "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,

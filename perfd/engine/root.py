@@ -33,7 +33,7 @@ from typing import Protocol, TypeVar
 
 from perfd.collfold import CollectivePartial
 from perfd.engine import subjects as S
-from perfd.engine.connect import connect, ensure_streams
+from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
@@ -129,7 +129,7 @@ class Root:
                         pass
         finally:
             self._nc = None
-            await nc.close()
+            await close_bounded(nc, f"root {self.id}")
 
     async def _advertise(self, kv: KeyValue) -> None:
         """Put this root's HTTP where a standby reads it (expires with the bucket's TTL unless put

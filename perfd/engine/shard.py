@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
-from perfd.engine.connect import connect, ensure_streams
+from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.leases import Lease, holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
@@ -143,7 +143,7 @@ class Shard:
                 for lease in leases:
                     await lease.release()
         finally:
-            await nc.close()
+            await close_bounded(nc, f"shard {self.id}")
 
     async def _balance(self, js: JetStream, kv: KeyValue) -> None:
         """Renew; take free partitions up to the fair share; give back what is over it."""
