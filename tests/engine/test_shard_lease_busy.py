@@ -3,7 +3,8 @@
 a while for every message (an injected fold), the node messages of a job with collectives waiting in
 the stream when it starts, so that it folds a fetch's worth of them in one go. Its leases are renewed
 on the keeper's thread meanwhile: none lost, every message folded, the partitions still its own.
-With the renewals on the shard's loop, as before, the same run lost them."""
+With the renewals on the shard's loop, as before, the same run lost them. And a hung shard (its loop
+silent, not busy) still lets its leases go."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import CollectivePartial
+from perfd.engine import lease_keeper
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
+from perfd.engine.lease_keeper import LeaseKeeper
 from perfd.engine.shard import Shard
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
@@ -129,3 +132,42 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
     assert stats["leases_lost"] == 0
     assert stats["leases_taken"] == rig.partitions
     assert stats["partitions"] == list(range(rig.partitions))
+
+
+def test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go(rig: Rig, monkeypatch: Any) -> None:
+    """A hung shard (its loop silent past LOOP_STALL_S, not merely busy) is not kept alive by its
+    keeper: the lease expires, another shard takes it, and the first, once its loop turns again,
+    finds it lost."""
+    monkeypatch.setattr(lease_keeper, "LOOP_STALL_S", 1.0)
+    rig.start_cluster()
+    nc_call(rig.urls, ensure_streams)
+    key = S.partition_lease(0)
+
+    async def main() -> tuple[list[bool], list[str], bool]:
+        hung = LeaseKeeper(rig.cfg(), "hung", "member.hung")
+        other = LeaseKeeper(rig.cfg(), "other")
+        await hung.start()
+        await other.start()
+        try:
+            assert await hung.acquire(key)
+            await _beating(hung, S.LEASE_TTL_S + 2 * lease_keeper.RENEW_S)  # renewed past the TTL
+            kept = [hung.held(key), not await other.acquire(key)]
+            await asyncio.sleep(S.LEASE_TTL_S + 2 * lease_keeper.RENEW_S)  # silent: let go
+            taken = await other.acquire(key)
+            await _beating(hung, 2 * lease_keeper.RENEW_S)  # its loop turns again
+            return [*kept, taken, not hung.held(key)], hung.take_lost(), hung.stalled > 0
+        finally:
+            await hung.close()
+            await other.close()
+
+    flags, lost, stalled = asyncio.run(main())
+    assert flags == [True, True, True, True]
+    assert lost == [key]
+    assert stalled
+
+
+async def _beating(keeper: LeaseKeeper, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        keeper.beat()
+        await asyncio.sleep(0.2)
