@@ -24,13 +24,16 @@ Measured over ``--seconds`` after ``--warmup`` (psutil): CPU cores (mean and pea
 of each shard, the root and nats-server, the load's CPU, the messages offered per second, the shards'
 counters (their --stats-file: node messages, leases, ``consumer_restarts``) and the root's engine
 counters from /api/stats (node messages folded, complete iterations, redeliveries; ``lag_s``, from an
-iteration's end to the moment the root holds every rank of it, quantiles over every iteration the
-root completed, warm-up included: ``n`` says how many). As an independent check, the root's
-/api/jobs/<job>/iterations is polled every POLL_S: its newest row against the newest iteration every
-load process published (``behind_iterations``), and that row's age (a row shows once any node of it
-is in), and what that row answers (``answer_present``: the polls whose newest row had MFU, the slowest
-rank, the exposed communication), and ``answer_lag``: per iteration of the window, from its end to the
-first poll from which on its row gave the answer it gives after the drain (benchmarks/answer_lag.py).
+iteration's end to the moment the root holds every rank of it, quantiles over every iteration the root
+completed, warm-up included: ``n`` says how many); with ``--collectives``, the operations the shards
+folded in the window and the shards' CPU per operation and per node message
+(``window.shards_cpu_us_per_operation``: everything a shard does, divided). As an independent check,
+the root's /api/jobs/<job>/iterations is polled every POLL_S: its newest row against the newest
+iteration every load process published (``behind_iterations``), and that row's age (a row shows once
+any node of it is in), and what that row answers (``answer_present``: the polls whose newest row had
+MFU, the slowest rank, the exposed communication), and ``answer_lag``: per iteration of the window,
+from its end to the first poll from which on its row gave the answer it gives after the drain
+(benchmarks/answer_lag.py).
 The root holds an iteration whole to the world the job's info names
 (the hook job's); where it names fewer ranks than the job shows (the ``--log`` job's recorded 2 GPUs),
 to the ranks shown, and counts an iteration complete only once the job has shown another: the job's
@@ -484,7 +487,7 @@ class Watched:
     def figures(self) -> dict[str, Any]:
         wall = max(1e-9, self.last_t - self.t0)
         return {"cpu_cores": round((self.last - self.cpu0) / wall, 3), "cpu_cores_peak": round(self.peak, 3),
-                "rss_bytes": self.rss_max}
+                "rss_bytes": self.rss_max, "cpu_s": round(self.last - self.cpu0, 3)}
 
 
 def _tls_files(d: Path) -> tuple[Path, Path, Path]:
@@ -725,6 +728,10 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         ours = sum(f["cpu_cores"] for f in figs.values())
         root_at, root_at0 = e1.get("node_messages", 0), e0.get("node_messages", 0)
         lags = [float(p["offered"]) - float(p["shown"]) for p in polls if p["shown"] is not None]
+        ops_at_shards = (sum(int((b.get("windows") or {}).get("operations", 0)) for b in sh1)
+                         - sum(int((a.get("windows") or {}).get("operations", 0)) for a in sh0))
+        shard_msgs = sum(b.get("node_messages", 0) for b in sh1) - sum(a.get("node_messages", 0) for a in sh0)
+        shards_cpu_s = sum(figs[f"shard-{i}"]["cpu_s"] for i in range(shards))
         spans = [x for r in res_loads for x in r["spans"]]
         out: dict[str, Any] = {
             "machine": {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in load_avg],
@@ -747,9 +754,15 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                 "iterations_complete": e1.get("complete", 0) - e0.get("complete", 0),
                 "published": pub1 - pub0,
                 "node_messages_at_root": root_at - root_at0,
-                "node_messages_at_shards": sum(b.get("node_messages", 0) for b in sh1)
-                - sum(a.get("node_messages", 0) for a in sh0),
+                "node_messages_at_shards": shard_msgs,
                 "folded_msgs_per_s": round((root_at - root_at0) / wall, 1),
+                # --collectives: the operations the shards folded in the window, and the shards' CPU
+                # (all of it: consuming, folding, publishing, acknowledging, leases) per operation
+                "operations_at_shards": ops_at_shards,
+                "shards_cpu_us_per_operation": round(1e6 * shards_cpu_s / ops_at_shards, 1)
+                if ops_at_shards else None,
+                "shards_cpu_us_per_node_message": round(1e6 * shards_cpu_s / shard_msgs, 1)
+                if shard_msgs else None,
             },
             "root": {**figs["root"], **{k: ef.get(k) for k in ROOT_COUNTERS}, "lag_s": e1.get("lag_s"),
                      "lag_s_after_drain": ef.get("lag_s")},

@@ -13,11 +13,15 @@ the figures each handed on (the settled ones must be equal).
 The collector set as ``perfd shard`` sets it (perfd.aggregator.runtime.tune_gc; ``--default-gc``:
 Python's).
 
+``--per-message``: each node's step ends folded right after its message's operations, as ``perfd
+shard`` gets them (a node message carries both: perfd.engine.shard_windows); without it, each share of
+the iteration's step ends after that share's operations.
+
 ``--profile N``: the timed part under cProfile, its N costliest functions (by own time) beside the
 figures (cProfile slows the small calls most: read the shares, not the seconds).
 
     python -m benchmarks.shard_fold_bench [--nodes 12500] [--shard-nodes 3125] [--iterations 3]
-        [--takes 8] [--compare] [--profile 25]
+        [--takes 8] [--per-message] [--compare] [--profile 25]
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ def _inputs(nodes: int, shard_nodes: int, iterations: int, ops: int) -> Inputs:
 
 
 def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = True,
-        inputs: Inputs | None = None, takes: int = 1) -> dict[str, object]:
+        inputs: Inputs | None = None, takes: int = 1, per_message: bool = False) -> dict[str, object]:
     """``takes``: the figures taken that many times an iteration, each after a share of its nodes'
-    messages (a shard flushes every FLUSH_S: 8 times in a 2 s iteration)."""
+    messages (a shard flushes every FLUSH_S: 8 times in a 2 s iteration). ``per_message``: a node's
+    step ends right after its operations (the module's ``--per-message``)."""
     sh = ShardCollectives(cache=cache)
     sh.set_layout("bench", ParallelLayout(world_size=nodes * PER_NODE, tp=PER_NODE, pp=1, dp=nodes))
     fold_s = take_s = decode_s = 0.0
@@ -75,14 +80,17 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = T
     for msgs, folds in inputs or _inputs(nodes, shard_nodes, iterations, ops):
         for k in range(takes):  # the nodes' messages as they come between two of the shard's flushes
             t = time.process_time()
-            for m in msgs[k::takes]:
+            for m, fold in zip(msgs[k::takes], folds[k::takes], strict=True):
                 t0 = time.process_time()
                 parts = decode(m).collectives
                 decode_s += time.process_time() - t0
                 for part in parts:
                     rows += len(part)
                     sh.add(part)
-            sh.add_steps(folds[k::takes])
+                if per_message:
+                    sh.add_steps([fold])
+            if not per_message:
+                sh.add_steps(folds[k::takes])
             fold_s += time.process_time() - t
             t = time.process_time()
             taken = sh.take()
@@ -96,6 +104,7 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = T
             "cpu_us_per_row": round(1e6 * (fold_s + take_s) / max(1, rows), 1),
             "cpu_s_per_iteration": round((fold_s + take_s) / iterations, 2), "figures": figures,
             "settled_figures": settled, "cache": cache, "takes_per_iteration": takes,
+            "per_message": per_message,
             "window_fold": sh.jobs["bench"].fold.counts.to_json()}
 
 
@@ -120,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each, alternating")
     ap.add_argument("--takes", type=int, default=1,
                     help="figures taken this many times an iteration (a shard: every 0.25 s, 8 in 2 s)")
+    ap.add_argument("--per-message", action="store_true",
+                    help="each node's step ends right after its operations, as perfd shard folds them")
     ap.add_argument("--default-gc", action="store_true",
                     help="Python's collector settings, not the shard's (perfd.aggregator.runtime.tune_gc)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -130,17 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
         prof = cProfile.Profile()
-        got = prof.runcall(run, a.nodes, a.shard_nodes, a.iterations, a.ops, True, inputs, a.takes)
+        got = prof.runcall(run, a.nodes, a.shard_nodes, a.iterations, a.ops, True, inputs, a.takes,
+                           a.per_message)
         print(json.dumps({"run": got, "profile": _top(prof, a.profile)}, indent=1))
         return 0
     if not a.compare:
-        print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops, takes=a.takes), indent=1))
+        print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops, takes=a.takes,
+                             per_message=a.per_message), indent=1))
         return 0
     inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
     runs: dict[str, list[dict[str, object]]] = {"before": [], "after": []}
     for _ in range(a.rounds):
         for name, cache in (("before", False), ("after", True)):
-            runs[name].append(run(a.nodes, a.shard_nodes, a.iterations, a.ops, cache, inputs, a.takes))
+            runs[name].append(run(a.nodes, a.shard_nodes, a.iterations, a.ops, cache, inputs, a.takes,
+                                  a.per_message))
     cpu = {k: [float(str(r["decode_and_fold_cpu_s"])) + float(str(r["take_cpu_s"])) for r in v]
            for k, v in runs.items()}
     print(json.dumps({"runs": runs, "cpu_s": cpu,

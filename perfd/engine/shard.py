@@ -1,15 +1,17 @@
 """``perfd shard``: one of the processes that reduce a large job's node messages between the agents
 and the job's root.
 
-A shard holds partitions of the node stream by lease (perfd.engine.leases): as many as its fair
-share of the shards alive (each renews a member key), taking a partition whose holder stopped
-renewing. From each partition's durable consumer it folds what arrives into one Partial per (job,
-iteration) (several, each of at most MAX_PARTIAL_RANKS ranks) and every FLUSH_S publishes them to the
-job's partials subject, in as few messages as the engine's largest message allows;
-only once the engine acknowledged that does it acknowledge the node messages folded in. A shard
-killed at any point leaves its unacknowledged messages to the engine, which delivers them again
-(after ACK_WAIT_S) to whoever holds the partition next; a message that reached the root twice that
-way is folded once (perfd.stepfold) and counted.
+A shard holds partitions of the node stream by lease (perfd.engine.leases): as many as its fair share
+of the shards alive (each renews a member key), taking a partition whose holder stopped renewing. Its
+leases and member key are renewed on a thread of their own, with its own connection
+(perfd.engine.lease_keeper says why): a fold that keeps the event loop busy does not lose them. From
+each partition's durable consumer it folds what arrives into one Partial per (job, iteration)
+(several, each of at most MAX_PARTIAL_RANKS ranks) and every FLUSH_S publishes them to the job's
+partials subject, in as few messages as the engine's largest message allows; only once the engine
+acknowledged that does it acknowledge the node messages folded in. A shard killed at any point leaves
+its unacknowledged messages to the engine, which delivers them again (after ACK_WAIT_S) to whoever
+holds the partition next; a message that reached the root twice that way is folded once
+(perfd.stepfold) and counted.
 
 Given a collective fold (``perfd shard`` wires perfd.analytics.collectives.shardfold's in), the shard
 also folds the operations its nodes' agents send beside their step partials into per-window figures,
@@ -29,7 +31,8 @@ from dataclasses import dataclass, field
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
-from perfd.engine.leases import Lease, holders
+from perfd.engine.lease_keeper import LeaseKeeper
+from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
@@ -53,6 +56,7 @@ MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
 YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
+BEAT_S = 0.5  # the loop tells its lease keeper it is alive this often (lease_keeper.LOOP_STALL_S)
 
 
 @dataclass
@@ -86,7 +90,8 @@ class Shard:
         self._to_term: list[Msg] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._stops: dict[int, asyncio.Event] = {}  # a partition's consumer ends between two fetches
-        self._leases: dict[int, Lease] = {}
+        self._leases: dict[int, str] = {}  # partition -> its lease's key, held through _keeper
+        self._keeper: LeaseKeeper | None = None
         self._flushes = 0
         self._connected_once = False
         self._naks: set[asyncio.Future[list[BaseException | None]]] = set()
@@ -122,14 +127,18 @@ class Shard:
         nc = await connect(self.cfg, f"perfd-shard {self.id}")
         self._connected_once = True
         self._max_bytes = (nc.max_payload or DEFAULT_MAX_PAYLOAD) - 4096
+        keeper = None
         try:
             await ensure_streams(nc, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
+            keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
+            await keeper.start()
             flusher = asyncio.create_task(self._flush_loop(js, stop))
+            beats = asyncio.create_task(_beat(keeper))
             try:
                 while not stop.is_set():
-                    await self._balance(js, kv)
+                    await self._balance(js, kv, keeper)
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
                     except asyncio.TimeoutError:
@@ -138,19 +147,25 @@ class Shard:
                 leases = list(self._leases.values())
                 await self._retire(list(self._tasks), kv)
                 await self._flush(js)  # what was folded leaves before the leases do
-                flusher.cancel()
-                await asyncio.gather(flusher, return_exceptions=True)
-                for lease in leases:
-                    await lease.release()
+                for t in (flusher, beats):
+                    t.cancel()
+                await asyncio.gather(flusher, beats, return_exceptions=True)
+                for key in leases:
+                    await keeper.release(key)
         finally:
+            if keeper is not None:
+                await keeper.close()
+            self._keeper = None
             await close_bounded(nc, f"shard {self.id}")
 
-    async def _balance(self, js: JetStream, kv: KeyValue) -> None:
-        """Renew; take free partitions up to the fair share; give back what is over it."""
-        await kv.put(f"{MEMBER_PREFIX}{self.id}", self.id.encode())
-        for p, lease in list(self._leases.items()):
-            if not await lease.renew():
+    async def _balance(self, js: JetStream, kv: KeyValue, keeper: LeaseKeeper) -> None:
+        """Drop what the keeper lost; take free partitions up to the fair share; give back what is
+        over it."""
+        lost = set(keeper.take_lost())
+        for p, key in list(self._leases.items()):
+            if key in lost or not keeper.held(key):
                 self.stats.leases_lost += 1
+                log.warning("shard %s: partition %d's lease lost", self.id, p)
                 self._drop(p)
                 continue
             t = self._tasks.get(p)
@@ -169,19 +184,19 @@ class Shard:
             p = (start + k) % self.cfg.partitions
             if p in self._leases:
                 continue
-            lease = Lease(kv, S.partition_lease(p), self.id)
-            if await lease.acquire():
+            key = S.partition_lease(p)
+            if await keeper.acquire(key):
                 self.stats.leases_taken += 1
-                self._leases[p] = lease
+                self._leases[p] = key
                 self._start(js, p, kv)
                 log.info("shard %s: holds partition %d", self.id, p)
         over = sorted(self._leases)[share:]  # over the share (more shards now): give them back
         if over:
-            leases = [self._leases[p] for p in over]
+            keys = [self._leases[p] for p in over]
             await self._retire(over, kv)
             await self._flush(js)  # what they fetched is acknowledged before another shard holds them
-            for lease in leases:
-                await lease.release()
+            for key in keys:
+                await keeper.release(key)
         self.stats.partitions = sorted(self._leases)
 
     def _start(self, js: JetStream, p: int, kv: KeyValue) -> None:
@@ -259,7 +274,9 @@ class Shard:
                 await asyncio.wait_for(stop.wait(), timeout=S.ACK_WAIT_S)
             except asyncio.TimeoutError:
                 pass
-        while not stop.is_set():
+        key = S.partition_lease(p)
+        while not stop.is_set() and (self._keeper is None or self._keeper.held(key)):
+            # (a lease lost: nothing more fetched; _balance drops the partition)
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
@@ -354,6 +371,12 @@ class Shard:
                 await m.ack()
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
+
+
+async def _beat(keeper: LeaseKeeper) -> None:
+    while True:
+        keeper.beat()
+        await asyncio.sleep(BEAT_S)
 
 
 async def _handed(kv: KeyValue, p: int) -> bool:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.analytics.collectives import shardfold
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import Retention, for_sending, reduce
@@ -128,3 +130,65 @@ def test_the_join_keeps_a_settled_row_over_a_provisional_one_whatever_comes_firs
     assert a.add(7, prov) and a.add(7, final) and not a.add(7, prov)
     assert b.add(7, final) and not b.add(7, prov)
     assert a.rows == b.rows == {(7, 3): final}
+
+
+def _node_folds(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
+    """(iteration, node) -> the node's fold of its ranks' records, each rank's own end in it (what a
+    node message's step partial carries to a shard)."""
+    from perfd.engine.partial import Partial
+
+    out = {}
+    for it in sorted({s.iteration for s in steps}):
+        for n in range(NODES):
+            p = Partial("j", it)
+            p.add_records([s for s in steps if s.iteration == it and _node(s) == n])
+            fold = p.fold
+            assert fold is not None and len(fold.rank_end_times) == PER_NODE
+            out[(it, n)] = fold
+    return out
+
+
+class _EveryRecord(ShardCollectives):
+    """The reference: every new step end reads every record held again (all ranks' windows)."""
+
+    def add_steps(self, records: Iterable[StepRecord]) -> None:
+        super().add_steps(records)
+        for j in self.jobs.values():
+            j.changed = None
+
+
+def test_step_ends_with_every_node_message_give_the_windows_all_the_records_give(monkeypatch: Any) -> None:
+    """As ``perfd shard`` folds: each node message's operations, then its step ends, one node at a
+    time, past the iterations a shard keeps. A new end reads again only the records naming its ranks
+    (an index by rank, forgetting what the iterations kept forget); the settled figures are those of a
+    fold that reads every record again at every change."""
+    # 5 of the job's 9 iterations of ends kept (fewer would forget windows that operations still wait
+    # on, in the reference only: the reason a shard keeps 12)
+    monkeypatch.setattr(shardfold, "KEEP_STEP_ITERATIONS", 5)
+    recs, steps = synthetic_job()
+    folds = _node_folds(steps)
+    its = sorted({s.iteration for s in steps})
+    ends = {it: max(round((s.end_time or 0) * 1e9) for s in steps if s.iteration == it) for it in its}
+    settled: list[dict[tuple[int, int], RankWindow]] = []
+    for sh in (ShardCollectives(), _EveryRecord()):
+        sh.set_layout("j", LAYOUT)
+        got: dict[tuple[int, int], RankWindow] = {}
+        prev = None
+        for it in its:
+            for n in range(NODES):
+                mine = [r for r in recs if _node(r) == n and (r.time_created_ns or 0) <= ends[it]
+                        and (prev is None or (r.time_created_ns or 0) > ends[prev])]
+                if mine:
+                    sh.add(reduce("j", mine))
+                sh.add_steps([folds[(it, n)]])
+                if n % 3 == 2:  # a flush now and then, as the shard's
+                    got.update({k: w for f in sh.take() for k, w in f.rows.items() if w.settled})
+            prev = it
+        got.update({k: w for f in sh.take() for k, w in f.rows.items() if w.settled})
+        settled.append(got)
+        j = sh.jobs["j"]
+        assert len(j.steps) == 5
+        assert {e[0] for es in j.by_rank.values() for e in es} == set(j.steps)
+        assert set(j.by_rank) == set(range(WORLD))
+    assert len(settled[0]) == WORLD * (ITERATIONS - 2)  # iterations 1..6 settled: the last two wait
+    assert settled[0] == settled[1]

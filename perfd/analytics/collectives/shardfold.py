@@ -37,6 +37,12 @@ KEEP_FIGURE_ITERATIONS = 8
 class _Job:
     fold: WindowFold
     steps: dict[int, list[StepRecord]] = field(default_factory=dict)  # iteration -> its records here
+    # rank -> (iteration, arrival, record) of the records naming it among its ends: a new end reads the
+    # records of its ranks only. Scanning every held record for them (12 iterations of the shard's nodes)
+    # at every node message was half of a shard's CPU (py-spy on `perfd bench engine --collectives`)
+    # and grew with the square of its nodes.
+    by_rank: dict[int, list[tuple[int, int, StepRecord]]] = field(default_factory=dict)
+    arrivals: int = 0
     layout: ParallelLayout | None = None
     version: int = 0  # changes with the steps and the layout
     # The ranks whose ends came since the fold last had its windows (None: every rank's windows again:
@@ -66,6 +72,9 @@ class ShardCollectives:
         for r in records:
             j = self._job(r.job)
             j.steps.setdefault(r.iteration, []).append(r)
+            j.arrivals += 1
+            for rank in r.rank_end_times:
+                j.by_rank.setdefault(rank, []).append((r.iteration, j.arrivals, r))
             j.version += 1
             if j.changed is not None:
                 if r.rank_end_times and self.cache:
@@ -73,7 +82,7 @@ class ShardCollectives:
                 else:
                     j.changed = None
             if len(j.steps) > KEEP_STEP_ITERATIONS:
-                del j.steps[min(j.steps)]
+                _forget(j, min(j.steps))
 
     def set_layout(self, job: str, layout: ParallelLayout | None) -> None:
         j = self._job(job)
@@ -120,11 +129,25 @@ class ShardCollectives:
         if j.changed is not None and j.fold.steps_key is not None:
             # Only the ranks whose ends came: their records (a node's fold names its ranks) give their
             # windows as all the records would (each rank's windows are its own ends)
-            changed = j.changed
-            steps = [r for it in sorted(j.steps) for r in j.steps[it]
-                     if not changed.isdisjoint(r.rank_end_times)]
-            j.fold.set_rank_steps(j.version, steps, j.changed)
+            # (in the order of j.steps: by iteration, then as they came; a record once)
+            named = {e[1]: e for rank in j.changed for e in j.by_rank.get(rank, ())}
+            j.fold.set_rank_steps(j.version, [e[2] for e in sorted(named.values(), key=_order)], j.changed)
         else:
             j.fold.set_steps(j.version, [r for it in sorted(j.steps) for r in j.steps[it]], j.layout)
         j.changed = set()
         return True
+
+
+def _order(e: tuple[int, int, StepRecord]) -> tuple[int, int]:
+    return e[0], e[1]
+
+
+def _forget(j: _Job, iteration: int) -> None:
+    """The records of an iteration past KEEP_STEP_ITERATIONS gone, from the rank index too."""
+    for r in j.steps.pop(iteration):
+        for rank in r.rank_end_times:
+            kept = [e for e in j.by_rank.get(rank, ()) if e[0] != iteration]
+            if kept:
+                j.by_rank[rank] = kept
+            else:
+                j.by_rank.pop(rank, None)

@@ -1,0 +1,187 @@
+"""A shard's leases (perfd.engine.leases) held and renewed on a thread of their own, with its own event
+loop and its own connection to the engine, so that no fold, however long, delays a renewal.
+
+Why a thread, not the shard's event loop. A shard folds its node messages on its event loop; a fetch
+of them with their collective operations took seconds to fold, and the renewals, each a request and
+its reply waiting their turn behind it (with the member count's reads, a few dozen of them a round),
+came after the lease's TTL: the shard lost its partitions 5-13 times a run at 100,000 ranks
+(docs/scale.md), each then waiting out the ack wait at its next holder. Yielding more often only
+shortens the turns; it bounds nothing (a message's fold is as long as its operations make it). Here
+the renewals run where nothing else does: the fold holds the interpreter's lock, which a waiting
+thread gets within its switch interval (5 ms), so a lease is renewed on time however busy the fold.
+
+A shard that stops acting must still lose its leases: the owner calls :meth:`LeaseKeeper.beat` from
+its loop, and a keeper that has not heard from it for LOOP_STALL_S (a hung loop, not a busy one:
+a fold yields between messages) stops renewing, so its partitions move as a dead shard's would.
+A lease whose renewal failed (taken, expired, or the engine unreachable for the TTL) is lost at once:
+the owner reads it (:meth:`take_lost`, :meth:`held`) and stops consuming that partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from perfd.engine import subjects as S
+from perfd.engine.connect import connect
+from perfd.engine.leases import Lease
+from perfd.engine.nats_api import KeyValue, NatsClient
+
+log = logging.getLogger("perfd.engine")
+
+T = TypeVar("T")
+
+RENEW_S = S.LEASE_TTL_S / 3
+# The owner's loop silent this long: it is hung, and its leases are let go (a busy fold yields between
+# messages, each at most seconds: far under this).
+LOOP_STALL_S = 30.0
+CALL_TIMEOUT_S = 15.0  # an acquire or release through the keeper's thread (one request, or a few)
+
+
+class LeaseKeeper:
+    """``await start()`` (connects), then ``await acquire(key)`` / ``await release(key)`` from the
+    owner's loop; the keeper renews every held lease and the member key every RENEW_S. ``held`` and
+    ``take_lost`` are plain reads, safe from any thread. ``await close()`` ends the thread (the leases
+    left held expire by themselves)."""
+
+    def __init__(self, cfg: S.EngineConfig, holder: str, member_key: str | None = None) -> None:
+        self.cfg, self.holder, self.member_key = cfg, holder, member_key
+        self.renewals = 0  # rounds of renewal done
+        self.renew_errors = 0  # renewals that did not reach the engine (retried until the TTL)
+        self.stalled = 0  # rounds skipped: the owner's loop silent past LOOP_STALL_S
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"leases {holder}", daemon=True)
+        self._nc: NatsClient | None = None
+        self._kv: KeyValue | None = None
+        self._task: asyncio.Task[None] | None = None
+        # on the keeper's loop only
+        self._leases: dict[str, Lease] = {}
+        self._renewed: dict[str, float] = {}  # key -> when last renewed (monotonic)
+        # read by the owner: replaced whole (a reference read is atomic), never changed in place
+        self._held: frozenset[str] = frozenset()
+        self._lost: list[str] = []
+        self._lost_lock = threading.Lock()
+        self._beat = time.monotonic()
+
+    # ---- the owner's side
+    async def start(self) -> None:
+        self._thread.start()
+        try:
+            await self._call(self._connect())
+        except BaseException:
+            await self.close()
+            raise
+
+    async def acquire(self, key: str) -> bool:
+        return await self._call(self._acquire(key))
+
+    async def release(self, key: str) -> None:
+        await self._call(self._release(key))
+
+    def held(self, key: str) -> bool:
+        return key in self._held
+
+    def take_lost(self) -> list[str]:
+        """The keys lost since the last call."""
+        with self._lost_lock:
+            out, self._lost = self._lost, []
+        return out
+
+    def beat(self) -> None:
+        """The owner's loop is alive (called from it, often)."""
+        self._beat = time.monotonic()
+
+    async def close(self) -> None:
+        if self._thread.is_alive():
+            try:
+                await self._call(self._close())
+            except Exception as exc:  # a connection already broken: nothing to give back
+                log.info("leases %s: close: %s", self.holder, exc)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, CALL_TIMEOUT_S)
+        if not self._thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return await asyncio.wait_for(asyncio.wrap_future(fut), CALL_TIMEOUT_S)
+
+    # ---- the keeper's loop
+    async def _connect(self) -> None:
+        self._nc = await connect(self.cfg, f"perfd leases {self.holder}")
+        self._kv = await self._nc.jetstream().key_value(S.LEASES_BUCKET)
+        if self.member_key is not None:
+            await self._kv.put(self.member_key, self.holder.encode())
+        self._task = asyncio.create_task(self._renew_loop())
+
+    async def _close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._nc is not None:
+            await self._nc.close()
+
+    async def _acquire(self, key: str) -> bool:
+        assert self._kv is not None
+        lease = Lease(self._kv, key, self.holder)
+        if not await lease.acquire():
+            return False
+        self._leases[key] = lease
+        self._renewed[key] = time.monotonic()
+        self._held = frozenset(self._leases)
+        return True
+
+    async def _release(self, key: str) -> None:
+        lease = self._leases.pop(key, None)
+        self._renewed.pop(key, None)
+        self._held = frozenset(self._leases)
+        if lease is not None:
+            await lease.release()
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            if time.monotonic() - self._beat > LOOP_STALL_S:
+                self.stalled += 1
+                if self.stalled == 1:
+                    log.warning("leases %s: the shard's loop silent %.0f s: its leases are let go",
+                                self.holder, time.monotonic() - self._beat)
+                continue
+            await self._renew_all()
+
+    async def _renew_all(self) -> None:
+        assert self._kv is not None
+        self.renewals += 1
+        if self.member_key is not None:
+            try:
+                await self._kv.put(self.member_key, self.holder.encode())
+            except Exception as exc:  # tried again next round; the others count one member less meanwhile
+                self.renew_errors += 1
+                log.info("leases %s: member key: %s", self.holder, exc)
+        leases = list(self._leases.items())
+        got = await asyncio.gather(*(lease.renew() for _, lease in leases), return_exceptions=True)
+        now = time.monotonic()
+        lost = []
+        for (key, lease), ok in zip(leases, got, strict=True):
+            if self._leases.get(key) is not lease:
+                continue  # released (or released and taken again) meanwhile
+            if ok is True:
+                self._renewed[key] = now
+                continue
+            if isinstance(ok, BaseException):
+                self.renew_errors += 1
+                log.info("leases %s: renewing %s: %s: %s", self.holder, key, type(ok).__name__, ok)
+                if now - self._renewed.get(key, now) < S.LEASE_TTL_S:
+                    continue  # again next round: still ours until the TTL
+            lost.append(key)
+            del self._leases[key]
+            self._renewed.pop(key, None)
+        if lost:
+            self._held = frozenset(self._leases)
+            with self._lost_lock:
+                self._lost.extend(lost)
