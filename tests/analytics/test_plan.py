@@ -102,14 +102,14 @@ def test_the_timers_host_jitter_is_given_back_only_where_the_host_sets_the_pace(
     deviations of its steady steps) where the replayed step follows the host's speed, not where the GPU
     hides the host (ReplayGains.host_hidden; the six GPU-bound A/Bs of issue 53 held without it). The
     same job, the same timers' gap, two replays: one whose step moves with the host, one whose does not."""
-    b = _budget(job)
-    assert job.config is not None and b.step_sd_ms and b.steady_step_ms
+    b, cfg = _budget(job), job.config
+    assert cfg is not None and b.step_sd_ms and b.steady_step_ms
     clock = b.steady_step_ms
     paced_step, hidden_step = (0.6 * clock, 1.4 * clock), (clock - 2.0, clock + 2.0)  # at host speeds 0.5, 1
 
     def context(as_is: tuple[float, float]) -> FitContext:
         table = ReplayTable((0.5, 1.0), as_is, {"timers": ((as_is[0] - 5, as_is[1] - 5),) * 2}, 0.0, None)
-        return FitContext(dataclasses.replace(b, replay=table), job.config)
+        return FitContext(dataclasses.replace(b, replay=table), cfg)
 
     host, gpu = context(paced_step).replay, context(hidden_step).replay
     assert host is not None and host.host_share is not None and not host.host_hidden
