@@ -54,6 +54,7 @@ class Implied:
     band: tuple[float | None, float | None]  # at the saving + and - half the bases' spread
     gemm_share: float  # GEMMs' share of the forward-backward kernel time that scales with the rows
     host_share: float | None  # the replayed step's elasticity to the host's time (ReplayGains.host_share)
+    gemm_ms: float  # those GEMMs' kernel time a step (over the budget's ceiling_ms: their achieved rate)
 
     @property
     def gemm_factor(self) -> float | None:
@@ -69,10 +70,10 @@ def _solve(g: dict[float, float], target: float) -> float | None:
     return None
 
 
-def _timeline(trace: Path) -> tuple[sr.Timeline, float, float]:
+def _timeline(trace: Path) -> tuple[sr.Timeline, float, float, float]:
     """The kept capture's timeline as the replay reads it (perfd.capture.analysis.analyze_trace), and the
     GEMMs' share of its forward-backward kernel time outside the per-micro-batch weight-sized work, and
-    the trace's own step (ms: its host span over the complete steps)."""
+    the trace's own step and the GEMMs' time a step (ms: the host span over the complete steps)."""
     data = read_chrome_trace(trace)
     ops = attribute(data.ranges, data.launches, data.flows, True, data.syncs)
     assert ops is not None
@@ -101,7 +102,7 @@ def _timeline(trace: Path) -> tuple[sr.Timeline, float, float]:
         else:
             other += b - a
     traced = (marks[-1] - marks[0]) / (len(marks) - 1) / 1e6
-    return t, gemm / (gemm + other) if gemm + other else 0.0, traced
+    return t, gemm / (gemm + other) if gemm + other else 0.0, traced, gemm / (len(marks) - 1) / 1e6
 
 
 def implied() -> list[Implied]:
@@ -117,7 +118,7 @@ def implied() -> list[Implied]:
             ab, trace = d / f"ab_{name}.json", kineto / f"plan_{name}_rank0.json.xz"
             if saved is None or not (ab.exists() and trace.exists()):
                 continue
-            t, share, traced = _timeline(trace)
+            t, share, traced, gemm_ms = _timeline(trace)
             if not t.has(Change.MICROBATCH):
                 continue
             clock = float(json.loads(ab.read_text())["runs"]["base"]["steady"]["median_ms"])
@@ -135,7 +136,7 @@ def implied() -> list[Implied]:
             out.append(Implied(d.name, name, t.microbatches or 0, mid, float(saved), spread, tenth,
                                _solve(g, saved) if tells else None,
                                (_solve(g, saved + spread / 2), _solve(g, saved - spread / 2)) if tells
-                               else (None, None), share, fit.host_share))
+                               else (None, None), share, fit.host_share, gemm_ms))
     return out
 
 
@@ -187,7 +188,7 @@ def main() -> int:
         said = "cannot tell" if x.factor is None else f"{x.factor:.3f} ({band})"
         print(f"{x.evidence:14s} {x.config:12s} scale {x.scale:4.2f} saved {x.saved_ms:6.1f} "
               f"spread {x.spread_ms:5.1f} {x.ms_per_tenth:5.1f} ms per 0.1  factor {said:22s} "
-              f"host share {x.host_share or 0:.2f} GEMM share {x.gemm_share:.2f}"
+              f"host share {x.host_share or 0:.2f} GEMM share {x.gemm_share:.2f} ({x.gemm_ms:.0f} ms)"
               + (f" GEMM-only factor {x.gemm_factor:.2f}" if x.gemm_factor is not None else ""))
     for kind in ("constant", "gemm"):
         held = leave_one_config_out(got, kind)
