@@ -18,10 +18,18 @@ import pytest
 from collectors.megatron import parse_file
 from perfd.analytics.advice.budget_findings import part_title
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
-from perfd.analytics.advice.remedies import GAIN_MODEL, Advice, Effort, FitContext, RemedyId, run_spread_ms
+from perfd.analytics.advice.remedies import (
+    GAIN_MODEL,
+    SYNC_EXPOSED_JITTER,
+    Advice,
+    Effort,
+    FitContext,
+    RemedyId,
+    run_spread_ms,
+)
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
-from perfd.analytics.breakdown.replay_table import Change
+from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
@@ -87,6 +95,30 @@ def test_fused_attention_replaces_the_remedies_acting_on_attentions_kernels(job:
     summed = sum(g.mid_ms for r in (RemedyId.FUSED_ATTENTION, RemedyId.ATTENTION_DROPOUT,
                                     RemedyId.SOFTMAX_FUSION) if (g := a[r].gain) is not None)
     assert summed > 1.5 * sum(alone) / 2  # what the old list added up
+
+
+def test_the_timers_host_jitter_is_given_back_only_where_the_host_sets_the_pace(job: RunAnalysis) -> None:
+    """Gain model 7: the timers' range reaches up by the job's host jitter (SYNC_EXPOSED_JITTER robust
+    deviations of its steady steps) where the replayed step follows the host's speed, not where the GPU
+    hides the host (ReplayGains.host_hidden; the six GPU-bound A/Bs of issue 53 held without it). The
+    same job, the same timers' gap, two replays: one whose step moves with the host, one whose does not."""
+    b, cfg = _budget(job), job.config
+    assert cfg is not None and b.step_sd_ms and b.steady_step_ms
+    clock = b.steady_step_ms
+    paced_step, hidden_step = (0.6 * clock, 1.4 * clock), (clock - 2.0, clock + 2.0)  # at host speeds 0.5, 1
+
+    def context(as_is: tuple[float, float]) -> FitContext:
+        table = ReplayTable((0.5, 1.0), as_is, {"timers": ((as_is[0] - 5, as_is[1] - 5),) * 2}, 0.0, None)
+        return FitContext(dataclasses.replace(b, replay=table), cfg)
+
+    host, gpu = context(paced_step).replay, context(hidden_step).replay
+    assert host is not None and host.host_share is not None and not host.host_hidden
+    assert gpu is not None and gpu.host_share is not None and gpu.host_hidden
+    paced, hidden = ({a.remedy: a for a in fit(context(x))}[RemedyId.TIMER_SYNC].gain
+                     for x in (paced_step, hidden_step))
+    assert paced is not None and hidden is not None
+    assert paced.high_ms - hidden.high_ms == pytest.approx(SYNC_EXPOSED_JITTER * b.step_sd_ms)
+    assert "host jitter" in paced.basis and "host jitter" not in hidden.basis
 
 
 def test_micro_batch_and_timer_level_overlap_on_the_same_synchronisation_gaps(job: RunAnalysis) -> None:

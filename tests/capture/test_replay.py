@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.advice.replay_gains import PROFILED_SLICES_HOLD, calibrate, host_scale
+from perfd.analytics.advice.replay_gains import (
+    HOST_HIDDEN_SHARE,
+    PROFILED_SLICES_HOLD,
+    ReplayGains,
+    calibrate,
+    host_scale,
+)
 from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 from perfd.capture.analysis import analyze_trace
 from perfd.capture.chrome_trace import read_chrome_trace
@@ -101,6 +107,23 @@ def test_time_the_replay_does_not_model_is_not_read_as_a_slow_host() -> None:
     assert odd.unmodelled_ms == pytest.approx(30.0)
     assert ReplayTable((0.5, 0.9), (100.0, 180.0), {}, 230.0, None).unmodelled_ms == 0.0  # 1.0 not on it
     assert ReplayTable((0.5, 1.0), (100.0, 200.0), {}, 0.0, None).unmodelled_ms == 0.0  # no trace step
+
+
+def test_the_host_share_is_how_the_replayed_step_follows_the_hosts_time() -> None:
+    """The replayed step's elasticity to the host's time at the job's host speed: a step that is all the
+    host's (100 → 200 ms as the host's time doubles) reads 1 at 150 ms (host speed 0.75); one the GPU
+    sets (190 → 200 ms) reads 20 ms a unit of speed × 0.75 / 195 ms, 0.08: the GPU hides the host (gain
+    model 7's timers)."""
+    host = calibrate(ReplayTable((0.5, 1.0), (100.0, 200.0), {}, 0.0, None), 150.0, 0.0)
+    gpu = calibrate(ReplayTable((0.5, 1.0), (190.0, 200.0), {}, 0.0, None), 195.0, 0.0)
+    assert host is not None and host.host_share == pytest.approx(1.0) and not host.host_hidden
+    assert gpu is not None and gpu.host_share == pytest.approx(0.75 * 20.0 / 195.0)
+    assert gpu.host_share is not None and gpu.host_share < HOST_HIDDEN_SHARE and gpu.host_hidden
+    assert ReplayGains.from_json(gpu.to_json()) == gpu
+    # written before the share was kept (gain models up to 6): read, the host not said to be hidden
+    old = {k: v for k, v in gpu.to_json().items() if k != "host_share"}
+    back = ReplayGains.from_json(old)
+    assert back is not None and back.host_share is None and not back.host_hidden
 
 
 def test_a_table_survives_json_and_a_broken_one_is_refused() -> None:

@@ -238,8 +238,11 @@ MEDIAN_SE_OF_SD = 1.2533  # a median's standard error over a mean's, for normal 
 # capture on the job's own clock (perfd.analytics.advice.replay_gains); 4 = as 3 where the profiler slowed
 # the trace's host, the span of the replay's and the trace slices' ranges where it did not (the H100 A/B
 # held the slices, not the replay: docs/evidence/README.md); 5 = as 4 with the job's clock matched to the
-# replay less the time the replay does not model (perfd.analytics.advice.replay_gains).
-GAIN_MODEL = 5
+# replay less the time the replay does not model (perfd.analytics.advice.replay_gains); 6 = as 5 with the
+# replay alone where the GPU hides the host (tried, not kept: docs/evidence/plan_h100_v8); 7 = as 5, the
+# timers' host-jitter term (SYNC_EXPOSED_JITTER) only where the host sets the step's pace
+# (ReplayGains.host_hidden).
+GAIN_MODEL = 7
 # The model's own uncertainty, each range below; the run-to-run spread is added once, beside it. Removing
 # kernels from a busy GPU gives back their time; their launches and the gaps around them move too
 # (attention dropout: 0.85–1.13 of its kernels' time in three runs, within the spread of 1.0 in each).
@@ -261,7 +264,10 @@ TIMER_SYNC_BACK = (0.9, 1.1)
 # collector); one running ahead of the GPU hides them in its queue. The replay gives the mean step, not
 # that: the timers' range reaches up by the job's host jitter, the distance from its median steady step
 # to its 10th percentile (1.28 robust deviations). H200, level 2 -> 1: 45 ms where the replay said 20
-# (the base runs' medians 26-27 ms over their fastest steps); 3.7-17.7 ms where it said 1-8.
+# (the base runs' medians 26-27 ms over their fastest steps); 3.7-17.7 ms where it said 1-8. Only where the
+# host sets the pace (ReplayGains.host_hidden): on the six A/Bs of GPU-bound jobs (the replayed step's
+# elasticity to the host's time 0.04-0.24) the replay alone held every timer change, the term only widened
+# them (19.9 ms on the H100's wide_swiglu capture, whose steps' spread is not the host's).
 SYNC_EXPOSED_JITTER = 1.28
 
 # Outside Megatron (an .item() or a print in the loop): the host runs ahead once the sync goes; part of

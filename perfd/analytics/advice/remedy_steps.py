@@ -114,7 +114,9 @@ def timer_sync(c: FitContext) -> Advice | None:
     gaps_gain = ranged(gaps, TIMER_SYNC_BACK, basis)
     replayed = c.replayed(Change.TIMERS, "without the forward-backward phase's bare synchronisations "
                           f"(the level-2 timers': {LEVEL2_TEXT} × {m} micro-batches)", gaps_gain)
-    jitter = SYNC_EXPOSED_JITTER * b.step_sd_ms if b.step_sd_ms else 0.0
+    # the host's jitter is the timers' to give back only where the host sets the pace
+    hidden = c.replay is not None and c.replay.host_hidden
+    jitter = SYNC_EXPOSED_JITTER * b.step_sd_ms if b.step_sd_ms and not hidden else 0.0
     if replayed is not None and jitter > 0:
         replayed = Gain(replayed.low_ms, replayed.high_ms + jitter,
                         f"{replayed.basis}; and up to the {jitter:.0f} ms of host jitter a step its "
