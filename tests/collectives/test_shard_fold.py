@@ -132,6 +132,36 @@ def test_the_join_keeps_a_settled_row_over_a_provisional_one_whatever_comes_firs
     assert a.rows == b.rows == {(7, 3): final}
 
 
+def test_the_root_keeps_the_newest_iterations_of_figures_and_the_analysis_reads_them_by_iteration() -> None:
+    """WindowFold.add_figures (the root's store): figures of more iterations than it keeps leave the
+    oldest first, whatever order their messages came in; a late row of an iteration already let go
+    does not come back; what the analysis reads (the view) is each iteration's rows, in the order
+    they first came."""
+    from perfd.analytics.collectives.winfold import WindowFold
+
+    fold = WindowFold(keep=3)
+
+    def row(rank: int, it: int, settled: bool = True) -> RankWindow:
+        return RankWindow(rank, 10 * it, 10 * it + 9, 1, None, it + rank, (("dp", it),), settled, 10 * it + 9)
+
+    for its in ((4, 2), (5, 1), (3,)):
+        figs = WindowFigures("j")
+        for it in its:
+            for rank in (1, 0):
+                figs.add(it, row(rank, it, settled=False))
+        fold.add_figures(figs)
+    assert sorted({it for it, _ in fold.outside.rows}) == [3, 4, 5]
+    late = WindowFigures("j")
+    late.add(1, row(0, 1))
+    late.add(4, row(0, 4))  # settles a provisional row
+    assert fold.add_figures(late) == 2  # both went in; iteration 1 left again at once
+    assert sorted({it for it, _ in fold.outside.rows}) == [3, 4, 5]
+    view = fold.view().outside
+    assert {it: [w.rank for w in ws] for it, ws in view.items()} == {3: [1, 0], 4: [1, 0], 5: [1, 0]}
+    assert view[4][1] == row(0, 4) and not view[4][0].settled
+    assert fold.counts.received == 3 * 2 + 2 + 2 + 2
+
+
 def _node_folds(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
     """(iteration, node) -> the node's fold of its ranks' records, each rank's own end in it (what a
     node message's step partial carries to a shard)."""
