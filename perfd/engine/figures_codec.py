@@ -73,8 +73,9 @@ def from_pb(m: pb.WindowFigures) -> WindowFigures:
         bys = [b if all(u != ABSENT for _, u in b) else tuple(p for p in b if p[1] != ABSENT) for b in bys]
     its = list(m.iteration)
     ranks = list(m.rank)
-    windows = list(map(RankWindow, ranks, m.start_ns, m.end_ns, m.n_iterations, [named[x] for x in excluded],
-                       m.comm_ns, bys, m.settled, m.basis))
+    windows = list(map(RankWindow._make, zip(ranks, m.start_ns, m.end_ns, m.n_iterations,
+                                             [named[x] for x in excluded], m.comm_ns, bys, m.settled,
+                                             m.basis, strict=True)))
     out = WindowFigures(m.job)
     rows = dict(zip(zip(its, ranks, strict=True), windows, strict=True))
     if len(rows) == n:  # every (iteration, rank) once: the join of the rows is the rows
