@@ -3,7 +3,11 @@ shards' per-window figures (perfd.winfigures) of a big job into its store, as th
 accumulate. One process, no engine: the shards' messages as perfd's encoder makes them (rows of
 ``figures_codec.MAX_ROWS`` a message), each rank's window of each iteration handed on twice as a
 shard does (provisional, then settled), folded by the root's own code (perfd.engine.root.Root.handle:
-decode, the job's admission, the store's join); process CPU per iteration, per row.
+decode, the job's admission, the store's join); process CPU per iteration, per row. Before each
+iteration's figures, its fold (the ``all`` record, every rank's end) comes in ``FOLD_VERSIONS`` steps
+as the nodes' partials do, each followed by a node's records message whose collectives the shards
+folded (``collectives_folded``): the root's CPU per such message (Root.handle_records: decode, the
+store's merge) is timed too.
 
     perfd bench root-figures [--ranks 100000] [--iterations 16] [--timed 4] [--json]
     perfd bench root-figures --against CHECKOUT [--rounds 2]   # before (CHECKOUT's code) / after, in turn
@@ -30,6 +34,8 @@ ITERATION_NS = 2_000_000_000
 T0_NS = 1_700_000_000_000_000_000
 CLASSES = ("dp", "pp", "tp")  # the group classes a rank's window has figures of
 BATCH = 256  # the root's loop hands it the messages already there, this many at most
+FOLD_VERSIONS = 4  # an iteration's fold as the root hands it to the store: its ranks in 4 steps
+PER_NODE = 8
 
 
 def _templates(ranks: int) -> list[Any]:
@@ -77,13 +83,43 @@ def _messages(templates: list[Any], it: int) -> list[bytes]:
     return out
 
 
+def _records_message(node: int, it: int) -> bytes:
+    """A node's records message of iteration ``it``: its ranks' collectives, reduced, folded at the
+    shards (each rank 2 operations of its node's tensor-parallel group)."""
+    from perfd.collfold import reduce
+    from perfd.engine.partial import encode
+    from perfd.model import CollectiveRecord
+
+    tp = [node * PER_NODE + i for i in range(PER_NODE)]
+    recs = [CollectiveRecord(job=JOB, source="flight_recorder", op="all_reduce", rank=r, pg_id=1 + node,
+                             pg_name=str(1 + node), pg_desc="TENSOR_MODEL_PARALLEL_GROUP", pg_ranks=tp,
+                             group_rank=r - tp[0], group_size=PER_NODE, collective_seq_id=2 * it + k,
+                             bytes=16 << 20, state="completed",
+                             time_created_ns=T0_NS + it * ITERATION_NS + (k + 1) * 50_000_000,
+                             duration_ms=1.5, dtype="BFloat16", raw_op="nccl:all_reduce")
+            for r in tp for k in range(2)]
+    return encode(f"node-{node}:c:{it}", f"node-{node}", it, (), collectives=[reduce(JOB, recs)],
+                  collectives_folded=True)
+
+
+def _fold(ranks: int, it: int, part: int) -> Any:
+    """Iteration ``it``'s fold as the root hands it to the store with the first ``part`` quarters of
+    the ranks in (every rank's own end)."""
+    from perfd.model import StepRecord
+
+    end = (T0_NS + it * ITERATION_NS) / 1e9
+    n = ranks * part // FOLD_VERSIONS
+    return StepRecord(job=JOB, iteration=it, rank="all", end_time=end + 0.5,
+                      rank_end_times={r: end + (r % 1000) * 1e-4 for r in range(n)})
+
+
 def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
     """The root folds every iteration's provisional, then settled, figures; CPU per iteration."""
     from perfd.aggregator.engine_sink import EngineSink
     from perfd.aggregator.guard import Guard
     from perfd.aggregator.state import AggregatorState
     from perfd.engine import subjects as S
-    from perfd.engine.root import Root
+    from perfd.engine.root import ENGINE_AGENT, Root
     from perfd.limits import Limits
     from perfd.refusals import Refusals
 
@@ -91,7 +127,15 @@ def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
     root = Root(S.EngineConfig(("nats://unused",)), EngineSink(state, Guard(Limits(), Refusals())), "bench")
     per_it: list[dict[str, float]] = []
     templates = _templates(ranks)
+    nodes = max(1, ranks // PER_NODE)
     for it in range(1, iterations + 1):
+        rec_cpu = 0.0
+        for part in range(1, FOLD_VERSIONS + 1):
+            state.ingest_steps(ENGINE_AGENT, [_fold(ranks, it, part)])
+            msg = _records_message((it * FOLD_VERSIONS + part) % nodes, it)
+            t = time.process_time()
+            root.handle_records([msg])
+            rec_cpu += time.process_time() - t
         msgs = _messages(templates, it)
         rows0 = root.stats.figure_rows
         t = time.process_time()
@@ -100,12 +144,15 @@ def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
         cpu = time.process_time() - t
         rows = root.stats.figure_rows - rows0
         per_it.append({"iteration": it, "cpu_s": round(cpu, 4), "rows": rows,
-                       "us_per_row": round(1e6 * cpu / rows, 3)})
+                       "us_per_row": round(1e6 * cpu / rows, 3),
+                       "ms_per_records_message": round(1e3 * rec_cpu / FOLD_VERSIONS, 3)})
     jc = state._analyses.collectives.jobs.get(JOB)
     held = jc.fold.outside.rows if jc is not None and jc.fold is not None else {}
     return {"ranks": ranks, "iterations": iterations, "timed": timed,
             "us_per_row_timed_median": round(statistics.median(p["us_per_row"] for p in per_it[-timed:]), 3),
             "us_per_row_first": per_it[0]["us_per_row"],
+            "ms_per_records_message_timed_median": round(statistics.median(
+                p["ms_per_records_message"] for p in per_it[-timed:]), 3),
             # what the store holds at the end (the same whichever code folded it)
             "held_rows": len(held), "held_settled": sum(1 for w in held.values() if w.settled),
             "held_comm_ns_sum": sum(w.comm_ns for w in held.values()),
@@ -119,22 +166,23 @@ def compare(against: Path, rounds: int, ranks: int, iterations: int, timed: int)
     for r in range(rounds):
         for name, code in (("before", against), ("after", here)):
             env = {**os.environ, "PYTHONPATH": str(code)}
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--ranks", str(ranks),
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--ranks", str(ranks),
                                   "--iterations", str(iterations), "--timed", str(timed), "--json"],
-                                 env=env, capture_output=True, text=True, check=True)
-            res = json.loads(out.stdout.strip().splitlines()[-1])
+                                  env=env, capture_output=True, text=True, check=True)
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
             runs.append({"code": name, "checkout": str(code), "round": r, **res})
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "per_iteration"}), file=sys.stderr)
 
-    def med(code: str) -> float:
-        return round(statistics.median(float(x["us_per_row_timed_median"]) for x in runs
-                                       if x["code"] == code), 3)
+    def med(code: str, what: str) -> float:
+        return round(statistics.median(float(x[what]) for x in runs if x["code"] == code), 3)
 
-    before, after = med("before"), med("after")
+    out: dict[str, Any] = {"ranks": ranks, "iterations": iterations, "timed": timed, "rounds": rounds}
+    for what in ("us_per_row_timed_median", "ms_per_records_message_timed_median"):
+        before, after = med("before", what), med("after", what)
+        out[what] = {"before": before, "after": after,
+                     "ratio_before_over_after": round(before / after, 2) if after else None}
     same = {(x["held_rows"], x["held_settled"], x["held_comm_ns_sum"]) for x in runs}
-    return {"ranks": ranks, "iterations": iterations, "timed": timed, "rounds": rounds,
-            "us_per_row_median_of_runs": {"before": before, "after": after},
-            "ratio_before_over_after": round(before / after, 2) if after else None,
+    return {**out,
             "same_rows_held": len(same) == 1, "runs": runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
