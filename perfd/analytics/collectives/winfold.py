@@ -303,11 +303,14 @@ class WindowFold:
             self._outside_job = figs.job
         n = 0
         joins = self._outside
-        for key, w in figs.rows.items():
+        join, last = None, None
+        for key, w in figs.rows.items():  # a message's rows come by iteration: its join looked up once
             it = key[0]
-            join = joins.get(it)
-            if join is None:
-                join = joins[it] = WindowFigures(self._outside_job)
+            if it != last or join is None:
+                join = joins.get(it)
+                if join is None:
+                    join = joins[it] = WindowFigures(self._outside_job)
+                last = it
             n += join.add(it, w)
         self.counts.received += n
         if len(joins) > self.keep:
