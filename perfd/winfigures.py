@@ -29,8 +29,7 @@ ABSENT = -1  # a class with no operation in a rank's window (0 is a class whose 
 class RankWindow(NamedTuple):
     """One rank's figures of one window (its bounds as the rank's step records give them). A tuple:
     the root makes one a rank an iteration, millions held for a 100,000-rank job, and a tuple is
-    made several times faster than a frozen dataclass and, holding no containers, leaves the
-    collector's walks (perfd bench root-figures)."""
+    made several times faster than a frozen dataclass (perfd bench root-figures)."""
 
     rank: int
     start_ns: int
