@@ -27,6 +27,8 @@ BENCHES = {
                     "an N-node job's collective records reduced: bytes, agent and root CPU, analysis"),
     "root-refresh": ("benchmarks.root_refresh_bench",
                      "the engine root's analysis refresh of an N-node job, per iteration (in process)"),
+    "root-figures": ("benchmarks.root_figures_bench",
+                     "the engine root's CPU per window-figure row of an N-rank job's shards (in process)"),
 }
 
 

@@ -99,6 +99,19 @@ def test_the_shards_figures_give_every_ranks_per_iteration_share_with_two_operat
     assert all(w.settled for (it, _), w in jc.fold.outside.rows.items() if it < ITERATIONS - 1)
 
 
+def test_partials_the_shards_folded_leave_the_step_windows_to_the_analysis() -> None:
+    """The root's store makes no step windows as folded partials come (it folds none of their
+    operations; at 100,000 ranks each making cost ~0.9 s of the root's CPU, at every partial that
+    came after its steps changed): the analysis makes them before it reads the fold."""
+    recs, steps = synthetic_job()
+    store, held, _ = _through_shards(recs, steps, TWO_A_RANK)
+    fold = store.jobs["j"].fold
+    assert fold is not None and fold.steps_key is None and fold.counts.received > 0
+    got = _analysis(store, held)
+    assert fold.steps_key is not None
+    assert len(got.iterations) == ITERATIONS - 1
+
+
 def test_figures_delivered_twice_in_any_order_merge_once() -> None:
     recs, steps = synthetic_job()
     want = _shares(analyze_collectives("j", recs, steps, layout=LAYOUT))
@@ -130,6 +143,36 @@ def test_the_join_keeps_a_settled_row_over_a_provisional_one_whatever_comes_firs
     assert a.add(7, prov) and a.add(7, final) and not a.add(7, prov)
     assert b.add(7, final) and not b.add(7, prov)
     assert a.rows == b.rows == {(7, 3): final}
+
+
+def test_the_root_keeps_the_newest_iterations_of_figures_and_the_analysis_reads_them_by_iteration() -> None:
+    """WindowFold.add_figures (the root's store): figures of more iterations than it keeps leave the
+    oldest first, whatever order their messages came in; a late row of an iteration already let go
+    does not come back; what the analysis reads (the view) is each iteration's rows, in the order
+    they first came."""
+    from perfd.analytics.collectives.winfold import WindowFold
+
+    fold = WindowFold(keep=3)
+
+    def row(rank: int, it: int, settled: bool = True) -> RankWindow:
+        return RankWindow(rank, 10 * it, 10 * it + 9, 1, None, it + rank, (("dp", it),), settled, 10 * it + 9)
+
+    for its in ((4, 2), (5, 1), (3,)):
+        figs = WindowFigures("j")
+        for it in its:
+            for rank in (1, 0):
+                figs.add(it, row(rank, it, settled=False))
+        fold.add_figures(figs)
+    assert sorted({it for it, _ in fold.outside.rows}) == [3, 4, 5]
+    late = WindowFigures("j")
+    late.add(1, row(0, 1))
+    late.add(4, row(0, 4))  # settles a provisional row
+    assert fold.add_figures(late) == 2  # both went in; iteration 1 left again at once
+    assert sorted({it for it, _ in fold.outside.rows}) == [3, 4, 5]
+    view = fold.view().outside
+    assert {it: [w.rank for w in ws] for it, ws in view.items()} == {3: [1, 0], 4: [1, 0], 5: [1, 0]}
+    assert view[4][1] == row(0, 4) and not view[4][0].settled
+    assert fold.counts.received == 3 * 2 + 2 + 2 + 2
 
 
 def _node_folds(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:

@@ -137,6 +137,33 @@ def test_window_figures_cross_the_wire_whole_and_in_pieces() -> None:
         figures_codec.from_pb(m)
 
 
+def test_window_figures_a_message_naming_a_row_twice_decodes_to_their_join() -> None:
+    """A message whose columns hold one (iteration, rank) twice (a provisional row and the settled
+    one): the settled stays whichever comes first in the columns; an excluded name past the
+    message's list is refused."""
+    from perfd.engine import figures_codec
+    from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.winfigures import RankWindow, WindowFigures
+
+    provisional = RankWindow(2, 10, 20, 1, None, 5, (("dp", 2),), False, 15)
+    settled = RankWindow(2, 10, 20, 1, None, 6, (("dp", 3),), True, 19)
+    other = RankWindow(3, 10, 20, 1, None, 4, (("dp", 1),), True, 19)
+    for rows in ((provisional, other, settled), (settled, other, provisional)):
+        m = pb.WindowFigures(job="j", iteration=[7, 7, 7], rank=[w.rank for w in rows],
+                             start_ns=[10] * 3, end_ns=[20] * 3, n_iterations=[1] * 3,
+                             comm_ns=[w.comm_ns for w in rows], basis=[w.basis for w in rows],
+                             settled=[w.settled for w in rows], excluded=[0] * 3)
+        m.by.add(name="dp", union_ns=[w.by[0][1] for w in rows])
+        assert figures_codec.from_pb(m).rows == {(7, 2): settled, (7, 3): other}
+    a = WindowFigures("j")
+    a.add(7, other)
+    m = pb.WindowFigures()
+    figures_codec.to_pb(a, m)
+    m.excluded[0] = 1  # names excluded 1 of none
+    with pytest.raises(ValueError, match="excluded 1 of 0"):
+        figures_codec.from_pb(m)
+
+
 def test_a_jobs_info_is_read_once_whatever_many_messages_carry_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every node message of a hook job carries its info: the shard reads its layout once, again
     only when the text changes; an unreadable one is counted each time it comes."""

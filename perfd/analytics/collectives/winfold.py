@@ -190,8 +190,12 @@ class WindowFold:
         self._biggest = 0
         self._top = -1
         self._classes: Classes | None = None
-        # Figures made elsewhere (a shard's fold of its ranks' operations), merged by their join
-        self.outside = WindowFigures("")
+        # Figures made elsewhere (a shard's fold of its ranks' operations), merged by their join, one
+        # join an iteration: keeping the newest ``keep`` of them then walks the iterations, not every
+        # row held (at 100,000 ranks, millions: every shard message walked them all, which held the
+        # root's core — perfd bench root-figures)
+        self._outside: dict[int, WindowFigures] = {}
+        self._outside_job = ""
         # What take_figures handed on: each block's rows up to, the ranks touched since, retractions
         self._taken: dict[int, int] = {}
         self._touched: set[int] = set()
@@ -279,27 +283,39 @@ class WindowFold:
     def view(self) -> FoldView:
         """A snapshot the analysis reads outside the store's lock (blocks only grow at their end, and
         a rank's context is replaced, never changed; the figures made elsewhere are copied)."""
-        outside: dict[int, list[RankWindow]] = {}
-        for (it, _), w in self.outside.rows.items():
-            outside.setdefault(it, []).append(w)
+        outside = {it: list(f.rows.values()) for it, f in self._outside.items()}
         return FoldView({it: (b, len(b)) for it, b in self.blocks.items()},
                         {r: (list(st.buffer.values()), st.ctx, st.frontier) for r, st in self.ranks.items()},
                         self._biggest, self._top, FoldCounts(**vars(self.counts)), outside)
 
     # ---- figures made in one fold and read in another (a shard's, the root's) ---------------------
+    @property
+    def outside(self) -> WindowFigures:
+        """The figures made elsewhere, every iteration's in one join (a copy: what tests and readers
+        of the whole read)."""
+        rows = {k: w for f in self._outside.values() for k, w in f.rows.items()}
+        return WindowFigures(self._outside_job, rows)
+
     def add_figures(self, figs: WindowFigures) -> int:
         """Merge figures a shard's fold made of its ranks (a join: one delivered twice merges once);
         how many went in. The newest ``keep`` iterations are kept, as of the blocks."""
-        figs = WindowFigures(self.outside.job or figs.job, figs.rows)
-        if not self.outside.job:
-            self.outside.job = figs.job
-        n = len(self.outside.absorb(figs))
+        if not self._outside_job:
+            self._outside_job = figs.job
+        n = 0
+        joins = self._outside
+        join, last = None, None
+        for key, w in figs.rows.items():  # a message's rows come by iteration: its join looked up once
+            it = key[0]
+            if it != last or join is None:
+                join = joins.get(it)
+                if join is None:
+                    join = joins[it] = WindowFigures(self._outside_job)
+                last = it
+            n += join.add(it, w)
         self.counts.received += n
-        its = sorted({it for it, _ in self.outside.rows})
-        if len(its) > self.keep:
-            old = set(its[:len(its) - self.keep])
-            for key in [k for k in self.outside.rows if k[0] in old]:
-                del self.outside.rows[key]
+        if len(joins) > self.keep:
+            for it in sorted(joins)[:len(joins) - self.keep]:
+                del joins[it]
         return n
 
     def take_figures(self, job: str) -> WindowFigures:
