@@ -42,13 +42,11 @@ _NOISE = frozenset({"lambda", "operator", "const", "instance", "std", "array", "
 # add instantiation of vectorized_elementwise_kernel share 2 of 7 (the recorded H100 names in
 # tests/data/ncu).
 MIN_TEMPLATE_SIMILARITY = 0.5
-# Distinct kernel names _top_level keeps its answer for. A trace's launches repeat a few hundred names
-# (the H100 Megatron-LM recording: ~110,000 calls, most of the CPU of analysing it and of matching an
-# ncu range to it, the same few names scanned character by character again each time).
-NAMES_CACHED = 4096
 
 
-@functools.lru_cache(maxsize=NAMES_CACHED)
+# kept per name (kernels.NAMES_CACHED): ~110,000 calls over a few hundred names, character by character,
+# were most of the CPU of matching an ncu range to the H100 Megatron-LM trace
+@functools.lru_cache(maxsize=kernels_mod.NAMES_CACHED)
 def _top_level(name: str) -> tuple[str, str]:
     """(the name with every bracketed part removed, the text inside its last top-level <...>: the
     function's own template arguments, after any ``<unnamed>`` namespace ncu prints before it)."""
