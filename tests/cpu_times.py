@@ -9,7 +9,8 @@ running at a phase's end counts where it is reaped, and a process not descending
 A module or session fixture counts at the setup or teardown of the test that builds or ends it, as
 in ``--durations``.
 
-Each pytest process (each xdist worker) writes ``<folder>/<worker>.json`` at the session's end:
+Each pytest process (each xdist worker) writes ``<folder>/<worker>.json`` after each test's teardown
+(so that a run stopped by a timeout keeps the tests it finished) and at the session's end:
 ``{"tests": [{"nodeid", "phase", "wall_s", "cpu_s", "raised"}, ...]}`` (``raised``: the
 exception's type where the phase raised one, pytest's Skipped too; "" where none).
 ``python -m tests.cpu_times <folder>`` prints the sums per file, what raised, and the tests of most CPU
@@ -65,15 +66,22 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Result[None], None
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, Result[None], None]:
     yield from _timed(item, "teardown")
+    _write()
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def _write() -> None:
     folder = os.environ.get(ENV)
     if not folder or not _ROWS:
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / f"{worker}.json").write_text(json.dumps({"tests": _ROWS}))
+    part = Path(folder) / f"{worker}.json.part"
+    part.write_text(json.dumps({"tests": _ROWS}))
+    os.replace(part, part.with_suffix(""))  # whole or not there: read by the summary at any time
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _write()
 
 
 def _summary(folder: Path, top: int) -> str:

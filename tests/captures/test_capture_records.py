@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from collectors.megatron import parse_file
 from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen, Decided
 from perfd.aggregator.captures import CaptureCoordinator
@@ -17,6 +19,9 @@ from tests.trace_cache import analyze_chrome_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
 JOB = "ops-live"
+# Both tests read a real Megatron-LM log and analyse its Kineto trace (once a session): 6.9 s of CPU for
+# the two, most of it in whichever runs first (the 2-core machine, 2026-11-26).
+pytestmark = pytest.mark.slow
 
 
 def _diagnosed() -> CaptureRecord:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,12 @@ from perfd.limits import Limits
 from perfd.model import Sample, StepRecord
 from perfd.typed import number, obj
 from tests.faults.streams import send_batches
+from tests.procs import wait_for
+
+# How long a wait below may go with no job pruned and no agent forgotten: the rules thread ticks every
+# 0.1 s and each step waited for is one tick once due, so a silence this long is a stalled housekeeping,
+# not a loaded machine (wait_for ends anyway at 4x this, within the module's pytest timeout).
+STALL_S = 25.0
 
 
 def _job(job: str, agent_series: int = 5, ago_s: float = 30.0) -> dict[str, object]:
@@ -48,8 +55,11 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
             # second send can take longer than job-1's 3 s to go)
             assert agg.guard.series == 10 or agg.lifecycle.jobs_pruned >= 1
             # job-1 ends and is pruned (3 s after); node-b still holds job-3 after job-2 goes.
-            await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 3, 20)
-            await asyncio.to_thread(_wait, lambda: agg.lifecycle.agents_forgotten >= 2, 10)
+            await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.jobs_pruned >= 3,
+                                    "job-1, job-2 and job-3 pruned (jobs_pruned >= 3)")
+            # Both agents forgotten (a housekeeping after their last job's prune): what is read below.
+            await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.agents_forgotten >= 2,
+                                    "node-a/job-1 and node-b forgotten (agents_forgotten >= 2)")
             stats = agg.state.stats_json()
         finally:
             await agg.stop()
@@ -76,7 +86,8 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
             await send_batches(target, "node-b", [_job("old")], ["old"])
             # A live stream of node-b that holds a running job: old is pruned, node-b is not forgotten.
             client_task = asyncio.create_task(_hold(target))
-            await asyncio.to_thread(_wait, lambda: agg.lifecycle.jobs_pruned >= 1, 20)
+            await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.jobs_pruned >= 1,
+                                    "job old pruned (jobs_pruned >= 1)")
             await asyncio.sleep(0.5)
             assert agg.lifecycle.agents_forgotten == 0 and "node-b" in agg.state.agents_seen()
             client_task.cancel()
@@ -100,12 +111,13 @@ async def _hold(target: str) -> None:
         task.cancel()
 
 
-def _wait(pred: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("not reached in time")
-        time.sleep(0.05)
+def _wait(agg: Aggregator, pred: Callable[[], bool], what: str) -> None:
+    """Until ``pred()``; fails naming ``what`` and the counters it stood at. It goes on while a job is
+    pruned or an agent forgotten (a loaded machine's housekeeping is late, not stalled)."""
+    wait_for(pred, STALL_S, what, interval=0.05,
+             progress=lambda: f"jobs_pruned={agg.lifecycle.jobs_pruned}, "
+                      f"agents_forgotten={agg.lifecycle.agents_forgotten}")
 
 
-pytestmark = pytest.mark.timeout(120)
+# above a wait's own end (STALL_S, 4x that at most), so that a stalled wait fails with its message
+pytestmark = pytest.mark.timeout(240)

@@ -32,9 +32,7 @@ from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.report import build_report
 from perfd.report.incident_text import cause_line
 from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
-
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+from tests.torch_tests import needs_torch
 
 JOB = "ddp"
 STEPS = 200
@@ -59,11 +57,14 @@ def _collect(c: HookCollector, n_steps: int, timeout: float = 20.0) -> Collected
 # a real training loop of 200 steps (~5 s), the module fixture of every test: one xdist worker runs them
 # all, so the loop runs once, not in each worker that takes one of them (four times, 9-10 s each under
 # make test's six workers)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("any_pytorch_job")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("any_pytorch_job"), needs_torch]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
     tmp = tmp_path_factory.mktemp("job")
     collector = HookCollector({"socket_path": str(tmp / "hook.sock"), "job": JOB})
     collector.start()

@@ -30,12 +30,11 @@ from perfd.analytics.thresholds import JITTER_CV
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.report import build_report
-
-torch = pytest.importorskip("torch")
+from tests.torch_tests import needs_torch
 
 # real loops with DataLoader worker processes: ~3 s each. One xdist worker runs the module: each loop of
 # the module fixture once, not once in every worker that takes a test of it (10 loops for 5 under six)
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("between_steps")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("between_steps"), needs_torch]
 
 JOB = "loop"
 STEPS = 60
@@ -46,16 +45,19 @@ PEAK = 0.05  # TFLOP/s: the test's "GPU" (a CPU has no row in the peak table)
 FLOPS = 1e8
 
 
-class Samples(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
-    def __len__(self) -> int:
-        return 10**6
-
-    def __getitem__(self, i: int) -> Any:
-        time.sleep(SAMPLE_S)
-        return torch.full((8,), float(i))
-
-
 def _loader() -> Any:
+    import torch
+
+    # here, not at the module's level, so that collecting the module imports no torch (tests/torch_tests.py);
+    # the loader's workers are forked: they get the class without pickling it
+    class Samples(torch.utils.data.Dataset[Any]):
+        def __len__(self) -> int:
+            return 10**6
+
+        def __getitem__(self, i: int) -> Any:
+            time.sleep(SAMPLE_S)
+            return torch.full((8,), float(i))
+
     return torch.utils.data.DataLoader(Samples(), batch_size=B, num_workers=2, persistent_workers=True)
 
 
@@ -145,6 +147,8 @@ def run(tmp: Path, loop: Loop, **hook_kw: Any) -> dict[str, Any]:
     """One loop under the hook; its step records through the collector into the job store."""
     c = HookCollector({"socket_path": str(tmp / "hook.sock"), "job": JOB})
     c.start()
+    import torch
+
     loader = _loader()
     try:
         torch.manual_seed(0)

@@ -33,10 +33,10 @@ from perfd.report import build_report, render_text
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command
+from tests.torch_tests import needs_torch
 
-torch = pytest.importorskip("torch")
 # a real loop of 230 steps (~7 s), the module fixture: one xdist worker runs the module, so it runs once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_only_job")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cpu_only_job"), needs_torch]
 
 JOB = "cpu-loop"
 STEPS = 230
@@ -49,6 +49,8 @@ GPU_WORDS = ("its GPU", "GPU clocks", "GPU is unknown", "batch-generator", "GPM"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the loop would not be a CPU-only job")
     tmp = tmp_path_factory.mktemp("cpu")
@@ -177,6 +179,8 @@ def test_the_default_incident_capture_rule_skips_a_cpu_only_job(run: dict[str, A
 def test_hugging_face_and_lightning_jobs_without_cuda_are_cpu_jobs(tmp_path: Path, framework: str) -> None:
     """The Trainer and Lightning callbacks with the hook's defaults, on real tiny models (no weights):
     their job is a CPU job too."""
+    import torch
+
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     transformers = pytest.importorskip("transformers")
@@ -215,7 +219,7 @@ def test_hugging_face_and_lightning_jobs_without_cuda_are_cpu_jobs(tmp_path: Pat
             pl.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False,
                        callbacks=[lightning_callback(**kw)]).fit(
-                Module(), torch.utils.data.DataLoader(data, batch_size=4))
+                Module(), torch.utils.data.DataLoader(data, batch_size=4))  # type: ignore[arg-type]  # a list: map-style
         out = Collected()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and ("j" not in out.job_info or len(out.steps) < 5):

@@ -33,8 +33,7 @@ from perfd.model import (
     ModelSpec,
 )
 from perfd.report import build_report
-
-torch = pytest.importorskip("torch")
+from tests.torch_tests import needs_torch
 
 STEPS = 12
 BATCH, SEQ, VOCAB = 4, 32, 128
@@ -45,25 +44,29 @@ SPEC = {"num_layers": 2, "hidden_size": 32, "ffn_hidden_size": 128, "num_attenti
         "kv_channels": 16, "seq_length": SEQ, "padded_vocab_size": VOCAB}
 FLOPS = megatron_flops(ModelSpec(**SPEC), BATCH, framework="pytorch").flops_per_iteration  # type: ignore[arg-type]
 
-pytestmark = pytest.mark.slow  # real frameworks: a few seconds each
+pytestmark = [pytest.mark.slow, needs_torch]  # real frameworks: a few seconds each
 
 
-class SlowTokens(torch.utils.data.Dataset):  # type: ignore[misc,name-defined]
-    """A slow dataset that keeps its own clock: each item's (start, end), perf_counter seconds."""
+def _slow_tokens(n: int = BATCH * STEPS * 2, sleep_s: float = ITEM_SLEEP_S) -> Any:
+    """A slow dataset that keeps its own clock (``.items``: each item's (start, end), perf_counter
+    seconds); its class made here, not at the module's level: collecting the module imports no torch."""
+    import torch
 
-    def __init__(self, n: int = BATCH * STEPS * 2, sleep_s: float = ITEM_SLEEP_S) -> None:
-        self.items: list[tuple[float, float]] = []
-        self.n, self.sleep_s = n, sleep_s
+    class SlowTokens(torch.utils.data.Dataset[dict[str, Any]]):
+        def __init__(self) -> None:
+            self.items: list[tuple[float, float]] = []
 
-    def __len__(self) -> int:
-        return self.n
+        def __len__(self) -> int:
+            return n
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        time.sleep(self.sleep_s)
-        ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
-        self.items.append((t0, time.perf_counter()))
-        return {"input_ids": ids, "labels": ids.clone()}
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            time.sleep(sleep_s)
+            ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
+            self.items.append((t0, time.perf_counter()))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    return SlowTokens()
 
 
 EVAL_EVERY = 5  # an evaluation after steps 5 and 10: two batches of slow items
@@ -89,6 +92,8 @@ def _gpt2_config() -> Any:
 
 
 def _gpt2() -> Any:
+    import torch
+
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(_gpt2_config())
@@ -180,7 +185,7 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             ends.append(time.perf_counter())
 
-    data, evals = SlowTokens(), SlowTokens(2 * BATCH, EVAL_SLEEP_S)
+    data, evals = _slow_tokens(), _slow_tokens(2 * BATCH, EVAL_SLEEP_S)
     # The model's Hugging Face config as it is (its sequence length beside it): the same FLOPs as SPEC.
     model = {**_gpt2_config().to_dict(), "seq_length": SEQ}
     trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=data, eval_dataset=evals,
@@ -191,6 +196,8 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
 
 
 def test_lightning_callback(collector: HookCollector) -> None:
+    import torch
+
     pl = pytest.importorskip("lightning.pytorch")
     from perfd.hook.lightning import lightning_callback
 
@@ -219,7 +226,7 @@ def test_lightning_callback(collector: HookCollector) -> None:
                 self.at = trainer.global_step
                 ends.append(time.perf_counter())
 
-    data, evals = SlowTokens(), SlowTokens(2 * BATCH, EVAL_SLEEP_S)
+    data, evals = _slow_tokens(), _slow_tokens(2 * BATCH, EVAL_SLEEP_S)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=0)
     val = torch.utils.data.DataLoader(evals, batch_size=BATCH, num_workers=0)
     trainer = pl.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,

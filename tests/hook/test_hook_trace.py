@@ -27,10 +27,9 @@ from perfd.capture.chrome_trace import read_chrome_trace
 from perfd.hook import StepHook, wire
 from perfd.limits import HOOK_MAX_STEPS
 from tests.hook.test_step_hook import FakeGpu, drain, records, steps_of
+from tests.torch_tests import needs_torch
 
-pytestmark = pytest.mark.slow
-
-torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.slow, needs_torch]
 Hook = functools.partial(StepHook, flush_interval_s=0, warmup_steps=0, rank=0)
 
 
@@ -69,6 +68,9 @@ class Loop:
     """A small real training loop stepped through the hook; what the agent's socket received."""
 
     def __init__(self, hook: StepHook, sock: socket.socket) -> None:
+        import torch
+
+        self.torch = torch
         self.hook, self.sock = hook, sock
         self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
@@ -79,7 +81,7 @@ class Loop:
         for _ in range(n):
             self.hook._next_poll = 0  # poll at every step (the 50 ms throttle is wall-clock)
             self.hook.step_begin()
-            x = torch.randn(16, 64)
+            x = self.torch.randn(16, 64)
             self.hook.data_ready()
             self.model(x).sum().backward()
             self.opt.step()
@@ -278,11 +280,11 @@ def test_a_cancel_mid_trace_keeps_nothing_and_the_next_trace_works(
     ask(sock, addr, 11, 0, 50)
     got = statuses(loop.steps(3))
     assert [s[0] for s in got] == ["accepted", "started"]
-    assert torch.autograd.profiler._is_profiler_enabled
+    assert loop.torch.autograd.profiler._is_profiler_enabled
     sock.sendto(wire.pack_profile_request(wire.ProfileRequest(0, 0, 0, cancel=True)), addr)
     got = statuses(loop.steps(2))
     assert [s[:2] for s in got] == [("cancelled", 11)]
-    assert not torch.autograd.profiler._is_profiler_enabled and not hook.counters()["profiling"]
+    assert not loop.torch.autograd.profiler._is_profiler_enabled and not hook.counters()["profiling"]
     assert not list(traces.iterdir())  # nothing kept, no temporary file left
     ask(sock, addr, 12, 0, 2)
     loop.wait_written(12, statuses(loop.steps(3)))
@@ -304,4 +306,4 @@ def test_a_trace_open_at_close_is_written_with_the_steps_it_has(
     msgs = drain(sock)
     assert statuses(msgs) == [("stopped", 21, 5), ("written", 21, 5)]  # steps 2-5: polled at step 2's begin
     assert read_chrome_trace(written(msgs)[21]).steps == 4
-    assert not torch.autograd.profiler._is_profiler_enabled
+    assert not loop.torch.autograd.profiler._is_profiler_enabled

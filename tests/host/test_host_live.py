@@ -256,9 +256,11 @@ def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: 
 
 def test_an_announced_checkpoint_save_is_no_stall_an_unannounced_pause_is(live: Live) -> None:
     # Two 14 s pauses, the loop sleeping in both (no CPU: what a stall looks like): the first announced
-    # as a checkpoint save (StepHook.phase), the second not.
-    live.loop("--step-ms", "10", "--duration", LOOP_CAP_S, "--pause-at", "600", "--announce", "yes",
-              "--pause-at", "1300", "--announce", "no", "--pause-s", "14")
+    # as a checkpoint save (StepHook.phase), the second not. Its steps are 10 ms, mostly a steady data
+    # wait (a sleep): what is tested is the pauses, not the steps' CPU, and 1,350 steps of 10 ms of CPU
+    # were ~14 s of a core.
+    live.loop("--step-ms", "2", "--data-ms", "8", "--duration", LOOP_CAP_S, "--pause-at", "600",
+              "--announce", "yes", "--pause-at", "1300", "--announce", "no", "--pause-s", "14")
     live.steady(200)
     states: list[tuple[float, str, int]] = []
 

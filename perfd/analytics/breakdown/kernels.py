@@ -19,6 +19,7 @@ optimizer timer measured). "hadamard" goes too (it holds "adam").
 
 from __future__ import annotations
 
+import functools
 import re
 
 GEMM = "gemm"
@@ -67,6 +68,13 @@ def _matchable(name: str) -> str:
     return _LAMBDA.sub("", name.lower())
 
 
+# Distinct kernel names a function of the name alone keeps its answer for (here and in
+# perfd.analytics.ncu.join). A trace's launches repeat a few hundred names: the H100 Megatron-LM
+# recording's ~110,000 launches made its analysis scan the same names again, launch by launch.
+NAMES_CACHED = 4096
+
+
+@functools.lru_cache(maxsize=NAMES_CACHED)
 def category(name: str) -> str:
     """The category of one kernel name (see the module doc for the order of the checks)."""
     low = _matchable(name)

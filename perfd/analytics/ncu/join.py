@@ -21,6 +21,7 @@ reported as ambiguous, never guessed. Pure: plain data in, typed rows out.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ _NOISE = frozenset({"lambda", "operator", "const", "instance", "std", "array", "
 MIN_TEMPLATE_SIMILARITY = 0.5
 
 
+# kept per name (kernels.NAMES_CACHED): ~110,000 calls over a few hundred names, character by character,
+# were most of the CPU of matching an ncu range to the H100 Megatron-LM trace
+@functools.lru_cache(maxsize=kernels_mod.NAMES_CACHED)
 def _top_level(name: str) -> tuple[str, str]:
     """(the name with every bracketed part removed, the text inside its last top-level <...>: the
     function's own template arguments, after any ``<unnamed>`` namespace ncu prints before it)."""
