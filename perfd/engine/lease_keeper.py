@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from perfd.engine import subjects as S
-from perfd.engine.connect import connect
+from perfd.engine.connect import close_bounded, connect
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import KeyValue, NatsClient
 
@@ -124,7 +124,7 @@ class LeaseKeeper:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._nc is not None:
-            await self._nc.close()
+            await close_bounded(self._nc, f"leases {self.holder}")
 
     async def _acquire(self, key: str) -> bool:
         assert self._kv is not None

@@ -43,6 +43,12 @@ class _Job:
     # and grew with the square of its nodes.
     by_rank: dict[int, list[tuple[int, int, StepRecord]]] = field(default_factory=dict)
     arrivals: int = 0
+    # The ranks whose windows changed since a take last advanced the fold (None: every rank's). Only
+    # theirs can settle anything new there: every other rank was advanced when its operations came
+    # and has the same windows, operations and frontier since. Advancing every rank at each take was
+    # most of WindowFold._advance's calls (shard_fold_bench --per-message --profile), each finding
+    # nothing, a cost growing with the shard's ranks.
+    stale: set[int] | None = field(default_factory=set)
     layout: ParallelLayout | None = None
     version: int = 0  # changes with the steps and the layout
     # The ranks whose ends came since the fold last had its windows (None: every rank's windows again:
@@ -102,7 +108,8 @@ class ShardCollectives:
         out = []
         for job, j in self.jobs.items():
             if self._steps_to_fold(j):
-                j.fold.advance()
+                j.fold.advance(j.stale)
+                j.stale = set()
             figs = j.fold.take_figures(job)
             if figs:
                 out.append(figs)
@@ -132,8 +139,11 @@ class ShardCollectives:
             # (in the order of j.steps: by iteration, then as they came; a record once)
             named = {e[1]: e for rank in j.changed for e in j.by_rank.get(rank, ())}
             j.fold.set_rank_steps(j.version, [e[2] for e in sorted(named.values(), key=_order)], j.changed)
+            if j.stale is not None:
+                j.stale |= j.changed
         else:
             j.fold.set_steps(j.version, [r for it in sorted(j.steps) for r in j.steps[it]], j.layout)
+            j.stale = None
         j.changed = set()
         return True
 
