@@ -1,13 +1,13 @@
-"""English only where it is shown (issue 57): the sentences perfd/report declares for the analytics'
-codes (perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a
-row's exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences,
-its line and its action, perfd.report.incident_text and incident_findings) are in no analytics
-source again. Checked on the source (AST, no import): every literal part of each
-template that reads as words is looked for in every string constant of perfd/analytics. The serving
-figures' sources and reasons (MetricValue), a peak's reason, the evidence's source and a rank snapshot's
-observations are codes too: their sentences are TEMPLATE's and incident_text's (so the checks above
-catch them spelled in analytics again), and the typed values that carry them hold no text (checked
-on their annotations: a field typed ``str`` there again is the English back)."""
+"""English only where it is shown (issue 57): the sentences perfd/report declares for the analytics' codes
+(perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a row's
+exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences, its line and
+its action, perfd.report.incident_text and incident_findings) are in no analytics source again. Checked on
+the source (AST, no import): every literal part of each template that reads as words is looked for in
+every string constant of perfd/analytics. The serving figures' sources and reasons (MetricValue), a peak's
+reason, the evidence's source, a rank snapshot's observations, where the training dtype comes from and the
+FLOPs count's notes are codes too: their sentences are TEMPLATE's and incident_text's (so the checks above
+catch them spelled in analytics again), and the typed values that carry them hold no text (checked on
+their annotations: a field typed ``str`` there again is the English back)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = re.compile(r"[A-Za-z][A-Za-z-]+")
 MIN_WORDS = 3  # a shorter fragment ("step time", "unknown") is no sentence: it may be said anywhere
 # Names of quantities and a phrase the analytics' docs and notes use too (the serving spec's docstrings,
-# a FLOPs note): no sentence of a code.
+# a FLOPs note, a field's name): no sentence of a code.
 NAMED_ELSEWHERE = {"KV bytes per token", "FLOPs per token", "KV heads replicated",
-                   "observations in the window", "is not positive"}
+                   "observations in the window", "is not positive", "moe_layer_freq"}
 
 
 def _fragments(template: str, least: int = MIN_WORDS) -> list[str]:
@@ -58,6 +58,8 @@ def test_no_analytics_module_words_a_code_again() -> None:
     assert len(fragments) > 100  # the check looks for real sentences (the serving ones among them)
     assert "no speculative decoding ('accept len') logged" in fragments  # a serving reason
     assert "not in the bandwidth table; give the peak bandwidth in config" in fragments  # a peak's reason
+    assert "moe_ffn_hidden_size unset: Megatron uses ffn_hidden_size" in fragments  # a FLOPs note
+    assert "arguments: neither bf16 nor fp16" in fragments  # where the dtype comes from
     files = sorted((ROOT / "perfd" / "analytics").rglob("*.py"))
     assert files
     found = _found(fragments, files)
@@ -125,10 +127,11 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
     (a GPU's name, a dtype, the kept observations read back from the state store), never the source, a
     reason or the observations made now."""
     from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
-    from perfd.analytics.run.run_summary import JobGpu
+    from perfd.analytics.run.run_summary import JobFlops, JobGpu
     from perfd.analytics.serving.histogram import Quantile
     from perfd.analytics.serving.serving_findings import ServingFinding
     from perfd.analytics.serving.spec import MetricValue, Peaks
+    from perfd.analytics.steps.flops import FlopsResult
     from perfd.analytics.steps.gpus import BandwidthResult, PeakResult
 
     allowed: dict[type, set[str]] = {
@@ -137,7 +140,9 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
         Peaks: set(),
         PeakResult: {"dtype", "gpu_model"},  # (b) a peak's reason is a code
         BandwidthResult: {"gpu_model"},
-        JobGpu: {"name", "model", "dtype", "dtype_source"},
+        JobGpu: {"name", "model", "dtype"},  # (e) where the dtype comes from is a code
+        FlopsResult: {"formula", "missing"},  # (f) its notes are codes (its formula a name)
+        JobFlops: {"formula", "source", "missing"},
         RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
         IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
         # a serving finding's own words are the finding's; what it quotes of a figure is a code
