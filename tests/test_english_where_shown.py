@@ -66,14 +66,16 @@ def test_no_analytics_module_words_a_code_again() -> None:
     assert not found, found
 
 
-# The modules that word incidents (issue 57): their sentences are f-strings and literals, not a table,
-# cut by their fields into pieces; a piece is a sentence from INCIDENT_WORDS words ("of the step", "in
-# steady state" are said of other things too).
-INCIDENT_TEXT = ("incident_text.py", "incident_findings.py")
+# The modules that word incidents and the MFU grades and finding (issue 57): their sentences are
+# f-strings and literals, not a table, cut by their fields into pieces; a piece is a sentence from
+# INCIDENT_WORDS words ("of the step", "in steady state" are said of other things too).
+INCIDENT_TEXT = ("incident_text.py", "incident_findings.py", "grade_text.py")
 INCIDENT_WORDS = 5
 # Pieces analytics says of something else, in its own words: a capture finding's title
-# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py).
-SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU"}
+# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py),
+# the exposed-communication finding's (run_findings.py; a grade's words quote it).
+SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU",
+                  "is the timed collectives' only (DP gradient sync"}
 
 
 def _said(path: Path) -> list[str]:
@@ -92,6 +94,10 @@ def test_no_analytics_module_words_an_incident_again() -> None:
     fragments = {frag: name for name in INCIDENT_TEXT for frag in _said(ROOT / "perfd" / "report" / name)
                  if frag not in SAID_ELSEWHERE}
     assert len(fragments) > 40  # the check looks for real sentences
+    assert "MFU < 30%: severe (usually communication or data loading" in fragments  # a grade's (grade_text)
+    assert "the step budget shows where the time goes —" in fragments  # a grade explained
+    assert "'s digest holds no MFU (its GPU or its model FLOPs were unknown when its records were digested" \
+        in fragments  # the MFU finding's
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
