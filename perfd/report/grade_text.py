@@ -2,16 +2,24 @@
 band's range and how a headline shows it, declared once here for the registry's grades
 (perfd.analytics.breakdown.advice_registry.GRADES); a grade explained with the job's own measurements
 (perfd.analytics.run.run_grade.GradeExplanation); the MFU finding's title and observation from its
-kind and numbers (perfd.analytics.run.run_grade.MfuFacts). Pure."""
+kind and numbers (perfd.analytics.run.run_grade.MfuFacts), and the check of the MFU's throughput
+against the logged one, its finding and its recommendation (CrosscheckFacts). Pure."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from perfd.analytics.breakdown.advice_registry import Grade, GradeBasis
-from perfd.analytics.finding_types import Finding
+from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.run_figures import too_few
-from perfd.analytics.run.run_grade import GradeExplanation, MfuFacts, MfuFinding, MfuSaid
+from perfd.analytics.run.run_grade import (
+    CrosscheckFacts,
+    CrosscheckRecommendation,
+    GradeExplanation,
+    MfuFacts,
+    MfuFinding,
+    MfuSaid,
+)
 from perfd.analytics.steps.untimed import untimed_text
 from perfd.report.provenance_text import line
 
@@ -103,9 +111,30 @@ def mfu_words(f: MfuFacts) -> tuple[str, str]:
     return "MFU not available", f"MFU {_absent(f)}"
 
 
+def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
+    """The throughput check's title and observation."""
+    return ("perfd FLOPs agree with Megatron's logged throughput" if c.agrees
+            else "perfd FLOPs disagree with Megatron's logged throughput",
+            f"{c.n_checked - c.n_disagree}/{c.n_checked} steady iterations within max(1%, log rounding); "
+            f"largest gap {_pct(c.max_gap)}; median perfd {c.tflops:.2f} vs logged {c.logged_tflops:.2f} "
+            f"TFLOP/s/GPU ({c.formula}).")
+
+
 def worded(f: Finding) -> Finding:
-    """A finding as shown: the MFU finding with its words; any other as it is."""
+    """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words; any
+    other as it is."""
     if isinstance(f, MfuFinding) and f.facts is not None:
-        title, observation = mfu_words(f.facts)
+        title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
+                              else crosscheck_words(f.facts))
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
     return f
+
+
+def worded_recommendation(r: Recommendation) -> Recommendation:
+    """A recommendation as shown: the throughput check's with its action and detail; any other as it is."""
+    if isinstance(r, CrosscheckRecommendation) and r.facts is not None:
+        return dataclasses.replace(
+            r, action="Check the model spec perfd read (vocab padding, GQA groups, SwiGLU, MoE, "
+                      "Megatron-Core version)",
+            detail=f"largest gap {_pct(r.facts.max_gap)} on {r.facts.n_disagree} iterations", facts=None)
+    return r

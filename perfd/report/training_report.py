@@ -27,7 +27,7 @@ from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
-from perfd.report.grade_text import explanation_text, grade_label, worded
+from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
@@ -137,7 +137,8 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     where the CPUs have room."""
     s = analysis.summary
     run_s = analysis.run_seconds() or None
-    findings, recs = [quoting(worded(f)) for f in analysis.findings], list(analysis.recommendations)
+    findings = [quoting(worded(f)) for f in analysis.findings]
+    recs = [worded_recommendation(r) for r in analysis.recommendations]
     arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if incidents is None:  # the incidents the analysis found; its arming finding follows, unordered
         inc_f, inc_r = incident_findings(analysis.incidents, run_s)

@@ -33,6 +33,8 @@ from perfd.analytics.finding_types import (
 )
 from perfd.analytics.run.run_figures import MIN_GRADE_STEPS
 from perfd.analytics.run.run_grade import (
+    CrosscheckFacts,
+    CrosscheckRecommendation,
     MfuFacts,
     MfuFinding,
     MfuSaid,
@@ -144,21 +146,16 @@ def tflops_crosscheck(c: RunContext) -> Out:
     if not n_chk:
         return [], []
     gap = a.summary.tflops_check_max_abs_gap
-    ok = n_bad == 0
-    f = Finding("tflops-crosscheck", Severity.INFO if ok else Severity.WARNING,
-                "perfd FLOPs agree with Megatron's logged throughput" if ok
-                else "perfd FLOPs disagree with Megatron's logged throughput",
-                f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest gap "
-                f"{_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
-                f"{med['logged_tflops_per_gpu']:.2f} "
-                f"TFLOP/s/GPU ({a.flops.formula}).",
-                {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
-                str(a.flops.source) if a.flops.source else "")
-    if ok:
+    facts = CrosscheckFacts(n_checked=n_chk, n_disagree=n_bad, max_gap=gap,
+                            tflops=med.get("model_tflops_per_gpu"),
+                            logged_tflops=med.get("logged_tflops_per_gpu"), formula=a.flops.formula)
+    # its words are the report's (perfd.report.grade_text)
+    f = MfuFinding("tflops-crosscheck", Severity.INFO if facts.agrees else Severity.WARNING, "", "",
+                   {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
+                   str(a.flops.source) if a.flops.source else "", facts=facts)
+    if facts.agrees:
         return [f], []
-    return [f], [Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read (vocab padding, "
-                                "GQA groups, SwiGLU, MoE, Megatron-Core version)",
-                                f"largest gap {_pct(gap)} on {n_bad} iterations", None)]
+    return [f], [CrosscheckRecommendation("", "tflops-crosscheck", 0, "", "", None, facts=facts)]
 
 
 def pipeline(c: RunContext) -> Out:

@@ -14,7 +14,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.advice import budget_findings
 from perfd.analytics.breakdown.advice_registry import BANDS, GRADE, Grade, GradeBasis
 from perfd.analytics.breakdown.budget import StepBudget, classify
-from perfd.analytics.finding_types import Finding
+from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.untimed import Untimed
@@ -111,9 +111,34 @@ class MfuFacts:
     explanation: GradeExplanation | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrosscheckFacts:
+    """The check of perfd's throughput (the MFU's numerator) against the framework's logged figure over
+    the steady iterations: how many were checked, how many disagree, the largest gap, the two medians and
+    the FLOPs formula."""
+
+    n_checked: int
+    n_disagree: int
+    max_gap: float | None
+    tflops: float | None
+    logged_tflops: float | None
+    formula: str | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.n_disagree == 0
+
+
 @dataclass
 class MfuFinding(Finding):
-    """The run's MFU finding with its title and observation left to the report (perfd.report.grade_text
-    words them from ``facts``)."""
+    """One of the run's MFU findings (its grade, or the check of its throughput) with its title and
+    observation left to the report (perfd.report.grade_text words them from ``facts``)."""
 
-    facts: MfuFacts | None = field(default=None, metadata={"json": False})
+    facts: MfuFacts | CrosscheckFacts | None = field(default=None, metadata={"json": False})
+
+
+@dataclass
+class CrosscheckRecommendation(Recommendation):
+    """What to check where the throughput disagrees, its action and detail left to the report."""
+
+    facts: CrosscheckFacts | None = field(default=None, metadata={"json": False})
