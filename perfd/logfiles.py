@@ -10,6 +10,7 @@ that sentence rather than read as binary.
 from __future__ import annotations
 
 import contextlib
+import enum
 import gzip
 import io
 import lzma
@@ -38,19 +39,28 @@ def check_log_path(path: str) -> None:
         raise LogFileError(f"{path} is not a regular file")
 
 
-def compression_of_bytes(head: bytes) -> str | None:
-    """'gzip', 'xz', 'zstd' or None (plain), from the first bytes of a file's content."""
+class Compression(enum.Enum):
+    """The compressed formats a log or a trace is read in (plain is None). Shown in no output, so the
+    members' values are only their names."""
+
+    GZIP = "gzip"
+    XZ = "xz"
+    ZSTD = "zstd"
+
+
+def compression_of_bytes(head: bytes) -> Compression | None:
+    """The compression of a file's content from its first bytes, or None (plain)."""
     if head.startswith(GZIP_MAGIC):
-        return "gzip"
+        return Compression.GZIP
     if head.startswith(XZ_MAGIC):
-        return "xz"
+        return Compression.XZ
     if head.startswith(_ZSTD_MAGIC):
-        return "zstd"
+        return Compression.ZSTD
     return None
 
 
-def compression_of(path: str | Path) -> str | None:
-    """'gzip', 'xz', 'zstd' or None (plain), from the first bytes of the file."""
+def compression_of(path: str | Path) -> Compression | None:
+    """The compression of the file from its first bytes, or None (plain)."""
     with Path(path).open("rb") as fh:
         head = fh.read(len(XZ_MAGIC))  # the longest magic
     return compression_of_bytes(head)
@@ -61,18 +71,18 @@ def open_log(path: str | Path) -> Iterator[BinaryIO]:
     """A binary stream of the log's text, decompressed when the file is gzip, xz or zstd. A truncated
     gzip or xz file raises EOFError when the reader reaches its cut (the callers' "cannot read")."""
     kind = compression_of(path)
-    if kind == "gzip":
+    if kind is Compression.GZIP:
         with gzip.open(path, "rb") as gz:
             yield cast(BinaryIO, gz)
         return
-    if kind == "xz":
+    if kind is Compression.XZ:
         try:
             with lzma.open(path, "rb") as xz:
                 yield cast(BinaryIO, xz)
         except lzma.LZMAError as exc:  # corrupt, not cut: not an OSError, so say it as the callers refuse
             raise LogFileError(f"{path}: corrupt xz data ({exc})") from None
         return
-    if kind == "zstd":
+    if kind is Compression.ZSTD:
         try:
             import zstandard
         except ImportError:

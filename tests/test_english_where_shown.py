@@ -1,13 +1,13 @@
-"""English only where it is shown (issue 57): the sentences perfd/report declares for the analytics'
-codes (perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a
-row's exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences,
-its line and its action, perfd.report.incident_text and incident_findings) are in no analytics
-source again. Checked on the source (AST, no import): every literal part of each
-template that reads as words is looked for in every string constant of perfd/analytics. The serving
-figures' sources and reasons (MetricValue), a peak's reason, the evidence's source and a rank snapshot's
-observations are codes too: their sentences are TEMPLATE's and incident_text's (so the checks above
-catch them spelled in analytics again), and the typed values that carry them hold no text (checked
-on their annotations: a field typed ``str`` there again is the English back)."""
+"""English only where it is shown (issue 57): the sentences perfd/report declares for the analytics' codes
+(perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a row's
+exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences, its line and
+its action, perfd.report.incident_text and incident_findings) are in no analytics source again. Checked on
+the source (AST, no import): every literal part of each template that reads as words is looked for in
+every string constant of perfd/analytics. The serving figures' sources and reasons (MetricValue), a peak's
+reason, the evidence's source, a rank snapshot's observations, where the training dtype comes from and the
+FLOPs count's notes are codes too: their sentences are TEMPLATE's and incident_text's (so the checks above
+catch them spelled in analytics again), and the typed values that carry them hold no text (checked on
+their annotations: a field typed ``str`` there again is the English back)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORDS = re.compile(r"[A-Za-z][A-Za-z-]+")
 MIN_WORDS = 3  # a shorter fragment ("step time", "unknown") is no sentence: it may be said anywhere
 # Names of quantities and a phrase the analytics' docs and notes use too (the serving spec's docstrings,
-# a FLOPs note): no sentence of a code.
+# a FLOPs note, a field's name): no sentence of a code.
 NAMED_ELSEWHERE = {"KV bytes per token", "FLOPs per token", "KV heads replicated",
-                   "observations in the window", "is not positive"}
+                   "observations in the window", "is not positive", "moe_layer_freq"}
 
 
 def _fragments(template: str, least: int = MIN_WORDS) -> list[str]:
@@ -58,20 +58,24 @@ def test_no_analytics_module_words_a_code_again() -> None:
     assert len(fragments) > 100  # the check looks for real sentences (the serving ones among them)
     assert "no speculative decoding ('accept len') logged" in fragments  # a serving reason
     assert "not in the bandwidth table; give the peak bandwidth in config" in fragments  # a peak's reason
+    assert "moe_ffn_hidden_size unset: Megatron uses ffn_hidden_size" in fragments  # a FLOPs note
+    assert "arguments: neither bf16 nor fp16" in fragments  # where the dtype comes from
     files = sorted((ROOT / "perfd" / "analytics").rglob("*.py"))
     assert files
     found = _found(fragments, files)
     assert not found, found
 
 
-# The modules that word incidents (issue 57): their sentences are f-strings and literals, not a table,
-# cut by their fields into pieces; a piece is a sentence from INCIDENT_WORDS words ("of the step", "in
-# steady state" are said of other things too).
-INCIDENT_TEXT = ("incident_text.py", "incident_findings.py")
+# The modules that word incidents and the MFU grades and finding (issue 57): their sentences are
+# f-strings and literals, not a table, cut by their fields into pieces; a piece is a sentence from
+# INCIDENT_WORDS words ("of the step", "in steady state" are said of other things too).
+INCIDENT_TEXT = ("incident_text.py", "incident_findings.py", "grade_text.py")
 INCIDENT_WORDS = 5
 # Pieces analytics says of something else, in its own words: a capture finding's title
-# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py).
-SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU"}
+# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py),
+# the exposed-communication finding's (run_findings.py; a grade's words quote it).
+SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU",
+                  "is the timed collectives' only (DP gradient sync"}
 
 
 def _said(path: Path) -> list[str]:
@@ -90,6 +94,10 @@ def test_no_analytics_module_words_an_incident_again() -> None:
     fragments = {frag: name for name in INCIDENT_TEXT for frag in _said(ROOT / "perfd" / "report" / name)
                  if frag not in SAID_ELSEWHERE}
     assert len(fragments) > 40  # the check looks for real sentences
+    assert "MFU < 30%: severe (usually communication or data loading" in fragments  # a grade's (grade_text)
+    assert "the step budget shows where the time goes —" in fragments  # a grade explained
+    assert "'s digest holds no MFU (its GPU or its model FLOPs were unknown when its records were digested" \
+        in fragments  # the MFU finding's
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
@@ -125,10 +133,11 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
     (a GPU's name, a dtype, the kept observations read back from the state store), never the source, a
     reason or the observations made now."""
     from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
-    from perfd.analytics.run.run_summary import JobGpu
+    from perfd.analytics.run.run_summary import JobFlops, JobGpu
     from perfd.analytics.serving.histogram import Quantile
     from perfd.analytics.serving.serving_findings import ServingFinding
     from perfd.analytics.serving.spec import MetricValue, Peaks
+    from perfd.analytics.steps.flops import FlopsResult
     from perfd.analytics.steps.gpus import BandwidthResult, PeakResult
 
     allowed: dict[type, set[str]] = {
@@ -137,7 +146,9 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
         Peaks: set(),
         PeakResult: {"dtype", "gpu_model"},  # (b) a peak's reason is a code
         BandwidthResult: {"gpu_model"},
-        JobGpu: {"name", "model", "dtype", "dtype_source"},
+        JobGpu: {"name", "model", "dtype"},  # (e) where the dtype comes from is a code
+        FlopsResult: {"formula", "missing"},  # (f) its notes are codes (its formula a name)
+        JobFlops: {"formula", "source", "missing"},
         RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
         IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
         # a serving finding's own words are the finding's; what it quotes of a figure is a code

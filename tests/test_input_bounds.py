@@ -25,6 +25,7 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate
+from perfd.analytics.steps.provenance import Code, cite
 from perfd.cli import main as cli_main
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.model import JobInfo
@@ -108,7 +109,8 @@ def test_analytics_loops_are_bounded_by_the_declared_bounds() -> None:
     assert rebalance_estimate(8, 2, 10.0, math.inf) is None
     est = rebalance_estimate(8, 2, 10.0, 20.0)
     assert est is not None and est.best_move == 2 and est.new_heavier_ms == 15.0
-    assert isinstance(moe_layer_pattern(1, 10**29), str)
+    assert moe_layer_pattern(1, 10**29) == cite(Code.FLOPS_LAYERS_OUT_OF_BOUNDS, 10**29,
+                                                  *bounds.SPEC_BOUNDS["num_layers"])
     assert moe_layer_pattern(2, 4) == [1, 0, 1, 0]
 
 

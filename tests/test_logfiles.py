@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from perfd.logfiles import LogFileError, compression_of, iter_text_lines
+from perfd.logfiles import Compression, LogFileError, compression_of, iter_text_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON = ROOT / "tests" / "data" / "megatron" / "tp2_mha_gelu.log"
-PACK = {"gzip": gzip.compress, "xz": lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME)}
+PACK = {Compression.GZIP: gzip.compress,
+        Compression.XZ: lambda b: lzma.compress(b, preset=9 | lzma.PRESET_EXTREME)}
 
 
-@pytest.mark.parametrize("kind", sorted(PACK))
-def test_a_compressed_log_reads_as_the_plain_one_whatever_it_is_called(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind", list(PACK), ids=[k.value for k in PACK])
+def test_a_compressed_log_reads_as_the_plain_one_whatever_it_is_called(
+        tmp_path: Path, kind: Compression) -> None:
     log = tmp_path / "train.log"  # no .gz / .xz: the bytes say what it is
     log.write_bytes(PACK[kind](MEGATRON.read_bytes()))
     assert compression_of(log) == kind
@@ -25,8 +27,8 @@ def test_a_compressed_log_reads_as_the_plain_one_whatever_it_is_called(tmp_path:
     assert compression_of(MEGATRON) is None
 
 
-@pytest.mark.parametrize("kind", sorted(PACK))
-def test_a_cut_archive_raises_eof_as_gzip_does(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind", list(PACK), ids=[k.value for k in PACK])
+def test_a_cut_archive_raises_eof_as_gzip_does(tmp_path: Path, kind: Compression) -> None:
     bad = tmp_path / "train.log"
     bad.write_bytes(PACK[kind](MEGATRON.read_bytes())[:4000])
     with pytest.raises(EOFError, match="ended before the end-of-stream marker"):
@@ -34,7 +36,7 @@ def test_a_cut_archive_raises_eof_as_gzip_does(tmp_path: Path, kind: str) -> Non
 
 
 def test_corrupt_xz_is_a_log_file_error(tmp_path: Path) -> None:
-    packed = PACK["xz"](MEGATRON.read_bytes())
+    packed = PACK[Compression.XZ](MEGATRON.read_bytes())
     bad = tmp_path / "train.log.xz"
     bad.write_bytes(packed[:200] + bytes(64) + packed[264:])  # the header kept, the data scrambled
     with pytest.raises(LogFileError, match="corrupt xz data"):

@@ -27,7 +27,7 @@ from pathlib import Path
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
-from perfd.logfiles import compression_of_bytes
+from perfd.logfiles import Compression, compression_of_bytes
 
 _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -170,9 +170,9 @@ def read_chrome_trace(path: str | Path) -> TraceData:
     p = Path(path)
     raw = p.read_bytes()
     kind = compression_of_bytes(raw)
-    if kind == "gzip":
+    if kind is Compression.GZIP:
         raw = gzip.decompress(raw)
-    elif kind == "xz":
+    elif kind is Compression.XZ:
         raw = _unxz(raw)
     try:
         doc = json.loads(raw)

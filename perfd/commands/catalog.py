@@ -45,6 +45,7 @@ def registry_text() -> str:
     """The classes, the step budget's parts and the MFU grades as the advice registry declares them
     (perfd.analytics.breakdown.advice_registry): the lists and counts the other docs point to."""
     from perfd.analytics.breakdown import advice_registry as reg  # only --doc loads the analytics
+    from perfd.report.grade_text import BAND_TEXT, grade_label
 
     parts = reg.class_parts()
     out = ["## Bottleneck classes, budget parts and MFU grades\n",
@@ -63,7 +64,8 @@ def registry_text() -> str:
         out.append(f"| `{p.part.value}` | {p.name} | {p.cls.value if p.cls is not None else '—'}{fused} |")
     out += ["", f"{len(reg.GRADES)} MFU grades:\n", "| grade | band | shown as | finding severity |",
             "|---|---|---|---|"]
-    out += [f"| `{g.grade.value}` | {g.band or '—'} | {g.shown} | {g.severity.value} |" for g in reg.GRADES]
+    out += [f"| `{g.grade.value}` | {BAND_TEXT.get(g.grade, '—')} | {grade_label(g.grade)} | "
+            f"{g.severity.value} |" for g in reg.GRADES]
     return "\n".join(out) + "\n"
 
 

@@ -43,12 +43,13 @@ from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.report.row_json import job_json
 
 log = logging.getLogger(__name__)
 
 RANK_RATIO = "perfd_job_rank_compute_ratio"
-# Keys of the job block's JSON (JobBlock.to_json, W&B's config being an edge) that become the
-# run's config (what the job is).
+# Keys of the job block's JSON as served (perfd.report.row_json.job_json: its codes worded, W&B's
+# config being an edge) that become the run's config (what the job is).
 CONFIG_KEYS = ("framework", "framework_version", "torch_version", "layout", "model", "gpu",
                "flops_per_iteration", "flops_formula", "timing_log_option", "log_interval")
 MODES = ("offline", "online", "disabled")
@@ -153,7 +154,7 @@ def job_config(job: str, block: JobBlock | None) -> dict[str, Any]:
     (the block's JSON: the config is what W&B is handed). No block (a capture attached before any
     analysis): the name alone."""
     cfg: dict[str, Any] = {"job": job}
-    doc = block.to_json() if block is not None else {}
+    doc = job_json(block) if block is not None else {}
     for key in CONFIG_KEYS:
         if doc.get(key) is not None:
             cfg[key] = doc[key]

@@ -204,6 +204,27 @@ TEMPLATE: dict[Code, str] = {
     Code.OUTLIER_STEP: "step {0:g} ms > {1:g}× the steady {2:.4g} ms a step",
     Code.IN_INCIDENT: "incident {0}",
     Code.IN_CAPTURE: "perfd capture ({0})",
+    # How the FLOPs count was made, or why there is none.
+    Code.FLOPS_NOTES: "{0}; {1}",
+    Code.FLOPS_MLA: "multi-latent attention: perfd's formula does not model MLA yet",
+    Code.FLOPS_MOE_FFN_FALLBACK: "moe_ffn_hidden_size unset: Megatron uses ffn_hidden_size",
+    Code.FLOPS_VERSION_UNKNOWN: "Megatron-Core version unknown: assumed current (>=0.12, causal-halved "
+        "attention)",
+    Code.FLOPS_VERSION_UNPARSEABLE: "Megatron-Core version unparseable ({0!r}): assumed current (>=0.12, "
+        "causal-halved attention)",
+    Code.FLOPS_LAYERS_OUT_OF_BOUNDS: "num_layers {0} outside [{1}, {2}]",
+    Code.FLOPS_MOE_FREQ_NOT_POSITIVE: "moe_layer_freq {0} is not positive",
+    Code.FLOPS_MOE_PATTERN_LENGTH: "moe_layer_freq pattern has {0} entries, num_layers is {1}",
+    Code.FLOPS_6N_NO_ATTENTION: "6·N·tokens ignores the attention-score FLOPs: it reads low for long "
+        "sequences",
+    Code.FLOPS_FORMULA_UNAVAILABLE: "Megatron formula unavailable (missing: {0})",
+    Code.FLOPS_TOKENS_NO_SPEC: "tokens_per_step known, but no model spec to count FLOPs per token (StepHook "
+        "flops_per_step=, or model= with the model's shape)",
+    # Where the training dtype comes from.
+    Code.DTYPE_ARGUMENT: "argument",
+    Code.DTYPE_MODEL_SPEC: "model spec",
+    Code.DTYPE_FLAG: "arguments: {0}",
+    Code.DTYPE_NO_FLAG: "arguments: neither bf16 nor fp16",
 }
 
 

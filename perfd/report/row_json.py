@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.run.run_summary import JobBlock
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.steady import Exclusion
 from perfd.report.incident_text import incident_json
@@ -167,6 +168,21 @@ def iteration_rows(a: RunAnalysis, steady_only: bool = False, codes: RowCodes | 
     return coder.rows(a.steady_rows() if steady_only else a.iterations)
 
 
+def job_json(block: JobBlock) -> dict[str, Any]:
+    """The job block's JSON as served (the API, W&B's config): its codes — where the dtype and the peak
+    come from, or why there is no peak; the FLOPs count's notes — as their sentences, in their keys'
+    places."""
+    job = json_value(block.to_json())
+    gpu = job.get("gpu") if isinstance(job, dict) else None
+    assert isinstance(job, dict) and isinstance(gpu, dict)  # JobBlock.to_json's shape
+    for key, c in (("dtype_source", block.gpu.dtype_source), ("peak_source", block.gpu.peak_source),
+                   ("peak_reason", block.gpu.peak_reason)):
+        if c is not None:
+            gpu[key] = text(c)
+    job["flops_notes"] = [text(n) for n in block.flops.notes]
+    return job
+
+
 def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
     capture_match, where a capture was read against the job: perfd.analytics.breakdown
@@ -175,12 +191,8 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     codes = row_codes(a)
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
-    job = rest.pop("job")
-    gpu, peak = job.get("gpu"), a.job.gpu
-    for key, c in (("peak_source", peak.peak_source), ("peak_reason", peak.peak_reason)):
-        if isinstance(gpu, dict) and c is not None:
-            gpu[key] = text(c)  # its code's sentence, in the key's place
-    return {"job": job, "iterations": rows, "iteration_codes": codes.legend(),
+    rest.pop("job")
+    return {"job": job_json(a.job), "iterations": rows, "iteration_codes": codes.legend(),
             "summary": rest.pop("summary"),
             "incidents": [json_value(incident_json(i)) for i in a.incidents], **rest}
 

@@ -21,12 +21,13 @@ from perfd.analytics.finding_types import Finding, Recommendation, Severity, ord
 from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
-from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_label, grade_mfu
+from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
@@ -136,7 +137,8 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     where the CPUs have room."""
     s = analysis.summary
     run_s = analysis.run_seconds() or None
-    findings, recs = [quoting(f) for f in analysis.findings], list(analysis.recommendations)
+    findings = [quoting(worded(f)) for f in analysis.findings]
+    recs = [worded_recommendation(r) for r in analysis.recommendations]
     arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if incidents is None:  # the incidents the analysis found; its arming finding follows, unordered
         inc_f, inc_r = incident_findings(analysis.incidents, run_s)
@@ -154,12 +156,12 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
     mfu = s.median("mfu")
-    grade, _ = grade_mfu(mfu)
+    grade = grade_mfu(mfu)
     budget = s.step_budget
     lay = analysis.job.layout
-    grade_text = explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                               budget_class_text(budget),
-                               untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)).text()
+    untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
+    grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
+                                                budget_class_text(budget), untimed))
     span = analysis.steady.range_text()
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

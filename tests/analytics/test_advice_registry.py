@@ -32,8 +32,9 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
 from perfd.analytics.ncu.ncu_verdicts import rows_class
-from perfd.analytics.run.run_grade import explain_grade, grade_label, grade_mfu
+from perfd.analytics.run.run_grade import explain_grade, grade_mfu
 from perfd.commands.catalog import registry_text
+from perfd.report.grade_text import BAND_TEXT, GRADE_TEXT, grade_label
 
 WITH_PARTS = [c for c in CLASSES if class_parts().get(c.cls)]
 
@@ -68,7 +69,7 @@ def test_every_combination_in_use_has_an_entry() -> None:
         assert p.name and (p.holds or not p.finding), p.part
     assert set(budget_mod.CLASS_PARTS) == {c.cls for c in WITH_PARTS}
     assert not {BottleneckClass.MIXED, BottleneckClass.UNKNOWN} & set(budget_mod.CLASS_PARTS)
-    seen = {grade_mfu(m / 100)[0] for m in range(0, 130)} | {grade_mfu(None)[0]}
+    seen = {grade_mfu(m / 100) for m in range(0, 130)} | {grade_mfu(None)}
     assert seen == set(Grade)
     # each remedy on a budget where every part is large: the part it advises on has an entry
     big = _captured({p: 10.0 for p in Part if p is not Part.COMPUTE})
@@ -132,15 +133,20 @@ def test_a_fused_part_counts_for_its_fused_class() -> None:
 
 
 @pytest.mark.parametrize("entry", reg.BANDS, ids=lambda g: g.grade.value)
-def test_each_band_grades_its_mfu_and_shows_its_label(entry: reg.GradeEntry) -> None:
+def test_each_band_grades_its_mfu(entry: reg.GradeEntry) -> None:
     top = entry.below.value if entry.below is not None else 0.9
     mfu = top if entry.inclusive else top - 0.001
-    grade, text = grade_mfu(mfu)
-    assert grade is entry.grade and text == entry.text
-    assert grade_label(grade) == (entry.label or entry.grade.value)
+    assert grade_mfu(mfu) is entry.grade
     # the band's usual causes give way to a budget only where the entry says the band is explained
     said = explain_grade(mfu, None, None, "memory-bound (memory 60%)")
     assert (said.basis is GradeBasis.BUDGET) == (entry.explained_by is not None)
+
+
+def test_every_grade_has_its_words_in_the_report() -> None:
+    """A grade's sentence, its band's range and its label are the report's (perfd.report.grade_text):
+    one for each grade, a range for each band."""
+    assert set(GRADE_TEXT) == set(Grade) and set(BAND_TEXT) == {g.grade for g in reg.BANDS}
+    assert grade_label(Grade.COMMUNICATION_OVERHEAD) == "fair" and grade_label(Grade.GOOD) == "good"
 
 
 def test_the_generated_doc_lists_every_entry_with_its_count() -> None:

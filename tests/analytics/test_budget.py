@@ -19,10 +19,12 @@ import pytest
 from collectors.megatron import parse_file
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.breakdown.advice_registry import GradeBasis
 from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShares, classify, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.report.grade_text import worded
 from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
@@ -147,7 +149,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     # grade's text does not point at them either.
     for r in a.recommendations:
         assert "tensor parallelism" not in r.action and "data loading" not in r.action.lower()
-    assert "usually communication or data loading" not in f["mfu-grade"].observation
+    assert "usually communication or data loading" not in worded(f["mfu-grade"]).observation
 
 
 @pytest.mark.slow
@@ -294,14 +296,21 @@ def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
 
 def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:
     from perfd.analytics.run.run_grade import explain_grade
+    from perfd.report.grade_text import explanation_text
 
-    assert "usually communication or data loading" in explain_grade(0.2, None, None).text()
-    text = explain_grade(0.2, 0.006, None).text()
+    def said(*args: float | str | None) -> str:
+        return explanation_text(explain_grade(*args))  # type: ignore[arg-type]
+
+    assert explain_grade(0.2, None, None).basis is GradeBasis.BAND
+    assert "usually communication or data loading" in said(0.2, None, None)
+    ruled = explain_grade(0.2, 0.006, None)
+    assert (ruled.basis, ruled.small_data, ruled.small_comm) == (GradeBasis.RULED_OUT, True, False)
+    text = said(0.2, 0.006, None)
     assert "not data loading (0.6%)" in text and "usually" not in text and "not timed" in text
-    assert "not data loading (1.2%) nor exposed communication (0.2%)" in \
-        explain_grade(0.2, 0.012, 0.002).text()
-    assert explain_grade(0.2, 0.3, 0.2).text().endswith("(usually communication or data loading)")
-    assert "the step budget shows" in explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)").text()
+    assert "not data loading (1.2%) nor exposed communication (0.2%)" in said(0.2, 0.012, 0.002)
+    assert said(0.2, 0.3, 0.2).endswith("(usually communication or data loading)")
+    assert explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)").basis is GradeBasis.BUDGET
+    assert "the step budget shows" in said(0.35, 0.0, 0.0, "memory-bound (memory 60%)")
 
 
 @pytest.mark.slow

@@ -139,7 +139,7 @@ def test_moe_ffn_falls_back_to_ffn_hidden_size_like_megatron() -> None:
     assert res.flops_per_iteration == _reference(a, 64)
     # top-1 of experts as wide as the dense FFN: same FLOPs as the dense model
     assert res.flops_per_iteration == FIXTURE_FLOPS
-    assert any("moe_ffn_hidden_size unset" in n for n in res.notes)
+    assert res.notes == (cite(Code.FLOPS_MOE_FFN_FALLBACK),)
 
 
 def test_mtp_layers_add_layers_logits_and_projection() -> None:
@@ -178,7 +178,9 @@ def test_unknown_version_assumes_current_and_says_so() -> None:
     res = megatron_flops(fixture_job().spec, 64, None)
     assert res.flops_per_iteration == FIXTURE_FLOPS
     assert res.formula == FORMULA_CURRENT
-    assert any("assumed current" in n for n in res.notes)
+    assert res.notes == (cite(Code.FLOPS_VERSION_UNKNOWN),)
+    unparsed = megatron_flops(fixture_job().spec, 64, "main")
+    assert unparsed.notes == (cite(Code.FLOPS_VERSION_UNPARSEABLE, "main"),)
     assert parse_version("core_r0.11.0") == (0, 11)
     assert parse_version("garbage") is None
 
@@ -203,13 +205,14 @@ def test_mla_is_not_guessed() -> None:
     res = megatron_flops(spec, 64, "0.20.0")
     why = res.why()  # a note of this module's, quoted: the model's attention is not counted
     assert res.flops_per_iteration is None and why is not None and why.code is Code.WHY
-    assert "MLA" in str(why.args[0])
+    assert why.args == (cite(Code.FLOPS_MLA),)
 
 
 def test_moe_layer_pattern() -> None:
     assert moe_layer_pattern(2, 5) == [1, 0, 1, 0, 1]
     assert moe_layer_pattern([0, 1], 2) == [0, 1]
-    assert isinstance(moe_layer_pattern([0, 1], 3), str)
+    assert moe_layer_pattern([0, 1], 3) == cite(Code.FLOPS_MOE_PATTERN_LENGTH, 2, 3)
+    assert moe_layer_pattern(0, 3) == cite(Code.FLOPS_MOE_FREQ_NOT_POSITIVE, 0)
 
 
 def test_six_n_fallback() -> None:

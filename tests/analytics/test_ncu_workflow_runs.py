@@ -23,9 +23,11 @@ import pytest
 from collectors.megatron import parse_lines
 from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.model import JobInfo, StepRecord
+from perfd.report.grade_text import worded
 from tests.analytics.ncu_workflow_data import (
     GPU,
     JOB,
@@ -231,4 +233,7 @@ def test_mfu_absent_says_why_when_the_figures_are_an_earlier_runs() -> None:
     a = state.analysis(JOB, force=True)
     assert a is not None and a.summary.runs.figures_run == 1 and a.summary.median("mfu") is None
     f = next(f for f in a.findings if f.id == "mfu-absent")
-    assert "run 1's digest holds no MFU" in f.observation and "analytics:" not in f.observation
+    assert isinstance(f, MfuFinding) and isinstance(f.facts, MfuFacts) and f.facts.said is MfuSaid.EARLIER_RUN
+    said = worded(f).observation  # golden: the earlier run's digest is why, not a source of this run's
+    assert said == ("MFU absent: the figures are run 1's (every step of run 3 is armed), and run 1's digest "
+                    "holds no MFU (its GPU or its model FLOPs were unknown when its records were digested)")

@@ -7,7 +7,7 @@ import math
 import string
 
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.analytics.run.run_findings import QuotingFinding
+from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table, _Cites
 from perfd.analytics.steps.provenance import Code, Kind, cite
@@ -105,8 +105,10 @@ def test_a_finding_quotes_a_source_as_a_code_and_the_report_words_it() -> None:
     finding reads as it always did (a golden observation), the analysis' own holds no sentence."""
     a = analyze_run(fixture_job(), fixture_records(), gpu_name=None, live=False)
     (raw,) = [f for f in a.findings if f.id == "mfu-absent"]
-    assert isinstance(raw, QuotingFinding) and raw.quotes == (("", a.iterations[0].sources["mfu"]),)
-    assert raw.quotes[0][1].code is Code.PEAK_NO_GPU and raw.observation == "MFU "
+    assert isinstance(raw, MfuFinding) and raw.facts == MfuFacts(said=MfuSaid.QUOTED,
+                                                                 quoted=a.iterations[0].sources["mfu"])
+    assert raw.facts.quoted is not None and raw.facts.quoted.code is Code.PEAK_NO_GPU
+    assert raw.observation == ""  # the analysis' own holds no sentence
     (shown,) = [f for f in build_report(a).findings if f.id == "mfu-absent"]
     assert shown.observation == ("MFU absent: GPU name unknown; give the GPU (--gpu NAME, as NVML names it) "
                                  "or its peak (--peak-tflops N) to get MFU")

@@ -10,10 +10,18 @@ import pytest
 from rich.console import Console
 
 from perfd import catalog
+from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_findings import derive_findings
-from perfd.analytics.run.run_grade import grade_mfu
+from perfd.analytics.run.run_grade import (
+    CrosscheckFacts,
+    CrosscheckRecommendation,
+    MfuFacts,
+    MfuFinding,
+    grade_mfu,
+)
 from perfd.report import Report, build_report, render_rich, render_text
+from perfd.report.grade_text import worded
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
 
 
@@ -22,7 +30,7 @@ from tests.analytics.analytics_helpers import fixture_job, fixture_records
     (0.40, "good"), (0.50, "good"), (0.5001, "excellent"), (0.9, "excellent"), (None, "unknown"),
 ])
 def test_grade_boundaries(mfu: float | None, grade: str) -> None:
-    assert grade_mfu(mfu)[0] == grade
+    assert grade_mfu(mfu) == grade
 
 
 def _report() -> Report:
@@ -64,9 +72,31 @@ def test_the_30_40_band_is_no_cause_in_the_headline() -> None:
     # The finding's title is a headline too (seen on the H100: a 1-GPU loop's "MFU 38.7%:
     # communication-overhead"); its evidence keeps the grade.
     (grade,) = [f for f in derive_findings(a, fixture_job())[0] if f.id == "mfu-grade"]
-    assert grade.title == "MFU 37.7%: fair" and grade.evidence["grade"] == "communication-overhead"
+    assert isinstance(grade, MfuFinding) and isinstance(grade.facts, MfuFacts) and grade.title == ""
+    said = grade.facts.explanation
+    assert said is not None and said.grade is Grade.COMMUNICATION_OVERHEAD
+    assert worded(grade).title == "MFU 37.7%: fair" and grade.evidence["grade"] == "communication-overhead"
     a.summary = dataclasses.replace(a.summary, medians={**a.summary.medians, "comm_exposed_share": 0.15})
     assert build_report(a).summary.status_text == "MFU 30–40%: communication overhead"
+
+
+def test_a_throughput_disagreement_is_typed_and_the_report_words_it() -> None:
+    """perfd's FLOPs against the logged throughput: the analysis holds the counts and the gap, the
+    report the sentences (golden title and action)."""
+    job = fixture_job()
+    job.spec.padded_vocab_size = 4 * (job.spec.padded_vocab_size or 1)  # a spec perfd reads wrong
+    a = analyze_run(job, fixture_records(), gpu_name="NVIDIA H100 80GB HBM3")
+    (f,) = [f for f in a.findings if f.id == "tflops-crosscheck"]
+    (r,) = [r for r in a.recommendations if r.finding_id == "tflops-crosscheck"]
+    assert isinstance(f, MfuFinding) and isinstance(f.facts, CrosscheckFacts) and f.title == ""
+    assert not f.facts.agrees and f.facts.n_disagree == f.facts.n_checked > 0
+    assert isinstance(r, CrosscheckRecommendation) and r.action == ""
+    rep = build_report(a)
+    (shown,) = [f for f in rep.findings if f.id == "tflops-crosscheck"]
+    assert shown.title == "perfd FLOPs disagree with Megatron's logged throughput"
+    (said,) = [r for r in rep.recommendations if r.finding_id == "tflops-crosscheck"]
+    assert said.action.startswith("Check the model spec perfd read")
+    assert said.detail.endswith(f"on {f.facts.n_disagree} iterations")
 
 
 def test_render_text_and_json() -> None:

@@ -215,14 +215,16 @@ def test_to_json_shape() -> None:
 
 def test_resolve_dtype() -> None:
     job = fixture_job()
-    assert resolve_dtype(job, None) == ("bf16", "arguments: bf16")
-    assert resolve_dtype(job, "fp8")[0] == "fp8"
+    assert resolve_dtype(job, None) == ("bf16", cite(Code.DTYPE_FLAG, "bf16"))
+    assert resolve_dtype(job, "fp8") == ("fp8", cite(Code.DTYPE_ARGUMENT))
     job.arguments = {"bf16": "False", "fp16": "True"}
-    assert resolve_dtype(job, None)[0] == "fp16"
+    assert resolve_dtype(job, None) == ("fp16", cite(Code.DTYPE_FLAG, "fp16"))
     job.arguments = {"fp8": "hybrid", "bf16": "True"}
-    assert resolve_dtype(job, None)[0] == "fp8"
+    assert resolve_dtype(job, None) == ("fp8", cite(Code.DTYPE_FLAG, "fp8"))
+    job.arguments = {"bf16": "False", "fp16": "False"}
+    assert resolve_dtype(job, None) == ("fp32", cite(Code.DTYPE_NO_FLAG))
     job.arguments = {}
-    assert resolve_dtype(job, None) == (None, "unknown")
+    assert resolve_dtype(job, None) == (None, cite(Code.UNKNOWN))
 
 
 def test_dp2_per_rank_persistent_straggler_end_to_end() -> None:

@@ -87,7 +87,7 @@ def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, lo
 def test_an_mfu_above_100_percent_is_never_graded() -> None:
     """Live, where no person gave the peak (a wrong --gpu on the aggregator, a wrong table row): the
     report says the peak is wrong and grades nothing."""
-    assert grade_mfu(1.32)[0] == Grade.IMPOSSIBLE and grade_mfu(0.55)[0] == "excellent"
+    assert grade_mfu(1.32) is Grade.IMPOSSIBLE and grade_mfu(0.55) is Grade.EXCELLENT
     _, analysis = analyze_megatron_file(str(BF16_PP2), gpu=H200, peak_tflops=5.0)
     assert analysis is not None and (analysis.summary.median("mfu") or 0) > 1
     rep = build_report(analysis)

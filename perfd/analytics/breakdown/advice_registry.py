@@ -1,11 +1,11 @@
 """The one advice registry: for every bottleneck class, every part of the step budget and every MFU
 grade, one typed entry that says what applies to it — which parts a class is the time of, what a
-part is called and what its finding opens with, which parts the run's timers speak for, what a grade
-is called, its band, its severity and how it is explained. Every consumer derives from these tables:
-the budget's class (perfd.analytics.breakdown.budget), the ncu rows' class
-(perfd.analytics.ncu.ncu_verdicts), the budget's findings (perfd.analytics.advice.budget_findings),
-the run's grade and its findings (perfd.analytics.run.run_grade, run_findings), the report and the
-generated docs (`perfd catalog --doc`).
+part is called and what its finding opens with, which parts the run's timers speak for, a grade's
+band, its severity and how it is explained (a grade's words are the report's:
+perfd.report.grade_text). Every consumer derives from these tables: the budget's class
+(perfd.analytics.breakdown.budget), the ncu rows' class (perfd.analytics.ncu.ncu_verdicts), the
+budget's findings (perfd.analytics.advice.budget_findings), the run's grade and its findings
+(perfd.analytics.run.run_grade, run_findings), the report and the generated docs (`perfd catalog --doc`).
 
 It sits in ``breakdown`` because its keys are breakdown's types (the class, the part, the kernel
 bound) and nothing above: the advice, the ncu verdicts and the run read it from above. Adding a class
@@ -141,39 +141,29 @@ class GradeBasis(TextEnum):
 
 @dataclass(frozen=True, slots=True)
 class GradeEntry:
-    """A grade: ``text`` says it; ``band`` is its MFU range (None: no band); ``label`` is how a
-    headline shows it (a band named for its usual cause would read as this job's cause beside the MFU,
-    which the class states); ``severity``: the MFU finding's; ``below``: the band's upper bound
-    (``inclusive``: the bound itself is in the band; None: no bound, the last band);
-    ``explained_by``: which of the job's own measurements may explain the band instead of its usual
-    causes (None: the band's text alone)."""
+    """A grade: ``band``: it is a band of MFU (the others say there is none); ``severity``: the MFU
+    finding's; ``below``: the band's upper bound (``inclusive``: the bound itself is in the band; None:
+    no bound, the last band); ``explained_by``: which of the job's own measurements may explain the band
+    instead of its usual causes (None: the band's sentence alone). Its words — the band's range, its
+    sentence, how a headline shows it — are the report's (perfd.report.grade_text)."""
 
     grade: Grade
-    text: str
-    band: str | None = None
-    label: str | None = None
+    band: bool = False
     severity: Severity = Severity.INFO
     below: Threshold | None = None
     inclusive: bool = False
     explained_by: GradeBasis | None = None
 
-    @property
-    def shown(self) -> str:
-        return self.label if self.label is not None else self.grade.value
-
 
 # The bands in MFU order, then the grades that are no band.
 GRADES: tuple[GradeEntry, ...] = (
-    GradeEntry(Grade.SEVERE, "MFU < 30%: severe (usually communication or data loading)", "MFU < 30%",
-               severity=Severity.CRITICAL, below=th.MFU_SEVERE, explained_by=GradeBasis.RULED_OUT),
-    GradeEntry(Grade.COMMUNICATION_OVERHEAD, "MFU 30–40%: communication overhead", "MFU 30–40%", "fair",
-               Severity.WARNING, th.MFU_GOOD, explained_by=GradeBasis.NOT_COMMUNICATION),
-    GradeEntry(Grade.GOOD, "MFU 40–50%: good", "MFU 40–50%", below=th.MFU_EXCELLENT, inclusive=True),
-    GradeEntry(Grade.EXCELLENT, "MFU > 50%: excellent", "MFU > 50%"),
-    GradeEntry(Grade.IMPOSSIBLE, "MFU above 100% is impossible: the peak it is measured against is wrong (a "
-               "--dtype, --gpu or --peak-tflops that is not the job's)",
-               label="above 100%: the peak is wrong", severity=Severity.WARNING),
-    GradeEntry(Grade.UNKNOWN, "MFU unknown"),
+    GradeEntry(Grade.SEVERE, True, Severity.CRITICAL, th.MFU_SEVERE, explained_by=GradeBasis.RULED_OUT),
+    GradeEntry(Grade.COMMUNICATION_OVERHEAD, True, Severity.WARNING, th.MFU_GOOD,
+               explained_by=GradeBasis.NOT_COMMUNICATION),
+    GradeEntry(Grade.GOOD, True, below=th.MFU_EXCELLENT, inclusive=True),
+    GradeEntry(Grade.EXCELLENT, True),
+    GradeEntry(Grade.IMPOSSIBLE, severity=Severity.WARNING),  # above th.MFU_POSSIBLE: the peak is wrong
+    GradeEntry(Grade.UNKNOWN),
 )
 
 
@@ -217,7 +207,7 @@ def short_name(text: str) -> str:
 
 
 MATH_PARTS: tuple[Part, ...] = tuple(p.part for p in PARTS if p.math)
-BANDS: tuple[GradeEntry, ...] = tuple(g for g in GRADES if g.band is not None)
+BANDS: tuple[GradeEntry, ...] = tuple(g for g in GRADES if g.band)
 
 
 # --- data loading -------------------------------------------------------------------------------------

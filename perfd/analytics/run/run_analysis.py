@@ -61,7 +61,7 @@ from perfd.analytics.steps.metrics import (
     throughput_per_gpu,
 )
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
-from perfd.analytics.steps.provenance import Code, Measured, cite
+from perfd.analytics.steps.provenance import Cited, Code, Measured, cite
 from perfd.analytics.steps.steady import steady_state_of
 from perfd.analytics.steps.stragglers import (
     RankOrder,
@@ -107,23 +107,24 @@ def _microbatches(lay: ParallelLayout, gbs: int | None) -> int | None:
     return None
 
 
-def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, str]:
-    """Training dtype: the argument, else the model spec, else Megatron's --bf16/--fp16/--fp8."""
+def resolve_dtype(job: JobInfo, dtype: str | None) -> tuple[str | None, Cited]:
+    """Training dtype and where it comes from: the argument, else the model spec, else Megatron's
+    --bf16/--fp16/--fp8."""
     if dtype is not None:
-        return normalize_dtype(dtype), "argument"
+        return normalize_dtype(dtype), cite(Code.DTYPE_ARGUMENT)
     if job.spec.dtype is not None:
-        return normalize_dtype(job.spec.dtype), "model spec"
+        return normalize_dtype(job.spec.dtype), cite(Code.DTYPE_MODEL_SPEC)
     args = job.arguments
     fp8 = args.get("fp8")
     if fp8 is not None and fp8.strip() not in ("None", "False", ""):
-        return "fp8", "arguments: fp8"
+        return "fp8", cite(Code.DTYPE_FLAG, "fp8")
     if args.get("bf16") == "True":
-        return "bf16", "arguments: bf16"
+        return "bf16", cite(Code.DTYPE_FLAG, "bf16")
     if args.get("fp16") == "True":
-        return "fp16", "arguments: fp16"
+        return "fp16", cite(Code.DTYPE_FLAG, "fp16")
     if args.get("bf16") == "False" and args.get("fp16") == "False":
-        return "fp32", "arguments: neither bf16 nor fp16"
-    return None, "unknown"
+        return "fp32", cite(Code.DTYPE_NO_FLAG)
+    return None, cite(Code.UNKNOWN)
 
 
 @dataclass

@@ -31,8 +31,17 @@ from perfd.analytics.finding_types import (
     Severity,
     order_findings,
 )
-from perfd.analytics.run.run_figures import MIN_GRADE_STEPS, too_few
-from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
+from perfd.analytics.run.run_figures import MIN_GRADE_STEPS
+from perfd.analytics.run.run_grade import (
+    CrosscheckFacts,
+    CrosscheckRecommendation,
+    MfuFacts,
+    MfuFinding,
+    MfuSaid,
+    budget_class_text,
+    explain_grade,
+    grade_mfu,
+)
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_estimate
 from perfd.analytics.steps.provenance import Cited
@@ -95,46 +104,40 @@ def figures_span(a: RunAnalysis) -> str:
 
 
 def mfu_grade(c: RunContext) -> Out:
+    """The run's MFU: why there is none, that too few steps give no grade, or its grade explained with
+    the job's own measurements. Its words are the report's (perfd.report.grade_text)."""
     a, med, span, peak = c.a, c.med, c.span, c.a.peak
     mfu = med.get("mfu")
     if mfu is None:
+        runs = a.summary.runs
+        facts = MfuFacts(said=MfuSaid.NO_ITERATIONS if not a.iterations else MfuSaid.UNKNOWN)
         # the first iteration's MFU source says why (a code, quoted where the finding is shown)
         quoted = a.iterations[0].sources.get("mfu") if a.iterations else None
-        why = "unknown" if a.iterations else "no iterations"
-        ref = a.summary.runs.reference
-        told = a.summary.runs.text()
-        if a.summary.runs.figures is FiguresFrom.NONE and told:
-            why, quoted = told, None
-        elif ref is not None:  # the figures are an earlier run's: its digest is why, not this run's steps
-            why, quoted = (f"absent: the figures are run {ref.run}'s (every step of run "
-                           f"{a.summary.runs.current} is armed), and run {ref.run}'s digest holds no MFU "
-                           "(its GPU or its model FLOPs were unknown when its records were digested)"), None
-        if quoted is not None:
-            return [QuotingFinding("mfu-absent", Severity.INFO, "MFU not available", "MFU ", {}, span,
-                                   quotes=(("", quoted),))], []
-        return [Finding("mfu-absent", Severity.INFO, "MFU not available", f"MFU {why}", {}, span)], []
+        if runs.figures is FiguresFrom.NONE and runs.text():
+            facts = MfuFacts(said=MfuSaid.RUNS, runs=runs)
+        elif runs.reference is not None:  # the figures are an earlier run's: its digest is why
+            facts = MfuFacts(said=MfuSaid.EARLIER_RUN, runs=runs)
+        elif quoted is not None:
+            facts = MfuFacts(said=MfuSaid.QUOTED, quoted=quoted)
+        return [MfuFinding("mfu-absent", Severity.INFO, "", "", {}, span, facts=facts)], []
     n = a.summary.n_steady
     if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
-        return [Finding("mfu-too-few-steps", Severity.INFO, f"MFU {_pct(mfu)}: {too_few(n)}",
-                        f"Median MFU {_pct(mfu)} over {n} steady step(s); {too_few(n)}: no grade.",
-                        {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span)], []
-    grade, _ = grade_mfu(mfu)
-    entry = GRADE[grade]
-    b = c.budget
-    cls = budget_class_text(b)
+        return [MfuFinding("mfu-too-few-steps", Severity.INFO, "", "",
+                           {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span,
+                           facts=MfuFacts(said=MfuSaid.TOO_FEW_STEPS, mfu=mfu, n_steady=n))], []
+    grade = grade_mfu(mfu)
     lay = c.job.layout
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
-    grade_text = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"), cls, untimed).text()
-    ceiling = (f"; {_pct(med.get('mfu_vs_measured_ceiling'))} of the measured "
-               f"{peak.measured_ceiling_tflops:g} TFLOP/s matmul ceiling"
-               if peak.measured_ceiling_tflops else "")
-    # The title is a headline too: the band's label, never its usual cause as this job's (GradeEntry.label).
-    return [Finding("mfu-grade", entry.severity, f"MFU {_pct(mfu)}: {entry.shown}",
-                    f"Median MFU {_pct(mfu)} = {med['model_tflops_per_gpu']:.1f} TFLOP/s per GPU of "
-                    f"{peak.peak_tflops:g} peak ({peak.gpu_model} {peak.dtype}){ceiling}. {grade_text}.",
-                    {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                     "peak_tflops": peak.peak_tflops, "grade": grade.value}, span,
-                    a.summary.bottleneck.cls.value)], []
+    said = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"),
+                         budget_class_text(c.budget), untimed)
+    facts = MfuFacts(said=MfuSaid.GRADED, mfu=mfu, tflops=med["model_tflops_per_gpu"],
+                     peak_tflops=peak.peak_tflops, gpu_model=peak.gpu_model, dtype=peak.dtype,
+                     of_ceiling=med.get("mfu_vs_measured_ceiling"),
+                     ceiling_tflops=peak.measured_ceiling_tflops, explanation=said)
+    return [MfuFinding("mfu-grade", GRADE[grade].severity, "", "",
+                       {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
+                        "peak_tflops": peak.peak_tflops, "grade": grade.value}, span,
+                       a.summary.bottleneck.cls.value, facts=facts)], []
 
 
 def tflops_crosscheck(c: RunContext) -> Out:
@@ -143,21 +146,16 @@ def tflops_crosscheck(c: RunContext) -> Out:
     if not n_chk:
         return [], []
     gap = a.summary.tflops_check_max_abs_gap
-    ok = n_bad == 0
-    f = Finding("tflops-crosscheck", Severity.INFO if ok else Severity.WARNING,
-                "perfd FLOPs agree with Megatron's logged throughput" if ok
-                else "perfd FLOPs disagree with Megatron's logged throughput",
-                f"{n_chk - n_bad}/{n_chk} steady iterations within max(1%, log rounding); largest gap "
-                f"{_pct(gap)}; median perfd {med['model_tflops_per_gpu']:.2f} vs logged "
-                f"{med['logged_tflops_per_gpu']:.2f} "
-                f"TFLOP/s/GPU ({a.flops.formula}).",
-                {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
-                str(a.flops.source) if a.flops.source else "")
-    if ok:
+    facts = CrosscheckFacts(n_checked=n_chk, n_disagree=n_bad, max_gap=gap,
+                            tflops=med.get("model_tflops_per_gpu"),
+                            logged_tflops=med.get("logged_tflops_per_gpu"), formula=a.flops.formula)
+    # its words are the report's (perfd.report.grade_text)
+    f = MfuFinding("tflops-crosscheck", Severity.INFO if facts.agrees else Severity.WARNING, "", "",
+                   {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
+                   str(a.flops.source) if a.flops.source else "", facts=facts)
+    if facts.agrees:
         return [f], []
-    return [f], [Recommendation("", "tflops-crosscheck", 0, "Check the model spec perfd read (vocab padding, "
-                                "GQA groups, SwiGLU, MoE, Megatron-Core version)",
-                                f"largest gap {_pct(gap)} on {n_bad} iterations", None)]
+    return [f], [CrosscheckRecommendation("", "tflops-crosscheck", 0, "", "", None, facts=facts)]
 
 
 def pipeline(c: RunContext) -> Out:

@@ -1,46 +1,42 @@
-"""A run's MFU grade and what explains it (docs/design.md §2 "MFU"): the band an MFU falls in,
-its text, and the band said with the job's own measurements — never its usual causes where the same
-report measured them small. The grades themselves (bands, texts, labels, severities) are the one
-registry's (perfd.analytics.breakdown.advice_registry.GRADES); this reads them. Pure."""
+"""A run's MFU grade and what explains it (docs/design.md §2 "MFU"): the band an MFU falls in, and
+the band explained with the job's own measurements — never its usual causes where the same report
+measured them small; and what the run's MFU finding says, as a kind and its numbers (:class:`MfuFacts`).
+The grades themselves (bands, severities) are the one registry's
+(perfd.analytics.breakdown.advice_registry.GRADES); their words, and the MFU finding's, are the
+report's (perfd.report.grade_text). Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import budget_findings
 from perfd.analytics.breakdown.advice_registry import BANDS, GRADE, Grade, GradeBasis
 from perfd.analytics.breakdown.budget import StepBudget, classify
-from perfd.analytics.steps.untimed import Untimed, untimed_text
+from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.analytics.run.runs import Runs
+from perfd.analytics.steps.provenance import Cited
+from perfd.analytics.steps.untimed import Untimed
 
 
-def grade_mfu(mfu: float | None) -> tuple[Grade, str]:
-    """(grade, text): the first band whose upper bound the MFU is under (GRADES: <0.30 severe,
-    [0.30, 0.40) communication-overhead, [0.40, 0.50] good, > 0.50 excellent); None -> unknown; above
-    100% (th.MFU_POSSIBLE) never graded: the peak is wrong."""
+def grade_mfu(mfu: float | None) -> Grade:
+    """The first band whose upper bound the MFU is under (GRADES: <0.30 severe, [0.30, 0.40)
+    communication-overhead, [0.40, 0.50] good, > 0.50 excellent); None -> unknown; above 100%
+    (th.MFU_POSSIBLE) never graded: the peak is wrong."""
     if mfu is None:
-        return Grade.UNKNOWN, GRADE[Grade.UNKNOWN].text
+        return Grade.UNKNOWN
     if mfu > th.MFU_POSSIBLE.value:
-        return Grade.IMPOSSIBLE, GRADE[Grade.IMPOSSIBLE].text
+        return Grade.IMPOSSIBLE
     for g in BANDS:
         if g.below is None or mfu < g.below.value or (g.inclusive and mfu == g.below.value):
-            return g.grade, g.text
+            return g.grade
     raise AssertionError("the last band has no upper bound")  # BANDS ends with one (the registry's)
-
-
-def grade_mfu_text(grade: Grade) -> str:
-    """A grade's own text."""
-    return GRADE[grade].text
-
-
-def grade_label(grade: Grade) -> str:
-    """How a headline shows a grade (the registry's GradeEntry.label, else its name)."""
-    return GRADE[grade].shown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GradeExplanation:
-    """A grade with what explains it (:func:`explain_grade`); ``text`` says it."""
+    """A grade with what explains it (:func:`explain_grade`); perfd.report.grade_text says it."""
 
     grade: Grade
     basis: GradeBasis
@@ -51,26 +47,6 @@ class GradeExplanation:
     small_comm: bool = False  # exposed communication below a third of th.COMM_BOUND_SHARE
     untimed: Untimed = ()  # collectives the timers cannot see: communication is never ruled out then
 
-    def text(self) -> str:
-        band = GRADE[self.grade].band
-        if self.basis is GradeBasis.BAND or band is None:
-            return grade_mfu_text(self.grade)
-        if self.basis is GradeBasis.BUDGET:
-            return f"{band}: the step budget shows where the time goes — {self.budget_class}"
-        if self.basis is GradeBasis.NOT_COMMUNICATION:
-            return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
-                    f"{self.comm_share:.1%} of the step; the bottleneck class says where the time goes")
-        data, comm = self.data_share, self.comm_share
-        ruled = [f"data loading ({data:.1%})" if self.small_data else "",
-                 f"exposed communication ({comm:.1%})" if self.small_comm else ""]
-        unknown = "" if data is not None and comm is not None else (
-            "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
-        if self.untimed and comm is not None:
-            unknown += (f"; exposed communication {comm:.1%} is the timed collectives' only (DP gradient "
-                        f"sync); {untimed_text(self.untimed)}")
-        return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
-                "class says where the time goes")
-
 
 def explain_grade(mfu: float | None, data: float | None, comm: float | None,
                   budget_class: str | None = None, untimed: Untimed = ()) -> GradeExplanation:
@@ -79,7 +55,7 @@ def explain_grade(mfu: float | None, data: float | None, comm: float | None,
     ``untimed``: the groups whose collectives the timers cannot see (perfd.analytics.steps.untimed):
     communication is then never ruled out. Which measurements may explain a band is its registry
     entry's ``explained_by``."""
-    grade, _ = grade_mfu(mfu)
+    grade = grade_mfu(mfu)
     plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
     by = GRADE[grade].explained_by
     if by is None:
@@ -101,3 +77,68 @@ def budget_class_text(b: StepBudget | None) -> str | None:
     """The class a capture's budget supports, as text (None without a capture)."""
     c = classify(b) if b is not None else None
     return budget_findings.class_text(c) if c is not None else None
+
+
+class MfuSaid(enum.Enum):
+    """What the run's MFU finding says: why there is no MFU, that too few steps give no grade, or the
+    grade."""
+
+    QUOTED = "quoted"  # absent: the first iteration's MFU source says why (MfuFacts.quoted)
+    UNKNOWN = "unknown"  # absent, and the iterations say no more
+    NO_ITERATIONS = "no-iterations"
+    RUNS = "runs"  # absent: the figures are no run's (MfuFacts.runs says why)
+    EARLIER_RUN = "earlier-run"  # absent: the figures are an earlier run's, whose digest holds no MFU
+    TOO_FEW_STEPS = "too-few-steps"
+    GRADED = "graded"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MfuFacts:
+    """The MFU finding's kind and numbers; the words are made where it is shown."""
+
+    said: MfuSaid
+    mfu: float | None = None
+    quoted: Cited | None = None  # QUOTED
+    runs: Runs | None = None  # RUNS, EARLIER_RUN: the job's runs (which is current, whose the figures)
+    n_steady: int = 0  # TOO_FEW_STEPS
+    # GRADED: the throughput, the peak it is divided by, the measured matmul ceiling (share and TFLOP/s)
+    tflops: float | None = None
+    peak_tflops: float | None = None
+    gpu_model: str | None = None
+    dtype: str | None = None
+    of_ceiling: float | None = None
+    ceiling_tflops: float | None = None
+    explanation: GradeExplanation | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrosscheckFacts:
+    """The check of perfd's throughput (the MFU's numerator) against the framework's logged figure over
+    the steady iterations: how many were checked, how many disagree, the largest gap, the two medians and
+    the FLOPs formula."""
+
+    n_checked: int
+    n_disagree: int
+    max_gap: float | None
+    tflops: float | None
+    logged_tflops: float | None
+    formula: str | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.n_disagree == 0
+
+
+@dataclass
+class MfuFinding(Finding):
+    """One of the run's MFU findings (its grade, or the check of its throughput) with its title and
+    observation left to the report (perfd.report.grade_text words them from ``facts``)."""
+
+    facts: MfuFacts | CrosscheckFacts | None = field(default=None, metadata={"json": False})
+
+
+@dataclass
+class CrosscheckRecommendation(Recommendation):
+    """What to check where the throughput disagrees, its action and detail left to the report."""
+
+    facts: CrosscheckFacts | None = field(default=None, metadata={"json": False})

@@ -178,7 +178,7 @@ def pctl(sorted_values: Sequence[float], q: float) -> float:
 
 
 def job_block(job: JobInfo, name: str | None, world: int | None, gpu_name: str | None, peak: PeakResult,
-              dtype: str | None, dtype_src: str, fl: FlopsResult) -> JobBlock:
+              dtype: str | None, dtype_src: Cited, fl: FlopsResult) -> JobBlock:
     lay = job.layout
     return JobBlock(
         name=name,
@@ -432,14 +432,23 @@ class JobLayout:
         return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
 
 
+def _name(c: Cited | None) -> str | None:
+    return c.code.name if c is not None else None
+
+
+# JobGpu's fields that hold codes: sentences in the JSON as served, not read back.
+_WORDED = ("dtype_source", "peak_source", "peak_reason")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobGpu:
     name: str | None = None  # as the job's GPU reported it
     model: str | None = None  # the model its peak was looked up as
     dtype: str | None = None
-    dtype_source: str = ""
+    # where the dtype and the peak come from, or why there is none: codes, worded where shown
+    # (report.row_json.job_json)
+    dtype_source: Cited | None = None
     peak_tflops: float | None = None
-    # where the peak comes from, or why there is none: codes, worded where shown (report.row_json.run_json)
     peak_source: Cited | None = None
     peak_reason: Cited | None = None
     measured_ceiling_tflops: float | None = None
@@ -447,20 +456,19 @@ class JobGpu:
 
     @classmethod
     def from_json(cls, d: object) -> JobGpu:
-        """Back from the JSON as served: its ``peak_source`` and ``peak_reason`` are sentences there, not
-        read back (a page made from that JSON shows its report, already worded)."""
+        """Back from the JSON as served: its ``dtype_source``, ``peak_source`` and ``peak_reason`` are
+        sentences there, not read back (a page made from that JSON shows its report, already worded)."""
         if not isinstance(d, Mapping):
             return cls()
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
-                      if f.name in d and f.name not in ("peak_source", "peak_reason")})
+                      if f.name in d and f.name not in _WORDED})
 
     def to_json(self) -> dict[str, str | float | None]:
-        """``peak_source`` and ``peak_reason`` as their codes' names: the edge that serves them words them
-        in their places."""
+        """``dtype_source``, ``peak_source`` and ``peak_reason`` as their codes' names: the edge that
+        serves them words them in their places."""
         return {"name": self.name, "model": self.model, "dtype": self.dtype,
-                "dtype_source": self.dtype_source, "peak_tflops": self.peak_tflops,
-                "peak_source": self.peak_source.code.name if self.peak_source is not None else None,
-                "peak_reason": self.peak_reason.code.name if self.peak_reason is not None else None,
+                "dtype_source": _name(self.dtype_source), "peak_tflops": self.peak_tflops,
+                "peak_source": _name(self.peak_source), "peak_reason": _name(self.peak_reason),
                 "measured_ceiling_tflops": self.measured_ceiling_tflops, "memory_mib": self.memory_mib}
 
 
@@ -472,7 +480,7 @@ class JobFlops:
     formula: str | None = None
     source: str | None = None
     missing: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    notes: tuple[Cited, ...] = ()  # codes (FlopsResult.notes), worded where shown
     breakdown: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -511,7 +519,7 @@ class JobBlock:
             "flops_formula": fl.formula,
             "flops_source": fl.source,
             "flops_missing": list(fl.missing),
-            "flops_notes": list(fl.notes),
+            "flops_notes": [n.code.name for n in fl.notes],  # worded where served (report.row_json)
             "flops_breakdown": dict(fl.breakdown),
         }
 
@@ -533,5 +541,5 @@ class JobBlock:
             gpu=JobGpu.from_json(d.get("gpu")),
             flops=JobFlops(per_iteration=d.get("flops_per_iteration"), formula=d.get("flops_formula"),
                            source=d.get("flops_source"), missing=tuple(d.get("flops_missing") or ()),
-                           notes=tuple(d.get("flops_notes") or ()),
+                           # its notes: sentences as served, not read back (as JobGpu's sources)
                            breakdown=dict(d.get("flops_breakdown") or {})))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.steps.hf_spec import SpecReading, is_hf_config, read_hf_config
@@ -83,7 +83,7 @@ class FlopsResult:
     formula: str | None  # FORMULA_CURRENT | FORMULA_LEGACY | FORMULA_6N | None
     source: Provenance | None
     missing: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
+    notes: tuple[Cited, ...] = ()  # what the count assumed, or why there is none (Code.FLOPS_*)
     breakdown: dict[str, float] = field(default_factory=dict)  # term -> FLOPs per iteration
     # The formula's inputs (perfd's own count only): what the provenance sentence is written from.
     inputs: FormulaInputs | None = None
@@ -94,14 +94,24 @@ class FlopsResult:
 
     def why(self) -> Cited | None:
         """Why the count is absent, as a code (None when it is present): the fields missing, with
-        this module's notes on how the spec was read (texts declared here, quoted) where there are."""
+        this module's notes on how the spec was read where there are."""
         if self.available:
             return None
-        notes = "; ".join(self.notes)
+        notes = joined(self.notes)
         if self.missing:
             return (cite(Code.MISSING_NOTED, self.missing, notes) if notes
                     else cite(Code.MISSING, self.missing))
         return cite(Code.WHY, notes) if notes else cite(Code.FLOPS_UNKNOWN)
+
+
+def joined(notes: Sequence[Cited]) -> Cited | None:
+    """The notes as one, in their order ("; " between, where shown); None without notes."""
+    if not notes:
+        return None
+    out = notes[0]
+    for n in notes[1:]:
+        out = cite(Code.FLOPS_NOTES, out, n)
+    return out
 
 
 def parse_version(version: str | None) -> tuple[int, int] | None:
@@ -115,7 +125,7 @@ def parse_version(version: str | None) -> tuple[int, int] | None:
 
 
 def attention_formula(framework_version: str | None,
-                      framework: str = "megatron") -> tuple[str, int, str | None]:
+                      framework: str = "megatron") -> tuple[str, int, Cited | None]:
     """(formula name, core-attention factor 6 or 12, note) for a framework and its version.
 
     Megatron-Core >= 0.12 halves the core attention for the causal mask; older cores do not, and
@@ -127,26 +137,26 @@ def attention_formula(framework_version: str | None,
     if framework != "megatron":
         return FORMULA_CURRENT, 6, None
     ver = parse_version(framework_version)
-    if ver is None:
-        what = "unknown" if not framework_version else f"unparseable ({framework_version!r})"
-        return (FORMULA_CURRENT, 6,
-                f"Megatron-Core version {what}: assumed current (>=0.12, causal-halved attention)")
+    if ver is None:  # assumed current (>=0.12, causal-halved attention), and noted
+        note = (cite(Code.FLOPS_VERSION_UNPARSEABLE, framework_version) if framework_version
+                else cite(Code.FLOPS_VERSION_UNKNOWN))
+        return FORMULA_CURRENT, 6, note
     if ver <= (0, 11):
         return FORMULA_LEGACY, 12, None
     return FORMULA_CURRENT, 6, None
 
 
-def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[int] | str:
-    """Megatron's MoE layer pattern (1 = MoE layer), or an error message."""
+def moe_layer_pattern(freq: int | list[int], num_layers: int) -> list[int] | Cited:
+    """Megatron's MoE layer pattern (1 = MoE layer), or why there is none (a note's code)."""
     if not in_bounds(num_layers, *SPEC_BOUNDS["num_layers"]):  # the list below has one per layer
-        return f"num_layers {num_layers} outside {list(SPEC_BOUNDS['num_layers'])}"
+        return cite(Code.FLOPS_LAYERS_OUT_OF_BOUNDS, num_layers, *SPEC_BOUNDS["num_layers"])
     if isinstance(freq, int):
         if freq <= 0:
-            return f"moe_layer_freq {freq} is not positive"
+            return cite(Code.FLOPS_MOE_FREQ_NOT_POSITIVE, freq)
         return [1 if i % freq == 0 else 0 for i in range(num_layers)]
     pattern = [int(x) for x in freq]
     if len(pattern) != num_layers:
-        return f"moe_layer_freq pattern has {len(pattern)} entries, num_layers is {num_layers}"
+        return cite(Code.FLOPS_MOE_PATTERN_LENGTH, len(pattern), num_layers)
     return pattern
 
 
@@ -159,7 +169,7 @@ def megatron_flops(
     """perfd's FLOPs per iteration with Megatron-Core's formula for ``framework_version`` (the
     attention convention of ``framework``: attention_formula)."""
     missing: list[str] = []
-    notes: list[str] = []
+    notes: list[Cited] = []
     for name in ("num_layers", "hidden_size", "num_attention_heads", "kv_channels", "seq_length",
                  "padded_vocab_size"):
         if getattr(spec, name) is None:
@@ -168,7 +178,7 @@ def megatron_flops(
         missing.append("global_batch_size")
     if spec.multi_latent_attention:
         return FlopsResult(None, None, None, tuple(missing),
-                           ("multi-latent attention: perfd's formula does not model MLA yet",))
+                           (cite(Code.FLOPS_MLA),))
     is_moe = spec.num_experts is not None and spec.num_experts > 0
     if is_moe:
         if spec.moe_router_topk is None:
@@ -195,7 +205,7 @@ def megatron_flops(
     if is_moe:
         assert spec.moe_layer_freq is not None and spec.moe_router_topk is not None
         pattern = moe_layer_pattern(spec.moe_layer_freq, n_layers)
-        if isinstance(pattern, str):
+        if isinstance(pattern, Cited):
             return FlopsResult(None, None, None, ("moe_layer_freq",), (pattern,))
         n_moe = sum(pattern)
         last_is_moe = pattern[-1]
@@ -212,7 +222,7 @@ def megatron_flops(
     if is_moe and f_moe is None:
         f_moe = spec.ffn_hidden_size
         if f_moe is not None:
-            notes.append("moe_ffn_hidden_size unset: Megatron uses ffn_hidden_size")
+            notes.append(cite(Code.FLOPS_MOE_FFN_FALLBACK))
     need_dense_ffn = n_dense > 0
     if (need_dense_ffn and spec.ffn_hidden_size is None) or (is_moe and f_moe is None):
         return FlopsResult(None, None, None, ("ffn_hidden_size",))
@@ -255,7 +265,7 @@ def six_n_flops(parameter_count: int | None, tokens: int | None) -> FlopsResult:
         FORMULA_6N,
         Provenance("analytics", f"formula:6*N*tokens (N={parameter_count} from config, "
                                 f"tokens={tokens}; excludes attention scores)"),
-        notes=("6·N·tokens ignores the attention-score FLOPs: it reads low for long sequences",),
+        notes=(cite(Code.FLOPS_6N_NO_ATTENTION),),
     )
 
 
@@ -280,7 +290,7 @@ def model_flops(
                            own.notes)
     return FlopsResult(fallback.flops_per_iteration, fallback.formula, fallback.source, own.missing,
                        (*own.notes, *fallback.notes,
-                        f"Megatron formula unavailable (missing: {', '.join(own.missing)})"))
+                        cite(Code.FLOPS_FORMULA_UNAVAILABLE, own.missing)))
 
 
 def _stated(x: float | None) -> float | None:
@@ -315,8 +325,7 @@ def record_flops(tokens_per_step: float | None, flops_per_step: float | None, sp
         return six_n_flops(spec.parameter_count, int(tokens))
     own = megatron_flops(spec, 1, framework_version, framework)
     return FlopsResult(None, None, None, own.missing or ("seq_length",),
-                       ("tokens_per_step known, but no model spec to count FLOPs per token (StepHook "
-                        "flops_per_step=, or model= with the model's shape)",))
+                       (cite(Code.FLOPS_TOKENS_NO_SPEC),))
 
 
 # Names other codebases give the spec's fields, accepted by ``model=`` in a mapping of perfd's own
@@ -404,7 +413,10 @@ def token_flops(model: ModelSpec | Mapping[str, object], framework: str = "pytor
     got = megatron_flops(probe, 1, None, framework)
     if not got.available or got.flops_per_iteration is None or got.formula is None:
         missing = [m for m in got.missing if m != "global_batch_size"]
-        why = ("missing " + ", ".join(missing)) if missing else ("; ".join(got.notes) or "no formula applies")
+        # a refusal at construction, said here (the count's notes are codes, worded by the report)
+        why = (("missing " + ", ".join(missing)) if missing
+               else "multi-latent attention is not in perfd's formula" if spec.multi_latent_attention
+               else "no formula applies")
         if "kv_channels" in missing:
             why += " (kv_channels = hidden_size ÷ num_attention_heads: give both, heads dividing hidden)"
         if "padded_vocab_size" in missing:

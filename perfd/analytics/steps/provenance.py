@@ -213,6 +213,25 @@ class Code(enum.Enum):
     OUTLIER_STEP = _X, 3  # the step, the outlier factor, the steady step
     IN_INCIDENT = _X, 1  # the incident's id (its cause is the incident's, worded where it is shown)
     IN_CAPTURE = _X, 1  # the capture disturbance's id
+    # How the FLOPs count was made, or why there is none (perfd.analytics.steps.flops: FlopsResult.notes;
+    # an absent count's reason quotes them). Declared after the others: a code's number is its place.
+    FLOPS_NOTES = _N, 2  # two notes, one after the other
+    FLOPS_MLA = _N, 0
+    FLOPS_MOE_FFN_FALLBACK = _N, 0
+    FLOPS_VERSION_UNKNOWN = _N, 0
+    FLOPS_VERSION_UNPARSEABLE = _N, 1  # the version as the log gave it
+    FLOPS_LAYERS_OUT_OF_BOUNDS = _N, 3  # num_layers, the bounds' low and high
+    FLOPS_MOE_FREQ_NOT_POSITIVE = _N, 1  # moe_layer_freq
+    FLOPS_MOE_PATTERN_LENGTH = _N, 2  # the pattern's entries, num_layers
+    FLOPS_6N_NO_ATTENTION = _N, 0
+    FLOPS_FORMULA_UNAVAILABLE = _N, 1  # the formula's inputs missing (names)
+    FLOPS_TOKENS_NO_SPEC = _N, 0
+    # Where the training dtype comes from (perfd.analytics.run.run_analysis.resolve_dtype: JobGpu's
+    # dtype_source); none known: UNKNOWN.
+    DTYPE_ARGUMENT = _S, 0
+    DTYPE_MODEL_SPEC = _S, 0
+    DTYPE_FLAG = _S, 1  # the framework's argument that says it (fp8, bf16, fp16)
+    DTYPE_NO_FLAG = _S, 0  # neither bf16 nor fp16 set: fp32
 
     kind: Kind
     arity: int

@@ -1,0 +1,140 @@
+"""The MFU grades' words and the run's MFU finding as it reads (issue 57): each grade's sentence, its
+band's range and how a headline shows it, declared once here for the registry's grades
+(perfd.analytics.breakdown.advice_registry.GRADES); a grade explained with the job's own measurements
+(perfd.analytics.run.run_grade.GradeExplanation); the MFU finding's title and observation from its
+kind and numbers (perfd.analytics.run.run_grade.MfuFacts), and the check of the MFU's throughput
+against the logged one, its finding and its recommendation (CrosscheckFacts). Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from perfd.analytics.breakdown.advice_registry import Grade, GradeBasis
+from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.analytics.run.run_figures import too_few
+from perfd.analytics.run.run_grade import (
+    CrosscheckFacts,
+    CrosscheckRecommendation,
+    GradeExplanation,
+    MfuFacts,
+    MfuFinding,
+    MfuSaid,
+)
+from perfd.analytics.steps.untimed import untimed_text
+from perfd.report.provenance_text import line
+
+# A grade's own sentence.
+GRADE_TEXT: dict[Grade, str] = {
+    Grade.SEVERE: "MFU < 30%: severe (usually communication or data loading)",
+    Grade.COMMUNICATION_OVERHEAD: "MFU 30–40%: communication overhead",
+    Grade.GOOD: "MFU 40–50%: good",
+    Grade.EXCELLENT: "MFU > 50%: excellent",
+    Grade.IMPOSSIBLE: "MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
+                      "--gpu or --peak-tflops that is not the job's)",
+    Grade.UNKNOWN: "MFU unknown",
+}
+# A band's MFU range (the registry's bands: GradeEntry.band).
+BAND_TEXT: dict[Grade, str] = {
+    Grade.SEVERE: "MFU < 30%",
+    Grade.COMMUNICATION_OVERHEAD: "MFU 30–40%",
+    Grade.GOOD: "MFU 40–50%",
+    Grade.EXCELLENT: "MFU > 50%",
+}
+# How a headline shows a grade where its name would not do: a band named for its usual cause would read
+# as this job's cause beside the MFU, which the class states.
+LABEL: dict[Grade, str] = {
+    Grade.COMMUNICATION_OVERHEAD: "fair",
+    Grade.IMPOSSIBLE: "above 100%: the peak is wrong",
+}
+
+
+def grade_label(grade: Grade) -> str:
+    """How a headline shows a grade: its label, else its name."""
+    return LABEL.get(grade, grade.value)
+
+
+def explanation_text(e: GradeExplanation) -> str:
+    """A grade said with the job's own measurements (perfd.analytics.run.run_grade.explain_grade)."""
+    band = BAND_TEXT.get(e.grade)
+    if e.basis is GradeBasis.BAND or band is None:
+        return GRADE_TEXT[e.grade]
+    if e.basis is GradeBasis.BUDGET:
+        return f"{band}: the step budget shows where the time goes — {e.budget_class}"
+    if e.basis is GradeBasis.NOT_COMMUNICATION:
+        return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
+                f"{e.comm_share:.1%} of the step; the bottleneck class says where the time goes")
+    data, comm = e.data_share, e.comm_share
+    ruled = [f"data loading ({data:.1%})" if e.small_data else "",
+             f"exposed communication ({comm:.1%})" if e.small_comm else ""]
+    unknown = "" if data is not None and comm is not None else (
+        "; exposed communication is not timed" if comm is None else "; the data wait is not timed")
+    if e.untimed and comm is not None:
+        unknown += (f"; exposed communication {comm:.1%} is the timed collectives' only (DP gradient "
+                    f"sync); {untimed_text(e.untimed)}")
+    return (f"{band}: severe — not {' nor '.join(r for r in ruled if r)} here{unknown}: the bottleneck "
+            "class says where the time goes")
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _absent(f: MfuFacts) -> str:
+    """Why there is no MFU, after "MFU "."""
+    runs = f.runs
+    if f.said is MfuSaid.QUOTED and f.quoted is not None:
+        return line(f.quoted)
+    if f.said is MfuSaid.RUNS and runs is not None:
+        return runs.text() or ""
+    if f.said is MfuSaid.EARLIER_RUN and runs is not None and runs.reference is not None:
+        ref = runs.reference.run
+        return (f"absent: the figures are run {ref}'s (every step of run {runs.current} is armed), and run "
+                f"{ref}'s digest holds no MFU (its GPU or its model FLOPs were unknown when its records were "
+                "digested)")
+    return "no iterations" if f.said is MfuSaid.NO_ITERATIONS else "unknown"
+
+
+def mfu_words(f: MfuFacts) -> tuple[str, str]:
+    """The MFU finding's title and observation."""
+    if f.said is MfuSaid.TOO_FEW_STEPS:
+        few = too_few(f.n_steady)
+        return (f"MFU {_pct(f.mfu)}: {few}",
+                f"Median MFU {_pct(f.mfu)} over {f.n_steady} steady step(s); {few}: no grade.")
+    if f.said is MfuSaid.GRADED and f.explanation is not None:
+        e = f.explanation
+        ceiling = (f"; {_pct(f.of_ceiling)} of the measured {f.ceiling_tflops:g} TFLOP/s matmul ceiling"
+                   if f.ceiling_tflops else "")
+        # The title is a headline too: the band's label, never its usual cause as this job's (LABEL).
+        return (f"MFU {_pct(f.mfu)}: {grade_label(e.grade)}",
+                f"Median MFU {_pct(f.mfu)} = {f.tflops:.1f} TFLOP/s per GPU of {f.peak_tflops:g} peak "
+                f"({f.gpu_model} {f.dtype}){ceiling}. {explanation_text(e)}.")
+    return "MFU not available", f"MFU {_absent(f)}"
+
+
+def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
+    """The throughput check's title and observation."""
+    return ("perfd FLOPs agree with Megatron's logged throughput" if c.agrees
+            else "perfd FLOPs disagree with Megatron's logged throughput",
+            f"{c.n_checked - c.n_disagree}/{c.n_checked} steady iterations within max(1%, log rounding); "
+            f"largest gap {_pct(c.max_gap)}; median perfd {c.tflops:.2f} vs logged {c.logged_tflops:.2f} "
+            f"TFLOP/s/GPU ({c.formula}).")
+
+
+def worded(f: Finding) -> Finding:
+    """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words; any
+    other as it is."""
+    if isinstance(f, MfuFinding) and f.facts is not None:
+        title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
+                              else crosscheck_words(f.facts))
+        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    return f
+
+
+def worded_recommendation(r: Recommendation) -> Recommendation:
+    """A recommendation as shown: the throughput check's with its action and detail; any other as it is."""
+    if isinstance(r, CrosscheckRecommendation) and r.facts is not None:
+        return dataclasses.replace(
+            r, action="Check the model spec perfd read (vocab padding, GQA groups, SwiGLU, MoE, "
+                      "Megatron-Core version)",
+            detail=f"largest gap {_pct(r.facts.max_gap)} on {r.facts.n_disagree} iterations", facts=None)
+    return r
