@@ -15,8 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,32 +54,38 @@ class Row:
         return hi - lo <= max((lo + hi) / 4, 2 * self.spread)
 
 
-def rows() -> list[Row]:
-    out: list[Row] = []
+def recorded() -> Iterator[tuple[Path, Path, dict[str, Any]]]:
+    """(evidence dir, its captures dir, one configuration of its table.json) for every recorded A/B
+    whose table and captures are kept."""
     for d in sorted(EVIDENCE.glob("plan_h*")):
         kineto = CAPTURES / f"kineto_{d.name.removeprefix('plan_')}_megatron"
-        if not (d / "table.json").exists() or not kineto.exists():
+        if (d / "table.json").exists() and kineto.exists():
+            for c in json.loads((d / "table.json").read_text())["configs"]:
+                yield d, kineto, c
+
+
+def rows() -> list[Row]:
+    out: list[Row] = []
+    for d, kineto, c in recorded():
+        name = c["config"]
+        ab = d / f"ab_{name}.json"
+        trace, log = kineto / f"plan_{name}_rank0.json.xz", kineto / f"plan_{name}_megatron.log.gz"
+        if not (ab.exists() and trace.exists() and log.exists()):
             continue
-        for c in json.loads((d / "table.json").read_text())["configs"]:
-            name = c["config"]
-            ab = d / f"ab_{name}.json"
-            trace, log = kineto / f"plan_{name}_rank0.json.xz", kineto / f"plan_{name}_megatron.log.gz"
-            if not (ab.exists() and trace.exists() and log.exists()):
+        res = json.loads(ab.read_text())
+        first = float(res["runs"]["base"]["steady"]["median_ms"])
+        spread = max(c["bases_ms"]) - min(c["bases_ms"])
+        plan = plan_from(trace, log, res.get("gpu") or H100, name, captured_of(res), first,
+                         res["plan"]["set"]["remedies"])
+        for r in [*c["rows"], *([c["set"]] if c.get("set") else [])]:
+            saved, remedy = r.get("saved_ms"), r["remedy"]
+            got = plan["set"]["gain_ms"] if remedy == "set" else \
+                (plan["apply_here"].get(remedy) or {}).get("gain_ms")
+            if saved is None or got is None:
                 continue
-            res = json.loads(ab.read_text())
-            first = float(res["runs"]["base"]["steady"]["median_ms"])
-            spread = max(c["bases_ms"]) - min(c["bases_ms"])
-            plan = plan_from(trace, log, res.get("gpu") or H100, name, captured_of(res), first,
-                             res["plan"]["set"]["remedies"])
-            for r in [*c["rows"], *([c["set"]] if c.get("set") else [])]:
-                saved, remedy = r.get("saved_ms"), r["remedy"]
-                got = plan["set"]["gain_ms"] if remedy == "set" else \
-                    (plan["apply_here"].get(remedy) or {}).get("gain_ms")
-                if saved is None or got is None:
-                    continue
-                then = r["predicted_ms"]
-                out.append(Row(d.name, name, remedy, (float(got[0]), float(got[1])),
-                               (float(then[0]), float(then[1])), float(saved), float(spread)))
+            then = r["predicted_ms"]
+            out.append(Row(d.name, name, remedy, (float(got[0]), float(got[1])),
+                           (float(then[0]), float(then[1])), float(saved), float(spread)))
     return out
 
 

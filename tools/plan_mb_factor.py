@@ -34,9 +34,8 @@ from perfd.capture import step_replay as sr  # noqa: E402
 from perfd.capture.analysis import KernelEvent, MemEvent, step_marks  # noqa: E402
 from perfd.capture.chrome_trace import read_chrome_trace  # noqa: E402
 from perfd.capture.ops import attribute  # noqa: E402
+from tools.plan_ab_rederive import recorded  # noqa: E402
 
-EVIDENCE = ROOT / "docs" / "evidence"
-CAPTURES = ROOT / "tests" / "data" / "captures"
 FACTORS = (1.7, 1.8, 1.9, 2.0, 2.1, 2.2)  # the grid the measured saving is read on (linear between)
 TELLS_MS = 5.0  # a replayed saving that moves less than this over 0.1 of the factor: the A/B cannot tell it
 
@@ -108,35 +107,31 @@ def _timeline(trace: Path) -> tuple[sr.Timeline, float, float, float]:
 def implied() -> list[Implied]:
     out: list[Implied] = []
     mb = frozenset({Change.MICROBATCH})
-    for d in sorted(EVIDENCE.glob("plan_h*")):
-        kineto = CAPTURES / f"kineto_{d.name.removeprefix('plan_')}_megatron"
-        if not (d / "table.json").exists() or not kineto.exists():
+    for d, kineto, c in recorded():
+        name = c["config"]
+        saved = next((r.get("saved_ms") for r in c["rows"] if r["remedy"] == "micro_batch"), None)
+        ab, trace = d / f"ab_{name}.json", kineto / f"plan_{name}_rank0.json.xz"
+        if saved is None or not (ab.exists() and trace.exists()):
             continue
-        for c in json.loads((d / "table.json").read_text())["configs"]:
-            name = c["config"]
-            saved = next((r.get("saved_ms") for r in c["rows"] if r["remedy"] == "micro_batch"), None)
-            ab, trace = d / f"ab_{name}.json", kineto / f"plan_{name}_rank0.json.xz"
-            if saved is None or not (ab.exists() and trace.exists()):
-                continue
-            t, share, traced, gemm_ms = _timeline(trace)
-            if not t.has(Change.MICROBATCH):
-                continue
-            clock = float(json.loads(ab.read_text())["runs"]["base"]["steady"]["median_ms"])
-            spread = max(c["bases_ms"]) - min(c["bases_ms"])
-            table = ReplayTable(SCALES, tuple(sr.simulate(t, s) for s in SCALES), {}, traced,
-                                t.microbatches)
-            mid = host_scale(table, clock - table.unmodelled_ms)
-            fit = calibrate(table, clock, 0.0)
-            if mid is None or fit is None:
-                continue
-            base = sr.simulate(t, mid)
-            g = {f: base - _with_factor(t, mid, mb, f) for f in FACTORS}
-            tenth = g[1.9] - g[2.0]
-            tells = abs(tenth) >= TELLS_MS
-            out.append(Implied(d.name, name, t.microbatches or 0, mid, float(saved), spread, tenth,
-                               _solve(g, saved) if tells else None,
-                               (_solve(g, saved + spread / 2), _solve(g, saved - spread / 2)) if tells
-                               else (None, None), share, fit.host_share, gemm_ms))
+        t, share, traced, gemm_ms = _timeline(trace)
+        if not t.has(Change.MICROBATCH):
+            continue
+        clock = float(json.loads(ab.read_text())["runs"]["base"]["steady"]["median_ms"])
+        spread = max(c["bases_ms"]) - min(c["bases_ms"])
+        table = ReplayTable(SCALES, tuple(sr.simulate(t, s) for s in SCALES), {}, traced,
+                            t.microbatches)
+        mid = host_scale(table, clock - table.unmodelled_ms)
+        fit = calibrate(table, clock, 0.0)
+        if mid is None or fit is None:
+            continue
+        base = sr.simulate(t, mid)
+        g = {f: base - _with_factor(t, mid, mb, f) for f in FACTORS}
+        tenth = g[1.9] - g[2.0]
+        tells = abs(tenth) >= TELLS_MS
+        out.append(Implied(d.name, name, t.microbatches or 0, mid, float(saved), spread, tenth,
+                           _solve(g, saved) if tells else None,
+                           (_solve(g, saved + spread / 2), _solve(g, saved - spread / 2)) if tells
+                           else (None, None), share, fit.host_share, gemm_ms))
     return out
 
 
