@@ -34,6 +34,7 @@ import pickle
 import shutil
 import subprocess
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -98,10 +99,29 @@ def _perfd() -> tuple[_Read, _Analyze]:
     return _PERFD[0]
 
 
+# The traces the session's read_chrome_trace handed out in this process, each by its id, with the file
+# it read (weakly: a trace is tens of MB): the session's analyze_trace knows them as that file's.
+_HANDED: weakref.WeakValueDictionary[int, TraceData] = weakref.WeakValueDictionary()
+_HANDED_FROM: dict[int, str | Path] = {}
+
+
 def read_chrome_trace(path: str | Path) -> TraceData:
     """perfd.capture.chrome_trace.read_chrome_trace, once per session."""
     data = cached("read", [path], (), lambda: _perfd()[0](path))
-    return dataclasses.replace(data, source=str(path))
+    data = dataclasses.replace(data, source=str(path))
+    _HANDED[id(data)], _HANDED_FROM[id(data)] = data, path
+    return data
+
+
+def _analyze_trace(perfd_analyze: Callable[[TraceData, int, bool], CaptureAnalysis]
+                   ) -> Callable[[TraceData, int, bool], CaptureAnalysis]:
+    """perfd.capture.analysis.analyze_trace: of a trace the session's read_chrome_trace handed out (the
+    commands analyse what they read, unchanged), the session's analysis of its file; of any other, perfd's."""
+    def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
+        if _HANDED.get(id(data)) is data:
+            return analyze_chrome_trace(_HANDED_FROM[id(data)], top_n, use_frames)
+        return perfd_analyze(data, top_n, use_frames)
+    return analyze_trace
 
 
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
@@ -112,16 +132,18 @@ def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = T
 
 @contextlib.contextmanager
 def _session_traces() -> Iterator[None]:
-    """perfd.capture.chrome_trace's read_chrome_trace and analyze_chrome_trace as the session's, for
-    perfd's code that looks them up at its call (the commands import them where they use them)."""
+    """perfd.capture.chrome_trace's read_chrome_trace and analyze_chrome_trace, and analysis.analyze_trace
+    of what the former read, as the session's, for perfd's code that looks them up at its call (the
+    commands import them where they use them)."""
     import pytest
 
-    from perfd.capture import chrome_trace
+    from perfd.capture import analysis, chrome_trace
 
     _perfd()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(chrome_trace, "read_chrome_trace", read_chrome_trace)
         mp.setattr(chrome_trace, "analyze_chrome_trace", analyze_chrome_trace)
+        mp.setattr(analysis, "analyze_trace", _analyze_trace(analysis.analyze_trace))
         yield
 
 

@@ -101,19 +101,27 @@ def _within_passes(launches: list[TimelineLaunch]) -> list[TimelineLaunch]:
     return out
 
 
-def read_launches(path: str | Path, device: int | None = None) -> LaunchTimeline:
-    """The launches of a capture file (a Kineto/Chrome trace, an nsys .sqlite or .nsys-rep)."""
+def read_trace(path: str | Path) -> TraceData:
+    """The events of a capture file (a Kineto/Chrome trace, an nsys .sqlite or .nsys-rep), read once
+    for whatever is made of them (its analysis, its launches)."""
     p = Path(path)
-    data: TraceData
     if p.suffix in (".nsys-rep", ".sqlite"):
         from perfd.capture.nsys_sqlite import read_nsys_trace
 
-        data = read_nsys_trace(p)
-    else:
-        from perfd.capture.chrome_trace import read_chrome_trace
+        return read_nsys_trace(p)
+    from perfd.capture.chrome_trace import read_chrome_trace
 
-        data = read_chrome_trace(p)
+    return read_chrome_trace(p)
+
+
+def launches_of(data: TraceData, device: int | None = None) -> LaunchTimeline:
+    """The launches of a capture's events on ``device`` (None: its first device with kernels)."""
     return timeline_launches(data, device if device is not None else _first_device(data.kernels))
+
+
+def read_launches(path: str | Path, device: int | None = None) -> LaunchTimeline:
+    """The launches of a capture file (a Kineto/Chrome trace, an nsys .sqlite or .nsys-rep)."""
+    return launches_of(read_trace(path), device)
 
 
 def _first_device(kernels: Sequence[KernelEvent]) -> int | None:

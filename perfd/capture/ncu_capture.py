@@ -37,9 +37,10 @@ from perfd.analytics.ncu.launches import (
     op_group,
 )
 from perfd.capture import ncu_report as ncu_mod
+from perfd.capture.analysis import TraceData
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges, Key, Status
-from perfd.capture.launch_order import read_launches
+from perfd.capture.launch_order import launches_of, read_launches
 from perfd.capture.ncu_exec import (
     PAGES,
     NcuError,
@@ -256,16 +257,17 @@ class NcuCapture:
         return latest_timeline(self.ctx.store.list(job), rank)
 
 
-def by_launch(report: ncu_mod.NcuReport, trace: Path | None, kernel_filter: str | None, skip: int,
+def by_launch(report: ncu_mod.NcuReport, trace: Path | TraceData | None, kernel_filter: str | None, skip: int,
               steps: float | None, device: object = None
               ) -> tuple[list[ncu_join.JoinedKernel] | None, Coverage | None]:
     """The report's rows by the op each launch was, matched launch by launch to the timeline's trace
     (perfd.analytics.ncu.launches), and what they cover; (None, None) without a trace to read, (None,
-    the coverage saying so) when no launch matched."""
+    the coverage saying so) when no launch matched. ``trace``: a file, or its events already read."""
     if trace is None:
         return None, None
+    dev = device if isinstance(device, int) else None
     try:
-        tl = read_launches(trace, device if isinstance(device, int) else None)
+        tl = read_launches(trace, dev) if isinstance(trace, Path) else launches_of(trace, dev)
     except Exception as exc:  # a trace that cannot be read again: the name join will do
         log.warning("ncu rows by launch: cannot read %s: %s", trace, exc)
         return None, None

@@ -19,6 +19,7 @@ from perfd.typed import objs
 if TYPE_CHECKING:
     from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, TimelineKernel
     from perfd.analytics.ncu.launches import LayerWindow
+    from perfd.capture.analysis import TraceData
     from perfd.capture.ncu_exec import NcuOptions
     from perfd.capture.ncu_report import NcuReport
 
@@ -154,6 +155,7 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
     """(kernel filter, where it came from, the capture id that chose it, the layer window) for
     --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
+    from perfd.capture.launch_order import read_trace
     from perfd.capture.ncu_exec import (
         NCU_ARMED_US_PER_LAUNCH,
         NCU_ARMED_US_PER_LAUNCH_HIGH,
@@ -163,7 +165,7 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
     )
 
     src = args.kernels_from
-    trace: Path | None = None
+    trace: Path | TraceData | None = None  # a trace file given is read once, for its kernels and window
     if src == "latest":
         from perfd.capture.store import CaptureStore
 
@@ -173,10 +175,12 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
         trace = trace_of(caps, cid)
     elif _is_trace(Path(src)):
-        cid, trace = None, Path(src)
+        from perfd.capture.analysis import analyze_trace
         from perfd.capture.ncu_exec import JOIN_TOP_N
 
-        devices = _trace_devices(trace, JOIN_TOP_N)
+        cid, trace = None, read_trace(src)
+        devices = analyze_trace(trace, top_n=JOIN_TOP_N).to_json()["devices"]
+        assert isinstance(devices, list)
         dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")), None)
         where = src if dev else f"{src} holds no kernel"
     else:
@@ -220,30 +224,19 @@ def _is_trace(p: Path) -> bool:
     return b"traceEvents" in head or b"schemaVersion" in head
 
 
-def _trace_devices(p: Path, top_n: int) -> list[object]:
-    if p.suffix in (".nsys-rep", ".sqlite"):
-        from perfd.capture.nsys_sqlite import analyze_nsys
-
-        devices = analyze_nsys(p, top_n=top_n).to_json()["devices"]
-    else:
-        from perfd.capture.chrome_trace import analyze_chrome_trace
-
-        devices = analyze_chrome_trace(p, top_n=top_n).to_json()["devices"]
-    assert isinstance(devices, list)
-    return devices
-
-
-def _window(trace: Path | None, flt: str, args: argparse.Namespace) -> tuple[LayerWindow | None, str]:
-    """The launch window covering one layer's forward and backward on the trace's steps, and what was
-    chosen (or why none: then the range profiles the step's first --launch-count filtered launches)."""
+def _window(trace: Path | TraceData | None, flt: str, args: argparse.Namespace
+            ) -> tuple[LayerWindow | None, str]:
+    """The launch window covering one layer's forward and backward on the trace's steps (a file, or its
+    events already read), and what was chosen (or why none: then the range profiles the step's first
+    --launch-count filtered launches)."""
     from perfd.analytics.ncu.launches import layer_window
-    from perfd.capture.launch_order import read_launches
+    from perfd.capture.launch_order import launches_of, read_launches
     from perfd.capture.ncu_exec import default_time_budget_s, range_estimate_s
 
     if trace is None:
         return None, "no trace of the capture on disk to choose a launch window from"
     try:
-        w = layer_window(read_launches(trace), flt)
+        w = layer_window(read_launches(trace) if isinstance(trace, Path) else launches_of(trace), flt)
     except Exception as exc:  # an unreadable trace: the plain budget will do
         return None, f"no launch window ({type(exc).__name__}: {str(exc)[:200]})"
     if w is None:
@@ -369,24 +362,23 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts + [Path(c).read_text(errors="replace") for c in args.csv]
 
 
-def _timeline(path: str, device: int | None
-              ) -> tuple[list[TimelineKernel], dict[str, float] | None, float | None]:
+def _timeline(path: str, device: int | None) -> tuple[list[TimelineKernel], dict[str, float] | None,
+                                                    float | None, TraceData | None]:
+    """The capture's kernels on ``device``, its categories and marked steps, and its events where it is
+    a trace (read once: the rows by launch are matched to the same events)."""
     from perfd.analytics.ncu.join import timeline_kernels
+    from perfd.capture.analysis import analyze_trace
+    from perfd.capture.launch_order import read_trace
     from perfd.capture.ncu_exec import JOIN_TOP_N
 
     p = Path(path)
-    if p.suffix in (".nsys-rep", ".sqlite"):
-        from perfd.capture.nsys_sqlite import analyze_nsys
-
-        devices = analyze_nsys(p, top_n=JOIN_TOP_N).to_json()["devices"]
+    data = json.loads(p.read_text()) if p.suffix == ".json" and not _is_trace(p) else None
+    trace: TraceData | None = None
+    if isinstance(data, dict) and "devices" in data:  # an analysis: perfd analyze trace|nsys --json
+        devices = data["devices"]
     else:
-        data = json.loads(p.read_text()) if p.suffix == ".json" else None
-        if isinstance(data, dict) and "devices" in data:  # an analysis: perfd analyze trace|nsys --json
-            devices = data["devices"]
-        else:
-            from perfd.capture.chrome_trace import analyze_chrome_trace
-
-            devices = analyze_chrome_trace(p, top_n=JOIN_TOP_N).to_json()["devices"]
+        trace = read_trace(p)
+        devices = analyze_trace(trace, top_n=JOIN_TOP_N).to_json()["devices"]
     assert isinstance(devices, list)
     dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")
                 and (device is None or d.get("device") == device)), None)
@@ -395,7 +387,7 @@ def _timeline(path: str, device: int | None
     cats = dev.get("categories")
     marked = dev.get("trace_steps")  # the steps the trace marks: each kernel's time per step
     steps = float(marked) if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else None
-    return timeline_kernels(dev), cats if isinstance(cats, dict) else None, steps
+    return timeline_kernels(dev), cats if isinstance(cats, dict) else None, steps, trace
 
 
 def run_analyze_ncu(args: argparse.Namespace) -> int:
@@ -413,19 +405,19 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
         print(f"perfd: cannot read the ncu report {path}: {exc}", file=sys.stderr)
         return 1
     timeline: list[TimelineKernel] = []
-    cats, steps = None, None
+    cats, steps, trace = None, None, None
     if args.capture:
         try:
-            timeline, cats, steps = _timeline(args.capture, args.device)
+            timeline, cats, steps, trace = _timeline(args.capture, args.device)
         except Exception as exc:  # an unreadable capture: say what and where, no traceback
             print(f"perfd: cannot read the capture {args.capture}: {exc}", file=sys.stderr)
             return 1
     joined, cov = None, None
-    if args.capture and _is_trace(Path(args.capture)):
+    if trace is not None:
         from perfd.capture.ncu_capture import by_launch
 
         flt = args.kernel_filter or inferred_filter(report)
-        joined, cov = by_launch(report, Path(args.capture), flt, max(0, args.launch_skip), steps, args.device)
+        joined, cov = by_launch(report, trace, flt, max(0, args.launch_skip), steps, args.device)
     if joined is None:
         joined = join(report.kernels, timeline, steps)
     summaries = summarize(joined, cats)

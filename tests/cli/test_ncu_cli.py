@@ -314,3 +314,36 @@ def test_analyze_ncu_with_a_trace_of_another_run_says_its_launches_are_unmatched
     out = json.loads(r.stdout)
     assert out["coverage"]["how"] == "none" and out["coverage"]["launches"] == 40
     assert all(k["match"] != "launch" for k in out["kernels"])  # the name join, as before
+
+
+def test_a_trace_given_is_read_once_for_its_kernels_and_its_launches(tmp_path, monkeypatch, capsys):
+    """`ncu-prefix --kernels-from TRACE` chooses the kernels from the trace's analysis and the launch
+    window from its launches; `analyze ncu --capture TRACE` joins by time and by launch: each reads (and
+    parses) the trace once. Run in this process on a small recorded trace, the reads counted."""
+    from perfd.capture import chrome_trace
+    from perfd.cli import main
+
+    parsed: list[str] = []
+    parse = chrome_trace.parse_chrome_trace
+
+    def counted(doc: object, source: str = "") -> object:
+        parsed.append(source)
+        return parse(doc, source)
+
+    monkeypatch.setattr(chrome_trace, "parse_chrome_trace", counted)
+    tiny = DATA / "captures" / "kineto_h100_megatron" / "tiny_rank0.json.gz"
+    exe, _ = make_fake_ncu(tmp_path)
+    monkeypatch.setenv("PERFD_NCU", str(exe))
+    code = main(["ncu-prefix", "--job", "j1", "--ranks", "0", "--capture-dir", str(tmp_path / "caps"),
+                 "--kernels-from", str(tiny)])
+    r = capsys.readouterr()
+    assert code == 0, r.err
+    assert "ncu-exec" in r.out and "--kernels-chosen-from tiny_rank0.json" in r.out
+    assert "launch window" in r.err  # chosen, or why none: from the launches of the events read
+    assert parsed == [str(tiny)], r.err
+    parsed.clear()
+    code = main(["analyze", "ncu", str(MLP), "--capture", str(tiny), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert json.loads(out.out)["coverage"] is not None  # the launch join ran (on the events read)
+    assert parsed == [str(tiny)]
