@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_analyze(args)
         if args.command == "catalog":
-            from perfd.commands.catalog import run_catalog
+            from perfd.commands.catalog_docs import run_catalog
 
             return run_catalog(args)
         handler = getattr(args, "handler", None)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from perfd import catalog
-from perfd.commands.catalog import doc_text, render_markdown
+from perfd.commands.catalog_docs import doc_text, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.run_grade import explain_grade, grade_mfu
-from perfd.commands.catalog import registry_text
+from perfd.commands.catalog_docs import registry_text
 from perfd.report.grade_text import BAND_TEXT, GRADE_TEXT, grade_label
 
 WITH_PARTS = [c for c in CLASSES if class_parts().get(c.cls)]

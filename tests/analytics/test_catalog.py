@@ -7,7 +7,7 @@ import re
 import pytest
 
 from perfd import catalog, catalog_labels
-from perfd.commands.catalog import render_markdown
+from perfd.commands.catalog_docs import render_markdown
 
 REQUIRED = [
     "perfd_job_mfu_ratio", "perfd_job_step_time_seconds", "perfd_job_model_tflops_per_gpu",
