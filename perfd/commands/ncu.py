@@ -358,8 +358,18 @@ def _texts(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"{path} is an ncu report and reading it needs the ncu binary: {why}")
         texts = [ex.import_csv(path, page) for page in PAGES]
     else:
-        texts = [path.read_text(errors="replace")]
-    return texts + [Path(c).read_text(errors="replace") for c in args.csv]
+        texts = [_csv_text(path)]
+    return texts + [_csv_text(Path(c)) for c in args.csv]
+
+
+def _csv_text(path: Path) -> str:
+    """An ncu CSV export's text, gzip/xz/zstd-compressed or plain (told by its first bytes: exports are
+    kept compressed, as tests/data/ncu's are). Raises OSError, EOFError (a cut archive) or
+    LogFileError."""
+    from perfd.logfiles import open_log
+
+    with open_log(path) as f:
+        return f.read().decode(errors="replace")
 
 
 def _timeline(path: str, device: int | None) -> tuple[list[TimelineKernel], dict[str, float] | None,
@@ -401,8 +411,8 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
         return 2
     try:
         report = parse_exports(_texts(args))
-    except (NcuParseError, NcuError, ValueError, OSError) as exc:
-        print(f"perfd: cannot read the ncu report {path}: {exc}", file=sys.stderr)
+    except (NcuParseError, NcuError, ValueError, OSError, EOFError) as exc:  # LogFileError: a ValueError
+        print(f"perfd: cannot read the ncu report {path}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
     timeline: list[TimelineKernel] = []
     cats, steps, trace = None, None, None

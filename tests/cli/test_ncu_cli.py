@@ -63,6 +63,22 @@ def test_analyze_ncu_text_and_json():
     assert all(k["match"] == "none" and k["captured_share"] is None for k in out["kernels"])
 
 
+def test_analyze_ncu_reads_a_compressed_export_as_the_plain_one(tmp_path):
+    """Exports are kept compressed (tests/data/ncu's are gzipped): `analyze ncu` reads gzip and xz by their
+    first bytes, whatever the file is called, and concludes what it does from the plain text."""
+    import gzip
+    import lzma
+
+    gz = DATA / "ncu" / "h100_workflow_run2_rank0_details.csv.gz"
+    plain, xz = tmp_path / "details.csv", tmp_path / "details.export"
+    plain.write_bytes(gzip.decompress(gz.read_bytes()))
+    xz.write_bytes(lzma.compress(plain.read_bytes()))
+    runs = [perfd_cli("analyze", "ncu", f, "--json") for f in (plain, gz, xz)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout
+    assert json.loads(runs[0].stdout)["launches"] == 72  # the range as recorded (tests/data/ncu/README.md)
+
+
 @pytest.mark.slow
 def test_analyze_ncu_joined_to_a_capture():
     """The ncu rows of the MLP loop against the real Megatron-LM Kineto capture: the GELU, the bf16 add
@@ -85,6 +101,9 @@ def test_analyze_ncu_joined_to_a_capture():
     (lambda d: (d / "empty.csv", (d / "empty.csv").write_text(""))[0], 1, "empty input"),
     (lambda d: (d / "r.ncu-rep", (d / "r.ncu-rep").write_bytes(b"\x00NCU"))[0], 1,
      "is an ncu report and reading it needs the ncu binary: ncu not found"),
+    (lambda d: (d / "cut.csv.gz", (d / "cut.csv.gz").write_bytes(
+        (DATA / "ncu" / "h100_workflow_run2_rank0_details.csv.gz").read_bytes()[:100]))[0], 1,
+     "Compressed file ended before the end-of-stream marker"),  # a cut archive: gzip's own words
 ])
 def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why):
     r = perfd("analyze", "ncu", make(tmp_path), env=no_ncu_env(tmp_path))
