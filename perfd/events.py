@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Required, TypedDict
 
+from perfd.model import CaptureStatus
 from perfd.typed import fit, fit_entries
 
 Severity = Literal["info", "warning", "critical"]
@@ -239,8 +240,9 @@ KINDS: dict[str, EventKind] = {k.name: k for k in (
     GPU_PROCESSES, GPU_PODS, SERVING_DATA, NCCL_HANG, HOOK_PROFILE, GPU_LOST, XID, VALIDATION, LOG_GAP,
     REPLAY_FINISHED, RULE_FIRING, CAPTURE_STARTED, CAPTURE_FINISHED, CAPTURE_FAILED, INCIDENT_OPENED,
     INCIDENT_CLOSED, STEP_CONFLICT, RANK_PROCESSES, JOB_PHASE, RANK_STACKS)}
-CAPTURE_PROGRESS: dict[str, str] = {  # capture event kind -> capture record status
-    CAPTURE_STARTED.name: "started", CAPTURE_FINISHED.name: "finished", CAPTURE_FAILED.name: "failed"}
+CAPTURE_PROGRESS: dict[str, CaptureStatus] = {  # capture event kind -> capture record status
+    CAPTURE_STARTED.name: CaptureStatus.STARTED, CAPTURE_FINISHED.name: CaptureStatus.FINISHED,
+    CAPTURE_FAILED.name: CaptureStatus.FAILED}
 
 
 def get(name: str) -> EventKind | None:

@@ -56,6 +56,48 @@ class CaptureFailure(str, enum.Enum):
             return None
 
 
+class CaptureStatus(str, enum.Enum):
+    """Where an aggregator's capture request stands (perfd.aggregator.capture_records.CaptureRecord):
+    asked, then reported running by an agent, then ended; or never sent (undeliverable: no agent of
+    the job; skipped: perfd could pick no tool; refused: the request itself, at the API). Shows and
+    travels (JSON, the state store) as its value."""
+
+    REQUESTED = "requested"
+    STARTED = "started"
+    FINISHED = "finished"
+    FAILED = "failed"
+    UNDELIVERABLE = "undeliverable"
+    SKIPPED = "skipped"
+    REFUSED = "refused"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @property
+    def live(self) -> bool:
+        """Asked or running: an agent may still report it."""
+        return self in (CaptureStatus.REQUESTED, CaptureStatus.STARTED)
+
+    @property
+    def ended(self) -> bool:
+        """Ran to its end, well or not (what an agent reported last)."""
+        return self in (CaptureStatus.FINISHED, CaptureStatus.FAILED)
+
+    @property
+    def unsent(self) -> bool:
+        """Never reached an agent."""
+        return self in (CaptureStatus.UNDELIVERABLE, CaptureStatus.SKIPPED)
+
+    @classmethod
+    def of(cls, value: object) -> CaptureStatus:
+        """A kept record's status (the state store's JSON); ValueError for one this version does not
+        know."""
+        return cls(value)
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Names the source of a number: which collector, which file/line or counter."""

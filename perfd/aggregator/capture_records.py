@@ -24,6 +24,7 @@ from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
+from perfd.model import CaptureFailure, CaptureStatus
 
 
 def findings_of(got: Any) -> list[Finding]:
@@ -86,7 +87,7 @@ class CaptureRecord:
     origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
     requested_at: float
     agents: list[str] = field(default_factory=list)
-    status: str = "requested"  # requested | started | finished | failed | undeliverable | skipped | refused
+    status: CaptureStatus = CaptureStatus.REQUESTED
     reason: str = ""
     updated_at: float = 0.0
     result: Any = None  # what the agent reported (its event's payload: analysis summary, artifact paths)
@@ -109,7 +110,7 @@ class CaptureRecord:
     arming: ArmingCost | None = None
     # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
     # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
-    cause: str | None = None
+    cause: CaptureFailure | None = None
     # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.
     # breakdown.capture_match, the decided rank's, else the first rank's): refused, it never informs the
     # job's budget or class, and its findings say why.
@@ -130,7 +131,9 @@ class CaptureRecord:
     def from_json(cls, d: Mapping[str, Any]) -> CaptureRecord:
         """Back from :meth:`to_json` (the state store's load); keys it does not know are left out."""
         known = cls.__dataclass_fields__
-        rec = cls(**{k: v for k, v in d.items() if k in known})
+        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("status", "cause")})
+        rec.status = CaptureStatus.of(d.get("status", CaptureStatus.REQUESTED.value))
+        rec.cause = CaptureFailure.of(d.get("cause"))
         rec.findings = findings_of(d.get("findings"))
         rec_keys = {f.name for f in dataclasses.fields(Recommendation)}
         rec.recommendations = []
@@ -183,7 +186,7 @@ def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
     agent reported."""
     for c in sorted(captures, key=lambda c: c.finished_at or 0.0, reverse=True):
         result = c.result
-        if c.tool != "ncu" or c.status != "finished" or not isinstance(result, Mapping):
+        if c.tool != "ncu" or c.status is not CaptureStatus.FINISHED or not isinstance(result, Mapping):
             continue
         for part in (result.get("ranks") or {}).values():
             cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
@@ -211,7 +214,7 @@ class CaptureSeen:
     id: str
     tool: str
     ranks: tuple[int, ...] | None
-    status: str
+    status: CaptureStatus
     origin: str
     requested_at: float | None
     started_at: float | None
@@ -240,7 +243,8 @@ class CaptureSeen:
         ranks, got = d.get("ranks"), d.get("bottleneck")
         slowdown = d.get("slowdown")
         return cls(str(d.get("id")), str(d.get("tool")),
-                   tuple(int(r) for r in ranks) if isinstance(ranks, list) else None, str(d.get("status")),
+                   tuple(int(r) for r in ranks) if isinstance(ranks, list) else None,
+                   CaptureStatus.of(d.get("status")),
                    str(d.get("origin")), d.get("requested_at"), d.get("started_at"), d.get("finished_at"),
                    tuple(findings_of(d.get("findings"))),
                    BottleneckClass.of(got) if got is not None else None,

@@ -38,7 +38,7 @@ from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
+from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus
 from perfd.refusals import Refusals
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
@@ -227,7 +227,7 @@ class CaptureCoordinator:
                     rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
                            else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
                     self._firing_of[rec.id] = f
-                    if rec.status in ("undeliverable", "skipped"):
+                    if rec.status.unsent:
                         self._release(rec.id)
         return firings
 
@@ -263,13 +263,13 @@ class CaptureCoordinator:
             rk = tuple(ranks) if ranks else None
             if not self.arbiter.try_acquire(job, rk):
                 rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, tool, steps,
-                                    origin, t, status="refused",
+                                    origin, t, status=CaptureStatus.REFUSED,
                                     reason="busy: a capture is running on these processes", updated_at=t)
                 self._keep(rec)
                 return rec
             rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t, stack)
             self._firing_of[rec.id] = (job, rk)
-            if rec.status == "undeliverable":
+            if rec.status is CaptureStatus.UNDELIVERABLE:
                 self._release(rec.id)
             return rec
 
@@ -288,8 +288,8 @@ class CaptureCoordinator:
         (issue 52: the default incident_capture rule ran torch.profiler inside such jobs). Its host
         side is the rank's host evidence (collectors/ranks) and its stacks. A rule or a person naming
         a tool still gets it (its CPU ops are a trace to read, not a budget)."""
-        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, status="skipped",
-                            reason=CPU_ONLY_SKIP, updated_at=t)
+        rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t,
+                            status=CaptureStatus.SKIPPED, reason=CPU_ONLY_SKIP, updated_at=t)
         self._keep(rec)
         log.info("capture %s for job %s (%s) skipped: the job computes on CPUs only", rec.id, job, origin)
         return rec
@@ -306,7 +306,7 @@ class CaptureCoordinator:
             if self.send(agent, cmd):
                 rec.agents.append(agent)
         if not rec.agents:
-            rec.status, rec.reason = "undeliverable", (
+            rec.status, rec.reason = CaptureStatus.UNDELIVERABLE, (
                 "no connected agent hosts the job" if not agents else "agents not connected")
         self._keep(rec)
         log.info("capture %s for job %s ranks %s (%s) -> agents %s: %s", rec.id, job, ranks, origin,
@@ -319,7 +319,7 @@ class CaptureCoordinator:
         self.captures[rec.id] = rec
         over = len(self.captures) - self.limits.max_capture_records
         if over > 0:
-            ended = sorted((r for r in self.captures.values() if r.status not in ("requested", "started")),
+            ended = sorted((r for r in self.captures.values() if not r.status.live),
                            key=lambda r: r.requested_at)
             for r in ended[:over]:
                 del self.captures[r.id]
@@ -374,11 +374,12 @@ class CaptureCoordinator:
             rec.updated_at = now
             rec.status = CAPTURE_PROGRESS[kind]
             rec.reason = str(ev.get("text", ""))
-            if rec.status == "started" and rec.started_at is None:
+            if rec.status is CaptureStatus.STARTED and rec.started_at is None:
                 rec.started_at = at
-            elif rec.status in ("finished", "failed"):
+            elif rec.status.ended:
                 rec.finished_at = at
-                if rec.status == "finished":  # a capture that failed before it started ran at no time
+                # a capture that failed before it started ran at no time
+                if rec.status is CaptureStatus.FINISHED:
                     rec.started_at = rec.started_at or at
             if ev.get("payload") is not None:
                 rec.result = ev.get("payload")
@@ -387,19 +388,19 @@ class CaptureCoordinator:
                     rec.range_held_s = float(held)
                 if rec.decided is not None:  # what decided the class, as this report has it
                     rec.decided = rec.decided.of_result(rec.result)
-                if rec.status == "finished":
+                if rec.status is CaptureStatus.FINISHED:
                     self._diagnose(rec)
-                if rec.status in ("finished", "failed"):
+                if rec.status.ended:
                     rec.arming = self._arming([rec])
             cause = CaptureFailure.of(obj(ev.get("payload")).get("cause"))
-            if rec.status in ("finished", "failed"):
-                rec.cause = cause.value if cause is not None and rec.status != "finished" else None
+            if rec.status.ended:
+                rec.cause = cause if rec.status is not CaptureStatus.FINISHED else None
                 f = self._firing_of.get(rec.id)
-                if cause is CaptureFailure.NOT_READY and rec.status != "finished":
+                if cause is CaptureFailure.NOT_READY and rec.status is not CaptureStatus.FINISHED:
                     self._not_ready(rec, self.clock())
                 elif isinstance(f, Firing):
                     self.ready.ran(f.rule.name, f.job)
-            if rec.status in ("finished", "failed"):
+            if rec.status.ended:
                 self._release(rec.id)
 
     def _diagnose(self, rec: CaptureRecord) -> None:
@@ -501,8 +502,9 @@ class CaptureCoordinator:
     def _expire(self, now: float) -> None:
         with self._lock:
             for cid, rec in list(self.captures.items()):
-                if rec.status in ("requested", "started") and now - rec.requested_at > STALE_CAPTURE_S:
-                    rec.status, rec.reason, rec.updated_at = "failed", "no report from the agent", now
+                if rec.status.live and now - rec.requested_at > STALE_CAPTURE_S:
+                    rec.status, rec.reason = CaptureStatus.FAILED, "no report from the agent"
+                    rec.updated_at = now
                     self._release(cid)
 
     def _disk_used(self) -> dict[str, int]:

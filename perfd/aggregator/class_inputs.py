@@ -28,6 +28,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
+from perfd.model import CaptureStatus
 
 GPM_LIVE = "GPM while the job stepped"
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
@@ -157,7 +158,7 @@ class ClassInputs:
         out = []
         for c in self.captures_of(job):
             t0 = c.started_at
-            t1 = c.finished_at or (None if c.status == "started" else t0)
+            t1 = c.finished_at or (None if c.status is CaptureStatus.STARTED else t0)
             if isinstance(t0, (int, float)):
                 out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
         return out

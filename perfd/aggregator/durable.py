@@ -133,7 +133,7 @@ def _restore(agg: AggregatorParts, store: StateStore) -> dict[str, int]:
         agg.ingest_job_info_text(agent, job, text)
         counts["job_infos"] += 1
     agg.server.seq_state = type(agg.server.seq_state).load(store.seqs())
-    _restore_documents(agg, store)
+    _restore_documents(agg, store, counts)
     return counts
 
 
@@ -189,11 +189,18 @@ def _key(k: Any) -> Any:
     return tuple(k) if isinstance(k, list) else k  # JSON turned tuple keys into lists
 
 
-def _restore_documents(agg: AggregatorParts, store: StateStore) -> None:
+def _restore_documents(agg: AggregatorParts, store: StateStore, counts: dict[str, int]) -> None:
     from perfd.aggregator.capture_records import CaptureRecord
 
-    caps = store.get_doc("captures") or []
-    agg.captures.restore(CaptureRecord.from_json(d) for d in caps)
+    caps: list[CaptureRecord] = []
+    for d in store.get_doc("captures") or []:
+        try:
+            caps.append(CaptureRecord.from_json(d))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # another version's, or damage
+            counts["unreadable"] += 1
+            log.warning("state store: a capture record left out, unreadable (%s: %s)", type(exc).__name__,
+                        str(exc)[:200])
+    agg.captures.restore(caps)
     rules = store.get_doc("rules")
     eng = agg.captures.engine
     if rules and eng is not None:

@@ -109,24 +109,20 @@ class Stall:
     exited: bool = False  # closed because every rank process was gone, no step after it
 
 
-# Capture record states (perfd.aggregator.captures.CaptureRecord.status): asked for or running, and
-# ended having run (or failed while it may have held a step). Undeliverable and refused ones never ran.
-_CAPTURE_LIVE = ("requested", "started")
-_CAPTURE_ENDED = ("finished", "failed")
-
-
 def capture_spans(records: Sequence[CaptureRecord]) -> list[CaptureSpan]:
     """The job's capture records as the stall check reads them
     (perfd.analytics.incidents.stall.CaptureSpan)."""
     out = []
     for c in records:
+        # Asked for or running, or ended having run (or failed while it may have held a step); one
+        # never sent (undeliverable, skipped, refused) never ran.
         status, asked = c.status, c.requested_at
-        if status not in (*_CAPTURE_LIVE, *_CAPTURE_ENDED) or not isinstance(asked, (int, float)):
+        if not (status.live or status.ended) or not isinstance(asked, (int, float)):
             continue
-        end = c.finished_at if status in _CAPTURE_ENDED else None
+        end = c.finished_at if status.ended else None
         out.append(CaptureSpan(c.id, c.tool, float(asked),
                                float(end) if isinstance(end, (int, float)) else
-                               (float(asked) if status in _CAPTURE_ENDED else None)))
+                               (float(asked) if status.ended else None)))
     return out
 
 

@@ -31,11 +31,12 @@ from perfd.aggregator.state_readers import JobReader
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.exporters.wandb import WandbExporter, node_metrics
+from perfd.model import CaptureStatus
 
 log = logging.getLogger(__name__)
 
 CapturesSource = Callable[[], Iterable[Mapping[str, Any]]]
-DONE = ("finished", "failed")
+DONE = frozenset(s.value for s in CaptureStatus if s.ended)  # a capture record's JSON status
 # How often the jobs' GPU values are sampled between export rounds: the agents forward each node
 # series every aggregator_sample_interval_s (2 s), so sampling faster would repeat values.
 GPU_SAMPLE_S = 2.0

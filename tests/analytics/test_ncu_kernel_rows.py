@@ -31,6 +31,7 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import join, short_name
 from perfd.capture.ncu_report import parse_csv, parse_exports
+from perfd.model import CaptureStatus
 from perfd.report import budget_view, ncu_view
 from perfd.transport.codec import Command
 
@@ -224,8 +225,8 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     parts = tuple(BudgetPart(p, ms, ms / 100.0, Source.CAPTURE) for p, ms in (
         (Part.LINEAR, 40.0), (Part.ATTENTION, 30.0), (Part.ACTIVATION, 5.0), (Part.POINTWISE, 25.0)))
     b = StepBudget(100.0, parts, (Source.CAPTURE,), iterations=3.0, basis="capture k1")
-    got = ncu_of([CaptureRecord("n1", JOB, [0], "ncu", 1, "rule:ncu", 0.0, status="finished", finished_at=1.0,
-                                result={"ranks": {"0": rank0()}})])
+    got = ncu_of([CaptureRecord("n1", JOB, [0], "ncu", 1, "rule:ncu", 0.0, status=CaptureStatus.FINISHED,
+                                finished_at=1.0, result={"ranks": {"0": rank0()}})])
     assert got.capture_id == "n1" and len(got.kernels) == 12
     assert all(k["joined_to"] == "c20261123-223603-bf9e4a" for k in got.kernels)
     nb = with_ncu(b, got.categories, got.capture_id, got.kernels)

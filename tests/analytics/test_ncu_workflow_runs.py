@@ -26,7 +26,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
-from perfd.model import JobInfo, StepRecord
+from perfd.model import CaptureStatus, JobInfo, StepRecord
 from perfd.report.grade_text import worded
 from tests.analytics.ncu_workflow_data import (
     GPU,
@@ -49,7 +49,8 @@ class Windows:
 
     def __init__(self) -> None:
         self.records = [CaptureRecord(id=f"c{i}", job=JOB, ranks=None, tool="ncu", steps=0, origin="manual",
-                                      requested_at=a, status="finished", started_at=a, finished_at=b)
+                                      requested_at=a, status=CaptureStatus.FINISHED, started_at=a,
+                                      finished_at=b)
                         for i, (a, b) in enumerate(capture_windows())]
 
     def of_job(self, job: str) -> list[CaptureRecord]:

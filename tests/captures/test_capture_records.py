@@ -14,6 +14,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.capture.bookkeeping import device_summary
+from perfd.model import CaptureFailure, CaptureStatus
 from perfd.transport.codec import Command
 from tests.trace_cache import analyze_chrome_trace
 
@@ -52,9 +53,12 @@ def test_the_record_is_typed_and_its_json_reads_back_the_same() -> None:
     rec = _diagnosed()
     assert rec.bottleneck is BottleneckClass.MEMORY and rec.budget is not None and rec.match is not None
     assert isinstance(rec.decided, Decided) and rec.decided.breakdown is not None
+    assert rec.status is CaptureStatus.FINISHED and rec.status.ended and not rec.status.live
     doc = json.loads(json.dumps(rec.to_json()))
     assert doc["bottleneck"] == "memory-bound" and doc["decided"] == {"rank": "0", "device": 0}
+    assert doc["status"] == "finished" and doc["cause"] is None  # the JSON as ever: the values
     back = CaptureRecord.from_json(doc)
+    assert back.status is CaptureStatus.FINISHED  # typed again, not the JSON's string
     assert json.dumps(back.to_json()) == json.dumps(rec.to_json())
     assert back.decided is not None and back.decided.breakdown == rec.decided.breakdown  # from the result
     assert back.timeline() == rec.timeline()
@@ -70,3 +74,31 @@ def test_what_an_older_store_holds_that_is_not_read_is_left_out() -> None:
     back = CaptureRecord.from_json(doc)
     assert len(back.findings) == len(doc["findings"]) - 1
     assert len(back.recommendations) == len(doc["recommendations"]) - 1
+
+
+def test_a_kept_capture_of_a_status_this_version_does_not_know_is_left_out_and_counted(tmp_path: Path) -> None:
+    """The state store's captures read back typed: one whose status or cause this version does not know
+    (another version's, or damage) is refused by from_json, and the aggregator's restore leaves it out,
+    counted, the others read back."""
+    from perfd.aggregator.durable import _restore_documents
+    from perfd.aggregator.state_store import StateStore
+
+    rec = CaptureRecord("c1", JOB, [0], "kineto", 3, "manual", 1.0, status=CaptureStatus.FAILED,
+                        cause=CaptureFailure.NOT_READY)
+    good = json.loads(json.dumps(rec.to_json()))
+    assert good["status"] == "failed" and good["cause"] == "not_ready"
+    assert CaptureRecord.from_json(good).cause is CaptureFailure.NOT_READY
+    bad = {**good, "id": "c2", "status": "paused"}
+    with pytest.raises(ValueError):
+        CaptureRecord.from_json(bad)
+    store = StateStore(tmp_path / "state.db")
+    store.put_doc("captures", [good, bad])
+    coord = CaptureCoordinator(AggregatorState(), None, lambda agent, cmd: True)
+    counts = {"unreadable": 0}
+
+    class Parts:  # what _restore_documents reads of the aggregator: its captures
+        captures = coord
+
+    _restore_documents(Parts(), store, counts)  # type: ignore[arg-type]
+    assert counts["unreadable"] == 1
+    assert [(c.id, c.status) for c in coord.of_job(JOB)] == [("c1", CaptureStatus.FAILED)]
