@@ -41,7 +41,7 @@ from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, CaptureArgError, CaptureRequest, parse_command
 from perfd.capture.store import CaptureStore, Manifest
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED
-from perfd.model import CaptureFailure
+from perfd.model import CaptureFailure, CaptureTool
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
@@ -276,7 +276,7 @@ class CaptureManager:
         with self._lock:
             self._threads.pop(cid, None)
 
-    def _choose(self, req: CaptureRequest) -> tuple[str, str, list[str]]:
+    def _choose(self, req: CaptureRequest) -> tuple[CaptureTool, str, list[str]]:
         want = req.tool
         if want == "ncu":  # never picked by "auto": a rank under ncu asks for it by name (admission)
             return "ncu", "range", []

@@ -24,14 +24,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
-from perfd.model import CAPTURE_TOOLS
+from perfd.model import CAPTURE_TOOLS, CaptureTool
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
 
 TOOLS = CAPTURE_TOOLS
+# How an nsys capture is taken, where a request says (None: perfd chooses): a time window of a
+# session's collection, or a step-aligned range the hook opens.
+NsysMode = Literal["session", "range"]
+NSYS_MODES: tuple[NsysMode, ...] = get_args(NsysMode)
+# A command's text -> the member it names (a typed closed set, never compared as free text)
+_TOOL_OF: dict[str, CaptureTool] = {t: t for t in CAPTURE_TOOLS}
+_MODE_OF: dict[str, NsysMode] = {m: m for m in NSYS_MODES}
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
 BUSY_REASON = "busy: one CUPTI client per process"
 
@@ -46,14 +53,14 @@ class CaptureRequest:
 
     job: str
     ranks: tuple[int, ...]
-    tool: str = "auto"
+    tool: CaptureTool = "auto"
     steps: int = 3
     start_iteration: int | None = None  # None: the next iteration
     roundup: int = 1
     duration_ms: int | None = None
     start_time_ms: int | None = None
     warmup_s: int | None = None
-    mode: str | None = None  # nsys: session | range
+    mode: NsysMode | None = None
     timeout_s: float = 120.0
     stack: bool = False  # Kineto: Python stacks and input shapes too (module names; a slower capture)
     command_id: str = ""
@@ -89,17 +96,19 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
     for key in args:
         if any(w in key.lower() for w in ("path", "file", "dir", "output")):
             raise CaptureArgError(f"argument {key!r} names a path: the agent chooses every path (its store)")
-    tool = args.get("tool", "auto").strip().lower() or "auto"
-    if tool not in TOOLS:
-        raise CaptureArgError(f"tool={tool!r}: one of {', '.join(TOOLS)}")
+    tool_raw = args.get("tool", "auto").strip().lower() or "auto"
+    tool = _TOOL_OF.get(tool_raw)
+    if tool is None:
+        raise CaptureArgError(f"tool={tool_raw!r}: one of {', '.join(TOOLS)}")
     ranks = tuple(sorted({int(r) for r in cmd.ranks}))
     if any(r < 0 for r in ranks):
         raise CaptureArgError("ranks must be >= 0")
     start_raw = args.get("start_iteration", "next").strip().lower()
     start = None if start_raw in ("", "next") else _int(args, "start_iteration", 0, 2**31 - 1)
-    mode = args.get("mode", "").strip().lower() or None
-    if mode not in (None, "session", "range"):
-        raise CaptureArgError(f"mode={mode!r}: session or range")
+    mode_raw = args.get("mode", "").strip().lower() or None
+    mode = _MODE_OF.get(mode_raw) if mode_raw is not None else None
+    if mode_raw is not None and mode is None:
+        raise CaptureArgError(f"mode={mode_raw!r}: {' or '.join(NSYS_MODES)}")
     start_time = _int(args, "start_time_ms", 0, 2**62)
     if start_time is not None and not now * 1000 - 1000 <= start_time <= now * 1000 + 3_600_000:
         raise CaptureArgError("start_time_ms must lie within the next hour (epoch milliseconds)")

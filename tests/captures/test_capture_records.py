@@ -76,7 +76,7 @@ def test_what_an_older_store_holds_that_is_not_read_is_left_out() -> None:
     assert len(back.recommendations) == len(doc["recommendations"]) - 1
 
 
-def test_a_kept_capture_of_a_status_this_version_does_not_know_is_left_out_and_counted(tmp_path: Path) -> None:
+def test_a_kept_capture_of_a_status_this_version_does_not_know_is_left_out_counted(tmp_path: Path) -> None:
     """The state store's captures read back typed: one whose status or cause this version does not know
     (another version's, or damage) is refused by from_json, and the aggregator's restore leaves it out,
     counted, the others read back."""
