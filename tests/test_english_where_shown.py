@@ -72,10 +72,8 @@ def test_no_analytics_module_words_a_code_again() -> None:
 INCIDENT_TEXT = ("incident_text.py", "incident_findings.py", "grade_text.py")
 INCIDENT_WORDS = 5
 # Pieces analytics says of something else, in its own words: a capture finding's title
-# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py),
-# the exposed-communication finding's (run_findings.py; a grade's words quote it).
-SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU",
-                  "is the timed collectives' only (DP gradient sync"}
+# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py).
+SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU"}
 
 
 def _said(path: Path) -> list[str]:
