@@ -1,12 +1,14 @@
-"""The run's findings and recommendations as they read (issue 57): the title and observation of each
-finding of perfd.analytics.run.run_findings, the action and detail of each recommendation, from their
-kind and numbers (perfd.analytics.run.run_facts). Pure."""
+"""The findings and recommendations as they read (issue 57): the title and observation of each finding
+of perfd.analytics.run.run_findings, the action and detail of each recommendation, from their kind and
+numbers (perfd.analytics.run.run_facts); a capture's slower-than-steady finding
+(perfd.analytics.advice.capture_findings.SlowerFinding). Pure."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
@@ -231,10 +233,22 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
             return _next_step(f)
 
 
+def slower_words(f: SlowerFacts) -> tuple[str, str]:
+    """A capture's slower-than-steady finding's title and observation."""
+    return (f"Device {f.device}: kernels ran {f.ratio:.1f}× slower than in steady state",
+            f"Compute kernels took {f.per_iteration_ms:.0f} ms per captured iteration against "
+            f"{f.steady_ms:.0f} ms of forward+backward compute per steady iteration (timers): the same work "
+            "ran slower while captured — the GPU was shared, throttled, or clocked down.")
+
+
 def worded_run(f: Finding) -> Finding:
-    """A run finding (perfd.analytics.run.run_facts.RunFinding) with its words; any other as it is."""
+    """A run finding (perfd.analytics.run.run_facts.RunFinding) or a capture's slower-than-steady one
+    with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
+        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    if isinstance(f, SlowerFinding) and f.facts is not None:
+        title, observation = slower_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
     return f
 
