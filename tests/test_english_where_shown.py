@@ -149,8 +149,10 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
         JobFlops: {"formula", "source", "missing"},
         RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
         IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
-        # a serving finding's own words are the finding's; what it quotes of a figure is a code
-        ServingFinding: {f.name for f in dataclasses.fields(ServingFinding)} - {"span", "cited", "quotes"},
+        # a serving finding's words are made from its facts (perfd.report.serving_text); what it quotes of a
+        # figure is a code
+        ServingFinding: {f.name for f in dataclasses.fields(ServingFinding)} - {"span", "cited", "quotes",
+                                                                              "facts"},
     }
     for cls, names in allowed.items():
         hints = typing.get_type_hints(cls)
