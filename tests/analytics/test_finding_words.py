@@ -1,8 +1,9 @@
 """English only where it is shown (issue 57), for the findings made outside the advice package: the
 sentences perfd/report declares for the run's findings and recommendations (perfd.report.finding_text,
 from perfd.analytics.run.run_facts; a capture's slower-than-steady finding) and the serving ones
-(perfd.report.serving_text, from perfd.analytics.serving.serving_facts) are in no analytics source
-again. The same check as tests/test_english_where_shown.py (AST, no import): each literal piece of five
+(perfd.report.serving_text, from perfd.analytics.serving.serving_facts) and the collective ones
+(perfd.report.collective_text, from perfd.analytics.collectives.collective_facts) are in no analytics
+source again. The same check as tests/test_english_where_shown.py (AST, no import): each literal piece of five
 words or more of those modules is looked for in every string constant of perfd/analytics. And the facts
 the findings carry hold numbers, kinds and names, never a sentence (checked on their annotations)."""
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word the findings.
-FINDING_TEXT = ("finding_text.py", "serving_text.py")
+FINDING_TEXT = ("finding_text.py", "serving_text.py", "collective_text.py")
 
 
 def _fragments() -> dict[str, str]:
@@ -32,6 +33,8 @@ def test_no_analytics_module_words_a_finding_again() -> None:
         "captured — the GPU was shared, throttled, or clocked down." in fragments  # a capture's
     assert ". Start SGLang with --enable-metrics and pass its /metrics URL." in fragments  # a serving one
     assert "a serving SLO or capacity problem needs action" in fragments  # the serving status
+    assert "Keep tensor parallelism within the NVLink domain (TP ≤ GPUs per node; use PP or DP across " \
+        "nodes" in fragments  # a collective one
     assert "is a persistent straggler" not in fragments  # four words: too short to be a sentence
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
@@ -52,12 +55,16 @@ def test_the_facts_hold_no_sentences() -> None:
     """Each facts type of the findings moved to the report's words: a field that may hold text is a name
     (a timer's, the job's, a schedule policy, the loader's knobs as code), never a sentence."""
     from perfd.analytics.advice.capture_findings import SlowerFacts
+    from perfd.analytics.collectives import collective_facts
     from perfd.analytics.run import run_facts
     from perfd.analytics.serving import serving_facts
 
     allowed = {"DataShareFacts": {"timer", "across_ranks", "knobs"}, "NextStepFacts": {"job"},
-               "PrefixHitFacts": {"policy"}}
-    types = [t for m in (run_facts, serving_facts) for t in vars(m).values()
+               "PrefixHitFacts": {"policy"},
+               "TotalShareFacts": {"by_group", "method"}, "TpNodesFacts": {"group"},  # group classes, names
+               # the collective analysis' own reason, served as is in its JSON's summary too (not moved)
+               "ShareAbsentFacts": {"reason"}}
+    types = [t for m in (run_facts, serving_facts, collective_facts) for t in vars(m).values()
              if isinstance(t, type) and dataclasses.is_dataclass(t) and t.__module__ == m.__name__
              and t.__name__.endswith("Facts")] + [SlowerFacts]
     assert len(types) > 20  # the facts were found
