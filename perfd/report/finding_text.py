@@ -34,6 +34,7 @@ from perfd.analytics.run.run_facts import (
     UntimedFacts,
 )
 from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
 DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated",
@@ -242,20 +243,21 @@ def slower_words(f: SlowerFacts) -> tuple[str, str]:
 
 
 def worded_run(f: Finding) -> Finding:
-    """A run finding (perfd.analytics.run.run_facts.RunFinding) or a capture's slower-than-steady one
-    with its words; any other as it is."""
+    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one or an
+    Nsight Compute verdict's (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
-    return f
+    return worded_ncu(f)
 
 
 def worded_run_recommendation(r: Recommendation) -> Recommendation:
-    """A run recommendation with its action (where the facts make it) and detail; any other as it is."""
+    """A run recommendation with its action (where the facts make it) and detail, an Nsight Compute
+    verdict's (perfd.report.ncu_text); any other as it is."""
     if isinstance(r, RunRecommendation) and r.facts is not None:
         action, detail = recommendation_words(r.facts)
         return dataclasses.replace(r, action=action or r.action, detail=detail, facts=None)
-    return r
+    return worded_ncu_recommendation(r)
