@@ -71,11 +71,9 @@ def test_no_analytics_module_words_a_code_again() -> None:
 # INCIDENT_WORDS words ("of the step", "in steady state" are said of other things too).
 INCIDENT_TEXT = ("incident_text.py", "incident_findings.py", "grade_text.py")
 INCIDENT_WORDS = 5
-# Pieces analytics says of something else, in its own words: a capture finding's title
-# (advice/capture_findings.py), the docs of a threshold and of the steady state (thresholds.py, steady.py),
-# the exposed-communication finding's (run_findings.py; a grade's words quote it).
-SAID_ELSEWHERE = {"× slower than in steady state", "× the steady time per step", "the rank waited for a CPU",
-                  "is the timed collectives' only (DP gradient sync"}
+# Pieces analytics says of something else, in its own words: the docs of a threshold and of the steady
+# state (thresholds.py, steady.py).
+SAID_ELSEWHERE = {"× the steady time per step", "the rank waited for a CPU"}
 
 
 def _said(path: Path) -> list[str]:
@@ -151,8 +149,10 @@ def test_the_typed_values_hold_codes_not_sentences() -> None:
         JobFlops: {"formula", "source", "missing"},
         RankSnapshot: {"node", "gpu", "throttle_reasons", "written"},  # (c) its observations: GpuSeen
         IncidentEvidence: {"inside_incident"},  # (d) its source: EvidenceSource
-        # a serving finding's own words are the finding's; what it quotes of a figure is a code
-        ServingFinding: {f.name for f in dataclasses.fields(ServingFinding)} - {"span", "cited", "quotes"},
+        # a serving finding's words are made from its facts (perfd.report.serving_text); what it quotes of a
+        # figure is a code
+        ServingFinding: {f.name for f in dataclasses.fields(ServingFinding)} - {"span", "cited", "quotes",
+                                                                              "facts"},
     }
     for cls, names in allowed.items():
         hints = typing.get_type_hints(cls)

@@ -40,6 +40,7 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus
 from perfd.refusals import Refusals
+from perfd.report.grade_text import worded, worded_recommendation
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
@@ -431,8 +432,9 @@ class CaptureCoordinator:
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
                                  steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
                                  config=a.config if a is not None else None)
-            findings += d.findings
-            recs += d.recommendations
+            # worded here: the capture's record keeps and serves its findings as they read
+            findings += [worded(f) for f in d.findings]
+            recs += [worded_recommendation(r) for r in d.recommendations]
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
                 top = max(d.class_shares.values())
                 if best is None or top > best[0]:

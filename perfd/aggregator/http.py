@@ -34,7 +34,7 @@ from perfd.exporters.prometheus import build_info_families, histogram_families, 
 from perfd.exporters.remote_write import TargetStats
 from perfd.model import CaptureStatus
 from perfd.refusals import Refusals
-from perfd.report import analysis_json, incident_text
+from perfd.report import analysis_json, collective_text, incident_text
 from perfd.report.row_json import iteration_rows, row_codes
 from perfd.transport.security import TokenFile
 
@@ -285,7 +285,7 @@ def collectives_json(state: HttpState, job: str) -> dict[str, Any] | None:
     except Exception as exc:  # counted in the store; the rest of the summary still answers
         log.exception("collective analysis of job %s failed", job)
         return {"error": repr(exc)}
-    return a.to_json() if a is not None else None
+    return collective_text.collectives_json(a) if a is not None else None  # its findings worded here
 
 
 def job_iterations(state: HttpState, job: str, sources: bool = True) -> dict[str, Any] | None:

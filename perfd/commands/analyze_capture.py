@@ -48,8 +48,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.report.grade_text import worded, worded_recommendation
 
     diag = diagnose_capture(objs(out.get("devices")), label=path.name)
+    diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
+    diag.recommendations = [worded_recommendation(r) for r in diag.recommendations]
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
         sys.stdout.write(finite_json.dumps(out, indent=2))

@@ -441,7 +441,7 @@ def run_analyze_ncu(args: argparse.Namespace) -> int:
         return 0
     print(render(report, joined, summaries, joined_to=args.capture))
     if cov is not None:
-        from perfd.analytics.ncu.launches import coverage_text
+        from perfd.report.ncu_text import coverage_text
 
         print(f"\ncoverage: {coverage_text(cov)}")
     return 0

@@ -21,6 +21,7 @@ from perfd.analytics.run.run_grade import (
     MfuSaid,
 )
 from perfd.analytics.steps.untimed import untimed_text
+from perfd.report.finding_text import worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 
 # A grade's own sentence.
@@ -121,13 +122,13 @@ def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
 
 
 def worded(f: Finding) -> Finding:
-    """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words; any
-    other as it is."""
+    """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words, the
+    run's others (perfd.report.finding_text); any other as it is."""
     if isinstance(f, MfuFinding) and f.facts is not None:
         title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
                               else crosscheck_words(f.facts))
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
-    return f
+    return worded_run(f)
 
 
 def worded_recommendation(r: Recommendation) -> Recommendation:
@@ -137,4 +138,4 @@ def worded_recommendation(r: Recommendation) -> Recommendation:
             r, action="Check the model spec perfd read (vocab padding, GQA groups, SwiGLU, MoE, "
                       "Megatron-Core version)",
             detail=f"largest gap {_pct(r.facts.max_gap)} on {r.facts.n_disagree} iterations", facts=None)
-    return r
+    return worded_run_recommendation(r)

@@ -18,8 +18,9 @@ from perfd.analytics.breakdown.kernel_rows import KernelRow, Reading, RowVerdict
 from perfd.analytics.breakdown.ncu_kernels import MatchKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import short_name
-from perfd.analytics.ncu.launches import Coverage, coverage_text
+from perfd.analytics.ncu.launches import Coverage
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
+from perfd.report.ncu_text import coverage_text
 
 # What each verdict calls for, in a few words (the findings' recommendations say it at length).
 VERDICT_TEXT: dict[RowVerdict, str] = {

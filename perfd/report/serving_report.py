@@ -15,6 +15,7 @@ from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingAnaly
 from perfd.analytics.serving.serving_findings import ServingFinding, serving_status
 from perfd.analytics.steps.provenance import Cited
 from perfd.report.provenance_text import text
+from perfd.report.serving_text import STATUS_TEXT, finding_words, worded_serving_recommendation
 from perfd.report.training_report import Report, ReportMetric, ReportSummary, format_value
 
 # the first warning finding decides what the summary names as the limit
@@ -38,8 +39,10 @@ def build_serving_report(a: ServingAnalysis) -> Report:
         else:
             src = f"absent: {_text(mv.reason) if mv is not None else 'not computed'}"
         metrics.append(ReportMetric(name, value, d.unit, src, d.description))
-    status, status_text = serving_status(a.findings)
-    limit = next((f for f in a.findings if f.id in _LIMITS and f.severity != "info"), None)
+    findings = [shown_finding(f) for f in a.findings]
+    worst = serving_status(a.findings)
+    status, status_text = worst.value, STATUS_TEXT[worst]
+    limit = next((f for f in findings if f.id in _LIMITS and f.severity != "info"), None)
     if not s.extras.get("records") and s.value("ttft_p99") is None:
         status, status_text = "unknown", "no SGLang batch lines and no latency histograms"
     bottleneck = _LIMITS[limit.id] if limit else "none found"
@@ -58,7 +61,7 @@ def build_serving_report(a: ServingAnalysis) -> Report:
     summary = ReportSummary(a.job, status, status_text, v("decode_mfu"), bottleneck, reason,
                             _text(s.extras.get("window", "")), headline)
     # No training job block: the served model and window are in the headline and the steady text.
-    return Report(summary, metrics, [shown_finding(f) for f in a.findings], list(a.recommendations))
+    return Report(summary, metrics, findings, [worded_serving_recommendation(r) for r in a.recommendations])
 
 
 def _text(v: object) -> str:
@@ -67,12 +70,14 @@ def _text(v: object) -> str:
 
 
 def shown_finding(f: Finding) -> Finding:
-    """A serving finding as shown: its window, source and quotes worded (ServingFinding)."""
+    """A serving finding as shown: its title and observation (perfd.report.serving_text), window, source
+    and quotes worded (ServingFinding)."""
     if not isinstance(f, ServingFinding):
         return f
+    title, obs = finding_words(f.facts) if f.facts is not None else (f.title, f.observation)
     quoted = (text(q) if q is not None else "" for q in f.quotes)
-    obs = f.observation.format(*quoted) if f.quotes else f.observation
-    return dataclasses.replace(f, observation=obs, span=None, cited=None, quotes=(),
+    obs = obs.format(*quoted) if f.quotes else obs
+    return dataclasses.replace(f, title=title, observation=obs, span=None, cited=None, quotes=(), facts=None,
                                iterations=text(f.span) if f.span is not None else f.iterations,
                                source=text(f.cited) if f.cited is not None else f.source)
 

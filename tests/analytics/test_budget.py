@@ -24,7 +24,8 @@ from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShar
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.report.grade_text import worded
+from perfd.analytics.run.run_facts import Divider, NextStepFacts, RunRecommendation
+from perfd.report.grade_text import worded, worded_recommendation
 from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
@@ -211,7 +212,8 @@ def test_the_pp2_job_gets_the_pipeline_remedies_from_its_timers() -> None:
     b = a.summary.step_budget
     assert b is not None and not b.has_kernels and b.ms(Part.PIPELINE) > 0.1 * b.step_ms
     assert a.recommendations[0].finding_id in ("pp-imbalance", "pp-bubble")
-    assert any(r.finding_id == "mfu-grade" and "capture" in r.action for r in a.recommendations)
+    assert any(r.finding_id == "mfu-grade" and isinstance(r, RunRecommendation)
+               and isinstance(r.facts, NextStepFacts) for r in a.recommendations)  # divide the compute
 
 
 def test_a_timers_only_budget_adds_up_and_keeps_compute_whole() -> None:
@@ -287,11 +289,15 @@ def test_the_pp_budget_counts_each_millisecond_once() -> None:
 def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
     fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
     parsed = parse_file(fixture, job="pp2")
-    for live, want in ((False, "--capture TRACE"), (True, "perfd capture --job pp2")):
+    for live, how, want in ((False, Divider.NEXT_RUN, "--capture TRACE"),
+                            (True, Divider.TIMELINE, "perfd capture --job pp2")):
         a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2", live=live)
         r = next(r for r in a.recommendations if r.finding_id == "mfu-grade")
-        assert want in r.action, (live, r.action)
-        assert ("next run" in r.action) is not live
+        assert isinstance(r, RunRecommendation) and isinstance(r.facts, NextStepFacts)
+        assert r.facts.divider is how and r.facts.job == "pp2"
+        action = worded_recommendation(r).action  # as the report says it
+        assert want in action, (live, action)
+        assert ("next run" in action) is not live
 
 
 def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> None:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.advice.capture_findings import diagnose_capture
+from perfd.analytics.advice.capture_findings import SlowerFinding, diagnose_capture
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+from perfd.report.grade_text import worded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 PP2 = json.loads((DATA / "megatron_pp2_nsys_h200x2.analysis.json").read_text())
@@ -86,6 +87,13 @@ def test_slower_than_steady_and_compute_bound() -> None:
     d = diagnose_capture([dev], iterations=3, steady_compute_ms=40.0)
     slow = next(f for f in d.findings if f.id == "capture-slower-than-steady-0")
     assert slow.evidence["ratio"] == pytest.approx(297.0 / 3 / 40.0, rel=1e-3)
+    assert isinstance(slow, SlowerFinding) and slow.facts is not None and slow.title == ""  # a kind, numbers
+    assert (slow.facts.device, slow.facts.steady_ms) == (0, 40.0)
+    shown = worded(slow)  # golden: as the capture's record serves it
+    assert shown.title == "Device 0: kernels ran 2.5× slower than in steady state"
+    assert shown.observation == ("Compute kernels took 99 ms per captured iteration against 40 ms of "
+                                 "forward+backward compute per steady iteration (timers): the same work ran "
+                                 "slower while captured — the GPU was shared, throttled, or clocked down.")
     assert d.bottleneck == "compute-bound"
     usual = diagnose_capture([dev], iterations=3, steady_compute_ms=200.0)  # 99 ms per iteration < 200
     assert not any("slower" in f.id for f in usual.findings)

@@ -31,7 +31,6 @@ from perfd.analytics.ncu.launches import (
     Phase,
     align,
     coverage,
-    coverage_text,
     filter_regex,
     hook_start,
     layer_window,
@@ -39,6 +38,7 @@ from perfd.analytics.ncu.launches import (
 )
 from perfd.capture.launch_order import timeline_launches
 from perfd.capture.ncu_report import parse_exports
+from perfd.report.ncu_text import coverage_text
 from tests.trace_cache import analyze_chrome_trace, read_chrome_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,9 +31,12 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.kernel_rows import RowVerdict
 from perfd.analytics.breakdown.ncu_kernels import KernelBound
+from perfd.analytics.ncu.ncu_verdicts import NcuFinding
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.report.grade_text import worded
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
 from tests.trace_cache import cached, perfd_cli
 
@@ -115,7 +118,9 @@ def test_no_ncu_verdict_contradicts_the_budget(rows: dict[str, Any]) -> None:
         if v["category"] == "gemm":
             assert v["part"] != "attention"  # attention's remedy is the budget's (fusing it), never a GEMM's
             assert v["verdict"] == "fewer_flops"  # at 84% of the ceiling: fewer FLOPs, not another shape
-    assert "ncu-linear-gemm" in found and "fewer flops" in found["ncu-linear-gemm"].title
+    lin_gemm = found["ncu-linear-gemm"]  # the verdict, typed; the report words it
+    assert isinstance(lin_gemm, NcuFinding) and lin_gemm.facts is not None
+    assert lin_gemm.facts.verdict is RowVerdict.FEWER_FLOPS and "fewer flops" in worded(lin_gemm).title
     # attention's batched matmuls, by their launches: memory-bound on the tensor pipes' fifth, attention's
     attn = [c for c in rows["categories"] if c["part"] == "attention" and c["category"] == "gemm"]
     assert len(attn) == 1 and attn[0]["bound"] == "memory-bound" and attn[0]["tensor_pipe"] < 0.25

@@ -12,6 +12,7 @@ from rich.console import Console
 from perfd import catalog
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_facts import DataShareFacts, RunFinding
 from perfd.analytics.run.run_findings import derive_findings
 from perfd.analytics.run.run_grade import (
     CrosscheckFacts,
@@ -171,6 +172,8 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
                           source=Provenance("hook", f"rank0:{it}")) for it in range(1, 61)]
     a = analyze_run(JobInfo(framework="hook"), records)
     data = next(f for f in a.findings if f.id == "data-loading")
-    assert "data-wait" in data.observation and "batch-generator" not in data.observation
+    assert isinstance(data, RunFinding) and isinstance(data.facts, DataShareFacts)
+    assert data.facts.timer == "data-wait"  # the hook's timer, as the finding names it
+    assert "data-wait" in worded(data).observation and "batch-generator" not in worded(data).observation
     assert data.source == "hook timer data-wait"
     assert [r.action for r in build_report(a).recommendations].count(DATA_LOADING_ACTION) == 1

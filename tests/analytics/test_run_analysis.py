@@ -10,9 +10,18 @@ from typing import Any
 import pytest
 
 from perfd.analytics.run.run_analysis import analyze_run, resolve_dtype
+from perfd.analytics.run.run_facts import (
+    BubbleFacts,
+    ImbalanceFacts,
+    RebalanceFacts,
+    RunFinding,
+    RunRecommendation,
+    StragglerFacts,
+)
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.model import ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.report import analysis_json
+from perfd.report.grade_text import worded, worded_recommendation
 from perfd.report.provenance_text import line
 from perfd.report.row_json import run_json
 from tests.analytics.analytics_helpers import fixture_job, fixture_record, fixture_records, fixture_row
@@ -87,12 +96,19 @@ def test_findings_and_recommendations_on_fixture() -> None:
             "straggler-between-stages"} <= set(ids)
     assert "pp-bubble" not in ids  # 1/17 is small: imbalance, not the schedule, is the problem
     imb = next(f for f in a.findings if f.id == "pp-imbalance")
-    assert "23.8%" in imb.observation and "5.9%" in imb.observation and "iterations 5–40" in imb.iterations
+    assert isinstance(imb, RunFinding) and isinstance(imb.facts, ImbalanceFacts)
+    assert imb.facts.idle_lighter == pytest.approx(0.238, abs=5e-4) and "iterations 5–40" in imb.iterations
+    assert "23.8%" in worded(imb).observation and "5.9%" in worded(imb).observation  # as the report says it
     top = a.recommendations[0]
     assert top.priority == 1 and top.finding_id == "pp-imbalance"
-    assert "logits" in top.action and "--decoder-last-pipeline-num-layers" in top.action
-    assert "rank 1 (stage 1, the last stage)" in top.detail
-    assert "flip the imbalance" in top.detail  # one 62 ms layer > the 54 ms gap: said, not hidden
+    assert isinstance(top, RunRecommendation) and isinstance(top.facts, RebalanceFacts)
+    s = top.facts.slower  # the straggler detector's slower rank: rank 1, the last of two stages
+    assert s is not None and (s.rank, s.stage, s.pp) == (1, 1, 2)
+    # one 62 ms layer > the 54 ms gap: said, not hidden
+    assert top.facts.per_layer_ms is not None and top.facts.best_move == 0
+    shown = worded_recommendation(top)
+    assert "logits" in shown.action and "--decoder-last-pipeline-num-layers" in shown.action
+    assert "rank 1 (stage 1, the last stage)" in shown.detail and "flip the imbalance" in shown.detail
     assert all(r.finding_id in ids for r in a.recommendations)
     assert [r.priority for r in a.recommendations] == list(range(1, len(a.recommendations) + 1))
 
@@ -107,7 +123,10 @@ def test_pp_bubble_recommendation_uses_job_numbers() -> None:
     a = analyze_run(job, recs, gpu_name="NVIDIA H200")
     assert a.summary.median("pp_bubble_analytic") == pytest.approx(0.2)  # m = 4
     rec = next(r for r in a.recommendations if r.finding_id == "pp-bubble")
-    assert "from 4 to ≥19" in rec.action and "interleaved" in rec.action
+    assert isinstance(rec, RunRecommendation) and isinstance(rec.facts, BubbleFacts)
+    assert (rec.facts.microbatches, rec.facts.need) == (4, 19)
+    shown = worded_recommendation(rec)
+    assert "from 4 to ≥19" in shown.action and "interleaved" in shown.action
     assert "pp-imbalance" not in [f.id for f in a.findings]
 
 
@@ -252,4 +271,6 @@ def test_dp2_per_rank_persistent_straggler_end_to_end() -> None:
     f = next(f for f in a.findings if f.id == "straggler-rank-1")
     assert f.evidence["rank"] == 1
     rec = next(r for r in a.recommendations if r.finding_id == "straggler-rank-1")
-    assert "rank 1's GPU health" in rec.action
+    assert isinstance(rec, RunRecommendation) and isinstance(rec.facts, StragglerFacts)
+    assert rec.facts.rank == 1 and rec.facts.fraction == pytest.approx(20 / 27)
+    assert "rank 1's GPU health" in worded_recommendation(rec).action

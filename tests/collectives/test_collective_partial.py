@@ -25,6 +25,7 @@ from perfd.collfold import (
     reduce,
 )
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.report.collective_text import collectives_json
 from perfd.stepfold import fold_ranks
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
@@ -71,11 +72,11 @@ def synthetic_job(seed: int = 7) -> tuple[list[CollectiveRecord], list[StepRecor
 
 
 def _json(p: CollectivePartial, steps: Sequence[StepRecord], **kw: object) -> str:
-    return json.dumps(finish(p, steps, **kw).to_json(), sort_keys=True)  # type: ignore[arg-type]
+    return json.dumps(collectives_json(finish(p, steps, **kw)), sort_keys=True)  # type: ignore[arg-type]
 
 
 def _raw_json(job: str, recs: Sequence[CollectiveRecord], steps: Sequence[StepRecord], **kw: object) -> str:
-    return json.dumps(analyze_collectives(job, recs, steps, **kw).to_json(), sort_keys=True)  # type: ignore[arg-type]
+    return json.dumps(collectives_json(analyze_collectives(job, recs, steps, **kw)), sort_keys=True)  # type: ignore[arg-type]
 
 
 def _split_merge(job: str, recs: Sequence[CollectiveRecord], rng: random.Random, pieces: int,

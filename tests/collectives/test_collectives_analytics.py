@@ -12,9 +12,11 @@ import pytest
 
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.collective_facts import CollectiveFinding, DpShareFacts
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.groups import classify_group, link_for_group
 from perfd.model import CollectiveRecord, ParallelLayout
+from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 
 TP = "TENSOR_MODEL_PARALLEL_GROUP"
@@ -113,7 +115,12 @@ def test_dp_share_over_20_percent_is_a_warning_with_the_playbook_action():
     assert a.comm_share_by_group == pytest.approx({"dp": 0.3})
     f = next(f for f in a.findings if f.id == "comm-dp-high")
     assert f.severity == "warning"
-    assert any("gradient accumulation" in r.action for r in a.recommendations)
+    assert isinstance(f, CollectiveFinding) and isinstance(f.facts, DpShareFacts)  # a kind, its numbers
+    assert f.facts.share == pytest.approx(0.3) and f.title == ""
+    served = collectives_json(a)  # worded where served: the playbook's action
+    assert any("gradient accumulation" in r["action"] for r in served["recommendations"])
+    assert next(x["title"] for x in served["findings"] if x["id"] == "comm-dp-high") == \
+        "Data-parallel communication 30.0% of the step"
 
 
 # ---------------------------------------------------------------------------------- bandwidth

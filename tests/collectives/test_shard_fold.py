@@ -17,6 +17,7 @@ from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, 
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import Retention, for_sending, reduce
 from perfd.model import CollectiveRecord, StepRecord
+from perfd.report.collective_text import collectives_json
 from perfd.winfigures import RankWindow, WindowFigures
 from tests.collectives.test_collective_partial import (
     ITERATIONS,
@@ -130,10 +131,10 @@ def test_figures_delivered_twice_in_any_order_merge_once() -> None:
 
 def test_every_row_held_the_root_answers_as_one_aggregator_byte_for_byte() -> None:
     recs, steps = synthetic_job()
-    want = json.dumps(analyze_collectives("j", recs, steps, layout=LAYOUT, rank_nodes=RANK_NODES).to_json(),
-                      sort_keys=True)
+    want = json.dumps(collectives_json(analyze_collectives("j", recs, steps, layout=LAYOUT,
+                                                           rank_nodes=RANK_NODES)), sort_keys=True)
     store, held, _ = _through_shards(recs, steps, Retention(per_rank=512, per_job=250_000))
-    assert json.dumps(_analysis(store, held).to_json(), sort_keys=True) == want
+    assert json.dumps(collectives_json(_analysis(store, held)), sort_keys=True) == want
 
 
 def test_the_join_keeps_a_settled_row_over_a_provisional_one_whatever_comes_first() -> None:

@@ -19,6 +19,7 @@ from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.winfold import WindowFold
 from perfd.collfold import SENT_RETENTION, Retention, for_sending, reduce
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import T0, load_fixture_records, step
 from tests.collectives.test_collective_partial import (
     ITERATIONS,
@@ -114,12 +115,12 @@ def test_two_operations_a_rank_held_and_the_per_iteration_shares_of_every_rank()
 def test_every_row_held_the_store_answers_as_one_aggregator_byte_for_byte() -> None:
     recs, steps = synthetic_job()
     # the store names each rank's node by the agent that sent it, as one aggregator does
-    want = json.dumps(analyze_collectives("j", recs, steps, layout=LAYOUT, rank_nodes=RANK_NODES).to_json(),
-                      sort_keys=True)
+    want = json.dumps(collectives_json(analyze_collectives("j", recs, steps, layout=LAYOUT,
+                                                           rank_nodes=RANK_NODES)), sort_keys=True)
     job = _Job(Retention(per_rank=512, per_job=250_000), LAYOUT)
     _feed_by_iteration(job, recs, steps, lambda r: (r.rank or 0) // PER_NODE, WORLD // PER_NODE)
     assert job.store.jobs["j"].fold is not None and job.store.jobs["j"].fold.counts.windows > 0
-    assert json.dumps(job.analysis().to_json(), sort_keys=True) == want
+    assert json.dumps(collectives_json(job.analysis()), sort_keys=True) == want
 
 
 def _recorded_job() -> tuple[list[CollectiveRecord], list[StepRecord]]:

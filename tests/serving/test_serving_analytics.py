@@ -16,10 +16,12 @@ from perfd.analytics.serving.serving_analysis import (
     serving_job_metrics,
     summarize,
 )
+from perfd.analytics.serving.serving_facts import QueueFacts
+from perfd.analytics.serving.serving_findings import ServingFinding
 from perfd.analytics.serving.spec import decode_step_rate, resolve
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.report.provenance_text import text
-from perfd.report.serving_report import serving_json
+from perfd.report.serving_report import build_serving_report, serving_json
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import ServerInfo, ServingRecord
 
@@ -191,3 +193,15 @@ def test_analysis_findings_on_the_fixture(dp2: ParsedServingLog) -> None:
     assert {r.finding_id for r in a.recommendations} <= set(ids)
     assert [r.priority for r in a.recommendations] == list(range(1, len(a.recommendations) + 1))
     assert serving_json(a)["server"]["max_running_requests"] == 4096  # type: ignore[index]
+    # a kind and its numbers, worded where shown (a golden check of the report's sentences)
+    queue = next(f for f in a.findings if isinstance(f, ServingFinding) and f.id == "queue-growing")
+    assert isinstance(queue.facts, QueueFacts) and queue.title == "" and not queue.facts.memory
+    assert (queue.facts.mrr, round(queue.facts.growth * 60, 1)) == (4096, 37.9)
+    rep = build_serving_report(a)
+    assert next(f.title for f in rep.findings if f.id == "queue-growing") == \
+        "Queue grows 37.9/min while the batch is small"
+    assert next(r.action for r in rep.recommendations if r.finding_id == "queue-growing") == (
+        "Admit requests faster: a larger --chunked-prefill-size / --max-prefill-tokens, or a lower "
+        "--schedule-conservativeness")
+    assert (rep.summary.status, rep.summary.status_text) == ("warning",
+                                                             "the serving playbook has suggestions")

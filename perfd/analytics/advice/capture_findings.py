@@ -7,7 +7,8 @@ device's time becomes a step budget (perfd.analytics.breakdown.budget); its anal
 (perfd.analytics.advice.budget_findings) give the findings, the remedies with their expected gain, and the
 class — a capture that holds kernels always votes: a class with its shares, or "mixed". Beside the
 budget, one question of the capture's own: did the kernels run slower than in steady state (the
-incident evidence reads ``slowdown``).
+incident evidence reads ``slowdown``; the finding is a kind and its numbers, :class:`SlowerFinding`,
+worded where it is shown: perfd.report.finding_text).
 """
 
 from __future__ import annotations
@@ -36,6 +37,24 @@ from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.model import StepRecord
 
 SLOWER_THAN_STEADY = 1.3  # kernel time per captured iteration ÷ the job's steady compute
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowerFacts:
+    """A device's kernels ran slower while captured than in steady state: its compute kernel time per
+    captured iteration, the job's steady forward+backward compute per iteration (timers), their ratio."""
+
+    device: int
+    per_iteration_ms: float
+    steady_ms: float
+    ratio: float
+
+
+@dataclass
+class SlowerFinding(Finding):
+    """The capture's slower-than-steady finding, its title and observation left to the report."""
+
+    facts: SlowerFacts | None = field(default=None, metadata={"json": False})
 
 
 @dataclass
@@ -98,14 +117,11 @@ def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, object], label: str
     if ratio < SLOWER_THAN_STEADY:
         return
     out.slowdown[d] = ratio
-    out.findings.append(Finding(
-        f"capture-slower-than-steady-{d}", Severity.WARNING,
-        f"Device {d}: kernels ran {ratio:.1f}× slower than in steady state",
-        f"Compute kernels took {per_it:.0f} ms per captured iteration against {steady_ms:.0f} ms of "
-        "forward+backward compute per steady iteration (timers): the same work ran slower while captured "
-        "— the GPU was shared, throttled, or clocked down.",
+    out.findings.append(SlowerFinding(
+        f"capture-slower-than-steady-{d}", Severity.WARNING, "", "",
         {"device": d, "compute_ms_per_iteration": per_it, "steady_compute_ms": steady_ms, "ratio": ratio},
-        label, "capture timeline vs Megatron timers"))
+        label, "capture timeline vs Megatron timers",
+        facts=SlowerFacts(device=d, per_iteration_ms=per_it, steady_ms=steady_ms, ratio=ratio)))
 
 
 def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capture",
@@ -153,4 +169,5 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
     return out
 
 
-__all__ = ["MIXED", "CaptureDiagnosis", "diagnose_capture", "steady_compute_ms"]
+__all__ = ["MIXED", "CaptureDiagnosis", "SlowerFacts", "SlowerFinding", "diagnose_capture",
+           "steady_compute_ms"]

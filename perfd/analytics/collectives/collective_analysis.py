@@ -32,6 +32,17 @@ from typing import Any, TypedDict
 
 from perfd.analytics.collectives.bandwidth import GroupBandwidth, group_bandwidth
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
+from perfd.analytics.collectives.collective_facts import (
+    BandwidthFacts,
+    CollectiveFinding,
+    CollectiveRecommendation,
+    DpShareFacts,
+    HangFacts,
+    LastRankFacts,
+    ShareAbsentFacts,
+    TotalShareFacts,
+    TpNodesFacts,
+)
 from perfd.analytics.collectives.collective_hangs import HangView, merge_hangs
 from perfd.analytics.collectives.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
 from perfd.analytics.collectives.groups import classify_group
@@ -128,6 +139,8 @@ class CollectiveAnalysis:
         return sum(1 for h in self.hangs if h.active)
 
     def to_json(self) -> dict[str, Any]:
+        """The analysis as JSON but its findings and recommendations, kinds and numbers that are worded
+        where the JSON is served (perfd.report.collective_text.collectives_json adds them)."""
         return {
             "job": self.job, "records": self.n_records, "sources": self.sources, "timing": self.timing,
             "method": {"name": self.method, "detail": self.method_detail},
@@ -142,8 +155,6 @@ class CollectiveAnalysis:
             "bandwidth_rejected": dict(self.bandwidth_rejected),
             "waits": [w.to_json() for w in self.waits],
             "hangs": [h.to_json() for h in self.hangs],
-            "findings": [f.to_json() for f in self.findings],
-            "recommendations": [r.to_json() for r in self.recommendations],
         }
 
 
@@ -359,93 +370,65 @@ def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:
     return [waits[r] for r in sorted(waits)]
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
-
-
 def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], GroupInfo],
               nodes: Mapping[int, str], cfg: CollectiveConfig) -> tuple[list[Finding], list[Recommendation]]:
+    """The findings and recommendations, as kinds and their numbers (perfd.report.collective_text words
+    them where they are served)."""
     f: list[Finding] = []
     r: list[Recommendation] = []
     src = "collectors/nccl (Flight Recorder)"
     for h in a.hangs:
         fid = f"collective-hang-{h.process_group}-{h.seq}"
-        f.append(Finding(fid, Severity.CRITICAL if h.active else Severity.INFO,
-                         ("Collective hang: " if h.active else "Collective stalled, then completed: ")
-                         + f"{h.op} #{h.seq} on group {h.process_group}", h.text(), h.to_json(), "",
-                         "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)"))
+        hang = HangFacts(hang=h)
+        f.append(CollectiveFinding(
+            fid, Severity.CRITICAL if h.active else Severity.INFO, "", "", h.to_json(), "",
+            "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)", facts=hang))
         if h.active:
-            who = ",".join(map(str, h.ranks_not_joined or h.ranks_unknown)) or "?"
-            r.append(Recommendation("", fid, 0, f"Find out what rank(s) {who} are doing instead of "
-                                    f"joining {h.op} #{h.seq} (their log, `py-spy dump`, a slow data loader "
-                                    "or a diverging code path); the other ranks wait inside NCCL",
-                                    h.user_frame or "", 1.0))
+            r.append(CollectiveRecommendation("", fid, 0, "", "", 1.0, facts=hang))
     if a.comm_total_share is not None:
         by_share = sorted(a.comm_share_by_group.items(), key=lambda x: -x[1])
-        parts = ", ".join(f"{c} {_pct(v)}" for c, v in by_share)
-        per = "the step" if a.method == "step_windows" else "the observed time"
-        f.append(Finding("comm-total-share", Severity.INFO,
-                         f"Total communication {_pct(a.comm_total_share)} of {per}",
-                         f"Union of collective time ÷ {per}, median over ranks: {_pct(a.comm_total_share)}"
-                         f" (by group: {parts or 'n/a'}). Method: {a.method}. Total, not exposed: "
-                         "overlapped communication is included. Flight Recorder durations start when "
-                         "a collective is ready on its NCCL stream, so they include any wait of its "
-                         "kernel to start (e.g. for SMs held by overlapping compute): an upper bound of "
-                         "the kernels' own time (2×H200 DDP: 7–10 points above the timeline).",
-                         {"comm_total_share": a.comm_total_share, "by_group": a.comm_share_by_group,
-                          "by_rank": {str(k): v for k, v in a.comm_share_by_rank.items()},
-                          "windows": a.n_windows, "method": a.method},
-                         f"{a.n_windows} windows per rank" if a.n_windows else "", src))
+        f.append(CollectiveFinding(
+            "comm-total-share", Severity.INFO, "", "",
+            {"comm_total_share": a.comm_total_share, "by_group": a.comm_share_by_group,
+             "by_rank": {str(k): v for k, v in a.comm_share_by_rank.items()},
+             "windows": a.n_windows, "method": a.method},
+            f"{a.n_windows} windows per rank" if a.n_windows else "", src,
+            facts=TotalShareFacts(share=a.comm_total_share, by_group=tuple(by_share), method=a.method,
+                                  of_step=a.method == "step_windows")))
         dp = a.comm_share_by_group.get("dp")
         if dp is not None and dp > DP_SHARE_HIGH:
-            f.append(Finding("comm-dp-high", Severity.WARNING,
-                             f"Data-parallel communication {_pct(dp)} of the step",
-                             f"DP collectives take {_pct(dp)} of each step (total, overlapped or not); "
-                             f"> {DP_SHARE_HIGH:.0%} is the playbook's threshold.", {"dp_share": dp}, "",
-                             src))
-            r.append(Recommendation("", "comm-dp-high", 0, "Reduce or hide the gradient reduction: more "
-                                    "gradient accumulation per optimizer step, and overlap grad reduce with "
-                                    "backward (DDP buckets / Megatron --overlap-grad-reduce)",
-                                    "compare with the exposed share (perfd_job_comm_exposed_dp_ratio)", dp))
+            said = DpShareFacts(share=dp, threshold=DP_SHARE_HIGH)
+            f.append(CollectiveFinding("comm-dp-high", Severity.WARNING, "", "", {"dp_share": dp}, "", src,
+                                       facts=said))
+            r.append(CollectiveRecommendation("", "comm-dp-high", 0, "", "", dp, facts=said))
     elif a.absent_reason:
-        f.append(Finding("comm-total-absent", Severity.INFO, "Total communication share not available",
-                         a.absent_reason, {"records": a.n_records}, "", src))
+        f.append(CollectiveFinding("comm-total-absent", Severity.INFO, "", "", {"records": a.n_records}, "",
+                                   src, facts=ShareAbsentFacts(reason=a.absent_reason)))
     for b in a.bandwidth:
         ratio = b.ratio
         if ratio is None or ratio >= cfg.low_bandwidth_fraction:
             continue
         fid = f"collective-bandwidth-{b.group}-{b.scope}"
-        f.append(Finding(fid, Severity.WARNING,
-                         f"{b.group} collectives at {_pct(ratio)} of the {b.scope} link",
-                         f"{b.n_ops} ops ≥ {cfg.min_bandwidth_bytes >> 20} MiB on {b.group} groups reach a "
-                         f"median {b.median_busbw_gbs:.0f} GB/s bus bandwidth (max {b.max_busbw_gbs:.0f}) "
-                         f"against ~{b.capability_gbs:.0f} GB/s for {b.link} ({b.link_how}).", b.to_json(),
-                         "", b.source))
-        r.append(Recommendation("", fid, 0, f"Check the {b.scope} path of the {b.group} groups: NCCL "
-                                "topology (NCCL_DEBUG=INFO: which transport, P2P/NVLink or a socket "
-                                "fallback), link errors, other traffic on the links; run nccl-tests between "
-                                "the same GPUs",
-                                "", 0.5 * (1 - ratio)))
+        low = BandwidthFacts(bandwidth=b, ratio=ratio, min_mib=cfg.min_bandwidth_bytes >> 20)
+        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", b.to_json(), "", b.source, facts=low))
+        r.append(CollectiveRecommendation("", fid, 0, "", "", 0.5 * (1 - ratio), facts=low))
     for g in groups.values():
         if g["class"] != "tp" or not g["ranks"]:
             continue
         hosts = {nodes[x] for x in g["ranks"] if x in nodes}
         if len(hosts) > 1:
-            f.append(Finding("tp-spans-nodes", Severity.WARNING, "Tensor-parallel group spans nodes",
-                             f"TP group {g['name']} (ranks {g['ranks']}) runs on {len(hosts)} nodes: every "
-                             "layer's TP collectives cross the network.", {"group": g}, "", src))
-            r.append(Recommendation("", "tp-spans-nodes", 0, "Keep tensor parallelism within the NVLink "
-                                    "domain (TP ≤ GPUs per node; use PP or DP across nodes)", "", 0.8))
+            tp = TpNodesFacts(group=g["name"], ranks=tuple(g["ranks"]), nodes=len(hosts))
+            f.append(CollectiveFinding("tp-spans-nodes", Severity.WARNING, "", "", {"group": g}, "", src,
+                                       facts=tp))
+            r.append(CollectiveRecommendation("", "tp-spans-nodes", 0, "", "", 0.8, facts=tp))
             break
     flagged = [w for w in a.waits if w.flagged(cfg.straggler_min_ops)]
     for w in flagged:
         fid = f"collective-last-rank-{w.rank}"
-        f.append(Finding(fid, Severity.WARNING, f"Rank {w.rank} arrives last at collectives",
-                         f"Rank {w.rank} had the shortest collective duration (the others waited for it) in "
-                         f"{w.last}/{w.decisive} ({_pct(w.last_share)}) collectives with a clear spread, "
-                         f"against {_pct(w.expected_last / w.decisive)} by chance.", w.to_json(), "", src))
-        r.append(Recommendation("", fid, 0, f"Check rank {w.rank}: GPU health (clocks, throttling, XID, "
-                                "another process on its GPU), its data loading and uneven work", "", 0.3))
+        last = LastRankFacts(rank=w.rank, last=w.last, decisive=w.decisive, last_share=w.last_share,
+                             by_chance=w.expected_last / w.decisive)
+        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", w.to_json(), "", src, facts=last))
+        r.append(CollectiveRecommendation("", fid, 0, "", "", 0.3, facts=last))
     f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))
     for i, rec in enumerate(r, start=1):

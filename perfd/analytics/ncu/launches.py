@@ -383,7 +383,7 @@ def op_group(key: OpKey | None, ids: Sequence[int], match: LaunchMatch) -> OpGro
 @dataclass(frozen=True)
 class Coverage:
     """What a range's profiled launches were: by phase, layer and part (the report says it with the
-    rows: "the 40 launches profiled were the forward pass of layers 1-3 of 4 only")."""
+    rows, perfd.report.ncu_text.coverage_text)."""
 
     launches: int
     matched: int  # launches whose part the timeline decided
@@ -417,45 +417,6 @@ class Coverage:
                        float(d["filtered_per_step"]) if d.get("filtered_per_step") is not None else None)
         except (KeyError, TypeError, ValueError):
             return None
-
-
-def _spans(nums: Sequence[int]) -> str:
-    """1, 2, 3, 5 -> "1-3, 5"."""
-    runs: list[list[int]] = []
-    for n in sorted(set(nums)):
-        if runs and runs[-1][1] == n - 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
-
-
-def coverage_text(c: Coverage) -> str:
-    """What the profiled launches were, in a sentence ("the 40 launches profiled were the forward pass
-    of layers 1-3 of 4 only (micro-batch 1; no backward launch): attention 15, linear 12, ...")."""
-    if c.how is MatchHow.NONE or not c.matched:
-        return (f"the {c.launches} launches profiled could not be matched to the timeline's (another run's "
-                "shapes, or another filter): their ops, passes and layers are unknown")
-    passes = []
-    for ph in (Phase.FORWARD, Phase.BACKWARD):
-        if c.phases.get(ph.value):
-            layers = c.layers.get(ph.value) or ()
-            of = f" of {c.layers_total}" if c.layers_total else ""
-            where = (f" of layer{'s' if len(layers) > 1 else ''} {_spans(layers)}{of}" if layers else "")
-            passes.append(f"the {ph.value} pass{where}")
-    what = " and ".join(passes) or "neither pass (optimizer, zeroing, between steps)"
-    only = " only" if len(passes) == 1 else ""
-    missing = [ph.value for ph in (Phase.FORWARD, Phase.BACKWARD) if not c.phases.get(ph.value)]
-    notes = []
-    if c.microbatches:
-        notes.append(f"micro-batch {_spans(c.microbatches)}")
-    if missing and passes:
-        notes.append(f"no {missing[0]} launch")
-    if c.matched < c.launches:
-        notes.append(f"{c.launches - c.matched} launch(es) undecided")
-    parts = ", ".join(f"{p} {n}" for p, n in c.parts.items())
-    return (f"the {c.launches} launches profiled were {what}{only}"
-            + (f" ({'; '.join(notes)})" if notes else "") + (f": {parts}" if parts else ""))
 
 
 def coverage(match: LaunchMatch, launches: int) -> Coverage:

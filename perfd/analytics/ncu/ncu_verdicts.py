@@ -19,13 +19,14 @@ that part's kernels — which is not always a faster kernel:
   SM 65%, memory 36% on the H100): their SM work is issue slots and integer index arithmetic, not
   math; the row says so, and fusion is still what helps.
 
-Each verdict is typed (:class:`RowVerdict`); the findings' texts are rendered from it. Pure.
+Each verdict is typed (:class:`RowVerdict`); the findings carry it (:class:`NcuFinding`,
+:class:`NcuRecommendation`) and their words are made where they are shown (perfd.report.ncu_text). Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import ncu_classes
@@ -34,7 +35,7 @@ from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.ncu.launches import Coverage, coverage_text
+from perfd.analytics.ncu.launches import Coverage
 from perfd.typed import obj, objs
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
@@ -57,11 +58,29 @@ class PartVerdict:
     tensor: float | None
     capture: str
     chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
-    covered: str = ""  # what the profiled launches were (perfd.analytics.ncu.launches.coverage_text)
+    covered: Coverage | None = None  # what the profiled launches were (worded: perfd.report.ncu_text)
     of: str | None = None  # the part of the op that launched the kernels, where the budget has no such part
 
     def to_json(self) -> dict[str, object]:
-        return {k: (v.value if isinstance(v, TextEnum) else v) for k, v in self.__dict__.items()}
+        """The verdict's figures; ``covered`` as its typed JSON (where shown, its sentence:
+        perfd.report.ncu_text.verdict_json)."""
+        return {k: (v.value if isinstance(v, TextEnum) else v.to_json() if isinstance(v, Coverage) else v)
+                for k, v in self.__dict__.items()}
+
+
+@dataclass
+class NcuFinding(Finding):
+    """An Nsight Compute verdict's finding: its title, observation and evidence's coverage sentence are
+    the report's (perfd.report.ncu_text), from ``facts``."""
+
+    facts: PartVerdict | None = field(default=None, metadata={"json": False})
+
+
+@dataclass
+class NcuRecommendation(Recommendation):
+    """What an Nsight Compute verdict calls for, its action and detail left to the report."""
+
+    facts: PartVerdict | None = field(default=None, metadata={"json": False})
 
 
 def part_verdicts(b: StepBudget) -> list[PartVerdict]:
@@ -88,41 +107,13 @@ def _chosen(c: Mapping[str, object]) -> str:
     return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
 
 
-def _covered(c: Mapping[str, object]) -> str:
+def _covered(c: Mapping[str, object]) -> Coverage | None:
     cov = c.get("coverage")
-    got = Coverage.from_json(cov) if isinstance(cov, Mapping) else None
-    return coverage_text(got) if got is not None else ""
+    return Coverage.from_json(cov) if isinstance(cov, Mapping) else None
 
 
 def _rows(p: BudgetPart) -> list[Mapping[str, object]]:
     return objs(p.detail.get("ncu"))
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0%}"
-
-
-_ACTION: dict[RowVerdict, str] = {
-    RowVerdict.FEWER_FLOPS: "Do fewer FLOPs in these GEMMs (less recomputation, a smaller or shorter model): "
-    "the kernels already run near the GPU's compute ceiling, a faster kernel gains nothing",
-    RowVerdict.SHAPE: "Give these GEMMs better shapes: hidden, FFN and sequence sizes that are multiples of "
-    "the kernel's tile (128 or 256), a larger micro-batch — they run far below the compute ceiling",
-    RowVerdict.FUSION_ONLY: "Fuse these pointwise kernels into their neighbours (a fused kernel, "
-    "torch.compile): they already move DRAM near its peak, only fewer bytes moved helps",
-    RowVerdict.ISSUE_BOUND: "Fuse these pointwise kernels (fewer launches, index arithmetic done once): "
-    "ncu's rule calls them compute-bound, but with the tensor pipes idle their SM work is issue slots and "
-    "integer index arithmetic, not math",
-}
-
-
-def text(v: PartVerdict) -> str:
-    figs = (f"compute SOL {_pct(v.compute)}, memory SOL {_pct(v.memory)}, DRAM {_pct(v.dram)}, "
-            f"tensor pipe {_pct(v.tensor)}")
-    of = f" ({v.of}'s, by the op that launched them)" if v.of else ""
-    return (f"Nsight Compute (capture {v.capture}) on the {v.part} part ({v.part_ms:.0f} ms a step): "
-            f"{v.category}{of}, {v.kernels} kernel(s), time-weighted {figs}"
-            + (f"; kernels chosen {v.chosen}" if v.chosen else "")
-            + (f"; {v.covered}" if v.covered else ""))
 
 
 def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:
@@ -132,17 +123,10 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     rs: list[Recommendation] = []
     for v in part_verdicts(b):
         fid = f"ncu-{v.part}-{v.of}-{v.category}" if v.of else f"ncu-{v.part}-{v.category}"
-        title = f"{v.category} kernels of {v.of or v.part}: {v.verdict.value.replace('_', ' ')}"
-        fs.append(Finding(fid, Severity.INFO, title, text(v) + ".", {"ncu_verdict": v.to_json()}, "",
-                          label or b.basis))
-        rs.append(Recommendation("", fid, 0, _ACTION[v.verdict], text(v), None, v.verdict.value))
+        fs.append(NcuFinding(fid, Severity.INFO, "", "", {"ncu_verdict": v.to_json()}, "", label or b.basis,
+                             facts=v))
+        rs.append(NcuRecommendation("", fid, 0, "", "", None, v.verdict.value, facts=v))
     return fs, rs
-
-
-def verdicts_json(b: StepBudget | None) -> list[dict[str, object]]:
-    return [v.to_json() for v in part_verdicts(b)] if b is not None else []
-
-
 
 
 def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | None

@@ -10,6 +10,7 @@ sentences.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,6 +32,28 @@ from perfd.analytics.finding_types import (
     Severity,
     order_findings,
 )
+from perfd.analytics.run.run_facts import (
+    BubbleFacts,
+    DataShareFacts,
+    Divider,
+    ExposedFacts,
+    GradSyncFacts,
+    ImbalanceFacts,
+    JitterFacts,
+    NextStepFacts,
+    OutlierFacts,
+    OutsideFacts,
+    PpWaitFacts,
+    RebalanceFacts,
+    RunFiguresFacts,
+    RunFinding,
+    RunRecommendation,
+    SlowerRank,
+    SpreadFacts,
+    StageSpreadFacts,
+    StragglerFacts,
+    UntimedFacts,
+)
 from perfd.analytics.run.run_figures import MIN_GRADE_STEPS
 from perfd.analytics.run.run_grade import (
     CrosscheckFacts,
@@ -47,7 +70,7 @@ from perfd.analytics.steps.pipeline import microbatches_for_bubble, rebalance_es
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
-from perfd.analytics.steps.untimed import names, untimed_groups, untimed_text
+from perfd.analytics.steps.untimed import names, untimed_groups
 from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
 
 # A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
@@ -59,15 +82,10 @@ if TYPE_CHECKING:
 BUBBLE_TARGET = th.BUBBLE_TARGET.value
 GRAD_SYNC_SHARE = th.GRAD_SYNC_SHARE.value
 JITTER_CV = th.JITTER_CV.value
-SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
 
 
 @dataclass
-class QuotingFinding(Finding):
+class QuotingFinding(RunFinding):
     """A finding whose observation ends with sentences kept as codes and numbers (``quotes``: each a
     lead and a code, as a metric's source or an iteration's exclusion): they are worded where the
     finding is shown (perfd.report.build_report appends them to ``observation``, "; " between)."""
@@ -174,29 +192,21 @@ def pipeline(c: RunContext) -> Out:
           "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
           "lighter_compute_ms": light, "heavier_compute_ms": heavy}
     if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
-        f.append(Finding("pp-imbalance", Severity.WARNING, "Stage imbalance dominates the pipeline bubble",
-                         f"The lighter stage idles {_pct(idle_max)} of forward-backward, the heavier "
-                         f"{_pct(idle_min)}, while the analytic bubble is {_pct(bubble)} (p={pp}, m={m}"
-                         f"{f', v={lay.vpp}' if lay.vpp and lay.vpp > 1 else ''}): {imb * 100:.1f} points"
-                         f" come from stage imbalance (forward+backward compute {light:.0f} vs "
-                         f"{heavy:.0f} ms, {heavy / light:.2f}×).", ev, span,
-                         "megatron timers forward-backward, forward-compute, backward-compute "
-                         "(minmax pairing is an inference)" if a.iterations and
-                         a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers"))
-        r.append(Recommendation("", "pp-imbalance", 0, _rebalance_action(a, job, light, heavy),
-                                _rebalance_detail(a, job, light, heavy), imb))
+        f.append(RunFinding("pp-imbalance", Severity.WARNING, "", "", ev, span,
+                            "megatron timers forward-backward, forward-compute, backward-compute "
+                            "(minmax pairing is an inference)" if a.iterations and
+                            a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers",
+                            facts=ImbalanceFacts(idle_lighter=idle_max, idle_heavier=idle_min, bubble=bubble,
+                                                 pp=pp, microbatches=m, vpp=lay.vpp, imbalance=imb,
+                                                 lighter_ms=light, heavier_ms=heavy)))
+        r.append(RunRecommendation("", "pp-imbalance", 0, "", "", imb,
+                                   facts=_rebalance(a, job, light, heavy)))
     if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
         need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
         v2 = (pp - 1) / (2 * m + pp - 1) if m else None
-        f.append(Finding("pp-bubble", Severity.WARNING, f"Pipeline bubble {_pct(max(bubble, idle_max))}",
-                         f"Analytic 1F1B bubble {_pct(bubble)} with p={pp}, m={m}; the lighter stage "
-                         f"idles {_pct(idle_max)} of forward-backward.", ev, span))
-        r.append(Recommendation("", "pp-bubble", 0,
-                                f"Raise micro-batches per iteration from {m} to ≥{need} "
-                                f"(bubble ≤ {BUBBLE_TARGET:.0%}) or use interleaved PP",
-                                f"m = global batch / (micro batch · DP); interleaving with v=2 would "
-                                f"give {_pct(v2)} at m={m} (--num-layers-per-virtual-pipeline-stage)",
-                                bubble))
+        said = BubbleFacts(bubble=bubble, idle_lighter=idle_max, pp=pp, microbatches=m, need=need, v2=v2)
+        f.append(RunFinding("pp-bubble", Severity.WARNING, "", "", ev, span, facts=said))
+        r.append(RunRecommendation("", "pp-bubble", 0, "", "", bubble, facts=said))
     return f, r
 
 
@@ -212,37 +222,23 @@ def communication(c: RunContext) -> Out:
     ev_c = {"exposed_total": total, "exposed_grad_sync": dp_part, "exposed_pp_p2p": pp_part,
             "method": a.iterations[-1].comm_method if a.iterations else None}
     if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
-        f.append(Finding("comm-grad-sync", Severity.WARNING,
-                         f"Gradient sync exposed {_pct(dp_part)} of the step",
-                         f"all-grads-sync and the other gradient all-reduces take {_pct(dp_part)} of the "
-                         f"step (> {GRAD_SYNC_SHARE:.0%}).", ev_c, span))
         overlap = (c.framework is Framework.MEGATRON and args.get("overlap_grad_reduce") != "True")
-        act = ("Overlap gradient communication with compute: --use-distributed-optimizer "
-               "--overlap-grad-reduce "
-               "--overlap-param-gather" if overlap
-               else "More gradient accumulation per step (more micro-batches) to amortise the reduce")
-        r.append(Recommendation("", "comm-grad-sync", 0, act, f"DP={lay.dp}; check inter-node bandwidth",
-                                dp_part))
+        sync = GradSyncFacts(dp_share=dp_part, dp=lay.dp, overlap=overlap)
+        f.append(RunFinding("comm-grad-sync", Severity.WARNING, "", "", ev_c, span, facts=sync))
+        r.append(RunRecommendation("", "comm-grad-sync", 0, "", "", dp_part, facts=sync))
     idle_max = med.get("pp_idle_max")
     if pp_part is not None and lay.pp and lay.pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
-        f.append(Finding("comm-pp-wait", Severity.INFO,
-                         f"Exposed p2p wait {_pct(pp_part)} is pipeline waiting",
-                         f"Exposed communication {_pct(total)} of the step: pipeline send/recv "
-                         f"{_pct(pp_part)}, gradient sync {_pct(dp_part)}. The p2p timers include "
-                         f"waiting for the peer stage, the same time as the stage idle "
-                         f"({_pct(idle_max)}): a pipeline effect, not link bandwidth.", ev_c, span,
-                         "sum of max-across-ranks of the p2p timers (upper bound)"))
+        f.append(RunFinding("comm-pp-wait", Severity.INFO, "", "", ev_c, span,
+                            "sum of max-across-ranks of the p2p timers (upper bound)",
+                            facts=PpWaitFacts(total=total, pp_share=pp_part, dp_share=dp_part,
+                                              idle_lighter=idle_max)))
     elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
-        f.append(Finding("comm-exposed", Severity.WARNING, f"Exposed communication {_pct(total)}",
-                         f"Communication the CPU waits on takes {_pct(total)} of the step.", ev_c, span))
+        f.append(RunFinding("comm-exposed", Severity.WARNING, "", "", ev_c, span,
+                            facts=ExposedFacts(total=total)))
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     if untimed:  # what the exposed share leaves out, said once: never read as "communication is small"
-        f.append(Finding(
-            "comm-untimed", Severity.INFO, f"Communication not timed: {', '.join(names(untimed))}",
-            f"Exposed communication {_pct(total)} of the step is the timed collectives' only (DP gradient "
-            f"sync, PP send/recv); {untimed_text(untimed)}. A capture's timeline times every NCCL kernel "
-            "(perfd capture --tool kineto or nsys), the Flight Recorder every collective (perfd launch "
-            "--flight-recorder --fr-timing).", {**ev_c, "untimed": names(untimed)}, span))
+        f.append(RunFinding("comm-untimed", Severity.INFO, "", "", {**ev_c, "untimed": names(untimed)}, span,
+                            facts=UntimedFacts(total=total, untimed=untimed)))
     return f, r
 
 
@@ -256,24 +252,22 @@ def data_loading(c: RunContext) -> Out:
         return [], []
     sev = (Severity.CRITICAL if ds > bn.DATA_BOUND_SHARE else Severity.WARNING if ds > bn.DATA_HEALTHY_SHARE
            else Severity.INFO)
-    state = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated", Severity.INFO: "healthy"}[sev]
     # The timer the job's step source names its data wait by (a hook job has no batch-generator).
     vocab = FRAMEWORK_VOCABULARIES.get(c.job.framework or "", MEGATRON_VOCABULARY)
     timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
-    f = Finding(DATA_LOADING_FINDING, sev, f"Data loading {_pct(ds)} of the step: {state}",
-                f"{timer} ({vocab.across_ranks}) takes {_pct(ds)} of the step (healthy < "
-                f"{bn.DATA_HEALTHY_SHARE:.0%}, bottleneck > {bn.DATA_BOUND_SHARE:.0%}).",
-                {"data_share": ds}, c.span, f"{vocab.source} timer {timer}")
+    said = DataShareFacts(share=ds, state=sev, timer=timer, across_ranks=vocab.across_ranks)
+    f = RunFinding(DATA_LOADING_FINDING, sev, "", "", {"data_share": ds}, c.span,
+                   f"{vocab.source} timer {timer}", facts=said)
     if sev is Severity.INFO:
         return [f], []
     cpu_only = c.job.device == CPU
     knobs = CPU_DATA_KNOBS if cpu_only and c.framework is Framework.PYTORCH else DATA_KNOBS[c.framework]
-    detail = f"{timer} {_pct(ds)} of the step; {knobs}"
     cv = c.a.summary.step_time_cv
-    if cv is not None and cv > JITTER_CV:  # jitter with slow data loading: one action covers both
-        detail += f"; step time also jitters (CV {cv:.1%}, finding step-jitter)"
+    # jitter with slow data loading: one action covers both
+    said = dataclasses.replace(said, knobs=knobs, jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
     dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
-    return [f], [Recommendation("", DATA_LOADING_FINDING, 0, DATA_ACTIONS[dl], detail, ds, data_loading=dl)]
+    return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, DATA_ACTIONS[dl], "", ds, data_loading=dl,
+                                   facts=said)]
 
 
 OUTSIDE_STEP_FINDING = "outside-step"
@@ -285,16 +279,10 @@ def outside_step(c: RunContext) -> Out:
     share = c.med.get("outside_share")
     if share is None or share <= th.OUTSIDE_STEP_SHARE.value:
         return [], []
-    f = Finding(OUTSIDE_STEP_FINDING, Severity.WARNING, f"{_pct(share)} of the step passes between steps",
-                f"Host time between one step's end and the next one's begin that was neither a data fetch "
-                f"perfd stamped nor an announced checkpoint or evaluation takes {_pct(share)} of the step "
-                f"(over {th.OUTSIDE_STEP_SHARE.value:.0%}).",
-                {"outside_share": share}, c.span, f"hook timer {HOOK_OUTSIDE}")
-    return [f], [Recommendation(
-        "", OUTSIDE_STEP_FINDING, 0, "Name the time between the steps: iterate the loader through "
-        "hook.loader(loader) if it is the data, announce evaluations and checkpoint saves with "
-        "hook.phase(...); else move the work (logging, syncs) off the loop or do it less often",
-        f"outside the step {_pct(share)} of the step", share)]
+    said = OutsideFacts(share=share)
+    f = RunFinding(OUTSIDE_STEP_FINDING, Severity.WARNING, "", "", {"outside_share": share}, c.span,
+                   f"hook timer {HOOK_OUTSIDE}", facts=said)
+    return [f], [RunRecommendation("", OUTSIDE_STEP_FINDING, 0, "", "", share, facts=said)]
 
 
 def jitter(c: RunContext) -> Out:
@@ -305,32 +293,15 @@ def jitter(c: RunContext) -> Out:
     # Slow steps on a period are something on a timer; the time the slow steps take over their work's
     # is what removing their cause gives back (H100: a GPU timer's 4.4% against the loop's own +4.8%
     # without it; tests/gpu/varlen_jitter_live.py).
-    beat = slow if slow is not None and slow.period_s is not None else None
-    said = ""
-    if slow is not None and slow.count:
-        said = (f" {slow.count} slow steps (over {SLOW_EXCESS:.0%} past what their work takes) cost "
-                f"{slow.excess_share:.1%} of the steady time"
-                + (f"; they recur every {slow.period_s:.2f} s (in phase: R {slow.concentration:.2f}): "
-                   "something on a timer." if beat else ", at no fixed period."))
-    f = Finding("step-jitter", Severity.WARNING, f"Step time jitter (CV {cv:.0%})"
-                + (f": slow steps every {beat.period_s:.1f} s" if beat else ""),
-                f"Steady-state step times, less their data wait and per unit of work, vary with a "
-                f"coefficient of variation of {cv:.1%}.{said}",
-                {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms"),
-                 "slow_steps": slow.to_json() if slow else None}, c.span)
+    said = JitterFacts(cv=cv, slow=slow, beat=slow is not None and slow.period_s is not None)
+    f = RunFinding("step-jitter", Severity.WARNING, "", "",
+                   {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms"),
+                    "slow_steps": slow.to_json() if slow else None}, c.span, facts=said)
     ds = c.med.get("data_share")
     if ds is not None and ds > bn.DATA_HEALTHY_SHARE:
         return [f], []  # the data-loading recommendation covers it (data_loading)
     impact = slow.excess_share if slow is not None and slow.count else None
-    if beat:
-        return [f], [Recommendation(
-            "", "step-jitter", 0, f"Find what runs every {beat.period_s:.1f} s beside the job: a monitoring "
-            "agent's poll, a logger's flush, a periodic eval or checkpoint callback, a cron or daemon on "
-            "the node", f"{beat.count} of {beat.steps} steady steps, period {beat.period_s:.2f} s", impact)]
-    detail = f"CV {cv:.1%}" + (f"; {slow.count} slow steps, {slow.excess_share:.1%} of the steady time"
-                               if slow is not None and slow.count else "")
-    return [f], [Recommendation("", "step-jitter", 0, "Look for host-side gaps: garbage collection, logging, "
-                                "checkpointing, other processes on the node", detail, impact)]
+    return [f], [RunRecommendation("", "step-jitter", 0, "", "", impact, facts=said)]
 
 
 def stragglers(c: RunContext) -> Out:
@@ -341,34 +312,26 @@ def stragglers(c: RunContext) -> Out:
     for rank in a.summary.straggler_persistent_ranks:
         frac = a.summary.straggler_flag_fraction.get(rank)
         fid = f"straggler-rank-{rank}"
-        f.append(Finding(fid, Severity.WARNING, f"Rank {rank} is a persistent straggler",
-                         f"Rank {rank} was > {ratio:g}× its peers in {_pct(frac)} of steady iterations.",
-                         {"rank": rank, "flag_fraction": frac, "rtt_ratio": med.get("straggler_rtt_ratio")},
-                         span))
-        r.append(Recommendation("", fid, 0, f"Check rank {rank}'s GPU health: clocks, throttle reasons, "
-                                "power, temperature, XID errors, another process on its GPU; then uneven "
-                                "sharding", "join with the NVML collector's samples for that GPU",
-                                (med.get("straggler_rtt_ratio") or th.STRAGGLER_RATIO.value) - 1))
+        said = StragglerFacts(rank=rank, fraction=frac)
+        f.append(RunFinding(fid, Severity.WARNING, "", "",
+                            {"rank": rank, "flag_fraction": frac,
+                             "rtt_ratio": med.get("straggler_rtt_ratio")}, span, facts=said))
+        r.append(RunRecommendation("", fid, 0, "", "", (med.get("straggler_rtt_ratio") or ratio) - 1,
+                                   facts=said))
     anon = a.summary.straggler_compute_spread_fraction
     if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
-        f.append(Finding("straggler-spread", Severity.WARNING,
-                         f"Compute time spread across ranks > {ratio:g}×",
-                         f"forward/backward compute max/min across ranks exceeds {ratio:g}× in "
-                         f"{_pct(anon)} of steady iterations (pp=1: same work on every rank).",
-                         {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span))
-        r.append(Recommendation("", "straggler-spread", 0, "Name the slow rank: --timing-log-option all "
-                                "(per-rank timers) or --log-straggler", "", None))
+        spread = SpreadFacts(fraction=anon)
+        f.append(RunFinding("straggler-spread", Severity.WARNING, "", "",
+                            {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span,
+                            facts=spread))
+        r.append(RunRecommendation("", "straggler-spread", 0, "", "", None, facts=spread))
     between = a.summary.straggler_between_stages_fraction
     if between:
-        f.append(Finding("straggler-between-stages", Severity.INFO,
-                         "Straggler-detector spread is stage imbalance",
-                         f"The straggler detector's rtt max/min (median "
-                         f"{med.get('straggler_rtt_ratio') or float('nan'):.2f}×) is between ranks of "
-                         "different "
-                         f"pipeline stages in {_pct(between)} of steady iterations: the slower rank is the "
-                         "heavier stage, not a straggler.",
-                         {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
-                         "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"))
+        f.append(RunFinding("straggler-between-stages", Severity.INFO, "", "",
+                            {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
+                            "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)",
+                            facts=StageSpreadFacts(rtt_ratio=med.get("straggler_rtt_ratio"),
+                                                   fraction=between)))
     return f, r
 
 
@@ -408,50 +371,31 @@ def next_step(c: RunContext) -> Out:
         return [], []
     compute = b.get(Part.COMPUTE) if b is not None else None
     lay, h = c.job.layout, c.job.spec.hidden_size
-    notes: list[str] = []
-    if lay.tp is not None and lay.tp > 1:
-        notes.append(f"TP={lay.tp}: keep the tensor-parallel group within one node (NVLink)")
-    if h is not None and h <= 2048:
-        notes.append(f"hidden size {h}: small GEMMs run far below peak on this GPU")
-    ideal = b.ideal_ms if b is not None else None
-    basis = (f"compute {compute.ms:.0f} ms per step ({compute.share:.0%}), not divided by the timers"
-             + (f"; the model's FLOPs would take {ideal:.0f} ms of it at the peak" if ideal else "")
-             if compute is not None else "the timers do not divide the compute time")
-    name = c.a.job.name or "JOB"
     if c.live and b is not None and Source.NCU in b.sources:
         # A rank under ncu refuses a Kineto capture (one CUPTI client per process): the timeline has to
         # come from a rank that is not armed, or from the job before it was.
-        act = (f"Divide the compute time with a timeline of a rank not under ncu (perfd capture --job {name} "
-               "--tool kineto --steps 3 --ranks R, R not armed: the armed rank refuses it, one CUPTI client "
-               "per process), or of the job before it was armed; the Nsight Compute rows on the compute part "
-               "say what its profiled kernels do meanwhile")
-    elif c.live:
-        act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
-               "--tool kineto --steps 3, or a rule with a capture action) names the ops that hold it, and "
-               "perfd turns them into a step budget with remedies")
-    else:  # a finished log: how to have a capture next time, and how to pass it
-        launch = ("perfd launch --kineto -- torchrun ..." if c.framework is not Framework.PYTORCH
-                  else "the step hook in the loop")
-        act = (f"Divide the compute time next run: start the job under {launch} with perfd agent beside it, "
-               f"take a steady capture (perfd capture --job {name} --tool kineto --steps 3), then read it "
-               "with this log: perfd analyze megatron LOG --capture TRACE (or perfd report --html ... "
-               "--capture TRACE)")
+        divider = Divider.UNARMED_TIMELINE
+    else:  # live: a capture now; a finished log: how to have a capture next time, and how to pass it
+        divider = Divider.TIMELINE if c.live else Divider.NEXT_RUN
+    said = NextStepFacts(divider=divider, job=c.a.job.name or "JOB",
+                         hook_loop=c.framework is Framework.PYTORCH,
+                         compute_ms=compute.ms if compute is not None else None,
+                         compute_share=compute.share if compute is not None else 0.0,
+                         ideal_ms=b.ideal_ms if b is not None else None,
+                         tp=lay.tp if lay.tp is not None and lay.tp > 1 else None,
+                         hidden_size=h if h is not None and h <= 2048 else None)
     # No impact: the time is not yet divided, so no loss is measured; a remedy for a measured part
     # (the pipeline, data, communication) comes first.
-    return [], [Recommendation("", "mfu-grade", 0, act, "; ".join([basis, *notes]), None)]
+    return [], [RunRecommendation("", "mfu-grade", 0, "", "", None, facts=said)]
 
 
 def runs(c: RunContext) -> Out:
     """Where the job's figures come from when its current run cannot give them (every step armed)."""
     r = c.a.summary.runs
-    text = r.text()
-    if text is None:
+    if r.text() is None:
         return [], []
-    ref = r.reference
-    title = (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
-             else f"No figures: run {r.current} runs under ncu")
-    return [Finding("run-figures", Severity.INFO, title, text[0].upper() + text[1:] + ".", r.to_json(),
-                    c.span, "the job's runs (perfd.analytics.run.runs)")], []
+    return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), c.span,
+                       "the job's runs (perfd.analytics.run.runs)", facts=RunFiguresFacts(runs=r))], []
 
 
 def outliers(c: RunContext) -> Out:
@@ -459,8 +403,8 @@ def outliers(c: RunContext) -> Out:
             if kind is Exclusion.OUTLIER}
     if not slow:
         return [], []
-    return [QuotingFinding("steady-state-outliers", Severity.INFO,
-                           f"{len(slow)} slow iteration(s) left out", "", {}, c.span,
+    return [QuotingFinding("steady-state-outliers", Severity.INFO, "", "", {}, c.span,
+                           facts=OutlierFacts(count=len(slow)),
                            quotes=tuple((f"iteration {k}: ", v) for k, v in slow.items()))], []
 
 
@@ -513,46 +457,32 @@ def derive_findings(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = No
     return order_findings(f, r)
 
 
-def _rebalance_action(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
-    return ("Rebalance layers across pipeline stages: the last stage also computes the logits and loss "
-            "(e.g. --decoder-last-pipeline-num-layers / --account-for-loss-in-pipeline-split)")
-
-
-def _rebalance_detail(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> str:
+def _rebalance(a: RunAnalysis, job: JobInfo, light: float, heavy: float) -> RebalanceFacts:
+    """What backs rebalancing the stages: the detector's slower rank, the logit GEMM in layers, and what
+    moving layers would give (none where an uneven split is configured already)."""
     spec, lay = job.spec, job.layout
-    parts: list[str] = []
+    slower: SlowerRank | None = None
     slow = [r for r in a.steady_values("straggler_rtt_max_rank") if r is not None]
     if slow and lay.pp:
         rank = max(set(slow), key=slow.count)
         stage = rank_order(lay, job.arguments).stage(rank)
         if stage is not None:
-            which = "last" if stage == lay.pp - 1 else "first" if stage == 0 else f"{stage}"
-            parts.append(f"the straggler detector's slower rank is rank {rank} (stage {stage}, the {which} "
-                         f"stage) in {slow.count(rank)}/{len(slow)} steady iterations")
+            slower = SlowerRank(rank=rank, stage=stage, pp=lay.pp, count=slow.count(rank), of=len(slow))
+    logit_layers = None
     b = a.flops.breakdown
     if b and spec.num_layers:
         layers = spec.num_layers + (spec.mtp_num_layers or 0)
         per_layer = (b["mlp"] + b["attention_projections"] + b["core_attention"]) / layers
         if per_layer > 0:
-            parts.append(f"the logit GEMM (6·h·V per token, V={spec.padded_vocab_size}) is worth "
-                         f"{b['logits'] / per_layer:.1f} transformer layers of FLOPs")
+            logit_layers = b["logits"] / per_layer
+    facts = RebalanceFacts(slower=slower, padded_vocab=spec.padded_vocab_size, logit_layers=logit_layers)
     if job.arguments.get("decoder_last_pipeline_num_layers", "None") not in ("None", "") or \
             job.arguments.get("decoder_first_pipeline_num_layers", "None") not in ("None", ""):
-        parts.append("an uneven split is already configured: estimate skipped")
-    else:
-        est = rebalance_estimate(spec.num_layers, lay.pp, light, heavy)
-        if est is not None:
-            basis = (f"estimated ~{est.per_layer_ms:.0f} ms compute per layer per iteration (lighter stage "
-                     f"{light:.0f} ms / {est.layers_per_stage} layers, an inference) against a gap of "
-                     f"{est.gap_ms:.0f} ms")
-            if est.best_move:
-                parts.append(f"{basis}: moving {est.best_move} layer(s) off the heavier stage "
-                             f"(--decoder-last-pipeline-num-layers {est.layers_per_stage - est.best_move})"
-                             f" would bring the slowest stage from {heavy:.0f} to "
-                             f"~{est.new_heavier_ms:.0f} ms")
-            else:
-                parts.append(f"{basis}: moving one whole layer would flip the imbalance "
-                             f"({light + est.per_layer_ms:.0f} vs {heavy - est.per_layer_ms:.0f} ms); with "
-                             f"{spec.num_layers} layers on {lay.pp} stages rebalance at a finer grain "
-                             "(more layers per stage, or virtual stages with an uneven split)")
-    return "; ".join(parts)
+        return dataclasses.replace(facts, uneven=True)
+    est = rebalance_estimate(spec.num_layers, lay.pp, light, heavy)
+    if est is None:
+        return facts
+    return dataclasses.replace(facts, per_layer_ms=est.per_layer_ms, layers_per_stage=est.layers_per_stage,
+                               gap_ms=est.gap_ms, best_move=est.best_move,
+                               new_heavier_ms=est.new_heavier_ms, lighter_ms=light, heavier_ms=heavy,
+                               num_layers=spec.num_layers, pp=lay.pp or 0)

@@ -1,0 +1,263 @@
+"""The findings and recommendations as they read (issue 57): the title and observation of each finding
+of perfd.analytics.run.run_findings, the action and detail of each recommendation, from their kind and
+numbers (perfd.analytics.run.run_facts); a capture's slower-than-steady finding
+(perfd.analytics.advice.capture_findings.SlowerFinding). Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
+from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.run.run_facts import (
+    BubbleFacts,
+    DataShareFacts,
+    Divider,
+    ExposedFacts,
+    GradSyncFacts,
+    ImbalanceFacts,
+    JitterFacts,
+    NextStepFacts,
+    OutlierFacts,
+    OutsideFacts,
+    PpWaitFacts,
+    RebalanceFacts,
+    RunFacts,
+    RunFiguresFacts,
+    RunFinding,
+    RunRecFacts,
+    RunRecommendation,
+    SpreadFacts,
+    StageSpreadFacts,
+    StragglerFacts,
+    UntimedFacts,
+)
+from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
+
+# A data share's state, by the severity its thresholds give it.
+DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated",
+                                   Severity.INFO: "healthy"}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _imbalance(f: ImbalanceFacts) -> tuple[str, str]:
+    v = f", v={f.vpp}" if f.vpp and f.vpp > 1 else ""
+    return ("Stage imbalance dominates the pipeline bubble",
+            f"The lighter stage idles {_pct(f.idle_lighter)} of forward-backward, the heavier "
+            f"{_pct(f.idle_heavier)}, while the analytic bubble is {_pct(f.bubble)} (p={f.pp}, "
+            f"m={f.microbatches}{v}): {f.imbalance * 100:.1f} points come from stage imbalance "
+            f"(forward+backward compute {f.lighter_ms:.0f} vs {f.heavier_ms:.0f} ms, "
+            f"{f.heavier_ms / f.lighter_ms:.2f}×).")
+
+
+def _jitter(f: JitterFacts) -> tuple[str, str]:
+    slow = f.slow
+    said = ""
+    if slow is not None and slow.count:
+        said = (f" {slow.count} slow steps (over {th.BEAT_SLOW_STEP_EXCESS.value:.0%} past what their work "
+                f"takes) cost {slow.excess_share:.1%} of the steady time"
+                + (f"; they recur every {slow.period_s:.2f} s (in phase: R {slow.concentration:.2f}): "
+                   "something on a timer." if f.beat else ", at no fixed period."))
+    beat = f" every {slow.period_s:.1f} s" if f.beat and slow is not None else ""
+    return (f"Step time jitter (CV {f.cv:.0%})" + (f": slow steps{beat}" if beat else ""),
+            "Steady-state step times, less their data wait and per unit of work, vary with a "
+            f"coefficient of variation of {f.cv:.1%}.{said}")
+
+
+def finding_words(f: RunFacts) -> tuple[str, str]:
+    """A run finding's title and observation."""
+    ratio = th.STRAGGLER_RATIO.value
+    match f:
+        case ImbalanceFacts():
+            return _imbalance(f)
+        case BubbleFacts():
+            return (f"Pipeline bubble {_pct(max(f.bubble, f.idle_lighter))}",
+                    f"Analytic 1F1B bubble {_pct(f.bubble)} with p={f.pp}, m={f.microbatches}; the lighter "
+                    f"stage idles {_pct(f.idle_lighter)} of forward-backward.")
+        case GradSyncFacts():
+            return (f"Gradient sync exposed {_pct(f.dp_share)} of the step",
+                    f"all-grads-sync and the other gradient all-reduces take {_pct(f.dp_share)} of the "
+                    f"step (> {th.GRAD_SYNC_SHARE.value:.0%}).")
+        case PpWaitFacts():
+            return (f"Exposed p2p wait {_pct(f.pp_share)} is pipeline waiting",
+                    f"Exposed communication {_pct(f.total)} of the step: pipeline send/recv "
+                    f"{_pct(f.pp_share)}, gradient sync {_pct(f.dp_share)}. The p2p timers include "
+                    f"waiting for the peer stage, the same time as the stage idle "
+                    f"({_pct(f.idle_lighter)}): a pipeline effect, not link bandwidth.")
+        case ExposedFacts():
+            return (f"Exposed communication {_pct(f.total)}",
+                    f"Communication the CPU waits on takes {_pct(f.total)} of the step.")
+        case UntimedFacts():
+            return (f"Communication not timed: {', '.join(names(f.untimed))}",
+                    f"Exposed communication {_pct(f.total)} of the step is the timed collectives' only (DP "
+                    f"gradient sync, PP send/recv); {untimed_text(f.untimed)}. A capture's timeline times "
+                    "every NCCL kernel (perfd capture --tool kineto or nsys), the Flight Recorder every "
+                    "collective (perfd launch --flight-recorder --fr-timing).")
+        case DataShareFacts():
+            return (f"Data loading {_pct(f.share)} of the step: {DATA_STATE[f.state]}",
+                    f"{f.timer} ({f.across_ranks}) takes {_pct(f.share)} of the step (healthy < "
+                    f"{th.DATA_HEALTHY_SHARE.value:.0%}, bottleneck > {th.DATA_BOUND_SHARE.value:.0%}).")
+        case OutsideFacts():
+            return (f"{_pct(f.share)} of the step passes between steps",
+                    "Host time between one step's end and the next one's begin that was neither a data "
+                    f"fetch perfd stamped nor an announced checkpoint or evaluation takes {_pct(f.share)} of "
+                    f"the step (over {th.OUTSIDE_STEP_SHARE.value:.0%}).")
+        case JitterFacts():
+            return _jitter(f)
+        case StragglerFacts():
+            return (f"Rank {f.rank} is a persistent straggler",
+                    f"Rank {f.rank} was > {ratio:g}× its peers in {_pct(f.fraction)} of steady iterations.")
+        case SpreadFacts():
+            return (f"Compute time spread across ranks > {ratio:g}×",
+                    f"forward/backward compute max/min across ranks exceeds {ratio:g}× in "
+                    f"{_pct(f.fraction)} of steady iterations (pp=1: same work on every rank).")
+        case StageSpreadFacts():
+            return ("Straggler-detector spread is stage imbalance",
+                    f"The straggler detector's rtt max/min (median {f.rtt_ratio or float('nan'):.2f}×) is "
+                    f"between ranks of different pipeline stages in {_pct(f.fraction)} of steady "
+                    "iterations: the slower rank is the heavier stage, not a straggler.")
+        case RunFiguresFacts():
+            r, ref = f.runs, f.runs.reference
+            text = r.text() or ""
+            return (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
+                    else f"No figures: run {r.current} runs under ncu", text[0].upper() + text[1:] + ".")
+        case OutlierFacts():
+            return f"{f.count} slow iteration(s) left out", ""
+
+
+def _rebalance(f: RebalanceFacts) -> str:
+    """Why and by how much to rebalance the stages."""
+    parts: list[str] = []
+    s = f.slower
+    if s is not None:
+        which = "last" if s.stage == s.pp - 1 else "first" if s.stage == 0 else f"{s.stage}"
+        parts.append(f"the straggler detector's slower rank is rank {s.rank} (stage {s.stage}, the {which} "
+                     f"stage) in {s.count}/{s.of} steady iterations")
+    if f.logit_layers is not None:
+        parts.append(f"the logit GEMM (6·h·V per token, V={f.padded_vocab}) is worth {f.logit_layers:.1f} "
+                     "transformer layers of FLOPs")
+    if f.uneven:
+        parts.append("an uneven split is already configured: estimate skipped")
+    elif f.per_layer_ms is not None:
+        light, heavy, per = f.lighter_ms, f.heavier_ms, f.per_layer_ms
+        basis = (f"estimated ~{per:.0f} ms compute per layer per iteration (lighter stage {light:.0f} ms / "
+                 f"{f.layers_per_stage} layers, an inference) against a gap of {f.gap_ms:.0f} ms")
+        if f.best_move:
+            parts.append(f"{basis}: moving {f.best_move} layer(s) off the heavier stage "
+                         f"(--decoder-last-pipeline-num-layers {f.layers_per_stage - f.best_move}) would "
+                         f"bring the slowest stage from {heavy:.0f} to ~{f.new_heavier_ms:.0f} ms")
+        else:
+            parts.append(f"{basis}: moving one whole layer would flip the imbalance ({light + per:.0f} vs "
+                         f"{heavy - per:.0f} ms); with {f.num_layers} layers on {f.pp} stages rebalance at "
+                         "a finer grain (more layers per stage, or virtual stages with an uneven split)")
+    return "; ".join(parts)
+
+
+def _next_step(f: NextStepFacts) -> tuple[str, str]:
+    """What would divide the compute time, and what the budget says of it."""
+    name = f.job
+    if f.divider is Divider.UNARMED_TIMELINE:
+        act = (f"Divide the compute time with a timeline of a rank not under ncu (perfd capture --job {name} "
+               "--tool kineto --steps 3 --ranks R, R not armed: the armed rank refuses it, one CUPTI client "
+               "per process), or of the job before it was armed; the Nsight Compute rows on the compute part "
+               "say what its profiled kernels do meanwhile")
+    elif f.divider is Divider.TIMELINE:
+        act = (f"Divide the compute time: a steady-state capture (perfd capture --job {name} "
+               "--tool kineto --steps 3, or a rule with a capture action) names the ops that hold it, and "
+               "perfd turns them into a step budget with remedies")
+    else:
+        launch = "the step hook in the loop" if f.hook_loop else "perfd launch --kineto -- torchrun ..."
+        act = (f"Divide the compute time next run: start the job under {launch} with perfd agent beside it, "
+               f"take a steady capture (perfd capture --job {name} --tool kineto --steps 3), then read it "
+               "with this log: perfd analyze megatron LOG --capture TRACE (or perfd report --html ... "
+               "--capture TRACE)")
+    basis = (f"compute {f.compute_ms:.0f} ms per step ({f.compute_share:.0%}), not divided by the timers"
+             + (f"; the model's FLOPs would take {f.ideal_ms:.0f} ms of it at the peak" if f.ideal_ms else "")
+             if f.compute_ms is not None else "the timers do not divide the compute time")
+    notes = ([f"TP={f.tp}: keep the tensor-parallel group within one node (NVLink)"] if f.tp is not None
+             else []) + ([f"hidden size {f.hidden_size}: small GEMMs run far below peak on this GPU"]
+                         if f.hidden_size is not None else [])
+    return act, "; ".join([basis, *notes])
+
+
+def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
+    """A run recommendation's action and detail."""
+    match f:
+        case RebalanceFacts():
+            return ("Rebalance layers across pipeline stages: the last stage also computes the logits and "
+                    "loss (e.g. --decoder-last-pipeline-num-layers / --account-for-loss-in-pipeline-split)",
+                    _rebalance(f))
+        case BubbleFacts():
+            target = th.BUBBLE_TARGET.value
+            return (f"Raise micro-batches per iteration from {f.microbatches} to ≥{f.need} "
+                    f"(bubble ≤ {target:.0%}) or use interleaved PP",
+                    f"m = global batch / (micro batch · DP); interleaving with v=2 would give {_pct(f.v2)} "
+                    f"at m={f.microbatches} (--num-layers-per-virtual-pipeline-stage)")
+        case GradSyncFacts():
+            return ("Overlap gradient communication with compute: --use-distributed-optimizer "
+                    "--overlap-grad-reduce --overlap-param-gather" if f.overlap
+                    else "More gradient accumulation per step (more micro-batches) to amortise the reduce",
+                    f"DP={f.dp}; check inter-node bandwidth")
+        case DataShareFacts():
+            # the action is the typed data-loading action's (Recommendation.data_loading), set already
+            return "", (f"{f.timer} {_pct(f.share)} of the step; {f.knobs}"
+                        + (f"; step time also jitters (CV {f.jitter_cv:.1%}, finding step-jitter)"
+                           if f.jitter_cv is not None else ""))
+        case OutsideFacts():
+            return ("Name the time between the steps: iterate the loader through hook.loader(loader) if it "
+                    "is the data, announce evaluations and checkpoint saves with hook.phase(...); else move "
+                    "the work (logging, syncs) off the loop or do it less often",
+                    f"outside the step {_pct(f.share)} of the step")
+        case JitterFacts():
+            slow = f.slow
+            if f.beat and slow is not None:
+                return (f"Find what runs every {slow.period_s:.1f} s beside the job: a monitoring agent's "
+                        "poll, a logger's flush, a periodic eval or checkpoint callback, a cron or daemon on "
+                        "the node",
+                        f"{slow.count} of {slow.steps} steady steps, period {slow.period_s:.2f} s")
+            return ("Look for host-side gaps: garbage collection, logging, checkpointing, other processes on "
+                    "the node",
+                    f"CV {f.cv:.1%}" + (f"; {slow.count} slow steps, {slow.excess_share:.1%} of the steady "
+                                        "time" if slow is not None and slow.count else ""))
+        case StragglerFacts():
+            return (f"Check rank {f.rank}'s GPU health: clocks, throttle reasons, power, temperature, XID "
+                    "errors, another process on its GPU; then uneven sharding",
+                    "join with the NVML collector's samples for that GPU")
+        case SpreadFacts():
+            return "Name the slow rank: --timing-log-option all (per-rank timers) or --log-straggler", ""
+        case NextStepFacts():
+            return _next_step(f)
+
+
+def slower_words(f: SlowerFacts) -> tuple[str, str]:
+    """A capture's slower-than-steady finding's title and observation."""
+    return (f"Device {f.device}: kernels ran {f.ratio:.1f}× slower than in steady state",
+            f"Compute kernels took {f.per_iteration_ms:.0f} ms per captured iteration against "
+            f"{f.steady_ms:.0f} ms of forward+backward compute per steady iteration (timers): the same work "
+            "ran slower while captured — the GPU was shared, throttled, or clocked down.")
+
+
+def worded_run(f: Finding) -> Finding:
+    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one or an
+    Nsight Compute verdict's (perfd.report.ncu_text) with its words; any other as it is."""
+    if isinstance(f, RunFinding) and f.facts is not None:
+        title, observation = finding_words(f.facts)
+        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    if isinstance(f, SlowerFinding) and f.facts is not None:
+        title, observation = slower_words(f.facts)
+        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    return worded_ncu(f)
+
+
+def worded_run_recommendation(r: Recommendation) -> Recommendation:
+    """A run recommendation with its action (where the facts make it) and detail, an Nsight Compute
+    verdict's (perfd.report.ncu_text); any other as it is."""
+    if isinstance(r, RunRecommendation) and r.facts is not None:
+        action, detail = recommendation_words(r.facts)
+        return dataclasses.replace(r, action=action or r.action, detail=detail, facts=None)
+    return worded_ncu_recommendation(r)

@@ -1,0 +1,81 @@
+"""English only where it is shown (issue 57), for the findings made outside the advice package: the
+sentences perfd/report declares for the run's findings and recommendations (perfd.report.finding_text,
+from perfd.analytics.run.run_facts; a capture's slower-than-steady finding), the serving ones
+(perfd.report.serving_text, from perfd.analytics.serving.serving_facts), the collective ones
+(perfd.report.collective_text, from perfd.analytics.collectives.collective_facts) and the Nsight Compute
+verdicts' and coverage's (perfd.report.ncu_text) are in no analytics source again. The same check as
+tests/test_english_where_shown.py (AST, no import): each literal piece of five words or more of those
+modules is looked for in every string constant of perfd/analytics. And the facts the findings carry
+hold numbers, kinds and names, never a sentence (checked on their annotations)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+from tests.test_english_where_shown import ROOT, _found, _said, _text_in
+
+# The modules that word the findings.
+FINDING_TEXT = ("finding_text.py", "serving_text.py", "collective_text.py", "ncu_text.py")
+
+
+def _fragments() -> dict[str, str]:
+    return {frag: name for name in FINDING_TEXT for frag in _said(ROOT / "perfd" / "report" / name)}
+
+
+def test_no_analytics_module_words_a_finding_again() -> None:
+    fragments = _fragments()
+    assert len(fragments) > 80  # the check looks for real sentences
+    assert "Stage imbalance dominates the pipeline bubble" in fragments  # a run finding's title
+    assert "Look for host-side gaps: garbage collection, logging, checkpointing, other processes on the " \
+        "node" in fragments  # a run recommendation's action
+    assert "ms of forward+backward compute per steady iteration (timers): the same work ran slower while " \
+        "captured — the GPU was shared, throttled, or clocked down." in fragments  # a capture's
+    assert ". Start SGLang with --enable-metrics and pass its /metrics URL." in fragments  # a serving one
+    assert "a serving SLO or capacity problem needs action" in fragments  # the serving status
+    assert "Keep tensor parallelism within the NVLink domain (TP ≤ GPUs per node; use PP or DP across " \
+        "nodes" in fragments  # a collective one
+    assert "launches profiled could not be matched to the timeline's (another run's shapes, or another " \
+        "filter): their ops, passes and layers are unknown" in fragments  # an ncu capture's coverage
+    assert "is a persistent straggler" not in fragments  # four words: too short to be a sentence
+    found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
+    assert not found, found
+
+
+def test_the_check_finds_a_finding_worded_in_analytics(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    # the p2p finding's observation, as the run's analyzer used to word it (run_findings.py)
+    probe.write_text('def observation(dp, idle):\n'
+                     '    return (f"sync {dp}. The p2p timers include waiting for the peer stage, "\n'
+                     '            f"the same time as the stage idle ({idle}): a pipeline effect")\n')
+    assert [x.split(": ", 1)[1] for x in _found(_fragments(), [probe])] == [
+        "finding_text.py '. The p2p timers include waiting for the peer stage, the same time as the stage "
+        "idle'"]
+
+
+def test_the_facts_hold_no_sentences() -> None:
+    """Each facts type of the findings moved to the report's words: a field that may hold text is a name
+    (a timer's, the job's, a schedule policy, the loader's knobs as code), never a sentence."""
+    from perfd.analytics.advice.capture_findings import SlowerFacts
+    from perfd.analytics.collectives import collective_facts
+    from perfd.analytics.ncu.ncu_verdicts import PartVerdict
+    from perfd.analytics.run import run_facts
+    from perfd.analytics.serving import serving_facts
+
+    allowed = {"DataShareFacts": {"timer", "across_ranks", "knobs"}, "NextStepFacts": {"job"},
+               "PrefixHitFacts": {"policy"},
+               "TotalShareFacts": {"by_group", "method"}, "TpNodesFacts": {"group"},  # group classes, names
+               # the collective analysis' own reason, served as is in its JSON's summary too (not moved)
+               "ShareAbsentFacts": {"reason"},
+               # an ncu verdict: names (part, category, capture), and how the capture chose its kernels,
+               # as the capture's record says it (perfd.capture.ncu_exec.KernelChoice)
+               "PartVerdict": {"part", "category", "capture", "chosen", "of"}}
+    types = [t for m in (run_facts, serving_facts, collective_facts) for t in vars(m).values()
+             if isinstance(t, type) and dataclasses.is_dataclass(t) and t.__module__ == m.__name__
+             and t.__name__.endswith("Facts")] + [SlowerFacts, PartVerdict]
+    assert len(types) > 20  # the facts were found
+    for cls in types:
+        hints = typing.get_type_hints(cls)
+        texts = {f.name for f in dataclasses.fields(cls) if _text_in(hints[f.name])}
+        assert texts <= allowed.get(cls.__name__, set()), (cls.__name__, texts)
