@@ -91,6 +91,11 @@ class CaptureStatus(str, enum.Enum):
         """Never reached an agent."""
         return self in (CaptureStatus.UNDELIVERABLE, CaptureStatus.SKIPPED)
 
+    @property
+    def refused(self) -> bool:
+        """The request itself was refused (the API answers 409)."""
+        return self is CaptureStatus.REFUSED
+
     @classmethod
     def of(cls, value: object) -> CaptureStatus:
         """A kept record's status (the state store's JSON); ValueError for one this version does not

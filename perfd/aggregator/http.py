@@ -32,7 +32,6 @@ from perfd.analytics.steps.liveness import RUNNING
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
-from perfd.model import CaptureStatus
 from perfd.refusals import Refusals
 from perfd.report import analysis_json, collective_text, incident_text
 from perfd.report.row_json import iteration_rows, row_codes
@@ -542,7 +541,7 @@ def _post(handler: _Handler, path: str) -> None:
             except CaptureRateLimited as exc:
                 handler._json(429, {"error": str(exc)})
                 return
-            handler._json(202 if rec.status is not CaptureStatus.REFUSED else 409, rec.to_json())
+            handler._json(409 if rec.status.refused else 202, rec.to_json())
         elif path == "/api/alertmanager":
             from perfd.aggregator.captures import CAPTURE_LABEL, alertmanager_plan
 
