@@ -40,6 +40,7 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure
 from perfd.refusals import Refusals
+from perfd.report.remedy_text import worded_all
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
@@ -430,8 +431,9 @@ class CaptureCoordinator:
             d = diagnose_capture(devices, label=f"capture {rec.id} rank {rank}", iterations=rec.steps,
                                  steady_compute_ms=base, framework=framework, flops=fl, timers=timers,
                                  config=a.config if a is not None else None)
-            findings += d.findings
-            recs += d.recommendations
+            worded_f, worded_r = worded_all(d.findings, d.recommendations)  # kept as the report words them
+            findings += worded_f
+            recs += worded_r
             if d.bottleneck is not BottleneckClass.UNKNOWN and d.class_shares:
                 top = max(d.class_shares.values())
                 if best is None or top > best[0]:

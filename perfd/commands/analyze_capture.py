@@ -48,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.report.remedy_text import worded_all
 
     diag = diagnose_capture(objs(out.get("devices")), label=path.name)
+    diag.findings, diag.recommendations = worded_all(diag.findings, diag.recommendations)
     out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
         sys.stdout.write(finite_json.dumps(out, indent=2))

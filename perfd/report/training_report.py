@@ -31,6 +31,7 @@ from perfd.report.grade_text import explanation_text, grade_label, worded, worde
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
+from perfd.report.remedy_text import worded_plan, worded_remedies, worded_remedy
 from perfd.report.row_json import RowCodes, row_codes, run_json
 
 
@@ -137,8 +138,8 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     where the CPUs have room."""
     s = analysis.summary
     run_s = analysis.run_seconds() or None
-    findings = [quoting(worded(f)) for f in analysis.findings]
-    recs = [worded_recommendation(r) for r in analysis.recommendations]
+    findings = [quoting(worded(worded_remedies(f))) for f in analysis.findings]
+    recs = [worded_recommendation(worded_remedy(r)) for r in analysis.recommendations]
     arming = arming if arming is not None else s.arming  # the run's own armed steps measure it offline too
     if incidents is None:  # the incidents the analysis found; its arming finding follows, unordered
         inc_f, inc_r = incident_findings(analysis.incidents, run_s)
@@ -193,7 +194,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
-    return Report(summary, metrics, findings, recs, job, budget, arming, analysis.plan)
+    return Report(summary, metrics, findings, recs, job, budget, arming, worded_plan(analysis.plan))
 
 
 def arming_finding(arming: ArmingCost) -> Finding:

@@ -12,13 +12,12 @@ gain whose range reaches below zero is said as one to measure, never promised.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, make_plan
+from perfd.analytics.advice.plan import Plan, make_plan
 from perfd.analytics.advice.remedies import (
     Advice,
-    Effort,
     FitContext,
     Framework,
     JobConfig,
@@ -287,6 +286,32 @@ def plan_of(ctx: BudgetContext) -> Plan | None:
                      run_spread_ms(ctx.budget.step_ms, ctx.budget.step_sd_ms), fit.replay)
 
 
+@dataclass(frozen=True)
+class RemedyFacts:
+    """What a remedy's recommendation (or the smaller remedies' finding) is worded from: the fitted
+    remedies and the step they are measured against (its MFU: the gain said as MFU too)."""
+
+    advice: tuple[Advice, ...]
+    step_ms: float
+    mfu: float | None = None
+
+
+@dataclass
+class RemedyRecommendation(Recommendation):
+    """A remedy fitted to the job, its action and detail left to the report (perfd.report.remedy_text
+    words them from ``facts``); its typed fields (remedy, gain, flags, needs, effort) are set here."""
+
+    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+
+
+@dataclass
+class SmallerRemedies(Finding):
+    """The remedies whose gain is within a rerun's spread, in one finding: its title, observation and
+    evidence left to the report (perfd.report.remedy_text)."""
+
+    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+
+
 def remedies(ctx: BudgetContext) -> Out:
     """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
     gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
@@ -296,64 +321,24 @@ def remedies(ctx: BudgetContext) -> Out:
     small: list[Advice] = []
     for a in fitted(ctx):
         (small if minor(a, b.step_ms) else recs).append(a)
-    fs = []
+    fs: list[Finding] = []
     if small:
-        fs.append(
-            Finding(
-                "budget-minor-remedies",
-                Severity.INFO,
-                f"{len(small)} smaller remed{'ies' if len(small) > 1 else 'y'}, each under "
-                f"{th.REMEDY_MIN_GAIN.value:.0%} of the step",
-                "; ".join(f"{a.action} ({gain_text(a, b)})" for a in small) + ".",
-                {
-                    "remedies": [
-                        {
-                            "remedy": a.remedy.value,
-                            "action": a.action,
-                            "gain_ms": [a.gain.low_ms, a.gain.high_ms] if a.gain else None,
-                            "flags": [f.text() for f in a.flags],
-                            "needs": list(a.needs),
-                        }
-                        for a in small
-                    ]
-                },
-                "",
-                ctx.label or b.basis,
-            )
-        )
+        facts = RemedyFacts(tuple(small), b.step_ms, b.mfu)
+        fs.append(SmallerRemedies("budget-minor-remedies", Severity.INFO, "", "", {}, "",
+                                  ctx.label or b.basis, facts=facts))
     return fs, [recommendation(a, b) for a in recs]
 
 
 def recommendation(a: Advice, b: StepBudget) -> Recommendation:
-    """Advice as the report shows it: the action, then basis, expected change, needs, cost, notes."""
-    bits = []
-    if a.gain is not None:
-        bits.append(f"basis: {a.gain.basis}")
-        bits.append(f"expected: {gain_text(a, b)}")
-    if a.needs:
-        names = [PACKAGE_NAMES.get(n, n) for n in a.needs]
-        bits.append(
-            f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
-            + (
-                "neither is"
-                if a.needs_one and len(names) > 1
-                else "none is"
-                if len(names) > 1
-                else "it is not"
-            )
-            + " installed"
-        )
-    if a.cost:
-        bits.append(f"cost: {a.cost}")
-    bits += list(a.notes)
-    bits.append(f"effort: {EFFORT_TEXT[a.effort]}")
+    """Advice as a recommendation: its typed fields here, its action and detail (basis, expected change,
+    needs, cost, notes, effort) where it is shown."""
     impact = a.gain.mid_ms / b.step_ms if a.gain is not None and a.gain.promised and b.step_ms > 0 else None
-    return Recommendation(
+    return RemedyRecommendation(
         "",
         f"budget-{a.part.value}",
         0,
-        a.action,
-        "; ".join(bits),
+        "",
+        "",
         impact,
         a.remedy.value,
         [a.gain.low_ms, a.gain.high_ms] if a.gain is not None else None,
@@ -363,36 +348,8 @@ def recommendation(a: Advice, b: StepBudget) -> Recommendation:
         a.effort.value,
         # the data-loader remedy's action is the data-loading one (its words: DATA_LOADING_ACTION)
         data_loading=DataLoading(DataAction.LOAD_FASTER) if a.remedy is RemedyId.DATA_LOADER else None,
+        facts=RemedyFacts((a,), b.step_ms, b.mfu),
     )
-
-
-EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
-
-
-def gain_text(a: Advice, b: StepBudget) -> str:
-    g = a.gain
-    if g is None or b.step_ms <= 0:
-        return "not estimated"
-    lo, hi = g.low_ms, g.high_ms
-    if hi <= 0:  # a cost, not a gain (a remedy for memory)
-        return (f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / b.step_ms)}–{_share(-lo / b.step_ms)} "
-                "slower)")
-    if not g.promised:
-        return (
-            f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / b.step_ms:+.0%} to "
-            f"{-hi / b.step_ms:+.0%}): measure before keeping it"
-        )
-    mfu = ""
-    if b.mfu is not None and b.step_ms - hi > 0:
-        mfu = (
-            f", MFU {b.mfu:.1%} → {b.mfu * b.step_ms / (b.step_ms - lo):.1%}–"
-            f"{b.mfu * b.step_ms / (b.step_ms - hi):.1%}"
-        )
-    return f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / b.step_ms)}–{_share(hi / b.step_ms)}){mfu}"
-
-
-def _share(x: float) -> str:
-    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"
 
 
 def bottleneck(ctx: BudgetContext) -> Out:

@@ -4,7 +4,7 @@ most, then code changes — each with its effort, its typed relations to the oth
 another, two overlap on the same kernels or gaps, one requires a package), its prerequisites checked
 against what the job's start-up shows, and the combined gain of the set a user would apply, stage by
 stage. Pure: fitted Advice in (perfd.analytics.advice.remedy_catalog), a typed Plan out; English only
-in :func:`item_text` and the views.
+in the views (perfd.report.plan_view; an item's action: perfd.report.remedy_text.worded_plan).
 
 The combined gain is not the sum of the gains: each remedy names what it removes from which slice of
 the step (:class:`~perfd.analytics.advice.remedies.Removal`); a set removes each slice once, the most
@@ -25,6 +25,7 @@ from perfd.analytics.advice.remedies import (
     Removal,
     run_spread_ms,
 )
+from perfd.analytics.advice.remedy_said import Said
 from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
@@ -84,7 +85,7 @@ class Prerequisite:
 @dataclass(frozen=True)
 class PlanItem:
     remedy: str  # RemedyId value
-    action: str
+    action: str  # its words: "" until the report words ``said`` (perfd.report.remedy_text.worded_plan)
     effort: Effort
     gain_ms: tuple[float, float] | None  # alone, with the run-to-run spread
     stage: int  # index into Plan.stages; -1: not in the set (its gain is not promised: measure it)
@@ -96,6 +97,7 @@ class PlanItem:
     any_of: bool = False  # any one of its prerequisites will do (TE or Apex)
     removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
     replay: Change | None = None  # the replay's change its gain was read from (Advice.replay)
+    said: Said | None = None  # the action as its code (Advice.action); None once worded, or read back
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -434,7 +436,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
         items.append(
             PlanItem(
                 a.remedy.value,
-                a.action,
+                "",
                 a.effort,
                 (a.gain.low_ms, a.gain.high_ms) if a.gain else None,
                 st,
@@ -446,6 +448,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.needs_one and len(a.requires) > 1,
                 a.removes,
                 a.replay,
+                a.action,
             )
         )
     return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay)
