@@ -12,11 +12,12 @@ import dataclasses
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.budget_findings import RemedyFacts, RemedyRecommendation, SmallerRemedies
-from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan
+from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
 from perfd.analytics.advice.remedies import DATA_KNOBS, Advice, Effort, Framework
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
 from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
 
 # The flash-attn note, the Transformer Engine layers' and the timers' words that two sentences share.
 _NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses only the separate flash-attn "
@@ -313,10 +314,24 @@ def worded_all(findings: list[Finding], recs: list[Recommendation]
     return [worded_remedies(f) for f in findings], [worded_remedy(r) for r in recs]
 
 
+# What a package must bring for the remedies, beyond being importable (a plan item's prerequisite's note).
+PACKAGE_NOTES = {
+    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
+                  "fused_weight_gradient_mlp_cuda): the Python package alone changes nothing",
+    PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
+}
+
+
+def _worded_item(i: PlanItem) -> PlanItem:
+    if i.said is None:  # read back from JSON: worded already
+        return i
+    needs = tuple(dataclasses.replace(p, note=PACKAGE_NOTES.get(p.package, "")) for p in i.prerequisites)
+    return dataclasses.replace(i, action=text(i.said), said=None, prerequisites=needs)
+
+
 def worded_plan(plan: Plan | None) -> Plan | None:
-    """The plan with each item's action worded (an item read back from JSON has its words already)."""
+    """The plan with each item's action and its prerequisites' notes worded (an item read back from JSON
+    has its words already)."""
     if plan is None:
         return None
-    items = tuple(dataclasses.replace(i, action=text(i.said), said=None) if i.said is not None else i
-                  for i in plan.items)
-    return dataclasses.replace(plan, items=items)
+    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items))

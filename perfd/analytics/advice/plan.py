@@ -49,13 +49,6 @@ class Presence(TextEnum):
 
 
 PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
-# What a package must bring for the remedies here, beyond being importable.
-PACKAGE_NOTES = {
-    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
-    "fused_weight_gradient_mlp_cuda): "
-    "the Python package alone changes nothing",
-    PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
-}
 
 
 @dataclass(frozen=True)
@@ -76,6 +69,8 @@ class Link:
 class Prerequisite:
     package: str
     presence: Presence
+    # what the package must bring beyond being importable: "" until the report words it (by the package:
+    # perfd.report.remedy_text.PACKAGE_NOTES), or as read back from JSON
     note: str = ""
 
     def to_json(self) -> dict[str, object]:
@@ -349,7 +344,7 @@ def presence(cfg: JobConfig, package: str) -> Presence:
 
 
 def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
-    return tuple(Prerequisite(p, presence(cfg, p), PACKAGE_NOTES.get(p, "")) for p in a.requires)
+    return tuple(Prerequisite(p, presence(cfg, p)) for p in a.requires)
 
 
 def _installs(
