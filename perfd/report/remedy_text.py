@@ -11,13 +11,19 @@ from __future__ import annotations
 import dataclasses
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.budget_findings import RemedyFacts, RemedyRecommendation, SmallerRemedies
+from perfd.analytics.advice.budget_findings import (
+    BudgetFinding,
+    RemedyFacts,
+    RemedyRecommendation,
+    SmallerRemedies,
+)
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
 from perfd.analytics.advice.remedies import DATA_KNOBS, Advice, Effort, Framework
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
+from perfd.report.budget_text import worded_budget
 
 # The flash-attn note, the Transformer Engine layers' and the timers' words that two sentences share.
 _NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses only the separate flash-attn "
@@ -301,7 +307,10 @@ def _smaller(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
 
 
 def worded_remedies(f: Finding) -> Finding:
-    """The smaller remedies' finding with its title, observation and evidence; any other as it is."""
+    """The advice package's findings as shown: the smaller remedies' with its title, observation and
+    evidence, the step budget's with theirs (perfd.report.budget_text); any other as it is."""
+    if isinstance(f, BudgetFinding):
+        return worded_budget(f)
     if not isinstance(f, SmallerRemedies) or f.facts is None:
         return f
     title, observation, evidence = _smaller(f.facts)

@@ -28,7 +28,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.report.grade_text import worded
-from perfd.report.remedy_text import worded_remedy
+from perfd.report.remedy_text import worded_remedies, worded_remedy
 from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 
@@ -142,7 +142,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     att = b.get(Part.ATTENTION)
     assert att is not None and att.detail["fused"] is False
     assert any("CopySlices" in k for k in att.detail["op_ms"])  # the score matrix's copies are attention's
-    f = {x.id: x for x in a.findings}
+    f = {x.id: x for x in map(worded_remedies, a.findings)}  # as the report words them
     assert f["budget-gemm"].severity == "info" and "efficient" in f["budget-gemm"].observation
     # Megatron's own optimizer timer is shown beside the optimizer's kernels (host time and copies in it).
     opt = f["budget-optimizer"]
@@ -260,10 +260,11 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
     recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
     finding says what ncu measured of them."""
-    from perfd.analytics.advice.budget_findings import BudgetContext, analyze, ncu_text
+    from perfd.analytics.advice.budget_findings import BudgetContext, analyze
     from perfd.analytics.breakdown.job_budget import with_ncu
     from perfd.analytics.ncu import join as ncu_join
     from perfd.capture.ncu_report import parse_csv
+    from perfd.report.budget_text import ncu_text
 
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
@@ -279,7 +280,7 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     assert "compute SOL" in ncu_text(gemm) and "Nsight Compute (capture ncu1)" in ncu_text(gemm)
     assert sum(p.ms for p in nb.parts) == pytest.approx(b.step_ms)  # the figures change no time
     fs, _ = analyze(BudgetContext(nb, Framework.MEGATRON))
-    assert any("compute SOL" in f.observation for f in fs if f.id.startswith("budget-"))
+    assert any("compute SOL" in f.observation for f in map(worded_remedies, fs) if f.id.startswith("budget-"))
 
 
 def test_the_pp_budget_counts_each_millisecond_once() -> None:
@@ -341,5 +342,5 @@ def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     for steady, sev in ((700.0, "info"), (400.0, "warning")):
         b = from_capture(dev, 3, timers=TimerShares(steady, 0.01), steps_from="trace")
         assert b is not None and b.capture_overhead_ms == pytest.approx(b.step_ms - steady)
-        f = next(x for x in analyze(BudgetContext(b))[0] if x.id == "budget-capture-cost")
+        f = next(worded_remedies(x) for x in analyze(BudgetContext(b))[0] if x.id == "budget-capture-cost")
         assert f.severity == sev and "steps counted from the steps the trace marks" in f.observation

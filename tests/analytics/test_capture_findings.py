@@ -15,6 +15,7 @@ from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+from perfd.report.budget_text import worded_budget
 from perfd.report.remedy_text import worded_remedy
 
 
@@ -57,7 +58,7 @@ def test_pp2_sendrecv_is_pipeline_waiting() -> None:
     assert "budget-pipeline-0" in ids and "budget-pipeline-1" not in ids
     f0 = next(f for f in d.findings if f.id == "budget-pipeline-0")
     assert f0.evidence["ms"] == pytest.approx(319.28, abs=0.01)
-    assert "not link bandwidth" in f0.observation
+    assert "not link bandwidth" in worded_budget(f0).observation  # as the report words it
     rec = next(r for r in d.recommendations if r.finding_id == f0.id)
     assert _action(rec) is Say.PIPELINE_MEGATRON
     assert "--num-layers-per-virtual-pipeline-stage" in worded_remedy(rec).action  # as the report words it

@@ -1,8 +1,9 @@
 """English only where it is shown (issue 57), the remedies: a remedy's action, cost, notes and the basis of
 its gain are codes with arguments (perfd.analytics.advice.remedy_said), their sentences declared once in
 perfd.report.remedy_text (TEMPLATE, and the recommendation's, the smaller remedies' finding's and the plan
-item's words made there), in no analytics source again; the typed values that carry them hold no text; and
-the report words them as they read before (a golden recommendation)."""
+item's words made there), the step budget's findings are worded in perfd.report.budget_text, and neither's
+sentences are in any analytics source again; the typed values that carry them hold no text; and the report
+words them as they read before (a golden recommendation)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,18 @@ from tests.test_english_where_shown import ROOT, _found, _fragments, _text_in
 from tests.trace_cache import analyze_chrome_trace
 
 REMEDY_TEXT = ROOT / "perfd" / "report" / "remedy_text.py"
+BUDGET_TEXT = ROOT / "perfd" / "report" / "budget_text.py"  # the step budget's findings
 TINY = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron" / "tiny_rank0.json.gz"
 # The module's own words (the detail's, the gain's, the smaller remedies' finding's) are f-strings cut by
 # their fields into short pieces: a piece is a sentence from OWN_WORDS words ("the job's start-up says").
 OWN_WORDS = 4
 # Pieces analytics says of something else, in its own words: a share "of the step" or "of the ceiling"
-# (everywhere), the replay's docstring (replay_gains.py), and the run's exposed-communication
-# recommendation (run_findings.py), whose action is not a code yet.
+# (everywhere), the replay's docstring (replay_gains.py), the run's exposed-communication recommendation
+# (run_findings.py), whose action is not a code yet, a threshold's description (thresholds.py) and the
+# capture check's docstring quoting the capture's finding (capture_match.py).
 SAID_ELSEWHERE = {"of the step", "of the ceiling", "steps at the job's own",
-                  "Overlap gradient communication with compute"}
+                  "Overlap gradient communication with compute", "of the measured matmul ceiling",
+                  "slowed its steps by"}
 # A code whose words are declared in analytics for every analyzer that says them (the data-loading action
 # of incidents, the run and this remedy: advice_registry.DATA_ACTIONS), not moved here.
 DECLARED_ELSEWHERE = {Say.DATA_LOADER}
@@ -49,6 +53,7 @@ def _remedy_fragments() -> dict[str, str]:
     fragments = {frag: c.name for c, t in TEMPLATE.items() if c not in DECLARED_ELSEWHERE
                  for frag in _fragments(t)}
     fragments |= {frag: "remedy_text.py" for frag in _own_words(REMEDY_TEXT)}
+    fragments |= {frag: "budget_text.py" for frag in _own_words(BUDGET_TEXT)}
     return {k: v for k, v in fragments.items() if k not in SAID_ELSEWHERE}
 
 
@@ -65,6 +70,7 @@ def test_no_analytics_module_words_a_remedy_again() -> None:
     assert "the start-up does not say whether Transformer Engine or Apex is there" in fragments  # a note
     assert fragments.get("the job's start-up says") == "remedy_text.py"  # the detail's own words
     assert "measure before keeping it" in fragments  # the gain's
+    assert fragments.get("The captured steps averaged") == "budget_text.py"  # the capture's cost
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
