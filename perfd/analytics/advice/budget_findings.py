@@ -1,8 +1,10 @@
 """Findings and remedies from a step's time budget (perfd.analytics.breakdown.budget): what each part holds,
 by the ops that issued its kernels, and the remedies perfd.analytics.advice.remedies fits to the job's own
-configuration, each a recommendation with its basis, its needs, its cost and a gain range. Pure;
-English only in the texts. What each part is called, what its finding opens with and whether its share
-alone is a warning are its entry in the advice registry (perfd.analytics.breakdown.advice_registry).
+configuration, each a recommendation with its basis, its needs, its cost and a gain range. Pure, and
+no English: the findings and recommendations carry typed facts (BudgetFinding, SmallerRemedies,
+RemedyRecommendation), worded where shown (perfd.report.budget_text, perfd.report.remedy_text). What
+each part is called, what its finding opens with and whether its share alone is a warning are its entry
+in the advice registry (perfd.analytics.breakdown.advice_registry).
 
 A recommendation is made only for time the budget measured: never a check of something the same
 budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action); and a
