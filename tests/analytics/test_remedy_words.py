@@ -8,13 +8,15 @@ words them as they read before (a golden recommendation)."""
 from __future__ import annotations
 
 import ast
+import string
 import typing
 from pathlib import Path
 
+from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.plan import PlanItem
-from perfd.analytics.advice.remedies import Advice, Framework, Gain
-from perfd.analytics.advice.remedy_said import Say, say
+from perfd.analytics.advice.remedies import Advice, Framework, Gain, JobConfig
+from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.report.remedy_text import TEMPLATE, text, worded_all
 from tests.test_english_where_shown import ROOT, _found, _fragments, _text_in
 from tests.trace_cache import analyze_chrome_trace
@@ -57,8 +59,41 @@ def _remedy_fragments() -> dict[str, str]:
     return {k: v for k, v in fragments.items() if k not in SAID_ELSEWHERE}
 
 
-def test_every_code_has_its_sentence() -> None:
+def _fields(template: str) -> set[int]:
+    return {int(f) for _, f, _, _ in string.Formatter().parse(template) if f}
+
+
+def test_every_code_has_one_sentence_of_its_arity() -> None:
     assert set(TEMPLATE) == set(Say)
+    assert len({c.value for c in Say}) == len(Say)  # two codes of one arity stay two codes
+    for c in Say:
+        assert _fields(TEMPLATE[c]) == set(range(c.arity)), c
+
+
+def _said_in(s: Said) -> list[Said]:
+    return [s, *(x for a in s.args if isinstance(a, Said) for x in _said_in(a))]
+
+
+def test_the_remedies_say_each_code_with_its_arity() -> None:
+    """Every sentence the remedies make of a recorded capture (the tiny job's, the slow loader's and the
+    large H100 job's, under each framework, with and without a configuration) takes as many arguments as
+    its code says."""
+    hook = ROOT / "tests" / "data" / "captures" / "hook_h100_data" / "hook_data_rank0.json.gz"
+    seen: set[Say] = set()
+    for trace in (TINY, hook, TINY.with_name("big2048_rank0.json.gz")):
+        dev = analyze_chrome_trace(trace).device(0).to_json()
+        for fw in Framework:
+            args = {"timing_log_level": "2", "masked_softmax_fusion": "False"}
+            for cfg in (None, JobConfig(fw, dp=4, pp=2, micro_batch=2, global_batch=32, arguments=args)):
+                d = diagnose_capture([dev], iterations=3, framework=fw, config=cfg)
+                for r in d.recommendations:
+                    assert isinstance(r, RemedyRecommendation) and r.facts is not None
+                    a = r.facts.advice[0]
+                    for top in (a.action, a.cost, *a.notes, a.gain.basis if a.gain else None):
+                        for s in _said_in(top) if top is not None else []:
+                            assert len(s.args) == s.code.arity, s
+                            seen.add(s.code)
+    assert len(seen) > 20  # the check saw many sentences
 
 
 def test_no_analytics_module_words_a_remedy_again() -> None:
