@@ -47,19 +47,15 @@ TEMPLATE: dict[Say, str] = {
     Say.REPLAYED: "the captured steps replayed launch by launch {0}: the host at {1:.2f}× the profiled one "
                   "({2:.2f}–{3:.2f}) steps at the job's own {4:.0f} ms where the trace stepped at {5:.0f} ms",
     Say.REPLAY_AND_SLICES: "{0}: {1:.0f}–{2:.0f} ms; by the trace's slices, {3}: {4:.0f}–{5:.0f} ms; the "
-                           "range "
-                           "spans both",
+                           "range spans both",
     # Attention dropout.
     Say.DROPOUT_BASIS: "the attention dropout's kernels, forward and backward: {0:.0f} ms per step by op, "
-                       "run "
-                       "no more (× {1:g}–{2:g}: the gaps around them move too)",
-    Say.DROPOUT_COST: "regularisation: attention dropout {0} → 0 (large-model pretraining recipes mostly use "
-                      "0; "
-                      "watch the validation loss)",
+                       "run no more (× {1:g}–{2:g}: the gaps around them move too)",
+    Say.DROPOUT_COST: "regularisation: attention dropout {0} → 0 (large-model pretraining recipes mostly "
+                      "use 0; watch the validation loss)",
     Say.THE_DEFAULT: "the default",
     Say.DROPOUT_REPLAYED: "without the attention dropout's kernels ({0:.0f} ms by op; the host time before "
-                          "each "
-                          "× {1:g}–{2:g})",
+                          "each × {1:g}–{2:g})",
     Say.DROPOUT_FLAG: "Drop attention dropout: {0}",
     Say.DROPOUT_SDPA: "Drop attention dropout: dropout_p=0.0 in scaled_dot_product_attention "
                       "(attention_dropout=0 or attn_pdrop=0 in a Hugging Face config)",
@@ -77,29 +73,23 @@ TEMPLATE: dict[Say, str] = {
                               "Hugging Face)",
     # Scale-mask-softmax fusion.
     Say.SOFTMAX_BASIS: "the mask fill and the copies of the score matrix autograd makes for it: {0:.0f} ms "
-                       "per "
-                       "step by op (× {1:g}–{2:g}); the fused kernel's softmax costs what the unfused one "
-                       "does",
+                       "per step by op (× {1:g}–{2:g}); the fused kernel's softmax costs what the unfused "
+                       "one does",
     Say.SOFTMAX_INSTALL: "Fuse scale, mask and softmax: install Apex with its CUDA extensions (the fused "
-                         "kernels "
-                         "scaled_masked_softmax_cuda), then remove --no-masked-softmax-fusion",
+                         "kernels scaled_masked_softmax_cuda), then remove --no-masked-softmax-fusion",
     Say.SOFTMAX_REMOVE: "Fuse scale, mask and softmax: remove --no-masked-softmax-fusion",
     Say.SOFTMAX_NO_EXTENSIONS: "the start-up does not show Apex's CUDA extensions; without "
                                "scaled_masked_softmax_cuda the job refuses to start (seen on an H100: No "
-                               "module "
-                               "named 'scaled_masked_softmax_cuda')",
+                               "module named 'scaled_masked_softmax_cuda')",
     # Cross-entropy fusion.
     Say.CE_BASIS: "the loss's {0:.0f} ms per step in {1} fused passes instead of one kernel per op: each "
-                  "merged "
-                  "group costs its longest op, {2:.0f} ms saved (× {3:g}–{4:g}: what torch.compile fuses "
-                  "varies)",
+                  "merged group costs its longest op, {2:.0f} ms saved (× {3:g}–{4:g}: what torch.compile "
+                  "fuses varies)",
     Say.CE_FLAGS: "Fuse the cross-entropy: {0}",
     # Recomputation.
     Say.FULL_RECOMPUTE_BASIS: "full recomputation runs each layer's forward twice: {0:.0f} ms of layer work "
-                              "per "
-                              "step, a third of it forward; selective keeps recomputing core attention "
-                              "({1:.0f} "
-                              "ms) and no more: {2:.0f} ms back (× {3:g}–{4:g})",
+                              "per step, a third of it forward; selective keeps recomputing core attention "
+                              "({1:.0f} ms) and no more: {2:.0f} ms back (× {3:g}–{4:g})",
     Say.RECOMPUTE_LESS: "Recompute less: --recompute-granularity selective (core attention only) instead of "
                         "full",
     Say.RECOMPUTE_LESS_COST: "memory: the layers' activations but attention's are kept{0}",
@@ -108,8 +98,7 @@ TEMPLATE: dict[Say, str] = {
                      "recomputed, not kept)",
     Say.FREE_MEMORY_BASIS: "attention's forward ({0:.0f} ms of its {1:.0f} ms) runs again in the backward",
     Say.FREE_MEMORY_COST: "the step runs longer; the log's peak {0:.1f} GiB of {1:.0f} GiB comes down (room "
-                          "for "
-                          "a larger micro-batch)",
+                          "for a larger micro-batch)",
     # Fused layers.
     Say.FUSED_LAYERS_BASIS: "normalisation, activation and other pointwise work: {0:.0f} ms per step, each "
                             "activation written once instead of once per op (× {1:g}–{2:g})",
@@ -121,55 +110,47 @@ TEMPLATE: dict[Say, str] = {
     # Bigger GEMMs.
     Say.GEMM_BASIS: "the GEMMs run at {0:.0%} of the ceiling: {1:.0f} ms per step where {2:.0f} ms would be "
                     "{3:.0%} of it (× {4:g}–{5:g} of the difference)",
-    Say.BIGGER_GEMMS_MEGATRON: "Bigger GEMMs: a larger --micro-batch-size, hidden and FFN sizes multiples of "
-                               "128",
+    Say.BIGGER_GEMMS_MEGATRON: "Bigger GEMMs: a larger --micro-batch-size, hidden and FFN sizes multiples "
+                               "of 128",
     Say.BIGGER_GEMMS: "Bigger GEMMs: a larger batch per step, dimensions multiples of 128",
     # Host synchronisations and Megatron-LM's timers.
     Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.0f} ms after them while the "
-                    "host "
-                    "launches again; without them the host runs ahead (× {3:g}–{4:g})",
+                    "host launches again; without them the host runs ahead (× {3:g}–{4:g})",
     Say.REMOVE_SYNCS: "Remove host synchronisations from the step: .item(), .cpu(), "
-                      "torch.cuda.synchronize(), "
-                      "printing tensors; log every N steps",
+                      "torch.cuda.synchronize(), printing tensors; log every N steps",
     Say.TIMER_BASIS: "the GPU idles {0:.0f} ms a step after the bare device synchronisations of the "
                      f"forward-backward phase: the level-2 timers' ({_LEVEL2} × {{1}} micro-batches), which "
-                     f"level "
-                     "1 drops (× {2:g}–{3:g}); the step-level timers stay",
+                     "level 1 drops (× {2:g}–{3:g}); the step-level timers stay",
     Say.TIMER_REPLAYED: "without the forward-backward phase's bare synchronisations (the level-2 timers': "
                         f"{_LEVEL2} × {{0}} micro-batches)",
     Say.HOST_JITTER: "{0}; and up to the {1:.0f} ms of host jitter a step its steady steps show (× {2:g} "
-                     "their "
-                     "robust deviation), which a host synchronising every micro-batch pays and one running "
-                     "ahead "
-                     "absorbs",
+                     "their robust deviation), which a host synchronising every micro-batch pays and one "
+                     "running ahead absorbs",
     Say.TIMER_LEVEL: "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 "
-                     "outside "
-                     "diagnosis)",
-    Say.TIMER_COST: "the per-micro-batch timers go (batch-generator: the data wait perfd reads from the log; "
-                    "forward-compute/backward-compute): the step hook or a capture still gives the data wait",
+                     "outside diagnosis)",
+    Say.TIMER_COST: "the per-micro-batch timers go (batch-generator: the data wait perfd reads from the "
+                    "log; forward-compute/backward-compute): the step hook or a capture still gives the "
+                    "data wait",
     # The micro-batch.
     Say.MEMORY_UNKNOWN: "memory: activations double (the log's memory report or the GPU's size is unknown: "
                         "check)",
     Say.MEMORY_PEAK: "memory: peak allocated {0:.1f} → ~{1:.1f} GiB of {2:.0f} GiB (activations double)",
     Say.WITH_BUBBLE: "{0}; with {1} pipeline stages the bubble grows from {2:.0%} to {3:.0%} ({4} → {5} "
                      "micro-batches)",
-    Say.MICRO_BATCH_BASIS: "{0} → {1} micro-batches a step: of the per-micro-batch gaps, the timers' {2:.0f} "
-                           "ms "
-                           "halve (× {3:g}–{4:g}) and the forward-backward launch gaps' {5:.0f} ms mostly go "
-                           "(× {6:g}–{7:g}: the host launches half as many kernels for the same work); the "
-                           "optimizer phase's {8:.0f} ms of gaps are per step and stay",
+    Say.MICRO_BATCH_BASIS: "{0} → {1} micro-batches a step: of the per-micro-batch gaps, the timers' "
+                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward launch gaps' {5:.0f} "
+                           "ms mostly go (× {6:g}–{7:g}: the host launches half as many kernels for the "
+                           "same work); the optimizer phase's {8:.0f} ms of gaps are per step and stay",
     Say.MICRO_BATCH_REPLAYED: "with {0} micro-batches of {1} for {2} of {3} (each kernel of the "
-                              "forward-backward "
-                              "phase {4:g}–{5:g}× as long, the gradient accumulation's the same)",
+                              "forward-backward phase {4:g}–{5:g}× as long, the gradient accumulation's the "
+                              "same)",
     Say.MICRO_BATCH: "Fewer, larger micro-batches: {0} (global batch {1} unchanged)",
     # CUDA graphs.
     Say.GRAPHS_BASIS: "{0:.0%}–{1:.0%} of the {2:.0f} ms of forward-backward launch gaps come back (the "
-                      "graphed "
-                      "regions'), less the replay's input copies and the breaks at syncs and dynamic shapes "
-                      "(up "
-                      "to {3:.0%} of the step)",
-    Say.GRAPHS_REPLAYED: "with the layers' launches from graphs (their host time × {0:g}–{1:g}: one launch a "
-                         "layer, its copies)",
+                      "graphed regions'), less the replay's input copies and the breaks at syncs and "
+                      "dynamic shapes (up to {3:.0%} of the step)",
+    Say.GRAPHS_REPLAYED: "with the layers' launches from graphs (their host time × {0:g}–{1:g}: one launch "
+                         "a layer, its copies)",
     Say.GRAPHS_FLAG: "CUDA graphs: {0}",
     Say.GRAPHS_COST: "memory for the graphs' static buffers",
     Say.GRAPHS_COMPILE: 'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
@@ -177,8 +158,7 @@ TEMPLATE: dict[Say, str] = {
     Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
     Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",
     Say.OPTIMIZER_BASIS: "the optimizer phase of a complete step: {0} {1:.0f} ms (a fused Adam makes one "
-                         "pass: "
-                         "× {2:g}–{3:g} of it saved){4}{5}",
+                         "pass: × {2:g}–{3:g} of it saved){4}{5}",
     Say.OPT_SCALE: ", per-tensor scale and copy kernels {0:.0f} ms (clipping, the master weights; × "
                    "{1:g}–{2:g})",
     Say.OPT_LAUNCH: ", launch gaps {0:.0f} ms (× {1:g}–{2:g})",
@@ -191,11 +171,9 @@ TEMPLATE: dict[Say, str] = {
                          "{1:.0f} ms (× {2:g}–{3:g}), and the per-tensor norm kernels take {4:.1f} ms (× "
                          "{5:g}–{6:g}): a multi-tensor l2 norm is one kernel and no sync",
     Say.GRAD_NORM: f"Gradient norm without a sync per tensor: {_TE_OR_APEX} (amp_C); without them "
-                   f"Megatron-LM's "
-                   "local_multi_tensor_l2_norm calls .item() on every parameter tensor's norm",
+                   "Megatron-LM's local_multi_tensor_l2_norm calls .item() on every parameter tensor's norm",
     Say.GRAD_ACCUM_BASIS: "the main_grad += kernels: {0:.0f} ms a step{1}, {2:.0f} ms of it with nothing "
-                          "else "
-                          "running (× {3:g}–{4:g}: the GEMM writes fp32 into main_grad instead)",
+                          "else running (× {3:g}–{4:g}: the GEMM writes fp32 into main_grad instead)",
     Say.SIDE_STREAM: " ({0:.0f} ms on a side stream)",
     Say.GRAD_ACCUM_INSTALL: f"Accumulate weight gradients in the GEMM: {_TE_OR_APEX}, then remove "
                             "--no-gradient-accumulation-fusion",
@@ -205,15 +183,14 @@ TEMPLATE: dict[Say, str] = {
                        "{1:g}–{2:g})",
     Say.OVERLAP_FLAGS: "Overlap gradient communication with compute: {0}",
     Say.OVERLAP_COST: "the distributed optimizer shards optimizer state (less memory, a param all-gather)",
-    Say.OVERLAP_DDP: "Overlap communication: DDP buckets overlap with backward by default (check no_sync and "
-                     "find_unused_parameters); FSDP: backward_prefetch",
-    Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it "
-                    "(× {1:g}–{2:g})",
+    Say.OVERLAP_DDP: "Overlap communication: DDP buckets overlap with backward by default (check no_sync "
+                     "and find_unused_parameters); FSDP: backward_prefetch",
+    Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it (× "
+                    "{1:g}–{2:g})",
     Say.DATA_LOADER: DATA_LOADING_ACTION.replace("{", "{{").replace("}", "}}"),
     Say.DATA_KNOBS: "{0}",  # the framework's knobs (DATA_KNOBS, which the run's data finding names too)
     Say.PIPELINE_BASIS: "pipeline waits {0:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as "
-                        "the "
-                        "micro-batches double (× {1:g}–{2:g}; imbalance between stages stays)",
+                        "the micro-batches double (× {1:g}–{2:g}; imbalance between stages stays)",
     Say.PIPELINE_MEGATRON: "Shrink the pipeline wait: more micro-batches per iteration (a larger "
                            "--global-batch-size or a smaller --micro-batch-size), interleaved stages "
                            "(--num-layers-per-virtual-pipeline-stage), or rebalance layers between stages "
@@ -224,6 +201,8 @@ TEMPLATE: dict[Say, str] = {
 
 
 def _arg(code: Say, a: Arg) -> object:
+    """An argument as its template takes it: a nested sentence worded, None as nothing, the data loader's
+    framework as its knobs (DATA_KNOBS, which the run's data-loading finding names too)."""
     if isinstance(a, Said):
         return text(a)
     if a is None:
@@ -276,8 +255,7 @@ def detail_text(a: Advice, step_ms: float, mfu: float | None) -> str:
         said = ("neither is" if a.needs_one and len(names) > 1 else "none is" if len(names) > 1
                 else "it is not")
         bits.append(f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
-                    f"{said} "
-                    "installed")
+                    f"{said} installed")
     if a.cost is not None:
         bits.append(f"cost: {text(a.cost)}")
     bits += [text(n) for n in a.notes]
