@@ -19,7 +19,9 @@ acknowledgement, and the messages the engine delivers again after a kill start b
 unsettled window, with the operations of the window before it (what a timeline's context needs: each
 group's previous operation). The next holder folds them again: a window settled twice gives the same
 row under the same (iteration, rank) key, which the root's join merges once; nothing is doubled.
-Held at most HOLD_S (under the engine's ACK_WAIT_S, so not delivered twice meanwhile): a job that
+Held at most HOLD_S from its delivery (under the engine's ACK_WAIT_S, which runs from there, so not
+delivered twice meanwhile, however long the fold took to reach it: a fetch whose fold runs past HOLD_S
+restarts the ack wait of the messages it has yet to fold, perfd.engine.shard): a job that
 stopped has windows that never settle, and past it its messages are acknowledged with their windows'
 provisional figures handed on (counted ``released_unsettled``: what a kill then would lose).
 
@@ -44,8 +46,10 @@ from perfd.jobinfo_json import job_info_from_json
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
 
-# A message is acknowledged within this long even if its windows have not settled (under the
-# engine's ACK_WAIT_S, 10 s: a hold past it would have it delivered again to no purpose).
+# A message is acknowledged within this long of its delivery even if its windows have not settled
+# (under the engine's ACK_WAIT_S, 10 s from the delivery: a hold past it would have it delivered again
+# to no purpose). Counted from the fold instead, a fetch folded slower than the ack wait less this had
+# its last messages delivered twice.
 HOLD_S = 7.0
 
 
@@ -63,7 +67,7 @@ class CollectiveFold(Protocol):
 class _Held:
     msg: Msg
     partition: int
-    since: float
+    since: float  # its delivery (time.monotonic(); no later than the engine's): HOLD_S runs from it
     needs: list[tuple[str, int, int]]  # (job, rank, latest time of it in the message, ns)
 
 
@@ -90,9 +94,9 @@ class Holds:
         self._info_read: dict[str, str] = {}  # job -> the info its layout was last read from
         self._unsent: dict[str, WindowFigures] = {}
 
-    def fold_in(self, d: Decoded, m: Msg, partition: int, now: float) -> bool:
+    def fold_in(self, d: Decoded, m: Msg, partition: int, delivered: float) -> bool:
         """Fold a node message's operations, step ends and layout in; True: its acknowledgement waits
-        (:meth:`release`)."""
+        (:meth:`release`). ``delivered``: no later than the engine delivered ``m``."""
         for job, text in d.job_info_json.items():
             if self._info_read.get(job) == text:
                 continue  # every node message of a hook job carries its info: read once, not each time
@@ -131,7 +135,7 @@ class Holds:
             self.fold.add_steps(folds)
         if not latest:
             return False
-        self._held.append(_Held(m, partition, now, [(j, r, t) for (j, r), t in latest.items()]))
+        self._held.append(_Held(m, partition, delivered, [(j, r, t) for (j, r), t in latest.items()]))
         return True
 
     def take(self) -> list[WindowFigures]:
