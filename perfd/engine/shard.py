@@ -49,8 +49,9 @@ MEMBER_PREFIX = "member."
 # would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
 MAX_ACK_PENDING = 4 * FETCH_BATCH
 # With a collective fold, a message stays unacknowledged until its windows settle (about three
-# iterations: shard_windows): a partition of a 100,000-rank job over 16 partitions has ~780 node
-# messages an iteration out at once. (The consumer's first creator sets it: a durable consumer keeps it.)
+# iterations, 14 s at most: shard_windows): a partition of a 100,000-rank job over 16 partitions has
+# ~780 node messages an iteration out at once. (The consumer's first creator sets it: a durable
+# consumer keeps it.)
 MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # A partial's ranks at most: ~48 bytes a rank on the wire (the step hook's records), so ~200 KB, well
 # under nats-server's 1 MiB message. One shard holding a 100,000-rank job folded it into one partial of
@@ -355,6 +356,10 @@ class Shard:
             await self._flush(js)
 
     async def _flush(self, js: JetStream) -> None:
+        if self.windows is not None:
+            extended = self.windows.extend(time.monotonic())
+            if extended:  # their ack wait started again before their holds run out
+                await _in_progress(extended)
         figures = self.windows.take() if self.windows is not None else []
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released):
