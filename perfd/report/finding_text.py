@@ -34,6 +34,7 @@ from perfd.analytics.run.run_facts import (
     UntimedFacts,
 )
 from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.report.capture_text import worded_match
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
@@ -243,15 +244,16 @@ def slower_words(f: SlowerFacts) -> tuple[str, str]:
 
 
 def worded_run(f: Finding) -> Finding:
-    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one or an
-    Nsight Compute verdict's (perfd.report.ncu_text) with its words; any other as it is."""
+    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one, a
+    capture's mismatch with the job (perfd.report.capture_text) or an Nsight Compute verdict's
+    (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
-    return worded_ncu(f)
+    return worded_ncu(worded_match(f))
 
 
 def worded_run_recommendation(r: Recommendation) -> Recommendation:

@@ -12,6 +12,7 @@ from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
@@ -64,7 +65,7 @@ def test_pp2_unfused_pointwise_kernels_and_softmax() -> None:
     rec = next(r for r in d.recommendations if r.finding_id == f1.id)
     assert "Transformer Engine" in rec.action and "up to" not in rec.detail  # MFU unknown here: ms only
     assert d.bottleneck == "sync-bound"  # the window is mostly idle (an nsys window of the whole run)
-    assert d.bottleneck_reason.endswith("(pp2.nsys-rep, device 1)")
+    assert class_reason(d.basis).endswith("(pp2.nsys-rep, device 1)")
 
 
 def _k(dev: int, t0: float, dur_us: float, name: str) -> KernelEvent:
@@ -102,3 +103,4 @@ def test_slower_than_steady_and_compute_bound() -> None:
 def test_no_devices_no_class() -> None:
     d = diagnose_capture([])
     assert d.bottleneck == "unknown" and not d.findings
+    assert class_reason(d.basis) == "no device in the capture"

@@ -1,0 +1,65 @@
+"""English only where it is shown (issue 57), for the sentences analytics built outside the findings: a
+capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
+perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings) are in no analytics
+source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each literal piece
+of five words or more of those modules is looked for in every string constant of perfd/analytics; and the
+typed values that carry them hold no sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+from tests.test_english_where_shown import ROOT, _found, _said, _text_in
+
+# The modules that word what analytics gives as kinds and numbers here.
+MORE_TEXT = ("capture_text.py",)
+# Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
+SAID_ELSEWHERE = {"a profiler never makes steps faster"}
+
+
+def _fragments() -> dict[str, str]:
+    return {frag: name for name in MORE_TEXT for frag in _said(ROOT / "perfd" / "report" / name)
+            if frag not in SAID_ELSEWHERE}
+
+
+def test_no_analytics_module_words_them_again() -> None:
+    fragments = _fragments()
+    assert len(fragments) > 10  # the check looks for real sentences
+    assert "The budget is read from it, but its idle parts are not the profiler's cost alone: a capture " \
+        "of another run, or of steps something slowed." in fragments  # a capture's mismatch
+    assert "the highest peak of any GPU perfd knows" in fragments  # a check's sentence
+    assert "--capture-force to read it anyway" in fragments  # the refusal's line
+    assert "no device in the capture" in fragments  # the class's reason without a device
+    found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
+    assert not found, found
+
+
+def test_the_check_finds_one_worded_in_analytics(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    # the refusal, as the capture's checks used to word it (capture_match.py)
+    probe.write_text('def refusal(m, said):\n'
+                     '    return f"the capture {m} is not of this job: {said} (--capture-force to read it "'
+                     '"anyway)"\n')
+    assert [x.split(": ", 1)[1] for x in _found(_fragments(), [probe])] == [
+        "capture_text.py 'is not of this job'", "capture_text.py '--capture-force to read it anyway'"]
+
+
+def test_the_typed_values_hold_no_sentences() -> None:
+    """What the moved sentences are made from holds numbers, kinds and names (the capture's), never a
+    sentence (checked on the annotations)."""
+    from perfd.analytics.advice.capture_findings import CaptureDiagnosis, ClassBasis
+    from perfd.analytics.breakdown.capture_match import CaptureMatch, Evidence, MatchFacts
+
+    allowed: dict[type, set[str]] = {
+        CaptureMatch: {"capture"},  # the capture's name
+        Evidence: {"unit"},  # what the figures count
+        MatchFacts: set(),
+        ClassBasis: {"where"},  # the capture's label (and device)
+        CaptureDiagnosis: set(),
+    }
+    for cls, names in allowed.items():
+        hints = typing.get_type_hints(cls)
+        texts = {f.name for f in dataclasses.fields(cls) if _text_in(hints[f.name])}
+        assert texts <= names, (cls.__name__, texts - names)
