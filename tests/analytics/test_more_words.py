@@ -1,9 +1,11 @@
 """English only where it is shown (issue 57), for the sentences analytics built outside the findings: a
 capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
-perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings) are in no analytics
-source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each literal piece
-of five words or more of those modules is looked for in every string constant of perfd/analytics; and the
-typed values that carry them hold no sentence."""
+perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
+analysis has no communication share, how a group's link was chosen and a hang's line
+(perfd.report.collective_text, from perfd.analytics.collectives) are in no analytics source again. The
+same check as tests/analytics/test_finding_words.py (AST, no import): each literal piece of five words
+or more of those modules is looked for in every string constant of perfd/analytics; and the typed
+values that carry them hold no sentence."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word what analytics gives as kinds and numbers here.
-MORE_TEXT = ("capture_text.py",)
+MORE_TEXT = ("capture_text.py", "collective_text.py")
 # Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
 SAID_ELSEWHERE = {"a profiler never makes steps faster"}
 
@@ -32,6 +34,8 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "the highest peak of any GPU perfd knows" in fragments  # a check's sentence
     assert "--capture-force to read it anyway" in fragments  # the refusal's line
     assert "no device in the capture" in fragments  # the class's reason without a device
+    assert "no step window is covered by the collective records yet" in fragments  # an absent share's
+    assert "no link known for GPU" in fragments  # how a group's link was chosen
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
@@ -51,6 +55,10 @@ def test_the_typed_values_hold_no_sentences() -> None:
     sentence (checked on the annotations)."""
     from perfd.analytics.advice.capture_findings import CaptureDiagnosis, ClassBasis
     from perfd.analytics.breakdown.capture_match import CaptureMatch, Evidence, MatchFacts
+    from perfd.analytics.collectives.bandwidth import GroupBandwidth
+    from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+    from perfd.analytics.collectives.collective_hangs import HangView
+    from perfd.analytics.collectives.groups import LinkChoice, LinkHow
 
     allowed: dict[type, set[str]] = {
         CaptureMatch: {"capture"},  # the capture's name
@@ -58,6 +66,14 @@ def test_the_typed_values_hold_no_sentences() -> None:
         MatchFacts: set(),
         ClassBasis: {"where"},  # the capture's label (and device)
         CaptureDiagnosis: set(),
+        # names (the job, the method, the sources, the groups' classes, scopes and links); still sentences
+        # made in analytics: the method's detail, a hang's resolution, a bandwidth's source (not moved)
+        CollectiveAnalysis: {"job", "method", "method_detail", "sources", "comm_share_by_group",
+                             "bandwidth_rejected", "timing"},
+        GroupBandwidth: {"group", "scope", "link", "ops", "source"},
+        LinkChoice: {"scope", "link"},
+        LinkHow: {"link", "gpu"},  # a link's and a GPU's names
+        HangView: {"process_group", "op", "resolution", "agents", "user_frame", "texts"},
     }
     for cls, names in allowed.items():
         hints = typing.get_type_hints(cls)

@@ -23,6 +23,7 @@ from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue
+from perfd.report.collective_text import hang_text
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
@@ -82,7 +83,7 @@ def test_hang_merged_across_two_nodes():
     (h,) = merge_hangs(evs, Progress())
     assert h.stuck_ranks == [0, 1, 2, 3, 4, 5, 7] and h.ranks_not_joined == [6] and h.ranks_unknown == []
     assert h.active and h.agents == ["a", "b"] and h.age_at_first_report_s == 7.0
-    assert "rank(s) 6 never reached it" in h.text()
+    assert "rank(s) 6 never reached it" in hang_text(h)
 
 
 def test_ranks_no_agent_saw_are_settled_from_the_records():

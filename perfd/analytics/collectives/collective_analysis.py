@@ -39,6 +39,7 @@ from perfd.analytics.collectives.collective_facts import (
     DpShareFacts,
     HangFacts,
     LastRankFacts,
+    ShareAbsent,
     ShareAbsentFacts,
     TotalShareFacts,
     TpNodesFacts,
@@ -130,7 +131,7 @@ class CollectiveAnalysis:
     hangs: list[HangView]
     findings: list[Finding] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
-    absent_reason: str | None = None
+    absent: ShareAbsent | None = None  # why no total share (its JSON's absent_reason, worded where served)
     # large ops left out of the bandwidth, by reason: "single_rank_group", "not_credible"
     bandwidth_rejected: dict[str, int] = field(default_factory=dict)
 
@@ -148,7 +149,8 @@ class CollectiveAnalysis:
                         "comm_share_by_rank": {str(r): v for r, v in sorted(self.comm_share_by_rank.items())},
                         "comm_share_by_group": self.comm_share_by_group,
                         "weighted_share": self.weighted_share, "windows": self.n_windows,
-                        "absent_reason": self.absent_reason, "active_hangs": self.active_hangs},
+                        "absent_reason": self.absent.value if self.absent is not None else None,
+                        "active_hangs": self.active_hangs},
             "groups": self.groups,
             "iterations": [it.to_json() for it in self.iterations],
             "bandwidth": [b.to_json() for b in self.bandwidth],
@@ -248,9 +250,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             steps: Sequence[StepRecord], cfg: CollectiveConfig, fold: FoldView | None = None,
             layout: ParallelLayout | None = None) -> None:
     if not timed and not (fold is not None and (fold.counts.folded or fold.counts.received)):
-        out.absent_reason = ("no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
-                             "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)"
-                             if out.sources.get(FR) else "no Flight Recorder records")
+        out.absent = ShareAbsent.NO_TIMING if out.sources.get(FR) else ShareAbsent.NO_RECORDS
         return
     by_rank: dict[int, list[CollectiveRecord]] = {}
     for r in timed:
@@ -327,7 +327,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
         out.comm_share_by_group = {c: _median([v[1].get(c, 0.0) for v in observed.values()]) or 0.0
                                    for c in classes}
     else:
-        out.absent_reason = "no step window is covered by the collective records yet"
+        out.absent = ShareAbsent.NO_WINDOW
     for it in sorted(per_it)[-cfg.max_iterations_out:]:
         rows = per_it[it]
         classes = sorted({c for v in rows.values() for c in v[2]})
@@ -401,9 +401,9 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], Gro
             f.append(CollectiveFinding("comm-dp-high", Severity.WARNING, "", "", {"dp_share": dp}, "", src,
                                        facts=said))
             r.append(CollectiveRecommendation("", "comm-dp-high", 0, "", "", dp, facts=said))
-    elif a.absent_reason:
+    elif a.absent is not None:
         f.append(CollectiveFinding("comm-total-absent", Severity.INFO, "", "", {"records": a.n_records}, "",
-                                   src, facts=ShareAbsentFacts(reason=a.absent_reason)))
+                                   src, facts=ShareAbsentFacts(reason=a.absent)))
     for b in a.bandwidth:
         ratio = b.ratio
         if ratio is None or ratio >= cfg.low_bandwidth_fraction:

@@ -47,19 +47,6 @@ class HangView:
     def active(self) -> bool:
         return not self.resolved
 
-    def text(self) -> str:
-        what = f"{self.op} #{self.seq} on process group {self.process_group}"
-        stuck = ",".join(map(str, self.stuck_ranks)) or "-"
-        head = f"{what}: rank(s) {stuck} stuck"
-        if self.age_at_first_report_s is not None:
-            head += f" (reported {self.age_at_first_report_s:.0f}s after it was enqueued)"
-        if self.ranks_not_joined:
-            head += f"; rank(s) {','.join(map(str, self.ranks_not_joined))} never reached it"
-        if self.ranks_unknown:
-            head += f"; no data from rank(s) {','.join(map(str, self.ranks_unknown))}"
-        head += f"; {'resolved: ' + self.resolution if self.resolved else 'still active'}"
-        return head + (f" [{self.user_frame}]" if self.user_frame else "")
-
     def to_json(self) -> dict[str, object]:
         return {
             "process_group": self.process_group, "op": self.op, "seq": self.seq, "is_p2p": self.is_p2p,
@@ -68,7 +55,8 @@ class HangView:
             "first_reported": self.first_reported, "last_reported": self.last_reported,
             "age_at_first_report_s": self.age_at_first_report_s, "active": self.active,
             "resolved": self.resolved, "resolution": self.resolution, "agents": self.agents,
-            "user_frame": self.user_frame, "text": self.text(), "agent_texts": self.texts[:8],
+            # "text", between these two where served: perfd.report.collective_text.hang_text
+            "user_frame": self.user_frame, "agent_texts": self.texts[:8],
         }
 
 
