@@ -6,6 +6,8 @@ numbers (perfd.analytics.run.run_facts); a capture's slower-than-steady finding
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
@@ -33,6 +35,7 @@ from perfd.analytics.run.run_facts import (
     StragglerFacts,
     UntimedFacts,
 )
+from perfd.analytics.run.runs import FiguresFrom, Runs
 from perfd.analytics.steps.untimed import names, untimed_text
 from perfd.report.capture_text import worded_match
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
@@ -44,6 +47,30 @@ DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WAR
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def runs_text(r: Runs) -> str | None:
+    """Why the job's figures are not the current run's (None when they are)."""
+    ref = r.reference
+    if r.figures is FiguresFrom.EARLIER_UNARMED and ref is not None:
+        return (f"every step of run {r.current} ran on a rank armed for a capture (ncu): the job's "
+                f"figures are run {ref.run}'s, its last run without (iterations {ref.first_iteration}-"
+                f"{ref.last_iteration}, {ref.n_steady} steady steps)")
+    if r.figures is FiguresFrom.NONE:
+        return (f"every step of run {r.current} ran on a rank armed for a capture (ncu), and no "
+                "earlier run ran without: the job has no steady steps of its own to report")
+    return None
+
+
+def runs_json(r: Runs, made: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The job's runs as served: their JSON (``made``: as the summary's JSON holds it) with why the
+    figures are not the current run's."""
+    out: dict[str, Any] = {}
+    for k, v in (r.to_json() if made is None else made).items():
+        if k == "earlier":
+            out["why"] = runs_text(r)
+        out[k] = v
+    return out
 
 
 def _imbalance(f: ImbalanceFacts) -> tuple[str, str]:
@@ -124,7 +151,7 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
                     "iterations: the slower rank is the heavier stage, not a straggler.")
         case RunFiguresFacts():
             r, ref = f.runs, f.runs.reference
-            text = r.text() or ""
+            text = runs_text(r) or ""
             return (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
                     else f"No figures: run {r.current} runs under ncu", text[0].upper() + text[1:] + ".")
         case OutlierFacts():
@@ -249,7 +276,9 @@ def worded_run(f: Finding) -> Finding:
     (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
-        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+        # the figures' finding's evidence is the runs' JSON: as served, with why
+        evidence = runs_json(f.facts.runs) if isinstance(f.facts, RunFiguresFacts) else f.evidence
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)

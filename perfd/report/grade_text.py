@@ -21,7 +21,7 @@ from perfd.analytics.run.run_grade import (
     MfuSaid,
 )
 from perfd.analytics.steps.untimed import untimed_text
-from perfd.report.finding_text import worded_run, worded_run_recommendation
+from perfd.report.finding_text import runs_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 
 # A grade's own sentence.
@@ -86,7 +86,7 @@ def _absent(f: MfuFacts) -> str:
     if f.said is MfuSaid.QUOTED and f.quoted is not None:
         return line(f.quoted)
     if f.said is MfuSaid.RUNS and runs is not None:
-        return runs.text() or ""
+        return runs_text(runs) or ""
     if f.said is MfuSaid.EARLIER_RUN and runs is not None and runs.reference is not None:
         ref = runs.reference.run
         return (f"absent: the figures are run {ref}'s (every step of run {runs.current} is armed), and run "

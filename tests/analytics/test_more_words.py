@@ -2,10 +2,11 @@
 capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
 perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
 analysis has no communication share, how a group's link was chosen and a hang's line
-(perfd.report.collective_text, from perfd.analytics.collectives) are in no analytics source again. The
-same check as tests/analytics/test_finding_words.py (AST, no import): each literal piece of five words
-or more of those modules is looked for in every string constant of perfd/analytics; and the typed
-values that carry them hold no sentence."""
+(perfd.report.collective_text, from perfd.analytics.collectives); why the job's figures are not its
+current run's (perfd.report.finding_text.runs_text, from perfd.analytics.run.runs.Runs) are in no
+analytics source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each
+literal piece of five words or more of those modules is looked for in every string constant of
+perfd/analytics; and the typed values that carry them hold no sentence."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word what analytics gives as kinds and numbers here.
-MORE_TEXT = ("capture_text.py", "collective_text.py")
+MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py")
 # Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
 SAID_ELSEWHERE = {"a profiler never makes steps faster"}
 
@@ -36,6 +37,7 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no device in the capture" in fragments  # the class's reason without a device
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
+    assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 

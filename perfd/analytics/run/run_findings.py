@@ -131,7 +131,7 @@ def mfu_grade(c: RunContext) -> Out:
         facts = MfuFacts(said=MfuSaid.NO_ITERATIONS if not a.iterations else MfuSaid.UNKNOWN)
         # the first iteration's MFU source says why (a code, quoted where the finding is shown)
         quoted = a.iterations[0].sources.get("mfu") if a.iterations else None
-        if runs.figures is FiguresFrom.NONE and runs.text():
+        if runs.figures is FiguresFrom.NONE:
             facts = MfuFacts(said=MfuSaid.RUNS, runs=runs)
         elif runs.reference is not None:  # the figures are an earlier run's: its digest is why
             facts = MfuFacts(said=MfuSaid.EARLIER_RUN, runs=runs)
@@ -392,7 +392,7 @@ def next_step(c: RunContext) -> Out:
 def runs(c: RunContext) -> Out:
     """Where the job's figures come from when its current run cannot give them (every step armed)."""
     r = c.a.summary.runs
-    if r.text() is None:
+    if not r.elsewhere:
         return [], []
     return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), c.span,
                        "the job's runs (perfd.analytics.run.runs)", facts=RunFiguresFacts(runs=r))], []
