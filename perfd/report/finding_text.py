@@ -11,7 +11,7 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
-from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, StepSpan
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
     DataShareFacts,
@@ -47,6 +47,15 @@ DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WAR
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def span_text(s: StepSpan) -> str:
+    """The steps a run finding's figures are over: "run 2: iterations 10–40 (31 steady)"."""
+    if s.reference:
+        return (f"run {s.run}: iterations {s.first}–{s.last} ({s.n} steady; the current run's steps are all "
+                "armed)")
+    head = f"run {s.run}: " if s.run is not None else ""
+    return head + (f"iterations {s.first}–{s.last} ({s.n} steady)" if s.n else "no steady-state iterations")
 
 
 def runs_text(r: Runs) -> str | None:

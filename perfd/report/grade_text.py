@@ -21,7 +21,7 @@ from perfd.analytics.run.run_grade import (
     MfuSaid,
 )
 from perfd.analytics.steps.untimed import untimed_text
-from perfd.report.finding_text import runs_text, worded_run, worded_run_recommendation
+from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 
 # A grade's own sentence.
@@ -123,7 +123,10 @@ def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
 
 def worded(f: Finding) -> Finding:
     """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words, the
-    run's others (perfd.report.finding_text); any other as it is."""
+    run's others (perfd.report.finding_text); any other as it is. A run finding's steps (``steps``) are
+    its ``iterations``."""
+    if f.steps is not None:
+        f = dataclasses.replace(f, iterations=span_text(f.steps), steps=None)
     if isinstance(f, MfuFinding) and f.facts is not None:
         title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
                               else crosscheck_words(f.facts))

@@ -3,8 +3,9 @@ capture's checks against the job and the class its timeline supports (perfd.repo
 perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
 analysis has no communication share, how a group's link was chosen and a hang's line
 (perfd.report.collective_text, from perfd.analytics.collectives); why the job's figures are not its
-current run's (perfd.report.finding_text.runs_text, from perfd.analytics.run.runs.Runs) are in no
-analytics source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each
+current run's and the steps a run finding is over (perfd.report.finding_text.runs_text and span_text,
+from perfd.analytics.run.runs.Runs and perfd.analytics.finding_types.StepSpan) are in no analytics
+source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each
 literal piece of five words or more of those modules is looked for in every string constant of
 perfd/analytics; and the typed values that carry them hold no sentence."""
 
@@ -38,6 +39,7 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
     assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
+    assert "steady; the current run's steps are all armed" in fragments  # a run finding's steps
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
@@ -50,6 +52,18 @@ def test_the_check_finds_one_worded_in_analytics(tmp_path: Path) -> None:
                      '"anyway)"\n')
     assert [x.split(": ", 1)[1] for x in _found(_fragments(), [probe])] == [
         "capture_text.py 'is not of this job'", "capture_text.py '--capture-force to read it anyway'"]
+
+
+def test_a_run_findings_steps_as_they_read() -> None:
+    """The steps a run finding's figures are over, as its ``iterations`` read where shown."""
+    from perfd.analytics.finding_types import StepSpan
+    from perfd.report.finding_text import span_text
+
+    assert span_text(StepSpan(first=5, last=40, n=36)) == "iterations 5–40 (36 steady)"
+    assert span_text(StepSpan(first=14, last=40, n=27, run=2)) == "run 2: iterations 14–40 (27 steady)"
+    assert span_text(StepSpan(run=3)) == "run 3: no steady-state iterations"
+    assert span_text(StepSpan(first=1, last=45, n=22, run=1, reference=True)) == \
+        "run 1: iterations 1–45 (22 steady; the current run's steps are all armed)"
 
 
 def test_the_typed_values_hold_no_sentences() -> None:
