@@ -10,6 +10,7 @@ from typing import Any
 
 from perfd.analytics.collectives.bandwidth import GroupBandwidth
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+from perfd.analytics.collectives.collective_config import FR
 from perfd.analytics.collectives.collective_facts import (
     BandwidthFacts,
     CollectiveFacts,
@@ -65,9 +66,40 @@ def link_how_text(h: LinkHow) -> str:
     return head
 
 
+def bandwidth_source(b: GroupBandwidth) -> str:
+    """Where a group class's bandwidth comes from: its record sources, and which op's figure counts."""
+    return b.source + (" (per op, the member with the shortest duration: Flight Recorder durations include "
+                       "waiting for peers)" if FR in b.source.split(", ") else "")
+
+
 def bandwidth_json(b: GroupBandwidth) -> dict[str, object]:
-    """A group class's bandwidth as served: how its link was chosen in words."""
-    return {**b.to_json(), "link_how": link_how_text(b.link_how)}
+    """A group class's bandwidth as served: how its link was chosen and where it comes from in words."""
+    return {**b.to_json(), "link_how": link_how_text(b.link_how), "source": bandwidth_source(b)}
+
+
+def method_text(a: CollectiveAnalysis) -> str:
+    """How the total share was computed (its method's detail; "" for none)."""
+    if a.method == "step_windows":
+        return ("collectives mapped to iterations by enqueue time (Flight Recorder time_created_ns) between "
+                "the end times of consecutive step records (the rank's own hook records where present, else "
+                "the job's); per window: union of [start, start + duration_ms] with start = enqueue time or "
+                "the end of the previous op of the same process group, whichever is later, ÷ window length; "
+                "windows the records do not cover are left out; summary = median over each rank's latest "
+                f"{a.windows_kept} complete windows (warm-up and capture windows excluded), then median over "
+                "ranks")
+    if a.method == "observation_window":
+        return ("no step records with end times: per rank, union of its collectives' [start, start + "
+                "duration_ms] ÷ the span they cover (first enqueue to last end); one number per rank, not "
+                "per iteration; then median over ranks")
+    return ""
+
+
+def resolution_text(h: HangView) -> str:
+    """Whether a hang resolved, and how it is known."""
+    if h.resolved:
+        return (f"rank(s) {','.join(map(str, h.stuck_ranks))} completed #{h.seq} or later (Flight Recorder "
+                "records)")
+    return "no completed op at or past it from the stuck ranks yet"
 
 
 def hang_text(h: HangView) -> str:
@@ -81,15 +113,18 @@ def hang_text(h: HangView) -> str:
         head += f"; rank(s) {','.join(map(str, h.ranks_not_joined))} never reached it"
     if h.ranks_unknown:
         head += f"; no data from rank(s) {','.join(map(str, h.ranks_unknown))}"
-    head += f"; {'resolved: ' + h.resolution if h.resolved else 'still active'}"
+    head += f"; {'resolved: ' + resolution_text(h) if h.resolved else 'still active'}"
     return head + (f" [{h.user_frame}]" if h.user_frame else "")
 
 
 def hang_json(h: HangView) -> dict[str, object]:
-    """A hang as served: its JSON with its line (``text``) after its user frame."""
+    """A hang as served: its JSON with its resolution after ``resolved`` and its line (``text``) after
+    its user frame."""
     out: dict[str, object] = {}
     for k, v in h.to_json().items():
         out[k] = v
+        if k == "resolved":
+            out["resolution"] = resolution_text(h)
         if k == "user_frame":
             out["text"] = hang_text(h)
     return out
@@ -166,9 +201,13 @@ def worded_collective(f: Finding) -> Finding:
     if isinstance(f, CollectiveFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
         # the evidence of a hang's or a link's finding is its JSON: as served, with its words
-        evidence = (hang_json(f.facts.hang) if isinstance(f.facts, HangFacts) else
-                    bandwidth_json(f.facts.bandwidth) if isinstance(f.facts, BandwidthFacts) else f.evidence)
-        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
+        evidence, source = f.evidence, f.source
+        if isinstance(f.facts, HangFacts):
+            evidence = hang_json(f.facts.hang)
+        elif isinstance(f.facts, BandwidthFacts):
+            evidence, source = bandwidth_json(f.facts.bandwidth), bandwidth_source(f.facts.bandwidth)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, source=source,
+                                   facts=None)
     return f
 
 
@@ -181,9 +220,11 @@ def worded_collective_recommendation(r: Recommendation) -> Recommendation:
 
 
 def collectives_json(a: CollectiveAnalysis) -> dict[str, Any]:
-    """The collective analysis as served: its JSON with the reason of an absent share, how each group's
-    link was chosen, each hang's line and its findings and recommendations worded."""
+    """The collective analysis as served: its JSON with its method's detail, the reason of an absent
+    share, how each group's link was chosen and where its bandwidth comes from, each hang's resolution
+    and line, and its findings and recommendations worded."""
     out = a.to_json()
+    out["method"] = {"name": a.method, "detail": method_text(a)}
     out["summary"]["absent_reason"] = ABSENT_TEXT[a.absent] if a.absent is not None else None
     out["bandwidth"] = [bandwidth_json(b) for b in a.bandwidth]
     out["hangs"] = [hang_json(h) for h in a.hangs]

@@ -1,13 +1,14 @@
 """English only where it is shown (issue 57), for the sentences analytics built outside the findings: a
 capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
 perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
-analysis has no communication share, how a group's link was chosen and a hang's line
-(perfd.report.collective_text, from perfd.analytics.collectives); why the job's figures are not its
-current run's and the steps a run finding is over (perfd.report.finding_text.runs_text and span_text,
-from perfd.analytics.run.runs.Runs and perfd.analytics.finding_types.StepSpan) are in no analytics
-source again. The same check as tests/analytics/test_finding_words.py (AST, no import): each
-literal piece of five words or more of those modules is looked for in every string constant of
-perfd/analytics; and the typed values that carry them hold no sentence."""
+analysis has no communication share, its method's detail, how a group's link was chosen and where its
+bandwidth comes from, a hang's resolution and line (perfd.report.collective_text, from
+perfd.analytics.collectives); why the job's figures are not its current run's and the steps a run
+finding is over (perfd.report.finding_text.runs_text and span_text, from perfd.analytics.run.runs.Runs
+and perfd.analytics.finding_types.StepSpan) are in no analytics source again. The same check as
+tests/analytics/test_finding_words.py (AST, no import): each literal piece of five words or more of
+those modules is looked for in every string constant of perfd/analytics; and the typed values that
+carry them hold no sentence."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no device in the capture" in fragments  # the class's reason without a device
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
+    assert "no completed op at or past it from the stuck ranks yet" in fragments  # a hang's resolution
+    assert any("the span they cover (first enqueue to last end)" in f for f in fragments)  # a method's
     assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
     assert "steady; the current run's steps are all armed" in fragments  # a run finding's steps
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
@@ -82,14 +85,14 @@ def test_the_typed_values_hold_no_sentences() -> None:
         MatchFacts: set(),
         ClassBasis: {"where"},  # the capture's label (and device)
         CaptureDiagnosis: set(),
-        # names (the job, the method, the sources, the groups' classes, scopes and links); still sentences
-        # made in analytics: the method's detail, a hang's resolution, a bandwidth's source (not moved)
-        CollectiveAnalysis: {"job", "method", "method_detail", "sources", "comm_share_by_group",
+        # names: the job, the method, the sources, the groups' classes, scopes and links
+        CollectiveAnalysis: {"job", "method", "sources", "comm_share_by_group",
                              "bandwidth_rejected", "timing"},
         GroupBandwidth: {"group", "scope", "link", "ops", "source"},
         LinkChoice: {"scope", "link"},
         LinkHow: {"link", "gpu"},  # a link's and a GPU's names
-        HangView: {"process_group", "op", "resolution", "agents", "user_frame", "texts"},
+        # names, and the agents' own lines as they sent them (collectors/nccl's)
+        HangView: {"process_group", "op", "agents", "user_frame", "texts"},
     }
     for cls, names in allowed.items():
         hints = typing.get_type_hints(cls)

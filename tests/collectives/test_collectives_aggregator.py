@@ -23,7 +23,7 @@ from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue
-from perfd.report.collective_text import hang_text
+from perfd.report.collective_text import hang_text, resolution_text
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
@@ -101,7 +101,7 @@ def test_a_hang_is_resolved_once_the_stuck_ranks_complete_the_op():
     assert h.active
     p.add(fr(0, 5, 0, 20_000.0))
     (h,) = merge_hangs([_hang_event("a", 1.0, "0", not_joined="1")], p)
-    assert h.resolved and not h.active and "completed #5" in h.resolution
+    assert h.resolved and not h.active and "completed #5" in resolution_text(h)
 
 
 def _recorded_hang_collected(tmp_path: Path) -> tuple[Any, float]:

@@ -16,7 +16,7 @@ from perfd.analytics.collectives.collective_facts import CollectiveFinding, DpSh
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.groups import Capability, classify_group, link_for_group
 from perfd.model import CollectiveRecord, ParallelLayout
-from perfd.report.collective_text import ABSENT_TEXT, collectives_json, link_how_text
+from perfd.report.collective_text import ABSENT_TEXT, collectives_json, link_how_text, method_text
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 
 TP = "TENSOR_MODEL_PARALLEL_GROUP"
@@ -42,7 +42,7 @@ def _two_ranks():
 def test_shares_per_iteration_rank_and_group_by_hand():
     recs, steps = _two_ranks()
     a = analyze_collectives("j", recs, steps)
-    assert a.method == "step_windows" and "time_created_ns" in a.method_detail
+    assert a.method == "step_windows" and "time_created_ns" in method_text(a)
     its = {it.iteration: it for it in a.iterations}
     assert sorted(its) == [2, 3, 4]
     assert its[2].share_by_rank == pytest.approx({0: 0.4, 1: 0.3})

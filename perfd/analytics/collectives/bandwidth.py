@@ -33,7 +33,7 @@ class GroupBandwidth:
     median_bytes: float
     ops: dict[str, int]
     link_how: LinkHow  # worded where served (perfd.report.collective_text.link_how_text)
-    source: str
+    source: str  # the record sources' names (what they mean, where served: collective_text)
 
     @property
     def ratio(self) -> float | None:
@@ -98,8 +98,6 @@ def group_bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str],
             group=group, scope=scope, link=link.link, capability_gbs=link.busbw_gbs, n_ops=len(rs),
             median_busbw_gbs=float(statistics.median(bws)), max_busbw_gbs=max(bws),
             median_bytes=float(statistics.median([float(r.bytes or 0) for r in rs])), ops=ops,
-            link_how=link.how,
-            source=", ".join(srcs) + (" (per op, the member with the shortest duration: Flight Recorder "
-                                      "durations include waiting for peers)" if FR in srcs else "")))
+            link_how=link.how, source=", ".join(srcs)))
     return out
 

@@ -118,7 +118,9 @@ class CollectiveAnalysis:
     sources: dict[str, int]
     timing: bool  # some Flight Recorder record carries a duration
     method: str  # "step_windows" | "observation_window" | "none"
-    method_detail: str
+    # the latest complete windows of each rank the summary is over (the method's detail, worded where
+    # served: perfd.report.collective_text.method_text)
+    windows_kept: int
     groups: list[GroupInfo]
     iterations: list[IterationComm]
     comm_total_share: float | None
@@ -144,7 +146,7 @@ class CollectiveAnalysis:
         where the JSON is served (perfd.report.collective_text.collectives_json adds them)."""
         return {
             "job": self.job, "records": self.n_records, "sources": self.sources, "timing": self.timing,
-            "method": {"name": self.method, "detail": self.method_detail},
+            "method": {"name": self.method, "windows_kept": self.windows_kept},
             "summary": {"comm_total_share": self.comm_total_share,
                         "comm_share_by_rank": {str(r): v for r, v in sorted(self.comm_share_by_rank.items())},
                         "comm_share_by_group": self.comm_share_by_group,
@@ -209,10 +211,10 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     timed = [r for r in records if r.source == FR and r.duration_ms is not None
              and r.time_created_ns is not None and r.rank is not None]
     out = CollectiveAnalysis(job=job, n_records=len(records), sources=sources, timing=bool(timed),
-                             method="none", method_detail="", groups=list(groups.values())[:64],
-                             iterations=[], comm_total_share=None, comm_share_by_rank={},
-                             comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
-                             waits=[], hangs=[])
+                             method="none", windows_kept=cfg.recent_windows,
+                             groups=list(groups.values())[:64], iterations=[], comm_total_share=None,
+                             comm_share_by_rank={}, comm_share_by_group={}, weighted_share=None, n_windows=0,
+                             bandwidth=[], waits=[], hangs=[])
     _shares(out, timed, cls, steps, cfg, fold, layout)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
@@ -302,14 +304,6 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             observed[rank] = (comm_ns / span_ns, {c: union_ns(v) / span_ns for c, v in by_c.items()})
     if rank_share:
         out.method = "step_windows"
-        out.method_detail = (
-            "collectives mapped to iterations by enqueue time (Flight Recorder time_created_ns) between the "
-            "end times of consecutive step records (the rank's own hook records where present, else the "
-            "job's); per window: union of [start, start + duration_ms] with start = enqueue time or the end "
-            "of the previous op of the same process group, whichever is later, ÷ window length; windows the "
-            "records do not cover are left out; summary = median over each rank's latest "
-            f"{cfg.recent_windows} complete windows (warm-up and capture windows excluded), then median "
-            "over ranks")
         out.comm_share_by_rank = rank_share
         out.comm_total_share = _median(list(rank_share.values()))
         out.weighted_share = _median(list(rank_weighted.values()))
@@ -318,9 +312,6 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
                                    for c in classes}
     elif observed:
         out.method = "observation_window"
-        out.method_detail = ("no step records with end times: per rank, union of its collectives' "
-                             "[start, start + duration_ms] ÷ the span they cover (first enqueue to last "
-                             "end); one number per rank, not per iteration; then median over ranks")
         out.comm_share_by_rank = {r: v[0] for r, v in observed.items()}
         out.comm_total_share = _median([v[0] for v in observed.values()])
         classes = sorted({c for v in observed.values() for c in v[1]})

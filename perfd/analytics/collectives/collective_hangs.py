@@ -37,8 +37,7 @@ class HangView:
     first_reported: float  # epoch s, the first event (agent clock)
     last_reported: float
     age_at_first_report_s: float | None  # how long the op had been stuck when first reported
-    resolved: bool
-    resolution: str
+    resolved: bool  # every stuck rank completed the op or a later one (worded: collective_text)
     agents: list[str]
     user_frame: str | None
     texts: list[str]
@@ -54,7 +53,7 @@ class HangView:
             "inferred_not_joined": self.inferred_not_joined, "ranks_unknown": self.ranks_unknown,
             "first_reported": self.first_reported, "last_reported": self.last_reported,
             "age_at_first_report_s": self.age_at_first_report_s, "active": self.active,
-            "resolved": self.resolved, "resolution": self.resolution, "agents": self.agents,
+            "resolved": self.resolved, "agents": self.agents,  # "resolution" between, where served
             # "text", between these two where served: perfd.report.collective_text.hang_text
             "user_frame": self.user_frame, "agent_texts": self.texts[:8],
         }
@@ -111,13 +110,10 @@ def _view(pg: str, p2p: bool, seq: int, evs: Sequence[HangEvent], progress: Prog
             still_unknown.add(r)
         elif enq < seq:
             inferred.add(r)
-    resolved, why = False, "no completed op at or past it from the stuck ranks yet"
-    if stuck and all(progress.completed.get((r, pg, p2p), -1) >= seq for r in stuck):
-        resolved, why = True, (f"rank(s) {','.join(map(str, sorted(stuck)))} completed #{seq} or later "
-                               "(Flight Recorder records)")
+    resolved = bool(stuck) and all(progress.completed.get((r, pg, p2p), -1) >= seq for r in stuck)
     return HangView(
         process_group=pg, op=op, seq=seq, is_p2p=p2p, stuck_ranks=sorted(stuck),
         ranks_not_joined=sorted(not_joined | inferred), inferred_not_joined=sorted(inferred),
         ranks_unknown=sorted(still_unknown), first_reported=first or 0.0, last_reported=last or 0.0,
-        age_at_first_report_s=age_first, resolved=resolved, resolution=why, agents=sorted(agents),
+        age_at_first_report_s=age_first, resolved=resolved, agents=sorted(agents),
         user_frame=frame, texts=texts)
