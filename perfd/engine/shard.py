@@ -26,9 +26,10 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfd.engine import figures_codec
+from perfd.engine import figures_codec, shard_windows
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.lease_keeper import LeaseKeeper
@@ -36,6 +37,7 @@ from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
+from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
 
@@ -47,8 +49,9 @@ MEMBER_PREFIX = "member."
 # would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
 MAX_ACK_PENDING = 4 * FETCH_BATCH
 # With a collective fold, a message stays unacknowledged until its windows settle (about three
-# iterations: shard_windows): a partition of a 100,000-rank job over 16 partitions has ~780 node
-# messages an iteration out at once. (The consumer's first creator sets it: a durable consumer keeps it.)
+# iterations, 14 s at most: shard_windows): a partition of a 100,000-rank job over 16 partitions has
+# ~780 node messages an iteration out at once. (The consumer's first creator sets it: a durable
+# consumer keeps it.)
 MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # A partial's ranks at most: ~48 bytes a rank on the wire (the step hook's records), so ~200 KB, well
 # under nats-server's 1 MiB message. One shard holding a 100,000-rank job folded it into one partial of
@@ -57,6 +60,8 @@ MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
 YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
 BEAT_S = 0.5  # the loop tells its lease keeper it is alive this often (lease_keeper.LOOP_STALL_S)
+# A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
+FLUSH_FIRST_S = 1.0
 
 
 @dataclass
@@ -95,6 +100,9 @@ class Shard:
         self._flushes = 0
         self._connected_once = False
         self._naks: set[asyncio.Future[list[BaseException | None]]] = set()
+        self._flushing = 0  # flushes publishing now
+        self._flushed = asyncio.Event()  # set while none is
+        self._flushed.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -275,24 +283,51 @@ class Shard:
             except asyncio.TimeoutError:
                 pass
         key = S.partition_lease(p)
+        # When the last fetch asked, if it came back short: its pull may have delivered more after it
+        # stopped waiting (until the pull expired, within FETCH_TIMEOUT_S), which nats-py queued for
+        # the next fetch (each fetch takes the queued ones first)
+        short: float | None = None
         while not stop.is_set() and (self._keeper is None or self._keeper.held(key)):
             # (a lease lost: nothing more fetched; _balance drops the partition)
+            asked = time.monotonic()
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
             except (NatsTimeout, asyncio.TimeoutError):  # nats-py raises either when nothing came
+                short = asked
                 continue
+            # A message's ack wait runs from its delivery, no earlier than the pull that delivered it
+            delivered = asked if short is None else short
+            short = None if len(msgs) == FETCH_BATCH else asked
             for k, m in enumerate(msgs):
-                self._fold_in(m, p)
+                if self.windows is not None and time.monotonic() - delivered >= shard_windows.HOLD_S:
+                    # A fold this slow would have the rest delivered again before folded: their ack
+                    # wait starts again (nats' in-progress ack), sent before the next one is folded
+                    delivered = await _in_progress(msgs[k:])
+                self._fold_in(m, p, delivered)
                 if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
                     # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
                     # flushes run between them (512 in one go held the loop seconds: leases expired)
                     await asyncio.sleep(0)
+                    await self._flush_first()
         try:
             await sub.unsubscribe()
         except Exception as exc:  # the connection is going: the server forgets the subscription
             log.debug("shard %s: partition %d unsubscribe: %s", self.id, p, exc)
 
-    def _fold_in(self, m: Msg, partition: int) -> None:
+    async def _flush_first(self) -> None:
+        """A flush under way finishes before the fold goes on (for FLUSH_FIRST_S at most): its
+        publishes and acknowledgements each need turns of the loop, and a fold taking the turns in
+        between (8 messages folded 0.1 s each a turn) held what it released past the ack wait, delivered
+        again."""
+        if self._flushing:
+            try:
+                await asyncio.wait_for(self._flushed.wait(), FLUSH_FIRST_S)
+            except asyncio.TimeoutError:
+                pass
+
+    def _fold_in(self, m: Msg, partition: int, delivered: float) -> None:
+        """``delivered``: no later than the engine delivered ``m`` (time.monotonic()): a hold on it
+        ends within HOLD_S of that, under the engine's ack wait however long the fold took."""
         self.stats.node_messages += 1
         try:
             d = decode(m.data)
@@ -308,7 +343,7 @@ class Shard:
             else:
                 held.append(part)
         self._job_info.update(d.job_info_json)
-        if self.windows is None or not self.windows.fold_in(d, m, partition, time.monotonic()):
+        if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 
     def _next_batch_id(self) -> str:
@@ -321,10 +356,25 @@ class Shard:
             await self._flush(js)
 
     async def _flush(self, js: JetStream) -> None:
+        if self.windows is not None:
+            extended = self.windows.extend(time.monotonic())
+            if extended:  # their ack wait started again before their holds run out
+                await _in_progress(extended)
         figures = self.windows.take() if self.windows is not None else []
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released):
             return
+        self._flushing += 1
+        self._flushed.clear()
+        try:
+            await self._publish(js, figures, released)
+        finally:
+            self._flushing -= 1
+            if not self._flushing:
+                self._flushed.set()
+
+    async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg]) -> None:
+        """What was folded to the job's root, then what it fed acknowledged."""
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
         by_job: dict[str, list[Partial]] = {}
@@ -377,6 +427,17 @@ async def _beat(keeper: LeaseKeeper) -> None:
     while True:
         keeper.beat()
         await asyncio.sleep(BEAT_S)
+
+
+async def _in_progress(msgs: Sequence[Msg]) -> float:
+    """Each message's ack wait started again; returns a time no later than the engine restarted them."""
+    now = time.monotonic()
+    done = await asyncio.gather(*(m.in_progress() for m in msgs), return_exceptions=True)
+    failed = [r for r in done if isinstance(r, BaseException)]
+    if failed:  # the connection is going: those are delivered again, folded once at the root
+        log.info("shard: %d in-progress acks failed (%s)", len(failed), failed[0])
+    await asyncio.sleep(0)  # nats-py's flusher sends them on a turn of the loop
+    return now
 
 
 async def _handed(kv: KeyValue, p: int) -> bool:

@@ -19,9 +19,12 @@ acknowledgement, and the messages the engine delivers again after a kill start b
 unsettled window, with the operations of the window before it (what a timeline's context needs: each
 group's previous operation). The next holder folds them again: a window settled twice gives the same
 row under the same (iteration, rank) key, which the root's join merges once; nothing is doubled.
-Held at most HOLD_S (under the engine's ACK_WAIT_S, so not delivered twice meanwhile): a job that
-stopped has windows that never settle, and past it its messages are acknowledged with their windows'
-provisional figures handed on (counted ``released_unsettled``: what a kill then would lose).
+Held HOLD_S from its delivery (under the engine's ACK_WAIT_S, which runs from there, so not delivered
+twice meanwhile, however long the fold took to reach it: a fetch whose fold runs past HOLD_S restarts
+the ack wait of the messages it has yet to fold, perfd.engine.shard), then, its windows unsettled,
+HOLD_EXTENSIONS times HOLD_S more, its ack wait restarted each time (nats' in-progress ack): a job
+that stopped has windows that never settle, and past that its messages are acknowledged with their
+windows' provisional figures handed on (counted ``released_unsettled``: what a kill then would lose).
 
 The other half of it is the order: a shard taking a partition whose consumer has messages delivered
 and not acknowledged (its holder was killed) starts fetching only after ACK_WAIT_S, when the engine
@@ -44,9 +47,21 @@ from perfd.jobinfo_json import job_info_from_json
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
 
-# A message is acknowledged within this long even if its windows have not settled (under the
-# engine's ACK_WAIT_S, 10 s: a hold past it would have it delivered again to no purpose).
+# A message is acknowledged within this long of its delivery even if its windows have not settled
+# (under the engine's ACK_WAIT_S, 10 s from the delivery: a hold past it would have it delivered again
+# to no purpose). Counted from the fold instead, a fetch folded slower than the ack wait less this had
+# its last messages delivered twice.
 HOLD_S = 7.0
+# Times a hold whose windows have not settled by HOLD_S starts again (nats' in-progress ack restarts
+# its ack wait) before it is released unsettled. A message's windows settle once its rank's
+# operations of three iterations later are folded (the window after its step end starts at it, and
+# settles once the operations pass the end of the one after: winfold.SETTLE_WINDOWS): 6 s at one
+# iteration every 2 s, folded as they come, which left HOLD_S a second, and a shard behind none
+# (perfd bench engine --nodes 1000 --shards 1 --collectives on a loaded 2-core machine, the shard
+# getting ~0.4 core: 78% released unsettled with no extension, 30-48% with one). Once more: up to
+# 14 s, ~5,500 messages out at a time on a partition of a 100,000-rank job (shard.MAX_ACK_PENDING_HELD
+# is 8,192: past it the engine stops delivering, and nothing settles).
+HOLD_EXTENSIONS = 1
 
 
 class CollectiveFold(Protocol):
@@ -63,8 +78,9 @@ class CollectiveFold(Protocol):
 class _Held:
     msg: Msg
     partition: int
-    since: float
+    since: float  # its delivery (time.monotonic(); no later than the engine's): HOLD_S runs from it
     needs: list[tuple[str, int, int]]  # (job, rank, latest time of it in the message, ns)
+    extended: int = 0  # times its hold started again (extend)
 
 
 @dataclass
@@ -74,7 +90,8 @@ class WindowStats:
     figure_rows: int = 0  # (iteration, rank) rows published
     figure_messages: int = 0
     held: int = 0  # node messages whose acknowledgement waits for their windows now
-    released_unsettled: int = 0  # acknowledged after HOLD_S with a window still open
+    released_unsettled: int = 0  # acknowledged after its holds with a window still open
+    extended: int = 0  # holds started again (their ack wait: an in-progress ack each)
     bad_job_info: int = 0
 
 
@@ -90,9 +107,9 @@ class Holds:
         self._info_read: dict[str, str] = {}  # job -> the info its layout was last read from
         self._unsent: dict[str, WindowFigures] = {}
 
-    def fold_in(self, d: Decoded, m: Msg, partition: int, now: float) -> bool:
+    def fold_in(self, d: Decoded, m: Msg, partition: int, delivered: float) -> bool:
         """Fold a node message's operations, step ends and layout in; True: its acknowledgement waits
-        (:meth:`release`)."""
+        (:meth:`release`). ``delivered``: no later than the engine delivered ``m``."""
         for job, text in d.job_info_json.items():
             if self._info_read.get(job) == text:
                 continue  # every node message of a hook job carries its info: read once, not each time
@@ -131,7 +148,7 @@ class Holds:
             self.fold.add_steps(folds)
         if not latest:
             return False
-        self._held.append(_Held(m, partition, now, [(j, r, t) for (j, r), t in latest.items()]))
+        self._held.append(_Held(m, partition, delivered, [(j, r, t) for (j, r), t in latest.items()]))
         return True
 
     def take(self) -> list[WindowFigures]:
@@ -157,9 +174,21 @@ class Holds:
             else:
                 held.absorb(f)
 
+    def extend(self, now: float) -> list[Msg]:
+        """The held messages that waited HOLD_S, their windows unsettled, with an extension left
+        (HOLD_EXTENSIONS): their holds start again ``now`` (the caller restarts their ack wait, after
+        ``now``). Before :meth:`release`, which would release them unsettled."""
+        out = []
+        for h in self._held:
+            if h.extended < HOLD_EXTENSIONS and now - h.since >= HOLD_S and not self._settled(h):
+                h.since, h.extended = now, h.extended + 1
+                out.append(h.msg)
+        self.stats.extended += len(out)
+        return out
+
     def release(self, now: float) -> list[Msg]:
         """The held messages whose windows have settled (their figures taken: acknowledge them once
-        those are published), or that waited HOLD_S."""
+        those are published), or that waited HOLD_S (unless :meth:`extend` started it again)."""
         out, keep = [], []
         for h in self._held:
             if self._settled(h):

@@ -11,11 +11,12 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from html import escape
 
-from perfd.analytics.advice.budget_findings import part_name, part_title
+from perfd.analytics.advice.budget_findings import part_name
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.kernel_rows import figure
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.report import ncu_view
+from perfd.report.budget_text import part_title
 from perfd.report.svg import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, _svg
 
 # One colour per part (Okabe-Ito, repeated with intent: the math parts blue/green, memory-bound

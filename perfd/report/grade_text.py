@@ -23,6 +23,7 @@ from perfd.analytics.run.run_grade import (
 from perfd.analytics.steps.untimed import untimed_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
+from perfd.report.remedy_text import worded_remedies, worded_remedy
 
 # A grade's own sentence.
 GRADE_TEXT: dict[Grade, str] = {
@@ -122,23 +123,33 @@ def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
 
 
 def worded(f: Finding) -> Finding:
-    """A finding as shown: an MFU finding (perfd.analytics.run.run_grade.MfuFinding) with its words, the
-    run's others (perfd.report.finding_text); any other as it is. A run finding's steps (``steps``) are
-    its ``iterations``."""
+    """A finding as shown, whoever made it: an MFU finding (perfd.analytics.run.run_grade.MfuFinding)
+    with its words, the run's others, a capture's, the collectives' and ncu's (perfd.report.finding_text),
+    the step budget's and the remedies' (perfd.report.remedy_text); one already worded as it is. The one
+    wording step every finding passes before it is shown, served or kept. A run finding's steps
+    (``steps``) are its ``iterations``."""
     if f.steps is not None:
         f = dataclasses.replace(f, iterations=span_text(f.steps), steps=None)
     if isinstance(f, MfuFinding) and f.facts is not None:
         title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
                               else crosscheck_words(f.facts))
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
-    return worded_run(f)
+    return worded_run(worded_remedies(f))
 
 
 def worded_recommendation(r: Recommendation) -> Recommendation:
-    """A recommendation as shown: the throughput check's with its action and detail; any other as it is."""
+    """A recommendation as shown, whoever made it: the throughput check's with its action and detail, the
+    run's others (perfd.report.finding_text), the remedies' (perfd.report.remedy_text); one already
+    worded as it is."""
     if isinstance(r, CrosscheckRecommendation) and r.facts is not None:
         return dataclasses.replace(
             r, action="Check the model spec perfd read (vocab padding, GQA groups, SwiGLU, MoE, "
                       "Megatron-Core version)",
             detail=f"largest gap {_pct(r.facts.max_gap)} on {r.facts.n_disagree} iterations", facts=None)
-    return worded_run_recommendation(r)
+    return worded_run_recommendation(worded_remedy(r))
+
+
+def worded_all(findings: list[Finding], recs: list[Recommendation]
+               ) -> tuple[list[Finding], list[Recommendation]]:
+    """Every finding and recommendation of a list worded (a capture's diagnosis, a run's)."""
+    return [worded(f) for f in findings], [worded_recommendation(r) for r in recs]

@@ -32,6 +32,7 @@ from perfd.report.grade_text import explanation_text, grade_label, worded, worde
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
+from perfd.report.remedy_text import worded_plan
 from perfd.report.row_json import RowCodes, row_codes, run_json
 
 
@@ -194,7 +195,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
                             s.bottleneck.reason, span, headline)
-    return Report(summary, metrics, findings, recs, job, budget, arming, analysis.plan)
+    return Report(summary, metrics, findings, recs, job, budget, arming, worded_plan(analysis.plan))
 
 
 def arming_finding(arming: ArmingCost) -> Finding:

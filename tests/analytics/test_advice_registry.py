@@ -34,6 +34,7 @@ from perfd.analytics.finding_types import Severity
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.run_grade import explain_grade, grade_mfu
 from perfd.commands.catalog_docs import registry_text
+from perfd.report.budget_text import worded_budget
 from perfd.report.grade_text import BAND_TEXT, GRADE_TEXT, grade_label
 
 WITH_PARTS = [c for c in CLASSES if class_parts().get(c.cls)]
@@ -89,7 +90,8 @@ def test_each_class_is_the_budget_class_its_parts_make(entry: ClassEntry) -> Non
     assert c is not None and c.cls is entry.cls
     assert c.reason().startswith(f"{entry.short} 80%")
     assert list(c.shares) == list(class_parts())  # every class with parts, in the registry's order
-    (f,), _ = budget_findings.bottleneck(budget_findings.BudgetContext(b))
+    (said,), _ = budget_findings.bottleneck(budget_findings.BudgetContext(b))
+    f = worded_budget(said)  # as the report words it
     assert f.evidence["class"] == entry.cls.value and f.title.startswith(f"Step budget: {entry.cls.value}")
     assert short_name(entry.cls.value) == entry.short
 
@@ -111,7 +113,7 @@ def test_each_part_gets_its_name_finding_and_class(entry: PartEntry) -> None:
     if not entry.finding:
         assert got == []
         return
-    (f,) = got
+    f = worded_budget(got[0])  # as the report words it
     assert f.title.lower().startswith(entry.name.lower()) and f.observation.startswith(entry.holds)
     assert f.severity is (Severity.INFO if entry.math else Severity.WARNING)  # 30% is over BUDGET_PART_WARN
     c = classify(b)

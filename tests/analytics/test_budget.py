@@ -17,16 +17,26 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
+from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.capture_findings import diagnose_capture
-from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.advice.remedies import Advice, Framework
+from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.breakdown.advice_registry import GradeBasis
 from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShares, classify, from_timers
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_facts import Divider, NextStepFacts, RunRecommendation
 from perfd.report.grade_text import worded, worded_recommendation
+from perfd.report.remedy_text import worded_remedies, worded_remedy
 from tests.trace_cache import analyze_chrome_trace, timeline_class
+
+
+def _fitted(r: Recommendation) -> Advice:
+    """The remedy a recommendation was made of (its words are the report's)."""
+    assert isinstance(r, RemedyRecommendation) and r.facts is not None
+    return r.facts.advice[0]
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 KINETO = DATA / "kineto_h100_megatron"
@@ -133,7 +143,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     att = b.get(Part.ATTENTION)
     assert att is not None and att.detail["fused"] is False
     assert any("CopySlices" in k for k in att.detail["op_ms"])  # the score matrix's copies are attention's
-    f = {x.id: x for x in a.findings}
+    f = {x.id: x for x in map(worded_remedies, a.findings)}  # as the report words them
     assert f["budget-gemm"].severity == "info" and "efficient" in f["budget-gemm"].observation
     # Megatron's own optimizer timer is shown beside the optimizer's kernels (host time and copies in it).
     opt = f["budget-optimizer"]
@@ -141,14 +151,20 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     r1 = a.recommendations[0]
     assert r1.finding_id == "budget-attention" and r1.remedy == "fused_attention"
     # not --attention-backend flash: the start-up shows no flash-attn (TE would use it alone)
-    assert "--attention-backend flash" not in r1.action and "install Transformer Engine" in r1.action
-    assert "--transformer-impl transformer_engine" in r1.action and "flash-attn" in r1.detail
+    fa = _fitted(r1)
+    assert fa.action.code is Say.FUSED_ATTENTION_INSTALL
+    assert r1.flags == ["--transformer-impl transformer_engine"]
+    assert any(n.code is Say.NOT_FLASH_BACKEND for n in fa.notes)
+    shown = worded_remedy(r1)  # as the report words it
+    assert shown.action == ("Fused attention: install Transformer Engine, then --transformer-impl "
+                            "transformer_engine")
+    assert "flash-attn" in shown.detail
     assert r1.needs == ["transformer_engine"] and r1.gain_ms is not None and r1.gain_ms[0] > 0.4 * b.step_ms
     promised = [r.impact for r in a.recommendations if r.impact is not None]
     assert promised == sorted(promised, reverse=True)
     # Nothing asks to check what the report measured as fine (TP=1, data 1.2%, comm 0.2%), and the
     # grade's text does not point at them either.
-    for r in a.recommendations:
+    for r in map(worded_remedy, a.recommendations):
         assert "tensor parallelism" not in r.action and "data loading" not in r.action.lower()
     assert "usually communication or data loading" not in worded(f["mfu-grade"]).observation
 
@@ -180,7 +196,8 @@ def test_the_tiny_job_is_launch_bound_with_cuda_graphs_first() -> None:
                          framework=Framework.MEGATRON)
     assert d.bottleneck == "launch-overhead" and d.class_shares["launch-overhead"] > 0.9
     r1 = d.recommendations[0]
-    assert r1.remedy == "cuda_graphs" and "--cuda-graph-impl local" in r1.action
+    assert r1.remedy == "cuda_graphs" and r1.flags == ["--cuda-graph-impl local"]
+    assert _fitted(r1).action.code is Say.GRAPHS_FLAG
     assert r1.gain_ms is not None and r1.gain_ms[0] > 0  # launch gaps 96% of the step: graphs pay
 
 
@@ -199,7 +216,8 @@ def test_the_data_bound_hook_job_gets_the_data_loader_remedy() -> None:
     b = d.budgets[0]
     assert b.ms(Part.DATA) / b.step_ms > 0.8
     r1 = d.recommendations[0]
-    assert r1.finding_id == "budget-data-0" and "DataLoader(num_workers" in r1.detail
+    assert r1.finding_id == "budget-data-0" and say(Say.DATA_KNOBS, "pytorch") in _fitted(r1).notes
+    assert "DataLoader(num_workers" in worded_remedy(r1).detail
 
 
 def test_the_pp2_job_gets_the_pipeline_remedies_from_its_timers() -> None:
@@ -244,10 +262,11 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     """An Nsight Compute capture's per-category summaries (the recorded H100 ncu export, joined to the
     recorded Kineto trace of the job) sit on the parts their kernels' time is in, and the GEMM
     finding says what ncu measured of them."""
-    from perfd.analytics.advice.budget_findings import BudgetContext, analyze, ncu_text
+    from perfd.analytics.advice.budget_findings import BudgetContext, analyze
     from perfd.analytics.breakdown.job_budget import with_ncu
     from perfd.analytics.ncu import join as ncu_join
     from perfd.capture.ncu_report import parse_csv
+    from perfd.report.budget_text import ncu_text
 
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
@@ -263,7 +282,7 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     assert "compute SOL" in ncu_text(gemm) and "Nsight Compute (capture ncu1)" in ncu_text(gemm)
     assert sum(p.ms for p in nb.parts) == pytest.approx(b.step_ms)  # the figures change no time
     fs, _ = analyze(BudgetContext(nb, Framework.MEGATRON))
-    assert any("compute SOL" in f.observation for f in fs if f.id.startswith("budget-"))
+    assert any("compute SOL" in f.observation for f in map(worded_remedies, fs) if f.id.startswith("budget-"))
 
 
 def test_the_pp_budget_counts_each_millisecond_once() -> None:
@@ -329,5 +348,5 @@ def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     for steady, sev in ((700.0, "info"), (400.0, "warning")):
         b = from_capture(dev, 3, timers=TimerShares(steady, 0.01), steps_from="trace")
         assert b is not None and b.capture_overhead_ms == pytest.approx(b.step_ms - steady)
-        f = next(x for x in analyze(BudgetContext(b))[0] if x.id == "budget-capture-cost")
+        f = next(worded_remedies(x) for x in analyze(BudgetContext(b))[0] if x.id == "budget-capture-cost")
         assert f.severity == sev and "steps counted from the steps the trace marks" in f.observation

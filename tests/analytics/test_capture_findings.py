@@ -7,13 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.capture_findings import SlowerFinding, diagnose_capture
 from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.advice.remedy_said import Say
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.finding_types import Recommendation
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+from perfd.report.budget_text import worded_budget
 from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded
+from perfd.report.remedy_text import worded_remedy
+
+
+def _action(r: Recommendation) -> Say | None:
+    """A remedy recommendation's action as its code (its words are the report's)."""
+    return r.facts.advice[0].action.code if isinstance(r, RemedyRecommendation) and r.facts else None
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 PP2 = json.loads((DATA / "megatron_pp2_nsys_h200x2.analysis.json").read_text())
@@ -50,9 +60,10 @@ def test_pp2_sendrecv_is_pipeline_waiting() -> None:
     assert "budget-pipeline-0" in ids and "budget-pipeline-1" not in ids
     f0 = next(f for f in d.findings if f.id == "budget-pipeline-0")
     assert f0.evidence["ms"] == pytest.approx(319.28, abs=0.01)
-    assert "not link bandwidth" in f0.observation
+    assert "not link bandwidth" in worded_budget(f0).observation  # as the report words it
     rec = next(r for r in d.recommendations if r.finding_id == f0.id)
-    assert "micro-batches" in rec.action and "--num-layers-per-virtual-pipeline-stage" in rec.action
+    assert _action(rec) is Say.PIPELINE_MEGATRON
+    assert "--num-layers-per-virtual-pipeline-stage" in worded_remedy(rec).action  # as the report words it
     assert d.budgets[0].attribution.startswith("category shares of the top 10 kernels only")
     assert "idle not split" in d.budgets[0].attribution
 
@@ -63,7 +74,8 @@ def test_pp2_unfused_pointwise_kernels_and_softmax() -> None:
     assert f1.evidence["share"] > 0.05
     assert d.budgets[1].ms(Part.ATTENTION) == pytest.approx(47.5, abs=0.1)  # softmax among its top kernels
     rec = next(r for r in d.recommendations if r.finding_id == f1.id)
-    assert "Transformer Engine" in rec.action and "up to" not in rec.detail  # MFU unknown here: ms only
+    assert _action(rec) in (Say.TE_LAYERS, Say.TE_LAYERS_INSTALL)
+    assert "MFU" not in worded_remedy(rec).detail  # MFU unknown here: ms only
     assert d.bottleneck == "sync-bound"  # the window is mostly idle (an nsys window of the whole run)
     assert class_reason(d.basis).endswith("(pp2.nsys-rep, device 1)")
 
@@ -79,7 +91,7 @@ def test_launch_bound_from_tiny_kernels_with_gaps() -> None:
     assert dev["kernel_median_us"] == pytest.approx(4.0) and dev["categories"]["elementwise"] > 0.9
     d = diagnose_capture([dev])
     assert d.bottleneck == "launch-overhead"
-    assert any("CUDA graphs" in r.action for r in d.recommendations)
+    assert any(_action(r) is Say.GRAPHS_COMPILE for r in d.recommendations)
 
 
 def test_slower_than_steady_and_compute_bound() -> None:

@@ -37,6 +37,7 @@ from perfd.analytics.ncu.ncu_verdicts import NcuFinding
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.report.grade_text import worded
+from perfd.report.remedy_text import worded_remedies
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
 from tests.trace_cache import cached, perfd_cli
 
@@ -241,8 +242,9 @@ def test_the_budget_holds_one_data_wait_and_names_whose_capture_it_is() -> None:
     data = [x for x in b.parts if x.part is Part.DATA]
     share = a.summary.median("data_share")
     assert len(data) == 1 and share is not None and data[0].ms == pytest.approx(share * b.step_ms, rel=0.01)
-    cls = next(f for f in a.findings if f.id == "budget-class")
+    shown = [worded_remedies(f) for f in a.findings]  # as the report words them
+    cls = next(f for f in shown if f.id == "budget-class")
     assert cls.observation.count("data wait") == 1
-    cost = next(f for f in a.findings if f.id == "budget-capture-cost")
+    cost = next(f for f in shown if f.id == "budget-capture-cost")
     assert cost.title == "Run 1's capture slowed its steps by +23%"
     assert "of the same run (run 1" in cost.observation

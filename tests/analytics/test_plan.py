@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from collectors.megatron import parse_file
-from perfd.analytics.advice.budget_findings import part_title
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
 from perfd.analytics.advice.remedies import (
     GAIN_MODEL,
@@ -28,12 +27,15 @@ from perfd.analytics.advice.remedies import (
     run_spread_ms,
 )
 from perfd.analytics.advice.remedy_catalog import fit
+from perfd.analytics.advice.remedy_said import Said, Say
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.report.budget_text import part_title
 from perfd.report.plan_view import compact, text_lines
+from perfd.report.remedy_text import worded_plan
 from tests.trace_cache import analyze_chrome_trace, timeline_class
 
 pytestmark = pytest.mark.slow
@@ -70,6 +72,13 @@ def _plan(job: RunAnalysis, **changes: Any) -> Plan:
     p = make_plan(list(fit(FitContext(b, cfg))), cfg, b.step_ms, run_spread_ms(b.step_ms, b.step_sd_ms))
     assert p is not None
     return p
+
+
+def _codes(s: Said | None) -> set[Say]:
+    """Every code a sentence says, its nested ones with it."""
+    if s is None:
+        return set()
+    return {s.code}.union(*(_codes(a) for a in s.args if isinstance(a, Said)))
 
 
 # --- relations, combined gain, order -------------------------------------------------------------------
@@ -118,7 +127,7 @@ def test_the_timers_host_jitter_is_given_back_only_where_the_host_sets_the_pace(
                      for x in (paced_step, hidden_step))
     assert paced is not None and hidden is not None
     assert paced.high_ms - hidden.high_ms == pytest.approx(SYNC_EXPOSED_JITTER * b.step_sd_ms)
-    assert "host jitter" in paced.basis and "host jitter" not in hidden.basis
+    assert Say.HOST_JITTER in _codes(paced.basis) and Say.HOST_JITTER not in _codes(hidden.basis)
 
 
 def test_micro_batch_and_timer_level_overlap_on_the_same_synchronisation_gaps(job: RunAnalysis) -> None:
@@ -219,7 +228,7 @@ def test_prerequisites_are_what_the_start_up_shows(job: RunAnalysis) -> None:
     gn = plan.item("grad_norm")
     assert gn is not None and gn.any_of and {(p.package, p.presence) for p in gn.prerequisites} == {
         (TE, Presence.ABSENT), (APEX, Presence.ABSENT)}
-    text = "\n".join(text_lines(plan, {}))
+    text = "\n".join(text_lines(worded_plan(plan), {}))
     assert "requires Transformer Engine or Apex (both missing at start-up)" in text
 
 
@@ -237,7 +246,7 @@ def test_with_te_present_its_remedies_are_options_and_apex_ones_fall_away(job: R
     assert RemedyId.FUSED_OPTIMIZER not in got and RemedyId.GRAD_NORM not in got
     unknown = _fit(job, packages={TE: "2.9.0"})[RemedyId.FUSED_ATTENTION]  # flash-attn not shown
     assert [f.text() for f in unknown.flags] == ["--transformer-impl transformer_engine"]  # auto: the default
-    assert any("flash-attn" in n for n in unknown.notes)
+    assert any(n.code is Say.NOT_FLASH_BACKEND for n in unknown.notes)
     plan = _plan(job, packages={TE: "2.9.0", APEX: "absent"})
     assert plan.stages[0].effort is Effort.FLAG and "fused_attention" in plan.stages[0].items
 
@@ -261,9 +270,10 @@ def test_the_gradient_norms_syncs_and_the_main_grad_accumulation_are_remedies(jo
     assert len(rows) == 1 and 100 <= rows[0].gaps <= 160 and 4 < rows[0].ms < 10
     got = _fit(job)
     gn = got[RemedyId.GRAD_NORM]
-    assert gn.gain is not None and gn.gain.mid_ms > 5 and ".item()" in gn.action + gn.gain.basis
+    assert gn.gain is not None and gn.gain.mid_ms > 5 and gn.action.code is Say.GRAD_NORM
+    assert Say.GRAD_NORM_BASIS in _codes(gn.gain.basis)  # the .item() syncs
     ga = got[RemedyId.GRAD_ACCUM_FUSION]
-    assert ga.gain is not None and "main_grad" in ga.gain.basis and "side stream" in ga.gain.basis
+    assert ga.gain is not None and {Say.GRAD_ACCUM_BASIS, Say.SIDE_STREAM} <= _codes(ga.gain.basis)
 
 
 def test_the_fused_optimizer_is_modelled_on_the_foreach_kernels_of_a_complete_step(job: RunAnalysis) -> None:
@@ -274,7 +284,8 @@ def test_the_fused_optimizer_is_modelled_on_the_foreach_kernels_of_a_complete_st
     opt = b.get(Part.OPTIMIZER)
     assert opt is not None and 20 < opt.ms < 32  # the complete steps' (the window cut the third one)
     fo = _fit(job)[RemedyId.FUSED_OPTIMIZER]
-    assert fo.gain is not None and "foreach" in fo.gain.basis and "per-tensor" not in fo.action.split("(")[0]
+    assert fo.gain is not None and Say.FOREACH_ADAM in _codes(fo.gain.basis)
+    assert fo.action.code is Say.FUSED_OPTIMIZER_INSTALL and Say.PER_TENSOR_ADAM not in _codes(fo.action)
     assert {r.atom for r in fo.removes} >= {"optimizer:adam", "optimizer:per-tensor-scale"}
     # 20-30 ms by an op-level count of the complete step; ± the job's own spread (8 ms) around the model
     assert 5 < fo.gain.low_ms < 20 < 30 < fo.gain.high_ms < 35
@@ -352,8 +363,8 @@ def test_the_gradient_reduction_part_is_named_for_what_it_is_with_dp_1(job: RunA
 
 
 def test_the_plan_travels_as_json_and_reads_in_one_line(job: RunAnalysis) -> None:
-    plan = job.plan
-    assert plan is not None
+    plan = worded_plan(job.plan)  # what travels is the plan as shown: its items' actions worded
+    assert plan is not None and all(i.action and i.said is None for i in plan.items)
     back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert back == plan
     assert back.combined(plan.stages[0].items) == pytest.approx(plan.stages[0].total_ms)

@@ -15,10 +15,14 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.advice import megatron_options as mo
+from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.remedies import Advice, FitContext, Framework, RemedyId
 from perfd.analytics.advice.remedy_catalog import fit
+from perfd.analytics.advice.remedy_said import Said, Say
+from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.report.remedy_text import worded_remedy
 from tests.trace_cache import timeline_class
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +65,12 @@ def _recorded(release: str) -> dict[str, dict[str, Any]]:
         return {r["option"]: r for r in map(json.loads, (x for x in f if x.startswith("{")))}
 
 
+def _fitted(r: Recommendation) -> Advice:
+    """The remedy a recommendation was made of (its words are the report's)."""
+    assert isinstance(r, RemedyRecommendation) and r.facts is not None
+    return r.facts.advice[0]
+
+
 def _advice(a: RunAnalysis, **changes: Any) -> list[Advice]:
     b = a.summary.step_budget
     assert b is not None and a.config is not None
@@ -83,7 +93,8 @@ def test_every_option_named_exists_in_the_jobs_release_and_none_is_already_set(r
             assert accepted[option]["takes_value"] == bool(value), (r.remedy, f)
             dest = accepted[option]["dest"]
             assert args.get(dest) != (value or "True"), f"{f} is already set"
-        for text in (r.action, r.detail):
+        shown = worded_remedy(r)
+        for text in (shown.action, shown.detail):
             for bad in (
                 "--masked-softmax-fusion",
                 "--bias-gelu-fusion",
@@ -94,14 +105,19 @@ def test_every_option_named_exists_in_the_jobs_release_and_none_is_already_set(r
                 assert f"{bad} " not in f"{text} " or f"--no-{bad[2:]}" in text, (r.remedy, bad)
     by = {r.remedy: r for r in recs}
     assert by["fused_attention"].needs == ["transformer_engine"]
-    assert "install Transformer Engine, then" in by["fused_attention"].action
+    assert _fitted(by["fused_attention"]).action.code is Say.FUSED_ATTENTION_INSTALL
     assert by["softmax_fusion"].needs == ["apex"] and by["softmax_fusion"].remove == [
         "--no-masked-softmax-fusion"
     ]
-    assert "regularisation" in by["attention_dropout"].detail  # what it costs the model, said
-    assert "GiB of 80 GiB" in by["micro_batch"].detail  # the memory it needs, from the log's report
-    assert "batch-generator" in by["timer_sync"].detail  # the timers it takes away, said
-    assert not any("bias-gelu" in r.action or "gelu" in " ".join(r.flags) for r in recs)  # no bias here
+    cost = {k: _fitted(r).cost for k, r in by.items()}
+    assert cost["attention_dropout"] is not None and cost["attention_dropout"].code is Say.DROPOUT_COST
+    mem = cost["micro_batch"]  # the memory it needs, from the log's report: GiB of 80 GiB
+    assert mem is not None and mem.code is Say.MEMORY_PEAK and mem.args[2] == pytest.approx(80, abs=0.5)
+    assert cost["timer_sync"] is not None and cost["timer_sync"].code is Say.TIMER_COST  # the timers it takes
+    # as the report words them (a golden phrase or two)
+    assert "regularisation" in worded_remedy(by["attention_dropout"]).detail
+    assert "GiB of 80 GiB" in worded_remedy(by["micro_batch"]).detail
+    assert not any("gelu" in " ".join(r.flags) for r in recs)  # no bias here
 
 
 @pytest.mark.slow
@@ -112,9 +128,9 @@ def test_the_same_budget_in_other_releases_names_their_own_options(run1: RunAnal
     v10 = {a.remedy: a for a in _advice(run1, version="0.10.0")}
     fa = v10[RemedyId.FUSED_ATTENTION]
     assert [f.option for f in fa.flags] == ["--transformer-impl"]  # --attention-backend came in 0.11
-    assert any("--attention-backend does not exist in Megatron-LM 0.10" in n for n in fa.notes)
+    assert any(n.code is Say.NOT_IN_RELEASE and n.args == ("--attention-backend", "0.10") for n in fa.notes)
     unknown = {a.remedy: a for a in _advice(run1, version=None)}
-    assert any("version unknown" in n for n in unknown[RemedyId.ATTENTION_DROPOUT].notes)
+    assert any(n.code is Say.VERSION_UNKNOWN for n in unknown[RemedyId.ATTENTION_DROPOUT].notes)
 
 
 @pytest.mark.slow
@@ -131,7 +147,7 @@ def test_what_the_job_already_runs_with_is_not_suggested(run1: RunAnalysis) -> N
     with_te = {a.remedy: a for a in _advice(run1, packages={"transformer_engine": "2.9.0", "apex": "absent"})}
     assert (
         with_te[RemedyId.FUSED_ATTENTION].needs == ()
-        and "install" not in with_te[RemedyId.FUSED_ATTENTION].action
+        and with_te[RemedyId.FUSED_ATTENTION].action.code is Say.FUSED_ATTENTION_FLAGS
     )
     full = {a.remedy for a in _advice(run1, memory_mib={"allocated": 12_000.0, "max allocated": 70_000.0})}
     assert RemedyId.MICRO_BATCH not in full  # twice the activations would not fit in 80 GiB
@@ -147,7 +163,11 @@ def test_recomputation_both_ways(run1: RunAnalysis) -> None:
                                                           "recompute_granularity": "full"})}
     r = full[RemedyId.RECOMPUTE]
     assert [f.text() for f in r.flags] == ["--recompute-granularity selective"]
-    assert r.gain is not None and r.gain.promised and "GiB of 80 GiB" in r.cost
+    room = r.cost.args[0] if r.cost is not None else None  # the log's peak of the GPU's 80 GiB
+    assert r.gain is not None and r.gain.promised
+    assert r.cost is not None and r.cost.code is Say.RECOMPUTE_LESS_COST
+    assert isinstance(room, Said) and room.code is Say.PEAK_ROOM
+    assert room.args[1] == pytest.approx(80, abs=0.5)
     tight = {a.remedy: a for a in _advice(run1, memory_mib={"allocated": 12_000.0,
                                                              "max allocated": 78_000.0})}
     m = tight[RemedyId.RECOMPUTE]
@@ -158,8 +178,8 @@ def test_recomputation_both_ways(run1: RunAnalysis) -> None:
 @pytest.mark.slow
 def test_the_pytorch_job_gets_the_pytorch_equivalents(run1: RunAnalysis) -> None:
     got = {a.remedy: a for a in _advice(run1, framework=Framework.PYTORCH, version=None, arguments={})}
-    assert "scaled_dot_product_attention" in got[RemedyId.FUSED_ATTENTION].action
-    assert "torch.compile" in got[RemedyId.FUSED_LAYERS].action
+    assert got[RemedyId.FUSED_ATTENTION].action.code is Say.FUSED_ATTENTION_SDPA
+    assert got[RemedyId.FUSED_LAYERS].action.code is Say.FUSED_LAYERS_COMPILE
     assert all(not a.flags for a in got.values())  # no command-line options outside Megatron-LM
 
 

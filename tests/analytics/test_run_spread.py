@@ -16,8 +16,10 @@ from perfd.analytics.advice.remedies import (
     run_spread_ms,
     with_spread,
 )
+from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.steps.windows import ROBUST_SD_MIN_N, robust_sd
+from perfd.report.remedy_text import text
 
 # the long-sequence job's base run on the H200 (docs/evidence/plan_h200/ab_long_seq.json), steady steps
 H200_BASE = [191, 189, 210, 184, 202, 207, 199, 192, 222, 218, 234, 224, 178, 178, 191, 207, 224]
@@ -43,10 +45,16 @@ def test_one_odd_step_does_not_widen_the_spread() -> None:
 
 def test_the_range_says_whose_spread_it_carries() -> None:
     b = StepBudget(202.0, (), (), step_sd_ms=robust_sd(H200_BASE))
-    g = with_spread(Gain(4.0, 7.0, "model"), b)
-    assert g is not None and g.low_ms < 0 < g.high_ms and "its own steady steps" in g.basis
-    floor = with_spread(Gain(4.0, 7.0, "model"), StepBudget(202.0, (), ()))
-    assert floor is not None and floor.low_ms == pytest.approx(4.0 - 1.01) and "own" not in floor.basis
+    model = say(Say.DATA_BASIS, 4.0, 0.5, 0.9)
+    g = with_spread(Gain(4.0, 7.0, model), b)
+    assert g is not None and g.low_ms < 0 < g.high_ms and g.basis.code is Say.WITH_SPREAD
+    spread = g.basis.args[1]
+    assert isinstance(spread, Said) and spread.args[2] == say(Say.OWN_SPREAD)  # its own steady steps'
+    assert "its own steady steps" in text(g.basis)  # as the report says it
+    floor = with_spread(Gain(4.0, 7.0, model), StepBudget(202.0, (), ()))
+    assert floor is not None and floor.low_ms == pytest.approx(4.0 - 1.01)
+    spread = floor.basis.args[1]
+    assert isinstance(spread, Said) and spread.args[2] is None and "own" not in text(floor.basis)
 
 
 @given(st.lists(st.floats(min_value=1.0, max_value=1e4), min_size=ROBUST_SD_MIN_N, max_size=60),

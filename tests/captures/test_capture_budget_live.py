@@ -22,6 +22,7 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.bookkeeping import device_summary
 from perfd.jobinfo_json import job_info_to_json
+from perfd.report.remedy_text import worded_plan, worded_remedy
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.trace_cache import analyze_chrome_trace, timeline_class
@@ -114,9 +115,10 @@ def test_a_finished_capture_informs_the_job_within_one_rules_tick() -> None:
     off = analyze_run(parsed.job_info, parsed.records, gpu_name=H100, job_name=JOB,
                       timeline=timeline_class(str(TRACE), 3))
     assert off.summary.bottleneck.cls.value == s["bottleneck"]
-    assert off.recommendations[0].action == r1["action"]
+    assert worded_remedy(off.recommendations[0]).action == r1["action"]  # as the report words it
     # the same plan offline (the capture record keeps 4 decimal places)
-    assert off.plan is not None and _rounded(off.plan.to_json()) == _rounded(plan)
+    shown = worded_plan(off.plan)
+    assert shown is not None and _rounded(shown.to_json()) == _rounded(plan)
 
 
 def _rounded(v: Any) -> Any:

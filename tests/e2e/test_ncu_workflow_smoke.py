@@ -23,6 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 SOURCE = ROOT / "tests" / "data" / "megatron" / "h100_resume_save_eval.log"
 ARMED = 1.5
+# The armed runs' ncu rule holds this long before it fires (the GPU script's 20 s): each armed run
+# ~12 s shorter. The checks read the same steps: on a CPU the range's step is the run's first (the
+# slowest), so the armed clock is the POST_STEPS logged after the capture ended (12 either way).
+RULE_FOR_S = "8"
 
 PRETRAIN = r'''
 import datetime, os, re, sys, time
@@ -98,7 +102,7 @@ def test_the_gpu_workflow_script_runs_its_phases_and_checks_on_cpu(tmp_path: Pat
     out = tmp_path / "out"
     env = run_env(PERFD_NCU=str(ncu), FAKE_MEGATRON_STARTUP=str(tmp_path / "startup.txt"), TOTAL_S="330",
                   RUN1_ITERS="100", RUN1_MAX_S="80", ARMED_RESERVE_S="120", POST_STEPS="8",
-                  AGG_GPU="NVIDIA H100 80GB HBM3")
+                  NCU_RULE_FOR_S=RULE_FOR_S, AGG_GPU="NVIDIA H100 80GB HBM3")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "ncu_workflow_live.py"), str(out),
                            "--megatron", str(mega)], cwd=ROOT, env=env, capture_output=True, text=True,

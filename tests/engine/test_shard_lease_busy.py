@@ -32,7 +32,19 @@ from tests.procs import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ITERATIONS = 8  # one node: one partition's messages, a fetch of them folded 8 at a time (YIELD_EVERY)
-BLOCK_S = 1.2  # each message's fold holds the loop this long: 8 of them well past LEASE_TTL_S
+# The leases' TTL in these cases, everything being in process (the bucket made here, the shard, the
+# keepers): half the engine's S.LEASE_TTL_S, and every wait below is counted in it (a keeper renews
+# every TTL / 3, as with the engine's), so each case sees the same renewals and expiries in half the
+# time. The hung keeper's lease is gone LOOP_STALL_S (1 s) + TTL after its loop fell silent at most,
+# 1 s inside the TTL + 2 renewals the test waits (3 s with the engine's TTL).
+TTL_S = 3.0
+BLOCK_S = 0.6  # each message's fold holds the loop this long: 8 of them well past TTL_S (1.6 x)
+
+
+@pytest.fixture(autouse=True)
+def _short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(S, "LEASE_TTL_S", TTL_S)
+    monkeypatch.setattr(lease_keeper, "RENEW_S", TTL_S / 3)
 
 
 class _BusyFold:

@@ -45,6 +45,7 @@ class _Msg:
     async def respond(self, data: bytes) -> None: ...
     async def ack(self) -> None: ...
     async def nak(self) -> None: ...
+    async def in_progress(self) -> None: ...
     async def term(self) -> None: ...
 
 
@@ -190,3 +191,28 @@ def test_a_jobs_info_is_read_once_whatever_many_messages_carry_it(monkeypatch: p
     assert holds.stats.bad_job_info == 2
     layout = fold.jobs["j"].layout
     assert layout is not None and layout.tp == 8
+
+
+def test_a_hold_unsettled_at_hold_s_starts_again_once_then_is_released() -> None:
+    """A message whose windows have not settled by HOLD_S after its delivery has its hold started
+    again once (the shard restarts its ack wait), then is released unsettled HOLD_S after that; one
+    whose windows settled is released, not extended."""
+    _, msgs, _, _ = _messages()
+    holds = Holds(ShardCollectives())
+    hold = shard_windows.HOLD_S
+    last = msgs[-1]  # no later message: its windows never settle
+    assert holds.fold_in(decode(last.data), last, 0, 0.0)
+    assert holds.extend(hold - 0.1) == [] and holds.release(hold - 0.1) == []
+    assert holds.extend(hold) == [last]
+    assert holds.release(hold) == []  # started again at HOLD_S
+    assert holds.extend(2 * hold) == []  # once only
+    assert holds.release(2 * hold) == [last]
+    assert (holds.stats.extended, holds.stats.released_unsettled, holds.stats.held) == (1, 1, 0)
+
+    holds = Holds(ShardCollectives())
+    for m in msgs:
+        holds.fold_in(decode(m.data), m, 0, 0.0)
+    extended = holds.extend(hold)
+    assert msgs[0] not in extended and last in extended
+    released = holds.release(hold)
+    assert msgs[0] in released and last not in released

@@ -10,7 +10,7 @@ Megatron-LM core 0.20 at ``--megatron`` (or MEGATRON_DIR); the issue's model (12
    pretrain_gpt.py ... --save CKPT --exit-interval RUN1_ITERS``; a rule takes a Kineto capture of rank 0
    for 3 steps; Megatron saves its checkpoint at RUN1_ITERS and exits.
 2. run 2, the same job restarted from iteration 1 under ``$(perfd ncu-prefix --job J --ranks 0
-   --kernels-from latest)`` (no --load), a rule ``tool: ncu`` with ``for: 20s``.
+   --kernels-from latest)`` (no --load), a rule ``tool: ncu`` with ``for: 20s`` (NCU_RULE_FOR_S).
 3. run 3, the same job resumed from run 1's checkpoint (``--load CKPT``), armed the same way, its own ncu
    rule.
 Each phase has its own aggregator process over the same ``--state-dir`` (the job's records, captures and
@@ -60,6 +60,9 @@ TRAIN_ITERS = RUN1_ITERS + 2000  # every run's --train-iters (the checkpoint hol
 RUN1_MAX_S = float(os.environ.get("RUN1_MAX_S", "170"))
 ARMED_RESERVE_S = float(os.environ.get("ARMED_RESERVE_S", "175"))  # what run 3 needs after run 2
 POST_STEPS = int(os.environ.get("POST_STEPS", "10"))  # steps logged after the ncu capture ended
+# How long runs 2 and 3 step armed before their ncu rule fires (its ``for:``); the CPU smoke
+# (tests/e2e/test_ncu_workflow_smoke.py) waits less, its steps being 0.1 s.
+NCU_RULE_FOR_S = int(os.environ.get("NCU_RULE_FOR_S", "20"))
 LAUNCH_COUNT = os.environ.get("NCU_LAUNCH_COUNT", "20")
 # None: ncu-prefix's own, which fits the launch window it chooses (a 60 s budget took a 72-launch window
 # that held its range 78 s on the H100: cancelled, "overran its time budget")
@@ -236,7 +239,7 @@ class Workflow:
         if pre["rc"] != 0:
             self.res["setup_error"] = f"perfd ncu-prefix: {pre['stderr']}"
             return
-        launch, log = self.start(name, rules(f"{name}_ncu", "step_time > 0", 20, "ncu", 1), [],
+        launch, log = self.start(name, rules(f"{name}_ncu", "step_time > 0", NCU_RULE_FOR_S, "ncu", 1), [],
                                  pre["stdout"].split(), extra)
         ended_at: int | None = None  # the last iteration logged when the capture ended
         capture_done = False

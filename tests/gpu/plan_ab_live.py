@@ -355,10 +355,12 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
     here = [i for i in plan.items if i.effort.value == "flag" and (i.flags or i.remove)]
     promised = [i for i in here if (i.stage >= 0 if remedies is None else i.remedy in remedies)]
     from perfd.analytics.advice.remedies import GAIN_MODEL
+    from perfd.report.remedy_text import worded_plan, worded_remedy
 
+    shown = worded_plan(plan)  # the plan and its recommendations as the report words them
     return {
         "model": GAIN_MODEL,
-        "plan": plan.to_json(),
+        "plan": shown.to_json() if shown is not None else None,
         "recommendations": [
             {
                 "id": r.id,
@@ -370,7 +372,7 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
                 "needs": r.needs,
                 "effort": r.effort,
             }
-            for r in a.recommendations
+            for r in map(worded_remedy, a.recommendations)
             if r.remedy
         ],
         "budget": budget.to_json() if budget is not None else None,

@@ -4,7 +4,7 @@ most, then code changes — each with its effort, its typed relations to the oth
 another, two overlap on the same kernels or gaps, one requires a package), its prerequisites checked
 against what the job's start-up shows, and the combined gain of the set a user would apply, stage by
 stage. Pure: fitted Advice in (perfd.analytics.advice.remedy_catalog), a typed Plan out; English only
-in :func:`item_text` and the views.
+in the views (perfd.report.plan_view; an item's action: perfd.report.remedy_text.worded_plan).
 
 The combined gain is not the sum of the gains: each remedy names what it removes from which slice of
 the step (:class:`~perfd.analytics.advice.remedies.Removal`); a set removes each slice once, the most
@@ -25,6 +25,7 @@ from perfd.analytics.advice.remedies import (
     Removal,
     run_spread_ms,
 )
+from perfd.analytics.advice.remedy_said import Said
 from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
@@ -48,13 +49,6 @@ class Presence(TextEnum):
 
 
 PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
-# What a package must bring for the remedies here, beyond being importable.
-PACKAGE_NOTES = {
-    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
-    "fused_weight_gradient_mlp_cuda): "
-    "the Python package alone changes nothing",
-    PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
-}
 
 
 @dataclass(frozen=True)
@@ -75,6 +69,8 @@ class Link:
 class Prerequisite:
     package: str
     presence: Presence
+    # what the package must bring beyond being importable: "" until the report words it (by the package:
+    # perfd.report.remedy_text.PACKAGE_NOTES), or as read back from JSON
     note: str = ""
 
     def to_json(self) -> dict[str, object]:
@@ -84,7 +80,7 @@ class Prerequisite:
 @dataclass(frozen=True)
 class PlanItem:
     remedy: str  # RemedyId value
-    action: str
+    action: str  # its words: "" until the report words ``said`` (perfd.report.remedy_text.worded_plan)
     effort: Effort
     gain_ms: tuple[float, float] | None  # alone, with the run-to-run spread
     stage: int  # index into Plan.stages; -1: not in the set (its gain is not promised: measure it)
@@ -96,6 +92,7 @@ class PlanItem:
     any_of: bool = False  # any one of its prerequisites will do (TE or Apex)
     removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
     replay: Change | None = None  # the replay's change its gain was read from (Advice.replay)
+    said: Said | None = None  # the action as its code (Advice.action); None once worded, or read back
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -347,7 +344,7 @@ def presence(cfg: JobConfig, package: str) -> Presence:
 
 
 def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
-    return tuple(Prerequisite(p, presence(cfg, p), PACKAGE_NOTES.get(p, "")) for p in a.requires)
+    return tuple(Prerequisite(p, presence(cfg, p)) for p in a.requires)
 
 
 def _installs(
@@ -434,7 +431,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
         items.append(
             PlanItem(
                 a.remedy.value,
-                a.action,
+                "",
                 a.effort,
                 (a.gain.low_ms, a.gain.high_ms) if a.gain else None,
                 st,
@@ -446,6 +443,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.needs_one and len(a.requires) > 1,
                 a.removes,
                 a.replay,
+                a.action,
             )
         )
     return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay)

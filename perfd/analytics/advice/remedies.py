@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
+from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.advice.replay_gains import ReplayGains, calibrate
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.replay_table import Change
@@ -111,7 +112,7 @@ class Gain:
 
     low_ms: float
     high_ms: float
-    basis: str
+    basis: Said  # how the range was had (its words: perfd.report.remedy_text)
 
     @property
     def mid_ms(self) -> float:
@@ -156,14 +157,14 @@ class Advice:
 
     remedy: RemedyId
     part: Part
-    action: str  # what to do, in the job's own terms
+    action: Said  # what to do, in the job's own terms
     gain: Gain | None
     flags: tuple[Flag, ...] = ()  # options to add (each one its release accepts)
     remove: tuple[str, ...] = ()  # options to take out of the command line
     needs: tuple[str, ...] = ()  # packages the job lacks that the remedy needs
     needs_one: bool = False  # any one of ``needs`` (and of ``requires``) will do
-    cost: str = ""  # what it costs besides time (model, memory)
-    notes: tuple[str, ...] = ()  # options left out and why, caveats
+    cost: Said | None = None  # what it costs besides time (model, memory)
+    notes: tuple[Said, ...] = ()  # options left out and why, caveats
     removes: tuple[Removal, ...] = ()  # what its gain is made of (sums to ``gain`` before the spread)
     requires: tuple[str, ...] = ()  # packages it needs, present or not (``needs``: those the job lacks)
     # the replay's change its gain was read from (perfd.analytics.advice.replay_gains): a set of such
@@ -192,7 +193,7 @@ class FitContext:
         known = run_spread_ms(clock, b.step_sd_ms) / math.sqrt(2.0) if clock else 0.0
         return calibrate(b.replay, clock, known)
 
-    def replayed(self, change: Change, what: str, gaps: Gain | None) -> Gain | None:
+    def replayed(self, change: Change, what: Said, gaps: Gain | None) -> Gain | None:
         """The gain of ``change`` alone: the span of what the replay gives and what the trace's own
         slices give (``gaps``), the basis saying both (None: no replay). Neither model holds every
         measurement (docs/evidence/README.md, issue 53: the replay on the H200's host-bound jobs, the
@@ -206,16 +207,11 @@ class FitContext:
         if gaps is None or not r.slices_hold:
             return Gain(g[0], g[1], said)
         return Gain(min(g[0], gaps.low_ms), max(g[1], gaps.high_ms),
-                    f"{said}: {g[0]:.0f}–{g[1]:.0f} ms; by the trace's slices, {gaps.basis}: "
-                    f"{gaps.low_ms:.0f}–{gaps.high_ms:.0f} ms; the range spans both")
+                    say(Say.REPLAY_AND_SLICES, said, g[0], g[1], gaps.basis, gaps.low_ms, gaps.high_ms))
 
 
-def replay_basis(r: ReplayGains, what: str, traced_ms: float) -> str:
-    return (
-        f"the captured steps replayed launch by launch {what}: the host at {r.scale:.2f}× the profiled "
-        f"one ({r.scales[0]:.2f}–{r.scales[1]:.2f}) steps at the job's own {r.clock_ms:.0f} ms where the "
-        f"trace stepped at {traced_ms:.0f} ms"
-    )
+def replay_basis(r: ReplayGains, what: Said, traced_ms: float) -> Said:
+    return say(Say.REPLAYED, what, r.scale, r.scales[0], r.scales[1], r.clock_ms, traced_ms)
 
 
 # --- model constants: why each range is as wide as it is -------------------------------------------
@@ -316,7 +312,8 @@ GEMM_TO_TARGET = (0.3, 0.6)  # the share of the time above the ceiling-at-target
 BARE_SYNC = "torch.cuda.synchronize()"
 
 
-# The data loader's knobs per framework (the action itself is DATA_LOADING_ACTION, shared with incidents).
+# The data loader's knobs per framework (the action itself is DATA_LOADING_ACTION, shared with incidents;
+# the remedy's note names them by its framework: Say.DATA_KNOBS).
 DATA_KNOBS: dict[Framework, str] = {
     Framework.MEGATRON: "Megatron-LM: --num-workers",
     Framework.PYTORCH: "DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
@@ -339,23 +336,22 @@ MEGATRON_OPTIONS: tuple[str, ...] = (
 )
 
 
-def _flag(cfg: JobConfig, option: str, value: str | None = None) -> tuple[Flag | None, str]:
+def _flag(cfg: JobConfig, option: str, value: str | None = None) -> tuple[Flag | None, Said | None]:
     """The flag if the job's release accepts it and it is not set to ``value`` already; else None and
-    why ("" when already set)."""
+    why (None when already set)."""
     ok = mo.exists(option, cfg.version)
     if ok is None and not mo.guess(option):
-        return None, f"{option} is not an option of Megatron-LM {mo.RELEASES[-1]}"
+        return None, say(Say.NOT_AN_OPTION, option, mo.RELEASES[-1])
     if ok is False:
-        return None, f"{option} does not exist in Megatron-LM {mo.release_of(cfg.version)}"
+        return None, say(Say.NOT_IN_RELEASE, option, str(mo.release_of(cfg.version)))
     opt = mo.OPTIONS.get(option)
     if opt is not None:
         current = cfg.arg(opt.dest)
         if value is None and current == "True":
-            return None, ""
+            return None, None
         if value is not None and current is not None and _same(current, value):
-            return None, ""
-    return Flag(option, value), ("" if ok else f"Megatron-LM version unknown: {option} as in "
-                                 f"{mo.RELEASES[-1]}")
+            return None, None
+    return Flag(option, value), (None if ok else say(Say.VERSION_UNKNOWN, option, mo.RELEASES[-1]))
 
 
 def _same(current: str, value: str) -> bool:
@@ -369,8 +365,9 @@ def _same(current: str, value: str) -> bool:
         return current == value
 
 
-def flags_for(cfg: JobConfig, *wanted: tuple[str, str | None]) -> tuple[tuple[Flag, ...], tuple[str, ...]]:
-    got, notes = [], []
+def flags_for(cfg: JobConfig, *wanted: tuple[str, str | None]) -> tuple[tuple[Flag, ...], tuple[Said, ...]]:
+    got: list[Flag] = []
+    notes: list[Said] = []
     for option, value in wanted:
         f, why = _flag(cfg, option, value)
         if f is not None:
@@ -405,7 +402,7 @@ def merged(p: BudgetPart | None, groups: Iterable[tuple[str, ...]]) -> float:
     return saved
 
 
-def ranged(ms: float, lo_hi: tuple[float, float], basis: str) -> Gain:
+def ranged(ms: float, lo_hi: tuple[float, float], basis: Said) -> Gain:
     return Gain(ms * lo_hi[0], ms * lo_hi[1], basis)
 
 
@@ -413,7 +410,7 @@ def removal(atom: str, ms: float, lo_hi: tuple[float, float] = (1.0, 1.0)) -> Re
     return Removal(atom, ms * lo_hi[0], ms * lo_hi[1])
 
 
-def gain_of(removes: Iterable[Removal], basis: str) -> Gain:
+def gain_of(removes: Iterable[Removal], basis: Said) -> Gain:
     """The gain a remedy's removals add up to."""
     rs = list(removes)
     return Gain(sum(r.low_ms for r in rs), sum(r.high_ms for r in rs), basis)
@@ -434,11 +431,12 @@ def run_spread_ms(step_ms: float, step_sd_ms: float | None) -> float:
     return max(floor, math.sqrt(2.0) * MEDIAN_SE_OF_SD * step_sd_ms / math.sqrt(RUN_SPREAD_STEPS))
 
 
-def spread_text(spread_ms: float, step_ms: float) -> str:
-    """How a range's run-to-run spread is said beside it."""
+def spread_said(spread_ms: float, step_ms: float) -> Said:
+    """How a range's run-to-run spread is said beside it: its ms, its share of the step, and whether it is
+    the job's own steps' spread (over the floor)."""
     own = step_ms > 0 and spread_ms > run_spread_ms(step_ms, None)
-    share = f"{spread_ms / step_ms:.1%} of the step" if step_ms > 0 else "no step"
-    return f"± {spread_ms:.0f} ms run to run ({share}{': the spread of its own steady steps' if own else ''})"
+    share = say(Say.SPREAD_SHARE, spread_ms / step_ms) if step_ms > 0 else say(Say.NO_STEP)
+    return say(Say.SPREAD, spread_ms, share, say(Say.OWN_SPREAD) if own else None)
 
 
 def with_spread(g: Gain | None, b: StepBudget) -> Gain | None:
@@ -447,7 +445,7 @@ def with_spread(g: Gain | None, b: StepBudget) -> Gain | None:
     if g is None:
         return None
     s = run_spread_ms(b.step_ms, b.step_sd_ms)
-    return Gain(g.low_ms - s, g.high_ms + s, f"{g.basis}; {spread_text(s, b.step_ms)}")
+    return Gain(g.low_ms - s, g.high_ms + s, say(Say.WITH_SPREAD, g.basis, spread_said(s, b.step_ms)))
 
 
 def named(b: StepBudget, ms: float) -> bool:

@@ -37,6 +37,7 @@ from perfd.analytics.advice.remedies import (
     removal,
     with_spread,
 )
+from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.advice.remedy_steps import (
     cuda_graphs,
     data_loader,
@@ -76,33 +77,24 @@ def attention_dropout(c: FitContext) -> Advice | None:
     drop = attention_slices(att)[0]
     if not named(b, drop):
         return None
-    basis = (
-        f"the attention dropout's kernels, forward and backward: {drop:.0f} ms per step by op, run no "
-        f"more (× {REMOVED_KERNELS[0]:g}–{REMOVED_KERNELS[1]:g}: the gaps around them move too)"
-    )
+    basis = say(Say.DROPOUT_BASIS, drop, *REMOVED_KERNELS)
     removes = (removal(ATT_DROPOUT, drop, REMOVED_KERNELS),)
-    current = cfg.arg("attention_dropout")
-    cost = (
-        f"regularisation: attention dropout {current or 'the default'} → 0 (large-model pretraining "
-        "recipes mostly use 0; watch the validation loss)"
-    )
+    cost = say(Say.DROPOUT_COST, cfg.arg("attention_dropout") or say(Say.THE_DEFAULT))
     if cfg.framework is Framework.MEGATRON:
         flags, notes = flags_for(cfg, ("--attention-dropout", "0.0"))
         if not flags:
             return None
         gaps_gain = gain_of(removes, basis)
-        replayed = c.replayed(Change.DROPOUT, f"without the attention dropout's kernels ({drop:.0f} ms by "
-                              f"op; the host time before each × {DROPOUT_HOST[1]:g}–{DROPOUT_HOST[0]:g})",
-                              gaps_gain)
+        what = say(Say.DROPOUT_REPLAYED, drop, DROPOUT_HOST[1], DROPOUT_HOST[0])
+        replayed = c.replayed(Change.DROPOUT, what, gaps_gain)
         return Advice(RemedyId.ATTENTION_DROPOUT, Part.ATTENTION,
-                      f"Drop attention dropout: {flags[0].text()}",
+                      say(Say.DROPOUT_FLAG, flags[0].text()),
                       replayed or gaps_gain, flags, cost=cost, notes=notes, removes=removes,
                       replay=Change.DROPOUT if replayed else None)
     return Advice(
         RemedyId.ATTENTION_DROPOUT,
         Part.ATTENTION,
-        "Drop attention dropout: dropout_p=0.0 in scaled_dot_product_attention (attention_dropout=0 "
-        "or attn_pdrop=0 in a Hugging Face config)",
+        say(Say.DROPOUT_SDPA),
         gain_of(removes, basis),
         cost=cost,
         removes=removes,
@@ -128,38 +120,29 @@ def fused_attention(c: FitContext) -> Advice | None:
         drop, mask, rest = attention_slices(att)
         removes = (removal(ATT_DROPOUT, drop), removal(ATT_MASK, mask), removal(ATT_REST, rest),
                    Removal("fused_attention:kernel", -lo_t, -hi_t))
-        gain = gain_of(removes, f"attention's {att.ms:.0f} ms per step out, its {flops / 1e12:.1f} TFLOP per "
-                       f"step back in at {FUSED_ATTENTION_OF_CEILING[0]:g}–{FUSED_ATTENTION_OF_CEILING[1]:g} "
-                       f"of the {ceiling:g} TFLOP/s matmul ceiling ({hi_t:.0f}–{lo_t:.0f} ms): fused "
-                       "attention never writes the s×s scores")
+        gain = gain_of(removes, say(Say.FUSED_ATTENTION_BASIS, att.ms, flops / 1e12,
+                                    *FUSED_ATTENTION_OF_CEILING, ceiling, hi_t, lo_t))
     if cfg.framework is Framework.MEGATRON:
         flash = cfg.present(PACKAGE_FLASH_ATTN)
         wanted: list[tuple[str, str | None]] = [("--transformer-impl", "transformer_engine")]
         wanted.append(("--attention-backend", "flash" if flash else "auto"))
         flags, notes = flags_for(cfg, *wanted)
         if not flash:
-            notes = (*notes, "not --attention-backend flash: with it Transformer Engine uses only the "
-                     "separate "
-                     "flash-attn package (and turns off its cuDNN fused attention), which the job's start-up "
-                     "does not show; auto (or fused) lets TE pick its cuDNN fused attention")
+            notes = (*notes, say(Say.NOT_FLASH_BACKEND))
         needs = (PACKAGE_TE,) if cfg.missing(PACKAGE_TE) else ()
         what = " ".join(f.text() for f in flags)
-        act = (f"Fused attention: install Transformer Engine, then {what}" if needs
-               else f"Fused attention: {what}")
+        act = say(Say.FUSED_ATTENTION_INSTALL if needs else Say.FUSED_ATTENTION_FLAGS, what)
         requires = (PACKAGE_TE, PACKAGE_FLASH_ATTN) if flash else (PACKAGE_TE,)
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes,
                       removes=removes, requires=requires)
     if cfg.framework is Framework.TORCHTITAN:
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION,
-                      "Fused attention: SDPA or flex attention in the model (torchtitan's own models use "
-                      "them)",
+                      say(Say.FUSED_ATTENTION_TORCHTITAN),
                       gain, removes=removes)
     return Advice(
         RemedyId.FUSED_ATTENTION,
         Part.ATTENTION,
-        "Fused attention: "
-        "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) in place of "
-        'softmax(QKᵀ)·V (attn_implementation="sdpa" in Hugging Face)',
+        say(Say.FUSED_ATTENTION_SDPA),
         gain,
         removes=removes,
     )
@@ -180,18 +163,10 @@ def softmax_fusion(c: FitContext) -> Advice | None:
         return None
     ok = mo.exists("--no-masked-softmax-fusion", cfg.version) is not False
     needs = (PACKAGE_APEX,) if not cfg.present(PACKAGE_APEX) else ()
-    basis = (
-        f"the mask fill and the copies of the score matrix autograd makes for it: {extra:.0f} ms per step "
-        f"by op (× {REMOVED_KERNELS[0]:g}–{REMOVED_KERNELS[1]:g}); the fused kernel's softmax costs what "
-        "the unfused one does"
-    )
-    act = ("Fuse scale, mask and softmax: "
-           + ("install Apex with its CUDA extensions (the fused kernels scaled_masked_softmax_cuda), then "
-              if needs else "") + "remove --no-masked-softmax-fusion")
+    basis = say(Say.SOFTMAX_BASIS, extra, *REMOVED_KERNELS)
+    act = say(Say.SOFTMAX_INSTALL if needs else Say.SOFTMAX_REMOVE)
     removes = (removal(ATT_MASK, extra, REMOVED_KERNELS),)
-    notes = () if cfg.missing(PACKAGE_APEX) or not needs else (
-        "the start-up does not show Apex's CUDA extensions; without scaled_masked_softmax_cuda the job "
-        "refuses to start (seen on an H100: No module named 'scaled_masked_softmax_cuda')",)
+    notes = () if cfg.missing(PACKAGE_APEX) or not needs else (say(Say.SOFTMAX_NO_EXTENSIONS),)
     return Advice(RemedyId.SOFTMAX_FUSION, Part.ATTENTION, act, gain_of(removes, basis),
                   remove=("--no-masked-softmax-fusion",) if ok else (), needs=needs, notes=notes,
                   removes=removes, requires=(PACKAGE_APEX,))
@@ -222,15 +197,11 @@ def ce_fusion(c: FitContext) -> Advice | None:
     flags, notes = flags_for(cfg, *wanted)
     if not any(f.option == "--cross-entropy-loss-fusion" for f in flags):
         return None
-    basis = (
-        f"the loss's {loss.ms:.0f} ms per step in {len(_CE_GROUPS)} fused passes instead of one kernel per "
-        f"op: each merged group costs its longest op, {saved:.0f} ms saved (× {MERGED_PASSES[0]:g}–"
-        f"{MERGED_PASSES[1]:g}: what torch.compile fuses varies)"
-    )
+    basis = say(Say.CE_BASIS, loss.ms, len(_CE_GROUPS), saved, *MERGED_PASSES)
     return Advice(
         RemedyId.CE_FUSION,
         Part.LOSS,
-        "Fuse the cross-entropy: " + " ".join(f.text() for f in flags),
+        say(Say.CE_FLAGS, " ".join(f.text() for f in flags)),
         ranged(saved, MERGED_PASSES, basis),
         flags,
         notes=notes,
@@ -259,24 +230,18 @@ def recompute(c: FitContext) -> Advice | None:
         return None
     if gran == "full":
         again = (layers - att) / 3  # the forward of everything but core attention, run once more
-        basis = (
-            f"full recomputation runs each layer's forward twice: {layers:.0f} ms of layer work per step, "
-            f"a third of it forward; selective keeps recomputing core attention ({att:.0f} ms) and no "
-            f"more: {again:.0f} ms back (× {RECOMPUTED_FORWARD[0]:g}–{RECOMPUTED_FORWARD[1]:g})"
-        )
-        room = (
-            f"; the log's peak is {peak / 1024:.1f} GiB of {total / 1024:.0f} GiB"
-            if peak is not None and total is not None
-            else ""
-        )
+        basis = say(Say.FULL_RECOMPUTE_BASIS, layers, att, again, *RECOMPUTED_FORWARD)
+        room = None
+        if peak is not None and total is not None:
+            room = say(Say.PEAK_ROOM, peak / 1024, total / 1024)
         return Advice(
             RemedyId.RECOMPUTE,
             Part.LINEAR,
-            "Recompute less: --recompute-granularity selective (core attention only) instead of full",
+            say(Say.RECOMPUTE_LESS),
             ranged(again, RECOMPUTED_FORWARD, basis),
             flags,
             remove=("--recompute-method",),
-            cost="memory: the layers' activations but attention's are kept" + room,
+            cost=say(Say.RECOMPUTE_LESS_COST, room),
             notes=notes,
         )
     if gran not in (None, "None") or peak is None or total is None or peak < th.MEMORY_HEADROOM.value * total:
@@ -285,16 +250,11 @@ def recompute(c: FitContext) -> Advice | None:
     return Advice(
         RemedyId.RECOMPUTE,
         Part.ATTENTION,
-        "Free memory: --recompute-granularity selective (core attention's s×s activations recomputed, "
-        "not kept)",
-        Gain(
-            -fwd * RECOMPUTED_FORWARD[1],
-            -fwd * RECOMPUTED_FORWARD[0],
-            f"attention's forward ({fwd:.0f} ms of its {att:.0f} ms) runs again in the backward",
-        ),
+        say(Say.FREE_MEMORY),
+        Gain(-fwd * RECOMPUTED_FORWARD[1], -fwd * RECOMPUTED_FORWARD[0],
+             say(Say.FREE_MEMORY_BASIS, fwd, att)),
         flags,
-        cost=f"the step runs longer; the log's peak {peak / 1024:.1f} GiB of {total / 1024:.0f} GiB "
-        "comes down (room for a larger micro-batch)",
+        cost=say(Say.FREE_MEMORY_COST, peak / 1024, total / 1024),
         notes=notes,
     )
 
@@ -306,10 +266,7 @@ def fused_layers(c: FitContext) -> Advice | None:
     if not named(b, ms):
         return None
     removes = tuple(removal(f"{p.part.value}:all", p.ms, FUSED_POINTWISE) for p in parts)
-    basis = (
-        f"normalisation, activation and other pointwise work: {ms:.0f} ms per step, each activation written "
-        f"once instead of once per op (× {FUSED_POINTWISE[0]:g}–{FUSED_POINTWISE[1]:g})"
-    )
+    basis = say(Say.FUSED_LAYERS_BASIS, ms, *FUSED_POINTWISE)
     if cfg.framework is Framework.MEGATRON:
         if cfg.arg("transformer_impl") == "transformer_engine":
             return None
@@ -319,16 +276,13 @@ def fused_layers(c: FitContext) -> Advice | None:
         return Advice(
             RemedyId.FUSED_LAYERS,
             Part.POINTWISE,
-            "Transformer Engine layers: "
-            + (f"install Transformer Engine, then {what}" if needs else what)
-            + " (layer norm in the linear's "
-            "prologue, fused bias-activation-dropout)",
+            say(Say.TE_LAYERS_INSTALL if needs else Say.TE_LAYERS, what),
             ranged(ms, FUSED_POINTWISE, basis),
             flags,
             needs=needs,
             notes=notes
             if needs or cfg.packages.get(PACKAGE_TE)
-            else (*notes, "needs Transformer Engine (the log does not say whether it is installed)"),
+            else (*notes, say(Say.TE_UNSHOWN)),
             removes=removes,
             requires=(PACKAGE_TE,),
         )
@@ -336,14 +290,14 @@ def fused_layers(c: FitContext) -> Advice | None:
         return Advice(
             RemedyId.FUSED_LAYERS,
             Part.POINTWISE,
-            "Fused layers: --compile.enable (torch.compile)",
+            say(Say.FUSED_LAYERS_TORCHTITAN),
             ranged(ms, FUSED_POINTWISE, basis),
             removes=removes,
         )
     return Advice(
         RemedyId.FUSED_LAYERS,
         Part.POINTWISE,
-        "Fused layers: torch.compile(model)",
+        say(Say.FUSED_LAYERS_COMPILE),
         ranged(ms, FUSED_POINTWISE, basis),
         removes=removes,
     )
@@ -360,17 +314,9 @@ def bigger_gemms(c: FitContext) -> Advice | None:
     above = p.ms - at / th.GEMM_EFFICIENT.value
     if not named(b, above):
         return None
-    basis = (
-        f"the GEMMs run at {of:.0%} of the ceiling: {p.ms:.0f} ms per step where "
-        f"{at / th.GEMM_EFFICIENT.value:.0f}"
-        f" ms would be {th.GEMM_EFFICIENT.value:.0%} of it (× {GEMM_TO_TARGET[0]:g}–{GEMM_TO_TARGET[1]:g} "
-        "of the difference)"
-    )
-    act = (
-        "Bigger GEMMs: a larger --micro-batch-size, hidden and FFN sizes multiples of 128"
-        if cfg.framework is Framework.MEGATRON
-        else "Bigger GEMMs: a larger batch per step, dimensions multiples of 128"
-    )
+    target = th.GEMM_EFFICIENT.value
+    basis = say(Say.GEMM_BASIS, of, p.ms, at / target, target, *GEMM_TO_TARGET)
+    act = say(Say.BIGGER_GEMMS_MEGATRON if cfg.framework is Framework.MEGATRON else Say.BIGGER_GEMMS)
     return Advice(RemedyId.BIGGER_GEMMS, p.part, act, ranged(above, GEMM_TO_TARGET, basis))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.remedies import (
     BARE_SYNC,
-    DATA_KNOBS,
     DATA_WAIT_BACK,
     FUSED_ADAM_SAVES,
     GRAD_ACCUM_SAVES,
@@ -45,7 +44,7 @@ from perfd.analytics.advice.remedies import (
     ranged,
     removal,
 )
-from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
+from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
@@ -86,16 +85,11 @@ def timer_sync(c: FitContext) -> Advice | None:
             return None
         n = sum(r.gaps for r in b.idle if r.cause is IdleCause.SYNC)
         owners = sorted({r.owner for r in b.idle if r.cause is IdleCause.SYNC and r.ms >= 0.05 * gaps})
-        basis = (
-            f"{n:.0f} synchronisations a step ({', '.join(owners)}), the GPU idle {gaps:.0f} ms after them "
-            f"while the host launches again; without them the host runs ahead (× {SYNC_GAP_BACK[0]:g}–"
-            f"{SYNC_GAP_BACK[1]:g})"
-        )
+        basis = say(Say.SYNC_BASIS, n, ", ".join(owners), gaps, *SYNC_GAP_BACK)
         return Advice(
             RemedyId.TIMER_SYNC,
             Part.IDLE_SYNC,
-            "Remove host synchronisations from the step: "
-            ".item(), .cpu(), torch.cuda.synchronize(), printing tensors; log every N steps",
+            say(Say.REMOVE_SYNCS),
             ranged(gaps, SYNC_GAP_BACK, basis),
             removes=(removal("idle:sync", gaps, SYNC_GAP_BACK),),
         )
@@ -106,37 +100,26 @@ def timer_sync(c: FitContext) -> Advice | None:
     flags, notes = flags_for(cfg, ("--timing-log-level", "1"))
     if not flags:
         return None
-    basis = (
-        f"the GPU idles {gaps:.0f} ms a step after the bare device synchronisations of the forward-backward "
-        f"phase: the level-2 timers' ({LEVEL2_TEXT} × {m} micro-batches), which level 1 drops "
-        f"(× {TIMER_SYNC_BACK[0]:g}–{TIMER_SYNC_BACK[1]:g}); the step-level timers stay"
-    )
+    basis = say(Say.TIMER_BASIS, gaps, m, *TIMER_SYNC_BACK)
     gaps_gain = ranged(gaps, TIMER_SYNC_BACK, basis)
-    replayed = c.replayed(Change.TIMERS, "without the forward-backward phase's bare synchronisations "
-                          f"(the level-2 timers': {LEVEL2_TEXT} × {m} micro-batches)", gaps_gain)
+    replayed = c.replayed(Change.TIMERS, say(Say.TIMER_REPLAYED, m), gaps_gain)
     # the host's jitter is the timers' to give back only where the host sets the pace
     hidden = c.replay is not None and c.replay.host_hidden
     jitter = SYNC_EXPOSED_JITTER * b.step_sd_ms if b.step_sd_ms and not hidden else 0.0
     if replayed is not None and jitter > 0:
         replayed = Gain(replayed.low_ms, replayed.high_ms + jitter,
-                        f"{replayed.basis}; and up to the {jitter:.0f} ms of host jitter a step its "
-                        f"steady steps show (× {SYNC_EXPOSED_JITTER:g} their robust deviation), which "
-                        "a host synchronising every micro-batch pays and one running ahead absorbs")
+                        say(Say.HOST_JITTER, replayed.basis, jitter, SYNC_EXPOSED_JITTER))
     return Advice(
         RemedyId.TIMER_SYNC,
         Part.IDLE_SYNC,
-        "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 outside diagnosis)",
+        say(Say.TIMER_LEVEL),
         replayed or gaps_gain,
         flags,
-        cost="the per-micro-batch timers go (batch-generator: the data wait perfd reads from the log; "
-        "forward-compute/backward-compute): the step hook or a capture still gives the data wait",
+        cost=say(Say.TIMER_COST),
         notes=notes,
         removes=(removal(TIMER_GAPS, gaps, TIMER_SYNC_BACK),),
         replay=Change.TIMERS if replayed else None,
     )
-
-
-LEVEL2_TEXT = "forward-compute, backward-compute, batch-generator, each started and stopped"
 
 
 def micro_batch(c: FitContext) -> Advice | None:
@@ -166,30 +149,18 @@ def micro_batch(c: FitContext) -> Advice | None:
         return None
     if cfg.pp and cfg.pp > 1:
         p = cfg.pp
-        cost += (
-            f"; with {p} pipeline stages the bubble grows from {(p - 1) / (m + p - 1):.0%} to "
-            f"{(p - 1) / (m // 2 + p - 1):.0%} ({m} → {m // 2} micro-batches)"
-        )
+        cost = say(Say.WITH_BUBBLE, cost, p, (p - 1) / (m + p - 1), (p - 1) / (m // 2 + p - 1), m, m // 2)
     per_step = idle_ms(b, IdleCause.LAUNCH, OPT) + idle_ms(b, IdleCause.SYNC, OPT)
-    basis = (
-        f"{m} → {m // 2} micro-batches a step: of the per-micro-batch gaps, the timers' {timers:.0f} ms "
-        "halve "
-        f"(× {HALF_MICROBATCH_TIMERS[0]:g}–{HALF_MICROBATCH_TIMERS[1]:g}) and the forward-backward launch "
-        f"gaps' {launch:.0f} ms mostly go (× {HALF_MICROBATCH_LAUNCHES[0]:g}–"
-        f"{HALF_MICROBATCH_LAUNCHES[1]:g}: "
-        f"the host launches half as many kernels for the same work); the optimizer phase's {per_step:.0f} ms "
-        "of gaps are per step and stay"
-    )
+    basis = say(Say.MICRO_BATCH_BASIS, m, m // 2, timers, *HALF_MICROBATCH_TIMERS, launch,
+                *HALF_MICROBATCH_LAUNCHES, per_step)
     gaps_gain = gain_of(removes, basis)
-    replayed = c.replayed(Change.MICROBATCH, f"with {m // 2} micro-batches of {new} for {m} of "
-                          f"{cfg.micro_batch} (each kernel of the forward-backward phase "
-                          f"{MICROBATCH_DEVICE[1]:g}–{MICROBATCH_DEVICE[0]:g}× as long, the gradient "
-                          "accumulation's the same)", gaps_gain) \
+    replayed = c.replayed(Change.MICROBATCH, say(Say.MICRO_BATCH_REPLAYED, m // 2, new, m, cfg.micro_batch,
+                                                 MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0]), gaps_gain) \
         if c.budget.replay is not None and c.budget.replay.microbatches == m else None
     return Advice(
         RemedyId.MICRO_BATCH,
         Part.IDLE_SHORT,
-        f"Fewer, larger micro-batches: {flags[0].text()} (global batch {cfg.global_batch} unchanged)",
+        say(Say.MICRO_BATCH, flags[0].text(), cfg.global_batch),
         replayed or gaps_gain,
         flags,
         cost=cost,
@@ -199,20 +170,17 @@ def micro_batch(c: FitContext) -> Advice | None:
     )
 
 
-def memory_cost(cfg: JobConfig) -> str | None:
+def memory_cost(cfg: JobConfig) -> Said | None:
     """What doubling the micro-batch asks of memory (None: it does not fit), from the log's report:
     the state the step keeps ("allocated" between steps) plus twice the activations above it."""
     peak, static = cfg.memory_mib.get("max allocated"), cfg.memory_mib.get("allocated")
     total = cfg.gpu_memory_mib
     if peak is None or static is None or total is None:
-        return "memory: activations double (the log's memory report or the GPU's size is unknown: check)"
+        return say(Say.MEMORY_UNKNOWN)
     new = static + 2 * (peak - static)
     if new > th.MEMORY_HEADROOM.value * total:
         return None
-    return (
-        f"memory: peak allocated {peak / 1024:.1f} → ~{new / 1024:.1f} GiB of {total / 1024:.0f} GiB "
-        "(activations double)"
-    )
+    return say(Say.MEMORY_PEAK, peak / 1024, new / 1024, total / 1024)
 
 
 def cuda_graphs(c: FitContext) -> Advice | None:
@@ -226,29 +194,21 @@ def cuda_graphs(c: FitContext) -> Advice | None:
         removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
         Removal("cuda_graphs:replay", -GRAPH_REPLAY_COST_OF_STEP * b.step_ms, 0.0),
     )
-    gain = gain_of(
-        removes,
-        f"{GRAPH_GAPS_BACK[0]:.0%}–{GRAPH_GAPS_BACK[1]:.0%} of the {launch:.0f} ms of "
-        "forward-backward launch gaps come back (the graphed regions'), less the replay's input "
-        f"copies and the breaks at syncs and dynamic shapes (up to {GRAPH_REPLAY_COST_OF_STEP:.0%} "
-        "of the step)",
-    )
+    gain = gain_of(removes, say(Say.GRAPHS_BASIS, *GRAPH_GAPS_BACK, launch, GRAPH_REPLAY_COST_OF_STEP))
     if cfg.framework is Framework.MEGATRON:
         flags, notes = flags_for(cfg, ("--cuda-graph-impl", "local"))
         if not flags:
             flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
         if not flags:
             return None
-        replayed = c.replayed(Change.GRAPHS, "with the layers' launches from graphs (their host time "
-                              f"× {GRAPHED_HOST[1]:g}–{GRAPHED_HOST[0]:g}: one launch a layer, its copies)",
-                              gain)
+        replayed = c.replayed(Change.GRAPHS, say(Say.GRAPHS_REPLAYED, GRAPHED_HOST[1], GRAPHED_HOST[0]), gain)
         return Advice(
             RemedyId.CUDA_GRAPHS,
             Part.IDLE_SHORT,
-            f"CUDA graphs: {flags[0].text()}",
+            say(Say.GRAPHS_FLAG, flags[0].text()),
             replayed or gain,
             flags,
-            cost="memory for the graphs' static buffers",
+            cost=say(Say.GRAPHS_COST),
             notes=notes,
             removes=removes,
             replay=Change.GRAPHS if replayed else None,
@@ -256,7 +216,7 @@ def cuda_graphs(c: FitContext) -> Advice | None:
     return Advice(
         RemedyId.CUDA_GRAPHS,
         Part.IDLE_SHORT,
-        'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+        say(Say.GRAPHS_COMPILE),
         gain,
         removes=removes,
     )
@@ -294,23 +254,10 @@ def fused_optimizer(c: FitContext) -> Advice | None:
     mid = sum(r.low_ms + r.high_ms for r in removes) / 2
     if not named(b, mid):
         return None
-    kind = "torch's multi-tensor (foreach) Adam" if foreach else "per-tensor Adam kernels"
-    basis = (
-        f"the optimizer phase of a complete step: {kind} {adam:.0f} ms (a fused Adam makes one pass: × "
-        f"{saves[0]:g}–{saves[1]:g} of it saved)"
-        + (
-            f", per-tensor scale and copy kernels {scale:.0f} ms (clipping, the master weights; × "
-            f"{MULTI_TENSOR_SAVES[0]:g}–{MULTI_TENSOR_SAVES[1]:g})"
-            if scale
-            else ""
-        )
-        + (
-            f", launch gaps {launch:.0f} ms (× {PER_TENSOR_LAUNCHES_BACK[0]:g}–"
-            f"{PER_TENSOR_LAUNCHES_BACK[1]:g})"
-            if launch
-            else ""
-        )
-    )
+    kind = say(Say.FOREACH_ADAM if foreach else Say.PER_TENSOR_ADAM)
+    basis = say(Say.OPTIMIZER_BASIS, kind, adam, *saves,
+                say(Say.OPT_SCALE, scale, *MULTI_TENSOR_SAVES) if scale else None,
+                say(Say.OPT_LAUNCH, launch, *PER_TENSOR_LAUNCHES_BACK) if launch else None)
     gain = gain_of(removes, basis)
     if megatron:
         if cfg.present(PACKAGE_APEX) or cfg.present(PACKAGE_TE):
@@ -319,20 +266,16 @@ def fused_optimizer(c: FitContext) -> Advice | None:
         return Advice(
             RemedyId.FUSED_OPTIMIZER,
             Part.OPTIMIZER,
-            "A fused optimizer: install Transformer Engine or Apex with its CUDA extensions (without them "
-            f"Megatron-LM falls back to {kind} and a per-tensor multi_tensor_scale)",
+            say(Say.FUSED_OPTIMIZER_INSTALL, kind),
             gain,
             needs=needs,
             needs_one=True,
             removes=tuple(removes),
             requires=(PACKAGE_TE, PACKAGE_APEX),
-            notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+            notes=() if needs else (say(Say.TE_APEX_UNSHOWN),),
         )
-    act = (
-        "A fused optimizer: --optimizer.implementation fused"
-        if cfg.framework is Framework.TORCHTITAN
-        else "A fused optimizer: torch.optim.AdamW(params, fused=True)"
-    )
+    act = say(Say.FUSED_OPTIMIZER_TORCHTITAN if cfg.framework is Framework.TORCHTITAN
+              else Say.FUSED_OPTIMIZER_TORCH)
     return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, act, gain, removes=tuple(removes))
 
 
@@ -356,25 +299,17 @@ def grad_norm(c: FitContext) -> Advice | None:
     if not syncs or not named(b, mid):
         return None
     needs = (PACKAGE_TE, PACKAGE_APEX) if cfg.missing(PACKAGE_APEX) and cfg.missing(PACKAGE_TE) else ()
-    basis = (
-        f"{n:.0f} .item() synchronisations a step in the optimizer phase leave the GPU idle {syncs:.0f} ms "
-        f"(× {GRAD_NORM_SYNCS_BACK[0]:g}–{GRAD_NORM_SYNCS_BACK[1]:g}), and the per-tensor norm kernels take "
-        f"{norms:.1f} ms (× {GRAD_NORM_KERNELS[0]:g}–{GRAD_NORM_KERNELS[1]:g}): a multi-tensor l2 norm is "
-        "one kernel and no sync"
-    )
+    basis = say(Say.GRAD_NORM_BASIS, n, syncs, *GRAD_NORM_SYNCS_BACK, norms, *GRAD_NORM_KERNELS)
     return Advice(
         RemedyId.GRAD_NORM,
         Part.IDLE_SYNC,
-        "Gradient norm without a sync per tensor: install Transformer Engine or Apex with its CUDA "
-        "extensions "
-        "(amp_C); without them Megatron-LM's local_multi_tensor_l2_norm calls .item() on every parameter "
-        "tensor's norm",
+        say(Say.GRAD_NORM),
         gain_of(removes, basis),
         needs=needs,
         needs_one=True,
         removes=removes,
         requires=(PACKAGE_TE, PACKAGE_APEX),
-        notes=() if needs else ("the start-up does not say whether Transformer Engine or Apex is there",),
+        notes=() if needs else (say(Say.TE_APEX_UNSHOWN),),
     )
 
 
@@ -399,17 +334,10 @@ def grad_accum_fusion(c: FitContext) -> Advice | None:
     needs = () if have else (PACKAGE_TE, PACKAGE_APEX)
     removes = (removal("grad_reduce:main_grad", exposed, GRAD_ACCUM_SAVES),)
     side = p.detail.get("side_stream_ms")
-    basis = (
-        f"the main_grad += kernels: {acc or p.ms:.0f} ms a step"
-        + (f" ({float(side):.0f} ms on a side stream)" if isinstance(side, (int, float)) and side else "")
-        + f", {exposed:.0f} ms of it with nothing else running (× {GRAD_ACCUM_SAVES[0]:g}–"
-        f"{GRAD_ACCUM_SAVES[1]:g}: the GEMM writes fp32 into main_grad instead)"
-    )
-    act = (
-        "Accumulate weight gradients in the GEMM: "
-        + ("install Transformer Engine or Apex with its CUDA extensions, then " if needs else "")
-        + "remove --no-gradient-accumulation-fusion"
-    )
+    basis = say(Say.GRAD_ACCUM_BASIS, acc or p.ms,
+                say(Say.SIDE_STREAM, float(side)) if isinstance(side, (int, float)) and side else None,
+                exposed, *GRAD_ACCUM_SAVES)
+    act = say(Say.GRAD_ACCUM_INSTALL if needs else Say.GRAD_ACCUM)
     return Advice(
         RemedyId.GRAD_ACCUM_FUSION,
         Part.GRAD_REDUCE,
@@ -429,10 +357,7 @@ def overlap_comm(c: FitContext) -> Advice | None:
     comm = b.get(Part.COMM_EXPOSED)
     if comm is None or not named(b, comm.ms) or not cfg.dp or cfg.dp < 2:
         return None
-    basis = (
-        f"exposed communication {comm.ms:.0f} ms per step, run behind the backward pass "
-        f"(× {OVERLAP_HIDES[0]:g}–{OVERLAP_HIDES[1]:g})"
-    )
+    basis = say(Say.OVERLAP_BASIS, comm.ms, *OVERLAP_HIDES)
     if cfg.framework is Framework.MEGATRON:
         flags, notes = flags_for(
             cfg,
@@ -445,17 +370,16 @@ def overlap_comm(c: FitContext) -> Advice | None:
         return Advice(
             RemedyId.OVERLAP_COMM,
             Part.COMM_EXPOSED,
-            "Overlap gradient communication with compute: " + " ".join(f.text() for f in flags),
+            say(Say.OVERLAP_FLAGS, " ".join(f.text() for f in flags)),
             ranged(comm.ms, OVERLAP_HIDES, basis),
             flags,
-            cost="the distributed optimizer shards optimizer state (less memory, a param all-gather)",
+            cost=say(Say.OVERLAP_COST),
             notes=notes,
         )
     return Advice(
         RemedyId.OVERLAP_COMM,
         Part.COMM_EXPOSED,
-        "Overlap communication: DDP buckets overlap with backward by default (check no_sync and "
-        "find_unused_parameters); FSDP: backward_prefetch",
+        say(Say.OVERLAP_DDP),
         ranged(comm.ms, OVERLAP_HIDES, basis),
     )
 
@@ -466,16 +390,13 @@ def data_loader(c: FitContext) -> Advice | None:
     p = b.get(Part.DATA)
     if p is None or not named(b, p.ms):
         return None
-    basis = (
-        f"the step waits {p.ms:.0f} ms for its batch; a loader that keeps up hides it "
-        f"(× {DATA_WAIT_BACK[0]:g}–{DATA_WAIT_BACK[1]:g})"
-    )
+    basis = say(Say.DATA_BASIS, p.ms, *DATA_WAIT_BACK)
     return Advice(
         RemedyId.DATA_LOADER,
         Part.DATA,
-        DATA_LOADING_ACTION,
+        say(Say.DATA_LOADER),
         ranged(p.ms, DATA_WAIT_BACK, basis),
-        notes=(DATA_KNOBS[cfg.framework],),
+        notes=(say(Say.DATA_KNOBS, cfg.framework.value),),
     )
 
 
@@ -484,16 +405,6 @@ def pipeline_wait(c: FitContext) -> Advice | None:
     p = b.get(Part.PIPELINE)
     if p is None or not named(b, p.ms):
         return None
-    basis = (
-        f"pipeline waits {p.ms:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as the "
-        f"micro-batches double (× {PIPELINE_WAIT_BACK[0]:g}–{PIPELINE_WAIT_BACK[1]:g}; imbalance between "
-        "stages stays)"
-    )
-    act = (
-        "Shrink the pipeline wait: more micro-batches per iteration (a larger --global-batch-size or a "
-        "smaller --micro-batch-size), interleaved stages (--num-layers-per-virtual-pipeline-stage), or "
-        "rebalance layers between stages (--decoder-last-pipeline-num-layers)"
-        if cfg.framework is Framework.MEGATRON
-        else "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced stages"
-    )
+    basis = say(Say.PIPELINE_BASIS, p.ms, *PIPELINE_WAIT_BACK)
+    act = say(Say.PIPELINE_MEGATRON if cfg.framework is Framework.MEGATRON else Say.PIPELINE)
     return Advice(RemedyId.PIPELINE, Part.PIPELINE, act, ranged(p.ms, PIPELINE_WAIT_BACK, basis))

@@ -1,0 +1,318 @@
+"""Each remedy sentence's words (perfd.analytics.advice.remedy_said.Say), declared once, here: the remedies
+return codes and numbers (their action, cost, notes and the basis of their gain), and the English is made
+only where it is shown. A template is ``str.format`` over the code's arguments, positional: a nested
+:class:`Said` is its own sentence, None says nothing. The recommendations and the smaller remedies'
+finding made of them (perfd.analytics.advice.budget_findings: RemedyRecommendation, SmallerRemedies) and
+the plan's items (perfd.analytics.advice.plan.PlanItem) are worded here too. Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from perfd.analytics import thresholds as th
+from perfd.analytics.advice.budget_findings import (
+    BudgetFinding,
+    RemedyFacts,
+    RemedyRecommendation,
+    SmallerRemedies,
+)
+from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
+from perfd.analytics.advice.remedies import DATA_KNOBS, Advice, Effort, Framework
+from perfd.analytics.advice.remedy_said import Arg, Said, Say
+from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
+from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
+from perfd.report.budget_text import worded_budget
+
+# The flash-attn note, the Transformer Engine layers' and the timers' words that two sentences share.
+_NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses only the separate flash-attn "
+              "package (and turns off its cuDNN fused attention), which the job's start-up does not show; "
+              "auto (or fused) lets TE pick its cuDNN fused attention")
+_TE_LAYERS = " (layer norm in the linear's prologue, fused bias-activation-dropout)"
+_LEVEL2 = "forward-compute, backward-compute, batch-generator, each started and stopped"
+_TE_OR_APEX = "install Transformer Engine or Apex with its CUDA extensions"
+
+TEMPLATE: dict[Say, str] = {
+    # Options the job's release does or does not take.
+    Say.NOT_AN_OPTION: "{0} is not an option of Megatron-LM {1}",
+    Say.NOT_IN_RELEASE: "{0} does not exist in Megatron-LM {1}",
+    Say.VERSION_UNKNOWN: "Megatron-LM version unknown: {0} as in {1}",
+    # A gain's basis, widened and combined.
+    Say.SPREAD: "± {0:.0f} ms run to run ({1}{2})",
+    Say.SPREAD_SHARE: "{0:.1%} of the step",
+    Say.NO_STEP: "no step",
+    Say.OWN_SPREAD: ": the spread of its own steady steps",
+    Say.WITH_SPREAD: "{0}; {1}",
+    Say.REPLAYED: "the captured steps replayed launch by launch {0}: the host at {1:.2f}× the profiled one "
+                  "({2:.2f}–{3:.2f}) steps at the job's own {4:.0f} ms where the trace stepped at {5:.0f} ms",
+    Say.REPLAY_AND_SLICES: "{0}: {1:.0f}–{2:.0f} ms; by the trace's slices, {3}: {4:.0f}–{5:.0f} ms; the "
+                           "range spans both",
+    # Attention dropout.
+    Say.DROPOUT_BASIS: "the attention dropout's kernels, forward and backward: {0:.0f} ms per step by op, "
+                       "run no more (× {1:g}–{2:g}: the gaps around them move too)",
+    Say.DROPOUT_COST: "regularisation: attention dropout {0} → 0 (large-model pretraining recipes mostly "
+                      "use 0; watch the validation loss)",
+    Say.THE_DEFAULT: "the default",
+    Say.DROPOUT_REPLAYED: "without the attention dropout's kernels ({0:.0f} ms by op; the host time before "
+                          "each × {1:g}–{2:g})",
+    Say.DROPOUT_FLAG: "Drop attention dropout: {0}",
+    Say.DROPOUT_SDPA: "Drop attention dropout: dropout_p=0.0 in scaled_dot_product_attention "
+                      "(attention_dropout=0 or attn_pdrop=0 in a Hugging Face config)",
+    # Fused attention.
+    Say.FUSED_ATTENTION_BASIS: "attention's {0:.0f} ms per step out, its {1:.1f} TFLOP per step back in at "
+                               "{2:g}–{3:g} of the {4:g} TFLOP/s matmul ceiling ({5:.0f}–{6:.0f} ms): fused "
+                               "attention never writes the s×s scores",
+    Say.NOT_FLASH_BACKEND: _NOT_FLASH,
+    Say.FUSED_ATTENTION_INSTALL: "Fused attention: install Transformer Engine, then {0}",
+    Say.FUSED_ATTENTION_FLAGS: "Fused attention: {0}",
+    Say.FUSED_ATTENTION_TORCHTITAN: "Fused attention: SDPA or flex attention in the model (torchtitan's own "
+                                    "models use them)",
+    Say.FUSED_ATTENTION_SDPA: "Fused attention: torch.nn.functional.scaled_dot_product_attention(q, k, v, "
+                              'is_causal=True) in place of softmax(QKᵀ)·V (attn_implementation="sdpa" in '
+                              "Hugging Face)",
+    # Scale-mask-softmax fusion.
+    Say.SOFTMAX_BASIS: "the mask fill and the copies of the score matrix autograd makes for it: {0:.0f} ms "
+                       "per step by op (× {1:g}–{2:g}); the fused kernel's softmax costs what the unfused "
+                       "one does",
+    Say.SOFTMAX_INSTALL: "Fuse scale, mask and softmax: install Apex with its CUDA extensions (the fused "
+                         "kernels scaled_masked_softmax_cuda), then remove --no-masked-softmax-fusion",
+    Say.SOFTMAX_REMOVE: "Fuse scale, mask and softmax: remove --no-masked-softmax-fusion",
+    Say.SOFTMAX_NO_EXTENSIONS: "the start-up does not show Apex's CUDA extensions; without "
+                               "scaled_masked_softmax_cuda the job refuses to start (seen on an H100: No "
+                               "module named 'scaled_masked_softmax_cuda')",
+    # Cross-entropy fusion.
+    Say.CE_BASIS: "the loss's {0:.0f} ms per step in {1} fused passes instead of one kernel per op: each "
+                  "merged group costs its longest op, {2:.0f} ms saved (× {3:g}–{4:g}: what torch.compile "
+                  "fuses varies)",
+    Say.CE_FLAGS: "Fuse the cross-entropy: {0}",
+    # Recomputation.
+    Say.FULL_RECOMPUTE_BASIS: "full recomputation runs each layer's forward twice: {0:.0f} ms of layer work "
+                              "per step, a third of it forward; selective keeps recomputing core attention "
+                              "({1:.0f} ms) and no more: {2:.0f} ms back (× {3:g}–{4:g})",
+    Say.RECOMPUTE_LESS: "Recompute less: --recompute-granularity selective (core attention only) instead of "
+                        "full",
+    Say.RECOMPUTE_LESS_COST: "memory: the layers' activations but attention's are kept{0}",
+    Say.PEAK_ROOM: "; the log's peak is {0:.1f} GiB of {1:.0f} GiB",
+    Say.FREE_MEMORY: "Free memory: --recompute-granularity selective (core attention's s×s activations "
+                     "recomputed, not kept)",
+    Say.FREE_MEMORY_BASIS: "attention's forward ({0:.0f} ms of its {1:.0f} ms) runs again in the backward",
+    Say.FREE_MEMORY_COST: "the step runs longer; the log's peak {0:.1f} GiB of {1:.0f} GiB comes down (room "
+                          "for a larger micro-batch)",
+    # Fused layers.
+    Say.FUSED_LAYERS_BASIS: "normalisation, activation and other pointwise work: {0:.0f} ms per step, each "
+                            "activation written once instead of once per op (× {1:g}–{2:g})",
+    Say.TE_LAYERS_INSTALL: "Transformer Engine layers: install Transformer Engine, then {0}" + _TE_LAYERS,
+    Say.TE_LAYERS: "Transformer Engine layers: {0}" + _TE_LAYERS,
+    Say.TE_UNSHOWN: "needs Transformer Engine (the log does not say whether it is installed)",
+    Say.FUSED_LAYERS_TORCHTITAN: "Fused layers: --compile.enable (torch.compile)",
+    Say.FUSED_LAYERS_COMPILE: "Fused layers: torch.compile(model)",
+    # Bigger GEMMs.
+    Say.GEMM_BASIS: "the GEMMs run at {0:.0%} of the ceiling: {1:.0f} ms per step where {2:.0f} ms would be "
+                    "{3:.0%} of it (× {4:g}–{5:g} of the difference)",
+    Say.BIGGER_GEMMS_MEGATRON: "Bigger GEMMs: a larger --micro-batch-size, hidden and FFN sizes multiples "
+                               "of 128",
+    Say.BIGGER_GEMMS: "Bigger GEMMs: a larger batch per step, dimensions multiples of 128",
+    # Host synchronisations and Megatron-LM's timers.
+    Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.0f} ms after them while the "
+                    "host launches again; without them the host runs ahead (× {3:g}–{4:g})",
+    Say.REMOVE_SYNCS: "Remove host synchronisations from the step: .item(), .cpu(), "
+                      "torch.cuda.synchronize(), printing tensors; log every N steps",
+    Say.TIMER_BASIS: "the GPU idles {0:.0f} ms a step after the bare device synchronisations of the "
+                     f"forward-backward phase: the level-2 timers' ({_LEVEL2} × {{1}} micro-batches), which "
+                     "level 1 drops (× {2:g}–{3:g}); the step-level timers stay",
+    Say.TIMER_REPLAYED: "without the forward-backward phase's bare synchronisations (the level-2 timers': "
+                        f"{_LEVEL2} × {{0}} micro-batches)",
+    Say.HOST_JITTER: "{0}; and up to the {1:.0f} ms of host jitter a step its steady steps show (× {2:g} "
+                     "their robust deviation), which a host synchronising every micro-batch pays and one "
+                     "running ahead absorbs",
+    Say.TIMER_LEVEL: "Time the step without per-micro-batch synchronisations: --timing-log-level 1 (0 "
+                     "outside diagnosis)",
+    Say.TIMER_COST: "the per-micro-batch timers go (batch-generator: the data wait perfd reads from the "
+                    "log; forward-compute/backward-compute): the step hook or a capture still gives the "
+                    "data wait",
+    # The micro-batch.
+    Say.MEMORY_UNKNOWN: "memory: activations double (the log's memory report or the GPU's size is unknown: "
+                        "check)",
+    Say.MEMORY_PEAK: "memory: peak allocated {0:.1f} → ~{1:.1f} GiB of {2:.0f} GiB (activations double)",
+    Say.WITH_BUBBLE: "{0}; with {1} pipeline stages the bubble grows from {2:.0%} to {3:.0%} ({4} → {5} "
+                     "micro-batches)",
+    Say.MICRO_BATCH_BASIS: "{0} → {1} micro-batches a step: of the per-micro-batch gaps, the timers' "
+                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward launch gaps' {5:.0f} "
+                           "ms mostly go (× {6:g}–{7:g}: the host launches half as many kernels for the "
+                           "same work); the optimizer phase's {8:.0f} ms of gaps are per step and stay",
+    Say.MICRO_BATCH_REPLAYED: "with {0} micro-batches of {1} for {2} of {3} (each kernel of the "
+                              "forward-backward phase {4:g}–{5:g}× as long, the gradient accumulation's the "
+                              "same)",
+    Say.MICRO_BATCH: "Fewer, larger micro-batches: {0} (global batch {1} unchanged)",
+    # CUDA graphs.
+    Say.GRAPHS_BASIS: "{0:.0%}–{1:.0%} of the {2:.0f} ms of forward-backward launch gaps come back (the "
+                      "graphed regions'), less the replay's input copies and the breaks at syncs and "
+                      "dynamic shapes (up to {3:.0%} of the step)",
+    Say.GRAPHS_REPLAYED: "with the layers' launches from graphs (their host time × {0:g}–{1:g}: one launch "
+                         "a layer, its copies)",
+    Say.GRAPHS_FLAG: "CUDA graphs: {0}",
+    Say.GRAPHS_COST: "memory for the graphs' static buffers",
+    Say.GRAPHS_COMPILE: 'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+    # The optimizer phase.
+    Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
+    Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",
+    Say.OPTIMIZER_BASIS: "the optimizer phase of a complete step: {0} {1:.0f} ms (a fused Adam makes one "
+                         "pass: × {2:g}–{3:g} of it saved){4}{5}",
+    Say.OPT_SCALE: ", per-tensor scale and copy kernels {0:.0f} ms (clipping, the master weights; × "
+                   "{1:g}–{2:g})",
+    Say.OPT_LAUNCH: ", launch gaps {0:.0f} ms (× {1:g}–{2:g})",
+    Say.FUSED_OPTIMIZER_INSTALL: f"A fused optimizer: {_TE_OR_APEX} (without them Megatron-LM falls back to "
+                                 "{0} and a per-tensor multi_tensor_scale)",
+    Say.FUSED_OPTIMIZER_TORCHTITAN: "A fused optimizer: --optimizer.implementation fused",
+    Say.FUSED_OPTIMIZER_TORCH: "A fused optimizer: torch.optim.AdamW(params, fused=True)",
+    Say.TE_APEX_UNSHOWN: "the start-up does not say whether Transformer Engine or Apex is there",
+    Say.GRAD_NORM_BASIS: "{0:.0f} .item() synchronisations a step in the optimizer phase leave the GPU idle "
+                         "{1:.0f} ms (× {2:g}–{3:g}), and the per-tensor norm kernels take {4:.1f} ms (× "
+                         "{5:g}–{6:g}): a multi-tensor l2 norm is one kernel and no sync",
+    Say.GRAD_NORM: f"Gradient norm without a sync per tensor: {_TE_OR_APEX} (amp_C); without them "
+                   "Megatron-LM's local_multi_tensor_l2_norm calls .item() on every parameter tensor's norm",
+    Say.GRAD_ACCUM_BASIS: "the main_grad += kernels: {0:.0f} ms a step{1}, {2:.0f} ms of it with nothing "
+                          "else running (× {3:g}–{4:g}: the GEMM writes fp32 into main_grad instead)",
+    Say.SIDE_STREAM: " ({0:.0f} ms on a side stream)",
+    Say.GRAD_ACCUM_INSTALL: f"Accumulate weight gradients in the GEMM: {_TE_OR_APEX}, then remove "
+                            "--no-gradient-accumulation-fusion",
+    Say.GRAD_ACCUM: "Accumulate weight gradients in the GEMM: remove --no-gradient-accumulation-fusion",
+    # Communication, data, pipeline.
+    Say.OVERLAP_BASIS: "exposed communication {0:.0f} ms per step, run behind the backward pass (× "
+                       "{1:g}–{2:g})",
+    Say.OVERLAP_FLAGS: "Overlap gradient communication with compute: {0}",
+    Say.OVERLAP_COST: "the distributed optimizer shards optimizer state (less memory, a param all-gather)",
+    Say.OVERLAP_DDP: "Overlap communication: DDP buckets overlap with backward by default (check no_sync "
+                     "and find_unused_parameters); FSDP: backward_prefetch",
+    Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it (× "
+                    "{1:g}–{2:g})",
+    Say.DATA_LOADER: DATA_LOADING_ACTION.replace("{", "{{").replace("}", "}}"),
+    Say.DATA_KNOBS: "{0}",  # the framework's knobs (DATA_KNOBS, which the run's data finding names too)
+    Say.PIPELINE_BASIS: "pipeline waits {0:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as "
+                        "the micro-batches double (× {1:g}–{2:g}; imbalance between stages stays)",
+    Say.PIPELINE_MEGATRON: "Shrink the pipeline wait: more micro-batches per iteration (a larger "
+                           "--global-batch-size or a smaller --micro-batch-size), interleaved stages "
+                           "(--num-layers-per-virtual-pipeline-stage), or rebalance layers between stages "
+                           "(--decoder-last-pipeline-num-layers)",
+    Say.PIPELINE: "Shrink the pipeline wait: more micro-batches per step, an interleaved schedule, balanced "
+                  "stages",
+}
+
+
+def _arg(code: Say, a: Arg) -> object:
+    """An argument as its template takes it: a nested sentence worded, None as nothing, the data loader's
+    framework as its knobs (DATA_KNOBS, which the run's data-loading finding names too)."""
+    if isinstance(a, Said):
+        return text(a)
+    if a is None:
+        return ""
+    if code is Say.DATA_KNOBS:
+        return DATA_KNOBS[Framework(str(a))]
+    return a
+
+
+def text(s: Said | None) -> str:
+    """A remedy's sentence (nothing for None)."""
+    if s is None:
+        return ""
+    return TEMPLATE[s.code].format(*(_arg(s.code, a) for a in s.args))
+
+
+# --- a remedy as the report shows it ----------------------------------------------------------------
+EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
+
+
+def _share(x: float) -> str:
+    return f"{x:.1%}" if abs(x) < 0.1 else f"{x:.0%}"
+
+
+def gain_text(a: Advice, step_ms: float, mfu: float | None) -> str:
+    """The expected change of the step (and of the MFU, where known): a gain, a cost, or one to measure."""
+    g = a.gain
+    if g is None or step_ms <= 0:
+        return "not estimated"
+    lo, hi = g.low_ms, g.high_ms
+    if hi <= 0:  # a cost, not a gain (a remedy for memory)
+        return f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / step_ms)}–{_share(-lo / step_ms)} slower)"
+    if not g.promised:
+        return (f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / step_ms:+.0%} to "
+                f"{-hi / step_ms:+.0%}): measure before keeping it")
+    more = ""
+    if mfu is not None and step_ms - hi > 0:
+        more = f", MFU {mfu:.1%} → {mfu * step_ms / (step_ms - lo):.1%}–{mfu * step_ms / (step_ms - hi):.1%}"
+    return f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / step_ms)}–{_share(hi / step_ms)}){more}"
+
+
+def detail_text(a: Advice, step_ms: float, mfu: float | None) -> str:
+    """A remedy's detail: basis, expected change, needs, cost, notes, effort."""
+    bits = []
+    if a.gain is not None:
+        bits.append(f"basis: {text(a.gain.basis)}")
+        bits.append(f"expected: {gain_text(a, step_ms, mfu)}")
+    if a.needs:
+        names = [PACKAGE_NAMES.get(n, n) for n in a.needs]
+        said = ("neither is" if a.needs_one and len(names) > 1 else "none is" if len(names) > 1
+                else "it is not")
+        bits.append(f"needs {(' or ' if a.needs_one else ' and ').join(names)}; the job's start-up says "
+                    f"{said} installed")
+    if a.cost is not None:
+        bits.append(f"cost: {text(a.cost)}")
+    bits += [text(n) for n in a.notes]
+    bits.append(f"effort: {EFFORT_TEXT[a.effort]}")
+    return "; ".join(bits)
+
+
+def worded_remedy(r: Recommendation) -> Recommendation:
+    """A remedy's recommendation with its action and detail; any other as it is."""
+    if not isinstance(r, RemedyRecommendation) or r.facts is None or len(r.facts.advice) != 1:
+        return r
+    f = r.facts
+    a = f.advice[0]
+    return dataclasses.replace(r, action=text(a.action), detail=detail_text(a, f.step_ms, f.mfu), facts=None)
+
+
+def _smaller(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
+    small = f.advice
+    title = (f"{len(small)} smaller remed{'ies' if len(small) > 1 else 'y'}, each under "
+             f"{th.REMEDY_MIN_GAIN.value:.0%} of the step")
+    said = "; ".join(f"{text(a.action)} ({gain_text(a, f.step_ms, f.mfu)})" for a in small) + "."
+    evidence: dict[str, object] = {"remedies": [
+        {"remedy": a.remedy.value, "action": text(a.action),
+         "gain_ms": [a.gain.low_ms, a.gain.high_ms] if a.gain else None,
+         "flags": [x.text() for x in a.flags], "needs": list(a.needs)} for a in small]}
+    return title, said, evidence
+
+
+def worded_remedies(f: Finding) -> Finding:
+    """The advice package's findings as shown: the smaller remedies' with its title, observation and
+    evidence, the step budget's with theirs (perfd.report.budget_text); any other as it is."""
+    if isinstance(f, BudgetFinding):
+        return worded_budget(f)
+    if not isinstance(f, SmallerRemedies) or f.facts is None:
+        return f
+    title, observation, evidence = _smaller(f.facts)
+    return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
+
+
+# What a package must bring for the remedies, beyond being importable (a plan item's prerequisite's note).
+PACKAGE_NOTES = {
+    PACKAGE_APEX: "with its CUDA extensions (amp_C, scaled_masked_softmax_cuda, "
+                  "fused_weight_gradient_mlp_cuda): the Python package alone changes nothing",
+    PACKAGE_FLASH_ATTN: "the separate flash-attn package: --attention-backend flash uses it alone",
+}
+
+
+def _worded_item(i: PlanItem) -> PlanItem:
+    if i.said is None:  # read back from JSON: worded already
+        return i
+    needs = tuple(dataclasses.replace(p, note=PACKAGE_NOTES.get(p.package, "")) for p in i.prerequisites)
+    return dataclasses.replace(i, action=text(i.said), said=None, prerequisites=needs)
+
+
+def worded_plan(plan: Plan | None) -> Plan | None:
+    """The plan with each item's action and its prerequisites' notes worded (an item read back from JSON
+    has its words already)."""
+    if plan is None:
+        return None
+    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items))

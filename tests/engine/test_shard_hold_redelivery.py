@@ -1,0 +1,106 @@
+"""A node message a shard holds for its windows (perfd.engine.shard_windows) is acknowledged within
+HOLD_S of its delivery, however slow the fold that reached it: real nats-server, a shard in process
+whose collective fold blocks a while for every message (an injected fold), the node messages of a job
+with collectives waiting in the stream when it starts, so that one fetch takes them all. Nothing is
+delivered twice: the engine redelivers none, the shard folds each once.
+
+The engine's ack wait and the hold are shortened (4 s and 2 s, about the 10 s and 7 s they are) so
+that the test takes seconds. With the hold counted from each message's fold, as before, the fetch
+folded in 2.4 s had its last messages (their windows never settled: no later iteration) acknowledged
+past the ack wait, delivered again; the one folded in 4.8 s reached its last messages past the ack
+wait itself (their ack wait is now started again while the fold runs: nats' in-progress ack). The flushes that
+acknowledge them go first at the fold's turns of the loop (folding 8 messages a turn, a flush's few
+round trips each waiting a turn held the acknowledgements past the ack wait too)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import pytest
+
+from perfd.analytics.collectives.shardfold import ShardCollectives
+from perfd.collfold import CollectivePartial
+from perfd.engine import shard_windows
+from perfd.engine import subjects as S
+from perfd.engine.connect import ensure_streams
+from perfd.engine.shard import Shard
+from perfd.model import ParallelLayout, StepRecord
+from perfd.winfigures import WindowFigures
+from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, stream_state
+from tests.engine.test_engine_collectives_faults import Job
+from tests.engine.test_shard_lease_busy import _ShardThread
+from tests.procs import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+ITERATIONS = 48  # one node: one partition's messages, all in one fetch, folded 8 a turn of the loop
+ACK_WAIT_S = 4.0
+HOLD_S = 2.0
+
+
+class _SlowFold:
+    """ShardCollectives, each message's operations folded after blocking ``block_s``."""
+
+    def __init__(self, block_s: float) -> None:
+        self.inner = ShardCollectives()
+        self.block_s = block_s
+        self.blocked = 0
+
+    def add_steps(self, records: Iterable[StepRecord]) -> None:
+        self.inner.add_steps(records)
+
+    def set_layout(self, job: str, layout: ParallelLayout | None) -> None:
+        self.inner.set_layout(job, layout)
+
+    def add(self, part: CollectivePartial) -> None:
+        time.sleep(self.block_s)  # the interpreter's lock held by turns, as a long fold holds it
+        self.blocked += 1
+        self.inner.add(part)
+
+    def take(self) -> list[WindowFigures]:
+        return self.inner.take()
+
+    def settled_from(self, job: str, rank: int) -> int | None:
+        return self.inner.settled_from(job, rank)
+
+
+# The fetch's fold: 2.4 s (under the ack wait; its last holds, counted from their fold, ended past
+# it), 4.8 s (past the ack wait itself)
+@pytest.mark.parametrize("block_s", [0.05, 0.1])
+def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, block_s: float) -> None:
+    monkeypatch.setattr(S, "ACK_WAIT_S", ACK_WAIT_S)  # the shard's consumer is made with it
+    monkeypatch.setattr(shard_windows, "HOLD_S", HOLD_S)
+    rig.start_cluster()
+    nc_call(rig.urls, ensure_streams)
+    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
+    load = rig.start_load(plan, Job(plan).feed)
+    load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all
+    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])  # (the records stream has the rest)
+    assert total == ITERATIONS
+
+    fold = _SlowFold(block_s)
+    shard = Shard(rig.cfg(), "slow", collectives=fold)
+    st = _ShardThread(shard).start()
+    parts = list(range(rig.partitions))
+    try:
+        def all_acked() -> bool:
+            cs = consumers(rig.urls, parts)
+            return (st.error is not None or (shard.stats.node_messages >= total
+                    and sum(c["ack_pending"] for c in cs.values()) == 0
+                    and sum(c["delivered"] or 0 for c in cs.values()) >= total))
+
+        wait_for(all_acked, 60, "every message folded and acknowledged")
+        time.sleep(ACK_WAIT_S + 1.0)  # what a late acknowledgement left would be delivered again by now
+        node_messages = shard.stats.node_messages
+        cs = consumers(rig.urls, parts)
+    finally:
+        st.stop()
+    assert st.error is None, st.error
+    assert fold.blocked == ITERATIONS
+    assert sum(c["redelivered"] for c in cs.values()) == 0, cs
+    assert node_messages == total
+    # the last three (no later iteration settles their windows), their holds started again first
+    assert shard.windows is not None and shard.windows.stats.released_unsettled >= 3
+    assert shard.windows.stats.extended >= 3
