@@ -92,7 +92,7 @@ class Finding:
 class DataAction(TextEnum):
     """The one action for slow data, whether an incident's verdict or the run's data share asks for
     it, by what the rank's CPUs allow (perfd.analytics.incidents.host_evidence.CpuUse): its words are
-    perfd.analytics.breakdown.advice_registry.DATA_ACTIONS. Recommendations with the same one (and
+    perfd.report.data_text.DATA_ACTIONS. Recommendations with the same one (and
     the same ``cpu_only``) are one: :func:`order_findings` keeps the one of most gain."""
 
     LOAD_FASTER = "load-faster"  # the CPUs unknown: more workers, pinned memory, prefetch

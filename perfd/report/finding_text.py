@@ -38,6 +38,7 @@ from perfd.analytics.run.run_facts import (
 from perfd.analytics.run.runs import FiguresFrom, Runs
 from perfd.analytics.steps.untimed import names, untimed_text
 from perfd.report.capture_text import worded_match
+from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
@@ -241,7 +242,7 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
                     else "More gradient accumulation per step (more micro-batches) to amortise the reduce",
                     f"DP={f.dp}; check inter-node bandwidth")
         case DataShareFacts():
-            # the action is the typed data-loading action's (Recommendation.data_loading), set already
+            # the action is the typed data-loading action's (Recommendation.data_loading): DATA_ACTIONS
             return "", (f"{f.timer} {_pct(f.share)} of the step; {f.knobs}"
                         + (f"; step time also jitters (CV {f.jitter_cv:.1%}, finding step-jitter)"
                            if f.jitter_cv is not None else ""))
@@ -299,5 +300,7 @@ def worded_run_recommendation(r: Recommendation) -> Recommendation:
     verdict's (perfd.report.ncu_text); any other as it is."""
     if isinstance(r, RunRecommendation) and r.facts is not None:
         action, detail = recommendation_words(r.facts)
+        if not action and r.data_loading is not None:  # the typed data-loading action's words
+            action = DATA_ACTIONS[r.data_loading]
         return dataclasses.replace(r, action=action or r.action, detail=detail, facts=None)
     return worded_ncu_recommendation(r)

@@ -5,7 +5,8 @@ analysis has no communication share, its method's detail, how a group's link was
 bandwidth comes from, a hang's resolution and line (perfd.report.collective_text, from
 perfd.analytics.collectives); why the job's figures are not its current run's and the steps a run
 finding is over (perfd.report.finding_text.runs_text and span_text, from perfd.analytics.run.runs.Runs
-and perfd.analytics.finding_types.StepSpan) are in no analytics source again. The same check as
+and perfd.analytics.finding_types.StepSpan) and the one action for slow data (perfd.report.data_text,
+by perfd.analytics.finding_types.DataLoading) are in no analytics source again. The same check as
 tests/analytics/test_finding_words.py (AST, no import): each literal piece of five words or more of
 those modules is looked for in every string constant of perfd/analytics; and the typed values that
 carry them hold no sentence."""
@@ -19,7 +20,7 @@ from pathlib import Path
 from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word what analytics gives as kinds and numbers here.
-MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py")
+MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py", "data_text.py")
 # Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
 SAID_ELSEWHERE = {"a profiler never makes steps faster"}
 
@@ -40,6 +41,8 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
     assert "no completed op at or past it from the stuck ranks yet" in fragments  # a hang's resolution
+    assert "Speed up data loading: more data-loader workers, pinned memory, prefetch; check the storage " \
+        "the data comes from" in fragments  # the one action for slow data
     assert any("the span they cover (first enqueue to last end)" in f for f in fragments)  # a method's
     assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
     assert "steady; the current run's steps are all armed" in fragments  # a run finding's steps

@@ -20,7 +20,7 @@ from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, GRADE, PARTS
+from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
@@ -268,8 +268,8 @@ def data_loading(c: RunContext) -> Out:
     # jitter with slow data loading: one action covers both
     said = dataclasses.replace(said, knobs=knobs, jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
     dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
-    return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, DATA_ACTIONS[dl], "", ds, data_loading=dl,
-                                   facts=said)]
+    # its action is the typed one's words (perfd.report.data_text.DATA_ACTIONS, where it is worded)
+    return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, "", "", ds, data_loading=dl, facts=said)]
 
 
 OUTSIDE_STEP_FINDING = "outside-step"
