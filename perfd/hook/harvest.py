@@ -327,5 +327,5 @@ class Harvester(HookState):
 
     def _send_outbox(self) -> None:
         out = self._outbox
-        while out:
-            self.sender.send(out.popleft())
+        while out:  # a pause's announcement, a trace's status: held behind the steps, as they are
+            self.sender.send(out.popleft(), keep=True)

@@ -92,7 +92,9 @@ class PhaseControl(HookState):
             if self._lock.acquire(timeout=_PHASE_LOCK_TIMEOUT_S):
                 try:
                     self._flush()  # the steps before the pause reach the agent first
-                    self.sender.send(rec)
+                    # kept as the steps are while the agent is away or too busy to read: a save whose
+                    # announcement is lost reads as a stall
+                    self.sender.send(rec, keep=True)
                 finally:
                     self._lock.release()
             else:  # the harvester is busy: it sends the announcement at its next pass

@@ -22,6 +22,7 @@ from perfd.engine import subjects as S
 from perfd.engine.partial import decode, encode
 from perfd.engine.root import Root
 from perfd.model import CollectiveRecord
+from perfd.report.collective_text import collectives_json
 from perfd.transport.codec import encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
@@ -129,7 +130,7 @@ def test_what_a_row_costs_on_the_wire() -> None:
 def _analysis_json(state: AggregatorState) -> str:
     got = state.collective_analysis("j", force=True)
     assert got is not None
-    return json.dumps(got.to_json(), sort_keys=True)
+    return json.dumps(collectives_json(got), sort_keys=True)  # as served: findings worded
 
 
 def test_the_root_reads_reduced_and_as_sent_records_into_the_one_aggregator_answer() -> None:

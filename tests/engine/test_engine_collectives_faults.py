@@ -19,6 +19,7 @@ import pytest
 
 from perfd.aggregator.state import AggregatorState
 from perfd.model import CollectiveRecord, StepRecord
+from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import (
     RANKS_PER_NODE,
     Plan,
@@ -86,7 +87,7 @@ class Job:
             single.ingest_collectives(f"agent-{n}", colls)
         got = single.collective_analysis(self.plan.job, force=True)
         assert got is not None
-        return json.dumps(got.to_json(), sort_keys=True)
+        return json.dumps(collectives_json(got), sort_keys=True)  # as served: findings worded
 
 
 def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.engine.rootfold import RootStats
 from perfd.model import CollectiveRecord
+from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job
 from tests.engine.test_engine_records import _until
@@ -35,9 +36,10 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def _answer(state: AggregatorState) -> str:
+    """The job's collective analysis as the aggregator serves it (its findings worded)."""
     got = state.collective_analysis("j", force=True)
     assert got is not None
-    return json.dumps(got.to_json(), sort_keys=True)
+    return json.dumps(collectives_json(got), sort_keys=True)
 
 
 async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient]], Awaitable[None]],

@@ -29,6 +29,7 @@ from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.model import CollectiveRecord
+from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import load_fixture_records
 from tests.engine.test_natsd import _need_nats_server
 from tests.procs import free_port
@@ -61,7 +62,7 @@ def _collective_answer(state: AggregatorState) -> str:
     is the last one made, rate-limited: it may predate the last records)."""
     got = state.collective_analysis(JOB, force=True)
     assert got is not None
-    return json.dumps(got.to_json(), sort_keys=True)
+    return json.dumps(collectives_json(got), sort_keys=True)  # as served: findings worded
 
 
 @pytest.mark.slow

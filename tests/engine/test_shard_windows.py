@@ -24,6 +24,7 @@ from perfd.engine.partial import decode, encode, partials_of
 from perfd.engine.shard_windows import Holds
 from perfd.jobinfo_json import job_info_from_json, job_info_to_json
 from perfd.model import JobInfo, ParallelLayout
+from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import Plan
 from tests.engine.test_engine_collectives_faults import Job
 
@@ -94,7 +95,7 @@ def _through(plan: Plan, msgs: list[_Msg], sent: list[dict[str, Any]], kill_afte
             todo = [x for x in msgs if x.seq <= m.seq and x.seq not in acked] + todo
     got = root.collective_analysis(plan.job, force=True)
     assert got is not None
-    return json.dumps(got.to_json(), sort_keys=True)
+    return json.dumps(collectives_json(got), sort_keys=True)  # as served: findings worded
 
 
 # Every one of the 28 kill points rebuilds the root's analysis: 3.6-3.8 s of CPU each of these two

@@ -92,6 +92,33 @@ def test_agent_appears_after_backoff(tmp_path: Path) -> None:
         sock.close()
 
 
+def test_a_pause_announced_while_the_agent_is_away_comes_late_in_its_place(tmp_path: Path) -> None:
+    """A checkpoint's begin and end, announced while the agent is absent (or too busy to read, as a loaded
+    machine makes it), are held with the steps and reach it in the order they happened, once it reads:
+    dropped, the save's steps would read as a stall (a full suite on 2 cores lost one this way)."""
+    path = str(tmp_path / "late.sock")
+    hook = Hook(path, cuda=False, rank=0)
+    hook.sender.retry_ns = 0
+    run(hook, 2)
+    with hook.phase("checkpoint"):
+        pass
+    run(hook, 1)
+    assert hook.sender.drops == {} and hook.counters()["held"] == 5  # 3 steps, the phase's 2
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.setblocking(False)
+    try:
+        run(hook, 1)
+        got = [(k, wire.unpack_step(d).step if k in wire.STEP_KINDS else wire.unpack_phase(d).state)
+               for k, d in records(drain(sock)) if k in (*wire.STEP_KINDS, wire.KIND_PHASE)]
+        kinds = [k if k == wire.KIND_PHASE else "step" for k, _ in got]
+        assert kinds == ["step", "step", wire.KIND_PHASE, wire.KIND_PHASE, "step", "step"], got
+        assert [v for k, v in got if k == wire.KIND_PHASE] == [wire.PHASE_BEGIN, wire.PHASE_END]
+        assert hook.sender.drops == {}
+    finally:
+        sock.close()
+
+
 def test_the_backlog_is_bounded_and_what_it_loses_is_counted(tmp_path: Path) -> None:
     path = str(tmp_path / "late.sock")
     hook = Hook(path, cuda=False, rank=0)
