@@ -40,6 +40,7 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus
 from perfd.refusals import Refusals
+from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded, worded_recommendation
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
@@ -455,11 +456,11 @@ class CaptureCoordinator:
                 rec.match = m
                 said = capture_finding(m, False, f"capture {rec.id} rank {rank}")
                 if said is not None:
-                    rec.findings.append(said)
+                    rec.findings.append(worded(said))
                 break
         if best is not None:
             _top, rank, dev, d, devices = best
-            rec.bottleneck, rec.bottleneck_reason = d.bottleneck, d.bottleneck_reason
+            rec.bottleneck, rec.bottleneck_reason = d.bottleneck, class_reason(d.basis)
             rec.decided = Decided(rank, dev, tuple(x for x in devices if isinstance(x, Mapping)))
             rec.budget = d.budgets[dev]
 

@@ -46,6 +46,20 @@ def json_fields(obj: Finding | Recommendation) -> dict[str, object]:
     return d
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSpan:
+    """The steps a run finding's figures are over, its ``iterations`` where it is shown
+    (perfd.report.finding_text.span_text): the first and last steady iteration and how many (0: none),
+    the run they are of where the job has had more than one (None: its only run), and whether they are
+    an earlier run's because every step of the current one is armed (``reference``)."""
+
+    first: int | None = None
+    last: int | None = None
+    n: int = 0
+    run: int | None = None
+    reference: bool = False
+
+
 @dataclass
 class Finding:
     """An observation with its evidence (numbers and the iterations they cover)."""
@@ -59,6 +73,8 @@ class Finding:
     source: str = ""
     # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
     origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
+    # The steps a run finding is over, worded into ``iterations`` where it is shown (None: as it is).
+    steps: StepSpan | None = field(default=None, metadata={"json": False})
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finding:
@@ -76,7 +92,7 @@ class Finding:
 class DataAction(TextEnum):
     """The one action for slow data, whether an incident's verdict or the run's data share asks for
     it, by what the rank's CPUs allow (perfd.analytics.incidents.host_evidence.CpuUse): its words are
-    perfd.analytics.breakdown.advice_registry.DATA_ACTIONS. Recommendations with the same one (and
+    perfd.report.data_text.DATA_ACTIONS. Recommendations with the same one (and
     the same ``cpu_only``) are one: :func:`order_findings` keeps the one of most gain."""
 
     LOAD_FASTER = "load-faster"  # the CPUs unknown: more workers, pinned memory, prefetch

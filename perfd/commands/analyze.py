@@ -204,7 +204,7 @@ def run_analyze(args: argparse.Namespace) -> int:
                       "lines read): is it the stdout of a Megatron-LM run (another framework's log?)")
     match = analysis.capture_match
     if match is not None and match.refused and not getattr(args, "capture_force", False):
-        from perfd.analytics.breakdown.capture_match import refusal
+        from perfd.report.capture_text import refusal
 
         return refuse(refusal(match))
     why = check_mfu_possible(analysis, parsed.job_info, args.dtype, args.peak_tflops)

@@ -48,12 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.report.capture_text import class_reason, diagnosis_json
     from perfd.report.grade_text import worded, worded_recommendation
 
     diag = diagnose_capture(objs(out.get("devices")), label=path.name)
     diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
     diag.recommendations = [worded_recommendation(r) for r in diag.recommendations]
-    out.update(diag.to_json())  # findings, recommendations, bottleneck, bottleneck_reason
+    out.update(diagnosis_json(diag))  # findings, recommendations, bottleneck, bottleneck_reason
     if args.json:
         sys.stdout.write(finite_json.dumps(out, indent=2))
         sys.stdout.write("\n")
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"    kernel time by category: {shown}")
         for k in objs(d.get("top_kernels"))[:5]:
             print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {str(k['name'])[:90]}")
-    print(f"\nbottleneck: {diag.bottleneck} — {diag.bottleneck_reason}")
+    print(f"\nbottleneck: {diag.bottleneck} — {class_reason(diag.basis)}")
     for f in diag.findings:
         print(f"  [{f.severity}] {f.title}\n      {f.observation}")
     for r in diag.recommendations:
@@ -98,11 +99,12 @@ def timeline_of(name: str, analysis: CaptureAnalysis, steps: int | None = None,
     """timeline_class of a capture already analysed (``name``: its file's): the analysis is most of the
     cost (seconds for a Megatron-LM step), the class a few milliseconds more."""
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.report.capture_text import class_reason
 
     devices = analysis.to_json()["devices"]
     assert isinstance(devices, list)
     d = diagnose_capture(devices, label=name, iterations=steps)
     decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
     device = next((x for x in devices if isinstance(x, dict) and x.get("device") == decided), None)
-    return TimelineClass(d.bottleneck, d.bottleneck_reason, f"capture {name}", device, steps, name,
+    return TimelineClass(d.bottleneck, class_reason(d.basis), f"capture {name}", device, steps, name,
                          devices=tuple(x for x in devices if isinstance(x, dict)), forced=forced)

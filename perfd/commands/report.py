@@ -103,7 +103,7 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         raise ReportError(f"no Megatron iteration lines found in {log}")
     match = analysis.capture_match
     if match is not None and match.refused and not capture_force:
-        from perfd.analytics.breakdown.capture_match import refusal
+        from perfd.report.capture_text import refusal
 
         raise ReportError(refusal(match))
     why = check_mfu_possible(analysis, parsed.job_info, dtype, peak_tflops)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from perfd.analytics.collectives.bandwidth import GroupBandwidth
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+from perfd.analytics.collectives.collective_config import FR
 from perfd.analytics.collectives.collective_facts import (
     BandwidthFacts,
     CollectiveFacts,
@@ -18,15 +20,114 @@ from perfd.analytics.collectives.collective_facts import (
     DpShareFacts,
     HangFacts,
     LastRankFacts,
+    ShareAbsent,
     ShareAbsentFacts,
     TotalShareFacts,
     TpNodesFacts,
 )
+from perfd.analytics.collectives.collective_hangs import HangView
+from perfd.analytics.collectives.groups import LINKS, Capability, LinkHow, Placement
 from perfd.analytics.finding_types import Finding, Recommendation
+
+# Why the analysis has no total communication share.
+ABSENT_TEXT: dict[ShareAbsent, str] = {
+    ShareAbsent.NO_TIMING: "no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
+    "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)",
+    ShareAbsent.NO_RECORDS: "no Flight Recorder records",
+    ShareAbsent.NO_WINDOW: "no step window is covered by the collective records yet",
+}
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+# How a group's scope was found.
+PLACEMENT_TEXT: dict[Placement, str] = {
+    Placement.RANKS: "rank placement", Placement.INSPECTOR: "NCCL Inspector nnodes",
+    Placement.PARTIAL: "rank placement (partial)", Placement.UNKNOWN: "rank placement unknown"}
+
+
+def link_how_text(h: LinkHow) -> str:
+    """How the link and its bandwidth were chosen: "rank placement; NVLink 4 (H100/H200 SXM): ..."."""
+    head = PLACEMENT_TEXT[h.placement]
+    spec = LINKS.get(h.link) if h.link is not None else None
+    match h.capability:
+        case Capability.CONFIGURED:
+            return f"{head}; configured busbw"
+        case Capability.NO_LINK:
+            return f"{head}; no link known for GPU {h.gpu!r}"
+        case Capability.UNKNOWN_LINK:
+            return f"{head}; unknown link {h.link!r}"
+        case Capability.TABLE if spec is not None:
+            return f"{head}; {spec.description}"
+        case Capability.DEFAULT if spec is not None:
+            return f"{head}; {spec.description} (configurable)"
+    return head
+
+
+def bandwidth_source(b: GroupBandwidth) -> str:
+    """Where a group class's bandwidth comes from: its record sources, and which op's figure counts."""
+    return b.source + (" (per op, the member with the shortest duration: Flight Recorder durations include "
+                       "waiting for peers)" if FR in b.source.split(", ") else "")
+
+
+def bandwidth_json(b: GroupBandwidth) -> dict[str, object]:
+    """A group class's bandwidth as served: how its link was chosen and where it comes from in words."""
+    return {**b.to_json(), "link_how": link_how_text(b.link_how), "source": bandwidth_source(b)}
+
+
+def method_text(a: CollectiveAnalysis) -> str:
+    """How the total share was computed (its method's detail; "" for none)."""
+    if a.method == "step_windows":
+        return ("collectives mapped to iterations by enqueue time (Flight Recorder time_created_ns) between "
+                "the end times of consecutive step records (the rank's own hook records where present, else "
+                "the job's); per window: union of [start, start + duration_ms] with start = enqueue time or "
+                "the end of the previous op of the same process group, whichever is later, ÷ window length; "
+                "windows the records do not cover are left out; summary = median over each rank's latest "
+                f"{a.windows_kept} complete windows (warm-up and capture windows excluded), then median over "
+                "ranks")
+    if a.method == "observation_window":
+        return ("no step records with end times: per rank, union of its collectives' [start, start + "
+                "duration_ms] ÷ the span they cover (first enqueue to last end); one number per rank, not "
+                "per iteration; then median over ranks")
+    return ""
+
+
+def resolution_text(h: HangView) -> str:
+    """Whether a hang resolved, and how it is known."""
+    if h.resolved:
+        return (f"rank(s) {','.join(map(str, h.stuck_ranks))} completed #{h.seq} or later (Flight Recorder "
+                "records)")
+    return "no completed op at or past it from the stuck ranks yet"
+
+
+def hang_text(h: HangView) -> str:
+    """A collective hang in one line: the op, who is stuck, who never reached it, whether it resolved."""
+    what = f"{h.op} #{h.seq} on process group {h.process_group}"
+    stuck = ",".join(map(str, h.stuck_ranks)) or "-"
+    head = f"{what}: rank(s) {stuck} stuck"
+    if h.age_at_first_report_s is not None:
+        head += f" (reported {h.age_at_first_report_s:.0f}s after it was enqueued)"
+    if h.ranks_not_joined:
+        head += f"; rank(s) {','.join(map(str, h.ranks_not_joined))} never reached it"
+    if h.ranks_unknown:
+        head += f"; no data from rank(s) {','.join(map(str, h.ranks_unknown))}"
+    head += f"; {'resolved: ' + resolution_text(h) if h.resolved else 'still active'}"
+    return head + (f" [{h.user_frame}]" if h.user_frame else "")
+
+
+def hang_json(h: HangView) -> dict[str, object]:
+    """A hang as served: its JSON with its resolution after ``resolved`` and its line (``text``) after
+    its user frame."""
+    out: dict[str, object] = {}
+    for k, v in h.to_json().items():
+        out[k] = v
+        if k == "resolved":
+            out["resolution"] = resolution_text(h)
+        if k == "user_frame":
+            out["text"] = hang_text(h)
+    return out
 
 
 def finding_words(f: CollectiveFacts) -> tuple[str, str]:
@@ -35,7 +136,7 @@ def finding_words(f: CollectiveFacts) -> tuple[str, str]:
         case HangFacts():
             h = f.hang
             return (("Collective hang: " if h.active else "Collective stalled, then completed: ")
-                    + f"{h.op} #{h.seq} on group {h.process_group}", h.text())
+                    + f"{h.op} #{h.seq} on group {h.process_group}", hang_text(h))
         case TotalShareFacts():
             per = "the step" if f.of_step else "the observed time"
             parts = ", ".join(f"{c} {_pct(v)}" for c, v in f.by_group)
@@ -51,13 +152,13 @@ def finding_words(f: CollectiveFacts) -> tuple[str, str]:
                     f"DP collectives take {_pct(f.share)} of each step (total, overlapped or not); "
                     f"> {f.threshold:.0%} is the playbook's threshold.")
         case ShareAbsentFacts():
-            return "Total communication share not available", f.reason
+            return "Total communication share not available", ABSENT_TEXT[f.reason]
         case BandwidthFacts():
             b = f.bandwidth
             return (f"{b.group} collectives at {_pct(f.ratio)} of the {b.scope} link",
                     f"{b.n_ops} ops ≥ {f.min_mib} MiB on {b.group} groups reach a median "
                     f"{b.median_busbw_gbs:.0f} GB/s bus bandwidth (max {b.max_busbw_gbs:.0f}) against "
-                    f"~{b.capability_gbs:.0f} GB/s for {b.link} ({b.link_how}).")
+                    f"~{b.capability_gbs:.0f} GB/s for {b.link} ({link_how_text(b.link_how)}).")
         case TpNodesFacts():
             return ("Tensor-parallel group spans nodes",
                     f"TP group {f.group} (ranks {list(f.ranks)}) runs on {f.nodes} nodes: every layer's TP "
@@ -99,7 +200,14 @@ def worded_collective(f: Finding) -> Finding:
     """A collective finding with its words; any other as it is."""
     if isinstance(f, CollectiveFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
-        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+        # the evidence of a hang's or a link's finding is its JSON: as served, with its words
+        evidence, source = f.evidence, f.source
+        if isinstance(f.facts, HangFacts):
+            evidence = hang_json(f.facts.hang)
+        elif isinstance(f.facts, BandwidthFacts):
+            evidence, source = bandwidth_json(f.facts.bandwidth), bandwidth_source(f.facts.bandwidth)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, source=source,
+                                   facts=None)
     return f
 
 
@@ -112,6 +220,13 @@ def worded_collective_recommendation(r: Recommendation) -> Recommendation:
 
 
 def collectives_json(a: CollectiveAnalysis) -> dict[str, Any]:
-    """The collective analysis as served: its JSON with its findings and recommendations worded."""
-    return {**a.to_json(), "findings": [worded_collective(f).to_json() for f in a.findings],
+    """The collective analysis as served: its JSON with its method's detail, the reason of an absent
+    share, how each group's link was chosen and where its bandwidth comes from, each hang's resolution
+    and line, and its findings and recommendations worded."""
+    out = a.to_json()
+    out["method"] = {"name": a.method, "detail": method_text(a)}
+    out["summary"]["absent_reason"] = ABSENT_TEXT[a.absent] if a.absent is not None else None
+    out["bandwidth"] = [bandwidth_json(b) for b in a.bandwidth]
+    out["hangs"] = [hang_json(h) for h in a.hangs]
+    return {**out, "findings": [worded_collective(f).to_json() for f in a.findings],
             "recommendations": [worded_collective_recommendation(r).to_json() for r in a.recommendations]}

@@ -6,10 +6,12 @@ numbers (perfd.analytics.run.run_facts); a capture's slower-than-steady finding
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
-from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.finding_types import Finding, Recommendation, Severity, StepSpan
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
     DataShareFacts,
@@ -33,7 +35,10 @@ from perfd.analytics.run.run_facts import (
     StragglerFacts,
     UntimedFacts,
 )
+from perfd.analytics.run.runs import FiguresFrom, Runs
 from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.report.capture_text import worded_match
+from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
@@ -43,6 +48,39 @@ DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WAR
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def span_text(s: StepSpan) -> str:
+    """The steps a run finding's figures are over: "run 2: iterations 10–40 (31 steady)"."""
+    if s.reference:
+        return (f"run {s.run}: iterations {s.first}–{s.last} ({s.n} steady; the current run's steps are all "
+                "armed)")
+    head = f"run {s.run}: " if s.run is not None else ""
+    return head + (f"iterations {s.first}–{s.last} ({s.n} steady)" if s.n else "no steady-state iterations")
+
+
+def runs_text(r: Runs) -> str | None:
+    """Why the job's figures are not the current run's (None when they are)."""
+    ref = r.reference
+    if r.figures is FiguresFrom.EARLIER_UNARMED and ref is not None:
+        return (f"every step of run {r.current} ran on a rank armed for a capture (ncu): the job's "
+                f"figures are run {ref.run}'s, its last run without (iterations {ref.first_iteration}-"
+                f"{ref.last_iteration}, {ref.n_steady} steady steps)")
+    if r.figures is FiguresFrom.NONE:
+        return (f"every step of run {r.current} ran on a rank armed for a capture (ncu), and no "
+                "earlier run ran without: the job has no steady steps of its own to report")
+    return None
+
+
+def runs_json(r: Runs, made: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The job's runs as served: their JSON (``made``: as the summary's JSON holds it) with why the
+    figures are not the current run's."""
+    out: dict[str, Any] = {}
+    for k, v in (r.to_json() if made is None else made).items():
+        if k == "earlier":
+            out["why"] = runs_text(r)
+        out[k] = v
+    return out
 
 
 def _imbalance(f: ImbalanceFacts) -> tuple[str, str]:
@@ -123,7 +161,7 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
                     "iterations: the slower rank is the heavier stage, not a straggler.")
         case RunFiguresFacts():
             r, ref = f.runs, f.runs.reference
-            text = r.text() or ""
+            text = runs_text(r) or ""
             return (f"Figures of run {ref.run}: run {r.current} runs under ncu" if ref is not None
                     else f"No figures: run {r.current} runs under ncu", text[0].upper() + text[1:] + ".")
         case OutlierFacts():
@@ -204,7 +242,7 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
                     else "More gradient accumulation per step (more micro-batches) to amortise the reduce",
                     f"DP={f.dp}; check inter-node bandwidth")
         case DataShareFacts():
-            # the action is the typed data-loading action's (Recommendation.data_loading), set already
+            # the action is the typed data-loading action's (Recommendation.data_loading): DATA_ACTIONS
             return "", (f"{f.timer} {_pct(f.share)} of the step; {f.knobs}"
                         + (f"; step time also jitters (CV {f.jitter_cv:.1%}, finding step-jitter)"
                            if f.jitter_cv is not None else ""))
@@ -243,15 +281,18 @@ def slower_words(f: SlowerFacts) -> tuple[str, str]:
 
 
 def worded_run(f: Finding) -> Finding:
-    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one or an
-    Nsight Compute verdict's (perfd.report.ncu_text) with its words; any other as it is."""
+    """A run finding (perfd.analytics.run.run_facts.RunFinding), a capture's slower-than-steady one, a
+    capture's mismatch with the job (perfd.report.capture_text) or an Nsight Compute verdict's
+    (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
-        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+        # the figures' finding's evidence is the runs' JSON: as served, with why
+        evidence = runs_json(f.facts.runs) if isinstance(f.facts, RunFiguresFacts) else f.evidence
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
         return dataclasses.replace(f, title=title, observation=observation, facts=None)
-    return worded_ncu(f)
+    return worded_ncu(worded_match(f))
 
 
 def worded_run_recommendation(r: Recommendation) -> Recommendation:
@@ -259,5 +300,7 @@ def worded_run_recommendation(r: Recommendation) -> Recommendation:
     verdict's (perfd.report.ncu_text); any other as it is."""
     if isinstance(r, RunRecommendation) and r.facts is not None:
         action, detail = recommendation_words(r.facts)
+        if not action and r.data_loading is not None:  # the typed data-loading action's words
+            action = DATA_ACTIONS[r.data_loading]
         return dataclasses.replace(r, action=action or r.action, detail=detail, facts=None)
     return worded_ncu_recommendation(r)

@@ -21,7 +21,7 @@ from perfd.analytics.run.run_grade import (
     MfuSaid,
 )
 from perfd.analytics.steps.untimed import untimed_text
-from perfd.report.finding_text import worded_run, worded_run_recommendation
+from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 from perfd.report.remedy_text import worded_remedies, worded_remedy
 
@@ -87,7 +87,7 @@ def _absent(f: MfuFacts) -> str:
     if f.said is MfuSaid.QUOTED and f.quoted is not None:
         return line(f.quoted)
     if f.said is MfuSaid.RUNS and runs is not None:
-        return runs.text() or ""
+        return runs_text(runs) or ""
     if f.said is MfuSaid.EARLIER_RUN and runs is not None and runs.reference is not None:
         ref = runs.reference.run
         return (f"absent: the figures are run {ref}'s (every step of run {runs.current} is armed), and run "
@@ -126,7 +126,10 @@ def worded(f: Finding) -> Finding:
     """A finding as shown, whoever made it: an MFU finding (perfd.analytics.run.run_grade.MfuFinding)
     with its words, the run's others, a capture's, the collectives' and ncu's (perfd.report.finding_text),
     the step budget's and the remedies' (perfd.report.remedy_text); one already worded as it is. The one
-    wording step every finding passes before it is shown, served or kept."""
+    wording step every finding passes before it is shown, served or kept. A run finding's steps
+    (``steps``) are its ``iterations``."""
+    if f.steps is not None:
+        f = dataclasses.replace(f, iterations=span_text(f.steps), steps=None)
     if isinstance(f, MfuFinding) and f.facts is not None:
         title, observation = (mfu_words(f.facts) if isinstance(f.facts, MfuFacts)
                               else crosscheck_words(f.facts))

@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
+from perfd.analytics.breakdown.advice_registry import data_loading
 from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation, Severity
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind, Missing, Verdict
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
+from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.incident_text import EVIDENCE_SOURCE_TEXT, cause_line, cpu_use_text, cpus_text
 from perfd.typed import objs
 

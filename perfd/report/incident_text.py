@@ -18,6 +18,7 @@ from perfd.analytics.incidents.detect import CAPTURE, HANG, LEVEL_SHIFT, STALL, 
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, StallReason, Verdict, decide
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
 from perfd.analytics.incidents.incident_evidence import EvidenceSource
+from perfd.report.collective_text import hang_json
 
 
 def cpu_use_text(use: CpuUse) -> str:
@@ -416,13 +417,16 @@ EVIDENCE_SOURCE_TEXT: dict[EvidenceSource, str] = {
 
 def worded_evidence(inc: Incident, doc: dict[str, object]) -> dict[str, object]:
     """``inc``'s JSON (Incident.to_json: its evidence's codes where sentences are served) with its
-    evidence's source and each rank snapshot's observations worded, in their places (the keys keep
+    evidence's source, its hang's resolution and line and each rank snapshot's observations worded, in
+    their places (the keys keep
     their order: a value replaced in a dict stays where it was)."""
     ev, src = doc.get("evidence"), inc.evidence.source
     if not isinstance(ev, dict):
         return doc
     if src is not None:
         ev["source"] = EVIDENCE_SOURCE_TEXT[src]
+    if inc.evidence.hang is not None and "hang" in ev:  # a collective hang: its resolution and line
+        ev["hang"] = hang_json(inc.evidence.hang)
     snaps, served = inc.evidence.gpu or {}, ev.get("gpu")
     for r, snap in snaps.items():
         one = served.get(str(r)) if isinstance(served, dict) else None

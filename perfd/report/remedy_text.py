@@ -20,10 +20,10 @@ from perfd.analytics.advice.budget_findings import (
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
 from perfd.analytics.advice.remedies import DATA_KNOBS, Advice, Effort, Framework
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
-from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
 from perfd.report.budget_text import worded_budget
+from perfd.report.data_text import DATA_LOADING_ACTION
 
 # The flash-attn note, the Transformer Engine layers' and the timers' words that two sentences share.
 _NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses only the separate flash-attn "

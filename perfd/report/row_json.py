@@ -37,6 +37,7 @@ from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.steady import Exclusion
+from perfd.report.finding_text import runs_json
 from perfd.report.incident_text import incident_json
 from perfd.report.provenance_text import line, lines, text
 
@@ -192,7 +193,9 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
     rest.pop("job")
+    summary = rest.pop("summary")
+    summary["runs"] = runs_json(a.summary.runs, summary["runs"])  # with why the figures are elsewhere
     return {"job": job_json(a.job), "iterations": rows, "iteration_codes": codes.legend(),
-            "summary": rest.pop("summary"),
+            "summary": summary,
             "incidents": [json_value(incident_json(i)) for i in a.incidents], **rest}
 

@@ -15,7 +15,7 @@ from typing import Any
 from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
-from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, data_loading
+from perfd.analytics.breakdown.advice_registry import data_loading
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
@@ -27,6 +27,8 @@ from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.data_text import DATA_ACTIONS
+from perfd.report.finding_text import span_text
 from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
@@ -163,7 +165,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
     grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
                                                 budget_class_text(budget), untimed))
-    span = analysis.steady.range_text()
+    span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
         value = catalog.median_value(d, s.medians)

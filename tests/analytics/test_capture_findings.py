@@ -16,6 +16,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
 from perfd.report.budget_text import worded_budget
+from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded
 from perfd.report.remedy_text import worded_remedy
 
@@ -76,7 +77,7 @@ def test_pp2_unfused_pointwise_kernels_and_softmax() -> None:
     assert _action(rec) in (Say.TE_LAYERS, Say.TE_LAYERS_INSTALL)
     assert "MFU" not in worded_remedy(rec).detail  # MFU unknown here: ms only
     assert d.bottleneck == "sync-bound"  # the window is mostly idle (an nsys window of the whole run)
-    assert d.bottleneck_reason.endswith("(pp2.nsys-rep, device 1)")
+    assert class_reason(d.basis).endswith("(pp2.nsys-rep, device 1)")
 
 
 def _k(dev: int, t0: float, dur_us: float, name: str) -> KernelEvent:
@@ -114,3 +115,4 @@ def test_slower_than_steady_and_compute_bound() -> None:
 def test_no_devices_no_class() -> None:
     d = diagnose_capture([])
     assert d.bottleneck == "unknown" and not d.findings
+    assert class_reason(d.basis) == "no device in the capture"

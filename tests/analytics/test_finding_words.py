@@ -66,8 +66,6 @@ def test_the_facts_hold_no_sentences() -> None:
     allowed = {"DataShareFacts": {"timer", "across_ranks", "knobs"}, "NextStepFacts": {"job"},
                "PrefixHitFacts": {"policy"},
                "TotalShareFacts": {"by_group", "method"}, "TpNodesFacts": {"group"},  # group classes, names
-               # the collective analysis' own reason, served as is in its JSON's summary too (not moved)
-               "ShareAbsentFacts": {"reason"},
                # an ncu verdict: names (part, category, capture), and how the capture chose its kernels,
                # as the capture's record says it (perfd.capture.ncu_exec.KernelChoice)
                "PartVerdict": {"part", "category", "capture", "chosen", "of"}}

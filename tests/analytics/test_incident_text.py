@@ -8,6 +8,7 @@ import dataclasses
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.incidents.detect import HANG, hang_incident
 from perfd.analytics.incidents.incident_evidence import EvidenceSource
+from perfd.report.collective_text import hang_json
 from perfd.report.incident_text import cause_line, incident_json, unworded_evidence
 
 
@@ -15,7 +16,7 @@ def _hang(not_joined: list[int]) -> HangView:
     return HangView(process_group="0", op="allreduce", seq=7, is_p2p=False, stuck_ranks=[0, 2],
                     ranks_not_joined=not_joined, inferred_not_joined=[], ranks_unknown=[],
                     first_reported=120.0, last_reported=125.0, age_at_first_report_s=5.0, resolved=False,
-                    resolution="", agents=["a"], user_frame=None, texts=[])
+                    agents=["a"], user_frame=None, texts=[])
 
 
 def test_a_hang_is_worded_from_its_evidence_not_stored() -> None:
@@ -34,7 +35,11 @@ def test_the_evidence_source_is_a_code_worded_where_served() -> None:
     assert inc.evidence.source is EvidenceSource.NCCL_HANG
     served = incident_json(inc)["evidence"]
     assert isinstance(served, dict) and served["source"] == "collectors/nccl Flight Recorder hang detector"
-    assert inc.to_json()["evidence"] == {**served, "source": "nccl_hang"}  # analytics' JSON: the code
+    hang = inc.evidence.hang
+    assert hang is not None
+    # analytics' JSON: the code, and the hang without its resolution and line (worded where served)
+    assert inc.to_json()["evidence"] == {**served, "source": "nccl_hang", "hang": hang.to_json()}
+    assert served["hang"] == hang_json(hang) and "rank(s) 1 never reached it" in str(hang_json(hang)["text"])
     assert list(served) == list(inc.evidence.to_json())  # in the key's place
     # the state store's copy reads back to the code, by the table, never by parsing the sentence
     assert unworded_evidence(served)["source"] == "nccl_hang"

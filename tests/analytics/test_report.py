@@ -151,9 +151,9 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     """The H100 hook job with slow data listed "Speed up data loading" twice (its incident's and the
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
-    from perfd.analytics.breakdown.advice_registry import DATA_LOADING_ACTION
     from perfd.analytics.finding_types import DataAction, DataLoading, Recommendation, order_findings
     from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
+    from perfd.report.data_text import DATA_LOADING_ACTION
 
     load = DataLoading(DataAction.LOAD_FASTER)
     recs = [Recommendation("", "data-loading", 0, DATA_LOADING_ACTION, "", 0.18, data_loading=load),

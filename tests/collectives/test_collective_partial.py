@@ -25,7 +25,7 @@ from perfd.collfold import (
     reduce,
 )
 from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
-from perfd.report.collective_text import collectives_json
+from perfd.report.collective_text import collectives_json, hang_text
 from perfd.stepfold import fold_ranks
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
@@ -250,4 +250,4 @@ def test_a_resolved_hang_stays_resolved_when_the_retention_lets_its_rows_go() ->
     kept = merge_all("j", parts, keep)
     assert len(kept) == 1 and next(iter(kept.ops.values())).pg_id == 1  # group 0's rows are gone
     (h,) = finish(kept, (), hang_events=hang).hangs
-    assert h.resolved, h.text()
+    assert h.resolved, hang_text(h)

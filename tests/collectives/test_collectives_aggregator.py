@@ -23,6 +23,7 @@ from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue
+from perfd.report.collective_text import hang_text, resolution_text
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
@@ -82,7 +83,7 @@ def test_hang_merged_across_two_nodes():
     (h,) = merge_hangs(evs, Progress())
     assert h.stuck_ranks == [0, 1, 2, 3, 4, 5, 7] and h.ranks_not_joined == [6] and h.ranks_unknown == []
     assert h.active and h.agents == ["a", "b"] and h.age_at_first_report_s == 7.0
-    assert "rank(s) 6 never reached it" in h.text()
+    assert "rank(s) 6 never reached it" in hang_text(h)
 
 
 def test_ranks_no_agent_saw_are_settled_from_the_records():
@@ -100,7 +101,7 @@ def test_a_hang_is_resolved_once_the_stuck_ranks_complete_the_op():
     assert h.active
     p.add(fr(0, 5, 0, 20_000.0))
     (h,) = merge_hangs([_hang_event("a", 1.0, "0", not_joined="1")], p)
-    assert h.resolved and not h.active and "completed #5" in h.resolution
+    assert h.resolved and not h.active and "completed #5" in resolution_text(h)
 
 
 def _recorded_hang_collected(tmp_path: Path) -> tuple[Any, float]:

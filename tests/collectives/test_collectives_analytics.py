@@ -12,11 +12,11 @@ import pytest
 
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.analytics.collectives.collective_config import CollectiveConfig
-from perfd.analytics.collectives.collective_facts import CollectiveFinding, DpShareFacts
+from perfd.analytics.collectives.collective_facts import CollectiveFinding, DpShareFacts, ShareAbsent
 from perfd.analytics.collectives.collective_windows import step_windows
-from perfd.analytics.collectives.groups import classify_group, link_for_group
+from perfd.analytics.collectives.groups import Capability, classify_group, link_for_group
 from perfd.model import CollectiveRecord, ParallelLayout
-from perfd.report.collective_text import collectives_json
+from perfd.report.collective_text import ABSENT_TEXT, collectives_json, link_how_text, method_text
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 
 TP = "TENSOR_MODEL_PARALLEL_GROUP"
@@ -42,7 +42,7 @@ def _two_ranks():
 def test_shares_per_iteration_rank_and_group_by_hand():
     recs, steps = _two_ranks()
     a = analyze_collectives("j", recs, steps)
-    assert a.method == "step_windows" and "time_created_ns" in a.method_detail
+    assert a.method == "step_windows" and "time_created_ns" in method_text(a)
     its = {it.iteration: it for it in a.iterations}
     assert sorted(its) == [2, 3, 4]
     assert its[2].share_by_rank == pytest.approx({0: 0.4, 1: 0.3})
@@ -97,7 +97,7 @@ def test_without_durations_the_share_is_absent_with_the_reason():
     recs = [fr(r, s, 10 * s, None) for r in (0, 1) for s in range(5)]
     a = analyze_collectives("j", recs, [step(0, i, 10 * i) for i in range(5)])
     assert a.comm_total_share is None and not a.timing
-    assert a.absent_reason and "TORCH_NCCL_ENABLE_TIMING=1" in a.absent_reason
+    assert a.absent is ShareAbsent.NO_TIMING and "TORCH_NCCL_ENABLE_TIMING=1" in ABSENT_TEXT[a.absent]
     assert any(f.id == "comm-total-absent" for f in a.findings)
 
 
@@ -256,7 +256,8 @@ def test_links_from_the_gpu_model_and_placement():
     assert link_for_group([0, 1], {}, "NVIDIA H200", nnodes=1).scope == "intra-node"
     assert link_for_group([0, 1], {}, "NVIDIA H200").scope == "unknown"
     c = link_for_group([0, 1], {0: "a", 1: "a"}, "NVIDIA H200", intra_busbw_gbs=300.0)
-    assert c.busbw_gbs == 300.0 and "configured" in c.how
+    assert c.busbw_gbs == 300.0 and c.how.capability is Capability.CONFIGURED
+    assert link_how_text(c.how) == "rank placement; configured busbw"
     assert link_for_group([0, 1], {0: "a", 1: "a"}, "Some GPU").busbw_gbs is None
 
 

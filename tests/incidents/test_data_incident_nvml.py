@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.http import job_summary
-from perfd.analytics.breakdown.advice_registry import DATA_MORE_WORKERS_ACTION
 from perfd.analytics.steps.provenance import Code, cite
+from perfd.report.data_text import DATA_MORE_WORKERS_ACTION
 from perfd.report.incident_text import cause_line
 from tests.gpu.plain_loop_live import truth_data
 from tests.loop_replay import PHASES_NVML, TRAINING_NVML, Feed, loop, nvml_frames, replay, run3_host

@@ -74,7 +74,7 @@ def test_the_evidence_keys_keep_their_order_and_the_state_store_copy_reads_back_
     hang = HangView(process_group="0", op="allreduce", seq=7, is_p2p=False, stuck_ranks=[0],
                     ranks_not_joined=[1],
                     inferred_not_joined=[], ranks_unknown=[], first_reported=120.0, last_reported=125.0,
-                    age_at_first_report_s=5.0, resolved=False, resolution="", agents=["a"], user_frame=None,
+                    age_at_first_report_s=5.0, resolved=False, agents=["a"], user_frame=None,
                     texts=[f"t{i}" for i in range(10)])
     tr.update("j", [hang_incident(hang, 48, 126.0)], _snapshot(126.0), [], 126.0)
     kept = json.loads(finite_json.dumps(tr.export()))

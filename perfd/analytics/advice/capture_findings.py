@@ -26,6 +26,7 @@ from perfd.analytics.breakdown.budget import (
     MIXED,
     NO_FLOPS,
     NO_TIMERS,
+    BudgetClass,
     FlopsContext,
     StepBudget,
     TimerShares,
@@ -57,12 +58,23 @@ class SlowerFinding(Finding):
     facts: SlowerFacts | None = field(default=None, metadata={"json": False})
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassBasis:
+    """What the capture's class rests on, worded where it is shown (perfd.report.capture_text
+    .class_reason): the class of the device that decided and where it is (the capture's label and
+    device); without one, whether the capture had any device (``where``: its label)."""
+
+    decided: BudgetClass | None = None
+    where: str = ""
+    devices: bool = False
+
+
 @dataclass
 class CaptureDiagnosis:
     findings: list[Finding] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
     bottleneck: BottleneckClass = BottleneckClass.UNKNOWN
-    bottleneck_reason: str = "no device in the capture"
+    basis: ClassBasis = field(default_factory=ClassBasis)  # why that class (no device: none decided)
     # device -> compute kernel time per captured iteration ÷ the job's steady compute, where that is
     # at least SLOWER_THAN_STEADY (typed: an incident's evidence reads this, not the finding's text)
     slowdown: dict[int, float] = field(default_factory=dict)
@@ -72,7 +84,7 @@ class CaptureDiagnosis:
     def to_json(self) -> dict[str, object]:
         return {"findings": [f.to_json() for f in self.findings],
                 "recommendations": [r.to_json() for r in self.recommendations],
-                "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
+                "bottleneck": self.bottleneck.value,  # its reason: perfd.report.capture_text
                 "slowdown": {str(k): v for k, v in self.slowdown.items()},
                 "budgets": {str(k): b.to_json() for k, b in self.budgets.items()},
                 "class_shares": dict(self.class_shares)}
@@ -135,7 +147,7 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
     remedies, the waterfall's first steps and the data wait; ``config``: what the job runs with (the
     remedies fit it). A device whose trace marks its steps is divided by those, not ``iterations``."""
     out = CaptureDiagnosis()
-    decided: tuple[float, BottleneckClass, str, dict[str, float]] | None = None
+    decided: tuple[float, BottleneckClass, ClassBasis, dict[str, float]] | None = None
     for dev in devices:
         d = int(dev.get("device", -1))
         where = f"{label}, device {d}" if len(devices) > 1 else label
@@ -157,17 +169,17 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
         if c is not None:
             top = max(c.shares.values())
             if decided is None or top > decided[0]:
-                decided = (top, c.cls, f"{c.reason()} ({where})", c.shares_json())
+                decided = (top, c.cls, ClassBasis(decided=c, where=where), c.shares_json())
         _slower(out, d, dev, label, steps, steady_compute_ms)
     if decided is not None:
-        _top, out.bottleneck, out.bottleneck_reason, out.class_shares = decided
+        _top, out.bottleneck, out.basis, out.class_shares = decided
     elif devices:
-        out.bottleneck_reason = f"no device with kernels ({label})"
+        out.basis = ClassBasis(where=label, devices=True)
     out.recommendations.sort(key=lambda r: -(r.impact or 0.0))
     for i, rec in enumerate(out.recommendations, start=1):
         rec.priority, rec.id = i, f"C{i}"
     return out
 
 
-__all__ = ["MIXED", "CaptureDiagnosis", "SlowerFacts", "SlowerFinding", "diagnose_capture",
+__all__ = ["MIXED", "CaptureDiagnosis", "ClassBasis", "SlowerFacts", "SlowerFinding", "diagnose_capture",
            "steady_compute_ms"]

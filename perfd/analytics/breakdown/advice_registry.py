@@ -215,35 +215,8 @@ BANDS: tuple[GradeEntry, ...] = tuple(g for g in GRADES if g.band)
 # remedy asks for it: the report merges recommendations with the same typed action
 # (perfd.analytics.finding_types.order_findings, on DataLoading). Which one depends on the rank's CPUs
 # (collectors/ranks, perfd.analytics.incidents.host_evidence.cpu_use): with room, more workers load
-# more batches at once; full, another worker only shares the same CPUs. The words carry no numbers
-# (the numbers go in the detail: perfd.report.incident_text.cpu_use_text).
-DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
-                       "the storage the data comes from")
-DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (the rank's CPUs have room), "
-                            "pinned memory, prefetch; check the storage the data comes from")
-DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are full, so more data-loader "
-                         "workers would only share them; cheaper transforms (decode and augment once, "
-                         "offline, or on the GPU) or more CPUs for the job")
-# A CPU-only job's (perfd.model.JobInfo.device): pinned memory only speeds copies to a GPU, and there
-# is no GPU to move transforms to.
-DATA_LOADING_ACTION_CPU = ("Speed up data loading: more data-loader workers, prefetch; check the storage the "
-                           "data comes from")
-DATA_MORE_WORKERS_ACTION_CPU = ("Speed up data loading: more data-loader workers (the rank's CPUs have "
-                                "room), prefetch; check the storage the data comes from")
-DATA_CPU_BOUND_ACTION_CPU = ("Make each batch cheaper to load: the rank's CPUs are full (the training "
-                             "computes on them too), so more data-loader workers would only share them; "
-                             "cheaper transforms (decode and augment once, offline) or more CPUs for the job")
-
-DATA_ACTIONS: Mapping[DataLoading, str] = {
-    DataLoading(DataAction.LOAD_FASTER): DATA_LOADING_ACTION,
-    DataLoading(DataAction.MORE_WORKERS): DATA_MORE_WORKERS_ACTION,
-    DataLoading(DataAction.CHEAPER_BATCHES): DATA_CPU_BOUND_ACTION,
-    DataLoading(DataAction.LOAD_FASTER, cpu_only=True): DATA_LOADING_ACTION_CPU,
-    DataLoading(DataAction.MORE_WORKERS, cpu_only=True): DATA_MORE_WORKERS_ACTION_CPU,
-    DataLoading(DataAction.CHEAPER_BATCHES, cpu_only=True): DATA_CPU_BOUND_ACTION_CPU,
-}
-
-
+# more batches at once; full, another worker only shares the same CPUs. Its words are the report's
+# (perfd.report.data_text.DATA_ACTIONS).
 def data_loading(use: CpuUse | None, cpu_only: bool = False) -> DataLoading:
     """The data-loading action that fits the rank's CPUs (unknown: the general one); ``cpu_only``: a
     job that computes on its CPUs (no GPU advice)."""

@@ -18,7 +18,7 @@ of the capture with the job's own, from what every timeline holds:
   beyond what a profiler adds (perfd.analytics.thresholds.CAPTURE_OTHER_JOB_STEP) or faster than it.
 
 A check without its inputs is not made (``checked`` lists the ones that were). Typed evidence, the
-numbers with it; the sentences are the report's (perfd.report.render) and the CLI's. Pure.
+numbers with it; the sentences are the report's (perfd.report.capture_text). Pure.
 """
 
 from __future__ import annotations
@@ -253,63 +253,26 @@ def check(capture: str, devices: Sequence[Mapping[str, object]], facts: JobFacts
     return CaptureMatch(capture, tuple(got))
 
 
-def _g(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MatchFacts:
+    """A capture that does not match the job: the checks made, and whether it was read anyway."""
+
+    match: CaptureMatch
+    forced: bool
 
 
-def sentence(e: Evidence) -> str:
-    """What one check found, with its numbers (the findings' and the CLI's words)."""
-    x = e.extra
-    if e.check is Check.TOKENS:
-        seen = f"its layer-norm kernels normalise {_g(e.capture)} rows a launch"
-        n = f" ({_g(x.get('launches'))} launches)" if x.get("launches") is not None else ""
-        verdict = "as" if e.matches else "where"
-        return f"{seen}{n}, {verdict} the job's micro-batch holds {_g(e.job)} tokens (micro-batch size × " \
-               "sequence length per GPU)"
-    if e.check is Check.PIPELINE:
-        if (e.job or 0) > 1:
-            return (f"{_g(e.capture)} ms of SendRecv kernels" if e.matches else "no SendRecv kernel") + \
-                f", the job's {_g(e.job)} pipeline stages exchanging activations every micro-batch"
-        return ("no SendRecv kernel, as a job without pipeline stages" if e.matches else
-                f"{_g(e.capture)} ms of SendRecv kernels (a pipeline stage's), where the job has no pipeline "
-                "parallelism")
-    if e.check is Check.COLLECTIVES:
-        return (f"{_g(e.capture)} ms of NCCL kernels" if e.matches else "no NCCL kernel") + \
-            f", the job running on {_g(e.job)} GPUs"
-    if e.check is Check.FLOPS:
-        peak = "the GPU's peak" if x.get("peak_known") else "the highest peak of any GPU perfd knows"
-        return (f"the job's {_g(x.get('tflop_per_step'))} TFLOP a step per GPU, {_g(x.get('steps'))} "
-                f"step(s) in its {_g(x.get('compute_ms'))} ms of kernels, would run at "
-                f"{_g(e.capture)} TFLOP/s, "
-                + ("within" if e.matches else "beyond") + f" {peak} ({_g(e.job)} TFLOP/s)")
-    ratio = x.get("ratio")
-    why = "" if e.matches or ratio is None else (
-        ": more than a profiler adds" if ratio > 1 else ": a profiler never makes steps faster")
-    return (f"its steps take {_g(e.capture)} ms against the job's steady {_g(e.job)} ms"
-            + (f" ({ratio:.2f}×{why})" if ratio is not None else ""))
+@dataclass
+class MatchFinding(Finding):
+    """The finding that a capture is not of the job (or not of its steady steps), its title and
+    observation left to where it is shown (perfd.report.capture_text words them from ``facts``)."""
+
+    facts: MatchFacts | None = field(default=None, metadata={"json": False})
 
 
-def finding(m: CaptureMatch, forced: bool, label: str = "") -> Finding | None:
+def finding(m: CaptureMatch, forced: bool, label: str = "") -> MatchFinding | None:
     """The finding that says a capture does not match the job (None when it does): refused, or used
     anyway (``forced``), or its step time alone apart (stated beside its budget)."""
-    bad = m.mismatches
-    if not bad:
+    if not m.mismatches:
         return None
-    what = ", ".join(e.check.value.replace("_", " ") for e in bad)
-    if m.refused:
-        title = (f"Capture {m.capture} is not of this job ({what})"
-                 + ("; read anyway (--capture-force)" if forced else "; not used"))
-    else:
-        title = f"Capture {m.capture}'s steps are not the job's steady steps ({what})"
-    obs = "; ".join(sentence(e) for e in bad) + "."
-    if not m.refused:
-        obs += (" The budget is read from it, but its idle parts are not the profiler's cost alone: a "
-                "capture of another run, or of steps something slowed.")
-    return Finding("capture-mismatch", Severity.WARNING, title, obs, m.to_json(), "", label or m.capture)
-
-
-def refusal(m: CaptureMatch) -> str:
-    """The one line a command prints when it refuses a capture of another job."""
-    bad = sorted(m.mismatches, key=lambda e: not e.check.decisive)
-    return (f"the capture {m.capture} is not of this job: " + "; ".join(sentence(e) for e in bad)
-            + " (--capture-force to read it anyway)")
+    return MatchFinding("capture-mismatch", Severity.WARNING, "", "", m.to_json(), "", label or m.capture,
+                        facts=MatchFacts(match=m, forced=forced))

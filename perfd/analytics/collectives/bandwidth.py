@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics.collectives.collective_config import FR, INSPECTOR, CollectiveConfig
-from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, link_for_group
+from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, LinkHow, link_for_group
 from perfd.model import CollectiveRecord
 
 
@@ -32,8 +32,8 @@ class GroupBandwidth:
     max_busbw_gbs: float
     median_bytes: float
     ops: dict[str, int]
-    link_how: str
-    source: str
+    link_how: LinkHow  # worded where served (perfd.report.collective_text.link_how_text)
+    source: str  # the record sources' names (what they mean, where served: collective_text)
 
     @property
     def ratio(self) -> float | None:
@@ -44,7 +44,7 @@ class GroupBandwidth:
                 "capability_gbs": self.capability_gbs, "n_ops": self.n_ops,
                 "median_busbw_gbs": self.median_busbw_gbs, "max_busbw_gbs": self.max_busbw_gbs,
                 "ratio": self.ratio, "median_bytes": self.median_bytes, "ops": self.ops,
-                "link_how": self.link_how, "source": self.source}
+                "link_how": self.link_how.to_json(), "source": self.source}
 
 
 def _group_size(r: CollectiveRecord) -> int | None:
@@ -98,8 +98,6 @@ def group_bandwidth(records: Sequence[CollectiveRecord], cls: Mapping[int, str],
             group=group, scope=scope, link=link.link, capability_gbs=link.busbw_gbs, n_ops=len(rs),
             median_busbw_gbs=float(statistics.median(bws)), max_busbw_gbs=max(bws),
             median_bytes=float(statistics.median([float(r.bytes or 0) for r in rs])), ops=ops,
-            link_how=link.how,
-            source=", ".join(srcs) + (" (per op, the member with the shortest duration: Flight Recorder "
-                                      "durations include waiting for peers)" if FR in srcs else "")))
+            link_how=link.how, source=", ".join(srcs)))
     return out
 

@@ -39,6 +39,7 @@ from perfd.analytics.collectives.collective_facts import (
     DpShareFacts,
     HangFacts,
     LastRankFacts,
+    ShareAbsent,
     ShareAbsentFacts,
     TotalShareFacts,
     TpNodesFacts,
@@ -117,7 +118,9 @@ class CollectiveAnalysis:
     sources: dict[str, int]
     timing: bool  # some Flight Recorder record carries a duration
     method: str  # "step_windows" | "observation_window" | "none"
-    method_detail: str
+    # the latest complete windows of each rank the summary is over (the method's detail, worded where
+    # served: perfd.report.collective_text.method_text)
+    windows_kept: int
     groups: list[GroupInfo]
     iterations: list[IterationComm]
     comm_total_share: float | None
@@ -130,7 +133,7 @@ class CollectiveAnalysis:
     hangs: list[HangView]
     findings: list[Finding] = field(default_factory=list)
     recommendations: list[Recommendation] = field(default_factory=list)
-    absent_reason: str | None = None
+    absent: ShareAbsent | None = None  # why no total share (its JSON's absent_reason, worded where served)
     # large ops left out of the bandwidth, by reason: "single_rank_group", "not_credible"
     bandwidth_rejected: dict[str, int] = field(default_factory=dict)
 
@@ -143,12 +146,13 @@ class CollectiveAnalysis:
         where the JSON is served (perfd.report.collective_text.collectives_json adds them)."""
         return {
             "job": self.job, "records": self.n_records, "sources": self.sources, "timing": self.timing,
-            "method": {"name": self.method, "detail": self.method_detail},
+            "method": {"name": self.method, "windows_kept": self.windows_kept},
             "summary": {"comm_total_share": self.comm_total_share,
                         "comm_share_by_rank": {str(r): v for r, v in sorted(self.comm_share_by_rank.items())},
                         "comm_share_by_group": self.comm_share_by_group,
                         "weighted_share": self.weighted_share, "windows": self.n_windows,
-                        "absent_reason": self.absent_reason, "active_hangs": self.active_hangs},
+                        "absent_reason": self.absent.value if self.absent is not None else None,
+                        "active_hangs": self.active_hangs},
             "groups": self.groups,
             "iterations": [it.to_json() for it in self.iterations],
             "bandwidth": [b.to_json() for b in self.bandwidth],
@@ -207,10 +211,10 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     timed = [r for r in records if r.source == FR and r.duration_ms is not None
              and r.time_created_ns is not None and r.rank is not None]
     out = CollectiveAnalysis(job=job, n_records=len(records), sources=sources, timing=bool(timed),
-                             method="none", method_detail="", groups=list(groups.values())[:64],
-                             iterations=[], comm_total_share=None, comm_share_by_rank={},
-                             comm_share_by_group={}, weighted_share=None, n_windows=0, bandwidth=[],
-                             waits=[], hangs=[])
+                             method="none", windows_kept=cfg.recent_windows,
+                             groups=list(groups.values())[:64], iterations=[], comm_total_share=None,
+                             comm_share_by_rank={}, comm_share_by_group={}, weighted_share=None, n_windows=0,
+                             bandwidth=[], waits=[], hangs=[])
     _shares(out, timed, cls, steps, cfg, fold, layout)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
@@ -248,9 +252,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             steps: Sequence[StepRecord], cfg: CollectiveConfig, fold: FoldView | None = None,
             layout: ParallelLayout | None = None) -> None:
     if not timed and not (fold is not None and (fold.counts.folded or fold.counts.received)):
-        out.absent_reason = ("no Flight Recorder durations: the job runs without TORCH_NCCL_ENABLE_TIMING=1 "
-                             "(`perfd launch --fr-timing`; opt-in, see PyTorch issue 143890 for its cost)"
-                             if out.sources.get(FR) else "no Flight Recorder records")
+        out.absent = ShareAbsent.NO_TIMING if out.sources.get(FR) else ShareAbsent.NO_RECORDS
         return
     by_rank: dict[int, list[CollectiveRecord]] = {}
     for r in timed:
@@ -302,14 +304,6 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             observed[rank] = (comm_ns / span_ns, {c: union_ns(v) / span_ns for c, v in by_c.items()})
     if rank_share:
         out.method = "step_windows"
-        out.method_detail = (
-            "collectives mapped to iterations by enqueue time (Flight Recorder time_created_ns) between the "
-            "end times of consecutive step records (the rank's own hook records where present, else the "
-            "job's); per window: union of [start, start + duration_ms] with start = enqueue time or the end "
-            "of the previous op of the same process group, whichever is later, ÷ window length; windows the "
-            "records do not cover are left out; summary = median over each rank's latest "
-            f"{cfg.recent_windows} complete windows (warm-up and capture windows excluded), then median "
-            "over ranks")
         out.comm_share_by_rank = rank_share
         out.comm_total_share = _median(list(rank_share.values()))
         out.weighted_share = _median(list(rank_weighted.values()))
@@ -318,16 +312,13 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
                                    for c in classes}
     elif observed:
         out.method = "observation_window"
-        out.method_detail = ("no step records with end times: per rank, union of its collectives' "
-                             "[start, start + duration_ms] ÷ the span they cover (first enqueue to last "
-                             "end); one number per rank, not per iteration; then median over ranks")
         out.comm_share_by_rank = {r: v[0] for r, v in observed.items()}
         out.comm_total_share = _median([v[0] for v in observed.values()])
         classes = sorted({c for v in observed.values() for c in v[1]})
         out.comm_share_by_group = {c: _median([v[1].get(c, 0.0) for v in observed.values()]) or 0.0
                                    for c in classes}
     else:
-        out.absent_reason = "no step window is covered by the collective records yet"
+        out.absent = ShareAbsent.NO_WINDOW
     for it in sorted(per_it)[-cfg.max_iterations_out:]:
         rows = per_it[it]
         classes = sorted({c for v in rows.values() for c in v[2]})
@@ -401,9 +392,9 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], Gro
             f.append(CollectiveFinding("comm-dp-high", Severity.WARNING, "", "", {"dp_share": dp}, "", src,
                                        facts=said))
             r.append(CollectiveRecommendation("", "comm-dp-high", 0, "", "", dp, facts=said))
-    elif a.absent_reason:
+    elif a.absent is not None:
         f.append(CollectiveFinding("comm-total-absent", Severity.INFO, "", "", {"records": a.n_records}, "",
-                                   src, facts=ShareAbsentFacts(reason=a.absent_reason)))
+                                   src, facts=ShareAbsentFacts(reason=a.absent)))
     for b in a.bandwidth:
         ratio = b.ratio
         if ratio is None or ratio >= cfg.low_bandwidth_fraction:

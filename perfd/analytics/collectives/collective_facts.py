@@ -8,7 +8,17 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.collectives.bandwidth import GroupBandwidth
 from perfd.analytics.collectives.collective_hangs import HangView
+from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation
+
+
+class ShareAbsent(TextEnum):
+    """Why the analysis has no total communication share (worded where served:
+    perfd.report.collective_text)."""
+
+    NO_TIMING = "no_timing"  # Flight Recorder records without durations (TORCH_NCCL_ENABLE_TIMING unset)
+    NO_RECORDS = "no_records"  # no Flight Recorder records at all
+    NO_WINDOW = "no_window"  # records, but none covering a step window yet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,10 +49,9 @@ class DpShareFacts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShareAbsentFacts:
-    """No total communication share: the analysis' own reason (CollectiveAnalysis.absent_reason, which
-    its JSON serves as is)."""
+    """No total communication share, and why (CollectiveAnalysis.absent)."""
 
-    reason: str
+    reason: ShareAbsent
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

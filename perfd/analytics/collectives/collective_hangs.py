@@ -37,8 +37,7 @@ class HangView:
     first_reported: float  # epoch s, the first event (agent clock)
     last_reported: float
     age_at_first_report_s: float | None  # how long the op had been stuck when first reported
-    resolved: bool
-    resolution: str
+    resolved: bool  # every stuck rank completed the op or a later one (worded: collective_text)
     agents: list[str]
     user_frame: str | None
     texts: list[str]
@@ -47,19 +46,6 @@ class HangView:
     def active(self) -> bool:
         return not self.resolved
 
-    def text(self) -> str:
-        what = f"{self.op} #{self.seq} on process group {self.process_group}"
-        stuck = ",".join(map(str, self.stuck_ranks)) or "-"
-        head = f"{what}: rank(s) {stuck} stuck"
-        if self.age_at_first_report_s is not None:
-            head += f" (reported {self.age_at_first_report_s:.0f}s after it was enqueued)"
-        if self.ranks_not_joined:
-            head += f"; rank(s) {','.join(map(str, self.ranks_not_joined))} never reached it"
-        if self.ranks_unknown:
-            head += f"; no data from rank(s) {','.join(map(str, self.ranks_unknown))}"
-        head += f"; {'resolved: ' + self.resolution if self.resolved else 'still active'}"
-        return head + (f" [{self.user_frame}]" if self.user_frame else "")
-
     def to_json(self) -> dict[str, object]:
         return {
             "process_group": self.process_group, "op": self.op, "seq": self.seq, "is_p2p": self.is_p2p,
@@ -67,8 +53,9 @@ class HangView:
             "inferred_not_joined": self.inferred_not_joined, "ranks_unknown": self.ranks_unknown,
             "first_reported": self.first_reported, "last_reported": self.last_reported,
             "age_at_first_report_s": self.age_at_first_report_s, "active": self.active,
-            "resolved": self.resolved, "resolution": self.resolution, "agents": self.agents,
-            "user_frame": self.user_frame, "text": self.text(), "agent_texts": self.texts[:8],
+            "resolved": self.resolved, "agents": self.agents,  # "resolution" between, where served
+            # "text", between these two where served: perfd.report.collective_text.hang_text
+            "user_frame": self.user_frame, "agent_texts": self.texts[:8],
         }
 
 
@@ -123,13 +110,10 @@ def _view(pg: str, p2p: bool, seq: int, evs: Sequence[HangEvent], progress: Prog
             still_unknown.add(r)
         elif enq < seq:
             inferred.add(r)
-    resolved, why = False, "no completed op at or past it from the stuck ranks yet"
-    if stuck and all(progress.completed.get((r, pg, p2p), -1) >= seq for r in stuck):
-        resolved, why = True, (f"rank(s) {','.join(map(str, sorted(stuck)))} completed #{seq} or later "
-                               "(Flight Recorder records)")
+    resolved = bool(stuck) and all(progress.completed.get((r, pg, p2p), -1) >= seq for r in stuck)
     return HangView(
         process_group=pg, op=op, seq=seq, is_p2p=p2p, stuck_ranks=sorted(stuck),
         ranks_not_joined=sorted(not_joined | inferred), inferred_not_joined=sorted(inferred),
         ranks_unknown=sorted(still_unknown), first_reported=first or 0.0, last_reported=last or 0.0,
-        age_at_first_report_s=age_first, resolved=resolved, resolution=why, agents=sorted(agents),
+        age_at_first_report_s=age_first, resolved=resolved, agents=sorted(agents),
         user_frame=frame, texts=texts)

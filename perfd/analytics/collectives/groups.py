@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.gpus import lookup_gpu
 from perfd.model import ParallelLayout
 
@@ -165,12 +166,48 @@ def _class_of(varying: set[str], sizes: Mapping[str, int]) -> str:
     return "other"
 
 
+class Placement(TextEnum):
+    """How a group's scope was found."""
+
+    RANKS = "ranks"  # every member's node is known
+    INSPECTOR = "inspector"  # the NCCL Inspector's nnodes
+    PARTIAL = "partial"  # some members' nodes, more than one
+    UNKNOWN = "unknown"
+
+
+class Capability(TextEnum):
+    """Where the link's bus bandwidth comes from."""
+
+    CONFIGURED = "configured"  # a busbw given in the configuration
+    TABLE = "table"  # LINKS: the GPU's (or the configured) intra-node link
+    DEFAULT = "default"  # LINKS: the inter-node link, configurable
+    NO_LINK = "no_link"  # no intra-node link known for the GPU
+    UNKNOWN_LINK = "unknown_link"  # an inter-node link LINKS does not hold
+    NONE = "none"  # the placement is unknown
+
+
+@dataclass(frozen=True)
+class LinkHow:
+    """How the link and its bandwidth were chosen (worded where served: perfd.report.collective_text):
+    the placement, the capability's source, the link (a LINKS key, or the unknown one's name) and the
+    GPU's name where no link is known for it."""
+
+    placement: Placement
+    capability: Capability = Capability.NONE
+    link: str | None = None
+    gpu: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"placement": self.placement.value, "capability": self.capability.value, "link": self.link,
+                "gpu": self.gpu}
+
+
 @dataclass(frozen=True)
 class LinkChoice:
     scope: str  # "intra-node" | "inter-node" | "unknown"
     link: str | None
     busbw_gbs: float | None
-    how: str
+    how: LinkHow
 
 
 def link_for_group(ranks: Sequence[int] | None, rank_nodes: Mapping[int, str], gpu_name: str | None,
@@ -183,27 +220,28 @@ def link_for_group(ranks: Sequence[int] | None, rank_nodes: Mapping[int, str], g
     nodes = {rank_nodes[r] for r in ranks or () if r in rank_nodes}
     known = bool(ranks) and all(r in rank_nodes for r in ranks or ())
     if known:
-        scope, how = ("intra-node" if len(nodes) == 1 else "inter-node"), "rank placement"
+        scope, how = ("intra-node" if len(nodes) == 1 else "inter-node"), Placement.RANKS
     elif nnodes is not None:
-        scope, how = ("intra-node" if nnodes <= 1 else "inter-node"), "NCCL Inspector nnodes"
+        scope, how = ("intra-node" if nnodes <= 1 else "inter-node"), Placement.INSPECTOR
     elif len(nodes) > 1:
-        scope, how = "inter-node", "rank placement (partial)"
+        scope, how = "inter-node", Placement.PARTIAL
     else:
-        return LinkChoice("unknown", None, None, "rank placement unknown")
+        return LinkChoice("unknown", None, None, LinkHow(Placement.UNKNOWN))
     if scope == "intra-node":
         if intra_busbw_gbs is not None:
-            return LinkChoice(scope, intra_link or "configured", intra_busbw_gbs, how + "; configured busbw")
+            return LinkChoice(scope, intra_link or "configured", intra_busbw_gbs,
+                              LinkHow(how, Capability.CONFIGURED))
         name = intra_link
         if name is None:
             row = lookup_gpu(gpu_name)
             name = INTRA_NODE_LINK.get(row.model) if row else None
         spec = LINKS.get(name) if name else None
         if spec is None:
-            return LinkChoice(scope, name, None, how + f"; no link known for GPU {gpu_name!r}")
-        return LinkChoice(scope, spec.name, spec.busbw_gbs, how + f"; {spec.description}")
+            return LinkChoice(scope, name, None, LinkHow(how, Capability.NO_LINK, name, gpu_name))
+        return LinkChoice(scope, spec.name, spec.busbw_gbs, LinkHow(how, Capability.TABLE, spec.name))
     if inter_busbw_gbs is not None:
-        return LinkChoice(scope, inter_link, inter_busbw_gbs, how + "; configured busbw")
+        return LinkChoice(scope, inter_link, inter_busbw_gbs, LinkHow(how, Capability.CONFIGURED))
     spec = LINKS.get(inter_link)
     if spec is None:
-        return LinkChoice(scope, inter_link, None, how + f"; unknown link {inter_link!r}")
-    return LinkChoice(scope, spec.name, spec.busbw_gbs, how + f"; {spec.description} (configurable)")
+        return LinkChoice(scope, inter_link, None, LinkHow(how, Capability.UNKNOWN_LINK, inter_link))
+    return LinkChoice(scope, spec.name, spec.busbw_gbs, LinkHow(how, Capability.DEFAULT, spec.name))

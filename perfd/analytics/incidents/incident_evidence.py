@@ -253,7 +253,7 @@ def _hang(d: Mapping[str, Any]) -> HangView:
         ranks_unknown=list(d.get("ranks_unknown") or []),
         first_reported=d.get("first_reported") or 0.0, last_reported=d.get("last_reported") or 0.0,
         age_at_first_report_s=d.get("age_at_first_report_s"), resolved=bool(d.get("resolved")),
-        resolution=str(d.get("resolution") or ""), agents=list(d.get("agents") or []),
+        agents=list(d.get("agents") or []),
         user_frame=d.get("user_frame"), texts=list(d.get("agent_texts") or []))
 
 

@@ -20,7 +20,7 @@ from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.advice_registry import DATA_ACTIONS, GRADE, PARTS
+from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
@@ -30,6 +30,7 @@ from perfd.analytics.finding_types import (
     Finding,
     Recommendation,
     Severity,
+    StepSpan,
     order_findings,
 )
 from perfd.analytics.run.run_facts import (
@@ -101,7 +102,7 @@ class RunContext:
     a: RunAnalysis
     job: JobInfo
     med: Mapping[str, float | None]  # the summary's steady medians (RunSummary.medians)
-    span: str
+    span: StepSpan
     budget: StepBudget | None
     framework: Framework
     config: JobConfig
@@ -111,14 +112,14 @@ class RunContext:
 Out = tuple[list[Finding], list[Recommendation]]
 
 
-def figures_span(a: RunAnalysis) -> str:
+def figures_span(a: RunAnalysis) -> StepSpan:
     """The steps a run's figures are over, naming their run where the job has had more than one."""
     runs = a.summary.runs
     ref = runs.reference
     if ref is not None:
-        return (f"run {ref.run}: iterations {ref.first_iteration}–{ref.last_iteration} ({ref.n_steady} "
-                "steady; the current run's steps are all armed)")
-    return (f"run {runs.current}: " if runs.current > 1 else "") + a.steady.range_text()
+        return StepSpan(first=ref.first_iteration, last=ref.last_iteration, n=ref.n_steady, run=ref.run,
+                        reference=True)
+    return a.steady.span(runs.current if runs.current > 1 else None)
 
 
 def mfu_grade(c: RunContext) -> Out:
@@ -131,18 +132,18 @@ def mfu_grade(c: RunContext) -> Out:
         facts = MfuFacts(said=MfuSaid.NO_ITERATIONS if not a.iterations else MfuSaid.UNKNOWN)
         # the first iteration's MFU source says why (a code, quoted where the finding is shown)
         quoted = a.iterations[0].sources.get("mfu") if a.iterations else None
-        if runs.figures is FiguresFrom.NONE and runs.text():
+        if runs.figures is FiguresFrom.NONE:
             facts = MfuFacts(said=MfuSaid.RUNS, runs=runs)
         elif runs.reference is not None:  # the figures are an earlier run's: its digest is why
             facts = MfuFacts(said=MfuSaid.EARLIER_RUN, runs=runs)
         elif quoted is not None:
             facts = MfuFacts(said=MfuSaid.QUOTED, quoted=quoted)
-        return [MfuFinding("mfu-absent", Severity.INFO, "", "", {}, span, facts=facts)], []
+        return [MfuFinding("mfu-absent", Severity.INFO, "", "", {}, "", steps=span, facts=facts)], []
     n = a.summary.n_steady
     if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
         return [MfuFinding("mfu-too-few-steps", Severity.INFO, "", "",
-                           {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, span,
-                           facts=MfuFacts(said=MfuSaid.TOO_FEW_STEPS, mfu=mfu, n_steady=n))], []
+                           {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, "",
+                           steps=span, facts=MfuFacts(said=MfuSaid.TOO_FEW_STEPS, mfu=mfu, n_steady=n))], []
     grade = grade_mfu(mfu)
     lay = c.job.layout
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
@@ -154,8 +155,8 @@ def mfu_grade(c: RunContext) -> Out:
                      ceiling_tflops=peak.measured_ceiling_tflops, explanation=said)
     return [MfuFinding("mfu-grade", GRADE[grade].severity, "", "",
                        {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                        "peak_tflops": peak.peak_tflops, "grade": grade.value}, span,
-                       a.summary.bottleneck.cls.value, facts=facts)], []
+                        "peak_tflops": peak.peak_tflops, "grade": grade.value}, "",
+                       a.summary.bottleneck.cls.value, steps=span, facts=facts)], []
 
 
 def tflops_crosscheck(c: RunContext) -> Out:
@@ -169,8 +170,8 @@ def tflops_crosscheck(c: RunContext) -> Out:
                             logged_tflops=med.get("logged_tflops_per_gpu"), formula=a.flops.formula)
     # its words are the report's (perfd.report.grade_text)
     f = MfuFinding("tflops-crosscheck", Severity.INFO if facts.agrees else Severity.WARNING, "", "",
-                   {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, c.span,
-                   str(a.flops.source) if a.flops.source else "", facts=facts)
+                   {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, "",
+                   str(a.flops.source) if a.flops.source else "", steps=c.span, facts=facts)
     if facts.agrees:
         return [f], []
     return [f], [CrosscheckRecommendation("", "tflops-crosscheck", 0, "", "", None, facts=facts)]
@@ -192,10 +193,11 @@ def pipeline(c: RunContext) -> Out:
           "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
           "lighter_compute_ms": light, "heavier_compute_ms": heavy}
     if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
-        f.append(RunFinding("pp-imbalance", Severity.WARNING, "", "", ev, span,
+        f.append(RunFinding("pp-imbalance", Severity.WARNING, "", "", ev, "",
                             "megatron timers forward-backward, forward-compute, backward-compute "
                             "(minmax pairing is an inference)" if a.iterations and
                             a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers",
+                            steps=span,
                             facts=ImbalanceFacts(idle_lighter=idle_max, idle_heavier=idle_min, bubble=bubble,
                                                  pp=pp, microbatches=m, vpp=lay.vpp, imbalance=imb,
                                                  lighter_ms=light, heavier_ms=heavy)))
@@ -205,7 +207,7 @@ def pipeline(c: RunContext) -> Out:
         need = microbatches_for_bubble(pp, BUBBLE_TARGET, lay.vpp)
         v2 = (pp - 1) / (2 * m + pp - 1) if m else None
         said = BubbleFacts(bubble=bubble, idle_lighter=idle_max, pp=pp, microbatches=m, need=need, v2=v2)
-        f.append(RunFinding("pp-bubble", Severity.WARNING, "", "", ev, span, facts=said))
+        f.append(RunFinding("pp-bubble", Severity.WARNING, "", "", ev, "", steps=span, facts=said))
         r.append(RunRecommendation("", "pp-bubble", 0, "", "", bubble, facts=said))
     return f, r
 
@@ -224,21 +226,21 @@ def communication(c: RunContext) -> Out:
     if dp_part is not None and dp_part > GRAD_SYNC_SHARE:
         overlap = (c.framework is Framework.MEGATRON and args.get("overlap_grad_reduce") != "True")
         sync = GradSyncFacts(dp_share=dp_part, dp=lay.dp, overlap=overlap)
-        f.append(RunFinding("comm-grad-sync", Severity.WARNING, "", "", ev_c, span, facts=sync))
+        f.append(RunFinding("comm-grad-sync", Severity.WARNING, "", "", ev_c, "", steps=span, facts=sync))
         r.append(RunRecommendation("", "comm-grad-sync", 0, "", "", dp_part, facts=sync))
     idle_max = med.get("pp_idle_max")
     if pp_part is not None and lay.pp and lay.pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
-        f.append(RunFinding("comm-pp-wait", Severity.INFO, "", "", ev_c, span,
+        f.append(RunFinding("comm-pp-wait", Severity.INFO, "", "", ev_c, "",
                             "sum of max-across-ranks of the p2p timers (upper bound)",
-                            facts=PpWaitFacts(total=total, pp_share=pp_part, dp_share=dp_part,
+                            steps=span, facts=PpWaitFacts(total=total, pp_share=pp_part, dp_share=dp_part,
                                               idle_lighter=idle_max)))
     elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
-        f.append(RunFinding("comm-exposed", Severity.WARNING, "", "", ev_c, span,
-                            facts=ExposedFacts(total=total)))
+        f.append(RunFinding("comm-exposed", Severity.WARNING, "", "", ev_c, "",
+                            steps=span, facts=ExposedFacts(total=total)))
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     if untimed:  # what the exposed share leaves out, said once: never read as "communication is small"
-        f.append(RunFinding("comm-untimed", Severity.INFO, "", "", {**ev_c, "untimed": names(untimed)}, span,
-                            facts=UntimedFacts(total=total, untimed=untimed)))
+        f.append(RunFinding("comm-untimed", Severity.INFO, "", "", {**ev_c, "untimed": names(untimed)}, "",
+                            steps=span, facts=UntimedFacts(total=total, untimed=untimed)))
     return f, r
 
 
@@ -256,8 +258,8 @@ def data_loading(c: RunContext) -> Out:
     vocab = FRAMEWORK_VOCABULARIES.get(c.job.framework or "", MEGATRON_VOCABULARY)
     timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
     said = DataShareFacts(share=ds, state=sev, timer=timer, across_ranks=vocab.across_ranks)
-    f = RunFinding(DATA_LOADING_FINDING, sev, "", "", {"data_share": ds}, c.span,
-                   f"{vocab.source} timer {timer}", facts=said)
+    f = RunFinding(DATA_LOADING_FINDING, sev, "", "", {"data_share": ds}, "",
+                   f"{vocab.source} timer {timer}", steps=c.span, facts=said)
     if sev is Severity.INFO:
         return [f], []
     cpu_only = c.job.device == CPU
@@ -266,8 +268,8 @@ def data_loading(c: RunContext) -> Out:
     # jitter with slow data loading: one action covers both
     said = dataclasses.replace(said, knobs=knobs, jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
     dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
-    return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, DATA_ACTIONS[dl], "", ds, data_loading=dl,
-                                   facts=said)]
+    # its action is the typed one's words (perfd.report.data_text.DATA_ACTIONS, where it is worded)
+    return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, "", "", ds, data_loading=dl, facts=said)]
 
 
 OUTSIDE_STEP_FINDING = "outside-step"
@@ -280,8 +282,8 @@ def outside_step(c: RunContext) -> Out:
     if share is None or share <= th.OUTSIDE_STEP_SHARE.value:
         return [], []
     said = OutsideFacts(share=share)
-    f = RunFinding(OUTSIDE_STEP_FINDING, Severity.WARNING, "", "", {"outside_share": share}, c.span,
-                   f"hook timer {HOOK_OUTSIDE}", facts=said)
+    f = RunFinding(OUTSIDE_STEP_FINDING, Severity.WARNING, "", "", {"outside_share": share}, "",
+                   f"hook timer {HOOK_OUTSIDE}", steps=c.span, facts=said)
     return [f], [RunRecommendation("", OUTSIDE_STEP_FINDING, 0, "", "", share, facts=said)]
 
 
@@ -296,7 +298,7 @@ def jitter(c: RunContext) -> Out:
     said = JitterFacts(cv=cv, slow=slow, beat=slow is not None and slow.period_s is not None)
     f = RunFinding("step-jitter", Severity.WARNING, "", "",
                    {"step_time_cv": cv, "median_step_ms": c.med.get("step_time_ms"),
-                    "slow_steps": slow.to_json() if slow else None}, c.span, facts=said)
+                    "slow_steps": slow.to_json() if slow else None}, "", steps=c.span, facts=said)
     ds = c.med.get("data_share")
     if ds is not None and ds > bn.DATA_HEALTHY_SHARE:
         return [f], []  # the data-loading recommendation covers it (data_loading)
@@ -315,22 +317,22 @@ def stragglers(c: RunContext) -> Out:
         said = StragglerFacts(rank=rank, fraction=frac)
         f.append(RunFinding(fid, Severity.WARNING, "", "",
                             {"rank": rank, "flag_fraction": frac,
-                             "rtt_ratio": med.get("straggler_rtt_ratio")}, span, facts=said))
+                             "rtt_ratio": med.get("straggler_rtt_ratio")}, "", steps=span, facts=said))
         r.append(RunRecommendation("", fid, 0, "", "", (med.get("straggler_rtt_ratio") or ratio) - 1,
                                    facts=said))
     anon = a.summary.straggler_compute_spread_fraction
     if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
         spread = SpreadFacts(fraction=anon)
         f.append(RunFinding("straggler-spread", Severity.WARNING, "", "",
-                            {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, span,
-                            facts=spread))
+                            {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, "",
+                            steps=span, facts=spread))
         r.append(RunRecommendation("", "straggler-spread", 0, "", "", None, facts=spread))
     between = a.summary.straggler_between_stages_fraction
     if between:
         f.append(RunFinding("straggler-between-stages", Severity.INFO, "", "",
-                            {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, span,
+                            {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, "",
                             "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)",
-                            facts=StageSpreadFacts(rtt_ratio=med.get("straggler_rtt_ratio"),
+                            steps=span, facts=StageSpreadFacts(rtt_ratio=med.get("straggler_rtt_ratio"),
                                                    fraction=between)))
     return f, r
 
@@ -392,10 +394,11 @@ def next_step(c: RunContext) -> Out:
 def runs(c: RunContext) -> Out:
     """Where the job's figures come from when its current run cannot give them (every step armed)."""
     r = c.a.summary.runs
-    if r.text() is None:
+    if not r.elsewhere:
         return [], []
-    return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), c.span,
-                       "the job's runs (perfd.analytics.run.runs)", facts=RunFiguresFacts(runs=r))], []
+    return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), "",
+                       "the job's runs (perfd.analytics.run.runs)", steps=c.span,
+                       facts=RunFiguresFacts(runs=r))], []
 
 
 def outliers(c: RunContext) -> Out:
@@ -403,8 +406,8 @@ def outliers(c: RunContext) -> Out:
             if kind is Exclusion.OUTLIER}
     if not slow:
         return [], []
-    return [QuotingFinding("steady-state-outliers", Severity.INFO, "", "", {}, c.span,
-                           facts=OutlierFacts(count=len(slow)),
+    return [QuotingFinding("steady-state-outliers", Severity.INFO, "", "", {}, "",
+                           steps=c.span, facts=OutlierFacts(count=len(slow)),
                            quotes=tuple((f"iteration {k}: ", v) for k, v in slow.items()))], []
 
 
@@ -438,7 +441,7 @@ def _int_arg(job: JobInfo, dest: str) -> int | None:
 
 def job_plan(a: RunAnalysis, job: JobInfo, budget: StepBudget | None = None) -> Plan | None:
     """The remedies of a run with a capture as a plan (perfd.analytics.advice.plan); None without one."""
-    ctx = budget_context(RunContext(a, job, a.summary.medians, a.steady.range_text(), budget,
+    ctx = budget_context(RunContext(a, job, a.summary.medians, a.steady.span(), budget,
                                     Framework.of(job.framework), a.config or job_config(a, job), False))
     return budget_findings.plan_of(ctx) if ctx is not None else None
 

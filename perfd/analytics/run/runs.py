@@ -116,22 +116,18 @@ class Runs:
         return next((d for d in self.earlier if d.run == self.figures_run), None) \
             if self.figures is FiguresFrom.EARLIER_UNARMED else None
 
-    def text(self) -> str | None:
-        """Why the job's figures are not the current run's, for the report (None when they are)."""
-        ref = self.reference
-        if self.figures is FiguresFrom.EARLIER_UNARMED and ref is not None:
-            return (f"every step of run {self.current} ran on a rank armed for a capture (ncu): the job's "
-                    f"figures are run {ref.run}'s, its last run without (iterations {ref.first_iteration}-"
-                    f"{ref.last_iteration}, {ref.n_steady} steady steps)")
-        if self.figures is FiguresFrom.NONE:
-            return (f"every step of run {self.current} ran on a rank armed for a capture (ncu), and no "
-                    "earlier run ran without: the job has no steady steps of its own to report")
-        return None
+    @property
+    def elsewhere(self) -> bool:
+        """The job's figures are not the current run's: an earlier run's (its digest kept), or none; why
+        is said where shown (perfd.report.finding_text.runs_text)."""
+        return (self.figures is FiguresFrom.EARLIER_UNARMED and self.reference is not None) \
+            or self.figures is FiguresFrom.NONE
 
     def to_json(self) -> dict[str, object]:
+        """Its JSON but why the figures are not the current run's ("why", between "armed_iterations" and
+        "earlier" where served: perfd.report.finding_text.runs_json)."""
         return {"current": self.current, "figures_from": self.figures.value, "figures_run": self.figures_run,
-                "armed_iterations": self.armed_iterations, "why": self.text(),
-                "earlier": [d.to_json() for d in self.earlier]}
+                "armed_iterations": self.armed_iterations, "earlier": [d.to_json() for d in self.earlier]}
 
 
 def last_unarmed(earlier: Sequence[RunDigest]) -> RunDigest | None:

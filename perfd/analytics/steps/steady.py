@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum, finite
+from perfd.analytics.finding_types import StepSpan
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.model import StepRecord
@@ -59,11 +60,10 @@ class SteadyState:
     def iterations(self) -> list[int]:
         return sorted(i for i, s in self.steady.items() if s)
 
-    def range_text(self) -> str:
+    def span(self, run: int | None = None) -> StepSpan:
+        """The steady iterations' span (``run``: named, the job having had more than one)."""
         its = self.iterations
-        if not its:
-            return "no steady-state iterations"
-        return f"iterations {its[0]}–{its[-1]} ({len(its)} steady)"
+        return StepSpan(first=its[0], last=its[-1], n=len(its), run=run) if its else StepSpan(run=run)
 
 
 def warmup_count(n_records: int) -> int:

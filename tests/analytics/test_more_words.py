@@ -1,0 +1,103 @@
+"""English only where it is shown (issue 57), for the sentences analytics built outside the findings: a
+capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
+perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
+analysis has no communication share, its method's detail, how a group's link was chosen and where its
+bandwidth comes from, a hang's resolution and line (perfd.report.collective_text, from
+perfd.analytics.collectives); why the job's figures are not its current run's and the steps a run
+finding is over (perfd.report.finding_text.runs_text and span_text, from perfd.analytics.run.runs.Runs
+and perfd.analytics.finding_types.StepSpan) and the one action for slow data (perfd.report.data_text,
+by perfd.analytics.finding_types.DataLoading) are in no analytics source again. The same check as
+tests/analytics/test_finding_words.py (AST, no import): each literal piece of five words or more of
+those modules is looked for in every string constant of perfd/analytics; and the typed values that
+carry them hold no sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+from tests.test_english_where_shown import ROOT, _found, _said, _text_in
+
+# The modules that word what analytics gives as kinds and numbers here.
+MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py", "data_text.py")
+# Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
+SAID_ELSEWHERE = {"a profiler never makes steps faster"}
+
+
+def _fragments() -> dict[str, str]:
+    return {frag: name for name in MORE_TEXT for frag in _said(ROOT / "perfd" / "report" / name)
+            if frag not in SAID_ELSEWHERE}
+
+
+def test_no_analytics_module_words_them_again() -> None:
+    fragments = _fragments()
+    assert len(fragments) > 10  # the check looks for real sentences
+    assert "The budget is read from it, but its idle parts are not the profiler's cost alone: a capture " \
+        "of another run, or of steps something slowed." in fragments  # a capture's mismatch
+    assert "the highest peak of any GPU perfd knows" in fragments  # a check's sentence
+    assert "--capture-force to read it anyway" in fragments  # the refusal's line
+    assert "no device in the capture" in fragments  # the class's reason without a device
+    assert "no step window is covered by the collective records yet" in fragments  # an absent share's
+    assert "no link known for GPU" in fragments  # how a group's link was chosen
+    assert "no completed op at or past it from the stuck ranks yet" in fragments  # a hang's resolution
+    assert "Speed up data loading: more data-loader workers, pinned memory, prefetch; check the storage " \
+        "the data comes from" in fragments  # the one action for slow data
+    assert any("the span they cover (first enqueue to last end)" in f for f in fragments)  # a method's
+    assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
+    assert "steady; the current run's steps are all armed" in fragments  # a run finding's steps
+    found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
+    assert not found, found
+
+
+def test_the_check_finds_one_worded_in_analytics(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    # the refusal, as the capture's checks used to word it (capture_match.py)
+    probe.write_text('def refusal(m, said):\n'
+                     '    return f"the capture {m} is not of this job: {said} (--capture-force to read it "'
+                     '"anyway)"\n')
+    assert [x.split(": ", 1)[1] for x in _found(_fragments(), [probe])] == [
+        "capture_text.py 'is not of this job'", "capture_text.py '--capture-force to read it anyway'"]
+
+
+def test_a_run_findings_steps_as_they_read() -> None:
+    """The steps a run finding's figures are over, as its ``iterations`` read where shown."""
+    from perfd.analytics.finding_types import StepSpan
+    from perfd.report.finding_text import span_text
+
+    assert span_text(StepSpan(first=5, last=40, n=36)) == "iterations 5–40 (36 steady)"
+    assert span_text(StepSpan(first=14, last=40, n=27, run=2)) == "run 2: iterations 14–40 (27 steady)"
+    assert span_text(StepSpan(run=3)) == "run 3: no steady-state iterations"
+    assert span_text(StepSpan(first=1, last=45, n=22, run=1, reference=True)) == \
+        "run 1: iterations 1–45 (22 steady; the current run's steps are all armed)"
+
+
+def test_the_typed_values_hold_no_sentences() -> None:
+    """What the moved sentences are made from holds numbers, kinds and names (the capture's), never a
+    sentence (checked on the annotations)."""
+    from perfd.analytics.advice.capture_findings import CaptureDiagnosis, ClassBasis
+    from perfd.analytics.breakdown.capture_match import CaptureMatch, Evidence, MatchFacts
+    from perfd.analytics.collectives.bandwidth import GroupBandwidth
+    from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+    from perfd.analytics.collectives.collective_hangs import HangView
+    from perfd.analytics.collectives.groups import LinkChoice, LinkHow
+
+    allowed: dict[type, set[str]] = {
+        CaptureMatch: {"capture"},  # the capture's name
+        Evidence: {"unit"},  # what the figures count
+        MatchFacts: set(),
+        ClassBasis: {"where"},  # the capture's label (and device)
+        CaptureDiagnosis: set(),
+        # names: the job, the method, the sources, the groups' classes, scopes and links
+        CollectiveAnalysis: {"job", "method", "sources", "comm_share_by_group",
+                             "bandwidth_rejected", "timing"},
+        GroupBandwidth: {"group", "scope", "link", "ops", "source"},
+        LinkChoice: {"scope", "link"},
+        LinkHow: {"link", "gpu"},  # a link's and a GPU's names
+        # names, and the agents' own lines as they sent them (collectors/nccl's)
+        HangView: {"process_group", "op", "agents", "user_frame", "texts"},
+    }
+    for cls, names in allowed.items():
+        hints = typing.get_type_hints(cls)
+        texts = {f.name for f in dataclasses.fields(cls) if _text_in(hints[f.name])}
+        assert texts <= names, (cls.__name__, texts - names)
