@@ -9,8 +9,10 @@ DEMO_VENV ?= .venv-demo
 # pytest workers for `make test`: most slow tests wait on real processes and timeouts, not on the
 # CPU, so more workers than cores still shortens the run (the 2-core machine, 1,458 tests: 5 min 09 s
 # of pytest with 4 workers, 4 min 44 s with 6, idle; 2026-11-24, 1,748 tests: 10 min 22 s with 6,
-# other suites running beside it, load 4-10).
-TEST_WORKERS ?= 6
+# other suites running beside it, load 4-10; 2026-11-26, 2,617 tests, make test from a fresh mypy cache:
+# 8 min 22 s with 8 workers, pytest 466 s, idle; pytest alone with one other job beside it: 622 s with
+# 6 workers, 533 s with 8 — the workers' tests summed 3,273 s of wall and 705 s of CPU, 57% of 2 cores).
+TEST_WORKERS ?= 8
 # pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
 # the 2-core machine).
 FAST_WORKERS ?= 2
