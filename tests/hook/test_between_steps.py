@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -45,20 +45,31 @@ PEAK = 0.05  # TFLOP/s: the test's "GPU" (a CPU has no row in the peak table)
 FLOPS = 1e8
 
 
+class Samples:
+    """The loop's dataset: a sample every SAMPLE_S. A plain map-style dataset (what DataLoader needs:
+    ``__len__`` and ``__getitem__``) at the module's level, torch imported where it is used, so that
+    collecting the module imports no torch (tests/torch_tests.py) and the loader's workers can be
+    spawned: forked from this process, which by then runs the collector's and the hook's threads and
+    torch's own, a worker hung for good once (a full suite on 2 cores, 8 workers: the loop waited on
+    its batch past the 300 s timeout)."""
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        time.sleep(SAMPLE_S)
+        return torch.full((8,), float(i))
+
+
 def _loader() -> Any:
     import torch
 
-    # here, not at the module's level, so that collecting the module imports no torch (tests/torch_tests.py);
-    # the loader's workers are forked: they get the class without pickling it
-    class Samples(torch.utils.data.Dataset[Any]):
-        def __len__(self) -> int:
-            return 10**6
-
-        def __getitem__(self, i: int) -> Any:
-            time.sleep(SAMPLE_S)
-            return torch.full((8,), float(i))
-
-    return torch.utils.data.DataLoader(Samples(), batch_size=B, num_workers=2, persistent_workers=True)
+    # a Dataset by its protocol (DataLoader reads len and items), not by its base class
+    data = cast("torch.utils.data.Dataset[Any]", Samples())
+    return torch.utils.data.DataLoader(data, batch_size=B, num_workers=2, persistent_workers=True,
+                                       multiprocessing_context="spawn")
 
 
 def _work(model: Any, batch: Any) -> None:
