@@ -56,7 +56,18 @@ class CaptureFailure(str, enum.Enum):
             return None
 
 
-class CaptureStatus(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """A closed set of names that travel as text (JSON values, labels) and show as their value
+    whatever the Python version (3.12 changed how a str-mixin enum formats)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class CaptureStatus(TextEnum):
     """Where an aggregator's capture request stands (perfd.aggregator.capture_records.CaptureRecord):
     asked, then reported running by an agent, then ended; or never sent (undeliverable: no agent of
     the job; skipped: perfd could pick no tool; refused: the request itself, at the API). Shows and
@@ -69,12 +80,6 @@ class CaptureStatus(str, enum.Enum):
     UNDELIVERABLE = "undeliverable"
     SKIPPED = "skipped"
     REFUSED = "refused"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
     @property
     def live(self) -> bool:

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_OUTSIDE, Provenance, StepRecord, TimerValue
-
-
-class TextEnum(str, enum.Enum):
-    """A closed set of names that travel as text (JSON values, labels) and show as their value
-    whatever the Python version (3.12 changed how a str-mixin enum formats)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+from perfd.model import (
+    HOOK_COMPUTE,
+    HOOK_DATA_WAIT,
+    HOOK_OUTSIDE,
+    Provenance,
+    StepRecord,
+    TimerValue,
+)
+from perfd.model import TextEnum as TextEnum  # declared below analytics (perfd.model's enums use it too)
 
 # Megatron timers that the CPU timeline blocks on while gradients are synchronised after the
 # backward pass (finalize_model_grads and the distributed optimizer): DP grad reduce / param
