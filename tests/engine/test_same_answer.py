@@ -34,6 +34,9 @@ from tests.engine.records import T0, job_records
 from tests.engine.test_natsd import _need_nats_server
 
 JOB = "llm pretrain/8k"  # a name with a space and a slash: subject syntax it must not become
+# Iterations a test publishes past what the root has folded: well inside the 16 it keeps in memory
+# (perfd.engine.rootfold.KEEP_ITERATIONS), so none arrives late.
+AHEAD = 6
 NODES, ITERATIONS = 4, 40
 
 
@@ -63,11 +66,16 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
     for n, evs in (events or {}).items():
         clients[n].submit(events=evs)
     messages = sum(len(its) for its in by_node.values())
+    paced = time.monotonic() + 60
     for it in range(len(by_node[0])):
+        # At most AHEAD iterations past what the root has folded of every node's: 20 iterations a second
+        # (100x a real job's pace) alone let a shard starved under load (a full suite, 8 workers on 2
+        # cores) fall past the 16 the root keeps in memory, and 3 of 40 iterations read otherwise. With
+        # two nodes, one shard stalled at iteration k holds the other to k + 2 AHEAD, inside the 16.
+        while root.stats.node_messages < nodes * (it - AHEAD) and time.monotonic() < paced:
+            await asyncio.sleep(0.02)
         for n, c in enumerate(clients):
             c.submit(steps=by_node[n][it])
-        # 20 iterations a second, 100x a real job's pace: a shard's 0.25 s flush holds ~5 of them,
-        # well inside the 16 the root keeps in memory (none is late).
         await asyncio.sleep(0.05)
     deadline = time.monotonic() + 60
     while root.stats.node_messages < messages and time.monotonic() < deadline:

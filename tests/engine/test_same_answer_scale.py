@@ -34,15 +34,13 @@ from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, Step
 from perfd.refusals import Refusals
 from tests.engine.records import RANKS_PER_NODE, job_records
 from tests.engine.test_natsd import _need_nats_server
-from tests.engine.test_same_answer import GPU, JOB, _answer
+from tests.engine.test_same_answer import AHEAD, GPU, JOB, _answer
 
 SHARDS = 4
 RETAIN_MIB = 1024
-# Iterations published past the oldest one the root has not yet made whole: well inside the 16 it keeps
-# in memory (perfd.engine.rootfold.KEEP_ITERATIONS), so none arrives late. The gate is per iteration,
-# not on the root's total count: under load one shard fell 16 iterations behind while the other three
-# kept the total within the bound (CI, 10 partials late).
-AHEAD = 6
+# AHEAD (tests.engine.test_same_answer) counts here past the oldest iteration the root has not yet made
+# whole, not on the root's total count: under load one shard fell 16 iterations behind while the other
+# three kept the total within the bound (CI, 10 partials late).
 
 
 def _info(world: int) -> JobInfo:
