@@ -114,6 +114,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "extra": ["--group-query-attention", "--num-query-groups", "8", "--swiglu",
                   "--position-embedding-type", "rope", "--no-rope-fusion", "--no-bias-swiglu-fusion"],
     },
+    # a configuration no gain model was fitted on: hidden 4096 (the widest GEMMs yet), 6 layers, micro-batch 1
+    # (8 micro-batches of 2k rows a step); MHA, GELU. Chosen before its first run, for gain model 7's A/B
+    "wide4k_mb1": {"layers": 6, "hidden": 4096, "heads": 32, "seq": 2048, "mbs": 1, "gbs": 8, "extra": []},
     # many small micro-batches (8 a step, 2k rows each), a short sequence: the host's launches dominate
     "many_mb": {"layers": 12, "hidden": 1536, "heads": 12, "seq": 1024, "mbs": 2, "gbs": 16, "extra": []},
 }
