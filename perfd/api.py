@@ -42,7 +42,8 @@ class AggregatorUnavailable(ConnectionError):
 def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | None = None,
                          peak_tflops: float | None = None, job: str | None = None) -> dict[str, Any]:
     """`perfd analyze megatron PATH --json` as a dict: job, iterations, summary, report, parse."""
-    from perfd.commands.analyze import analyze_megatron_file, check_gpu, check_log
+    from perfd.commands.analyze import analyze_megatron_file
+    from perfd.commands.input_checks import check_gpu, check_log
     from perfd.commands.peak_args import check_mfu_possible, check_peak_args
     from perfd.logfiles import LogFileError
 
@@ -72,7 +73,7 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     report, as `perfd analyze sglang PATH --json` gives them without those options."""
     from collectors.sglang.parser import parse_file
     from perfd.analytics.serving.serving_analysis import analyze_serving
-    from perfd.commands.analyze import check_gpu, check_log
+    from perfd.commands.input_checks import check_gpu, check_log
     from perfd.logfiles import LogFileError
     from perfd.report.serving_report import build_serving_report, serving_json
     from perfd.serving_model import ServingModelSpec

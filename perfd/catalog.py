@@ -13,10 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
-if TYPE_CHECKING:
-    from perfd.analytics.steps.iteration import IterationResult
+from typing import Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
 
@@ -51,7 +48,8 @@ class MetricDef:
     the analysis' per-iteration result (perfd.analytics.run.run_analysis.IterationResult) and
     ``scale`` turns it into the catalog unit: every consumer derives its value from these two through
     :func:`in_unit`: /metrics and the rules from the run table's column, the others through
-    :func:`job_values` (of an iteration) or :func:`median_values` (of a summary's steady medians)."""
+    perfd.analytics.steps.iteration.job_values (of an iteration: there, above the catalog, which names
+    no type of the analytics) or :func:`median_values` (of a summary's steady medians)."""
 
     name: str
     kind: Kind
@@ -569,26 +567,15 @@ def in_unit(metric: MetricDef, v: object) -> float | None:
     return None if (n := _number(v)) is None else n * metric.scale
 
 
-def job_value(metric: MetricDef, it: IterationResult) -> float | None:
-    """One job metric of an iteration result, in the catalog unit; None when absent (never 0)."""
-    return in_unit(metric, getattr(it, metric.attr)) if metric.attr is not None else None
-
-
 def median_value(metric: MetricDef, medians: Mapping[str, float | None]) -> float | None:
     """One job metric of a run summary's steady ``medians`` (keyed by the iteration result's
     attributes), in the catalog unit; None when absent (never 0)."""
     return in_unit(metric, medians.get(metric.attr)) if metric.attr is not None else None
 
 
-def job_values(it: IterationResult, show: Show | None = None) -> dict[str, float]:
-    """{catalog name: value} of every job metric present in an iteration result (W&B, the report;
-    /metrics reads the run's columns through :func:`in_unit`); absent values are left out."""
-    return {m.name: v for m in job_metrics(show) if (v := job_value(m, it)) is not None}
-
-
 def median_values(medians: Mapping[str, float | None], show: Show | None = None) -> dict[str, float]:
     """{catalog name: value} of every job metric present in a run summary's steady ``medians``, as
-    :func:`job_values` maps an iteration's."""
+    perfd.analytics.steps.iteration.job_values maps an iteration's."""
     return {m.name: v for m in job_metrics(show) if (v := median_value(m, medians)) is not None}
 
 

@@ -173,14 +173,14 @@ def test_mfu_reaches_the_exposition_through_the_representations_named(monkeypatc
 def test_the_watch_sees_a_hop_come_back() -> None:
     """The watch is no blind spot: the old route (the row rebuilt from the table, the catalog's
     mapping of it, the exporter's rows) is what it reports."""
-    from perfd import catalog
+    from perfd.analytics.steps.iteration import job_values
 
     mfu = 0.0842
     table: Table[IterationResult] = Table(IterationResult, "iteration")
     table.append(IterationResult(1, mfu=mfu))
     with _watch(mfu) as held:
         row = table[0]
-        rows = [({"job_name": "j"}, name, v) for name, v in catalog.job_values(row).items()]
+        rows = [({"job_name": "j"}, name, v) for name, v in job_values(row).items()]
     assert rows and held >= {"IterationResult", "dict"}
     assert _holder(rows, mfu) == "list" and _holder(rows[0], mfu) == "tuple"
 

@@ -31,9 +31,10 @@ from perfd.analytics.breakdown.op_parts import is_data_annotation  # noqa: E402
 from perfd.analytics.breakdown.replay_table import SCALES, Change, ReplayTable  # noqa: E402
 from perfd.analytics.breakdown.step_parts import Part  # noqa: E402
 from perfd.capture import step_replay as sr  # noqa: E402
-from perfd.capture.analysis import KernelEvent, MemEvent, step_marks  # noqa: E402
+from perfd.capture.analysis import step_marks  # noqa: E402
 from perfd.capture.chrome_trace import read_chrome_trace  # noqa: E402
 from perfd.capture.ops import attribute  # noqa: E402
+from perfd.capture.timeline_events import KernelEvent, MemEvent  # noqa: E402
 from tools.plan_ab_rederive import recorded  # noqa: E402
 
 FACTORS = (1.7, 1.8, 1.9, 2.0, 2.1, 2.2)  # the grid the measured saving is read on (linear between)

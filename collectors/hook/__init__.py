@@ -3,6 +3,7 @@
 See README.md in this folder for the wire format, configuration and limits.
 """
 
-from collectors.hook.collector import HookCollector, HookConfig, HookPeer
+from collectors.hook.collector import HookCollector, HookConfig
+from collectors.hook.peers import HookPeer
 
 __all__ = ["HookCollector", "HookConfig", "HookPeer"]

@@ -157,18 +157,6 @@ class HookRank:
         return bool(self.flags & wire.JOB_FLAG_CAN_TRACE) and not self.flags & wire.JOB_FLAG_KINETO_DAEMON
 
 
-@dataclass
-class HookPeer:
-    """A training process that has sent us records."""
-
-    rank: int
-    pid: int  # as the kernel numbers it here (peers.Verified)
-    address: str | bytes
-    last_step: int
-    last_seen: float
-    uid: int | None = None  # the sender's, from its credentials
-
-
 def _foreign_owner(path: str) -> int | None:
     """The uid owning ``path`` when it exists and is not ours (root's is foreign too: a root-owned
     socket is not ours to remove unless we are root)."""
@@ -194,7 +182,7 @@ class HookCollector(RequestSender):
         super().__init__()
         self.config = HookConfig.from_dict(dict(config or {}))
         self.sock: socket.socket | None = None
-        self.peers: dict[int, HookPeer] = {}  # rank -> latest sender
+        self.peers: dict[int, P.HookPeer] = {}  # rank -> latest sender
         self.counts: dict[str, int] = {}
         self.requests = Requests()  # sent to the hooks, not answered to the end yet
         job_user = self.config.job_user
@@ -555,7 +543,7 @@ class HookCollector(RequestSender):
             self._c("ranks_over_cap")  # a flood of rank numbers: counted, never held
             return
         if p is None or p.pid != pid or p.address != addr:
-            self.peers[rank] = HookPeer(rank, pid, addr, step, now, uid)
+            self.peers[rank] = P.HookPeer(rank, pid, addr, step, now, uid)
         else:
             p.last_step, p.last_seen = step, now
 

@@ -35,6 +35,19 @@ ANCILLARY_BYTES = socket.CMSG_SPACE(UCRED.size) if hasattr(socket, "CMSG_SPACE")
 VERDICT_TTL_S = 5.0
 MAX_VERDICTS = 4096
 
+@dataclass
+class HookPeer:
+    """A training process that has sent us records (the collector's latest word of each rank: requests
+    to the hook go back to its address)."""
+
+    rank: int
+    pid: int  # as the kernel numbers it here (Verified)
+    address: str | bytes
+    last_step: int
+    last_seen: float
+    uid: int | None = None  # the sender's, from its credentials
+
+
 # Refusal reasons (counted as the collector's errors "sender:<reason>").
 NO_CREDENTIALS = "no_credentials"  # no SCM_CREDENTIALS with the datagram (SO_PASSCRED unavailable)
 UNKNOWN_SENDER = "unknown_sender"  # the kernel's pid is 0: the sender is in a pid namespace we do not see

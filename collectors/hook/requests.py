@@ -22,7 +22,7 @@ from perfd.hook import wire
 from perfd.limits import HOOK_MAX_OUTSTANDING
 
 if TYPE_CHECKING:
-    from collectors.hook.collector import HookPeer
+    from collectors.hook.peers import HookPeer
 
 # The answers after which a request has nothing more to say: a range ends stopped, a trace written.
 _ENDS_RANGE = frozenset({wire.PROFILE_STOPPED, wire.PROFILE_REJECTED, wire.PROFILE_FAILED,

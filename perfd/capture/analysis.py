@@ -47,6 +47,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 from perfd.capture.step_replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 Interval = tuple[float, float]
 
@@ -59,31 +60,6 @@ PART_OPS_N = 25
 IDLE_ROWS_N = 24  # idle rows (cause, phase, owner) kept, the largest
 NAME_CHARS = 160
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
-
-
-@dataclass(frozen=True)
-class KernelEvent:
-    device: int
-    start_ns: float
-    end_ns: float
-    name: str
-    stream: int | None = None
-    pid: int | None = None  # the process that launched it (attributes NVTX ranges to devices)
-    corr: int | None = None  # the correlation id of the runtime call that launched it
-    grid: tuple[int, int, int] | None = None  # its launch's grid (x: a row-per-block layer norm's rows)
-    block: tuple[int, int, int] | None = None  # and block: with the grid, what an ncu launch is matched on
-
-
-@dataclass(frozen=True)
-class MemEvent:
-    device: int
-    start_ns: float
-    end_ns: float
-    kind: str = "memcpy"  # memcpy | memset
-    stream: int | None = None
-    pid: int | None = None
-    name: str = ""  # the tool's name for it ("Memcpy DtoD (Device -> Device)"), when it gives one
-    corr: int | None = None
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
-from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
+from perfd.capture.analysis import CaptureAnalysis, NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 from perfd.logfiles import Compression, compression_of_bytes
 
 _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.launches import LaunchTimeline, Phase, StepMarks, TimelineLaunch, assign_layers
-from perfd.capture.analysis import KernelEvent, TraceData
+from perfd.capture.analysis import TraceData
 from perfd.capture.ops import RangeKind, attribute
+from perfd.capture.timeline_events import KernelEvent
 
 # Parts whose launches belong to neither pass: the optimizer's step and zeroing, the gradients'
 # accumulation and reduction outside autograd's nodes, copies no op claims

@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
-from perfd.capture.analysis import CaptureAnalysis, KernelEvent, MemEvent, NvtxRange, TraceData, analyze_trace
+from perfd.capture.analysis import CaptureAnalysis, NvtxRange, TraceData, analyze_trace
 from perfd.capture.binaries import find_binary
 from perfd.capture.chrome_trace import SYNC_CALLS
 from perfd.capture.ops import HostRange, Launch, RangeKind
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"

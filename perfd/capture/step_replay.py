@@ -30,7 +30,6 @@ import functools
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from perfd.analytics.breakdown.replay_table import (
     DROPOUT_HOST,
@@ -43,9 +42,7 @@ from perfd.analytics.breakdown.replay_table import (
 )
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch
-
-if TYPE_CHECKING:
-    from perfd.capture.analysis import KernelEvent, MemEvent
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 # Launches in the layers, graphed under CUDA graphs (Megatron-LM's local graphs: each transformer
 # layer's forward and backward)

@@ -26,7 +26,6 @@ import bisect
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
@@ -34,9 +33,7 @@ from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, IdleCause, Phase
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch, OpAttribution
-
-if TYPE_CHECKING:
-    from perfd.capture.analysis import KernelEvent, MemEvent
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 Interval = tuple[float, float]
 SHORT_GAP_NS = th.SHORT_GAP_S.value * 1e9

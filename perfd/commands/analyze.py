@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfd import finite_json
+from perfd.commands.input_checks import check_gpu, check_log, refuse
 
 if TYPE_CHECKING:
     from collectors.megatron.parser import ParsedLog
@@ -112,43 +113,6 @@ def _read_lines(path: str, progress: bool) -> Iterator[str]:
             if n % 4096 == 0:
                 bar.update(task, completed=done)
             yield line.decode("utf-8", "replace")
-
-
-def refuse(message: str) -> int:
-    """One line on stderr, exit status 2: how every refused input ends."""
-    print(f"perfd: {message}", file=sys.stderr)
-    return 2
-
-
-def check_gpu(gpu: str | None, peak_override: float | None) -> str | None:
-    """Why ``--gpu`` cannot be used (one line naming the closest known names and, for a short name
-    like "H100", the variants it could mean), or None when it is known or an override makes the
-    table unnecessary."""
-    from perfd.analytics.steps.gpus import gpu_suggestions, lookup_gpu
-
-    if gpu is None or peak_override is not None or lookup_gpu(gpu) is not None:
-        return None
-    closest, variants = gpu_suggestions(gpu)
-    msg = f"unknown GPU {gpu!r} (--gpu takes the name NVML reports)"
-    if variants:
-        msg += f"; it could mean: {', '.join(repr(v) for v in variants)}"
-    others = [c for c in closest if c not in variants]
-    if others:
-        msg += f"; closest known: {', '.join(repr(c) for c in others)}"
-    return msg + "; or give --peak-tflops"
-
-
-def check_log(path: str) -> str | None:
-    """Why the log cannot be read (a directory, missing, not a file), or None."""
-    from perfd.logfiles import LogFileError, check_log_path
-
-    if path == "-":
-        return None
-    try:
-        check_log_path(path)
-    except LogFileError as exc:
-        return str(exc)
-    return None
 
 
 def run_analyze(args: argparse.Namespace) -> int:

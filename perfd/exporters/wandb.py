@@ -2,9 +2,9 @@
 
 Knows nothing of collectors: it is handed the typed parts of a run analysis (the ``JobBlock``, the
 ``IterationResult`` rows, the ``RunSummary``) and logs them with ``wandb.log({...}, step=iteration)``
-under the catalog's names (perfd.catalog.job_values: each value through catalog.in_unit, as the
-Prometheus exporter reads its column), so a W&B chart and a Prometheus query of one metric show the
-same number. Rules kept here:
+under the catalog's names (perfd.analytics.steps.iteration.job_values: each value through
+catalog.in_unit, as the Prometheus exporter reads its column), so a W&B chart and a Prometheus query
+of one metric show the same number. Rules kept here:
 
 - an iteration is logged once per run: only iterations above the last one logged go out, in order
   (W&B steps only go forward, so a record arriving after a later iteration was logged is left out);
@@ -42,7 +42,7 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.goodput import Goodput
-from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration import IterationResult, job_values
 from perfd.report.row_json import job_json
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _number(v: Any) -> float | None:
 def iteration_metrics(it: IterationResult) -> dict[str, float]:
     """Catalog name -> value for one iteration; absent values are left out. Per-rank compute
     ratios become ``perfd_job_rank_compute_ratio/rank=N`` (a W&B section)."""
-    out = catalog.job_values(it, catalog.WANDB)
+    out = job_values(it, catalog.WANDB)
     for rank, ratio in it.straggler_rank_compute_ratio.items():
         v = _number(ratio)
         if v is not None:

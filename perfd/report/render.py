@@ -14,6 +14,7 @@ from rich.text import Text
 from perfd import catalog
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
+from perfd.analytics.steps.iteration import job_value
 from perfd.report import budget_view, plan_view
 from perfd.report.training_report import Report, format_value
 
@@ -97,7 +98,7 @@ def _iteration_table(analysis: RunAnalysis, steady_only: bool) -> list[str]:
     head = f"{'iter':>6}  " + "  ".join(f"{h:>{max(9, len(h))}}" for _, h in cols)
     rows = ["ITERATIONS (* = steady state, - = absent; step_time in ms, TFLOP/s per GPU)", head]
     for it in analysis.steady_rows() if steady_only else analysis.iterations:
-        cells = "  ".join(f"{_cell(catalog.job_value(d, it), d.unit):>{max(9, len(h))}}" for d, h in cols)
+        cells = "  ".join(f"{_cell(job_value(d, it), d.unit):>{max(9, len(h))}}" for d, h in cols)
         rows.append(f"{it.iteration:>5}{'*' if it.steady_state else ' '}  {cells}")
     return rows
 

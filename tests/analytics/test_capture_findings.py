@@ -14,7 +14,8 @@ from perfd.analytics.advice.remedy_said import Say
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
-from perfd.capture.analysis import KernelEvent, MemEvent, analyze_intervals
+from perfd.capture.analysis import analyze_intervals
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 from perfd.report.budget_text import worded_budget
 from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded

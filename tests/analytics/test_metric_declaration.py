@@ -8,7 +8,7 @@ import typing
 
 from perfd import catalog
 from perfd.analytics.run.run_analysis import SUMMARY_METRICS
-from perfd.analytics.steps.iteration import IterationResult
+from perfd.analytics.steps.iteration import IterationResult, job_values
 from perfd.rules.expr import ALIASES
 
 _NUMERIC = (int, float)
@@ -47,7 +47,7 @@ def test_every_declared_attr_exists_and_aliases_are_unique() -> None:
 
 def test_job_values_scale_and_leave_absent_out() -> None:
     it = IterationResult(7, step_time_ms=250.0, mfu=0.31, lm_loss=float("nan"))
-    vals = catalog.job_values(it)
+    vals = job_values(it)
     assert vals == {"perfd_job_iteration": 7.0, "perfd_job_step_time_seconds": 0.25,
                     "perfd_job_mfu_ratio": 0.31}
     # a summary's steady medians (keyed by the same attributes) map the same way

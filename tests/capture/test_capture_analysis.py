@@ -8,8 +8,6 @@ import pytest
 
 from perfd.capture.analysis import (
     Interval,
-    KernelEvent,
-    MemEvent,
     NvtxRange,
     analyze_intervals,
     difference,
@@ -19,6 +17,7 @@ from perfd.capture.analysis import (
     total,
     union,
 )
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 MS = 1e6  # ns per ms
 

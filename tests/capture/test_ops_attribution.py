@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.capture.analysis import KernelEvent, MemEvent, TraceData, analyze_trace
+from perfd.capture.analysis import TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, Method, RangeKind, attribute
+from perfd.capture.timeline_events import KernelEvent, MemEvent
 from tests.capture.op_reference import Reference, _load
 from tests.trace_cache import analyze_chrome_trace, cached, read_chrome_trace
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import catalog
 from perfd.analytics.steps.iteration_table import CITED
 from perfd.analytics.steps.provenance import Cited
 
@@ -82,3 +83,14 @@ class IterationResult:
     # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
     # English by perfd.report.provenance_text.line); a run's table keeps the codes and numbers
     sources: dict[str, Cited] = field(default_factory=dict, metadata={CITED: True})
+
+
+def job_value(metric: catalog.MetricDef, it: IterationResult) -> float | None:
+    """One job metric of an iteration result, in the catalog unit; None when absent (never 0)."""
+    return catalog.in_unit(metric, getattr(it, metric.attr)) if metric.attr is not None else None
+
+
+def job_values(it: IterationResult, show: catalog.Show | None = None) -> dict[str, float]:
+    """{catalog name: value} of every job metric present in an iteration result (W&B, the report;
+    /metrics reads the run's columns through catalog.in_unit); absent values are left out."""
+    return {m.name: v for m in catalog.job_metrics(show) if (v := job_value(m, it)) is not None}
