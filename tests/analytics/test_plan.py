@@ -455,6 +455,35 @@ def test_the_ab_table_averages_a_repeated_change_against_the_bases_beside_each_r
     assert "| 12.0 | yes |" in markdown(one) and "in turn" not in markdown(one)
 
 
+def test_the_ab_reads_a_change_by_the_estimate_it_fixed_before_its_runs() -> None:
+    """plan_ab_live --estimate median: one base run far from the others moves the mean of the runs beside
+    it, not their median; the A/B keeps the estimate it began with (an A/B from before the option reads
+    the mean), and an estimate it does not know is refused, never guessed."""
+    from tests.gpu.plan_ab_table import estimate_of, markdown, table
+
+    def run(ms: float, at: float) -> dict[str, Any]:
+        return {"steady": {"n": 16, "median_ms": ms}, "started_at": at, "exit": 0}
+
+    plan = {"written_at": 1.0, "apply_here": {"a": {"gain_ms": [5.0, 15.0], "flags": ["--a"], "remove": []}},
+            "set": {"remedies": ["a"], "gain_ms": [5.0, 15.0]}}
+    # base a base_1 a@2 base_2 a@3 base_3: base_1 stepped 24 ms slow, once (the sixteenth A/B's base_2)
+    runs = {"base": run(450, 10), "a": run(440, 11), "base_1": run(474, 12), "a@2": run(440, 13),
+            "base_2": run(450, 14), "a@3": run(440, 15), "base_3": run(450, 16)}
+    mean = table({"x": {"plan": plan, "runs": runs, "repeat": 3}})["configs"][0]["rows"][0]
+    median = table({"x": {"plan": plan, "runs": runs, "repeat": 3, "estimate": "median"}})
+    m = median["configs"][0]["rows"][0]
+    assert mean["saved_each_ms"] == m["saved_each_ms"] == pytest.approx([22.0, 22.0, 10.0])
+    assert mean["saved_ms"] == pytest.approx(18.0) and not mean["inside"]
+    assert m["saved_ms"] == pytest.approx(22.0) and not m["inside"]  # two of three runs beside base_1
+    runs["base_1"] = run(450, 12)
+    calm = table({"x": {"plan": plan, "runs": runs, "repeat": 3, "estimate": "median"}})["configs"][0]
+    assert calm["estimate"] == "median" and calm["rows"][0]["saved_ms"] == pytest.approx(10.0)
+    assert "the median of its runs'" in markdown(median)
+    assert estimate_of({}) == "mean"
+    with pytest.raises(ValueError, match="unknown estimate"):
+        estimate_of({"estimate": "trimmed"})
+
+
 def test_the_ab_script_runs_the_changes_in_turn_with_bases_between() -> None:
     """plan_ab_live's run order: --repeat 1 is the order it always ran; more passes number their runs
     <change>@<k> and their bases on."""

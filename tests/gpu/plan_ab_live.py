@@ -2,7 +2,7 @@
 that can run here applied alone and the plan's set together (issue "the plan an engineer would make").
 
     MEGATRON_DIR=... python3 tests/gpu/plan_ab_live.py OUT --configs gqa_swiglu [--prior DIR] [--budget-s 530]
-        [--pin 2-5] [--base-every 1] [--repeat 2] [--job-flags "--manual-gc"]
+        [--pin 2-5] [--base-every 1] [--repeat 2] [--estimate median] [--job-flags "--manual-gc"]
     python3 tests/gpu/plan_ab_live.py OUT --table-only --prior DIR [--prior DIR2]   # the tables again
 
 Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20), run beside the
@@ -56,7 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests
 
 from tests.gpu import host_procs
-from tests.gpu.plan_ab_table import is_base, markdown, repeat_key, split_repeat, table
+from tests.gpu.plan_ab_table import ESTIMATES, estimate_of, is_base, markdown, repeat_key, split_repeat, table
 from tests.gpu.remedies_live import apply_flags, capture, cut_trace, log_steps, rank_pid
 from tests.procs import ROOT, run_env
 
@@ -75,6 +75,7 @@ BASE_EVERY = 1  # a base run after this many changes (1: ABAB)
 # --manual-gc, should it quiet the host; docs/evidence/plan_h100_v4/host_noise)
 JOB_FLAGS: list[str] = []
 REPEAT = 1  # set by --repeat: how many times the changes run, in turn (a base-bounded noise average)
+ESTIMATE = ESTIMATES[0]  # set by --estimate: a change's saving over its runs (plan_ab_table), fixed first
 START_S = 45.0  # a run's start-up and teardown, before its first measurement (Megatron-LM, torch)
 
 # Beyond issue 42's big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
@@ -521,6 +522,13 @@ def run_config(
     res.setdefault("pinned", " ".join(PREFIX) or None)
     res.setdefault("base_every", BASE_EVERY)
     res.setdefault("job_flags", list(JOB_FLAGS))
+    # the estimate is the A/B's from its first change on: a resumed one keeps it (an A/B begun before
+    # --estimate read the mean), and a call that asks for another is refused, never re-read after the runs
+    began = any(not is_base(k) for k in res["runs"])
+    if began and estimate_of(res) != ESTIMATE:
+        raise SystemExit(f"{name}: this A/B reads its changes by the {estimate_of(res)}, fixed when its "
+                         f"first change ran; --estimate {ESTIMATE} would re-read them after the runs")
+    res.setdefault("estimate", ESTIMATE)
     res["repeat"] = max(int(res.get("repeat") or 1), REPEAT)  # a resumed A/B may add passes
     for label in order:
         if label in res["runs"] and res["runs"][label].get("steady", {}).get("n"):
@@ -570,14 +578,19 @@ def main() -> int:
     ap.add_argument("--base-every", type=int, default=1, help="a base run after this many changes")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the changes (singles and the set) this many times in turn, bases between")
+    ap.add_argument("--estimate", choices=ESTIMATES, default=ESTIMATES[0],
+                    help="a change's saving over its --repeat runs: the mean (default) or the median, "
+                    "which one base run far from the others cannot move; fixed for the A/B when its first "
+                    "change runs")
     ap.add_argument("--job-flags", default="",
                     help="Megatron-LM options every run takes, the captured one too (split on spaces)")
     a = ap.parse_args()
-    global BASE_EVERY, REPEAT
+    global BASE_EVERY, REPEAT, ESTIMATE
     PREFIX[:] = ["taskset", "-c", a.pin] if a.pin else []
     JOB_FLAGS[:] = a.job_flags.split()
     BASE_EVERY = max(1, a.base_every)
     REPEAT = max(1, a.repeat)
+    ESTIMATE = a.estimate
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     clock = Clock(a.budget_s)

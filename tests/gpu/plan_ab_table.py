@@ -15,11 +15,18 @@ a change under ``<change>@<k>`` from the second on, the first under its plain na
 saving against the base runs either side of that run; its measured saving is the mean of those
 (``saved_each_ms`` lists them, the markdown shows them in brackets) and ``inside`` and the set's 20% are
 judged on the mean. Keys without ``@`` (the A/Bs before ``--repeat``) give the table they always gave.
+
+The estimate over a change's runs is the A/B's own, chosen when it starts (plan_ab_live ``--estimate``,
+kept in ``ab_<config>.json`` as ``estimate``): ``mean`` (the default, every A/B recorded before it) or
+``median``, which one base run far from the others cannot move (the sixteenth A/B: one base of nine
+stepped 474 ms among 440-452, and both changes beside it read 12-15 ms more than in the other passes;
+docs/evidence/README.md). It is never chosen after the runs: the table reads what the A/B recorded.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +60,7 @@ def repeats_of(runs: dict[str, Any], change: str) -> list[str]:
     ks = sorted(k for label in runs if not is_base(label) for c, k in [split_repeat(label)] if c == change)
     return [repeat_key(change, k) for k in ks]
 
+ESTIMATES = ("mean", "median")  # how a change's runs' savings become its measured saving (the first: default)
 COMBINED_WITHIN = 0.2  # issue 53: the combined gain within 20% of the measured one
 INSIDE_SHARE = 0.9  # issue 53: at least 90% of single changes inside their predicted range
 
@@ -79,6 +87,7 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         "pinned": res.get("pinned"),
         "job_flags": res.get("job_flags") or [],  # plan_ab_live --job-flags: the job as it is, every run
         "repeat": res.get("repeat") or 1,  # plan_ab_live --repeat: how many times each change was to run
+        "estimate": estimate_of(res),  # plan_ab_live --estimate: fixed before the runs
         "errors": [],
     }
     if "error" in plan:
@@ -103,12 +112,13 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
                 spread,
                 item.get("flags"),
                 item.get("remove"),
+                out["estimate"],
             )
         )
     st = plan.get("set") or {}
     if st.get("remedies") and len(st["remedies"]) > 1:
         row = _row("set", st.get("gain_ms"), _measured(runs, "set", base), runs.get("set"), spread,
-                   st["remedies"], [])
+                   st["remedies"], [], out["estimate"])
         singles = [r["saved_ms"] for r in out["rows"] if r.get("saved_ms") is not None]
         row["sum_of_singles_ms"] = sum(singles) if len(singles) == len(out["rows"]) else None
         saved, pred = row.get("saved_ms"), st.get("gain_ms")
@@ -120,6 +130,14 @@ def config_rows(name: str, res: dict[str, Any]) -> dict[str, Any]:
         )
         out["set"] = row
     return out
+
+
+def estimate_of(res: dict[str, Any]) -> str:
+    """The A/B's estimate over a change's runs, as it recorded it (before ``--estimate``: the mean)."""
+    e = res.get("estimate") or ESTIMATES[0]
+    if e not in ESTIMATES:
+        raise ValueError(f"unknown estimate {e!r} in the A/B (known: {', '.join(ESTIMATES)})")
+    return str(e)
 
 
 def _beside(runs: dict[str, Any], label: str, mean: float) -> float:
@@ -154,8 +172,9 @@ def _row(
     spread: float | None,
     flags: Any,
     remove: Any,
+    estimate: str = ESTIMATES[0],
 ) -> dict[str, Any]:
-    """A change's row: ``measured`` its runs' (median step, saving) (the mean of each judged; one run:
+    """A change's row: ``measured`` its runs' (median step, saving) (their ``estimate`` judged; one run:
     that run's); ``run`` its first run (the exit code)."""
     row: dict[str, Any] = {
         "remedy": remedy,
@@ -167,7 +186,8 @@ def _row(
     }
     if not measured:
         return row
-    saved = sum(s for _, s in measured) / len(measured)
+    each = [s for _, s in measured]
+    saved = statistics.median(each) if estimate == "median" else sum(each) / len(each)
     row["saved_ms"] = saved
     row["saved_each_ms"] = [s for _, s in measured]
     if gain:
@@ -229,8 +249,9 @@ def markdown(t: dict[str, Any]) -> str:
             + (", read at the first base run's step after it" if c.get("read_at") == "base" else "")
             + f", before any change ran: {'yes' if c.get('predicted_before_applying') else 'NO'}. "
             "A change is measured against the base runs either side of it."
-            + (f" The changes ran {c['repeat']} times in turn: a change's saving is the mean of its runs' "
-               "(each against the base runs either side of that run, in brackets)."
+            + (f" The changes ran {c['repeat']} times in turn: a change's saving is the "
+               f"{c.get('estimate', 'mean')} of its runs' (each against the base runs either side of "
+               "that run, in brackets; the estimate fixed before the runs)."
                if c.get("repeat", 1) > 1 else "")
             + (f" Every run, the captured one too, under `{c['pinned']}`." if c.get("pinned") else "")
             + (f" Every run, the captured one too, with `{' '.join(c['job_flags'])}`."
