@@ -5,7 +5,9 @@ against what it kept of the iteration: rootfold.Gone), and past that too (GONE_I
 nothing of the iteration but what the store holds). Whatever the delay, the job's per-iteration
 answer is one aggregator's on the same records, byte for byte, and the counters say what happened:
 each late partial counted late, each node message folded once (a redelivery counted as one, not
-as a new message), each iteration counted whole once.
+as a new message), each iteration counted whole once. A job whose collective operations the root
+folds per step window (its agents send them on the records stream, on time) has, whatever the delay
+of its step records, one aggregator's collective analysis.
 
 The root's own code (perfd.engine.root.Root.handle: decode, fold, the store) takes the messages a
 shard would publish (each node's partial made by the agent's encoder, a shard's nodes merged), with
@@ -14,6 +16,7 @@ no nats-server; one case goes through a real one (slow)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import pytest
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
+from perfd.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.partial import Partial, encode, partials_of
@@ -33,7 +37,10 @@ from perfd.jobinfo_json import job_info_to_json
 from perfd.limits import Limits
 from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.refusals import Refusals
+from perfd.report.collective_text import collectives_json
+from tests.engine.engine_driver import Plan
 from tests.engine.records import RANKS_PER_NODE, job_records
+from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_natsd import _need_nats_server
 from tests.engine.test_same_answer import GPU, JOB, _answer
 
@@ -121,6 +128,45 @@ def test_late_partials_give_one_aggregators_answer_and_count_once(delay: int) ->
     assert (st.node_messages, st.redelivered, st.late) == (messages, LATE_MESSAGES, 2 * late)
     assert st.complete == iterations
     assert _answer(rooted) == want
+
+
+@pytest.mark.parametrize("delay", [DELAYS["in memory"], DELAYS["past memory"]],
+                         ids=["in memory", "past memory"])
+def test_late_step_partials_give_one_aggregators_collective_analysis(delay: int) -> None:
+    """Each node's agent sends its ranks' collective operations on the records stream as they come
+    (reduced, not to the shards' fold: the root folds their step windows), its step records as node
+    messages; node 1's of the LATE iterations reach the root after ``delay`` more iterations, after
+    its later ones. The root's store waits for those ends before it settles the ranks' windows over
+    them (perfd.analytics.collectives.winfold.LATE_END_WINDOWS): one aggregator's analysis, byte
+    for byte (without the wait: node 1's ranks' shares of iterations 5-9 absent, 10's read over
+    all six)."""
+    release = max(LATE) + delay
+    plan = Plan(nodes=NODES, iterations=release + AFTER, period_s=0.5)
+    job = Job(plan)
+    rooted = AggregatorState()
+    root = _root(rooted)
+    held: list[Partial] = []
+    for it in range(1, plan.iterations + 1):
+        parts: list[Partial] = []
+        for n in range(NODES):
+            d = job.feed(n, it, 1000.0 + 0.5 * it)
+            if d["collectives"]:
+                mid = f"node-{n}:r:{it}"
+                root.handle_records([encode(mid, f"node-{n}", 1, (), collectives=[
+                    for_sending(reduce(plan.job, d["collectives"]), SENT_RETENTION)])])
+            (p,) = partials_of(d["steps"], f"node-{n}:e:{it}")
+            (held if n == 1 and it in LATE else parts).append(p)
+        root.handle([encode(f"shards:{it}", "shards", 1, parts)])
+        if it == release:
+            root.handle([encode("late", "shard-0", 1, held)])
+    st = root.stats
+    assert (st.node_messages, st.redelivered, st.late) == (
+        NODES * plan.iterations, 0, len(LATE) if delay > KEEP_ITERATIONS else 0)
+    got = rooted.collective_analysis(plan.job, force=True)
+    assert got is not None
+    assert json.dumps(collectives_json(got), sort_keys=True) == job.one_aggregator()
+    counts = rooted.collectives.fold_counts()  # the root folded the windows, and waited for every end
+    assert counts["windows"] > 0 and counts["missing_end"] == 0
 
 
 @pytest.mark.slow
