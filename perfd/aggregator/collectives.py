@@ -217,7 +217,7 @@ class CollectiveStore:
                 fold = self._fold(job, jc)
                 # the memo's ranks that changed since the fold's last windows (every rank: its first)
                 fold.set_windows(key, jc.windows.rank_windows, jc.windows.job_windows, layout,
-                                 None if fold.steps_key is None else changed)
+                                 None if fold.steps_key is None else changed, jc.windows.iterations)
 
     def fold_counts(self) -> dict[str, int]:
         """The window folds' counters over every job, and the operations waiting (for /api/stats)."""

@@ -99,19 +99,38 @@ class Gone:
     """What the root keeps of an iteration that left its memory: its node messages (hashes, sorted)
     and, until it was whole, its ranks. Pure."""
 
-    __slots__ = ("complete", "messages", "ranks")
+    __slots__ = ("complete", "messages", "ranks", "unknown_messages")
 
-    def __init__(self, acc: Partial, world: int) -> None:
+    def __init__(self, acc: Partial, world: int, unknown_messages: bool = False) -> None:
         self.messages = array("q", sorted({hash(m) for m in acc.messages}))
         # Whole when it left (counted then, or the job's first iteration, held to no world then)
         self.complete = acc.complete or len(acc.ranks) >= world
         self.ranks: array[int] | None = None if self.complete else array("I", sorted(acc.ranks))
+        # Made from the store's record of an iteration the root kept nothing of (:meth:`of_store`):
+        # the node messages folded into it before are not known, its ranks are.
+        self.unknown_messages = unknown_messages
+
+    @classmethod
+    def of_store(cls, job: str, iteration: int, fold: StepRecord | None, world: int) -> Gone:
+        """What the store's record (None: it holds none) tells of an iteration older than all the root
+        holds and kept: the ranks folded into it (each rank's end, or its timers'), not its messages."""
+        ranks: set[int] = set()
+        if fold is not None:
+            ranks.update(fold.rank_end_times)
+            for tv in fold.timers.values():
+                ranks.update(tv.per_rank)
+        return cls(Partial(job, iteration, ranks=ranks), world, unknown_messages=True)
 
     def merge(self, part: Partial) -> int:
-        """Count ``part`` in; returns how many of its node messages were in already."""
+        """Count ``part`` in; returns how many of its node messages were in already. Of an iteration
+        whose messages are not known (:meth:`of_store`), a partial of ranks all in already is a
+        redelivery (the store holds its records: a shard's, delivered again past the root's memory),
+        not new messages: its messages are counted in as such."""
         fresh = {h for m in part.messages if not self._has(h := hash(m))}
         again = len(part.messages) - len(fresh)
-        if fresh:
+        if self.unknown_messages and part.ranks and (self.ranks is None or part.ranks <= set(self.ranks)):
+            again = len(part.messages)
+        if fresh:  # known from now on by their ids too
             self.messages = array("q", sorted({*self.messages, *fresh}))
         if self.ranks is not None and not part.ranks <= set(self.ranks):
             self.ranks = array("I", sorted(set(self.ranks) | part.ranks))
@@ -175,6 +194,13 @@ class RootFold:
             acc = held.get(part.iteration)
             its_gone = self.gone.get(part.job)
             gone = its_gone.get(part.iteration) if acc is None and its_gone is not None else None
+            if acc is None and gone is None and len(held) >= self.keep and part.iteration < min(held):
+                # Older than all the root holds and kept of (GONE_ITERATIONS): what the store's record
+                # shows is all there is to count it against; kept with the iterations gone, so that
+                # the rest of this batch's partials of it count against it too.
+                gone = Gone.of_store(part.job, part.iteration, held_fold(part.job, part.iteration),
+                                     self.world(part.job))
+                self.gone.setdefault(part.job, OrderedDict())[part.iteration] = gone
             if gone is not None:  # late: counted against what the root kept of it, folded with the store's
                 self.stats.late += 1
                 n_again = gone.merge(part)
@@ -196,8 +222,6 @@ class RootFold:
                         self.stats.lag_s.append(max(0.0, now - end))
                 continue
             if acc is None:
-                if len(held) >= self.keep and part.iteration < min(held):
-                    self.stats.late += 1  # older than all the root knows of: it cannot tell a redelivery
                 # Until its first fold reaches the store, a restarted job's store still holds the
                 # run that ended, whose iterations may bear the same numbers (a resume).
                 start = None if part.job in restarted else held_fold(part.job, part.iteration)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.analytics.collectives import winfold
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.winfold import WindowFold
@@ -177,3 +178,60 @@ def test_waiting_operations_are_bounded_and_their_windows_come_out_uncovered() -
     for rank, figs in got.items():
         ((w, comm, _),) = figs
         assert comm / (w.end_ns - w.start_ns) == want[w.iteration][rank]
+
+
+def _late_ends(job: _Job, recs: list[CollectiveRecord], steps: list[StepRecord], late: set[tuple[int, int]],
+               send_late: bool) -> None:
+    """Fed by iteration as the root feeds its store (_feed_by_iteration), but the step records of the
+    ``late`` (node, iteration)s come after every other (``send_late``; or never): the rank's later ends
+    are in while those are not, as a node's fold the root hands on after its later ones."""
+    def node_of(r: CollectiveRecord | StepRecord) -> int:
+        return (r.rank if isinstance(r.rank, int) else 0) // PER_NODE
+
+    held = [s for s in steps if (node_of(s), s.iteration) in late]
+    _feed_by_iteration(job, recs, [s for s in steps if (node_of(s), s.iteration) not in late], node_of,
+                       WORLD // PER_NODE)
+    if send_late:
+        job.steps.extend(held)
+
+
+LATE_ENDS = {(1, 3), (1, 4)}  # node 1's ranks' step records of iterations 3 and 4
+
+
+def test_a_ranks_step_end_that_comes_after_its_later_ones_splits_its_window_as_one_aggregator() -> None:
+    """The rank's window (2, 5] waits while the job's records show iterations 3 and 4 without its
+    ends (they are on their way: a late node's fold at the root): its operations are not settled
+    over the three iterations and let go, and once the ends come each iteration has the rank's own
+    share, byte for byte one aggregator's (fails without the wait: the rank's shares of 3 and 4
+    absent, 5's read over all three)."""
+    recs, steps = synthetic_job()
+    want = json.dumps(collectives_json(analyze_collectives("j", recs, steps, layout=LAYOUT,
+                                                           rank_nodes=RANK_NODES)), sort_keys=True)
+    job = _Job(Retention(per_rank=512, per_job=250_000), LAYOUT)
+    _late_ends(job, recs, steps, LATE_ENDS, send_late=True)
+    fold = job.store.jobs["j"].fold
+    assert fold is not None and fold.counts.windows > 0
+    assert json.dumps(collectives_json(job.analysis()), sort_keys=True) == want
+    assert fold.counts.missing_end == 0 and fold.counts.late == 0
+
+
+def test_a_step_end_that_never_comes_is_waited_for_a_bound_then_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ends of node 1's iterations 3 and 4 never come: past LATE_END_WINDOWS windows the rank's
+    window over them settles as the records give it — the rows' answer on the same records, each of
+    those windows counted (``missing_end``), its iteration read over three (n_iterations)."""
+    monkeypatch.setattr(winfold, "LATE_END_WINDOWS", 2)
+    recs, steps = synthetic_job()
+    sent = [s for s in steps if ((s.rank if isinstance(s.rank, int) else 0) // PER_NODE, s.iteration)
+            not in LATE_ENDS]
+    want = analyze_collectives("j", recs, sent, layout=LAYOUT, rank_nodes=RANK_NODES)
+    job = _Job(Retention(per_rank=512, per_job=250_000), LAYOUT)
+    _late_ends(job, recs, steps, LATE_ENDS, send_late=False)
+    fold = job.store.jobs["j"].fold
+    assert fold is not None
+    assert fold.counts.missing_end == PER_NODE  # node 1's ranks, one window (2, 5] each
+    got = job.analysis()
+    assert json.dumps(collectives_json(got), sort_keys=True) == json.dumps(collectives_json(want),
+                                                                            sort_keys=True)
+    spanned = next(it for it in got.iterations if it.iteration == 5)
+    assert spanned.n_iterations == 3

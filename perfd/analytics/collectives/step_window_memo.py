@@ -77,6 +77,12 @@ class StepWindowMemo:
         self.job_windows = iteration_windows(self._job)
         return set(touched)
 
+    @property
+    def iterations(self) -> list[int]:
+        """The iterations the records last read hold an end of, in order (a new list at each change:
+        a reader of the last one keeps it whole)."""
+        return self._its
+
     def _end(self, it: int, rank: int) -> IterationEnd | None:
         """The rank's end of iteration ``it`` as step_windows reads it: its own record's, else the
         latest of the folds' (the first of equal ones)."""

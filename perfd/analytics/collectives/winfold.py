@@ -13,7 +13,9 @@ to the job's :class:`WindowFold`, which:
   fall in are settled: the job's step records close the window and the rank's operations reach
   ``SETTLE_WINDOWS`` windows past it (an op is sent once final, in dump order: a long one enqueued
   earlier may come a dump later than the ops after it, and the step record that closes an iteration
-  may still move until the shards' folds of it are in);
+  may still move until the shards' folds of it are in), and the rank's end of every iteration the
+  job's records show inside the window is in (``LATE_END_WINDOWS``: a node's fold the root hands on
+  after its later ones);
 - then computes each settled window's figures with the same timeline the analysis runs on rows
   (perfd.analytics.collectives.collective_windows.rank_timeline: the same starts, unions and coverage), the
   operations before the window stood for by a :class:`TimelineContext` (each queue's last op, each
@@ -61,6 +63,16 @@ from perfd.winfigures import ABSENT, RankWindow, WindowFigures
 
 # A window's figures are made once the rank's operations reach this many windows past it.
 SETTLE_WINDOWS = 1
+# ... and, where the job's step records show an iteration inside the window (or before a rank's first)
+# that the rank has no end of, once that end comes or its operations reach this many windows past it.
+# The end is on its way: the engine's root hands a node's fold of an iteration on after the node's
+# later ones where a shard was killed and its messages came again after the next ones, or the shard
+# was starved past the root's memory (perfd.engine.rootfold's late path), while the rank's operations
+# came on time on the records stream. Settled over the window the ends held then, its operations let
+# go, the end could not split it again: the rank's shares of those iterations differed from one
+# aggregator's (absent, and the next one's read over them all). 64: the ~50 iterations of a 0.25 s
+# iteration that a killed shard's redelivery takes (the engine's ack wait after its lease).
+LATE_END_WINDOWS = 64
 # Operations waiting for their windows: each rank's newest 4,096, 2,000,000 a job (at 100,000 ranks 20
 # a rank: ~3 iterations of a rank running 6 collectives an iteration; a job running more a rank an
 # iteration has its windows folded away uncovered at that scale, counted).
@@ -80,6 +92,9 @@ class FoldCounts:
     uncovered: int = 0  # (rank, window) settled that its operations do not cover
     retracted: int = 0  # of the windows made, found uncovered after all (a sequence gap seen later)
     evicted: int = 0  # (rank, window) figures let go with their iteration (older than the kept ones)
+    # (rank, window) settled over, or first after, an iteration the job's records show that the rank had
+    # no end of: waited LATE_END_WINDOWS (or its waiting operations' bound) and came not, or never sent
+    missing_end: int = 0
     received: int = 0  # (rank, window) figures made elsewhere (a shard's fold) merged in
 
     def to_json(self) -> dict[str, int]:
@@ -119,6 +134,7 @@ class _Rank:
     frontier: int | None = None  # enqueue time up to which its operations are folded
     newest: int = 0  # the newest enqueue time taken
     settled_start: int | None = None  # the start of its last settled window (a shard's acks read it)
+    missing: bool = False  # its settling waits for a step end the job's records show and it lacks
     # (a fold that hands its figures on) the timeline of its waiting operations, under the state it
     # is of (what its newest windows' figures are read from: computed again only when that changed),
     # and what it handed on of each window (iteration -> its figures)
@@ -184,6 +200,10 @@ class WindowFold:
         self.counts = FoldCounts()
         self.steps_key: object = None
         self.layout: ParallelLayout | None = None
+        # The iterations the job's step records show an end of, in order, where the store tells them
+        # (set_windows): a rank's window over one it has no end of waits for it (LATE_END_WINDOWS). A
+        # shard's fold is not told: a node's ends come in the same messages as its operations.
+        self._shown: Sequence[int] = ()
         self._job = _Bounds.of([])
         self._per_rank: dict[int, _Bounds] = {}
         self._groups: dict[GroupRef, int] = {}  # group -> its distinct ranks (the world size's)
@@ -208,9 +228,12 @@ class WindowFold:
 
     def set_windows(self, key: object, rank_windows: Mapping[int, list[StepWindow]],
                     job_windows: list[StepWindow], layout: ParallelLayout | None,
-                    changed: Iterable[int] | None = None) -> None:
+                    changed: Iterable[int] | None = None, shown: Sequence[int] | None = None) -> None:
         """As :meth:`set_steps`, from the windows made already (a StepWindowMemo's, made outside the
-        store's lock); only the ``changed`` ranks' are read again (None: every rank's)."""
+        store's lock); only the ``changed`` ranks' are read again (None: every rank's). ``shown``: the
+        iterations the records show an end of, in order (None: as they were)."""
+        if shown is not None:
+            self._shown = shown
         self._job = _Bounds.of(job_windows)
         if changed is None:
             self._per_rank = {r: _Bounds.of(ws) for r, ws in rank_windows.items()}
@@ -269,6 +292,8 @@ class WindowFold:
         if k is not None:
             for rank in touched:
                 st = self.ranks[rank]
+                if len(st.buffer) > k and st.missing:  # its wait ends: what can settle does
+                    self._advance(rank, st, wait=False)
                 if len(st.buffer) > k:
                     self._fold_away(rank, st, k)
         return touched
@@ -403,11 +428,14 @@ class WindowFold:
             self._classes = c
         return self._classes
 
-    def _advance(self, rank: int, st: _Rank) -> None:
+    def _advance(self, rank: int, st: _Rank, wait: bool = True) -> None:
         b = self._per_rank.get(rank) or self._job
         # Settled: starts at or after the frontier, and the rank's ops reach `settle` windows past it
         lo = 0 if st.frontier is None else bisect.bisect_left(b.starts, st.frontier)
-        hi = bisect.bisect_right(b.ends, st.newest) - self.settle  # windows [lo, hi) settled
+        reached = bisect.bisect_right(b.ends, st.newest)  # windows its operations reach
+        hi = reached - self.settle  # windows [lo, hi) settled
+        if hi > lo and rank in self._per_rank:  # its own ends (a log's job windows have no rank's)
+            hi = self._before_missing_end(b, st, lo, hi, reached if wait else None)
         if hi <= lo:
             return
         settled = b.windows[lo:hi]
@@ -434,6 +462,27 @@ class WindowFold:
             for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
                 self.counts.evicted += len(self.blocks.pop(it))
                 self._taken.pop(it, None)
+
+    def _before_missing_end(self, b: _Bounds, st: _Rank, lo: int, hi: int, reached: int | None) -> int:
+        """Where the rank's windows [lo, hi) stop settling: at the first over (or, its first, after)
+        an iteration the job's records show and it has no end of, while its operations reach fewer
+        than LATE_END_WINDOWS windows past it (``reached``; None: no waiting); those settled without
+        it are counted (``missing_end``)."""
+        shown = self._shown
+        st.missing = False
+        if not shown:
+            return hi
+        for i in range(lo, hi):
+            w = b.windows[i]
+            before = w.iteration - w.n_iterations  # the rank's end before this window's
+            j = bisect.bisect_right(shown, before)
+            if not ((j < len(shown) and shown[j] < w.iteration) or (i == 0 and shown[0] < before)):
+                continue
+            if reached is not None and reached - 1 - i < LATE_END_WINDOWS:
+                st.missing = True
+                return i
+            self.counts.missing_end += 1
+        return hi
 
     def _fold_away(self, rank: int, st: _Rank, k: int) -> None:
         """Past the bound: the rank's oldest waiting operations leave without their windows."""
