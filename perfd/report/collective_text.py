@@ -42,6 +42,22 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+# What each link of perfd.analytics.collectives.groups.LINKS is, and where its bus bandwidth figure comes
+# from (one entry per key: tests/analytics/test_more_words.py).
+LINK_TEXT: dict[str, str] = {
+    "nvlink3": "NVLink 3 (A100 SXM): 600 GB/s bidirectional per GPU",
+    "nvlink4": "NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU; a 256 MB all-reduce on 2 H200s "
+               "measured ~290 GB/s bus bandwidth here",
+    "nvlink-bridge": "NVLink bridge (H100 NVL pair): 600 GB/s bidirectional",
+    "nvlink5": "NVLink 5 (B200/GB200): 1.8 TB/s bidirectional per GPU",
+    "pcie4": "PCIe Gen4 x16 (~32 GB/s per direction, ~25 achievable)",
+    "pcie5": "PCIe Gen5 x16 (~64 GB/s per direction, ~50 achievable)",
+    "ib-100g": "100 Gb/s network per GPU (InfiniBand / RoCE)",
+    "ib-200g": "200 Gb/s network per GPU (InfiniBand HDR / RoCE)",
+    "ib-400g": "400 Gb/s network per GPU (InfiniBand NDR / RoCE)",
+    "ib-800g": "800 Gb/s network per GPU (InfiniBand XDR)",
+}
+
 # How a group's scope was found.
 PLACEMENT_TEXT: dict[Placement, str] = {
     Placement.RANKS: "rank placement", Placement.INSPECTOR: "NCCL Inspector nnodes",
@@ -51,7 +67,7 @@ PLACEMENT_TEXT: dict[Placement, str] = {
 def link_how_text(h: LinkHow) -> str:
     """How the link and its bandwidth were chosen: "rank placement; NVLink 4 (H100/H200 SXM): ..."."""
     head = PLACEMENT_TEXT[h.placement]
-    spec = LINKS.get(h.link) if h.link is not None else None
+    said = LINK_TEXT.get(h.link) if h.link is not None and h.link in LINKS else None
     match h.capability:
         case Capability.CONFIGURED:
             return f"{head}; configured busbw"
@@ -59,10 +75,10 @@ def link_how_text(h: LinkHow) -> str:
             return f"{head}; no link known for GPU {h.gpu!r}"
         case Capability.UNKNOWN_LINK:
             return f"{head}; unknown link {h.link!r}"
-        case Capability.TABLE if spec is not None:
-            return f"{head}; {spec.description}"
-        case Capability.DEFAULT if spec is not None:
-            return f"{head}; {spec.description} (configurable)"
+        case Capability.TABLE if said is not None:
+            return f"{head}; {said}"
+        case Capability.DEFAULT if said is not None:
+            return f"{head}; {said} (configurable)"
     return head
 
 

@@ -40,6 +40,7 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no device in the capture" in fragments  # the class's reason without a device
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
+    assert "NVLink bridge (H100 NVL pair): 600 GB/s bidirectional" in fragments  # what a link is (LINK_TEXT)
     assert "no completed op at or past it from the stuck ranks yet" in fragments  # a hang's resolution
     assert "Speed up data loading: more data-loader workers, pinned memory, prefetch; check the storage " \
         "the data comes from" in fragments  # the one action for slow data
@@ -80,7 +81,7 @@ def test_the_typed_values_hold_no_sentences() -> None:
     from perfd.analytics.collectives.bandwidth import GroupBandwidth
     from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
     from perfd.analytics.collectives.collective_hangs import HangView
-    from perfd.analytics.collectives.groups import LinkChoice, LinkHow
+    from perfd.analytics.collectives.groups import LinkChoice, LinkHow, LinkSpec
 
     allowed: dict[type, set[str]] = {
         CaptureMatch: {"capture"},  # the capture's name
@@ -94,6 +95,7 @@ def test_the_typed_values_hold_no_sentences() -> None:
         GroupBandwidth: {"group", "scope", "link", "ops", "source"},
         LinkChoice: {"scope", "link"},
         LinkHow: {"link", "gpu"},  # a link's and a GPU's names
+        LinkSpec: {"name"},  # its key; what it is: perfd.report.collective_text.LINK_TEXT
         # names, and the agents' own lines as they sent them (collectors/nccl's)
         HangView: {"process_group", "op", "agents", "user_frame", "texts"},
     }
@@ -101,3 +103,17 @@ def test_the_typed_values_hold_no_sentences() -> None:
         hints = typing.get_type_hints(cls)
         texts = {f.name for f in dataclasses.fields(cls) if _text_in(hints[f.name])}
         assert texts <= names, (cls.__name__, texts - names)
+
+
+def test_every_link_is_worded_once() -> None:
+    """The link table keeps each link's key and figure; what the link is, the report's LINK_TEXT, has one
+    entry per key (a link added to one and not the other fails here)."""
+    from perfd.analytics.collectives.groups import INTRA_NODE_LINK, LINKS, LinkHow, Placement
+    from perfd.analytics.collectives.groups import Capability as C
+    from perfd.report.collective_text import LINK_TEXT, link_how_text
+
+    assert set(LINK_TEXT) == set(LINKS) >= set(INTRA_NODE_LINK.values())
+    assert link_how_text(LinkHow(Placement.RANKS, C.TABLE, "nvlink4")).startswith(
+        "rank placement; NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU")
+    assert link_how_text(LinkHow(Placement.INSPECTOR, C.DEFAULT, "ib-200g")) == \
+        "NCCL Inspector nnodes; 200 Gb/s network per GPU (InfiniBand HDR / RoCE) (configurable)"
