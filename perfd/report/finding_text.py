@@ -38,7 +38,7 @@ from perfd.analytics.run.run_facts import (
 from perfd.analytics.run.runs import FiguresFrom, Runs
 from perfd.analytics.steps.untimed import names, untimed_text
 from perfd.report.capture_text import worded_match
-from perfd.report.data_text import DATA_ACTIONS
+from perfd.report.data_text import DATA_ACTIONS, knobs_text
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
@@ -243,7 +243,8 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
                     f"DP={f.dp}; check inter-node bandwidth")
         case DataShareFacts():
             # the action is the typed data-loading action's (Recommendation.data_loading): DATA_ACTIONS
-            return "", (f"{f.timer} {_pct(f.share)} of the step; {f.knobs}"
+            knobs = knobs_text(f.knobs_of, f.cpu_only) if f.knobs_of is not None else ""
+            return "", (f"{f.timer} {_pct(f.share)} of the step; {knobs}"
                         + (f"; step time also jitters (CV {f.jitter_cv:.1%}, finding step-jitter)"
                            if f.jitter_cv is not None else ""))
         case OutsideFacts():

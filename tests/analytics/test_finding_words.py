@@ -56,14 +56,14 @@ def test_the_check_finds_a_finding_worded_in_analytics(tmp_path: Path) -> None:
 
 def test_the_facts_hold_no_sentences() -> None:
     """Each facts type of the findings moved to the report's words: a field that may hold text is a name
-    (a timer's, the job's, a schedule policy, the loader's knobs as code), never a sentence."""
+    (a timer's, the job's, a schedule policy), never a sentence."""
     from perfd.analytics.advice.capture_findings import SlowerFacts
     from perfd.analytics.collectives import collective_facts
     from perfd.analytics.ncu.ncu_verdicts import PartVerdict
     from perfd.analytics.run import run_facts
     from perfd.analytics.serving import serving_facts
 
-    allowed = {"DataShareFacts": {"timer", "across_ranks", "knobs"}, "NextStepFacts": {"job"},
+    allowed = {"DataShareFacts": {"timer", "across_ranks"}, "NextStepFacts": {"job"},
                "PrefixHitFacts": {"policy"},
                "TotalShareFacts": {"by_group", "method"}, "TpNodesFacts": {"group"},  # group classes, names
                # an ncu verdict: names (part, category, capture), and how the capture chose its kernels,

@@ -41,6 +41,7 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "no step window is covered by the collective records yet" in fragments  # an absent share's
     assert "no link known for GPU" in fragments  # how a group's link was chosen
     assert "NVLink bridge (H100 NVL pair): 600 GB/s bidirectional" in fragments  # what a link is (LINK_TEXT)
+    assert "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True" in fragments  # knobs
     assert "no completed op at or past it from the stuck ranks yet" in fragments  # a hang's resolution
     assert "Speed up data loading: more data-loader workers, pinned memory, prefetch; check the storage " \
         "the data comes from" in fragments  # the one action for slow data
@@ -117,3 +118,26 @@ def test_every_link_is_worded_once() -> None:
         "rank placement; NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU")
     assert link_how_text(LinkHow(Placement.INSPECTOR, C.DEFAULT, "ib-200g")) == \
         "NCCL Inspector nnodes; 200 Gb/s network per GPU (InfiniBand HDR / RoCE) (configurable)"
+
+
+def test_the_data_loaders_knobs_are_worded_in_the_report_only() -> None:
+    """Each framework's data-loader knobs (what the data-loader remedy's note and the run's data-loading
+    recommendation name) are perfd.report.data_text's, however short: none is spelled in analytics."""
+    from perfd.analytics.advice.remedies import Framework
+    from perfd.analytics.finding_types import Severity
+    from perfd.analytics.run.run_facts import DataShareFacts
+    from perfd.report.data_text import CPU_DATA_KNOBS, DATA_KNOBS, knobs_text
+    from perfd.report.finding_text import recommendation_words
+
+    assert set(DATA_KNOBS) == set(Framework)
+    assert knobs_text(Framework.PYTORCH, cpu_only=True) == CPU_DATA_KNOBS
+    assert knobs_text(Framework.MEGATRON, cpu_only=True) == DATA_KNOBS[Framework.MEGATRON]
+    assert "pin_memory" not in CPU_DATA_KNOBS and "pin_memory=True" in DATA_KNOBS[Framework.PYTORCH]
+    said = {k: "data_text" for k in (*DATA_KNOBS.values(), CPU_DATA_KNOBS)}
+    found = _found(said, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
+    assert not found, found
+    # the run's recommendation names them by the job's framework (typed on its facts)
+    facts = DataShareFacts(share=0.3, state=Severity.CRITICAL, timer="data wait", across_ranks="rank 0",
+                           knobs_of=Framework.PYTORCH, cpu_only=True, jitter_cv=0.2)
+    assert recommendation_words(facts)[1] == ("data wait 30.0% of the step; " + CPU_DATA_KNOBS
+                                              + "; step time also jitters (CV 20.0%, finding step-jitter)")

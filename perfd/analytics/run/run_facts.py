@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.run.runs import Runs
@@ -113,14 +114,16 @@ class UntimedFacts:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataShareFacts:
     """The data wait's share of the step, its state (the severity), the timer it is read from as the
-    job's step source names it, and for the recommendation the loader's knobs and the step time's CV
-    where it jitters too."""
+    job's step source names it, and for the recommendation the framework whose loader's knobs it names
+    (None: no recommendation; a CPU-only job's without pinned memory: ``cpu_only``; their words:
+    perfd.report.data_text.knobs_text) and the step time's CV where it jitters too."""
 
     share: float
     state: Severity
     timer: str
     across_ranks: str
-    knobs: str = ""
+    knobs_of: Framework | None = None
+    cpu_only: bool = False
     jitter_cv: float | None = None
 
 

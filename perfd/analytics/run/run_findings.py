@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
-from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
+from perfd.analytics.advice.remedies import Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
@@ -73,9 +73,6 @@ from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups
 from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
-
-# A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
-CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
@@ -263,10 +260,11 @@ def data_loading(c: RunContext) -> Out:
     if sev is Severity.INFO:
         return [f], []
     cpu_only = c.job.device == CPU
-    knobs = CPU_DATA_KNOBS if cpu_only and c.framework is Framework.PYTORCH else DATA_KNOBS[c.framework]
     cv = c.a.summary.step_time_cv
-    # jitter with slow data loading: one action covers both
-    said = dataclasses.replace(said, knobs=knobs, jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
+    # jitter with slow data loading: one action covers both; the loader's knobs are the framework's (a
+    # CPU-only job's without pinned memory), named where the recommendation is worded
+    said = dataclasses.replace(said, knobs_of=c.framework, cpu_only=cpu_only,
+                               jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
     dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
     # its action is the typed one's words (perfd.report.data_text.DATA_ACTIONS, where it is worded)
     return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, "", "", ds, data_loading=dl, facts=said)]
