@@ -21,7 +21,7 @@ from perfd.analytics.finding_types import Finding, Recommendation, Severity, ord
 from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
-from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
+from perfd.analytics.run.run_grade import budget_class, explain_grade, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
@@ -164,7 +164,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     lay = analysis.job.layout
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
     grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                                                budget_class_text(budget), untimed))
+                                                budget_class(budget), untimed))
     span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

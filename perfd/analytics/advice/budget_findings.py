@@ -223,11 +223,6 @@ def bottleneck(ctx: BudgetContext) -> Out:
                           f"{ctx.label or ctx.budget.basis}", facts=facts)], []
 
 
-def class_text(c: BudgetClass) -> str:
-    """The class and why, as the MFU grade's explanation quotes it (perfd.analytics.run.run_grade)."""
-    return f"{c.cls} ({c.reason()})"
-
-
 Analyzer = Callable[[BudgetContext], Out]
 def ncu_verdicts(ctx: BudgetContext) -> Out:
     """What the Nsight Compute rows on the budget's parts say to do (perfd.analytics.ncu.ncu_verdicts)."""

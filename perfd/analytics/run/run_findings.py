@@ -62,7 +62,7 @@ from perfd.analytics.run.run_grade import (
     MfuFacts,
     MfuFinding,
     MfuSaid,
-    budget_class_text,
+    budget_class,
     explain_grade,
     grade_mfu,
 )
@@ -145,7 +145,7 @@ def mfu_grade(c: RunContext) -> Out:
     lay = c.job.layout
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     said = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"),
-                         budget_class_text(c.budget), untimed)
+                         budget_class(c.budget), untimed)
     facts = MfuFacts(said=MfuSaid.GRADED, mfu=mfu, tflops=med["model_tflops_per_gpu"],
                      peak_tflops=peak.peak_tflops, gpu_model=peak.gpu_model, dtype=peak.dtype,
                      of_ceiling=med.get("mfu_vs_measured_ceiling"),
