@@ -35,8 +35,9 @@ from perfd.analytics.run.run_facts import (
     StragglerFacts,
     UntimedFacts,
 )
-from perfd.analytics.run.runs import FiguresFrom, Runs
+from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
 from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.capture_text import worded_match
 from perfd.report.data_text import DATA_ACTIONS, knobs_text
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
@@ -72,13 +73,25 @@ def runs_text(r: Runs) -> str | None:
     return None
 
 
+def digest_json(d: RunDigest, made: Mapping[str, Any]) -> dict[str, Any]:
+    """An earlier run's digest as served: its JSON (``made``) with why its class, after it."""
+    out: dict[str, Any] = {}
+    for k, v in made.items():
+        out[k] = v
+        if k == "bottleneck":
+            out["bottleneck_reason"] = class_reason(d.bottleneck_of) if d.bottleneck_of is not None else ""
+    return out
+
+
 def runs_json(r: Runs, made: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The job's runs as served: their JSON (``made``: as the summary's JSON holds it) with why the
-    figures are not the current run's."""
+    figures are not the current run's, and each earlier run's digest with why its class."""
     out: dict[str, Any] = {}
     for k, v in (r.to_json() if made is None else made).items():
         if k == "earlier":
             out["why"] = runs_text(r)
+            assert isinstance(v, list)  # each digest's JSON, in order (Runs.to_json)
+            v = [digest_json(d, m) for d, m in zip(r.earlier, v, strict=True)]
         out[k] = v
     return out
 

@@ -11,7 +11,6 @@ import dataclasses
 
 from perfd.analytics.breakdown.advice_registry import Grade, GradeBasis
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.run.run_figures import too_few
 from perfd.analytics.run.run_grade import (
     CrosscheckFacts,
     CrosscheckRecommendation,
@@ -21,6 +20,7 @@ from perfd.analytics.run.run_grade import (
     MfuSaid,
 )
 from perfd.analytics.steps.untimed import untimed_text
+from perfd.report.bottleneck_text import too_few
 from perfd.report.budget_text import class_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line

@@ -27,6 +27,7 @@ from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.finding_text import span_text
 from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
@@ -195,7 +196,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
-                            s.bottleneck.reason, span, headline)
+                            class_reason(s.bottleneck), span, headline)
     return Report(summary, metrics, findings, recs, job, budget, arming, worded_plan(analysis.plan))
 
 

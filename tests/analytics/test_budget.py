@@ -134,7 +134,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     (90 ms) are a few ms."""
     a = _big()
     s = a.summary.to_json()
-    assert s["bottleneck"] == "memory-bound" and s["bottleneck_evidence"]["winner"] == "capture"
+    assert s["bottleneck"] == "memory-bound" and a.summary.bottleneck.winner == "capture"
     b = StepBudget.from_json(s["step_budget"])
     # 3 steps marked; the budget is the mean of the 2 complete ones between the first and last mark (the
     # window cut the third step's optimizer phase)

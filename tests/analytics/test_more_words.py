@@ -20,9 +20,10 @@ from pathlib import Path
 from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word what analytics gives as kinds and numbers here.
-MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py", "data_text.py")
-# Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py).
-SAID_ELSEWHERE = {"a profiler never makes steps faster"}
+MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py", "data_text.py", "bottleneck_text.py")
+# Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py); the
+# arming's reference run (arming.py, ArmingCost.text: its line not moved yet).
+SAID_ELSEWHERE = {"a profiler never makes steps faster", "the job's last run without ncu"}
 
 
 def _fragments() -> dict[str, str]:
@@ -48,6 +49,13 @@ def test_no_analytics_module_words_them_again() -> None:
     assert any("the span they cover (first enqueue to last end)" in f for f in fragments)  # a method's
     assert "ran on a rank armed for a capture (ncu): the job's figures are run" in fragments  # the runs'
     assert "steady; the current run's steps are all armed" in fragments  # a run finding's steps
+    # the job's class: a vote's reason, why the winner decides, what is missing, where a number comes from
+    assert "GPM) while compute fills the step: the host cannot launch kernels as fast as the GPU runs them" \
+        in fragments
+    assert "the capture's timeline saw every kernel: the most direct view of what the compute time is" \
+        in fragments
+    assert "GPM counters while the job steps (agent with NVML on a Hopper or newer GPU" in fragments
+    assert "GPM of the job's last steady window (the job is not stepping now" in fragments
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
@@ -78,6 +86,7 @@ def test_the_typed_values_hold_no_sentences() -> None:
     """What the moved sentences are made from holds numbers, kinds and names (the capture's), never a
     sentence (checked on the annotations)."""
     from perfd.analytics.advice.capture_findings import CaptureDiagnosis, ClassBasis
+    from perfd.analytics.breakdown import bottleneck as bn
     from perfd.analytics.breakdown.capture_match import CaptureMatch, Evidence, MatchFacts
     from perfd.analytics.collectives.bandwidth import GroupBandwidth
     from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
@@ -99,6 +108,12 @@ def test_the_typed_values_hold_no_sentences() -> None:
         LinkSpec: {"name"},  # its key; what it is: perfd.report.collective_text.LINK_TEXT
         # names, and the agents' own lines as they sent them (collectors/nccl's)
         HangView: {"process_group", "op", "agents", "user_frame", "texts"},
+        # the job's class: codes and figures (perfd.report.bottleneck_text words them); names only: the
+        # capture's label, what the job calls its data wait, the timer shares checked
+        bn.Bottleneck: set(), bn.Vote: {"label"}, bn.GpmWhy: set(), bn.SharesWhy: {"data_timer", "checked"},
+        bn.ComputeWhy: set(), bn.GpmVoteWhy: set(), bn.Voted: set(), bn.EarlierRun: set(),
+        bn.TooFewSteps: set(),
+        bn.Quoted: {"text"},  # a capture's class reason, in the words its record keeps
     }
     for cls, names in allowed.items():
         hints = typing.get_type_hints(cls)
