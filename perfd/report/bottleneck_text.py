@@ -30,7 +30,7 @@ from perfd.analytics.breakdown.bottleneck import (
     VoteWhy,
 )
 from perfd.analytics.steps.iteration import json_value
-from perfd.analytics.steps.untimed import untimed_text
+from perfd.analytics.steps.untimed import Group, Untimed
 
 # Where each source's numbers come from (a vote's detail, the summary's bottleneck_sources).
 TIMERS_SOURCE = "step timers (perfd.analytics.steps.metrics)"
@@ -55,6 +55,23 @@ MISSING_TEXT: dict[Missing, str] = {
     Missing.GPM: "GPM counters while the job steps (agent with NVML on a Hopper or newer GPU)",
     Missing.CAPTURE: "a capture of the job",
 }
+
+
+# What each group's collectives the step timers do not time are (perfd.analytics.steps.untimed).
+UNTIMED_WHAT: dict[Group, str] = {
+    Group.TP: "tensor-parallel all-reduces",
+    Group.CP: "context-parallel attention exchanges",
+    Group.EP: "expert-parallel token all-to-alls",
+}
+
+
+def untimed_text(groups: Untimed) -> str:
+    """"the TP=2 tensor-parallel all-reduces, inside compute, are not timed" (empty: none): said wherever
+    exposed communication is (the timers' vote, the run's communication finding, the MFU grade)."""
+    if not groups:
+        return ""
+    what = " and the ".join(f"{g.value}={n} {UNTIMED_WHAT[g]}" for g, n in groups)
+    return f"the {what}, inside compute, are not timed"
 
 
 def gpm_text(w: GpmWhy) -> str:

@@ -36,8 +36,8 @@ from perfd.analytics.run.run_facts import (
     UntimedFacts,
 )
 from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
-from perfd.analytics.steps.untimed import names, untimed_text
-from perfd.report.bottleneck_text import class_reason
+from perfd.analytics.steps.untimed import names
+from perfd.report.bottleneck_text import class_reason, untimed_text
 from perfd.report.capture_text import worded_match
 from perfd.report.data_text import DATA_ACTIONS, knobs_text
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation

@@ -19,8 +19,7 @@ from perfd.analytics.run.run_grade import (
     MfuFinding,
     MfuSaid,
 )
-from perfd.analytics.steps.untimed import untimed_text
-from perfd.report.bottleneck_text import too_few
+from perfd.report.bottleneck_text import too_few, untimed_text
 from perfd.report.budget_text import class_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line

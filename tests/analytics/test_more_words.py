@@ -56,6 +56,7 @@ def test_no_analytics_module_words_them_again() -> None:
         in fragments
     assert "GPM counters while the job steps (agent with NVML on a Hopper or newer GPU" in fragments
     assert "GPM of the job's last steady window (the job is not stepping now" in fragments
+    assert "inside compute, are not timed" in fragments  # the collectives the timers do not time
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 
@@ -156,3 +157,18 @@ def test_the_data_loaders_knobs_are_worded_in_the_report_only() -> None:
                            knobs_of=Framework.PYTORCH, cpu_only=True, jitter_cv=0.2)
     assert recommendation_words(facts)[1] == ("data wait 30.0% of the step; " + CPU_DATA_KNOBS
                                               + "; step time also jitters (CV 20.0%, finding step-jitter)")
+
+
+def test_the_untimed_collectives_as_they_read() -> None:
+    """The groups whose collectives the step timers do not time are codes and sizes (perfd.analytics.steps
+    .untimed); the report says them wherever exposed communication is."""
+    from perfd.analytics.steps import untimed
+    from perfd.analytics.steps.untimed import Group, untimed_groups
+    from perfd.report.bottleneck_text import UNTIMED_WHAT, untimed_text
+
+    assert not hasattr(untimed, "untimed_text") and set(UNTIMED_WHAT) == set(Group)
+    groups = untimed_groups("megatron", 2, None, 4)
+    assert groups == ((Group.TP, 2), (Group.EP, 4))
+    assert untimed_text(groups) == ("the TP=2 tensor-parallel all-reduces and the EP=4 expert-parallel token "
+                                    "all-to-alls, inside compute, are not timed")
+    assert untimed_text(()) == ""
