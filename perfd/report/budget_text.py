@@ -209,9 +209,21 @@ def budget_words(f: BudgetFacts) -> tuple[str, str]:
             f"Where the {b.step_ms:.0f} ms step goes: {waterfall_text(b)}.")
 
 
+def budget_source(f: BudgetFacts) -> str:
+    """Where a budget finding's figures come from: the budget's label, and for a part where its time was
+    read and how its kernels were attributed; for the GEMMs' efficiency, the capture and the FLOPs."""
+    b = f.budget
+    if f.said is BudgetSaid.PART and f.part is not None:
+        return f"{f.label} ({f.part.source.value}, {b.attribution or 'timers'})"
+    if f.said is BudgetSaid.GEMM:
+        return f"{f.label} (capture + model FLOPs)"
+    return f.label
+
+
 def worded_budget(f: Finding) -> Finding:
-    """A budget finding with its title and observation; any other as it is."""
+    """A budget finding with its title, observation and source; any other as it is."""
     if not isinstance(f, BudgetFinding) or f.facts is None:
         return f
     title, observation = budget_words(f.facts)
-    return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    return dataclasses.replace(f, title=title, observation=observation, source=budget_source(f.facts),
+                               facts=None)

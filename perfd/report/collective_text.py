@@ -212,18 +212,26 @@ def recommendation_words(f: CollectiveRecFacts) -> tuple[str, str]:
                     "its data loading and uneven work", "")
 
 
+# Where the collective findings' figures come from: the Flight Recorder's records, merged across agents.
+FR_SOURCE = "collectors/nccl (Flight Recorder)"
+HANG_SOURCE = "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)"
+
+
 def worded_collective(f: Finding) -> Finding:
-    """A collective finding with its words; any other as it is."""
+    """A collective finding with its words (its title, observation, the windows it is over and its
+    source); any other as it is."""
     if isinstance(f, CollectiveFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
         # the evidence of a hang's or a link's finding is its JSON: as served, with its words
-        evidence, source = f.evidence, f.source
+        evidence, source, iterations = f.evidence, FR_SOURCE, f.iterations
         if isinstance(f.facts, HangFacts):
-            evidence = hang_json(f.facts.hang)
+            evidence, source = hang_json(f.facts.hang), HANG_SOURCE
         elif isinstance(f.facts, BandwidthFacts):
             evidence, source = bandwidth_json(f.facts.bandwidth), bandwidth_source(f.facts.bandwidth)
+        elif isinstance(f.facts, TotalShareFacts) and f.facts.windows:
+            iterations = f"{f.facts.windows} windows per rank"
         return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, source=source,
-                                   facts=None)
+                                   iterations=iterations, facts=None)
     return f
 
 

@@ -37,6 +37,7 @@ from perfd.analytics.run.run_facts import (
 )
 from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
 from perfd.analytics.steps.untimed import names
+from perfd.model import HOOK_OUTSIDE
 from perfd.report.bottleneck_text import class_reason, untimed_text
 from perfd.report.capture_text import worded_match
 from perfd.report.data_text import DATA_ACTIONS, knobs_text
@@ -181,6 +182,25 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
             return f"{f.count} slow iteration(s) left out", ""
 
 
+def source_words(f: RunFacts) -> str | None:
+    """Where a run finding's figures come from, for its ``source`` (None: it names none)."""
+    match f:
+        case ImbalanceFacts():
+            return ("megatron timers forward-backward, forward-compute, backward-compute (minmax pairing is "
+                    "an inference)" if f.minmax else "megatron timers")
+        case PpWaitFacts():
+            return "sum of max-across-ranks of the p2p timers (upper bound)"
+        case DataShareFacts():
+            return f"{f.source} timer {f.timer}"
+        case OutsideFacts():
+            return f"hook timer {HOOK_OUTSIDE}"
+        case StageSpreadFacts():
+            return "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"
+        case RunFiguresFacts():
+            return "the job's runs (perfd.analytics.run.runs)"
+    return None
+
+
 def _rebalance(f: RebalanceFacts) -> str:
     """Why and by how much to rebalance the stages."""
     parts: list[str] = []
@@ -300,12 +320,15 @@ def worded_run(f: Finding) -> Finding:
     (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
+        source = source_words(f.facts)
         # the figures' finding's evidence is the runs' JSON: as served, with why
         evidence = runs_json(f.facts.runs) if isinstance(f.facts, RunFiguresFacts) else f.evidence
-        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence,
+                                   source=source if source is not None else f.source, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
-        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+        return dataclasses.replace(f, title=title, observation=observation,
+                                   source="capture timeline vs Megatron timers", facts=None)
     return worded_ncu(worded_match(f))
 
 

@@ -18,7 +18,8 @@ from perfd.analytics.steps.untimed import Untimed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImbalanceFacts:
     """The stages' imbalance outweighs the schedule's bubble: each stage's idle share, the analytic
-    bubble, the layout (p, m, v) and the two stages' forward+backward compute (ms)."""
+    bubble, the layout (p, m, v) and the two stages' forward+backward compute (ms); ``minmax``: the stages'
+    idle paired from the timers' min and max (an inference, said in its source)."""
 
     idle_lighter: float
     idle_heavier: float | None
@@ -29,6 +30,7 @@ class ImbalanceFacts:
     imbalance: float
     lighter_ms: float
     heavier_ms: float
+    minmax: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +124,7 @@ class DataShareFacts:
     state: Severity
     timer: str
     across_ranks: str
+    source: str = ""  # the job's step source (perfd.analytics.common.Vocabulary.source): the timer's
     knobs_of: Framework | None = None
     cpu_only: bool = False
     jitter_cv: float | None = None
