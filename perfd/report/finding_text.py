@@ -12,6 +12,7 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, StepSpan
+from perfd.analytics.run.arming import ArmingBasis, ArmingCost
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
     DataShareFacts,
@@ -82,6 +83,26 @@ def digest_json(d: RunDigest, made: Mapping[str, Any]) -> dict[str, Any]:
         if k == "bottleneck":
             out["bottleneck_reason"] = class_reason(d.bottleneck_of) if d.bottleneck_of is not None else ""
     return out
+
+
+def arming_text(a: ArmingCost) -> str:
+    """What arming ncu costs the armed rank(s), against what, for how long: the report's line."""
+    who = f"rank(s) {', '.join(map(str, a.ranks))}" if a.ranks else "the armed rank"
+    against = {ArmingBasis.EARLIER_STEPS: "its own steps before it was armed",
+               ArmingBasis.UNARMED_RANKS: "the job's unarmed ranks over the same time",
+               ArmingBasis.PREVIOUS_RUN: f"the steady steps of run {a.reference_run}, the job's last run "
+                                         "without ncu",
+               ArmingBasis.PREVIOUS_RUN_CAPTURE: f"the captured steps of run {a.reference_run}, the job's "
+                                                 "last run without ncu (its steady steps too few)",
+               }[a.basis]
+    line = (f"Arming ncu cost {who} {a.extra_ms:+.0f} ms a step ({a.ratio - 1:+.0%}): "
+            f"median step {a.armed_ms:.0f} ms armed ({a.n_armed} steps) against "
+            f"{a.reference_ms:.0f} ms for {against} ({a.n_reference} steps), for the life of the "
+            "process, profiled or not")
+    if a.basis is ArmingBasis.UNARMED_RANKS:
+        line += ("; where the ranks synchronise every step the unarmed ones wait for the armed one, "
+                 "so this reads low")
+    return line
 
 
 def runs_json(r: Runs, made: Mapping[str, Any] | None = None) -> dict[str, Any]:

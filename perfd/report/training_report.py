@@ -29,7 +29,7 @@ from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
-from perfd.report.finding_text import span_text
+from perfd.report.finding_text import arming_text, span_text
 from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
@@ -206,7 +206,7 @@ def arming_finding(arming: ArmingCost) -> Finding:
     sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
     who = f"rank(s) {', '.join(map(str, arming.ranks))}" if arming.ranks else "the armed rank"
     return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on {who}",
-                   arming.text(), arming.to_json(),
+                   arming_text(arming), arming.to_json(),
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 

@@ -21,9 +21,8 @@ from tests.test_english_where_shown import ROOT, _found, _said, _text_in
 
 # The modules that word what analytics gives as kinds and numbers here.
 MORE_TEXT = ("capture_text.py", "collective_text.py", "finding_text.py", "data_text.py", "bottleneck_text.py")
-# Pieces analytics says of something else, in its own words: a threshold's doc (thresholds.py); the
-# arming's reference run (arming.py, ArmingCost.text: its line not moved yet).
-SAID_ELSEWHERE = {"a profiler never makes steps faster", "the job's last run without ncu"}
+# Pieces analytics says of something else, in its own words: thresholds' docs (thresholds.py).
+SAID_ELSEWHERE = {"a profiler never makes steps faster", "its own steps before it was armed"}
 
 
 def _fragments() -> dict[str, str]:
@@ -57,6 +56,8 @@ def test_no_analytics_module_words_them_again() -> None:
     assert "GPM counters while the job steps (agent with NVML on a Hopper or newer GPU" in fragments
     assert "GPM of the job's last steady window (the job is not stepping now" in fragments
     assert "inside compute, are not timed" in fragments  # the collectives the timers do not time
+    assert "where the ranks synchronise every step the unarmed ones wait for the armed one, so this reads " \
+        "low" in fragments  # what arming ncu costs (arming_text)
     found = _found(fragments, sorted((ROOT / "perfd" / "analytics").rglob("*.py")))
     assert not found, found
 

@@ -24,6 +24,7 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
+from perfd.report.finding_text import arming_text
 from perfd.transport.codec import Command
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "ncu_h100" / "ncu_megatron_rule.json"
@@ -80,7 +81,7 @@ def test_the_recorded_arming_cost_against_the_jobs_own_earlier_steps() -> None:
     # without ncu (the script's summary): about three times, ~+250 ms a step.
     assert cost.reference_ms == pytest.approx(recording()["baseline_stats"]["median_ms"], rel=0.05)
     assert 2.5 < cost.ratio < 3.3 and 200.0 < cost.extra_ms < 320.0
-    line = cost.text()
+    line = arming_text(cost)
     assert line.startswith("Arming ncu cost rank(s) 0 +") and "its own steps before it was armed" in line
     assert ArmingCost.from_json(cost.to_json()) == cost
 
@@ -96,7 +97,7 @@ def test_against_the_unarmed_ranks_when_the_job_has_no_earlier_steps() -> None:
              for k, r in enumerate(armed)]
     cost = measure_arming([*rank0, *rank1], {0: armed_at}, [window])
     assert cost is not None and cost.basis is ArmingBasis.UNARMED_RANKS
-    assert cost.ratio > 2.0 and "wait for the armed one" in cost.text()
+    assert cost.ratio > 2.0 and "wait for the armed one" in arming_text(cost)
 
 
 def test_too_few_steps_is_no_measure() -> None:
