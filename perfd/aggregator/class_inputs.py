@@ -22,18 +22,17 @@ from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobStore
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.steady_gpm import SteadyGpm
-from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
 from perfd.model import CaptureStatus
+from perfd.report.ncu_text import rows_class_text
 
-GPM_LIVE = "GPM while the job stepped"
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
 STEPPING_STEPS = 3
-GPM_LAST_STEADY = "GPM of the job's last steady window (the job is not stepping now)"
 
 CapturesOf = Callable[[str], list[CaptureRecord]]
 
@@ -87,7 +86,7 @@ class ClassInputs:
         self.steady_gpm.forget(job)
 
     def class_inputs(self, job: str, span: tuple[float | None, float | None] = (None, None)
-                     ) -> tuple[GpmReading | None, TimelineClass | None, str]:
+                     ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]:
         """GPM of the job's GPUs while it steps (after it stops, the last reading taken while it
         stepped with no incident open: its last steady window), the class its latest capture within
         ``span`` supports, and which GPM window that is. ``span``: (from, to) epoch s of the run whose
@@ -121,8 +120,9 @@ class ClassInputs:
                                                ncu_kernels=ncu.kernels)
             else:  # the rows class the job when they cover most of its compute
                 cls, why, _ = rows_class(ncu.categories, self.compute_ms(job))
-                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)", ncu=ncu.categories,
-                                         ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
+                # the class's reason in words, as a capture's is kept (perfd.report.ncu_text)
+                timeline = TimelineClass(cls, rows_class_text(why), f"capture {ncu.capture_id} (ncu)",
+                                         ncu=ncu.categories, ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.stale_after_s())
@@ -134,8 +134,8 @@ class ClassInputs:
             if gpm is not None and self.steady_gpm.due(job, now) \
                     and self.stepping(job, age, 2.0, 2) and not self.incidents.has_open(job):
                 self.steady_gpm.add(job, gpm, now)
-            return gpm, timeline, GPM_LIVE
-        return self.steady_gpm.window(job), timeline, GPM_LAST_STEADY
+            return gpm, timeline, GpmWhen.STEPPING
+        return self.steady_gpm.window(job), timeline, GpmWhen.LAST_STEADY
 
     def compute_ms(self, job: str) -> float | None:
         """The job's compute ms per step as its last analysis' budget has it (the ncu rows' coverage)."""

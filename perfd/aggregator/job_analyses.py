@@ -32,7 +32,7 @@ from perfd.aggregator.sightings import Sightings
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, Snapshots
 from perfd.aggregator.stalls import StallWatch
 from perfd.aggregator.state_changes import Changes, writes
-from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
@@ -112,7 +112,7 @@ class JobAnalyses:
         return self.inputs.capture_windows(job)
 
     def class_inputs(self, job: str, span: tuple[float | None, float | None]
-                     ) -> tuple[GpmReading | None, TimelineClass | None, str]:
+                     ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]:
         return self.inputs.class_inputs(job, span)
 
     def placed_gpu(self, job: str) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from perfd.analytics.breakdown.bottleneck import GpmReading
+from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 
 Standing = Callable[[str, str], int]  # (job, agent) -> its standing as a writer of the job
@@ -25,7 +25,7 @@ class AnalysisInputs(Protocol):
     def capture_windows(self, job: str) -> list[tuple[float, float]]: ...
 
     def class_inputs(self, job: str, span: tuple[float | None, float | None]
-                     ) -> tuple[GpmReading | None, TimelineClass | None, str]: ...
+                     ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]: ...
 
     def placed_gpu(self, job: str) -> str | None: ...
 
@@ -38,8 +38,8 @@ class NoInputs:
         return []
 
     def class_inputs(self, job: str, span: tuple[float | None, float | None]
-                     ) -> tuple[GpmReading | None, TimelineClass | None, str]:
-        return None, None, ""
+                     ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]:
+        return None, None, GpmWhen.STEPPING  # no GPM: no vote it dates
 
     def placed_gpu(self, job: str) -> str | None:
         return None

@@ -43,6 +43,7 @@ from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.iteration import IterationResult, job_values
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.row_json import job_json
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def summary_metrics(summary: RunSummary) -> dict[str, Any]:
     steady = catalog.median_values(summary.medians, catalog.WANDB)
     out.update({f"steady/{name}": v for name, v in steady.items()})
     bottleneck = summary.bottleneck
-    for key, v in (("bottleneck", bottleneck.cls.value), ("bottleneck_reason", bottleneck.reason),
+    for key, v in (("bottleneck", bottleneck.cls.value), ("bottleneck_reason", class_reason(bottleneck)),
                    ("n_steady", summary.n_steady), ("steady_first_iteration", summary.steady_first_iteration),
                    ("steady_last_iteration", summary.steady_last_iteration)):
         if v is not None:

@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Mapping
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice.budget_findings import BudgetFacts, BudgetFinding, BudgetSaid, class_text
-from perfd.analytics.breakdown.advice_registry import PART
-from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, StepBudget
+from perfd.analytics.advice.budget_findings import BudgetFacts, BudgetFinding, BudgetSaid
+from perfd.analytics.breakdown.advice_registry import CLASS, PART
+from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding
 
@@ -182,6 +182,19 @@ def _capture_cost_words(b: StepBudget, run: int | None) -> tuple[str, str]:
             + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
 
 
+def class_shares_text(c: BudgetClass) -> str:
+    """Where the step goes by class, the largest three by their short names: "memory 60%, compute 30%,
+    launch 5% of the step" (why a capture's budget supports its class)."""
+    top = sorted(((k, s) for k, s in c.shares.items() if s > 0), key=lambda ks: -ks[1])[:3]
+    return ", ".join(f"{CLASS[k].short} {s:.0%}" for k, s in top) + " of the step"
+
+
+def class_text(c: BudgetClass) -> str:
+    """The class and why: its finding's title, the MFU grade's explanation where a capture divided the
+    step (perfd.report.grade_text)."""
+    return f"{c.cls} ({class_shares_text(c)})"
+
+
 def budget_words(f: BudgetFacts) -> tuple[str, str]:
     """A budget finding's title and observation."""
     b = f.budget
@@ -196,9 +209,21 @@ def budget_words(f: BudgetFacts) -> tuple[str, str]:
             f"Where the {b.step_ms:.0f} ms step goes: {waterfall_text(b)}.")
 
 
+def budget_source(f: BudgetFacts) -> str:
+    """Where a budget finding's figures come from: the budget's label, and for a part where its time was
+    read and how its kernels were attributed; for the GEMMs' efficiency, the capture and the FLOPs."""
+    b = f.budget
+    if f.said is BudgetSaid.PART and f.part is not None:
+        return f"{f.label} ({f.part.source.value}, {b.attribution or 'timers'})"
+    if f.said is BudgetSaid.GEMM:
+        return f"{f.label} (capture + model FLOPs)"
+    return f.label
+
+
 def worded_budget(f: Finding) -> Finding:
-    """A budget finding with its title and observation; any other as it is."""
+    """A budget finding with its title, observation and source; any other as it is."""
     if not isinstance(f, BudgetFinding) or f.facts is None:
         return f
     title, observation = budget_words(f.facts)
-    return dataclasses.replace(f, title=title, observation=observation, facts=None)
+    return dataclasses.replace(f, title=title, observation=observation, source=budget_source(f.facts),
+                               facts=None)

@@ -16,6 +16,7 @@ from perfd.analytics.breakdown.capture_match import (
     MatchFinding,
 )
 from perfd.analytics.finding_types import Finding
+from perfd.report.budget_text import class_shares_text
 
 
 def _g(v: float | None) -> str:
@@ -91,7 +92,7 @@ def refusal(m: CaptureMatch) -> str:
 def class_reason(b: ClassBasis) -> str:
     """Why a capture's timeline supports its class: the deciding device's class shares and where."""
     if b.decided is not None:
-        return f"{b.decided.reason()} ({b.where})"
+        return f"{class_shares_text(b.decided)} ({b.where})"
     return f"no device with kernels ({b.where})" if b.devices else "no device in the capture"
 
 

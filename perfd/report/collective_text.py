@@ -42,6 +42,22 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+# What each link of perfd.analytics.collectives.groups.LINKS is, and where its bus bandwidth figure comes
+# from (one entry per key: tests/analytics/test_more_words.py).
+LINK_TEXT: dict[str, str] = {
+    "nvlink3": "NVLink 3 (A100 SXM): 600 GB/s bidirectional per GPU",
+    "nvlink4": "NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU; a 256 MB all-reduce on 2 H200s "
+               "measured ~290 GB/s bus bandwidth here",
+    "nvlink-bridge": "NVLink bridge (H100 NVL pair): 600 GB/s bidirectional",
+    "nvlink5": "NVLink 5 (B200/GB200): 1.8 TB/s bidirectional per GPU",
+    "pcie4": "PCIe Gen4 x16 (~32 GB/s per direction, ~25 achievable)",
+    "pcie5": "PCIe Gen5 x16 (~64 GB/s per direction, ~50 achievable)",
+    "ib-100g": "100 Gb/s network per GPU (InfiniBand / RoCE)",
+    "ib-200g": "200 Gb/s network per GPU (InfiniBand HDR / RoCE)",
+    "ib-400g": "400 Gb/s network per GPU (InfiniBand NDR / RoCE)",
+    "ib-800g": "800 Gb/s network per GPU (InfiniBand XDR)",
+}
+
 # How a group's scope was found.
 PLACEMENT_TEXT: dict[Placement, str] = {
     Placement.RANKS: "rank placement", Placement.INSPECTOR: "NCCL Inspector nnodes",
@@ -51,7 +67,7 @@ PLACEMENT_TEXT: dict[Placement, str] = {
 def link_how_text(h: LinkHow) -> str:
     """How the link and its bandwidth were chosen: "rank placement; NVLink 4 (H100/H200 SXM): ..."."""
     head = PLACEMENT_TEXT[h.placement]
-    spec = LINKS.get(h.link) if h.link is not None else None
+    said = LINK_TEXT.get(h.link) if h.link is not None and h.link in LINKS else None
     match h.capability:
         case Capability.CONFIGURED:
             return f"{head}; configured busbw"
@@ -59,10 +75,10 @@ def link_how_text(h: LinkHow) -> str:
             return f"{head}; no link known for GPU {h.gpu!r}"
         case Capability.UNKNOWN_LINK:
             return f"{head}; unknown link {h.link!r}"
-        case Capability.TABLE if spec is not None:
-            return f"{head}; {spec.description}"
-        case Capability.DEFAULT if spec is not None:
-            return f"{head}; {spec.description} (configurable)"
+        case Capability.TABLE if said is not None:
+            return f"{head}; {said}"
+        case Capability.DEFAULT if said is not None:
+            return f"{head}; {said} (configurable)"
     return head
 
 
@@ -196,18 +212,26 @@ def recommendation_words(f: CollectiveRecFacts) -> tuple[str, str]:
                     "its data loading and uneven work", "")
 
 
+# Where the collective findings' figures come from: the Flight Recorder's records, merged across agents.
+FR_SOURCE = "collectors/nccl (Flight Recorder)"
+HANG_SOURCE = "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)"
+
+
 def worded_collective(f: Finding) -> Finding:
-    """A collective finding with its words; any other as it is."""
+    """A collective finding with its words (its title, observation, the windows it is over and its
+    source); any other as it is."""
     if isinstance(f, CollectiveFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
         # the evidence of a hang's or a link's finding is its JSON: as served, with its words
-        evidence, source = f.evidence, f.source
+        evidence, source, iterations = f.evidence, FR_SOURCE, f.iterations
         if isinstance(f.facts, HangFacts):
-            evidence = hang_json(f.facts.hang)
+            evidence, source = hang_json(f.facts.hang), HANG_SOURCE
         elif isinstance(f.facts, BandwidthFacts):
             evidence, source = bandwidth_json(f.facts.bandwidth), bandwidth_source(f.facts.bandwidth)
+        elif isinstance(f.facts, TotalShareFacts) and f.facts.windows:
+            iterations = f"{f.facts.windows} windows per rank"
         return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, source=source,
-                                   facts=None)
+                                   iterations=iterations, facts=None)
     return f
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, StepSpan
+from perfd.analytics.run.arming import ArmingBasis, ArmingCost
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
     DataShareFacts,
@@ -35,10 +36,12 @@ from perfd.analytics.run.run_facts import (
     StragglerFacts,
     UntimedFacts,
 )
-from perfd.analytics.run.runs import FiguresFrom, Runs
-from perfd.analytics.steps.untimed import names, untimed_text
+from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
+from perfd.analytics.steps.untimed import names
+from perfd.model import HOOK_OUTSIDE
+from perfd.report.bottleneck_text import class_reason, untimed_text
 from perfd.report.capture_text import worded_match
-from perfd.report.data_text import DATA_ACTIONS
+from perfd.report.data_text import DATA_ACTIONS, knobs_text
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 
 # A data share's state, by the severity its thresholds give it.
@@ -72,13 +75,45 @@ def runs_text(r: Runs) -> str | None:
     return None
 
 
+def digest_json(d: RunDigest, made: Mapping[str, Any]) -> dict[str, Any]:
+    """An earlier run's digest as served: its JSON (``made``) with why its class, after it."""
+    out: dict[str, Any] = {}
+    for k, v in made.items():
+        out[k] = v
+        if k == "bottleneck":
+            out["bottleneck_reason"] = class_reason(d.bottleneck_of) if d.bottleneck_of is not None else ""
+    return out
+
+
+def arming_text(a: ArmingCost) -> str:
+    """What arming ncu costs the armed rank(s), against what, for how long: the report's line."""
+    who = f"rank(s) {', '.join(map(str, a.ranks))}" if a.ranks else "the armed rank"
+    against = {ArmingBasis.EARLIER_STEPS: "its own steps before it was armed",
+               ArmingBasis.UNARMED_RANKS: "the job's unarmed ranks over the same time",
+               ArmingBasis.PREVIOUS_RUN: f"the steady steps of run {a.reference_run}, the job's last run "
+                                         "without ncu",
+               ArmingBasis.PREVIOUS_RUN_CAPTURE: f"the captured steps of run {a.reference_run}, the job's "
+                                                 "last run without ncu (its steady steps too few)",
+               }[a.basis]
+    line = (f"Arming ncu cost {who} {a.extra_ms:+.0f} ms a step ({a.ratio - 1:+.0%}): "
+            f"median step {a.armed_ms:.0f} ms armed ({a.n_armed} steps) against "
+            f"{a.reference_ms:.0f} ms for {against} ({a.n_reference} steps), for the life of the "
+            "process, profiled or not")
+    if a.basis is ArmingBasis.UNARMED_RANKS:
+        line += ("; where the ranks synchronise every step the unarmed ones wait for the armed one, "
+                 "so this reads low")
+    return line
+
+
 def runs_json(r: Runs, made: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The job's runs as served: their JSON (``made``: as the summary's JSON holds it) with why the
-    figures are not the current run's."""
+    figures are not the current run's, and each earlier run's digest with why its class."""
     out: dict[str, Any] = {}
     for k, v in (r.to_json() if made is None else made).items():
         if k == "earlier":
             out["why"] = runs_text(r)
+            assert isinstance(v, list)  # each digest's JSON, in order (Runs.to_json)
+            v = [digest_json(d, m) for d, m in zip(r.earlier, v, strict=True)]
         out[k] = v
     return out
 
@@ -168,6 +203,25 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
             return f"{f.count} slow iteration(s) left out", ""
 
 
+def source_words(f: RunFacts) -> str | None:
+    """Where a run finding's figures come from, for its ``source`` (None: it names none)."""
+    match f:
+        case ImbalanceFacts():
+            return ("megatron timers forward-backward, forward-compute, backward-compute (minmax pairing is "
+                    "an inference)" if f.minmax else "megatron timers")
+        case PpWaitFacts():
+            return "sum of max-across-ranks of the p2p timers (upper bound)"
+        case DataShareFacts():
+            return f"{f.source} timer {f.timer}"
+        case OutsideFacts():
+            return f"hook timer {HOOK_OUTSIDE}"
+        case StageSpreadFacts():
+            return "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"
+        case RunFiguresFacts():
+            return "the job's runs (perfd.analytics.run.runs)"
+    return None
+
+
 def _rebalance(f: RebalanceFacts) -> str:
     """Why and by how much to rebalance the stages."""
     parts: list[str] = []
@@ -243,7 +297,8 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
                     f"DP={f.dp}; check inter-node bandwidth")
         case DataShareFacts():
             # the action is the typed data-loading action's (Recommendation.data_loading): DATA_ACTIONS
-            return "", (f"{f.timer} {_pct(f.share)} of the step; {f.knobs}"
+            knobs = knobs_text(f.knobs_of, f.cpu_only) if f.knobs_of is not None else ""
+            return "", (f"{f.timer} {_pct(f.share)} of the step; {knobs}"
                         + (f"; step time also jitters (CV {f.jitter_cv:.1%}, finding step-jitter)"
                            if f.jitter_cv is not None else ""))
         case OutsideFacts():
@@ -286,12 +341,15 @@ def worded_run(f: Finding) -> Finding:
     (perfd.report.ncu_text) with its words; any other as it is."""
     if isinstance(f, RunFinding) and f.facts is not None:
         title, observation = finding_words(f.facts)
+        source = source_words(f.facts)
         # the figures' finding's evidence is the runs' JSON: as served, with why
         evidence = runs_json(f.facts.runs) if isinstance(f.facts, RunFiguresFacts) else f.evidence
-        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence,
+                                   source=source if source is not None else f.source, facts=None)
     if isinstance(f, SlowerFinding) and f.facts is not None:
         title, observation = slower_words(f.facts)
-        return dataclasses.replace(f, title=title, observation=observation, facts=None)
+        return dataclasses.replace(f, title=title, observation=observation,
+                                   source="capture timeline vs Megatron timers", facts=None)
     return worded_ncu(worded_match(f))
 
 

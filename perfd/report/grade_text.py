@@ -11,7 +11,6 @@ import dataclasses
 
 from perfd.analytics.breakdown.advice_registry import Grade, GradeBasis
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.run.run_figures import too_few
 from perfd.analytics.run.run_grade import (
     CrosscheckFacts,
     CrosscheckRecommendation,
@@ -20,7 +19,8 @@ from perfd.analytics.run.run_grade import (
     MfuFinding,
     MfuSaid,
 )
-from perfd.analytics.steps.untimed import untimed_text
+from perfd.report.bottleneck_text import too_few, untimed_text
+from perfd.report.budget_text import class_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 from perfd.report.remedy_text import worded_remedies, worded_remedy
@@ -60,8 +60,8 @@ def explanation_text(e: GradeExplanation) -> str:
     band = BAND_TEXT.get(e.grade)
     if e.basis is GradeBasis.BAND or band is None:
         return GRADE_TEXT[e.grade]
-    if e.basis is GradeBasis.BUDGET:
-        return f"{band}: the step budget shows where the time goes — {e.budget_class}"
+    if e.basis is GradeBasis.BUDGET and e.budget_class is not None:
+        return f"{band}: the step budget shows where the time goes — {class_text(e.budget_class)}"
     if e.basis is GradeBasis.NOT_COMMUNICATION:
         return (f"{band}: a band usually due to communication overhead — not here: exposed communication "
                 f"{e.comm_share:.1%} of the step; the bottleneck class says where the time goes")

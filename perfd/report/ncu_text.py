@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.kernel_rows import RowVerdict
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.ncu.launches import Coverage, MatchHow, Phase
-from perfd.analytics.ncu.ncu_verdicts import NcuFinding, NcuRecommendation, PartVerdict
+from perfd.analytics.ncu.ncu_verdicts import NcuFinding, NcuRecommendation, PartVerdict, RowsWhy
 
 
 def _spans(nums: Sequence[int]) -> str:
@@ -23,6 +24,18 @@ def _spans(nums: Sequence[int]) -> str:
         else:
             runs.append([n, n])
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def rows_class_text(w: RowsWhy) -> str:
+    """Why an ncu capture's rows give the class they do, for a job with no timeline (the class's reason
+    as the aggregator keeps it with the capture's timeline class)."""
+    if w.coverage is None:
+        return "the ncu rows' time or the step's compute time is unknown"
+    if not w.enough:
+        return (f"the ncu rows cover {w.coverage:.0%} of the step's compute time (under "
+                f"{th.NCU_CLASS_COVERAGE.value:.0%}): too little to class the step")
+    return (f"the ncu rows cover {w.coverage:.0%} of the step's compute time; {w.share:.0%} of their time is "
+            f"in kernels NVIDIA's rule calls {w.bound}")
 
 
 def coverage_text(c: Coverage) -> str:

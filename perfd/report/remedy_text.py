@@ -18,12 +18,12 @@ from perfd.analytics.advice.budget_findings import (
     SmallerRemedies,
 )
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
-from perfd.analytics.advice.remedies import DATA_KNOBS, Advice, Effort, Framework
+from perfd.analytics.advice.remedies import Advice, Effort, Framework
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
 from perfd.report.budget_text import worded_budget
-from perfd.report.data_text import DATA_LOADING_ACTION
+from perfd.report.data_text import DATA_LOADING_ACTION, knobs_text
 
 # The flash-attn note, the Transformer Engine layers' and the timers' words that two sentences share.
 _NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses only the separate flash-attn "
@@ -188,7 +188,7 @@ TEMPLATE: dict[Say, str] = {
     Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it (× "
                     "{1:g}–{2:g})",
     Say.DATA_LOADER: DATA_LOADING_ACTION.replace("{", "{{").replace("}", "}}"),
-    Say.DATA_KNOBS: "{0}",  # the framework's knobs (DATA_KNOBS, which the run's data finding names too)
+    Say.DATA_KNOBS: "{0}",  # the framework's knobs (data_text.DATA_KNOBS, which the run's data finding names)
     Say.PIPELINE_BASIS: "pipeline waits {0:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as "
                         "the micro-batches double (× {1:g}–{2:g}; imbalance between stages stays)",
     Say.PIPELINE_MEGATRON: "Shrink the pipeline wait: more micro-batches per iteration (a larger "
@@ -202,13 +202,14 @@ TEMPLATE: dict[Say, str] = {
 
 def _arg(code: Say, a: Arg) -> object:
     """An argument as its template takes it: a nested sentence worded, None as nothing, the data loader's
-    framework as its knobs (DATA_KNOBS, which the run's data-loading finding names too)."""
+    framework as its knobs (perfd.report.data_text.knobs_text, which the run's data-loading finding names
+    too)."""
     if isinstance(a, Said):
         return text(a)
     if a is None:
         return ""
     if code is Say.DATA_KNOBS:
-        return DATA_KNOBS[Framework(str(a))]
+        return knobs_text(Framework(str(a)))
     return a
 
 

@@ -33,10 +33,12 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from perfd.analytics.breakdown.bottleneck import Bottleneck
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.steady import Exclusion
+from perfd.report.bottleneck_text import bottleneck_json
 from perfd.report.finding_text import runs_json
 from perfd.report.incident_text import incident_json
 from perfd.report.provenance_text import line, lines, text
@@ -184,6 +186,16 @@ def job_json(block: JobBlock) -> dict[str, Any]:
     return job
 
 
+def _with_bottleneck(summary: Mapping[str, Any], b: Bottleneck) -> dict[str, Any]:
+    """The summary's JSON with its class's reason, votes and sources after the class."""
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        out[k] = v
+        if k == "bottleneck":
+            out.update(bottleneck_json(b))
+    return out
+
+
 def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     """Keys: job, iterations, iteration_codes (the rows' legend), summary, incidents (and
     capture_match, where a capture was read against the job: perfd.analytics.breakdown
@@ -193,7 +205,7 @@ def run_json(a: RunAnalysis, iterations: bool = True) -> dict[str, Any]:
     rows = list(iteration_rows(a, codes=codes)) if iterations else []
     rest = a.to_json()
     rest.pop("job")
-    summary = rest.pop("summary")
+    summary = _with_bottleneck(rest.pop("summary"), a.summary.bottleneck)
     summary["runs"] = runs_json(a.summary.runs, summary["runs"])  # with why the figures are elsewhere
     return {"job": job_json(a.job), "iterations": rows, "iteration_codes": codes.legend(),
             "summary": summary,

@@ -21,14 +21,15 @@ from perfd.analytics.finding_types import Finding, Recommendation, Severity, ord
 from perfd.analytics.incidents.host_evidence import CpuUse
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
-from perfd.analytics.run.run_grade import budget_class_text, explain_grade, grade_mfu
+from perfd.analytics.run.run_grade import budget_class, explain_grade, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
-from perfd.report.finding_text import span_text
+from perfd.report.finding_text import arming_text, span_text
 from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
@@ -164,7 +165,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     lay = analysis.job.layout
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
     grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                                                budget_class_text(budget), untimed))
+                                                budget_class(budget), untimed))
     span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
@@ -195,7 +196,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
                      f"(iterations {top.first_iteration}–{top.last_iteration}"
                      + (f", {len(incs)} incidents in all" if len(incs) > 1 else "") + ")")
     summary = ReportSummary(job.name, grade.value, grade_text, mfu, s.bottleneck.cls.value,
-                            s.bottleneck.reason, span, headline)
+                            class_reason(s.bottleneck), span, headline)
     return Report(summary, metrics, findings, recs, job, budget, arming, worded_plan(analysis.plan))
 
 
@@ -205,7 +206,7 @@ def arming_finding(arming: ArmingCost) -> Finding:
     sev = Severity.WARNING if arming.ratio - 1 >= 0.1 else Severity.INFO
     who = f"rank(s) {', '.join(map(str, arming.ranks))}" if arming.ranks else "the armed rank"
     return Finding("ncu-arming-cost", sev, f"Running under ncu: {arming.ratio - 1:+.0%} a step on {who}",
-                   arming.text(), arming.to_json(),
+                   arming_text(arming), arming.to_json(),
                    source="the job's step records, armed against " + arming.basis.value.replace("_", " "))
 
 

@@ -27,17 +27,31 @@ from perfd.analytics.breakdown.advice_registry import (
     short_name,
 )
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
-from perfd.analytics.breakdown.budget import NO_FLOPS, PartDetail, Source, StepBudget, classify, finish
+from perfd.analytics.breakdown.budget import (
+    NO_FLOPS,
+    BudgetClass,
+    PartDetail,
+    Source,
+    StepBudget,
+    classify,
+    finish,
+)
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.run_grade import explain_grade, grade_mfu
 from perfd.commands.catalog_docs import registry_text
-from perfd.report.budget_text import worded_budget
+from perfd.report import budget_text
+from perfd.report.budget_text import class_shares_text, worded_budget
 from perfd.report.grade_text import BAND_TEXT, GRADE_TEXT, grade_label
 
 WITH_PARTS = [c for c in CLASSES if class_parts().get(c.cls)]
+
+
+# A capture's budget class: memory 60% of the step, ahead of compute
+MEMORY_60 = BudgetClass(BottleneckClass.MEMORY, {BottleneckClass.MEMORY: 0.6, BottleneckClass.COMPUTE: 0.3},
+                        0.3)
 
 
 def _captured(ms: dict[Part, float], detail: dict[Part, PartDetail] | None = None) -> StepBudget:
@@ -88,7 +102,7 @@ def test_each_class_is_the_budget_class_its_parts_make(entry: ClassEntry) -> Non
     b = _captured({first: 80.0, other: 20.0})
     c = classify(b)
     assert c is not None and c.cls is entry.cls
-    assert c.reason().startswith(f"{entry.short} 80%")
+    assert class_shares_text(c).startswith(f"{entry.short} 80%")  # as the report says it
     assert list(c.shares) == list(class_parts())  # every class with parts, in the registry's order
     (said,), _ = budget_findings.bottleneck(budget_findings.BudgetContext(b))
     f = worded_budget(said)  # as the report words it
@@ -140,7 +154,7 @@ def test_each_band_grades_its_mfu(entry: reg.GradeEntry) -> None:
     mfu = top if entry.inclusive else top - 0.001
     assert grade_mfu(mfu) is entry.grade
     # the band's usual causes give way to a budget only where the entry says the band is explained
-    said = explain_grade(mfu, None, None, "memory-bound (memory 60%)")
+    said = explain_grade(mfu, None, None, MEMORY_60)
     assert (said.basis is GradeBasis.BUDGET) == (entry.explained_by is not None)
 
 
@@ -177,10 +191,10 @@ def test_a_class_added_in_a_scratch_registry_reaches_every_consumer(monkeypatch:
     assert derived[host] == (Part.IDLE_LONG,) and derived[BottleneckClass.SYNC] == (Part.IDLE_SYNC,)
     assert ncu_classes(classes) == ncu_classes()  # no kernel bound: the ncu vote is unchanged
     monkeypatch.setattr(budget_mod, "CLASS_PARTS", derived)
-    monkeypatch.setattr(budget_mod, "CLASS", {c.cls: c for c in classes})
+    monkeypatch.setattr(budget_text, "CLASS", {c.cls: c for c in classes})  # the short names it says
     monkeypatch.setattr(budget_mod, "PARTS", parts)
     c = classify(_captured({Part.IDLE_LONG: 70.0, Part.IDLE_SYNC: 30.0}))
     assert c is not None and c.cls is host and list(c.shares)[-1] is host
-    assert c.reason().startswith("the host 70%")
+    assert class_shares_text(c).startswith("the host 70%")
     assert c.shares_json()["host-bound"] == pytest.approx(0.7)
     assert th.CLASS_MIXED_MARGIN.value < 0.4  # the lead above decides

@@ -22,7 +22,15 @@ from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Advice, Framework
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.breakdown.advice_registry import GradeBasis
-from perfd.analytics.breakdown.budget import FlopsContext, StepBudget, TimerShares, classify, from_timers
+from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.budget import (
+    BudgetClass,
+    FlopsContext,
+    StepBudget,
+    TimerShares,
+    classify,
+    from_timers,
+)
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
@@ -126,7 +134,7 @@ def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention
     (90 ms) are a few ms."""
     a = _big()
     s = a.summary.to_json()
-    assert s["bottleneck"] == "memory-bound" and s["bottleneck_evidence"]["winner"] == "capture"
+    assert s["bottleneck"] == "memory-bound" and a.summary.bottleneck.winner == "capture"
     b = StepBudget.from_json(s["step_budget"])
     # 3 steps marked; the budget is the mean of the 2 complete ones between the first and last mark (the
     # window cut the third step's optimizer phase)
@@ -323,8 +331,11 @@ def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> N
     from perfd.analytics.run.run_grade import explain_grade
     from perfd.report.grade_text import explanation_text
 
-    def said(*args: float | str | None) -> str:
+    def said(*args: float | BudgetClass | None) -> str:
         return explanation_text(explain_grade(*args))  # type: ignore[arg-type]
+
+    memory = BudgetClass(BottleneckClass.MEMORY, {BottleneckClass.MEMORY: 0.6, BottleneckClass.COMPUTE: 0.3},
+                         0.3)
 
     assert explain_grade(0.2, None, None).basis is GradeBasis.BAND
     assert "usually communication or data loading" in said(0.2, None, None)
@@ -334,8 +345,9 @@ def test_the_grade_is_never_explained_by_causes_the_report_measured_small() -> N
     assert "not data loading (0.6%)" in text and "usually" not in text and "not timed" in text
     assert "not data loading (1.2%) nor exposed communication (0.2%)" in said(0.2, 0.012, 0.002)
     assert said(0.2, 0.3, 0.2).endswith("(usually communication or data loading)")
-    assert explain_grade(0.35, 0.0, 0.0, "memory-bound (memory 60%)").basis is GradeBasis.BUDGET
-    assert "the step budget shows" in said(0.35, 0.0, 0.0, "memory-bound (memory 60%)")
+    assert explain_grade(0.35, 0.0, 0.0, memory).basis is GradeBasis.BUDGET
+    assert said(0.35, 0.0, 0.0, memory) == ("MFU 30–40%: the step budget shows where the time goes — "
+                                           "memory-bound (memory 60%, compute 30% of the step)")
 
 
 @pytest.mark.slow

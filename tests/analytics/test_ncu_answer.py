@@ -24,6 +24,7 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
+from perfd.report.finding_text import arming_text
 from perfd.transport.codec import Command
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence" / "ncu_h100" / "ncu_megatron_rule.json"
@@ -80,7 +81,7 @@ def test_the_recorded_arming_cost_against_the_jobs_own_earlier_steps() -> None:
     # without ncu (the script's summary): about three times, ~+250 ms a step.
     assert cost.reference_ms == pytest.approx(recording()["baseline_stats"]["median_ms"], rel=0.05)
     assert 2.5 < cost.ratio < 3.3 and 200.0 < cost.extra_ms < 320.0
-    line = cost.text()
+    line = arming_text(cost)
     assert line.startswith("Arming ncu cost rank(s) 0 +") and "its own steps before it was armed" in line
     assert ArmingCost.from_json(cost.to_json()) == cost
 
@@ -96,7 +97,7 @@ def test_against_the_unarmed_ranks_when_the_job_has_no_earlier_steps() -> None:
              for k, r in enumerate(armed)]
     cost = measure_arming([*rank0, *rank1], {0: armed_at}, [window])
     assert cost is not None and cost.basis is ArmingBasis.UNARMED_RANKS
-    assert cost.ratio > 2.0 and "wait for the armed one" in cost.text()
+    assert cost.ratio > 2.0 and "wait for the armed one" in arming_text(cost)
 
 
 def test_too_few_steps_is_no_measure() -> None:
@@ -270,16 +271,20 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
 def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
     from perfd.analytics.breakdown.bottleneck import BottleneckClass
     from perfd.analytics.ncu.ncu_verdicts import rows_class
+    from perfd.report.ncu_text import rows_class_text
 
     cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
     profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels
     # The issue's job: a 736 ms compute part, rows holding a few ms of it: no class from them, said so.
     cls, why, cov = rows_class(cats, 736.0)
-    assert cls is BottleneckClass.UNKNOWN and cov is not None and cov < 0.01 and "too little" in why
+    assert cls is BottleneckClass.UNKNOWN and cov is not None and cov < 0.01 and not why.enough
+    assert rows_class_text(why).endswith("too little to class the step")  # as the aggregator keeps it
     # Rows that hold most of the compute: the class NVIDIA's rule gives most of their time — these
     # rows' compute-bound kernels hold 49% of it (memory-bound 27%, balanced 22%): mixed, not compute.
     cls, why, cov = rows_class(cats, profiled / 0.8)
-    assert cls is BottleneckClass.MIXED and cov == pytest.approx(0.8) and "49%" in why
+    assert cls is BottleneckClass.MIXED and cov == pytest.approx(0.8) and why.enough
+    assert why.share == pytest.approx(0.49, abs=0.005) and why.bound == "compute-bound"
+    assert "; 49% of their time is in kernels NVIDIA's rule calls" in rows_class_text(why)
     # Without the elementwise rows (the GEMMs and attention alone), compute-bound holds most.
     gemm_attn = [c for c in cats if c["category"] != "elementwise"]
     cls, why, _ = rows_class(gemm_attn, sum(c["profiled_ms"] for c in gemm_attn) / 0.9)

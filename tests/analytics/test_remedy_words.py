@@ -160,3 +160,19 @@ def test_the_report_words_a_remedy_as_it_read() -> None:
         "the replay's input copies and the breaks at syncs and dynamic shapes (up to 5% of the step); ± 0 ms "
         "run to run (0.5% of the step); expected: step −13 to −43 ms (23%–76%); cost: memory for the graphs' "
         "static buffers; Megatron-LM version unknown: --cuda-graph-impl as in 0.20; effort: a flag (minutes)")
+
+
+def test_the_budgets_class_is_typed_and_worded_in_the_report() -> None:
+    """The class a capture's budget supports is its class and shares wherever analytics hands it on (the
+    budget's class finding, the MFU grade explained by it); where the step goes, said by the classes'
+    short names, is perfd.report.budget_text's."""
+    from perfd.analytics.breakdown.bottleneck import BottleneckClass as B
+    from perfd.analytics.breakdown.budget import BudgetClass
+    from perfd.analytics.run.run_grade import GradeExplanation
+    from perfd.report.budget_text import class_shares_text, class_text
+
+    assert not hasattr(BudgetClass, "reason")  # its words: class_shares_text
+    assert not {n for n, h in typing.get_type_hints(GradeExplanation).items() if _text_in(h)}
+    c = BudgetClass(B.LAUNCH, {B.COMPUTE: 0.15, B.MEMORY: 0.05, B.LAUNCH: 0.6, B.SYNC: 0.2}, 0.4)
+    assert class_shares_text(c) == "launch 60%, sync 20%, compute 15% of the step"  # the three largest
+    assert class_text(c) == "launch-overhead (launch 60%, sync 20%, compute 15% of the step)"

@@ -175,5 +175,5 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     assert isinstance(data, RunFinding) and isinstance(data.facts, DataShareFacts)
     assert data.facts.timer == "data-wait"  # the hook's timer, as the finding names it
     assert "data-wait" in worded(data).observation and "batch-generator" not in worded(data).observation
-    assert data.source == "hook timer data-wait"
+    assert data.facts.source == "hook" and worded(data).source == "hook timer data-wait"
     assert [r.action for r in build_report(a).recommendations].count(DATA_LOADING_ACTION) == 1

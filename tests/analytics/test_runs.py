@@ -11,6 +11,7 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.breakdown.bottleneck import TooFewSteps
 from perfd.analytics.run.arming import ArmingBasis
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
@@ -19,6 +20,7 @@ from perfd.armed import armed_line
 from perfd.commands.megatron_offline import analyze_stream
 from perfd.model import StepRecord
 from perfd.report import build_report
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.grade_text import worded
 from tests.analytics.runs_fixture import ARMED_FACTOR, SOURCE, restart_log, resume_log, run1_log
 
@@ -152,7 +154,8 @@ def test_a_grade_from_fewer_steady_steps_than_the_minimum_is_not_given() -> None
     assert s.n_steady == 1 and s.median("mfu") is not None
     ids = {f.id for f in a.findings}
     assert "mfu-grade" not in ids and "mfu-too-few-steps" in ids
-    assert s.bottleneck.cls.value == "unknown" and "too few steady steps" in s.bottleneck.reason
+    assert s.bottleneck.cls.value == "unknown" and s.bottleneck.reason == TooFewSteps(1)
+    assert class_reason(s.bottleneck).startswith("too few steady steps to grade: 1, at least")
     assert s.step_time_cv is None and "step-jitter" not in ids
 
 

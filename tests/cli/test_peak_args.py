@@ -15,6 +15,7 @@ from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_grade import grade_mfu
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report import build_report, render_text
+from perfd.report.bottleneck_text import class_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "megatron"
@@ -105,7 +106,7 @@ def test_tp2_report_names_the_untimed_all_reduces_not_small_communication() -> N
     # Before: "not data loading (2.5%) nor exposed communication (0.1%) here".
     assert "nor exposed communication" not in rep.summary.status_text
     assert "TP=2 tensor-parallel all-reduces, inside compute, are not timed" in rep.summary.status_text
-    assert "of the timed collectives" in analysis.summary.bottleneck.reason
+    assert "of the timed collectives" in class_reason(analysis.summary.bottleneck)
     (f,) = [f for f in rep.findings if f.id == "comm-untimed"]
     assert f.evidence["untimed"] == ["TP"]
     _, ep = analyze_megatron_file(str(EP2), gpu=H200)

@@ -35,6 +35,7 @@ from perfd.exporters.wandb import (
     node_metrics,
     summary_metrics,
 )
+from perfd.report.bottleneck_text import class_reason
 from perfd.report.row_json import run_json
 from tests.procs import stop, wait_for
 
@@ -117,7 +118,7 @@ def test_absent_values_are_not_logged_and_ranks_are_sections():
     summary = _summary(medians={"mfu": 0.4, "data_share": None})
     assert summary_metrics(summary) == {
         "steady/perfd_job_mfu_ratio": 0.4, "bottleneck": summary.bottleneck.cls.value,
-        "bottleneck_reason": summary.bottleneck.reason, "n_steady": summary.n_steady}
+        "bottleneck_reason": class_reason(summary.bottleneck), "n_steady": summary.n_steady}
 
 
 def test_goodput_goes_to_the_summary_and_the_newest_row():
@@ -128,7 +129,7 @@ def test_goodput_goes_to_the_summary_and_the_newest_row():
         "perfd_job_time_seconds_total/kind=incident": 1.0, "perfd_job_time_seconds_total/kind=startup": 2.0}
     summary = _summary(goodput=gp)
     assert summary_metrics(summary) == {**goodput_metrics(gp), "bottleneck": summary.bottleneck.cls.value,
-                                        "bottleneck_reason": summary.bottleneck.reason,
+                                        "bottleneck_reason": class_reason(summary.bottleneck),
                                         "n_steady": summary.n_steady}
     fake = _FakeWandb()
     ex = WandbExporter("p", wandb_module=fake)

@@ -15,6 +15,7 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.breakdown.bottleneck import ClassSource
 from perfd.analytics.steps.provenance import Code
 from perfd.model import StepRecord, TimerValue
 from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
@@ -67,8 +68,8 @@ def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_clas
     st.ingest_steps("agent-a", [dataclasses.replace(parsed.records[-1], iteration=31)])
     a2 = st.analysis("dp2", force=True)
     assert a2 is not None
-    votes = {v["source"]: v for v in a2.summary.bottleneck.evidence_json()["votes"]}
-    assert votes["capture"]["detail"].startswith(f"capture {rec.id}")
+    votes = {v.source: v for v in a2.summary.bottleneck.votes}
+    assert votes[ClassSource.CAPTURE].label.startswith(f"capture {rec.id}")
 
 
 def test_a_capture_that_never_started_disturbs_nothing() -> None:

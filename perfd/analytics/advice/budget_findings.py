@@ -68,13 +68,15 @@ class BudgetSaid(enum.Enum):
 @dataclass(frozen=True)
 class BudgetFacts:
     """What a budget finding is worded from: the budget, the part it is of (PART, GEMM), the run whose
-    steps the capture is of (CAPTURE_COST) and the class (CLASS)."""
+    steps the capture is of (CAPTURE_COST) and the class (CLASS); ``label``: where the budget comes from
+    (the capture's label, else the budget's basis), which its source names."""
 
     said: BudgetSaid
     budget: StepBudget
     part: BudgetPart | None = None
     run: int | None = None
     cls: BudgetClass | None = None
+    label: str = ""
 
 
 @dataclass
@@ -99,8 +101,7 @@ def parts(ctx: BudgetContext) -> Out:
             "part": p.part.value, "ms": p.ms, "share": p.share,
             **{k: p.detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops") if k in p.detail}}
         out.append(BudgetFinding(f"budget-{p.part.value}", sev, "", "", evidence, "",
-                                 f"{ctx.label or b.basis} ({p.source.value}, {b.attribution or 'timers'})",
-                                 facts=BudgetFacts(BudgetSaid.PART, b, p)))
+                                 facts=BudgetFacts(BudgetSaid.PART, b, p, label=ctx.label or b.basis)))
     return out, []
 
 
@@ -115,8 +116,7 @@ def gemm(ctx: BudgetContext) -> Out:
     good = of >= th.GEMM_EFFICIENT.value
     evidence = {"ms": p.ms, "achieved_tflops": achieved, "ceiling_tflops": b.ceiling_tflops, "of_ceiling": of}
     return [BudgetFinding("budget-gemm", Severity.INFO if good else Severity.WARNING, "", "", evidence, "",
-                          f"{ctx.label or b.basis} (capture + model FLOPs)",
-                          facts=BudgetFacts(BudgetSaid.GEMM, b, p))], []
+                          facts=BudgetFacts(BudgetSaid.GEMM, b, p, label=ctx.label or b.basis))], []
 
 
 def capture_cost(ctx: BudgetContext) -> Out:
@@ -128,8 +128,8 @@ def capture_cost(ctx: BudgetContext) -> Out:
     sev = Severity.WARNING if over / b.steady_step_ms > th.CAPTURE_SLOWDOWN.value else Severity.INFO
     evidence = {"captured_step_ms": b.step_ms, "steady_step_ms": b.steady_step_ms, "overhead_ms": over,
                 "steps": b.iterations, "steps_from": b.steps_from}
-    return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", ctx.label or b.basis,
-                          facts=BudgetFacts(BudgetSaid.CAPTURE_COST, b, run=ctx.run))], []
+    facts = BudgetFacts(BudgetSaid.CAPTURE_COST, b, run=ctx.run, label=ctx.label or b.basis)
+    return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", facts=facts)], []
 
 
 def fitted(ctx: BudgetContext) -> list[Advice]:
@@ -218,14 +218,8 @@ def bottleneck(ctx: BudgetContext) -> Out:
     if c is None:
         return [], []
     evidence = {"class": c.cls.value, "shares": c.shares_json(), "lead": c.lead}
-    facts = BudgetFacts(BudgetSaid.CLASS, ctx.budget, cls=c)
-    return [BudgetFinding("budget-class", Severity.INFO, "", "", evidence, "",
-                          f"{ctx.label or ctx.budget.basis}", facts=facts)], []
-
-
-def class_text(c: BudgetClass) -> str:
-    """The class and why, as the MFU grade's explanation quotes it (perfd.analytics.run.run_grade)."""
-    return f"{c.cls} ({c.reason()})"
+    facts = BudgetFacts(BudgetSaid.CLASS, ctx.budget, cls=c, label=ctx.label or ctx.budget.basis)
+    return [BudgetFinding("budget-class", Severity.INFO, "", "", evidence, "", facts=facts)], []
 
 
 Analyzer = Callable[[BudgetContext], Out]

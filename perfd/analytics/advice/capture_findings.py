@@ -132,7 +132,7 @@ def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, object], label: str
     out.findings.append(SlowerFinding(
         f"capture-slower-than-steady-{d}", Severity.WARNING, "", "",
         {"device": d, "compute_ms_per_iteration": per_it, "steady_compute_ms": steady_ms, "ratio": ratio},
-        label, "capture timeline vs Megatron timers",
+        label, "",  # its source (the timeline against the timers), as its title, where it is worded
         facts=SlowerFacts(device=d, per_iteration_ms=per_it, steady_ms=steady_ms, ratio=ratio)))
 
 

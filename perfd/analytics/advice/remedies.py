@@ -312,16 +312,6 @@ GEMM_TO_TARGET = (0.3, 0.6)  # the share of the time above the ceiling-at-target
 BARE_SYNC = "torch.cuda.synchronize()"
 
 
-# The data loader's knobs per framework (the action itself is DATA_LOADING_ACTION, shared with incidents;
-# the remedy's note names them by its framework: Say.DATA_KNOBS).
-DATA_KNOBS: dict[Framework, str] = {
-    Framework.MEGATRON: "Megatron-LM: --num-workers",
-    Framework.PYTORCH: "DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
-                       "persistent_workers=True)",
-    Framework.TORCHTITAN: "torchtitan: more data-loader workers",
-}
-
-
 # --- Megatron-LM options ---------------------------------------------------------------------------
 # Every option a remedy here may name (the table perfd.analytics.advice.megatron_options is generated for).
 MEGATRON_OPTIONS: tuple[str, ...] = (

@@ -4,16 +4,18 @@ Timer shares decide first (they are measured inside the step): data-bound, commu
 pipeline-bound. GPM counters, when a collector supplies them, separate compute-bound,
 memory-bound and launch-overhead; ``classify_gpm`` is a separate pure function so the NVML
 collector's readings can feed it directly. Otherwise the class is "unknown", with the reason.
+Each reason is a code and the figures it quotes (:class:`GpmWhy`, :class:`SharesWhy`, and the votes'
+of perfd.analytics.breakdown.diagnosis), worded where it is shown (perfd.report.bottleneck_text).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import TextEnum
+from perfd.analytics.steps.untimed import Untimed
 
 
 class BottleneckClass(TextEnum):
@@ -60,22 +62,11 @@ class ClassSource(str, enum.Enum):
     GPM = "gpm"
 
 
-@dataclass(frozen=True)
-class Vote:
-    source: ClassSource
-    cls: BottleneckClass
-    reason: str
-    numbers: dict[str, float] = field(default_factory=dict)
-    detail: str = ""  # where the source's data came from (a capture id, "GPM while stepping", ...)
+class GpmWhen(TextEnum):
+    """When the GPM a vote reads was taken (perfd.aggregator.class_inputs picks it)."""
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "source": self.source.value,
-            "class": str(self.cls),
-            "reason": self.reason,
-            "numbers": dict(self.numbers),
-            "detail": self.detail,
-        }
+    STEPPING = "stepping"  # while the job stepped
+    LAST_STEADY = "last-steady"  # the job's last steady window: it is not stepping now
 
 
 @dataclass(frozen=True)
@@ -89,22 +80,173 @@ class GpmReading:
     nvml_util: float | None = None
 
 
+# --- why a class: codes and the figures they quote, worded where shown (perfd.report.bottleneck_text) -----
+class GpmSaid(TextEnum):
+    """What GPM ratios say (:func:`classify_gpm`)."""
+
+    NO_COUNTERS = "no-counters"
+    IDLE = "idle"  # the GPU idle in the window
+    TENSOR_OVER_DRAM = "tensor-over-dram"  # both busy, the tensor cores more
+    DRAM_OVER_TENSOR = "dram-over-tensor"
+    TENSOR = "tensor"
+    DRAM = "dram"
+    TINY_KERNELS = "tiny-kernels"  # kernels resident (NVML) while the SMs idle (GPM)
+    SM_BUSY = "sm-busy"  # SMs busy without tensor-core or DRAM saturation
+    NO_PATTERN = "no-pattern"
+
+
+@dataclass(frozen=True, slots=True)
+class GpmWhy:
+    """Why GPM gives its class: the pattern and the reading it was read from."""
+
+    said: GpmSaid
+    reading: GpmReading
+
+
+class ShareSaid(TextEnum):
+    """Which timer share passed its threshold (:func:`classify`), or none did."""
+
+    DATA = "data"
+    GRAD_SYNC = "grad-sync"
+    PIPELINE = "pipeline"
+    EXPOSED = "exposed"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class SharesWhy:
+    """Why the timers' shares give their class: the share over its threshold (th.DATA_BOUND_SHARE,
+    COMM_BOUND_SHARE, PIPELINE_BOUND_SHARE) and, for the data wait, what the job calls it; none: the shares
+    checked and what GPM said instead (None: no GPM)."""
+
+    said: ShareSaid
+    share: float | None = None
+    data_timer: str = ""
+    checked: tuple[tuple[str, float], ...] = ()
+    gpm: GpmWhy | None = None
+
+
+class ComputeSaid(TextEnum):
+    """What the timers say where no share passes its threshold and compute fills (most of) the step
+    (perfd.analytics.breakdown.diagnosis)."""
+
+    UNDER = "under"  # compute under th.COMPUTE_FILLS_STEP: no part dominates
+    CPU_ONLY = "cpu-only"  # the job computes on its CPUs
+    CANNOT_TELL = "cannot-tell"  # MFU low: slow kernels or slow launches, no GPU-side evidence to tell
+    KERNEL_EFFICIENCY = "kernel-efficiency"  # MFU low, a kernel resident nearly always: the kernels
+    FILLS = "fills"  # MFU shows the model's math
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeWhy:
+    """The timers' vote without a decisive share: compute's share and the parts beside it (the pipeline's
+    idle where the job has stages; the groups whose collectives the timers do not see), the MFU and how
+    long a kernel was resident (NVML; None: not read)."""
+
+    said: ComputeSaid
+    compute: float
+    data: float
+    comm: float
+    pipe_idle: float | None = None
+    untimed: Untimed = ()
+    mfu: float | None = None
+    resident: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpmVoteWhy:
+    """GPM's vote: what its counters say, or (``host_launch``) that the SMs idle while compute fills the
+    step; ``not_matrix``: the tensor cores under th.GPM_TENSOR_LOW (most kernel time is not matrix math)."""
+
+    gpm: GpmWhy
+    host_launch: bool = False
+    not_matrix: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Quoted:
+    """A reason already in words where it was made: the class a capture's timeline supports, as its
+    record keeps it (perfd.report.capture_text.class_reason, perfd.aggregator.capture_records)."""
+
+    text: str
+
+
+VoteWhy = SharesWhy | ComputeWhy | GpmVoteWhy | Quoted
+
+
+class Decided(TextEnum):
+    """Why the winning source decides the job's class (perfd.analytics.breakdown.diagnosis), or that none
+    can."""
+
+    SHARE = "share"  # a timer share beyond its threshold
+    CAPTURE = "capture"
+    GPM = "gpm"
+    TIMERS = "timers"  # only the timers speak: compute fills the step
+    NONE = "none"
+
+
+class Missing(TextEnum):
+    """What would let a source decide where none can."""
+
+    DATA_SHARE = "data-share"
+    COMM = "comm"
+    GPM = "gpm"
+    CAPTURE = "capture"
+
+
+@dataclass(frozen=True, slots=True)
+class Voted:
+    """The job's class from its sources' votes (:attr:`Bottleneck.votes`, ``winner``, ``decided``); where
+    none decides, what is missing."""
+
+    missing: tuple[Missing, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EarlierRun:
+    """The class is an earlier run's (every step of the current run armed: perfd.analytics.run.runs): that
+    run's number and its class with its reason (None: its digest holds none)."""
+
+    run: int
+    of: Bottleneck | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TooFewSteps:
+    """No class from ``n_steady`` steady steps, under th.MIN_GRADE_STEPS."""
+
+    n_steady: int
+
+
+ClassWhy = GpmWhy | SharesWhy | Voted | EarlierRun | TooFewSteps
+
+
+@dataclass(frozen=True)
+class Vote:
+    """A source's class, why, and its numbers; ``label``: the capture's (what it is, as the capture's
+    record names it), ``when``: the GPM's."""
+
+    source: ClassSource
+    cls: BottleneckClass
+    reason: VoteWhy
+    numbers: dict[str, float] = field(default_factory=dict)
+    label: str = ""
+    when: GpmWhen | None = None
+
+
 @dataclass(frozen=True)
 class Bottleneck:
-    """A class from BOTTLENECK_CLASSES, why, and the numbers behind it."""
+    """A class from BOTTLENECK_CLASSES, why, and the numbers behind it: each source's vote, the one
+    that decided and why (the words, and the JSON a summary serves them in:
+    perfd.report.bottleneck_text)."""
 
     cls: BottleneckClass
-    reason: str
+    reason: ClassWhy
     evidence: dict[str, float] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)  # evidence key -> where it comes from
+    sources: dict[str, ClassSource] = field(default_factory=dict)  # evidence key -> the source it is of
     votes: tuple[Vote, ...] = ()  # each source's class and numbers
-    winner: str | None = None  # the source whose vote decided
-    why: str = ""  # why that source decided
-
-    def evidence_json(self) -> dict[str, Any]:
-        """``bottleneck_evidence`` of a summary: each source's vote, the winner and why."""
-        return {"votes": [v.to_json() for v in self.votes], "winner": self.winner, "why": self.why,
-                "numbers": dict(self.evidence)}
+    winner: ClassSource | None = None  # the source whose vote decided
+    decided: Decided | None = None  # why that source decided (None: no vote was taken)
 
 
 def classify_gpm(
@@ -115,36 +257,32 @@ def classify_gpm(
     nvml_util: float | None = None,
 ) -> Bottleneck:
     """compute-bound / memory-bound / launch-overhead (or unknown) from GPM ratios."""
+    g = GpmReading(sm_util, sm_occupancy, tensor_util, dram_bw_util, nvml_util)
     ev = {k: v for k, v in (("sm_util", sm_util), ("sm_occupancy", sm_occupancy),
                             ("tensor_util", tensor_util), ("dram_bw_util", dram_bw_util),
                             ("nvml_util", nvml_util)) if v is not None}
     if not ev:
-        return Bottleneck(B.UNKNOWN, "no GPM counters (GPU without GPM support or not sampled)")
+        return Bottleneck(B.UNKNOWN, GpmWhy(GpmSaid.NO_COUNTERS, g))
     if (nvml_util is not None and nvml_util < GPM_IDLE
             and (sm_util is None or sm_util < GPM_IDLE)):
-        return Bottleneck(B.UNKNOWN, "GPU idle in the window: the job waits on the host or is not "
-                                     "running", ev)
+        return Bottleneck(B.UNKNOWN, GpmWhy(GpmSaid.IDLE, g), ev)
     tensor_busy = tensor_util is not None and tensor_util >= GPM_TENSOR_BUSY
     dram_busy = dram_bw_util is not None and dram_bw_util >= GPM_DRAM_BUSY
     if tensor_busy and dram_busy:
         assert tensor_util is not None and dram_bw_util is not None
         if tensor_util >= dram_bw_util:
-            return Bottleneck(B.COMPUTE, f"tensor cores busy {tensor_util:.0%} (DRAM "
-                                               f"{dram_bw_util:.0%})", ev)
-        return Bottleneck(B.MEMORY, f"DRAM bandwidth {dram_bw_util:.0%} (tensor "
-                                          f"{tensor_util:.0%})", ev)
+            return Bottleneck(B.COMPUTE, GpmWhy(GpmSaid.TENSOR_OVER_DRAM, g), ev)
+        return Bottleneck(B.MEMORY, GpmWhy(GpmSaid.DRAM_OVER_TENSOR, g), ev)
     if tensor_busy:
-        return Bottleneck(B.COMPUTE, f"tensor cores busy {tensor_util:.0%}", ev)
+        return Bottleneck(B.COMPUTE, GpmWhy(GpmSaid.TENSOR, g), ev)
     if dram_busy:
-        return Bottleneck(B.MEMORY, f"DRAM bandwidth utilisation {dram_bw_util:.0%}", ev)
+        return Bottleneck(B.MEMORY, GpmWhy(GpmSaid.DRAM, g), ev)
     if (sm_util is not None and sm_util < GPM_SM_STARVED
             and nvml_util is not None and nvml_util >= GPM_NVML_ACTIVE):
-        return Bottleneck(B.LAUNCH, f"kernels resident {nvml_util:.0%} of the time (NVML) but "
-                                             f"SMs busy only {sm_util:.0%} (GPM): many tiny kernels", ev)
+        return Bottleneck(B.LAUNCH, GpmWhy(GpmSaid.TINY_KERNELS, g), ev)  # many tiny kernels
     if sm_util is not None and sm_util >= GPM_SM_BUSY:
-        return Bottleneck(B.COMPUTE, f"SMs busy {sm_util:.0%} without tensor-core or DRAM "
-                                           "saturation (CUDA-core or latency-bound kernels)", ev)
-    return Bottleneck(B.UNKNOWN, "GPM counters match no pattern (moderate load everywhere)", ev)
+        return Bottleneck(B.COMPUTE, GpmWhy(GpmSaid.SM_BUSY, g), ev)  # CUDA-core or latency-bound kernels
+    return Bottleneck(B.UNKNOWN, GpmWhy(GpmSaid.NO_PATTERN, g), ev)  # moderate load everywhere
 
 
 def classify(
@@ -168,25 +306,21 @@ def classify(
         if v is not None:
             ev[k] = v
     if data_share is not None and data_share > DATA_BOUND_SHARE:
-        return Bottleneck(B.DATA, f"{data_timer} takes {data_share:.1%} of the step "
-                                        f"(> {DATA_BOUND_SHARE:.0%})", ev)
+        return Bottleneck(B.DATA, SharesWhy(ShareSaid.DATA, data_share, data_timer), ev)
     if comm_grad_sync is not None and comm_grad_sync > COMM_BOUND_SHARE:
-        return Bottleneck(B.COMMUNICATION, f"gradient sync exposed {comm_grad_sync:.1%} of the "
-                                                 f"step (> {COMM_BOUND_SHARE:.0%})", ev)
+        return Bottleneck(B.COMMUNICATION, SharesWhy(ShareSaid.GRAD_SYNC, comm_grad_sync), ev)
     pipe = max((x for x in (pp_idle_max, pp_bubble_analytic) if x is not None), default=None)
     if pp is not None and pp > 1 and pipe is not None and pipe > PIPELINE_BOUND_SHARE:
-        return Bottleneck(B.PIPELINE, f"a pipeline stage idles {pipe:.1%} of forward-backward "
-                                            f"(> {PIPELINE_BOUND_SHARE:.0%}); p2p waits are bubble", ev)
+        # p2p waits are bubble: the pipeline, not the links
+        return Bottleneck(B.PIPELINE, SharesWhy(ShareSaid.PIPELINE, pipe), ev)
     if comm_exposed is not None and comm_exposed > COMM_BOUND_SHARE:
-        return Bottleneck(B.COMMUNICATION, f"exposed communication {comm_exposed:.1%} of the "
-                                                 f"step (> {COMM_BOUND_SHARE:.0%})", ev)
+        return Bottleneck(B.COMMUNICATION, SharesWhy(ShareSaid.EXPOSED, comm_exposed), ev)
+    gpm_why: GpmWhy | None = None
     if gpm is not None:
         g = classify_gpm(gpm.sm_util, gpm.sm_occupancy, gpm.tensor_util, gpm.dram_bw_util,
                          gpm.nvml_util)
         if g.cls is not B.UNKNOWN:
             return Bottleneck(g.cls, g.reason, {**ev, **g.evidence})
-        gpm_note = g.reason
-    else:
-        gpm_note = "no GPM counters"
-    checked = ", ".join(f"{k} {v:.1%}" for k, v in ev.items()) or "no timer shares available"
-    return Bottleneck(B.UNKNOWN, f"no timer share beyond its threshold ({checked}); {gpm_note}", ev)
+        assert isinstance(g.reason, GpmWhy)
+        gpm_why = g.reason
+    return Bottleneck(B.UNKNOWN, SharesWhy(ShareSaid.NONE, checked=tuple(ev.items()), gpm=gpm_why), ev)

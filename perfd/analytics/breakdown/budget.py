@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict, cast
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown.advice_registry import CLASS, PARTS, class_parts
+from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.replay_table import ReplayTable
@@ -445,15 +445,12 @@ MIXED = B.MIXED
 @dataclass(frozen=True)
 class BudgetClass:
     """The class a budget supports: the class whose parts hold most of the step, "mixed" when the
-    runner-up is within th.CLASS_MIXED_MARGIN of it; ``shares``: every class's share of the step."""
+    runner-up is within th.CLASS_MIXED_MARGIN of it; ``shares``: every class's share of the step (said
+    where shown, the largest first: perfd.report.budget_text.class_shares_text)."""
 
     cls: BottleneckClass
     shares: Mapping[BottleneckClass, float]
     lead: float  # the winner's share minus the runner-up's
-
-    def reason(self) -> str:
-        top = sorted(((c, s) for c, s in self.shares.items() if s > 0), key=lambda cs: -cs[1])[:3]
-        return ", ".join(f"{CLASS[c].short} {s:.0%}" for c, s in top) + " of the step"
 
     def shares_json(self) -> dict[str, float]:
         return {c.value: s for c, s in self.shares.items()}

@@ -30,18 +30,27 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, ClassSource, Vote
+from perfd.analytics.breakdown.bottleneck import (
+    B,
+    BottleneckClass,
+    ClassSource,
+    ComputeSaid,
+    ComputeWhy,
+    Decided,
+    GpmVoteWhy,
+    GpmWhen,
+    Missing,
+    Quoted,
+    Vote,
+    Voted,
+)
 from perfd.analytics.common import BATCH_GENERATOR
-from perfd.analytics.steps.untimed import Untimed, untimed_text
+from perfd.analytics.steps.untimed import Untimed
 
 COMPUTE_FILLS_STEP = th.COMPUTE_FILLS_STEP.value
 LOW_MFU = th.LOW_MFU.value
 GPU_ALWAYS_BUSY = th.GPU_ALWAYS_BUSY.value
 GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
-
-
-_TIMERS_SRC = "step timers (perfd.analytics.steps.metrics)"
-_GPM_SRC = "collectors/nvml GPM of the job's GPUs (mean)"
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,8 @@ class TimelineClass:
     JSON) and how many iterations it covered (None: inferred from the steady step time)."""
 
     cls: BottleneckClass
-    reason: str
-    source: str  # e.g. "capture c2026... (kineto, rank 1)"
+    reason: str  # in words where the capture was read (perfd.report.capture_text.class_reason), kept so
+    source: str  # the capture's label, e.g. "capture c2026... (kineto, rank 1)"
     device: Mapping[str, object] | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
     capture_id: str = ""  # compared instead of the device: one capture, one breakdown
@@ -99,32 +108,22 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
                     data_timer=s.data_timer)
     nums = dict(t.evidence)
     if t.cls != B.UNKNOWN:
-        return Vote(ClassSource.TIMERS, t.cls, t.reason, nums, _TIMERS_SRC), True, nums
+        assert isinstance(t.reason, bn.SharesWhy)  # classify without GPM: a share decided
+        return Vote(ClassSource.TIMERS, t.cls, t.reason, nums), True, nums
     compute = s.compute_share()
     if compute is None:
         return None, False, nums
     nums["compute_share"] = compute
-    pipe = f", pipeline idle {s.pp_idle_max:.1%}" if s.pp and s.pp > 1 and s.pp_idle_max is not None else ""
-    untimed = f"; {untimed_text(s.untimed)}" if s.untimed else ""
-    why = (
-        f"compute fills {compute:.0%} of the step (data {s.data_share or 0.0:.1%}, exposed comm "
-        f"{s.comm_exposed or 0.0:.1%}{' of the timed collectives' if untimed else ''}{pipe}{untimed})"
-    )
-    if compute < COMPUTE_FILLS_STEP:
-        return (
-            Vote(
-                ClassSource.TIMERS,
-                B.UNKNOWN,
-                why + f" — under {COMPUTE_FILLS_STEP:.0%}, no part dominates",
-                nums,
-                _TIMERS_SRC,
-            ),
-            False,
-            nums,
-        )
+    pipe = s.pp_idle_max if s.pp and s.pp > 1 else None
+
+    def why(said: ComputeSaid, mfu: float | None = None, resident: float | None = None) -> ComputeWhy:
+        return ComputeWhy(said, compute, s.data_share or 0.0, s.comm_exposed or 0.0, pipe, s.untimed, mfu,
+                          resident)
+
+    if compute < COMPUTE_FILLS_STEP:  # no part dominates
+        return Vote(ClassSource.TIMERS, B.UNKNOWN, why(ComputeSaid.UNDER), nums), False, nums
     if s.cpu_only:  # no kernels, no launches: the step is the CPUs' own computation
-        return Vote(ClassSource.TIMERS, B.COMPUTE, why + ": the job computes on its CPUs (no CUDA)", nums,
-                    _TIMERS_SRC), False, nums
+        return Vote(ClassSource.TIMERS, B.COMPUTE, why(ComputeSaid.CPU_ONLY), nums), False, nums
     if s.mfu is None or s.mfu < LOW_MFU:
         # The host's compute timers also hold the time it takes to launch the kernels: with the
         # model's math far below peak they cannot tell slow kernels from a host too slow to feed
@@ -132,26 +131,18 @@ def _timers_vote(s: StepShares, resident: float | None = None) -> tuple[Vote | N
         # captures). Only a GPU that always has a kernel resident makes it the kernels.
         if s.mfu is not None:
             nums["mfu"] = s.mfu
-        low = f" yet MFU is {s.mfu:.{0 if s.mfu >= 0.1 else 1}%}" if s.mfu is not None else " (MFU unknown)"
         if resident is None or resident < GPU_ALWAYS_BUSY:
-            seen = (f"kernels resident only {resident:.0%} of the time (NVML)" if resident is not None
-                    else "no GPU-side evidence")
-            return (
-                Vote(ClassSource.TIMERS, B.UNKNOWN, why + f"{low}: slow kernels or slow launches — the "
-                     f"timers cannot tell which, and {seen} (a capture or GPM can)", nums, _TIMERS_SRC),
-                False,
-                nums,
-            )
-        why += (
-            f"{low} with kernels resident {resident:.0%} of the time (NVML): kernel efficiency — the "
-            "kernels run far below peak (the timers cannot say which kernels: a capture's kernel "
-            "categories can)"
-        )
-    return Vote(ClassSource.TIMERS, B.COMPUTE, why, nums, _TIMERS_SRC), False, nums
+            return (Vote(ClassSource.TIMERS, B.UNKNOWN, why(ComputeSaid.CANNOT_TELL, s.mfu, resident), nums),
+                    False, nums)
+        # kernel efficiency: the kernels run far below peak (which ones, a capture's categories say)
+        efficiency = why(ComputeSaid.KERNEL_EFFICIENCY, s.mfu, resident)
+        return Vote(ClassSource.TIMERS, B.COMPUTE, efficiency, nums), False, nums
+    return Vote(ClassSource.TIMERS, B.COMPUTE, why(ComputeSaid.FILLS), nums), False, nums
 
 
-def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: str) -> Vote:
+def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: GpmWhen) -> Vote:
     c = bn.classify_gpm(g.sm_util, g.sm_occupancy, g.tensor_util, g.dram_bw_util, g.nvml_util)
+    assert isinstance(c.reason, bn.GpmWhy)
     nums = dict(c.evidence)
     sm = g.sm_util
     if (
@@ -162,94 +153,52 @@ def _gpm_vote(g: bn.GpmReading, compute_fills: bool, when: str) -> Vote:
     ):
         # The step is spent in forward/backward on the host's timeline while the SMs sit idle: the
         # host does not launch work fast enough (tiny kernels, Python overhead).
-        return Vote(
-            ClassSource.GPM,
-            B.LAUNCH,
-            f"SMs busy only {sm:.0%} (GPM) while compute fills the step: the host cannot launch "
-            "kernels as fast as the GPU runs them",
-            nums,
-            when,
-        )
-    reason = c.reason
-    if c.cls in (B.COMPUTE, B.UNKNOWN) and g.tensor_util is not None and g.tensor_util < GPM_TENSOR_LOW:
-        sm_ = f" (SM {sm:.0%})" if sm is not None else ""
-        reason += (
-            f"; tensor-core use {g.tensor_util:.0%}{sm_}: most kernel time is not matrix math (unfused "
-            "elementwise/softmax work or small GEMMs)"
-        )
-    return Vote(ClassSource.GPM, c.cls, reason, nums, when)
+        return Vote(ClassSource.GPM, B.LAUNCH, GpmVoteWhy(c.reason, host_launch=True), nums, when=when)
+    # tensor cores little used: most kernel time is not matrix math (unfused elementwise work, small GEMMs)
+    low = c.cls in (B.COMPUTE, B.UNKNOWN) and g.tensor_util is not None and g.tensor_util < GPM_TENSOR_LOW
+    return Vote(ClassSource.GPM, c.cls, GpmVoteWhy(c.reason, not_matrix=low), nums, when=when)
 
 
 def classify_job(
     shares: StepShares,
     gpm: bn.GpmReading | None = None,
     timeline: TimelineClass | None = None,
-    gpm_when: str = "GPM while the job stepped",
+    gpm_when: GpmWhen = GpmWhen.STEPPING,
 ) -> bn.Bottleneck:
-    """The job's class with every source's vote; see the module docstring for who wins."""
+    """The job's class with every source's vote; see the module docstring for who wins. Its reason is
+    the votes' (:class:`perfd.analytics.breakdown.bottleneck.Voted`), worded where shown."""
     timers, decisive, nums = _timers_vote(shares, gpm.nvml_util if gpm is not None else None)
     compute = nums.get("compute_share")
     votes: list[Vote] = [v for v in (timers,) if v is not None]
     if timeline is not None and timeline.cls != B.UNKNOWN:
-        votes.append(Vote(ClassSource.CAPTURE, timeline.cls, timeline.reason, {}, timeline.source))
+        votes.append(Vote(ClassSource.CAPTURE, timeline.cls, Quoted(timeline.reason), {}, timeline.source))
     if gpm is not None:
         votes.append(_gpm_vote(gpm, compute is not None and compute >= COMPUTE_FILLS_STEP, gpm_when))
-    src = {k: _TIMERS_SRC for k in nums}
+    src = {k: ClassSource.TIMERS for k in nums}
     for v in votes:
         if v.source is ClassSource.GPM:
             nums.update(v.numbers)
-            src.update({k: f"{_GPM_SRC}, {v.detail}" for k in v.numbers})
+            src.update({k: ClassSource.GPM for k in v.numbers})
     by = {v.source: v for v in votes if v.cls != B.UNKNOWN}
+    # A share beyond its threshold is where the step's time goes; else the capture's timeline saw every
+    # kernel (the most direct view of the compute time); else GPM shows how the GPU spends it; else the
+    # timers alone: compute fills the step.
     if decisive and timers is not None:
-        winner, why = (
-            timers,
-            "a share of the step beyond its threshold decides: it is where the step's time goes",
-        )
+        winner, decided = timers, Decided.SHARE
     elif ClassSource.CAPTURE in by:
-        winner, why = (
-            by[ClassSource.CAPTURE],
-            ("the capture's timeline saw every kernel: the most direct view of what the compute time is"),
-        )
+        winner, decided = by[ClassSource.CAPTURE], Decided.CAPTURE
     elif ClassSource.GPM in by:
-        winner, why = (
-            by[ClassSource.GPM],
-            "GPM shows how the GPU spends the compute time; no capture to say more",
-        )
+        winner, decided = by[ClassSource.GPM], Decided.GPM
     elif ClassSource.TIMERS in by:
-        winner, why = by[ClassSource.TIMERS], "only the timers speak: compute fills the step"
+        winner, decided = by[ClassSource.TIMERS], Decided.TIMERS
     else:
-        missing = [
-            name
-            for name, v in (
-                ("data share (a data-wait timer)", shares.data_share),
-                ("exposed communication (comm timers)", shares.comm_exposed),
-            )
-            if v is None
-        ]
+        missing = [m for m, v in ((Missing.DATA_SHARE, shares.data_share),
+                                  (Missing.COMM, shares.comm_exposed)) if v is None]
         if gpm is None and not shares.cpu_only:  # a CPU-only job has no GPU to count or capture
-            missing.append("GPM counters while the job steps (agent with NVML on a Hopper or newer GPU)")
+            missing.append(Missing.GPM)
         if timeline is None and not shares.cpu_only:
-            missing.append("a capture of the job")
-        said = "; ".join(f"{v.source.value}: {v.reason}" for v in votes)
-        reason = (said + "; " if said else "") + (
-            "missing: " + ", ".join(missing) if missing else "no source passes its threshold"
-        )
-        return bn.Bottleneck(B.UNKNOWN, reason, nums, src, tuple(votes), None, "no source can decide")
-    others = [v for v in votes if v is not winner]
-    agree = [v.source.value for v in others if v.cls == winner.cls]
-    differ = [f"{v.source.value} says {v.cls}" for v in others if v.cls not in (winner.cls, B.UNKNOWN)]
-    # The timers' "cannot tell slow kernels from slow launches" is what a capture tells: not repeated.
-    differ += [f"{v.source.value}: {v.reason}" for v in others if v.cls == B.UNKNOWN
-               and not (winner.source is ClassSource.CAPTURE and v.source is ClassSource.TIMERS)]
-    note = (f"; {', '.join(agree)} agree" if agree else "") + (f"; {'; '.join(differ)}" if differ else "")
+            missing.append(Missing.CAPTURE)
+        return bn.Bottleneck(B.UNKNOWN, Voted(tuple(missing)), nums, src, tuple(votes), None, Decided.NONE)
     if winner.source is ClassSource.CAPTURE:
-        src["timeline"] = winner.detail
-    return bn.Bottleneck(
-        winner.cls,
-        f"{winner.reason} [{winner.source.value}]{note}",
-        nums,
-        src,
-        tuple(votes),
-        winner.source.value,
-        why,
-    )
+        src["timeline"] = ClassSource.CAPTURE
+    return bn.Bottleneck(winner.cls, Voted(), nums, src, tuple(votes), winner.source, decided)

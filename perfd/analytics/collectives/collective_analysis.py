@@ -364,16 +364,14 @@ def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:
 def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], GroupInfo],
               nodes: Mapping[int, str], cfg: CollectiveConfig) -> tuple[list[Finding], list[Recommendation]]:
     """The findings and recommendations, as kinds and their numbers (perfd.report.collective_text words
-    them where they are served)."""
+    them where they are served: their titles, observations, the windows they are over and their sources)."""
     f: list[Finding] = []
     r: list[Recommendation] = []
-    src = "collectors/nccl (Flight Recorder)"
     for h in a.hangs:
         fid = f"collective-hang-{h.process_group}-{h.seq}"
         hang = HangFacts(hang=h)
         f.append(CollectiveFinding(
-            fid, Severity.CRITICAL if h.active else Severity.INFO, "", "", h.to_json(), "",
-            "collectors/nccl hang detection (every agent's Flight Recorder dumps, merged)", facts=hang))
+            fid, Severity.CRITICAL if h.active else Severity.INFO, "", "", h.to_json(), facts=hang))
         if h.active:
             r.append(CollectiveRecommendation("", fid, 0, "", "", 1.0, facts=hang))
     if a.comm_total_share is not None:
@@ -383,25 +381,24 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], Gro
             {"comm_total_share": a.comm_total_share, "by_group": a.comm_share_by_group,
              "by_rank": {str(k): v for k, v in a.comm_share_by_rank.items()},
              "windows": a.n_windows, "method": a.method},
-            f"{a.n_windows} windows per rank" if a.n_windows else "", src,
             facts=TotalShareFacts(share=a.comm_total_share, by_group=tuple(by_share), method=a.method,
-                                  of_step=a.method == "step_windows")))
+                                  of_step=a.method == "step_windows", windows=a.n_windows)))
         dp = a.comm_share_by_group.get("dp")
         if dp is not None and dp > DP_SHARE_HIGH:
             said = DpShareFacts(share=dp, threshold=DP_SHARE_HIGH)
-            f.append(CollectiveFinding("comm-dp-high", Severity.WARNING, "", "", {"dp_share": dp}, "", src,
+            f.append(CollectiveFinding("comm-dp-high", Severity.WARNING, "", "", {"dp_share": dp},
                                        facts=said))
             r.append(CollectiveRecommendation("", "comm-dp-high", 0, "", "", dp, facts=said))
     elif a.absent is not None:
-        f.append(CollectiveFinding("comm-total-absent", Severity.INFO, "", "", {"records": a.n_records}, "",
-                                   src, facts=ShareAbsentFacts(reason=a.absent)))
+        f.append(CollectiveFinding("comm-total-absent", Severity.INFO, "", "", {"records": a.n_records},
+                                   facts=ShareAbsentFacts(reason=a.absent)))
     for b in a.bandwidth:
         ratio = b.ratio
         if ratio is None or ratio >= cfg.low_bandwidth_fraction:
             continue
         fid = f"collective-bandwidth-{b.group}-{b.scope}"
         low = BandwidthFacts(bandwidth=b, ratio=ratio, min_mib=cfg.min_bandwidth_bytes >> 20)
-        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", b.to_json(), "", b.source, facts=low))
+        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", b.to_json(), facts=low))
         r.append(CollectiveRecommendation("", fid, 0, "", "", 0.5 * (1 - ratio), facts=low))
     for g in groups.values():
         if g["class"] != "tp" or not g["ranks"]:
@@ -409,8 +406,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], Gro
         hosts = {nodes[x] for x in g["ranks"] if x in nodes}
         if len(hosts) > 1:
             tp = TpNodesFacts(group=g["name"], ranks=tuple(g["ranks"]), nodes=len(hosts))
-            f.append(CollectiveFinding("tp-spans-nodes", Severity.WARNING, "", "", {"group": g}, "", src,
-                                       facts=tp))
+            f.append(CollectiveFinding("tp-spans-nodes", Severity.WARNING, "", "", {"group": g}, facts=tp))
             r.append(CollectiveRecommendation("", "tp-spans-nodes", 0, "", "", 0.8, facts=tp))
             break
     flagged = [w for w in a.waits if w.flagged(cfg.straggler_min_ops)]
@@ -418,7 +414,7 @@ def _findings(a: CollectiveAnalysis, groups: Mapping[tuple[str, int | None], Gro
         fid = f"collective-last-rank-{w.rank}"
         last = LastRankFacts(rank=w.rank, last=w.last, decisive=w.decisive, last_share=w.last_share,
                              by_chance=w.expected_last / w.decisive)
-        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", w.to_json(), "", src, facts=last))
+        f.append(CollectiveFinding(fid, Severity.WARNING, "", "", w.to_json(), facts=last))
         r.append(CollectiveRecommendation("", fid, 0, "", "", 0.3, facts=last))
     f.sort(key=lambda x: SEVERITY_ORDER.get(x.severity, 3))
     r.sort(key=lambda x: -(x.impact if x.impact is not None else -1.0))

@@ -30,13 +30,15 @@ class HangFacts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TotalShareFacts:
-    """The total communication share (median over ranks), by group class (largest first), the method
-    and whether it is of the step (step windows) or of the observed time."""
+    """The total communication share (median over ranks), by group class (largest first), the method,
+    whether it is of the step (step windows) or of the observed time, and the windows per rank it is
+    over (0: not by windows)."""
 
     share: float
     by_group: tuple[tuple[str, float], ...]
     method: str
     of_step: bool
+    windows: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

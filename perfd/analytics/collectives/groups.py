@@ -27,23 +27,25 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 @dataclass(frozen=True)
 class LinkSpec:
+    """A link's name (its key) and its bus bandwidth class. What the link is and where its figure comes
+    from (its rated bandwidth, a measurement) are words: perfd.report.collective_text.LINK_TEXT, where a
+    group's link is served (one entry per key here, tests/analytics/test_more_words.py)."""
+
     name: str
     busbw_gbs: float  # what a large collective can reach on it (bus bandwidth, GB/s per GPU)
-    description: str
 
 
 LINKS: dict[str, LinkSpec] = {spec.name: spec for spec in (
-    LinkSpec("nvlink3", 300.0, "NVLink 3 (A100 SXM): 600 GB/s bidirectional per GPU"),
-    LinkSpec("nvlink4", 450.0, "NVLink 4 (H100/H200 SXM): 900 GB/s bidirectional per GPU; a 256 MB "
-                               "all-reduce on 2 H200s measured ~290 GB/s bus bandwidth here"),
-    LinkSpec("nvlink-bridge", 300.0, "NVLink bridge (H100 NVL pair): 600 GB/s bidirectional"),
-    LinkSpec("nvlink5", 900.0, "NVLink 5 (B200/GB200): 1.8 TB/s bidirectional per GPU"),
-    LinkSpec("pcie4", 25.0, "PCIe Gen4 x16 (~32 GB/s per direction, ~25 achievable)"),
-    LinkSpec("pcie5", 50.0, "PCIe Gen5 x16 (~64 GB/s per direction, ~50 achievable)"),
-    LinkSpec("ib-100g", 12.5, "100 Gb/s network per GPU (InfiniBand / RoCE)"),
-    LinkSpec("ib-200g", 25.0, "200 Gb/s network per GPU (InfiniBand HDR / RoCE)"),
-    LinkSpec("ib-400g", 50.0, "400 Gb/s network per GPU (InfiniBand NDR / RoCE)"),
-    LinkSpec("ib-800g", 100.0, "800 Gb/s network per GPU (InfiniBand XDR)"),
+    LinkSpec("nvlink3", 300.0),
+    LinkSpec("nvlink4", 450.0),
+    LinkSpec("nvlink-bridge", 300.0),
+    LinkSpec("nvlink5", 900.0),
+    LinkSpec("pcie4", 25.0),
+    LinkSpec("pcie5", 50.0),
+    LinkSpec("ib-100g", 12.5),
+    LinkSpec("ib-200g", 25.0),
+    LinkSpec("ib-400g", 50.0),
+    LinkSpec("ib-800g", 100.0),
 )}
 
 # A measured bus bandwidth above this multiple of the link's figure is not credible: nothing moved

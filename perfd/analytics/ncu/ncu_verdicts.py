@@ -129,19 +129,31 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     return fs, rs
 
 
+@dataclass(frozen=True, slots=True)
+class RowsWhy:
+    """Why the ncu rows give their class (:func:`rows_class`): their coverage of the step's compute time
+    (None: either time unknown), whether it is enough (CLASS_COVERAGE) and then the kernel bound that
+    holds most of their time and its share (worded where the class is kept:
+    perfd.report.ncu_text.rows_class_text)."""
+
+    coverage: float | None
+    enough: bool = False
+    bound: str | None = None
+    share: float = 0.0
+
+
 def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | None
-               ) -> tuple[BottleneckClass, str, float | None]:
+               ) -> tuple[BottleneckClass, RowsWhy, float | None]:
     """(class, why, coverage) from an ncu capture's category summaries, for a job with no timeline: the
     rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
     coverage; at CLASS_COVERAGE or more, the class NVIDIA's rule gives most of their time (compute- or
     memory-bound; neither holding half of it: mixed); under it, unknown, and the reason says why."""
     profiled = sum(figure(c, "profiled_ms") or 0.0 for c in categories)
     if not compute_ms or compute_ms <= 0 or profiled <= 0:
-        return BottleneckClass.UNKNOWN, "the ncu rows' time or the step's compute time is unknown", None
+        return BottleneckClass.UNKNOWN, RowsWhy(None), None
     coverage = profiled / compute_ms
-    if coverage < CLASS_COVERAGE:
-        return (BottleneckClass.UNKNOWN, f"the ncu rows cover {coverage:.0%} of the step's compute time "
-                f"(under {CLASS_COVERAGE:.0%}): too little to class the step", coverage)
+    if coverage < CLASS_COVERAGE:  # too little to class the step
+        return BottleneckClass.UNKNOWN, RowsWhy(coverage), coverage
     by: dict[str, float] = {}
     for c in categories:
         for bound, ms in obj(c.get("bound_ms")).items():
@@ -153,5 +165,4 @@ def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | N
     if top is None or by[top] < 0.5 * total:
         cls = BottleneckClass.MIXED
     share = by[top] / total if top is not None and total > 0 else 0.0
-    return cls, (f"the ncu rows cover {coverage:.0%} of the step's compute time; {share:.0%} of their time "
-                 f"is in kernels NVIDIA's rule calls {top}"), coverage
+    return cls, RowsWhy(coverage, True, top, share), coverage

@@ -85,25 +85,6 @@ class ArmingCost:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def text(self) -> str:
-        """The report's line."""
-        who = f"rank(s) {', '.join(map(str, self.ranks))}" if self.ranks else "the armed rank"
-        against = {ArmingBasis.EARLIER_STEPS: "its own steps before it was armed",
-                   ArmingBasis.UNARMED_RANKS: "the job's unarmed ranks over the same time",
-                   ArmingBasis.PREVIOUS_RUN: f"the steady steps of run {self.reference_run}, the job's last "
-                                             "run without ncu",
-                   ArmingBasis.PREVIOUS_RUN_CAPTURE: f"the captured steps of run {self.reference_run}, the "
-                                                     "job's last run without ncu (its steady steps too few)",
-                   }[self.basis]
-        line = (f"Arming ncu cost {who} {self.extra_ms:+.0f} ms a step ({self.ratio - 1:+.0%}): "
-                f"median step {self.armed_ms:.0f} ms armed ({self.n_armed} steps) against "
-                f"{self.reference_ms:.0f} ms for {against} ({self.n_reference} steps), for the life of the "
-                "process, profiled or not")
-        if self.basis is ArmingBasis.UNARMED_RANKS:
-            line += ("; where the ranks synchronise every step the unarmed ones wait for the armed one, "
-                     "so this reads low")
-        return line
-
 
 def _start(r: StepRecord) -> float | None:
     if r.end_time is None or r.step_time_ms is None:

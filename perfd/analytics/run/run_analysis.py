@@ -284,7 +284,7 @@ def analyze_run(
     gpm: bn.GpmReading | None = None,
     timeline: TimelineClass | None = None,
     memo: AnalysisMemo | None = None,
-    gpm_when: str = "GPM while the job stepped",
+    gpm_when: bn.GpmWhen = bn.GpmWhen.STEPPING,
     new_normal_at: int | None = None,
     live: bool = True,
     earlier: Sequence[RunDigest] = (),
@@ -324,7 +324,7 @@ class RunBuilder:
     def __init__(self, job: JobInfo, gpu_name: str | None = None, peak_override: float | None = None,
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
-                 gpm_when: str = "GPM while the job stepped", new_normal_at: int | None = None,
+                 gpm_when: bn.GpmWhen = bn.GpmWhen.STEPPING, new_normal_at: int | None = None,
                  live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None) -> None:
         lay = job.layout
         self.earlier = tuple(earlier)[-MAX_DIGESTS:]  # the job's runs before this one

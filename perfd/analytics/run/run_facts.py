@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.analytics.run.runs import Runs
@@ -17,7 +18,8 @@ from perfd.analytics.steps.untimed import Untimed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImbalanceFacts:
     """The stages' imbalance outweighs the schedule's bubble: each stage's idle share, the analytic
-    bubble, the layout (p, m, v) and the two stages' forward+backward compute (ms)."""
+    bubble, the layout (p, m, v) and the two stages' forward+backward compute (ms); ``minmax``: the stages'
+    idle paired from the timers' min and max (an inference, said in its source)."""
 
     idle_lighter: float
     idle_heavier: float | None
@@ -28,6 +30,7 @@ class ImbalanceFacts:
     imbalance: float
     lighter_ms: float
     heavier_ms: float
+    minmax: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,14 +116,17 @@ class UntimedFacts:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataShareFacts:
     """The data wait's share of the step, its state (the severity), the timer it is read from as the
-    job's step source names it, and for the recommendation the loader's knobs and the step time's CV
-    where it jitters too."""
+    job's step source names it, and for the recommendation the framework whose loader's knobs it names
+    (None: no recommendation; a CPU-only job's without pinned memory: ``cpu_only``; their words:
+    perfd.report.data_text.knobs_text) and the step time's CV where it jitters too."""
 
     share: float
     state: Severity
     timer: str
     across_ranks: str
-    knobs: str = ""
+    source: str = ""  # the job's step source (perfd.analytics.common.Vocabulary.source): the timer's
+    knobs_of: Framework | None = None
+    cpu_only: bool = False
     jitter_cv: float | None = None
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
+from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass, EarlierRun, TooFewSteps
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, against_run
 from perfd.analytics.run.run_summary import CaptureDisturbances, RunSummary, incidents_cost_s
 from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs, last_unarmed
@@ -49,12 +49,6 @@ def figures_of(run: int, earlier: Sequence[RunDigest], n_armed: int, n_steady: i
                 armed_iterations=n_armed)
 
 
-def too_few(n_steady: int) -> str:
-    """Why a grade is not given from ``n_steady`` steady steps."""
-    return (f"too few steady steps to grade: {n_steady}, at least {MIN_GRADE_STEPS} needed "
-            "(perfd.analytics.thresholds.MIN_GRADE_STEPS)")
-
-
 def with_runs(summary: RunSummary, runs: Runs, arming: ArmingCost | None) -> RunSummary:
     """``summary`` with the runs it belongs to, the arming's cost (:func:`arming_of`), and no grade
     from too few steps."""
@@ -63,10 +57,9 @@ def with_runs(summary: RunSummary, runs: Runs, arming: ArmingCost | None) -> Run
         summary = dataclasses.replace(
             summary, n_steady=ref.n_steady, steady_first_iteration=ref.first_iteration,
             steady_last_iteration=ref.last_iteration, step_time_cv=ref.step_time_cv, slow_steps=None,
-            bottleneck=Bottleneck(ref.bottleneck, f"{ref.bottleneck_reason} (run {ref.run}, the job's last "
-                                                  "run without ncu)" if ref.bottleneck_reason else ""))
+            bottleneck=Bottleneck(ref.bottleneck, EarlierRun(ref.run, ref.bottleneck_of)))
     elif summary.n_steady < MIN_GRADE_STEPS and runs.figures is FiguresFrom.CURRENT:
-        unknown = Bottleneck(BottleneckClass.UNKNOWN, too_few(summary.n_steady))
+        unknown = Bottleneck(BottleneckClass.UNKNOWN, TooFewSteps(summary.n_steady))
         summary = dataclasses.replace(summary, step_time_cv=None, slow_steps=None, bottleneck=unknown)
     return dataclasses.replace(summary, runs=runs, arming=arming)
 

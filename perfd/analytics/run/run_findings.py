@@ -5,7 +5,8 @@ The analyzers encode docs/design.md §2's playbook with the job's own numbers, a
 budget (perfd.analytics.breakdown.budget) for what the timers cannot see; remedies come from the one catalogue
 (perfd.analytics.advice.remedies). Pure: they read a RunAnalysis (and the JobInfo for arguments) and return
 plain dataclasses; decisions read typed values (exclusion kinds, budget parts), never perfd's own
-sentences.
+sentences. A finding's words — its title, observation and the source of its figures — are made from its
+facts where it is shown (perfd.report.finding_text).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import budget_findings
 from perfd.analytics.advice.plan import Plan
-from perfd.analytics.advice.remedies import DATA_KNOBS, Framework, JobConfig
+from perfd.analytics.advice.remedies import Framework, JobConfig
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
@@ -62,7 +63,7 @@ from perfd.analytics.run.run_grade import (
     MfuFacts,
     MfuFinding,
     MfuSaid,
-    budget_class_text,
+    budget_class,
     explain_grade,
     grade_mfu,
 )
@@ -72,10 +73,7 @@ from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups
-from perfd.model import CPU, HOOK_OUTSIDE, JobInfo
-
-# A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
-CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
+from perfd.model import CPU, JobInfo
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
@@ -148,7 +146,7 @@ def mfu_grade(c: RunContext) -> Out:
     lay = c.job.layout
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     said = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"),
-                         budget_class_text(c.budget), untimed)
+                         budget_class(c.budget), untimed)
     facts = MfuFacts(said=MfuSaid.GRADED, mfu=mfu, tflops=med["model_tflops_per_gpu"],
                      peak_tflops=peak.peak_tflops, gpu_model=peak.gpu_model, dtype=peak.dtype,
                      of_ceiling=med.get("mfu_vs_measured_ceiling"),
@@ -193,14 +191,11 @@ def pipeline(c: RunContext) -> Out:
           "idle_lighter_stage": idle_max, "idle_heavier_stage": idle_min, "imbalance": imb,
           "lighter_compute_ms": light, "heavier_compute_ms": heavy}
     if imb > th.PP_IMBALANCE_MIN.value and imb > bubble and light and heavy:
-        f.append(RunFinding("pp-imbalance", Severity.WARNING, "", "", ev, "",
-                            "megatron timers forward-backward, forward-compute, backward-compute "
-                            "(minmax pairing is an inference)" if a.iterations and
-                            a.iterations[-1].pp_idle_method == "minmax-pairing" else "megatron timers",
-                            steps=span,
+        minmax = bool(a.iterations) and a.iterations[-1].pp_idle_method == "minmax-pairing"
+        f.append(RunFinding("pp-imbalance", Severity.WARNING, "", "", ev, "", steps=span,
                             facts=ImbalanceFacts(idle_lighter=idle_max, idle_heavier=idle_min, bubble=bubble,
                                                  pp=pp, microbatches=m, vpp=lay.vpp, imbalance=imb,
-                                                 lighter_ms=light, heavier_ms=heavy)))
+                                                 lighter_ms=light, heavier_ms=heavy, minmax=minmax)))
         r.append(RunRecommendation("", "pp-imbalance", 0, "", "", imb,
                                    facts=_rebalance(a, job, light, heavy)))
     if bubble > th.PP_BUBBLE_HIGH.value or (idle_max > th.PP_IDLE_HIGH.value and imb <= bubble):
@@ -231,7 +226,6 @@ def communication(c: RunContext) -> Out:
     idle_max = med.get("pp_idle_max")
     if pp_part is not None and lay.pp and lay.pp > 1 and pp_part > th.PP_WAIT_SHARE.value:
         f.append(RunFinding("comm-pp-wait", Severity.INFO, "", "", ev_c, "",
-                            "sum of max-across-ranks of the p2p timers (upper bound)",
                             steps=span, facts=PpWaitFacts(total=total, pp_share=pp_part, dp_share=dp_part,
                                               idle_lighter=idle_max)))
     elif total > bn.COMM_BOUND_SHARE and (dp_part is None or dp_part <= GRAD_SYNC_SHARE):
@@ -257,16 +251,17 @@ def data_loading(c: RunContext) -> Out:
     # The timer the job's step source names its data wait by (a hook job has no batch-generator).
     vocab = FRAMEWORK_VOCABULARIES.get(c.job.framework or "", MEGATRON_VOCABULARY)
     timer = vocab.data_wait[0] if vocab.data_wait else "data wait"
-    said = DataShareFacts(share=ds, state=sev, timer=timer, across_ranks=vocab.across_ranks)
-    f = RunFinding(DATA_LOADING_FINDING, sev, "", "", {"data_share": ds}, "",
-                   f"{vocab.source} timer {timer}", steps=c.span, facts=said)
+    said = DataShareFacts(share=ds, state=sev, timer=timer, across_ranks=vocab.across_ranks,
+                          source=vocab.source)
+    f = RunFinding(DATA_LOADING_FINDING, sev, "", "", {"data_share": ds}, "", steps=c.span, facts=said)
     if sev is Severity.INFO:
         return [f], []
     cpu_only = c.job.device == CPU
-    knobs = CPU_DATA_KNOBS if cpu_only and c.framework is Framework.PYTORCH else DATA_KNOBS[c.framework]
     cv = c.a.summary.step_time_cv
-    # jitter with slow data loading: one action covers both
-    said = dataclasses.replace(said, knobs=knobs, jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
+    # jitter with slow data loading: one action covers both; the loader's knobs are the framework's (a
+    # CPU-only job's without pinned memory), named where the recommendation is worded
+    said = dataclasses.replace(said, knobs_of=c.framework, cpu_only=cpu_only,
+                               jitter_cv=cv if cv is not None and cv > JITTER_CV else None)
     dl = DataLoading(DataAction.LOAD_FASTER, cpu_only)  # CPUs unknown here: training_report._with_cpu
     # its action is the typed one's words (perfd.report.data_text.DATA_ACTIONS, where it is worded)
     return [f], [RunRecommendation("", DATA_LOADING_FINDING, 0, "", "", ds, data_loading=dl, facts=said)]
@@ -283,7 +278,7 @@ def outside_step(c: RunContext) -> Out:
         return [], []
     said = OutsideFacts(share=share)
     f = RunFinding(OUTSIDE_STEP_FINDING, Severity.WARNING, "", "", {"outside_share": share}, "",
-                   f"hook timer {HOOK_OUTSIDE}", steps=c.span, facts=said)
+                   steps=c.span, facts=said)
     return [f], [RunRecommendation("", OUTSIDE_STEP_FINDING, 0, "", "", share, facts=said)]
 
 
@@ -331,7 +326,6 @@ def stragglers(c: RunContext) -> Out:
     if between:
         f.append(RunFinding("straggler-between-stages", Severity.INFO, "", "",
                             {"rtt_ratio": med.get("straggler_rtt_ratio"), "fraction": between}, "",
-                            "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)",
                             steps=span, facts=StageSpreadFacts(rtt_ratio=med.get("straggler_rtt_ratio"),
                                                    fraction=between)))
     return f, r
@@ -396,8 +390,7 @@ def runs(c: RunContext) -> Out:
     r = c.a.summary.runs
     if not r.elsewhere:
         return [], []
-    return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), "",
-                       "the job's runs (perfd.analytics.run.runs)", steps=c.span,
+    return [RunFinding("run-figures", Severity.INFO, "", "", r.to_json(), "", steps=c.span,
                        facts=RunFiguresFacts(runs=r))], []
 
 

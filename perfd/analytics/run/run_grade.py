@@ -11,9 +11,8 @@ import enum
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.advice import budget_findings
 from perfd.analytics.breakdown.advice_registry import BANDS, GRADE, Grade, GradeBasis
-from perfd.analytics.breakdown.budget import StepBudget, classify
+from perfd.analytics.breakdown.budget import BudgetClass, StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.provenance import Cited
@@ -40,7 +39,7 @@ class GradeExplanation:
 
     grade: Grade
     basis: GradeBasis
-    budget_class: str | None = None  # the capture's budget class text (BUDGET)
+    budget_class: BudgetClass | None = None  # the class a capture's budget supports (BUDGET)
     data_share: float | None = None
     comm_share: float | None = None
     small_data: bool = False  # the data wait measured below th.DATA_HEALTHY_SHARE
@@ -49,9 +48,9 @@ class GradeExplanation:
 
 
 def explain_grade(mfu: float | None, data: float | None, comm: float | None,
-                  budget_class: str | None = None, untimed: Untimed = ()) -> GradeExplanation:
+                  budget_class: BudgetClass | None = None, untimed: Untimed = ()) -> GradeExplanation:
     """The grade said with this job's own measurements: never its band's usual causes where the same
-    report measured them small. ``budget_class``: what a capture's step budget says (its class text).
+    report measured them small. ``budget_class``: the class a capture's step budget supports.
     ``untimed``: the groups whose collectives the timers cannot see (perfd.analytics.steps.untimed):
     communication is then never ruled out. Which measurements may explain a band is its registry
     entry's ``explained_by``."""
@@ -60,7 +59,7 @@ def explain_grade(mfu: float | None, data: float | None, comm: float | None,
     by = GRADE[grade].explained_by
     if by is None:
         return plain
-    if budget_class:  # a capture divided the step: the budget, not the band's usual suspects
+    if budget_class is not None:  # a capture divided the step: the budget, not the band's usual suspects
         return GradeExplanation(grade=grade, basis=GradeBasis.BUDGET, budget_class=budget_class)
     small_data = data is not None and data < th.DATA_HEALTHY_SHARE.value
     small_comm = comm is not None and comm < th.COMM_BOUND_SHARE.value / 3 and not untimed
@@ -73,10 +72,9 @@ def explain_grade(mfu: float | None, data: float | None, comm: float | None,
                             small_data=small_data, small_comm=small_comm, untimed=untimed)
 
 
-def budget_class_text(b: StepBudget | None) -> str | None:
-    """The class a capture's budget supports, as text (None without a capture)."""
-    c = classify(b) if b is not None else None
-    return budget_findings.class_text(c) if c is not None else None
+def budget_class(b: StepBudget | None) -> BudgetClass | None:
+    """The class a capture's budget supports, with every class's share (None without a capture)."""
+    return classify(b) if b is not None else None
 
 
 class MfuSaid(enum.Enum):

@@ -120,7 +120,7 @@ def digest(a: RunAnalysis, run: int) -> RunDigest:
         armed_median_ms=statistics.median(armed_steps) if armed_steps else None, n_armed=len(armed_steps),
         mfu=s.median("mfu") if own else None,
         bottleneck=s.bottleneck.cls if own else BottleneckClass.UNKNOWN,
-        bottleneck_reason=s.bottleneck.reason if own else "",
+        bottleneck_of=s.bottleneck if own else None,
         step_time_cv=s.step_time_cv if own else None,
         medians=dict(s.medians) if own else {}, step_budget=s.step_budget if own else None,
         captures=tuple(captures), goodput=gp)

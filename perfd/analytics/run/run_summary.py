@@ -88,7 +88,7 @@ NO_SHARES = StepShares()  # nothing beside the numbers: Megatron's names, every 
 
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
               pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
-              timeline: TimelineClass | None, gpm_when: str, med: Mapping[str, float | None], *,
+              timeline: TimelineClass | None, gpm_when: bn.GpmWhen, med: Mapping[str, float | None], *,
               incidents: Sequence[Incident], jitter: Mapping[str, float | None],
               disturbances: CaptureDisturbances, goodput: Goodput | None,
               memory_mib: Mapping[str, float] | None, step_budget: StepBudget | None,
@@ -381,10 +381,9 @@ class RunSummary:
             "tflops_check_n": self.tflops_check_n,
             "tflops_check_n_disagree": self.tflops_check_n_disagree,
             "tflops_check_max_abs_gap": self.tflops_check_max_abs_gap,
+            # its reason, each source's vote and where each number comes from follow it where served
+            # (perfd.report.bottleneck_text.bottleneck_json, by perfd.report.row_json.run_json)
             "bottleneck": self.bottleneck.cls.value,
-            "bottleneck_reason": self.bottleneck.reason,
-            "bottleneck_evidence": self.bottleneck.evidence_json(),
-            "bottleneck_sources": dict(self.bottleneck.sources),
             "straggler_persistent_ranks": list(self.straggler_persistent_ranks),
             "straggler_flag_fraction": {str(k): v for k, v in self.straggler_flag_fraction.items()},
             "straggler_between_stages_fraction": self.straggler_between_stages_fraction,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
 from perfd.model import StepRecord
 
@@ -66,7 +66,9 @@ class RunDigest:
     n_armed: int = 0
     mfu: float | None = None
     bottleneck: BottleneckClass = BottleneckClass.UNKNOWN
-    bottleneck_reason: str = ""
+    # its class with why (its votes), None where its figures are not its own; said where its JSON is
+    # served ("bottleneck_reason" after "bottleneck": perfd.report.finding_text.runs_json)
+    bottleneck_of: Bottleneck | None = None
     step_time_cv: float | None = None
     # the summary's steady values (catalog attribute -> value): a later armed run reports these
     medians: Mapping[str, float | None] = field(default_factory=dict)
@@ -81,7 +83,7 @@ class RunDigest:
                 "armed": self.armed, "n_iterations": self.n_iterations, "n_steady": self.n_steady,
                 "step_time_ms": self.step_time_ms, "step_median_ms": self.step_median_ms,
                 "armed_median_ms": self.armed_median_ms, "n_armed": self.n_armed, "mfu": self.mfu,
-                "bottleneck": self.bottleneck.value, "bottleneck_reason": self.bottleneck_reason,
+                "bottleneck": self.bottleneck.value,
                 "step_time_cv": self.step_time_cv,
                 "captures": [c.to_json() for c in self.captures]}
 

@@ -9,7 +9,8 @@ the gradient sync alone: it must never read as "communication is small". A sourc
 communication at all (the step hook, torchtitan's log) claims nothing, so nothing is said here.
 
 A capture's timeline (or the Flight Recorder's collectives) times every NCCL kernel: a report
-whose step budget comes from a capture does not need this. Pure.
+whose step budget comes from a capture does not need this. The groups and their sizes are said where
+shown (perfd.report.bottleneck_text.untimed_text). Pure.
 """
 
 from __future__ import annotations
@@ -25,14 +26,6 @@ class Group(TextEnum):
     EP = "EP"
 
 
-# What each group's untimed collectives are, for the sentence.
-_WHAT: dict[Group, str] = {
-    Group.TP: "tensor-parallel all-reduces",
-    Group.CP: "context-parallel attention exchanges",
-    Group.EP: "expert-parallel token all-to-alls",
-}
-
-
 Untimed = tuple[tuple[Group, int], ...]  # (group, its size), in Group order
 
 
@@ -44,14 +37,6 @@ def untimed_groups(framework: str | None, tp: int | None, cp: int | None, ep: in
         return ()
     sizes = ((Group.TP, tp), (Group.CP, cp), (Group.EP, ep))
     return tuple((g, n) for g, n in sizes if n is not None and n > 1)
-
-
-def untimed_text(groups: Untimed) -> str:
-    """"the TP=2 tensor-parallel all-reduces, inside compute, are not timed" (empty: none)."""
-    if not groups:
-        return ""
-    what = " and the ".join(f"{g.value}={n} {_WHAT[g]}" for g, n in groups)
-    return f"the {what}, inside compute, are not timed"
 
 
 def names(groups: Untimed) -> list[str]:
