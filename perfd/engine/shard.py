@@ -22,6 +22,7 @@ windows it fed to settle (perfd.engine.shard_windows says why).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -270,8 +271,18 @@ class Shard:
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.cfg.ack_wait_s,
                                   max_ack_pending=MAX_ACK_PENDING if self.windows is None
                                   else MAX_ACK_PENDING_HELD))
-        if self.windows is not None and not await _handed(kv, p) and (
-                await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))).num_ack_pending:
+        info = await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))
+        if info.config.ack_wait != self.cfg.ack_wait_s:
+            # The durable consumer keeps the ack wait its first maker gave it (nats-py's pull_subscribe
+            # changes nothing of one that exists): a deployment whose --engine-ack-wait changed would
+            # have its messages delivered again on the old one, not on the one this shard's holds and
+            # takeover wait are sized to
+            log.warning("shard %s: partition %d's consumer has an ack wait of %s s: set to this shard's "
+                        "%s s (--engine-ack-wait, the same on every shard)", self.id, p,
+                        info.config.ack_wait, self.cfg.ack_wait_s)
+            info = await js.add_consumer(S.NODES_STREAM,
+                                         dataclasses.replace(info.config, ack_wait=self.cfg.ack_wait_s))
+        if self.windows is not None and not await _handed(kv, p) and info.num_ack_pending:
             # A previous holder's messages are out (it stopped without handing them back): once due
             # again the engine hands them out before newer ones, which folded first would settle
             # windows past them (shard_windows)
