@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import socket
 import sys
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd.engine.subjects import DEFAULT_PARTITIONS, EngineConfig
+from perfd.engine.subjects import ACK_WAIT_S, DEFAULT_PARTITIONS, LEASE_TTL_S, EngineConfig
 
 if TYPE_CHECKING:
     from perfd.engine.shard import Shard
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 
 def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> None:
-    """``streams``: the role may create the streams (shards, roots): it takes --engine-replicas."""
+    """``streams``: the role may create the streams (shards, roots): it takes --engine-replicas and
+    the engine's timers (--engine-lease-ttl, --engine-ack-wait), which an agent has no use for."""
     g = p.add_argument_group("distributed path (NATS JetStream; pip install 'perfd[engine]')")
     g.add_argument("--engine", metavar="URLS", help="the engine's servers, nats://HOST:PORT[,...]")
     g.add_argument("--engine-token-file", metavar="FILE", help="the engine's token (a file: not in ps)")
@@ -34,6 +36,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> No
     if streams:
         g.add_argument("--engine-replicas", type=int, default=1, choices=(1, 3),
                        help="replicas of the streams and leases: 3 on a three-server cluster")
+        g.add_argument("--engine-lease-ttl", type=float, default=LEASE_TTL_S, metavar="SECONDS",
+                       help="a shard's or root's lease expires this long after its last renewal (each "
+                       "renewed every third of it); the same on every shard and root")
+        g.add_argument("--engine-ack-wait", type=float, default=ACK_WAIT_S, metavar="SECONDS",
+                       help="a node message a shard has not acknowledged this long is delivered again "
+                       "(one held for its windows is released 3 s, or half of it, before); the same on "
+                       "every shard and root")
 
 
 def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
@@ -48,6 +57,13 @@ def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
     if args.engine_partitions < 1:
         print(f"{prog}: --engine-partitions must be >= 1", file=sys.stderr)
         raise SystemExit(2)
+    # (an agent's parser has neither: it leases nothing and acknowledges no node message)
+    lease_ttl = getattr(args, "engine_lease_ttl", LEASE_TTL_S)
+    ack_wait = getattr(args, "engine_ack_wait", ACK_WAIT_S)
+    for flag, value in (("--engine-lease-ttl", lease_ttl), ("--engine-ack-wait", ack_wait)):
+        if not 0 < value < math.inf:  # (0 is the engine's own default: a lease that never expires)
+            print(f"{prog}: {flag} must be > 0 seconds", file=sys.stderr)
+            raise SystemExit(2)
     token = None
     if args.engine_token_file:
         try:
@@ -58,7 +74,8 @@ def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
         if not token:
             print(f"{prog}: --engine-token-file {args.engine_token_file} is empty", file=sys.stderr)
             raise SystemExit(2)
-    return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, partitions=args.engine_partitions)
+    return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, partitions=args.engine_partitions,
+                        lease_ttl_s=lease_ttl, ack_wait_s=ack_wait)
 
 
 def _nats_missing(prog: str) -> bool:

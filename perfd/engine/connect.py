@@ -21,6 +21,8 @@ RECONNECT_ATTEMPTS = 5
 # again (a CI run of `perfd bench engine-storm`: an agent still not connected minutes after its
 # nats-server came back). A clean close takes milliseconds.
 CLOSE_TIMEOUT_S = 5.0
+# JetStream's error code for a stream (the lease bucket is one) that exists with another config
+STREAM_CONFIG_DIFFERS = 10058
 log = logging.getLogger("perfd.engine")
 
 
@@ -111,10 +113,12 @@ async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) 
     return True
 
 
-async def ensure_streams(nc: NatsClient, replicas: int = 1) -> None:
-    """The three streams and the lease bucket, made if missing (the same call from every process that
-    starts: JetStream's add is idempotent for an identical config). ``replicas``: 3 on a cluster of
-    three servers (one lost keeps every message and lease), 1 on a single server."""
+async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1) -> None:
+    """The three streams and the lease bucket (its keys expiring after ``cfg.lease_ttl_s``), made if
+    missing (the same call from every process that starts: JetStream's add is idempotent for an
+    identical config, and refuses another: a process given another --engine-replicas or
+    --engine-lease-ttl than the bucket was made with). ``replicas``: 3 on a cluster of three servers
+    (one lost keeps every message and lease), 1 on a single server."""
     from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
     js = nc.jetstream()
@@ -131,4 +135,11 @@ async def ensure_streams(nc: NatsClient, replicas: int = 1) -> None:
         name=S.RECORDS_STREAM, subjects=[f"{S.RECORDS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
         max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.RECORDS_MAX_BYTES))
-    await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=S.LEASE_TTL_S, replicas=replicas, history=1)
+    try:
+        await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=cfg.lease_ttl_s, replicas=replicas, history=1)
+    except Exception as exc:
+        if getattr(exc, "err_code", None) != STREAM_CONFIG_DIFFERS:
+            raise
+        raise RuntimeError(f"the engine's lease bucket was made with another TTL or replicas than this "
+                           f"process's --engine-lease-ttl {cfg.lease_ttl_s:g} and --engine-replicas "
+                           f"{replicas} (the same on every shard and root): {exc}") from exc

@@ -36,7 +36,6 @@ log = logging.getLogger("perfd.engine")
 
 T = TypeVar("T")
 
-RENEW_S = S.LEASE_TTL_S / 3
 # The owner's loop silent this long: it is hung, and its leases are let go (a busy fold yields between
 # messages, each at most seconds: far under this).
 LOOP_STALL_S = 30.0
@@ -45,15 +44,17 @@ CALL_TIMEOUT_S = 15.0  # an acquire or release through the keeper's thread (one 
 
 class LeaseKeeper:
     """``await start()`` (connects), then ``await acquire(key)`` / ``await release(key)`` from the
-    owner's loop; the keeper renews every held lease and the member key every RENEW_S. ``held`` and
-    ``take_lost`` are plain reads, safe from any thread. ``await close()`` ends the thread (the leases
-    left held expire by themselves)."""
+    owner's loop; the keeper renews every held lease and the member key every ``cfg.renew_s``.
+    ``held`` and ``take_lost`` are plain reads, safe from any thread. ``await close()`` ends the
+    thread (the leases left held expire by themselves). ``loop_stall_s``: LOOP_STALL_S unless given."""
 
-    def __init__(self, cfg: S.EngineConfig, holder: str, member_key: str | None = None) -> None:
+    def __init__(self, cfg: S.EngineConfig, holder: str, member_key: str | None = None,
+                 loop_stall_s: float = LOOP_STALL_S) -> None:
         self.cfg, self.holder, self.member_key = cfg, holder, member_key
+        self.loop_stall_s = loop_stall_s
         self.renewals = 0  # rounds of renewal done
         self.renew_errors = 0  # renewals that did not reach the engine (retried until the TTL)
-        self.stalled = 0  # rounds skipped: the owner's loop silent past LOOP_STALL_S
+        self.stalled = 0  # rounds skipped: the owner's loop silent past loop_stall_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"leases {holder}", daemon=True)
         self._nc: NatsClient | None = None
@@ -145,8 +146,8 @@ class LeaseKeeper:
 
     async def _renew_loop(self) -> None:
         while True:
-            await asyncio.sleep(RENEW_S)
-            if time.monotonic() - self._beat > LOOP_STALL_S:
+            await asyncio.sleep(self.cfg.renew_s)
+            if time.monotonic() - self._beat > self.loop_stall_s:
                 self.stalled += 1
                 if self.stalled == 1:
                     log.warning("leases %s: the shard's loop silent %.0f s: its leases are let go",
@@ -176,7 +177,7 @@ class LeaseKeeper:
             if isinstance(ok, BaseException):
                 self.renew_errors += 1
                 log.info("leases %s: renewing %s: %s: %s", self.holder, key, type(ok).__name__, ok)
-                if now - self._renewed.get(key, now) < S.LEASE_TTL_S:
+                if now - self._renewed.get(key, now) < self.cfg.lease_ttl_s:
                     continue  # again next round: still ours until the TTL
             lost.append(key)
             del self._leases[key]

@@ -1,7 +1,8 @@
 """Who holds what, through the engine's KV bucket (perfd.engine.subjects.LEASES_BUCKET): a lease is a
 key created only where absent, renewed by revision (compare-and-set), gone when its holder stops
-renewing (the bucket's keys expire after LEASE_TTL_S). Nothing here elects by itself: the engine's
-replicated KV decides, and a holder that cannot renew stops acting before its lease can be taken.
+renewing (the bucket's keys expire after the lease TTL, EngineConfig.lease_ttl_s). Nothing here
+elects by itself: the engine's replicated KV decides, and a holder that cannot renew stops acting
+before its lease can be taken.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ log = logging.getLogger("perfd.engine")
 
 
 class Lease:
-    """One key held by ``holder``. ``await acquire()``, then ``await renew()`` every TTL/3: each
-    says whether it is (still) held."""
+    """One key held by ``holder``. ``await acquire()``, then ``await renew()`` every TTL/3
+    (EngineConfig.renew_s): each says whether it is (still) held."""
 
     def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
         self.kv, self.key, self.holder = kv, key, holder

@@ -79,11 +79,14 @@ class KeyValue(Protocol):
 class ConsumerInfo(Protocol):
     @property
     def num_ack_pending(self) -> int | None: ...  # delivered and not acknowledged yet
+    @property
+    def config(self) -> ConsumerConfig: ...
 
 
 class JetStream(Protocol):
     async def consumer_info(self, stream: str, consumer: str,
                             timeout: float | None = ...) -> ConsumerInfo: ...
+    async def add_consumer(self, stream: str, config: ConsumerConfig | None = ...) -> ConsumerInfo: ...
     async def publish(self, subject: str, payload: bytes = ..., *, timeout: float | None = ...,
                       headers: dict[str, str] | None = ...) -> PubAck: ...
     async def subscribe(self, subject: str, *, stream: str | None = ..., ordered_consumer: bool = ...,

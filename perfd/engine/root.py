@@ -105,7 +105,7 @@ class Root:
         nc = await connect(self.cfg, f"perfd-root {self.id}")
         self._nc, self._loop = nc, asyncio.get_running_loop()
         try:
-            await ensure_streams(nc, self.replicas)
+            await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
             lease = Lease(kv, S.ROOT_LEASE, self.id)
@@ -124,7 +124,7 @@ class Root:
                 else:
                     self.leader_http = await _advertised(kv)
                     try:
-                        await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
+                        await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
                     except asyncio.TimeoutError:
                         pass
         finally:
@@ -176,7 +176,7 @@ class Root:
         records = asyncio.create_task(read_records())
         await self._advertise(kv)
         loop = asyncio.get_running_loop()
-        renew_at = loop.time() + S.LEASE_TTL_S / 3
+        renew_at = loop.time() + self.cfg.renew_s
         try:
             while not stop.is_set():
                 if records.done():  # it stopped on an error: this session ends and reconnects
@@ -185,7 +185,7 @@ class Root:
                     if not await lease.renew():
                         return  # another leads now: stop reading before it starts
                     await self._advertise(kv)
-                    renew_at = loop.time() + S.LEASE_TTL_S / 3
+                    renew_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
                 if msgs:
                     self.handle([m.data for m in msgs])

@@ -9,7 +9,7 @@ each partition's durable consumer it folds what arrives into one Partial per (jo
 (several, each of at most MAX_PARTIAL_RANKS ranks) and every FLUSH_S publishes them to the job's
 partials subject, in as few messages as the engine's largest message allows; only once the engine
 acknowledged that does it acknowledge the node messages folded in. A shard killed at any point leaves
-its unacknowledged messages to the engine, which delivers them again (after ACK_WAIT_S) to whoever
+its unacknowledged messages to the engine, which delivers them again (after the ack wait) to whoever
 holds the partition next; a message that reached the root twice that way is folded once
 (perfd.stepfold) and counted.
 
@@ -22,6 +22,7 @@ windows it fed to settle (perfd.engine.shard_windows says why).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -29,7 +30,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from perfd.engine import figures_codec, shard_windows
+from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.lease_keeper import LeaseKeeper
@@ -46,7 +47,7 @@ FETCH_BATCH = 512
 FETCH_TIMEOUT_S = 0.5
 MEMBER_PREFIX = "member."
 # Node messages a partition's consumer hands out before they are acknowledged: a few fetches. More
-# would let a slow shard take what it cannot fold within ACK_WAIT_S, delivered again to no purpose.
+# would let a slow shard take what it cannot fold within the ack wait, delivered again to no purpose.
 MAX_ACK_PENDING = 4 * FETCH_BATCH
 # With a collective fold, a message stays unacknowledged until its windows settle (about three
 # iterations, 14 s at most: shard_windows): a partition of a 100,000-rank job over 16 partitions has
@@ -85,7 +86,7 @@ class Shard:
     def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1,
                  collectives: CollectiveFold | None = None) -> None:
         self.cfg, self.id, self.replicas = cfg, shard_id, replicas
-        self.windows = Holds(collectives) if collectives is not None else None
+        self.windows = Holds(collectives, cfg.hold_s) if collectives is not None else None
         self.epoch = uuid.uuid4().hex[:12]
         self.stats = ShardStats()
         self._pending: dict[tuple[str, int], list[Partial]] = {}
@@ -137,7 +138,7 @@ class Shard:
         self._max_bytes = (nc.max_payload or DEFAULT_MAX_PAYLOAD) - 4096
         keeper = None
         try:
-            await ensure_streams(nc, self.replicas)
+            await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
@@ -148,7 +149,7 @@ class Shard:
                 while not stop.is_set():
                     await self._balance(js, kv, keeper)
                     try:
-                        await asyncio.wait_for(stop.wait(), timeout=S.LEASE_TTL_S / 3)
+                        await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
                     except asyncio.TimeoutError:
                         pass
             finally:
@@ -213,7 +214,7 @@ class Shard:
 
     def _drop(self, p: int) -> None:
         """At once (the lease is lost, or the connection): what the consumer had fetched and not
-        folded is delivered again after ACK_WAIT_S; what it held for its windows is handed back (at once,
+        folded is delivered again after the ack wait; what it held for its windows is handed back (at once,
         where the connection still works). A shard that took the partition meanwhile waits out the ack
         wait before fetching (shard_windows): those come to it first either way."""
         if self.windows is not None:
@@ -267,19 +268,29 @@ class Shard:
 
         sub = await js.pull_subscribe(
             S.partition_filter(p), durable=S.shard_consumer(p), stream=S.NODES_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=S.ACK_WAIT_S,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.cfg.ack_wait_s,
                                   max_ack_pending=MAX_ACK_PENDING if self.windows is None
                                   else MAX_ACK_PENDING_HELD))
-        if self.windows is not None and not await _handed(kv, p) and (
-                await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))).num_ack_pending:
+        info = await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))
+        if info.config.ack_wait != self.cfg.ack_wait_s:
+            # The durable consumer keeps the ack wait its first maker gave it (nats-py's pull_subscribe
+            # changes nothing of one that exists): a deployment whose --engine-ack-wait changed would
+            # have its messages delivered again on the old one, not on the one this shard's holds and
+            # takeover wait are sized to
+            log.warning("shard %s: partition %d's consumer has an ack wait of %s s: set to this shard's "
+                        "%s s (--engine-ack-wait, the same on every shard)", self.id, p,
+                        info.config.ack_wait, self.cfg.ack_wait_s)
+            info = await js.add_consumer(S.NODES_STREAM,
+                                         dataclasses.replace(info.config, ack_wait=self.cfg.ack_wait_s))
+        if self.windows is not None and not await _handed(kv, p) and info.num_ack_pending:
             # A previous holder's messages are out (it stopped without handing them back): once due
             # again the engine hands them out before newer ones, which folded first would settle
             # windows past them (shard_windows)
             self.stats.takeover_waits += 1
             log.info("shard %s: partition %d has messages of its last holder out: fetching in %.0f s",
-                     self.id, p, S.ACK_WAIT_S)
+                     self.id, p, self.cfg.ack_wait_s)
             try:
-                await asyncio.wait_for(stop.wait(), timeout=S.ACK_WAIT_S)
+                await asyncio.wait_for(stop.wait(), timeout=self.cfg.ack_wait_s)
             except asyncio.TimeoutError:
                 pass
         key = S.partition_lease(p)
@@ -299,7 +310,7 @@ class Shard:
             delivered = asked if short is None else short
             short = None if len(msgs) == FETCH_BATCH else asked
             for k, m in enumerate(msgs):
-                if self.windows is not None and time.monotonic() - delivered >= shard_windows.HOLD_S:
+                if self.windows is not None and time.monotonic() - delivered >= self.cfg.hold_s:
                     # A fold this slow would have the rest delivered again before folded: their ack
                     # wait starts again (nats' in-progress ack), sent before the next one is folded
                     delivered = await _in_progress(msgs[k:])
@@ -327,7 +338,8 @@ class Shard:
 
     def _fold_in(self, m: Msg, partition: int, delivered: float) -> None:
         """``delivered``: no later than the engine delivered ``m`` (time.monotonic()): a hold on it
-        ends within HOLD_S of that, under the engine's ack wait however long the fold took."""
+        ends within the hold (``cfg.hold_s``) of that, under the engine's ack wait however long the fold
+        took."""
         self.stats.node_messages += 1
         try:
             d = decode(m.data)

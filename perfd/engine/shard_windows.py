@@ -19,15 +19,16 @@ acknowledgement, and the messages the engine delivers again after a kill start b
 unsettled window, with the operations of the window before it (what a timeline's context needs: each
 group's previous operation). The next holder folds them again: a window settled twice gives the same
 row under the same (iteration, rank) key, which the root's join merges once; nothing is doubled.
-Held HOLD_S from its delivery (under the engine's ACK_WAIT_S, which runs from there, so not delivered
-twice meanwhile, however long the fold took to reach it: a fetch whose fold runs past HOLD_S restarts
-the ack wait of the messages it has yet to fold, perfd.engine.shard), then, its windows unsettled,
-HOLD_EXTENSIONS times HOLD_S more, its ack wait restarted each time (nats' in-progress ack): a job
-that stopped has windows that never settle, and past that its messages are acknowledged with their
-windows' provisional figures handed on (counted ``released_unsettled``: what a kill then would lose).
+Held the hold (EngineConfig.hold_s, under the ack wait: 7 s of 10) from its delivery (under the
+engine's ack wait, which runs from there, so not delivered twice meanwhile, however long the fold took
+to reach it: a fetch whose fold runs past the hold restarts the ack wait of the messages it has yet to
+fold, perfd.engine.shard), then, its windows unsettled, HOLD_EXTENSIONS holds more, its ack wait
+restarted each time (nats' in-progress ack): a job that stopped has windows that never settle, and
+past that its messages are acknowledged with their windows' provisional figures handed on (counted
+``released_unsettled``: what a kill then would lose).
 
 The other half of it is the order: a shard taking a partition whose consumer has messages delivered
-and not acknowledged (its holder was killed) starts fetching only after ACK_WAIT_S, when the engine
+and not acknowledged (its holder was killed) starts fetching only after the ack wait, when the engine
 delivers those again before anything newer; fetched first, the newer operations would settle windows
 past the older ones, which the fold would then refuse as late. A shard that gives a partition up on
 purpose (more shards, a stop) hands its held messages back instead (nak: the engine delivers them at
@@ -47,16 +48,16 @@ from perfd.jobinfo_json import job_info_from_json
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
 
-# A message is acknowledged within this long of its delivery even if its windows have not settled
-# (under the engine's ACK_WAIT_S, 10 s from the delivery: a hold past it would have it delivered again
-# to no purpose). Counted from the fold instead, a fetch folded slower than the ack wait less this had
-# its last messages delivered twice.
-HOLD_S = 7.0
-# Times a hold whose windows have not settled by HOLD_S starts again (nats' in-progress ack restarts
+# A message is acknowledged within the hold (Holds.hold_s: EngineConfig.hold_s, 7 s by default) of its
+# delivery even if its windows have not settled (under the engine's ack wait, 10 s from the delivery:
+# a hold past it would have it delivered again to no purpose). Counted from the fold instead, a fetch
+# folded slower than the ack wait less the hold had its last messages delivered twice.
+#
+# Times a hold whose windows have not settled by its end starts again (nats' in-progress ack restarts
 # its ack wait) before it is released unsettled. A message's windows settle once its rank's
 # operations of three iterations later are folded (the window after its step end starts at it, and
 # settles once the operations pass the end of the one after: winfold.SETTLE_WINDOWS): 6 s at one
-# iteration every 2 s, folded as they come, which left HOLD_S a second, and a shard behind none
+# iteration every 2 s, folded as they come, which left the hold (7 s) a second, and a shard behind none
 # (perfd bench engine --nodes 1000 --shards 1 --collectives on a loaded 2-core machine, the shard
 # getting ~0.4 core: 78% released unsettled with no extension, 30-48% with one). Once more: up to
 # 14 s, ~5,500 messages out at a time on a partition of a 100,000-rank job (shard.MAX_ACK_PENDING_HELD
@@ -78,7 +79,7 @@ class CollectiveFold(Protocol):
 class _Held:
     msg: Msg
     partition: int
-    since: float  # its delivery (time.monotonic(); no later than the engine's): HOLD_S runs from it
+    since: float  # its delivery (time.monotonic(); no later than the engine's): the hold runs from it
     needs: list[tuple[str, int, int]]  # (job, rank, latest time of it in the message, ns)
     extended: int = 0  # times its hold started again (extend)
 
@@ -96,10 +97,11 @@ class WindowStats:
 
 
 class Holds:
-    """The fold, the node messages waiting on it, and the figures taken and not yet published."""
+    """The fold, the node messages waiting on it, and the figures taken and not yet published;
+    ``hold_s``: how long a message is held from its delivery (the shard's EngineConfig.hold_s)."""
 
-    def __init__(self, fold: CollectiveFold) -> None:
-        self.fold = fold
+    def __init__(self, fold: CollectiveFold, hold_s: float) -> None:
+        self.fold, self.hold_s = fold, hold_s
         self.stats = WindowStats()
         self._held: list[_Held] = []
         self._jobs: set[str] = set()  # jobs whose operations come here: their steps are folded too
@@ -175,12 +177,12 @@ class Holds:
                 held.absorb(f)
 
     def extend(self, now: float) -> list[Msg]:
-        """The held messages that waited HOLD_S, their windows unsettled, with an extension left
+        """The held messages that waited ``hold_s``, their windows unsettled, with an extension left
         (HOLD_EXTENSIONS): their holds start again ``now`` (the caller restarts their ack wait, after
         ``now``). Before :meth:`release`, which would release them unsettled."""
         out = []
         for h in self._held:
-            if h.extended < HOLD_EXTENSIONS and now - h.since >= HOLD_S and not self._settled(h):
+            if h.extended < HOLD_EXTENSIONS and now - h.since >= self.hold_s and not self._settled(h):
                 h.since, h.extended = now, h.extended + 1
                 out.append(h.msg)
         self.stats.extended += len(out)
@@ -188,12 +190,12 @@ class Holds:
 
     def release(self, now: float) -> list[Msg]:
         """The held messages whose windows have settled (their figures taken: acknowledge them once
-        those are published), or that waited HOLD_S (unless :meth:`extend` started it again)."""
+        those are published), or that waited ``hold_s`` (unless :meth:`extend` started it again)."""
         out, keep = [], []
         for h in self._held:
             if self._settled(h):
                 out.append(h.msg)
-            elif now - h.since >= HOLD_S:
+            elif now - h.since >= self.hold_s:
                 self.stats.released_unsettled += 1
                 out.append(h.msg)
             else:
@@ -205,7 +207,7 @@ class Holds:
     def hold_again(self, msgs: Sequence[Msg], now: float) -> None:
         """Messages :meth:`release` gave that could not be acknowledged with their figures (the
         publish failed): acknowledged at the next flush that publishes."""
-        self._held.extend(_Held(m, -1, now - HOLD_S, []) for m in msgs)
+        self._held.extend(_Held(m, -1, now - self.hold_s, []) for m in msgs)
         self.stats.held = len(self._held)
 
     def drop(self, partition: int) -> list[Msg]:

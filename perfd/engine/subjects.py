@@ -28,11 +28,18 @@ ROOT_LEASE = "root"
 # with the leadership, and a standby forwards the API there (perfd.aggregator.forward).
 ROOT_HTTP_KEY = "root-http"
 DEFAULT_PARTITIONS = 16
-# A lease is renewed every LEASE_TTL_S / 3; a holder silent for LEASE_TTL_S loses it (the bucket's
-# keys expire), and another shard takes the partition, its unacknowledged messages redelivered.
+# The engine's timers: the defaults of EngineConfig's, per deployment (--engine-lease-ttl,
+# --engine-ack-wait), the same on every shard and root. A lease is renewed every lease_ttl_s / 3; a
+# holder silent for lease_ttl_s loses it (the bucket's keys expire), and another shard takes the
+# partition, its unacknowledged messages redelivered.
 LEASE_TTL_S = 6.0
 # A node message unacknowledged this long is delivered again (to whichever shard holds the partition).
 ACK_WAIT_S = 10.0
+# A node message a shard holds for its windows (perfd.engine.shard_windows) is released this long
+# before its ack wait runs out (its hold is the rest: 7 s of the 10 s), for the flush that publishes
+# what it fed and acknowledges it (the next flush, a fold's turn of the loop, the publishes' round
+# trips); or half the ack wait before, where that is less: a hold under the ack wait whatever it is.
+HOLD_MARGIN_S = 3.0
 DUPLICATE_WINDOW_S = 120.0  # the engine drops a message whose id it saw within this window
 
 
@@ -90,7 +97,9 @@ def shard_consumer(partition: int) -> str:
 @dataclass(frozen=True)
 class EngineConfig:
     """How a process reaches the engine: its servers, a token, TLS (a CA, and a client certificate
-    for mutual TLS), and the number of partitions the streams were made with."""
+    for mutual TLS), and the number of partitions the streams were made with; and the engine's timers,
+    the same on every shard and root of a deployment (the lease bucket is made with the TTL, each
+    partition's consumer with the ack wait, by the first process that makes them)."""
 
     servers: tuple[str, ...]
     token: str | None = None
@@ -98,6 +107,19 @@ class EngineConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     partitions: int = DEFAULT_PARTITIONS
+    lease_ttl_s: float = LEASE_TTL_S
+    ack_wait_s: float = ACK_WAIT_S
+
+    @property
+    def renew_s(self) -> float:
+        """How often a lease is renewed (and a standby root looks for a free one): a third of its TTL."""
+        return self.lease_ttl_s / 3
+
+    @property
+    def hold_s(self) -> float:
+        """How long a shard holds a node message for its windows from its delivery: under the ack wait
+        by HOLD_MARGIN_S (7 s of 10), or by half of it where that is less (2 s of 4)."""
+        return self.ack_wait_s - min(HOLD_MARGIN_S, self.ack_wait_s / 2)
 
 # Stream bounds. Node messages wait for a shard: 1 GiB holds ~10 minutes of a 12,500-node job at one
 # iteration every 2 s (~13 KB a message with 8 ranks' timers) should every shard be down. Partials,

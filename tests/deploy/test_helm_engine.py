@@ -84,7 +84,8 @@ def _flag(args: list[str], flag: str) -> str:
 # Every engine value set to something other than its default: none may show while engine.enabled is false.
 ENGINE_VALUES_OFF = ("engine.enabled=false", "engine.urls={nats://elsewhere.svc:5222}",
                      f"engine.tokenSecret={TOKEN_SECRET}", "engine.partitions=64", "engine.replicas=1",
-                     "engine.shards.replicas=9", "engine.root.standby=false",
+                     "engine.leaseTTLSeconds=3", "engine.ackWaitSeconds=4.5", "engine.shards.replicas=9",
+                     "engine.root.standby=false",
                      "engine.namespaceSelector.matchLabels.team=nats",
                      "engine.extraEgress[0].ports[0].port=443")
 
@@ -109,7 +110,7 @@ def test_the_values_keys_and_defaults() -> None:
     engine = yaml.safe_load((CHART / "values.yaml").read_text())["engine"]
     assert engine == {
         "enabled": False, "urls": ["nats://nats.nats.svc:4222"], "tokenSecret": "", "partitions": 16,
-        "replicas": 3,
+        "replicas": 3, "leaseTTLSeconds": 6, "ackWaitSeconds": 10,
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}}, "extraEgress": [],
         "shards": {"replicas": 4, "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
                                                 "limits": {"memory": "1Gi"}},
@@ -138,7 +139,8 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
 
 def test_the_shards(tmp_path: Path) -> None:
     docs = _render(*ENGINE, "engine.shards.replicas=6", "engine.partitions=32", "image.tag=9.9",
-                   "engine.shards.nodeSelector.pool=cpu", release="gpu-perf", namespace="monitoring")
+                   "engine.ackWaitSeconds=4.5", "engine.shards.nodeSelector.pool=cpu", release="gpu-perf",
+                   namespace="monitoring")
     shard, agg = _one(docs, "Deployment", "gpu-perf-shard"), _one(docs, "Deployment", "gpu-perf-aggregator")
     assert shard["metadata"]["namespace"] == "monitoring"
     assert shard["spec"]["replicas"] == 6
@@ -147,6 +149,7 @@ def test_the_shards(tmp_path: Path) -> None:
     assert args[0] == "shard"
     ns = build_parser().parse_args(args)  # flags this perfd's `perfd shard` has
     assert ns.engine == "nats://nats.nats.svc:4222" and ns.engine_partitions == 32 and ns.engine_replicas == 3
+    assert (ns.engine_lease_ttl, ns.engine_ack_wait) == (6.0, 4.5)
     assert ns.engine_token_file == "/etc/perfd/engine/token"
     # Its id is the pod's name (downward API): unique, and kept across the container's restarts.
     assert ns.id == "$(POD_NAME)"
@@ -210,6 +213,7 @@ def test_the_agents_publish_to_the_engine_not_the_aggregator(tmp_path: Path) -> 
     assert _flag(args, "--engine") == "nats://a.nats.svc:4222,nats://b.nats.svc:4222"
     assert _flag(args, "--engine-partitions") == "16"
     assert "--engine-replicas" not in args  # an agent makes no stream
+    assert "--engine-lease-ttl" not in args and "--engine-ack-wait" not in args  # leases nor acknowledges
     # Nor in its config file: the agent refuses an aggregator and an engine together.
     cfg_text = _one(docs, "ConfigMap", "perfd-agent")["data"]["agent.yaml"]
     assert "aggregator" not in yaml.safe_load(cfg_text)
@@ -270,6 +274,7 @@ def test_the_aggregator_is_the_root_with_a_standby() -> None:
     c = _container(agg)
     ns = build_parser().parse_args(c["args"])  # flags this perfd's aggregator has
     assert ns.engine == "nats://nats.nats.svc:4222" and ns.engine_partitions == 16 and ns.engine_replicas == 3
+    assert (ns.engine_lease_ttl, ns.engine_ack_wait) == (6.0, 10.0)  # the shards' (the same values)
     assert ns.engine_token_file == "/etc/perfd/engine/token" and ns.engine_root_id == "$(POD_NAME)"
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
     assert "--auth-token-file" in c["args"]  # the API and perfd top keep the token
@@ -357,6 +362,7 @@ def test_the_engine_egress_policy() -> None:
 
 def test_values_schema_refuses_bad_engine_values() -> None:
     for bad in ("engine.replicas=2", "engine.partitions=0", "engine.shards.replicas=0", "engine.bogus=1",
+                "engine.leaseTTLSeconds=0", "engine.ackWaitSeconds=-1",
                 "engine.urls={http://nats:4222}", "engine.urls={nats://nats:4222/}",
                 "engine.root.standby=yes", "engine.tokenSecret=Not_A_Name",
                 "engine.shards.resources.requests.gpu=1"):

@@ -185,7 +185,9 @@ def test_the_perfd_pods_run_this_perfds_flags_as_the_chart_renders_them() -> Non
     settings = _engine_settings(docs)
     assert settings == {"PERFD_ENGINE_URLS": ",".join(values["urls"]),
                         "PERFD_ENGINE_PARTITIONS": str(values["partitions"]),
-                        "PERFD_ENGINE_REPLICAS": str(values["replicas"])}
+                        "PERFD_ENGINE_REPLICAS": str(values["replicas"]),
+                        "PERFD_ENGINE_LEASE_TTL": str(values["leaseTTLSeconds"]),
+                        "PERFD_ENGINE_ACK_WAIT": str(values["ackWaitSeconds"])}
 
     def chart_paths(obj: dict[str, Any]) -> list[str]:
         """The args with the token's path the chart's."""

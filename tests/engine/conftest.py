@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.engine_driver import Rig, need_nats_server
+from tests.engine.engine_driver import Rig, rig_under
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    need_nats_server()
-    r = Rig(tmp_path / "rig")
-    try:
-        yield r
-    finally:
-        r.close()
+    yield from rig_under(tmp_path)

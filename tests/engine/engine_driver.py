@@ -50,6 +50,17 @@ def need_nats_server() -> str:
     return _need_nats_server()
 
 
+def rig_under(tmp: Path, **kw: Any) -> Iterator[Rig]:
+    """A :class:`Rig` under ``tmp`` (``kw``: Rig's), ended after the test whatever happened: the
+    engine tests' ``rig`` fixture (tests/engine/conftest.py), or a module's own with other timers."""
+    need_nats_server()
+    r = Rig(tmp / "rig", **kw)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
 # ---- the load: what is sent, and what each iteration must then show ----------------------------
 
 
@@ -342,10 +353,14 @@ class Watch:
 class Rig:
     """Servers, processes and load of one test; ``close()`` ends everything it started."""
 
-    def __init__(self, tmp: Path, servers: int = 1, partitions: int = PARTITIONS) -> None:
+    def __init__(self, tmp: Path, servers: int = 1, partitions: int = PARTITIONS,
+                 lease_ttl_s: float = S.LEASE_TTL_S, ack_wait_s: float = S.ACK_WAIT_S) -> None:
+        """``lease_ttl_s``, ``ack_wait_s``: the engine's timers, as a deployment sets them
+        (--engine-lease-ttl, --engine-ack-wait on every shard and root, and :meth:`cfg`)."""
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.partitions = partitions
+        self.lease_ttl_s, self.ack_wait_s = lease_ttl_s, ack_wait_s
         self.replicas = 3 if servers == 3 else 1
         self.cluster = NatsCluster(tmp / "nats", size=servers)
         self.procs = Procs(tmp, env=run_env())
@@ -362,11 +377,14 @@ class Rig:
         return self.cluster.urls
 
     def cfg(self) -> S.EngineConfig:
-        return S.EngineConfig(tuple(self.urls), partitions=self.partitions)
+        return S.EngineConfig(tuple(self.urls), partitions=self.partitions, lease_ttl_s=self.lease_ttl_s,
+                              ack_wait_s=self.ack_wait_s)
 
     def engine_args(self, urls: Sequence[str] | None = None) -> list[str]:
+        """A shard's or a root's engine flags (an agent's are the first four)."""
         return ["--engine", ",".join(urls or self.urls), "--engine-partitions", str(self.partitions),
-                "--engine-replicas", str(self.replicas)]
+                "--engine-replicas", str(self.replicas), "--engine-lease-ttl", str(self.lease_ttl_s),
+                "--engine-ack-wait", str(self.ack_wait_s)]
 
     def _name(self, base: str) -> str:
         k = self._names[base] = self._names.get(base, 0) + 1

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import time
 import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ from tests.engine.engine_driver import (
     Plan,
     Rig,
     consumers,
+    rig_under,
     settle_and_check,
 )
 from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
@@ -33,6 +36,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 PERIOD_S = 0.5
 TP_OPS = 3
+# The engine's timers in the kill cases (the rig's --engine-lease-ttl and --engine-ack-wait: the hold 2 s),
+# shorter than the defaults (6 s, 10 s) as in test_engine_faults.py: a kill's delay ~7-9 s, not ~16 s
+LEASE_TTL_S = 4.0
+ACK_WAIT_S = 4.0
+# An iteration every 0.25 s in the kill cases: the killed shard's partitions' messages are delivered
+# again ~30 iterations after the others of theirs, past the 16 the root holds (their partials "late")
+KILL_PERIOD_S = 0.25
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """The engine tests' rig (tests/engine/conftest.py), with this module's timers."""
+    yield from rig_under(tmp_path, lease_ttl_s=LEASE_TTL_S, ack_wait_s=ACK_WAIT_S)
 
 
 class Job:
@@ -116,7 +132,9 @@ def _root_answer(rig: Rig, job: str) -> str:
 
 @pytest.mark.parametrize("restart", [True, False], ids=["restarted", "not-restarted"])
 def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool) -> None:
-    plan = Plan(nodes=4, iterations=24, period_s=PERIOD_S)
+    # Killed at iteration 8, its partitions' messages of then are folded at 36-44 or after the last (48):
+    # 28-40 iterations after the others of theirs
+    plan = Plan(nodes=4, iterations=48, period_s=KILL_PERIOD_S)
     job = Job(plan)
     with rig.explained():
         rig.up(("shard-a", "shard-b"))
@@ -132,7 +150,7 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
         rig.kill(victim)
         t_kill = time.monotonic()
         if restart:
-            time.sleep(3.0)
+            time.sleep(1.0)  # back about when its leases expire, as test_engine_faults.py's
             rig.start_shard(victim)
         f = settle_and_check(rig, plan, timeout=90, late=True, records_messages=plan.nodes * plan.iterations)
         want = job.one_aggregator()

@@ -9,6 +9,11 @@ fault while iterations are in flight and then asserts nothing lost and nothing d
   engine had already), and the node stream stored exactly that many (none stored twice);
 - the node stream is empty at the end: every message was acknowledged, after its partial was stored.
 
+The engine's timers are a deployment's settings (--engine-lease-ttl, --engine-ack-wait), given here
+shorter than their defaults (6 s, 10 s) to every shard and root, so that a fault's delay (a lease's
+expiry, then the ack wait) takes about half as long; the load's periods and the faults' schedules are
+sized to them.
+
 The figures (messages, redeliveries, delays) are printed on a ``FIGURES`` line (``pytest -rP``).
 """
 
@@ -29,24 +34,33 @@ from tests.procs import NOT_YET, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 MakeRig = Callable[..., Rig]
-RESTART_AFTER_S = 3.0  # a killed shard is started again this long after the kill
-BLACKHOLE_S = 15.0
-# An iteration every 1.25 s: what a fault delays (the ack wait, 10 s, a lease's expiry, up to ~13 s
-# seen) stays within the iterations the root holds in memory (perfd.engine.rootfold.KEEP_ITERATIONS, 16).
-# Faster, the delayed partials arrive "late": folded with the store's record and counted against what
-# the root kept of their iteration (test_partials_delayed_past_the_roots_memory_count_once).
-PERIOD_S = 1.25
-FAST_PERIOD_S = 0.25  # ~13 s of delay is ~50 iterations: past the 16 in memory, within the 64 after
+LEASE_TTL_S = 4.0
+ACK_WAIT_S = 4.0
+# A killed shard is started again this long after the kill: back (~2 s to start) about when its
+# leases expire (2.7-4 s after, as 3 s was of the default TTL's 4-6 s), it takes its partitions back
+# (its own leases under its own name, or free ones)
+RESTART_AFTER_S = 1.0
+# The cut: the TTL (the other shard takes the partitions), then the ack wait (what the cut-off shard
+# was delivered comes again), as 15 s was of the default 6 s and 10 s
+BLACKHOLE_S = LEASE_TTL_S + ACK_WAIT_S
+# An iteration every 0.8 s: what a fault delays (a lease's expiry and the ack wait, up to ~9 s seen)
+# stays within the iterations the root holds in memory (perfd.engine.rootfold.KEEP_ITERATIONS, 16:
+# 12.8 s, ~3.5 s to spare as 20 s did for the default timers' ~16.6 s). Faster, the delayed partials
+# arrive "late": folded with the store's record and counted against what the root kept of their
+# iteration (test_partials_delayed_past_the_roots_memory_count_once).
+PERIOD_S = 0.8
+FAST_PERIOD_S = 0.25  # 7-9 s of delay is 28-36 iterations: past the 16 in memory, within the 64 after
 
 
 @pytest.fixture
 def make_rig(tmp_path: Path) -> Iterator[MakeRig]:
-    """``make_rig(servers=1|3)``: a Rig under tmp_path; everything it started is ended at teardown."""
+    """``make_rig(servers=1|3)``: a Rig under tmp_path with this module's timers; everything it
+    started is ended at teardown."""
     need_nats_server()
     rigs: list[Rig] = []
 
     def make(**kw: Any) -> Rig:
-        r = Rig(tmp_path / f"rig{len(rigs)}", **kw)
+        r = Rig(tmp_path / f"rig{len(rigs)}", **{"lease_ttl_s": LEASE_TTL_S, "ack_wait_s": ACK_WAIT_S, **kw})
         rigs.append(r)
         return r
 
@@ -93,13 +107,13 @@ def _delays(rig: Rig, plan: Plan, t_fault: float, distinct: int) -> dict[str, An
 
 @pytest.mark.parametrize("restart", [True, False], ids=["restarted", "not-restarted"])
 def test_a_shard_killed_mid_run_loses_and_doubles_nothing(make_rig: MakeRig, restart: bool) -> None:
-    """Two shards, one root, 6 nodes, 40 iterations; one shard gets SIGKILL after ~10 iterations while
+    """Two shards, one root, 6 nodes, 32 iterations; one shard gets SIGKILL after ~10 iterations while
     messages of its partitions are delivered and not acknowledged. ``restarted``: it comes back with
     the same --id a few seconds later and takes its partitions back; ``not-restarted``: the other
     shard takes them once their leases expire. Either way the killed shard's messages are delivered
     again (after the ack wait) and every iteration ends whole, each node message folded once."""
     rig = make_rig(servers=1)
-    plan = Plan(nodes=6, iterations=40, period_s=PERIOD_S)
+    plan = Plan(nodes=6, iterations=32, period_s=PERIOD_S)
     with rig.explained():
         t0 = time.monotonic()
         rig.up(("shard-a", "shard-b"))
@@ -133,11 +147,13 @@ def test_a_shard_killed_mid_run_loses_and_doubles_nothing(make_rig: MakeRig, res
 
 def test_partials_delayed_past_the_roots_memory_count_once(make_rig: MakeRig) -> None:
     """As a shard killed and not restarted, at an iteration every 0.25 s: its partitions' messages,
-    delivered again after its leases expired and the ack wait, reach the root ~50 iterations after
+    delivered again after its leases expired and the ack wait, reach the root ~30 iterations after
     the others of their iteration, when it has left the root's memory. They are folded with what the
     store holds, and the root still counts each node message once and each iteration whole once."""
     rig = make_rig(servers=1)
-    plan = Plan(nodes=6, iterations=90, period_s=FAST_PERIOD_S)
+    # Killed at iteration 20: its partitions' partials of then reach the root at 48-56, or after the
+    # last (60), 28-40 iterations after the others of theirs (within the 64 however late they are)
+    plan = Plan(nodes=6, iterations=60, period_s=FAST_PERIOD_S)
     with rig.explained():
         rig.up(("shard-a", "shard-b"))
         victim = max(("shard-a", "shard-b"), key=lambda s: _nodes_of(rig, plan, s))
@@ -154,7 +170,10 @@ def test_an_engine_server_lost_loses_and_doubles_nothing(make_rig: MakeRig) -> N
     the server leading the node stream gets SIGKILL mid-run while the nodes keep publishing. Every
     message arrives once; the server is started again at the end and catches up."""
     rig = make_rig(servers=3)
-    plan = Plan(nodes=6, iterations=30, period_s=1.5)  # a lost server delays more: up to ~18 s seen
+    # A lost server delays more (a new leader elected, 6-7 s here, then the ack wait): 9.6-18.2 s seen
+    # with the default timers (an iteration every 1.5 s: 24 s in the root's memory), 7.2-15.8 s with
+    # these (every 1.25 s: 20 s)
+    plan = Plan(nodes=6, iterations=30, period_s=1.25)
     with rig.explained():
         t0 = time.monotonic()
         rig.up(("shard-a", "shard-b"))
@@ -230,7 +249,7 @@ def test_a_shard_cut_off_from_the_engine_loses_and_doubles_nothing(make_rig: Mak
 def test_a_shard_joining_mid_run_takes_its_share_with_nothing_delivered_twice(make_rig: MakeRig) -> None:
     """One shard holds every partition while 48 nodes publish; a second joins and the first gives half
     back. The first stops those partitions' consumers between two fetches, acknowledges what they
-    fetched, then releases the leases: nothing is left waiting out the ack wait (10 s) for the
+    fetched, then releases the leases: nothing is left waiting out the ack wait for the
     newcomer, so no node message reaches a shard twice and the root folds each once."""
     rig = make_rig(servers=1)
     plan = Plan(nodes=48, iterations=24, period_s=PERIOD_S)

@@ -48,7 +48,7 @@ def test_an_agent_whose_close_hangs_connects_afresh_and_publishes_what_waited(
     async def main() -> tuple[EngineClient, float]:
         cfg = S.EngineConfig(tuple(cluster.urls))
         nc = await engine_connect.connect(cfg, "test streams")
-        await engine_connect.ensure_streams(nc)  # what a shard or the root makes when it starts
+        await engine_connect.ensure_streams(nc, cfg)  # what a shard or the root makes when it starts
         await nc.close()
         client = EngineClient(cfg, "node-0/job-close", node="node-0", backoff_initial_s=0.2,
                               backoff_max_s=1.0)

@@ -89,7 +89,7 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
     shards = [Shard(cfg, f"shard-{i}") for i in range(SHARDS)]
     root = Root(cfg, EngineSink(rooted, Guard(Limits(), Refusals())), "root-a")
     nc = await connect(cfg, "nodes")
-    await ensure_streams(nc, 1)
+    await ensure_streams(nc, cfg, 1)
     js = nc.jetstream()
     tasks = [asyncio.create_task(s.run(stop)) for s in shards] + [asyncio.create_task(root.run(stop))]
     nodes, iterations = len(by_node), len(by_node[0])

@@ -1,33 +1,34 @@
 """A node message a shard holds for its windows (perfd.engine.shard_windows) is acknowledged within
-HOLD_S of its delivery, however slow the fold that reached it: real nats-server, a shard in process
+its hold of its delivery, however slow the fold that reached it: real nats-server, a shard in process
 whose collective fold blocks a while for every message (an injected fold), the node messages of a job
 with collectives waiting in the stream when it starts, so that one fetch takes them all. Nothing is
 delivered twice: the engine redelivers none, the shard folds each once.
 
-The engine's ack wait and the hold are shortened (4 s and 2 s, about the 10 s and 7 s they are) so
-that the test takes seconds. With the hold counted from each message's fold, as before, the fetch
-folded in 2.4 s had its last messages (their windows never settled: no later iteration) acknowledged
-past the ack wait, delivered again; the one folded in 4.8 s reached its last messages past the ack
-wait itself (their ack wait is now started again while the fold runs: nats' in-progress ack). The flushes that
-acknowledge them go first at the fold's turns of the loop (folding 8 messages a turn, a flush's few
-round trips each waiting a turn held the acknowledgements past the ack wait too)."""
+The engine's ack wait is shortened (the rig's --engine-ack-wait: 4 s, and so the hold 2 s, about the
+10 s and 7 s they are by default) so that the test takes seconds. With the hold counted from each
+message's fold, as before, the fetch folded in 2.4 s had its last messages (their windows never
+settled: no later iteration) acknowledged past the ack wait, delivered again; the one folded in 4.8 s
+reached its last messages past the ack wait itself (their ack wait is now started again while the fold
+runs: nats' in-progress ack). The flushes that acknowledge them go first at the fold's turns of the
+loop (folding 8 messages a turn, a flush's few round trips each waiting a turn held the
+acknowledgements past the ack wait too)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import CollectivePartial
-from perfd.engine import shard_windows
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
 from perfd.engine.shard import Shard
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
-from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, stream_state
+from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, rig_under, stream_state
 from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_shard_lease_busy import _ShardThread
 from tests.procs import wait_for
@@ -36,7 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ITERATIONS = 48  # one node: one partition's messages, all in one fetch, folded 8 a turn of the loop
 ACK_WAIT_S = 4.0
-HOLD_S = 2.0
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """The engine tests' rig (tests/engine/conftest.py), its ack wait ACK_WAIT_S."""
+    yield from rig_under(tmp_path, ack_wait_s=ACK_WAIT_S)
 
 
 class _SlowFold:
@@ -68,12 +74,10 @@ class _SlowFold:
 # The fetch's fold: 2.4 s (under the ack wait; its last holds, counted from their fold, ended past
 # it), 4.8 s (past the ack wait itself)
 @pytest.mark.parametrize("block_s", [0.05, 0.1])
-def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(
-        rig: Rig, monkeypatch: pytest.MonkeyPatch, block_s: float) -> None:
-    monkeypatch.setattr(S, "ACK_WAIT_S", ACK_WAIT_S)  # the shard's consumer is made with it
-    monkeypatch.setattr(shard_windows, "HOLD_S", HOLD_S)
+def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, block_s: float) -> None:
+    assert rig.cfg().hold_s == 2.0  # the shard's holds; its consumer is made with the ack wait
     rig.start_cluster()
-    nc_call(rig.urls, ensure_streams)
+    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
     plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
     load = rig.start_load(plan, Job(plan).feed)
     load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all

@@ -11,40 +11,42 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import CollectivePartial
-from perfd.engine import lease_keeper
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
 from perfd.engine.lease_keeper import LeaseKeeper
 from perfd.engine.shard import Shard
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
-from tests.engine.engine_driver import Plan, Rig, nc_call, stream_state
+from tests.engine.engine_driver import Plan, Rig, nc_call, rig_under, stream_state
 from tests.engine.test_engine_collectives_faults import PERIOD_S, Job
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ITERATIONS = 8  # one node: one partition's messages, a fetch of them folded 8 at a time (YIELD_EVERY)
-# The leases' TTL in these cases, everything being in process (the bucket made here, the shard, the
-# keepers): half the engine's S.LEASE_TTL_S, and every wait below is counted in it (a keeper renews
-# every TTL / 3, as with the engine's), so each case sees the same renewals and expiries in half the
-# time. The hung keeper's lease is gone LOOP_STALL_S (1 s) + TTL after its loop fell silent at most,
-# 1 s inside the TTL + 2 renewals the test waits (3 s with the engine's TTL).
+# The leases' TTL in these cases (the rig's --engine-lease-ttl: the bucket made here, the shard, the
+# keepers): half the engine's default S.LEASE_TTL_S, and every wait below is counted in it (a keeper
+# renews every TTL / 3, as with the default), so each case sees the same renewals and expiries in half
+# the time. The hung keeper's lease is gone LOOP_STALL_S (1 s) + TTL after its loop fell silent at
+# most, 1 s inside the TTL + 2 renewals the test waits (3 s with the default TTL).
 TTL_S = 3.0
+RENEW_S = TTL_S / 3
+LOOP_STALL_S = 1.0
 BLOCK_S = 0.6  # each message's fold holds the loop this long: 8 of them well past TTL_S (1.6 x)
 
 
-@pytest.fixture(autouse=True)
-def _short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(S, "LEASE_TTL_S", TTL_S)
-    monkeypatch.setattr(lease_keeper, "RENEW_S", TTL_S / 3)
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    """The engine tests' rig (tests/engine/conftest.py), its leases' TTL TTL_S."""
+    yield from rig_under(tmp_path, lease_ttl_s=TTL_S)
 
 
 class _BusyFold:
@@ -119,7 +121,8 @@ class _ShardThread:
 
 def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(rig: Rig) -> None:
     rig.start_cluster()
-    nc_call(rig.urls, ensure_streams)
+    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
+    assert rig.cfg().renew_s == RENEW_S
     plan = Plan(nodes=1, iterations=ITERATIONS, period_s=PERIOD_S)
     load = rig.start_load(plan, Job(plan).feed)
     load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all
@@ -132,13 +135,13 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
     try:
         wait_for(lambda: shard.stats.node_messages >= total or st.error, 120, "every message folded")
         # then a balance round past the fold, which would find a lease lost by then
-        time.sleep(S.LEASE_TTL_S / 3 + 1.0)
+        time.sleep(RENEW_S + 1.0)
         stats: dict[str, Any] = shard.stats.to_json()
     finally:
         st.stop()
     assert st.error is None, st.error
     assert fold.blocked >= ITERATIONS
-    assert st.longest_stall_s > S.LEASE_TTL_S  # the fold did hold the loop past a lease's life
+    assert st.longest_stall_s > TTL_S  # the fold did hold the loop past a lease's life
     # every message folded (some twice: held past the ack wait by a fold this slow, delivered again)
     assert stats["node_messages"] >= total
     assert stats["leases_lost"] == 0
@@ -146,27 +149,26 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
     assert stats["partitions"] == list(range(rig.partitions))
 
 
-def test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go(rig: Rig, monkeypatch: Any) -> None:
-    """A hung shard (its loop silent past LOOP_STALL_S, not merely busy) is not kept alive by its
-    keeper: the lease expires, another shard takes it, and the first, once its loop turns again,
-    finds it lost."""
-    monkeypatch.setattr(lease_keeper, "LOOP_STALL_S", 1.0)
+def test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go(rig: Rig) -> None:
+    """A hung shard (its loop silent past the keeper's loop_stall_s, not merely busy) is not kept
+    alive by its keeper: the lease expires, another shard takes it, and the first, once its loop
+    turns again, finds it lost."""
     rig.start_cluster()
-    nc_call(rig.urls, ensure_streams)
+    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
     key = S.partition_lease(0)
 
     async def main() -> tuple[list[bool], list[str], bool]:
-        hung = LeaseKeeper(rig.cfg(), "hung", "member.hung")
-        other = LeaseKeeper(rig.cfg(), "other")
+        hung = LeaseKeeper(rig.cfg(), "hung", "member.hung", loop_stall_s=LOOP_STALL_S)
+        other = LeaseKeeper(rig.cfg(), "other", loop_stall_s=LOOP_STALL_S)
         await hung.start()
         await other.start()
         try:
             assert await hung.acquire(key)
-            await _beating(hung, S.LEASE_TTL_S + 2 * lease_keeper.RENEW_S)  # renewed past the TTL
+            await _beating(hung, TTL_S + 2 * RENEW_S)  # renewed past the TTL
             kept = [hung.held(key), not await other.acquire(key)]
-            await asyncio.sleep(S.LEASE_TTL_S + 2 * lease_keeper.RENEW_S)  # silent: let go
+            await asyncio.sleep(TTL_S + 2 * RENEW_S)  # silent: let go
             taken = await other.acquire(key)
-            await _beating(hung, 2 * lease_keeper.RENEW_S)  # its loop turns again
+            await _beating(hung, 2 * RENEW_S)  # its loop turns again
             return [*kept, taken, not hung.held(key)], hung.take_lost(), hung.stalled > 0
         finally:
             await hung.close()

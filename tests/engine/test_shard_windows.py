@@ -19,6 +19,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.engine import shard_windows
+from perfd.engine import subjects as S
 from perfd.engine.nats_api import MsgMetadata
 from perfd.engine.partial import decode, encode, partials_of
 from perfd.engine.shard_windows import Holds
@@ -29,6 +30,7 @@ from tests.engine.engine_driver import Plan
 from tests.engine.test_engine_collectives_faults import Job
 
 ITERATIONS = 14
+HOLD_S = S.EngineConfig(()).hold_s  # a deployment's with the engine's default ack wait (7 s)
 
 
 @dataclass
@@ -66,15 +68,16 @@ def _messages() -> tuple[Plan, list[_Msg], list[dict[str, Any]], str]:
     return plan, msgs, sent, job.one_aggregator()
 
 
-def _through(plan: Plan, msgs: list[_Msg], sent: list[dict[str, Any]], kill_after: int | None) -> str:
+def _through(plan: Plan, msgs: list[_Msg], sent: list[dict[str, Any]], kill_after: int | None,
+             hold_s: float = HOLD_S) -> str:
     """Every message through a shard killed after message ``kill_after`` (its held ones delivered
-    again to a fresh shard, before the rest); the root's store's analysis."""
+    again to a fresh shard, before the rest), each held ``hold_s``; the root's store's analysis."""
     root = AggregatorState()
     for d in sent:  # the records stream: the store's share of the rows, kept, not folded
         root.ingest_steps("a", d["steps"])
         root.ingest_collective_partial("a", for_sending(reduce(plan.job, d["collectives"]), SENT_RETENTION),
                                        folded=True)
-    holds = Holds(ShardCollectives())
+    holds = Holds(ShardCollectives(), hold_s)
     acked: set[int] = set()
     seqs = {id(m): m.seq for m in msgs}
 
@@ -91,7 +94,7 @@ def _through(plan: Plan, msgs: list[_Msg], sent: list[dict[str, Any]], kill_afte
         flush()
         if kill_after is not None and m.seq == kill_after:
             kill_after = None
-            holds = Holds(ShardCollectives())  # the next holder: the unacknowledged come again, first
+            holds = Holds(ShardCollectives(), hold_s)  # the next holder: the unacknowledged come again, first
             todo = [x for x in msgs if x.seq <= m.seq and x.seq not in acked] + todo
     got = root.collective_analysis(plan.job, force=True)
     assert got is not None
@@ -110,10 +113,10 @@ def test_a_shard_killed_after_any_message_loses_and_doubles_no_window() -> None:
 
 
 @pytest.mark.slow
-def test_acknowledged_as_soon_as_folded_the_same_kills_lose_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_acknowledged_as_soon_as_folded_the_same_kills_lose_windows() -> None:
     plan, msgs, sent, want = _messages()
-    monkeypatch.setattr(shard_windows, "HOLD_S", 0.0)  # every hold released at the flush after it
-    lost = [k for k in range(len(msgs)) if _through(plan, msgs, sent, k) != want]
+    # a hold of 0: every message released at the flush after it
+    lost = [k for k in range(len(msgs)) if _through(plan, msgs, sent, k, hold_s=0.0) != want]
     assert len(lost) > len(msgs) // 2, lost
 
 
@@ -182,7 +185,7 @@ def test_a_jobs_info_is_read_once_whatever_many_messages_carry_it(monkeypatch: p
 
     monkeypatch.setattr(shard_windows, "job_info_from_json", counting)
     fold = ShardCollectives()
-    holds = Holds(fold)
+    holds = Holds(fold, HOLD_S)
     infos = [job_info_to_json(JobInfo(layout=ParallelLayout(world_size=16, tp=tp, pp=1, dp=16 // tp)))
              for tp in (8, 8, 8, 4, 4, 8)] + ["{not json", "{not json"]
     for i, text in enumerate(infos):
@@ -195,22 +198,22 @@ def test_a_jobs_info_is_read_once_whatever_many_messages_carry_it(monkeypatch: p
 
 
 def test_a_hold_unsettled_at_hold_s_starts_again_once_then_is_released() -> None:
-    """A message whose windows have not settled by HOLD_S after its delivery has its hold started
-    again once (the shard restarts its ack wait), then is released unsettled HOLD_S after that; one
+    """A message whose windows have not settled by the hold after its delivery has its hold started
+    again once (the shard restarts its ack wait), then is released unsettled a hold after that; one
     whose windows settled is released, not extended."""
     _, msgs, _, _ = _messages()
-    holds = Holds(ShardCollectives())
-    hold = shard_windows.HOLD_S
+    hold = HOLD_S
+    holds = Holds(ShardCollectives(), hold)
     last = msgs[-1]  # no later message: its windows never settle
     assert holds.fold_in(decode(last.data), last, 0, 0.0)
     assert holds.extend(hold - 0.1) == [] and holds.release(hold - 0.1) == []
     assert holds.extend(hold) == [last]
-    assert holds.release(hold) == []  # started again at HOLD_S
+    assert holds.release(hold) == []  # started again at the hold's end
     assert holds.extend(2 * hold) == []  # once only
     assert holds.release(2 * hold) == [last]
     assert (holds.stats.extended, holds.stats.released_unsettled, holds.stats.held) == (1, 1, 0)
 
-    holds = Holds(ShardCollectives())
+    holds = Holds(ShardCollectives(), hold)
     for m in msgs:
         holds.fold_in(decode(m.data), m, 0, 0.0)
     extended = holds.extend(hold)

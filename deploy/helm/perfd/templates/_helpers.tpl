@@ -48,7 +48,8 @@ affinity:
 {{- end -}}
 
 {{/* The engine flags (values.yaml, engine) of a role: `streams` for a shard and a root (they may
-make the streams: --engine-replicas), not for an agent. The token is a mounted file. */}}
+make the streams: --engine-replicas; they lease and acknowledge: the engine's timers), not for an
+agent. The token is a mounted file. */}}
 {{- define "perfd.engineArgs" -}}
 {{- $e := .root.Values.engine -}}
 - --engine
@@ -58,6 +59,10 @@ make the streams: --engine-replicas), not for an agent. The token is a mounted f
 {{- if .streams }}
 - --engine-replicas
 - {{ $e.replicas | quote }}
+- --engine-lease-ttl
+- {{ $e.leaseTTLSeconds | quote }}
+- --engine-ack-wait
+- {{ $e.ackWaitSeconds | quote }}
 {{- end }}
 {{- if $e.tokenSecret }}
 - --engine-token-file
