@@ -82,9 +82,10 @@ def _flag(args: list[str], flag: str) -> str:
 
 
 # Every engine value set to something other than its default: none may show while engine.enabled is false.
+# Whole seconds: `helm --set` reads 4.5 as a string, which the schema refuses (a values file keeps 4.5).
 ENGINE_VALUES_OFF = ("engine.enabled=false", "engine.urls={nats://elsewhere.svc:5222}",
                      f"engine.tokenSecret={TOKEN_SECRET}", "engine.partitions=64", "engine.replicas=1",
-                     "engine.leaseTTLSeconds=3", "engine.ackWaitSeconds=4.5", "engine.shards.replicas=9",
+                     "engine.leaseTTLSeconds=3", "engine.ackWaitSeconds=5", "engine.shards.replicas=9",
                      "engine.root.standby=false",
                      "engine.namespaceSelector.matchLabels.team=nats",
                      "engine.extraEgress[0].ports[0].port=443")
@@ -139,7 +140,7 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
 
 def test_the_shards(tmp_path: Path) -> None:
     docs = _render(*ENGINE, "engine.shards.replicas=6", "engine.partitions=32", "image.tag=9.9",
-                   "engine.ackWaitSeconds=4.5", "engine.shards.nodeSelector.pool=cpu", release="gpu-perf",
+                   "engine.ackWaitSeconds=5", "engine.shards.nodeSelector.pool=cpu", release="gpu-perf",
                    namespace="monitoring")
     shard, agg = _one(docs, "Deployment", "gpu-perf-shard"), _one(docs, "Deployment", "gpu-perf-aggregator")
     assert shard["metadata"]["namespace"] == "monitoring"
@@ -149,7 +150,7 @@ def test_the_shards(tmp_path: Path) -> None:
     assert args[0] == "shard"
     ns = build_parser().parse_args(args)  # flags this perfd's `perfd shard` has
     assert ns.engine == "nats://nats.nats.svc:4222" and ns.engine_partitions == 32 and ns.engine_replicas == 3
-    assert (ns.engine_lease_ttl, ns.engine_ack_wait) == (6.0, 4.5)
+    assert (ns.engine_lease_ttl, ns.engine_ack_wait) == (6.0, 5.0)
     assert ns.engine_token_file == "/etc/perfd/engine/token"
     # Its id is the pod's name (downward API): unique, and kept across the container's restarts.
     assert ns.id == "$(POD_NAME)"
