@@ -78,14 +78,22 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
 @pytest.mark.slow
 def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
     async def main() -> None:
+        # old is pruned 3 s after its stream ends: the time node-b's next stream has to open first (a full
+        # suite on 2 cores took more than the 1 s this test gave it once, and node-b, then holding nothing
+        # live, was rightly forgotten)
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
-                                          job_stale_after_s=0.5, limits=Limits(job_retention_s=1.0)))
+                                          job_stale_after_s=0.5, limits=Limits(job_retention_s=3.0)))
         await agg.start()
         try:
             target = f"127.0.0.1:{agg.grpc_port}"
             await send_batches(target, "node-b", [_job("old")], ["old"])
             # A live stream of node-b that holds a running job: old is pruned, node-b is not forgotten.
             client_task = asyncio.create_task(_hold(target))
+            deadline = time.monotonic() + STALL_S
+            while not agg.server.live("node-b"):  # on the event loop, as live() asks
+                assert time.monotonic() < deadline, "node-b's stream holding job new never opened"
+                await asyncio.sleep(0.05)
+            assert agg.lifecycle.jobs_pruned == 0, "old was pruned before node-b's next stream opened"
             await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.jobs_pruned >= 1,
                                     "job old pruned (jobs_pruned >= 1)")
             await asyncio.sleep(0.5)
