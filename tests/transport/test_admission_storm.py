@@ -13,6 +13,7 @@ of their own 50 ms backoff, and every agent gets in — without a storm of recon
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing as mp
 import time
 from multiprocessing.connection import Connection
@@ -65,6 +66,8 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
     proc.start()
     hints: list[float] = []
     read: list[BaseException] = []  # the refusals the agents read as such
+    # Each agent's refusals that said when to come back: (when it was read, the hint).
+    said: dict[str, list[tuple[float, float]]] = {}
 
     async def body() -> tuple[list[AgentClient], float]:
         port = await asyncio.to_thread(parent.recv)
@@ -73,12 +76,13 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
         for c in clients:  # what each refused stream was told (the client consumes it)
             note = c._note_error
 
-            def noting(e: BaseException, note: Any = note) -> None:
+            def noting(e: BaseException, note: Any = note, agent: str = c.agent_id) -> None:
                 note(e)
                 if L.REFUSED_OVERLOADED in str(e.details() if isinstance(e, grpc.aio.AioRpcError) else e):
                     read.append(e)
                 if (h := retry_after(e)) is not None:
                     hints.append(h)
+                    said.setdefault(agent, []).append((time.monotonic(), h))
             c._note_error = noting  # type: ignore[method-assign]
         t0 = time.monotonic()
         tasks = [asyncio.create_task(c.run()) for c in clients]
@@ -109,9 +113,15 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
     # reads as the write's own error: the agent backs off on its own then, and the server counted it.
     assert refused > 0 and len(hints) == len(read) and 0.9 * refused <= len(read) <= refused
     assert all(L.MIN_RETRY_AFTER_S <= h <= L.MAX_RETRY_AFTER_S for h in hints)
-    # The refused came back after the hint (>= 0.5 s), not at their own 50-300 ms backoff: each agent
-    # was refused a few times at most, and nothing timed out and reconnected.
-    assert refused <= 4 * refused_agents and opened == AGENTS, (refused, refused_agents, opened)
+    # The refused came back after the hint, not at their own 50-300 ms backoff: an agent's next refusal
+    # comes at least half its hint after the last (the client's jitter draws 0.5-1.5 of it). Not a count
+    # of refusals an agent: how many it meets grows with how long the storm lasts, which a loaded machine
+    # stretches (in CI once 25 s, 805 refusals of 169 agents, hints 1-2 s, each still kept).
+    early = [(agent, round(t1 - t0, 3), h) for agent, times in said.items()
+             for (t0, h), (t1, _) in itertools.pairwise(times) if t1 - t0 < 0.5 * h]
+    assert not early, early[:5]
+    # Nothing timed out and reconnected: every agent got in, on one stream each.
+    assert opened == AGENTS, (refused, refused_agents, opened)
     assert all("overloaded" in c.last_error for c in clients if c.reconnects)
 
 
