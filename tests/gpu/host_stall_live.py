@@ -199,6 +199,9 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
             p["burning"] = any(b.poll() is None for b in burners)
             p["stopped"] = bool(stop) and "continued_at" not in stop
             p["saving"] = bool(watch.saves) and watch.saves[-1]["ended"] is None
+            # The machine's load as the poll was made: what else contends with the job while it runs
+            # (a shared CI machine's other tests), which the checks' reader weighs.
+            p["load_per_cpu"] = round(os.getloadavg()[0] / len(os.sched_getaffinity(0)), 2)
             polls.append(p)
             polls_file.write(json.dumps(p, default=str) + "\n")
             polls_file.flush()

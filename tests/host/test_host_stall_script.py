@@ -34,21 +34,26 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
     # the stop are what slows the loop (tests.procs.BUSY_LOAD_PER_CPU; tests/host/test_host_live.py
     # asserts the same in the same way). Under other tests' load the incident that follows the stop
     # grows over their contention too, and a full `make test` beside an engine run once read it so.
-    load = max(load, load_per_cpu())
+    # The load over the run, as the script's polls read it each second, not only at its two ends: other
+    # tests' processes come and go within the minute this runs.
+    polls = [json.loads(ln) for ln in (tmp_path / "raw" / "polls.jsonl").read_text().splitlines()]
+    load = max([load, load_per_cpu(), *(p["load_per_cpu"] for p in polls)])
     if load < BUSY_LOAD_PER_CPU:
         must += ["contention_names_a_burner", "not_data_loading", "cause_after_is_stopped"]
     else:
         assert c["stall_incident_after"], c  # an incident after the stop all the same
-        print(f"load average {load:.1f} per CPU: the burners' naming and the cause after the stop not "
+        print(f"load average up to {load:.1f} per CPU: the burners' naming and the cause after the stop not "
               f"required here (cause after: {c['stall_incident_after']})")
     failed = [k for k in must if not c[k]]
     # The incident after the stop first: pytest cuts a long message, and the stacks are long.
     shown = ("stall_incident_after", "stalled_seen_s_after_sigstop", "stalled_seen_by_poll_s",
              "state_stopped_read_at_t", "stalled_polls_during_saves", "saves")
-    assert not failed, f"{failed}: {json.dumps({k: c.get(k) for k in shown}, default=str)}"
-    assert c["saves"] == 1 and c["cost_vs_stop"]["cost_s"] >= 0.85 * c["cost_vs_stop"]["stopped_s"]
+    assert not failed, f"{failed} (load up to {load:.1f} per CPU): " \
+                       f"{json.dumps({k: c.get(k) for k in shown}, default=str)}"
+    cost = c["cost_vs_stop"]
+    assert c["saves"] == 1 and cost["cost_s"] is not None and cost["cost_s"] >= 0.85 * cost["stopped_s"], \
+        (c["saves"], cost, c["stall_incident_after"])
     assert got.returncode == (0 if c["all"] else 1)
-    polls = [json.loads(ln) for ln in (tmp_path / "raw" / "polls.jsonl").read_text().splitlines()]
     assert len(polls) == res["polls"] and any(p.get("stopped") and p.get("state") == "stalled" for p in polls)
     assert "rank processes" in (tmp_path / "raw" / "top_stop.txt").read_text()
     assert (tmp_path / "host_stall.md").read_text().startswith("# Issue 35 live (cpu-smoke)")
