@@ -248,8 +248,8 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     env.update(opts.env)
     _wandb(plan, opts, environ)
     if opts.nsys_session:
+        from perfd.capture.binaries import NsysNotFoundError, find_nsys
         from perfd.capture.nsys_exec import nsys_launch_argv
-        from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
 
         try:
             nsys = find_nsys()

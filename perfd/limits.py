@@ -96,6 +96,12 @@ MAX_JOBS_PER_IDENTITY = 500
 # An ended job (perfd.analytics.steps.liveness) is kept this long for its report and API, then pruned; a
 # new job arriving at the cap prunes the job that ended first, sooner.
 JOB_RETENTION_S = 24 * 3600.0
+# Retention of each job's step records (issue 15; perfd.aggregator.jobs keeps the window): the newest
+# RETAIN_ITERATIONS iterations, and no more than RETAIN_BYTES of them (estimated by record_bytes): with
+# per-rank timers a record of a 1,000-rank job holds ~1.3 MB, so iterations alone would let one job
+# take gigabytes. `perfd aggregator --retain-iterations / --retain-mib` set them.
+RETAIN_ITERATIONS = 5000
+RETAIN_BYTES = 256 << 20
 # An agent whose stream closed is forgotten (its series leave the cap, its latest values the joins)
 # this long after, unless it comes back: longer than the 10-minute network cut the spool rides out.
 AGENT_RETENTION_S = 15 * 60.0

@@ -21,7 +21,6 @@ from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
-from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.retention import Lifecycle
 from perfd.aggregator.runtime import gc_seconds, tune_gc
@@ -68,8 +67,8 @@ class AggregatorConfig:
     limits: L.Limits = field(default_factory=L.Limits)
     gpu: str | None = None  # override the GPU name used for the peak table
     peak_tflops: float | None = None
-    max_iterations_per_job: int = RETAIN_ITERATIONS  # --retain-iterations
-    max_bytes_per_job: int = RETAIN_BYTES  # --retain-mib
+    max_iterations_per_job: int = L.RETAIN_ITERATIONS  # --retain-iterations
+    max_bytes_per_job: int = L.RETAIN_BYTES  # --retain-mib
     per_rank_series: bool = True  # False: /metrics leaves out per-rank series (very large jobs)
     export_node_series: bool = False  # True: /metrics also re-exports the agents' GPU and host series
     # Rule packs evaluated every rules_interval_s; None = the shipped default pack, [] = no rules.

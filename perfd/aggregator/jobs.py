@@ -35,7 +35,7 @@ from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import MAX_DIGESTS
-from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S
+from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S, RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.model import JobInfo, StepRecord, merge_job_info
 from perfd.stepfold import ALL_RANKS
 
@@ -44,12 +44,8 @@ __all__ = ["NO_INPUTS", "AnalysisInputs", "JobState", "JobStats", "JobStore", "S
 
 log = logging.getLogger(__name__)
 
-# Retention of each job's step records (issue 15): the newest RETAIN_ITERATIONS iterations, and no more
-# than RETAIN_BYTES of them (estimated by record_bytes): with per-rank timers a record of a
-# 1,000-rank job holds ~1.3 MB, so iterations alone would let one job take gigabytes. The oldest
+# Retention of each job's step records: perfd.limits (RETAIN_ITERATIONS, RETAIN_BYTES). The oldest
 # iteration goes first, in O(1); the newest is always kept.
-RETAIN_ITERATIONS = 5000
-RETAIN_BYTES = 256 << 20
 
 
 _MAX_RUN_MARKS = 1 << 16  # rank scopes whose hook pid a job remembers (a job's ranks; more: forgotten)

@@ -45,8 +45,6 @@ from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
 from perfd.aggregator.job_analyses import JobAnalyses
 from perfd.aggregator.jobs import (
-    RETAIN_BYTES,
-    RETAIN_ITERATIONS,
     JobState,
     JobStats,
     JobStore,
@@ -71,6 +69,7 @@ from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.collfold import CollectivePartial
 from perfd.exporters.prometheus import Row
+from perfd.limits import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
 from perfd.winfigures import WindowFigures

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Literal, TypedDict
 
 from perfd import limits as L
-from perfd.analytics.ncu.join import NO_NCCL_FILTER
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
 
@@ -197,6 +196,10 @@ class NcuOptions:
         return self
 
     def ncu_args(self) -> list[str]:
+        # Here, not at the top: the join loads the budget's kernel tables, which `perfd ncu-exec` (every
+        # rank's wrapper) and the CLI's parser (CLOCK_CONTROLS) need not.
+        from perfd.analytics.ncu.join import NO_NCCL_FILTER
+
         skip = ["--launch-skip", str(self.launch_skip)] if self.launch_skip else []
         return ["--launch-count", str(self.launch_count), *skip, "--kernel-name",
                 self.kernel_filter or NO_NCCL_FILTER, "--clock-control", self.clock_control]

@@ -39,9 +39,12 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from perfd.capture.analysis import CaptureAnalysis
-from perfd.capture.nsys_sqlite import NsysNotFoundError, analyze_nsys, export_sqlite, find_nsys
+from perfd.capture.binaries import NsysNotFoundError, find_nsys
+
+if TYPE_CHECKING:
+    from perfd.capture.analysis import CaptureAnalysis
 
 DEFAULT_TRACE = "cuda,nvtx,osrt"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -49,7 +52,7 @@ _REPORT_RE = r"^{stem}(?:\.(\d+))?\.(?:nsys-rep|qdrep)$"
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
-__all__ = ["NsysError", "NsysExecutor", "NsysNotFoundError", "nsys_launch_argv",
+__all__ = ["NsysError", "NsysExecutor", "nsys_launch_argv",
            "nsys_range_argv", "range_reports", "rank_session_prefix", "session_name", "wait_stable"]
 
 
@@ -360,6 +363,8 @@ class NsysExecutor:
     # -- analysis -----------------------------------------------------------------------------
     def export_and_analyze(self, report: str | Path) -> tuple[Path, CaptureAnalysis]:
         """Export a report to SQLite next to it and analyse it."""
+        from perfd.capture.nsys_sqlite import analyze_nsys, export_sqlite  # the analysis: only here
+
         rep = Path(report)
         sqlite = export_sqlite(rep, rep.with_suffix(".sqlite"), nsys=self.nsys,
                                timeout_s=self.export_timeout_s)

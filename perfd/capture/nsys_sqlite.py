@@ -28,7 +28,7 @@ from pathlib import Path
 
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import CaptureAnalysis, NvtxRange, TraceData, analyze_trace
-from perfd.capture.binaries import find_binary
+from perfd.capture.binaries import find_nsys
 from perfd.capture.chrome_trace import SYNC_CALLS
 from perfd.capture.ops import HostRange, Launch, RangeKind
 from perfd.capture.timeline_events import KernelEvent, MemEvent
@@ -43,23 +43,11 @@ STRINGS = "StringIds"
 # sometimes ", sizes = [...]"
 _SEQ = re.compile(r",\s*(?:stashed )?seq = (\d+)")
 
-# Where nsys lives on the GPU test machines (not on PATH there; docs/design.md §3).
-NSYS_FALLBACK = "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys"
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
-
-
-class NsysNotFoundError(RuntimeError):
-    pass
 
 
 class NsysExportError(RuntimeError):
     pass
-
-
-def find_nsys() -> str:
-    """The nsys binary: $PERFD_NSYS, else ``nsys`` on PATH, else the known install location."""
-    return find_binary("nsys", "PERFD_NSYS", [NSYS_FALLBACK], "Nsight Systems", NSYS_FALLBACK,
-                       NsysNotFoundError)
 
 
 def export_sqlite(report: str | Path, out: str | Path | None = None, nsys: str | None = None,

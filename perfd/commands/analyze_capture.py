@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfd import finite_json
-from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.typed import obj, objs
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the analytics load where a capture is read, not where `perfd` builds its parser
+    from perfd.analytics.breakdown.diagnosis import TimelineClass
     from perfd.capture.analysis import CaptureAnalysis
 
 
@@ -99,6 +99,7 @@ def timeline_of(name: str, analysis: CaptureAnalysis, steps: int | None = None,
     """timeline_class of a capture already analysed (``name``: its file's): the analysis is most of the
     cost (seconds for a Megatron-LM step), the class a few milliseconds more."""
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.analytics.breakdown.diagnosis import TimelineClass
     from perfd.report.capture_text import class_reason
 
     devices = analysis.to_json()["devices"]

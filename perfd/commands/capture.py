@@ -69,8 +69,8 @@ def run_nsys_prefix(args: argparse.Namespace) -> int:
     """``torchrun --no-python --nproc_per_node 8 $(perfd nsys-prefix --job J) python train.py``:
     each rank under its own nsys session (or range profile), so a capture records only the ranks it
     targets (the step hook in the loop opens and closes the ranges)."""
+    from perfd.capture.binaries import NsysNotFoundError, find_nsys
     from perfd.capture.nsys_exec import rank_range_prefix, rank_session_prefix
-    from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
 
     try:
         nsys = find_nsys()
@@ -102,8 +102,8 @@ def run_nsys_exec(args: argparse.Namespace) -> int:
     then the command, with no perfd process left between them and torchrun)."""
     import os
 
+    from perfd.capture.binaries import NsysNotFoundError, find_nsys
     from perfd.capture.nsys_exec import rank_session_argv
-    from perfd.capture.nsys_sqlite import NsysNotFoundError, find_nsys
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from perfd import limits as L
-from perfd.aggregator.jobs import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
@@ -329,9 +328,9 @@ def register(sub: SubParsers) -> None:
                    help="the gRPC ingest's event loop: uvloop (installed with perfd on Linux and macOS) "
                         "takes ~11%% less CPU per gRPC message than asyncio's own (benchmarks/README.md, "
                         "Scale); auto (default) uses it when it can be imported, else asyncio")
-    g.add_argument("--retain-iterations", type=int, default=RETAIN_ITERATIONS, metavar="N",
+    g.add_argument("--retain-iterations", type=int, default=L.RETAIN_ITERATIONS, metavar="N",
                    help="step records kept per job: the newest N iterations (default: %(default)s)")
-    g.add_argument("--retain-mib", type=float, default=RETAIN_BYTES / (1 << 20), metavar="MIB",
+    g.add_argument("--retain-mib", type=float, default=L.RETAIN_BYTES / (1 << 20), metavar="MIB",
                    help="and at most this many MiB of them per job, estimated (default: %(default)g; a "
                    "1,000-rank job with per-rank timers holds ~1.3 MB an iteration); older iterations "
                    "leave first, counted in /api/stats iterations_evicted_retention[_bytes]")

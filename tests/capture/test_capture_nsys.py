@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from perfd.capture import nsys_sqlite
+from perfd.capture import binaries
+from perfd.capture.binaries import NsysNotFoundError, find_nsys
 from perfd.capture.nsys_sqlite import (
     NsysExportError,
-    NsysNotFoundError,
     analyze_nsys,
     direct_sql_check,
     export_sqlite,
-    find_nsys,
     read_nsys_sqlite,
 )
 
@@ -256,7 +255,7 @@ def test_export_failure_and_missing_nsys(tmp_path: Path, capture: Path,
         find_nsys()
     monkeypatch.delenv("PERFD_NSYS")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(nsys_sqlite, "NSYS_FALLBACK", str(tmp_path / "none" / "nsys"))
+    monkeypatch.setattr(binaries, "NSYS_FALLBACK", str(tmp_path / "none" / "nsys"))
     with pytest.raises(NsysNotFoundError, match="nsys not found"):
         find_nsys()
     monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ.get("PATH", ""))

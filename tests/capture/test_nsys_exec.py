@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from perfd.capture.binaries import NsysNotFoundError
 from perfd.capture.nsys_exec import (
     NsysError,
     NsysExecutor,
@@ -23,7 +24,6 @@ from perfd.capture.nsys_exec import (
     session_name,
     wait_stable,
 )
-from perfd.capture.nsys_sqlite import NsysNotFoundError
 
 FAKE_NSYS = r'''#!{python}
 import json, os, sqlite3, sys, time

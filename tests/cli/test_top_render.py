@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from perfd.commands import top
+from perfd.commands import top_screen as top
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,7 +139,7 @@ def test_once_to_a_file_is_not_cut_at_80_columns(tmp_path: Path, monkeypatch: An
     snap_json.write_text(json.dumps({"sums": SUMS, "gpus": GPUS}))
     code = (
         "import json, sys\n"
-        "from perfd.commands import top\n"
+        "from perfd.commands import top_screen as top\n"
         f"d = json.load(open({str(snap_json)!r}))\n"
         "def get(path):\n"
         "    if path == '/api/jobs':\n"

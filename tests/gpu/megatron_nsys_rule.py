@@ -221,7 +221,7 @@ class Run:
         return res
 
     def nsys_sessions(self) -> str:
-        from perfd.capture.nsys_sqlite import find_nsys
+        from perfd.capture.binaries import find_nsys
 
         try:
             res = subprocess.run([find_nsys(), "sessions", "list"], capture_output=True, text=True,

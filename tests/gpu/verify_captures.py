@@ -39,10 +39,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from perfd.capture.binaries import find_nsys  # noqa: E402
 from perfd.capture.kineto_daemon import KinetoDaemon, KinetoDaemonError, kineto_env  # noqa: E402
 from perfd.capture.manager import CaptureManager  # noqa: E402
 from perfd.capture.nsys_exec import NsysExecutor, nsys_launch_argv, nsys_range_argv, session_name  # noqa: E402
-from perfd.capture.nsys_sqlite import direct_sql_check, find_nsys  # noqa: E402
+from perfd.capture.nsys_sqlite import direct_sql_check  # noqa: E402
 from perfd.capture.store import CaptureStore  # noqa: E402
 
 TRAIN = r'''
