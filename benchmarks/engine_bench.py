@@ -101,7 +101,7 @@ SETTLE_READS = 20
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable",
                  "collectives", "collectives_folded", "figure_rows")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
-                  "leases_lost", "consumer_restarts", "takeover_waits", "windows")
+                  "leases_lost", "consumer_restarts", "takeover_waits", "figure_rows_forwarded", "windows")
 # ``--collectives``: each rank's collective operations an iteration (benchmarks.collectives_bench's job:
 # COLLECTIVE_OPS tensor-parallel all-reduces, one data-parallel all-reduce and a world barrier)
 COLLECTIVE_OPS = 4
@@ -338,6 +338,43 @@ class LoadArgs:
     inflight: int
     log: bool = False
     collectives: bool = False
+    fold_at_agents: bool = False
+
+
+def _agent_folds(world: int, n: int) -> list[Any]:
+    """``--fold-at-agents``: each node's window fold, as ``perfd agent`` holds it (its EngineClient's
+    window_fold), with the job's layout (the hook job's: a node's 8 ranks its tensor-parallel group)."""
+    from perfd.analytics.collectives.shardfold import ShardCollectives
+    from perfd.model import ParallelLayout
+
+    out = []
+    for _ in range(n):
+        f = ShardCollectives()
+        f.set_layout(JOB, ParallelLayout(world_size=world, tp=RANKS_PER_NODE, pp=1,
+                                         dp=world // RANKS_PER_NODE))
+        out.append(f)
+    return out
+
+
+def folded_message(fold: Any, data: bytes) -> bytes:
+    """A node's message as an agent that folds its ranks' windows sends it: its operations folded (the
+    fold fed as EngineClient.submit feeds it: the operations, then the step ends), the figures made
+    since its last message beside the partial instead of them."""
+    from perfd.engine import figures_codec
+    from perfd.engine.partial import decode
+    from perfd.transport.gen import perfd_pb2 as pb
+
+    d = decode(data)
+    for part in d.collectives:
+        fold.add(part)
+    fold.add_steps([p.fold for p in d.partials if p.fold is not None])
+    m = pb.EngineBatch()
+    m.ParseFromString(data)
+    del m.collective_partials[:]
+    for figs in fold.take():
+        for piece in figures_codec.chunks(figs):
+            figures_codec.to_pb(piece, m.window_figures.add())
+    return m.SerializeToString()
 
 
 def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: Any, ready: Any,
@@ -347,6 +384,7 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
 
     epoch = secrets.token_hex(4)
     tmpl = node_templates(JOB, a.first, a.n, a.world, a.partitions, epoch, a.collectives)
+    folds = _agent_folds(a.world, a.n) if a.collectives and a.fold_at_agents else None
     size = len(tmpl[0][1].SerializeToString()) if tmpl else 0
     cfg = S.EngineConfig(a.servers, token=a.token, tls_ca=a.tls_ca, partitions=a.partitions)
     spans: list[float] = []
@@ -376,6 +414,9 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
                 msgs = [(subj, *(logged_message(node, a.world, epoch, it, end, ns) if a.log and node == 0
                                  else message_of(b, node, epoch, it, end, ns, ops, a.iteration_s)))
                         for node, (subj, b, ops) in enumerate(tmpl, start=a.first)]
+                if folds is not None:  # each node's agent folds its ranks' windows: figures, not operations
+                    msgs = [(subj, mid, folded_message(folds[k], data))
+                            for k, (subj, mid, data) in enumerate(msgs)]
                 # the store's share of the same operations, to the root (the records stream; not counted
                 # in ``published``, which the root's node messages are checked against)
                 shares = [records_message(b, node, epoch, it, ns) for node, (_, b, ops) in
@@ -565,7 +606,7 @@ class Children:
 def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
-               log: bool = False, collectives: bool = False) -> dict[str, Any]:
+               log: bool = False, collectives: bool = False, fold_at_agents: bool = False) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -622,7 +663,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         first = 0
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
-                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log, collectives)
+                          first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log, collectives,
+                          fold_at_agents)
             p = ctx.Process(target=_load, args=(la, t0v, lastv, abort, published, newest, ready, results),
                             daemon=True)
             p.start()
@@ -740,7 +782,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                         "busy_cores": round(busy / wall, 3),
                         "others_cores": round(max(0.0, busy / wall - ours), 3)},
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
-                       "log": log, "collectives": collectives,
+                       "log": log, "collectives": collectives, "fold_at_agents": fold_at_agents,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
                        "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight},
             "message_bytes": max((r["message_bytes"] for r in res_loads), default=0),
@@ -879,6 +921,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collectives", action="store_true",
                     help="each rank's collective operations too (6 an iteration: collectives_bench's job), "
                          "to its node's shard, which folds their windows, and their share to the root")
+    ap.add_argument("--fold-at-agents", action="store_true",
+                    help="with --collectives: each node's agent folds its ranks' windows and sends the "
+                         "figures beside its partial, which the shard hands on (perfd agent's default); "
+                         "without it the operations go to the shard, which folds them")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -889,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
                      inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
-                     collectives=ns.collectives)
+                     collectives=ns.collectives, fold_at_agents=ns.fold_at_agents)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

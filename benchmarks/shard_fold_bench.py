@@ -20,8 +20,15 @@ the iteration's step ends after that share's operations.
 ``--profile N``: the timed part under cProfile, its N costliest functions (by own time) beside the
 figures (cProfile slows the small calls most: read the shares, not the seconds).
 
+``--at-agents``: the same job with each node's agent folding its own ranks' windows (``perfd agent``'s
+default, perfd.engine.publisher's ``window_fold``), in turn with the shard's fold (``--per-message``'s
+order) over the same messages, ``--rounds`` times each: each node's fold (its operations, its step
+ends, a take: what an agent spends an iteration, each node's CPU summed) and what the shard then does
+with the figures it is sent (decode them, join them by job, hand them on at each take), against the
+shard folding every operation itself; the settled rows each way (must be equal).
+
     python -m benchmarks.shard_fold_bench [--nodes 12500] [--shard-nodes 3125] [--iterations 3]
-        [--takes 8] [--per-message] [--compare] [--profile 25]
+        [--takes 8] [--per-message] [--compare] [--at-agents] [--profile 25]
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import reduce
 from perfd.engine.partial import Partial, decode, encode
 from perfd.model import ParallelLayout, StepRecord
+from perfd.winfigures import WindowFigures
 
 PER_NODE = 8
 
@@ -108,6 +116,53 @@ def run(nodes: int, shard_nodes: int, iterations: int, ops: int, cache: bool = T
             "window_fold": sh.jobs["bench"].fold.counts.to_json()}
 
 
+def run_at_agents(nodes: int, shard_nodes: int, inputs: Inputs, takes: int = 8) -> dict[str, object]:
+    """Each node's agent folds its ranks' operations (a ShardCollectives a node, fed its message's
+    operations then its step ends, then taken, as EngineClient.submit does) and sends the figures in
+    its node message; the shard decodes them and joins them by job, handed on ``takes`` times an
+    iteration. CPU (process time) of the agents' folds summed, and of the shard's part."""
+    layout = ParallelLayout(world_size=nodes * PER_NODE, tp=PER_NODE, pp=1, dp=nodes)
+    agents = [ShardCollectives() for _ in range(shard_nodes)]
+    for a in agents:
+        a.set_layout("bench", layout)
+    agent_s = shard_s = first_s = 0.0
+    rows = first_rows = sent = forwarded = settled = 0
+    for it, (msgs, folds) in enumerate(inputs):
+        if it == 1:  # the first iteration classifies each group once a node (a world group: ~0.1 s)
+            first_s, first_rows = agent_s, rows
+        parts = [decode(m).collectives for m in msgs]  # the agent has its ranks' records: no decode
+        rows += sum(len(p) for ps in parts for p in ps)
+        out: list[bytes] = []
+        for n, (ps, fold) in enumerate(zip(parts, folds, strict=True)):
+            t0 = time.process_time()
+            for part in ps:
+                agents[n].add(part)
+            agents[n].add_steps([fold])
+            figs = agents[n].take()
+            out.append(encode(f"node-{n}", f"node-{n}", 0, (), figures=figs, to_partition=True))
+            agent_s += time.process_time() - t0
+            sent += sum(len(f) for f in figs)
+        for k in range(takes):
+            t0 = time.process_time()
+            held: dict[str, WindowFigures] = {}
+            for m in out[k::takes]:
+                for f in decode(m).figures:
+                    if f.job in held:
+                        held[f.job].absorb(f)
+                    else:
+                        held[f.job] = f
+            shard_s += time.process_time() - t0
+            forwarded += sum(len(f) for f in held.values())
+            settled += sum(w.settled for f in held.values() for w in f.rows.values())
+    return {"rows": rows, "agents_cpu_s": round(agent_s, 3), "shard_cpu_s": round(shard_s, 3),
+            "agent_cpu_us_per_row": round(1e6 * agent_s / max(1, rows), 1),
+            "agent_first_iteration_cpu_s": round(first_s, 3),
+            "agent_cpu_us_per_row_after_first":
+                round(1e6 * (agent_s - first_s) / max(1, rows - first_rows), 1),
+            "shard_cpu_us_per_row": round(1e6 * shard_s / max(1, rows), 2),
+            "figures_sent": sent, "figures_handed_on": forwarded, "settled_figures": settled}
+
+
 def _top(prof: cProfile.Profile, n: int) -> list[dict[str, object]]:
     """The ``n`` functions of most own time: each's calls, own and cumulative seconds, share of all."""
     st = pstats.Stats(prof)
@@ -131,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="figures taken this many times an iteration (a shard: every 0.25 s, 8 in 2 s)")
     ap.add_argument("--per-message", action="store_true",
                     help="each node's step ends right after its operations, as perfd shard folds them")
+    ap.add_argument("--at-agents", action="store_true",
+                    help="the agents' fold and the shard handing on their figures, against the shard's fold")
     ap.add_argument("--default-gc", action="store_true",
                     help="Python's collector settings, not the shard's (perfd.aggregator.runtime.tune_gc)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -144,6 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         got = prof.runcall(run, a.nodes, a.shard_nodes, a.iterations, a.ops, True, inputs, a.takes,
                            a.per_message)
         print(json.dumps({"run": got, "profile": _top(prof, a.profile)}, indent=1))
+        return 0
+    if a.at_agents:
+        inputs = _inputs(a.nodes, a.shard_nodes, a.iterations, a.ops)
+        pairs: dict[str, list[dict[str, object]]] = {"shard_fold": [], "at_agents": []}
+        for _ in range(a.rounds):
+            pairs["shard_fold"].append(run(a.nodes, a.shard_nodes, a.iterations, a.ops, True, inputs, a.takes,
+                                           per_message=True))
+            pairs["at_agents"].append(run_at_agents(a.nodes, a.shard_nodes, inputs, a.takes))
+        fold_us = min(float(str(r["cpu_us_per_row"])) for r in pairs["shard_fold"])
+        fwd_us = min(float(str(r["shard_cpu_us_per_row"])) for r in pairs["at_agents"])
+        settled = {r["settled_figures"] for v in pairs.values() for r in v}
+        print(json.dumps({"runs": pairs, "shard_us_per_row": {"shard_fold": fold_us, "at_agents": fwd_us},
+                          "shard_at_agents_over_shard_fold": round(fwd_us / fold_us, 3),
+                          "settled_equal": len(settled) == 1}, indent=1))
         return 0
     if not a.compare:
         print(json.dumps(run(a.nodes, a.shard_nodes, a.iterations, a.ops, takes=a.takes,

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from perfd import limits as L
-from perfd.engine.subjects import DEFAULT_PARTITIONS
+from perfd.engine.subjects import COLLECTIVES_FOLDED_AT, DEFAULT_PARTITIONS
 from perfd.jobname import job_name_problem
 from perfd.procinfo import user_id
 from perfd.transport.shard_routing import pick_aggregator
@@ -46,6 +46,7 @@ class AgentConfig:
     engine_token_file: str | None = None
     engine_tls_ca: str | None = None
     engine_partitions: int = DEFAULT_PARTITIONS
+    engine_collectives: str = COLLECTIVES_FOLDED_AT[0]  # where a hook job's operations are folded
     metrics_port: int | None = L.AGENT_METRICS_PORT  # None = no HTTP endpoint; 0 = ephemeral (tests)
     metrics_host: str = L.LOOPBACK  # loopback unless told (--metrics-host, --listen-all)
     spool_dir: str | None = None  # None = in memory (lost on restart; fine for demos and tests)
@@ -133,6 +134,9 @@ class AgentConfig:
                 raise ConfigError(f"engine must be nats://HOST:PORT[,...], got {self.engine!r}")
             if self.engine_partitions < 1:
                 raise ConfigError(f"engine_partitions must be >= 1, got {self.engine_partitions}")
+        if self.engine_collectives not in COLLECTIVES_FOLDED_AT:
+            raise ConfigError(f"engine_collectives must be one of {', '.join(COLLECTIVES_FOLDED_AT)}, got "
+                              f"{self.engine_collectives!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key go together")
         if self.tls_cert is not None and self.tls_ca is None:
@@ -192,7 +196,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
                     auth_token_file: str | None = None, capture_dir: str | None = None,
                     job_user: str | None = None, mfu_alert: bool | None = None,
                     engine: str | None = None, engine_token_file: str | None = None,
-                    engine_partitions: int | None = None) -> AgentConfig:
+                    engine_partitions: int | None = None, engine_collectives: str | None = None
+                    ) -> AgentConfig:
     """Command-line flags win over the file (so a job can be watched without a config file).
 
     ``launch_manifest``: a `perfd launch` manifest; its job name (unless ``job`` is given) and the
@@ -214,6 +219,8 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         cfg.engine_token_file = engine_token_file
     if engine_partitions is not None:
         cfg.engine_partitions = engine_partitions
+    if engine_collectives is not None:
+        cfg.engine_collectives = engine_collectives
     if job is not None:
         problem = job_name_problem(job)
         if problem:

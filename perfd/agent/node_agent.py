@@ -430,8 +430,13 @@ class Agent:
         token = Path(self.cfg.engine_token_file).read_text().strip() if self.cfg.engine_token_file else None
         ecfg = EngineConfig(tuple(u.strip() for u in (self.cfg.engine or "").split(",") if u.strip()),
                             token=token, tls_ca=self.cfg.engine_tls_ca, partitions=self.cfg.engine_partitions)
+        fold = None
+        if self.cfg.engine_collectives == "agent":  # its ranks' windows folded here (the analytics: only now)
+            from perfd.analytics.collectives.shardfold import ShardCollectives
+
+            fold = ShardCollectives()
         self.client = EngineClient(ecfg, self.cfg.agent_id, node=self.cfg.node, spool=self._spool,
-                                   on_command=self._on_command)
+                                   on_command=self._on_command, window_fold=fold)
         log.info("agent %s publishing to the engine %s (%s, %s, %d partitions)", self.cfg.agent_id,
                  ",".join(ecfg.servers), "TLS" if ecfg.tls_ca else "plaintext",
                  "token" if token else "no token", ecfg.partitions)

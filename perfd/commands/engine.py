@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd.engine.subjects import ACK_WAIT_S, DEFAULT_PARTITIONS, LEASE_TTL_S, EngineConfig
+from perfd.engine.subjects import (
+    ACK_WAIT_S,
+    COLLECTIVES_FOLDED_AT,
+    DEFAULT_PARTITIONS,
+    LEASE_TTL_S,
+    EngineConfig,
+)
 
 if TYPE_CHECKING:
     from perfd.engine.shard import Shard
@@ -43,6 +49,12 @@ def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> No
                        help="a node message a shard has not acknowledged this long is delivered again "
                        "(one held for its windows is released 3 s, or half of it, before); the same on "
                        "every shard and root")
+    else:
+        g.add_argument("--engine-collectives", choices=COLLECTIVES_FOLDED_AT, default=None,
+                       help="where a job's collective operations are folded into per-window figures when "
+                       "its ranks' step records come from this node (the step hook): here, or at the "
+                       f"shard holding the node (every operation sent; a shard of an older perfd) "
+                       f"(default: {COLLECTIVES_FOLDED_AT[0]})")
 
 
 def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:

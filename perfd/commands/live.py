@@ -35,7 +35,8 @@ def _agent(args: argparse.Namespace) -> int:
             auth_token_file=args.auth_token_file, capture_dir=args.capture_dir, job_user=args.job_user,
             mfu_alert=False if args.no_mfu_alert else None, engine=args.engine,
             engine_token_file=args.engine_token_file,
-            engine_partitions=args.engine_partitions if args.engine else None)
+            engine_partitions=args.engine_partitions if args.engine else None,
+            engine_collectives=args.engine_collectives)
         if args.engine_tls_ca:
             cfg.engine_tls_ca = args.engine_tls_ca
         cfg.finish()

@@ -16,7 +16,10 @@ holds the partition next; a message that reached the root twice that way is fold
 Given a collective fold (``perfd shard`` wires perfd.analytics.collectives.shardfold's in), the shard
 also folds the operations its nodes' agents send beside their step partials into per-window figures,
 published to the job's root with the partials; a message's acknowledgement then waits for the
-windows it fed to settle (perfd.engine.shard_windows says why).
+windows it fed to settle (perfd.engine.shard_windows says why). Figures an agent folded itself (its
+``window_fold``: perfd.engine.publisher says when) come in place of those operations and are handed
+on as they came, fold or none, with the partials of the same flush; their messages are acknowledged
+once they are out, as the partials' are (a message delivered again hands the same rows on: a join).
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class ShardStats:
     leases_lost: int = 0
     consumer_restarts: int = 0
     takeover_waits: int = 0  # partitions taken with messages of a previous holder due again first
+    # window figures its nodes' agents folded themselves (perfd.engine.publisher's window_fold), handed on
+    figure_rows_forwarded: int = 0
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -92,6 +97,9 @@ class Shard:
         self._pending: dict[tuple[str, int], list[Partial]] = {}
         self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
+        # Figures an agent folded, by job: handed on as they came (a join merges them), with or without
+        # a fold of this shard's own, the messages that carried them acknowledged once they are out
+        self._forward: dict[str, WindowFigures] = {}
         self._to_ack: list[Msg] = []
         self._to_term: list[Msg] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -355,6 +363,8 @@ class Shard:
             else:
                 held.append(part)
         self._job_info.update(d.job_info_json)
+        for figs in d.figures:
+            _absorb(self._forward, figs)
         if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 
@@ -374,19 +384,23 @@ class Shard:
                 await _in_progress(extended)
         figures = self.windows.take() if self.windows is not None else []
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
-        if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released):
+        forward, self._forward = list(self._forward.values()), {}
+        if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released
+                or forward):
             return
         self._flushing += 1
         self._flushed.clear()
         try:
-            await self._publish(js, figures, released)
+            await self._publish(js, figures, released, forward)
         finally:
             self._flushing -= 1
             if not self._flushing:
                 self._flushed.set()
 
-    async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg]) -> None:
-        """What was folded to the job's root, then what it fed acknowledged."""
+    async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg],
+                       forward: list[WindowFigures]) -> None:
+        """What was folded to the job's root (``figures``: this shard's fold's; ``forward``: its agents'),
+        then what it fed acknowledged."""
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
         by_job: dict[str, list[Partial]] = {}
@@ -403,14 +417,15 @@ class Shard:
                     self.stats.batches_published += 1
                 self.stats.partials_published += len(parts)
             # The figures after the partials: the windows they are of came with those step ends
-            for figs in figures:
+            for figs in [*figures, *forward]:
                 for piece in figures_codec.chunks(figs):
                     bid = self._next_batch_id()
                     await js.publish(S.partials_subject(figs.job), encode(bid, self.id, time.time_ns(), (),
                                                                          figures=[piece]),
                                      timeout=5.0, headers={"Nats-Msg-Id": bid})
-                    assert self.windows is not None
-                    self.windows.stats.figure_messages += 1
+                    if self.windows is not None:
+                        self.windows.stats.figure_messages += 1
+            self.stats.figure_rows_forwarded += sum(len(f) for f in forward)
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
@@ -421,6 +436,8 @@ class Shard:
             if self.windows is not None:
                 self.windows.give_back(figures)
                 self.windows.hold_again(released, time.monotonic())
+            for figs in forward:
+                _absorb(self._forward, figs)
             return
         terms, self._to_term = self._to_term, []
         for m in terms:
@@ -433,6 +450,14 @@ class Shard:
                 await m.ack()
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
+
+
+def _absorb(by_job: dict[str, WindowFigures], figs: WindowFigures) -> None:
+    held = by_job.get(figs.job)
+    if held is None:
+        by_job[figs.job] = figs
+    else:
+        held.absorb(figs)
 
 
 async def _beat(keeper: LeaseKeeper) -> None:

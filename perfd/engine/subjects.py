@@ -28,6 +28,11 @@ ROOT_LEASE = "root"
 # with the leadership, and a standby forwards the API there (perfd.aggregator.forward).
 ROOT_HTTP_KEY = "root-http"
 DEFAULT_PARTITIONS = 16
+# Where a job's collective operations are folded into per-window figures when its ranks' step records
+# come from this node (the step hook): on the agent (its `window_fold`), or at the shard holding the
+# node's partition (every operation sent there: a shard from before the agents folded takes only
+# these). The first is the default (perfd.engine.publisher says what each costs).
+COLLECTIVES_FOLDED_AT = ("agent", "shard")
 # The engine's timers: the defaults of EngineConfig's, per deployment (--engine-lease-ttl,
 # --engine-ack-wait), the same on every shard and root. A lease is renewed every lease_ttl_s / 3; a
 # holder silent for lease_ttl_s loses it (the bucket's keys expire), and another shard takes the

@@ -135,8 +135,12 @@ class Load:
     iterations go out every ``plan.period_s``; ``finish()`` waits until the engine acknowledged every
     message; ``close()`` stops the clients and the thread."""
 
-    def __init__(self, cfg: S.EngineConfig, plan: Plan, feed: Feed | None = None) -> None:
+    def __init__(self, cfg: S.EngineConfig, plan: Plan, feed: Feed | None = None,
+                 fold_at_agents: bool = False) -> None:
         self.cfg, self.plan = cfg, plan
+        # each client folds its ranks' collective windows itself (perfd agent's default), or sends the
+        # operations to its shard (EngineClient's)
+        self.fold_at_agents = fold_at_agents
         # what node n submits for iteration it at time t (default: the plan's step records)
         self.feed: Feed = feed or (lambda n, it, t: {"steps": plan.records(n, it, t)})
         self.submitted = 0  # iterations submitted so far
@@ -166,7 +170,13 @@ class Load:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._clients = [EngineClient(self.cfg, f"agent-{n}", node=f"node-{n}")
+        fold = None
+        if self.fold_at_agents:
+            from perfd.analytics.collectives.shardfold import ShardCollectives
+
+            fold = ShardCollectives
+        self._clients = [EngineClient(self.cfg, f"agent-{n}", node=f"node-{n}",
+                                      window_fold=fold() if fold is not None else None)
                          for n in range(self.plan.nodes)]
         tasks = [asyncio.create_task(c.run()) for c in self._clients]
         self._ready.set()
@@ -415,8 +425,8 @@ class Rig:
         self.base = self.base or url
         return url
 
-    def start_load(self, plan: Plan, feed: Feed | None = None) -> Load:
-        self.load = Load(self.cfg(), plan, feed).start()
+    def start_load(self, plan: Plan, feed: Feed | None = None, fold_at_agents: bool = False) -> Load:
+        self.load = Load(self.cfg(), plan, feed, fold_at_agents).start()
         return self.load
 
     def start_watch(self) -> Watch:

@@ -33,6 +33,8 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     (["agent", "--engine", "nats://127.0.0.1:4222", "--aggregator", "127.0.0.1:50051", "--nvml", "off"],
      "one or the other"),
     (["agent", "--engine", "redis://127.0.0.1:6379", "--nvml", "off"], "engine must be nats://"),
+    (["agent", "--engine", "nats://127.0.0.1:4222", "--engine-collectives", "root", "--nvml", "off"],
+     "invalid choice: 'root'"),
     (["aggregator", "--engine-advertise-http", "http://10.0.0.7:8080"], "needs --engine"),
     (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-advertise-http", "10.0.0.7:8080"],
      "takes http(s)://HOST:PORT"),
@@ -57,3 +59,14 @@ def test_a_shard_that_cannot_reach_its_engine_exits_1_naming_it():
     assert res.returncode == 1, res.stderr
     assert "the engine at nats://127.0.0.1:1" in res.stderr and "NoServersError" in res.stderr
     assert "Traceback" not in res.stderr  # one line per attempt, not nats-py's tracebacks
+
+
+def test_an_agent_config_naming_another_place_to_fold_is_refused(tmp_path: Path) -> None:
+    from perfd.agent.config import ConfigError, load_config
+
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("engine: nats://127.0.0.1:4222\nengine_collectives: root\n")
+    with pytest.raises(ConfigError, match="engine_collectives must be one of agent, shard, got 'root'"):
+        load_config(cfg).finish()
+    cfg.write_text("engine: nats://127.0.0.1:4222\nengine_collectives: shard\n")
+    assert load_config(cfg).finish().engine_collectives == "shard"

@@ -20,6 +20,7 @@ import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
+from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.commands.engine import make_shard
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
@@ -44,11 +45,13 @@ def _answer(state: AggregatorState) -> str:
 
 async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient]], Awaitable[None]],
                               shards: int = 0, done: Callable[[Any], bool] = lambda stats: True,
-                              at_shards: bool = True, want: str | None = None) -> dict[str, Any]:
+                              at_shards: bool = True, want: str | None = None,
+                              at_agents: bool = False) -> dict[str, Any]:
     """An aggregator leading as the job's root, ``shards`` shards as ``perfd shard`` makes them (the
     step partials' path, and the window fold of the operations sent beside them) and a client per
     node (``at_shards``: sending a job's operations to the shards once it sent its ranks' step
-    records), fed by ``feed``; once every collective record submitted is at the root and
+    records; ``at_agents``: folding them itself, as ``perfd agent`` does by default), fed by
+    ``feed``; once every collective record submitted is at the root and
     ``done(root.stats)`` (and the answer is ``want``, for a while: the shards' last figures come a
     flush after the last message): the root's answer and counters."""
     cfg = S.EngineConfig(tuple(urls), partitions=4)
@@ -58,8 +61,8 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
     stop = asyncio.Event()
     shard_list = [make_shard(cfg, f"shard-{i}") for i in range(shards)]
     shard_tasks = [asyncio.create_task(s.run(stop)) for s in shard_list]
-    clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}", collectives_at_shards=at_shards)
-               for n in range(NODES)]
+    clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}", collectives_at_shards=at_shards,
+                            window_fold=ShardCollectives() if at_agents else None) for n in range(NODES)]
     senders = [asyncio.create_task(c.run()) for c in clients]
     try:
         if shards:  # the partitions split between the shards before any record goes: else the first
@@ -80,7 +83,9 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
                 await _until(lambda: _answer(agg.state) == want, 30, lambda: "")
         return {"got": _answer(agg.state), "stats": root.stats.to_json(),
                 "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts(),
-                "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None]}
+                "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None],
+                "forwarded": [s.stats.figure_rows_forwarded for s in shard_list],
+                "agents": [c.stats() for c in clients]}
     finally:
         stop.set()
         for t in senders:
@@ -119,15 +124,18 @@ def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tm
     assert out["got"] == want
 
 
-@pytest.mark.parametrize("at_shards", [True, False], ids=["folded-at-the-shards", "folded-at-the-root"])
+@pytest.mark.parametrize("where", ["agents", "shards", "root"],
+                         ids=["folded-at-the-agents", "folded-at-the-shards", "folded-at-the-root"])
 def test_step_records_and_collectives_through_the_engine_give_one_aggregators_answer(
-        tmp_path: Path, at_shards: bool) -> None:
+        tmp_path: Path, where: str) -> None:
     """The same job with its ranks' step records (the step hook's shape), each rank's end its own (up
     to 4 ms apart, as a real job's): each node's agent folds its ranks' records of an iteration into
     one, the shards and the root fold those. Sent as an agent sends, an iteration at a time (its
     steps, then the operations enqueued in it), the per-rank and per-iteration shares, and the whole
     collective analysis, are one aggregator's, fed the ranks' own records, byte for byte, whichever
-    folds the windows: ``folded-at-the-shards``, the agents send every operation beside their step
+    folds the windows: ``folded-at-the-agents``, each node's agent folds its ranks' operations and
+    sends the figures beside its step partials, the shards hand them on and fold none (``perfd agent``'s
+    default); ``folded-at-the-shards``, the agents send every operation beside their step
     partials and the two shards' window folds hand the root per-window figures (the root folds none
     itself); ``folded-at-the-root``, an agent that does not (the path before the shards' fold), the
     root's window fold reads each rank's own end from the fold (``StepRecord.rank_end_times``)."""
@@ -165,10 +173,20 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
         return st.node_messages >= NODES * len(its) and st.held_back == 0
 
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2, done=done, at_shards=at_shards,
-                                              want=want))
+        out = asyncio.run(_through_the_engine(cluster.urls, feed, shards=2, done=done,
+                                              at_shards=where != "root", want=want,
+                                              at_agents=where == "agents"))
     assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
-    if at_shards:  # the windows were folded at the shards, from every operation; none at the root
+    if where == "agents":  # every operation folded where it was sent from; the shards only hand on
+        assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
+        assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]
+        assert sum(a["operations_folded"] for a in out["agents"]) == len(recs), out["agents"]
+        assert all(a["figure_rows_sent"] for a in out["agents"]), out["agents"]
+        assert sum(s["operations"] for s in out["shards"]) == 0, out["shards"]
+        # handed on as they came, a flush's rows of one (iteration, rank) merged (settled over provisional)
+        sent = sum(a["figure_rows_sent"] for a in out["agents"])
+        assert 0 < sum(out["forwarded"]) <= sent, out["forwarded"]
+    elif where == "shards":  # the windows were folded at the shards, from every operation; none at the root
         assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
         assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]
         assert sum(s["operations"] for s in out["shards"]) == len(recs), out["shards"]
