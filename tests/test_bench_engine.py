@@ -222,3 +222,36 @@ def test_with_collectives_a_node_message_carries_its_ranks_operations_of_that_it
         r = decode(rdata)
         assert not r.is_node_message and r.collectives_folded and r.collectives[0] == d.collectives[0]
     assert seqs[0] != seqs[1] and len({s for *_, s in seqs[1]}) > 1
+
+
+def test_with_the_fold_at_agents_a_node_message_carries_its_ranks_figures_not_their_operations() -> None:
+    """``--fold-at-agents``: each node's message as a folding agent sends it: no operation, the figures
+    of its own ranks' windows (provisional, then settled once the operations of later windows came),
+    the partial beside them; what the shard's fold makes of the same messages, row for row settled."""
+    from perfd.analytics.collectives.shardfold import ShardCollectives
+    from perfd.engine.partial import decode
+    from perfd.model import ParallelLayout
+
+    tm = engine_bench.node_templates("bench", 0, 2, 16, 16, "ep", collectives=True)
+    [agent] = engine_bench._agent_folds(16, 1)
+    shard = ShardCollectives()
+    shard.set_layout("bench", ParallelLayout(world_size=16, tp=8, pp=1, dp=2))
+    end, period = time.time(), 2.0
+    sent: dict[tuple[int, int], bool] = {}
+    made: dict[tuple[int, int], bool] = {}
+    for it in range(1, 7):
+        _s, b, ops = tm[1]
+        _mid, data = engine_bench.message_of(b, 1, "ep", it, end + it * period, 123, ops, period)
+        plain = decode(data)
+        for part in plain.collectives:
+            shard.add(part)
+        shard.add_steps([p.fold for p in plain.partials if p.fold is not None])
+        for figs in shard.take():
+            made |= {k: w.settled for k, w in figs.rows.items()}
+        d = decode(engine_bench.folded_message(agent, data))
+        assert d.is_node_message and d.collectives == [] and len(d.partials) == 1
+        for figs in d.figures:
+            assert {rank for _, rank in figs.rows} <= set(range(8, 16))
+            sent |= {k: w.settled for k, w in figs.rows.items()}
+    assert any(sent.values()) and not all(sent.values())  # settled rows, and the newest provisional
+    assert sent == made
