@@ -356,6 +356,63 @@ def _agent_folds(world: int, n: int) -> list[Any]:
     return out
 
 
+# Iterations a node's fold runs on its template before its figures are taken as a steady iteration's
+FIGURE_TEMPLATE_ITERATIONS = 5
+
+
+@dataclass
+class FiguresTemplate:
+    """``--fold-at-agents``: the figures a folding agent's node message carries in a steady iteration,
+    made by a real fold of the load's first node over FIGURE_TEMPLATE_ITERATIONS iterations
+    (:func:`folded_message`), then moved to each node (its ranks) and iteration (its number, its
+    times) as the node's message goes (:func:`with_figures`). Folding every node's operations in the
+    load processes instead would take more cores than the job's shards at 100,000 ranks (12,500 folds,
+    ~0.7 ms each an iteration and ~0.12 s once): the agents' own cost is shard_fold_bench --at-agents'."""
+
+    iteration: int
+    end_ns: int
+    ranks_from: int  # the first rank of the node whose figures these are
+    figures: list[Any]  # perfd_pb2.WindowFigures
+
+
+def figures_template(b: Any, ops: OpsTemplate, node: int, epoch: str, world: int,
+                     iteration_s: float) -> FiguresTemplate:
+    from perfd.transport.gen import perfd_pb2 as pb
+
+    [fold] = _agent_folds(world, 1)
+    tmp = pb.EngineBatch()
+    tmp.CopyFrom(b)
+    t = time.time()
+    last = pb.EngineBatch()
+    end = t
+    for it in range(1, FIGURE_TEMPLATE_ITERATIONS + 1):
+        end = t + it * iteration_s
+        _mid, data = message_of(tmp, node, epoch, it, end, 0, ops, iteration_s)
+        last.ParseFromString(folded_message(fold, data))
+    return FiguresTemplate(FIGURE_TEMPLATE_ITERATIONS, round(end * 1e9), node * RANKS_PER_NODE,
+                           list(last.window_figures))
+
+
+def with_figures(b: Any, tmpl: FiguresTemplate, node: int, iteration: int, end: float) -> bytes:
+    """The node message ``b`` (:func:`message_of` has set it to the iteration) as a folding agent sends
+    it: its operations left out, the template's figures moved to this node and iteration beside it."""
+    from perfd.transport.gen import perfd_pb2 as pb
+
+    m = pb.EngineBatch()
+    m.CopyFrom(b)
+    del m.collective_partials[:]
+    d_it, d_ns = iteration - tmpl.iteration, round(end * 1e9) - tmpl.end_ns
+    d_rank = node * RANKS_PER_NODE - tmpl.ranks_from
+    for f in tmpl.figures:
+        g = m.window_figures.add()
+        g.CopyFrom(f)
+        g.iteration[:] = [x + d_it for x in f.iteration]
+        g.rank[:] = [x + d_rank for x in f.rank]
+        for src, dst in ((f.start_ns, g.start_ns), (f.end_ns, g.end_ns), (f.basis, g.basis)):
+            dst[:] = [x + d_ns for x in src]
+    return m.SerializeToString()
+
+
 def folded_message(fold: Any, data: bytes) -> bytes:
     """A node's message as an agent that folds its ranks' windows sends it: its operations folded (the
     fold fed as EngineClient.submit feeds it: the operations, then the step ends), the figures made
@@ -384,7 +441,8 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
 
     epoch = secrets.token_hex(4)
     tmpl = node_templates(JOB, a.first, a.n, a.world, a.partitions, epoch, a.collectives)
-    folds = _agent_folds(a.world, a.n) if a.collectives and a.fold_at_agents else None
+    figs = (figures_template(tmpl[0][1], ops0, a.first, epoch, a.world, a.iteration_s)
+            if a.collectives and a.fold_at_agents and tmpl and (ops0 := tmpl[0][2]) is not None else None)
     size = len(tmpl[0][1].SerializeToString()) if tmpl else 0
     cfg = S.EngineConfig(a.servers, token=a.token, tls_ca=a.tls_ca, partitions=a.partitions)
     spans: list[float] = []
@@ -414,9 +472,10 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
                 msgs = [(subj, *(logged_message(node, a.world, epoch, it, end, ns) if a.log and node == 0
                                  else message_of(b, node, epoch, it, end, ns, ops, a.iteration_s)))
                         for node, (subj, b, ops) in enumerate(tmpl, start=a.first)]
-                if folds is not None:  # each node's agent folds its ranks' windows: figures, not operations
-                    msgs = [(subj, mid, folded_message(folds[k], data))
-                            for k, (subj, mid, data) in enumerate(msgs)]
+                if figs is not None:  # each node's agent folded its ranks' windows: figures, not operations
+                    pairs = enumerate(zip(msgs, tmpl, strict=True), start=a.first)
+                    msgs = [(subj, mid, data if a.log and node == 0 else with_figures(b, figs, node, it, end))
+                            for node, ((subj, mid, data), (_, b, _)) in pairs]
                 # the store's share of the same operations, to the root (the records stream; not counted
                 # in ``published``, which the root's node messages are checked against)
                 shares = [records_message(b, node, epoch, it, ns) for node, (_, b, ops) in
@@ -923,8 +982,9 @@ def main(argv: list[str] | None = None) -> int:
                          "to its node's shard, which folds their windows, and their share to the root")
     ap.add_argument("--fold-at-agents", action="store_true",
                     help="with --collectives: each node's agent folds its ranks' windows and sends the "
-                         "figures beside its partial, which the shard hands on (perfd agent's default); "
-                         "without it the operations go to the shard, which folds them")
+                         "figures beside its partial, which the shard hands on (perfd agent's default; the "
+                         "load sends a real fold's figures of its first node, moved to each node and "
+                         "iteration); without it the operations go to the shard, which folds them")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \

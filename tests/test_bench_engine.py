@@ -255,3 +255,25 @@ def test_with_the_fold_at_agents_a_node_message_carries_its_ranks_figures_not_th
             sent |= {k: w.settled for k, w in figs.rows.items()}
     assert any(sent.values()) and not all(sent.values())  # settled rows, and the newest provisional
     assert sent == made
+
+
+def test_the_figures_template_moves_to_each_node_and_iteration() -> None:
+    """At 100,000 ranks the load cannot fold 12,500 nodes: a real fold's figures of its first node,
+    moved to each node's ranks and to each iteration's number and times."""
+    from perfd.engine.partial import decode
+
+    tm = engine_bench.node_templates("bench", 0, 3, 24, 16, "ep", collectives=True)
+    ops0 = tm[0][2]
+    assert ops0 is not None
+    tmpl = engine_bench.figures_template(tm[0][1], ops0, 0, "ep", 24, 2.0)
+    assert tmpl.figures and tmpl.ranks_from == 0
+    t0 = [w for f in tmpl.figures for w in zip(f.iteration, f.rank, f.end_ns, strict=True)]
+    end = tmpl.end_ns / 1e9 + 3 * 2.0
+    _s, b, ops = tm[2]
+    engine_bench.message_of(b, 2, "ep", tmpl.iteration + 3, end, 123, ops, 2.0)
+    d = decode(engine_bench.with_figures(b, tmpl, 2, tmpl.iteration + 3, end))
+    assert d.collectives == [] and len(d.partials) == 1 and d.partials[0].iteration == tmpl.iteration + 3
+    got = sorted((it, w.rank, w.end_ns) for f in d.figures for (it, _), w in f.rows.items())
+    shift = round(end * 1e9) - tmpl.end_ns  # 6 s, as the float of the end gives it
+    assert got == sorted((it + 3, r + 16, e + shift) for it, r, e in t0)
+    assert {r for _, r, _ in got} <= set(range(16, 24))

@@ -16,7 +16,8 @@
 # The job is a Megatron-LM one (bench engine --log: its rows answer MFU, the exposed communication and
 # the slowest rank); LOG= (empty) runs the hook-only job of the 2-core table instead. COLLECTIVES=1
 # adds each node's collective operations (bench engine --collectives: the shards fold their windows),
-# its files named ..._tls_coll.json.
+# its files named ..._tls_coll.json; with AGENTS_FOLD=1 as well the agents fold their own ranks' windows
+# and send the figures (perfd agent's default; --fold-at-agents), files ..._tls_coll_agents.json.
 # Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
 # machine's facts first.
 set -u
@@ -35,6 +36,7 @@ for p in "${points[@]}"; do
   procs=$(( nodes >= 5000 ? 4 : 2 ))
   coll=(); tag=""
   [ "${COLLECTIVES:-}" = 1 ] && { coll=(--collectives); tag=_coll; }
+  [ "${COLLECTIVES:-}" = 1 ] && [ "${AGENTS_FOLD:-}" = 1 ] && { coll+=(--fold-at-agents); tag=_coll_agents; }
   name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
   timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
       --seconds 30 --warmup 10 --tls ${LOG---log} "${coll[@]}" --json > "$name.json" \
