@@ -236,3 +236,16 @@ def test_step_ends_with_every_node_message_give_the_windows_all_the_records_give
         assert set(j.by_rank) == set(range(WORLD))
     assert len(settled[0]) == WORLD * (ITERATIONS - 2)  # iterations 1..6 settled: the last two wait
     assert settled[0] == settled[1]
+
+
+def test_a_fold_holds_at_most_max_jobs_the_least_recently_touched_goes(monkeypatch: Any) -> None:
+    """A shard or an agent lives through many jobs: a job's fold does not stay for ever after it."""
+    monkeypatch.setattr(shardfold, "MAX_JOBS", 3)
+    sh = ShardCollectives()
+    for job in ("a", "b", "c"):
+        sh.add_steps([StepRecord(job=job, iteration=1, rank=0, end_time=1.0, rank_end_times={0: 1.0})])
+    # a, touched again: the newest
+    sh.add_steps([StepRecord(job="a", iteration=2, rank=0, end_time=2.0, rank_end_times={0: 2.0})])
+    sh.add_steps([StepRecord(job="d", iteration=1, rank=0, end_time=1.0, rank_end_times={0: 1.0})])
+    assert list(sh.jobs) == ["c", "a", "d"] and sh.jobs_forgotten == 1  # b, touched least recently
+    assert sorted(sh.jobs["a"].steps) == [1, 2]  # a job kept keeps what it held

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from perfd import limits as L
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.collectives.winfold import PENDING, WindowFold
 from perfd.collfold import CollectivePartial
@@ -31,6 +32,10 @@ from perfd.winfigures import WindowFigures
 KEEP_STEP_ITERATIONS = 12
 # Iterations of settled figures a shard's fold keeps (a sequence gap seen later takes them back).
 KEEP_FIGURE_ITERATIONS = 8
+# Jobs a fold holds at most (the aggregator's cap on distinct jobs): a shard and an agent live through
+# many jobs, and a job's fold (its step records, waiting operations, figures) stayed after it ended.
+# Past it the job touched least recently goes, counted (``jobs_forgotten``).
+MAX_JOBS = L.MAX_JOBS
 
 
 @dataclass
@@ -64,13 +69,17 @@ class ShardCollectives:
         change (WindowFold's ``hands_on``); off, computed again at every take (the bench's baseline)."""
         self.cfg = config or CollectiveConfig()
         self.cache = cache
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[str, _Job] = {}  # the job touched least recently first
+        self.jobs_forgotten = 0
 
     def _job(self, job: str) -> _Job:
-        j = self.jobs.get(job)
+        j = self.jobs.pop(job, None)
         if j is None:
-            j = self.jobs[job] = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS,
-                                                 hands_on=self.cache))
+            j = _Job(WindowFold(self.cfg, PENDING, keep=KEEP_FIGURE_ITERATIONS, hands_on=self.cache))
+            if len(self.jobs) >= MAX_JOBS:
+                del self.jobs[next(iter(self.jobs))]
+                self.jobs_forgotten += 1
+        self.jobs[job] = j  # last: the most recently touched
         return j
 
     def add_steps(self, records: Iterable[StepRecord]) -> None:
