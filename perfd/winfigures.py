@@ -61,11 +61,20 @@ class WindowFigures:
         key = (iteration, w.rank)
         cur = self.rows.get(key)
         # (a row equal to the one held is not greater: the order reads every field but the rank,
-        # which the key holds; an excluded None and "" are one to it, and the first stays)
-        if cur is None or _order(w) > _order(cur):
+        # which the key holds; an excluded None and "" are one to it, and the first stays). Its first
+        # two fields decide most merges (a settled row over a provisional one, a newer basis): read
+        # first, without making the two tuples (the root merges ~2 rows a rank an iteration).
+        if cur is None:
+            greater = True
+        elif w.settled != cur.settled:
+            greater = w.settled
+        elif w.basis != cur.basis:
+            greater = w.basis > cur.basis
+        else:
+            greater = _order(w) > _order(cur)
+        if greater:
             self.rows[key] = w
-            return True
-        return False
+        return greater
 
     def absorb(self, other: WindowFigures) -> list[tuple[int, RankWindow]]:
         """Merge ``other`` in, in place; the rows that went in (what a reader of the merge updates)."""
