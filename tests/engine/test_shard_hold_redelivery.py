@@ -105,6 +105,9 @@ def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, b
     assert fold.blocked == ITERATIONS
     assert sum(c["redelivered"] for c in cs.values()) == 0, cs
     assert node_messages == total
-    # the last three (no later iteration settles their windows), their holds started again first
-    assert shard.windows is not None and shard.windows.stats.released_unsettled >= 3
-    assert shard.windows.stats.extended >= 3
+    # the last ones (no later iteration settles their windows), their holds started again first: the
+    # last two always; the third's too unless the load's iterations bunched up (a loaded machine: the
+    # feed's operations then fall past their step end, and its next window settles on them; seen
+    # once in a full suite: 2)
+    assert shard.windows is not None and shard.windows.stats.released_unsettled >= 2
+    assert shard.windows.stats.extended >= 2
