@@ -127,6 +127,9 @@ class EngineClient(CommandTarget):
         # Those operations folded here and the figures sent instead (None: sent to the shards to fold)
         self.window_fold = window_fold
         self._layouts: dict[str, str] = {}  # job -> the info the fold's layout was last read from
+        # jobs whose operations came, the least recently first: only their step ends feed the fold (a
+        # shard's Holds.fold_in alike), not every hook job's, whose windows nothing would read
+        self._folding: dict[str, None] = {}
         self.operations_folded = self.figure_rows_sent = self.bad_job_info = 0
 
     # ---- producer side (any thread) ------------------------------------------------------------
@@ -226,11 +229,16 @@ class EngineClient(CommandTarget):
                 continue
             self._layouts[job] = text
             fold.set_layout(job, layout)
+        for job in ops:
+            self._folding.pop(job, None)
+            self._folding[job] = None
+            if len(self._folding) > MAX_RANKED_JOBS:
+                del self._folding[next(iter(self._folding))]
         for job, colls in ops.items():
             part = reduce(job, colls)
             self.operations_folded += len(part)
             fold.add(part)
-        steps = [p.fold for job, _, partials in made if job in self._ranked_jobs for p in partials
+        steps = [p.fold for job, _, partials in made if job in self._folding for p in partials
                  if p.fold is not None]
         if steps:
             fold.add_steps(steps)
