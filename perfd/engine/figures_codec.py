@@ -50,20 +50,27 @@ def to_pb(figs: WindowFigures, m: pb.WindowFigures) -> None:
         m.by.add(name=c, union_ns=classes[c])
 
 
+def check(m: pb.WindowFigures) -> int:
+    """Its rows; ValueError for columns of unequal length or an index out of range (what a shard
+    handing an agent's figures on as they came checks of them, and :func:`from_pb` first)."""
+    n = len(m.iteration)
+    cols = (m.rank, m.start_ns, m.end_ns, m.n_iterations, m.comm_ns, m.basis, m.settled, m.excluded)
+    if any(len(c) != n for c in cols) or any(len(b.union_ns) != n for b in m.by):
+        raise ValueError("window figures' columns are not of one length")
+    if m.excluded and max(m.excluded) > len(m.excluded_names):
+        x = next(x for x in m.excluded if x > len(m.excluded_names))
+        raise ValueError(f"window figures name excluded {x} of {len(m.excluded_names)}")
+    return n
+
+
 def from_pb(m: pb.WindowFigures) -> WindowFigures:
     """ValueError for columns of unequal length or an index out of range (the caller counts it).
     Column at a time (each read whole, the rows made by zip): the root decodes every shard's rows of
     a 100,000-rank job, and a read of one element of a column at a time cost it more than the rest
     of its work on them (perfd bench root-figures)."""
-    n = len(m.iteration)
-    cols = (m.rank, m.start_ns, m.end_ns, m.n_iterations, m.comm_ns, m.basis, m.settled, m.excluded)
-    if any(len(c) != n for c in cols) or any(len(b.union_ns) != n for b in m.by):
-        raise ValueError("window figures' columns are not of one length")
+    n = check(m)
     names = list(m.excluded_names)
     excluded = list(m.excluded)
-    if excluded and max(excluded) > len(names):
-        x = next(x for x in excluded if x > len(names))
-        raise ValueError(f"window figures name excluded {x} of {len(names)}")
     named: list[str | None] = [None, *names]
     # Each row's (class, union) pairs in the columns' order, those of a class absent from it left out
     by_cols = [(b.name, list(b.union_ns)) for b in m.by]

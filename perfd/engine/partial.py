@@ -225,6 +225,8 @@ class Decoded:
     figures: list[WindowFigures] = field(default_factory=list)  # a shard's window figures
     collectives_folded: bool = False  # a records message's collectives went to the shards' folds too
     to_partition: bool = False  # a node message, whatever it carries
+    # the same as they came, undecoded (decode(..., figures_raw=True): what a shard hands on as it is)
+    figures_pb: list[pb.WindowFigures] = field(default_factory=list)
 
     @property
     def is_node_message(self) -> bool:
@@ -243,8 +245,10 @@ class Decoded:
         return r.events[0].job if r.events else (r.collectives[0].job if r.collectives else "")
 
 
-def decode(data: bytes) -> Decoded:
-    """ValueError for bytes that are not an EngineBatch (protobuf's DecodeError is not one)."""
+def decode(data: bytes, figures_raw: bool = False) -> Decoded:
+    """ValueError for bytes that are not an EngineBatch (protobuf's DecodeError is not one).
+    ``figures_raw``: the window figures left as protobuf (``figures_pb``), not made rows (a shard hands
+    an agent's figures on as they came: decoded and encoded again they were most of its CPU for them)."""
     b = pb.EngineBatch()
     try:
         b.ParseFromString(data)
@@ -253,5 +257,5 @@ def decode(data: bytes) -> Decoded:
     return Decoded(b.id, b.sender, b.created_ns, [from_pb(m) for m in b.partials], dict(b.job_info_json),
                    b.records if b.HasField("records") else None,
                    [collective_codec.from_pb(m) for m in b.collective_partials],
-                   [figures_codec.from_pb(m) for m in b.window_figures], b.collectives_folded,
-                   b.to_partition)
+                   [] if figures_raw else [figures_codec.from_pb(m) for m in b.window_figures],
+                   b.collectives_folded, b.to_partition, list(b.window_figures) if figures_raw else [])

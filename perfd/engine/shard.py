@@ -30,7 +30,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from perfd.engine import figures_codec
@@ -41,6 +41,7 @@ from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
+from perfd.transport.gen import perfd_pb2 as pb
 from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
@@ -97,9 +98,10 @@ class Shard:
         self._pending: dict[tuple[str, int], list[Partial]] = {}
         self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
-        # Figures an agent folded, by job: handed on as they came (a join merges them), with or without
-        # a fold of this shard's own, the messages that carried them acknowledged once they are out
-        self._forward: dict[str, WindowFigures] = {}
+        # Figures an agent folded, by job: handed on as they came, undecoded (the root's join merges
+        # them), with or without a fold of this shard's own, their messages acknowledged once they are
+        # out. Decoded into rows, joined and encoded again, they were most of the shard's CPU for them.
+        self._forward: dict[str, list[pb.WindowFigures]] = {}
         self._to_ack: list[Msg] = []
         self._to_term: list[Msg] = []
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -350,7 +352,9 @@ class Shard:
         took."""
         self.stats.node_messages += 1
         try:
-            d = decode(m.data)
+            d = decode(m.data, figures_raw=True)
+            for f in d.figures_pb:
+                figures_codec.check(f)
         except ValueError as exc:
             self.stats.undecodable += 1
             log.warning("shard %s: a node message that is not an EngineBatch (%s): terminated", self.id, exc)
@@ -363,8 +367,8 @@ class Shard:
             else:
                 held.append(part)
         self._job_info.update(d.job_info_json)
-        for figs in d.figures:
-            _absorb(self._forward, figs)
+        for f in d.figures_pb:
+            self._forward.setdefault(f.job, []).append(f)
         if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 
@@ -384,7 +388,7 @@ class Shard:
                 await _in_progress(extended)
         figures = self.windows.take() if self.windows is not None else []
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
-        forward, self._forward = list(self._forward.values()), {}
+        forward, self._forward = self._forward, {}
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released
                 or forward):
             return
@@ -398,7 +402,7 @@ class Shard:
                 self._flushed.set()
 
     async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg],
-                       forward: list[WindowFigures]) -> None:
+                       forward: dict[str, list[pb.WindowFigures]]) -> None:
         """What was folded to the job's root (``figures``: this shard's fold's; ``forward``: its agents'),
         then what it fed acknowledged."""
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
@@ -417,7 +421,7 @@ class Shard:
                     self.stats.batches_published += 1
                 self.stats.partials_published += len(parts)
             # The figures after the partials: the windows they are of came with those step ends
-            for figs in [*figures, *forward]:
+            for figs in figures:
                 for piece in figures_codec.chunks(figs):
                     bid = self._next_batch_id()
                     await js.publish(S.partials_subject(figs.job), encode(bid, self.id, time.time_ns(), (),
@@ -425,7 +429,14 @@ class Shard:
                                      timeout=5.0, headers={"Nats-Msg-Id": bid})
                     if self.windows is not None:
                         self.windows.stats.figure_messages += 1
-            self.stats.figure_rows_forwarded += sum(len(f) for f in forward)
+            for job, raw in forward.items():
+                for batch in _batches(raw):
+                    bid = self._next_batch_id()
+                    b = pb.EngineBatch(id=bid, sender=self.id, created_ns=time.time_ns())
+                    b.window_figures.extend(batch)
+                    await js.publish(S.partials_subject(job), b.SerializeToString(), timeout=5.0,
+                                     headers={"Nats-Msg-Id": bid})
+            self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
@@ -436,8 +447,8 @@ class Shard:
             if self.windows is not None:
                 self.windows.give_back(figures)
                 self.windows.hold_again(released, time.monotonic())
-            for figs in forward:
-                _absorb(self._forward, figs)
+            for job, raw in forward.items():
+                self._forward[job] = raw + self._forward.get(job, [])
             return
         terms, self._to_term = self._to_term, []
         for m in terms:
@@ -452,12 +463,19 @@ class Shard:
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
 
 
-def _absorb(by_job: dict[str, WindowFigures], figs: WindowFigures) -> None:
-    held = by_job.get(figs.job)
-    if held is None:
-        by_job[figs.job] = figs
-    else:
-        held.absorb(figs)
+def _batches(raw: list[pb.WindowFigures]) -> Iterator[list[pb.WindowFigures]]:
+    """An agent's figures as they came, in messages of at most figures_codec.MAX_ROWS rows (each came
+    in pieces of at most that many: perfd.engine.publisher)."""
+    batch: list[pb.WindowFigures] = []
+    rows = 0
+    for f in raw:
+        if batch and rows + len(f.iteration) > figures_codec.MAX_ROWS:
+            yield batch
+            batch, rows = [], 0
+        batch.append(f)
+        rows += len(f.iteration)
+    if batch:
+        yield batch
 
 
 async def _beat(keeper: LeaseKeeper) -> None:

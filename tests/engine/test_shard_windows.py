@@ -220,3 +220,29 @@ def test_a_hold_unsettled_at_hold_s_starts_again_once_then_is_released() -> None
     assert msgs[0] not in extended and last in extended
     released = holds.release(hold)
     assert msgs[0] in released and last not in released
+
+
+def test_an_agents_figures_go_on_as_they_came_and_malformed_ones_are_refused_with_their_message() -> None:
+    """A shard hands a folding agent's figures on undecoded (perfd.engine.shard: _forward): their rows
+    checked (figures_codec.check), a node message whose figures do not hold together terminated and
+    counted, as one that is not an EngineBatch."""
+    from perfd.engine.figures_codec import to_pb
+    from perfd.engine.shard import Shard
+    from perfd.transport.gen import perfd_pb2 as pb
+    from perfd.winfigures import RankWindow, WindowFigures
+
+    figs = WindowFigures("j")
+    for r in range(3):
+        figs.add(7, RankWindow(r, 10, 20, 1, None, 5, (("tp", 5),), False, 19))
+    good = pb.EngineBatch(id="a:e:1", sender="a", to_partition=True)
+    to_pb(figs, good.window_figures.add())
+    bad = pb.EngineBatch()
+    bad.CopyFrom(good)
+    bad.id = "a:e:2"
+    bad.window_figures[0].rank.append(3)  # a column longer than the others
+    shard = Shard(S.EngineConfig(("nats://unused",)), "s")
+    shard._fold_in(_Msg(1, good.SerializeToString()), 0, 0.0)
+    shard._fold_in(_Msg(2, bad.SerializeToString()), 0, 0.0)
+    assert [len(f.iteration) for f in shard._forward["j"]] == [3] and shard.stats.undecodable == 1
+    assert [getattr(m, "seq", None) for m in shard._to_ack] == [1]
+    assert [getattr(m, "seq", None) for m in shard._to_term] == [2]
