@@ -334,12 +334,12 @@ class EngineClient(CommandTarget):
         """Publish one spooled message; True when the engine had it already (or it could not be
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
-            d = decode(data)
+            d = decode(data, figures_raw=True)
             if not d.is_node_message:
                 subject = S.records_subject(d.records_job)
-            else:
+            else:  # (a node message of figures alone: what one message beside the partials could not hold)
                 job = (d.partials[0].job if d.partials else d.collectives[0].job if d.collectives
-                       else next(iter(d.job_info_json)))
+                       else d.figures_pb[0].job if d.figures_pb else next(iter(d.job_info_json)))
                 subject = S.node_subject(job, S.partition_of(job, self.node, self.cfg.partitions))
         except (ValueError, StopIteration) as exc:
             self.unreadable += 1
