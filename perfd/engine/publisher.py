@@ -86,6 +86,7 @@ class PublisherStats(TypedDict):
     operations_folded: int
     figure_rows_sent: int
     bad_job_info: int
+    fold_jobs_forgotten: int
     last_error: str
 
 
@@ -385,7 +386,9 @@ class EngineClient(CommandTarget):
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,
                 "operations_folded": self.operations_folded, "figure_rows_sent": self.figure_rows_sent,
-                "bad_job_info": self.bad_job_info, "last_error": self.last_error}
+                "bad_job_info": self.bad_job_info,
+                "fold_jobs_forgotten": self.window_fold.jobs_forgotten if self.window_fold is not None else 0,
+                "last_error": self.last_error}
 
 
 def _pieces(job: str, colls: Sequence[CollectiveRecord]) -> list[list[CollectivePartial]]:

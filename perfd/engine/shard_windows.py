@@ -68,6 +68,9 @@ HOLD_EXTENSIONS = 1
 class CollectiveFold(Protocol):
     """What a shard needs of the window fold (ShardCollectives has it)."""
 
+    @property
+    def jobs_forgotten(self) -> int: ...  # jobs let go past those it holds (the least recently touched)
+
     def add_steps(self, records: Iterable[StepRecord]) -> None: ...
     def set_layout(self, job: str, layout: ParallelLayout | None) -> None: ...
     def add(self, part: CollectivePartial) -> None: ...
@@ -94,6 +97,7 @@ class WindowStats:
     released_unsettled: int = 0  # acknowledged after its holds with a window still open
     extended: int = 0  # holds started again (their ack wait: an in-progress ack each)
     bad_job_info: int = 0
+    jobs_forgotten: int = 0  # the fold's: jobs let go past its bound
 
 
 class Holds:
@@ -164,6 +168,7 @@ class Holds:
         out, self._unsent = list(self._unsent.values()), {}
         for figs in out:
             self.stats.figure_rows += len(figs)
+        self.stats.jobs_forgotten = self.fold.jobs_forgotten
         return out
 
     def give_back(self, figs: Sequence[WindowFigures]) -> None:

@@ -51,6 +51,7 @@ def test_figures_past_one_message_go_in_their_own_routed_to_the_nodes_partition(
         client.submit(steps=[s for s in mine if s.iteration == it], collectives=ops.get(it, []))
     st = client.stats()
     assert st["operations_folded"] == sum(len(v) for v in ops.values()) and st["figure_rows_sent"] > 8
+    assert st["fold_jobs_forgotten"] == 0 and st["bad_job_info"] == 0
 
     js = _Js()
     for _, data in client.spool.pending():

@@ -70,6 +70,10 @@ class _SlowFold:
     def settled_from(self, job: str, rank: int) -> int | None:
         return self.inner.settled_from(job, rank)
 
+    @property
+    def jobs_forgotten(self) -> int:
+        return self.inner.jobs_forgotten
+
 
 # The fetch's fold: 2.4 s (under the ack wait; its last holds, counted from their fold, ended past
 # it), 4.8 s (past the ack wait itself)

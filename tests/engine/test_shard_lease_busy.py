@@ -73,6 +73,10 @@ class _BusyFold:
     def settled_from(self, job: str, rank: int) -> int | None:
         return self.inner.settled_from(job, rank)
 
+    @property
+    def jobs_forgotten(self) -> int:
+        return self.inner.jobs_forgotten
+
 
 class _ShardThread:
     """The shard's own event loop on a thread, as ``perfd shard`` runs it, with the longest stretch
