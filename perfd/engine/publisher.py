@@ -47,8 +47,7 @@ from perfd.engine.connect import close_bounded, connect
 from perfd.engine.figures_codec import chunks as figure_chunks
 from perfd.engine.nats_api import JetStream, Msg, NatsClient
 from perfd.engine.partial import Partial, RunMarks, decode, encode, partials_of
-from perfd.engine.shard_windows import CollectiveFold
-from perfd.jobinfo_json import job_info_from_json
+from perfd.engine.shard_windows import CollectiveFold, JobLayouts
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import Command, command_from_pb, encode_batch
 from perfd.transport.dispatch import CommandTarget
@@ -127,11 +126,11 @@ class EngineClient(CommandTarget):
         self._ranked_jobs: set[str] = set()
         # Those operations folded here and the figures sent instead (None: sent to the shards to fold)
         self.window_fold = window_fold
-        self._layouts: dict[str, str] = {}  # job -> the info the fold's layout was last read from
+        self._layouts = JobLayouts(window_fold) if window_fold is not None else None
         # jobs whose operations came, the least recently first: only their step ends feed the fold (a
         # shard's Holds.fold_in alike), not every hook job's, whose windows nothing would read
         self._folding: dict[str, None] = {}
-        self.operations_folded = self.figure_rows_sent = self.bad_job_info = 0
+        self.operations_folded = self.figure_rows_sent = 0
 
     # ---- producer side (any thread) ------------------------------------------------------------
     def submit(self, samples: Iterable[Sample] = (), steps: Iterable[StepRecord] = (),
@@ -218,18 +217,9 @@ class EngineClient(CommandTarget):
         """The window fold fed as a shard feeds it from a node message (the job's layout, its
         operations, then its ranks' step ends: perfd.engine.shard_windows.Holds.fold_in), and what it
         made since the last take, by job (every job of ``ops`` has a message in ``made``)."""
-        fold = self.window_fold
-        assert fold is not None
-        for job, text in (job_info_json or {}).items():
-            if self._layouts.get(job) == text:
-                continue  # a hook job's info comes with every record: read once, not each time
-            try:
-                layout = job_info_from_json(text).layout
-            except ValueError:
-                self.bad_job_info += 1
-                continue
-            self._layouts[job] = text
-            fold.set_layout(job, layout)
+        fold, layouts = self.window_fold, self._layouts
+        assert fold is not None and layouts is not None
+        layouts.read(job_info_json or {})
         for job in ops:
             self._folding.pop(job, None)
             self._folding[job] = None
@@ -386,7 +376,7 @@ class EngineClient(CommandTarget):
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,
                 "operations_folded": self.operations_folded, "figure_rows_sent": self.figure_rows_sent,
-                "bad_job_info": self.bad_job_info,
+                "bad_job_info": self._layouts.bad if self._layouts is not None else 0,
                 "fold_jobs_forgotten": self.window_fold.jobs_forgotten if self.window_fold is not None else 0,
                 "last_error": self.last_error}
 

@@ -37,7 +37,7 @@ once, before newer ones) and marks the partition handed, so its next holder fetc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,6 +78,32 @@ class CollectiveFold(Protocol):
     def settled_from(self, job: str, rank: int) -> int | None: ...
 
 
+class JobLayouts:
+    """Each job's layout, as its info gives it, handed to ``fold`` when it changes; ``bad``: infos that
+    did not read. A shard's holds and a folding agent (perfd.engine.publisher) feed their folds
+    through it."""
+
+    def __init__(self, fold: CollectiveFold) -> None:
+        self.fold = fold
+        self.bad = 0
+        self._layouts: dict[str, ParallelLayout | None] = {}
+        self._info_read: dict[str, str] = {}  # job -> the info its layout was last read from
+
+    def read(self, job_info_json: Mapping[str, str]) -> None:
+        for job, text in job_info_json.items():
+            if self._info_read.get(job) == text:
+                continue  # every node message of a hook job carries its info: read once, not each time
+            try:
+                layout = job_info_from_json(text).layout
+            except ValueError:
+                self.bad += 1
+                continue
+            self._info_read[job] = text
+            if self._layouts.get(job) != layout:
+                self._layouts[job] = layout
+                self.fold.set_layout(job, layout)
+
+
 @dataclass
 class _Held:
     msg: Msg
@@ -109,25 +135,14 @@ class Holds:
         self.stats = WindowStats()
         self._held: list[_Held] = []
         self._jobs: set[str] = set()  # jobs whose operations come here: their steps are folded too
-        self._layouts: dict[str, ParallelLayout | None] = {}
-        self._info_read: dict[str, str] = {}  # job -> the info its layout was last read from
+        self._layouts = JobLayouts(fold)
         self._unsent: dict[str, WindowFigures] = {}
 
     def fold_in(self, d: Decoded, m: Msg, partition: int, delivered: float) -> bool:
         """Fold a node message's operations, step ends and layout in; True: its acknowledgement waits
         (:meth:`release`). ``delivered``: no later than the engine delivered ``m``."""
-        for job, text in d.job_info_json.items():
-            if self._info_read.get(job) == text:
-                continue  # every node message of a hook job carries its info: read once, not each time
-            try:
-                layout = job_info_from_json(text).layout
-            except ValueError:
-                self.stats.bad_job_info += 1
-                continue
-            self._info_read[job] = text
-            if self._layouts.get(job) != layout:
-                self._layouts[job] = layout
-                self.fold.set_layout(job, layout)
+        self._layouts.read(d.job_info_json)
+        self.stats.bad_job_info = self._layouts.bad
         latest: dict[tuple[str, int], int] = {}
         for part in d.collectives:
             self._jobs.add(part.job)
