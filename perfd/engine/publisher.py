@@ -73,6 +73,7 @@ class PublisherStats(TypedDict):
     connects: int
     published: int
     duplicates: int
+    duplicates_unanswered: int
     publish_errors: int
     unreadable: int
     close_timeouts: int
@@ -113,6 +114,10 @@ class EngineClient(CommandTarget):
         self._nc: NatsClient | None = None
         self.connects = self.reconnects = 0
         self.batches_submitted = self.published = self.duplicates = self.publish_errors = 0
+        # Of the duplicates, resends of a publish whose answer never came (the connection or the
+        # server went first): that publish had landed, so the message is stored once, not sent twice.
+        self.duplicates_unanswered = 0
+        self._unanswered: set[int] = set()  # spool seqs published whose answer has not come
         self.unreadable = 0  # spooled messages that did not decode (a damaged spool)
         self.close_timeouts = 0  # connections let go that did not close in time (connect.close_bounded)
         self.records_submitted = 0  # events and collective records spooled for the records stream
@@ -314,10 +319,18 @@ class EngineClient(CommandTarget):
                     raise ConnectionError("the engine connection is down")
                 continue
             # In order, a window at a time: the spool's acknowledgement is cumulative.
-            acks = await asyncio.gather(*(self._publish(js, data) for _, data in pending))
-            for (seq, _), dup in zip(pending, acks, strict=True):
+            seqs = [seq for seq, _ in pending]
+            resent = self._unanswered.intersection(seqs)
+            self._unanswered = set(seqs)  # bounded by the window: older ones were answered or let go
+            acks = await asyncio.gather(*(self._publish(js, data) for _, data in pending),
+                                        return_exceptions=True)
+            for seq, dup in zip(seqs, acks, strict=True):
+                if isinstance(dup, BaseException):
+                    raise dup  # the ones before it are acknowledged; it and the rest go again
+                self._unanswered.discard(seq)
                 self.published += 1
                 self.duplicates += dup
+                self.duplicates_unanswered += dup and seq in resent
                 with self._lock:
                     self.spool.ack(seq)
 
@@ -369,7 +382,8 @@ class EngineClient(CommandTarget):
 
     def stats(self) -> PublisherStats:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
-                "duplicates": self.duplicates, "publish_errors": self.publish_errors,
+                "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
+                "publish_errors": self.publish_errors,
                 "unreadable": self.unreadable, "close_timeouts": self.close_timeouts,
                 "commands_received": self.commands_received,
                 "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,

@@ -231,8 +231,9 @@ class Load:
         return self._call(read(), 10)
 
     def distinct_published(self) -> int:
-        """Messages the engine stored: published (acknowledged) less those it had already."""
-        return sum(s["published"] - s["duplicates"] for s in self.stats())
+        """Messages the engine stored: published (acknowledged) less those it had already, but for
+        the resends of a publish whose answer was lost (it had landed: stored once, sent once)."""
+        return sum(s["published"] - (s["duplicates"] - s["duplicates_unanswered"]) for s in self.stats())
 
     def close(self) -> None:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
@@ -584,6 +585,7 @@ def row_problems(plan: Plan, load: Load, rows: list[dict[str, Any]]) -> list[str
 class Figures:
     published: int  # what the clients had acknowledged, duplicates included
     duplicates: int  # of those, the ones the engine already had
+    duplicates_unanswered: int  # of those, resends of a publish whose answer was lost (it had landed)
     distinct: int
     stream_last_seq: int  # node messages the engine ever stored
     node_messages: int  # distinct node messages the root folded
@@ -637,6 +639,7 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool = F
     parts = stream_state(rig.urls, S.PARTIALS_STREAM)
     cs = load.stats()
     f = Figures(published=sum(s["published"] for s in cs), duplicates=sum(s["duplicates"] for s in cs),
+                duplicates_unanswered=sum(s["duplicates_unanswered"] for s in cs),
                 distinct=distinct, stream_last_seq=nodes["last_seq"], node_messages=st["node_messages"],
                 redelivered=st["redelivered"], complete=st["complete"], batches=st["batches"],
                 partials_stream=parts["messages"], lag=st["lag_s"],

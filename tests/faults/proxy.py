@@ -9,6 +9,8 @@ Listens on 127.0.0.1, forwards every connection to ``upstream``, and can be swit
   client go away), the client side stays open and silent, its bytes thrown away (a peer that
   rebooted, a NAT entry that expired); new connections pass.
 - ``cut``: every open connection is reset on both sides (SO_LINGER 0); new connections pass.
+- ``deaf``: what the client sends reaches the server, what the server sends is thrown away (a
+  request that lands and whose answer is lost).
 
 It runs its own event loop in a thread, so synchronous tests can drive it.
 """
@@ -21,7 +23,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-MODES = ("pass", "blackhole", "half_open", "cut")
+MODES = ("pass", "blackhole", "half_open", "cut", "deaf")
 
 
 @dataclass(eq=False)  # kept in a set by identity
@@ -120,7 +122,8 @@ class FaultProxy:
                     break
                 # Blackhole drops both ways; half-open drops what the client sends (the server's
                 # side is gone) and the server has nothing more to send.
-                if self.mode == "blackhole" or not link.upstream_open:
+                if (self.mode == "blackhole" or not link.upstream_open
+                        or (self.mode == "deaf" and not upstream_bound)):
                     self.dropped_bytes += len(data)
                     continue
                 w.write(data)
