@@ -1,5 +1,10 @@
 """Tests marked `gpu` need a real NVIDIA GPU: they run only with PERFD_GPU_TESTS=1 (never in CI).
-A process a test leaves running fails the run (tests/leftover_procs.py names it and kills it)."""
+A process a test leaves running fails the run (tests/leftover_procs.py names it and kills it).
+
+`make test` runs pytest-xdist with --dist loadgroup: the tests of one ``xdist_group`` run on one worker.
+A module whose tests share what it computes once (a module fixture, a cached recording) carries a
+group, or every worker that takes one of its tests computes it again; so do the tests that must not
+run beside each other (``torch_processes``). tests/test_xdist_groups.py checks the grouping holds."""
 
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ import pytest
 from perfd.aggregator.http import job_iterations, job_summary
 from tests.loop_replay import TRAINING_NVML, Feed, loop, nvml_frames, replay, run3_host
 
+# Its tests share what the module computes once: one xdist worker runs them (conftest.py)
+pytestmark = pytest.mark.xdist_group("response_sizes")
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "plain-data"
 PID = 485

@@ -34,6 +34,9 @@ from perfd.analytics.steps import beat as beat_mod
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
 from tests.gpu.plain_loop_live import WARMUP, clean_steps, truth_data
 
+# Its tests share what the module computes once: one xdist worker runs them (conftest.py)
+pytestmark = pytest.mark.xdist_group("irregular_loops")
+
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "hook" / "plain_loop_h100"
 RECORDING = DATA / "data_steps.json.gz"

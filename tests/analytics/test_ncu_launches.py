@@ -41,6 +41,9 @@ from perfd.capture.ncu_report import parse_exports
 from perfd.report.ncu_text import coverage_text
 from tests.trace_cache import analyze_chrome_trace, read_chrome_trace
 
+# Its tests share what the module computes once: one xdist worker runs them (conftest.py)
+pytestmark = pytest.mark.xdist_group("ncu_launches")
+
 ROOT = Path(__file__).resolve().parents[2]
 K = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"
 NCU = ROOT / "tests" / "data" / "ncu"

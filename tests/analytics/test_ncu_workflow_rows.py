@@ -41,7 +41,7 @@ from perfd.report.remedy_text import worded_remedies
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests
 from tests.trace_cache import cached, perfd_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ncu_workflow")]
 
 TRACE = NCU / "h100_workflow_run1_rank0_trace.json.gz"
 TNT = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT"

@@ -40,6 +40,9 @@ from tests.analytics.ncu_workflow_data import (
     trained,
 )
 
+# Its tests share what the module computes once: one xdist worker runs them (conftest.py)
+pytestmark = pytest.mark.xdist_group("ncu_workflow")
+
 AGENT = "vm/ncu-workflow"
 
 

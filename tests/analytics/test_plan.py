@@ -38,7 +38,7 @@ from perfd.report.plan_view import compact, text_lines
 from perfd.report.remedy_text import worded_plan
 from tests.trace_cache import analyze_chrome_trace, timeline_class
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("plan")]
 
 ROOT = Path(__file__).resolve().parents[2]
 KINETO = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"

@@ -18,6 +18,9 @@ from perfd.capture.timeline_events import KernelEvent, MemEvent
 from tests.capture.op_reference import Reference, _load
 from tests.trace_cache import analyze_chrome_trace, cached, read_chrome_trace
 
+# Its tests share what the module computes once: one xdist worker runs them (conftest.py)
+pytestmark = pytest.mark.xdist_group("ops_attribution")
+
 KINETO = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
 DEFAULT = KINETO / "ops_default_rank0.json.gz"  # the on-demand default: CPU ops, no stacks, no shapes
 STACK = KINETO / "ops_stack_rank0.json.gz"  # the same job with Python stacks and input shapes

@@ -47,7 +47,8 @@ JOBS = sorted(p.name for p in DATA.iterdir() if (p / "meta.json").exists())
 NODE = "replay-node"
 ANALYSE_EVERY_S = 2.0
 
-pytestmark = pytest.mark.slow  # up to a thousand steps each, analysed every 2 s of their time
+# up to a thousand steps each, analysed every 2 s of their time, once for every test of the module
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("frameworks_replay")]
 
 
 class _Clock:

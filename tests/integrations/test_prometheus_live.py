@@ -28,7 +28,7 @@ from tests.integrations.integrations_helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prometheus_live")]
 
 
 @pytest.fixture(scope="module")
