@@ -45,6 +45,16 @@ RANKS_PER_NODE = 8
 PARTITIONS = 8
 
 
+async def until(what: str, pred: Callable[[], bool], timeout: float, interval: float = 0.1) -> float:
+    """Wait in the event loop until ``pred()``; the seconds it took (AssertionError past ``timeout``)."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(interval)
+    return time.monotonic() - t0
+
+
 def need_nats_server() -> str:
     """The nats-server binary, or skip (fail with PERFD_REQUIRE_SYSTEM_DEPS=1): test_natsd's rule."""
     return _need_nats_server()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,13 @@ from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.model import StepRecord
-from tests.engine.engine_driver import need_nats_server
+from tests.engine.engine_driver import need_nats_server, until
 
 
 def _step(it: int) -> StepRecord:
     return StepRecord(job="job-close", rank=0, iteration=it, end_time=time.time(), step_time_ms=1000.0)
 
 
-async def _until(what: str, pred: Callable[[], bool], timeout: float) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.1)
-    return time.monotonic() - t0
 
 
 @pytest.mark.slow
@@ -54,21 +46,21 @@ def test_an_agent_whose_close_hangs_connects_afresh_and_publishes_what_waited(
                               backoff_max_s=1.0)
         task = asyncio.create_task(client.run())
         try:
-            await _until("the first connection", lambda: client.connected, 30)
+            await until("the first connection", lambda: client.connected, 30)
             client.submit(steps=[_step(1)])
-            await _until("the first message published", lambda: client.published == 1, 30)
+            await until("the first message published", lambda: client.published == 1, 30)
 
             async def never(self: TcpTransport) -> None:  # nats.py issues 671/718: waits for good
                 await asyncio.Event().wait()
 
             monkeypatch.setattr(TcpTransport, "wait_closed", never)
             await asyncio.to_thread(cluster.kill, 0)
-            await _until("the loss seen", lambda: not client.connected, 30)
+            await until("the loss seen", lambda: not client.connected, 30)
             client.submit(steps=[_step(2)])  # waits in the spool while the engine is down
             await asyncio.sleep(2.0)
             await asyncio.to_thread(cluster.restart, 0)
-            back = await _until("connected again after the restart", lambda: client.connected, 60)
-            await _until("the waiting message published", lambda: client.published == 2, 30)
+            back = await until("connected again after the restart", lambda: client.connected, 60)
+            await until("the waiting message published", lambda: client.published == 2, 30)
             return client, back
         finally:
             task.cancel()

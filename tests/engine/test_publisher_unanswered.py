@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,8 @@ from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.model import StepRecord
-from tests.engine.engine_driver import need_nats_server, stream_state
+from tests.engine.engine_driver import need_nats_server, stream_state, until
 from tests.faults.proxy import FaultProxy
-
-
-async def _until(what: str, pred: Callable[[], bool], timeout: float) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -54,13 +45,13 @@ def test_a_publish_whose_answer_was_lost_is_not_counted_as_a_message_sent_twice(
                               backoff_max_s=1.0)
         task = asyncio.create_task(client.run())
         try:
-            await _until("connected", lambda: client.connected, 30)
+            await until("connected", lambda: client.connected, 30)
             proxy.set_mode("deaf")
             client.submit(steps=[StepRecord(job="job-deaf", rank=0, iteration=1, end_time=time.time(),
                                             step_time_ms=1000.0)])
-            await _until("the publish unanswered", lambda: client.publish_errors >= 1, 30)
+            await until("the publish unanswered", lambda: client.publish_errors >= 1, 30)
             proxy.set_mode("pass")
-            await _until("the message acknowledged", lambda: client.published == 1, 30)
+            await until("the message acknowledged", lambda: client.published == 1, 30)
             return client
         finally:
             task.cancel()
