@@ -12,6 +12,9 @@ DEMO_VENV ?= .venv-demo
 # other suites running beside it, load 4-10; 2026-11-26, 2,617 tests, make test from a fresh mypy cache:
 # 8 min 22 s with 8 workers, pytest 466 s, idle; pytest alone with one other job beside it: 622 s with
 # 6 workers, 533 s with 8 — the workers' tests summed 3,273 s of wall and 705 s of CPU, 57% of 2 cores).
+# The xdist groups (conftest.py) matter as much: on pytest 9.2 they were silently ignored, and the
+# same tree's pytest took 562 s and 1,045 s of CPU against 484 s and 898 s with them (8 workers, one
+# run each, back to back; 2026-11-27).
 TEST_WORKERS ?= 8
 # pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
 # the 2-core machine).
