@@ -145,9 +145,9 @@ def test_a_cpu_job_in_its_own_words_with_no_gpu_advice(run: dict[str, Any]) -> N
         assert data["verdict"]["cause"] == "data_wait", seen
         assert data["cause"].startswith("data loading took up to")
     else:
-        # A busy machine slows the steps around the data slowdown too (a full run at load 4-7 a CPU:
-        # one incident over steps 24-128, both stretches in it): the stretch is then not the loader's
-        # alone, and the cause may say so. Whatever it names, it is no GPU's (below).
+        # A busy machine slows the steps around the data slowdown too (a full run of the suite, 8
+        # workers on 2 CPUs: one incident over steps 24-128, both stretches in it): the stretch is then
+        # not the loader's alone, and the cause may say so. Whatever it names, it is no GPU's (below).
         assert data["verdict"]["cause"] in ("data_wait", None), seen
     assert host["verdict"]["cause"] is None  # nothing names the host-side stall: said so, without a GPU
     assert "not explained: its timers and host showed nothing unusual" in host["cause"]
