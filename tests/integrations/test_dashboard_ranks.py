@@ -77,7 +77,18 @@ def test_rank_host_stall_and_incident_panels_fill_and_counters_start_at_zero(
         tmp_path: Path, procs: Procs) -> None:
     prometheus = need("prometheus")
     grpc, _http, agg_url = start_aggregator(procs, "--gpu", "NVIDIA H200")
-    agent_port, prom_port = free_port(), free_port()
+    run, rank = tmp_path / "run", tmp_path / "rank.py"
+    rank.write_text(RANK)
+    launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run), "--log",
+                         str(run / "train.log"), "--", sys.executable, str(rank), str(LOG))
+    # The agent binds a port of its own and says which (a free port picked here was once taken by another
+    # test's process before the agent bound it: the agent exited and the wait below ran out)
+    ready = tmp_path / "agent.ready"
+    start_agent(procs, grpc, "--node", NODE, "--ready-file", ready,
+                manifest=wait_manifest(run / "launch.json", launch), nvml="off", metrics_port=0)
+    agent_port = int(wait_for(lambda: ready.read_text().strip() if ready.exists() else None, 60,
+                              "the agent's /metrics port"))
+    prom_port = free_port()
     base = f"http://127.0.0.1:{prom_port}"
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(f"""
@@ -94,12 +105,6 @@ scrape_configs:
     wait_for(lambda: http_get(f"{base}/-/ready"), 30, "Prometheus ready")
     start = time.time()
 
-    run, rank = tmp_path / "run", tmp_path / "rank.py"
-    rank.write_text(RANK)
-    launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run), "--log",
-                         str(run / "train.log"), "--", sys.executable, str(rank), str(LOG))
-    start_agent(procs, grpc, "--node", NODE, manifest=wait_manifest(run / "launch.json", launch), nvml="off",
-                metrics_port=agent_port)
     # The rank prints its log, then idles alive: the job stalls (every rank idle), an incident.
     wait_for(lambda: _query(base, f'perfd_job_state_info{{job_name="{JOB}", state="stalled"}} == 1'), 180,
              "the job stalled, as Prometheus sees it")
