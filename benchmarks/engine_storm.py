@@ -91,9 +91,7 @@ def _agents(a: AgentsArgs, t0: Any, last: Any, status: Any, ready: Any) -> None:
             status.put({"index": a.index, "final": final, "t": time.time(), "iteration": it,
                         "connected": sum(c.connected for c in clients),
                         "submitted": sum(c.batches_submitted for c in clients),
-                        # stored once each: a resend whose first answer was lost is no double
-                        "published": sum(c.published - c.duplicates + c.duplicates_unanswered
-                                         for c in clients),
+                        "published": sum(c.distinct_published for c in clients),
                         "duplicates": sum(c.duplicates for c in clients),
                         "pending": sum(c.spool.pending_count() for c in clients),
                         "reconnects": sum(c.reconnects for c in clients),

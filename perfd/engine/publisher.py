@@ -74,6 +74,7 @@ class PublisherStats(TypedDict):
     published: int
     duplicates: int
     duplicates_unanswered: int
+    distinct_published: int
     publish_errors: int
     unreadable: int
     close_timeouts: int
@@ -282,6 +283,12 @@ class EngineClient(CommandTarget):
             delay = min(self.backoff_max_s, delay * 2)
 
     @property
+    def distinct_published(self) -> int:
+        """Messages the engine stored from this client: those acknowledged, less the copies it already
+        had but for the resends of a publish whose answer was lost (stored once, sent once)."""
+        return self.published - (self.duplicates - self.duplicates_unanswered)
+
+    @property
     def connected(self) -> bool:
         """Connected to a server now (not while nats-py is reconnecting underneath)."""
         nc = self._nc
@@ -383,6 +390,7 @@ class EngineClient(CommandTarget):
     def stats(self) -> PublisherStats:
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
+                "distinct_published": self.distinct_published,
                 "publish_errors": self.publish_errors,
                 "unreadable": self.unreadable, "close_timeouts": self.close_timeouts,
                 "commands_received": self.commands_received,

@@ -243,7 +243,7 @@ class Load:
     def distinct_published(self) -> int:
         """Messages the engine stored: published (acknowledged) less those it had already, but for
         the resends of a publish whose answer was lost (it had landed: stored once, sent once)."""
-        return sum(s["published"] - (s["duplicates"] - s["duplicates_unanswered"]) for s in self.stats())
+        return sum(s["distinct_published"] for s in self.stats())
 
     def close(self) -> None:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():

@@ -67,4 +67,5 @@ def test_a_publish_whose_answer_was_lost_is_not_counted_as_a_message_sent_twice(
     assert stored == 1, f"the engine stored {stored} messages"
     assert (st["published"], st["duplicates"], st["duplicates_unanswered"]) == (1, 1, 1), st
     assert st["published"] - (st["duplicates"] - st["duplicates_unanswered"]) == stored
+    assert st["distinct_published"] == stored
     assert st["pending"] == 0 and st["unreadable"] == 0, st
