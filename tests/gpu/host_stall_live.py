@@ -123,7 +123,8 @@ class LogWatch:
                 self.first_iteration_at = now
 
 
-INCIDENT_KEYS = ("id", "kinds", "open", "first_iteration", "last_iteration", "cost_s", "cause", "ranks")
+INCIDENT_KEYS = ("id", "kinds", "open", "first_iteration", "last_iteration", "cost_s", "cause", "ranks",
+                 "start_time", "end_time")
 HOST_KEYS = ("rank", "pid", "state", "cpu_cores", "wait_ratio", "allowed_cpus", "allowed_busy_ratio",
              "others_ratio", "throttled_ratio")
 
@@ -231,7 +232,12 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
                         os.kill(stop["pid"], signal.SIGCONT)
                         stop["continued_at"] = now
                         stop["stopped_s"] = round(now - stop["at"], 2)
-                if stop.get("continued_at") and now - stop["continued_at"] >= a.after_s:
+                # At least --after-s past SIGCONT, and then until the incident that carries the stop has
+                # closed (or become a level shift), up to --max-s: on a loaded machine the steps after the
+                # stop stay slow for a while, and a verdict read before its incident ends is not there yet
+                # (a CI run at load 4.2 per CPU read none after 12 s).
+                if stop.get("continued_at") and now - stop["continued_at"] >= a.after_s \
+                        and incidents_after_stop(p.get("incidents") or [], stop):
                     break
             time.sleep(1.0)
         res["stop"] = stop
@@ -278,6 +284,15 @@ def spans_stop(inc: dict[str, Any], stop: dict[str, Any]) -> bool:
             and isinstance(start, (int, float)) and isinstance(end, (int, float))):
         return True
     return bool(start <= until and (end >= at or inc.get("open")))
+
+
+def incidents_after_stop(incs: list[dict[str, Any]], stop: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stall incidents that span the stop and are settled (closed, or open as a level shift that the
+    slower steps after the stop keep going), the closed ones first."""
+    return sorted((i for i in incs if "stall" in (i.get("kinds") or [])
+                   and (not i.get("open") or "level-shift" in (i.get("kinds") or []))
+                   and spans_stop(i, stop)),
+                  key=lambda i: bool(i.get("open")))
 
 
 def burn_slowdown(polls: list[dict[str, Any]]) -> float | None:
@@ -358,10 +373,7 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     # shift that the slower steps after the stop keep going (seen with two suites on a 2-CPU machine).
     # The one that spans the stop: on a loaded machine the burn's slow steps can go silent past the stall
     # limit too, and that earlier incident (its cause the burners) is not the stop's.
-    after = sorted((i for i in incs if "stall" in (i.get("kinds") or [])
-                    and (not i.get("open") or "level-shift" in (i.get("kinds") or []))
-                    and spans_stop(i, stop)),
-                   key=lambda i: bool(i.get("open")))
+    after = incidents_after_stop(incs, stop)
     out["stall_incident_after"] = after and {k: after[0].get(k) for k in ("id", "kinds", "cost_s", "cause")}
     out["cause_after_is_stopped"] = bool(after) and (after[0].get("verdict") or {}).get("cause") == \
         "process_stopped"
@@ -409,7 +421,7 @@ def main() -> int:
     ap.add_argument("--burn-s", type=float, default=None)
     ap.add_argument("--stop-at", type=float, default=None)
     ap.add_argument("--stop-s", type=float, default=None)
-    ap.add_argument("--after-s", type=float, default=None, help="how long to go on after SIGCONT")
+    ap.add_argument("--after-s", type=float, default=None, help="how long at least to go on after SIGCONT (then until the incident that carries the stop has settled, up to --max-s)")
     ap.add_argument("--max-s", type=float, default=330.0)
     a = ap.parse_args()
     smoke = {"cpus": str(max(os.sched_getaffinity(0))), "burn_at": 20.0, "burn_s": 15.0, "stop_at": 55.0,
