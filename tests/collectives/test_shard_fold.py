@@ -95,9 +95,21 @@ def test_the_shards_figures_give_every_ranks_per_iteration_share_with_two_operat
     got = _analysis(store, held)
     assert all(len(it.share_by_rank) == WORLD for it in got.iterations)
     assert _shares(got) == _shares(want)
-    # Provisional rows were replaced by settled ones of the same windows
+    # Provisional rows first; a window's settled row only where its figures differ from the provisional
+    # one handed on (the join keeps that one): no (iteration, rank) handed on twice with one figures
     assert any(not w.settled for f in sent for w in f.rows.values())
-    assert all(w.settled for (it, _), w in jc.fold.outside.rows.items() if it < ITERATIONS - 1)
+    handed: dict[tuple[int, int], list[tuple[object, ...]]] = {}
+    for f in sent:
+        for k, w in f.rows.items():
+            handed.setdefault(k, []).append(_figures(w))
+    assert all(len(v) == len(set(v)) for v in handed.values())
+    # what settled as it was handed on stands in the join as the provisional row it was
+    assert any(not w.settled for (it, _), w in jc.fold.outside.rows.items() if it < ITERATIONS - 2)
+
+
+def _figures(w: RankWindow) -> tuple[object, ...]:
+    """A row's figures: all but whether it is settled and the basis it was made from."""
+    return w.start_ns, w.end_ns, w.n_iterations, w.excluded, w.comm_ns, w.by
 
 
 def test_partials_the_shards_folded_leave_the_step_windows_to_the_analysis() -> None:
@@ -213,10 +225,15 @@ def test_step_ends_with_every_node_message_give_the_windows_all_the_records_give
     folds = _node_folds(steps)
     its = sorted({s.iteration for s in steps})
     ends = {it: max(round((s.end_time or 0) * 1e9) for s in steps if s.iteration == it) for it in its}
-    settled: list[dict[tuple[int, int], RankWindow]] = []
-    for sh in (ShardCollectives(), _EveryRecord()):
+    joined: list[WindowFigures] = []
+    settled_rows: list[int] = []
+    settled_as_handed: list[int] = []
+    # the reference caches nothing either: it hands on every settled row, where the shard's fold leaves
+    # out those that settled as it handed them on provisional
+    for sh in (ShardCollectives(), _EveryRecord(cache=False)):
         sh.set_layout("j", LAYOUT)
-        got: dict[tuple[int, int], RankWindow] = {}
+        got = WindowFigures("j")
+        rows = 0  # settled rows handed on
         prev = None
         for it in its:
             for n in range(NODES):
@@ -226,16 +243,27 @@ def test_step_ends_with_every_node_message_give_the_windows_all_the_records_give
                     sh.add(reduce("j", mine))
                 sh.add_steps([folds[(it, n)]])
                 if n % 3 == 2:  # a flush now and then, as the shard's
-                    got.update({k: w for f in sh.take() for k, w in f.rows.items() if w.settled})
+                    for f in sh.take():
+                        got.absorb(f)
+                        rows += sum(w.settled for w in f.rows.values())
             prev = it
-        got.update({k: w for f in sh.take() for k, w in f.rows.items() if w.settled})
-        settled.append(got)
+        for f in sh.take():
+            got.absorb(f)
+            rows += sum(w.settled for w in f.rows.values())
+        joined.append(got)
+        settled_rows.append(rows)
         j = sh.jobs["j"]
+        settled_as_handed.append(j.fold.counts.settled_as_handed)
         assert len(j.steps) == 5
         assert {e[0] for es in j.by_rank.values() for e in es} == set(j.steps)
         assert set(j.by_rank) == set(range(WORLD))
-    assert len(settled[0]) == WORLD * (ITERATIONS - 2)  # iterations 1..6 settled: the last two wait
-    assert settled[0] == settled[1]
+    settled = {k: w for k, w in joined[1].rows.items() if w.settled}
+    assert len(settled) == WORLD * (ITERATIONS - 2)  # iterations 1..6 settled: the last two wait
+    # the join of what the shard's fold handed on holds the reference's settled figures
+    assert {k: _figures(joined[0].rows[k]) for k in settled} == {k: _figures(w) for k, w in settled.items()}
+    # every settled window either handed on settled or counted as settled as it was handed on
+    assert 0 < settled_as_handed[0] and settled_rows[0] + settled_as_handed[0] == len(settled)
+    assert settled_as_handed[1] == 0 and settled_rows[1] == len(settled)
 
 
 def test_a_fold_holds_at_most_max_jobs_the_least_recently_touched_goes(monkeypatch: Any) -> None:

@@ -96,6 +96,8 @@ class FoldCounts:
     # no end of: waited LATE_END_WINDOWS (or its waiting operations' bound) and came not, or never sent
     missing_end: int = 0
     received: int = 0  # (rank, window) figures made elsewhere (a shard's fold) merged in
+    # (rank, window) settled with the figures its provisional row handed on had: not handed on again
+    settled_as_handed: int = 0
 
     def to_json(self) -> dict[str, int]:
         return dict(vars(self))
@@ -104,13 +106,16 @@ class FoldCounts:
 class _Block:
     """One iteration's figures, a rank a row (columns of integers: ~40 bytes a rank)."""
 
-    __slots__ = ("by", "comm", "ranks", "windows")
+    __slots__ = ("by", "comm", "handed", "ranks", "windows")
 
     def __init__(self) -> None:
         self.ranks = array("q")
         self.comm = array("q")
         self.windows: list[StepWindow] = []  # the job's windows: one object shared by every row
         self.by: dict[str, array[int]] = {}
+        # (a fold that hands its figures on) the rows whose settled figures are the provisional ones
+        # it handed on: a take leaves them out (the join holds them already)
+        self.handed: set[int] = set()
 
     def add(self, rank: int, w: StepWindow, comm: int, by: Mapping[str, int]) -> None:
         n = len(self.ranks)
@@ -178,6 +183,12 @@ class Classes:
             c = known.get(r.group)
             out[id(r)] = c if c is not None else self.of(r.group)
         return out
+
+
+def _figure(w: StepWindow, comm: int, by: Mapping[str, int]) -> tuple[int, int, int, str | None, int,
+                                                                       tuple[tuple[str, int], ...]]:
+    """A rank's figures of a window as a fold that hands them on compares them with what it handed on."""
+    return w.start_ns, w.end_ns, w.n_iterations, w.excluded, comm, tuple(sorted(by.items()))
 
 
 class WindowFold:
@@ -356,7 +367,8 @@ class WindowFold:
         self._retracted.clear()
         for it, block in self.blocks.items():
             for i in range(self._taken.get(it, 0), len(block)):
-                out.add(it, self._row(block, i, True))
+                if i not in block.handed:
+                    out.add(it, self._row(block, i, True))
             self._taken[it] = len(block)
         classes = self._class_map()
         for rank in sorted(self._touched):
@@ -379,14 +391,13 @@ class WindowFold:
                 figs = [(w, *tl.window(w)) for w in self._windows_of(rank)
                         if (st.frontier is None or w.start_ns >= st.frontier) and tl.complete(w)]
             for w, comm, by_ in figs:
-                by = tuple(sorted(by_.items()))
+                fig = _figure(w, comm, by_)
                 if self.hands_on:  # the same figures as handed on before: the join has them
-                    fig = (w.start_ns, w.end_ns, w.n_iterations, w.excluded, comm, by)
                     if st.sent.get(w.iteration) == fig:
                         continue
                     st.sent[w.iteration] = fig
                 out.add(w.iteration, RankWindow(rank, w.start_ns, w.end_ns, w.n_iterations, w.excluded,
-                                                comm, by, False, st.newest))
+                                                comm, fig[5], False, st.newest))
         self._touched.clear()
         return out
 
@@ -448,8 +459,16 @@ class WindowFold:
                 block = self.blocks.get(w.iteration)
                 if block is None:
                     block = self.blocks[w.iteration] = _Block()
-                block.add(rank, w, *tl.window(w))
+                comm, by_ = tl.window(w)
+                block.add(rank, w, comm, by_)
                 self.counts.windows += 1
+                # Settled as it was handed on provisional: the join keeps that row (nothing but this
+                # fold's own later rows of the window could replace it, and there are none after its
+                # settling), so the settled copy is not sent. At 100,000 ranks every window went to the
+                # root twice, and the root's merge of the rows was its largest cost (docs/scale.md).
+                if self.hands_on and st.sent.get(w.iteration) == _figure(w, comm, by_):
+                    block.handed.add(len(block) - 1)
+                    self.counts.settled_as_handed += 1
             else:
                 self.counts.uncovered += 1
         self._let_go(st, tl.tail, cut)
