@@ -371,9 +371,24 @@ def _enqueue_order(kv: tuple[OpKey, OpRow]) -> tuple[object, ...]:
 
 
 def _bound_stream(rows: dict[OpKey, OpRow], max_ops: int | None) -> int:
+    """The stream's oldest rows past ``max_ops`` let go, in :func:`_enqueue_order`: those enqueued
+    before the cut's time, then of those at it the first by key. The enqueue times alone decide all
+    but a tie at the cut, so the key order (a tuple made a field at a time) is built for those only:
+    sorting every row by the whole order was most of the root's merge of its agents' operations
+    (py-spy on ``perfd bench engine --collectives``), done at every message for each rank in it."""
     if max_ops is None or len(rows) <= max_ops:
         return 0
     gone = len(rows) - max_ops
-    for key, _row in sorted(rows.items(), key=_enqueue_order)[:gone]:
+    times = [_NO_TIME if row.time_created_ns is None else row.time_created_ns for row in rows.values()]
+    cut = sorted(times)[gone - 1]
+    below = [key for key, t in zip(rows, times, strict=True) if t < cut]
+    at = [key for key, t in zip(rows, times, strict=True) if t == cut]
+    if len(below) + len(at) > gone:
+        at = sorted(at, key=sort_key)[:gone - len(below)]
+    for key in below + at:
         del rows[key]
     return gone
+
+
+# An untimed row's place in the enqueue order: before every timed one (_sortable's None first)
+_NO_TIME = float("-inf")

@@ -15,9 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfd import collfold
 from perfd.analytics.collectives.collective_analysis import analyze_collectives, finish
 from perfd.collfold import (
     CollectivePartial,
+    GroupRef,
+    OpKey,
+    OpRow,
     Retention,
     for_sending,
     merge,
@@ -251,3 +255,24 @@ def test_a_resolved_hang_stays_resolved_when_the_retention_lets_its_rows_go() ->
     assert len(kept) == 1 and next(iter(kept.ops.values())).pg_id == 1  # group 0's rows are gone
     (h,) = finish(kept, (), hang_events=hang).hangs
     assert h.resolved, hang_text(h)
+
+
+_G = GroupRef("pg0", None, None, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 5)), st.one_of(st.none(), st.integers(0, 9)),
+                          st.booleans()), max_size=30, unique_by=lambda x: (x[1], x[2])),
+       st.one_of(st.none(), st.integers(0, 31)))
+def test_a_streams_bound_keeps_its_newest_rows_in_the_enqueue_order(items: list[tuple[int | None, int | None,
+                                                                                       bool]],
+                                                                    k: int | None) -> None:
+    """The bound lets go of the oldest rows by the whole enqueue order (time, untimed first, then the
+    key), ties at the cut's time included, as a sort of every row by that order does."""
+    rows: dict[OpKey, OpRow] = {("fr", 0, 1, seq, p2p): OpRow("fr", "allreduce", _G, 0, 1, time_created_ns=t)
+                                for t, seq, p2p in items}
+    ordered = sorted(rows.items(), key=collfold._enqueue_order)
+    want = dict(rows) if k is None else dict(ordered[-k:] if k else [])
+    got = dict(rows)
+    assert collfold._bound_stream(got, k) == len(rows) - len(want)
+    assert got == want
