@@ -29,8 +29,38 @@ class WaitTimeout(AssertionError, TimeoutError):
     """``wait_for`` ran out of time: an AssertionError for pytest, a TimeoutError for the scripts."""
 
 
+# The ports handed to the processes a test starts: below the kernel's ephemeral range, which bind(0)
+# and every outgoing connection draw from, a slice per xdist worker, walked from an offset of this
+# process's own (a script a test runs picks from its worker's slice too). A port from bind(0) was free
+# when asked, but another test's process (an outgoing connection, a bind(0) of its own) could take it
+# before the child bound it, which full runs hit: an agent that could not bind its /metrics port
+# exited at start, and the test waited out its limit.
+PORTS_FROM = 20_000
+PORTS_PER_WORKER = 1_000
+_ports = iter(range(10**9))
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    lo = PORTS_FROM + (int(worker) if worker.isdigit() else 0) * PORTS_PER_WORKER
+    if lo + PORTS_PER_WORKER <= _ephemeral_low():
+        start = os.getpid() * 7919
+        for _ in range(PORTS_PER_WORKER):
+            port = lo + (start + next(_ports)) % PORTS_PER_WORKER
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # bound by another process (or not yet free): the next
+                    continue
+                return port
+    with socket.socket() as s:  # a range too low to leave room, or every port of the slice taken
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

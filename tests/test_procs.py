@@ -5,6 +5,8 @@ an agent (its log would say the stream ended, INTERNAL or UNAVAILABLE)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -67,3 +69,24 @@ def test_procs_start_query_and_stop_in_order(tmp_path: Path) -> None:
 def test_start_aggregator_fails_fast_when_it_exits(tmp_path: Path) -> None:
     with Procs(tmp_path, run_env()) as procs, pytest.raises(RuntimeError, match="exited"):
         start_aggregator(procs, "--rules", str(tmp_path / "missing.yaml"), timeout=30)
+
+
+def test_free_ports_come_from_the_workers_slice_below_the_ephemeral_range(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port handed to a child is one no bind(0) or outgoing connection elsewhere can take first: from
+    this worker's slice below the kernel's ephemeral range, each free when handed out, none twice."""
+    from tests import procs
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    lo = procs.PORTS_FROM + 2 * procs.PORTS_PER_WORKER
+    if lo + procs.PORTS_PER_WORKER > procs._ephemeral_low():
+        pytest.skip("this machine's ephemeral range starts below the slices")
+    ports = [procs.free_port() for _ in range(20)]
+    assert len(set(ports)) == 20 and all(lo <= p < lo + procs.PORTS_PER_WORKER for p in ports)
+    # a port some process holds is passed over: the walk's next one (its offset and place made known)
+    monkeypatch.setattr(os, "getpid", lambda: 0)
+    monkeypatch.setattr(procs, "_ports", iter(range(10**9)))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", lo))
+        held.listen()
+        assert procs.free_port() == lo + 1
