@@ -421,7 +421,9 @@ def main() -> int:
     ap.add_argument("--burn-s", type=float, default=None)
     ap.add_argument("--stop-at", type=float, default=None)
     ap.add_argument("--stop-s", type=float, default=None)
-    ap.add_argument("--after-s", type=float, default=None, help="how long at least to go on after SIGCONT (then until the incident that carries the stop has settled, up to --max-s)")
+    ap.add_argument("--after-s", type=float, default=None,
+                    help="how long at least to go on after SIGCONT (then until the incident that carries "
+                         "the stop has settled, up to --max-s)")
     ap.add_argument("--max-s", type=float, default=330.0)
     a = ap.parse_args()
     smoke = {"cpus": str(max(os.sched_getaffinity(0))), "burn_at": 20.0, "burn_s": 15.0, "stop_at": 55.0,
