@@ -277,3 +277,47 @@ def test_a_fold_holds_at_most_max_jobs_the_least_recently_touched_goes(monkeypat
     sh.add_steps([StepRecord(job="d", iteration=1, rank=0, end_time=1.0, rank_end_times={0: 1.0})])
     assert list(sh.jobs) == ["c", "a", "d"] and sh.jobs_forgotten == 1  # b, touched least recently
     assert sorted(sh.jobs["a"].steps) == [1, 2]  # a job kept keeps what it held
+
+
+def _fold_in_order(order: list[tuple[int, int]], recs: list[CollectiveRecord], steps: list[StepRecord],
+                   take_every: int = 3) -> WindowFigures:
+    """A shard's fold fed each (iteration, node)'s message in ``order`` (its operations since the
+    iteration before, then its step ends), taken now and then: the join of what it handed on."""
+    folds = _node_folds(steps)
+    its = sorted({s.iteration for s in steps})
+    ends = {it: max(round((s.end_time or 0) * 1e9) for s in steps if s.iteration == it) for it in its}
+    sh = ShardCollectives()
+    sh.set_layout("j", LAYOUT)
+    got = WindowFigures("j")
+    for k, (it, n) in enumerate(order):
+        prev = its[its.index(it) - 1] if its.index(it) else None
+        mine = [r for r in recs if _node(r) == n and (r.time_created_ns or 0) <= ends[it]
+                and (prev is None or (r.time_created_ns or 0) > ends[prev])]
+        if mine:
+            sh.add(reduce("j", mine))
+        sh.add_steps([folds[(it, n)]])
+        if k % take_every == take_every - 1:
+            for f in sh.take():
+                got.absorb(f)
+    for f in sh.take():
+        got.absorb(f)
+    return got
+
+
+def test_a_node_whose_messages_come_iterations_behind_the_others_still_has_its_windows(
+        monkeypatch: Any) -> None:
+    """A shard that took over a killed one's partitions folds their messages again once the engine's ack
+    wait ran out, iterations behind its other nodes'. Its fold keeps each rank's newest step records
+    and lets go of no figures before a take handed them on: the late node's windows are all made, with
+    the figures an in-order fold gives. (It kept the job's newest iterations: the late node's records
+    went as they came, and with them every window of its ranks.)"""
+    monkeypatch.setattr(shardfold, "KEEP_STEP_ITERATIONS", 3)
+    monkeypatch.setattr(shardfold, "KEEP_FIGURE_ITERATIONS", 2)
+    recs, steps = synthetic_job()
+    its = sorted({s.iteration for s in steps})
+    in_order = _fold_in_order([(it, n) for it in its for n in (0, 1)], recs, steps)
+    late = _fold_in_order([(it, 0) for it in its] + [(it, 1) for it in its], recs, steps)
+    node1 = {k for k in in_order.rows if k[1] // PER_NODE == 1}
+    assert len(node1) >= PER_NODE * (ITERATIONS - 3)
+    assert {k for k in late.rows if k[1] // PER_NODE == 1} == node1
+    assert {k: _figures(late.rows[k]) for k in node1} == {k: _figures(in_order.rows[k]) for k in node1}

@@ -130,18 +130,9 @@ def _root_answer(rig: Rig, job: str) -> str:
     return json.dumps(doc.get("collectives"), sort_keys=True)
 
 
-# A known defect, found when the wait for the root's answer below stopped returning at once (from its
-# start it passed whatever the answer was): with the shards folding the windows (perfd agent's
-# --engine-collectives shard; the agents fold by default), after the kill the root holds no window of
-# the killed shard's ranks from about the kill's iteration on, and the next holder releases their
-# messages unsettled (released_unsettled 12 in one run). Not strict: a run that passes must not fail.
-SHARD_FOLD_KILL = pytest.mark.xfail(strict=False, reason="the shards' window fold loses the killed shard's "
-                                    "windows at the root after a kill (known defect, this module's comment)")
-
-
 @pytest.mark.parametrize(("restart", "at_agents"), [
-    pytest.param(True, False, id="restarted", marks=SHARD_FOLD_KILL),
-    pytest.param(False, False, id="not-restarted", marks=SHARD_FOLD_KILL),
+    pytest.param(True, False, id="restarted"),
+    pytest.param(False, False, id="not-restarted"),
     pytest.param(False, True, id="agents-fold")])
 def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool,
                                                                           at_agents: bool) -> None:

@@ -24,11 +24,15 @@ from perfd.collfold import CollectivePartial
 from perfd.model import ParallelLayout, StepRecord
 from perfd.winfigures import WindowFigures
 
-# Iterations of step records a shard keeps a job (its ranks' windows): the newest operations settle
+# Iterations of step records a shard keeps of each rank (its windows): the newest operations settle
 # within a few windows of their step records (the waiting ones are bounded at ~3 iterations a rank at
 # 100,000 ranks: winfold.PENDING); older windows have handed their figures on. Every new step end
 # builds the windows again from all of them (32 were a fifth of a shard's fold, flushing 8 times an
-# iteration: shard_fold_bench --takes 8).
+# iteration: shard_fold_bench --takes 8). Each rank's newest, not the job's: a shard that took over a
+# killed one's partitions folds their messages again, delivered once the engine's ack wait ran out,
+# iterations behind its other nodes' (28-40 in tests/engine/test_engine_collectives_faults.py), and
+# the job's newest 12 let those records go as they came: their ranks' windows were never made.
+# Records without their ranks' ends (a log's job) are kept by the job's newest iterations.
 KEEP_STEP_ITERATIONS = 12
 # Iterations of settled figures a shard's fold keeps (a sequence gap seen later takes them back).
 KEEP_FIGURE_ITERATIONS = 8
@@ -47,6 +51,8 @@ class _Job:
     # at every node message was half of a shard's CPU (py-spy on `perfd bench engine --collectives`)
     # and grew with the square of its nodes.
     by_rank: dict[int, list[tuple[int, int, StepRecord]]] = field(default_factory=dict)
+    # id(record) -> the ranks that still keep it among their newest (it goes when none does)
+    keeping: dict[int, int] = field(default_factory=dict)
     arrivals: int = 0
     # The ranks whose windows changed since a take last advanced the fold (None: every rank's). Only
     # theirs can settle anything new there: every other rank was advanced when its operations came
@@ -96,8 +102,12 @@ class ShardCollectives:
                     j.changed.update(r.rank_end_times)
                 else:
                     j.changed = None
-            if len(j.steps) > KEEP_STEP_ITERATIONS:
-                _forget(j, min(j.steps))
+            if r.rank_end_times:
+                j.keeping[id(r)] = len(r.rank_end_times)
+                for rank in r.rank_end_times:
+                    _keep_newest(j, rank)
+            else:
+                _forget_rankless(j)
 
     def set_layout(self, job: str, layout: ParallelLayout | None) -> None:
         j = self._job(job)
@@ -161,12 +171,35 @@ def _order(e: tuple[int, int, StepRecord]) -> tuple[int, int]:
     return e[0], e[1]
 
 
-def _forget(j: _Job, iteration: int) -> None:
-    """The records of an iteration past KEEP_STEP_ITERATIONS gone, from the rank index too."""
-    for r in j.steps.pop(iteration):
-        for rank in r.rank_end_times:
-            kept = [e for e in j.by_rank.get(rank, ()) if e[0] != iteration]
-            if kept:
-                j.by_rank[rank] = kept
-            else:
-                j.by_rank.pop(rank, None)
+def _keep_newest(j: _Job, rank: int) -> None:
+    """The rank's records of its newest KEEP_STEP_ITERATIONS iterations kept; a record none of its ranks
+    keeps any more goes (its windows there are made from the records that stay)."""
+    entries = j.by_rank[rank]
+    its = {e[0] for e in entries}
+    if len(its) <= KEEP_STEP_ITERATIONS:
+        return
+    oldest = sorted(its)[:len(its) - KEEP_STEP_ITERATIONS]
+    gone = [e for e in entries if e[0] <= oldest[-1]]
+    j.by_rank[rank] = [e for e in entries if e[0] > oldest[-1]]
+    for _, _, r in gone:
+        left = j.keeping[id(r)] - 1
+        if left:
+            j.keeping[id(r)] = left
+            continue
+        del j.keeping[id(r)]
+        held = [x for x in j.steps[r.iteration] if x is not r]
+        if held:
+            j.steps[r.iteration] = held
+        else:
+            del j.steps[r.iteration]
+
+
+def _forget_rankless(j: _Job) -> None:
+    """Records without their ranks' ends past the job's newest KEEP_STEP_ITERATIONS iterations of them."""
+    its = sorted(it for it, rs in j.steps.items() if any(not r.rank_end_times for r in rs))
+    for it in its[:max(0, len(its) - KEEP_STEP_ITERATIONS)]:
+        kept = [r for r in j.steps[it] if r.rank_end_times]
+        if kept:
+            j.steps[it] = kept
+        else:
+            del j.steps[it]

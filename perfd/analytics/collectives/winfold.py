@@ -370,6 +370,8 @@ class WindowFold:
                 if i not in block.handed:
                     out.add(it, self._row(block, i, True))
             self._taken[it] = len(block)
+        if len(self.blocks) > self.keep:  # those kept for this take
+            self._evict()
         classes = self._class_map()
         for rank in sorted(self._touched):
             st = self.ranks.get(rank)
@@ -478,9 +480,20 @@ class WindowFold:
             for it in [it for it in st.sent if it <= settled[-1].iteration]:
                 del st.sent[it]
         if len(self.blocks) > self.keep:
-            for it in sorted(self.blocks)[:len(self.blocks) - self.keep]:
-                self.counts.evicted += len(self.blocks.pop(it))
-                self._taken.pop(it, None)
+            self._evict()
+
+    def _evict(self) -> None:
+        """The oldest iterations' figures past ``keep`` let go; in a fold that hands them on, only those
+        taken: a shard that took over a killed one's partitions settles their windows iterations behind
+        its other nodes' (their messages delivered again after the engine's ack wait), and the oldest
+        iteration then was the one just settled, let go before a take could hand it on."""
+        for it in sorted(self.blocks):
+            if len(self.blocks) <= self.keep:
+                return
+            if self.hands_on and self._taken.get(it, 0) < len(self.blocks[it]):
+                continue
+            self.counts.evicted += len(self.blocks.pop(it))
+            self._taken.pop(it, None)
 
     def _before_missing_end(self, b: _Bounds, st: _Rank, lo: int, hi: int, reached: int | None) -> int:
         """Where the rank's windows [lo, hi) stop settling: at the first over (or, its first, after)
