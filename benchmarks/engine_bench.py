@@ -640,10 +640,12 @@ class Children:
         self._logs: list[Any] = []
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, argv: list[str], sampled: Path | None = None) -> subprocess.Popen[bytes]:
+        """``sampled``: run under benchmarks.frame_sampler, which writes its threads' CPU and stacks there."""
         out = open(self.tmp / f"{name}.log", "wb")
         self._logs.append(out)
-        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, env=self._env, stdout=out,
+        via = ["-m", "benchmarks.frame_sampler", str(sampled)] if sampled is not None else ["-m"]
+        p = subprocess.Popen([sys.executable, *via, "perfd.cli", *argv], cwd=ROOT, env=self._env, stdout=out,
                              stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p
@@ -665,7 +667,8 @@ class Children:
 def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s: float = 2.0,
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
-               log: bool = False, collectives: bool = False, fold_at_agents: bool = False) -> dict[str, Any]:
+               log: bool = False, collectives: bool = False, fold_at_agents: bool = False,
+               profile_root: Path | None = None) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -692,7 +695,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             eng += ["--engine-tls-ca", str(tls_files[2])]
         ready_file = tmp / "root.ready"
         root = spawn("root", ["aggregator", *eng, "--no-rules", "--grpc-port", "0", "--http-port", "0",
-                              "--ready-file", str(ready_file), "--engine-root-id", "bench-root"])
+                              "--ready-file", str(ready_file), "--engine-root-id", "bench-root"],
+                     sampled=profile_root)
         stats_files = [tmp / f"shard-{i}.json" for i in range(shards)]
         shard_procs = [spawn(f"shard-{i}", ["shard", *eng, "--id", f"bench-shard-{i}", "--stats-file",
                                             str(stats_files[i]), "--stats-interval", "0.5"])
@@ -985,6 +989,9 @@ def main(argv: list[str] | None = None) -> int:
                          "figures beside its partial, which the shard hands on (perfd agent's default; the "
                          "load sends a real fold's figures of its first node, moved to each node and "
                          "iteration); without it the operations go to the shard, which folds them")
+    ap.add_argument("--profile-root", type=Path, metavar="OUT.json",
+                    help="run the root under benchmarks.frame_sampler: its threads' CPU and stacks to "
+                         "OUT.json (python -m benchmarks.frame_sampler --show OUT.json)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -995,7 +1002,8 @@ def main(argv: list[str] | None = None) -> int:
     res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
                      inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
-                     collectives=ns.collectives, fold_at_agents=ns.fold_at_agents)
+                     collectives=ns.collectives, fold_at_agents=ns.fold_at_agents,
+                     profile_root=ns.profile_root.resolve() if ns.profile_root else None)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

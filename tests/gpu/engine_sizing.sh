@@ -18,6 +18,8 @@
 # adds each node's collective operations (bench engine --collectives: the shards fold their windows),
 # its files named ..._tls_coll.json; with AGENTS_FOLD=1 as well the agents fold their own ranks' windows
 # and send the figures (perfd agent's default; --fold-at-agents), files ..._tls_coll_agents.json.
+# PROFILE_ROOT=1 runs the root under benchmarks.frame_sampler (its threads' CPU and stacks, from inside:
+# py-spy cannot attach there), to ..._root_profile.json, summarised in ..._root_profile.txt.
 # Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
 # machine's facts first.
 set -u
@@ -38,9 +40,12 @@ for p in "${points[@]}"; do
   [ "${COLLECTIVES:-}" = 1 ] && { coll=(--collectives); tag=_coll; }
   [ "${COLLECTIVES:-}" = 1 ] && [ "${AGENTS_FOLD:-}" = 1 ] && { coll+=(--fold-at-agents); tag=_coll_agents; }
   name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
+  prof=(); [ "${PROFILE_ROOT:-}" = 1 ] && prof=(--profile-root "${name}_root_profile.json")
   timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
-      --seconds 30 --warmup 10 --tls ${LOG---log} "${coll[@]}" --json > "$name.json" \
+      --seconds 30 --warmup 10 --tls ${LOG---log} "${coll[@]}" "${prof[@]}" --json > "$name.json" \
       2> >(grep -v eof_received > "$name.err")
+  [ ${#prof[@]} -gt 0 ] && python3 -m benchmarks.frame_sampler --show "${name}_root_profile.json" \
+      > "${name}_root_profile.txt"
   python3 - "$name.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
