@@ -28,8 +28,9 @@ from typing import Any
 from perfd import limits as L
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
+from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.step_window_memo import StepWindowMemo
-from perfd.analytics.collectives.winfold import FoldCounts, WindowFold
+from perfd.analytics.collectives.winfold import WindowFold
 from perfd.collfold import (
     REDUCED_RETENTION,
     CollectivePartial,

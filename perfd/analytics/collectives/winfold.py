@@ -56,6 +56,7 @@ from perfd.analytics.collectives.collective_windows import (
     rank_timeline,
     step_windows,
 )
+from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.groups import classify_group
 from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.model import ParallelLayout, StepRecord
@@ -81,28 +82,6 @@ PENDING = Retention(per_rank=4096, per_job=2_000_000)
 Figure = tuple[StepWindow, int, dict[str, int]]  # a window, the union of its intervals, per class
 
 
-@dataclass
-class FoldCounts:
-    folded: int = 0  # timed operations taken onto a rank's timeline
-    untimed: int = 0  # operations no timeline reads (no duration, enqueue time or rank; not Flight Recorder)
-    again: int = 0  # already waiting (a second dump of it)
-    late: int = 0  # enqueued before its rank's frontier (its window settled; or a redelivery of one let go)
-    pending_dropped: int = 0  # waited past PENDING: folded away without their windows
-    windows: int = 0  # (rank, window) figures made
-    uncovered: int = 0  # (rank, window) settled that its operations do not cover
-    retracted: int = 0  # of the windows made, found uncovered after all (a sequence gap seen later)
-    evicted: int = 0  # (rank, window) figures let go with their iteration (older than the kept ones)
-    # (rank, window) settled over, or first after, an iteration the job's records show that the rank had
-    # no end of: waited LATE_END_WINDOWS (or its waiting operations' bound) and came not, or never sent
-    missing_end: int = 0
-    received: int = 0  # (rank, window) figures made elsewhere (a shard's fold) merged in
-    # (rank, window) settled with the figures its provisional row handed on had: not handed on again
-    settled_as_handed: int = 0
-
-    def to_json(self) -> dict[str, int]:
-        return dict(vars(self))
-
-
 class _Block:
     """One iteration's figures, a rank a row (columns of integers: ~40 bytes a rank)."""
 
@@ -113,8 +92,7 @@ class _Block:
         self.comm = array("q")
         self.windows: list[StepWindow] = []  # the job's windows: one object shared by every row
         self.by: dict[str, array[int]] = {}
-        # (a fold that hands its figures on) the rows whose settled figures are the provisional ones
-        # it handed on: a take leaves them out (the join holds them already)
+        # (a fold handing its figures on) rows settled as handed on provisional: a take leaves them out
         self.handed: set[int] = set()
 
     def add(self, rank: int, w: StepWindow, comm: int, by: Mapping[str, int]) -> None:
@@ -464,10 +442,8 @@ class WindowFold:
                 comm, by_ = tl.window(w)
                 block.add(rank, w, comm, by_)
                 self.counts.windows += 1
-                # Settled as it was handed on provisional: the join keeps that row (nothing but this
-                # fold's own later rows of the window could replace it, and there are none after its
-                # settling), so the settled copy is not sent. At 100,000 ranks every window went to the
-                # root twice, and the root's merge of the rows was its largest cost (docs/scale.md).
+                # Settled as handed on provisional: the join keeps that row (only this fold's own later
+                # rows could replace it: none after its settling), so no settled copy (docs/scale.md)
                 if self.hands_on and st.sent.get(w.iteration) == _figure(w, comm, by_):
                     block.handed.add(len(block) - 1)
                     self.counts.settled_as_handed += 1
@@ -484,9 +460,8 @@ class WindowFold:
 
     def _evict(self) -> None:
         """The oldest iterations' figures past ``keep`` let go; in a fold that hands them on, only those
-        taken: a shard that took over a killed one's partitions settles their windows iterations behind
-        its other nodes' (their messages delivered again after the engine's ack wait), and the oldest
-        iteration then was the one just settled, let go before a take could hand it on."""
+        taken (a shard that took a killed one's partitions settles their windows iterations behind its
+        others': the oldest was then the one just settled, let go before a take handed it on)."""
         for it in sorted(self.blocks):
             if len(self.blocks) <= self.keep:
                 return
