@@ -188,6 +188,29 @@ def test_the_root_keeps_the_newest_iterations_of_figures_and_the_analysis_reads_
     assert fold.counts.received == 3 * 2 + 2 + 2 + 2
 
 
+def test_the_root_holds_the_newest_whole_iterations_of_figures_within_its_rows_cap() -> None:
+    """Past limits.MAX_FIGURE_ROWS_PER_JOB rows the oldest iterations go, whole, before the iterations'
+    own cap would take them, counted apart (at 100,000 ranks 100 iterations of rows were GBs); the
+    newest iteration stays whatever its rows."""
+    from perfd.analytics.collectives.winfold import WindowFold
+
+    fold = WindowFold(keep=10)
+    fold.max_rows = 25
+    for it in range(1, 6):
+        figs = WindowFigures("j")
+        for rank in range(10):
+            figs.add(it, RankWindow(rank, 10 * it, 10 * it + 9, 1, None, 5, (("dp", 5),), True, 10 * it + 9))
+        fold.add_figures(figs)
+    assert sorted({it for it, _ in fold.outside.rows}) == [4, 5]
+    assert fold.counts.evicted == fold.counts.evicted_for_rows == 30
+    fold.max_rows = 5
+    big = WindowFigures("j")
+    for rank in range(10):
+        big.add(6, RankWindow(rank, 60, 69, 1, None, 5, (("dp", 5),), True, 69))
+    fold.add_figures(big)
+    assert sorted({it for it, _ in fold.outside.rows}) == [6]
+
+
 def _node_folds(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
     """(iteration, node) -> the node's fold of its ranks' records, each rank's own end in it (what a
     node message's step partial carries to a shard)."""

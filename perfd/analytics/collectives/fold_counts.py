@@ -18,6 +18,8 @@ class FoldCounts:
     uncovered: int = 0  # (rank, window) settled that its operations do not cover
     retracted: int = 0  # of the windows made, found uncovered after all (a sequence gap seen later)
     evicted: int = 0  # (rank, window) figures let go with their iteration (older than the kept ones)
+    # of those, let go before the iterations' cap for the rows' (limits.MAX_FIGURE_ROWS_PER_JOB)
+    evicted_for_rows: int = 0
     # (rank, window) settled over, or first after, an iteration the job's records show that the rank had
     # no end of: waited LATE_END_WINDOWS (or its waiting operations' bound) and came not, or never sent
     missing_end: int = 0

@@ -48,6 +48,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from perfd import limits as L
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.collective_windows import (
     RankTimeline,
@@ -183,6 +184,7 @@ class WindowFold:
         # iterations of figures kept: what the analysis reads; a shard's fold keeps fewer (it hands
         # them on: take_figures)
         self.keep = keep or max(self.cfg.recent_windows, self.cfg.max_iterations_out)
+        self.max_rows = L.MAX_FIGURE_ROWS_PER_JOB  # of figures made elsewhere, held (add_figures)
         self.ranks: dict[int, _Rank] = {}
         self.blocks: dict[int, _Block] = {}  # iteration -> its figures
         self.pending = 0
@@ -327,9 +329,16 @@ class WindowFold:
                 last = it
             n += join.add(it, w)
         self.counts.received += n
-        if len(joins) > self.keep:
-            for it in sorted(joins)[:len(joins) - self.keep]:
-                del joins[it]
+        its = sorted(joins)
+        rows = sum(len(j) for j in joins.values())
+        for k, it in enumerate(its[:-1]):  # the newest iteration stays, whatever its rows
+            if len(its) - k <= self.keep and rows <= self.max_rows:
+                break
+            gone = len(joins.pop(it))
+            rows -= gone
+            self.counts.evicted += gone
+            if len(its) - k <= self.keep:
+                self.counts.evicted_for_rows += gone
         return n
 
     def take_figures(self, job: str) -> WindowFigures:
