@@ -175,6 +175,8 @@ def _keep_newest(j: _Job, rank: int) -> None:
     """The rank's records of its newest KEEP_STEP_ITERATIONS iterations kept; a record none of its ranks
     keeps any more goes (its windows there are made from the records that stay)."""
     entries = j.by_rank[rank]
+    if len(entries) <= KEEP_STEP_ITERATIONS:  # (as many iterations at most: nothing to let go)
+        return
     its = {e[0] for e in entries}
     if len(its) <= KEEP_STEP_ITERATIONS:
         return
@@ -196,6 +198,8 @@ def _keep_newest(j: _Job, rank: int) -> None:
 
 def _forget_rankless(j: _Job) -> None:
     """Records without their ranks' ends past the job's newest KEEP_STEP_ITERATIONS iterations of them."""
+    if len(j.steps) <= KEEP_STEP_ITERATIONS:  # (no more iterations of them than of all records)
+        return
     its = sorted(it for it, rs in j.steps.items() if any(not r.rank_end_times for r in rs))
     for it in its[:max(0, len(its) - KEEP_STEP_ITERATIONS)]:
         kept = [r for r in j.steps[it] if r.rank_end_times]

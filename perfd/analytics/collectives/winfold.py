@@ -453,7 +453,8 @@ class WindowFold:
                 self.counts.windows += 1
                 # Settled as handed on provisional: the join keeps that row (only this fold's own later
                 # rows could replace it: none after its settling), so no settled copy (docs/scale.md)
-                if self.hands_on and st.sent.get(w.iteration) == _figure(w, comm, by_):
+                sent = st.sent.get(w.iteration) if self.hands_on else None
+                if sent is not None and sent == _figure(w, comm, by_):
                     block.handed.add(len(block) - 1)
                     self.counts.settled_as_handed += 1
             else:
