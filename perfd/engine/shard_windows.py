@@ -38,7 +38,7 @@ once, before newer ones) and marks the partition handed, so its next holder fetc
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from perfd.collfold import CollectivePartial
@@ -75,6 +75,7 @@ class CollectiveFold(Protocol):
     def set_layout(self, job: str, layout: ParallelLayout | None) -> None: ...
     def add(self, part: CollectivePartial) -> None: ...
     def take(self) -> list[WindowFigures]: ...
+    def fold_counts(self) -> dict[str, int]: ...  # its window folds' counters (FoldCounts), summed
     def settled_from(self, job: str, rank: int) -> int | None: ...
 
 
@@ -124,6 +125,9 @@ class WindowStats:
     extended: int = 0  # holds started again (their ack wait: an in-progress ack each)
     bad_job_info: int = 0
     jobs_forgotten: int = 0  # the fold's: jobs let go past its bound
+    # The fold's counters (perfd.analytics.collectives.fold_counts): operations late, windows uncovered,
+    # retracted, evicted... what says why a rank's figures of a window are absent at the root
+    fold: dict[str, int] = field(default_factory=dict)
 
 
 class Holds:
@@ -184,6 +188,7 @@ class Holds:
         for figs in out:
             self.stats.figure_rows += len(figs)
         self.stats.jobs_forgotten = self.fold.jobs_forgotten
+        self.stats.fold = self.fold.fold_counts()
         return out
 
     def give_back(self, figs: Sequence[WindowFigures]) -> None:

@@ -34,14 +34,14 @@ from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-PERIOD_S = 0.5
 TP_OPS = 3
 # The engine's timers in the kill cases (the rig's --engine-lease-ttl and --engine-ack-wait: the hold 2 s),
 # shorter than the defaults (6 s, 10 s) as in test_engine_faults.py: a kill's delay ~7-9 s, not ~16 s
 LEASE_TTL_S = 4.0
 ACK_WAIT_S = 4.0
 # An iteration every 0.25 s in the kill cases: the killed shard's partitions' messages are delivered
-# again ~30 iterations after the others of theirs, past the 16 the root holds (their partials "late")
+# again ~30 iterations after the others of theirs, past the 16 the root holds (their partials "late"),
+# fewer where the load's thread ran late (engine_driver.MIN_GAP)
 KILL_PERIOD_S = 0.25
 
 
@@ -70,8 +70,13 @@ class Job:
 
     def feed(self, n: int, it: int, t: float) -> dict[str, Any]:
         self._t.setdefault(it, t)
-        prev = self._t.get(it - 1, t - PERIOD_S)
-        lo, hi = max(prev + 0.05, t - 0.8 * PERIOD_S), t - 0.05  # past every rank's previous end
+        prev = self._t.get(it - 1, t - self.plan.period_s)
+        # Past every rank's previous end (Plan.end_offset_s: under 1 ms a rank of the world) and before
+        # its end now; the load sends iterations engine_driver.MIN_GAP periods apart at least, so
+        # there is room between the two however late its thread ran
+        edge = 0.001 * self.plan.world + 0.005
+        lo, hi = max(prev + edge, t - 0.8 * self.plan.period_s), t - 0.005
+        assert hi > lo, f"iteration {it} submitted {t - prev:.3f}s after the last: no room for its operations"
         world, nodes = self.plan.world, self.plan.nodes
         waiting = self._late.setdefault(n, [])
         colls: list[CollectiveRecord] = waiting.pop(0) if len(waiting) == 2 else []
@@ -125,26 +130,28 @@ def _differences(got: dict[str, Any], want: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _why(rig: Rig, shards: tuple[str, ...]) -> str:
+    """What the root's and the live shards' window folds counted (late operations, windows uncovered,
+    retracted, evicted), and the shards' holds: where a figure went that the root lacks."""
+    root = get_json(f"{rig.base}/api/stats")["collectives"]["window_fold"]
+    out = [f"root window fold: {root}"]
+    for s in shards:
+        if rig.shards[s].proc.poll() is None:
+            st = rig.shard_stats(s)
+            out.append(f"{s}: partitions {st.get('partitions')} leases taken {st.get('leases_taken')} "
+                       f"takeover waits {st.get('takeover_waits')} windows {st.get('windows')}")
+    return "\n".join(out)
+
+
 def _root_answer(rig: Rig, job: str) -> str:
     doc = get_json(f"{rig.base}/api/jobs/{urllib.parse.quote(job, safe='')}/summary")
     return json.dumps(doc.get("collectives"), sort_keys=True)
 
 
-# A known defect, not diagnosed: alone, each case passes (one aggregator's answer 11-14 s after the kill,
-# every run this was tried); in a full suite on the 2-core machine one of them failed in two of six runs
-# (agents-fold once, restarted once): the root's answer lacked the shares of 17-32 ranks in 3-4
-# iterations for the whole 60 s wait (the kill's iterations once, 41-44 the other time), more ranks than
-# the killed shard held. The shards' fold losing a killed shard's late records and figures is fixed
-# (tests/collectives/test_shard_fold.py holds it in process). Not strict: a run that passes must not fail.
-UNDER_LOAD = pytest.mark.xfail(strict=False, reason="under a full suite's load the root's answer can lack "
-                               "some ranks' shares of a few iterations after the kill (known defect, this "
-                               "module's comment)")
-
-
 @pytest.mark.parametrize(("restart", "at_agents"), [
-    pytest.param(True, False, id="restarted", marks=UNDER_LOAD),
-    pytest.param(False, False, id="not-restarted", marks=UNDER_LOAD),
-    pytest.param(False, True, id="agents-fold", marks=UNDER_LOAD)])
+    pytest.param(True, False, id="restarted"),
+    pytest.param(False, False, id="not-restarted"),
+    pytest.param(False, True, id="agents-fold")])
 def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool,
                                                                           at_agents: bool) -> None:
     """``agents-fold``: the agents fold their ranks' windows (perfd agent's default) and the shards hand
@@ -170,7 +177,10 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
         if restart:
             time.sleep(1.0)  # back about when its leases expire, as test_engine_faults.py's
             rig.start_shard(victim)
-        f = settle_and_check(rig, plan, timeout=90, late=True, records_messages=plan.nodes * plan.iterations)
+        # Late at the root (past the 16 iterations it holds) as a rule, but how many iterations the kill
+        # takes depends on how fast the load's thread ran: either way counted, not asserted here
+        # (test_engine_faults.py's late case and tests/engine/test_late_partials.py hold that path)
+        f = settle_and_check(rig, plan, timeout=90, late=None, records_messages=plan.nodes * plan.iterations)
         want = job.one_aggregator()
         doc = json.loads(want)
         assert len(doc["iterations"]) >= plan.iterations - 3, doc["iterations"]
@@ -178,13 +188,15 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
             wait_for(lambda: _root_answer(rig, plan.job) == want or None, 60,
                      "the root's collective analysis to be one aggregator's", ignore=NOT_YET, interval=0.5)
         except WaitTimeout:
-            raise AssertionError(_differences(json.loads(_root_answer(rig, plan.job)), doc)) from None
+            raise AssertionError(_differences(json.loads(_root_answer(rig, plan.job)), doc)
+                                 + "\n" + _why(rig, (victim, survivor))) from None
         took = time.monotonic() - t_kill
         stats = {s: rig.shard_stats(s) for s in (victim, survivor) if rig.shards[s].proc.poll() is None}
         print(f"FIGURES collectives{' folded at the agents' if at_agents else ''}, shard killed "
               f"({'restarted' if restart else 'not restarted'}): {victim} "
               f"held {held[victim]}/{plan.nodes} nodes, {pending} messages unacknowledged at the kill; "
-              f"{f.line()}; answer equal {took:.1f}s after the kill; shards {stats}")
+              f"{f.line()}; partials late at the root {rig.engine_stats()['late']}; answer equal "
+              f"{took:.1f}s after the kill; shards {stats}")
         if at_agents:  # the shard acknowledges each flush's messages once out: it held those of one flush
             assert pending > 0, f.line()
         else:  # the kill had messages delivered again: the case under test

@@ -67,6 +67,9 @@ class _SlowFold:
     def take(self) -> list[WindowFigures]:
         return self.inner.take()
 
+    def fold_counts(self) -> dict[str, int]:
+        return self.inner.fold_counts()
+
     def settled_from(self, job: str, rank: int) -> int | None:
         return self.inner.settled_from(job, rank)
 

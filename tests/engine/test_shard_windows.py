@@ -246,3 +246,29 @@ def test_an_agents_figures_go_on_as_they_came_and_malformed_ones_are_refused_wit
     assert [len(f.iteration) for f in shard._forward["j"]] == [3] and shard.stats.undecodable == 1
     assert [getattr(m, "seq", None) for m in shard._to_ack] == [1]
     assert [getattr(m, "seq", None) for m in shard._to_term] == [2]
+
+
+def test_operations_that_come_after_their_window_settled_are_counted_in_the_shards_stats() -> None:
+    """A node message held back three iterations (a shard's loop starved, a load caught up): its
+    operations come after the windows they were enqueued in settled, which no fold can take back
+    (one aggregator's live fold neither). The shard's stats say so (``fold``: its window folds'
+    counters), where before only the root's answer, lacking those ranks' shares, did."""
+    plan, msgs, sent, _ = _messages()
+    holds = Holds(ShardCollectives(), HOLD_S)
+    late_one = msgs[8]  # node 0's message of iteration 5
+    order = [m for m in msgs if m is not late_one]
+    order.insert(order.index(msgs[14]) + 1, late_one)  # after node 0's of iteration 8
+    for m in order:
+        holds.fold_in(decode(m.data), m, 0, 0.0)
+        holds.take()
+        holds.release(0.0)
+    counts = holds.stats.fold
+    assert counts["late"] > 0 and counts["retracted"] > 0, counts
+    assert counts == holds.fold.fold_counts()
+    in_order = Holds(ShardCollectives(), HOLD_S)
+    for m in msgs:
+        in_order.fold_in(decode(m.data), m, 0, 0.0)
+        in_order.take()
+        in_order.release(0.0)
+    assert in_order.stats.fold["late"] == 0 and in_order.stats.fold["retracted"] == 0, in_order.stats.fold
+    assert in_order.stats.fold["folded"] > counts["folded"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from perfd import limits as L
 from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.winfold import PENDING, WindowFold
 from perfd.collfold import CollectivePartial
 from perfd.model import ParallelLayout, StepRecord
@@ -133,6 +134,15 @@ class ShardCollectives:
             if figs:
                 out.append(figs)
         return out
+
+    def fold_counts(self) -> dict[str, int]:
+        """Its folds' counters summed over the jobs it holds (a shard's stats: where a window's figures
+        went, as the root's /api/stats says of its own fold)."""
+        total = FoldCounts()
+        for j in self.jobs.values():
+            for k, v in vars(j.fold.counts).items():
+                setattr(total, k, getattr(total, k) + v)
+        return total.to_json()
 
     def frontier(self, job: str, rank: int) -> int | None:
         """The enqueue time up to which the rank's operations are folded and handed on (None: none)."""
