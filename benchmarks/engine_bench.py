@@ -668,7 +668,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
                log: bool = False, collectives: bool = False, fold_at_agents: bool = False,
-               profile_root: Path | None = None) -> dict[str, Any]:
+               profile_root: Path | None = None, root_switch_ms: float | None = None) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -695,7 +695,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             eng += ["--engine-tls-ca", str(tls_files[2])]
         ready_file = tmp / "root.ready"
         root = spawn("root", ["aggregator", *eng, "--no-rules", "--grpc-port", "0", "--http-port", "0",
-                              "--ready-file", str(ready_file), "--engine-root-id", "bench-root"],
+                              "--ready-file", str(ready_file), "--engine-root-id", "bench-root",
+                              *([] if root_switch_ms is None else ["--gil-switch-ms", str(root_switch_ms)])],
                      sampled=profile_root)
         stats_files = [tmp / f"shard-{i}.json" for i in range(shards)]
         shard_procs = [spawn(f"shard-{i}", ["shard", *eng, "--id", f"bench-shard-{i}", "--stats-file",
@@ -847,7 +848,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
                        "log": log, "collectives": collectives, "fold_at_agents": fold_at_agents,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
-                       "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight},
+                       "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight,
+                       "root_gil_switch_ms": root_switch_ms},
             "message_bytes": max((r["message_bytes"] for r in res_loads), default=0),
             "offered_msgs_per_s": round((pub1 - pub0) / wall, 1),
             "nominal_msgs_per_s": round(nodes / iteration_s, 1),
@@ -992,6 +994,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-root", type=Path, metavar="OUT.json",
                     help="run the root under benchmarks.frame_sampler: its threads' CPU and stacks to "
                          "OUT.json (python -m benchmarks.frame_sampler --show OUT.json)")
+    ap.add_argument("--root-gil-switch-ms", type=float, metavar="MS",
+                    help="the root's --gil-switch-ms (default: perfd aggregator's own)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -1003,7 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
                      inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
                      collectives=ns.collectives, fold_at_agents=ns.fold_at_agents,
-                     profile_root=ns.profile_root.resolve() if ns.profile_root else None)
+                     profile_root=ns.profile_root.resolve() if ns.profile_root else None,
+                     root_switch_ms=ns.root_gil_switch_ms)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

@@ -3,7 +3,9 @@ shards' per-window figures (perfd.winfigures) of a big job into its store, as th
 accumulate. One process, no engine: the shards' messages as perfd's encoder makes them (rows of
 ``figures_codec.MAX_ROWS`` a message), each rank's window of each iteration handed on twice as a
 shard does (provisional, then settled), folded by the root's own code (perfd.engine.root.Root.handle:
-decode, the job's admission, the store's join); process CPU per iteration, per row. Before each
+decode, the job's admission, the store's join); process CPU per iteration, per row; then the job's
+collective analysis over what it holds, once (``analysis_cpu_s``, and a digest of the answer as
+served). Before each
 iteration's figures, its fold (the ``all`` record, every rank's end) comes in ``FOLD_VERSIONS`` steps
 as the nodes' partials do, each followed by a node's records message whose collectives the shards
 folded (``collectives_folded``): the root's CPU per such message (Root.handle_records: decode, the
@@ -19,6 +21,7 @@ store's merge) is timed too.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -122,6 +125,7 @@ def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
     from perfd.engine.root import ENGINE_AGENT, Root
     from perfd.limits import Limits
     from perfd.refusals import Refusals
+    from perfd.report.collective_text import collectives_json
 
     state = AggregatorState()
     root = Root(S.EngineConfig(("nats://unused",)), EngineSink(state, Guard(Limits(), Refusals())), "bench")
@@ -148,7 +152,15 @@ def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
                        "ms_per_records_message": round(1e3 * rec_cpu / FOLD_VERSIONS, 3)})
     jc = state._analyses.collectives.jobs.get(JOB)
     held = jc.fold.outside.rows if jc is not None and jc.fold is not None else {}
+    # The job's collective analysis over what the root holds, once (its first: the step windows made
+    # then too), as the root's worker makes it: CPU, and a digest of the answer as served
+    t = time.process_time()
+    analysis = state.collective_analysis(JOB, force=True)
+    analysis_cpu = time.process_time() - t
+    served = json.dumps(collectives_json(analysis), sort_keys=True) if analysis is not None else ""
     return {"ranks": ranks, "iterations": iterations, "timed": timed,
+            "analysis_cpu_s": round(analysis_cpu, 3),
+            "analysis_sha256": hashlib.sha256(served.encode()).hexdigest()[:16],
             "us_per_row_timed_median": round(statistics.median(p["us_per_row"] for p in per_it[-timed:]), 3),
             "us_per_row_first": per_it[0]["us_per_row"],
             "ms_per_records_message_timed_median": round(statistics.median(
@@ -177,13 +189,14 @@ def compare(against: Path, rounds: int, ranks: int, iterations: int, timed: int)
         return round(statistics.median(float(x[what]) for x in runs if x["code"] == code), 3)
 
     out: dict[str, Any] = {"ranks": ranks, "iterations": iterations, "timed": timed, "rounds": rounds}
-    for what in ("us_per_row_timed_median", "ms_per_records_message_timed_median"):
+    for what in ("us_per_row_timed_median", "ms_per_records_message_timed_median", "analysis_cpu_s"):
         before, after = med("before", what), med("after", what)
         out[what] = {"before": before, "after": after,
                      "ratio_before_over_after": round(before / after, 2) if after else None}
     same = {(x["held_rows"], x["held_settled"], x["held_comm_ns_sum"]) for x in runs}
     return {**out,
-            "same_rows_held": len(same) == 1, "runs": runs,
+            "same_rows_held": len(same) == 1,
+            "same_analysis": len({x["analysis_sha256"] for x in runs}) == 1, "runs": runs,
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
             "python": platform.python_version()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
-from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS
+from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS, SWITCH_INTERVAL_S
 from perfd.model import StepRecord
 from perfd.transport import AgentClient
 from tests.procs import free_port, http_get, stop, wait_for
@@ -55,6 +55,8 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
         assert f"event loop {loop}" in out.read_text()
         # `perfd aggregator` chose its gRPC core experiments before loading grpc (perfd.aggregator.runtime).
         assert f"GRPC_EXPERIMENTS={GRPC_EXPERIMENTS}" in out.read_text()
+        # and its switch interval (the loop served before the analyses' threads)
+        assert f"switch interval {SWITCH_INTERVAL_S * 1e3:g} ms" in out.read_text()
 
         async def send() -> bool:
             c = AgentClient(f"127.0.0.1:{g}", "n1", node="n1", jobs=["j"])
@@ -109,3 +111,22 @@ def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", env_code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "uvloop is not installed" in r.stderr
+
+
+def test_tune_switch_interval_sets_the_interpreters_in_its_own_process() -> None:
+    code = ("import json, sys; from perfd.aggregator import runtime as r; a = sys.getswitchinterval(); "
+            "r.tune_switch_interval(); b = sys.getswitchinterval(); r.tune_switch_interval(0.002); "
+            "print(json.dumps([a, b, sys.getswitchinterval()]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    before, tuned, set_to = json.loads(r.stdout)
+    assert before == pytest.approx(0.005) and tuned == pytest.approx(SWITCH_INTERVAL_S)
+    assert set_to == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("ms", ["0", "-1", "5000"])
+def test_a_switch_interval_out_of_range_is_refused_with_exit_2(ms: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0",
+                        "--http-port", "0", "--gil-switch-ms", ms],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--gil-switch-ms must be > 0 and at most 1000" in r.stderr

@@ -300,19 +300,25 @@ class CollectiveStore:
             hangs = [h for h in jc.hang_events if h is not None]
             agent_nodes = dict(jc.rank_agent)
             cfg = self.job_config.get(job, self.config)
+        # What it costs, from here: its inputs, the fold's windows and view as well as the analysis (the
+        # first at 100,000 ranks spent as long making the windows as analysing), so that its cadence
+        # (ANALYSIS_COST_FACTOR) bounds the whole of it
+        began = time.monotonic()
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
-        view = None
+        view = windows = None
         if partial is not None:
             self._set_windows(job, (steps_key, layout), lambda: (steps, layout))
+            with jc.windows_lock:  # the memo's windows of these steps (a copy: an ingest may update it)
+                windows = (dict(jc.windows.rank_windows), list(jc.windows.job_windows))
             with self._lock:
                 fold = self._fold(job, jc)
                 fold.advance()
                 view = fold.view()
-        began = time.monotonic()
         try:
             result = finish(partial if partial is not None else reduce(job, records), steps, layout=layout,
-                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg, fold=view)
+                            rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg, fold=view,
+                            windows=windows)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1

@@ -23,7 +23,7 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.retention import Lifecycle
-from perfd.aggregator.runtime import gc_seconds, tune_gc
+from perfd.aggregator.runtime import SWITCH_INTERVAL_S, gc_seconds, tune_gc, tune_switch_interval
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_schema import StoreError
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
@@ -76,6 +76,7 @@ class AggregatorConfig:
     rules_interval_s: float = 5.0
     refresh_interval_s: float = 0.5  # how often analyses of jobs with new data are rebuilt for /metrics
     event_loop: str = EVENT_LOOPS[0]  # --event-loop: auto | uvloop | asyncio (run_aggregator)
+    switch_interval_s: float = SWITCH_INTERVAL_S  # --gil-switch-ms (run_aggregator; perfd.aggregator.runtime)
     # --state-dir: job info, step records, events, rule/capture state survive a restart (SQLite, WAL).
     state_dir: str | None = None
     state_max_bytes: int = DEFAULT_STATE_BYTES  # --state-max-mib: the state dir's journal, Hellos, documents
@@ -559,11 +560,12 @@ def run_aggregator(cfg: AggregatorConfig, ready_file: str | None = None) -> int:
         _stop_on_signals(asyncio.get_running_loop(), stop, agg.server)
         await agg.start()
         tune_gc()
+        tune_switch_interval(cfg.switch_interval_s)
         assert agg.http is not None
         print(f"perfd aggregator: listening on gRPC {cfg.grpc_host}:{agg.grpc_port}"
               f"{' (TLS)' if cfg.tls_cert else ''}, HTTP http://{cfg.http_host}:{agg.http.port}/metrics"
               f"{' (token required but for /metrics and /healthz)' if cfg.auth_token_file else ''}"
-              f"; event loop {loop_name}"
+              f"; event loop {loop_name}; switch interval {cfg.switch_interval_s * 1e3:g} ms"
               f"; GRPC_EXPERIMENTS={os.environ.get('GRPC_EXPERIMENTS', '(gRPC defaults)')}", flush=True)
         if ready_file:  # lets a supervisor (the demo, tests) learn the bound ports
             with open(ready_file, "w") as f:

@@ -1,6 +1,7 @@
 """The aggregator process's runtime: the garbage collector's thresholds (and the time it takes),
-and which gRPC core experiments it runs with. Process-wide settings, made by `perfd aggregator`
-only — a test or a library user running an Aggregator in its own process keeps its own.
+the interpreter's switch interval, and which gRPC core experiments it runs with. Process-wide
+settings, made by `perfd aggregator` only — a test or a library user running an Aggregator in its own
+process keeps its own.
 
 Garbage collector. Every open agent stream keeps a read pending for about its agent's batch
 interval. With Python's default thresholds (700, 10, 10) those objects outlive two young
@@ -9,6 +10,17 @@ so a full collection (~220 ms, the event loop stalled meanwhile) ran every ~5 s 
 took 0.095 core in all. Young collections every 20,000 allocations let the pending reads die
 young: 0.001–0.013 core (benchmarks/README.md, "Scale"). Cyclic garbage waits a little longer, a few MB
 at most.
+
+Switch interval. The aggregator's event loop (gRPC ingest, or the engine root's reads) waits on I/O
+and runs short callbacks; beside it, threads run long CPU work (the refresh's analyses, the collective
+analysis' worker: ~20 s of CPU at 100,000 ranks). Each time the loop gives the interpreter's lock up
+for I/O it waits, to take it back, until the thread holding it is asked to give it up: Python's
+switch interval, 5 ms by default. An asyncio loop reading a socket beside one CPU-bound thread read
+793 messages a second at 5 ms, 4,225 at 1 ms and 5,112 at 0.5 ms (5,091 with no such thread), the CPU
+thread doing 97.5, 100 and 80 rounds a second (``perfd bench switch``, this 2-core VM, 2026-11-27:
+benchmarks/results/switch_2core.json). So the loop is served first, and the analyses take what is
+left. ``--gil-switch-ms`` sets it. What it changed end to end is within the noise so far: the engine
+root of a 100,000-rank job with collective records, saturated at one core either way (docs/scale.md).
 
 gRPC core. By default gRPC 1.85 accepts and serves server connections on its EventEngine thread
 pool; with the experiment ``event_engine_listener`` off, on the poller the Python binding drives.
@@ -27,6 +39,7 @@ import time
 from typing import Any
 
 GC_THRESHOLDS = (20_000, 20, 10)
+SWITCH_INTERVAL_S = 0.0005
 GRPC_EXPERIMENTS = "-event_engine_listener"
 
 _spent = [0.0]  # seconds spent collecting since tune_gc
@@ -48,6 +61,11 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     if _timer not in gc.callbacks:
         gc.callbacks.append(_timer)
+
+
+def tune_switch_interval(seconds: float = SWITCH_INTERVAL_S) -> None:
+    """The interpreter's switch interval for this process (the aggregator's only: see the module)."""
+    sys.setswitchinterval(seconds)
 
 
 def gc_seconds() -> float | None:

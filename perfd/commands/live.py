@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 
 from perfd import limits as L
 from perfd.aggregator.loops import EVENT_LOOPS
+from perfd.aggregator.runtime import SWITCH_INTERVAL_S
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
@@ -70,6 +71,9 @@ def _aggregator(args: argparse.Namespace) -> int:
             print(f"perfd aggregator: --remote-write-label wants NAME=VALUE, got {item!r}", file=sys.stderr)
             return 2
         labels[name.strip()] = value
+    if not 0 < args.gil_switch_ms <= 1000:
+        print("perfd aggregator: --gil-switch-ms must be > 0 and at most 1000", file=sys.stderr)
+        return 2
     if args.remote_write_interval <= 0:
         print("perfd aggregator: --remote-write-interval must be > 0 seconds", file=sys.stderr)
         return 2
@@ -151,7 +155,7 @@ def _aggregator(args: argparse.Namespace) -> int:
                            rules_files=[] if args.no_rules else args.rules,
                            rules_interval_s=args.rules_interval, state_dir=args.state_dir,
                            state_max_bytes=int(args.state_max_mib * (1 << 20)),
-                           event_loop=args.event_loop,
+                           event_loop=args.event_loop, switch_interval_s=args.gil_switch_ms / 1e3,
                            per_rank_series=not args.no_rank_series,
                            export_node_series=args.export_node_series,
                            wandb_project=args.wandb_project, wandb_mode=args.wandb_mode,
@@ -329,6 +333,10 @@ def register(sub: SubParsers) -> None:
                    help="the gRPC ingest's event loop: uvloop (installed with perfd on Linux and macOS) "
                         "takes ~11%% less CPU per gRPC message than asyncio's own (benchmarks/README.md, "
                         "Scale); auto (default) uses it when it can be imported, else asyncio")
+    g.add_argument("--gil-switch-ms", type=float, default=SWITCH_INTERVAL_S * 1e3, metavar="MS",
+                   help="the interpreter's switch interval (default %(default)g ms; Python's own is 5): how "
+                        "long the event loop, back from I/O, waits for a thread running analyses to give "
+                        "up the interpreter's lock (perfd/aggregator/runtime.py)")
     g.add_argument("--retain-iterations", type=int, default=L.RETAIN_ITERATIONS, metavar="N",
                    help="step records kept per job: the newest N iterations (default: %(default)s)")
     g.add_argument("--retain-mib", type=float, default=L.RETAIN_BYTES / (1 << 20), metavar="MIB",

@@ -34,6 +34,8 @@ from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
+# An iteration every 0.5 s where Job is used at its own pace (test_shard_lease_busy.py's plan)
+PERIOD_S = 0.5
 TP_OPS = 3
 # The engine's timers in the kill cases (the rig's --engine-lease-ttl and --engine-ack-wait: the hold 2 s),
 # shorter than the defaults (6 s, 10 s) as in test_engine_faults.py: a kill's delay ~7-9 s, not ~16 s

@@ -253,7 +253,7 @@ def test_operations_that_come_after_their_window_settled_are_counted_in_the_shar
     operations come after the windows they were enqueued in settled, which no fold can take back
     (one aggregator's live fold neither). The shard's stats say so (``fold``: its window folds'
     counters), where before only the root's answer, lacking those ranks' shares, did."""
-    plan, msgs, sent, _ = _messages()
+    msgs = _messages()[1]
     holds = Holds(ShardCollectives(), HOLD_S)
     late_one = msgs[8]  # node 0's message of iteration 5
     order = [m for m in msgs if m is not late_one]

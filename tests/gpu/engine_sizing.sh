@@ -20,6 +20,8 @@
 # and send the figures (perfd agent's default; --fold-at-agents), files ..._tls_coll_agents.json.
 # PROFILE_ROOT=1 runs the root under benchmarks.frame_sampler (its threads' CPU and stacks, from inside:
 # py-spy cannot attach there), to ..._root_profile.json, summarised in ..._root_profile.txt.
+# RUN_S= the measured seconds (default 30; 120 for a point's steady state). ROOT_SWITCH_MS= the root's
+# --gil-switch-ms (perfd aggregator's default otherwise), files ..._sw<MS>.json.
 # Each point's JSON goes to $OUT as it finishes (engine_16core_n<NODES>_s<SHARDS>_tls.json), the
 # machine's facts first.
 set -u
@@ -39,10 +41,12 @@ for p in "${points[@]}"; do
   coll=(); tag=""
   [ "${COLLECTIVES:-}" = 1 ] && { coll=(--collectives); tag=_coll; }
   [ "${COLLECTIVES:-}" = 1 ] && [ "${AGENTS_FOLD:-}" = 1 ] && { coll+=(--fold-at-agents); tag=_coll_agents; }
+  [ "${RUN_S:-30}" != 30 ] && tag="${tag}_${RUN_S}s"
+  sw=(); [ -n "${ROOT_SWITCH_MS:-}" ] && { sw=(--root-gil-switch-ms "$ROOT_SWITCH_MS"); tag="${tag}_sw${ROOT_SWITCH_MS}"; }
   name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
   prof=(); [ "${PROFILE_ROOT:-}" = 1 ] && prof=(--profile-root "${name}_root_profile.json")
   timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
-      --seconds 30 --warmup 10 --tls ${LOG---log} "${coll[@]}" "${prof[@]}" --json > "$name.json" \
+      --seconds "${RUN_S:-30}" --warmup 10 --tls ${LOG---log} "${coll[@]}" "${prof[@]}" "${sw[@]}" --json > "$name.json" \
       2> >(grep -v eof_received > "$name.err")
   [ ${#prof[@]} -gt 0 ] && python3 -m benchmarks.frame_sampler --show "${name}_root_profile.json" \
       > "${name}_root_profile.txt"

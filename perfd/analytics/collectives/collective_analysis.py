@@ -45,7 +45,13 @@ from perfd.analytics.collectives.collective_facts import (
     TpNodesFacts,
 )
 from perfd.analytics.collectives.collective_hangs import HangView, merge_hangs
-from perfd.analytics.collectives.collective_windows import StepWindow, rank_timeline, step_windows, union_ns
+from perfd.analytics.collectives.collective_windows import (
+    StepWindow,
+    Windows,
+    rank_timeline,
+    step_windows,
+    union_ns,
+)
 from perfd.analytics.collectives.groups import classify_group
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
@@ -176,13 +182,17 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
 def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
            layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
            gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
-           config: CollectiveConfig | None = None, fold: FoldView | None = None) -> CollectiveAnalysis:
+           config: CollectiveConfig | None = None, fold: FoldView | None = None,
+           windows: Windows | None = None) -> CollectiveAnalysis:
     """The analysis of a partial (perfd.collfold: one node's, or all nodes'
     merged) with the job's step records, layout and placement: its operations are read in the
     partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
     hold the same operations give the same analysis whatever order they were merged in. ``fold``: the
     per-window figures folded from every operation merged (perfd.analytics.collectives.winfold), which
-    the step-window shares are read from instead of the partial's rows (it may hold 2 a rank)."""
+    the step-window shares are read from instead of the partial's rows (it may hold 2 a rank).
+    ``windows``: ``step_windows(steps)`` where the caller has them (the store's StepWindowMemo, made
+    again only where the records changed): made here from every record, they were a fifth of the
+    engine root's analysis of a 10,000-rank job (the figures made elsewhere, 40 iterations)."""
     cfg = config or CollectiveConfig()
     job = partial.job
     records = partial.records()
@@ -215,7 +225,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
                              groups=list(groups.values())[:64], iterations=[], comm_total_share=None,
                              comm_share_by_rank={}, comm_share_by_group={}, weighted_share=None, n_windows=0,
                              bandwidth=[], waits=[], hangs=[])
-    _shares(out, timed, cls, steps, cfg, fold, layout)
+    _shares(out, timed, cls, step_windows(steps) if windows is None else windows, cfg, fold, layout)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
     out.hangs = merge_hangs(hang_events, partial.progress)
@@ -249,7 +259,7 @@ class _RankLists:
 
 
 def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Mapping[int, str],
-            steps: Sequence[StepRecord], cfg: CollectiveConfig, fold: FoldView | None = None,
+            by_step: Windows, cfg: CollectiveConfig, fold: FoldView | None = None,
             layout: ParallelLayout | None = None) -> None:
     if not timed and not (fold is not None and (fold.counts.folded or fold.counts.received)):
         out.absent = ShareAbsent.NO_TIMING if out.sources.get(FR) else ShareAbsent.NO_RECORDS
@@ -257,7 +267,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
     by_rank: dict[int, list[CollectiveRecord]] = {}
     for r in timed:
         by_rank.setdefault(r.rank or 0, []).append(r)
-    rank_windows, job_windows = step_windows(steps)
+    rank_windows, job_windows = by_step
     folded = None if fold is None else fold.figures(lambda r: rank_windows.get(r) or job_windows, layout,
                                                       cfg.order)
     per_it: dict[int, dict[int, tuple[float, float, dict[str, float], int, str | None]]] = {}

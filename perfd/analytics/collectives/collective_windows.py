@@ -39,6 +39,8 @@ class StepWindow:
 
 # An iteration's end (epoch seconds) and the record whose flags it has
 IterationEnd = tuple[float, StepRecord]
+# What step_windows gives: each rank's windows from its own ends, and the job's from its "last"/"all" records
+Windows = tuple[Mapping[int, list[StepWindow]], list[StepWindow]]
 
 
 def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
