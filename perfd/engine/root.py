@@ -37,7 +37,7 @@ from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
-from perfd.engine.rootfold import RootFold, RootStats
+from perfd.engine.rootfold import RootFold, RootStats, stream_gap
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
@@ -48,6 +48,7 @@ log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
+SKIPPED_LINE_S = 60.0  # messages a stream let go before they were read: one log line a stream this often
 
 
 class RootSink(Protocol):
@@ -81,6 +82,8 @@ class Root:
         self._records_read_to = 0  # the records stream's, handed on up to
         self._pending: set[asyncio.Future[None]] = set()  # commands in flight from the loop itself
         self._pending_calls: set[concurrent.futures.Future[None]] = set()  # ... from other threads
+        self._said: dict[str, float] = {}  # stream -> when messages it let go were last logged
+        self._unsaid: dict[str, int] = {}  # ... and how many since
 
     @property
     def stats(self) -> RootStats:
@@ -140,6 +143,28 @@ class Root:
             except Exception as exc:
                 log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
 
+    def _skipped(self, stream: str, read_to: int, msgs: Sequence[Msg]) -> None:
+        """Count (and say) the messages of ``stream`` the engine let go before this root read them."""
+        gap = stream_gap(read_to, [m.metadata.sequence.stream for m in msgs])
+        if not gap:
+            return
+        if stream == "records":
+            self.stats.records_skipped += gap
+        else:
+            self.stats.partials_skipped += gap
+        # one line a stream a minute at most, with what was let go since the last (a root this far
+        # behind finds more gone at every read)
+        unsaid = self._unsaid[stream] = self._unsaid.get(stream, 0) + gap
+        now = time.monotonic()
+        if now - self._said.get(stream, -SKIPPED_LINE_S) < SKIPPED_LINE_S:
+            return
+        self._said[stream], self._unsaid[stream] = now, 0
+        log.warning("engine root %s: %d message(s) of the %s stream were let go by the engine (its limits: "
+                    "%d MiB, %.0f s) before this root read them, since the last such line: lost to the "
+                    "jobs' analysis (counted, /api/stats engine.%s_skipped)", self.id, unsaid, stream,
+                    (S.RECORDS_MAX_BYTES if stream == "records" else S.PARTIALS_MAX_BYTES) >> 20,
+                    S.PARTIALS_MAX_AGE_S, stream)
+
     async def _lead(self, js: JetStream, lease: Lease, stop: asyncio.Event, kv: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -168,6 +193,7 @@ class Root:
             while True:
                 msgs = await batch(rsub, 0.5)
                 if msgs:
+                    self._skipped("records", self._records_read_to, msgs)
                     self.handle_records([m.data for m in msgs])
                     self._records_read_to = max(self._records_read_to, msgs[-1].metadata.sequence.stream)
 
@@ -188,6 +214,7 @@ class Root:
                     renew_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
                 if msgs:
+                    self._skipped("partials", self._read_to, msgs)
                     self.handle([m.data for m in msgs])
                     self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
                 else:

@@ -79,6 +79,11 @@ class RootStats:
     # Iterations folded into since they last went to the store (HAND_ON_S), now: what the store lacks
     # of what the root has read (0: the store holds all of it)
     held_back: int = 0
+    # Messages the engine let go (the stream's limits: subjects.PARTIALS_MAX_BYTES, RECORDS_MAX_BYTES,
+    # PARTIALS_MAX_AGE_S) before this root read them: a root that fell that far behind, or was away
+    # that long. Lost to the job's analysis; counted and logged (perfd.engine.root), never silent.
+    partials_skipped: int = 0
+    records_skipped: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, bool | int | dict[str, float] | None]:
@@ -93,6 +98,19 @@ class RootStats:
             lag.update(max=round(lags[-1], 4), n=len(lags))
         out["lag_s"] = lag
         return out
+
+
+def stream_gap(read_to: int, seqs: Sequence[int]) -> int:
+    """Stream sequence numbers missing from a read that went on from ``read_to`` (0: the first read,
+    whose start is the stream's first message kept) and got ``seqs``, in order: the messages the stream
+    let go before they were read. The root reads every subject of a stream, so its sequence numbers
+    come one after another but for those."""
+    gap, last = 0, read_to or None
+    for seq in seqs:
+        if last is not None and seq > last + 1:
+            gap += seq - last - 1
+        last = seq if last is None else max(last, seq)
+    return gap
 
 
 class Gone:
