@@ -234,6 +234,12 @@ class Decoded:
         return self.to_partition or (self.records is None and not self.collectives)
 
     @property
+    def events_only(self) -> bool:
+        """A records message of events alone: to the events stream (perfd.engine.subjects)."""
+        return (not self.is_node_message and not self.collectives and self.records is not None
+                and not self.records.collectives)
+
+    @property
     def records_job(self) -> str:
         """The job a records message is of ("": a node's events of no job): one per message."""
         if self.collectives:

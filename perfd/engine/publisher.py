@@ -195,17 +195,21 @@ class EngineClient(CommandTarget):
                                          time.time_ns(), (), collectives=colls_piece, figures=figs,
                                          to_partition=True), on_seq)
             for job, (evs, colls) in records.items():
-                seq = self.spool.next_seq()
-                mid = f"{self.agent_id}:{self.spool.epoch}:{seq}"
-                batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series) if evs else None
-                reduced = [for_sending(reduce(job, colls), SENT_RETENTION)] if colls else []
-                # not sent: past a rank's newest SENT_RETENTION, or an op twice in them
-                self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
-                if on_seq is not None:
-                    on_seq(seq)
-                self.spool.append(seq, encode(mid, self.agent_id, time.time_ns(), (), records=batch,
-                                              collectives=reduced, collectives_folded=job in to_shard))
-                self.batches_submitted += 1
+                # the events and the collective records in messages of their own: the events to their
+                # stream, which the records' volume never crowds out (perfd.engine.subjects)
+                if evs:
+                    seq = self.spool.next_seq()
+                    batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series)
+                    self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
+                                             time.time_ns(), (), records=batch), on_seq)
+                if colls:
+                    seq = self.spool.next_seq()
+                    reduced = [for_sending(reduce(job, colls), SENT_RETENTION)]
+                    # not sent: past a rank's newest SENT_RETENTION, or an op twice in them
+                    self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
+                    self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
+                                             time.time_ns(), (), collectives=reduced,
+                                             collectives_folded=job in to_shard), on_seq)
                 self.records_submitted += len(evs) + len(colls)
         if seq:
             self._notify()
@@ -346,7 +350,9 @@ class EngineClient(CommandTarget):
         read back from the spool: counted and logged, then let go, or it would block every later one)."""
         try:
             d = decode(data, figures_raw=True)
-            if not d.is_node_message:
+            if d.events_only:
+                subject = S.events_subject(d.records_job)
+            elif not d.is_node_message:
                 subject = S.records_subject(d.records_job)
             else:  # (a node message of figures alone: what one message beside the partials could not hold)
                 job = (d.partials[0].job if d.partials else d.collectives[0].job if d.collectives

@@ -79,7 +79,8 @@ class Root:
         self._read_to = 0  # the partials stream's sequence read and folded up to
         self._nc: NatsClient | None = None  # the session's connection: what commands go out on
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._records_read_to = 0  # the records stream's, handed on up to
+        # the records and events streams' ("records", "events"), handed on up to
+        self._records_read_to: dict[str, int] = {}
         self._pending: set[asyncio.Future[None]] = set()  # commands in flight from the loop itself
         self._pending_calls: set[concurrent.futures.Future[None]] = set()  # ... from other threads
         self._said: dict[str, float] = {}  # stream -> when messages it let go were last logged
@@ -150,6 +151,8 @@ class Root:
             return
         if stream == "records":
             self.stats.records_skipped += gap
+        elif stream == "events":
+            self.stats.events_skipped += gap
         else:
             self.stats.partials_skipped += gap
         # one line a stream a minute at most, with what was let go since the last (a root this far
@@ -162,7 +165,8 @@ class Root:
         log.warning("engine root %s: %d message(s) of the %s stream were let go by the engine (its limits: "
                     "%d MiB, %.0f s) before this root read them, since the last such line: lost to the "
                     "jobs' analysis (counted, /api/stats engine.%s_skipped)", self.id, unsaid, stream,
-                    (S.RECORDS_MAX_BYTES if stream == "records" else S.PARTIALS_MAX_BYTES) >> 20,
+                    {"records": S.RECORDS_MAX_BYTES, "events": S.EVENTS_MAX_BYTES}.get(
+                        stream, S.PARTIALS_MAX_BYTES) >> 20,
                     S.PARTIALS_MAX_AGE_S, stream)
 
     async def _lead(self, js: JetStream, lease: Lease, stop: asyncio.Event, kv: KeyValue) -> None:
@@ -189,24 +193,29 @@ class Root:
                 pass
             return msgs
 
-        async def read_records() -> None:
+        async def read_records(stream: str, rsub: Subscription) -> None:
+            """The records or the events stream (``stream``: its key in ``_records_read_to``)."""
             while True:
                 msgs = await batch(rsub, 0.5)
                 if msgs:
-                    self._skipped("records", self._records_read_to, msgs)
+                    read_to = self._records_read_to.get(stream, 0)
+                    self._skipped(stream, read_to, msgs)
                     self.handle_records([m.data for m in msgs])
-                    self._records_read_to = max(self._records_read_to, msgs[-1].metadata.sequence.stream)
+                    self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
         sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
-        rsub = await subscribe(S.RECORDS_STREAM, S.RECORDS_PREFIX, self._records_read_to)
-        records = asyncio.create_task(read_records())
+        rsubs = {name: await subscribe(stream, prefix, self._records_read_to.get(name, 0))
+                 for name, stream, prefix in (("records", S.RECORDS_STREAM, S.RECORDS_PREFIX),
+                                              ("events", S.EVENTS_STREAM, S.EVENTS_PREFIX))}
+        readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
         await self._advertise(kv)
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.cfg.renew_s
         try:
             while not stop.is_set():
-                if records.done():  # it stopped on an error: this session ends and reconnects
-                    records.result()
+                for records in readers:
+                    if records.done():  # it stopped on an error: this session ends and reconnects
+                        records.result()
                 if loop.time() >= renew_at:
                     if not await lease.renew():
                         return  # another leads now: stop reading before it starts
@@ -221,13 +230,15 @@ class Root:
                     self.flush()  # an iteration that is not whole still reaches the store
         finally:
             self.flush(every=True)  # what it read is folded: the store has it all, leading or not
-            records.cancel()
-            try:
-                await records
-            except (asyncio.CancelledError, Exception):  # its error, if any, was raised above
-                pass
+            for records in readers:
+                records.cancel()
+                try:
+                    await records
+                except (asyncio.CancelledError, Exception):  # its error, if any, was raised above
+                    pass
             await sub.unsubscribe()
-            await rsub.unsubscribe()
+            for rsub in rsubs.values():
+                await rsub.unsubscribe()
 
     def send_command(self, agent_id: str, command: Command) -> bool:
         """Send ``command`` to an agent on the engine; False (counted) without an engine connection.

@@ -80,10 +80,12 @@ class RootStats:
     # of what the root has read (0: the store holds all of it)
     held_back: int = 0
     # Messages the engine let go (the stream's limits: subjects.PARTIALS_MAX_BYTES, RECORDS_MAX_BYTES,
-    # PARTIALS_MAX_AGE_S) before this root read them: a root that fell that far behind, or was away
-    # that long. Lost to the job's analysis; counted and logged (perfd.engine.root), never silent.
+    # EVENTS_MAX_BYTES, PARTIALS_MAX_AGE_S) before this root read them: a root that fell that far
+    # behind, or was away that long. Lost to the job's analysis; counted and logged
+    # (perfd.engine.root), never silent.
     partials_skipped: int = 0
     records_skipped: int = 0
+    events_skipped: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, bool | int | dict[str, float] | None]:

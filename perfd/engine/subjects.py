@@ -14,11 +14,16 @@ from dataclasses import dataclass
 
 NODES_STREAM = "PERFD_NODES"  # node messages: a work queue, each taken by one shard
 PARTIALS_STREAM = "PERFD_PARTIALS"  # shard partials: the jobs' history, read by their root
-RECORDS_STREAM = "PERFD_RECORDS"  # nodes' events and collective records, read by the root as sent
+RECORDS_STREAM = "PERFD_RECORDS"  # nodes' collective records (the store's share), read by the root as sent
+# Nodes' events (hang events, XIDs, process lists, ...), read by the root as sent: a stream of their own,
+# so that the collective records' volume, which a root behind lets the engine drop (RECORDS_MAX_BYTES),
+# never takes them with it (perfd.engine.root counts what a stream let go unread)
+EVENTS_STREAM = "PERFD_EVENTS"
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"
+EVENTS_PREFIX = "perfd.events"
 # Commands to one agent (a capture, a stall's stacks): core NATS request/reply, not a stream — a
 # command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
 COMMANDS_PREFIX = "perfd.commands"
@@ -73,8 +78,13 @@ def partials_subject(job: str) -> str:
 
 
 def records_subject(job: str) -> str:
-    """A node's events and collective records of ``job`` ("": events of no job, a node's own)."""
+    """A node's collective records of ``job`` (and, from an agent before the events stream, its events)."""
     return f"{RECORDS_PREFIX}.{job_token(job)}"
+
+
+def events_subject(job: str) -> str:
+    """A node's events of ``job`` ("": events of no job, a node's own)."""
+    return f"{EVENTS_PREFIX}.{job_token(job)}"
 
 
 def command_subject(agent_id: str) -> str:
@@ -134,3 +144,5 @@ NODES_MAX_BYTES = 1 << 30
 PARTIALS_MAX_BYTES = 4 << 30
 PARTIALS_MAX_AGE_S = 3600.0
 RECORDS_MAX_BYTES = 1 << 30
+# Events are few (a node's hang events, XIDs, process lists: KBs a minute) and each may matter alone
+EVENTS_MAX_BYTES = 256 << 20

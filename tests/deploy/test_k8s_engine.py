@@ -163,7 +163,7 @@ def test_the_engine_is_a_three_server_cluster_of_its_own_pods() -> None:
     max_file = re.search(r"max_file_store: (\d+)GB", conf)
     assert max_file is not None
     limit = int(max_file.group(1)) << 30
-    assert limit > S.NODES_MAX_BYTES + S.PARTIALS_MAX_BYTES + S.RECORDS_MAX_BYTES
+    assert limit > S.NODES_MAX_BYTES + S.PARTIALS_MAX_BYTES + S.RECORDS_MAX_BYTES + S.EVENTS_MAX_BYTES
     size = re.fullmatch(r"(\d+)Gi", claim["spec"]["resources"]["requests"]["storage"])
     assert size is not None and int(size.group(1)) << 30 > limit
     # The probes and the preStop hook name the monitoring port and the pid file the server keeps.
@@ -421,7 +421,7 @@ def test_the_rendered_engine_and_shard_run(tmp_path: Path,
         with urllib.request.urlopen(f"http://{addresses[0]}:8222/jsz?streams=true", timeout=5) as r:
             details = json.loads(r.read()).get("account_details") or []
         found = {s["name"]: s for acc in details for s in acc.get("stream_detail") or []}
-        wanted = (S.NODES_STREAM, S.PARTIALS_STREAM, S.RECORDS_STREAM)
+        wanted = (S.NODES_STREAM, S.PARTIALS_STREAM, S.RECORDS_STREAM, S.EVENTS_STREAM)
         return all(n in found and len((found[n].get("cluster") or {}).get("replicas") or []) == 2
                    for n in wanted)
 

@@ -100,7 +100,9 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
             for c in clients:
                 assert await c.flush(30), c.stats()
             root = a.engine_root
-            await _until(lambda: root.stats.collectives == len(recs), 30, lambda: root.stats.to_json())
+            # (the events come on a stream of their own, read beside the records)
+            await _until(lambda: root.stats.collectives == len(recs) and root.stats.events == 3 * NODES, 30,
+                         lambda: root.stats.to_json())
             out: dict[str, Any] = {"a": _collective_answer(a.state), "a_events": _held_events(a.state),
                                    "a_stats": root.stats.to_json(),
                                    "a_refused": a.refusals.snapshot().get("malformed_event", 0),
@@ -110,8 +112,8 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
             await b.start()
             await a.stop()
             broot = b.engine_root
-            await _until(lambda: broot.stats.leader and broot.stats.collectives == len(recs), 40,
-                         lambda: broot.stats.to_json())
+            await _until(lambda: broot.stats.leader and broot.stats.collectives == len(recs)
+                         and broot.stats.events == 3 * NODES, 40, lambda: broot.stats.to_json())
             await asyncio.sleep(1.0)  # anything more it would read (a double) has come by now
             out.update(b=_collective_answer(b.state), b_events=_held_events(b.state),
                        b_stats=broot.stats.to_json())
@@ -129,13 +131,15 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
     with NatsCluster(tmp_path / "nats", 1) as cluster:
         got = asyncio.run(main(cluster.urls))
 
-    # Every message once: 2 per node, each split by job (the node's GPU-lost event has none).
-    assert [p["published"] - p["duplicates"] for p in got["published"]] == [3, 3]
+    # Every message once: 2 submits per node, each split by job (the node's GPU-lost event has none)
+    # and, within a job, its events (the events stream) from its collective records (the records
+    # stream): the job's events and records of each submit, and the GPU lost.
+    assert [p["published"] - p["duplicates"] for p in got["published"]] == [5, 5]
     assert all(p["pending"] == 0 and p["records_submitted"] == len(by_node[n]) + 3
                for n, p in enumerate(got["published"]))
     for side in ("a", "b"):
         st = got[f"{side}_stats"]
-        assert st["node_records_messages"] == 3 * NODES and st["undecodable"] == 0, st
+        assert st["node_records_messages"] == 5 * NODES and st["undecodable"] == 0, st
         assert st["collectives"] == len(recs) and st["events"] == 3 * NODES, st
         assert st["collective_partials"] == 2 * NODES, st  # every node's records came reduced
         assert got[side] == _collective_answer(single), side

@@ -1,7 +1,8 @@
 """Messages the engine lets go before the root reads them (the partials and records streams keep an
 hour and a few GiB: perfd.engine.subjects) are counted and said, never silently missing: a root that
-fell that far behind, or was away that long, lost them to the jobs' analysis. Real nats-server: the
-records stream made with a small byte limit, the root away while more than that is published."""
+fell that far behind, or was away that long, lost them to the jobs' analysis. The events have a stream
+of their own, which the collective records' volume never crowds out. Real nats-server: the records
+stream made with a small byte limit, the root away while more than that is published."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from perfd import events as E
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
@@ -25,6 +27,8 @@ from perfd.engine.rootfold import stream_gap
 from perfd.limits import Limits
 from perfd.model import CollectiveRecord
 from perfd.refusals import Refusals
+from perfd.transport.codec import encode_batch
+from perfd.transport.series import SeriesTable
 from tests.engine.test_natsd import _need_nats_server
 
 JOB = "skipped"
@@ -37,6 +41,14 @@ def test_the_gap_is_the_sequence_numbers_a_read_did_not_get() -> None:
     assert stream_gap(3, [9, 10]) == 5  # 4-8 let go
     assert stream_gap(3, [4, 7, 8, 12]) == 2 + 3
     assert stream_gap(3, []) == 0
+
+
+def _events_message(k: int) -> bytes:
+    """A node's events message: an XID."""
+    ev = {"kind": E.XID.name, "job": JOB, "severity": "critical", "text": f"XID 79 #{k}",
+          "time": time.time(), "labels": {"node": "node-0", "gpu": "0"}, "payload": {"xid": 79, "gpu": 0}}
+    batch = encode_batch("node-0", k, (), (), [ev], SeriesTable())
+    return encode(f"node-0:ev:{k}", "node-0", k, (), records=batch)
 
 
 def _records_message(k: int) -> bytes:
@@ -72,6 +84,9 @@ def test_records_the_stream_let_go_while_the_root_was_away_are_counted_and_said(
                 for k in ks:
                     await js.publish(S.records_subject(JOB), _records_message(k),
                                      headers={"Nats-Msg-Id": str(k)})
+                    if k % 10 == 0:  # an event now and then, on its own stream
+                        await js.publish(S.events_subject(JOB), _events_message(k),
+                                         headers={"Nats-Msg-Id": f"ev{k}"})
                 info = await js.stream_info(S.RECORDS_STREAM)
                 return int(info.state.first_seq)
             finally:
@@ -91,13 +106,15 @@ def test_records_the_stream_let_go_while_the_root_was_away_are_counted_and_said(
             await lead_until(5)
             assert root.stats.records_skipped == 0, root.stats
             first = await publish(range(5, 105))  # the root away: the stream keeps the newest ~30
-            await lead_until(5 + 105 - first + 1)
+            await lead_until(5 + 105 - first + 1 + 11)  # and the 11 events messages
             return first
 
         with caplog.at_level(logging.WARNING, logger="perfd.engine"):
             first = asyncio.run(main())
         assert first > 6, first
-        assert root.stats.node_records_messages == 5 + 105 - first + 1
+        # every events message read, whatever the records stream let go: 0, 10, ..., 100
+        assert root.stats.events == 11 and root.stats.events_skipped == 0, root.stats
+        assert root.stats.node_records_messages == 5 + 105 - first + 1 + 11
         assert root.stats.records_skipped == first - 6  # 6 .. first-1: let go, never read
         assert root.stats.partials_skipped == 0
         said = [r.getMessage() for r in caplog.records if "let go by the engine" in r.getMessage()]
