@@ -106,6 +106,11 @@ class Plan:
     def end_offset_s(self, rank: int, it: int) -> float:
         return 0.001 * self._perm(self._prime(11), 5, rank, it)
 
+    @property
+    def max_end_offset_s(self) -> float:
+        """Past every rank's end_offset_s (a permutation of the world's ranks, a millisecond each)."""
+        return 0.001 * self.world
+
     def wait_ms(self, rank: int, it: int) -> float:
         return 10.0 + 0.1 * self._perm(self._prime(5), 17, rank, it)
 
@@ -140,8 +145,10 @@ class Plan:
 Feed = Callable[[int, int, float], dict[str, Any]]
 
 
-# Iterations go out at least this many periods apart (Load), however late the load's thread runs
+# Iterations go out at least this many periods apart (Load), however late the load's thread runs, and
+# at least MIN_ROOM_S past the ranks' end offsets (a feed's operations go between a rank's two ends)
 MIN_GAP = 0.25
+MIN_ROOM_S = 0.02
 
 
 class Load:
@@ -206,8 +213,9 @@ class Load:
                 # windows before operations enqueued in them come (test_engine_collectives_faults.py)
                 now = time.monotonic()
                 due = t0 + (it - 1) * self.plan.period_s
-                if last is not None:
-                    due = max(due, last + MIN_GAP * self.plan.period_s)
+                if last is not None:  # (and past the ranks' end offsets, with room between)
+                    due = max(due, last + max(MIN_GAP * self.plan.period_s,
+                                              self.plan.max_end_offset_s + MIN_ROOM_S))
                 await asyncio.sleep(max(0.0, due - now))
                 if self._stop.is_set():
                     break

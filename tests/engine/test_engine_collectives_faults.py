@@ -73,11 +73,10 @@ class Job:
     def feed(self, n: int, it: int, t: float) -> dict[str, Any]:
         self._t.setdefault(it, t)
         prev = self._t.get(it - 1, t - self.plan.period_s)
-        # Past every rank's previous end (Plan.end_offset_s: under 1 ms a rank of the world) and before
-        # its end now; the load sends iterations engine_driver.MIN_GAP periods apart at least, so
+        # Past every rank's previous end (Plan.max_end_offset_s) and before its end now; the load sends
+        # iterations engine_driver.MIN_GAP periods and MIN_ROOM_S past the offsets apart at least, so
         # there is room between the two however late its thread ran
-        edge = 0.001 * self.plan.world + 0.005
-        lo, hi = max(prev + edge, t - 0.8 * self.plan.period_s), t - 0.005
+        lo, hi = max(prev + self.plan.max_end_offset_s + 0.005, t - 0.8 * self.plan.period_s), t - 0.005
         assert hi > lo, f"iteration {it} submitted {t - prev:.3f}s after the last: no room for its operations"
         world, nodes = self.plan.world, self.plan.nodes
         waiting = self._late.setdefault(n, [])
