@@ -181,7 +181,7 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
     import random
 
     from benchmarks.collectives_bench import _node_records
-    from perfd.collfold import reduce
+    from perfd.collfold import SENT_RETENTION, for_sending, reduce
     from perfd.engine.partial import encode, partials_of
     from perfd.transport.gen import perfd_pb2 as pb
 
@@ -205,9 +205,29 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
             nxt.ParseFromString(encode(mid, node_name(node), 0, (), collectives=colls[1:]))
             c0, c1 = b.collective_partials[0], nxt.collective_partials[0]
             s0, s1 = list(c0.collective_seq_id), list(c1.collective_seq_id)
-            ops = OpsTemplate(s0, [y - x for x, y in zip(s0, s1, strict=True)])
+            # the store's share as the agent sends it: each rank's newest of the iteration's operations
+            # (SENT_RETENTION's k at the job's world: 2 at 100,000 ranks)
+            share = [pb.EngineBatch.FromString(encode(mid, node_name(node), 0, (), collectives=[
+                for_sending(reduce(job, [r for r in c.records()]), SENT_RETENTION)])).collective_partials[0]
+                for c in colls]
+            h0, h1 = list(share[0].collective_seq_id), list(share[1].collective_seq_id)
+            ops = OpsTemplate(s0, [y - x for x, y in zip(s0, s1, strict=True)], ShareTemplate(
+                share[0], h0, [y - x for x, y in zip(h0, h1, strict=True)],
+                share[0].time_created_delta_ns[0] - c0.time_created_delta_ns[0]))
         out.append((S.node_subject(job, S.partition_of(job, node_name(node), partitions)), b, ops))
     return out
+
+
+@dataclass
+class ShareTemplate:
+    """The store's share of a node template's operations (a pb CollectivePartial of iteration 0), its
+    rows' sequence numbers and their step an iteration, and its first row's enqueue time after the
+    operations' first."""
+
+    part: Any
+    seq0: list[int]
+    step: list[int]
+    after_ns: int
 
 
 @dataclass
@@ -217,6 +237,7 @@ class OpsTemplate:
 
     seq0: list[int]
     step: list[int]
+    share: ShareTemplate | None = None
 
 
 # Where an iteration's operations start, after the iteration's previous end (the template's start at
@@ -313,15 +334,24 @@ def message_of(b: Any, node: int, epoch: str, iteration: int, end: float,
     return mid, b.SerializeToString()
 
 
-def records_message(b: Any, node: int, epoch: str, iteration: int, created_ns: int) -> tuple[str, str, bytes]:
+def records_message(share: ShareTemplate, node: int, epoch: str, iteration: int, end: float, created_ns: int,
+                    iteration_s: float) -> tuple[str, str, bytes]:
     """(subject, id, bytes) of the node's records message of ``iteration`` with ``--collectives``: the
-    store's share of its operations, marked folded at the shards (the share is all of them, 6 a rank,
-    up to 41,666 ranks: collfold.SENT_RETENTION's 250,000 a job)."""
+    store's share of its operations as its agent sends it (perfd.engine.shares: each rank's newest
+    operations, SENT_RETENTION's k at the job's world, 2 a rank at 100,000 ranks; a rank's 6 of the
+    iteration up to 41,666), marked folded below the root. Its agent holds the share of the dumps
+    between two sends and sends the newest k of them: at 100,000 ranks that is the iteration's; under
+    ~8,300 ranks (k of 30 and more) it would hold more of the earlier ones than this sends."""
     from perfd.transport.gen import perfd_pb2 as pb
 
     mid = f"{node_name(node)}:{epoch}:{iteration}:ops"
     r = pb.EngineBatch(id=mid, sender=node_name(node), created_ns=created_ns, collectives_folded=True)
-    r.collective_partials.add().CopyFrom(b.collective_partials[0])
+    c = r.collective_partials.add()
+    c.CopyFrom(share.part)
+    c.time_created_delta_ns[0] = round((end - iteration_s + OPS_AFTER_S) * 1e9) + share.after_ns
+    seq = c.collective_seq_id
+    for i, (s0, k) in enumerate(zip(share.seq0, share.step, strict=True)):
+        seq[i] = s0 + iteration * k
     return S.records_subject(JOB), mid, r.SerializeToString()
 
 
@@ -340,6 +370,7 @@ class LoadArgs:
     log: bool = False
     collectives: bool = False
     fold_at_agents: bool = False
+    share_every: int = 1  # iterations between a node's records messages (its agent's held share)
 
 
 def _agent_folds(world: int, n: int) -> list[Any]:
@@ -478,9 +509,11 @@ def _load(a: LoadArgs, t0: Any, last: Any, abort: Any, published: Any, newest: A
                     msgs = [(subj, mid, data if a.log and node == 0 else with_figures(b, figs, node, it, end))
                             for node, ((subj, mid, data), (_, b, _)) in pairs]
                 # the store's share of the same operations, to the root (the records stream; not counted
-                # in ``published``, which the root's node messages are checked against)
-                shares = [records_message(b, node, epoch, it, ns) for node, (_, b, ops) in
-                          enumerate(tmpl, start=a.first) if ops is not None]
+                # in ``published``, which the root's node messages are checked against): each node's
+                # agent every ``share_every`` iterations (perfd.engine.shares), the nodes in turn
+                shares = [records_message(ops.share, node, epoch, it, end, ns, a.iteration_s)
+                          for node, (_, b, ops) in enumerate(tmpl, start=a.first)
+                          if ops is not None and ops.share is not None and (it + node) % a.share_every == 0]
                 for k in range(0, len(shares), a.inflight):
                     got = await asyncio.gather(*(js.publish(s, d, timeout=10.0, headers={"Nats-Msg-Id": m})
                                                  for s, m, d in shares[k:k + a.inflight]),
@@ -669,10 +702,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                warmup_s: float = 10.0, partitions: int = S.DEFAULT_PARTITIONS, auth: bool = True,
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
                log: bool = False, collectives: bool = False, fold_at_agents: bool = False,
-               profile_root: Path | None = None, root_switch_ms: float | None = None) -> dict[str, Any]:
+               profile_root: Path | None = None, root_switch_ms: float | None = None,
+               share_every_s: float | None = None) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
+    from perfd.engine.shares import SHARE_EVERY_S
 
     tmp = Path(tempfile.mkdtemp(prefix="perfd-engine-bench-"))
     ok = False
@@ -726,10 +761,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         ready, results = ctx.Queue(), ctx.Queue()
         per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
         first = 0
+        # a node's share every this many iterations, as its agent holds it (0 s: every iteration)
+        share_every = max(1, round((SHARE_EVERY_S if share_every_s is None else share_every_s) / iteration_s))
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
                           first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log, collectives,
-                          fold_at_agents)
+                          fold_at_agents, share_every)
             p = ctx.Process(target=_load, args=(la, t0v, lastv, abort, published, newest, ready, results),
                             daemon=True)
             p.start()
@@ -848,6 +885,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                         "others_cores": round(max(0.0, busy / wall - ours), 3)},
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
                        "log": log, "collectives": collectives, "fold_at_agents": fold_at_agents,
+                       "share_every_iterations": share_every if collectives else None,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
                        "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight,
                        "root_gil_switch_ms": root_switch_ms},
@@ -992,6 +1030,10 @@ def main(argv: list[str] | None = None) -> int:
                          "figures beside its partial, which the shard hands on (perfd agent's default; the "
                          "load sends a real fold's figures of its first node, moved to each node and "
                          "iteration); without it the operations go to the shard, which folds them")
+    ap.add_argument("--share-every-s", type=float, metavar="S",
+                    help="with --collectives: each node's agent sends the store's share of its operations "
+                         "this often, the nodes in turn (default: perfd.engine.shares.SHARE_EVERY_S, what "
+                         "the agent holds it to; 0: every iteration, as an agent before it did)")
     ap.add_argument("--profile-root", type=Path, metavar="OUT.json",
                     help="run the root under benchmarks.frame_sampler: its threads' CPU and stacks to "
                          "OUT.json (python -m benchmarks.frame_sampler --show OUT.json)")
@@ -1000,16 +1042,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
-            or ns.iteration_s <= 0 or ns.warmup < 0 or ns.drain < 0:
+            or ns.iteration_s <= 0 or ns.warmup < 0 or ns.drain < 0 or (ns.share_every_s or 0) < 0:
         print("perfd bench engine: --nodes, --shards, --procs, --partitions, --inflight, --seconds and "
-              "--iteration-s must be positive, --warmup and --drain >= 0", file=sys.stderr)
+              "--iteration-s must be positive, --warmup, --drain and --share-every-s >= 0", file=sys.stderr)
         return 2
     res = run_engine(ns.nodes, ns.shards, ns.seconds, min(ns.procs, ns.nodes), iteration_s=ns.iteration_s,
                      warmup_s=ns.warmup, partitions=ns.partitions, auth=not ns.no_auth, tls=ns.tls,
                      inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
                      collectives=ns.collectives, fold_at_agents=ns.fold_at_agents,
                      profile_root=ns.profile_root.resolve() if ns.profile_root else None,
-                     root_switch_ms=ns.root_gil_switch_ms)
+                     root_switch_ms=ns.root_gil_switch_ms, share_every_s=ns.share_every_s)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

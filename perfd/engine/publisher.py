@@ -8,7 +8,9 @@ disk-backed where the agent has a spool dir) until the engine acknowledged it; o
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
 published. Events go as sent, and collective records reduced to one partial (perfd.collfold:
 compact rows, one per operation, a rank's newest SENT_RETENTION, the store's share), one message per
-job, to the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials.
+job, to the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials;
+a job whose windows were folded below the root has its share held and sent at most every
+SHARE_EVERY_S, its dumps merged (perfd.engine.shares: what a fast dump cadence would cost the root).
 
 Where the per-window figures are folded: a job whose ranks' step records this agent sends (the step
 hook: each rank's own ends, its windows) has its ranks' every collective operation folded into
@@ -48,6 +50,7 @@ from perfd.engine.figures_codec import chunks as figure_chunks
 from perfd.engine.nats_api import JetStream, Msg, NatsClient
 from perfd.engine.partial import Partial, RunMarks, decode, encode, partials_of
 from perfd.engine.shard_windows import CollectiveFold, JobLayouts
+from perfd.engine.shares import SHARE_EVERY_S, Held, HeldShares
 from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import Command, command_from_pb, encode_batch
 from perfd.transport.dispatch import CommandTarget
@@ -84,6 +87,8 @@ class PublisherStats(TypedDict):
     pending: int
     records_submitted: int
     collectives_not_sent: int
+    collective_shares_sent: int
+    collective_rows_held: int
     operations_folded: int
     figure_rows_sent: int
     bad_job_info: int
@@ -98,7 +103,7 @@ class EngineClient(CommandTarget):
     def __init__(self, cfg: S.EngineConfig, agent_id: str, *, node: str, spool: Spool | None = None,
                  window: int = 32, backoff_initial_s: float = 0.5, backoff_max_s: float = 30.0,
                  on_command: Callable[[Command], object] | None = None, collectives_at_shards: bool = True,
-                 window_fold: CollectiveFold | None = None) -> None:
+                 window_fold: CollectiveFold | None = None, share_every_s: float = SHARE_EVERY_S) -> None:
         self.cfg = cfg
         self.agent_id = agent_id
         self.on_command = on_command
@@ -123,6 +128,11 @@ class EngineClient(CommandTarget):
         self.close_timeouts = 0  # connections let go that did not close in time (connect.close_bounded)
         self.records_submitted = 0  # events and collective records spooled for the records stream
         self.collectives_not_sent = 0  # of those, collective records the reduction left out (counted)
+        # The store's share of a job whose windows were folded below the root, held and sent at most
+        # every share_every_s (perfd.engine.shares: what a dump cadence would cost the root); 0: each
+        # as it comes
+        self._shares = HeldShares(share_every_s)
+        self.collective_shares_sent = 0
         self._runs = RunMarks()  # its ranks' processes: a restart marks the partial where it began
         self._no_series = SeriesTable()  # records messages carry no samples: nothing is ever defined
         self.last_error = ""
@@ -202,18 +212,38 @@ class EngineClient(CommandTarget):
                     batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series)
                     self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
                                              time.time_ns(), (), records=batch), on_seq)
-                if colls:
-                    seq = self.spool.next_seq()
-                    reduced = [for_sending(reduce(job, colls), SENT_RETENTION)]
-                    # not sent: past a rank's newest SENT_RETENTION, or an op twice in them
-                    self.collectives_not_sent += len(colls) - sum(len(p) for p in reduced)
-                    self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
-                                             time.time_ns(), (), collectives=reduced,
-                                             collectives_folded=job in to_shard), on_seq)
+                if colls and job in to_shard and self._shares.every_s > 0:
+                    for held in self._shares.hold(reduce(job, colls), len(colls), time.monotonic()):
+                        seq = self._send_share(held, on_seq)
+                elif colls:
+                    seq = self._send_share(Held(reduce(job, colls), len(colls), 0.0), on_seq,
+                                           folded=job in to_shard)
                 self.records_submitted += len(evs) + len(colls)
+            for held in self._shares.due(time.monotonic()):
+                seq = self._send_share(held, on_seq)
         if seq:
             self._notify()
         return seq
+
+    def _send_share(self, held: Held, on_seq: Callable[[int], object] | None = None,
+                    folded: bool = True) -> int:
+        """Spool a job's share of its collective records (the lock held); returns its seq.
+        ``folded``: the job's windows were folded below the root (the root only keeps its rows)."""
+        seq = self.spool.next_seq()
+        reduced = [for_sending(held.part, SENT_RETENTION)]
+        # not sent: past a rank's newest SENT_RETENTION, or an op twice in them (or in two dumps held)
+        self.collectives_not_sent += held.records - sum(len(p) for p in reduced)
+        self.collective_shares_sent += 1
+        self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
+                                 time.time_ns(), (), collectives=reduced, collectives_folded=folded), on_seq)
+        return seq
+
+    def _send_due_shares(self, every: bool = False) -> None:
+        """Spool the held shares whose time came (``every``: all of them); any thread."""
+        with self._lock:
+            now = time.monotonic()
+            for held in self._shares.take_all(now) if every else self._shares.due(now):
+                self._send_share(held)
 
     def _append(self, seq: int, data: bytes, on_seq: Callable[[int], object] | None) -> None:
         if on_seq is not None:
@@ -318,6 +348,7 @@ class EngineClient(CommandTarget):
         js = nc.jetstream()
         assert self._wake is not None
         while True:
+            self._send_due_shares()  # a job's held share goes in time though nothing else is submitted
             with self._lock:
                 pending = self.spool.read(0, self.window)
             if not pending:
@@ -366,7 +397,9 @@ class EngineClient(CommandTarget):
         return bool(getattr(ack, "duplicate", False))
 
     async def flush(self, timeout: float) -> bool:
-        """Wait until every submitted message is acknowledged by the engine; False on timeout."""
+        """Wait until every submitted message is acknowledged by the engine, the collective shares
+        held included (sent now); False on timeout."""
+        self._send_due_shares(every=True)
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -389,11 +422,15 @@ class EngineClient(CommandTarget):
         return out
 
     def close(self) -> None:
-        """Persist the spool state. Cancel the run() task first."""
+        """Persist the spool state, the collective shares held spooled first (a spool on disk
+        sends them after a restart). Cancel the run() task first."""
+        self._send_due_shares(every=True)
         with self._lock:
             self.spool.close()
 
     def stats(self) -> PublisherStats:
+        with self._lock:
+            held = self._shares.rows
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
                 "distinct_published": self.distinct_published,
@@ -403,6 +440,8 @@ class EngineClient(CommandTarget):
                 "command_errors": self.command_errors, "undecodable_commands": self.undecodable_commands,
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,
+                "collective_shares_sent": self.collective_shares_sent,
+                "collective_rows_held": held,
                 "operations_folded": self.operations_folded, "figure_rows_sent": self.figure_rows_sent,
                 "bad_job_info": self._layouts.bad if self._layouts is not None else 0,
                 "fold_jobs_forgotten": self.window_fold.jobs_forgotten if self.window_fold is not None else 0,

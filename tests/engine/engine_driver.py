@@ -635,8 +635,7 @@ class Figures:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
 
 
-def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | None = False,
-                     records_messages: int = 0) -> Figures:
+def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | None = False) -> Figures:
     """Wait until the engine is at rest — every message published and acknowledged by the engine,
     the node stream empty (every message acknowledged by a shard after its partial was stored),
     every partial read by the root — then assert nothing lost and nothing doubled:
@@ -647,12 +646,12 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | N
     - every iteration's row shows the plan's figures (its slowest rank, latest end, longest data
       wait), and the root counted every iteration whole (``complete``; the first may not count).
 
-    ``records_messages``: of the clients' messages, those that went to the records stream (a feed
-    with collective records), not node messages."""
+    Of the clients' messages, those that went to the records stream (the store's share of a feed's
+    collective records, held and sent as the agent does: perfd.engine.shares) are not node messages."""
     load = rig.load
     assert load is not None
     load.finish(timeout)
-    distinct = load.distinct_published() - records_messages
+    distinct = load.distinct_published() - sum(s["collective_shares_sent"] for s in load.stats())
 
     def at_rest() -> bool:
         nodes = stream_state(rig.urls, S.NODES_STREAM)

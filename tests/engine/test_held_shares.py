@@ -1,0 +1,148 @@
+"""An agent holds the store's share of a job whose windows were folded below the root, and sends it
+at most every ``share_every_s`` (perfd.engine.shares): fewer records messages for the root to read,
+and the root's store ends with the same rows as if every dump had been sent. No engine: what the
+agent spooled is read back."""
+
+from __future__ import annotations
+
+import random
+
+from perfd.analytics.collectives.shardfold import ShardCollectives
+from perfd.collfold import (
+    REDUCED_RETENTION,
+    SENT_RETENTION,
+    CollectivePartial,
+    for_sending,
+    merge_all,
+    reduce,
+)
+from perfd.engine import shares
+from perfd.engine import subjects as S
+from perfd.engine.partial import Decoded, decode
+from perfd.engine.publisher import EngineClient
+from perfd.engine.shares import HeldShares
+from perfd.model import CollectiveRecord, StepRecord
+from tests.collectives.collective_helpers import MS, T0
+from tests.collectives.test_collective_partial import PER_NODE, synthetic_job
+
+NODE = 1
+
+
+def _dumps() -> tuple[list[list[StepRecord]], list[list[CollectiveRecord]]]:
+    """Node NODE's step records and operations of the synthetic job, an iteration at a time (a
+    dump an iteration: the cadence per-iteration figures need)."""
+    recs, steps = synthetic_job()
+    its = sorted({s.iteration for s in steps})
+    mine = [s for s in steps if isinstance(s.rank, int) and s.rank // PER_NODE == NODE]
+    ops: dict[int, list[CollectiveRecord]] = {}
+    for r in recs:  # the synthetic job's iteration N runs 100 ms from N x 100 ms
+        if (r.rank or 0) // PER_NODE == NODE:
+            ops.setdefault(((r.time_created_ns or T0) - T0) // (100 * MS), []).append(r)
+    return [[s for s in mine if s.iteration == it] for it in its], [ops.get(it, []) for it in its]
+
+
+def _client(every_s: float) -> EngineClient:
+    return EngineClient(S.EngineConfig(("nats://unused",), partitions=4), f"node-{NODE}/j",
+                        node=f"node-{NODE}", window_fold=ShardCollectives(), share_every_s=every_s)
+
+
+def _shares_spooled(client: EngineClient) -> list[Decoded]:
+    out = []
+    for _, data in client.spool.pending():
+        d = decode(data)
+        if d.collectives and not d.is_node_message:
+            out.append(d)
+    return out
+
+
+def _store(parts: list[CollectivePartial], job: str = "j") -> CollectivePartial:
+    """What the root's store makes of them (its merge and retention)."""
+    return merge_all(job, parts, REDUCED_RETENTION)
+
+
+def test_a_folded_jobs_dumps_are_held_and_go_as_one_share_the_store_merging_the_same_rows() -> None:
+    steps, ops = _dumps()
+    assert sum(1 for o in ops if o) >= 4, "the case needs several dumps"
+    held = _client(every_s=3600.0)  # only the first share goes at once; flush sends the rest
+    each = _client(every_s=0.0)  # every dump as it comes (an agent before the shares were held)
+    for s, o in zip(steps, ops, strict=True):
+        held.submit(steps=s, collectives=o)
+        each.submit(steps=s, collectives=o)
+
+    sent_each = _shares_spooled(each)
+    assert len(sent_each) == sum(1 for o in ops if o)
+    sent_held = _shares_spooled(held)
+    assert len(sent_held) == 1, "a job's first share goes at once, the later ones wait their time"
+    st = held.stats()
+    assert st["collective_rows_held"] > 0 and st["collective_shares_sent"] == 1
+    held._send_due_shares(every=True)  # what flush() and close() do first
+    sent_held = _shares_spooled(held)
+    assert len(sent_held) == 2 and held.stats()["collective_rows_held"] == 0
+    assert all(d.collectives_folded for d in sent_held + sent_each)
+
+    def parts(ds: list[Decoded]) -> list[CollectivePartial]:
+        return [p for d in ds for p in d.collectives]
+
+    assert _store(parts(sent_held)) == _store(parts(sent_each))
+    assert len(_store(parts(sent_held))) > 0
+    # every record submitted is either in a share sent or counted as not sent
+    for c, sent in ((held, sent_held), (each, sent_each)):
+        submitted = sum(len(o) for o in ops)
+        assert sum(len(p) for p in parts(sent)) + c.stats()["collectives_not_sent"] == submitted
+
+
+def test_a_job_whose_windows_the_root_folds_sends_every_dump_at_once() -> None:
+    """No rank step records from this node (a Megatron-LM log's job): the root folds the share's
+    every operation per window, so none is held."""
+    _, ops = _dumps()
+    client = _client(every_s=3600.0)
+    for o in ops:
+        client.submit(collectives=o)
+    sent = _shares_spooled(client)
+    assert len(sent) == sum(1 for o in ops if o) and not any(d.collectives_folded for d in sent)
+    assert client.stats()["collective_rows_held"] == 0
+
+
+def _part(job: str, rank: int, seq: int) -> CollectivePartial:
+    r = CollectiveRecord(job=job, source="flight_recorder", op="all_reduce", rank=rank, pg_id=0, pg_name="0",
+                         pg_ranks=[0, 1], group_rank=rank, group_size=2, collective_seq_id=seq,
+                         state="completed", time_created_ns=T0 + seq * MS, duration_ms=1.0)
+    return reduce(job, [r])
+
+
+def test_held_shares_go_at_their_jittered_time_and_past_the_jobs_bound() -> None:
+    h = HeldShares(every_s=10.0, rng=random.Random(3))
+    first = h.hold(_part("a", 0, 1), 1, now=100.0)
+    assert [x.part.job for x in first] == ["a"]  # a job's first share at once
+    assert h.hold(_part("a", 0, 2), 1, now=101.0) == []
+    assert h.due(now=107.4) == []  # 10 s less the jitter's quarter at the most
+    went = h.due(now=112.6)  # 10 s and its quarter at the most
+    assert len(went) == 1 and went[0].records == 1 and h.rows == 0
+    # the next ones' times spread (agents started together do not stay together)
+    times = set()
+    for k in range(20):
+        g = HeldShares(every_s=10.0, rng=random.Random(k))
+        g.hold(_part("a", 0, 1), 1, now=0.0)
+        times.add(round(g._next["a"], 3))
+    assert len(times) == 20 and min(times) >= 7.5 and max(times) <= 12.5
+    # past MAX_HELD_JOBS jobs held, the oldest goes at once
+    b = HeldShares(every_s=10.0)
+    for j in range(shares.MAX_HELD_JOBS):
+        b.hold(_part(f"j{j}", 0, 1), 1, now=0.0)  # each job's first: sent
+        assert b.hold(_part(f"j{j}", 0, 2), 1, now=1.0) == []
+    out = b.hold(_part("late", 0, 1), 1, now=2.0)
+    assert [x.part.job for x in out] == ["j0", "late"]
+
+
+def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
+    """Two dumps held then sent are what the store keeps of both sent apart (SENT_RETENTION's k)."""
+    h = HeldShares(every_s=10.0)
+    h.hold(_part("a", 0, 0), 1, now=0.0)
+    parts = [_part("a", r, s) for s in range(1, 700) for r in (0, 1)]
+    for p in parts:
+        h.hold(p, 1, now=1.0)
+    (one,) = h.take_all(now=2.0)
+    assert one.records == len(parts)
+    got = _store([for_sending(one.part, SENT_RETENTION)], "a")
+    assert got == _store([for_sending(p, SENT_RETENTION) for p in parts], "a")
+    assert len(got) == 2 * shares.HELD_PER_RANK  # each rank's newest, of 699
