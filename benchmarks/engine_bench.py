@@ -181,7 +181,7 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
     import random
 
     from benchmarks.collectives_bench import _node_records
-    from perfd.collfold import SENT_RETENTION, for_sending, reduce
+    from perfd.collfold import SENT_RETENTION, Retention, reduce
     from perfd.engine.partial import encode, partials_of
     from perfd.transport.gen import perfd_pb2 as pb
 
@@ -206,14 +206,18 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
             c0, c1 = b.collective_partials[0], nxt.collective_partials[0]
             s0, s1 = list(c0.collective_seq_id), list(c1.collective_seq_id)
             # the store's share as the agent sends it: each rank's newest of the iteration's operations
-            # (SENT_RETENTION's k at the job's world: 2 at 100,000 ranks)
-            share = [pb.EngineBatch.FromString(encode(mid, node_name(node), 0, (), collectives=[
-                for_sending(reduce(job, [r for r in c.records()]), SENT_RETENTION)])).collective_partials[0]
-                for c in colls]
-            h0, h1 = list(share[0].collective_seq_id), list(share[1].collective_seq_id)
+            # (SENT_RETENTION's k at the job's world, as collfold.for_sending: 2 at 100,000 ranks)
+            keep = Retention(per_rank=SENT_RETENTION.k(world))
+            share = pb.EngineBatch.FromString(encode(mid, node_name(node), 0, (), collectives=[
+                colls[0].bound(keep)])).collective_partials[0]
+            # the next iteration's sequence numbers from its rows in the order the wire lists them (not
+            # encoded again: a world group's ranks made into runs is most of an encode at 100,000 ranks)
+            h0 = list(share.collective_seq_id)
+            h1 = [row.collective_seq_id or 0 for _, row in colls[1].bound(keep).ordered()]
+            assert h0 == [row.collective_seq_id or 0 for _, row in colls[0].ordered()], "the wire's order"
             ops = OpsTemplate(s0, [y - x for x, y in zip(s0, s1, strict=True)], ShareTemplate(
-                share[0], h0, [y - x for x, y in zip(h0, h1, strict=True)],
-                share[0].time_created_delta_ns[0] - c0.time_created_delta_ns[0]))
+                share, h0, [y - x for x, y in zip(h0, h1, strict=True)],
+                share.time_created_delta_ns[0] - c0.time_created_delta_ns[0]))
         out.append((S.node_subject(job, S.partition_of(job, node_name(node), partitions)), b, ops))
     return out
 
@@ -745,6 +749,14 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         def engine_stats() -> dict[str, Any]:
             return dict(_get_json(f"{base}/api/stats")[0].get("engine") or {})
 
+        def gc_ms() -> tuple[float, float, int] | None:
+            """The root's garbage collector's time, of it its full collections', and their number
+            (perfd.aggregator.runtime); None: not timed."""
+            t = _get_json(f"{base}/api/stats")[0].get("transport") or {}
+            if t.get("gc_ms") is None or t.get("gc_full_ms") is None:
+                return None
+            return float(t["gc_ms"]), float(t["gc_full_ms"]), int(t.get("gc_full_collections") or 0)
+
         _wait("the root's lease", lambda: engine_stats().get("leader"), 60, children)
         share = math.ceil(partitions / shards)
 
@@ -772,7 +784,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             p.start()
             loaders.append(p)
             first += n
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # a load process makes its nodes' templates first (~20 ms a node)
         got = 0
         while got < procs:
             try:
@@ -798,6 +810,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             w.start()
         m0 = psutil.cpu_times()
         e0, pub0, sh0 = engine_stats(), sum(published[:]), [_read_json(f) for f in stats_files]
+        gc0 = gc_ms()
         it0 = offered_newest()
         w0 = time.perf_counter()
         polls: list[dict[str, Any]] = []
@@ -830,6 +843,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         m1 = psutil.cpu_times()
         wall = time.perf_counter() - w0
         e1, pub1, sh1 = engine_stats(), sum(published[:]), [_read_json(f) for f in stats_files]
+        gc1 = gc_ms()
         it1 = offered_newest()
         load_avg = os.getloadavg()
 
@@ -911,6 +925,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                 if shard_msgs else None,
             },
             "root": {**figs["root"], **{k: ef.get(k) for k in ROOT_COUNTERS}, "lag_s": e1.get("lag_s"),
+                     # of its CPU in the window, the garbage collector's (a core's share), of it the
+                     # full collections', and how many ran in the window
+                     **({"gc_cores": round((gc1[0] - gc0[0]) / 1000 / wall, 3),
+                         "gc_full_cores": round((gc1[1] - gc0[1]) / 1000 / wall, 3),
+                         "gc_full_collections": gc1[2] - gc0[2]} if gc0 is not None and gc1 is not None
+                        else {"gc_cores": None}),
                      "lag_s_after_drain": ef.get("lag_s")},
             "shards": [{**{k: s.get(k) for k in SHARD_COUNTERS}, **figs[f"shard-{i}"]}
                        for i, s in enumerate(shf)],

@@ -23,7 +23,7 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.retention import Lifecycle
-from perfd.aggregator.runtime import SWITCH_INTERVAL_S, gc_seconds, tune_gc, tune_switch_interval
+from perfd.aggregator.runtime import SWITCH_INTERVAL_S, gc_full, gc_seconds, tune_gc, tune_switch_interval
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_schema import StoreError
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
@@ -387,8 +387,10 @@ class Aggregator:
         d = self.server.counters()
         d["job_info_errors"] = self.job_info_errors
         gc_s = gc_seconds()
-        if gc_s is not None:  # timed in the aggregator process (run_aggregator), not in a test's
+        full = gc_full()
+        if gc_s is not None and full is not None:  # timed in the aggregator process (run_aggregator)
             d["gc_ms"] = round(gc_s * 1000)
+            d["gc_full_ms"], d["gc_full_collections"] = round(full[0] * 1000), full[1]
         d.update({f"refused_{k}": v for k, v in self.refusals.snapshot().items()})
         d.update(self.lifecycle.counters())
         if self.store is not None:

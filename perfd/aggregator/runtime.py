@@ -43,14 +43,19 @@ SWITCH_INTERVAL_S = 0.0005
 GRPC_EXPERIMENTS = "-event_engine_listener"
 
 _spent = [0.0]  # seconds spent collecting since tune_gc
+_full = [0.0, 0.0]  # ... of which in full collections (the oldest generation's), and how many
 _started = [0.0]
 
 
-def _timer(phase: str, _info: dict[str, Any]) -> None:
+def _timer(phase: str, info: dict[str, Any]) -> None:
     if phase == "start":
         _started[0] = time.perf_counter()
     else:
-        _spent[0] += time.perf_counter() - _started[0]
+        took = time.perf_counter() - _started[0]
+        _spent[0] += took
+        if info.get("generation") == 2:  # what grows with the heap: every tracked object walked
+            _full[0] += took
+            _full[1] += 1
 
 
 def tune_gc() -> None:
@@ -71,6 +76,11 @@ def tune_switch_interval(seconds: float = SWITCH_INTERVAL_S) -> None:
 def gc_seconds() -> float | None:
     """Seconds the collector has run since tune_gc; None if it was not called (not timed)."""
     return _spent[0] if _timer in gc.callbacks else None
+
+
+def gc_full() -> tuple[float, int] | None:
+    """Of those, the seconds in full collections and their number; None if not timed."""
+    return (_full[0], int(_full[1])) if _timer in gc.callbacks else None
 
 
 def grpc_experiments() -> str | None:
