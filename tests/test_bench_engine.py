@@ -218,10 +218,36 @@ def test_with_collectives_a_node_message_carries_its_ranks_operations_of_that_it
         ts = [r.time_created_ns or 0 for r in rows]
         assert (end + (it - 1) * period) * 1e9 < min(ts) and max(ts) < (end + it * period) * 1e9
         seqs.append(sorted((r.rank, r.pg_id, r.collective_seq_id) for r in rows))
-        _subj, _rid, rdata = engine_bench.records_message(b, 1, "ep", it, 123)
+        assert ops is not None and ops.share is not None
+        _subj, _rid, rdata = engine_bench.records_message(ops.share, 1, "ep", it, end + it * period, 123,
+                                                          period)
         r = decode(rdata)
+        # at 16 ranks a rank's share is every operation it ran (SENT_RETENTION's k is 512 there)
         assert not r.is_node_message and r.collectives_folded and r.collectives[0] == d.collectives[0]
     assert seqs[0] != seqs[1] and len({s for *_, s in seqs[1]}) > 1
+
+
+def test_the_store_share_a_node_sends_is_its_ranks_newest_operations_as_an_agent_bounds_them() -> None:
+    """At 100,000 ranks an agent sends each rank's newest 2 operations (collfold.for_sending): the
+    bench's records message is those rows of the node message's, moved to each iteration with them."""
+    from perfd.collfold import SENT_RETENTION, for_sending
+    from perfd.engine.partial import decode
+
+    world = 100_000
+    tm = engine_bench.node_templates("a job", 0, 2, world, 16, "ep", collectives=True)
+    end, period = time.time(), 2.0
+    _s, b, ops = tm[1]
+    assert ops is not None and ops.share is not None
+    k = SENT_RETENTION.k(world)
+    assert k == 2
+    for it in (3, 4):
+        _mid, data = engine_bench.message_of(b, 1, "ep", it, end + it * period, 123, ops, period)
+        every = decode(data).collectives[0]
+        _subj, _rid, rdata = engine_bench.records_message(ops.share, 1, "ep", it, end + it * period, 123,
+                                                          period)
+        share = decode(rdata).collectives[0]
+        assert set(share.ops.items()) == set(for_sending(every, SENT_RETENTION).ops.items())
+        assert len(share) == 8 * k
 
 
 def test_with_the_fold_at_agents_a_node_message_carries_its_ranks_figures_not_their_operations() -> None:
