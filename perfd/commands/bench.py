@@ -29,6 +29,8 @@ BENCHES = {
                      "the engine root's analysis refresh of an N-node job, per iteration (in process)"),
     "root-figures": ("benchmarks.root_figures_bench",
                      "the engine root's CPU per window-figure row of an N-rank job's shards (in process)"),
+    "inbox": ("benchmarks.inbox_bench",
+              "a stream's messages read beside a busy event loop: a message a turn vs an inbox"),
     "switch": ("benchmarks.switch_bench",
                "an event loop's reads beside a CPU-bound thread, per interpreter switch interval"),
 }

@@ -265,7 +265,10 @@ def test_a_shard_joining_mid_run_takes_its_share_with_nothing_delivered_twice(ma
         f = settle_and_check(rig, plan)
         cons = consumers(rig.urls, list(range(rig.partitions)))
         redelivered = {p: c["redelivered"] for p, c in cons.items() if c["redelivered"]}
+        # the shards write their stats every 0.2 s: the last fold of one may not be in its file yet
+        folds = wait_for(lambda: ((n := rig.shard_folds()) >= f.distinct and n) or None, 5,
+                         "the shards' stats to show every node message", ignore=NOT_YET, interval=0.1)
         print(f"FIGURES shard joined: split {took:.1f}s after the start; {f.line()}; "
-              f"consumers redelivered {redelivered}")
-        assert f.shard_folds == f.distinct and not redelivered, (f.line(), redelivered)
+              f"consumers redelivered {redelivered}; shard folds {folds}")
+        assert folds == f.distinct and not redelivered, (f.line(), folds, redelivered)
         assert f.redelivered == 0, f.line()
