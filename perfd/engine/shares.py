@@ -27,7 +27,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from perfd.collfold import CollectivePartial, Retention
+from perfd.collfold import SENT_RETENTION, CollectivePartial, Retention
 
 # How often at most a node's agent sends a job's held share: the collector's default dump round
 # (collectors/nccl FlightRecorderConfig.interval_s), so that a default deployment sends what it
@@ -38,7 +38,7 @@ SHARE_EVERY_S = 10.0
 JITTER = 0.25
 # What a held share keeps of each rank until sent: the most a send could carry (SENT_RETENTION's
 # per-rank bound; the job-wide one is applied at the send, over the job's world as the rows show it).
-HELD_PER_RANK = 512
+HELD_RETENTION = Retention(per_rank=SENT_RETENTION.per_rank)
 MAX_HELD_JOBS = 1024  # jobs with a share held at once; past it the oldest is sent at once
 
 
@@ -65,7 +65,7 @@ class HeldShares:
         cur = self._held.get(job)
         if cur is None:
             cur = self._held[job] = Held(CollectivePartial(job), 0, self._next.get(job, now))
-        cur.part.absorb(part, Retention(per_rank=HELD_PER_RANK))
+        cur.part.absorb(part, HELD_RETENTION)
         cur.records += records
         out = []
         while len(self._held) > MAX_HELD_JOBS:

@@ -145,4 +145,4 @@ def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
     assert one.records == len(parts)
     got = _store([for_sending(one.part, SENT_RETENTION)], "a")
     assert got == _store([for_sending(p, SENT_RETENTION) for p in parts], "a")
-    assert len(got) == 2 * shares.HELD_PER_RANK  # each rank's newest, of 699
+    assert len(got) == 2 * (shares.HELD_RETENTION.per_rank or 0)  # each rank's newest, of 699
