@@ -173,8 +173,11 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
                                                       "--rules-interval", "1")
         run_dir = raw / "run"
         if a.cpu_smoke:
+            # The job steps until this script stops it (its --duration is past --max-s): the polls end when
+            # the incident after the stop has settled, which on a loaded machine came later than a job
+            # sized to end a minute past the stop (CI, load 3.5 per CPU: no incident after the stop read).
             cmd = [sys.executable, str(ROOT / "tests" / "host" / "hook_loop.py"), "--step-ms", "15",
-                   "--duration", str(a.stop_at + a.stop_s + 60), "--pause-at", str(a.save_at_step),
+                   "--duration", str(a.max_s + 60), "--pause-at", str(a.save_at_step),
                    "--announce", "yes", "--pause-s", "12"]
         else:
             assert megatron is not None
@@ -238,8 +241,12 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
                 # (a CI run at load 4.2 per CPU read none after 12 s).
                 if stop.get("continued_at") and now - stop["continued_at"] >= a.after_s \
                         and incidents_after_stop(p.get("incidents") or [], stop):
+                    res["loop_ended"] = "settled"
                     break
             time.sleep(1.0)
+        # Why the polls stopped, for the reader of a failed check: the incident after the stop settled,
+        # the job exited, or --max-s ran out with that incident still open.
+        res.setdefault("loop_ended", "job_exited" if launch.poll() is not None else "max_s")
         res["stop"] = stop
         res["saves"] = watch.saves
         res["last_iteration"] = watch.last_iteration
@@ -383,6 +390,12 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
                                     <= 0.15 * stopped_s)
     saves = [s for s in res.get("saves") or [] if s.get("ended")]
     out["saves"] = len(saves)
+    out["loop_ended"] = res.get("loop_ended")
+    # The stall incidents the last poll saw, in brief: what a missing incident after the stop was instead.
+    last: dict[str, Any] = next((p for p in reversed(polls) if "incidents" in p), {})
+    out["stall_incidents_last_poll"] = [{k: i.get(k) for k in ("kinds", "open", "verdict_cause")}
+                                        for i in last.get("incidents") or []
+                                        if "stall" in (i.get("kinds") or [])]
     stalled_in_save = [p["t"] for p in polls if p.get("saving") and p.get("state") == "stalled"
                        and not p.get("stopped")]
     out["stalled_polls_during_saves"] = stalled_in_save
