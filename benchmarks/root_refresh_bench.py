@@ -4,8 +4,13 @@ an iteration at a time. The root's own code folds each node's message (perfd.eng
 the message as perfd's encoder makes it, the bench engine's hook records), then the state's refresh
 (perfd.aggregator.job_analyses.JobAnalyses.refresh) runs once per new iteration and is timed (process
 CPU), split into the step analysis (the per-iteration answer: MFU, the slowest rank, the exposed
-communication), the collective analysis and the rest of the tick. ``--collectives``: each node's agent
-also sends its ranks' collective records of the iteration, reduced (perfd bench collectives' job).
+communication), the collective analysis and the rest of the tick; and a read of the job's snapshot
+once the fold moved the state (``snapshot_cpu_s_median``: what an API read, a scrape or the stall
+check pays first after a write). As the job starts, each node's agent sends what a real one does:
+its GPUs' process lists and the job's first share of its collective operations (its windows folded
+at the agent): the root holds every GPU and every node's agent of the job. ``--collectives``: each
+node's agent also sends its ranks' collective records of every iteration, reduced, and the root
+folds their windows (perfd bench collectives' job).
 
     perfd bench root-refresh [--nodes 1000] [--iterations 12] [--collectives] [--profile N] [--json]
 
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.collectives_bench import ITERATION_NS, T0, _node_records
-from benchmarks.engine_bench import JOB, RANKS_PER_NODE, _rank_records, node_name
+from benchmarks.engine_bench import JOB, RANKS_PER_NODE, _rank_records, node_name, start_messages
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.snapshot import Analysed
@@ -113,7 +118,7 @@ def _fold(root: Root, msgs: list[bytes], coll: list[bytes]) -> None:
         root.handle_records(coll)
 
 
-def _root(nodes: int, rate_limited: bool = False) -> tuple[AggregatorState, Root]:
+def _root(nodes: int, folds: bool, rate_limited: bool = False) -> tuple[AggregatorState, Root]:
     """``rate_limited``: the aggregator's own; else every refresh analyses what changed (the 0.5 s
     rate limit is the refresher's tick, which :func:`run` plays back to back)."""
     if rate_limited:
@@ -125,19 +130,39 @@ def _root(nodes: int, rate_limited: bool = False) -> tuple[AggregatorState, Root
     info = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"),
                    layout=ParallelLayout(world_size=nodes * RANKS_PER_NODE))
     root.handle([encode("info", node_name(0), 1, (), {JOB: job_info_to_json(info)})])
+    # What each node's agent sends as the job starts (perfd bench engine's load does the same): its
+    # GPUs' process lists, on the records stream. The root then holds every GPU of the job, each
+    # node's agent, and the ranks' placement, which every snapshot of the job reads.
+    lists = [data for _subj, _mid, data in start_messages(JOB, 0, nodes, nodes * RANKS_PER_NODE, "b", 16)
+             if _mid.endswith(":gpus")]
+    # and its job's first share of its ranks' collective operations, which an agent sends at once
+    # (perfd.engine.shares): the root then holds every node's agent as one of the job's. Folded below
+    # the root (the agents' fold, perfd agent's default) unless ``folds`` (the root folds them).
+    rng, world = random.Random(0), list(range(nodes * RANKS_PER_NODE))
+    shares = [encode(f"{node_name(node)}:c:0", node_name(node), 1, (), collectives=[for_sending(
+                  reduce(JOB, _node_records(node, RANKS_PER_NODE, nodes, 0, 2, world, rng)), SENT_RETENTION)],
+                     collectives_folded=not folds)
+              for node in range(nodes)]
+    for batch in (lists, shares):
+        for i in range(0, len(batch), 256):
+            root.handle_records(batch[i:i + 256])
     return state, root
 
 
 def run(nodes: int, iterations: int, collectives: bool, profile: int = 0) -> dict[str, Any]:
-    state, root = _root(nodes)
+    state, root = _root(nodes, collectives)
     split = _Split(state)
     rng = random.Random(1)
     fold_s: list[float] = []
+    snap_s: list[float] = []
     refresh: list[dict[str, float]] = []
     prof = cProfile.Profile() if profile else None
     for it in range(1, iterations + 1):
         msgs, coll = _messages(nodes, it, collectives, rng)
         fold_s.append(_timed(lambda m=msgs, c=coll: _fold(root, m, c)))  # type: ignore[misc]
+        # A read of the job's snapshot once its state moved (what /iterations, /metrics and the stall
+        # check pay first after a write), before the refresh analyses it: the snapshot's own build
+        snap_s.append(_timed(lambda: state.snapshot(JOB)))
         split.step_s = split.coll_s = 0.0
         if prof is not None and it > WARM:
             prof.enable()
@@ -154,6 +179,7 @@ def run(nodes: int, iterations: int, collectives: bool, profile: int = 0) -> dic
     out: dict[str, Any] = {
         "nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "iterations": iterations, "collectives": collectives,
         "fold_cpu_s_per_iteration_median": round(statistics.median(fold_s), 4),
+        "snapshot_cpu_s_median": round(statistics.median(snap_s[WARM:]), 4),
         "refresh_cpu_s_median": {k: round(statistics.median(r[k] for r in timed), 4)
                                  for k in ("total_s", "step_analysis_s", "collective_analysis_s", "rest_s")},
         "refreshes": refresh,
@@ -189,7 +215,7 @@ def live(nodes: int, built: list[tuple[list[bytes], list[bytes]]], iteration_s: 
     limits, and a reader polls the job's snapshot (what /iterations serves) every ``poll_s``. Per
     iteration past WARM, its answer's lag: from its end to the first poll from which on its row gave
     the answer it gives at the end."""
-    state, root = _root(nodes, rate_limited=True)
+    state, root = _root(nodes, any(c for _m, c in built), rate_limited=True)
     stop = threading.Event()
     refreshes: list[float] = []
     polls: list[tuple[float, dict[int, tuple[object, ...]]]] = []

@@ -191,6 +191,58 @@ def test_job_nodes_are_where_its_processes_or_its_agents_are() -> None:
     assert view.job_nodes("idle", set()) == set()
     view.forget_agent("n1/node")  # gone for good: its GPUs leave the job's nodes
     assert view.job_nodes("gpt", {"n3/gpt"}) == {"n3"}
+    assert view.job_nodes("gpt", {"n3/gpt", "n4/gpt"}) == {"n3", "n4"}
+    view.forget_agent("n4/gpt")  # an agent of series only (no GPU): the node its series named goes
+    assert view.job_nodes("gpt", {"n3/gpt", "n4/gpt"}) == {"n3"}
+
+
+_AGENTS = ["n1/node", "n2/node", "n1/gpt", "n3/gpt"]
+_OPS = st.one_of(
+    st.tuples(st.just("procs"), st.sampled_from(_AGENTS), st.sampled_from(["n1", "n2", "n3"]),
+              st.sampled_from(["0", "1"]), st.sampled_from([None, "gpt", "other"])),
+    st.tuples(st.just("series"), st.sampled_from(_AGENTS), st.sampled_from(["n1", "n4"])),
+    st.tuples(st.just("forget"), st.sampled_from(_AGENTS)),
+    st.tuples(st.just("read"), st.sampled_from(["gpt", "other"]),
+              st.frozensets(st.sampled_from(_AGENTS))),
+)
+
+
+def _apply(view: NodeView, op: tuple[object, ...], sid: list[int]) -> None:
+    if op[0] == "procs":
+        _, agent, node, gpu, job = op
+        payload = [{"pid": 10, "job": job}] if job else [{"pid": 11}]
+        assert view.on_gpu_processes(str(agent), {"kind": "gpu_processes",
+                                                  "labels": {"node": node, "gpu": gpu}, "payload": payload})
+    elif op[0] == "series":  # a new series naming a node (a new id each: a new slot)
+        sid[0] += 1
+        view.ingest_samples(str(op[1]), {sid[0]: ("perfd_host_cpu_util_ratio", (("node", str(op[2])),
+                                                                                 ("cpu", str(sid[0]))))},
+                            [sid[0]], [1], [0.5], lambda _m: None)
+    elif op[0] == "forget":
+        view.forget_agent(str(op[1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_OPS, max_size=30))
+def test_a_jobs_nodes_kept_between_reads_are_what_reading_them_afresh_gives(ops: list[tuple[object, ...]]
+                                                                            ) -> None:
+    """job_nodes keeps its answer while its inputs are unchanged (every snapshot of a 100,000-GPU job
+    read it, walking every GPU); after any change of a GPU's agent or declared job, of the nodes an
+    agent's series name, or of the agents asked about, it is what a view that never answered before
+    gives over the same inputs."""
+    kept, sid = NodeView(), [0]
+    done: list[tuple[object, ...]] = []
+    for op in ops:
+        if op[0] != "read":
+            _apply(kept, op, sid)
+            done.append(op)
+            continue
+        fresh, fsid = NodeView(), [0]
+        for d in done:
+            _apply(fresh, d, fsid)
+        job, agents = str(op[1]), op[2]
+        assert isinstance(agents, frozenset)
+        assert kept.job_nodes(job, set(agents)) == fresh.job_nodes(job, agents)
 
 
 def test_a_jobs_gpu_model_is_named_by_its_process_lists_and_forgotten_with_their_agent() -> None:

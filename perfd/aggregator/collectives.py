@@ -72,6 +72,9 @@ class JobCollectives:
     records: dict[OpKey, CollectiveRecord] = field(default_factory=dict)  # oldest first
     # What came reduced (the engine path: each node's agent reduced its ranks' records), merged
     partial: CollectivePartial | None = None
+    # Its rows, counted as they are merged (new, less what the retention let go): ``len(partial)``
+    # walks every rank, 76 ms at 100,000 ranks, and the refresh asks it (costly) every tick
+    partial_rows: int = 0
     # Its per-window figures, folded from every operation merged into ``partial`` (which keeps 2 a
     # rank at 100,000 ranks: the step-window shares are read from here)
     fold: WindowFold | None = None
@@ -171,6 +174,7 @@ class CollectiveStore:
             taken: list[OpRow] = []
             # past the retention, the oldest of their ranks
             dropped = jc.partial.absorb(part, self.reduced_retention, taken)
+            jc.partial_rows += new - dropped
             self.ingested += len(part)
             self.merged_again += len(part) - new  # in already: a redelivery, or two dumps of an op
             jc.dropped += dropped
@@ -346,7 +350,7 @@ class CollectiveStore:
         if jc.analysis is not None:
             return jc.analysis_cost >= COSTLY_ANALYSIS_S
         with self._lock:  # before its first analysis only: the rows are counted as they are merged
-            return len(jc.records) + (len(jc.partial) if jc.partial is not None else 0) >= COSTLY_ROWS
+            return len(jc.records) + jc.partial_rows >= COSTLY_ROWS
 
     def _recompute_after(self, jc: JobCollectives) -> float:
         if jc.analysis_cost < COSTLY_ANALYSIS_S:

@@ -176,12 +176,20 @@ def test_the_store_counts_what_its_retention_drops_and_what_came_again() -> None
     store.ingest_partial("node-0/j", reduce("j", [r for r in recs if r.rank == 0]))  # again
     jc = store.jobs["j"]
     n0 = sum(1 for r in recs if r.rank == 0)
-    assert jc.partial is not None and len(jc.partial) == 20
+    assert jc.partial is not None and len(jc.partial) == 20 == jc.partial_rows
     # each rank's oldest, counted each time they are let go (rank 0's again: as the store of records
     # as sent counts a redelivered record it had dropped)
     assert store.dropped == jc.dropped == len(recs) - 20 + n0 - 10
     assert store.merged_again == 10  # rank 0's newest, held already
     assert jc.rank_agent == {0: "node-0/j", 1: "node-1/j"}
+    # The rows the store counts as it merges (what the refresh reads, not walking every rank) are
+    # those it holds, also where the job's bound shrinks every rank's share as ranks arrive
+    shared = CollectiveStore(reduced_retention=Retention(per_job=15))
+    for rank in (0, 1, 0):
+        shared.ingest_partial(f"node-{rank}/j", reduce("j", [r for r in recs if r.rank == rank]))
+        held = shared.jobs["j"]
+        assert held.partial is not None and held.partial_rows == len(held.partial)
+    assert shared.jobs["j"].partial_rows == 14  # 7 a rank
 
 
 _OPT_INT = st.one_of(st.none(), st.integers(-(1 << 40), 1 << 62))
