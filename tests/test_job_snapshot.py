@@ -91,3 +91,24 @@ def test_the_consumers_take_no_state_of_their_own() -> None:
     """The stall watch reads a Protocol, not the state (no import cycle); the rule scopes are typed."""
     assert not re.search(r"perfd\.aggregator\.state\b", inspect.getsource(stalls))  # state_changes is fine
     assert "Any" not in inspect.getsource(rule_scopes)
+
+
+def test_a_jobs_overview_lists_its_agents_sorted_as_they_come() -> None:
+    """The overview's agents (kept sorted between reads: a 100,000-GPU job has 12,500) are every agent
+    the job has had, sorted, after each new one, whichever way it came."""
+    from perfd.aggregator.jobs import JobStore
+
+    store = JobStore()
+    store.hello("n2/agent", ["j"])
+    seen = []
+    for agent in ("n3/agent", "n1/agent", "n3/agent", "n0/agent"):
+        store.add_agent("j", agent)
+        ov = store.overview("j")
+        assert ov is not None
+        seen.append(ov["agents"])
+    assert seen == [["n2/agent", "n3/agent"], ["n1/agent", "n2/agent", "n3/agent"],
+                    ["n1/agent", "n2/agent", "n3/agent"], ["n0/agent", "n1/agent", "n2/agent", "n3/agent"]]
+    ov = store.overview("j")
+    assert ov is not None
+    ov["agents"].append("x")  # a reader's copy: the next overview is not changed by it
+    assert store.overview("j")["agents"] == ["n0/agent", "n1/agent", "n2/agent", "n3/agent"]  # type: ignore[index]

@@ -566,9 +566,11 @@ class JobStore:
             if js is None:
                 return None
             its = [it for it, _ in js.records]  # min and max, not a sort: read on every scrape
+            if len(js.agents_sorted) != len(js.agents):
+                js.agents_sorted = tuple(sorted(js.agents))
             return {
                 "job": job,
-                "agents": sorted(js.agents),
+                "agents": list(js.agents_sorted),
                 "gpu": self.gpu_override or js.gpu_name,
                 "iterations_seen": len(js.records),
                 "first_iteration": min(its) if its else None,
