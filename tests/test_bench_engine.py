@@ -85,7 +85,8 @@ def test_bench_engine_every_message_reaches_the_root_and_every_iteration_complet
     assert res["root"]["node_messages"] == res["published"]
     assert res["root"]["redelivered"] == 0
     # The shards fold the job's info too (node 0 sends it first, on its partition's subject): one more.
-    assert sum(s["node_messages"] for s in res["shards"]) == res["published"] + 1
+    folded_at_shards = sum(s["node_messages"] for s in res["shards"])
+    assert folded_at_shards == res["published"] + 1 == res["published"] + engine_bench.START_NODE_MESSAGES
     # Every iteration offered is whole at the root after the drain, the first too: the hook job's info
     # names its world (perfd.engine.rootfold.RootFold.world).
     assert res["root"]["complete"] == offered
