@@ -133,8 +133,8 @@ def _root(nodes: int, folds: bool, rate_limited: bool = False) -> tuple[Aggregat
     # What each node's agent sends as the job starts (perfd bench engine's load does the same): its
     # GPUs' process lists, on the records stream. The root then holds every GPU of the job, each
     # node's agent, and the ranks' placement, which every snapshot of the job reads.
-    lists = [data for _subj, _mid, data in start_messages(JOB, 0, nodes, nodes * RANKS_PER_NODE, "b", 16)
-             if _mid.endswith(":gpus")]
+    lists = [data for _subj, mid, data in start_messages(JOB, 0, nodes, nodes * RANKS_PER_NODE, "b", 16)
+             if mid.endswith(":gpus")]
     # and its job's first share of its ranks' collective operations, which an agent sends at once
     # (perfd.engine.shares): the root then holds every node's agent as one of the job's. Folded below
     # the root (the agents' fold, perfd agent's default) unless ``folds`` (the root folds them).

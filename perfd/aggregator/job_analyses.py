@@ -315,7 +315,6 @@ class JobAnalyses:
         # the placement's ranks as held (read-only, never changed: a new placement is a new mapping)
         agents = frozenset(self.jobs.agents_of(job))
         placement = self.placements.get(job, agents)  # held: no placing per snapshot
-        names_agents = agents
         return JobSnapshot(
             job=job, agents=agents, version=version, overview=MappingProxyType(ov),
             analysis=self.jobs.cached_analysis(job), placed_ranks=placement.ranks,
@@ -323,8 +322,7 @@ class JobAnalyses:
             nodes=self.nodes.job_nodes(job, agents),
             incidents=self.incidents.typed_incidents(job),
             stall=self.stalls.stalled(job), stale_after_override_s=self.job_stale_after_s,
-            gpus=lambda names=None, procs=True: self.nodes.gpu_view(names_agents, names, job=job,
-                                                                     procs=procs),
+            gpus=lambda names=None, procs=True: self.nodes.gpu_view(agents, names, job=job, procs=procs),
             hosts=lambda now=None: self.hosts.observations(job, now),
             hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job),
             mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False)
