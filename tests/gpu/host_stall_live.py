@@ -129,11 +129,13 @@ HOST_KEYS = ("rank", "pid", "state", "cpu_cores", "wait_ratio", "allowed_cpus", 
              "others_ratio", "throttled_ratio")
 
 
-def poll(base: str) -> dict[str, Any]:
+def poll(base: str, raw_incidents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's state, incidents and rank hosts in brief; `raw_incidents` gets the incidents whole."""
     job = next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j and j.get("job") == JOB), None)
     if job is None:
         return {"state": None}
     incs = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
+    raw_incidents.extend(incs)
     hosts = get_json(f"{base}/api/jobs/{JOB}/gpus").get("rank_hosts") or []
     return {
         "state": job.get("state"), "state_reason": job.get("state_reason"), "stall": job.get("stall"),
@@ -196,8 +198,9 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
         while time.time() < deadline and launch.poll() is None:
             watch.read()
             now = time.time()
+            raw_incidents: list[dict[str, Any]] = []
             try:
-                p = {"t": round(now - t0, 2), **poll(base)}
+                p = {"t": round(now - t0, 2), **poll(base, raw_incidents)}
             except Exception as exc:  # the aggregator not answering is itself worth a line
                 p = {"t": round(now - t0, 2), "error": repr(exc)}
             p["burning"] = any(b.poll() is None for b in burners)
@@ -242,6 +245,11 @@ def run(out: Path, a: argparse.Namespace, megatron: Path | None) -> dict[str, An
                 if stop.get("continued_at") and now - stop["continued_at"] >= a.after_s \
                         and incidents_after_stop(p.get("incidents") or [], stop):
                     res["loop_ended"] = "settled"
+                    # The stop's incident as it read when it settled, whole: the incidents are detected
+                    # afresh from the steps at every read, and on a loaded machine the slow steps after
+                    # the stop can merge into it again and reopen it by the final read 3 s later (CI,
+                    # load 4 per CPU: closed with the stop's cause at the settle, no settled one after).
+                    res["incidents_settled"] = incidents_after_stop(raw_incidents, stop)
                     break
             time.sleep(1.0)
         # Why the polls stopped, for the reader of a failed check: the incident after the stop settled,
@@ -380,7 +388,11 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     # shift that the slower steps after the stop keep going (seen with two suites on a 2-CPU machine).
     # The one that spans the stop: on a loaded machine the burn's slow steps can go silent past the stall
     # limit too, and that earlier incident (its cause the burners) is not the stop's.
-    after = incidents_after_stop(incs, stop)
+    # As it read when the polls saw it settle, where they did; else (the job exited, or --max-s ran out)
+    # as the final read has it.
+    settled = res.get("incidents_settled")
+    after = settled if settled else incidents_after_stop(incs, stop)
+    out["stall_incident_read"] = "at_settle" if settled else "final"
     out["stall_incident_after"] = after and {k: after[0].get(k) for k in ("id", "kinds", "cost_s", "cause")}
     out["cause_after_is_stopped"] = bool(after) and (after[0].get("verdict") or {}).get("cause") == \
         "process_stopped"
@@ -396,6 +408,10 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
     out["stall_incidents_last_poll"] = [{k: i.get(k) for k in ("kinds", "open", "verdict_cause")}
                                         for i in last.get("incidents") or []
                                         if "stall" in (i.get("kinds") or [])]
+    # and as the final read has them, 3 s later: where the two differ, the stop's incident moved on
+    out["stall_incidents_final"] = [{k: i.get(k) for k in ("kinds", "open", "first_iteration", "last_iteration")}
+                                    | {"verdict_cause": (i.get("verdict") or {}).get("cause")}
+                                    for i in incs if "stall" in (i.get("kinds") or [])]
     stalled_in_save = [p["t"] for p in polls if p.get("saving") and p.get("state") == "stalled"
                        and not p.get("stopped")]
     out["stalled_polls_during_saves"] = stalled_in_save

@@ -52,7 +52,7 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
     # The incident after the stop first: pytest cuts a long message, and the stacks are long.
     shown = ("stall_incident_after", "stalled_seen_s_after_sigstop", "stalled_seen_by_poll_s",
              "state_stopped_read_at_t", "stalled_polls_during_saves", "saves", "loop_ended",
-             "stall_incidents_last_poll")
+             "stall_incident_read", "stall_incidents_last_poll", "stall_incidents_final")
     assert not failed, f"{failed} (load up to {load:.1f} per CPU): " \
                        f"{json.dumps({k: c.get(k) for k in shown}, default=str)}"
     cost = c["cost_vs_stop"]
