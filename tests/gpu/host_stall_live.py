@@ -409,7 +409,8 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
                                         for i in last.get("incidents") or []
                                         if "stall" in (i.get("kinds") or [])]
     # and as the final read has them, 3 s later: where the two differ, the stop's incident moved on
-    out["stall_incidents_final"] = [{k: i.get(k) for k in ("kinds", "open", "first_iteration", "last_iteration")}
+    brief = ("kinds", "open", "first_iteration", "last_iteration")
+    out["stall_incidents_final"] = [{k: i.get(k) for k in brief}
                                     | {"verdict_cause": (i.get("verdict") or {}).get("cause")}
                                     for i in incs if "stall" in (i.get("kinds") or [])]
     stalled_in_save = [p["t"] for p in polls if p.get("saving") and p.get("state") == "stalled"
