@@ -4,8 +4,8 @@ This package file imports nothing, so that importing any module below it does no
 The packages, bottom to top (each imports only those before it; tests/test_layering.py checks it):
 
 - ``common``, ``thresholds``, ``finding_types``: shared types, every threshold declared once;
-- ``steps``: per-iteration metrics and the iteration type (flops, GPUs' peaks, steady state,
-  stragglers, pipeline, windows, goodput);
+- ``steps``: per-iteration metrics and the iteration type (each step source's vocabulary, flops, GPUs'
+  peaks, steady state, stragglers, pipeline, windows, goodput);
 - ``collectives``: NCCL collectives over the steps' windows, hangs;
 - ``incidents``: slow stretches, their evidence and verdicts;
 - ``breakdown``: the step budget by part, kernel classes, ncu kernel rows, the bottleneck class;

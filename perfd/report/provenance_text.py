@@ -48,6 +48,27 @@ TEMPLATE: dict[Code, str] = {
     # Absent: why.
     Code.UNKNOWN: "unknown",
     Code.WHY: "{0}",
+    # A step source's reasons (perfd.analytics.steps.vocabulary.Vocabulary).
+    Code.NO_OWN_THROUGHPUT: "the source states no throughput of its own",
+    Code.NO_STRAGGLER_PER_RANK: "no straggler line: the per-rank step records only",
+    Code.OUTSIDE_IN_STEP: "the source's step time covers the whole iteration",
+    Code.MEGATRON_NO_DATA_TIMER: "no batch-generator timer (needs --timing-log-level >= 1)",
+    Code.MEGATRON_NO_COMM_TIMERS: "no communication timers in the log (needs --timing-log-level >= 1; p2p "
+        "timers need level 2)",
+    Code.MEGATRON_NO_THROUGHPUT: "not in the log (needs --log-throughput)",
+    Code.MEGATRON_NO_STRAGGLER: "timers only (no straggler line; needs --log-straggler)",
+    Code.HOOK_NO_DATA_WAIT: "the step hook reported no data wait (iterate the loader through "
+        "hook.loader(...), or call hook.data_ready() once the batch is in)",
+    Code.HOOK_NO_COMM: "the step hook does not time communication: the total share comes from the Flight "
+        "Recorder (perfd launch --flight-recorder --fr-timing)",
+    Code.HOOK_NO_OUTSIDE: "no time between the steps measured (the first step of a series, or a hook older "
+        "than the step period)",
+    Code.TORCHTITAN_NO_DATA: "torchtitan's log line has no data-loading time (only its TensorBoard/W&B "
+        "metrics do): add the perfd step hook for it",
+    Code.TORCHTITAN_NO_COMM: "torchtitan's log does not time communication: the total share comes from the "
+        "Flight Recorder (perfd launch --flight-recorder --fr-timing)",
+    Code.TORCHTITAN_NO_THROUGHPUT: "no tflops on the step line",
+    Code.TORCHTITAN_NO_STRAGGLER: "no straggler line: per-rank step lines ([rankN]: prefix) only",
     Code.NO_LOSS: "no loss on this iteration (a NaN loss removes the field)",
     Code.MISSING: "missing {0}",
     Code.MISSING_NOTED: "missing {0}; {1}",

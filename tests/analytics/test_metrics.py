@@ -11,6 +11,7 @@ from perfd.analytics.steps.gpus import peak_tflops
 from perfd.analytics.steps.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.steps.provenance import Code
 from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 FIXTURE_FLOPS = 55_765_855_371_264
@@ -55,7 +56,7 @@ def test_data_share_iteration_38() -> None:
     assert d.cite.args == ("megatron", "batch-generator", "max across ranks", 12.70, 331.1,
                            Provenance("megatron", "h200x2_tp1_pp2_gbs64_mbs4.log:1769"))
     del rec.timers["batch-generator"]
-    assert data_share(rec).value is None and data_share(rec).cite.code is Code.WHY
+    assert data_share(rec).value is None and data_share(rec).cite.code is Code.MEGATRON_NO_DATA_TIMER
 
 
 def test_exposed_comm_iteration_38_sum_of_max() -> None:
@@ -76,7 +77,8 @@ def test_exposed_comm_absent_without_timers() -> None:
                      timers={"forward-compute": TimerValue(10.0, 12.0)})
     c = exposed_comm(rec)
     assert c.total.value is None and c.grad_sync.value is None and c.pp.value is None
-    assert c.total.cite.code is Code.WHY and "no communication timers" in str(c.total.cite.args[0])
+    assert c.total.cite.code is Code.MEGATRON_NO_COMM_TIMERS and c.total.cite.args == ()
+    assert "no communication timers" in text(c.total.cite)  # as the report words it
     # DP-only job: the PP part is absent, not 0
     rec.timers["all-grads-sync"] = TimerValue(5.0, 20.0)
     c = exposed_comm(rec)
@@ -109,7 +111,12 @@ def test_timer_name_sets() -> None:
 
 
 def test_each_source_is_read_through_its_own_vocabulary() -> None:
-    from perfd.analytics.common import HOOK_VOCABULARY, MEGATRON_VOCABULARY, VOCABULARIES, vocabulary_of
+    from perfd.analytics.steps.vocabulary import (
+        HOOK_VOCABULARY,
+        MEGATRON_VOCABULARY,
+        VOCABULARIES,
+        vocabulary_of,
+    )
 
     hook = StepRecord(job="j", iteration=7, rank="all", step_time_ms=50.0,
                       timers={"data-wait": TimerValue(10.0, 12.0, {0: 10.0, 1: 12.0})},
@@ -119,18 +126,21 @@ def test_each_source_is_read_through_its_own_vocabulary() -> None:
     assert d.cite.code is Code.TIMER_SHARE
     assert d.cite.args[:3] == ("hook", "data-wait", HOOK_VOCABULARY.across_ranks)
     c = exposed_comm(hook)
-    assert c.total.value is None and c.total.cite.args == (HOOK_VOCABULARY.comm_absent,)
+    assert c.total.value is None and c.total.cite.code is HOOK_VOCABULARY.comm_absent is Code.HOOK_NO_COMM
     # A hook record that never called data_ready(): absent, saying how to get it.
     bare = StepRecord(job="j", iteration=8, rank=0, step_time_ms=50.0, source=Provenance("hook", "r0"))
     assert data_share(bare).value is None
-    assert data_share(bare).cite.args == (HOOK_VOCABULARY.data_wait_absent,)
+    assert data_share(bare).cite.code is HOOK_VOCABULARY.data_wait_absent is Code.HOOK_NO_DATA_WAIT
     # Megatron's timer name means nothing in a hook record, and the hook's nothing in Megatron's.
     mixed = StepRecord(job="j", iteration=9, step_time_ms=50.0, source=Provenance("megatron", "log:1"),
                        timers={"data-wait": TimerValue(None, 5.0)})
     assert data_share(mixed).value is None
-    assert data_share(mixed).cite.args == (MEGATRON_VOCABULARY.data_wait_absent,)
+    assert data_share(mixed).cite.code is MEGATRON_VOCABULARY.data_wait_absent is Code.MEGATRON_NO_DATA_TIMER
     titan = StepRecord(job="j", iteration=10, step_time_ms=50.0, source=Provenance("torchtitan", "log:1"))
-    assert data_share(titan).cite.args == (VOCABULARIES["torchtitan"].data_wait_absent,)
+    titan_wait = data_share(titan).cite
+    assert titan_wait.code is VOCABULARIES["torchtitan"].data_wait_absent is Code.TORCHTITAN_NO_DATA
+    # the reasons are codes, worded where they are shown (perfd.report.provenance_text)
+    assert titan_wait.args == () and titan_wait.absent
     assert set(VOCABULARIES) == {"megatron", "hook", "torchtitan"}
     assert vocabulary_of(StepRecord(job="j", iteration=1)).source == "megatron"  # no provenance: Megatron
 

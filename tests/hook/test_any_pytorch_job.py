@@ -24,8 +24,8 @@ import pytest
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
-from perfd.analytics.common import HOOK_VOCABULARY
 from perfd.analytics.steps.provenance import Code
+from perfd.analytics.steps.vocabulary import HOOK_VOCABULARY
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -184,7 +184,7 @@ def test_data_share_is_the_hooks_data_wait(run: dict[str, Any], analysed: dict[s
     assert rows[100].sources["data_share"].args[:2] == ("hook", "data-wait")
     # The hook does not time communication: absent, saying where the share comes from.
     assert rows[100].comm_exposed_share is None
-    assert rows[100].sources["comm_exposed_share"].args == (HOOK_VOCABULARY.comm_absent,)
+    assert rows[100].sources["comm_exposed_share"].code is HOOK_VOCABULARY.comm_absent is Code.HOOK_NO_COMM
 
 
 def test_the_flight_recorder_share_over_the_hooks_step_windows(run: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Analysis of one training run, whatever its step source (Megatron-LM's log, the step hook,
 torchtitan's log): per-iteration metrics, steady-state summary, findings. Each source's records
-are read through its vocabulary (perfd.analytics.common.Vocabulary), declared once there.
+are read through its vocabulary (perfd.analytics.steps.vocabulary.Vocabulary), declared once there.
 
 ``analyze_run(job, records)`` is pure: it takes what the log parser produced (JobInfo and the
 StepRecords) and returns a RunAnalysis. Every number carries its source; a number whose inputs
@@ -21,13 +21,7 @@ from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, Captur
 from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
-from perfd.analytics.common import (
-    FRAMEWORK_VOCABULARIES,
-    MEGATRON_VOCABULARY,
-    finite,
-    timer_max,
-    vocabulary_of,
-)
+from perfd.analytics.common import finite, timer_max
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
 from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
@@ -71,6 +65,7 @@ from perfd.analytics.steps.stragglers import (
     rank_order,
 )
 from perfd.analytics.steps.untimed import untimed_groups
+from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, vocabulary_of
 from perfd.analytics.steps.windows import robust_sd
 from perfd.dtypes import normalize_dtype
 from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, StepRecord
@@ -194,7 +189,7 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     srcs["lm_loss"] = cite(Code.LOSS, vocab.source) if it.lm_loss is not None else cite(Code.NO_LOSS)
     srcs["logged_tflops_per_gpu"] = (cite(Code.QUOTED, logged_throughput_source(job.framework))
                                      if it.logged_tflops_per_gpu is not None
-                                     else cite(Code.WHY, vocab.throughput_absent))
+                                     else cite(vocab.throughput_absent))
 
     # Throughput, MFU, cross-check. FLOPs: what the record states (the step hook's flops_per_step
     # or tokens_per_step), else the job's formula for the iteration's global batch.
@@ -267,7 +262,7 @@ def _iteration(rec: StepRecord, ctx: _Context) -> tuple[IterationResult, Straggl
     it.straggler_rank_compute_ratio = dict(st.per_rank_ratio)
     it.straggler_notes = list(st.notes)
     srcs["straggler"] = (cite(Code.STRAGGLER_LINE) if rec.straggler
-                         else cite(Code.NO_STRAGGLER_LINE, vocab.source, vocab.straggler_absent))
+                         else cite(Code.NO_STRAGGLER_LINE, vocab.source, cite(vocab.straggler_absent)))
     srcs["straggler_rtt_ratio"] = srcs["straggler"]
     return it, st
 

@@ -124,7 +124,7 @@ class DataShareFacts:
     state: Severity
     timer: str
     across_ranks: str
-    source: str = ""  # the job's step source (perfd.analytics.common.Vocabulary.source): the timer's
+    source: str = ""  # the job's step source (steps.vocabulary.Vocabulary.source): the timer's
     knobs_of: Framework | None = None
     cpu_only: bool = False
     jitter_cv: float | None = None

@@ -24,7 +24,6 @@ from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.advice_registry import GRADE, PARTS
 from perfd.analytics.breakdown.budget import Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 from perfd.analytics.finding_types import (
     DataAction,
     DataLoading,
@@ -73,6 +72,7 @@ from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups
+from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 from perfd.model import CPU, JobInfo
 
 if TYPE_CHECKING:

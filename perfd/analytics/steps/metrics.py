@@ -1,7 +1,7 @@
 """Per-iteration metrics over one step record: throughput, MFU, data-loading and exposed
 communication shares (docs/design.md §2). Pure functions; every result names its source.
 
-Phases are read through the record's source vocabulary (perfd.analytics.common.Vocabulary):
+Phases are read through the record's source vocabulary (perfd.analytics.steps.vocabulary.Vocabulary):
 Megatron's timers, the step hook's data wait, ... Timer values are per-iteration means over the
 source's interval (Megatron's log interval, one step for the hook), in ms, like the step time they
 are divided by.
@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from perfd.analytics.common import (
-    finite,
-    record_source,
-    timer_max,
-    vocabulary_of,
-)
+from perfd.analytics.common import finite, record_source, timer_max
 from perfd.analytics.steps.gpus import PeakResult
 from perfd.analytics.steps.provenance import Code, Measured, cite
+from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.model import Provenance, StepRecord
 
 # Megatron prints its throughput with one decimal: allow for that rounding in the cross-check.
@@ -109,7 +105,7 @@ def data_share(rec: StepRecord) -> Measured:
     name = next((n for n in voc.data_wait if n in rec.timers), None)
     wait = timer_max(rec.timers.get(name)) if name is not None else None
     if name is None or wait is None:
-        return Measured.absent(Code.WHY, voc.data_wait_absent)
+        return Measured.absent(voc.data_wait_absent)
     step = finite(rec.step_time_ms)
     if step is None or step <= 0:
         return Measured.absent(Code.NO_STEP_TIME)
@@ -125,7 +121,7 @@ def outside_share(rec: StepRecord) -> Measured:
     name = next((n for n in voc.outside if n in rec.timers), None)
     took = timer_max(rec.timers.get(name)) if name is not None else None
     if name is None or took is None:
-        return Measured.absent(Code.WHY, voc.outside_absent)
+        return Measured.absent(voc.outside_absent)
     step = finite(rec.step_time_ms)
     if step is None or step <= 0:
         return Measured.absent(Code.NO_STEP_TIME)
@@ -173,7 +169,7 @@ def exposed_comm(rec: StepRecord) -> CommShare:
     step = finite(rec.step_time_ms)
     present = [n for n in (*grad_sync_timers, *pp_p2p_timers) if n in rec.timers]
     if not present:
-        none = Measured.absent(Code.WHY, voc.comm_absent)
+        none = Measured.absent(voc.comm_absent)
         return CommShare(none, none, none)
     if step is None or step <= 0:
         none = Measured.absent(Code.NO_STEP_TIME)

@@ -3,8 +3,8 @@
 A metric function returns a :class:`Measured` (its value and a :class:`Cited`): the code names one
 sentence (:class:`Code`, each declared once with its kind and how many arguments it takes), the
 arguments are that iteration's numbers, its record's provenance and the texts other modules declare
-(a vocabulary's absence reasons, the FLOPs formula, the peak table's row). No English here: each
-code's sentence is declared once where it is shown (perfd.report.provenance_text: the report, the
+(the FLOPs formula, the peak table's row); a step source's absence reasons are codes too. No English
+here: each code's sentence is declared once where it is shown (perfd.report.provenance_text: the report, the
 JSON rows' legend, a finding that quotes it), so a run's table keeps the code and the numbers, not a
 sentence per row (iteration_table._Cites), and analytics decide with codes, never with wording.
 """
@@ -43,7 +43,7 @@ class Code(enum.Enum):
     LOSS = _S, 1
     QUOTED = _S, 1  # a source declared elsewhere (the logged throughput's name, no straggler line)
     STRAGGLER_LINE = _S, 0
-    NO_STRAGGLER_LINE = _S, 2  # the vocabulary's source and its straggler_absent
+    NO_STRAGGLER_LINE = _S, 2  # the vocabulary's source and its straggler_absent (cited)
     # Throughput and MFU.
     THROUGHPUT = _S, 2
     THROUGHPUT_LOGGED = _S, 2
@@ -65,7 +65,7 @@ class Code(enum.Enum):
     MINMAX_PAIRING = _C, 0
     # Absent: why.
     UNKNOWN = _A, 0  # no reason given
-    WHY = _A, 1  # a reason declared elsewhere (a vocabulary's, the FLOPs count's, the peak's)
+    WHY = _A, 1  # a reason declared elsewhere (the FLOPs count's notes, a serving figure's)
     NO_LOSS = _A, 0
     MISSING = _A, 1  # the fields missing (names)
     MISSING_NOTED = _A, 2  # the fields missing, and the notes on how they were read
@@ -232,6 +232,23 @@ class Code(enum.Enum):
     DTYPE_MODEL_SPEC = _S, 0
     DTYPE_FLAG = _S, 1  # the framework's argument that says it (fp8, bf16, fp16)
     DTYPE_NO_FLAG = _S, 0  # neither bf16 nor fp16 set: fp32
+    # Why a step source has no number for a phase (perfd.analytics.steps.vocabulary.Vocabulary: each source's
+    # reasons, chosen there; worded in perfd.report.provenance_text). Declared last: a code's number is
+    # its place.
+    NO_OWN_THROUGHPUT = _A, 0  # a source that states no throughput
+    NO_STRAGGLER_PER_RANK = _A, 0  # per-rank step records, no straggler line
+    OUTSIDE_IN_STEP = _A, 0  # the step time covers the whole iteration
+    MEGATRON_NO_DATA_TIMER = _A, 0
+    MEGATRON_NO_COMM_TIMERS = _A, 0
+    MEGATRON_NO_THROUGHPUT = _A, 0
+    MEGATRON_NO_STRAGGLER = _A, 0
+    HOOK_NO_DATA_WAIT = _A, 0
+    HOOK_NO_COMM = _A, 0
+    HOOK_NO_OUTSIDE = _A, 0
+    TORCHTITAN_NO_DATA = _A, 0
+    TORCHTITAN_NO_COMM = _A, 0
+    TORCHTITAN_NO_THROUGHPUT = _A, 0
+    TORCHTITAN_NO_STRAGGLER = _A, 0
 
     kind: Kind
     arity: int

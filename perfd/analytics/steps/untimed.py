@@ -15,7 +15,8 @@ shown (perfd.report.bottleneck_text.untimed_text). Pure.
 
 from __future__ import annotations
 
-from perfd.analytics.common import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, TextEnum
+from perfd.analytics.common import TextEnum
+from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 
 
 class Group(TextEnum):
