@@ -4,8 +4,9 @@ refusals — the event loop's lag, all admission read, stayed under its 5 s whil
 
 A real grpc.aio ingest server in a process of its own, each Hello costing its loop 25 ms on a CPU (a big
 series table's decode and admission), and 200 real AgentClients connecting at once: the loop's lag
-stays far under its limit (it runs between Hellos), and the streams waiting queue inside gRPC where
-the server cannot count them, but the loop has no time left: new streams are refused (``overloaded``)
+stays under its limit (it runs between Hellos; past it only where other processes hold the CPUs), and
+the streams waiting queue inside gRPC where the server cannot count them, but the loop has no time
+left: new streams are refused (``overloaded``), also while the lag is within its limit,
 and told to come back after as long as that has lasted; the refused wait it out with jitter instead
 of their own 50 ms backoff, and every agent gets in — without a storm of reconnections.
 """
@@ -41,7 +42,24 @@ def _burn(seconds: float) -> None:
 
 def _serve(pipe: Connection) -> None:
     """A child process: an ingest server whose Hellos each cost its loop HELLO_COST_S on a CPU; says its
-    port, then (asked) its loop lag, what it refused and how many streams it opened."""
+    port, then (asked) its loop lag, what it refused, how many streams it opened, and how many of its
+    overload refusals it made while its loop's lag was within its limit (another sign refused them)."""
+    from perfd.transport import server as server_module
+
+    real = admit_stream  # the name server.py calls (perfd.transport.admission's)
+    lag_within = [0]
+
+    def admit(open_streams: int, loop_lag_s: float, limits: L.Limits, *rest: Any) -> None:
+        """The server's own admission, each overload refusal counted by the lag it was made at."""
+        try:
+            real(open_streams, loop_lag_s, limits, *rest)
+        except StreamRefused as exc:
+            if exc.reason == L.REFUSED_OVERLOADED and loop_lag_s <= limits.max_loop_lag_s:
+                lag_within[0] += 1
+            raise
+
+    vars(server_module)["admit_stream"] = admit
+
     async def main() -> None:
         # Liveness ticks of 0.5 s (the Hello timeout / 4): the loop's business is read twice a second.
         # And the loop refused on once busy 1 s on end (10 s by default: the test's storm is shorter).
@@ -53,7 +71,7 @@ def _serve(pipe: Connection) -> None:
         while not await asyncio.to_thread(pipe.poll, 0.1):
             lag = max(lag, srv.loop_lag_s)
         pipe.recv()
-        pipe.send((lag, srv.refusals.get(L.REFUSED_OVERLOADED), srv.streams_opened))
+        pipe.send((lag, srv.refusals.get(L.REFUSED_OVERLOADED), srv.streams_opened, lag_within[0]))
         await srv.stop(None)
 
     asyncio.run(main())
@@ -99,7 +117,7 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
     try:
         clients, took = asyncio.run(body())
         parent.send("stop")
-        lag, refused, opened = parent.recv()
+        lag, refused, opened, lag_within = parent.recv()
     finally:
         proc.join(10)
         if proc.is_alive():
@@ -110,9 +128,13 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
     said_hints = f"{min(hints):.1f}-{max(hints):.1f} s" if hints else "none"
     print(f"FIGURES connect storm: {AGENTS} agents, {HELLO_COST_S * 1e3:.0f} ms a Hello (lag at most "
           f"{lag:.2f} s): all connected in {took:.1f} s; {refused} overload refusals of {refused_agents} "
-          f"agents, {len(read)} read as refusals, hints {said_hints}, {opened} streams opened, load "
-          f"{load_per_cpu():.1f} per CPU")
-    assert lag < L.MAX_LOOP_LAG_S  # the lag alone would have let them all in
+          f"agents, {lag_within} made while the loop's lag was within its limit, {len(read)} read as "
+          f"refusals, hints {said_hints}, {opened} streams opened, load {load_per_cpu():.1f} per CPU")
+    # Refused while the lag alone would have let them in (the other signs: the loop's business, the
+    # streams waiting for their first Ack). Not the lag's maximum over the storm: on a machine whose other
+    # processes hold the CPUs (a full suite, load 3.8 per CPU) the server waited for one past its limit
+    # too (5.9 s), and then refuses for that as well, rightly.
+    assert lag_within > 0, (lag, refused, lag_within)
     # Each refusal an agent read said when to come back, whether it came as the read's error or through
     # a failed write. A refusal whose status did not come within the client's 2 s (a loaded machine)
     # reads as the write's own error: the agent backs off on its own then, and the server counted it.
