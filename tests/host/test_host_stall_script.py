@@ -54,7 +54,8 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
              "state_stopped_read_at_t", "stalled_polls_during_saves", "saves", "loop_ended",
              "stall_incident_read", "stall_incidents_last_poll", "stall_incidents_final")
     assert not failed, f"{failed} (load up to {load:.1f} per CPU): " \
-                       f"{json.dumps({k: c.get(k) for k in shown}, default=str)}"
+                       f"{json.dumps({k: c.get(k) for k in shown}, default=str)}; the final reads' errors: " \
+                       f"{res.get('read_errors')}"
     cost = c["cost_vs_stop"]
     assert c["saves"] == 1
     assert busy or (cost["cost_s"] is not None and cost["cost_s"] >= 0.85 * cost["stopped_s"]), \
