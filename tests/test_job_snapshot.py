@@ -14,7 +14,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.aggregator import rule_scopes, stalls
-from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of, overviews_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
 
@@ -45,6 +45,10 @@ def test_a_snapshot_is_immutable_and_keyword_built() -> None:
     assert {r: (p.node, p.gpu) for r, p in snap.placed_ranks.items()} == {0: ("n1", "0"), 1: ("n1", "1")}
     assert snap.nodes == frozenset({"n1"}) and snap.processes_alive is True
     assert st.snapshot("nobody") is None and overview_of(st.snapshot("nobody")) is None
+    # /api/jobs: a job listed whose snapshot is gone by its read (pruned meanwhile) is left out, not null
+    now = time.time()
+    listed = overviews_of([st.snapshot("nobody"), snap, None], now)
+    assert [o["job"] for o in listed] == ["j"] and listed[0] == overview_of(snap, now)
 
 
 def test_built_once_until_the_state_changes() -> None:

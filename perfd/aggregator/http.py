@@ -23,7 +23,7 @@ from perfd import limits as L
 from perfd.aggregator import forward as fwd
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import job_row_groups
-from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overviews_of
 from perfd.aggregator.state_readers import HttpState
 from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, place_ranks
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
@@ -408,7 +408,7 @@ class _Handler(httpd.BufferedHandler):
                 self._events()
             elif path == "/api/jobs":
                 now = time.time()
-                self._json(200, {"jobs": [overview_of(state.snapshot(j), now) for j in state.job_names()]})
+                self._json(200, {"jobs": overviews_of((state.snapshot(j) for j in state.job_names()), now)})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
                 job = unquote(path[len("/api/jobs/"):-len("/iterations")])
                 its = job_iterations(state, job, parse_qs(urlparse(self.path).query).get(

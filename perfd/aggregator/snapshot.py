@@ -191,6 +191,13 @@ def overview_of(snap: JobSnapshot | None, now: float | None = None) -> dict[str,
     return snap.overview_at(now) if snap is not None else None
 
 
+def overviews_of(snaps: Iterable[JobSnapshot | None], now: float | None = None) -> list[dict[str, Any]]:
+    """The jobs' overviews (/api/jobs), a job of no snapshot left out: one pruned between the listing
+    of the jobs' names and the read of its snapshot (a flood's 1,000 jobs going as its stream closed
+    gave a client ``null`` entries, and it failed on one)."""
+    return [o for o in (overview_of(s, now) for s in snaps) if o is not None]
+
+
 def latest_of_running(snapshots: Iterable[JobSnapshot], now: float | None = None
                       ) -> dict[str, Table[IterationResult]]:
     """{job: its analysed iterations, the latest last} of the jobs running at ``now``: the latest is
