@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:  # tests/gpu scripts import this where pytest may not be installed
     import pytest
 
+    from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
     from perfd.analytics.breakdown.diagnosis import TimelineClass
-    from perfd.capture.analysis import CaptureAnalysis, TraceData
+    from perfd.capture.analysis import TraceData
 
 ENV = "PERFD_TRACE_CACHE"
 T = TypeVar("T")

@@ -21,10 +21,12 @@ from typing import Any
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.capture_match import CaptureMatch
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
 from perfd.model import CaptureFailure, CaptureStatus
+from perfd.typed import obj, objs
 
 
 def findings_of(got: Any) -> list[Finding]:
@@ -38,12 +40,66 @@ def findings_of(got: Any) -> list[Finding]:
     return out
 
 
-def rank_devices(result: Any, rank: str) -> tuple[Mapping[str, Any], ...]:
-    """The device breakdowns a capture's result (its agent's payload) holds for ``rank``."""
-    ranks = result.get("ranks") if isinstance(result, Mapping) else None
-    part = ranks.get(rank) if isinstance(ranks, Mapping) else None
-    devices = part.get("devices") if isinstance(part, Mapping) else None
-    return tuple(d for d in devices if isinstance(d, Mapping)) if isinstance(devices, list) else ()
+@dataclass(frozen=True)
+class RankReport:
+    """One rank's part of a capture's report: its device breakdowns (None: the part holds no list of
+    them) and its Nsight Compute rows, as the agent's event carried them (perfd.capture.ncu_capture
+    .event_rows): the category summaries, the joined kernel rows, the timeline capture they were joined
+    to, how the kernels were chosen and what the profiled launches covered."""
+
+    devices: tuple[DeviceBreakdown, ...] | None = None
+    ncu_categories: tuple[Mapping[str, object], ...] = ()
+    ncu_kernels: tuple[Mapping[str, object], ...] = ()
+    ncu_joined_to: object = None
+    ncu_kernel_choice: Mapping[str, object] | None = None
+    ncu_coverage: Mapping[str, object] | None = None
+
+    @classmethod
+    def of(cls, part: object) -> RankReport:
+        p = obj(part)
+        devices = p.get("devices")
+        choice, cov = p.get("ncu_kernel_choice"), p.get("ncu_coverage")
+        return cls(devices_of(devices) if isinstance(devices, list) else None,
+                   tuple(objs(p.get("ncu_categories"))), tuple(objs(p.get("ncu_kernels"))),
+                   p.get("ncu_joined_to"), choice if isinstance(choice, Mapping) else None,
+                   cov if isinstance(cov, Mapping) else None)
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What an agent reported of a capture (its event's payload, perfd.capture.manager), read once where
+    it arrives: each rank's report, how long the range held the step, when ncu armed each rank, the
+    artifacts' size and why it did not run. ``raw`` is the payload as it came, kept whole for the API and
+    the state store (the edges that show and keep it); nothing in the aggregator reads it."""
+
+    raw: Mapping[str, object]
+    ranks: Mapping[str, RankReport] = field(default_factory=dict)
+    range_held_s: float | None = None
+    armed_at: Mapping[int, float] = field(default_factory=dict)
+    artifact_bytes: int | None = None
+    cause: CaptureFailure | None = None
+
+    @classmethod
+    def of(cls, payload: object) -> CaptureResult:
+        """The typed reading of a payload; what is not of the expected type reads as absent."""
+        p = obj(payload)
+        ranks = p.get("ranks")
+        held, size = p.get("range_held_s"), p.get("artifact_bytes")
+        armed = obj(p.get("ncu_armed_at"))
+        return cls(
+            dict(p),
+            {str(r): RankReport.of(part) for r, part in ranks.items()} if isinstance(ranks, Mapping) else {},
+            float(held) if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0
+            else None,
+            {int(r): float(t) for r, t in armed.items()
+             if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)},
+            size if isinstance(size, int) and not isinstance(size, bool) else None,
+            CaptureFailure.of(p.get("cause")))
+
+    def devices(self, rank: str) -> tuple[DeviceBreakdown, ...]:
+        """The device breakdowns the report holds for ``rank`` (none: an empty tuple)."""
+        part = self.ranks.get(rank)
+        return (part.devices or ()) if part is not None else ()
 
 
 @dataclass(frozen=True)
@@ -54,27 +110,27 @@ class Decided:
 
     rank: str
     device: int
-    devices: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+    devices: tuple[DeviceBreakdown, ...] = field(default=(), compare=False)
 
     @property
-    def breakdown(self) -> Mapping[str, Any] | None:
+    def breakdown(self) -> DeviceBreakdown | None:
         """The deciding device's breakdown (None: the result holds none of that device)."""
-        return next((d for d in self.devices if d.get("device") == self.device), None)
+        return next((d for d in self.devices if d.device == self.device), None)
 
-    def of_result(self, result: Any) -> Decided:
+    def of_result(self, result: CaptureResult) -> Decided:
         """The same decision over another result of the capture (its agent reported again)."""
-        return dataclasses.replace(self, devices=rank_devices(result, self.rank))
+        return dataclasses.replace(self, devices=result.devices(self.rank))
 
     def to_json(self) -> dict[str, object]:
         return {"rank": self.rank, "device": self.device}
 
     @classmethod
-    def from_json(cls, d: Any, result: Any) -> Decided | None:
+    def from_json(cls, d: Any, result: CaptureResult | None) -> Decided | None:
         """Back from :meth:`to_json` (the state store's load), its devices from the record's result."""
         if not isinstance(d, Mapping) or not isinstance(d.get("device"), int) or "rank" not in d:
             return None
         rank = str(d["rank"])
-        return cls(rank, int(d["device"]), rank_devices(result, rank))
+        return cls(rank, int(d["device"]), result.devices(rank) if result is not None else ())
 
 
 @dataclass
@@ -90,7 +146,7 @@ class CaptureRecord:
     status: CaptureStatus = CaptureStatus.REQUESTED
     reason: str = ""
     updated_at: float = 0.0
-    result: Any = None  # what the agent reported (its event's payload: analysis summary, artifact paths)
+    result: CaptureResult | None = None  # what the agent reported (its event's payload), typed
     agent_capture_ids: list[str] = field(default_factory=list)  # the agents' store ids
     started_at: float | None = None  # epoch s, when an agent reported the capture running
     finished_at: float | None = None
@@ -118,7 +174,8 @@ class CaptureRecord:
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out.update(findings=[f.to_json() for f in self.findings],
+        out.update(result=self.result.raw if self.result is not None else None,
+                   findings=[f.to_json() for f in self.findings],
                    recommendations=[r.to_json() for r in self.recommendations],
                    bottleneck=self.bottleneck.value if self.bottleneck is not None else None,
                    decided=self.decided.to_json() if self.decided is not None else None,
@@ -131,7 +188,9 @@ class CaptureRecord:
     def from_json(cls, d: Mapping[str, Any]) -> CaptureRecord:
         """Back from :meth:`to_json` (the state store's load); keys it does not know are left out."""
         known = cls.__dataclass_fields__
-        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("status", "cause")})
+        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("status", "cause", "result")})
+        got_result = d.get("result")
+        rec.result = CaptureResult.of(got_result) if got_result is not None else None
         rec.status = CaptureStatus.of(d.get("status", CaptureStatus.REQUESTED.value))
         rec.cause = CaptureFailure.of(d.get("cause"))
         rec.findings = findings_of(d.get("findings"))
@@ -185,24 +244,18 @@ def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
     """The rows of a job's latest finished Nsight Compute capture (none: an empty NcuRows), from what its
     agent reported."""
     for c in sorted(captures, key=lambda c: c.finished_at or 0.0, reverse=True):
-        result = c.result
-        if c.tool != "ncu" or c.status is not CaptureStatus.FINISHED or not isinstance(result, Mapping):
+        if c.tool != "ncu" or c.status is not CaptureStatus.FINISHED or c.result is None:
             continue
-        for part in (result.get("ranks") or {}).values():
-            cats = part.get("ncu_categories") if isinstance(part, Mapping) else None
-            if isinstance(cats, list) and cats:
+        for part in c.result.ranks.values():
+            if part.ncu_categories:
                 # how the profiled kernels were chosen (by time or not) goes with each summary
-                choice = part.get("ncu_kernel_choice")
-                extra: dict[str, Any] = {"kernel_choice": choice} if isinstance(choice, Mapping) else {}
-                cov = part.get("ncu_coverage")  # what the profiled launches were (by launch)
-                if isinstance(cov, Mapping):
-                    extra["coverage"] = cov
-                joined_to = part.get("ncu_joined_to")  # the timeline's capture: each row says it
-                ks = part.get("ncu_kernels")
-                rows = [{**k, "joined_to": joined_to} for k in ks if isinstance(k, Mapping)] \
-                    if isinstance(ks, list) else []
-                return NcuRows(c.id, tuple({**x, **extra} for x in cats if isinstance(x, Mapping)),
-                               tuple(rows))
+                extra: dict[str, Any] = {"kernel_choice": part.ncu_kernel_choice} \
+                    if part.ncu_kernel_choice is not None else {}
+                if part.ncu_coverage is not None:  # what the profiled launches were (by launch)
+                    extra["coverage"] = part.ncu_coverage
+                # the timeline's capture: each row says it
+                rows = [{**k, "joined_to": part.ncu_joined_to} for k in part.ncu_kernels]
+                return NcuRows(c.id, tuple({**x, **extra} for x in part.ncu_categories), tuple(rows))
     return NcuRows()
 
 

@@ -22,17 +22,18 @@ from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.capture_ready import ReadyGate
-from perfd.aggregator.capture_records import CaptureRecord, Decided
+from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, Decided
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state_readers import CaptureState
-from perfd.analytics.advice.capture_findings import diagnose_capture, steady_compute_ms
+from perfd.analytics.advice.capture_findings import CaptureDiagnosis, diagnose_capture, steady_compute_ms
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.bottleneck import BottleneckClass
 from perfd.analytics.breakdown.budget import NO_FLOPS, NO_TIMERS
 from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.capture_match import finding as capture_finding
 from perfd.analytics.breakdown.capture_match import job_facts
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
@@ -383,18 +384,18 @@ class CaptureCoordinator:
                 # a capture that failed before it started ran at no time
                 if rec.status is CaptureStatus.FINISHED:
                     rec.started_at = rec.started_at or at
-            if ev.get("payload") is not None:
-                rec.result = ev.get("payload")
-                held = rec.result.get("range_held_s") if isinstance(rec.result, Mapping) else None
-                if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0:
-                    rec.range_held_s = float(held)
+            result = CaptureResult.of(ev.get("payload")) if ev.get("payload") is not None else None
+            if result is not None:
+                rec.result = result
+                if result.range_held_s is not None:
+                    rec.range_held_s = result.range_held_s
                 if rec.decided is not None:  # what decided the class, as this report has it
-                    rec.decided = rec.decided.of_result(rec.result)
+                    rec.decided = rec.decided.of_result(result)
                 if rec.status is CaptureStatus.FINISHED:
                     self._diagnose(rec)
                 if rec.status.ended:
                     rec.arming = self._arming([rec])
-            cause = CaptureFailure.of(obj(ev.get("payload")).get("cause"))
+            cause = result.cause if result is not None else None
             if rec.status.ended:
                 rec.cause = cause if rec.status is not CaptureStatus.FINISHED else None
                 f = self._firing_of.get(rec.id)
@@ -410,9 +411,9 @@ class CaptureCoordinator:
         FLOPs, steady timers) and against its steady compute per iteration where the timers give it
         (called with the lock held; the analysis is cached, not recomputed here). The (rank, device)
         whose budget decided the class is kept (``decided``): the job's analysis reads its breakdown."""
-        ranks = (rec.result or {}).get("ranks") if isinstance(rec.result, dict) else None
-        if not isinstance(ranks, dict):
+        if rec.result is None:
             return
+        ranks = rec.result.ranks
         snap = self.state.snapshot(rec.job)
         a = snap.analysis if snap is not None else None
         got = self.state.records_and_layout(rec.job)
@@ -423,10 +424,10 @@ class CaptureCoordinator:
         findings: list[Finding] = []
         recs: list[Recommendation] = []
         # (top class share, rank, device, diagnosis, the rank's devices)
-        best: tuple[float, str, int, Any, list[Any]] | None = None
+        best: tuple[float, str, int, CaptureDiagnosis, tuple[DeviceBreakdown, ...]] | None = None
         for rank, part in sorted(ranks.items()):
-            devices = part.get("devices") if isinstance(part, dict) else None
-            if not isinstance(devices, list):
+            devices = part.devices
+            if devices is None:
                 continue
             r = int(rank) if str(rank).isdigit() else None
             base = steady_compute_ms(got[0], steady, r) if got is not None else None
@@ -449,8 +450,8 @@ class CaptureCoordinator:
             facts = job_facts(info, a.summary.medians, a.peak.peak_tflops, a.job.layout.world_size)
             order = sorted(ranks, key=lambda r: (best is None or str(r) != best[1], str(r)))
             for rank in order:
-                devices = (ranks[rank] or {}).get("devices") if isinstance(ranks[rank], dict) else None
-                if not isinstance(devices, list):
+                devices = ranks[rank].devices
+                if devices is None:
                     continue
                 m = check_capture(f"{rec.id} rank {rank}", devices, facts, float(rec.steps))
                 rec.match = m
@@ -461,7 +462,7 @@ class CaptureCoordinator:
         if best is not None:
             _top, rank, dev, d, devices = best
             rec.bottleneck, rec.bottleneck_reason = d.bottleneck, class_reason(d.basis)
-            rec.decided = Decided(rank, dev, tuple(x for x in devices if isinstance(x, Mapping)))
+            rec.decided = Decided(rank, dev, devices)
             rec.budget = d.budgets[dev]
 
     def arming(self, job: str) -> ArmingCost | None:
@@ -474,11 +475,7 @@ class CaptureCoordinator:
 
     def _arming(self, recs: Sequence[CaptureRecord]) -> ArmingCost | None:
         for rec in recs:
-            armed = (rec.result or {}).get("ncu_armed_at") if isinstance(rec.result, dict) else None
-            if not isinstance(armed, dict):
-                continue
-            at = {int(r): float(t) for r, t in armed.items()
-                  if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)}
+            at = dict(rec.result.armed_at) if rec.result is not None else {}
             got = self.state.records_and_layout(rec.job)
             if at and got is not None:
                 return measure_arming(got[0], at, self.state.capture_windows(rec.job))
@@ -513,8 +510,8 @@ class CaptureCoordinator:
     def _disk_used(self) -> dict[str, int]:
         used: dict[str, int] = {}
         for rec in self.captures.values():
-            size = (rec.result or {}).get("artifact_bytes") if isinstance(rec.result, dict) else None
-            if isinstance(size, int):
+            size = rec.result.artifact_bytes if rec.result is not None else None
+            if size is not None:
                 used[rec.job] = used.get(rec.job, 0) + size
         return used
 

@@ -40,9 +40,15 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
-from perfd.analytics.breakdown.budget import IdleCause, Phase
+from perfd.analytics.breakdown.device_breakdown import (
+    CaptureAnalysis,
+    DeviceBreakdown,
+    IdleRow,
+    KernelStat,
+    NvtxStat,
+    Stretch,
+)
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
-from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 from perfd.capture.step_replay import HostTrace, replay_device
@@ -158,167 +164,7 @@ def is_sendrecv(name: str) -> bool:
     return any(p in low for p in _SENDRECV)
 
 
-# --- results ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KernelStat:
-    name: str
-    count: int
-    total_ms: float  # sum of durations (overlapping launches each count)
-    share: float  # total_ms / busy_ms (shares can sum above 1 when streams overlap)
-
-
-@dataclass(frozen=True)
-class NvtxStat:
-    name: str
-    count: int
-    total_ms: float  # sum of durations, as nsys stats reports it
-
-
-@dataclass(frozen=True)
-class IdleRow:
-    """Idle of one cause, in one phase, after one owner's synchronisations (perfd.capture.sweep)."""
-
-    cause: IdleCause
-    phase: Phase
-    owner: str  # the op that made the sync ("aten::item"); "" for other causes
-    ms: float
-    gaps: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
-                "gaps": self.gaps}
-
-
-@dataclass(frozen=True)
-class Stretch:
-    """What a stretch of the span holds (the complete steps between the trace's first and last step
-    marks): its steps, span, parts, each part's ms by issuing op, idle by cause, and parts by phase."""
-
-    steps: int
-    span_ms: float
-    parts_ms: dict[str, float]
-    part_op_ms: dict[str, dict[str, float]]
-    idle: tuple[IdleRow, ...]
-    phase_ms: dict[str, dict[str, float]]
-    launch_latency_ms: float = 0.0  # of the launch gaps, those under 5 µs (perfd.capture.sweep)
-
-    def to_json(self) -> dict[str, object]:
-        return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
-                "launch_latency_ms": self.launch_latency_ms,
-                "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
-                "idle": [r.to_json() for r in self.idle],
-                "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
-
-
-@dataclass(frozen=True)
-class DeviceBreakdown:
-    device: int
-    span_ms: float
-    busy_ms: float
-    idle_ms: float
-    compute_ms: float
-    comm_ms: float
-    comm_exposed_ms: float
-    overlap_ratio: float | None  # None when the device ran no communication
-    memcpy_ms: float
-    sendrecv_ms: float
-    kernel_count: int
-    top_kernels: tuple[KernelStat, ...]
-    nvtx: tuple[NvtxStat, ...]
-    # perfd.analytics.breakdown.kernels category -> summed duration (ms) of its kernels (memcpy: copies)
-    category_ms: dict[str, float] = field(default_factory=dict)
-    kernel_median_us: float | None = None
-    softmax_ms: float = 0.0  # softmax kernels of their own: attention computed unfused
-    kernel_ms: float = 0.0  # union(all kernels): busy without the copies
-    idle_gaps: int = 0  # idle stretches between activities
-    idle_short_ms: float = 0.0  # idle in gaps shorter than SHORT_GAP_US
-    # perfd.analytics.breakdown.budget.Part value -> exclusive ms over the span (they add up to span_ms), and
-    # each part's top kernels (name, count, summed ms)
-    parts_ms: dict[str, float] = field(default_factory=dict)
-    part_kernels: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)
-    part_ops: dict[str, tuple[KernelStat, ...]] = field(default_factory=dict)  # the ops that decided each
-    part_op_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> issuing op -> summed ms
-    attribution: str = ""  # perfd.capture.ops.Method: how the time was divided
-    attention_fused: bool = False  # attention time with no softmax kernel of its own: one fused kernel
-    trace_steps: int | None = None  # the training steps the trace marks (TraceData.steps)
-    # The host's synchronisations (device-wide; stream/event waits apart) and the GPU idle from each
-    # one's return to the device's next activity: the host launching again (None: no host side)
-    syncs: int | None = None
-    sync_gap_ms: float | None = None
-    stream_syncs: int | None = None
-    stream_sync_gap_ms: float | None = None
-    # idle by cause over the span (perfd.capture.sweep), the parts by phase, each part's kernel time on a
-    # stream other than the busiest one, and the complete steps between the first and last step marks
-    idle: tuple[IdleRow, ...] = ()
-    phase_ms: dict[str, dict[str, float]] = field(default_factory=dict)
-    side_stream_ms: dict[str, float] = field(default_factory=dict)
-    complete: Stretch | None = None
-    launch_latency_ms: float = 0.0  # of the launch gaps over the span, those under 5 µs
-    # rows -> launches of PyTorch's row-per-block layer-norm kernels (kernels.ROW_NORM_KERNELS): the
-    # tokens of a micro-batch, which say whose job the capture is (perfd.analytics.breakdown.capture_match)
-    norm_rows: dict[int, int] = field(default_factory=dict)
-    # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
-    replay: ReplayTable | None = None
-
-    def categories(self) -> dict[str, float]:
-        """category -> share of the summed kernel (and copy) time, largest first."""
-        tot = sum(self.category_ms.values())
-        return {k: v / tot for k, v in sorted(self.category_ms.items(), key=lambda kv: -kv[1])} if tot else {}
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "device": self.device, "span_ms": self.span_ms, "busy_ms": self.busy_ms, "idle_ms": self.idle_ms,
-            "compute_ms": self.compute_ms, "comm_ms": self.comm_ms, "comm_exposed_ms": self.comm_exposed_ms,
-            "overlap_ratio": self.overlap_ratio, "memcpy_ms": self.memcpy_ms, "sendrecv_ms": self.sendrecv_ms,
-            "kernel_count": self.kernel_count,
-            "top_kernels": [{"name": k.name, "count": k.count, "total_ms": k.total_ms, "share": k.share}
-                            for k in self.top_kernels],
-            "nvtx": [{"name": n.name, "count": n.count, "total_ms": n.total_ms} for n in self.nvtx],
-            "categories": self.categories(), "category_ms": dict(self.category_ms),
-            "kernel_median_us": self.kernel_median_us, "softmax_ms": self.softmax_ms,
-            "kernel_ms": self.kernel_ms, "idle_gaps": self.idle_gaps, "idle_short_ms": self.idle_short_ms,
-            "parts_ms": dict(self.parts_ms),
-            "part_kernels": {p: [{"name": k.name, "count": k.count, "total_ms": k.total_ms} for k in ks]
-                             for p, ks in self.part_kernels.items()},
-            "part_ops": {p: [{"name": k.name, "count": k.count, "total_ms": k.total_ms} for k in ks]
-                         for p, ks in self.part_ops.items()},
-            "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
-            "attribution": self.attribution, "attention_fused": self.attention_fused,
-            "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
-            "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
-            "idle": [r.to_json() for r in self.idle],
-            "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
-            "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
-            "complete": self.complete.to_json() if self.complete is not None else None,
-            "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
-            "replay": self.replay.to_json() if self.replay is not None else None,
-        }
-
-    def ratio(self, part_ms: float) -> float | None:
-        """part ÷ span (e.g. idle or exposed share of the captured window); None for an empty span."""
-        return part_ms / self.span_ms if self.span_ms > 0 else None
-
-
-@dataclass(frozen=True)
-class CaptureAnalysis:
-    devices: tuple[DeviceBreakdown, ...]
-    source: str = ""
-    rank: int | None = None
-    steps: int | None = None  # the training steps the trace marks (TraceData.steps)
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"devices": [d.to_json() for d in self.devices], "source": self.source}
-        if self.rank is not None:
-            out["rank"] = self.rank
-        if self.steps is not None:
-            out["steps"] = self.steps
-        return out
-
-    def device(self, index: int) -> DeviceBreakdown:
-        for d in self.devices:
-            if d.device == index:
-                return d
-        raise KeyError(index)
+# --- results: perfd.analytics.breakdown.device_breakdown (the analytics read them as they are) ---
 
 
 def _ms(ns: float) -> float:

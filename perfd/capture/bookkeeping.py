@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from perfd.capture.analysis import CaptureAnalysis
+from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore, Manifest
 from perfd.events import CAPTURE_STARTED

@@ -24,8 +24,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
 from perfd.analytics.breakdown.op_parts import is_step_annotation
-from perfd.capture.analysis import CaptureAnalysis, NvtxRange, TraceData, analyze_trace
+from perfd.capture.analysis import NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
 from perfd.capture.timeline_events import KernelEvent, MemEvent
 from perfd.logfiles import Compression, compression_of_bytes

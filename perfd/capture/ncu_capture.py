@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
 from perfd.analytics.ncu.launches import (
@@ -234,8 +235,10 @@ class NcuCapture:
         joined_to, device = self._latest_timeline(req.job, rank)
         timeline = ncu_join.timeline_kernels(device) if device else []
         asked = device.get("steps") if device else None
-        steps, _ = (captured_iterations(device, asked if isinstance(asked, int) else None, None)
-                    if device else (None, ""))
+        # the stored manifest's device (JSON on disk), read as the budget reads a device
+        typed = DeviceBreakdown.from_json(device) if device else None
+        steps, _ = (captured_iterations(typed, asked if isinstance(asked, int) else None, None)
+                    if typed is not None else (None, ""))
         joined, cov = by_launch(new, trace_of(self.ctx.store.list(req.job), joined_to, rank),
                                 t.options.kernel_filter, t.options.launch_skip, steps,
                                 device.get("device") if device else None)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from perfd.capture.binaries import NsysNotFoundError, find_nsys
 
 if TYPE_CHECKING:
-    from perfd.capture.analysis import CaptureAnalysis
+    from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
 
 DEFAULT_TRACE = "cuda,nvtx,osrt"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -26,8 +26,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
 from perfd.analytics.breakdown.op_parts import is_step_annotation
-from perfd.capture.analysis import CaptureAnalysis, NvtxRange, TraceData, analyze_trace
+from perfd.capture.analysis import NvtxRange, TraceData, analyze_trace
 from perfd.capture.binaries import find_nsys
 from perfd.capture.chrome_trace import SYNC_CALLS
 from perfd.capture.ops import HostRange, Launch, RangeKind

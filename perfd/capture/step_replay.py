@@ -218,8 +218,8 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
             lo = tuple(simulate(t, s, cs, hi=False) for s in scales)
             hi = (tuple(simulate(t, s, cs, hi=True) for s in scales) if cs & set(_PARAMS) else lo)
             changed[ReplayTable.key(cs)] = (lo, hi)
-    return ReplayTable(tuple(scales), tuple(simulate(t, s) for s in scales), changed, traced_ms,
-                       t.microbatches)
+    return ReplayTable.of(tuple(scales), tuple(simulate(t, s) for s in scales), changed, traced_ms,
+                          t.microbatches)
 
 
 def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],

@@ -11,8 +11,8 @@ from perfd import finite_json
 from perfd.typed import obj, objs
 
 if TYPE_CHECKING:  # the analytics load where a capture is read, not where `perfd` builds its parser
+    from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
     from perfd.analytics.breakdown.diagnosis import TimelineClass
-    from perfd.capture.analysis import CaptureAnalysis
 
 
 def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from perfd.capture.chrome_trace import analyze_chrome_trace
 
-            out = analyze_chrome_trace(path).to_json()
+            analysis = analyze_chrome_trace(path)
+            out = analysis.to_json()
     except Exception as exc:  # unreadable input: say what and where, no traceback
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from perfd.report.capture_text import class_reason, diagnosis_json
     from perfd.report.grade_text import worded, worded_recommendation
 
-    diag = diagnose_capture(objs(out.get("devices")), label=path.name)
+    diag = diagnose_capture(analysis.devices, label=path.name)
     diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
     diag.recommendations = [worded_recommendation(r) for r in diag.recommendations]
     out.update(diagnosis_json(diag))  # findings, recommendations, bottleneck, bottleneck_reason
@@ -102,10 +103,8 @@ def timeline_of(name: str, analysis: CaptureAnalysis, steps: int | None = None,
     from perfd.analytics.breakdown.diagnosis import TimelineClass
     from perfd.report.capture_text import class_reason
 
-    devices = analysis.to_json()["devices"]
-    assert isinstance(devices, list)
-    d = diagnose_capture(devices, label=name, iterations=steps)
+    d = diagnose_capture(analysis.devices, label=name, iterations=steps)
     decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
-    device = next((x for x in devices if isinstance(x, dict) and x.get("device") == decided), None)
+    device = next((x for x in analysis.devices if x.device == decided), None)
     return TimelineClass(d.bottleneck, class_reason(d.basis), f"capture {name}", device, steps, name,
-                         devices=tuple(x for x in devices if isinstance(x, dict)), forced=forced)
+                         devices=analysis.devices, forced=forced)

@@ -32,6 +32,7 @@ from perfd.analytics.breakdown.budget import (
     from_timers,
 )
 from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
@@ -63,7 +64,7 @@ def test_every_instant_of_the_span_is_in_one_part(trace: Path) -> None:
     assert sum(dev.parts_ms.values()) == pytest.approx(dev.span_ms, rel=1e-9)
     assert dev.parts_ms.get("idle_short", 0.0) + dev.parts_ms.get("idle_long", 0.0) == \
         pytest.approx(dev.idle_ms, rel=1e-9)
-    b = from_capture(dev.to_json(), 3)
+    b = from_capture(dev, 3)
     assert b is not None and b.step_ms == pytest.approx(dev.span_ms / 3, rel=1e-9)
     assert sum(p.share for p in b.parts) == pytest.approx(1.0)
 
@@ -103,7 +104,7 @@ def _hta(trace: Path, tmp: Path) -> dict[str, float]:
 @pytest.mark.parametrize("trace", [BIG, TINY], ids=lambda p: p.name)
 def test_budget_parts_agree_with_hta_within_two_points(trace: Path, tmp_path: Path) -> None:
     ref = _hta(trace, tmp_path)
-    b = from_capture(analyze_chrome_trace(trace).device(0).to_json(), None)
+    b = from_capture(analyze_chrome_trace(trace).device(0), None)
     assert b is not None
     ours = {"idle": (b.ms(Part.IDLE_SHORT) + b.ms(Part.IDLE_LONG)) / b.step_ms,
             "memcpy": b.ms(Part.MEMCPY) / b.step_ms, "gemm": b.ms(Part.GEMM) / b.step_ms,
@@ -192,7 +193,7 @@ def test_a_capture_without_cpu_ops_falls_back_to_kernel_names_and_says_so() -> N
 def test_the_same_trace_gives_the_same_class_with_or_without_the_timers() -> None:
     """Live, the aggregator's capture record is diagnosed in the job's context (its timers); offline
     `perfd analyze trace` has none: the class is the timeline's own either way."""
-    dev = analyze_chrome_trace(HOOK).device(0).to_json()
+    dev = analyze_chrome_trace(HOOK).device(0)
     alone = diagnose_capture([dev], iterations=3)
     timed = diagnose_capture([dev], iterations=3, timers=TimerShares(166.0, 0.927))
     assert alone.bottleneck == timed.bottleneck == "sync-bound"
@@ -200,7 +201,7 @@ def test_the_same_trace_gives_the_same_class_with_or_without_the_timers() -> Non
 
 
 def test_the_tiny_job_is_launch_bound_with_cuda_graphs_first() -> None:
-    d = diagnose_capture([analyze_chrome_trace(TINY).device(0).to_json()], iterations=3,
+    d = diagnose_capture([analyze_chrome_trace(TINY).device(0)], iterations=3,
                          framework=Framework.MEGATRON)
     assert d.bottleneck == "launch-overhead" and d.class_shares["launch-overhead"] > 0.9
     r1 = d.recommendations[0]
@@ -219,7 +220,7 @@ def test_the_data_bound_hook_job_gets_the_data_loader_remedy() -> None:
     own = json.loads((HOOK.parent / "own_times.json").read_text())["steps"]
     steady = sorted(ms for i, ms in own if i > 10)
     step = steady[len(steady) // 2]
-    d = diagnose_capture([analyze_chrome_trace(HOOK).device(0).to_json()], iterations=3,
+    d = diagnose_capture([analyze_chrome_trace(HOOK).device(0)], iterations=3,
                          framework=Framework.PYTORCH, timers=TimerShares(step, data))
     b = d.budgets[0]
     assert b.ms(Part.DATA) / b.step_ms > 0.8
@@ -251,7 +252,9 @@ def test_a_timers_only_budget_adds_up_and_keeps_compute_whole() -> None:
 
 def test_an_unreadable_budget_is_absent_not_zero() -> None:
     assert StepBudget.from_json({"step_ms": "x"}) is None and StepBudget.from_json(None) is None
-    assert from_capture({"device": 0}, 3) is None  # no breakdown: no budget, not an empty one
+    bare = DeviceBreakdown.from_json({"device": 0})
+    assert bare is not None and from_capture(bare, 3) is None  # no breakdown: no budget, not an empty one
+    assert DeviceBreakdown.from_json({"span_ms": 1.0}) is None  # no device: not a device's breakdown
     assert from_timers(TimerShares(700.0, None, 0.01)) is None  # a missing data share: no budget
 
 
@@ -278,9 +281,9 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
 
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
-    dev = analyze_chrome_trace(BIG).device(0).to_json()
-    joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev))
-    cats = [c.to_json() for c in ncu_join.summarize(joined, dev["categories"])]  # type: ignore[arg-type]
+    dev = analyze_chrome_trace(BIG).device(0)
+    joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev.to_json()))
+    cats = [c.to_json() for c in ncu_join.summarize(joined, dev.categories())]
     assert any(c["category"] == "gemm" for c in cats)
     b = from_capture(dev, 3, fl=FlopsContext(200.1e12 * 0.7073, 989.0, 790.0))  # the job's FLOPs per step
     assert b is not None
@@ -356,7 +359,7 @@ def test_the_capture_says_what_it_cost_the_steps_it_recorded() -> None:
     warning above th.CAPTURE_SLOWDOWN (the tiny job's capture nearly doubled its step)."""
     from perfd.analytics.advice.budget_findings import BudgetContext, analyze
 
-    dev = analyze_chrome_trace(OPS).device(0).to_json()
+    dev = analyze_chrome_trace(OPS).device(0)
     for steady, sev in ((700.0, "info"), (400.0, "warning")):
         b = from_capture(dev, 3, timers=TimerShares(steady, 0.01), steps_from="trace")
         assert b is not None and b.capture_overhead_ms == pytest.approx(b.step_ms - steady)

@@ -19,6 +19,7 @@ from perfd.analytics.breakdown.budget import (
     math_detail,
 )
 from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.step_parts import Part
 
 FL = FlopsContext(flops_per_gpu_step=4e15, peak_tflops=989.0, ceiling_tflops=700.0,
@@ -67,12 +68,16 @@ def test_a_malformed_budget_is_read_as_absent_or_without_the_malformed_field(d: 
     {"parts_ms": {"linear": 5.0, "idle_long": 1.0}, "complete": {"steps": 1, "parts_ms": {"linear": "y"}}},
 ])
 def test_a_capture_with_a_figure_that_is_not_a_number_reads_it_as_absent(device: dict[str, object]) -> None:
-    from_capture(device, 2.0)  # before: ValueError from float() of a string
+    read = DeviceBreakdown.from_json({"device": 0, **device})  # a capture's event, as it arrives
+    assert read is not None
+    from_capture(read, 2.0)  # before: ValueError from float() of a string
 
 
 def test_a_capture_figure_that_is_not_a_number_is_left_out_of_the_part() -> None:
-    b = from_capture({"parts_ms": {"linear": 5.0}, "part_kernels": {"linear": [
-        {"name": "k", "total_ms": "x", "count": 2}, {"name": "j", "total_ms": 4.0, "count": 2}]}}, 2.0)
+    read = DeviceBreakdown.from_json({"device": 0, "parts_ms": {"linear": 5.0}, "part_kernels": {"linear": [
+        {"name": "k", "total_ms": "x", "count": 2}, {"name": "j", "total_ms": 4.0, "count": 2}]}})
+    assert read is not None
+    b = from_capture(read, 2.0)
     assert b is not None
     lin = b.get(Part.LINEAR)
     assert lin is not None and lin.detail["kernels"] == [{"name": "k", "ms": 0.0, "count": 1.0},

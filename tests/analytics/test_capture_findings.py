@@ -12,6 +12,7 @@ from perfd.analytics.advice.capture_findings import SlowerFinding, diagnose_capt
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.advice.remedy_said import Say
 from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.device_breakdown import devices_of
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.capture.analysis import analyze_intervals
@@ -56,7 +57,7 @@ def test_pp2_sendrecv_is_pipeline_waiting() -> None:
     parts are rebuilt from the top kernels' shares, and the budget says so): stage 0's SendRecv time
     is a budget part of its own — the wait for the peer stage — with the pipeline's Megatron remedy;
     the stage without p2p has no such part."""
-    d = diagnose_capture(PP2["devices"], label="pp2.nsys-rep", framework=Framework.MEGATRON)
+    d = diagnose_capture(devices_of(PP2["devices"]), label="pp2.nsys-rep", framework=Framework.MEGATRON)
     ids = {f.id for f in d.findings}
     assert "budget-pipeline-0" in ids and "budget-pipeline-1" not in ids
     f0 = next(f for f in d.findings if f.id == "budget-pipeline-0")
@@ -70,7 +71,7 @@ def test_pp2_sendrecv_is_pipeline_waiting() -> None:
 
 
 def test_pp2_unfused_pointwise_kernels_and_softmax() -> None:
-    d = diagnose_capture(PP2["devices"], label="pp2.nsys-rep", framework=Framework.MEGATRON)
+    d = diagnose_capture(devices_of(PP2["devices"]), label="pp2.nsys-rep", framework=Framework.MEGATRON)
     f1 = next(f for f in d.findings if f.id == "budget-pointwise-1")
     assert f1.evidence["share"] > 0.05
     assert d.budgets[1].ms(Part.ATTENTION) == pytest.approx(47.5, abs=0.1)  # softmax among its top kernels
@@ -88,8 +89,8 @@ def _k(dev: int, t0: float, dur_us: float, name: str) -> KernelEvent:
 def test_launch_bound_from_tiny_kernels_with_gaps() -> None:
     ks = [_k(0, i * 20e3, 4.0, "vectorized_elementwise_kernel") for i in range(500)]  # 4 µs every 20 µs
     a = analyze_intervals(ks, [MemEvent(0, 0.0, 1e3)])
-    dev = a.to_json()["devices"][0]  # type: ignore[index]
-    assert dev["kernel_median_us"] == pytest.approx(4.0) and dev["categories"]["elementwise"] > 0.9
+    dev = a.devices[0]
+    assert dev.kernel_median_us == pytest.approx(4.0) and dev.categories()["elementwise"] > 0.9
     d = diagnose_capture([dev])
     assert d.bottleneck == "launch-overhead"
     assert any(_action(r) is Say.GRAPHS_COMPILE for r in d.recommendations)
@@ -97,7 +98,7 @@ def test_launch_bound_from_tiny_kernels_with_gaps() -> None:
 
 def test_slower_than_steady_and_compute_bound() -> None:
     ks = [_k(0, i * 1e6, 990.0, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") for i in range(300)]
-    dev = analyze_intervals(ks).to_json()["devices"][0]  # type: ignore[index]
+    dev = analyze_intervals(ks).devices[0]
     d = diagnose_capture([dev], iterations=3, steady_compute_ms=40.0)
     slow = next(f for f in d.findings if f.id == "capture-slower-than-steady-0")
     assert slow.evidence["ratio"] == pytest.approx(297.0 / 3 / 40.0, rel=1e-3)

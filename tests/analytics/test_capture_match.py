@@ -7,6 +7,7 @@ reads it anyway and the report says it does not match."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import shutil
@@ -18,6 +19,7 @@ import pytest
 
 from collectors.megatron import parse_file
 from perfd.analytics.breakdown.capture_match import Check, JobFacts, check, job_facts
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.run.run_analysis import analyze_run
 from tests.trace_cache import analyze_chrome_trace, perfd_cli
 
@@ -29,10 +31,8 @@ H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 
 
 @cache
-def _devices(trace: str) -> list[dict[str, Any]]:
-    devs = analyze_chrome_trace(K / trace).to_json()["devices"]
-    assert isinstance(devs, list)
-    return devs
+def _devices(trace: str) -> tuple[DeviceBreakdown, ...]:
+    return analyze_chrome_trace(K / trace).devices
 
 
 def _log(name: str, tmp: Path | None = None) -> Path:
@@ -92,7 +92,7 @@ def test_a_trace_of_the_job_matches(trace: str, log: str):
 
 
 def test_the_pp2_jobs_own_nsys_capture_matches_its_log():
-    devs = json.loads(PP2_NSYS.read_text())["devices"]
+    devs = devices_of(json.loads(PP2_NSYS.read_text())["devices"])
     m = check("pp2", devs, _facts("pp2"))
     assert m.matches and _ev(m)[Check.PIPELINE].capture == pytest.approx(319.3, abs=0.1)
     assert not check("pp2", devs, _facts("big2048")).matches  # SendRecv in a job without a pipeline
@@ -101,7 +101,7 @@ def test_the_pp2_jobs_own_nsys_capture_matches_its_log():
 def test_a_capture_too_short_for_the_jobs_flops_is_another_jobs():
     """All the tiny job's kernel time, at any GPU's peak, cannot do one step of the 12-layer job."""
     facts = _facts("big2048")
-    devs = [{**_devices("tiny_rank0.json.gz")[0], "trace_steps": 1}]
+    devs = [dataclasses.replace(_devices("tiny_rank0.json.gz")[0], trace_steps=1)]
     ev = _ev(check("tiny", devs, facts))
     assert not ev[Check.FLOPS].matches and ev[Check.FLOPS].capture is not None
     assert ev[Check.FLOPS].capture > 989 * 1.05

@@ -130,7 +130,7 @@ def test_a_findings_source_is_said_where_it_is_worded() -> None:
     # a capture's findings: the budget's (its label; a part's also where its time was read and how its
     # kernels were named) and the slower-than-steady one's
     tiny = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron" / "tiny_rank0.json.gz"
-    d = diagnose_capture([analyze_chrome_trace(tiny).device(0).to_json()], label="capture c1 rank 0",
+    d = diagnose_capture([analyze_chrome_trace(tiny).device(0)], label="capture c1 rank 0",
                          iterations=3, steady_compute_ms=0.001)
     assert all(not f.source for f in d.findings if f.id != "budget-minor-remedies-0")  # left to the words
     shown = {f.id: worded(f).source for f in d.findings}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.capture_records import CaptureRecord, ncu_of
+from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, ncu_of
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
@@ -226,7 +226,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
         (Part.LINEAR, 40.0), (Part.ATTENTION, 30.0), (Part.ACTIVATION, 5.0), (Part.POINTWISE, 25.0)))
     b = StepBudget(100.0, parts, (Source.CAPTURE,), iterations=3.0, basis="capture k1")
     got = ncu_of([CaptureRecord("n1", JOB, [0], "ncu", 1, "rule:ncu", 0.0, status=CaptureStatus.FINISHED,
-                                finished_at=1.0, result={"ranks": {"0": rank0()}})])
+                                finished_at=1.0, result=CaptureResult.of({"ranks": {"0": rank0()}}))])
     assert got.capture_id == "n1" and len(got.kernels) == 12
     assert all(k["joined_to"] == "c20261123-223603-bf9e4a" for k in got.kernels)
     nb = with_ncu(b, got.categories, got.capture_id, got.kernels)

@@ -511,9 +511,9 @@ def test_each_recorded_window_is_checked_for_a_cut_step(trace: str) -> None:
     each (Kineto stops once the third optimizer.step returns on the host)."""
     from perfd.analytics.breakdown.capture_budget import window_of
 
-    d = analyze_chrome_trace(KINETO / trace).to_json()["devices"][0]  # type: ignore[index]
-    w, src = window_of(d, d["trace_steps"])
-    assert w is not None and (w.marked, w.complete) == (3, 2) and src is d["complete"]
+    d = analyze_chrome_trace(KINETO / trace).devices[0]
+    w, src = window_of(d, d.trace_steps)
+    assert w is not None and (w.marked, w.complete) == (3, 2) and src is d.complete
     assert [c.part for c in w.cut] == [Part.OPTIMIZER]
 
 

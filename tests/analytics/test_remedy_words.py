@@ -82,7 +82,7 @@ def test_the_remedies_say_each_code_with_its_arity() -> None:
     hook = ROOT / "tests" / "data" / "captures" / "hook_h100_data" / "hook_data_rank0.json.gz"
     seen: set[Say] = set()
     for trace in (TINY, hook, TINY.with_name("big2048_rank0.json.gz")):
-        dev = analyze_chrome_trace(trace).device(0).to_json()
+        dev = analyze_chrome_trace(trace).device(0)
         for fw in Framework:
             args = {"timing_log_level": "2", "masked_softmax_fusion": "False"}
             for cfg in (None, JobConfig(fw, dp=4, pp=2, micro_batch=2, global_batch=32, arguments=args)):
@@ -150,7 +150,7 @@ def test_a_sentence_nests_and_says_nothing_for_none() -> None:
 def test_the_report_words_a_remedy_as_it_read() -> None:
     """A golden recommendation: the tiny job's CUDA graphs remedy, as the report showed it before its words
     moved out of analytics (a capture's diagnosis, worded where it is kept or printed)."""
-    d = diagnose_capture([analyze_chrome_trace(TINY).device(0).to_json()], iterations=3,
+    d = diagnose_capture([analyze_chrome_trace(TINY).device(0)], iterations=3,
                          framework=Framework.MEGATRON)
     _fs, recs = worded_all(d.findings, d.recommendations)
     r1 = recs[0]

@@ -71,8 +71,9 @@ def test_the_big_capture_is_launch_bound_not_waiting_on_the_host() -> None:
     from perfd.analytics.advice.capture_findings import diagnose_capture
 
     dev = trace_cache.analyze_chrome_trace(DATA / "big_rank0.json.gz").device(0)
-    d = diagnose_capture([dev.to_json()], label="big")
+    d = diagnose_capture([dev], label="big")
     assert d.bottleneck == "mixed"
     assert max(d.class_shares, key=lambda c: d.class_shares[c]) == "launch-overhead"
     assert d.class_shares["launch-overhead"] > 3 * d.class_shares["sync-bound"]
+    assert dev.idle_short_ms is not None
     assert dev.idle_short_ms / dev.idle_ms > 0.5  # most idle is in gaps under 1 ms

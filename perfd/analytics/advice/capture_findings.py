@@ -1,8 +1,9 @@
 """Findings from a capture's per-device breakdown (nsys or Kineto), as pure functions.
 
-Input is the JSON of perfd.capture.analysis (``devices``: span, busy, idle, NCCL, SendRecv, the kernel
-``categories`` and the exclusive ``parts_ms`` of the step budget), optionally with what the job says
-(framework, model FLOPs, the steady state's timers, how many iterations the capture covered). Each
+Input is a capture's device breakdowns (perfd.analytics.breakdown.device_breakdown: span, busy, idle,
+NCCL, SendRecv, the kernel categories and the exclusive ``parts_ms`` of the step budget), optionally
+with what the job says (framework, model FLOPs, the steady state's timers, how many iterations the
+capture covered). Each
 device's time becomes a step budget (perfd.analytics.breakdown.budget); its analyzers
 (perfd.analytics.advice.budget_findings) give the findings, the remedies with their expected gain, and the
 class — a capture that holds kernels always votes: a class with its shares, or "mixed". Beside the
@@ -15,9 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics.advice.budget_findings import BudgetContext, analyze
 from perfd.analytics.advice.remedies import Framework, JobConfig
@@ -33,6 +33,7 @@ from perfd.analytics.breakdown.budget import (
     classify,
 )
 from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.model import StepRecord
@@ -114,14 +115,9 @@ def steady_compute_ms(records: Sequence[StepRecord], steady: Iterable[int], rank
     return statistics.median(vals) if vals else None
 
 
-def _num(d: Mapping[str, object], key: str) -> float | None:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, object], label: str, iterations: int | None,
+def _slower(out: CaptureDiagnosis, d: int, dev: DeviceBreakdown, label: str, iterations: int | None,
             steady_ms: float | None) -> None:
-    compute = _num(dev, "compute_ms")
+    compute = dev.compute_ms
     if not (iterations and steady_ms and compute):
         return
     per_it = compute / iterations
@@ -136,7 +132,7 @@ def _slower(out: CaptureDiagnosis, d: int, dev: Mapping[str, object], label: str
         facts=SlowerFacts(device=d, per_iteration_ms=per_it, steady_ms=steady_ms, ratio=ratio)))
 
 
-def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capture",
+def diagnose_capture(devices: Sequence[DeviceBreakdown], *, label: str = "capture",
                      iterations: int | None = None, steady_compute_ms: float | None = None,
                      framework: Framework = Framework.PYTORCH, flops: FlopsContext = NO_FLOPS,
                      timers: TimerShares = NO_TIMERS, config: JobConfig | None = None) -> CaptureDiagnosis:
@@ -149,10 +145,10 @@ def diagnose_capture(devices: Sequence[Mapping[str, Any]], *, label: str = "capt
     out = CaptureDiagnosis()
     decided: tuple[float, BottleneckClass, ClassBasis, dict[str, float]] | None = None
     for dev in devices:
-        d = int(dev.get("device", -1))
+        d = dev.device
         where = f"{label}, device {d}" if len(devices) > 1 else label
-        marked = dev.get("trace_steps")
-        by_trace = isinstance(marked, int) and not isinstance(marked, bool) and marked > 0
+        marked = dev.trace_steps
+        by_trace = marked is not None and marked > 0
         steps = marked if by_trace else iterations
         how = "trace" if by_trace else "request" if steps else ""
         b = from_capture(dev, steps, fl=flops, timers=timers, basis=where, steps_from=how)

@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.model import JobInfo
-from perfd.typed import obj
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -161,16 +161,11 @@ def job_facts(job: JobInfo, medians: Mapping[str, object], peak_tflops: float | 
     return JobFacts(world or lay.world_size, lay.pp, lay.ep, lay.cp, rows, step, flops, peak_tflops)
 
 
-def _devices(devices: Sequence[object]) -> list[Mapping[str, object]]:
-    return [d for d in devices if isinstance(d, Mapping)]
-
-
-def _tokens(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
+def _tokens(devs: Sequence[DeviceBreakdown], facts: JobFacts) -> Evidence | None:
     rows: dict[int, int] = {}
     for d in devs:
-        for r, n in obj(d.get("norm_rows")).items():
-            if str(r).isdigit() and isinstance(n, int):
-                rows[int(r)] = rows.get(int(r), 0) + n
+        for r, n in d.norm_rows.items():
+            rows[r] = rows.get(r, 0) + n
     if not rows or facts.rows is None:
         return None
     top = max(rows, key=lambda r: rows[r])
@@ -178,10 +173,10 @@ def _tokens(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence |
     return Evidence(Check.TOKENS, facts.rows in rows, float(top), float(facts.rows), "rows", counts)
 
 
-def _pipeline(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
+def _pipeline(devs: Sequence[DeviceBreakdown], facts: JobFacts) -> Evidence | None:
     if facts.pp is None or not devs:
         return None
-    sendrecv = sum(_num(d.get("sendrecv_ms")) or 0.0 for d in devs)
+    sendrecv = sum(d.sendrecv_ms for d in devs)
     if facts.pp > 1:
         return Evidence(Check.PIPELINE, sendrecv > 0, sendrecv, float(facts.pp), "ms of SendRecv")
     if (facts.ep or 1) > 1 or (facts.cp or 1) > 1:
@@ -189,33 +184,37 @@ def _pipeline(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence
     return Evidence(Check.PIPELINE, sendrecv == 0, sendrecv, float(facts.pp), "ms of SendRecv")
 
 
-def _collectives(devs: Sequence[Mapping[str, object]], facts: JobFacts) -> Evidence | None:
+def _collectives(devs: Sequence[DeviceBreakdown], facts: JobFacts) -> Evidence | None:
     if not facts.world or facts.world <= 1 or not devs:
         return None
-    comm = sum(_num(d.get("comm_ms")) or 0.0 for d in devs)
+    comm = sum(d.comm_ms for d in devs)
     return Evidence(Check.COLLECTIVES, comm > 0, comm, float(facts.world), "ms of NCCL")
 
 
-def _steps_held(d: Mapping[str, object], asked: float | None, step_ms: float) -> float | None:
+def _marked(d: DeviceBreakdown) -> float | None:
+    """The steps the device's trace marks (None: it marks none)."""
+    return float(d.trace_steps) if d.trace_steps is not None and d.trace_steps > 0 else None
+
+
+def _steps_held(d: DeviceBreakdown, asked: float | None, step_ms: float) -> float | None:
     """Whole steps the device's capture holds: those it marks or asked for, else the whole steps its span
     could hold at the job's steady step (None: under one)."""
-    marked = d.get("trace_steps")
-    if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0:
-        return float(marked)
+    if (marked := _marked(d)) is not None:
+        return marked
     if asked:
         return asked
-    span = _num(d.get("span_ms"))
+    span = d.span_ms
     n = int(span // step_ms) if span and step_ms > 0 else 0
     return float(n) if n >= 1 else None
 
 
-def _flops(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float | None) -> Evidence | None:
+def _flops(devs: Sequence[DeviceBreakdown], facts: JobFacts, asked: float | None) -> Evidence | None:
     if not facts.flops_per_step or not facts.step_ms or not devs:
         return None
     peak = facts.peak_tflops or MAX_PEAK_TFLOPS
     best: Evidence | None = None
     for d in devs:
-        compute = _num(d.get("compute_ms"))
+        compute = d.compute_ms
         n = _steps_held(d, asked, facts.step_ms)
         if not compute or compute <= 0 or n is None:
             continue
@@ -228,13 +227,13 @@ def _flops(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float |
     return best
 
 
-def _step(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float | None) -> Evidence | None:
+def _step(devs: Sequence[DeviceBreakdown], facts: JobFacts, asked: float | None) -> Evidence | None:
     if not facts.step_ms or not devs:
         return None
-    d = max(devs, key=lambda x: _num(x.get("span_ms")) or 0.0)
-    marked = d.get("trace_steps")
-    n = float(marked) if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else asked
-    span = _num(d.get("span_ms"))
+    d = max(devs, key=lambda x: x.span_ms)
+    marked = _marked(d)
+    n = marked if marked is not None else asked
+    span = d.span_ms
     if not n or not span:
         return None  # steps not known but from the span over the steady step: nothing to compare
     step = span / n
@@ -243,11 +242,11 @@ def _step(devs: Sequence[Mapping[str, object]], facts: JobFacts, asked: float | 
     return Evidence(Check.STEP_TIME, ok, step, facts.step_ms, "ms per step", {"ratio": ratio, "steps": n})
 
 
-def check(capture: str, devices: Sequence[Mapping[str, object]], facts: JobFacts,
+def check(capture: str, devices: Sequence[DeviceBreakdown], facts: JobFacts,
           steps: float | None = None) -> CaptureMatch:
-    """Every check the inputs allow of a capture's devices (perfd.capture.analysis device JSON) against
-    the job; ``steps``: the steps the capture asked for (None: as its trace marks them, if it does)."""
-    devs = _devices(devices)
+    """Every check the inputs allow of a capture's devices against the job; ``steps``: the steps the
+    capture asked for (None: as its trace marks them, if it does)."""
+    devs = list(devices)
     got = [e for e in (_tokens(devs, facts), _pipeline(devs, facts), _collectives(devs, facts),
                        _flops(devs, facts, steps), _step(devs, facts, steps)) if e is not None]
     return CaptureMatch(capture, tuple(got))

@@ -44,6 +44,7 @@ from perfd.analytics.breakdown.bottleneck import (
     Vote,
     Voted,
 )
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import BATCH_GENERATOR
 from perfd.analytics.steps.untimed import Untimed
 
@@ -56,13 +57,13 @@ GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
 @dataclass(frozen=True)
 class TimelineClass:
     """The class a capture's timeline supports (perfd.analytics.advice.capture_findings), and what
-    the run's analysis needs to build the step budget from it: the device's breakdown (perfd.capture.analysis
-    JSON) and how many iterations it covered (None: inferred from the steady step time)."""
+    the run's analysis needs to build the step budget from it: the device's breakdown
+    (perfd.analytics.breakdown.device_breakdown) and how many iterations it covered (None: inferred from the steady step time)."""
 
     cls: BottleneckClass
     reason: str  # in words where the capture was read (perfd.report.capture_text.class_reason), kept so
     source: str  # the capture's label, e.g. "capture c2026... (kineto, rank 1)"
-    device: Mapping[str, object] | None = field(default=None, compare=False, hash=False)
+    device: DeviceBreakdown | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
     capture_id: str = ""  # compared instead of the device: one capture, one breakdown
     # An Nsight Compute capture of the job: its per-category summaries (perfd.analytics.ncu.join
@@ -73,7 +74,7 @@ class TimelineClass:
     ncu_kernels: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
     # Every device of the capture (the checks of perfd.analytics.breakdown.capture_match read them all:
     # one stage's SendRecv may be on another device of an nsys capture); () : ``device`` alone
-    devices: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
+    devices: tuple[DeviceBreakdown, ...] = field(default=(), compare=False, hash=False)
     forced: bool = False  # read against the job even where capture_match says it is another job's
 
 

@@ -19,6 +19,7 @@ from perfd.analytics.breakdown.budget import (
     from_timers,
 )
 from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.kernel_rows import figure, kernel_rows
 from perfd.analytics.breakdown.op_parts import kernel_part
@@ -52,17 +53,17 @@ def contexts(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
     return fl, t
 
 
-def captured_iterations(device: Mapping[str, object], iterations: int | None, step_ms: float | None
+def captured_iterations(device: DeviceBreakdown, iterations: int | None, step_ms: float | None
                         ) -> tuple[float | None, str]:
     """How many steps a captured span holds, and how that is known: the steps the trace marks
     (torch.optim's or the profiler's step annotations), else what the capture asked for, else the span
     over the steady step (an offline trace that marks none), at least one."""
-    marked = device.get("trace_steps")
-    if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0:
+    marked = device.trace_steps
+    if marked is not None and marked > 0:
         return float(marked), "trace"
     if iterations:
         return float(iterations), "request"
-    span = figure(device, "span_ms")
+    span = device.span_ms
     return (max(1.0, round(span / step_ms)), "span") if span and step_ms else (None, "")
 
 

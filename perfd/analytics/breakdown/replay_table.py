@@ -69,13 +69,21 @@ class ReplayTable:
     def key(changes: Iterable[Change]) -> str:
         return "+".join(sorted(c.value for c in changes))
 
-    def to_json(self) -> dict[str, object]:
-        def row(xs: Iterable[float]) -> list[float]:
-            return [round(x, 3) for x in xs]  # µs: far below any gain the table is read for
+    @staticmethod
+    def of(scales: tuple[float, ...], as_is: Iterable[float],
+           changed: Mapping[str, tuple[Iterable[float], Iterable[float]]], traced_ms: float,
+           microbatches: int | None) -> ReplayTable:
+        """The table as a replay measured it, its times in ms to the µs (far below any gain the table is
+        read for): as it is kept and sent, so that the offline reading of a trace and the live one of
+        its event read the same figures."""
+        return ReplayTable(scales, _us(as_is), {k: (_us(lo), _us(hi)) for k, (lo, hi) in changed.items()},
+                           round(traced_ms, 3), microbatches)
 
-        return {"scales": list(self.scales), "as_is": row(self.as_is), "traced_ms": round(self.traced_ms, 3),
+    def to_json(self) -> dict[str, object]:
+        return {"scales": list(self.scales), "as_is": list(_us(self.as_is)),
+                "traced_ms": round(self.traced_ms, 3),
                 "microbatches": self.microbatches,
-                "changed": {k: [row(lo), row(hi)] for k, (lo, hi) in self.changed.items()}}
+                "changed": {k: [list(_us(lo)), list(_us(hi))] for k, (lo, hi) in self.changed.items()}}
 
     @staticmethod
     def from_json(d: object) -> ReplayTable | None:
@@ -94,3 +102,7 @@ class ReplayTable:
                                int(mb) if isinstance(mb, int) else None)
         except (KeyError, TypeError, ValueError, IndexError):
             return None
+
+
+def _us(xs: Iterable[float]) -> tuple[float, ...]:
+    return tuple(round(x, 3) for x in xs)
