@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.job_budget import captured_iterations
 from perfd.analytics.ncu import join as ncu_join
 from perfd.analytics.ncu.launches import (
@@ -232,20 +231,17 @@ class NcuCapture:
             raise CaptureFailed("failed", f"no kernel profiled in this range (the report holds "
                                           f"{full.launches} launches of earlier ranges: the kernel budget "
                                           f"of {t.options.launch_count} is spent)")
-        joined_to, device = self._latest_timeline(req.job, rank)
-        timeline = ncu_join.timeline_kernels(device) if device else []
-        asked = device.get("steps") if device else None
-        # the stored manifest's device (JSON on disk), read as the budget reads a device
-        typed = DeviceBreakdown.from_json(device) if device else None
-        steps, _ = (captured_iterations(typed, asked if isinstance(asked, int) else None, None)
-                    if typed is not None else (None, ""))
+        tl = latest_timeline(self.ctx.store.list(req.job), rank)
+        joined_to, device = (tl.capture_id, tl.device) if tl is not None else (None, None)
+        timeline = ncu_join.timeline_kernels(device) if device is not None else []
+        steps, _ = (captured_iterations(device, tl.asked_steps, None)
+                    if tl is not None and device is not None else (None, ""))
         joined, cov = by_launch(new, trace_of(self.ctx.store.list(req.job), joined_to, rank),
                                 t.options.kernel_filter, t.options.launch_skip, steps,
-                                device.get("device") if device else None)
+                                device.device if device is not None else None)
         if joined is None:  # no trace of the timeline left to match launches on: by kernel name
             joined = ncu_join.join(new.kernels, timeline, steps)
-        cats = device.get("categories") if device else None
-        summaries = ncu_join.summarize(joined, cats if isinstance(cats, Mapping) else None)
+        summaries = ncu_join.summarize(joined, device.categories() if device is not None else None)
         m.setdefault("analysis", {})[str(rank)] = {
             "ncu": {k: v for k, v in new.to_json().items() if k != "kernels"},
             "kernels": [j.to_json() for j in joined], "categories": [c.to_json() for c in summaries],
@@ -255,9 +251,6 @@ class NcuCapture:
             "coverage": cov.to_json() if cov is not None else None,
         }
         return len(new.kernels)
-
-    def _latest_timeline(self, job: str, rank: int) -> tuple[str | None, dict[str, object] | None]:
-        return latest_timeline(self.ctx.store.list(job), rank)
 
 
 def by_launch(report: ncu_mod.NcuReport, trace: Path | TraceData | None, kernel_filter: str | None, skip: int,

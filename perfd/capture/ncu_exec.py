@@ -45,11 +45,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from perfd import limits as L
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
+
+if TYPE_CHECKING:  # the analytics load where a timeline is read, not where the agent or the parser starts
+    from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 
 # Host time a kernel launch costs a process under ncu with profiling off (measured; module doc): ~80 µs
 # for one-element adds, and up to ~210 µs on a 12-layer Megatron-LM job (H100, 2026-11-25: ~6,080
@@ -59,12 +62,11 @@ NCU_ARMED_US_PER_LAUNCH = 80.0
 NCU_ARMED_US_PER_LAUNCH_HIGH = 210.0
 
 
-def armed_cost_ms(device: Mapping[str, object], steps: float | None) -> tuple[float, float, float] | None:
+def armed_cost_ms(device: DeviceBreakdown, steps: float | None) -> tuple[float, float, float] | None:
     """(launches per step, extra host ms per step at the low and the high measured cost a launch) that
-    arming ncu would cost a rank whose capture ``device`` (perfd.capture.analysis JSON) held ``steps``
-    steps; None without the counts."""
-    n = device.get("kernel_count")
-    if not isinstance(n, int) or not steps or steps <= 0:
+    arming ncu would cost a rank whose capture ``device`` held ``steps`` steps; None without the counts."""
+    n = device.kernel_count
+    if not n or not steps or steps <= 0:
         return None
     per_step = n / steps
     return per_step, per_step * NCU_ARMED_US_PER_LAUNCH / 1e3, per_step * NCU_ARMED_US_PER_LAUNCH_HIGH / 1e3
@@ -322,11 +324,23 @@ TRACE_KINDS = ("kineto_trace", "nsys_sqlite")  # their artifacts the timeline ca
 JOIN_TOP_N = 200
 
 
-def latest_timeline(manifests: Iterable[Mapping[str, object]], rank: int | None = None
-                    ) -> tuple[str | None, dict[str, object] | None]:
-    """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first): (its id,
-    one device's analysis with its top kernels), ``rank``'s when that capture has it; the device's
-    JOIN_TOP_N kernels when the capture's trace is still on disk, else the ones it kept."""
+@dataclass(frozen=True)
+class Timeline:
+    """A store's timeline capture as the ncu join reads it: its id, one device's breakdown with its top
+    kernels, and the steps the capture asked for (None: it asked for none)."""
+
+    capture_id: str
+    device: DeviceBreakdown
+    asked_steps: int | None = None
+
+
+def latest_timeline(manifests: Iterable[Mapping[str, object]], rank: int | None = None) -> Timeline | None:
+    """The newest finished Kineto/nsys capture among ``manifests`` (a store's, newest first), with one
+    device's analysis that has top kernels, ``rank``'s when that capture has it: the device's JOIN_TOP_N
+    kernels when the capture's trace is still on disk, else the ones it kept (the manifest's JSON, read
+    here). None: no such capture."""
+    from perfd.analytics.breakdown.device_breakdown import devices_of
+
     for cap in manifests:
         if cap.get("status") != "ok" or cap.get("tool") not in TIMELINE_TOOLS:
             continue
@@ -337,12 +351,13 @@ def latest_timeline(manifests: Iterable[Mapping[str, object]], rank: int | None 
         for key in keys:
             part = analysis.get(key)
             devices = part.get("devices") if isinstance(part, Mapping) else None
-            for dev in devices if isinstance(devices, list) else []:
-                if isinstance(dev, dict) and dev.get("top_kernels"):
+            for dev in devices_of(devices):
+                if dev.top_kernels:
                     asked = cap.get("steps")
                     steps = asked.get("count") if isinstance(asked, Mapping) else None
-                    return str(cap.get("id")), {**_widened(cap, key, dev), "steps": steps}
-    return None, None
+                    return Timeline(str(cap.get("id")), _widened(cap, key, dev),
+                                    steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
+    return None
 
 
 def trace_of(manifests: Iterable[Mapping[str, object]], capture_id: str | None,
@@ -367,7 +382,7 @@ def _listed(v: object) -> list[object]:
     return v if isinstance(v, list) else []
 
 
-def _widened(cap: Mapping[str, object], key: str, dev: dict[str, object]) -> dict[str, object]:
+def _widened(cap: Mapping[str, object], key: str, dev: DeviceBreakdown) -> DeviceBreakdown:
     """``dev`` read again from its capture's trace with JOIN_TOP_N kernels (``dev`` when it cannot be)."""
     from perfd.capture.chrome_trace import analyze_chrome_trace
     from perfd.capture.nsys_sqlite import analyze_nsys
@@ -380,11 +395,11 @@ def _widened(cap: Mapping[str, object], key: str, dev: dict[str, object]) -> dic
         path = Path(str(art.get("path")))
         try:
             read = analyze_nsys if art["kind"] == "nsys_sqlite" else analyze_chrome_trace
-            wide = read(path, top_n=JOIN_TOP_N).to_json()["devices"]
+            wide = read(path, top_n=JOIN_TOP_N).devices
         except Exception:  # gone, unreadable: the kept top kernels will do
             continue
-        for d in wide if isinstance(wide, list) else []:
-            if isinstance(d, dict) and d.get("device") == dev.get("device") and d.get("top_kernels"):
+        for d in wide:
+            if d.device == dev.device and d.top_kernels:
                 return d
     return dev
 

@@ -8,15 +8,14 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfd import finite_json
 from perfd import limits as L
-from perfd.typed import objs
 
 if TYPE_CHECKING:
+    from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
     from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, TimelineKernel
     from perfd.analytics.ncu.launches import LayerWindow
     from perfd.capture.analysis import TraceData
@@ -154,6 +153,7 @@ def _capture_dir(args: argparse.Namespace) -> Path:
 def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None, LayerWindow | None]:
     """(kernel filter, where it came from, the capture id that chose it, the layer window) for
     --kernels-from: a capture (latest: the job's newest), its analysis JSON, or a trace file."""
+    from perfd.analytics.breakdown.device_breakdown import devices_of
     from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
     from perfd.capture.launch_order import read_trace
     from perfd.capture.ncu_exec import (
@@ -166,12 +166,15 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
 
     src = args.kernels_from
     trace: Path | TraceData | None = None  # a trace file given is read once, for its kernels and window
+    asked: int | None = None  # the steps the capture asked for (a store's capture)
+    dev: DeviceBreakdown | None
     if src == "latest":
         from perfd.capture.store import CaptureStore
 
         store = CaptureStore(_capture_dir(args), quota_bytes=1)  # read only: nothing is written
         caps = store.list(args.job)
-        cid, dev = latest_timeline(caps)
+        tl = latest_timeline(caps)
+        cid, dev, asked = (tl.capture_id, tl.device, tl.asked_steps) if tl is not None else (None, None, None)
         where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
         trace = trace_of(caps, cid)
     elif _is_trace(Path(src)):
@@ -179,9 +182,7 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         from perfd.capture.ncu_exec import JOIN_TOP_N
 
         cid, trace = None, read_trace(src)
-        devices = analyze_trace(trace, top_n=JOIN_TOP_N).to_json()["devices"]
-        assert isinstance(devices, list)
-        dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")), None)
+        dev = next((d for d in analyze_trace(trace, top_n=JOIN_TOP_N).devices if d.top_kernels), None)
         where = src if dev else f"{src} holds no kernel"
     else:
         cid = None
@@ -189,13 +190,13 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
             data = json.loads(Path(src).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"--kernels-from {src}: {exc}") from None
-        listed = data.get("devices") if isinstance(data, dict) else None
-        dev = next((d for d in listed or [] if isinstance(d, dict) and d.get("top_kernels")), None)
+        listed = devices_of(data.get("devices") if isinstance(data, dict) else None)
+        dev = next((d for d in listed if d.top_kernels), None)
         where = src if dev else f"{src} lists no top kernels"
     if dev is None:
         return None, where, None, None
-    given = dev.get("steps") or dev.get("trace_steps")
-    cost = armed_cost_ms(dev, float(given) if isinstance(given, int | float) and given else _steps_of(dev))
+    given = asked or dev.trace_steps
+    cost = armed_cost_ms(dev, float(given) if given else _steps_of(dev))
     if cost is not None:
         where += (f"; arming ncu costs ~{NCU_ARMED_US_PER_LAUNCH:.0f}-{NCU_ARMED_US_PER_LAUNCH_HIGH:.0f} µs "
                   "a kernel launch for the life of the process (measured on the H100: one-element adds; a "
@@ -253,19 +254,9 @@ def _window(trace: Path | TraceData | None, flt: str, args: argparse.Namespace
                f"(time budget {time_budget(args, w.count):g} s)")
 
 
-def _steps_of(dev: Mapping[str, object]) -> float | None:
+def _steps_of(dev: DeviceBreakdown) -> float | None:
     """Steps a capture's device breakdown holds, from its NVTX ProfilerStep ranges where it has them."""
-    steps = [r for r in objs(dev.get("nvtx")) if str(r.get("name", "")).startswith("ProfilerStep")]
-    return float(sum(_count(r.get("count")) for r in steps)) or None
-
-
-def _count(v: object) -> int:
-    """A range's count (absent: 0; ValueError: not a number)."""
-    if not v:
-        return 0
-    if not isinstance(v, int | float | str):
-        raise ValueError(f"a count of {v!r}")
-    return int(v)
+    return float(sum(r.count for r in dev.nvtx if r.name.startswith("ProfilerStep"))) or None
 
 
 def run_ncu_prefix(args: argparse.Namespace) -> int:
@@ -376,6 +367,7 @@ def _timeline(path: str, device: int | None) -> tuple[list[TimelineKernel], dict
                                                     float | None, TraceData | None]:
     """The capture's kernels on ``device``, its categories and marked steps, and its events where it is
     a trace (read once: the rows by launch are matched to the same events)."""
+    from perfd.analytics.breakdown.device_breakdown import devices_of
     from perfd.analytics.ncu.join import timeline_kernels
     from perfd.capture.analysis import analyze_trace
     from perfd.capture.launch_order import read_trace
@@ -385,19 +377,16 @@ def _timeline(path: str, device: int | None) -> tuple[list[TimelineKernel], dict
     data = json.loads(p.read_text()) if p.suffix == ".json" and not _is_trace(p) else None
     trace: TraceData | None = None
     if isinstance(data, dict) and "devices" in data:  # an analysis: perfd analyze trace|nsys --json
-        devices = data["devices"]
+        devices = devices_of(data["devices"])
     else:
         trace = read_trace(p)
-        devices = analyze_trace(trace, top_n=JOIN_TOP_N).to_json()["devices"]
-    assert isinstance(devices, list)
-    dev = next((d for d in devices if isinstance(d, dict) and d.get("top_kernels")
-                and (device is None or d.get("device") == device)), None)
+        devices = analyze_trace(trace, top_n=JOIN_TOP_N).devices
+    dev = next((d for d in devices if d.top_kernels and (device is None or d.device == device)), None)
     if dev is None:
         raise ValueError(f"{p.name}: no device{'' if device is None else f' {device}'} with kernels")
-    cats = dev.get("categories")
-    marked = dev.get("trace_steps")  # the steps the trace marks: each kernel's time per step
-    steps = float(marked) if isinstance(marked, int) and not isinstance(marked, bool) and marked > 0 else None
-    return timeline_kernels(dev), cats if isinstance(cats, dict) else None, steps, trace
+    marked = dev.trace_steps  # the steps the trace marks: each kernel's time per step
+    steps = float(marked) if marked is not None and marked > 0 else None
+    return timeline_kernels(dev), dev.categories(), steps, trace
 
 
 def run_analyze_ncu(args: argparse.Namespace) -> int:

@@ -282,7 +282,7 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     ncu_dir = Path(__file__).resolve().parents[1] / "data" / "ncu"
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
     dev = analyze_chrome_trace(BIG).device(0)
-    joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev.to_json()))
+    joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev))
     cats = [c.to_json() for c in ncu_join.summarize(joined, dev.categories())]
     assert any(c["category"] == "gemm" for c in cats)
     b = from_capture(dev, 3, fl=FlopsContext(200.1e12 * 0.7073, 989.0, 790.0))  # the job's FLOPs per step

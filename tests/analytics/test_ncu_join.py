@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfd.analytics.breakdown import kernels as kc
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel
 from perfd.analytics.ncu.join import (
     NO_NCCL_FILTER,
@@ -34,12 +35,10 @@ PP2 = json.loads((ROOT / "captures" / "megatron_pp2_nsys_h200x2.analysis.json").
 
 
 @cache
-def kineto_device() -> dict[str, object]:
+def kineto_device() -> DeviceBreakdown:
     """The big H100 Megatron-LM Kineto capture, its 80 top kernels (the capture keeps 10)."""
     a = analyze_chrome_trace(ROOT / "captures" / "kineto_h100_megatron" / "big_rank0.json.gz", top_n=80)
-    dev = a.to_json()["devices"][0]  # type: ignore[index]
-    assert isinstance(dev, dict)
-    return dev
+    return a.devices[0]
 
 
 def ncu_kernel(fn: str, marker: str = "") -> NcuKernel:
@@ -121,7 +120,7 @@ def test_ties_are_ambiguous_and_exact_names_win():
 
 def test_nsys_short_names_join_by_function():
     """nsys lists bare functions: the ncu GELU takes the share of every vectorized_elementwise_kernel."""
-    timeline = timeline_kernels(PP2["devices"][1])
+    timeline = timeline_kernels(devices_of(PP2["devices"])[1])
     gelu = ncu_kernel("vectorized_elementwise_kernel", "Gelu")
     how, t, _ = match_kernel(gelu.name, timeline)
     assert how is MatchKind.FUNCTION and t is not None and t.name == "vectorized_elementwise_kernel"
@@ -149,8 +148,7 @@ def test_join_carries_category_and_share_and_orders_by_cost():
 def test_category_summaries_weigh_by_profiled_time():
     dev = kineto_device()
     joined = join(MLP.kernels, timeline_kernels(dev))
-    cats = dev["categories"]
-    assert isinstance(cats, dict)
+    cats = dev.categories()
     sums = {c.category: c for c in summarize(joined, cats)}
     gemm = sums[kc.GEMM]
     g = [j.kernel for j in joined if j.category == kc.GEMM]
@@ -169,7 +167,7 @@ def test_category_summaries_weigh_by_profiled_time():
 
 @pytest.mark.slow
 def test_kernel_filter_names_the_top_functions_never_nccl():
-    flt = kernel_filter(timeline_kernels(PP2["devices"][0]))
+    flt = kernel_filter(timeline_kernels(devices_of(PP2["devices"])[0]))
     assert flt is not None and flt.startswith("regex:^(") and flt.endswith(")$")
     names = flt[len("regex:^("):-2].split("|")
     assert "ncclDevKernel_SendRecv" not in names and "vectorized_elementwise_kernel" in names

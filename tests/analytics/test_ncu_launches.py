@@ -57,7 +57,7 @@ def _timeline(trace: str) -> LaunchTimeline:
 
 @cache
 def _filter(trace: str) -> str:
-    dev = analyze_chrome_trace(K / trace, top_n=200).to_json()["devices"][0]  # type: ignore[index]
+    dev = analyze_chrome_trace(K / trace, top_n=200).devices[0]
     got = kernel_filter(timeline_kernels(dev), 10)  # what ncu-prefix --kernels-from writes
     assert got is not None
     return got

@@ -58,7 +58,8 @@ GPM_TENSOR_LOW = th.GPM_TENSOR_LOW.value
 class TimelineClass:
     """The class a capture's timeline supports (perfd.analytics.advice.capture_findings), and what
     the run's analysis needs to build the step budget from it: the device's breakdown
-    (perfd.analytics.breakdown.device_breakdown) and how many iterations it covered (None: inferred from the steady step time)."""
+    (perfd.analytics.breakdown.device_breakdown) and how many iterations it covered (None: inferred
+    from the steady step time)."""
 
     cls: BottleneckClass
     reason: str  # in words where the capture was read (perfd.report.capture_text.class_reason), kept so

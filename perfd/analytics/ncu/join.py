@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics.breakdown import kernels as kernels_mod
+from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, effective_bound
-from perfd.typed import objs
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -176,16 +176,9 @@ class CategorySummary:
         return out
 
 
-def timeline_kernels(device: Mapping[str, object]) -> list[TimelineKernel]:
-    """The ``top_kernels`` of one device of a capture analysis (JSON), typed; malformed rows skipped."""
-    out = []
-    for row in objs(device.get("top_kernels")):
-        name, ms, share = row.get("name"), row.get("total_ms"), row.get("share")
-        if isinstance(name, str) and isinstance(ms, int | float) and isinstance(share, int | float):
-            count = row.get("count")
-            n = int(count) if isinstance(count, int) else 0
-            out.append(TimelineKernel(name, float(ms), float(share), n))
-    return out
+def timeline_kernels(device: DeviceBreakdown) -> list[TimelineKernel]:
+    """The top kernels of one device of a capture analysis, as the join reads them."""
+    return [TimelineKernel(k.name, k.total_ms, k.share, k.count) for k in device.top_kernels]
 
 
 def match_kernel(name: str, timeline: Sequence[TimelineKernel]
