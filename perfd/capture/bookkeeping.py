@@ -69,16 +69,16 @@ def _rounded(v: object) -> object:
 def device_summary(analysis: CaptureAnalysis) -> list[dict[str, object]]:
     """The per-device numbers of an analysis, without the kernel and NVTX tables (event payloads)."""
     out = []
-    for d in analysis.to_json()["devices"]:  # type: ignore[attr-defined]
-        row = {k: _rounded(v) for k, v in d.items() if k not in _TABLE_KEYS}
-        if isinstance(d.get("complete"), dict) and d["complete"].get("part_op_ms"):
+    for dev in analysis.devices:
+        row = {k: _rounded(v) for k, v in dev.to_json().items() if k not in _TABLE_KEYS}
+        if dev.complete is not None and dev.complete.part_op_ms:
             # the budget reads each part's ops from the complete steps (capture_budget): the span's
             # copy would only add to the event, which carries every rank's devices
             row.pop("part_op_ms", None)
-        row["part_kernels"] = {p: [{**k, "name": str(k["name"])[:PART_KERNEL_NAME]} for k in ks]
-                               for p, ks in (d.get("part_kernels") or {}).items()}
-        if d.get("top_kernels"):
-            row["top_kernel"] = d["top_kernels"][0]["name"][:120]
+        row["part_kernels"] = {p: [{**k.to_json(share=False), "name": k.name[:PART_KERNEL_NAME]} for k in ks]
+                               for p, ks in dev.part_kernels.items()}
+        if dev.top_kernels:
+            row["top_kernel"] = dev.top_kernels[0].name[:120]
         out.append(row)
     return out
 
