@@ -25,6 +25,14 @@ RankScope = int | Literal["last", "all"]
 # dive asked for by name on ranks started under it (perfd ncu-prefix, perfd launch --ncu).
 CaptureTool = Literal["kineto", "nsys", "ncu", "auto"]
 CAPTURE_TOOLS: tuple[CaptureTool, ...] = get_args(CaptureTool)
+_TOOL_OF: dict[str, CaptureTool] = {t: t for t in CAPTURE_TOOLS}
+
+
+def capture_tool(v: object) -> CaptureTool | None:
+    """The tool a text names (a typed closed set, never compared as free text); None: none of them."""
+    return _TOOL_OF.get(v) if isinstance(v, str) else None
+
+
 # How a capture ended, as perfd_agent_captures_total{status} counts it (the agent serves every tool x
 # outcome from 0, so that increase() sees the first capture): ok, failed, or skipped (refused before
 # it began: busy ranks, quota, a request it cannot serve; the tool then may still be "auto").

@@ -25,7 +25,7 @@ from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
-from perfd.model import CaptureFailure, CaptureStatus
+from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
 from perfd.typed import obj, objs
 
 
@@ -138,7 +138,7 @@ class CaptureRecord:
     id: str
     job: str
     ranks: list[int] | None
-    tool: str
+    tool: CaptureTool
     steps: int
     origin: str  # "rule:NAME" | "manual" | "alertmanager:ALERTNAME"
     requested_at: float
@@ -188,7 +188,11 @@ class CaptureRecord:
     def from_json(cls, d: Mapping[str, Any]) -> CaptureRecord:
         """Back from :meth:`to_json` (the state store's load); keys it does not know are left out."""
         known = cls.__dataclass_fields__
-        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("status", "cause", "result")})
+        tool = capture_tool(d.get("tool"))
+        if tool is None:
+            raise ValueError(f"not a capture tool: {str(d.get('tool'))[:40]!r}")
+        kept = {k: v for k, v in d.items() if k in known and k not in ("status", "cause", "result", "tool")}
+        rec = cls(**kept, tool=tool)
         got_result = d.get("result")
         rec.result = CaptureResult.of(got_result) if got_result is not None else None
         rec.status = CaptureStatus.of(d.get("status", CaptureStatus.REQUESTED.value))
@@ -265,7 +269,7 @@ class CaptureSeen:
     what it was and when it ran, its findings, the class it supports and its kernels' slowdown."""
 
     id: str
-    tool: str
+    tool: CaptureTool
     ranks: tuple[int, ...] | None
     status: CaptureStatus
     origin: str
@@ -291,11 +295,15 @@ class CaptureSeen:
                 "slowdown": dict(self.slowdown)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CaptureSeen:
-        """Back from :meth:`to_json` (the state store's load of an incident)."""
+    def from_json(cls, d: Mapping[str, Any]) -> CaptureSeen | None:
+        """Back from :meth:`to_json` (the state store's load of an incident); None: not one (no tool
+        this version knows)."""
         ranks, got = d.get("ranks"), d.get("bottleneck")
         slowdown = d.get("slowdown")
-        return cls(str(d.get("id")), str(d.get("tool")),
+        tool = capture_tool(d.get("tool"))
+        if tool is None:
+            return None
+        return cls(str(d.get("id")), tool,
                    tuple(int(r) for r in ranks) if isinstance(ranks, list) else None,
                    CaptureStatus.of(d.get("status")),
                    str(d.get("origin")), d.get("requested_at"), d.get("started_at"), d.get("finished_at"),

@@ -39,7 +39,7 @@ from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus
+from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
 from perfd.refusals import Refusals
 from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded, worded_recommendation
@@ -239,7 +239,8 @@ class CaptureCoordinator:
                 now: float | None = None, stack: bool = False) -> CaptureRecord:
         """A capture not from our own rules: still one capture per process at a time."""
         t = time.time() if now is None else now
-        if tool not in CAPTURE_TOOLS:
+        named = capture_tool(tool)
+        if named is None:
             raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool!r}")
         if steps < 1:
             raise ValueError("steps must be >= 1")
@@ -265,12 +266,12 @@ class CaptureCoordinator:
                     del self._requests[j]
             rk = tuple(ranks) if ranks else None
             if not self.arbiter.try_acquire(job, rk):
-                rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, tool, steps,
+                rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, named, steps,
                                     origin, t, status=CaptureStatus.REFUSED,
                                     reason="busy: a capture is running on these processes", updated_at=t)
                 self._keep(rec)
                 return rec
-            rec = self._dispatch(job, list(rk) if rk else None, tool, steps, origin, t, stack)
+            rec = self._dispatch(job, list(rk) if rk else None, named, steps, origin, t, stack)
             self._firing_of[rec.id] = (job, rk)
             if rec.status is CaptureStatus.UNDELIVERABLE:
                 self._release(rec.id)
@@ -283,7 +284,7 @@ class CaptureCoordinator:
         a = snap.analysis if snap is not None else None
         return a is not None and a.job.device == CPU
 
-    def _skip_cpu_only(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
+    def _skip_cpu_only(self, job: str, ranks: list[int] | None, tool: CaptureTool, steps: int, origin: str,
                        t: float) -> CaptureRecord:
         """A rule's ``tool: auto`` capture of a CPU-only job, not sent: perfd picks the tool, and none
         fits — each times GPU work (the step budget divides the GPU's timeline), a CPU-only job has
@@ -297,7 +298,7 @@ class CaptureCoordinator:
         log.info("capture %s for job %s (%s) skipped: the job computes on CPUs only", rec.id, job, origin)
         return rec
 
-    def _dispatch(self, job: str, ranks: list[int] | None, tool: str, steps: int, origin: str,
+    def _dispatch(self, job: str, ranks: list[int] | None, tool: CaptureTool, steps: int, origin: str,
                   t: float, stack: bool = False) -> CaptureRecord:
         rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t,
                             stack=stack)

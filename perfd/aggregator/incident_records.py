@@ -118,8 +118,8 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
     parts = d.get("cost_parts")
     why = d.get("stall_withdrawn")
     return TrackedIncident(
-        inc, d.get("duration_s"), tuple(CaptureSeen.from_json(c) for c in d.get("captures") or []
-                                        if isinstance(c, Mapping)),
+        inc, d.get("duration_s"), tuple(seen for c in d.get("captures") or []
+                                        if isinstance(c, Mapping) and (seen := CaptureSeen.from_json(c))),
         d.get("first_seen") or 0.0, d.get("updated_at") or 0.0,
         CostParts(parts.get("steps_s"), parts.get("silence_s")) if isinstance(parts, Mapping) else None,
         Withdrawal(why) if why in Withdrawal._value2member_map_ else None,

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
-from perfd.model import CAPTURE_TOOLS, CaptureTool
+from perfd.model import CAPTURE_TOOLS, CaptureTool, capture_tool
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
@@ -37,7 +37,6 @@ TOOLS = CAPTURE_TOOLS
 NsysMode = Literal["session", "range"]
 NSYS_MODES: tuple[NsysMode, ...] = get_args(NsysMode)
 # A command's text -> the member it names (a typed closed set, never compared as free text)
-_TOOL_OF: dict[str, CaptureTool] = {t: t for t in CAPTURE_TOOLS}
 _MODE_OF: dict[str, NsysMode] = {m: m for m in NSYS_MODES}
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
 BUSY_REASON = "busy: one CUPTI client per process"
@@ -97,7 +96,7 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
         if any(w in key.lower() for w in ("path", "file", "dir", "output")):
             raise CaptureArgError(f"argument {key!r} names a path: the agent chooses every path (its store)")
     tool_raw = args.get("tool", "auto").strip().lower() or "auto"
-    tool = _TOOL_OF.get(tool_raw)
+    tool = capture_tool(tool_raw)
     if tool is None:
         raise CaptureArgError(f"tool={tool_raw!r}: one of {', '.join(TOOLS)}")
     ranks = tuple(sorted({int(r) for r in cmd.ranks}))
