@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
@@ -26,6 +26,7 @@ from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
 from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.report.bottleneck_text import vote_reason
 from perfd.typed import obj, objs
 
 
@@ -153,7 +154,9 @@ class CaptureRecord:
     findings: list[Finding] = field(default_factory=list)  # perfd.analytics.advice.capture_findings
     recommendations: list[Recommendation] = field(default_factory=list)
     bottleneck: BottleneckClass | None = None  # the class the captured timeline supports
-    bottleneck_reason: str | None = None
+    # why the timeline supports that class (its words: perfd.report.capture_text.class_reason, given
+    # as ``bottleneck_reason`` where the record is served); Quoted: an older store's record, in words
+    basis: ClassBasis | Quoted | None = None
     decided: Decided | None = None  # the (rank, device) whose step budget decided the class
     budget: StepBudget | None = None  # that device's step budget (perfd.analytics.breakdown.budget)
     slowdown: dict[str, float] = field(default_factory=dict)  # rank -> kernels' slowdown vs steady
@@ -173,7 +176,13 @@ class CaptureRecord:
     match: CaptureMatch | None = None
 
     def to_json(self) -> dict[str, object]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out: dict[str, Any] = {}
+        for k in self.__dataclass_fields__:
+            if k == "basis":  # served in words, and kept typed for the store's load
+                out["bottleneck_reason"] = vote_reason(self.basis) if self.basis is not None else None
+                out["class_basis"] = self.basis.to_json() if isinstance(self.basis, ClassBasis) else None
+            else:
+                out[k] = getattr(self, k)
         out.update(result=self.result.raw if self.result is not None else None,
                    findings=[f.to_json() for f in self.findings],
                    recommendations=[r.to_json() for r in self.recommendations],
@@ -191,8 +200,12 @@ class CaptureRecord:
         tool = capture_tool(d.get("tool"))
         if tool is None:
             raise ValueError(f"not a capture tool: {str(d.get('tool'))[:40]!r}")
-        kept = {k: v for k, v in d.items() if k in known and k not in ("status", "cause", "result", "tool")}
+        kept = {k: v for k, v in d.items()
+                if k in known and k not in ("status", "cause", "result", "tool", "basis")}
         rec = cls(**kept, tool=tool)
+        said = d.get("bottleneck_reason")
+        rec.basis = ClassBasis.from_json(d.get("class_basis")) \
+            or (Quoted(said) if isinstance(said, str) else None)
         got_result = d.get("result")
         rec.result = CaptureResult.of(got_result) if got_result is not None else None
         rec.status = CaptureStatus.of(d.get("status", CaptureStatus.REQUESTED.value))
@@ -225,7 +238,7 @@ class CaptureRecord:
         # capture by the agent's id (c2026...), the budget by the request's; one report shows both.
         stored = ", ".join(str(x) for x in self.agent_capture_ids[:4])
         dec = self.decided
-        return TimelineClass(self.bottleneck, self.bottleneck_reason or "",
+        return TimelineClass(self.bottleneck, self.basis if self.basis is not None else Quoted(""),
                              f"capture {self.id} ({self.tool}, ranks {self.ranks}"
                              + (f"; {stored}" if stored else "") + ")",
                              dec.breakdown if dec is not None else None, self.steps, self.id,

@@ -41,7 +41,6 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
 from perfd.refusals import Refusals
-from perfd.report.capture_text import class_reason
 from perfd.report.grade_text import worded, worded_recommendation
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
@@ -462,7 +461,7 @@ class CaptureCoordinator:
                 break
         if best is not None:
             _top, rank, dev, d, devices = best
-            rec.bottleneck, rec.bottleneck_reason = d.bottleneck, class_reason(d.basis)
+            rec.bottleneck, rec.basis = d.bottleneck, d.basis
             rec.decided = Decided(rank, dev, devices)
             rec.budget = d.budgets[dev]
 

@@ -29,7 +29,6 @@ from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
 from perfd.model import CaptureStatus
-from perfd.report.ncu_text import rows_class_text
 
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
 STEPPING_STEPS = 3
@@ -120,8 +119,7 @@ class ClassInputs:
                                                ncu_kernels=ncu.kernels)
             else:  # the rows class the job when they cover most of its compute
                 cls, why, _ = rows_class(ncu.categories, self.compute_ms(job))
-                # the class's reason in words, as a capture's is kept (perfd.report.ncu_text)
-                timeline = TimelineClass(cls, rows_class_text(why), f"capture {ncu.capture_id} (ncu)",
+                timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)",
                                          ncu=ncu.categories, ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None

@@ -101,10 +101,9 @@ def timeline_of(name: str, analysis: CaptureAnalysis, steps: int | None = None,
     cost (seconds for a Megatron-LM step), the class a few milliseconds more."""
     from perfd.analytics.advice.capture_findings import diagnose_capture
     from perfd.analytics.breakdown.diagnosis import TimelineClass
-    from perfd.report.capture_text import class_reason
 
     d = diagnose_capture(analysis.devices, label=name, iterations=steps)
     decided = (max(d.budgets, key=lambda k: d.budgets[k].step_ms) if d.budgets else None)
     device = next((x for x in analysis.devices if x.device == decided), None)
-    return TimelineClass(d.bottleneck, class_reason(d.basis), f"capture {name}", device, steps, name,
+    return TimelineClass(d.bottleneck, d.basis, f"capture {name}", device, steps, name,
                          devices=analysis.devices, forced=forced)

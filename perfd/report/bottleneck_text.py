@@ -12,6 +12,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import (
     B,
     Bottleneck,
+    ClassBasis,
     ClassSource,
     ComputeSaid,
     ComputeWhy,
@@ -22,6 +23,7 @@ from perfd.analytics.breakdown.bottleneck import (
     GpmWhen,
     GpmWhy,
     Missing,
+    RowsWhy,
     ShareSaid,
     SharesWhy,
     TooFewSteps,
@@ -31,6 +33,8 @@ from perfd.analytics.breakdown.bottleneck import (
 )
 from perfd.analytics.steps.iteration import json_value
 from perfd.analytics.steps.untimed import Group, Untimed
+from perfd.report.capture_text import class_reason as capture_class_reason
+from perfd.report.ncu_text import rows_class_text
 
 # Where each source's numbers come from (a vote's detail, the summary's bottleneck_sources).
 TIMERS_SOURCE = "step timers (perfd.analytics.steps.metrics)"
@@ -166,7 +170,11 @@ def vote_reason(w: VoteWhy) -> str:
             return compute_text(w)
         case GpmVoteWhy():
             return gpm_vote_text(w)
-    return w.text  # a capture's, in the words it was kept in
+        case ClassBasis():
+            return capture_class_reason(w)
+        case RowsWhy():
+            return rows_class_text(w)
+    return w.text  # a capture's, in the words an older version kept it in
 
 
 def vote_detail(v: Vote) -> str:

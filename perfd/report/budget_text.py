@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.budget_findings import BudgetFacts, BudgetFinding, BudgetSaid
 from perfd.analytics.breakdown.advice_registry import CLASS, PART
-from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, IdleCause, StepBudget
+from perfd.analytics.breakdown.bottleneck import BudgetClass
+from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding
 

@@ -9,10 +9,11 @@ import dataclasses
 from collections.abc import Sequence
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.bottleneck import RowsWhy
 from perfd.analytics.breakdown.kernel_rows import RowVerdict
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.ncu.launches import Coverage, MatchHow, Phase
-from perfd.analytics.ncu.ncu_verdicts import NcuFinding, NcuRecommendation, PartVerdict, RowsWhy
+from perfd.analytics.ncu.ncu_verdicts import NcuFinding, NcuRecommendation, PartVerdict
 
 
 def _spans(nums: Sequence[int]) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from perfd.analytics.breakdown.bottleneck import (
     Bottleneck,
     BottleneckClass,
+    BudgetClass,
+    ClassBasis,
     ClassSource,
     ComputeSaid,
     ComputeWhy,
@@ -16,6 +18,7 @@ from perfd.analytics.breakdown.bottleneck import (
     GpmVoteWhy,
     GpmWhen,
     Missing,
+    Quoted,
     Voted,
 )
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
@@ -54,8 +57,8 @@ def test_timers_first_then_the_capture_then_gpm() -> None:
     assert b.cls == "data-bound" and b.winner == "timers" and b.decided is Decided.SHARE
     assert bottleneck_json(b)["bottleneck_evidence"]["why"] == (
         "a share of the step beyond its threshold decides: it is where the step's time goes")
-    tl = TimelineClass(BottleneckClass.MEMORY, "elementwise/normalisation 51% of kernel time",
-                       "capture c1 (kineto, [1])")
+    tl = TimelineClass(BottleneckClass.MEMORY, Quoted("elementwise/normalisation 51% of kernel time"),
+                       "capture c1 (kineto, [1])")  # an older store's record: its reason in words
     b = classify_job(StepShares(0.01, 0.02, 0.02, 1, mfu=0.24), gpm=DP2_GPM, timeline=tl)
     assert b.cls == "memory-bound" and b.winner == "capture" and "gpm:" in class_reason(b)
     assert class_reason(b).startswith("elementwise/normalisation 51% of kernel time [capture]")
@@ -104,17 +107,20 @@ def test_the_timers_alone_do_not_call_a_low_mfu_job_compute_bound() -> None:
 
 
 def test_a_capture_of_tiny_kernels_decides_launch_bound_and_gpm_agreement_is_said() -> None:
-    tl = TimelineClass(BottleneckClass.LAUNCH, "idle 97% with 2.1 µs median kernels",
-                       "capture c9 (kineto, [0])")
+    shares = {BottleneckClass.LAUNCH: 0.62, BottleneckClass.MEMORY: 0.2, BottleneckClass.COMPUTE: 0.1}
+    basis = ClassBasis(decided=BudgetClass(BottleneckClass.LAUNCH, shares, 0.42), where="capture c9 rank 0")
+    tl = TimelineClass(BottleneckClass.LAUNCH, basis, "capture c9 (kineto, [0])")
     b = classify_job(FILLS, gpm=TINY_GPM, timeline=tl)
     assert b.cls == "launch-overhead" and b.winner == "capture" and b.decided is Decided.CAPTURE
-    assert class_reason(b) == "idle 97% with 2.1 µs median kernels [capture]; gpm agree"
+    assert next(v for v in b.votes if v.source is ClassSource.CAPTURE).reason is basis  # typed, worded there
+    assert class_reason(b) == ("launch 62%, memory 20%, compute 10% of the step (capture c9 rank 0) "
+                               "[capture]; gpm agree")
     assert classify_job(FILLS, timeline=tl).cls == "launch-overhead"
 
 
 def test_the_class_is_a_function_of_the_same_data() -> None:
     # Live, after the job (the last steady window's GPM) and offline with the same inputs agree.
-    tl = TimelineClass(BottleneckClass.MEMORY, "elementwise 51%", "capture c1")
+    tl = TimelineClass(BottleneckClass.MEMORY, Quoted("elementwise 51%"), "capture c1")
     live = classify_job(FILLS, gpm=DP2_GPM, timeline=tl, gpm_when=GpmWhen.STEPPING)
     after = classify_job(FILLS, gpm=DP2_GPM, timeline=tl, gpm_when=GpmWhen.LAST_STEADY)
     assert live.cls == after.cls == "memory-bound"

@@ -12,9 +12,10 @@ from collectors.megatron import parse_file
 from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen, Decided
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.capture.bookkeeping import device_summary
 from perfd.model import CaptureFailure, CaptureStatus
+from perfd.report.capture_text import class_reason
 from perfd.transport.codec import Command
 from tests.trace_cache import analyze_chrome_trace
 
@@ -62,8 +63,15 @@ def test_the_record_is_typed_and_its_json_reads_back_the_same() -> None:
     assert json.dumps(back.to_json()) == json.dumps(rec.to_json())
     assert back.decided is not None and back.decided.breakdown == rec.decided.breakdown  # from the result
     assert back.timeline() == rec.timeline()
+    # why the class, typed to where it is worded: served in words, kept typed, read back the same
+    assert isinstance(rec.basis, ClassBasis) and rec.basis.decided is not None
+    assert doc["bottleneck_reason"] == class_reason(rec.basis) and back.basis == rec.basis
+    tl = rec.timeline()
+    assert tl is not None and tl.reason is rec.basis
     seen = CaptureSeen.of(rec)
-    assert CaptureSeen.from_json(json.loads(json.dumps(seen.to_json()))).to_json() == seen.to_json()
+    seen_back = CaptureSeen.from_json(json.loads(json.dumps(seen.to_json())))
+    assert seen_back is not None and seen_back.to_json() == seen.to_json()
+    assert CaptureSeen.from_json({**seen.to_json(), "tool": "perf"}) is None  # a tool this version lacks
 
 
 def test_what_an_older_store_holds_that_is_not_read_is_left_out() -> None:
@@ -71,9 +79,12 @@ def test_what_an_older_store_holds_that_is_not_read_is_left_out() -> None:
     doc["findings"][0]["gone_field"] = 1
     doc["findings"].append({"title": "no severity"})
     doc["recommendations"].append("not one")
+    said = doc["bottleneck_reason"]
+    del doc["class_basis"]  # an older version's record: the reason in words only
     back = CaptureRecord.from_json(doc)
     assert len(back.findings) == len(doc["findings"]) - 1
     assert len(back.recommendations) == len(doc["recommendations"]) - 1
+    assert back.basis == Quoted(said) and back.to_json()["bottleneck_reason"] == said
 
 
 def test_a_kept_capture_of_a_status_this_version_does_not_know_is_left_out_counted(tmp_path: Path) -> None:

@@ -29,7 +29,8 @@ from perfd.analytics.advice.remedies import (
 )
 from perfd.analytics.advice.remedy_catalog import fit, minor
 from perfd.analytics.breakdown.advice_registry import PART
-from perfd.analytics.breakdown.budget import BudgetClass, BudgetPart, StepBudget, classify
+from perfd.analytics.breakdown.bottleneck import BudgetClass
+from perfd.analytics.breakdown.budget import BudgetPart, StepBudget, classify
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import DataAction, DataLoading, Finding, Recommendation, Severity

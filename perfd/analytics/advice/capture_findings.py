@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.advice.budget_findings import BudgetContext, analyze
 from perfd.analytics.advice.remedies import Framework, JobConfig
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis
 from perfd.analytics.breakdown.budget import (
     MIXED,
     NO_FLOPS,
     NO_TIMERS,
-    BudgetClass,
     FlopsContext,
     StepBudget,
     TimerShares,
@@ -57,17 +56,6 @@ class SlowerFinding(Finding):
     """The capture's slower-than-steady finding, its title and observation left to the report."""
 
     facts: SlowerFacts | None = field(default=None, metadata={"json": False})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClassBasis:
-    """What the capture's class rests on, worded where it is shown (perfd.report.capture_text
-    .class_reason): the class of the device that decided and where it is (the capture's label and
-    device); without one, whether the capture had any device (``where``: its label)."""
-
-    decided: BudgetClass | None = None
-    where: str = ""
-    devices: bool = False
 
 
 @dataclass

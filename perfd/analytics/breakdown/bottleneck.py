@@ -11,6 +11,7 @@ of perfd.analytics.breakdown.diagnosis), worded where it is shown (perfd.report.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
@@ -163,15 +164,76 @@ class GpmVoteWhy:
     not_matrix: bool = False
 
 
+@dataclass(frozen=True)
+class BudgetClass:
+    """The class a budget supports (perfd.analytics.breakdown.budget.classify): the class whose parts
+    hold most of the step, "mixed" when the runner-up is within th.CLASS_MIXED_MARGIN of it; ``shares``:
+    every class's share of the step (said where shown, the largest first:
+    perfd.report.budget_text.class_shares_text)."""
+
+    cls: BottleneckClass
+    shares: Mapping[BottleneckClass, float]
+    lead: float  # the winner's share minus the runner-up's
+
+    def shares_json(self) -> dict[str, float]:
+        return {c.value: s for c, s in self.shares.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClassBasis:
+    """What a capture's class rests on (perfd.analytics.advice.capture_findings), worded where it is
+    shown (perfd.report.capture_text.class_reason): the class of the device that decided and where it
+    is (the capture's label and device); without one, whether the capture had any device (``where``:
+    its label)."""
+
+    decided: BudgetClass | None = None
+    where: str = ""
+    devices: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        d = self.decided
+        return {"decided": {"class": d.cls.value, "shares": d.shares_json(), "lead": d.lead}
+                if d is not None else None, "where": self.where, "devices": self.devices}
+
+    @staticmethod
+    def from_json(v: object) -> ClassBasis | None:
+        """Back from :meth:`to_json` (the state store's load); None: not one."""
+        if not isinstance(v, Mapping):
+            return None
+        d = v.get("decided")
+        try:
+            decided = BudgetClass(BottleneckClass(str(d["class"])),
+                                  {BottleneckClass(str(c)): float(s) for c, s in d["shares"].items()},
+                                  float(d["lead"])) if isinstance(d, Mapping) else None
+        except (KeyError, ValueError, TypeError, AttributeError):
+            return None
+        return ClassBasis(decided=decided, where=str(v.get("where") or ""), devices=bool(v.get("devices")))
+
+
+@dataclass(frozen=True, slots=True)
+class RowsWhy:
+    """Why an Nsight Compute capture's rows give their class (perfd.analytics.ncu.ncu_verdicts.rows_class):
+    their coverage of the step's compute time (None: either time unknown), whether it is enough
+    (CLASS_COVERAGE) and then the kernel bound that holds most of their time and its share (worded where
+    it is shown: perfd.report.ncu_text.rows_class_text)."""
+
+    coverage: float | None
+    enough: bool = False
+    bound: str | None = None
+    share: float = 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Quoted:
-    """A reason already in words where it was made: the class a capture's timeline supports, as its
-    record keeps it (perfd.report.capture_text.class_reason, perfd.aggregator.capture_records)."""
+    """A capture's reason in the words an older version's state store kept it in (a record restored
+    with no typed basis, perfd.aggregator.capture_records); nothing of this version makes one."""
 
     text: str
 
 
-VoteWhy = SharesWhy | ComputeWhy | GpmVoteWhy | Quoted
+# Why a capture (its timeline, or its ncu rows with no timeline) supports its class
+CaptureWhy = ClassBasis | RowsWhy | Quoted
+VoteWhy = SharesWhy | ComputeWhy | GpmVoteWhy | CaptureWhy
 
 
 class Decided(TextEnum):

@@ -31,7 +31,7 @@ from typing import TypedDict, cast
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
-from perfd.analytics.breakdown.bottleneck import B, BottleneckClass
+from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
@@ -440,20 +440,6 @@ def from_timers(t: TimerShares, fl: FlopsContext = NO_FLOPS) -> StepBudget | Non
 # each part names its class; GPM, timers and the capture use the same class names).
 CLASS_PARTS: dict[BottleneckClass, tuple[Part, ...]] = class_parts()
 MIXED = B.MIXED
-
-
-@dataclass(frozen=True)
-class BudgetClass:
-    """The class a budget supports: the class whose parts hold most of the step, "mixed" when the
-    runner-up is within th.CLASS_MIXED_MARGIN of it; ``shares``: every class's share of the step (said
-    where shown, the largest first: perfd.report.budget_text.class_shares_text)."""
-
-    cls: BottleneckClass
-    shares: Mapping[BottleneckClass, float]
-    lead: float  # the winner's share minus the runner-up's
-
-    def shares_json(self) -> dict[str, float]:
-        return {c.value: s for c, s in self.shares.items()}
 
 
 def classify(b: StepBudget) -> BudgetClass | None:

@@ -33,6 +33,7 @@ from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.bottleneck import (
     B,
     BottleneckClass,
+    CaptureWhy,
     ClassSource,
     ComputeSaid,
     ComputeWhy,
@@ -40,7 +41,6 @@ from perfd.analytics.breakdown.bottleneck import (
     GpmVoteWhy,
     GpmWhen,
     Missing,
-    Quoted,
     Vote,
     Voted,
 )
@@ -62,7 +62,9 @@ class TimelineClass:
     from the steady step time)."""
 
     cls: BottleneckClass
-    reason: str  # in words where the capture was read (perfd.report.capture_text.class_reason), kept so
+    # why the capture supports it: its timeline's basis or its ncu rows' (words: perfd.report), typed so
+    # that the run's analysis reads it as it was made; compared, never hashed (a basis holds a mapping)
+    reason: CaptureWhy = field(hash=False)
     source: str  # the capture's label, e.g. "capture c2026... (kineto, rank 1)"
     device: DeviceBreakdown | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
@@ -173,7 +175,7 @@ def classify_job(
     compute = nums.get("compute_share")
     votes: list[Vote] = [v for v in (timers,) if v is not None]
     if timeline is not None and timeline.cls != B.UNKNOWN:
-        votes.append(Vote(ClassSource.CAPTURE, timeline.cls, Quoted(timeline.reason), {}, timeline.source))
+        votes.append(Vote(ClassSource.CAPTURE, timeline.cls, timeline.reason, {}, timeline.source))
     if gpm is not None:
         votes.append(_gpm_vote(gpm, compute is not None and compute >= COMPUTE_FILLS_STEP, gpm_when))
     src = {k: ClassSource.TIMERS for k in nums}

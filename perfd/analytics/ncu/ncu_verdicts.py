@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import ncu_classes
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, RowsWhy
 from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
 from perfd.analytics.common import TextEnum
@@ -127,19 +127,6 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
                              facts=v))
         rs.append(NcuRecommendation("", fid, 0, "", "", None, v.verdict.value, facts=v))
     return fs, rs
-
-
-@dataclass(frozen=True, slots=True)
-class RowsWhy:
-    """Why the ncu rows give their class (:func:`rows_class`): their coverage of the step's compute time
-    (None: either time unknown), whether it is enough (CLASS_COVERAGE) and then the kernel bound that
-    holds most of their time and its share (worded where the class is kept:
-    perfd.report.ncu_text.rows_class_text)."""
-
-    coverage: float | None
-    enough: bool = False
-    bound: str | None = None
-    share: float = 0.0
 
 
 def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | None

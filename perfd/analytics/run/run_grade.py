@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import BANDS, GRADE, Grade, GradeBasis
-from perfd.analytics.breakdown.budget import BudgetClass, StepBudget, classify
+from perfd.analytics.breakdown.bottleneck import BudgetClass
+from perfd.analytics.breakdown.budget import StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.provenance import Cited
