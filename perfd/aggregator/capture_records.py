@@ -30,7 +30,7 @@ from perfd.report.bottleneck_text import vote_reason
 from perfd.typed import obj, objs
 
 
-def findings_of(got: Any) -> list[Finding]:
+def findings_of(got: object) -> list[Finding]:
     """Findings read back from their JSON (the state store's load); one that is not one is left out."""
     out = []
     for f in got if isinstance(got, list) else []:
@@ -126,7 +126,7 @@ class Decided:
         return {"rank": self.rank, "device": self.device}
 
     @classmethod
-    def from_json(cls, d: Any, result: CaptureResult | None) -> Decided | None:
+    def from_json(cls, d: object, result: CaptureResult | None) -> Decided | None:
         """Back from :meth:`to_json` (the state store's load), its devices from the record's result."""
         if not isinstance(d, Mapping) or not isinstance(d.get("device"), int) or "rank" not in d:
             return None
@@ -253,8 +253,8 @@ class NcuRows:
     the timeline's capture id)."""
 
     capture_id: str = ""
-    categories: tuple[Mapping[str, Any], ...] = ()
-    kernels: tuple[Mapping[str, Any], ...] = ()
+    categories: tuple[Mapping[str, object], ...] = ()
+    kernels: tuple[Mapping[str, object], ...] = ()
 
 
 def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
@@ -266,7 +266,7 @@ def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
         for part in c.result.ranks.values():
             if part.ncu_categories:
                 # how the profiled kernels were chosen (by time or not) goes with each summary
-                extra: dict[str, Any] = {"kernel_choice": part.ncu_kernel_choice} \
+                extra: dict[str, object] = {"kernel_choice": part.ncu_kernel_choice} \
                     if part.ncu_kernel_choice is not None else {}
                 if part.ncu_coverage is not None:  # what the profiled launches were (by launch)
                     extra["coverage"] = part.ncu_coverage
