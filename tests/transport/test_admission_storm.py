@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import multiprocessing as mp
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -31,6 +32,7 @@ from tests.procs import load_per_cpu
 
 AGENTS = 200
 HELLO_COST_S = 0.025
+STARVED = 2.0  # the server's loop this many times its lag limit late: its process was starved of CPU
 
 
 def _burn(seconds: float) -> None:
@@ -77,8 +79,25 @@ def _serve(pipe: Connection) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.slow
-def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() -> None:
+@dataclass
+class _Storm:
+    """What one storm gave: the agents, how long they took to get in, the server's figures (its loop's
+    largest lag, its overload refusals, the streams it opened, the refusals made with the lag within its
+    limit) and what the agents read (the refusals, their hints, each agent's hints with when it read
+    them)."""
+
+    clients: list[AgentClient]
+    took: float
+    lag: float
+    refused: int
+    opened: int
+    lag_within: int
+    hints: list[float]
+    read: list[BaseException]
+    said: dict[str, list[tuple[float, float]]]
+
+
+def _storm() -> _Storm:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
@@ -122,6 +141,22 @@ def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() 
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+    return _Storm(clients, took, lag, refused, opened, lag_within, hints, read, said)
+
+
+@pytest.mark.slow
+def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() -> None:
+    st = _storm()
+    if st.refused == 0 and st.lag > STARVED * L.Limits().max_loop_lag_s:
+        # The server's process was starved (a full suite on 2 CPUs once held its loop 19 s late: all 200
+        # streams had been admitted before any sign could show, and none was refused): the storm says
+        # nothing of admission then. Once more, its figures printed; a second starved storm fails below.
+        print(f"FIGURES connect storm starved: loop lag {st.lag:.1f} s, no refusal, load "
+              f"{load_per_cpu():.1f} per CPU: once more")
+        st = _storm()
+    clients, took, lag, refused, opened, lag_within = (st.clients, st.took, st.lag, st.refused, st.opened,
+                                                       st.lag_within)
+    hints, read, said = st.hints, st.read, st.said
     refused_agents = sum(1 for c in clients if c.reconnects)
     # The figures whatever came of the storm, the machine's load with them: a CI run under a load of
     # 5 per CPU read no hint at all, and the line that said so raised on min() of nothing instead.
