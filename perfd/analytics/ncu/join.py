@@ -108,7 +108,7 @@ def short_name(name: str, width: int = 60) -> str:
 
 @dataclass(frozen=True)
 class TimelineKernel:
-    """One row of a capture's ``top_kernels`` (perfd.capture.analysis device JSON)."""
+    """One of a captured device's top kernels (perfd.analytics.breakdown.device_breakdown.KernelStat)."""
 
     name: str
     total_ms: float
@@ -234,7 +234,7 @@ def _weighted(rows: Sequence[JoinedKernel], attr: str) -> float | None:
 def summarize(joined: Sequence[JoinedKernel], categories: Mapping[str, float] | None = None
               ) -> list[CategorySummary]:
     """Per category of the profiled kernels, largest captured (else profiled) time first.
-    ``categories``: the capture's category → share of its kernel time (device JSON ``categories``)."""
+    ``categories``: the capture's category → share of its kernel time (DeviceBreakdown.categories())."""
     by: dict[tuple[str | None, str], list[JoinedKernel]] = {}
     for j in joined:
         by.setdefault((j.part, j.category), []).append(j)
