@@ -26,10 +26,9 @@ from perfd.analytics.breakdown.advice_registry import (
     ncu_classes,
     short_name,
 )
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.budget import (
     NO_FLOPS,
-    BudgetClass,
     PartDetail,
     Source,
     StepBudget,

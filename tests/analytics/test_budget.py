@@ -22,9 +22,8 @@ from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Advice, Framework
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.breakdown.advice_registry import GradeBasis
-from perfd.analytics.breakdown.bottleneck import BottleneckClass
+from perfd.analytics.breakdown.bottleneck import BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.budget import (
-    BudgetClass,
     FlopsContext,
     StepBudget,
     TimerShares,

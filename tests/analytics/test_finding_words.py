@@ -69,8 +69,9 @@ def test_the_facts_hold_no_sentences() -> None:
     """Each facts type of the findings moved to the report's words: a field that may hold text is a name
     (a timer's, the job's, the step source's, a schedule policy), never a sentence."""
     from perfd.analytics.advice.capture_findings import SlowerFacts
+    from perfd.analytics.breakdown.bottleneck import RowsWhy
     from perfd.analytics.collectives import collective_facts
-    from perfd.analytics.ncu.ncu_verdicts import PartVerdict, RowsWhy
+    from perfd.analytics.ncu.ncu_verdicts import PartVerdict
     from perfd.analytics.run import run_facts
     from perfd.analytics.serving import serving_facts
 

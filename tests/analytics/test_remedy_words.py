@@ -167,7 +167,7 @@ def test_the_budgets_class_is_typed_and_worded_in_the_report() -> None:
     budget's class finding, the MFU grade explained by it); where the step goes, said by the classes'
     short names, is perfd.report.budget_text's."""
     from perfd.analytics.breakdown.bottleneck import BottleneckClass as B
-    from perfd.analytics.breakdown.budget import BudgetClass
+    from perfd.analytics.breakdown.bottleneck import BudgetClass
     from perfd.analytics.run.run_grade import GradeExplanation
     from perfd.report.budget_text import class_shares_text, class_text
 
