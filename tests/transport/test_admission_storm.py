@@ -147,12 +147,15 @@ def _storm() -> _Storm:
 @pytest.mark.slow
 def test_a_connect_storm_is_refused_with_a_retry_hint_and_every_agent_gets_in() -> None:
     st = _storm()
-    if st.refused == 0 and st.lag > STARVED * L.Limits().max_loop_lag_s:
-        # The server's process was starved (a full suite on 2 CPUs once held its loop 19 s late: all 200
-        # streams had been admitted before any sign could show, and none was refused): the storm says
-        # nothing of admission then. Once more, its figures printed; a second starved storm fails below.
-        print(f"FIGURES connect storm starved: loop lag {st.lag:.1f} s, no refusal, load "
-              f"{load_per_cpu():.1f} per CPU: once more")
+    starved = st.refused == 0 and st.lag > STARVED * L.Limits().max_loop_lag_s
+    if starved or st.opened > AGENTS:
+        # The machine's other processes held the CPUs: the server's process starved (a full suite on 2
+        # CPUs once held its loop 19 s late: all 200 streams admitted before any sign could show, none
+        # refused), or the admitted agents' Hellos timed out and they opened streams again (a CI run at
+        # 4.5 per CPU: 267 streams for 200 agents). The storm says nothing of admission then. Once more,
+        # its figures printed; a second such storm fails below.
+        print(f"FIGURES connect storm on a loaded machine: loop lag {st.lag:.1f} s, {st.refused} refusals, "
+              f"{st.opened} streams opened, load {load_per_cpu():.1f} per CPU: once more")
         st = _storm()
     clients, took, lag, refused, opened, lag_within = (st.clients, st.took, st.lag, st.refused, st.opened,
                                                        st.lag_within)
