@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from perfd.analytics import thresholds as th
+
 ROOT = Path(__file__).resolve().parents[1]
 PERFD = [sys.executable, "-m", "perfd.cli"]
 # What a poll of a process still starting may raise: no answer yet, a half-written file, a key that
@@ -99,6 +101,10 @@ PROGRESS_CAP = 4  # wait_for with progress: at most this many times its timeout 
 # are no longer what contends with it: one suite on this 2-CPU machine runs at ~3 per CPU, two suites at
 # once at 6-7, where every other test's processes share the job's CPU as much as each burner does.
 BUSY_LOAD_PER_CPU = 4.5
+# Rank 0's CPU wait before a test's six burners share its CPU, past which they cannot raise it by
+# thresholds.STEADY_MARGIN (six burners on its CPU leave it ~6/7 of the time waiting at most): then the
+# other tests' processes already contend with it as much, and the burners are not what is named.
+STEADY_WAIT_TOO_HIGH = 0.85 - th.STEADY_MARGIN.value
 
 
 def load_per_cpu() -> float:

@@ -145,17 +145,23 @@ def test_the_state_stays_under_state_max_mib_and_a_restart_replays_no_more(tmp_p
         commits = st["state_store_commits"]  # the pruning is durable once a later tick committed
         wait_for(lambda: get_json(base + "/api/stats")["transport"]["state_store_commits"] > commits + 1, 30,
                  "two more commits", ignore=NOT_YET)
-        size = sum(f.stat().st_size for f in (tmp_path / "state").iterdir())
+        files = {f.name: f.stat().st_size for f in (tmp_path / "state").iterdir()}
+        size = sum(files.values())
         _grpc, base = kill9_and_restart(procs, args)
         got = restored(procs)
+        after = {f.name: f.stat().st_size for f in (tmp_path / "state").iterdir()}
         print(f"FIGURES state cap: --state-max-mib 4 after ~30 MB of batches: "
               f"{st['state_store_held_bytes'] / 1e6:.1f} MB held ({st['state_store_pruned_for_bytes']} "
               f"batches pruned for bytes), files "
-              f"{size / 1e6:.1f} MB; the restart replayed {got['batches']} batches in {got.get('ms')} ms")
+              f"{size / 1e6:.1f} MB {files}; the restart replayed {got['batches']} batches in "
+              f"{got.get('ms')} ms, "
+              f"files then {after}")
         assert st["state_store_pruned_for_bytes"] > 200
         # The same on /metrics (the restarted aggregator's), for an alert on how full the journal is.
         text = http_get(base + "/metrics").decode()
         gauges = dict(re.findall(r"^(perfd_aggregator_state_(?:held|max)_bytes) (\S+)$", text, re.M))
         assert float(gauges["perfd_aggregator_state_max_bytes"]) == 4 << 20
-        assert 0 < float(gauges["perfd_aggregator_state_held_bytes"]) <= 4 << 20
+        # The restart cuts back what the kill left (its write-ahead log, a pruning's free pages): a CI run
+        # read 5.1 MB of files for the 30 batches (3 MB) it replayed until the next checkpoint.
+        assert 0 < float(gauges["perfd_aggregator_state_held_bytes"]) <= 4 << 20, (files, after)
         assert got["batches"] <= 45  # ~4 MB of ~100 KB batches

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from perfd.analytics import thresholds as th
 from tests.host.cgroups import CpuQuota, cpu_quota_cgroup
 from tests.procs import (
     BUSY_LOAD_PER_CPU,
+    STEADY_WAIT_TOO_HIGH,
     Procs,
     WaitTimeout,
     get_json,
@@ -44,9 +44,6 @@ JOB = "hostjob"
 # The loop's --duration: a cap only (each test ends it at its teardown), never a budget that a loaded
 # machine's slower steps overrun before the test has seen what it waits for (issue 37).
 LOOP_CAP_S = "600"
-# Rank 0's CPU wait before the burners past which they cannot raise it by thresholds.STEADY_MARGIN
-# (six burners on its CPU leave it ~6/7 of the time waiting at most).
-STEADY_WAIT_TOO_HIGH = 0.85 - th.STEADY_MARGIN.value
 BURN_CAP_S = "300"  # a burner's own end, should the test that started it not stop it
 BURN = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
         "end = time.time() + float(sys.argv[2])\nwhile time.time() < end:\n    pass\n")

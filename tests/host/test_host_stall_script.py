@@ -7,13 +7,14 @@ written as they happened and the summary files at the end."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.procs import BUSY_LOAD_PER_CPU, ROOT, load_per_cpu, run_env
+from tests.procs import BUSY_LOAD_PER_CPU, ROOT, STEADY_WAIT_TOO_HIGH, load_per_cpu, run_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")]
 
@@ -43,17 +44,32 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
     # reads it, which its check does not take (closed, or a level shift). What is required then is what
     # the script itself does: the stall seen, the state read, the stack taken, the save left alone.
     busy = load >= BUSY_LOAD_PER_CPU
+    # Rank 0's CPU wait before the burners, as the polls read it: where the other tests' processes already
+    # kept it waiting most of the time, six more on its CPU cannot raise it by the margin over steady
+    # state that names them (test_host_live's gate too). A CI run at load 4.3 per CPU named none.
+    waits = [float(h["wait_ratio"]) for p in polls if not p.get("burning") and not p.get("stopped")
+             and p["t"] < min([q["t"] for q in polls if q.get("burning")] or [float("inf")])
+             for h in p.get("rank_hosts") or [] if h.get("rank") == 0 and h.get("wait_ratio") is not None]
+    steady = statistics.median(waits) if waits else None
+    contended = steady is not None and steady >= STEADY_WAIT_TOO_HIGH
     if not busy:
-        must += ["contention_names_a_burner", "not_data_loading", "cause_after_is_stopped"]
+        must += ["cause_after_is_stopped"]
+    if not busy and not contended:
+        must += ["contention_names_a_burner", "not_data_loading"]
     else:
-        print(f"load average up to {load:.1f} per CPU: the burners' naming and the incident after the stop "
-              f"not required here (the incident after: {c['stall_incident_after']})")
+        print(f"load average up to {load:.1f} per CPU, rank 0's CPU wait before the burners {steady}: the "
+              f"burners' naming not required here (contention named: {c.get('contention_cause')})")
+    if busy:
+        print(f"the incident after the stop not required here (the incident after: "
+              f"{c['stall_incident_after']})")
     failed = [k for k in must if not c[k]]
     # The incident after the stop first: pytest cuts a long message, and the stacks are long.
     shown = ("stall_incident_after", "stalled_seen_s_after_sigstop", "stalled_seen_by_poll_s",
              "state_stopped_read_at_t", "stalled_polls_during_saves", "saves", "loop_ended",
-             "stall_incident_read", "stall_incidents_last_poll", "stall_incidents_final")
-    assert not failed, f"{failed} (load up to {load:.1f} per CPU): " \
+             "stall_incident_read", "stall_incidents_last_poll", "stall_incidents_final", "contention_cause",
+             "verdicts_while_burning", "burn_slowdown")
+    assert not failed, f"{failed} (load up to {load:.1f} per CPU, rank 0's CPU wait before the burners " \
+                       f"{waits}): " \
                        f"{json.dumps({k: c.get(k) for k in shown}, default=str)}; the final reads' errors: " \
                        f"{res.get('read_errors')}"
     cost = c["cost_vs_stop"]
