@@ -118,3 +118,14 @@ def settle_version(db: sqlite3.Connection, path: Path) -> int:
     if found < SCHEMA_VERSION:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     return found
+
+
+def cut_back(db: sqlite3.Connection) -> None:
+    """Give back what a kill -9 left in the files: its write-ahead log (recovered at open, not yet
+    checkpointed) and the free pages of a pruning it did not vacuum, so that a restart starts at its
+    data's size (seen: 5.1 MB of files for 3 MB of data under a 4 MB cap, read on /metrics until the
+    next checkpoint). Raises sqlite3.OperationalError where the disk is full."""
+    if int(db.execute("PRAGMA freelist_count").fetchone()[0]):
+        # One executescript steps the pragma to its end (through execute() it frees one page a call).
+        db.executescript("PRAGMA incremental_vacuum;")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()

@@ -56,6 +56,7 @@ from perfd.aggregator.state_schema import (
     SCHEMA_VERSION,
     TABLES,
     StoreError,
+    cut_back,
     migrate,
     refuse_newer,
     settle_version,
@@ -133,14 +134,8 @@ class StateStore:
                 # cap it was kept under).
                 self._db.execute("VACUUM")
                 log.info("state store: %s converted to incremental vacuum", self.path)
-            # What a kill -9 left behind: its write-ahead log (recovered, not yet checkpointed) and the
-            # free pages of a pruning it did not vacuum. A restart starts at its data's size, not at the
-            # files' size then (seen: 5.1 MB of files for 3 MB of data under a 4 MB cap, read on /metrics
-            # until the next checkpoint).
             try:
-                if int(self._db.execute("PRAGMA freelist_count").fetchone()[0]):
-                    self._db.executescript("PRAGMA incremental_vacuum;")
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                cut_back(self._db)
             except sqlite3.OperationalError as exc:  # a full disk: the state is whole, only larger
                 log.warning("state store: %s: its files could not be cut back at start (%s)", self.path, exc)
             self._durable_seqs = self._read_seqs()
@@ -343,21 +338,15 @@ class StateStore:
                     + sum(self._info_bytes.values()) + sum(self._doc_bytes.values())
                     + sum(self._seq_bytes.values()))
 
-    def _wal_bytes(self) -> int:
+    def _file_bytes(self, suffix: str) -> int:
         try:
-            return (self.dir / f"{self.path.name}-wal").stat().st_size
+            return (self.dir / f"{self.path.name}{suffix}").stat().st_size
         except OSError:
             return 0
 
     def disk_bytes(self) -> int:
         """What the state's files take on disk now: the database, its write-ahead log and index."""
-        total = 0
-        for suffix in ("", "-wal", "-shm"):
-            try:
-                total += (self.dir / f"{self.path.name}{suffix}").stat().st_size
-            except OSError:
-                continue
-        return total
+        return sum(self._file_bytes(suffix) for suffix in ("", "-wal", "-shm"))
 
     def budget(self) -> int:
         """The logical bytes the pruning keeps the state under: the cap less the write-ahead log's
@@ -455,7 +444,7 @@ class StateStore:
                     self.shrinks += 1
                 # The log is cut back to WAL_LIMIT_BYTES only when it starts over, after a checkpoint;
                 # the ingest's large transactions grow it past that (1.7 MB seen under a 4 MB cap).
-                if free or self._wal_bytes() > WAL_LIMIT_BYTES:
+                if free or self._file_bytes("-wal") > WAL_LIMIT_BYTES:
                     self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 pages = int(self._db.execute("PRAGMA page_count").fetchone()[0]) - int(
                     self._db.execute("PRAGMA freelist_count").fetchone()[0])
