@@ -23,6 +23,13 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.capture_match import CaptureMatch
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.breakdown.ncu_rows import (
+    CategorySummary,
+    Coverage,
+    JoinedKernel,
+    KernelChoiceNote,
+    NcuCategory,
+)
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost
 from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
@@ -44,26 +51,27 @@ def findings_of(got: object) -> list[Finding]:
 @dataclass(frozen=True)
 class RankReport:
     """One rank's part of a capture's report: its device breakdowns (None: the part holds no list of
-    them) and its Nsight Compute rows, as the agent's event carried them (perfd.capture.ncu_capture
+    them) and its Nsight Compute rows, read from the agent's event (perfd.capture.ncu_capture
     .event_rows): the category summaries, the joined kernel rows, the timeline capture they were joined
     to, how the kernels were chosen and what the profiled launches covered."""
 
     devices: tuple[DeviceBreakdown, ...] | None = None
-    ncu_categories: tuple[Mapping[str, object], ...] = ()
-    ncu_kernels: tuple[Mapping[str, object], ...] = ()
-    ncu_joined_to: object = None
-    ncu_kernel_choice: Mapping[str, object] | None = None
-    ncu_coverage: Mapping[str, object] | None = None
+    ncu_categories: tuple[CategorySummary, ...] = ()
+    ncu_kernels: tuple[JoinedKernel, ...] = ()
+    ncu_joined_to: str | None = None
+    ncu_kernel_choice: KernelChoiceNote | None = None
+    ncu_coverage: Coverage | None = None
 
     @classmethod
     def of(cls, part: object) -> RankReport:
         p = obj(part)
-        devices = p.get("devices")
-        choice, cov = p.get("ncu_kernel_choice"), p.get("ncu_coverage")
+        devices, joined_to, cov = p.get("devices"), p.get("ncu_joined_to"), p.get("ncu_coverage")
         return cls(devices_of(devices) if isinstance(devices, list) else None,
-                   tuple(objs(p.get("ncu_categories"))), tuple(objs(p.get("ncu_kernels"))),
-                   p.get("ncu_joined_to"), choice if isinstance(choice, Mapping) else None,
-                   cov if isinstance(cov, Mapping) else None)
+                   tuple(c for d in objs(p.get("ncu_categories")) if (c := CategorySummary.from_json(d))),
+                   tuple(k for d in objs(p.get("ncu_kernels")) if (k := JoinedKernel.from_json(d))),
+                   joined_to if isinstance(joined_to, str) else None,
+                   KernelChoiceNote.from_json(p.get("ncu_kernel_choice")),
+                   Coverage.from_json(cov) if isinstance(cov, Mapping) else None)
 
 
 @dataclass(frozen=True)
@@ -248,13 +256,13 @@ class CaptureRecord:
 @dataclass(frozen=True)
 class NcuRows:
     """A job's latest finished Nsight Compute capture, as the budget reads it: its id, its per-category
-    summaries (perfd.analytics.ncu.join.CategorySummary JSON, with how the kernels were chosen) and its
-    joined kernel rows (JoinedKernel JSON as the capture's event carries them, each with ``joined_to``:
-    the timeline's capture id)."""
+    summaries (each with how the kernels were chosen and what the range covered), its joined kernel
+    rows and the timeline capture they were joined to."""
 
     capture_id: str = ""
-    categories: tuple[Mapping[str, object], ...] = ()
-    kernels: tuple[Mapping[str, object], ...] = ()
+    categories: tuple[NcuCategory, ...] = ()
+    kernels: tuple[JoinedKernel, ...] = ()
+    joined_to: str | None = None
 
 
 def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
@@ -265,14 +273,9 @@ def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
             continue
         for part in c.result.ranks.values():
             if part.ncu_categories:
-                # how the profiled kernels were chosen (by time or not) goes with each summary
-                extra: dict[str, object] = {"kernel_choice": part.ncu_kernel_choice} \
-                    if part.ncu_kernel_choice is not None else {}
-                if part.ncu_coverage is not None:  # what the profiled launches were (by launch)
-                    extra["coverage"] = part.ncu_coverage
-                # the timeline's capture: each row says it
-                rows = [{**k, "joined_to": part.ncu_joined_to} for k in part.ncu_kernels]
-                return NcuRows(c.id, tuple({**x, **extra} for x in part.ncu_categories), tuple(rows))
+                cats = tuple(NcuCategory(x, c.id, part.ncu_kernel_choice, part.ncu_coverage)
+                             for x in part.ncu_categories)
+                return NcuRows(c.id, cats, part.ncu_kernels, part.ncu_joined_to)
     return NcuRows()
 
 

@@ -116,11 +116,12 @@ class ClassInputs:
         if ncu.categories:
             if timeline is not None:
                 timeline = dataclasses.replace(timeline, ncu=ncu.categories, ncu_id=ncu.capture_id,
-                                               ncu_kernels=ncu.kernels)
+                                               ncu_kernels=ncu.kernels, ncu_joined_to=ncu.joined_to)
             else:  # the rows class the job when they cover most of its compute
-                cls, why, _ = rows_class(ncu.categories, self.compute_ms(job))
+                cls, why, _ = rows_class([c.summary for c in ncu.categories], self.compute_ms(job))
                 timeline = TimelineClass(cls, why, f"capture {ncu.capture_id} (ncu)",
-                                         ncu=ncu.categories, ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels)
+                                         ncu=ncu.categories, ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels,
+                                         ncu_joined_to=ncu.joined_to)
         ov = self.jobs.overview(job)
         age = ov.get("last_step_age_s") if ov else None
         running = age is None or age <= stale_after(None, self.stale_after_s())

@@ -16,8 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfd.analytics.breakdown.ncu_rows import Phase
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.ncu.launches import LaunchTimeline, Phase, StepMarks, TimelineLaunch, assign_layers
+from perfd.analytics.ncu.launches import LaunchTimeline, StepMarks, TimelineLaunch, assign_layers
 from perfd.capture.analysis import TraceData
 from perfd.capture.ops import RangeKind, attribute
 from perfd.capture.timeline_events import KernelEvent

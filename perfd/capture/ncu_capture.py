@@ -26,16 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from perfd.analytics.breakdown.job_budget import captured_iterations
+from perfd.analytics.breakdown.ncu_rows import Coverage, JoinedKernel, MatchHow
 from perfd.analytics.ncu import join as ncu_join
-from perfd.analytics.ncu.launches import (
-    Coverage,
-    MatchHow,
-    align,
-    coverage,
-    group_key,
-    join_launches,
-    op_group,
-)
+from perfd.analytics.ncu.launches import align, coverage, group_key, join_launches, op_group
 from perfd.capture import ncu_report as ncu_mod
 from perfd.capture.analysis import TraceData
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
@@ -255,7 +248,7 @@ class NcuCapture:
 
 def by_launch(report: ncu_mod.NcuReport, trace: Path | TraceData | None, kernel_filter: str | None, skip: int,
               steps: float | None, device: object = None
-              ) -> tuple[list[ncu_join.JoinedKernel] | None, Coverage | None]:
+              ) -> tuple[list[JoinedKernel] | None, Coverage | None]:
     """The report's rows by the op each launch was, matched launch by launch to the timeline's trace
     (perfd.analytics.ncu.launches), and what they cover; (None, None) without a trace to read, (None,
     the coverage saying so) when no launch matched. ``trace``: a file, or its events already read."""

@@ -16,7 +16,8 @@ from perfd import limits as L
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
-    from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, TimelineKernel
+    from perfd.analytics.breakdown.ncu_rows import CategorySummary, JoinedKernel
+    from perfd.analytics.ncu.join import TimelineKernel
     from perfd.analytics.ncu.launches import LayerWindow
     from perfd.capture.analysis import TraceData
     from perfd.capture.ncu_exec import NcuOptions

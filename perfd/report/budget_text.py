@@ -76,30 +76,29 @@ def ncu_text(p: BudgetPart) -> str:
     """What an Nsight Compute capture measured of the part's kernels (perfd.analytics.ncu.join
     summaries in the part's ``ncu`` detail): speed of light and the class NVIDIA's rule gives them."""
     out = []
-    for c in p.detail.get("ncu") or []:
-        if not isinstance(c, Mapping):
-            continue
+    for row in p.ncu or ():
+        c = row.summary
         figs = [
             f"{label} {float(v):.0%}"
-            for label, key in (
-                ("compute SOL", "compute_throughput"),
-                ("memory SOL", "memory_throughput"),
-                ("DRAM", "dram_throughput"),
-                ("tensor pipe", "tensor_pipe"),
-                ("occupancy", "achieved_occupancy"),
+            for label, v in (
+                ("compute SOL", c.compute_throughput),
+                ("memory SOL", c.memory_throughput),
+                ("DRAM", c.dram_throughput),
+                ("tensor pipe", c.tensor_pipe),
+                ("occupancy", c.achieved_occupancy),
             )
-            if isinstance(v := c.get(key), (int, float))
+            if v is not None
         ]
-        bound = f"; mostly {c['bound']}" if c.get("bound") else ""
-        stall = f"; top stall {c['top_stall']}" if c.get("top_stall") else ""
+        bound = f"; mostly {c.bound.value}" if c.bound else ""
+        stall = f"; top stall {c.top_stall}" if c.top_stall else ""
         out.append(
-            f"{c.get('category')} ({c.get('kernels')} kernel(s)): {', '.join(figs) or 'no figures'}"
+            f"{c.category} ({c.kernels} kernel(s)): {', '.join(figs) or 'no figures'}"
             f"{bound}{stall}"
         )
     return (
         (
             "Nsight Compute"
-            + (f" (capture {p.detail['ncu'][0].get('capture')})" if out else "")
+            + (f" (capture {p.ncu[0].capture})" if out and p.ncu else "")
             + ": "
             + "; ".join(out)
         )

@@ -8,12 +8,11 @@ perfd.analytics.advice.budget_findings.part_name.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from html import escape
 
 from perfd.analytics.advice.budget_findings import part_name
 from perfd.analytics.breakdown.budget import StepBudget
-from perfd.analytics.breakdown.kernel_rows import figure
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.report import ncu_view
 from perfd.report.budget_text import part_title
@@ -121,24 +120,23 @@ NCU_ROWS = 3  # the Nsight Compute categories shown beside a part, most profiled
 
 
 def ncu_rows(budget: StepBudget) -> dict[Part, list[str]]:
-    """Per part, the Nsight Compute category summaries on it (perfd.analytics.ncu.join JSON in the
-    part's ``ncu`` detail) as lines: the kernels, their time-weighted compute and memory speed of light,
-    tensor pipe and the class NVIDIA's rule gives most of their time."""
+    """Per part, the Nsight Compute category summaries on it (BudgetPart.ncu) as lines: the kernels,
+    their time-weighted compute and memory speed of light, tensor pipe and the class NVIDIA's rule
+    gives most of their time."""
     out: dict[Part, list[str]] = {}
     for p in budget.parts:
         part = p.part
-        cats = [c for c in p.detail.get("ncu") or [] if isinstance(c, Mapping)]
-        cats.sort(key=lambda c: -(figure(c, "profiled_ms") or 0.0))
-        for c in cats[:NCU_ROWS]:
-            figs = ", ".join(f"{label} {float(v):.0%}" for label, key in (
-                ("compute SOL", "compute_throughput"), ("memory SOL", "memory_throughput"),
-                ("tensor", "tensor_pipe")) if isinstance(v := c.get(key), (int, float)))
-            choice = c.get("kernel_choice")
-            chosen = choice.get("text") if isinstance(choice, Mapping) else None
+        rows = sorted(p.ncu or (), key=lambda r: -float(r.summary.profiled_ms))
+        for row in rows[:NCU_ROWS]:
+            c = row.summary
+            figs = ", ".join(f"{label} {float(v):.0%}" for label, v in (
+                ("compute SOL", c.compute_throughput), ("memory SOL", c.memory_throughput),
+                ("tensor", c.tensor_pipe)) if v is not None)
+            chosen = row.kernel_choice.text if row.kernel_choice is not None else None
             out.setdefault(part, []).append(
-                f"{c.get('category')} ({c.get('kernels')} kernel(s)): {figs or 'no figures'}"
-                + (f", mostly {c['bound']}" if c.get("bound") else "")
-                + (f" (capture {c['capture']})" if c.get("capture") else "")
+                f"{c.category} ({c.kernels} kernel(s)): {figs or 'no figures'}"
+                + (f", mostly {c.bound.value}" if c.bound else "")
+                + (f" (capture {row.capture})" if row.capture else "")
                 + (f"; kernels chosen {chosen}" if chosen else ""))
     return out
 

@@ -1,5 +1,5 @@
 """The Nsight Compute verdicts and coverage as they read (issue 57): what the profiled launches were
-(perfd.analytics.ncu.launches.Coverage, in a sentence), and each verdict's finding and recommendation
+(perfd.analytics.breakdown.ncu_rows.Coverage, in a sentence), and each verdict's finding and recommendation
 (perfd.analytics.ncu.ncu_verdicts.NcuFinding, NcuRecommendation: the PartVerdict) with its title,
 observation, action, detail and its evidence's coverage sentence. Pure."""
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.bottleneck import RowsWhy
 from perfd.analytics.breakdown.kernel_rows import RowVerdict
+from perfd.analytics.breakdown.ncu_rows import Coverage, MatchHow, Phase
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.ncu.launches import Coverage, MatchHow, Phase
 from perfd.analytics.ncu.ncu_verdicts import NcuFinding, NcuRecommendation, PartVerdict
 
 

@@ -9,7 +9,6 @@ written here, from their values. A figure the row does not have is left out (tex
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
 from html import escape
 
 from perfd.analytics.advice.budget_findings import part_name
@@ -18,7 +17,6 @@ from perfd.analytics.breakdown.kernel_rows import KernelRow, Reading, RowVerdict
 from perfd.analytics.breakdown.ncu_kernels import MatchKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import short_name
-from perfd.analytics.ncu.launches import Coverage
 from perfd.analytics.thresholds import NCU_TENSOR_IDLE
 from perfd.report.ncu_text import coverage_text
 
@@ -92,11 +90,9 @@ def coverage_line(budget: StepBudget | None) -> str:
     """What the Nsight Compute capture on the budget profiled (its coverage, matched launch by launch):
     "" when it says nothing of it."""
     for p in budget.parts if budget is not None else ():
-        for c in p.detail.get("ncu") or []:
-            got = c.get("coverage") if isinstance(c, Mapping) else None
-            cov = Coverage.from_json(got) if isinstance(got, Mapping) else None
-            if cov is not None:
-                return f"Nsight Compute (capture {c.get('capture') or '?'}): {coverage_text(cov)}"
+        for c in p.ncu or ():
+            if c.coverage is not None:
+                return f"Nsight Compute (capture {c.capture or '?'}): {coverage_text(c.coverage)}"
     return ""
 
 

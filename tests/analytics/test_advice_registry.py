@@ -35,6 +35,7 @@ from perfd.analytics.breakdown.budget import (
     classify,
     finish,
 )
+from perfd.analytics.breakdown.ncu_rows import CategorySummary
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
@@ -112,8 +113,9 @@ def test_each_class_is_the_budget_class_its_parts_make(entry: ClassEntry) -> Non
 @pytest.mark.parametrize("entry", [c for c in CLASSES if c.ncu_bound is not None], ids=lambda c: c.cls.value)
 def test_each_ncu_bound_votes_for_its_class(entry: ClassEntry) -> None:
     assert entry.ncu_bound is not None
-    cats = [{"profiled_ms": 9.0, "bound_ms": {entry.ncu_bound.value: 9.0}}]
-    assert rows_class(cats, 10.0)[0] is entry.cls
+    cat = CategorySummary.from_json({"category": "gemm", "profiled_ms": 9.0,
+                                     "bound_ms": {entry.ncu_bound.value: 9.0}})
+    assert cat is not None and rows_class([cat], 10.0)[0] is entry.cls
 
 
 @pytest.mark.parametrize("entry", PARTS, ids=lambda p: p.part.value)

@@ -32,6 +32,7 @@ from perfd.analytics.breakdown.budget import (
 )
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
+from perfd.analytics.breakdown.ncu_rows import NcuCategory
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
@@ -282,13 +283,13 @@ def test_an_ncu_capture_adds_its_kernel_figures_to_the_budget_parts() -> None:
     report = parse_csv((ncu_dir / "h100_full_4gemm_details.csv").read_text())
     dev = analyze_chrome_trace(BIG).device(0)
     joined = ncu_join.join(report.kernels, ncu_join.timeline_kernels(dev))
-    cats = [c.to_json() for c in ncu_join.summarize(joined, dev.categories())]
-    assert any(c["category"] == "gemm" for c in cats)
+    cats = [NcuCategory(c) for c in ncu_join.summarize(joined, dev.categories())]
+    assert any(c.summary.category == "gemm" for c in cats)
     b = from_capture(dev, 3, fl=FlopsContext(200.1e12 * 0.7073, 989.0, 790.0))  # the job's FLOPs per step
     assert b is not None
     nb = with_ncu(b, cats, "ncu1")
     gemm = nb.get(Part.GEMM)
-    assert gemm is not None and gemm.detail["ncu"][0]["capture"] == "ncu1"
+    assert gemm is not None and gemm.ncu and gemm.ncu[0].capture == "ncu1"
     assert "compute SOL" in ncu_text(gemm) and "Nsight Compute (capture ncu1)" in ncu_text(gemm)
     assert sum(p.ms for p in nb.parts) == pytest.approx(b.step_ms)  # the figures change no time
     fs, _ = analyze(BudgetContext(nb, Framework.MEGATRON))

@@ -13,6 +13,7 @@ from perfd.aggregator.capture_records import CaptureResult
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
+from perfd.analytics.breakdown.ncu_kernels import MatchKind
 from perfd.capture.bookkeeping import device_summary
 from perfd.model import CaptureFailure
 from tests.trace_cache import analyze_chrome_trace
@@ -66,6 +67,9 @@ def test_a_capture_result_is_read_once_typed_and_kept_as_it_came() -> None:
     assert r.cause is CaptureFailure.NOT_READY
     assert [d.span_ms for d in r.devices("0")] == [5.0] and r.devices("1") == () and r.devices("2") == ()
     assert r.ranks["1"].devices is None  # no list of devices: not an empty one
-    assert r.ranks["0"].ncu_kernels == ({"name": "k"},) and r.ranks["0"].ncu_joined_to == "c1"
+    (k,) = r.ranks["0"].ncu_kernels  # the row that is not an object left out
+    assert k.kernel.name == "k" and k.kernel.invocations == 0 and k.match is MatchKind.NONE
+    assert r.ranks["0"].ncu_joined_to == "c1"
+    assert [c.category for c in r.ranks["0"].ncu_categories] == ["gemm"]
     bad = CaptureResult.of({"ranks": [1], "range_held_s": -1.0, "artifact_bytes": True})
     assert bad.ranks == {} and bad.range_held_s is None and bad.artifact_bytes is None and bad.cause is None

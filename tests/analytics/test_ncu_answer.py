@@ -21,6 +21,7 @@ from perfd.aggregator.http import job_summary
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
 from perfd.model import JobInfo, StepRecord
@@ -248,7 +249,8 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
 def test_verdicts_by_the_ceilings(category: str, figs: dict[str, Any], verdict: str | None) -> None:
     from perfd.analytics.breakdown.kernel_rows import verdict_of
 
-    got = verdict_of(category, figs)
+    got = verdict_of(category, figs.get("compute_throughput"), figs.get("dram_throughput"),
+                     figs.get("tensor_pipe"), KernelBound(figs["bound"]) if "bound" in figs else None)
     assert (got.value if got is not None else None) == verdict
 
 
@@ -270,11 +272,15 @@ def test_the_budget_view_shows_the_rows_beside_their_part() -> None:
 
 def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> None:
     from perfd.analytics.breakdown.bottleneck import BottleneckClass
+    from perfd.analytics.breakdown.ncu_rows import CategorySummary
     from perfd.analytics.ncu.ncu_verdicts import rows_class
     from perfd.report.ncu_text import rows_class_text
 
-    cats = json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]
-    profiled = sum(c["profiled_ms"] for c in cats)  # 2.5 ms of the H100 range's 12 kernels
+    got = [CategorySummary.from_json(c)
+           for c in json.loads((EVIDENCE.parent / "ncu_kernels.json").read_text())["categories"]]
+    cats = [c for c in got if c is not None]
+    assert len(cats) == len(got)
+    profiled = sum(c.profiled_ms for c in cats)  # 2.5 ms of the H100 range's 12 kernels
     # The job: a 736 ms compute part, rows holding a few ms of it: no class from them, said so.
     cls, why, cov = rows_class(cats, 736.0)
     assert cls is BottleneckClass.UNKNOWN and cov is not None and cov < 0.01 and not why.enough
@@ -286,9 +292,9 @@ def test_the_rows_class_the_job_only_when_they_cover_most_of_its_compute() -> No
     assert why.share == pytest.approx(0.49, abs=0.005) and why.bound == "compute-bound"
     assert "; 49% of their time is in kernels NVIDIA's rule calls" in rows_class_text(why)
     # Without the elementwise rows (the GEMMs and attention alone), compute-bound holds most.
-    gemm_attn = [c for c in cats if c["category"] != "elementwise"]
-    cls, why, _ = rows_class(gemm_attn, sum(c["profiled_ms"] for c in gemm_attn) / 0.9)
+    gemm_attn = [c for c in cats if c.category != "elementwise"]
+    cls, why, _ = rows_class(gemm_attn, sum(c.profiled_ms for c in gemm_attn) / 0.9)
     assert cls is BottleneckClass.MIXED  # balanced 0.47 ms vs compute-bound 0.63 of 1.27: still under half
-    cls, _, _ = rows_class([c for c in cats if c["category"] == "attention"], 0.5)
+    cls, _, _ = rows_class([c for c in cats if c.category == "attention"], 0.5)
     assert cls is BottleneckClass.COMPUTE
     assert rows_class(cats, None)[0] is BottleneckClass.UNKNOWN

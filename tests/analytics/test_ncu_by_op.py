@@ -24,9 +24,10 @@ from perfd.analytics.breakdown.budget import BudgetPart, PartDetail, Source, Ste
 from perfd.analytics.breakdown.job_budget import with_ncu
 from perfd.analytics.breakdown.kernel_rows import Reading, RowVerdict, kernel_rows
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, effective_bound
+from perfd.analytics.breakdown.ncu_rows import CategorySummary, JoinedKernel, NcuCategory, Phase
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.ncu.join import CategorySummary, JoinedKernel, join, summarize
-from perfd.analytics.ncu.launches import OpGroup, Phase, join_launches
+from perfd.analytics.ncu.join import join, summarize
+from perfd.analytics.ncu.launches import OpGroup, join_launches
 from perfd.analytics.ncu.ncu_verdicts import part_verdicts
 from perfd.capture.ncu_report import NcuReport, parse_exports
 from perfd.report import ncu_view
@@ -78,8 +79,8 @@ def _budget(of_ceiling: float | None) -> StepBudget:
 
 
 def _verdicts(joined: list[JoinedKernel], of_ceiling: float | None) -> dict[tuple[str, str], RowVerdict]:
-    cats = [c.to_json() for c in summarize(joined)]
-    b = with_ncu(_budget(of_ceiling), cats, "n1", [j.to_json() for j in joined])
+    cats = [NcuCategory(c) for c in summarize(joined)]
+    b = with_ncu(_budget(of_ceiling), cats, "n1", joined)
     return {(v.part, v.category): v.verdict for v in part_verdicts(b)}
 
 
@@ -119,7 +120,7 @@ def test_a_kernel_whose_registers_cap_its_occupancy_is_latency_bound():
     assert effective_bound(capped, kc.ATTENTION) is KernelBound.LATENCY
     row = JoinedKernel(capped, kc.ATTENTION, join([capped])[0].match, part="attention", phase="forward",
                        layers=(1, 2, 3))
-    (r,) = kernel_rows([row.to_json()], 40.0)
+    (r,) = kernel_rows([row], 40.0)
     assert r.bound is KernelBound.COMPUTE and r.reading is Reading.OCCUPANCY  # ncu's class, and perfd's
     text = ncu_view.bound_text(r)
     assert "latency-bound: its occupancy is capped at 37.5% by its registers" in text
@@ -135,8 +136,8 @@ def test_on_the_timers_budget_attentions_gemms_keep_no_gemm_verdict():
                          (Source.TIMERS,), basis="steady-state timers")
 
     def verdicts(joined: list[JoinedKernel]) -> dict[tuple[str, str | None, str], RowVerdict]:
-        cats = [c.to_json() for c in summarize(joined)]
-        b = with_ncu(compute, cats, "n1", [j.to_json() for j in joined])
+        cats = [NcuCategory(c) for c in summarize(joined)]
+        b = with_ncu(compute, cats, "n1", joined)
         return {(v.part, v.of, v.category): v.verdict for v in part_verdicts(b)}
 
     assert verdicts(join(report().kernels))[("compute", None, kc.GEMM)] is RowVerdict.SHAPE

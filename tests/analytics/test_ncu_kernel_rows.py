@@ -28,6 +28,7 @@ from perfd.analytics.breakdown.kernel_rows import (
     kernel_rows,
 )
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind
+from perfd.analytics.breakdown.ncu_rows import JoinedKernel
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import join, short_name
 from perfd.capture.ncu_report import parse_csv, parse_exports
@@ -53,6 +54,13 @@ def rank0(steps: int | None = TIMELINE_STEPS) -> dict[str, Any]:
     if steps is not None:
         r["ncu_kernels"] = [{**k, "timeline_steps": steps} for k in r["ncu_kernels"]]
     return r
+
+
+def typed(rows: list[dict[str, Any]]) -> list[JoinedKernel]:
+    """Joined rows as the aggregator reads them from a capture's event."""
+    got = [JoinedKernel.from_json(r) for r in rows]
+    assert all(g is not None for g in got)
+    return [g for g in got if g is not None]
 
 
 def recorded(name_part: str, grid: str | None = None) -> dict[str, Any]:
@@ -171,18 +179,17 @@ def test_kernels_with_no_timeline_match_show_ncus_replayed_time() -> None:
     with no share of the part, after the rows with a time per step."""
     texts = [(NCU_DATA / f"h100_megatron_rank0_{p}.csv").read_text() for p in ("details", "raw")]
     report = parse_exports(texts)
-    alone = [{**j.to_json(), "joined_to": None} for j in join(report.kernels)]
-    rows = kernel_rows(alone, 300.0, "c9")
+    rows = kernel_rows(join(report.kernels), 300.0, "c9")
     assert all(r.time_basis is TimeBasis.REPLAY and r.step_ms is None and r.part_share is None for r in rows)
     by_replay = sorted(report.kernels, key=lambda k: -(k.profiled_ms or 0.0))[:NCU_KERNEL_ROWS]
     assert [r.profiled_ms for r in rows] == [k.profiled_ms for k in by_replay]
     assert "no timeline of the job to join: ncu's own replayed duration, not a time per step" \
         in ncu_view.time_text(rows[0])
     # a row the timeline does not list, beside the joined ones
-    ks = [{**k, "joined_to": "tl1"} for k in rank0()["ncu_kernels"]]
+    ks = rank0()["ncu_kernels"]
     gelu = next(k for k in ks if "Gelu" in k["name"])
     gelu.update(match="none", timeline_name=None, captured_ms=None, captured_share=None)
-    rows = kernel_rows(ks, 300.0, "c9", n=len(ks))
+    rows = kernel_rows(typed(ks), 300.0, "c9", n=len(ks), joined_to="tl1")
     g = next(r for r in rows if "Gelu" in r.name)
     assert g.time_basis is TimeBasis.REPLAY and g.step_ms is None
     assert g.profiled_ms == pytest.approx(gelu["duration_ms"] * gelu["invocations"])
@@ -198,7 +205,7 @@ def test_absent_figures_stay_absent() -> None:
     """The MLP loop's details page has no raw page, so no tensor pipe: no row says one, no reading or
     verdict that needs it is given, and the HTML shows it as absent."""
     report = parse_csv((NCU_DATA / "h100_mlp_sol_details_5.csv").read_text())
-    rows = kernel_rows([{**j.to_json(), "joined_to": None} for j in join(report.kernels)], None, "c2", n=5)
+    rows = kernel_rows(join(report.kernels), None, "c2", n=5)
     assert rows and all(r.tensor is None for r in rows)
     norm = next(r for r in rows if "layer_norm" in r.name)
     # compute-bound (SM 73%) normalisation: with the tensor pipe unknown, no "issue slots" reading
@@ -211,7 +218,7 @@ def test_absent_figures_stay_absent() -> None:
     assert cells[8].startswith(">–<")  # the tensor pipe's cell (part, kernel, time, share, 3 SOL, tensor)
     # the probe's head: no duration, no compute SOL: none invented
     probe = parse_csv((NCU_DATA / "h100_probe_sol_head.csv").read_text())
-    (row,) = kernel_rows([{**j.to_json(), "joined_to": None} for j in join(probe.kernels)], 50.0, "c3")
+    (row,) = kernel_rows(join(probe.kernels), 50.0, "c3")
     assert row.profiled_ms is None and row.compute is None and row.bound is None and row.verdict is None
     assert [label for label, _ in ncu_view.figures(row)] == ["memory SOL"]
     assert "no duration in ncu's replay" in ncu_view.time_text(row)
@@ -228,8 +235,14 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
     got = ncu_of([CaptureRecord("n1", JOB, [0], "ncu", 1, "rule:ncu", 0.0, status=CaptureStatus.FINISHED,
                                 finished_at=1.0, result=CaptureResult.of({"ranks": {"0": rank0()}}))])
     assert got.capture_id == "n1" and len(got.kernels) == 12
-    assert all(k["joined_to"] == "c20261123-223603-bf9e4a" for k in got.kernels)
-    nb = with_ncu(b, got.categories, got.capture_id, got.kernels)
+    assert got.joined_to == "c20261123-223603-bf9e4a"
+    # read from the event as the agent wrote them: the same rows back (this recording's agent wrote no
+    # launch-by-launch keys yet: they read as their defaults, no match by launch)
+    for typed_rows, sent in (([k.to_json() for k in got.kernels], rank0()["ncu_kernels"]),
+                             ([c.summary.to_json() for c in got.categories], rank0()["ncu_categories"])):
+        assert [{k: v for k, v in t.items() if k in s} for t, s in zip(typed_rows, sent, strict=True)] == sent
+    assert {k.part for k in got.kernels} == {None} and {c.summary.part for c in got.categories} == {None}
+    nb = with_ncu(b, got.categories, got.capture_id, got.kernels, got.joined_to)
 
     def names(part: Part) -> list[str]:
         p = nb.get(part)
@@ -243,7 +256,7 @@ def test_each_kernel_goes_to_the_part_its_time_is_in() -> None:
         "fused_dropout_kernel_vec", "vectorized_elementwise_kernel<CUDAFunctor_add>",
         "elementwise_kernel<direct_copy_kernel_cuda>"]
     pw = nb.get(Part.POINTWISE)
-    assert pw is not None and {c["category"] for c in pw.detail["ncu"]} == {kc.ELEMENTWISE}
+    assert pw is not None and {c.summary.category for c in pw.ncu or ()} == {kc.ELEMENTWISE}
     att = nb.get(Part.ATTENTION)
     assert att is not None
     assert att.ncu_kernels
@@ -279,7 +292,7 @@ def test_the_html_shows_the_rows_beside_their_part_with_names_escaped() -> None:
 
 
 def test_rows_round_trip_and_unreadable_rows_are_skipped() -> None:
-    rows = kernel_rows([{**k, "joined_to": "t"} for k in rank0()["ncu_kernels"]], 100.0, "c1", n=20)
+    rows = kernel_rows(typed(rank0()["ncu_kernels"]), 100.0, "c1", n=20, joined_to="t")
     assert len(rows) == 10  # 12 ncu rows: the GEMM's two grids one timeline kernel, the float fill's too
     assert all(KernelRow.from_json(r.to_json()) == r for r in rows)
     assert KernelRow.from_json({"name": "x", "match": "sideways", "time_basis": "timeline"}) is None
@@ -313,11 +326,11 @@ def test_a_kernel_whose_time_by_name_exceeds_the_part_by_op_has_no_share_and_say
     """On the H100 (issue 45's run) the dropout kernel held 12.9 ms a step by name under "other
     pointwise", a part of 8.5 ms by op (attention's dropout is attention's): "152% of the part" was
     printed. The share goes; the row says its launches serve other parts too."""
-    rec = {**recorded(MASKED_FILL), "joined_to": "c-timeline"}
+    rec = recorded(MASKED_FILL)
     step_ms = rec["captured_ms"] / TIMELINE_STEPS
-    (row,) = kernel_rows([rec], part_ms=0.66 * step_ms)
+    (row,) = kernel_rows(typed([rec]), part_ms=0.66 * step_ms, joined_to="c-timeline")
     assert row.step_ms == pytest.approx(step_ms) and row.part_share is None and row.spans_parts
     assert "more than the part holds by op" in ncu_view.time_text(row)
     assert KernelRow.from_json(row.to_json()) == row
-    (inside,) = kernel_rows([rec], part_ms=2.0 * step_ms)
+    (inside,) = kernel_rows(typed([rec]), part_ms=2.0 * step_ms, joined_to="c-timeline")
     assert inside.part_share == pytest.approx(0.5) and not inside.spans_parts

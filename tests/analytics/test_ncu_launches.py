@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
+from perfd.analytics.breakdown.ncu_rows import MatchHow, Phase
 from perfd.analytics.ncu.join import kernel_filter, timeline_kernels
 from perfd.analytics.ncu.launches import (
     LaunchTimeline,
-    MatchHow,
     NcuLaunch,
-    Phase,
     align,
     coverage,
     filter_regex,

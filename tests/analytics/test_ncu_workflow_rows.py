@@ -33,6 +33,7 @@ from collectors.megatron import parse_lines
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.kernel_rows import RowVerdict
 from perfd.analytics.breakdown.ncu_kernels import KernelBound
+from perfd.analytics.breakdown.ncu_rows import JoinedKernel, NcuCategory
 from perfd.analytics.ncu.ncu_verdicts import NcuFinding
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
@@ -97,10 +98,12 @@ def run1_with_rows(rows_json: str) -> RunAnalysis:
 
     out = json.loads(rows_json)
     a = range_analysis()
-    extra = {"kernel_choice": a["kernel_choice"], "coverage": out["coverage"]}
-    tl = dataclasses.replace(timeline_class(str(TRACE)),
-                             ncu=tuple({**c, **extra} for c in out["categories"]), ncu_id=RANGE2,
-                             ncu_kernels=tuple({**k, "joined_to": KINETO} for k in out["kernels"]))
+    extra = {"kernel_choice": a["kernel_choice"], "coverage": out["coverage"], "capture": RANGE2}
+    cats = tuple(NcuCategory.from_json({**c, **extra}) for c in out["categories"])
+    kernels = tuple(JoinedKernel.from_json(k) for k in out["kernels"])
+    assert all(cats) and all(kernels)
+    tl = dataclasses.replace(timeline_class(str(TRACE)), ncu=tuple(c for c in cats if c), ncu_id=RANGE2,
+                             ncu_kernels=tuple(k for k in kernels if k), ncu_joined_to=KINETO)
     p = parse_lines(log_text(1).splitlines(keepends=True), job=JOB)
     return analyze_run(p.job_info, list(p.records), gpu_name=GPU, timeline=tl, job_name=JOB)
 

@@ -98,9 +98,11 @@ def parts(ctx: BudgetContext) -> Out:
             continue
         # the math parts' efficiency is the GEMM finding's: their share alone is no warning
         sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value and not entry.math else Severity.INFO
+        detail = p.to_json()["detail"]  # the ncu summaries (a typed field) as its JSON writes them
+        assert isinstance(detail, dict)
         evidence: dict[str, object] = {
             "part": p.part.value, "ms": p.ms, "share": p.share,
-            **{k: p.detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops") if k in p.detail}}
+            **{k: detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops") if k in detail}}
         out.append(BudgetFinding(f"budget-{p.part.value}", sev, "", "", evidence, "",
                                  facts=BudgetFacts(BudgetSaid.PART, b, p, label=ctx.label or b.basis)))
     return out, []

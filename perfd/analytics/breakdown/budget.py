@@ -33,6 +33,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.kernel_rows import KernelRow
+from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
@@ -98,8 +99,9 @@ class PartDetail(TypedDict, total=False):
     from_idle_ms: dict[str, float]  # ... and the idle parts it was taken from
     under_5us_ms: float  # the short idle: the part of it in gaps under 5 µs (the launches)
     side_stream_ms: float  # the part's time on a side stream
-    # the ncu category summaries of the part's kernels (perfd.analytics.ncu.join), as they came
-    ncu: list[Mapping[str, object]]
+
+
+_TYPED_DETAIL = ("ncu", "ncu_kernels")  # a part's detail keys held as typed fields of BudgetPart
 
 
 def detail_from_json(d: object) -> PartDetail:
@@ -112,9 +114,9 @@ def detail_from_json(d: object) -> PartDetail:
 
 @dataclass(frozen=True)
 class BudgetPart:
-    """One part: ms per step, its share of the step, where it comes from, and what it holds; its top
-    Nsight Compute kernels (perfd.analytics.breakdown.job_budget.with_ncu) typed, written last in its
-    JSON detail as ``ncu_kernels``."""
+    """One part: ms per step, its share of the step, where it comes from, and what it holds; the
+    Nsight Compute category summaries and top kernels of its kernels (perfd.analytics.breakdown
+    .job_budget.with_ncu) typed, written last in its JSON detail as ``ncu`` and ``ncu_kernels``."""
 
     part: Part
     ms: float
@@ -122,9 +124,12 @@ class BudgetPart:
     source: Source
     detail: PartDetail = field(default_factory=PartDetail)
     ncu_kernels: tuple[KernelRow, ...] | None = None  # None: no ncu rows on it (none in its JSON either)
+    ncu: tuple[NcuCategory, ...] | None = None  # None: no ncu summaries on it (... nor in its JSON)
 
     def to_json(self) -> dict[str, object]:
         detail: dict[str, object] = dict(self.detail)
+        if self.ncu is not None:
+            detail["ncu"] = [c.to_json() for c in self.ncu]
         if self.ncu_kernels is not None:
             detail["ncu_kernels"] = [r.to_json() for r in self.ncu_kernels]
         return {"part": self.part.value, "ms": self.ms, "share": self.share, "source": self.source.value,
@@ -142,8 +147,10 @@ class BudgetPart:
         ks = detail.get("ncu_kernels")  # the rows readable as KernelRow, typed
         rows = tuple(r for k in objs(ks) if (r := KernelRow.from_json(k)) is not None) \
             if isinstance(ks, list) else None
+        cats = categories_of(detail["ncu"]) if isinstance(detail.get("ncu"), list) else None
         return BudgetPart(part, number(p["ms"]), number(p["share"]), Source(str(p["source"])),
-                          detail_from_json({k: v for k, v in detail.items() if k != "ncu_kernels"}), rows)
+                          detail_from_json({k: v for k, v in detail.items() if k not in _TYPED_DETAIL}), rows,
+                          cats)
 
 
 @dataclass(frozen=True)

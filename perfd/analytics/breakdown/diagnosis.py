@@ -25,7 +25,6 @@ naming what is missing. The summary carries every vote and why the winner won. P
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
@@ -45,6 +44,7 @@ from perfd.analytics.breakdown.bottleneck import (
     Voted,
 )
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
+from perfd.analytics.breakdown.ncu_rows import JoinedKernel, NcuCategory
 from perfd.analytics.common import BATCH_GENERATOR
 from perfd.analytics.steps.untimed import Untimed
 
@@ -69,16 +69,17 @@ class TimelineClass:
     device: DeviceBreakdown | None = field(default=None, compare=False, hash=False)
     iterations: int | None = None
     capture_id: str = ""  # compared instead of the device: one capture, one breakdown
-    # An Nsight Compute capture of the job: its per-category summaries (perfd.analytics.ncu.join
-    # CategorySummary JSON), detail of the budget's parts; compared by its capture id
-    ncu: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
+    # An Nsight Compute capture of the job: its per-category summaries, detail of the budget's parts;
+    # compared by its capture id
+    ncu: tuple[NcuCategory, ...] = field(default=(), compare=False, hash=False)
     ncu_id: str = ""
-    # ... and its joined kernel rows (JoinedKernel JSON): each part's top kernels
-    ncu_kernels: tuple[Mapping[str, object], ...] = field(default=(), compare=False, hash=False)
+    # ... and its joined kernel rows (each part's top kernels), and the timeline capture they joined
+    ncu_kernels: tuple[JoinedKernel, ...] = field(default=(), compare=False, hash=False)
     # Every device of the capture (the checks of perfd.analytics.breakdown.capture_match read them all:
     # one stage's SendRecv may be on another device of an nsys capture); () : ``device`` alone
     devices: tuple[DeviceBreakdown, ...] = field(default=(), compare=False, hash=False)
     forced: bool = False  # read against the job even where capture_match says it is another job's
+    ncu_joined_to: str | None = None
 
 
 @dataclass(frozen=True)

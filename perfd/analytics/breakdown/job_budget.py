@@ -12,7 +12,6 @@ from dataclasses import replace
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.budget import (
     FlopsContext,
-    PartDetail,
     Source,
     StepBudget,
     TimerShares,
@@ -22,6 +21,7 @@ from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.kernel_rows import figure, kernel_rows
+from perfd.analytics.breakdown.ncu_rows import JoinedKernel, NcuCategory
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
@@ -76,13 +76,13 @@ def job_budget(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
         n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
         b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
         if b is not None:
-            return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
+            return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels, timeline.ncu_joined_to)
     b = from_timers(timers, fl)
     # No timeline, an ncu capture: its rows still say what the step's kernels do (issue 45 item 3: they
     # lived only in /api/captures), on the undivided compute part.
     if b is None or timeline is None:
         return b
-    return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels)
+    return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels, timeline.ncu_joined_to)
 
 
 # perfd.analytics.breakdown.kernels category of an ncu summary -> the budget part its kernels' time is in
@@ -105,56 +105,53 @@ def _ncu_part(b: StepBudget, category: str) -> Part | None:
     return part
 
 
-def _own_part(b: StepBudget, row: Mapping[str, object]) -> Part | None:
+def _own_part(b: StepBudget, part: str | None) -> Part | None:
     """The part a row (an ncu kernel or category summary) was matched to launch by launch, where the
     budget has it (perfd.analytics.ncu.launches): the op that launched it decides, not its name."""
     try:
-        part = Part(str(row.get("part")))
+        own = Part(str(part))
     except ValueError:
         return None
-    return part if b.get(part) is not None else None
+    return own if b.get(own) is not None else None
 
 
-def _kernel_part(b: StepBudget, k: Mapping[str, object], unfused_attention: bool) -> Part | None:
+def _kernel_part(b: StepBudget, k: JoinedKernel, unfused_attention: bool) -> Part | None:
     """The part one ncu kernel's time is in: the part its name gives (as a capture divides kernels it
     cannot charge to an op: perfd.analytics.breakdown.op_parts.kernel_part; a masked fill beside softmax
     kernels
     is attention's, a GELU the activation's) where the budget has that part, else its category's."""
-    name = str(k.get("timeline_name") or k.get("name") or "")
+    name = k.timeline_name or k.kernel.name
     part = kernel_part(name, unfused_attention)
     if part is not Part.GEMM and b.get(part) is not None:
         return part
-    return _ncu_part(b, str(k.get("category") or kc.category(name)))
+    return _ncu_part(b, k.category or kc.category(name))
 
 
-def with_ncu(b: StepBudget, categories: Sequence[Mapping[str, object]], capture_id: str,
-             kernels: Sequence[Mapping[str, object]] = ()) -> StepBudget:
-    """``b`` with each ncu category summary in the ``ncu`` detail of the part its kernels' time is in,
-    and that part's top kernels (perfd.analytics.breakdown.kernel_rows.KernelRow, from the capture's joined
-    rows ``kernels``) in its ``ncu_kernels``."""
+def with_ncu(b: StepBudget, categories: Sequence[NcuCategory], capture_id: str,
+             kernels: Sequence[JoinedKernel] = (), joined_to: str | None = None) -> StepBudget:
+    """``b`` with each ncu category summary on the part its kernels' time is in (BudgetPart.ncu), and
+    that part's top kernels (perfd.analytics.breakdown.kernel_rows.KernelRow, from the capture's joined
+    rows ``kernels``, joined to the timeline of capture ``joined_to``) in its ``ncu_kernels``."""
     if not categories and not kernels:
         return b
-    by: dict[Part, list[Mapping[str, object]]] = {}
+    by: dict[Part, list[NcuCategory]] = {}
     for c in categories:
-        part = _own_part(b, c) or _ncu_part(b, str(c.get("category") or ""))
+        part = _own_part(b, c.summary.part) or _ncu_part(b, c.summary.category)
         if part is not None:
-            by.setdefault(part, []).append({**c, "capture": capture_id})
-    rows: dict[Part, list[Mapping[str, object]]] = {}
-    unfused = any(kc.is_softmax(str(k.get("timeline_name") or k.get("name") or "")) for k in kernels)
+            by.setdefault(part, []).append(replace(c, capture=capture_id))
+    rows: dict[Part, list[JoinedKernel]] = {}
+    unfused = any(kc.is_softmax(k.timeline_name or k.kernel.name) for k in kernels)
     for k in kernels:
-        part = _own_part(b, k) or _kernel_part(b, k, unfused)
+        part = _own_part(b, k.part) or _kernel_part(b, k, unfused)
         if part is not None:
             rows.setdefault(part, []).append(k)
     parts = []
     for p in b.parts:
-        detail = PartDetail(**p.detail)
-        if p.part in by:
-            detail["ncu"] = by[p.part]
+        cats = tuple(by[p.part]) if p.part in by else p.ncu
         ceiling = p.detail.get("of_ceiling")
         ks = tuple(kernel_rows(rows[p.part], p.ms, capture_id, of_ceiling=float(ceiling)
-                               if isinstance(ceiling, (int, float)) else None)) if p.part in rows \
-            else p.ncu_kernels
-        parts.append(replace(p, detail=detail, ncu_kernels=ks) if detail != p.detail or ks != p.ncu_kernels
-                     else p)
+                               if isinstance(ceiling, (int, float)) else None, joined_to=joined_to)) \
+            if p.part in rows else p.ncu_kernels
+        parts.append(replace(p, ncu=cats, ncu_kernels=ks) if cats != p.ncu or ks != p.ncu_kernels else p)
     return replace(b, parts=tuple(parts), sources=(*b.sources, Source.NCU) if Source.NCU not in b.sources
                    else b.sources)

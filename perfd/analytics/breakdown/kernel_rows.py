@@ -1,12 +1,11 @@
 """The top Nsight Compute kernels of each step-budget part (issue 45 item 3: "the report and HTML show
 the top rows beside the budget part they explain").
 
-An ncu capture's joined rows (perfd.analytics.ncu.join.JoinedKernel JSON, as the capture's event
-carries them: ``ncu_kernels``) go to the part their category's time is in
-(perfd.analytics.breakdown.job_budget
-.with_ncu), and there become :class:`KernelRow`: one per timeline kernel (the ncu rows that joined the
-same timeline kernel, several grids of one GEMM, are one row: the timeline counts their time once),
-one per ncu row that joined none. Each row holds:
+An ncu capture's joined rows (perfd.analytics.breakdown.ncu_rows.JoinedKernel, read from the capture's
+event: ``ncu_kernels``) go to the part their category's time is in
+(perfd.analytics.breakdown.job_budget.with_ncu), and there become :class:`KernelRow`: one per timeline
+kernel (the ncu rows that joined the same timeline kernel, several grids of one GEMM, are one row: the
+timeline counts their time once), one per ncu row that joined none. Each row holds:
 
 - its time per step: the joined timeline kernel's time over the steps that timeline holds
   (:attr:`TimeBasis.TIMELINE`), and its share of the part; with no match, the time ncu measured of
@@ -32,9 +31,9 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kc
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, occupancy_capped
+from perfd.analytics.breakdown.ncu_rows import JoinedKernel
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
-from perfd.typed import objs
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
@@ -53,15 +52,14 @@ class RowVerdict(TextEnum):
 _GEMM_PARTS = (Part.LINEAR.value, Part.GEMM.value, Part.COMPUTE.value)
 
 
-def verdict_of(category: str, c: Mapping[str, object], part: str | None = None,
+def verdict_of(category: str, compute: float | None, dram: float | None, tensor: float | None,
+               bound: KernelBound | None, part: str | None = None,
                of_ceiling: float | None = None) -> RowVerdict | None:
-    """The verdict of one category summary (None: its figures call for none of the four). ``part``: the
-    budget part its kernels are in, where known; ``of_ceiling``: that part's FLOP rate against the
-    measured matmul ceiling as the timeline measured it (the budget's linear layers), which a GEMM
-    verdict never contradicts: ncu replays each kernel alone, cache flushed, and its SM figures are the
-    kernel's, not the step's."""
-    compute, dram = figure(c, "compute_throughput"), figure(c, "dram_throughput")
-    tensor = figure(c, "tensor_pipe")
+    """The verdict of one category summary or kernel row by its figures (None: they call for none of
+    the four). ``part``: the budget part its kernels are in, where known; ``of_ceiling``: that part's
+    FLOP rate against the measured matmul ceiling as the timeline measured it (the budget's linear
+    layers), which a GEMM verdict never contradicts: ncu replays each kernel alone, cache flushed, and
+    its SM figures are the kernel's, not the step's."""
     if category == kc.GEMM:
         if part is not None and part not in _GEMM_PARTS:
             return None
@@ -79,8 +77,7 @@ def verdict_of(category: str, c: Mapping[str, object], part: str | None = None,
     if category in _POINTWISE:
         if dram is not None and dram >= th.NCU_FUSION_DRAM.value:
             return RowVerdict.FUSION_ONLY
-        if c.get("bound") == KernelBound.COMPUTE.value and tensor is not None \
-                and tensor < th.NCU_TENSOR_IDLE.value:
+        if bound is KernelBound.COMPUTE and tensor is not None and tensor < th.NCU_TENSOR_IDLE.value:
             return RowVerdict.ISSUE_BOUND
     return None
 
@@ -205,10 +202,15 @@ def reading(category: str, bound: KernelBound | None, compute: float | None, mem
     return None
 
 
-def _weighted(rows: Sequence[Mapping[str, object]], key: str) -> float | None:
-    """The mean of ``key`` over ``rows`` weighted by profiled time; with no weights, the plain mean of
-    the rows that have it; None where no row has it."""
-    got = [(v, _profiled(r)) for r in rows if (v := figure(r, key)) is not None]
+def _measured(r: JoinedKernel, key: str) -> float | None:
+    v = getattr(r.kernel, key)
+    return float(v) if v is not None else None
+
+
+def _weighted(rows: Sequence[JoinedKernel], key: str) -> float | None:
+    """The mean of the kernels' ``key`` over ``rows`` weighted by profiled time; with no weights, the
+    plain mean of the rows that have it; None where no row has it."""
+    got = [(v, _profiled(r)) for r in rows if (v := _measured(r, key)) is not None]
     if not got:
         return None
     if len(got) == 1:  # one row: ncu's own figure, as it is
@@ -219,91 +221,74 @@ def _weighted(rows: Sequence[Mapping[str, object]], key: str) -> float | None:
     return sum(v for v, _ in got) / len(got)
 
 
-def _profiled(r: Mapping[str, object]) -> float | None:
-    d, n = figure(r, "duration_ms"), figure(r, "invocations")
-    return d * n if d is not None and n is not None else None
+def _profiled(r: JoinedKernel) -> float | None:
+    d = r.kernel.duration_ms
+    return float(d) * r.kernel.invocations if d is not None else None
 
 
-def _stall(rows: Sequence[Mapping[str, object]]) -> tuple[str | None, float | None]:
+def _stall(rows: Sequence[JoinedKernel]) -> tuple[str | None, float | None]:
     """The stall with the most cycles weighted by profiled time, and its share (of the row that has
     the most of it: shares of different kernels do not add)."""
     cycles: dict[str, float] = {}
     share: dict[str, float] = {}
     for r in rows:
         w = _profiled(r) or 1.0
-        for s in objs(r.get("stalls")):
-            c, reason = figure(s, "cycles"), s.get("reason")
-            if c is not None and isinstance(reason, str):
-                cycles[reason] = cycles.get(reason, 0.0) + c * w
-                if (sh := figure(s, "share")) is not None:
-                    share[reason] = max(share.get(reason, 0.0), sh)
+        for s in r.kernel.stalls:
+            cycles[s.reason] = cycles.get(s.reason, 0.0) + float(s.cycles) * w
+            if s.share is not None:
+                share[s.reason] = max(share.get(s.reason, 0.0), float(s.share))
     if not cycles:
         return None, None
     top = max(cycles, key=lambda k: cycles[k])
     return top, share.get(top)
 
 
-def _bound(rows: Sequence[Mapping[str, object]]) -> KernelBound | None:
+def _bound(rows: Sequence[JoinedKernel]) -> KernelBound | None:
     by: dict[KernelBound, float] = {}
     for r in rows:
-        try:
-            b = KernelBound(r.get("bound"))
-        except ValueError:
-            continue
-        by[b] = by.get(b, 0.0) + (_profiled(r) or 0.0)
+        if r.kernel.bound is not None:
+            by[r.kernel.bound] = by.get(r.kernel.bound, 0.0) + (_profiled(r) or 0.0)
     return max(by, key=lambda b: by[b]) if by else None
 
 
-def _row(rows: Sequence[Mapping[str, object]], part_ms: float | None, capture: str,
-         of_ceiling: float | None = None) -> KernelRow:
+def _row(rows: Sequence[JoinedKernel], part_ms: float | None, capture: str, of_ceiling: float | None = None,
+         joined_to: str | None = None) -> KernelRow:
     first = rows[0]
-    try:
-        match = MatchKind(first.get("match"))
-    except ValueError:
-        match = MatchKind.NONE
-    matched = match in _MATCHED and figure(first, "captured_ms") is not None
-    steps = figure(first, "timeline_steps")
-    step_ms = (figure(first, "captured_ms") or 0.0) / steps if matched and steps and steps > 0 else None
+    match = first.match
+    captured = float(first.captured_ms) if first.captured_ms is not None else None
+    matched = match in _MATCHED and captured is not None
+    steps = first.timeline_steps
+    step_ms = (captured or 0.0) / steps if matched and steps and steps > 0 else None
     basis = TimeBasis.REPLAY if not matched else TimeBasis.TIMELINE if step_ms is not None \
         else TimeBasis.TIMELINE_TOTAL
-    category = str(first.get("category") or kc.category(str(first.get("name") or "")))
+    category = first.category or kc.category(first.kernel.name)
     compute, memory = _weighted(rows, "compute_throughput"), _weighted(rows, "memory_throughput")
     dram, tensor = _weighted(rows, "dram_throughput"), _weighted(rows, "tensor_pipe")
     bound = _bound(rows)
     stall, stall_share = _stall(rows)
     profiled = [p for r in rows if (p := _profiled(r)) is not None]
     theo = _weighted(rows, "theoretical_occupancy")
-    limiter = next((str(r["occupancy_limiter"]) for r in rows if r.get("occupancy_limiter")), None)
-    capped = occupancy_capped(NcuKernel(str(first.get("name") or ""), None, None, 1, (),
-                                        tensor_pipe=tensor, theoretical_occupancy=theo,
-                                        occupancy_limiter=limiter), category)
+    limiter = next((r.kernel.occupancy_limiter for r in rows if r.kernel.occupancy_limiter), None)
+    capped = occupancy_capped(NcuKernel(first.kernel.name, None, None, 1, (), tensor_pipe=tensor,
+                                        theoretical_occupancy=theo, occupancy_limiter=limiter), category)
     effective = KernelBound.LATENCY if capped and bound in (KernelBound.COMPUTE, KernelBound.BALANCED) \
         else bound
-    part = str(first["part"]) if first.get("part") else None
-    figs = {"compute_throughput": compute, "dram_throughput": dram, "tensor_pipe": tensor,
-            "bound": effective.value if effective is not None else None}
-    joined_to = first.get("joined_to")
     share = step_ms / part_ms if step_ms is not None and part_ms and part_ms > 0 else None
     return KernelRow(
-        name=str(first.get("name") or ""), category=category, match=match, time_basis=basis, rows=len(rows),
-        invocations=sum(int(figure(r, "invocations") or 0) for r in rows),
+        name=first.kernel.name, category=category, match=match, time_basis=basis, rows=len(rows),
+        invocations=sum(r.kernel.invocations for r in rows),
         profiled_ms=sum(profiled) if profiled else None, step_ms=step_ms,
         part_share=share if share is not None and share <= 1.0 else None,
-        captured_share=figure(first, "captured_share") if matched else None,
+        captured_share=float(first.captured_share) if matched and first.captured_share is not None else None,
         compute=compute, memory=memory, dram=dram, tensor=tensor,
         occupancy=_weighted(rows, "achieved_occupancy"), bound=bound,
         reading=reading(category, bound, compute, memory, dram, tensor, capped), top_stall=stall,
-        top_stall_share=stall_share, verdict=verdict_of(category, figs, part, of_ceiling),
-        candidates=int(figure(first, "candidates") or 0),
-        timeline=str(joined_to) if joined_to else None, capture=capture,
-        spans_parts=share is not None and share > 1.0,
-        phase=str(first["phase"]) if first.get("phase") else None,
-        layers=tuple(sorted({int(x) for r in rows for x in _seq(r.get("layers")) if isinstance(x, int)})),
-        op=str(first.get("op") or ""), theoretical_occupancy=theo, occupancy_limiter=limiter)
-
-
-def _seq(v: object) -> Sequence[object]:
-    return v if isinstance(v, (list, tuple)) else ()
+        top_stall_share=stall_share,
+        verdict=verdict_of(category, compute, dram, tensor, effective, first.part, of_ceiling),
+        candidates=first.candidates, timeline=joined_to or None, capture=capture,
+        spans_parts=share is not None and share > 1.0, phase=first.phase,
+        layers=tuple(sorted({x for r in rows for x in r.layers})), op=first.op, theoretical_occupancy=theo,
+        occupancy_limiter=limiter)
 
 
 def _order(r: KernelRow) -> tuple[int, float]:
@@ -316,20 +301,19 @@ def _order(r: KernelRow) -> tuple[int, float]:
     return 2, -(r.profiled_ms or 0.0)
 
 
-def kernel_rows(kernels: Sequence[Mapping[str, object]], part_ms: float | None, capture: str = "",
-                n: int = NCU_KERNEL_ROWS, of_ceiling: float | None = None) -> list[KernelRow]:
-    """The top ``n`` rows of one part's ncu kernels (JoinedKernel JSON, each with ``joined_to``: the
-    timeline's capture id, where there was one), the ncu rows of one timeline kernel (of one op and
+def kernel_rows(kernels: Sequence[JoinedKernel], part_ms: float | None, capture: str = "",
+                n: int = NCU_KERNEL_ROWS, of_ceiling: float | None = None,
+                joined_to: str | None = None) -> list[KernelRow]:
+    """The top ``n`` rows of one part's ncu kernels, the ncu rows of one timeline kernel (of one op and
     pass, where joined launch by launch) merged. ``of_ceiling``: the part's measured FLOP rate against
-    the matmul ceiling (a GEMM verdict never contradicts it)."""
-    groups: dict[tuple[object, ...], list[Mapping[str, object]]] = {}
+    the matmul ceiling (a GEMM verdict never contradicts it); ``joined_to``: the timeline's capture id,
+    where there was one."""
+    groups: dict[tuple[object, ...], list[JoinedKernel]] = {}
     for k in kernels:
-        if not isinstance(k, Mapping) or not isinstance(k.get("name"), str):
-            continue
-        tl, ms = k.get("timeline_name"), figure(k, "captured_ms")
-        joined = tl and ms is not None and k.get("match") in {m.value for m in _MATCHED}
-        key = ("timeline", tl, ms, k.get("part"), k.get("phase")) if joined \
-            else ("ncu", k["name"], k.get("grid"), k.get("block"), k.get("part"), k.get("phase"))
+        tl, ms = k.timeline_name, k.captured_ms
+        joined = tl and ms is not None and k.match in _MATCHED
+        key = ("timeline", tl, ms, k.part, k.phase) if joined \
+            else ("ncu", k.kernel.name, k.kernel.grid, k.kernel.block, k.part, k.phase)
         groups.setdefault(key, []).append(k)
-    rows = [_row(g, part_ms, capture, of_ceiling) for g in groups.values()]
+    rows = [_row(g, part_ms, capture, of_ceiling, joined_to) for g in groups.values()]
     return sorted(rows, key=_order)[:n]

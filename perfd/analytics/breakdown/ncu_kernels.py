@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
@@ -81,6 +82,35 @@ class NcuKernel:
         out["bound"] = self.bound.value if self.bound is not None else None
         out["occupancy_limiter"] = self.occupancy_limiter
         return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> NcuKernel | None:
+        """A kernel as :meth:`to_json` wrote it (a capture event's row); None when it has no name. Each
+        number is kept as it came (written back, it reads the same)."""
+        name, n, ids = d.get("name"), d.get("invocations"), d.get("ids")
+        if not isinstance(name, str):
+            return None
+        grid, block = d.get("grid"), d.get("block")
+        measured = {f.name: v for f in dataclasses.fields(cls) if f.metadata.get("measured")
+                    and isinstance(v := d.get(f.name), (int, float)) and not isinstance(v, bool)}
+        stalls = []
+        raw = d.get("stalls")
+        for s in raw if isinstance(raw, list) else []:
+            if isinstance(s, Mapping) and isinstance(s.get("reason"), str) \
+                    and isinstance(c := s.get("cycles"), (int, float)):
+                sh = s.get("share")
+                stalls.append(StallReason(str(s["reason"]), c, sh if isinstance(sh, (int, float)) else None))
+        try:
+            bound = KernelBound(d["bound"]) if d.get("bound") else None
+        except ValueError:
+            bound = None
+        limiter = d.get("occupancy_limiter")
+        return cls(name, grid if isinstance(grid, str) else None, block if isinstance(block, str) else None,
+                   n if isinstance(n, int) and not isinstance(n, bool) else 0,
+                   tuple(x for x in ids if isinstance(x, int)) if isinstance(ids, list) else (),
+                   stalls=tuple(stalls), bound=bound,
+                   occupancy_limiter=limiter if isinstance(limiter, str) else None,
+                   **measured)
 
 
 def classify(compute: float | None, memory: float | None) -> KernelBound | None:

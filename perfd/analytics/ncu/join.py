@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel, effective_bound
+from perfd.analytics.breakdown.ncu_rows import CategorySummary, JoinedKernel
 
 _OPEN, _CLOSE = "<([{", ">)]}"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -114,66 +115,6 @@ class TimelineKernel:
     total_ms: float
     share: float  # of the captured kernel time (union of kernels) on that device
     count: int = 0
-
-
-@dataclass(frozen=True)
-class JoinedKernel:
-    kernel: NcuKernel
-    category: str  # perfd.analytics.breakdown.kernels category (of the timeline name when matched)
-    match: MatchKind
-    timeline_name: str | None = None
-    captured_ms: float | None = None  # the timeline kernel's total over the capture
-    captured_share: float | None = None  # its share of the captured kernel time
-    candidates: int = 0  # timeline kernels with the same function
-    # The steps the joined timeline holds (marked in its trace, else as its capture asked): its
-    # captured_ms over them is the kernel's time per step. None: not known (older records).
-    timeline_steps: float | None = None
-    # LAUNCH: the budget part, phase (forward/backward) and layers of the op that launched these
-    # launches, and the op ("aten::bmm"); captured_ms is then that op's launches of the kernel only
-    part: str | None = None
-    phase: str | None = None
-    layers: tuple[int, ...] = ()
-    op: str = ""
-
-    @property
-    def step_ms(self) -> float | None:
-        """The timeline kernel's ms per step (None: no match, or the timeline's steps unknown)."""
-        if self.captured_ms is None or not self.timeline_steps or self.timeline_steps <= 0:
-            return None
-        return self.captured_ms / self.timeline_steps
-
-    def to_json(self) -> dict[str, object]:
-        return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
-                "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
-                "captured_share": self.captured_share, "candidates": self.candidates,
-                "timeline_steps": self.timeline_steps, "part": self.part, "phase": self.phase,
-                "layers": list(self.layers), "op": self.op}
-
-
-@dataclass(frozen=True)
-class CategorySummary:
-    """The profiled kernels of one category: means weighted by profiled time (ratios in [0, 1])."""
-
-    category: str
-    kernels: int  # ncu rows (name, grid, block[, op]) in the category
-    profiled_ms: float  # their profiled time (duration × invocations, under ncu's clocks)
-    captured_share: float | None  # the category's share of the captured kernel time
-    covered_share: float | None  # share of the captured kernel time of the matched timeline kernels
-    compute_throughput: float | None
-    memory_throughput: float | None
-    dram_throughput: float | None
-    tensor_pipe: float | None
-    achieved_occupancy: float | None
-    bound: KernelBound | None  # the class holding most of the category's profiled time
-    bound_ms: Mapping[str, float]  # class -> profiled ms
-    top_stall: str | None  # the stall with the most weighted cycles
-    part: str | None = None  # the budget part its launches' op is in (rows joined launch by launch)
-
-    def to_json(self) -> dict[str, object]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["bound"] = self.bound.value if self.bound is not None else None
-        out["bound_ms"] = dict(self.bound_ms)
-        return out
 
 
 def timeline_kernels(device: DeviceBreakdown) -> list[TimelineKernel]:

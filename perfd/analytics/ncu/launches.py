@@ -27,29 +27,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.ncu_kernels import MatchKind, NcuKernel
+from perfd.analytics.breakdown.ncu_rows import Coverage, JoinedKernel, MatchHow, Phase
 from perfd.analytics.common import TextEnum
-from perfd.analytics.ncu.join import (
-    MIN_TEMPLATE_SIMILARITY,
-    JoinedKernel,
-    function_name,
-    join,
-    template_tokens,
-)
+from perfd.analytics.ncu.join import MIN_TEMPLATE_SIMILARITY, function_name, join, template_tokens
 
 MIN_PERIOD = 4  # launches a layer at least (norm, GEMM, attention, GEMM)
 # A window with no exact match anywhere is matched where at least this share of its launches agree.
 MIN_AGREEMENT = 0.8
 PART_NORM, PART_ATTENTION = "norm", "attention"  # perfd.analytics.breakdown.budget.Part values
-
-
-class Phase(TextEnum):
-    FORWARD = "forward"
-    BACKWARD = "backward"  # launched by the autograd engine running a backward node
-    OTHER = "other"  # the optimizer, zeroing, between steps: no forward or backward op
 
 
 Dim3 = tuple[int, int, int]
@@ -98,12 +86,6 @@ class NcuLaunch:
     name: str
     grid: Dim3 | None
     block: Dim3 | None
-
-
-class MatchHow(TextEnum):
-    EXACT = "exact"  # every launch of the window agrees at one offset (or at offsets that agree)
-    PARTIAL = "partial"  # at least MIN_AGREEMENT of them agree at the best offset
-    NONE = "none"  # no offset agrees: the timeline is not of this job's shapes, or the filter differs
 
 
 @dataclass(frozen=True)
@@ -380,45 +362,6 @@ def op_group(key: OpKey | None, ids: Sequence[int], match: LaunchMatch) -> OpGro
 
 
 # --- coverage ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Coverage:
-    """What a range's profiled launches were: by phase, layer and part (the report says it with the
-    rows, perfd.report.ncu_text.coverage_text)."""
-
-    launches: int
-    matched: int  # launches whose part the timeline decided
-    how: MatchHow
-    phases: Mapping[str, int] = field(default_factory=dict)  # Phase value -> launches
-    layers: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # Phase value -> layers profiled
-    layers_total: int | None = None
-    parts: Mapping[str, int] = field(default_factory=dict)  # part -> launches
-    microbatches: tuple[int, ...] = ()
-    filtered_per_step: float | None = None  # launches a step passing the filter: what a range may see
-
-    @property
-    def both_passes(self) -> bool:
-        return bool(self.phases.get(Phase.FORWARD.value)) and bool(self.phases.get(Phase.BACKWARD.value))
-
-    def to_json(self) -> dict[str, object]:
-        return {"launches": self.launches, "matched": self.matched, "how": self.how.value,
-                "phases": dict(self.phases), "layers": {k: list(v) for k, v in self.layers.items()},
-                "layers_total": self.layers_total, "parts": dict(self.parts),
-                "microbatches": list(self.microbatches), "filtered_per_step": self.filtered_per_step}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Coverage | None:
-        try:
-            return cls(int(d["launches"]), int(d["matched"]), MatchHow(d["how"]),
-                       {str(k): int(v) for k, v in (d.get("phases") or {}).items()},
-                       {str(k): tuple(int(x) for x in v) for k, v in (d.get("layers") or {}).items()},
-                       int(d["layers_total"]) if d.get("layers_total") is not None else None,
-                       {str(k): int(v) for k, v in (d.get("parts") or {}).items()},
-                       tuple(int(x) for x in d.get("microbatches") or ()),
-                       float(d["filtered_per_step"]) if d.get("filtered_per_step") is not None else None)
-        except (KeyError, TypeError, ValueError):
-            return None
-
-
 def coverage(match: LaunchMatch, launches: int) -> Coverage:
     phases: dict[str, int] = {}
     layers: dict[str, set[int]] = {}

@@ -1,7 +1,7 @@
 """What an Nsight Compute capture's rows say to do, per budget part (issue 45 item 3).
 
-The step budget carries, in each part's ``ncu`` detail, the per-category summaries of the job's latest
-ncu capture (perfd.analytics.ncu.join.CategorySummary JSON: compute and memory speed of light weighted
+The step budget carries, on each part (BudgetPart.ncu), the per-category summaries of the job's latest
+ncu capture (perfd.analytics.breakdown.ncu_rows.CategorySummary: compute and memory speed of light weighted
 by each kernel's profiled time). Read against the ceilings, they decide what kind of remedy can help
 that part's kernels — which is not always a faster kernel:
 
@@ -25,18 +25,17 @@ Each verdict is typed (:class:`RowVerdict`); the findings carry it (:class:`NcuF
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import ncu_classes
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, RowsWhy
-from perfd.analytics.breakdown.budget import BudgetPart, StepBudget
+from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
+from perfd.analytics.breakdown.ncu_rows import CategorySummary, Coverage
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.analytics.ncu.launches import Coverage
-from perfd.typed import obj, objs
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 # NVIDIA's kernel bound -> the class ncu rows vote for (the registry's ClassEntry.ncu_bound)
@@ -83,37 +82,27 @@ class NcuRecommendation(Recommendation):
     facts: PartVerdict | None = field(default=None, metadata={"json": False})
 
 
+def _f(v: float | None) -> float | None:
+    return float(v) if v is not None else None
+
+
 def part_verdicts(b: StepBudget) -> list[PartVerdict]:
     """Every category summary on the budget's parts that calls for a verdict, costliest part first."""
     out = []
     for p in sorted(b.parts, key=lambda p: -p.ms):
-        for c in _rows(p):
-            cat = str(c.get("category") or "")
+        for row in p.ncu or ():
+            c = row.summary
             # the part of the op that launched them where matched launch by launch (on a timers'
             # budget it sits on the undivided compute part, but attention's GEMMs stay attention's)
-            of = str(c["part"]) if c.get("part") else None
-            v = verdict_of(cat, c, of or p.part.value, figure(p.detail, "of_ceiling"))
+            compute, dram, tensor = _f(c.compute_throughput), _f(c.dram_throughput), _f(c.tensor_pipe)
+            v = verdict_of(c.category, compute, dram, tensor, c.bound, c.part or p.part.value,
+                           figure(p.detail, "of_ceiling"))
             if v is not None:
-                out.append(PartVerdict(v, p.part.value, cat, int(figure(c, "kernels") or 0), p.ms,
-                                       figure(c, "compute_throughput"), figure(c, "memory_throughput"),
-                                       figure(c, "dram_throughput"), figure(c, "tensor_pipe"),
-                                       str(c.get("capture") or ""), _chosen(c), _covered(c),
-                                       of if of != p.part.value else None))
+                out.append(PartVerdict(v, p.part.value, c.category, c.kernels, p.ms, compute,
+                                       _f(c.memory_throughput), dram, tensor, row.capture,
+                                       row.kernel_choice.text if row.kernel_choice is not None else "",
+                                       row.coverage, c.part if c.part != p.part.value else None))
     return out
-
-
-def _chosen(c: Mapping[str, object]) -> str:
-    choice = c.get("kernel_choice")
-    return str(choice.get("text") or "") if isinstance(choice, Mapping) else ""
-
-
-def _covered(c: Mapping[str, object]) -> Coverage | None:
-    cov = c.get("coverage")
-    return Coverage.from_json(cov) if isinstance(cov, Mapping) else None
-
-
-def _rows(p: BudgetPart) -> list[Mapping[str, object]]:
-    return objs(p.detail.get("ncu"))
 
 
 def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendation]]:
@@ -129,13 +118,13 @@ def ncu_rows(b: StepBudget, label: str) -> tuple[list[Finding], list[Recommendat
     return fs, rs
 
 
-def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | None
+def rows_class(categories: Sequence[CategorySummary], compute_ms: float | None
                ) -> tuple[BottleneckClass, RowsWhy, float | None]:
     """(class, why, coverage) from an ncu capture's category summaries, for a job with no timeline: the
     rows' profiled time against the step's compute time (``compute_ms``, the budget's) is their
     coverage; at CLASS_COVERAGE or more, the class NVIDIA's rule gives most of their time (compute- or
     memory-bound; neither holding half of it: mixed); under it, unknown, and the reason says why."""
-    profiled = sum(figure(c, "profiled_ms") or 0.0 for c in categories)
+    profiled = sum(float(c.profiled_ms) for c in categories)
     if not compute_ms or compute_ms <= 0 or profiled <= 0:
         return BottleneckClass.UNKNOWN, RowsWhy(None), None
     coverage = profiled / compute_ms
@@ -143,9 +132,8 @@ def rows_class(categories: Sequence[Mapping[str, object]], compute_ms: float | N
         return BottleneckClass.UNKNOWN, RowsWhy(coverage), coverage
     by: dict[str, float] = {}
     for c in categories:
-        for bound, ms in obj(c.get("bound_ms")).items():
-            if isinstance(ms, (int, float)):
-                by[str(bound)] = by.get(str(bound), 0.0) + float(ms)
+        for bound, ms in c.bound_ms.items():
+            by[bound] = by.get(bound, 0.0) + float(ms)
     total = sum(by.values())
     top = max(by, key=lambda k: by[k]) if by else None
     cls = NCU_CLASSES.get(top or "", BottleneckClass.MIXED)
