@@ -14,7 +14,7 @@ stalls.py, incidents.py) import them without the coordinator (which imports the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,8 @@ from perfd.analytics.breakdown.ncu_rows import (
     NcuCategory,
 )
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.run.arming import ArmingCost
-from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.analytics.run.arming import ArmingCost, measure_arming
+from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, StepRecord, capture_tool
 from perfd.report.bottleneck_text import vote_reason
 from perfd.typed import obj, objs
 
@@ -263,6 +263,22 @@ class NcuRows:
     categories: tuple[NcuCategory, ...] = ()
     kernels: tuple[JoinedKernel, ...] = ()
     joined_to: str | None = None
+
+
+RecordsOf = Callable[[str], tuple[list[StepRecord], Any, str | None] | None]
+
+
+def arming_of(recs: Sequence[CaptureRecord], records_of: RecordsOf,
+              windows_of: Callable[[str], list[tuple[float, float]]]) -> ArmingCost | None:
+    """What arming ncu cost the ranks of the first of ``recs`` that says when its ranks were armed,
+    measured from its job's steps (``records_of``: the job store's records and layout) outside its
+    captures' windows; None when unmeasured."""
+    for rec in recs:
+        at = dict(rec.result.armed_at) if rec.result is not None else {}
+        got = records_of(rec.job)
+        if at and got is not None:
+            return measure_arming(got[0], at, windows_of(rec.job))
+    return None
 
 
 def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:

@@ -9,20 +9,18 @@ webhook), so cooldowns, rate limits and "one capture per process" hold whoever a
 
 from __future__ import annotations
 
-import copy
 import logging
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.capture_ready import ReadyGate
-from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, Decided
+from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, Decided, arming_of
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state_readers import CaptureState
@@ -36,7 +34,6 @@ from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.analytics.run.arming import ArmingCost, measure_arming
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
@@ -85,14 +82,16 @@ class CaptureCoordinator:
             engine.resolve_targets = self._resolve_targets
             engine.ready = self._ready
         self.ready = ReadyGate(self._snapshot, state.hook_seen)  # rules wait for a ready target
-        # The HTTP thread and the evaluation task both come here; re-entrant because evaluating
-        # analyses jobs, whose analysis asks this coordinator for the job's capture windows.
-        self._lock = threading.RLock()
-        self.captures: dict[str, CaptureRecord] = {}
+        # The capture records, the state's (its analyses read them): written here, under the book's lock
+        # (the HTTP thread and the evaluation task both come here; re-entrant because diagnosing a
+        # capture analyses its job, whose analysis reads the job's records).
+        self.book = state.capture_book
+        self._lock = self.book.lock
+        self.captures = self.book.records
         self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
         self.evaluations = 0
         self.firings_total = 0
-        state.attach_captures(self)  # capture progress reported by the agents; the jobs' records
+        state.add_event_listener(self.on_event)  # capture progress reported by the agents
 
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.retention): its request window and its rules' states
@@ -394,7 +393,7 @@ class CaptureCoordinator:
                 if rec.status is CaptureStatus.FINISHED:
                     self._diagnose(rec)
                 if rec.status.ended:
-                    rec.arming = self._arming([rec])
+                    rec.arming = arming_of([rec], self.state.records_and_layout, self.state.capture_windows)
             cause = result.cause if result is not None else None
             if rec.status.ended:
                 rec.cause = cause if rec.status is not CaptureStatus.FINISHED else None
@@ -464,33 +463,6 @@ class CaptureCoordinator:
             rec.bottleneck, rec.basis = d.bottleneck, d.basis
             rec.decided = Decided(rank, dev, devices)
             rec.budget = d.budgets[dev]
-
-    def arming(self, job: str) -> ArmingCost | None:
-        """What arming ncu costs the job's armed ranks now (the latest ncu capture that says when its
-        ranks were armed), measured from the steps the job store holds; None when unmeasured."""
-        with self._lock:
-            recs = sorted((r for r in self.captures.values() if r.job == job and r.tool == "ncu"),
-                          key=lambda r: r.requested_at, reverse=True)
-        return self._arming(recs[:1])
-
-    def _arming(self, recs: Sequence[CaptureRecord]) -> ArmingCost | None:
-        for rec in recs:
-            at = dict(rec.result.armed_at) if rec.result is not None else {}
-            got = self.state.records_and_layout(rec.job)
-            if at and got is not None:
-                return measure_arming(got[0], at, self.state.capture_windows(rec.job))
-        return None
-
-    def of_job(self, job: str) -> list[CaptureRecord]:
-        """The job's capture records, each a copy as of now (the coordinator goes on changing its own)."""
-        with self._lock:
-            return [copy.copy(r) for r in self.captures.values() if r.job == job]
-
-    def restore(self, records: Iterable[CaptureRecord]) -> None:
-        """Records the state store kept (perfd.aggregator.durable), back at start."""
-        with self._lock:
-            for rec in records:
-                self.captures[rec.id] = rec
 
     def _release(self, cid: str) -> None:
         f = self._firing_of.pop(cid, None)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from perfd.aggregator.capture_records import CaptureRecord, ncu_of
 from perfd.aggregator.incidents import IncidentTracker
@@ -26,7 +26,6 @@ from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.ncu_verdicts import rows_class
-from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.steps.liveness import stale_after
 from perfd.model import CaptureStatus
 
@@ -34,31 +33,6 @@ STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS 
 STEPPING_STEPS = 3
 
 CapturesOf = Callable[[str], list[CaptureRecord]]
-
-
-class CaptureSource(Protocol):
-    """What the state reads of the capture coordinator (perfd.aggregator.captures), which attaches
-    itself (AggregatorState.attach_captures): each job's capture records, what arming ncu
-    costs its armed ranks, and the capture progress events the agents report."""
-
-    def of_job(self, job: str) -> list[CaptureRecord]: ...
-
-    def arming(self, job: str) -> ArmingCost | None: ...
-
-    def on_event(self, ev: Mapping[str, object]) -> None: ...
-
-
-class NoCaptures:
-    """The capture source of a state no coordinator attached to (tests, tools): no captures."""
-
-    def of_job(self, job: str) -> list[CaptureRecord]:
-        return []
-
-    def arming(self, job: str) -> ArmingCost | None:
-        return None
-
-    def on_event(self, ev: Mapping[str, object]) -> None:
-        pass
 
 
 def in_span(t: Any, lo: float | None, hi: float | None, slack_s: float = 1.0) -> bool:

@@ -200,7 +200,7 @@ def _restore_documents(agg: AggregatorParts, store: StateStore, counts: dict[str
             counts["unreadable"] += 1
             log.warning("state store: a capture record left out, unreadable (%s: %s)", type(exc).__name__,
                         str(exc)[:200])
-    agg.captures.restore(caps)
+    agg.state.capture_book.restore(caps)
     rules = store.get_doc("rules")
     eng = agg.captures.engine
     if rules and eng is not None:

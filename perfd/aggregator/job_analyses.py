@@ -20,8 +20,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from perfd.aggregator.capture_records import CaptureRecord
-from perfd.aggregator.class_inputs import CaptureSource, ClassInputs, NoCaptures
+from perfd.aggregator.capture_book import CaptureBook
+from perfd.aggregator.capture_records import CaptureRecord, arming_of
+from perfd.aggregator.class_inputs import ClassInputs
 from perfd.aggregator.collectives import CollectiveStore, metric_rows
 from perfd.aggregator.gpu_views import PlacementCache, SnapshotView
 from perfd.aggregator.hosts import HostView
@@ -49,8 +50,10 @@ log = logging.getLogger(__name__)
 class JobAnalyses:
     def __init__(self, changes: Changes, jobs: JobStore, nodes: NodeView, collectives: CollectiveStore,
                  incidents: IncidentTracker, hosts: HostView, stalls: StallWatch, placements: PlacementCache,
-                 gpu_baseline: GpuBaseline, job_stale_after_s: float | None = None) -> None:
-        """``job_stale_after_s``: --job-stale-after (None: from each job's own steps)."""
+                 gpu_baseline: GpuBaseline, captures: CaptureBook,
+                 job_stale_after_s: float | None = None) -> None:
+        """``captures``: the capture records the coordinator keeps (read here, never written);
+        ``job_stale_after_s``: --job-stale-after (None: from each job's own steps)."""
         self.changes = changes
         self.jobs = jobs
         self.nodes = nodes
@@ -61,8 +64,7 @@ class JobAnalyses:
         self.placements = placements
         self.gpu_baseline = gpu_baseline
         self.job_stale_after_s = job_stale_after_s
-        # The capture coordinator, once it attaches (attach_captures): the jobs' capture records.
-        self._captures: CaptureSource = NoCaptures()
+        self._captures = captures
         self.inputs = ClassInputs(jobs, nodes, incidents, self.captures_of, lambda: job_stale_after_s)
         # What the jobs' GPUs and hosts show, read for their incidents and steady baselines.
         self.sightings = Sightings(jobs, nodes, hosts, placements, gpu_baseline, self.inputs.stepping)
@@ -89,10 +91,6 @@ class JobAnalyses:
         self.snapshots.forget(job)
 
     # ---- what an analysis reads of the other parts (perfd.aggregator.job_inputs.AnalysisInputs) -----
-    def attach_captures(self, source: CaptureSource) -> None:
-        """The capture coordinator: its records are what captures_of and arming_of read."""
-        self._captures = source
-
     def captures_of(self, job: str) -> list[CaptureRecord]:
         """The job's capture records (JSON), for incidents and for marking the iterations a capture
         disturbed."""
@@ -105,7 +103,7 @@ class JobAnalyses:
         a = self.jobs.cached_analysis(job)
         if a is not None and a.summary.arming is not None:
             return a.summary.arming
-        return self._captures.arming(job)
+        return arming_of(self._captures.latest_ncu(job), self.jobs.records_and_layout, self.capture_windows)
 
     def capture_windows(self, job: str) -> list[tuple[float, float]]:
         """(start, end) of the job's captures, as the job store marks their iterations disturbed."""

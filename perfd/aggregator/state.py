@@ -36,10 +36,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.capture_records import CaptureRecord
-from perfd.aggregator.class_inputs import CaptureSource
 from perfd.aggregator.collectives import CollectiveStore, FoldInputs
-from perfd.aggregator.eventlog import EventLog
+from perfd.aggregator.eventlog import EventLog, Listener
 from perfd.aggregator.gpu_views import PlacementCache
 from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import GpuBaseline, IncidentTracker
@@ -121,8 +121,12 @@ class AggregatorState:
         self.gpu_baseline = GpuBaseline()
         self.hosts = HostView()  # the jobs' rank processes on their hosts (collectors/ranks)
         self.stalls = StallWatch(changes, send, stall_phase_max_s)
+        # The capture records: the coordinator (perfd.aggregator.captures) writes them, the analyses read
+        # them.
+        self.capture_book = CaptureBook()
         self._analyses = JobAnalyses(changes, jobs, nodes, self.collectives, self.incidents, self.hosts,
-                                     self.stalls, placements, self.gpu_baseline, job_stale_after_s)
+                                     self.stalls, placements, self.gpu_baseline, self.capture_book,
+                                     job_stale_after_s)
         self._reads = StateReads(jobs, nodes, self.collectives, self.log, self.serving, self.incidents,
                                  self.hosts, placements)
         self._ingest = StateIngest(changes, jobs, nodes, self.collectives, self.log, self.serving,
@@ -131,11 +135,10 @@ class AggregatorState:
         self.snapshots = self._analyses.snapshots
         self.sightings = self._analyses.sightings
 
-    def attach_captures(self, source: CaptureSource) -> None:
-        """The capture coordinator: every event ingested goes to it (the capture progress the agents
-        report), and its records are what captures_of and arming_of read."""
-        self._analyses.attach_captures(source)
-        self.log.listeners.append(source.on_event)
+    def add_event_listener(self, listener: Listener) -> None:
+        """Every event ingested from now on goes to ``listener`` too (the capture coordinator takes the
+        capture progress the agents report)."""
+        self.log.listeners.append(listener)
 
     @property
     def job_stale_after_s(self) -> float | None:

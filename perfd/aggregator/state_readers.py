@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from perfd.aggregator.class_inputs import CaptureSource
+from perfd.aggregator.capture_book import CaptureBook
+from perfd.aggregator.eventlog import Listener
 from perfd.aggregator.job_rows import JobRowSource
 from perfd.aggregator.nodes import GpuKey, NodeSeries
 from perfd.aggregator.snapshot import Analysed, JobSnapshot
@@ -75,9 +76,12 @@ class HttpState(JobReader, JobRowSource, Protocol):
 class CaptureState(JobReader, JobRowSource, Protocol):
     """What the capture coordinator (perfd.aggregator.captures) reads: the jobs' snapshots and rows
     (its rules' scopes), their agents and nodes, hooks, records and capture windows (a capture's
-    target and diagnosis); it attaches itself as the state's capture source and logs its own events."""
+    target and diagnosis); the capture records it keeps (the state's, which its analyses read), the
+    events ingested (the agents' capture progress) and its own events it logs."""
 
-    def attach_captures(self, source: CaptureSource) -> None: ...
+    capture_book: CaptureBook
+
+    def add_event_listener(self, listener: Listener) -> None: ...
 
     def ingest_events(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None: ...
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state_readers import JobReader
@@ -25,6 +26,7 @@ class HeldState(JobReader, Protocol):
     saves of the state and puts back at start (its replay goes through the aggregator's ingest)."""
 
     replaying: bool  # the state store's replay runs: its step conflicts are not logged anew
+    capture_book: CaptureBook  # the capture records (the state store keeps them; put back at start)
 
     def agents_seen(self) -> dict[str, float]: ...
 

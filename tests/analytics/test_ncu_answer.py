@@ -148,7 +148,7 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     stretches = a.summary.capture_disturbances.to_json()["stretches"]
     assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
     assert range_it not in a.steady.iterations
-    done = coord.of_job(JOB)[0]
+    done = coord.book.of_job(JOB)[0]
     assert done.range_held_s == 35.0 and done.arming is None
     summary = job_summary(st, JOB)
     assert summary is not None and summary["report"]["arming"] is None
@@ -162,7 +162,7 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
     step is the capture's."""
     base, armed, armed_at, window = runs()
     st, coord = _replayed([*base, *armed], window, armed_at)
-    done = coord.of_job(JOB)[0]
+    done = coord.book.of_job(JOB)[0]
     arming = done.arming
     assert arming is not None and arming.basis is ArmingBasis.EARLIER_STEPS and arming.ratio > 2.5
     summary = job_summary(st, JOB)

@@ -14,9 +14,7 @@ job's three runs replayed through the aggregator as its agent sent them, each fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -46,24 +44,12 @@ pytestmark = pytest.mark.xdist_group("ncu_workflow")
 AGENT = "vm/ncu-workflow"
 
 
-class Windows:
-    """The capture source of the recording: each capture's record as far as its window goes (it
-    started and finished; no result, bottleneck or arming of its own)."""
-
-    def __init__(self) -> None:
-        self.records = [CaptureRecord(id=f"c{i}", job=JOB, ranks=None, tool="ncu", steps=0, origin="manual",
-                                      requested_at=a, status=CaptureStatus.FINISHED, started_at=a,
-                                      finished_at=b)
-                        for i, (a, b) in enumerate(capture_windows())]
-
-    def of_job(self, job: str) -> list[CaptureRecord]:
-        return list(self.records)
-
-    def arming(self, job: str) -> None:
-        return None
-
-    def on_event(self, ev: Mapping[str, Any]) -> None:
-        pass
+def windows() -> list[CaptureRecord]:
+    """The recording's captures: each one's record as far as its window goes (it started and finished;
+    no result, bottleneck or arming of its own)."""
+    return [CaptureRecord(id=f"c{i}", job=JOB, ranks=None, tool="ncu", steps=0, origin="manual",
+                          requested_at=a, status=CaptureStatus.FINISHED, started_at=a, finished_at=b)
+            for i, (a, b) in enumerate(capture_windows())]
 
 
 def parsed(run: int) -> tuple[JobInfo, list[StepRecord]]:
@@ -76,7 +62,7 @@ def live_state(upto: int) -> tuple[AggregatorState, list[RunAnalysis]]:
     """The aggregator after runs 1..``upto`` arrived in order (job info before each run's records, one
     record a batch), the captures' windows as the capture records give them; an analysis after each run."""
     state = AggregatorState(gpu_override=GPU)
-    state.attach_captures(Windows())
+    state.capture_book.restore(windows())
     out = []
     for run in RUNS[:upto]:
         info, records = parsed(run)
@@ -177,7 +163,7 @@ def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path: Path
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=str(tmp_path)))
         assert agg.store is not None
         restore(agg, agg.store)
-        agg.state.attach_captures(Windows())  # the recording's captures, not the coordinator's (none)
+        agg.state.capture_book.restore(windows())  # the recording's captures (the coordinator has none)
         return agg
 
     seq = [0]

@@ -46,7 +46,7 @@ def _diagnosed() -> CaptureRecord:
     for kind, at, payload in (("capture_started", end - 19.0, None), ("capture_finished", end - 10.0, done)):
         st.ingest_events("agent-a", [{"kind": kind, "time": at, "job": JOB, "text": kind, "payload": payload,
                                       "links": {"command_id": rec.id, "capture_id": "c1"}}])
-    (got,) = coord.of_job(JOB)
+    (got,) = coord.book.of_job(JOB)
     return got
 
 
@@ -107,9 +107,10 @@ def test_a_kept_capture_of_a_status_this_version_does_not_know_is_left_out_count
     coord = CaptureCoordinator(AggregatorState(), None, lambda agent, cmd: True)
     counts = {"unreadable": 0}
 
-    class Parts:  # what _restore_documents reads of the aggregator: its captures
+    class Parts:  # what _restore_documents reads of the aggregator: its state's capture records
         captures = coord
+        state = coord.state
 
     _restore_documents(Parts(), store, counts)  # type: ignore[arg-type]
     assert counts["unreadable"] == 1
-    assert [(c.id, c.status) for c in coord.of_job(JOB)] == [("c1", CaptureStatus.FAILED)]
+    assert [(c.id, c.status) for c in coord.book.of_job(JOB)] == [("c1", CaptureStatus.FAILED)]

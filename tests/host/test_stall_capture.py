@@ -94,7 +94,7 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
     assert dist["n"] >= 1 and any(s["first_iteration"] <= 21 <= s["last_iteration"]
                                   for s in dist["stretches"])
     assert a.incidents == [] and 21 not in a.steady.iterations
-    done = coord.of_job(JOB)[0]
+    done = coord.book.of_job(JOB)[0]
     assert done.status == "finished" and done.range_held_s == pytest.approx(HELD_S - 0.2)
 
 
