@@ -16,10 +16,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from perfd import limits as L
-from perfd.events import JOB_PHASE, PHASES, RANK_PROCESSES, RANK_STACKS, payload_of
+from perfd.events import (
+    JOB_PHASE,
+    PHASES,
+    RANK_PROCESSES,
+    RANK_STACKS,
+    LaunchExit,
+    Phase,
+    RankHost,
+    RankProcesses,
+    RankStack,
+    RankStacks,
+    payload_of,
+)
 from perfd.typed import obj
 
 MAX_PHASE_KEYS = 4096  # announcing sources per job (a rank's hook, the log)
@@ -28,46 +40,82 @@ MAX_STACK_ANSWERS = 8  # stacks answers kept per job (the newest)
 STALE_AFTER_S = 15.0
 
 
+class HostObservation(RankHost, total=False):
+    """A rank's observation as the aggregator holds it: the agent's, with where and when it came."""
+
+    node: str  # the agent's node
+    agent: str
+    arrived_at: float  # the aggregator's clock
+    node_values: dict[str, float]  # node-wide values read beside it (RankProcesses.node)
+
+
+class HeldStack(RankStack, total=False):
+    """One rank's answer to a stacks request, with the node and agent that gave it."""
+
+    node: object  # the event's node label, as it came
+    agent: str
+
+
+class HeldStacks(RankStacks, total=False):
+    node: object  # the event's node label, as it came
+
+
+@dataclass(frozen=True)
+class Announced:
+    """A pause a job announced and has not ended (perfd.events.JobPhase)."""
+
+    phase: Phase
+    since: float  # when it arrived (the aggregator's clock)
+    iteration: int | None
+
+
+def _observation(r: RankHost, node: str, agent: str, arrived_at: float,
+                 node_values: Mapping[str, float] | None) -> HostObservation:
+    return HostObservation(**r, node=node, agent=agent, arrived_at=arrived_at,
+                           node_values=dict(node_values or {}))
+
+
 class HostView:
     def __init__(self, max_jobs: int = L.MAX_JOBS) -> None:
         self._lock = threading.Lock()
         self.max_jobs = max_jobs
         # job -> (agent, node) -> (arrived at, payload of its latest rank_processes)
-        self._ranks: OrderedDict[str, dict[tuple[str, str], tuple[float, dict[str, Any]]]] = OrderedDict()
-        # job -> source key -> {"phase", "since", "iteration"} while announced and not ended
-        self._phases: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._ranks: OrderedDict[str, dict[tuple[str, str], tuple[float, RankProcesses]]] = OrderedDict()
+        # job -> source key -> its pause while announced and not ended
+        self._phases: dict[str, dict[tuple[str, str], Announced]] = {}
         self._phase_ended: dict[str, float] = {}  # job -> when its last announced pause ended
         # job -> command id -> agent -> payload
-        self._stacks: dict[str, OrderedDict[str, dict[str, dict[str, Any]]]] = {}
+        self._stacks: dict[str, OrderedDict[str, dict[str, HeldStacks]]] = {}
         # job -> rank -> its newest observation a later step record confirms was taken while the job
         # stepped: what a finished job's report fits its data-loading action to (its CPUs while it
         # trained: its workers, its load; not its teardown, not its exit)
-        self._running: dict[str, dict[int, dict[str, Any]]] = {}
+        self._running: dict[str, dict[int, HostObservation]] = {}
         # job -> rank -> its newest observation of a live process, until a step confirms it
-        self._unconfirmed: dict[str, dict[int, dict[str, Any]]] = {}
+        self._unconfirmed: dict[str, dict[int, HostObservation]] = {}
         self._ended: dict[str, tuple[float, str]] = {}  # job -> (when, why) its processes ended
 
     # ---- state events (the gRPC side) -----------------------------------------------------------
     def on_rank_processes(self, agent_id: str, ev: Mapping[str, object]) -> bool:
-        p = payload_of(ev, RANK_PROCESSES)
+        p: RankProcesses | None = payload_of(ev, RANK_PROCESSES)
         if p is None or not isinstance(p.get("job"), str) or not isinstance(p.get("ranks"), list):
             return False
-        ranks = [dict(r) for r in p["ranks"][:L.MAX_RANKS_PER_AGENT] if isinstance(r, Mapping)
+        ranks = [RankHost(**r) for r in p["ranks"][:L.MAX_RANKS_PER_AGENT] if isinstance(r, Mapping)
                  and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int)]
         node = str(obj(ev.get("labels")).get("node") or agent_id)
         job = p["job"]
         now = time.time()
         launch = p.get("launch") if isinstance(p.get("launch"), Mapping) else None
+        kept = RankProcesses(**p)
+        kept["ranks"] = ranks
         with self._lock:
             held = self._ranks.pop(job, None) or {}
-            held[(agent_id, node)] = (now, {**p, "ranks": ranks})
+            held[(agent_id, node)] = (now, kept)
             self._note_end(job, held, launch, now)
             self._ranks[job] = held  # newest last: the oldest job goes first past the cap
             pending = self._unconfirmed.setdefault(job, {})
             for r in ranks:
                 if r.get("state") not in ("gone", "zombie"):
-                    pending[r["rank"]] = {**r, "node": node, "agent": agent_id, "arrived_at": now,
-                                          "node_values": dict(p.get("node") or {})}
+                    pending[r["rank"]] = _observation(r, node, agent_id, now, p.get("node"))
             while len(self._ranks) > self.max_jobs:
                 old, _ = self._ranks.popitem(last=False)
                 self._phases.pop(old, None)
@@ -92,8 +140,8 @@ class HostView:
                 for r in seen:
                     running[r] = pending.pop(r)
 
-    def _note_end(self, job: str, held: Mapping[tuple[str, str], tuple[float, dict[str, Any]]],
-                  launch: Mapping[str, Any] | None, now: float) -> None:
+    def _note_end(self, job: str, held: Mapping[tuple[str, str], tuple[float, RankProcesses]],
+                  launch: LaunchExit | None, now: float) -> None:
         """Whether the job's processes ended, from its reports (lock held): its launch manifest says the
         launch exited, or every rank process any agent follows is gone; a live rank undoes it."""
         ranks = [r for _, p in held.values() for r in p["ranks"]]
@@ -108,7 +156,7 @@ class HostView:
                                 f"its launch exited{f' with code {code}' if isinstance(code, int) else ''} "
                                 "(launch manifest)")
         elif ranks:
-            gone = [r.get("state_since") for r in ranks if isinstance(r.get("state_since"), (int, float))]
+            gone = [t for r in ranks if isinstance(t := r.get("state_since"), (int, float))]
             self._ended[job] = (max(gone) if gone else now,
                                 f"its {len(ranks)} rank process(es) exited (gone from their hosts)")
 
@@ -129,23 +177,23 @@ class HostView:
             if p["state"] == "end":
                 if held.pop(key, None) is not None:
                     self._phase_ended[job] = time.time()
-            elif key in held and held[key]["phase"] == p["phase"]:
+            elif key in held and held[key].phase == p["phase"]:
                 pass  # announced again: it began when it first did (a re-announcement is no new pause)
             elif key in held or len(held) < MAX_PHASE_KEYS:
                 it = p.get("iteration")
-                held[key] = {"phase": p["phase"], "since": time.time(),
-                             "iteration": it if isinstance(it, int) else None}
+                held[key] = Announced(p["phase"], time.time(), it if isinstance(it, int) else None)
         return True
 
     def on_rank_stacks(self, agent_id: str, ev: Mapping[str, object]) -> bool:
-        p = payload_of(ev, RANK_STACKS)
+        p: RankStacks | None = payload_of(ev, RANK_STACKS)
         if p is None or not isinstance(p.get("ranks"), Mapping):
             return False
         job = str(p.get("job") or ev.get("job") or "")
         cid = str(p.get("command_id") or "")
         with self._lock:
             held = self._stacks.setdefault(job, OrderedDict())
-            held.setdefault(cid, {})[agent_id] = {**p, "node": obj(ev.get("labels")).get("node")}
+            answer = HeldStacks(**p, node=obj(ev.get("labels")).get("node"))
+            held.setdefault(cid, {})[agent_id] = answer
             held.move_to_end(cid)
             while len(held) > MAX_STACK_ANSWERS:
                 held.popitem(last=False)
@@ -153,28 +201,27 @@ class HostView:
 
     # ---- readers ---------------------------------------------------------------------------------
     def observations(self, job: str, now: float | None = None, max_age_s: float = STALE_AFTER_S
-                     ) -> dict[int, dict[str, Any]]:
+                     ) -> dict[int, HostObservation]:
         """rank -> its newest observation (a RankHost mapping) with ``node``, ``agent`` and
         ``arrived_at``, from reports that arrived within ``max_age_s``."""
         now = time.time() if now is None else now
         with self._lock:
             reports = list((self._ranks.get(job) or {}).items())
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, HostObservation] = {}
         for (agent, node), (arrived, p) in reports:
             if now - arrived > max_age_s:
                 continue
             for r in p["ranks"]:
                 held = out.get(r["rank"])
                 if held is None or arrived >= held["arrived_at"]:
-                    out[r["rank"]] = {**r, "node": node, "agent": agent, "arrived_at": arrived,
-                                      "node_values": dict(p.get("node") or {})}
+                    out[r["rank"]] = _observation(r, node, agent, arrived, p.get("node"))
         return out
 
-    def last_running(self, job: str) -> dict[int, dict[str, Any]]:
+    def last_running(self, job: str) -> dict[int, HostObservation]:
         """rank -> its newest observation taken while the job stepped (a step record came after it;
         as :meth:`observations`, any age)."""
         with self._lock:
-            return {r: dict(o) for r, o in (self._running.get(job) or {}).items()}
+            return {r: o.copy() for r, o in (self._running.get(job) or {}).items()}
 
     def agents_of(self, job: str) -> set[str]:
         """The agents that report the job's rank processes (where a stacks request goes)."""
@@ -187,8 +234,8 @@ class HostView:
             held = list((self._phases.get(job) or {}).values())
         if not held:
             return None
-        first = min(held, key=lambda h: h["since"])
-        return str(first["phase"]), float(first["since"])
+        first = min(held, key=lambda h: h.since)
+        return first.phase, first.since
 
     def phase_ended_at(self, job: str) -> float | None:
         """When the job's last announced pause ended (its steps come some seconds after)."""
@@ -196,19 +243,19 @@ class HostView:
             return self._phase_ended.get(job)
 
     def stacks(self, job: str, command_id: str, agents: Collection[str] | None = None
-               ) -> dict[str, dict[str, Any]]:
+               ) -> dict[str, HeldStack]:
         """rank -> {pid, stack | error, node, agent} of one stacks request's answers so far, from
         ``agents`` only (those it was sent to) when given."""
         with self._lock:
             held = self._stacks.get(job)
             answers = dict(held.get(command_id) or {}) if held is not None else {}
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, HeldStack] = {}
         for agent, p in answers.items():
             if agents is not None and agent not in agents:
                 continue
             for rank, entry in (p.get("ranks") or {}).items():
                 if isinstance(entry, Mapping):
-                    out[str(rank)] = {**entry, "node": p.get("node"), "agent": agent}
+                    out[str(rank)] = HeldStack(**entry, node=p.get("node"), agent=agent)
         return out
 
     def forget(self, job: str) -> None:

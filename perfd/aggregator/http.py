@@ -162,18 +162,16 @@ def gpu_sources(state: HttpState, snap: JobSnapshot) -> list[dict[str, Any]]:
 
 # What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
 RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "cpu_demand_cores",
-                    "allowed_cpus",
-                    "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "children",
-                    "children_cpu_cores", "cgroup", "throttled_ratio",
-                    "cpu_quota_cores", "pressure", "pressure_source", "oom_kills", "threads", "observed_at",
-                    "arrived_at")
+                    "allowed_cpus", "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "children",
+                    "children_cpu_cores", "cgroup", "throttled_ratio", "cpu_quota_cores", "pressure",
+                    "pressure_source", "oom_kills", "threads", "observed_at", "arrived_at")
 
 
 def rank_hosts(snap: JobSnapshot) -> list[dict[str, Any]]:
     """Each rank process of the job as its node's agent last reported it (collectors/ranks): state,
     CPU use, run-queue wait, allowed CPUs and their busy share, the processes that ran on them."""
-    return [{"rank": r, **{k: o[k] for k in RANK_HOST_FIELDS if k in o}}
-            for r, o in sorted(snap.hosts().items())]
+    hosts: dict[int, Mapping[str, object]] = dict(snap.hosts())
+    return [{"rank": r, **{k: o[k] for k in RANK_HOST_FIELDS if k in o}} for r, o in sorted(hosts.items())]
 
 
 def rank_view(state: HttpState, snap: JobSnapshot, world_size: int | None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
+from perfd.aggregator.hosts import HostObservation
 from perfd.aggregator.incident_records import TrackedIncident
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import HANG
@@ -54,7 +55,7 @@ class GpuReader(Protocol):
 
 
 class HostReader(Protocol):
-    def __call__(self, now: float | None = None) -> dict[int, dict[str, Any]]: ...
+    def __call__(self, now: float | None = None) -> dict[int, HostObservation]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +81,7 @@ class JobSnapshot:
     stale_after_override_s: float | None  # --job-stale-after
     gpus: GpuReader  # the job's GPUs: processes, values, throttles, read when called
     hosts: HostReader  # rank -> its process's newest host observation, read when called
-    hosts_last_running: Callable[[], dict[int, dict[str, Any]]]  # ... the newest while it ran
+    hosts_last_running: Callable[[], dict[int, HostObservation]]  # ... the newest while it ran
     # (when, why) its processes ended as its agents report them (its launch manifest, its ranks gone):
     # the job is ended at once, not once its last step is stale (perfd.aggregator.hosts)
     ended: tuple[float, str] | None = None
