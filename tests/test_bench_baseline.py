@@ -13,13 +13,11 @@ import pytest
 from benchmarks.baseline_bench import JOB, build
 from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVERY_S, GpuBaseline
-from perfd.aggregator.state import GpuKey
+from perfd.aggregator.nodes import GpuView
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents.detect import Incident
 from perfd.cli import main
 from perfd.report.incident_text import hint_json
-
-GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
 
 
 @pytest.mark.slow

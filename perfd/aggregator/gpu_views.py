@@ -26,6 +26,7 @@ from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gp
 from perfd.analytics.incidents.evidence import Evidence, causal_key
 from perfd.analytics.incidents.host_evidence import host_items
 from perfd.analytics.incidents.incident_evidence import RankSnapshot
+from perfd.events import GpuProcess
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 SNAPSHOT_SERIES = frozenset({
@@ -80,7 +81,7 @@ class SnapshotView:
     """What incident snapshots read of a job's GPUs, and when (``taken_at``: the time it was read)."""
 
     taken_at: float
-    procs: Mapping[GpuKey, list[dict[str, Any]]]
+    procs: Mapping[GpuKey, list[GpuProcess]]
     values: Mapping[GpuKey, dict[str, float]]
     throttles: Mapping[GpuKey, list[str]]
     placed: Mapping[int, RankPlacement]
@@ -118,7 +119,7 @@ class PlacementCache:
         return self._put(job, world_size, Placement(version, agents_f, len(procs), ranks, t1, t1 - t0))
 
     def from_view(self, job: str, agents: Collection[str], version: int,
-                  procs: Mapping[GpuKey, list[dict[str, Any]]]) -> Mapping[int, RankPlacement]:
+                  procs: Mapping[GpuKey, list[GpuProcess]]) -> Mapping[int, RankPlacement]:
         """The placement of ``procs``, the job's process lists read (NodeView.gpu_view with
         ``job``: the same lists procs_of gives) after ``version`` was taken: the held one when
         nothing changed since, else computed from them and held."""

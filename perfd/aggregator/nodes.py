@@ -28,7 +28,7 @@ from typing import Any
 
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
-from perfd.events import GPU_PODS, GPU_PROCESSES, payload_of
+from perfd.events import GPU_PODS, GPU_PROCESSES, GpuOwner, GpuProcess, payload_of
 from perfd.model import LabelSet
 from perfd.placement import declared_job, declared_jobs
 from perfd.transport.codec import F64, I64, U32
@@ -36,6 +36,8 @@ from perfd.transport.series import SeriesKey
 from perfd.typed import obj
 
 GpuKey = tuple[str, str]  # (node, gpu index)
+# A view of GPUs: their process lists, latest values and active throttle reasons (NodeView.gpu_view)
+GpuView = tuple[dict[GpuKey, list[GpuProcess]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
 # catalog name -> GpmReading field
 _GPM_FIELDS = {"perfd_gpu_sm_util_ratio": "sm_util", "perfd_gpu_sm_occupancy_ratio": "sm_occupancy",
                "perfd_gpu_tensor_util_ratio": "tensor_util", "perfd_gpu_dram_bw_util_ratio": "dram_bw_util",
@@ -121,9 +123,9 @@ class NodeView:
         self.samples = 0
         self.undefined_samples = 0  # samples of an id with no held definition: dropped
         # (node, gpu) -> (agent, latest process list from the NVML collector)
-        self.gpu_procs: dict[GpuKey, tuple[str, list[dict[str, Any]]]] = {}
+        self.gpu_procs: dict[GpuKey, tuple[str, list[GpuProcess]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
-        self.gpu_pods: dict[str, list[dict[str, Any]]] = {}
+        self.gpu_pods: dict[str, list[GpuOwner]] = {}
         # Placement (perfd.placement), kept as process lists arrive so a job's GPUs are found
         # without walking every GPU: the job a GPU's series are labelled with, and the inverse of
         # every job its processes declare (a job's view takes each GPU where it runs).
@@ -261,7 +263,7 @@ class NodeView:
     # ---- state events ------------------------------------------------------------------------
     def on_gpu_processes(self, agent_id: str, ev: Mapping[str, object]) -> bool:
         """The latest process list of a GPU replaces the previous one; False if malformed."""
-        payload = payload_of(ev, GPU_PROCESSES)
+        payload: list[GpuProcess] | None = payload_of(ev, GPU_PROCESSES)
         if payload is None:
             return False
         labels = obj(ev.get("labels"))
@@ -393,7 +395,7 @@ class NodeView:
             return out
 
     def on_gpu_pods(self, agent_id: str, ev: Mapping[str, object]) -> bool:
-        payload = payload_of(ev, GPU_PODS)
+        payload: list[GpuOwner] | None = payload_of(ev, GPU_PODS)
         if payload is None:
             return False
         with self._lock:
@@ -414,8 +416,7 @@ class NodeView:
 
     def gpu_view(self, agents: Collection[str], names: Collection[str] | None = None, job: str | None = None,
                  procs: bool = True
-                 ) -> tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]],
-                            dict[GpuKey, list[str]]]:
+                 ) -> GpuView:
         """For the given agents: process lists, latest GPU values and active throttle reasons,
         each keyed by (node, gpu). ``names``: only these series (the rules read a few of ~25).
         ``job``: ``agents`` are that job's, and the view is of the job's GPUs (:meth:`_scope`).
@@ -444,7 +445,7 @@ class NodeView:
                             values.setdefault(key, {})[name] = vals[slot]
             return lists, values, throttles
 
-    def procs_of(self, agents: set[str], job: str | None = None) -> dict[GpuKey, list[dict[str, Any]]]:
+    def procs_of(self, agents: set[str], job: str | None = None) -> dict[GpuKey, list[GpuProcess]]:
         """The process lists of the given agents' GPUs (what rank placement needs, without the
         GPU values gpu_view also gathers); ``job``: of that job's GPUs, as :meth:`gpu_view`."""
         with self._lock:
@@ -458,7 +459,7 @@ class NodeView:
         with self._lock:
             return {agent: node for (node, _gpu), (agent, _p) in self.gpu_procs.items()}
 
-    def pods_by_gpu(self) -> dict[GpuKey, dict[str, Any]]:
+    def pods_by_gpu(self) -> dict[GpuKey, GpuOwner]:
         """(node, gpu index) -> the pod and container its GPU is allocated to (collectors/k8s),
         joined on the GPU UUID of the node's NVML series, or on the index the kubelet gave."""
         with self._lock:
@@ -469,7 +470,7 @@ class NodeView:
                     lab = dict(labels)
                     if name == MODEL_SERIES and "uuid" in lab:
                         index_of[(lab.get("node", agent), lab["uuid"])] = lab.get("gpu", "?")
-            out: dict[GpuKey, dict[str, Any]] = {}
+            out: dict[GpuKey, GpuOwner] = {}
             for node, owners in self.gpu_pods.items():
                 for o in owners:
                     uuid = o.get("uuid")

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from perfd.aggregator.hosts import HostObservation
 from perfd.aggregator.incident_records import TrackedIncident
+from perfd.aggregator.nodes import GpuView
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import HANG
 from perfd.analytics.incidents.stall import StallCheck
@@ -37,9 +38,7 @@ from perfd.report.incident_text import stall_text
 log = logging.getLogger(__name__)
 
 FAILED_LOG_INTERVAL_S = 60.0  # a job whose snapshot fails to build is logged at most this often
-GpuKey = tuple[str, str]  # (node, gpu), as perfd.aggregator.nodes keys them
 # Process lists, latest values and active throttle reasons of the job's GPUs, each keyed by (node, gpu).
-GpuView = tuple[dict[GpuKey, list[dict[str, Any]]], dict[GpuKey, dict[str, float]], dict[GpuKey, list[str]]]
 
 
 class Analysed(Enum):

@@ -52,13 +52,13 @@ from perfd.aggregator.jobs import (
     StepConflicts,
     job_level_steps,
 )
-from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
+from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.state_changes import Changes
 from perfd.aggregator.state_ingest import StateIngest
-from perfd.aggregator.state_reads import GpuView, StateReads
+from perfd.aggregator.state_reads import StateReads
 from perfd.aggregator.stats import Stats, stats_json
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.collectives.collective_config import CollectiveConfig
@@ -68,6 +68,7 @@ from perfd.analytics.incidents.stall import PHASE_MAX_S
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.collfold import CollectivePartial
+from perfd.events import GpuOwner, GpuProcess
 from perfd.exporters.prometheus import Row
 from perfd.limits import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
@@ -307,7 +308,7 @@ class AggregatorState:
     def gpu_view(self, job: str, names: Collection[str] | None = None) -> GpuView:
         return self._reads.gpu_view(job, names)
 
-    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, object]]]:
+    def gpu_procs(self, job: str) -> dict[GpuKey, list[GpuProcess]]:
         return self._reads.gpu_procs(job)
 
     def placed_ranks(self, job: str, world_size: int | None = None) -> dict[int, RankPlacement]:
@@ -319,7 +320,7 @@ class AggregatorState:
     def series_job(self, agent: str, series: NodeSeries) -> str | None:
         return self._reads.series_job(agent, series)
 
-    def pods_by_gpu(self) -> dict[GpuKey, dict[str, object]]:
+    def pods_by_gpu(self) -> dict[GpuKey, GpuOwner]:
         return self._reads.pods_by_gpu()
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:

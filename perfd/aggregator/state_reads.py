@@ -15,15 +15,13 @@ from perfd.aggregator.gpu_views import PlacementCache
 from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobStats, JobStore
-from perfd.aggregator.nodes import GpuKey, NodeSeries, NodeView
+from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.events import GpuOwner, GpuProcess
 from perfd.exporters.prometheus import Row
 from perfd.model import JobInfo, StepRecord
-
-GpuView = tuple[dict[GpuKey, list[dict[str, object]]], dict[GpuKey, dict[str, float]],
-                dict[GpuKey, list[str]]]
 
 
 class StateReads:
@@ -131,7 +129,7 @@ class StateReads:
         (perfd.placement): a node agent's GPUs join the job that runs on them."""
         return self.nodes.gpu_view(self.jobs.agents_of(job), names, job=job)
 
-    def gpu_procs(self, job: str) -> dict[GpuKey, list[dict[str, object]]]:
+    def gpu_procs(self, job: str) -> dict[GpuKey, list[GpuProcess]]:
         """The process lists of the job's GPUs (rank placement), without their values."""
         return self.nodes.procs_of(self.jobs.agents_of(job), job=job)
 
@@ -154,7 +152,7 @@ class StateReads:
         lab = dict(series.labels)
         return self.nodes.gpu_job(agent, (lab.get("node", agent), lab.get("gpu", "?")), agent_job)
 
-    def pods_by_gpu(self) -> dict[GpuKey, dict[str, object]]:
+    def pods_by_gpu(self) -> dict[GpuKey, GpuOwner]:
         return self.nodes.pods_by_gpu()
 
     def node_series(self, node_series: bool = True) -> list[tuple[str, NodeSeries]]:

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from perfd.aggregator.snapshot import Analysed, GpuKey, JobSnapshot, SnapshotSink
+from perfd.aggregator.nodes import GpuKey
+from perfd.aggregator.snapshot import Analysed, JobSnapshot, SnapshotSink
 from perfd.aggregator.state_readers import JobReader
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.steps.iteration import IterationResult

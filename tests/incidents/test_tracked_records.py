@@ -17,6 +17,7 @@ from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import EvidenceSource, Withdrawal
 from perfd.analytics.incidents.stall import RankSeen, StallCheck, Status
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.events import GpuProcess
 
 GPU = ("n0", "0")
 STEP_KEYS = ["named_by_iterations", "rank_compute_ratio_max", "straggler_line_max_rank",
@@ -25,7 +26,7 @@ LIVE_KEYS = ["gpu", "gpu_observed", "xid_at_open", "oom_at_open"]
 
 
 def _snapshot(t: float) -> Any:
-    procs: dict[tuple[str, str], list[dict[str, Any]]] = {
+    procs: dict[tuple[str, str], list[GpuProcess]] = {
         GPU: [{"pid": 10, "rank": 0}, {"pid": 932, "cmdline": "python other.py", "used_memory_bytes": 1000}]}
     values: dict[tuple[str, str], dict[str, float]] = {
         GPU: {"perfd_gpu_power_watts": 699, "perfd_gpu_power_limit_watts": 700,
