@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd.aggregator.jobs import RecordsLayout
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.capture_match import CaptureMatch
@@ -32,7 +33,7 @@ from perfd.analytics.breakdown.ncu_rows import (
 )
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
-from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, StepRecord, capture_tool
+from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
 from perfd.report.bottleneck_text import vote_reason
 from perfd.typed import obj, objs
 
@@ -265,7 +266,7 @@ class NcuRows:
     joined_to: str | None = None
 
 
-RecordsOf = Callable[[str], tuple[list[StepRecord], Any, str | None] | None]
+RecordsOf = Callable[[str], RecordsLayout | None]
 
 
 def arming_of(recs: Sequence[CaptureRecord], records_of: RecordsOf,

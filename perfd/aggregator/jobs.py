@@ -36,13 +36,15 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import MAX_DIGESTS
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S, RETAIN_BYTES, RETAIN_ITERATIONS
-from perfd.model import JobInfo, StepRecord, merge_job_info
+from perfd.model import JobInfo, ParallelLayout, StepRecord, merge_job_info
 from perfd.stepfold import ALL_RANKS
 
 __all__ = ["NO_INPUTS", "AnalysisInputs", "JobState", "JobStats", "JobStore", "Standing", "StepConflicts",
            "job_info_of", "job_level_steps", "mark_disturbed", "record_bytes", "worse_than"]
 
 log = logging.getLogger(__name__)
+# A job's step records, its parallel layout (None: no job info yet) and its GPU's name
+RecordsLayout = tuple[list[StepRecord], ParallelLayout | None, str | None]
 
 # Retention of each job's step records: perfd.limits (RETAIN_ITERATIONS, RETAIN_BYTES). The oldest
 # iteration goes first, in O(1); the newest is always kept.
@@ -552,7 +554,8 @@ class JobStore:
             js = self.jobs.get(job)
             return dict(js.hook_seen) if js is not None else {}
 
-    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+    def records_and_layout(self, job: str) -> RecordsLayout | None:
+        """The job's step records, its parallel layout (None: no job info yet) and its GPU's name."""
         with self._lock:
             js = self.jobs.get(job)
             if js is None:

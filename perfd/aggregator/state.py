@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
-from typing import Any
 
 from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.capture_records import CaptureRecord
@@ -48,6 +47,7 @@ from perfd.aggregator.jobs import (
     JobState,
     JobStats,
     JobStore,
+    RecordsLayout,
     Standing,
     StepConflicts,
     job_level_steps,
@@ -280,7 +280,7 @@ class AggregatorState:
     def job_info(self, job: str) -> JobInfo | None:
         return self._reads.job_info(job)
 
-    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+    def records_and_layout(self, job: str) -> RecordsLayout | None:
         return self._reads.records_and_layout(job)
 
     def step_records(self, job: str) -> list[StepRecord]:

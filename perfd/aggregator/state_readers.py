@@ -9,18 +9,19 @@ wiring.HeldState, engine_sink.StateSink).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.eventlog import Listener
 from perfd.aggregator.job_rows import JobRowSource
+from perfd.aggregator.jobs import RecordsLayout
 from perfd.aggregator.nodes import GpuKey, NodeSeries
 from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.events import GpuOwner, GpuProcess
-from perfd.model import JobInfo, StepRecord
+from perfd.model import JobInfo
 
 
 class JobReader(Protocol):
@@ -94,6 +95,6 @@ class CaptureState(JobReader, JobRowSource, Protocol):
 
     def job_info(self, job: str) -> JobInfo | None: ...
 
-    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None: ...
+    def records_and_layout(self, job: str) -> RecordsLayout | None: ...
 
     def capture_windows(self, job: str) -> list[tuple[float, float]]: ...

@@ -7,14 +7,13 @@ hosts, the placements). Nothing here writes; each read takes only its part's own
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.aggregator.eventlog import EventLog
 from perfd.aggregator.gpu_views import PlacementCache
 from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import IncidentTracker
-from perfd.aggregator.jobs import JobStats, JobStore
+from perfd.aggregator.jobs import JobStats, JobStore, RecordsLayout
 from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.analytics.incidents.attribution import RankPlacement
@@ -86,7 +85,7 @@ class StateReads:
         """The job's start-up facts (perfd.aggregator.jobs)."""
         return self.jobs.job_info(job)
 
-    def records_and_layout(self, job: str) -> tuple[list[StepRecord], Any, str | None] | None:
+    def records_and_layout(self, job: str) -> RecordsLayout | None:
         """The job's step records, layout and GPU (perfd.aggregator.jobs), for a capture's diagnosis."""
         return self.jobs.records_and_layout(job)
 
