@@ -247,7 +247,8 @@ def job_summary(state: HttpState, job: str) -> dict[str, Any] | None:
         return None
     now = time.time()
     overview = snap.overview_at(now)
-    serving = state.serving_view(job)
+    view = state.serving_view(job)
+    serving = view.to_json() if view is not None else None
     analysis = snap.analysis
     if analysis is None or not analysis.iterations:
         # A serving job (or a training job before its first iteration): its report, if any, is

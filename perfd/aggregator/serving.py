@@ -20,6 +20,7 @@ from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
 from perfd.report.serving_report import build_serving_report
+from perfd.report.training_report import Report
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import ServingData
 
@@ -49,7 +50,22 @@ class _Job:
     dirty: bool = True
     computed_at: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    report: dict[str, Any] | None = None
+    report: Report | None = None
+
+
+@dataclass(frozen=True)
+class ServingView:
+    """A serving job's gauges (catalog name -> value) and its latest report (None: no data to report
+    on yet), with the report's age; JSON where it is served (perfd/aggregator/http.py)."""
+
+    metrics: dict[str, float]
+    report: Report | None
+    report_age_s: float | None
+    source: str = SOURCE
+
+    def to_json(self) -> dict[str, object]:
+        return {"metrics": dict(self.metrics), "report": self.report.to_json() if self.report is not None
+                else None, "report_age_s": self.report_age_s, "source": self.source}
 
 
 class ServingStore:
@@ -121,7 +137,7 @@ class ServingStore:
             analysis = analyze_window(job, w)
             js.metrics = analysis.summary.job_metrics()
             has_data = bool(w.records()) or w.scrape_pair()[1] is not None
-            js.report = build_serving_report(analysis).to_json() if has_data else None
+            js.report = build_serving_report(analysis) if has_data else None
         except Exception as exc:  # one bad job must not break the summary or the scrape
             log.exception("serving analysis of job %s failed", job)
             self.errors["analysis"] = self.errors.get("analysis", 0) + 1
@@ -129,9 +145,8 @@ class ServingStore:
             log.debug("serving analysis error: %s", exc)
         js.computed_at, js.dirty = now, False
 
-    def view(self, job: str) -> dict[str, Any] | None:
-        """{metrics: {catalog name: value}, report, report_age_s, source} of a serving job; None if
-        perfd has no serving data of it."""
+    def view(self, job: str) -> ServingView | None:
+        """A serving job's gauges and report; None if perfd has no serving data of it."""
         with self._lock:
             js = self._jobs.get(job)
             if js is None:
@@ -141,7 +156,7 @@ class ServingStore:
         if not metrics and report is None:
             return None
         age = round(self.clock() - at, 3) if report is not None and at is not None else None
-        return {"metrics": metrics, "report": report, "report_age_s": age, "source": SOURCE}
+        return ServingView(metrics, report, age)
 
     def rows(self) -> list[Row]:
         """/metrics rows: every serving job's gauges, label job_name."""

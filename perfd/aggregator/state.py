@@ -53,7 +53,7 @@ from perfd.aggregator.jobs import (
     job_level_steps,
 )
 from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
-from perfd.aggregator.serving import ServingStore
+from perfd.aggregator.serving import ServingStore, ServingView
 from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.aggregator.stalls import SendCommand, StallWatch
 from perfd.aggregator.state_changes import Changes
@@ -344,7 +344,7 @@ class AggregatorState:
     def incidents_doc(self) -> dict[str, object]:
         return self._reads.incidents_doc()
 
-    def serving_view(self, job: str) -> dict[str, object] | None:
+    def serving_view(self, job: str) -> ServingView | None:
         return self._reads.serving_view(job)
 
     def job_view_rows(self) -> tuple[list[Row], list[Row]]:

@@ -16,6 +16,7 @@ from perfd.aggregator.eventlog import Listener
 from perfd.aggregator.job_rows import JobRowSource
 from perfd.aggregator.jobs import RecordsLayout
 from perfd.aggregator.nodes import GpuKey, NodeSeries
+from perfd.aggregator.serving import ServingView
 from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.run.arming import ArmingCost
@@ -61,7 +62,7 @@ class HttpState(JobReader, JobRowSource, Protocol):
 
     def pods_by_gpu(self) -> dict[GpuKey, GpuOwner]: ...
 
-    def serving_view(self, job: str) -> dict[str, object] | None: ...
+    def serving_view(self, job: str) -> ServingView | None: ...
 
     def arming_of(self, job: str) -> ArmingCost | None: ...
 

@@ -15,7 +15,7 @@ from perfd.aggregator.hosts import HostView
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.aggregator.jobs import JobStats, JobStore, RecordsLayout
 from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
-from perfd.aggregator.serving import ServingStore
+from perfd.aggregator.serving import ServingStore, ServingView
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.events import GpuOwner, GpuProcess
@@ -194,7 +194,7 @@ class StateReads:
         """Every job's incidents as the state store keeps them (IncidentTracker.export)."""
         return self.incidents.export()
 
-    def serving_view(self, job: str) -> dict[str, object] | None:
+    def serving_view(self, job: str) -> ServingView | None:
         """Latest serving numbers (catalog names) and report of a serving job; None if not one."""
         return self.serving.view(job)
 

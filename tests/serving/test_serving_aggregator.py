@@ -60,8 +60,9 @@ def test_aggregator_numbers_equal_the_offline_analysis() -> None:
     for chunk, server in ((parsed.records[:half], parsed.server), (parsed.records[half:], None)):
         ev = _wire(ServingData("llm", chunk, server, None, {k: v for k, v in CFG.items() if k != "model"}))
         state.ingest_events("agent-1", [ev])
-    view = state.serving_view("llm")
-    assert view is not None
+    got = state.serving_view("llm")
+    assert got is not None and got.report is not None
+    view = got.to_json()
     assert view["metrics"] == pytest.approx(offline.summary.job_metrics())
     assert obj(view["metrics"])["perfd_serving_running_requests"] == pytest.approx(2 * (8 + 16 + 16 + 16) / 4)
     assert view["report"] == build_serving_report(offline).to_json()
@@ -81,7 +82,7 @@ def test_bad_payloads_are_refused_and_counted() -> None:
     assert store.view("j") is None and store.rows() == []
     ok = ServingData("j", [ServingRecord("decode", line_no=1, time=10.0, running_req=4)], ServerInfo())
     assert store.ingest(ok.to_json()) == "j"
-    assert store.view("j")["metrics"]["perfd_serving_running_requests"] == 4  # type: ignore[index]
+    assert store.view("j").metrics["perfd_serving_running_requests"] == 4  # type: ignore[union-attr]
 
 
 def test_analysis_is_cached_until_data_arrives() -> None:
@@ -89,9 +90,9 @@ def test_analysis_is_cached_until_data_arrives() -> None:
     store = ServingStore(min_recompute_s=5.0, clock=lambda: now[0])
     rec = ServingRecord("decode", line_no=1, time=10.0, running_req=4)
     store.ingest(ServingData("j", [rec]).to_json())
-    assert store.view("j")["metrics"]["perfd_serving_running_requests"] == 4  # type: ignore[index]
+    assert store.view("j").metrics["perfd_serving_running_requests"] == 4  # type: ignore[union-attr]
     store.ingest(ServingData("j", [ServingRecord("decode", line_no=2, time=11.0, running_req=8)]).to_json())
-    assert store.view("j")["metrics"]["perfd_serving_running_requests"] == 4  # type: ignore[index]
+    assert store.view("j").metrics["perfd_serving_running_requests"] == 4  # type: ignore[union-attr]
     now[0] += 5.0
     v = store.view("j")
-    assert v is not None and v["metrics"]["perfd_serving_running_requests"] == 6 and v["report_age_s"] == 0
+    assert v is not None and v.metrics["perfd_serving_running_requests"] == 6 and v.report_age_s == 0

@@ -76,7 +76,7 @@ def test_tails_a_growing_log_and_the_aggregator_computes_job_gauges(tmp_path: Pa
     assert c.errors == {"parse:bad-value": 1, "parse:truncated-batch-line": 1}
     assert c.collect(1004.0).events == []  # nothing new: nothing sent
     view = store.view("llm")
-    assert view is not None and view["metrics"] == got and view["report"]["summary"]["status"]
+    assert view is not None and view.metrics == got and view.report is not None and view.report.summary.status
     c.stop()
 
 
