@@ -72,7 +72,8 @@ def test_what_changes_with_the_clock_is_computed_when_read() -> None:
     st.refresh()
     snap = st.snapshot("j")
     assert snap is not None
-    last = snap.overview["last_step_time"]
+    last = snap.overview.last_step_time
+    assert last is not None
     now = time.time()
     assert snap.state_at(now)[0] == RUNNING and snap.stalled_seconds(now) == 0.0
     later = float(last) + 3600.0  # an hour without a step, its processes still on their GPUs: hung
@@ -80,7 +81,7 @@ def test_what_changes_with_the_clock_is_computed_when_read() -> None:
     assert snap.stalled_seconds(later) == pytest.approx(3600.0)
     ov = snap.overview_at(later)
     assert ov["state"] == STALLED and ov["last_step_age_s"] == pytest.approx(3600.0)
-    assert list(ov)[:11] == list(snap.overview)  # the store's keys, in their order, first
+    assert list(ov)[:11] == list(snap.overview.to_json())  # the store's keys, in their order, first
     its = snap.iterations
     assert its is not None and latest_of_running([snap], now) == {"j": its}
     assert snap.latest == its[len(its) - 1]
@@ -109,10 +110,13 @@ def test_a_jobs_overview_lists_its_agents_sorted_as_they_come() -> None:
         store.add_agent("j", agent)
         ov = store.overview("j")
         assert ov is not None
-        seen.append(ov["agents"])
-    assert seen == [["n2/agent", "n3/agent"], ["n1/agent", "n2/agent", "n3/agent"],
-                    ["n1/agent", "n2/agent", "n3/agent"], ["n0/agent", "n1/agent", "n2/agent", "n3/agent"]]
+        seen.append(ov.agents)
+    assert seen == [("n2/agent", "n3/agent"), ("n1/agent", "n2/agent", "n3/agent"),
+                    ("n1/agent", "n2/agent", "n3/agent"), ("n0/agent", "n1/agent", "n2/agent", "n3/agent")]
     ov = store.overview("j")
     assert ov is not None
-    ov["agents"].append("x")  # a reader's copy: the next overview is not changed by it
-    assert store.overview("j")["agents"] == ["n0/agent", "n1/agent", "n2/agent", "n3/agent"]  # type: ignore[index]
+    listed = ov.to_json()["agents"]
+    assert isinstance(listed, list)
+    listed.append("x")  # a reader's copy: the next overview is not changed by it
+    again = store.overview("j")
+    assert again is not None and again.agents == ("n0/agent", "n1/agent", "n2/agent", "n3/agent")

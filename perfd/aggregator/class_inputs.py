@@ -97,7 +97,7 @@ class ClassInputs:
                                          ncu=ncu.categories, ncu_id=ncu.capture_id, ncu_kernels=ncu.kernels,
                                          ncu_joined_to=ncu.joined_to)
         ov = self.jobs.overview(job)
-        age = ov.get("last_step_age_s") if ov else None
+        age = ov.last_step_age_s if ov else None
         running = age is None or age <= stale_after(None, self.stale_after_s())
         if running and self.stepping(job, age, STEPPING_MIN_S):
             gpm = self.nodes.gpm(self.jobs.agents_of(job))

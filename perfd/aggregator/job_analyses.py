@@ -17,7 +17,6 @@ import queue
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from perfd.aggregator.capture_book import CaptureBook
@@ -314,7 +313,7 @@ class JobAnalyses:
         agents = frozenset(self.jobs.agents_of(job))
         placement = self.placements.get(job, agents)  # held: no placing per snapshot
         return JobSnapshot(
-            job=job, agents=agents, version=version, overview=MappingProxyType(ov),
+            job=job, agents=agents, version=version, overview=ov,
             analysis=self.jobs.cached_analysis(job), placed_ranks=placement.ranks,
             processes_alive=bool(placement.ranks) if placement.gpus else None,
             nodes=self.nodes.job_nodes(job, agents),

@@ -48,16 +48,16 @@ def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = Fa
     for snap in snaps:
         job, ov = snap.job, snap.overview
         state, _ = snap.state_at(now)
-        if ov.get("last_step_time"):
+        if ov.last_step_time:
             rows.append(({"job_name": job}, "perfd_job_last_step_timestamp_seconds",
-                         float(ov["last_step_time"])))
+                         float(ov.last_step_time)))
         rows.append(({"job_name": job, "state": state}, "perfd_job_state_info", 1.0))
         if snap.mfu_alert_off:  # for every known job, like its state: the alert rule leaves it out
             rows.append(({"job_name": job}, catalog.JOB_MFU_ALERT_OPT_OUT, 1.0))
-        for name, key in (("perfd_job_skipped_iterations_total", "skipped_iterations_total"),
-                          ("perfd_job_nan_iterations_total", "nan_iterations_total")):
-            if ov.get(key) is not None:  # counters: kept for every known job, like the state
-                rows.append(({"job_name": job}, name, float(ov[key])))
+        for name, n in (("perfd_job_skipped_iterations_total", ov.skipped_iterations_total),
+                        ("perfd_job_nan_iterations_total", ov.nan_iterations_total)):
+            if n is not None:  # counters: kept for every known job, like the state
+                rows.append(({"job_name": job}, name, float(n)))
         if state != ENDED:
             rows.append(({"job_name": job}, catalog.JOB_STALLED_SECONDS,
                          float(snap.last_step_age_s(now) or 0.0) if state == STALLED else 0.0))

@@ -135,3 +135,29 @@ class JobStats:
     conflicts: int = 0  # records of another agent for an (iteration, rank) already held: kept out
     displaced: int = 0  # records held from an agent that wrote them ahead of the job: replaced
     worse_duplicates: int = 0  # copies of a held record lacking some of its values: kept out
+
+
+@dataclass(frozen=True, slots=True)
+class JobOverview:
+    """A job as the job store holds it (JobStore.overview): what /api/jobs lists of it first, in this
+    order (:meth:`to_json`), and what the rows, the stall watch and the retention read."""
+
+    job: str
+    agents: tuple[str, ...]  # sorted
+    gpu: str | None  # --gpu, else the GPU model its samples name
+    iterations_seen: int
+    first_iteration: int | None
+    last_iteration: int | None
+    has_job_info: bool
+    last_step_age_s: float | None  # as of the read (a snapshot's overview_at says it at its own now)
+    last_step_time: float | None  # when its last step record arrived (epoch s); None: none yet
+    skipped_iterations_total: int | None  # None: its source counts none
+    nan_iterations_total: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"job": self.job, "agents": list(self.agents), "gpu": self.gpu,
+                "iterations_seen": self.iterations_seen, "first_iteration": self.first_iteration,
+                "last_iteration": self.last_iteration, "has_job_info": self.has_job_info,
+                "last_step_age_s": self.last_step_age_s, "last_step_time": self.last_step_time,
+                "skipped_iterations_total": self.skipped_iterations_total,
+                "nan_iterations_total": self.nan_iterations_total}

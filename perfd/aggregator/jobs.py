@@ -25,12 +25,11 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
 from perfd.aggregator.job_inputs import NO_INPUTS, AnalysisInputs, Standing
 from perfd.aggregator.job_runs import close_run, digest_runs, figures_span, of_ended_run, run_mark
-from perfd.aggregator.job_state import JobState, JobStats, StepConflicts
+from perfd.aggregator.job_state import JobOverview, JobState, JobStats, StepConflicts
 from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
@@ -563,7 +562,7 @@ class JobStore:
             layout = js.job_info.layout if js.job_info else None
             return list(js.records.values()), layout, self.gpu_override or js.gpu_name
 
-    def overview(self, job: str) -> dict[str, Any] | None:
+    def overview(self, job: str) -> JobOverview | None:
         with self._lock:
             js = self.jobs.get(job)
             if js is None:
@@ -571,16 +570,10 @@ class JobStore:
             its = [it for it, _ in js.records]  # min and max, not a sort: read on every scrape
             if len(js.agents_sorted) != len(js.agents):
                 js.agents_sorted = tuple(sorted(js.agents))
-            return {
-                "job": job,
-                "agents": list(js.agents_sorted),
-                "gpu": self.gpu_override or js.gpu_name,
-                "iterations_seen": len(js.records),
-                "first_iteration": min(its) if its else None,
-                "last_iteration": max(its) if its else None,
-                "has_job_info": js.job_info is not None,
-                "last_step_age_s": (time.time() - js.last_step_time) if js.last_step_time else None,
-                "last_step_time": js.last_step_time or None,
-                "skipped_iterations_total": js.skipped_total,
-                "nan_iterations_total": js.nan_total,
-            }
+            return JobOverview(
+                job=job, agents=js.agents_sorted, gpu=self.gpu_override or js.gpu_name,
+                iterations_seen=len(js.records), first_iteration=min(its) if its else None,
+                last_iteration=max(its) if its else None, has_job_info=js.job_info is not None,
+                last_step_age_s=(time.time() - js.last_step_time) if js.last_step_time else None,
+                last_step_time=js.last_step_time or None, skipped_iterations_total=js.skipped_total,
+                nan_iterations_total=js.nan_total)

@@ -130,7 +130,7 @@ class Lifecycle:
             if st.holds_data(job):  # its snapshot failed to build (counted): what cannot be read is kept
                 return None
             return None if any(self._live(a) for a in holders) else 0.0
-        last = snap.overview.get("last_step_time")
+        last = snap.overview.last_step_time
         if last:
             # its state as of the clock (as before snapshots), not ``now``
             return float(last) if snap.state_at()[0] == ENDED else None

@@ -55,7 +55,7 @@ class Sightings:
         """What every placed rank's GPU shows while the job runs steadily (perfd.aggregator.incidents
         .GpuBaseline); only while it steps."""
         ov = self.jobs.overview(job)
-        if not self.stepping(job, ov.get("last_step_age_s") if ov else None, STEPPING_MIN_S):
+        if not self.stepping(job, ov.last_step_age_s if ov else None, STEPPING_MIN_S):
             return
         agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
         # only what gpu_hints reads

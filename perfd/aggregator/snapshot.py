@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from perfd.aggregator.hosts import HostObservation
 from perfd.aggregator.incident_records import TrackedIncident
+from perfd.aggregator.job_state import JobOverview
 from perfd.aggregator.nodes import GpuView
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.incidents.detect import HANG
@@ -70,7 +71,7 @@ class JobSnapshot:
     version: Hashable
     # The job store's overview (perfd.aggregator.jobs.JobStore.overview); its ``last_step_age_s`` is
     # recomputed from ``now`` when read (:meth:`overview_at`).
-    overview: Mapping[str, Any]
+    overview: JobOverview
     analysis: RunAnalysis | None  # the last analysis, as the refresher left it
     placed_ranks: Mapping[int, RankPlacement]  # rank -> node, GPU (the state's held placement)
     processes_alive: bool | None  # some rank placed (None: no process list of the job's GPUs)
@@ -108,7 +109,7 @@ class JobSnapshot:
 
     # ---- computed when read: they change with the clock, not with the state ----------------------
     def last_step_age_s(self, now: float) -> float | None:
-        last = self.overview.get("last_step_time")
+        last = self.overview.last_step_time
         return (now - float(last)) if last else None
 
     def state_at(self, now: float | None = None) -> tuple[str, str]:
@@ -136,14 +137,14 @@ class JobSnapshot:
         end = its.get(len(its) - 1, "end_time") if its is not None else None
         if end is not None:
             return float(end)
-        last = self.overview.get("last_step_time")
+        last = self.overview.last_step_time
         return float(last) if last else 0.0
 
     def overview_at(self, now: float | None = None) -> dict[str, Any]:
         """The job's overview with its liveness (``state`` running | stalled | ended), as /api/jobs
         serves it."""
         now = time.time() if now is None else now
-        ov = dict(self.overview)
+        ov = self.overview.to_json()
         ov["last_step_age_s"] = self.last_step_age_s(now)  # same place in the JSON as the store's
         state, why = self.state_at(now)
         if self.stall is not None:

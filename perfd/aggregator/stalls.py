@@ -167,8 +167,8 @@ class StallWatch:
             st = self._open.get(job)
         if check.status is Status.STALLED and (st is None or st.closed_at is not None):
             first = (last_it + 1) if last_it is not None else 0
-            ov = snap.overview if snap is not None else {}
-            st = Stall(first, first + max(1, n_its) - 1, ov.get("last_step_time"), now, check)
+            st = Stall(first, first + max(1, n_its) - 1, snap.overview.last_step_time if snap is not None
+                       else None, now, check)
             with self._lock:
                 self._open[job] = st
                 self.opened_total[job] = self.opened_total.get(job, 0) + 1
@@ -225,7 +225,7 @@ class StallWatch:
         """The records came late, the job did not stop: no stall (logged and counted)."""
         self.late_total[job] = self.late_total.get(job, 0) + 1
         snap = state.snapshot(job)
-        arrived = snap.overview.get("last_step_time") if snap is not None else None
+        arrived = snap.overview.last_step_time if snap is not None else None
         late = (arrived - st.started_at) if isinstance(arrived, (int, float)) and st.started_at else None
         log.warning("job %s: no record arrived for %s after iteration %d, but the records' own times show "
                     "no gap over %.1f s (limit %.1f s): they came late, the job did not stop; the stall "
@@ -264,7 +264,7 @@ class StallWatch:
         except Exception:  # counted in the collective store
             coll = None
         pending = coll is not None and coll.active_hangs > 0
-        check = check_stall(StallInputs(now, ov.get("last_step_time"), cadence, seen, pending,
+        check = check_stall(StallInputs(now, ov.last_step_time, cadence, seen, pending,
                                         state.hosts.active_phase(job), state.hosts.phase_ended_at(job),
                                         self.phase_max_s, capture_spans(state.captures_of(job))))
         return check, its[-1], int(statistics.median(steps)) if steps else 1
@@ -316,7 +316,7 @@ class StallWatch:
         elif st.closed_at is not None and check.silent_s is not None:
             # the silence ended when steps resumed: measured to then, not to now
             snap = state.snapshot(job)
-            arrived = snap.overview.get("last_step_time") if snap is not None else None
+            arrived = snap.overview.last_step_time if snap is not None else None
             if isinstance(arrived, (int, float)) and st.started_at is not None:
                 check = dataclasses.replace(check, silent_s=max(0.0, arrived - st.started_at))
             if st.job_gap_s is not None and check.silent_s is not None:

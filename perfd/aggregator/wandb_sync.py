@@ -78,7 +78,7 @@ class WandbSink:
     def sample(self, snap: JobSnapshot) -> None:
         """Take the job's GPU values now if it has stepped since its last sample (an idle job adds
         nothing); what :meth:`publish` hands each iteration."""
-        last = snap.overview.get("last_iteration")
+        last = snap.overview.last_iteration
         if not isinstance(last, int):
             return
         held = self._gpu_samples.setdefault(snap.job, [])
