@@ -91,8 +91,8 @@ class JobAnalyses:
 
     # ---- what an analysis reads of the other parts (perfd.aggregator.job_inputs.AnalysisInputs) -----
     def captures_of(self, job: str) -> list[CaptureRecord]:
-        """The job's capture records (JSON), for incidents and for marking the iterations a capture
-        disturbed."""
+        """The job's capture records (copies, as of now), for incidents and for marking the iterations a
+        capture disturbed."""
         return self._captures.of_job(job)
 
     def arming_of(self, job: str) -> ArmingCost | None:

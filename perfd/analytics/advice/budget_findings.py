@@ -98,8 +98,7 @@ def parts(ctx: BudgetContext) -> Out:
             continue
         # the math parts' efficiency is the GEMM finding's: their share alone is no warning
         sev = Severity.WARNING if p.share >= th.BUDGET_PART_WARN.value and not entry.math else Severity.INFO
-        detail = p.to_json()["detail"]  # the ncu summaries (a typed field) as its JSON writes them
-        assert isinstance(detail, dict)
+        detail = p.detail_json()  # the ncu summaries (a typed field) as its JSON writes them
         evidence: dict[str, object] = {
             "part": p.part.value, "ms": p.ms, "share": p.share,
             **{k: detail[k] for k in ("op_ms", "kernels", "timer_ms", "ncu", "flops") if k in detail}}

@@ -126,14 +126,18 @@ class BudgetPart:
     ncu_kernels: tuple[KernelRow, ...] | None = None  # None: no ncu rows on it (none in its JSON either)
     ncu: tuple[NcuCategory, ...] | None = None  # None: no ncu summaries on it (... nor in its JSON)
 
-    def to_json(self) -> dict[str, object]:
+    def detail_json(self) -> dict[str, object]:
+        """The part's detail as its JSON writes it: the typed ncu fields last."""
         detail: dict[str, object] = dict(self.detail)
         if self.ncu is not None:
             detail["ncu"] = [c.to_json() for c in self.ncu]
         if self.ncu_kernels is not None:
             detail["ncu_kernels"] = [r.to_json() for r in self.ncu_kernels]
+        return detail
+
+    def to_json(self) -> dict[str, object]:
         return {"part": self.part.value, "ms": self.ms, "share": self.share, "source": self.source.value,
-                "detail": detail}
+                "detail": self.detail_json()}
 
     @staticmethod
     def from_json(p: Mapping[str, object]) -> BudgetPart | None:
