@@ -32,7 +32,7 @@ from perfd.hook import StepHook
 from perfd.report import build_report
 from tests.torch_tests import needs_torch
 
-# real loops with DataLoader worker processes: ~3 s each. One xdist worker runs the module: each loop of
+# real loops with DataLoader worker processes: ~2 s each. One xdist worker runs the module: each loop of
 # the module fixture once, not once in every worker that takes a test of it (10 loops for 5 under six)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("between_steps"), needs_torch]
 
@@ -154,13 +154,22 @@ def accumulation_loop(hook: StepHook, loader: Any, model: Any) -> tuple[list[flo
     return waits, ends
 
 
-def run(tmp: Path, loop: Loop, **hook_kw: Any) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def loader() -> Iterator[Any]:
+    """One loader for the module's loops: its two worker processes are spawned once, each importing
+    torch (about 3 s of CPU each), not once a loop (twelve spawns, a fifth of the module's CPU). Each
+    loop's ``iter`` starts the persistent workers on a fresh pass, as a new epoch does."""
+    made = _loader()
+    yield made
+    del made  # its persistent workers end with it
+
+
+def run(tmp: Path, loop: Loop, loader: Any, **hook_kw: Any) -> dict[str, Any]:
     """One loop under the hook; its step records through the collector into the job store."""
     c = HookCollector({"socket_path": str(tmp / "hook.sock"), "job": JOB})
     c.start()
     import torch
 
-    loader = _loader()
     try:
         torch.manual_seed(0)
         model = torch.nn.Linear(8, 8)
@@ -177,7 +186,6 @@ def run(tmp: Path, loop: Loop, **hook_kw: Any) -> dict[str, Any]:
             time.sleep(0.01)
     finally:
         c.stop()
-        del loader  # its persistent workers end with it
     assert sorted(r.iteration for r in out.steps) == list(range(1, STEPS + 1)) and c.errors == {}
     store = JobStore(min_recompute_s=0.0, peak_tflops=PEAK)
     for job, info in out.job_info.items():
@@ -204,11 +212,12 @@ def _own_over(got: dict[str, Any]) -> tuple[float, float]:
                 params=[readme_loop, wrapped_loop, inside_loop, ready_loop, accumulation_loop],
                 ids=["fetch-before-step", "hook.loader", "fetch-in-step", "fetch-in-step+data_ready",
                      "accumulation"])
-def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             loader: Any) -> dict[str, Any]:
     # the share of the period inside the step: the step's work alone, all the fetch too, or two of the
     # three micro-batches' fetches
     inside = {inside_loop: (0.7, 1.0), ready_loop: (0.7, 1.0), accumulation_loop: (0.4, 0.9)}
-    return {**run(tmp_path_factory.mktemp("loop"), request.param),
+    return {**run(tmp_path_factory.mktemp("loop"), request.param, loader),
             "in_step": inside.get(request.param, (0.0, 0.3))}
 
 
@@ -246,11 +255,11 @@ def test_goodput_has_no_unexplained_time(loop_run: dict[str, Any]) -> None:
     assert gp["ratio"] > 0.9  # training: the steps, the fetch included
 
 
-def test_a_loader_perfd_cannot_see_is_time_outside_the_step(tmp_path: Path) -> None:
+def test_a_loader_perfd_cannot_see_is_time_outside_the_step(tmp_path: Path, loader: Any) -> None:
     """DataLoader stamps off (``watch_dataloader=False``) and no ``hook.loader``: the fetch before the
     step is still the job's time (the period), named for what perfd knows of it: outside the step;
     the data share is absent (nothing measured it), not 0."""
-    got = run(tmp_path, readme_loop, watch_dataloader=False)
+    got = run(tmp_path, readme_loop, loader, watch_dataloader=False)
     a = got["a"]
     period_ms, share = _own_over(got)
     assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
@@ -283,7 +292,7 @@ def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path) -> None
                 ends.append(time.perf_counter())
         return waits, ends
 
-    got = run(tmp_path, loop)
+    got = run(tmp_path, loop, None)  # no DataLoader: its own generator
     a = got["a"]
     period_ms, share = _own_over(got)
     assert a.summary.median("data_share") == pytest.approx(share, abs=0.03)
