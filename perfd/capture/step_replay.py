@@ -77,8 +77,8 @@ class Timeline:
 
     @functools.cached_property
     def rows(self) -> tuple[tuple[float, int, float, int, int], ...]:
-        """The events as (gap_ns, stream, dur_ns, flags, step): what :func:`simulate` reads, unpacked
-        faster than the fields of each event, the ~270 times :func:`replay` runs it."""
+        """The events as (gap_ns, stream, dur_ns, flags, step): what :func:`_compiled` reads, unpacked
+        faster than the fields of each event, once for each of :func:`replay`'s ~30 combinations."""
         return tuple((e.gap_ns, e.stream, e.dur_ns, e.flags, e.step) for e in self.events)
 
     def has(self, change: Change) -> bool:
@@ -168,19 +168,25 @@ _SYNC_NAMES = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cuda
                          "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize"})
 
 
-def simulate(t: Timeline, scale: float, changes: frozenset[Change] = frozenset(), hi: bool = False) -> float:
-    """The replayed step (ms, the mean over the timeline's steps)."""
+# What each compiled row does on the host (see _compiled)
+_WORK, _WAIT, _LAUNCH = 0, 1, 2
+# (gap_ns, m1, m2, kind, stream index, dur_ns): the host works gap_ns × scale × m1 × m2 (m1, m2 are 1.0
+# where no change acts, and x × 1.0 is x exactly), then waits for every stream or launches on one
+_Row = tuple[float, float, float, int, int, float]
+
+
+def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[_Row, ...], int]:
+    """The timeline's rows with the changes applied once, and the streams' count: what no scale changes
+    (which rows a larger micro-batch absorbs, which syncs the timers' change drops, each launch's
+    duration) is decided here, so that each scale's pass is only the clocks' arithmetic. ``replay``
+    runs ~30 combinations at 9 scales over 10-20k events, the larger part of analysing a trace."""
     p = {c: v[1 if hi else 0] for c, v in _PARAMS.items()}
-    # What the changes do, read once, not per event (an enum's set lookup hashes it in Python): replay
-    # runs this ~270 times over each capture's 10-20k events, the larger part of analysing a trace
-    # (v3 many_mb's table: 2.7 s of CPU before, 0.8 s with Timeline.rows). The same arithmetic in the
-    # same order: the same floats.
     graphs, dropout, timers = Change.GRAPHS in changes, Change.DROPOUT in changes, Change.TIMERS in changes
     p_graphs, p_dropout, p_mb = p[Change.GRAPHS], p[Change.DROPOUT], p[Change.MICROBATCH]
-    host, free = 0.0, dict[int, float]()  # host clock; each stream's end
     keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
+    streams: dict[int, int] = {}
+    rows: list[_Row] = []
     mb_seen, step_seen = 0, -1
-    latency, get = LAUNCH_LATENCY_NS, free.get
     for gap_ns, stream, dur, flags, step in t.rows:
         if step != step_seen:
             step_seen, mb_seen = step, 0
@@ -188,24 +194,48 @@ def simulate(t: Timeline, scale: float, changes: frozenset[Change] = frozenset()
             mb_seen += 1
         if keep_mb is not None and flags & _LAYERS and mb_seen > keep_mb:
             continue  # a micro-batch the larger ones absorb
-        gap = gap_ns * scale
-        if graphs and flags & _GRAPHABLE:
-            gap *= p_graphs
+        m1 = p_graphs if graphs and flags & _GRAPHABLE else 1.0
         if dropout and flags & _DROPOUT:
-            host += gap * p_dropout
-            continue
-        host += gap
-        if flags & _SYNC:
-            if timers and flags & _BARE_LAYERS_SYNC:
-                continue
-            host = max(host, *free.values()) if free else host
-            continue
-        if keep_mb is not None and flags & _LAYERS and not flags & _FIXED:
-            dur *= p_mb
-        ready, busy = host + latency, get(stream, 0.0)
-        free[stream] = (busy if busy > ready else ready) + dur  # max(ready, busy), without the call
-    end = max(host, *free.values()) if free else host
-    return end / t.steps / 1e6
+            rows.append((gap_ns, m1, p_dropout, _WORK, 0, 0.0))
+        elif flags & _SYNC:
+            rows.append((gap_ns, m1, 1.0, _WORK if timers and flags & _BARE_LAYERS_SYNC else _WAIT, 0, 0.0))
+        else:
+            if keep_mb is not None and flags & _LAYERS and not flags & _FIXED:
+                dur *= p_mb
+            rows.append((gap_ns, m1, 1.0, _LAUNCH, streams.setdefault(stream, len(streams)), dur))
+    return tuple(rows), len(streams)
+
+
+def _run(rows: tuple[_Row, ...], n_streams: int, scale: float, steps: int) -> float:
+    """One scale's pass over compiled rows: the replayed step (ms, the mean over the steps). Each
+    stream's end only grows, so the latest of them all is kept as it goes (``top``): a wait for every
+    stream is a max of two, not of all. The same arithmetic in the same order as a launch-by-launch
+    reading of the timeline: the same floats."""
+    host, top, latency = 0.0, 0.0, LAUNCH_LATENCY_NS  # the host's clock (never below 0), the last end
+    free = [0.0] * n_streams  # each stream's end
+    for gap_ns, m1, m2, kind, stream, dur in rows:
+        host += gap_ns * scale * m1 * m2
+        if kind == _LAUNCH:
+            ready, busy = host + latency, free[stream]
+            end = (busy if busy > ready else ready) + dur
+            free[stream] = end
+            if end > top:
+                top = end
+        elif kind == _WAIT and top > host:
+            host = top
+    return (top if top > host else host) / steps / 1e6
+
+
+def simulate(t: Timeline, scale: float, changes: frozenset[Change] = frozenset(), hi: bool = False) -> float:
+    """The replayed step (ms, the mean over the timeline's steps)."""
+    rows, n_streams = _compiled(t, changes, hi)
+    return _run(rows, n_streams, scale, t.steps)
+
+
+def _scales(t: Timeline, scales: Sequence[float], changes: frozenset[Change] = frozenset(),
+            hi: bool = False) -> tuple[float, ...]:
+    rows, n_streams = _compiled(t, changes, hi)
+    return tuple(_run(rows, n_streams, s, t.steps) for s in scales)
 
 
 def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> ReplayTable:
@@ -215,11 +245,10 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
     for n in range(1, len(have) + 1):
         for combo in itertools.combinations(have, n):
             cs = frozenset(combo)
-            lo = tuple(simulate(t, s, cs, hi=False) for s in scales)
-            hi = (tuple(simulate(t, s, cs, hi=True) for s in scales) if cs & set(_PARAMS) else lo)
+            lo = _scales(t, scales, cs, hi=False)
+            hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo
             changed[ReplayTable.key(cs)] = (lo, hi)
-    return ReplayTable.of(tuple(scales), tuple(simulate(t, s) for s in scales), changed, traced_ms,
-                          t.microbatches)
+    return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches)
 
 
 def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],
