@@ -39,6 +39,8 @@ _CALLS = ("cuda_runtime", "cuda_driver")
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuCtxSynchronize", "cuStreamSynchronize")
 _DIGITS = re.compile(r"(\d+)\s*$")
+# JSON objects are dicts: ``isinstance(x, dict)`` is a type check, ``isinstance(x, Mapping)`` an ABC
+# lookup, ~0.3 µs each of the ~900k a 100k-event trace asked (a third of reading it).
 
 
 def _int(value: object) -> int | None:
@@ -55,14 +57,14 @@ def _int(value: object) -> int | None:
 
 def _device(ev: Mapping[str, object]) -> int | None:
     args = ev.get("args")
-    if isinstance(args, Mapping) and "device" in args:
+    if isinstance(args, dict) and "device" in args:
         return _int(args["device"])
     return _int(ev.get("pid"))
 
 
 def _stream(ev: Mapping[str, object]) -> int | None:
     args = ev.get("args")
-    if isinstance(args, Mapping) and "stream" in args:
+    if isinstance(args, dict) and "stream" in args:
         return _int(args["stream"])
     return _int(ev.get("tid"))
 
@@ -77,17 +79,17 @@ def _dim3(v: object) -> tuple[int, int, int] | None:
 
 def _arg(ev: Mapping[str, object], key: str) -> object:
     args = ev.get("args")
-    return args.get(key) if isinstance(args, Mapping) else None
+    return args.get(key) if isinstance(args, dict) else None
 
 
 def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
     """Events of a parsed trace (the JSON object, or a bare event list)."""
     events: list[object]
-    if isinstance(doc, Mapping):
+    if isinstance(doc, dict):
         listed = doc.get("traceEvents")
         events = listed if isinstance(listed, list) else []  # (what else it holds has no event)
         info = doc.get("distributedInfo")
-        rank = _int(info.get("rank")) if isinstance(info, Mapping) else None
+        rank = _int(info.get("rank")) if isinstance(info, dict) else None
     elif isinstance(doc, list):
         events, rank = doc, None
     else:
@@ -95,7 +97,7 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
     picked: list[tuple[str, Mapping[str, object], float, float]] = []
     flows: dict[object, dict[str, tuple[int, float]]] = {}  # flow id -> its start and finish
     for ev in events:
-        if not isinstance(ev, Mapping):
+        if not isinstance(ev, dict):
             continue
         cat = str(ev.get("cat", "")).lower()
         if cat == "fwdbwd" and ev.get("ph") in ("s", "f"):
