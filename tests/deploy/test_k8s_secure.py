@@ -87,9 +87,10 @@ def _example_job() -> dict[str, Any]:
 
 
 def _validate(docs: list[dict[str, Any]]) -> None:
-    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
+    pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
     import jsonschema
-    from kubernetes_validate.utils import latest_version
+
+    from tests.deploy.k8s_schemas import latest_version, validate
 
     schemas = json.loads(CRDS.read_text())["schemas"]
     for d in docs:
@@ -99,7 +100,7 @@ def _validate(docs: list[dict[str, Any]]) -> None:
             assert not errors, f"{d['kind']}: {errors[0].message}"
             continue
         for version in (*K8S_VERSIONS, latest_version()):
-            kv.validate(d, version, strict=True)
+            validate(d, version, strict=True)
 
 
 def _container(doc: dict[str, Any]) -> dict[str, Any]:
