@@ -122,10 +122,14 @@ def _trace_row(t0: float, hosts: list[dict[str, Any]], pids: set[int]) -> str:
 
 
 def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None:
-    # A steady stretch longer than the contention: the steady median stays the uncontended step, so
-    # every contended step reads as slow.
+    # A steady stretch before the contention: the steady reference stays the uncontended step, so every
+    # contended step reads as slow. 600 steps (9 s of the loop's CPU): the incidents' reference is the
+    # calm windows' median (its first guess the lower quartile of all windows), which a contention of
+    # up to three times this many steps leaves where it was; a contended step of 15 ms of CPU shared
+    # with six burners takes ~100 ms, so 600 steps is a minute of contention before naming, longer than
+    # any run here waited. It was 1,200: 9 s more of a full CPU, on a 2-core suite bound by its CPU.
     live.loop("--cpus", "0", "--step-ms", "15", "--duration", LOOP_CAP_S)
-    live.steady(1200)
+    live.steady(600)
     load = load_per_cpu()
     t0, trace = time.monotonic(), list[str]()  # what the agent reported of rank 0, a line per sighting
     pids: set[int] = set()
@@ -294,7 +298,7 @@ def test_a_cpu_quota_is_named_as_throttling(live: Live, tmp_path: Path) -> None:
         pytest.skip(f"no cgroup CPU quota can be set here: {exc}")
     with quota:
         loop = live.loop("--step-ms", "10", "--duration", LOOP_CAP_S)
-        live.steady(1500)  # longer than the throttled stretch (as above: the median stays uncontended)
+        live.steady(750)  # before the throttled stretch, as above (~100 ms a throttled step: 75 s)
         quota.add(loop.pid)  # from here the loop gets 0.1 CPU: its steps stretch ~10x
 
         def named() -> dict[str, Any] | None:
