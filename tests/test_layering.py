@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# One worker runs the module, each source parsed once in it (_tree): the checks parse all of perfd,
+# several times over, and spread over eight workers each parsed it again (8.9 s of CPU in all).
+pytestmark = pytest.mark.xdist_group("layering")
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The file's syntax tree, read once a process (the checks only walk it)."""
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -22,7 +32,7 @@ def _imports(path: Path, package: str | None = None, type_only: bool = False) ->
     """Every module ``path`` imports when it runs: top-level and function-level imports, relative
     ones resolved; imports under ``if TYPE_CHECKING:`` (never executed) are not counted unless
     ``type_only`` (a type-only import is still a dependency a reader follows)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = _tree(path)
     if package is None:
         package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     out: set[str] = set()
@@ -192,8 +202,7 @@ def test_the_engine_knows_nothing_of_the_aggregator_agent_or_analytics():
                               "perfd.exporters", "perfd.report", "perfd.commands"))
     assert not bad, bad
     for f in files:
-        tree = ast.parse(f.read_text())
-        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        top = [n for n in _tree(f).body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
         assert not any(m == "nats" or m.startswith("nats.") for m in names), f
