@@ -82,11 +82,10 @@ class CaptureCoordinator:
             engine.resolve_targets = self._resolve_targets
             engine.ready = self._ready
         self.ready = ReadyGate(self._snapshot, state.hook_seen)  # rules wait for a ready target
-        # The capture records, the state's (its analyses read them): written here, under the book's lock
-        # (the HTTP thread and the evaluation task both come here; re-entrant because diagnosing a
-        # capture analyses its job, whose analysis reads the job's records).
+        # The capture records, the state's (its analyses read the copies it publishes): written here,
+        # inside the book's writing() (the HTTP threads, the rules tick and the agents' reports all
+        # come here), never read by anyone else under its lock (perfd/aggregator/capture_book.py).
         self.book = state.capture_book
-        self._lock = self.book.lock
         self.captures = self.book.records
         self._firing_of: dict[str, Firing | tuple[str, tuple[int, ...] | None]] = {}
         self.evaluations = 0
@@ -96,7 +95,7 @@ class CaptureCoordinator:
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.retention): its request window and its rules' states
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
-        with self._lock:
+        with self.book.writing():
             self._requests.pop(job, None)
         self.ready.forget_job(job)
         if self.engine is not None:
@@ -210,7 +209,7 @@ class CaptureCoordinator:
             return []
         t = time.time() if now is None else now
         self._expire(t)
-        with self._lock:
+        with self.book.writing():
             firings = self.engine.evaluate(t, self.scope_values(), self._disk_used())
             self.evaluations += 1
             for f in firings:
@@ -246,7 +245,7 @@ class CaptureCoordinator:
             self.refusals.refuse(L.REFUSED_CAPTURE_STEPS, f"capture of {steps} steps for job {job[:64]!r} "
                                  f"({origin}); cap {self.limits.max_capture_steps}")
             raise ValueError(f"steps must be <= {self.limits.max_capture_steps}")
-        with self._lock:
+        with self.book.writing():
             recent = self._requests.setdefault(job, deque())
             while recent and t - recent[0] > self.limits.capture_rate_window_s:
                 recent.popleft()
@@ -355,7 +354,7 @@ class CaptureCoordinator:
             return
         links = obj(ev.get("links"))
         sender = str(ev.get("agent") or "")
-        with self._lock:
+        with self.book.writing():
             rec = None
             for key in ("command_id", "capture_id"):  # agents name our request by command_id
                 cid = links.get(key)
@@ -472,7 +471,7 @@ class CaptureCoordinator:
             self.arbiter.release(f[0], f[1])
 
     def _expire(self, now: float) -> None:
-        with self._lock:
+        with self.book.writing():
             for cid, rec in list(self.captures.items()):
                 if rec.status.live and now - rec.requested_at > STALE_CAPTURE_S:
                     rec.status, rec.reason = CaptureStatus.FAILED, "no report from the agent"
@@ -488,8 +487,8 @@ class CaptureCoordinator:
         return used
 
     def list(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [r.to_json() for r in sorted(self.captures.values(), key=lambda r: r.requested_at)]
+        """Every record as of the last change's end (no lock: a scrape never waits on a diagnosis)."""
+        return [r.to_json() for r in sorted(self.book.published(), key=lambda r: r.requested_at)]
 
 
 # The label an alert must carry, with this value, to ask for a capture through the webhook: an
