@@ -14,7 +14,10 @@ DEMO_VENV ?= .venv-demo
 # 6 workers, 533 s with 8 — the workers' tests summed 3,273 s of wall and 705 s of CPU, 57% of 2 cores).
 # The xdist groups (conftest.py) matter as much: on pytest 9.2 they were silently ignored, and the
 # same tree's pytest took 562 s and 1,045 s of CPU against 484 s and 898 s with them (8 workers, one
-# run each, back to back; 2026-11-27).
+# run each, back to back; 2026-11-27). The suite is bound by its CPU on 2 cores (189-191% of them busy):
+# the 2026-11-28 cuts of CPU spent twice or for nothing (README: tests.cpu_times) took a run of 2,699 tests in
+# the checkout from 803.7 s of pytest and 1,542 s of CPU to 673.2 s and 1,276 s (8 workers, one run
+# each, this slower VM).
 TEST_WORKERS ?= 8
 # pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
 # the 2-core machine).
