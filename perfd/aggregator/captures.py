@@ -209,8 +209,11 @@ class CaptureCoordinator:
             return []
         t = time.time() if now is None else now
         self._expire(t)
+        # The rules' inputs before the book's lock: they have running jobs analysed (seconds for a big
+        # job), which an agent's capture report, taken under the lock, need not wait for.
+        values = self.scope_values()
         with self.book.writing():
-            firings = self.engine.evaluate(t, self.scope_values(), self._disk_used())
+            firings = self.engine.evaluate(t, values, self._disk_used())
             self.evaluations += 1
             for f in firings:
                 if f.new:
