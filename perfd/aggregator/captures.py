@@ -95,7 +95,7 @@ class CaptureCoordinator:
     def forget_job(self, job: str) -> None:
         """The job was pruned (perfd.aggregator.retention): its request window and its rules' states
         and budgets go; its capture records stay, as history, within MAX_CAPTURE_RECORDS."""
-        with self.book.writing():
+        with self.book.lock:  # no record changes: nothing to publish
             self._requests.pop(job, None)
         self.ready.forget_job(job)
         if self.engine is not None:
@@ -212,7 +212,8 @@ class CaptureCoordinator:
         # The rules' inputs before the book's lock: they have running jobs analysed (seconds for a big
         # job), which an agent's capture report, taken under the lock, need not wait for.
         values = self.scope_values()
-        with self.book.writing():
+        # The lock alone: a tick that makes no record publishes none (a copy of every record a tick).
+        with self.book.lock:
             firings = self.engine.evaluate(t, values, self._disk_used())
             self.evaluations += 1
             for f in firings:
@@ -223,15 +224,16 @@ class CaptureCoordinator:
                         "text": f"rule {f.rule.name} firing: {f.annotations.summary or f.rule.expr.text}",
                         "labels": {**f.labels, "rule": f.rule.name}, "payload": f.to_dict()}])
                 if f.capture_allowed and isinstance(f.action, CaptureAction):
-                    ranks = list(f.ranks) if f.ranks is not None else None
-                    origin = f"rule:{f.rule.name}"
-                    a = f.action
-                    skip = a.tool == "auto" and self._cpu_only(f.job)  # perfd picks: none fits
-                    rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
-                           else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
-                    self._firing_of[rec.id] = f
-                    if rec.status.unsent:
-                        self._release(rec.id)
+                    with self.book.writing():
+                        ranks = list(f.ranks) if f.ranks is not None else None
+                        origin = f"rule:{f.rule.name}"
+                        a = f.action
+                        skip = a.tool == "auto" and self._cpu_only(f.job)  # perfd picks: none fits
+                        rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
+                               else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
+                        self._firing_of[rec.id] = f
+                        if rec.status.unsent:
+                            self._release(rec.id)
         return firings
 
     # ---- requests by hand or by Alertmanager -------------------------------------------------
@@ -474,9 +476,15 @@ class CaptureCoordinator:
             self.arbiter.release(f[0], f[1])
 
     def _expire(self, now: float) -> None:
+        with self.book.lock:  # every rules tick: published only where a record expires
+            stale = [cid for cid, rec in self.captures.items()
+                     if rec.status.live and now - rec.requested_at > STALE_CAPTURE_S]
+            if not stale:
+                return
         with self.book.writing():
-            for cid, rec in list(self.captures.items()):
-                if rec.status.live and now - rec.requested_at > STALE_CAPTURE_S:
+            for cid in stale:
+                rec = self.captures.get(cid)
+                if rec is not None and rec.status.live:
                     rec.status, rec.reason = CaptureStatus.FAILED, "no report from the agent"
                     rec.updated_at = now
                     self._release(cid)
