@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from perfd.engine import subjects as S
+from perfd.engine.rootfold import GONE_ITERATIONS, KEEP_ITERATIONS
 from tests.engine.engine_driver import Plan, Rig, consumers, need_nats_server, settle_and_check, stream_state
 from tests.faults.proxy import FaultProxy
 from tests.procs import NOT_YET, wait_for
@@ -49,7 +50,16 @@ BLACKHOLE_S = LEASE_TTL_S + ACK_WAIT_S
 # arrive "late": folded with the store's record and counted against what the root kept of their
 # iteration (test_partials_delayed_past_the_roots_memory_count_once).
 PERIOD_S = 0.8
-FAST_PERIOD_S = 0.25  # 7-9 s of delay is 28-36 iterations: past the 16 in memory, within the 64 after
+FAST_PERIOD_S = 0.25
+# ... and for that case a longer ack wait. A shard killed with messages out: they come again to the
+# partition's durable consumer an ack wait after their delivery, or when the other shard takes the
+# partition (its lease expiring 2.7-4 s after the kill), whichever is later. With ACK_WAIT_S that was
+# 3.5-4 s after their iteration ended, 14-16 iterations of FAST_PERIOD_S: at the edge of the root's 16
+# (a CI run's partials came 3.48 s late, none past its memory). With 8 s they come 8-12.5 s late (what
+# the killed shard's pulls took until its lease expired comes again 8 s after), 30-50 iterations: past
+# the 16 in memory, and the 60-iteration plan leaves 40 after the kill, within the 64 known after.
+LATE_ACK_WAIT_S = 8.0
+assert KEEP_ITERATIONS + 8 < (LATE_ACK_WAIT_S - 1.0) / FAST_PERIOD_S < KEEP_ITERATIONS + GONE_ITERATIONS - 8
 
 
 @pytest.fixture
@@ -153,9 +163,9 @@ def test_partials_delayed_past_the_roots_memory_count_once(make_rig: MakeRig) ->
     delivered again after its leases expired and the ack wait, reach the root ~30 iterations after
     the others of their iteration, when it has left the root's memory. They are folded with what the
     store holds, and the root still counts each node message once and each iteration whole once."""
-    rig = make_rig(servers=1)
-    # Killed at iteration 20: its partitions' partials of then reach the root at 48-56, or after the
-    # last (60), 28-40 iterations after the others of theirs (within the 64 however late they are)
+    rig = make_rig(servers=1, ack_wait_s=LATE_ACK_WAIT_S)
+    # Killed at iteration 20: what it had out reaches the root at ~48-52, 28-32 iterations after the
+    # others of theirs (LATE_ACK_WAIT_S), or after the last (60) if the load ran ahead
     plan = Plan(nodes=6, iterations=60, period_s=FAST_PERIOD_S)
     with rig.explained():
         rig.up(("shard-a", "shard-b"))
