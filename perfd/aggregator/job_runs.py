@@ -85,13 +85,32 @@ def of_ended_run(ended_pids: set[str], rec: StepRecord) -> bool:
     return rec.fields.get("pid") in ended_pids
 
 
+def late_start(js: JobState, scope: str, rec: StepRecord) -> bool:
+    """Whether ``rec``, a start-up's first record (``first_of_run``), is the held run's own start come
+    late (the store's lock held): a later iteration of its scope is held that ended after it. A new run
+    begins after the old one's records; the engine's root hands records on in the order they reach it,
+    which a node message published again (a retry, a redelivery) makes other than the order they were
+    written in: the run's first record, come after its next ones, ended that run and sent them to a
+    digest, and the job's view lost them. A record with no end is not judged late."""
+    end = rec.end_time
+    if end is None:
+        return False
+    for it in reversed(js.iterations):
+        if it <= rec.iteration:
+            return False
+        held = js.records.get((it, scope)) if scope in js.by_iteration.get(it, ()) else None
+        if held is not None:
+            return held.end_time is not None and held.end_time > end
+    return False
+
+
 def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tuple[int, int]:
     """``rec`` begins a new run of the job (the store's lock held): every record the old run held — a
     restart from iteration 1 or a resume from a checkpoint alike — leaves for a digest of that run (made
     at the next analysis), so no figure mixes the two runs. The run's train-iters, its new normal and
     the hook pids of its ranks go with it. Returns (the run that ended, its records replaced)."""
     ended = js.run
-    held = list(js.records.values())
+    held = js.held_records()
     if held:  # the job info of its own start-up: the next run's may have arrived before its first record
         js.closed.append(ClosedRun(ended, held, js.run_info or js.job_info, frozenset(js.folded_ranks)))
     js.folded_ranks = set()  # the new run's world is the ranks its folds hold

@@ -101,6 +101,13 @@ class JobState:
     # Ranks whose records arrived already folded (perfd.engine's root): the world they make up.
     folded_ranks: set[int] = field(default_factory=set)
 
+    def held_records(self) -> list[StepRecord]:
+        """The records held, in the order of their iterations (not the order they came: the run's
+        first record, come late through the engine, is still its first, and the analysis, which cuts
+        a run where a ``first_of_run`` record follows others, reads one run)."""
+        return [self.records[(it, sc)] for it in self.iterations for sc in self.by_iteration.get(it, ())
+                if (it, sc) in self.records]
+
 
 @dataclass
 class StepConflicts:

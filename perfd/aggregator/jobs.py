@@ -28,7 +28,7 @@ from collections.abc import Collection, Sequence
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
 from perfd.aggregator.job_inputs import NO_INPUTS, AnalysisInputs, Standing
-from perfd.aggregator.job_runs import close_run, digest_runs, figures_span, of_ended_run, run_mark
+from perfd.aggregator.job_runs import close_run, digest_runs, figures_span, late_start, of_ended_run, run_mark
 from perfd.aggregator.job_state import JobOverview, JobState, JobStats, StepConflicts
 from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
 from perfd.analytics.run.run_analysis import analyze_run
@@ -283,7 +283,9 @@ class JobStore:
         if not rec.first_of_run or scope not in js.run_scopes:
             return False  # the first record of its scope in this run (its start-up began the run held)
         held = js.records.get((rec.iteration, scope))
-        return not (held is not None and held.first_of_run and held.end_time == rec.end_time)
+        if held is not None and held.first_of_run and held.end_time == rec.end_time:
+            return False
+        return not late_start(js, scope, rec)
 
     def _close_run(self, js: JobState, scope: str, rec: StepRecord) -> int:
         """``rec`` begins a new run (lock held): the old run's records leave for a digest of it
@@ -405,7 +407,7 @@ class JobStore:
             stale = changed and (force or time.time() - js.analysis_time >= self.min_recompute_s)
             if js.analysis is not None and not stale:
                 return js.analysis
-            raw = list(js.records.values())
+            raw = js.held_records()
             info = job_info_of(js.job_info, raw, js.folded_ranks)
             if js.evicted_any and info.started_at is not None:
                 # The first iterations left the window: from the start-up stamp to the first step
@@ -560,7 +562,7 @@ class JobStore:
             if js is None:
                 return None
             layout = js.job_info.layout if js.job_info else None
-            return list(js.records.values()), layout, self.gpu_override or js.gpu_name
+            return js.held_records(), layout, self.gpu_override or js.gpu_name
 
     def overview(self, job: str) -> JobOverview | None:
         with self._lock:

@@ -16,6 +16,7 @@ no nats-server; one case goes through a real one (slow)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from tests.engine.records import RANKS_PER_NODE, job_records
 from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_natsd import _need_nats_server
 from tests.engine.test_same_answer import GPU, JOB, _answer
+from tests.procs import ROOT
 
 NODES = 4
 SHARDS = ((0, 1), (2, 3))  # each shard's nodes: shard 0's partials are the ones held back
@@ -234,3 +236,48 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState,
         await asyncio.wait_for(asyncio.gather(*tasks, *senders, return_exceptions=True), 30)
     assert all(c.spool.pending_count() == 0 for c in clients)
     return root
+
+
+@pytest.mark.parametrize("delay", [DELAYS["in memory"], DELAYS["past memory"]],
+                         ids=["in memory", "past memory"])
+def test_a_logged_runs_first_record_come_late_is_still_its_start(delay: int) -> None:
+    """A Megatron-LM job (the recorded H200 log, 2 ranks) whose ranks run the step hook: node 0's
+    message of the first iteration (the log's first record, marked as the run's start) reaches the
+    root after ``delay`` later iterations (its publish retried, or redelivered). The store took it
+    for a restart (a start-up's record under later ones) and sent those to a digest of an "ended"
+    run; then the analysis, reading the held records in the order they came, cut the run again where
+    it stood: the job's view lost 2-25 iterations. Now it is the run's own start: one aggregator's
+    answer on the same records in order, no new run. A resume's first record, ending after what is
+    held, still begins one."""
+    from collectors.megatron import parse_file
+    from tests.engine.test_same_answer import _hooked
+
+    parsed = parse_file(ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log", job=JOB)
+    first = parsed.records[0]
+    assert first.first_of_run and not any(r.first_of_run for r in parsed.records[1:])
+    hooked = _hooked(parsed.records, 2)
+    by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}
+    single, rooted = AggregatorState(gpu_override="NVIDIA H200"), AggregatorState(gpu_override="NVIDIA H200")
+    single.ingest_job_info(f"node-0/{JOB}", JOB, parsed.job_info)
+    for i in range(len(parsed.records)):
+        for n in (0, 1):
+            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][i])
+    root = _root(rooted)
+    late = partials_of(by_node[0][0], f"node-0/{JOB}:e:0")
+    for i in range(len(parsed.records)):
+        parts = [p for n in (0, 1) if (n, i) != (0, 0)
+                 for p in partials_of(by_node[n][i], f"node-{n}/{JOB}:e:{i}")]
+        info = {JOB: job_info_to_json(parsed.job_info)} if i == 0 else None
+        root.handle([encode(f"shards:{i}", "shards", 1, parts, info)])
+        if i == delay:
+            root.handle([encode("shard-0:late", "shard-0", 1, late)])
+    assert root.stats.node_messages == 2 * len(parsed.records)
+    assert root.stats.late == (1 if delay > KEEP_ITERATIONS else 0)
+    assert rooted.job_stats.new_runs == 0
+    assert _answer(rooted) == _answer(single)
+
+    last = parsed.records[-1]
+    assert last.end_time is not None
+    resumed = dataclasses.replace(first, iteration=last.iteration - 5, end_time=last.end_time + 60.0)
+    rooted.ingest_steps("root", [resumed])
+    assert rooted.job_stats.new_runs == 1
