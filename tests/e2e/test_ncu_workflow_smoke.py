@@ -116,8 +116,12 @@ def test_the_gpu_workflow_script_runs_its_phases_and_checks_on_cpu(tmp_path: Pat
                 "run3_figures_equal_unarmed", "run2_arming_within_15pct", "run3_arming_within_15pct",
                 "run2_no_arming_jitter", "run3_no_arming_jitter", "run2_ended_with_incidents_closed",
                 "run3_ended_with_incidents_closed", "run2_goodput_runs", "run3_goodput_runs"):
-        assert ch[key], (key, res["phases"]["run1"].get("ended_after_s"),
-                         json.dumps({k: res.get(k) for k in ("run2", "run3", "clock", "run1_digest")})[:4000])
+        # The run the check is of first, in a message of its own (pytest shortened the tuple's string)
+        run = key.split("_", 1)[0]
+        shown = {k: res.get(k) for k in (run, "run2", "run3", "clock", "run1_digest")}
+        ended = res["phases"]["run1"].get("ended_after_s")
+        assert ch[key], f"{key}: run 1 ended after {ended} s; " + "\n".join(
+            f"{k}: {json.dumps(v, sort_keys=True)}" for k, v in shown.items())
     assert res["run2"]["runs"]["current"] == 2 and res["run3"]["runs"]["current"] == 3
     assert res["run3"]["arming"]["ratio"] == pytest.approx(ARMED, rel=0.15)
     assert (out / "logs.tar.gz").exists() and (out / "ncu_workflow_live.md").exists()
