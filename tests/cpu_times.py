@@ -11,7 +11,8 @@ in ``--durations``.
 
 Each pytest process (each xdist worker) writes ``<folder>/<worker>.json`` after each test's teardown
 (so that a run stopped by a timeout keeps the tests it finished) and at the session's end:
-``{"tests": [{"nodeid", "phase", "wall_s", "cpu_s", "raised"}, ...]}`` (``raised``: the
+``{"tests": [{"nodeid", "phase", "wall_s", "cpu_s", "self_s", "raised"}, ...]}`` (``self_s``: the pytest
+process's own CPU alone, a test's work in it apart from its subprocesses'; ``raised``: the
 exception's type where the phase raised one, pytest's Skipped too; "" where none).
 ``python -m tests.cpu_times <folder>`` prints the sums per file, what raised, and the tests of most CPU
 and of most wall.
@@ -35,22 +36,25 @@ ENV = "PERFD_TEST_CPU"
 _ROWS: list[dict[str, str | float]] = []
 
 
-def _cpu_s() -> float:
+def _cpu_s() -> tuple[float, float]:
+    """(the pytest process's own CPU, that and its reaped children's)."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    own = me.ru_utime + me.ru_stime
+    return own, own + kids.ru_utime + kids.ru_stime
 
 
 def _timed(item: pytest.Item, phase: str) -> Generator[None, Result[None], None]:
     if not os.environ.get(ENV):
         yield
         return
-    wall0, cpu0 = time.perf_counter(), _cpu_s()
+    wall0, (own0, cpu0) = time.perf_counter(), _cpu_s()
     outcome = yield
-    wall, cpu = time.perf_counter() - wall0, _cpu_s() - cpu0
+    own1, cpu1 = _cpu_s()
+    wall, cpu, own = time.perf_counter() - wall0, cpu1 - cpu0, own1 - own0
     raised = outcome.excinfo[0].__name__ if outcome.excinfo else ""
     _ROWS.append({"nodeid": item.nodeid, "phase": phase, "wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
-                  "raised": raised})
+                  "self_s": round(own, 4), "raised": raised})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -85,8 +89,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _summary(folder: Path, top: int) -> str:
-    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    tests: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    tests: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     raised: dict[str, str] = {}
     for path in sorted(folder.glob("*.json")):
         for row in json.loads(path.read_text())["tests"]:
@@ -96,18 +100,18 @@ def _summary(folder: Path, top: int) -> str:
             for acc in (files[nodeid.split("::")[0]], tests[nodeid]):
                 acc[0] += float(row["wall_s"])
                 acc[1] += float(row["cpu_s"])
-    lines = [f"{'wall s':>8} {'cpu s':>8} {'cpu/wall':>8}  file"]
-    for name, (wall, cpu) in sorted(files.items(), key=lambda kv: -kv[1][1]):
-        lines.append(f"{wall:8.1f} {cpu:8.1f} {cpu / max(wall, 1e-9):8.2f}  {name}")
-    wall_all = sum(w for w, _ in files.values())
-    cpu_all = sum(c for _, c in files.values())
-    lines.append(f"{wall_all:8.1f} {cpu_all:8.1f} {cpu_all / max(wall_all, 1e-9):8.2f}  all "
+                acc[2] += float(row.get("self_s", 0.0))  # (a folder written before it was recorded: 0)
+    lines = [f"{'wall s':>8} {'cpu s':>8} {'self s':>8} {'cpu/wall':>8}  file"]
+    for name, (wall, cpu, own) in sorted(files.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"{wall:8.1f} {cpu:8.1f} {own:8.1f} {cpu / max(wall, 1e-9):8.2f}  {name}")
+    wall_all, cpu_all, own_all = (sum(acc[i] for acc in files.values()) for i in range(3))
+    lines.append(f"{wall_all:8.1f} {cpu_all:8.1f} {own_all:8.1f} {cpu_all / max(wall_all, 1e-9):8.2f}  all "
                  f"({len(tests)} tests)")
     lines += [f"raised {kind}: {name}" for name, kind in sorted(raised.items())]
-    for label, key in (("cpu", 1), ("wall", 0)):
+    for label, key in (("cpu", 1), ("cpu in the pytest process itself", 2), ("wall", 0)):
         lines.append(f"-- the {top} tests of most {label}")
         for name, acc in sorted(tests.items(), key=lambda kv: -kv[1][key])[:top]:
-            lines.append(f"{acc[0]:8.1f} {acc[1]:8.1f}  {name}")
+            lines.append(f"{acc[0]:8.1f} {acc[1]:8.1f} {acc[2]:8.1f}  {name}")
     return "\n".join(lines)
 
 
