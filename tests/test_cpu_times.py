@@ -40,6 +40,8 @@ def test_a_tests_own_cpu_is_told_apart_from_its_childrens(pytester: pytest.Pytes
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setenv("PERFD_TEST_CPU", str(folder))
+    # the inner session is no xdist worker (the outer one's name, inherited, would name its file)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     result = pytester.runpytest_subprocess("-p", "tests.cpu_times", "-p", "no:cacheprovider", timeout=60)
     result.assert_outcomes(passed=2)
     rows = json.loads((folder / "main.json").read_text())["tests"]
