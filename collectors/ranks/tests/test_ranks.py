@@ -100,11 +100,13 @@ def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
         assert "cpu_cores" not in r and "wait_ratio" not in r
     # A spinning process and a sleeping one. A loaded machine may give the spinner no CPU for a whole
     # window (two test suites on 2 CPUs did), or little more than the sleeper's wake-ups (0.057 against
-    # 0.014 cores, a suite of 8 workers on 2 CPUs): read windows until the spinner ran in one.
+    # 0.014 cores, a suite of 8 workers on 2 CPUs): read windows until the spinner ran in one. The
+    # sleeper wakes each second; the state is what /proc says at the read, and a loaded machine once
+    # read it runnable (waiting for a CPU after its wake-up, a fresh clone's CI): until read asleep too.
     for _ in range(20):
         rows = _collect(c, 2, 0.7)
         b, i = _row(rows, 0), _row(rows, 1)
-        if b["cpu_cores"] > 0.02 and b["cpu_cores"] > 5 * i["cpu_cores"]:
+        if b["cpu_cores"] > 0.02 and b["cpu_cores"] > 5 * i["cpu_cores"] and i["state"] == "sleeping":
             break
     assert b["state"] in ("running", "sleeping") and b["pid"] == busy.pid and b["source"] == "hook"
     assert i["state"] == "sleeping" and i["cpu_cores"] < 0.05
