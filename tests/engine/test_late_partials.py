@@ -43,8 +43,7 @@ from tests.engine.engine_driver import Plan
 from tests.engine.records import RANKS_PER_NODE, job_records
 from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_natsd import _need_nats_server
-from tests.engine.test_same_answer import GPU, JOB, _answer
-from tests.procs import ROOT
+from tests.engine.test_same_answer import GPU, JOB, _answer, logged_job
 
 NODES = 4
 SHARDS = ((0, 1), (2, 3))  # each shard's nodes: shard 0's partials are the ones held back
@@ -249,19 +248,10 @@ def test_a_logged_runs_first_record_come_late_is_still_its_start(delay: int) -> 
     it stood: the job's view lost 2-25 iterations. Now it is the run's own start: one aggregator's
     answer on the same records in order, no new run. A resume's first record, ending after what is
     held, still begins one."""
-    from collectors.megatron import parse_file
-    from tests.engine.test_same_answer import _hooked
-
-    parsed = parse_file(ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log", job=JOB)
+    parsed, by_node, single = logged_job()
     first = parsed.records[0]
     assert first.first_of_run and not any(r.first_of_run for r in parsed.records[1:])
-    hooked = _hooked(parsed.records, 2)
-    by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}
-    single, rooted = AggregatorState(gpu_override="NVIDIA H200"), AggregatorState(gpu_override="NVIDIA H200")
-    single.ingest_job_info(f"node-0/{JOB}", JOB, parsed.job_info)
-    for i in range(len(parsed.records)):
-        for n in (0, 1):
-            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][i])
+    rooted = AggregatorState(gpu_override="NVIDIA H200")
     root = _root(rooted)
     late = partials_of(by_node[0][0], f"node-0/{JOB}:e:0")
     for i in range(len(parsed.records)):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from collectors.megatron import ParsedLog, parse_file
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
@@ -246,6 +247,22 @@ def _hooked(log: list[StepRecord], world: int) -> dict[int, list[list[StepRecord
     return out
 
 
+def logged_job() -> tuple[ParsedLog, dict[int, list[list[StepRecord]]], AggregatorState]:
+    """The recorded H200 Megatron-LM log (2 ranks, pipeline-parallel) with the step hook on each rank,
+    one node a rank: the parsed log, each node's records an iteration (node 0's: the log's and rank
+    0's), and one aggregator that took them in order."""
+    log = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    parsed = parse_file(log, job=JOB)
+    hooked = _hooked(parsed.records, 2)
+    by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}
+    single = AggregatorState(gpu_override="NVIDIA H200")
+    single.ingest_job_info(f"node-0/{JOB}", JOB, parsed.job_info)
+    for it in range(len(parsed.records)):
+        for n in (0, 1):
+            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+    return parsed, by_node, single
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_megatron_job_with_the_step_hook_is_read_from_its_log_as_one_aggregator_reads_it(tmp_path: Path):
@@ -254,18 +271,9 @@ def test_a_megatron_job_with_the_step_hook_is_read_from_its_log_as_one_aggregato
     and the stalls). The root held two records an iteration, the log's and the hook's fold, and served
     two rows of each (the fold's last: no exposed communication, a third of the MFU); now the same
     answer, byte for byte, with the log's figures."""
-    from collectors.megatron import parse_file
-
     _need_nats_server()
-    log = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
-    parsed = parse_file(log, job=JOB)
-    hooked = _hooked(parsed.records, 2)
-    by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}
-    single, rooted = AggregatorState(gpu_override="NVIDIA H200"), AggregatorState(gpu_override="NVIDIA H200")
-    single.ingest_job_info(f"node-0/{JOB}", JOB, parsed.job_info)
-    for it in range(len(parsed.records)):
-        for n in (0, 1):
-            single.ingest_steps(f"node-{n}/{JOB}", by_node[n][it])
+    parsed, by_node, single = logged_job()
+    rooted = AggregatorState(gpu_override="NVIDIA H200")
     with NatsCluster(tmp_path / "nats", 1) as cluster:
         _, root = asyncio.run(_through_the_engine(cluster.urls, rooted, parsed.job_info, by_node))
     assert root.stats.node_messages == 2 * len(parsed.records) and root.stats.undecodable == 0
