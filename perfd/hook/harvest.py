@@ -190,12 +190,14 @@ class Harvester(HookState):
         data_ns = compute_ns = outside_ns = -1
         t_data = slot.t_data
         gap_fetch = slot.gap_fetch_ns
-        if period_ns >= 0 and gap_fetch > 0:
-            # Of a fetch between the steps, the part the step waited for: no more than the time from
-            # the previous end marker to this step's begin (with CUDA events, while the GPU still ran
-            # the previous step's queued work the loop was not waiting on the fetch; with host
-            # timing that time is the gap itself, which holds the fetch).
-            gap_fetch = min(gap_fetch, max(0, period_ns - step_ns))
+        # The time between the steps on the step's own clock: from the previous end marker to this
+        # step's begin. With CUDA events, the host's time between the steps that the GPU spent on the
+        # previous step's queued work is not in it (the loop was waiting on the GPU, or working beside
+        # it: a sync after step_end(), a loss.item()); with host timing it is the host's gap itself.
+        between = max(0, period_ns - step_ns) if period_ns >= 0 else -1
+        if between >= 0 and gap_fetch > 0:
+            # Of a fetch between the steps, the part the step waited for: no more than that time.
+            gap_fetch = min(gap_fetch, between)
         if t_data >= 0:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
             data_ns = gap_fetch + (t_data - slot.t_begin) + (slot.f_end - slot.f_data)
@@ -214,7 +216,11 @@ class Harvester(HookState):
         if period_ns >= 0:
             period_ns = max(period_ns - paused, step_ns)
             if slot.gap_ns >= 0:
-                outside_ns = max(0, slot.gap_ns - max(slot.gap_fetch_ns, 0) - slot.paused_ns)
+                # What else passed between the steps: of the host's gap, no more than the step's
+                # clock saw there (a loop that synchronises after step_end() waits for the GPU to
+                # end the step it timed: that wait is the step's, not outside it), less the fetch
+                # counted as data wait and the announced pauses.
+                outside_ns = max(0, min(slot.gap_ns, between) - max(gap_fetch, 0) - slot.paused_ns)
         if slot.profiling:
             flags |= wire.FLAG_PROFILING
         stats = self.stats

@@ -176,8 +176,9 @@ def test_records_for_a_known_timeline_match_the_inline_path(
         assert m.compute_ns == (1000 * k if data_event else None)
         assert m.flags == (wire.FLAG_CUDA | wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
                            | (wire.FLAG_WARMUP if k <= 2 else 0))
-        # Back to back: each step begins at the previous end (one event), its period is its time.
-        assert (m.period_ns, m.outside_ns) == ((None, None) if k == 1 else (m.step_ns, 100))
+        # Back to back: each step begins at the previous end (one event), its period is its time,
+        # and nothing passed outside it (the host's 100 ns between the two calls are in the step).
+        assert (m.period_ns, m.outside_ns) == ((None, None) if k == 1 else (m.step_ns, 0))
         if k > 2:
             window.append(m.step_ns)
         assert m.window_n == len(window)
@@ -264,17 +265,20 @@ def test_the_period_spans_the_time_between_steps_and_the_fetch_in_it_is_the_data
     batches = iter(hook.loader(fetches()))
     for _ in range(3):
         next(batches)
-        clock.t += 300  # the loop's own host work between the steps: outside any step
+        clock.t += 300  # the loop's own host work between the steps: outside any step...
+        gpu.clock += 300  # ...while the GPU idles
         with hook.step():
             gpu.work(1_000)
     hook.close()
     got = steps_in(drain(sock))
     assert [m.step_ns for m in got] == [1_000] * 3  # begin event (after the fetch) -> end event
-    assert got[0].period_ns is None and [m.period_ns for m in got[1:]] == [6_000, 6_000]
+    assert got[0].period_ns is None and [m.period_ns for m in got[1:]] == [6_300, 6_300]
     for m in got[1:]:
         assert m.flags & wire.FLAG_FETCH and not m.flags & wire.FLAG_DATA_READY
         assert m.data_wait_ns is not None and 5_000 <= m.data_wait_ns <= 5_000 + 300  # a few clock reads
-        assert m.outside_ns is not None and 300 <= m.outside_ns <= 300 + 1_000
+        # the 300 ns, bounded by the GPU's clock between the steps (which the fake's clock reads, 100 ns
+        # each on the host, do not advance): less one read at most
+        assert m.outside_ns is not None and 300 - 100 <= m.outside_ns <= 300 + 1_000
     assert gpu.count("record") == 3 * 2  # a begin of its own per step: the fetch could launch GPU work
 
 
@@ -309,6 +313,41 @@ def test_a_fetch_the_gpu_runs_through_is_no_data_wait(agent: tuple[str, socket.s
     got = steps_in(drain(sock))
     assert [m.period_ns for m in got] == [None, 20_000, 23_000]
     assert [m.data_wait_ns for m in got[1:]] == [0, 3_000]
+
+
+def test_a_loop_that_synchronises_after_the_step_waits_inside_it_not_outside(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The usual loop on a GPU: step_end() returns as soon as the step's work is queued, then the loop
+    synchronises (``loss.item()``, a device sync) and waits for the GPU to finish that step. The wait
+    is between the two calls on the host but inside the step on its own clock: not outside it. Only
+    what the host does once the GPU is done (here 400 ns of its own work, the GPU idle) is outside.
+    (An H200 loop read 46% of its step outside before, with its data wait and compute summing to
+    the step already.)"""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest):
+        monkeypatch.setattr(mod, "time", clock)
+    monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 2_000)  # the sync is a real gap
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+    for _ in range(3):
+        with hook.step():
+            clock.t += 1_000  # the host waits 1 µs for its batch, the GPU idle meanwhile
+            gpu.clock += 1_000
+            hook.data_ready()
+            gpu.work(30_000)  # queued: the host returns from step_end() at once
+        clock.t += 30_000  # the sync: the host waits until the GPU has run the step
+        clock.t += 400  # the loop's own work after it (logging), the GPU idle
+        gpu.clock += 400
+    hook.close()
+    got = steps_in(drain(sock))
+    for m in got[1:]:
+        assert m.step_ns == 31_000 and m.period_ns == 31_400
+        assert m.data_wait_ns is not None and 1_000 <= m.data_wait_ns <= 1_000 + 500  # a few clock reads
+        assert m.outside_ns is not None and 300 <= m.outside_ns <= 400, m.outside_ns
+    # On host timing the same loop's gap is all the host's: there the wait is outside the step (its
+    # host-timed step ended when step_end() returned), as before.
 def test_a_full_deque_drops_the_oldest_or_this_step_and_never_waits(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
     gpu = Gpu()
