@@ -136,7 +136,7 @@ class AgentClient(CommandTarget):
         jobs: Iterable[str] = (),
         capabilities: Mapping[str, str] | None = None,
         version: str = __version__,
-        window: int = 16,
+        window: int = L.AGENT_WINDOW,
         on_command: Callable[[Command], object] | None = None,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,

@@ -70,6 +70,25 @@ OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may
 SeriesAdmission = Callable[[str, int, Series], bool]
 
 
+async def _drain_refused(request_iterator: AsyncIterator[pb.AgentMessage]) -> None:
+    """Take what an unauthenticated agent is already writing (its Hello, then the batches a reconnect
+    resends at once) before its stream is ended: ended under one of those writes, the agent's call
+    finishes "INTERNAL: Internal error from Core" (gRPC core loses the status in the race) and the
+    agent never learns why. Bounded in time and count (perfd.limits); nothing read is used."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + L.REFUSAL_DRAIN_S
+    wait = L.REFUSAL_DRAIN_S
+    try:
+        for _ in range(L.REFUSAL_DRAIN_MESSAGES):
+            wait = min(wait, deadline - loop.time())
+            if wait <= 0:
+                return
+            await asyncio.wait_for(anext(request_iterator), wait)
+            wait = L.REFUSAL_QUIET_S  # after the first, what follows it at once
+    except (Exception, asyncio.CancelledError):
+        return  # the agent went quiet (the wait's timeout), hung up, or the stream ended
+
+
 class IngestServer:
     """``grpc.aio`` ingest server. ``on_batch(agent_id, batch)`` runs on the event loop for every
     batch: keep it synchronous and fast (append columns, update indexes), or hand off.
@@ -276,13 +295,7 @@ class IngestServer:
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
             if exc.code == grpc.StatusCode.UNAUTHENTICATED:
-                # Take the Hello the agent is already writing before ending the stream: ended
-                # under that write, the agent's call finishes "INTERNAL: Internal error from Core"
-                # (gRPC core loses the status in the race) and the agent never learns why.
-                try:
-                    await asyncio.wait_for(anext(request_iterator), L.REFUSAL_DRAIN_S)
-                except (Exception, asyncio.CancelledError):
-                    pass
+                await _drain_refused(request_iterator)
             await context.abort(exc.code, str(exc), exc.trailing_metadata())
             return
         conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
