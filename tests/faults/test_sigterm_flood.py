@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port, http_get, wait_for
+from tests.procs import WaitTimeout, free_port, http_get, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,8 +54,9 @@ def test_sigterm_during_a_series_flood_exits_within_5_s(tmp_path: Path) -> None:
     flood = None
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{h}/healthz"), 30, "aggregator up")
+        flood_out = tmp_path / "flood.out"  # its agents' warnings (a refused or ended stream)
         flood = subprocess.Popen([sys.executable, "-c", FLOOD, f"127.0.0.1:{g}"], cwd=ROOT, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 stdout=flood_out.open("wb"), stderr=subprocess.STDOUT)
 
         def samples() -> float:
             m = re.search(rb"^perfd_aggregator_samples_total (\S+)",
@@ -63,7 +64,12 @@ def test_sigterm_during_a_series_flood_exits_within_5_s(tmp_path: Path) -> None:
             return float(m.group(1)) if m else 0.0
 
         # While the count moves (two suites at once on 2 CPUs: 100,000 took over 120 s).
-        wait_for(lambda: samples() >= 100_000, 60, "the flood under way", interval=0.5, progress=samples)
+        try:
+            wait_for(lambda: samples() >= 100_000, 60, "the flood under way", interval=0.5, progress=samples)
+        except WaitTimeout as exc:  # a fresh clone's run once stood at 0 for 60 s: say what each side saw
+            raise WaitTimeout(f"{exc}\nflood (exit {flood.poll()}) ends:\n"
+                              f"{flood_out.read_text(errors='replace')[-3000:]}\naggregator ends:\n"
+                              f"{out.read_text(errors='replace')[-3000:]}") from exc
         t0 = time.monotonic()
         agg.send_signal(signal.SIGTERM)
         try:

@@ -100,6 +100,18 @@ def _query(base: str, q: str) -> list[dict[str, Any]]:
     return list(body["data"]["result"])
 
 
+def _joined(base: str, q: str, logs: Path) -> list[dict[str, Any]]:
+    """The join ``q``'s answer once it has one (30 s at most); else the failure says what each side held
+    (a fresh clone's run once found the job's join empty for 30 s)."""
+    try:
+        return wait_for(lambda: _query(base, q), 30, q)
+    except AssertionError as exc:
+        held = {k: _query(base, k) for k in ("perfd_gpu_info", "gpu:perfd_gpu_info:max")}
+        ends = {name: (logs / name).read_text(errors="replace")[-2000:]
+                for name in ("aggregator.out", "agent.out")}
+        raise AssertionError(f"{exc}\nPrometheus holds {held}\nthe logs end: {ends}") from exc
+
+
 def _documented_joins() -> list[str]:
     """The queries of docs/prometheus.md's "Joining DCGM-exporter" example block, as written."""
     doc = (ROOT / "docs" / "prometheus.md").read_text()
@@ -170,14 +182,14 @@ scrape_configs:
             # DCGM_FI_PROF_SM_ACTIVE: the exposition here serves the tensor pipe's, same labels and unit
             q = q.replace('{job_name="gpt-8b"}', f'{{job_name="{JOB}"}}').replace(
                 "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
-            res = wait_for(lambda q=q: _query(base, q), 30, q)  # type: ignore[misc]
+            res = _joined(base, q, tmp_path)
             assert len(res) == 1 and res[0]["metric"]["UUID"] == UUID, (q, res)
 
         # The joins docs/prometheus.md gives, each matching the one GPU: by UUID, by node and index,
         # by PCI bus id; the job comes from perfd_gpu_info (the job its processes declare).
         for join in ("on(UUID)", "on(Hostname, gpu)", "on(pci_bus_id)"):
             q = f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE * {join} group_left(job_name) gpu:perfd_gpu_info:max"
-            res = wait_for(lambda q=q: _query(base, q), 30, q)  # type: ignore[misc]
+            res = _joined(base, q, tmp_path)
             assert len(res) == 1, (q, res)
             m = res[0]["metric"]
             assert (m["job_name"], m["pod"], m["UUID"]) == (JOB, "llm-pretrain-0", UUID), (q, m)
