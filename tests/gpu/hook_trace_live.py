@@ -40,7 +40,9 @@ from tests.gpu.verdict_live import RULES, cut_trace, view
 from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
 JOB = "hook-trace"
-STEPS = int(os.environ.get("HOOK_STEPS", "400"))
+# The rule captures once the job has stepped CAPTURE_AFTER_S: 400 steps (~13 ms each on an H200) ended
+# in ~6 s, before it fired (2026-11-28); 2,000 step ~26 s there.
+STEPS = int(os.environ.get("HOOK_STEPS", "2000"))
 LOADER_MS = float(os.environ.get("LOADER_MS", "10"))
 CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "10"))
 TRAIN = r'''
