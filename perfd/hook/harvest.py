@@ -71,6 +71,7 @@ class Harvester(HookState):
     _free: deque[Slot]
     _held: Slot | None
     _flags: int
+    _data_report: bool  # report the GPU time from data_ready() to the end (compute) of every step
     stats: RollingPercentiles
     warmup_steps: int
     tokens_per_step: float | None
@@ -200,13 +201,20 @@ class Harvester(HookState):
             gap_fetch = min(gap_fetch, between)
         if t_data >= 0:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
-            data_ns = gap_fetch + (t_data - slot.t_begin) + (slot.f_end - slot.f_data)
-            if slot.fetch_live:
-                flags |= wire.FLAG_FETCH
-            if slot.data_event and slot.data is not None:
+            before = t_data - slot.t_begin  # the host's wait in the step, to data_ready()
+            if slot.data_event:
                 compute = slot.data.elapsed_ns(slot.end)
                 if compute is not None:
-                    compute_ns = compute
+                    if self._data_report:
+                        compute_ns = compute
+                    if flags & wire.FLAG_CUDA:
+                        # The GPU's own time from the step's begin to data_ready()'s marker: while the
+                        # host waited for its batch the GPU may have run the work queued before (an
+                        # asynchronous loop ahead of its GPU), and then it did not wait at all.
+                        before = min(before, max(0, step_ns - compute))
+            data_ns = gap_fetch + before + (slot.f_end - slot.f_data)
+            if slot.fetch_live:
+                flags |= wire.FLAG_FETCH
         elif slot.fetch_live:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_FETCH
             data_ns = gap_fetch + slot.f_end - slot.f_begin

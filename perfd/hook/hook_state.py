@@ -31,10 +31,10 @@ class Slot:
                  "flops", "gap_fetch_ns", "gap_ns", "index", "paused_in_ns", "paused_ns", "prev", "profiling",
                  "seq", "step", "t_begin", "t_data", "tokens", "wall_end_ns")
 
-    def __init__(self, make: MarkerFactory, data_event: bool) -> None:
+    def __init__(self, make: MarkerFactory) -> None:
         self.begin: Marker = make()
         self.end: Marker = make()
-        self.data: Marker | None = make() if data_event else None
+        self.data: Marker = make()  # recorded at data_ready() when asked, or after a long host wait
         self.step = 0
         self.index = 0
         # The step before this one (the last appended at this one's begin), None after a gap in the
@@ -63,7 +63,7 @@ class Slot:
         self.seq: object = None
 
     def markers(self) -> list[Marker]:
-        return [m for m in (self.begin, self.end, self.data) if m is not None]
+        return [self.begin, self.end, self.data]
 
 
 class HookState:

@@ -12,9 +12,13 @@ within 2 µs of host time after the last ``step_end()`` returned (too soon for a
 enqueued) takes that end event as its begin; after a real gap a begin event is recorded. When the
 deque is full the oldest pending step is dropped and counted (``harvest_drops``), or this one if
 the harvester is in a pass right then (the step path never waits for it). ``cuda_data_event=True``
-adds an event at ``data_ready()``, for the GPU time from there to the end (compute). It is off by
-default: a record costs ~3.4 µs on an H100 host, a third of the budget, for one field nothing
-downstream uses (host timing always reports compute).
+adds an event at every ``data_ready()``, for the GPU time from there to the end (compute, reported).
+Without it, ``data_ready()`` records that event only after a host wait of DATA_MARK_MIN_NS or more
+in the step: the GPU's own time from the step's begin to it bounds the data wait (an asynchronous
+loop whose host waits for its batch while the GPU still runs the work queued before sees no data
+wait: on an H200, 20 ms waited inside 52 ms steps the GPU never idled in read 38% before). A record
+costs ~3.4 µs on an H100 host, a third of the budget: paid only where the host waited 15 times as
+long, and nowhere else (host timing always reports compute).
 
 A step's events and stamps live in a reusable slot; there are ``pool_size + 2`` (pending, open,
 held), so one is free while the deque has room. torch creates an event at its first record: the
@@ -73,6 +77,10 @@ T = TypeVar("T")
 log = logging.getLogger("perfd.hook")
 
 _POLL_INTERVAL_NS = 50_000_000
+# A host wait in the step (step_begin() -> data_ready()) from which data_ready() records its GPU marker
+# even when cuda_data_event is off: ~15x the record's cost. A shorter wait is counted as the host saw it
+# (at most this much per step where the GPU did not in fact wait).
+DATA_MARK_MIN_NS = 50_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
 # Python loop iteration takes well under it, any torch op launch (3-20 µs measured) well over.
 _ALIAS_GAP_NS = 2_000
@@ -209,6 +217,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         if os.environ.get(ARMED_ENV):  # under perfd ncu-exec: every step is the profiler's
             self._flags |= wire.FLAG_ARMED
         self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
+        self._data_report = self._data_event  # compute reported; else the marker bounds the data wait only
         self._rank = rank if rank is not None else _env_rank()
         self._pool_size = pool_size
         # Slots in use at most: pool_size pending, the open one, the one the harvester holds. So
@@ -216,7 +225,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         # would go unmeasured and be counted).
         n_slots = pool_size + 2 if self.enabled else 0
         self._make = make  # a trace's drain marker (perfd.hook.trace) is one more of these
-        self._slots = [Slot(make, self._data_event) for _ in range(n_slots)]
+        self._slots = [Slot(make) for _ in range(n_slots)]
         self._markers: list[Marker] = [m for slot in self._slots for m in slot.markers()]
         self._free = deque(self._slots)
         self._pending = deque()
@@ -361,11 +370,10 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         if slot is None or slot.t_data >= 0:
             return
         try:
-            slot.t_data = time.perf_counter_ns()
+            slot.t_data = t_data = time.perf_counter_ns()
             slot.f_data = self._fetch.total_ns
-            data = slot.data
-            if data is not None:
-                data.record()
+            if self._data_event or t_data - slot.t_begin >= DATA_MARK_MIN_NS:
+                slot.data.record()
                 slot.data_event = True
         except Exception as exc:
             self._internal(exc)

@@ -315,6 +315,41 @@ def test_a_fetch_the_gpu_runs_through_is_no_data_wait(agent: tuple[str, socket.s
     assert [m.data_wait_ns for m in got[1:]] == [0, 3_000]
 
 
+@pytest.mark.parametrize("gpu_behind", [True, False])
+def test_a_wait_for_the_batch_the_gpu_ran_through_is_no_data_wait(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch, gpu_behind: bool) -> None:
+    """The host waits 100 µs for its batch inside each step (step_begin() -> data_ready()). An
+    asynchronous loop ahead of its GPU: the GPU still runs the work queued before meanwhile, so it never
+    waits (the H200: 20 ms waited inside 52 ms steps read 38% data wait, the steps as long as with no
+    wait). A loop the GPU keeps up with (it synchronises after each step): the GPU idles as long, a data
+    wait. data_ready() records its marker only after such a wait, its compute not reported."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest):
+        monkeypatch.setattr(mod, "time", clock)
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+    for _ in range(4):
+        with hook.step():
+            clock.t += 100_000  # the host waits for the batch...
+            if not gpu_behind:
+                gpu.clock += 100_000  # ...and the GPU, done with the last step, idles as long
+            hook.data_ready()
+            gpu.work(1_000_000)
+        if not gpu_behind:
+            clock.t += 1_000_000  # the loop's sync: the host waits for the step's GPU work
+    hook.close()
+    got = steps_in(drain(sock))[1:]
+    assert len(got) == 3 and all(m.compute_ns is None for m in got)  # the marker bounds, not reports
+    for m in got:
+        if gpu_behind:
+            assert m.data_wait_ns == 0 and m.step_ns == 1_000_000, m
+        else:
+            assert m.data_wait_ns == 100_000 and m.step_ns == 1_100_000, m
+    assert gpu.count("record") == 1 + 4 * 2  # the first begin, then each step's marker and end
+
+
 def test_a_loop_that_synchronises_after_the_step_waits_inside_it_not_outside(
         agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
     """The usual loop on a GPU: step_end() returns as soon as the step's work is queued, then the loop
