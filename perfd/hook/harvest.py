@@ -217,7 +217,15 @@ class Harvester(HookState):
                 flags |= wire.FLAG_FETCH
         elif slot.fetch_live:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_FETCH
-            data_ns = gap_fetch + slot.f_end - slot.f_begin
+            in_step = slot.f_end - slot.f_begin
+            if slot.f_mark >= 0 and flags & wire.FLAG_CUDA:
+                # A fetch at the step's start marked the GPU's clock at its end (perfd.hook.step
+                # _fetched): of the fetches before the marker, no more than the GPU's own time to it
+                gpu = slot.data.elapsed_ns(slot.end)
+                if gpu is not None:
+                    in_step = (min(slot.f_mark - slot.f_begin, max(0, step_ns - gpu))
+                               + slot.f_end - slot.f_mark)
+            data_ns = gap_fetch + in_step
         if data_ns < 0 and (t_data >= 0 or slot.fetch_live):
             data_ns = 0  # a pause's fetches taken out of a step that fetched less: none left
         paused = slot.paused_ns + slot.paused_in_ns

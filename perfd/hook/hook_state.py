@@ -27,9 +27,9 @@ class Slot:
     always pending or held, never free.
     """
 
-    __slots__ = ("aliased", "begin", "data", "data_event", "end", "f_begin", "f_data", "f_end", "fetch_live",
-                 "flops", "gap_fetch_ns", "gap_ns", "index", "paused_in_ns", "paused_ns", "prev", "profiling",
-                 "seq", "step", "t_begin", "t_data", "tokens", "wall_end_ns")
+    __slots__ = ("aliased", "begin", "data", "data_event", "end", "f_begin", "f_data", "f_end", "f_mark",
+                 "fetch_live", "flops", "gap_fetch_ns", "gap_ns", "index", "paused_in_ns", "paused_ns",
+                 "prev", "profiling", "seq", "step", "t_begin", "t_data", "tokens", "wall_end_ns")
 
     def __init__(self, make: MarkerFactory) -> None:
         self.begin: Marker = make()
@@ -54,6 +54,8 @@ class Slot:
         self.f_begin = self.f_data = self.f_end = 0
         self.fetch_live = False
         self.data_event = False  # the data event was recorded in this step
+        # The fetch clock when a fetch inside the step recorded the data event at its end (-1: none did)
+        self.f_mark = -1
         self.profiling = False
         self.wall_end_ns = 0
         # This step's work as step_end() was told it (None: the hook's defaults): read, checked and

@@ -52,13 +52,16 @@ class FetchClock:
     Written only by the thread it watches (``thread``), read by the same thread at step
     boundaries: no lock. ``total_ns`` only grows; a reader keeps its own last reading."""
 
-    __slots__ = ("busy", "count", "thread", "total_ns")
+    __slots__ = ("after", "busy", "count", "thread", "total_ns")
 
     def __init__(self) -> None:
         self.total_ns = 0
         self.count = 0
         self.thread = threading.get_ident()  # the hook sets it to its training thread
         self.busy = False  # a fetch is being timed (an inner one is not counted again)
+        # Called with each timed fetch's ns once it is counted (the hook: a fetch inside a step marks
+        # the GPU's clock, perfd.hook.step). It must not raise.
+        self.after: Callable[[int], None] | None = None
 
     @property
     def live(self) -> bool:
@@ -80,9 +83,12 @@ class FetchClock:
         try:
             return fetch()
         finally:
-            self.total_ns += time.perf_counter_ns() - t0
+            took = time.perf_counter_ns() - t0
+            self.total_ns += took
             self.count += 1
             self.busy = False
+            if self.after is not None:
+                self.after(took)
 
 
 # One per process: a DataLoader's iterator does not know which hook (if any) watches it. A hook that

@@ -44,7 +44,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -108,6 +108,15 @@ class _StepContext:
         else:
             self._hook.abandon_step()  # a step that raised is not a step time
 
+
+def _weakly(method: weakref.WeakMethod[Callable[[int], None]]) -> Callable[[int], None]:
+    """The fetch clock's ``after`` for a hook it must not keep alive (the clock lives as long as the
+    process; a hook dropped without close() is collected, its harvester thread ends)."""
+    def after(took_ns: int) -> None:
+        fetched = method()
+        if fetched is not None:
+            fetched(took_ns)
+    return after
 
 class StepHook(PhaseControl, ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
@@ -277,6 +286,9 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
         if self.watch_dataloader:
             fetches.watch_dataloader()
+        self._after_fetch = _weakly(weakref.WeakMethod(self._fetched))  # a dropped hook is let go
+        if self.enabled and self.cuda:
+            self._fetch.after = self._after_fetch
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
@@ -332,6 +344,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             slot.profiling = self._profiling
             slot.t_data = -1
             slot.data_event = False
+            slot.f_mark = -1
             slot.t_begin = t_begin if t_begin >= 0 else time.perf_counter_ns()
             # Between the steps: the host time since the last step_end() returned, the fetches and
             # the announced pauses in it (perfd.hook.loader; _phase).
@@ -376,6 +389,22 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
                 slot.data.record()
                 slot.data_event = True
         except Exception as exc:
+            self._internal(exc)
+
+    def _fetched(self, took_ns: int) -> None:
+        """A stamped fetch ended on the training thread: the first one inside an open step that waited
+        DATA_MARK_MIN_NS or more, before any data_ready(), records the data marker at its end, as
+        data_ready() would (``with hook.step(): batch = next(it)``: the GPU's own time to it bounds
+        the fetch's data wait)."""
+        slot = self._cur
+        if (slot is None or not self.enabled or slot.data_event or slot.t_data >= 0
+                or took_ns < DATA_MARK_MIN_NS):
+            return
+        try:
+            slot.data.record()
+            slot.data_event = True
+            slot.f_mark = self._fetch.total_ns
+        except Exception as exc:  # never into the training loop (nor the loader's iterator)
             self._internal(exc)
 
     def step_end(self, tokens: float | None = None, flops: float | None = None,
@@ -491,6 +520,8 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         if self._closed:
             return
         self._closed = True
+        if self._fetch.after is self._after_fetch:
+            self._fetch.after = None
         if not self.enabled:
             self.sender.close()
             return

@@ -10,10 +10,13 @@ step hook alone (its datagrams read here from the hook's socket: no agent), four
   a loader the GPU's queue hides): the steps as long as ``gpu_only``'s, so the GPU never waited;
 - ``fetch20_event``: the same with ``cuda_data_event=True`` (compute reported);
 - ``fetch20_sync``: the same wait, the loop synchronising after each step: the GPU idles while the host
-  waits, a data wait.
+  waits, a data wait;
+- ``loader20``, ``loader20_sync``: the wait in a fetch at the step's start through ``hook.loader`` (``with
+  hook.step(): batch = next(it)``, no ``data_ready()``), asynchronous and synchronising.
 
-Checks (exit 1 when one fails): ``fetch20``'s and ``fetch20_event``'s data share under 2% and their
-period within 2% of ``gpu_only``'s; ``fetch20_sync``'s data wait within 10% of 20 ms.
+Checks (exit 1 when one fails): ``fetch20``'s, ``fetch20_event``'s and ``loader20``'s data share under 2%
+and their period within 2% of ``gpu_only``'s; ``fetch20_sync``'s and ``loader20_sync``'s data wait within
+10% of 20 ms.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from perfd.hook import StepHook, wire
 from tests.gpu.plain_loop_live import MODEL
 
 B, S, N, WARM = 16, 1024, 160, 20
-LOOPS = (("gpu_only", 0.0, False, False), ("fetch20", 20.0, False, False),
-         ("fetch20_event", 20.0, True, False), ("fetch20_sync", 20.0, False, True))
+# (label, host wait ms, cuda_data_event, synchronise after each step, the wait in a hook.loader fetch)
+LOOPS = (("gpu_only", 0.0, False, False, False), ("fetch20", 20.0, False, False, False),
+         ("fetch20_event", 20.0, True, False, False), ("fetch20_sync", 20.0, False, True, False),
+         ("loader20", 20.0, False, False, True), ("loader20_sync", 20.0, False, True, True))
 
 
 def _drain(sock: socket.socket, into: list[wire.StepMsg]) -> None:
@@ -53,7 +58,7 @@ def _median(xs: list[float]) -> float | None:
 
 
 def run_loop(ns: dict[str, Any], folder: str, label: str, fetch_ms: float, data_event: bool,
-             sync: bool) -> dict[str, Any]:
+             sync: bool, in_loader: bool) -> dict[str, Any]:
     torch, gpt, train_step, vocab = ns["torch"], ns["GPT"], ns["train_step"], ns["V"]
     path = os.path.join(folder, f"{label}.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -67,12 +72,23 @@ def run_loop(ns: dict[str, Any], folder: str, label: str, fetch_ms: float, data_
         train_step(model, opt, x)
     torch.cuda.synchronize()
     hook = StepHook(path, warmup_steps=10, cuda_data_event=data_event)
+
+    def batches() -> Any:
+        while True:
+            time.sleep(fetch_ms / 1e3)  # the loader's wait, on the host
+            yield x
+
+    it = iter(hook.loader(batches()))
     recs: list[wire.StepMsg] = []
     for i in range(1, N + 1):
         with hook.step(step=i):
-            time.sleep(fetch_ms / 1e3)  # the loader's wait, on the host
-            hook.data_ready()
-            train_step(model, opt, x)
+            if in_loader:
+                batch = next(it)
+            else:
+                time.sleep(fetch_ms / 1e3)
+                hook.data_ready()
+                batch = x
+            train_step(model, opt, batch)
         if sync:
             torch.cuda.synchronize()
         _drain(sock, recs)
@@ -94,15 +110,16 @@ def run_loop(ns: dict[str, Any], folder: str, label: str, fetch_ms: float, data_
 def checks(res: dict[str, dict[str, Any]]) -> list[str]:
     bad = []
     base = res["gpu_only"]["period_ms"]
-    for label in ("fetch20", "fetch20_event"):
+    for label in ("fetch20", "fetch20_event", "loader20"):
         r = res[label]
         if r["data_share"] is None or r["data_share"] >= 0.02:
             bad.append(f"{label}: data share {r['data_share']} (the GPU never waited)")
         if base is None or r["period_ms"] is None or abs(r["period_ms"] / base - 1) > 0.02:
             bad.append(f"{label}: period {r['period_ms']} ms against {base} (the wait is not hidden)")
-    wait = res["fetch20_sync"]["data_wait_ms"]
-    if wait is None or abs(wait / 20.0 - 1) > 0.10:
-        bad.append(f"fetch20_sync: data wait {wait} ms against the 20 ms the GPU idled")
+    for label in ("fetch20_sync", "loader20_sync"):
+        wait = res[label]["data_wait_ms"]
+        if wait is None or abs(wait / 20.0 - 1) > 0.10:
+            bad.append(f"{label}: data wait {wait} ms against the 20 ms the GPU idled")
     return bad
 
 
@@ -112,8 +129,8 @@ def main() -> int:
     exec(MODEL, ns)  # GPT, train_step, V (the loop's model: torch is imported there)
     res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for label, fetch_ms, data_event, sync in LOOPS:
-            res[label] = run_loop(ns, folder, label, fetch_ms, data_event, sync)
+        for label, fetch_ms, data_event, sync, in_loader in LOOPS:
+            res[label] = run_loop(ns, folder, label, fetch_ms, data_event, sync, in_loader)
             print(label, json.dumps(res[label]), flush=True)
     res["failed"] = checks(res)
     out.write_text(json.dumps(res, indent=1))

@@ -350,6 +350,42 @@ def test_a_wait_for_the_batch_the_gpu_ran_through_is_no_data_wait(
     assert gpu.count("record") == 1 + 4 * 2  # the first begin, then each step's marker and end
 
 
+@pytest.mark.parametrize("gpu_behind", [True, False])
+def test_a_fetch_at_the_steps_start_the_gpu_ran_through_is_no_data_wait(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch, gpu_behind: bool) -> None:
+    """``with hook.step(): batch = next(it)`` through ``hook.loader``, no data_ready(): the fetch (100
+    µs) marks the GPU's clock at its end, and of it the GPU waited only what it idled (none when it ran
+    the work queued before meanwhile)."""
+    path, sock = agent
+    clock = Clock()
+    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader):
+        monkeypatch.setattr(mod, "time", clock)
+    gpu = Gpu(auto=True)
+    hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
+                    harvest_interval_s=3600)
+
+    def batches() -> Iterator[int]:
+        for k in range(4):
+            clock.t += 100_000
+            if not gpu_behind:
+                gpu.clock += 100_000  # the GPU, done with the last step, idles as long
+            yield k
+
+    it = iter(hook.loader(batches()))
+    for _ in range(4):
+        with hook.step():
+            next(it)
+            gpu.work(1_000_000)
+    hook.close()
+    got = steps_in(drain(sock))[1:]
+    assert len(got) == 3 and all(m.compute_ns is None for m in got)
+    for m in got:
+        assert m.flags & wire.FLAG_FETCH and not m.flags & wire.FLAG_DATA_READY
+        assert m.data_wait_ns == (0 if gpu_behind else 100_000), m
+    assert gpu.count("record") == 1 + 4 * 2  # the first begin, then each step's marker and end
+    assert perfd.hook.loader.CLOCK.after is None and hook._fetch.after is None  # let go at close()
+
+
 def test_a_loop_that_synchronises_after_the_step_waits_inside_it_not_outside(
         agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
     """The usual loop on a GPU: step_end() returns as soon as the step's work is queued, then the loop
