@@ -52,16 +52,18 @@ class FetchClock:
     Written only by the thread it watches (``thread``), read by the same thread at step
     boundaries: no lock. ``total_ns`` only grows; a reader keeps its own last reading."""
 
-    __slots__ = ("after", "busy", "count", "thread", "total_ns")
+    __slots__ = ("after", "after_min_ns", "busy", "count", "thread", "total_ns")
 
     def __init__(self) -> None:
         self.total_ns = 0
         self.count = 0
         self.thread = threading.get_ident()  # the hook sets it to its training thread
         self.busy = False  # a fetch is being timed (an inner one is not counted again)
-        # Called with each timed fetch's ns once it is counted (the hook: a fetch inside a step marks
-        # the GPU's clock, perfd.hook.step). It must not raise.
+        # Called with a timed fetch's ns once it is counted, for fetches of after_min_ns or more (the
+        # hook: a long fetch inside a step marks the GPU's clock, perfd.hook.step; a prefetched batch,
+        # returned at once, costs one comparison more). It must not raise.
         self.after: Callable[[int], None] | None = None
+        self.after_min_ns = 0
 
     @property
     def live(self) -> bool:
@@ -87,7 +89,7 @@ class FetchClock:
             self.total_ns += took
             self.count += 1
             self.busy = False
-            if self.after is not None:
+            if took >= self.after_min_ns and self.after is not None:
                 self.after(took)
 
 

@@ -288,7 +288,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             fetches.watch_dataloader()
         self._after_fetch = _weakly(weakref.WeakMethod(self._fetched))  # a dropped hook is let go
         if self.enabled and self.cuda:
-            self._fetch.after = self._after_fetch
+            self._fetch.after, self._fetch.after_min_ns = self._after_fetch, DATA_MARK_MIN_NS
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
 
     # ------------------------------------------------------------------------------- the step path
