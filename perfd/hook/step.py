@@ -118,6 +118,7 @@ def _weakly(method: weakref.WeakMethod[Callable[[int], None]]) -> Callable[[int]
             fetched(took_ns)
     return after
 
+
 class StepHook(PhaseControl, ProfileControl, Harvester):
     """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
 
