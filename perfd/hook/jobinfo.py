@@ -145,3 +145,14 @@ def current_device(torch: ModuleType | None) -> tuple[int, str | None]:
     if not uuid:
         return index, None
     return index, uuid if uuid[:4].upper() in ("GPU-", "MIG-") else f"GPU-{uuid}"
+
+
+def env_rank() -> int | None:
+    """The global rank the launcher set before the process started (torchrun, SLURM, Open MPI,
+    MPICH/PMI), None without one."""
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return None

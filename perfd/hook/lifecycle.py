@@ -69,3 +69,13 @@ def _close_all() -> None:
 def _after_fork() -> None:
     for hook in list(_LIVE):
         hook._after_fork_in_child()
+
+
+def weakly(method: weakref.WeakMethod[Callable[[int], None]]) -> Callable[[int], None]:
+    """A hook's method for an object that lives as long as the process (the fetch clock's ``after``),
+    without keeping the hook alive: a hook dropped without close() is collected, its thread ends."""
+    def call(arg: int) -> None:
+        bound = method()
+        if bound is not None:
+            bound(arg)
+    return call

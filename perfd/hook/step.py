@@ -12,13 +12,10 @@ within 2 µs of host time after the last ``step_end()`` returned (too soon for a
 enqueued) takes that end event as its begin; after a real gap a begin event is recorded. When the
 deque is full the oldest pending step is dropped and counted (``harvest_drops``), or this one if
 the harvester is in a pass right then (the step path never waits for it). ``cuda_data_event=True``
-adds an event at every ``data_ready()``, for the GPU time from there to the end (compute, reported).
-Without it, ``data_ready()`` records that event only after a host wait of DATA_MARK_MIN_NS or more
-in the step: the GPU's own time from the step's begin to it bounds the data wait (an asynchronous
-loop whose host waits for its batch while the GPU still runs the work queued before sees no data
-wait: on an H200, 20 ms waited inside 52 ms steps the GPU never idled in read 38% before). A record
-costs ~3.4 µs on an H100 host, a third of the budget: paid only where the host waited 15 times as
-long, and nowhere else (host timing always reports compute).
+adds an event at every ``data_ready()``, for the GPU time from there to the end (compute). Without
+it the event (~3.4 µs on an H100 host) is recorded only after a host wait of DATA_MARK_MIN_NS in the
+step, and bounds the data wait by the GPU's own time to it: a loop ahead of its GPU waits for a batch
+the GPU does not (perfd.hook.harvest; host timing always reports compute).
 
 A step's events and stamps live in a reusable slot; there are ``pool_size + 2`` (pending, open,
 held), so one is free while the deque has room. torch creates an event at its first record: the
@@ -44,7 +41,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -54,7 +51,7 @@ from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
 from perfd.hook.hook_state import Slot
 from perfd.hook.hook_types import HookCounters
-from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, hook_flags
+from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, env_rank, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
@@ -107,16 +104,6 @@ class _StepContext:
             self._hook.step_end()
         else:
             self._hook.abandon_step()  # a step that raised is not a step time
-
-
-def _weakly(method: weakref.WeakMethod[Callable[[int], None]]) -> Callable[[int], None]:
-    """The fetch clock's ``after`` for a hook it must not keep alive (the clock lives as long as the
-    process; a hook dropped without close() is collected, its harvester thread ends)."""
-    def after(took_ns: int) -> None:
-        fetched = method()
-        if fetched is not None:
-            fetched(took_ns)
-    return after
 
 
 class StepHook(PhaseControl, ProfileControl, Harvester):
@@ -228,7 +215,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._flags |= wire.FLAG_ARMED
         self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
         self._data_report = self._data_event  # compute reported; else the marker bounds the data wait only
-        self._rank = rank if rank is not None else _env_rank()
+        self._rank = rank if rank is not None else env_rank()
         self._pool_size = pool_size
         # Slots in use at most: pool_size pending, the open one, the one the harvester holds. So
         # with the deque bounded at pool_size the free deque never runs dry (if it did, the step
@@ -287,7 +274,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._fetch.watch()  # the thread making the hook is the loop's, until its first step says
         if self.watch_dataloader:
             fetches.watch_dataloader()
-        self._after_fetch = _weakly(weakref.WeakMethod(self._fetched))  # a dropped hook is let go
+        self._after_fetch = lifecycle.weakly(weakref.WeakMethod(self._fetched))  # a dropped hook is let go
         if self.enabled and self.cuda:
             self._fetch.after, self._fetch.after_min_ns = self._after_fetch, DATA_MARK_MIN_NS
         lifecycle.track(self)  # closed at exit, fixed up in a forked child
@@ -604,16 +591,6 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             pass
         if self._rank is None:
             self._rank = 0
-
-
-def _env_rank() -> int | None:
-    # torchrun, SLURM, Open MPI, MPICH/PMI: the global rank, set before the process starts.
-    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):
-            continue
-    return None
 
 
 def _import_torch() -> ModuleType | None:
