@@ -74,9 +74,8 @@ T = TypeVar("T")
 log = logging.getLogger("perfd.hook")
 
 _POLL_INTERVAL_NS = 50_000_000
-# A host wait in the step (step_begin() -> data_ready()) from which data_ready() records its GPU marker
-# even when cuda_data_event is off: ~15x the record's cost. A shorter wait is counted as the host saw it
-# (at most this much per step where the GPU did not in fact wait).
+# A host wait in the step from which data_ready() records its GPU marker without cuda_data_event (~15x
+# the record's cost); a shorter one counts as the host saw it (this much at most where the GPU did not wait).
 DATA_MARK_MIN_NS = 50_000
 # Host time after step_end() returned within which step_begin() may reuse its end marker: a
 # Python loop iteration takes well under it, any torch op launch (3-20 µs measured) well over.
@@ -380,10 +379,9 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._internal(exc)
 
     def _fetched(self, took_ns: int) -> None:
-        """A stamped fetch ended on the training thread: the first one inside an open step that waited
-        DATA_MARK_MIN_NS or more, before any data_ready(), records the data marker at its end, as
-        data_ready() would (``with hook.step(): batch = next(it)``: the GPU's own time to it bounds
-        the fetch's data wait)."""
+        """A stamped fetch ended: the first one of DATA_MARK_MIN_NS or more in an open step, before any
+        data_ready(), records the data marker at its end as data_ready() would (``with hook.step():
+        batch = next(it)``: the GPU's own time to it bounds the fetch's data wait)."""
         slot = self._cur
         if (slot is None or not self.enabled or slot.data_event or slot.t_data >= 0
                 or took_ns < DATA_MARK_MIN_NS):
