@@ -171,17 +171,21 @@ def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
     c.note(rank.pid, 0, "hook", uid=os.getuid())
     # The scan names what ran on a waiting rank's CPUs between two collects that both saw it wait:
     # on a loaded machine some collects come late or read a short wait, and under two suites at once
-    # the worker's share can fall below the top N others named; so collect until a scan names it.
+    # the worker's share can fall below the top N others named, or read small over a short window (a
+    # fresh clone's CI named it at 1.4%); so collect until a scan names it with a share of its CPU.
     r: dict[str, Any] = {}
+
+    def named(row: dict[str, Any]) -> bool:
+        return any(o["own"] and o["cpu_ratio"] > 0.02 for o in row.get("others", []))
+
     for _ in range(30):
         r = _row(_collect(c, 2, 0.7), 0)
-        if any(o["own"] for o in r.get("others", [])):
+        if named(r):
             break
-    own = [o for o in r.get("others", []) if o["own"]]
-    if not own and (load := load_per_cpu()) >= BUSY_LOAD_PER_CPU:
+    if not named(r) and (load := load_per_cpu()) >= BUSY_LOAD_PER_CPU:
         pytest.skip(f"load average {load:.1f} per CPU: the worker never ranked among the top "
-                    f"{L.RANK_OTHERS_TOP_N} processes on its CPU in 30 scans")
-    assert own and own[0]["cpu_ratio"] > 0.02  # the worker is named, as the job's own
+                    f"{L.RANK_OTHERS_TOP_N} processes on its CPU with a share over 2% in 30 scans")
+    assert named(r), r.get("others")  # the worker is named, as the job's own
     assert r["own_ratio"] > 0.02
     # It does not count as another process's contention: others_ratio is the foreign ones' alone,
     # the named top N and what else ran, never the worker's share.
