@@ -71,7 +71,7 @@ class Harvester(HookState):
     _free: deque[Slot]
     _held: Slot | None
     _flags: int
-    _data_report: bool  # report the GPU time from data_ready() to the end (compute) of every step
+    _data_event: bool  # a data marker at every data_ready(), its time to the end reported (compute)
     stats: RollingPercentiles
     warmup_steps: int
     tokens_per_step: float | None
@@ -199,32 +199,27 @@ class Harvester(HookState):
         if between >= 0 and gap_fetch > 0:
             # Of a fetch between the steps, the part the step waited for: no more than that time.
             gap_fetch = min(gap_fetch, between)
+        # The data marker (data_ready()'s, or a fetch's at the step's start: perfd.hook.step) to the end,
+        # and the GPU's own time from the step's begin to it: while the host waited for its batch the
+        # GPU may have run the work queued before (an asynchronous loop ahead of its GPU), and then it
+        # did not wait at all. A host wait is bounded by it.
+        to_end = slot.data.elapsed_ns(slot.end) if slot.data_event else None
+        gpu_wait = max(0, step_ns - to_end) if to_end is not None and flags & wire.FLAG_CUDA else None
         if t_data >= 0:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_DATA_READY
             before = t_data - slot.t_begin  # the host's wait in the step, to data_ready()
-            if slot.data_event:
-                compute = slot.data.elapsed_ns(slot.end)
-                if compute is not None:
-                    if self._data_report:
-                        compute_ns = compute
-                    if flags & wire.FLAG_CUDA:
-                        # The GPU's own time from the step's begin to data_ready()'s marker: while the
-                        # host waited for its batch the GPU may have run the work queued before (an
-                        # asynchronous loop ahead of its GPU), and then it did not wait at all.
-                        before = min(before, max(0, step_ns - compute))
+            if gpu_wait is not None:
+                before = min(before, gpu_wait)
+            if to_end is not None and self._data_event:
+                compute_ns = to_end
             data_ns = gap_fetch + before + (slot.f_end - slot.f_data)
             if slot.fetch_live:
                 flags |= wire.FLAG_FETCH
         elif slot.fetch_live:
             flags |= wire.FLAG_HAS_DATA | wire.FLAG_FETCH
             in_step = slot.f_end - slot.f_begin
-            if slot.f_mark >= 0 and flags & wire.FLAG_CUDA:
-                # A fetch at the step's start marked the GPU's clock at its end (perfd.hook.step
-                # _fetched): of the fetches before the marker, no more than the GPU's own time to it
-                gpu = slot.data.elapsed_ns(slot.end)
-                if gpu is not None:
-                    in_step = (min(slot.f_mark - slot.f_begin, max(0, step_ns - gpu))
-                               + slot.f_end - slot.f_mark)
+            if gpu_wait is not None and slot.f_mark >= 0:  # of the fetches before the marker
+                in_step = min(slot.f_mark - slot.f_begin, gpu_wait) + slot.f_end - slot.f_mark
             data_ns = gap_fetch + in_step
         if data_ns < 0 and (t_data >= 0 or slot.fetch_live):
             data_ns = 0  # a pause's fetches taken out of a step that fetched less: none left

@@ -213,7 +213,6 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         if os.environ.get(ARMED_ENV):  # under perfd ncu-exec: every step is the profiler's
             self._flags |= wire.FLAG_ARMED
         self._data_event = cuda_data_event or not self.cuda  # host markers cost ~0.1 µs: always
-        self._data_report = self._data_event  # compute reported; else the marker bounds the data wait only
         self._rank = rank if rank is not None else env_rank()
         self._pool_size = pool_size
         # Slots in use at most: pool_size pending, the open one, the one the harvester holds. So
@@ -379,12 +378,11 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._internal(exc)
 
     def _fetched(self, took_ns: int) -> None:
-        """A stamped fetch ended: the first one of DATA_MARK_MIN_NS or more in an open step, before any
-        data_ready(), records the data marker at its end as data_ready() would (``with hook.step():
-        batch = next(it)``: the GPU's own time to it bounds the fetch's data wait)."""
+        """A stamped fetch of DATA_MARK_MIN_NS or more ended (the clock calls only for those): the first
+        one in an open step, before any data_ready(), records the data marker at its end as data_ready()
+        would (``with hook.step(): batch = next(it)``: the GPU's own time to it bounds its data wait)."""
         slot = self._cur
-        if (slot is None or not self.enabled or slot.data_event or slot.t_data >= 0
-                or took_ns < DATA_MARK_MIN_NS):
+        if slot is None or not self.enabled or slot.data_event or slot.t_data >= 0:
             return
         try:
             slot.data.record()
