@@ -8,8 +8,10 @@ default incident_capture rule does not run torch.profiler in it (before: a trace
 
 The Hugging Face Trainer and Lightning callbacks on real tiny models say the same of theirs.
 
-The loop: 230 steps of a small TransformerEncoder; its loader waits 4 ms a batch, 40 ms in steps 60-99
+The loop: 230 steps of a small TransformerEncoder; its loader waits 4 ms a batch, 80 ms in steps 60-99
 (a data slowdown); steps 170-209 sleep 40 ms inside the compute (a host-side stall nothing names).
+The slowdown costs ~2.3 s by step 90, over twice the incident floor (1 s): at 40 ms it cost ~1.1 s there,
+and on a loaded CI host (8 workers on 2 CPUs) its noise put it under the floor, as jitter.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
         def loader() -> Iterator[Any]:
             for i in range(1, STEPS + 1):
-                time.sleep(0.040 if i in SLOW_DATA else 0.004)
+                time.sleep(0.080 if i in SLOW_DATA else 0.004)
                 yield torch.randn(4, 16, 32)
 
         # The hook as the README writes it: its defaults (CUDA timing asked; none here).
