@@ -270,3 +270,23 @@ def test_a_restart_cuts_back_the_log_and_free_pages_a_kill_left(tmp_path: Path) 
     assert (dead / "state.sqlite3-wal").stat().st_size == 0
     # 50 rows of 20 KB: ~1 MB of pages, where the files had ~9 MB.
     assert again.disk_bytes() < 1.3e6 < left / 4, (again.disk_bytes(), left)
+
+
+def test_the_write_ahead_log_stays_in_the_room_a_small_cap_leaves_it(tmp_path: Path) -> None:
+    """The budget leaves the log a quarter of a 4 MiB cap (1 MiB, not WAL_ROOM_BYTES); its checkpoint
+    interval and size limit scale with it. Before, the log grew to its default 256 pages (1.1 MB with
+    its index) between checkpoints and took the files of a store at its budget to 4.40 MB."""
+    s = StateStore(tmp_path, max_bytes=4 << 20)
+    assert s.wal_room == 1 << 20
+    for i in range(150):  # at its budget: pruned and shrunk as the rules loop does
+        s.put_hello(f"node-{i}", b'["' + b"g" * 25_000 + b'"]')
+        assert s.commit()
+        s.prune()
+        assert s.shrink()
+    log = 0
+    for i in range(900):  # agents' batches, a commit each, no tick between: the log checkpoints alone
+        s.journal(BATCH, f"node-{i % 50}", b"x" * 3_000)
+        assert s.commit()
+        log = max(log, sum((tmp_path / f"state.sqlite3{x}").stat().st_size for x in ("-wal", "-shm")))
+    assert 3 * s.wal_room // 4 < log <= s.wal_room
+    s.close()

@@ -16,19 +16,19 @@ Durability: the ingest server acknowledges a batch only after :meth:`StateStore.
 commit survives a power cut, not only a killed process). A failed write is never acknowledged:
 the server closes the stream, the agent keeps the batches in its spool and resends them.
 
-Bounded on disk (issue 36 item 2, issue 43 item 4: a Hello per row once grew the file by 36 MB/s; a
-Hello of 100 refused 100 KB names was stored whole, 1 GB in 40 s; a pruned file never shrank, 49.7 MB
-under an 8 MiB cap): what is stored is only what the aggregator took (the jobs a Hello was given, the
-parts of a batch it kept: perfd.transport.delivery.Kept); the journal keeps its newest
-``max_batches`` batches and the files — the database and its write-ahead log — stay under
-``max_bytes`` (``--state-max-mib``): the oldest batches go first, then the oldest Hellos and dedupe
-rows, and the file gives its free pages back (``auto_vacuum=INCREMENTAL``, :meth:`StateStore.shrink`
-every rules tick; a file of an older build is converted once, at open). The logical budget the
-pruning aims at is the cap less the write-ahead log's room, divided by SQLite's measured overhead
-(page slack, the index), so that the files, not an estimate, stay under the cap. A job the lifecycle prunes
-loses its rows here too (its batches, its job info), so it stays pruned across a restart; a batch that
-also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of it
-from being replayed — a tombstone goes once no journal row older than it is left.
+Bounded on disk (issue 36 item 2, issue 43 item 4: a Hello per row once grew the file by 36 MB/s; a Hello
+of 100 refused 100 KB names was stored whole, 1 GB in 40 s; a pruned file never shrank, 49.7 MB under an 8
+MiB cap): what is stored is only what the aggregator took (the jobs a Hello was given, the parts of a
+batch it kept: perfd.transport.delivery.Kept); the journal keeps its newest ``max_batches`` batches and
+the files — the database and its write-ahead log — stay under ``max_bytes`` (``--state-max-mib``): the
+oldest batches go first, then the oldest Hellos and dedupe rows, and the file gives its free pages back
+(``auto_vacuum=INCREMENTAL``, :meth:`StateStore.shrink` every rules tick; a file of an older build is
+converted once, at open). The logical budget the pruning aims at is the cap less the write-ahead log's
+room, divided by SQLite's measured overhead (page slack, the index), so that the files, not an estimate,
+stay under the cap (the log's room and checkpoint interval scale with a small cap). A job the lifecycle
+prunes loses its rows here too (its batches, its job info), so it stays pruned across a restart; a batch
+that also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of
+it from being replayed — a tombstone goes once no journal row older than it is left.
 
 Versioned (``SCHEMA_VERSION``, in the file's user_version; the tables, the checks and the upgrade are
 perfd/aggregator/state_schema.py's): a newer build reads the files of older ones (upgraded once, at
@@ -78,7 +78,8 @@ WAL_CHECKPOINT_PAGES = 256
 WAL_LIMIT_BYTES = 1 << 20
 FAILURE_LOG_INTERVAL_S = 60.0  # a full disk fails every commit: one log line per interval
 # Room the cap leaves to the write-ahead log: it grows to WAL_CHECKPOINT_PAGES pages between
-# checkpoints and is cut back to WAL_LIMIT_BYTES, plus the shared-memory index beside it.
+# checkpoints and is cut back to WAL_LIMIT_BYTES, plus the shared-memory index beside it; a small cap
+# leaves it a quarter, both scaled to it (256 pages made the log and its index 1.10 MB, past 1 MiB).
 WAL_ROOM_BYTES = WAL_LIMIT_BYTES + (256 << 10)
 _ROW_BYTES = 48  # a dedupe row's agent, epoch and numbers, amortised
 
@@ -113,8 +114,12 @@ class StateStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"{self.path}: SQLite refused WAL mode ({mode})")
             self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
-            self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+            self.wal_room = min(WAL_ROOM_BYTES, max_bytes // 4)
+            self.wal_limit = self.wal_room * WAL_LIMIT_BYTES // WAL_ROOM_BYTES
+            page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+            pages = max(1, min(WAL_CHECKPOINT_PAGES, self.wal_limit // page))
+            self._db.execute(f"PRAGMA wal_autocheckpoint={pages}")
+            self._db.execute(f"PRAGMA journal_size_limit={self.wal_limit}")
             self._db.execute("PRAGMA busy_timeout=5000")
             # A damaged file must stop start-up with one clear line, not fail half-way through the
             # replay (random bytes inside a page pass the header checks of the PRAGMAs above).
@@ -351,7 +356,7 @@ class StateStore:
     def budget(self) -> int:
         """The logical bytes the pruning keeps the state under: the cap less the write-ahead log's
         room, over SQLite's measured overhead, so that the files stay under the cap."""
-        return max(0, int((self.max_bytes - min(WAL_ROOM_BYTES, self.max_bytes // 4)) / self.overhead))
+        return max(0, int((self.max_bytes - self.wal_room) / self.overhead))
 
     def prune(self) -> int:
         """Drop the oldest journalled batches past ``max_batches`` and past ``max_bytes`` of the whole
@@ -442,9 +447,9 @@ class StateStore:
                     # a call (measured: 6,589 calls for 26 MB; one executescript, 90 ms).
                     self._db.executescript("PRAGMA incremental_vacuum;")
                     self.shrinks += 1
-                # The log is cut back to WAL_LIMIT_BYTES only when it starts over, after a checkpoint;
+                # The log is cut back to its limit only when it starts over, after a checkpoint;
                 # the ingest's large transactions grow it past that (1.7 MB seen under a 4 MB cap).
-                if free or self._file_bytes("-wal") > WAL_LIMIT_BYTES:
+                if free or self._file_bytes("-wal") > self.wal_limit:
                     self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 pages = int(self._db.execute("PRAGMA page_count").fetchone()[0]) - int(
                     self._db.execute("PRAGMA freelist_count").fetchone()[0])
