@@ -19,6 +19,8 @@ The figures (messages, redeliveries, delays) are printed on a ``FIGURES`` line (
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -87,13 +89,15 @@ def _nodes_of(rig: Rig, plan: Plan, shard_id: str) -> int:
 
 
 def _kill_in_flight(rig: Rig, shard_id: str, timeout: float = 8.0) -> dict[int, dict[str, Any]]:
-    """Kill ``shard_id`` as soon as one of its partitions has messages delivered to it and not
-    acknowledged (its partial not stored yet); returns its consumers as they were just before
-    (kills it anyway after ``timeout``). A message is out a flush (0.25 s) at most, and a poll of the
-    engine's monitoring took longer than that on a loaded machine: 3 s of polls once caught none, the
-    shard was killed with nothing in flight, and a case that needs its messages delivered again had
-    none (a fresh clone's CI)."""
+    """Kill ``shard_id`` with messages of its partitions delivered to it and not acknowledged (its
+    partials not stored); returns its consumers as the last poll saw them (kills it anyway after
+    ``timeout``). SIGSTOP first, so that what a poll of the engine's monitoring shows in flight stays
+    in flight until the SIGKILL: a message is out a flush (0.25 s) at most, a poll took longer than
+    that on a loaded machine, and twice a fresh clone's CI killed a shard that had meanwhile
+    acknowledged what the poll saw (3 s of polls caught none once; once a poll saw one, none was
+    delivered again, and no partial came past the root's memory)."""
     mine = rig.partitions_of(shard_id)
+    os.killpg(rig.shards[shard_id].proc.pid, signal.SIGSTOP)  # its waiting pulls still take messages
     deadline = time.monotonic() + timeout
     seen: dict[int, dict[str, Any]] = {}
     while time.monotonic() < deadline:
