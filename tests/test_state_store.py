@@ -274,8 +274,8 @@ def test_a_restart_cuts_back_the_log_and_free_pages_a_kill_left(tmp_path: Path) 
 
 def test_the_write_ahead_log_stays_in_the_room_a_small_cap_leaves_it(tmp_path: Path) -> None:
     """The budget leaves the log a quarter of a 4 MiB cap (1 MiB, not WAL_ROOM_BYTES); its checkpoint
-    interval and size limit scale with it. Before, the log grew to its default 256 pages (1.1 MB with
-    its index) between checkpoints and took the files of a store at its budget to 4.40 MB."""
+    interval and size limit scale with it. Before, the log grew to its default 256 pages between
+    checkpoints: 1.10 MB with its index, past that room, so a store at its budget went past its cap."""
     s = StateStore(tmp_path, max_bytes=4 << 20)
     assert s.wal_room == 1 << 20
     for i in range(150):  # at its budget: pruned and shrunk as the rules loop does

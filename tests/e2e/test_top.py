@@ -92,9 +92,9 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     # used changes with the replay as the clock does (3.3 and 6.0 GiB in the recording): a CI run's
     # `top` showed another sample than the one read before it.
     total = vals["perfd_gpu_memory_total_bytes"]
-    memory = {f"{used / 2**30:.1f}/{total / 2**30:.1f} {100 * used / total:.0f}%"
-              for used in _recorded("perfd_gpu_memory_used_bytes")}
-    assert vals["perfd_gpu_memory_used_bytes"] in _recorded("perfd_gpu_memory_used_bytes")
+    recorded = _recorded("perfd_gpu_memory_used_bytes")
+    memory = {f"{used / 2**30:.1f}/{total / 2**30:.1f} {100 * used / total:.0f}%" for used in recorded}
+    assert vals["perfd_gpu_memory_used_bytes"] in recorded
     assert any(m in row for m in memory), row
     procs = gpus[0]["processes"]
     assert procs and all(f" {p['pid']} " in out for p in procs)

@@ -201,6 +201,7 @@ class ThreadAwareDriver(FakeDriver):
         return 0
 
 
+@pytest.mark.usefixtures("no_data_marker")
 def test_step_hook_on_the_driver_path_harvests_on_its_thread(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     path = str(tmp_path / "hook.sock")
@@ -220,8 +221,6 @@ def test_step_hook_on_the_driver_path_harvests_on_its_thread(tmp_path: Path,
     monkeypatch.setattr(perfd.hook.timing, "_load_driver", lambda: drv)
     monkeypatch.setattr(perfd.hook.timing, "_load_capture_mode", lambda: exchange_capture_mode)
     monkeypatch.setattr(perfd.hook.step, "_ALIAS_GAP_NS", 50_000_000)  # see test_step_hook.py
-    # No data marker whatever the host's load (data_ready() records one after a 50 µs wait)
-    monkeypatch.setattr(perfd.hook.step, "DATA_MARK_MIN_NS", 1 << 62)
     monkeypatch.delenv("PERFD_HOOK_CUDA_API", raising=False)
     try:
         hook = StepHook(path, warmup_steps=0, rank=0, pool_size=8, harvest_interval_s=0.005)

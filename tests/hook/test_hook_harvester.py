@@ -193,12 +193,9 @@ def test_records_for_a_known_timeline_match_the_inline_path(
     assert inline == thread and len(thread) == 6
 
 
-def test_the_step_path_records_one_event_per_step_and_never_queries(agent: tuple[str, socket.socket],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("no_data_marker")  # a loop whose host never waits for its batch
+def test_the_step_path_records_one_event_per_step_and_never_queries(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
-    # A loop whose host never waits for its batch: data_ready() records no marker. Pinned, as a busy
-    # CI host once preempted the loop for 50 µs between step_begin() and data_ready() (42 records).
-    monkeypatch.setattr(perfd.hook.step, "DATA_MARK_MIN_NS", 1 << 62)
     gpu = Gpu()
     hook = StepHook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker,
                     harvest_interval_s=3600)

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-import perfd.hook.step
 import perfd.hook.trace
 from perfd.capture.chrome_trace import read_chrome_trace
 from perfd.hook import StepHook, wire
@@ -223,15 +222,12 @@ def test_a_trace_past_its_budget_is_cut_and_one_too_large_is_deleted(
     hook.close()
 
 
+@pytest.mark.usefixtures("no_data_marker")  # one marker more a step: the fake GPU fell behind the loop
 def test_on_a_gpu_the_trace_stops_once_its_last_step_is_done_never_syncing(
-        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+        agent: tuple[str, socket.socket]) -> None:
     """Fake CUDA markers (the GPU is three steps behind): the profiler stays on until the last traced
     step's end marker completes, checked with query() at the next boundaries; the steps meanwhile
     are flagged as profiled (the profiler's overhead is on them)."""
-    # The markers a step records must not depend on the machine's load: data_ready() records the data
-    # marker only after a host wait of DATA_MARK_MIN_NS, which torch.randn reached on a busy CI host,
-    # so the fake GPU (one record a step) fell a third further behind and the stop came after the loop.
-    monkeypatch.setattr(perfd.hook.step, "DATA_MARK_MIN_NS", 1 << 62)
     path, sock = agent
     gpu = FakeGpu()
     hook = Hook(path, cuda=True, marker_factory=gpu.marker, harvest_interval_s=0)

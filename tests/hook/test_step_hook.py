@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-import perfd.hook.step
 from perfd.hook import RollingPercentiles, StepHook, wire
 
 Hook = functools.partial(StepHook, flush_interval_s=0)  # one datagram per record: tests read at once
@@ -318,11 +317,9 @@ def test_aliasing_survives_drops_and_a_user_harvest_mid_step(agent: tuple[str, s
     assert all(m.step_ns == 1000 for m in got)
 
 
-def test_without_the_data_event_compute_is_absent(agent: tuple[str, socket.socket],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("no_data_marker")  # no host wait long enough for the marker that bounds it
+def test_without_the_data_event_compute_is_absent(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent
-    # no host wait long enough for the marker that bounds it (perfd.hook.step.DATA_MARK_MIN_NS)
-    monkeypatch.setattr(perfd.hook.step, "DATA_MARK_MIN_NS", 10**12)
     gpu = FakeGpu()
     hook = Hook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker, cuda_data_event=False)
     with hook.step():
