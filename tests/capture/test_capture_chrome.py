@@ -120,6 +120,56 @@ def test_not_a_trace(tmp_path: Path) -> None:
     assert read_chrome_trace(_write(tmp_path / "empty.json", {})).kernels == []
 
 
+def test_the_collector_pauses_while_a_trace_is_read_and_comes_back_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused during the read (it allocates ~1M containers and frees none), then as it was before: on
+    after a read that worked and after one that raised, off where the process had turned it off; two
+    threads reading at once leave it on only once both are done."""
+    import gc
+    import threading
+
+    from perfd.capture import chrome_trace
+
+    seen: list[bool] = []
+    real = chrome_trace.parse_chrome_trace
+
+    def parse(doc: object, source: str = "") -> object:
+        seen.append(gc.isenabled())
+        return real(doc, source)
+
+    good, bad = _write(tmp_path / "t.json", TRACE), _write_text(tmp_path / "bad.json", "{")
+    assert gc.isenabled()
+    try:
+        monkeypatch.setattr(chrome_trace, "parse_chrome_trace", parse)
+        assert read_chrome_trace(good).kernels and seen == [False] and gc.isenabled()
+        with pytest.raises(ValueError, match="not valid JSON"):
+            read_chrome_trace(bad)
+        assert gc.isenabled()
+        gc.disable()
+        read_chrome_trace(good)
+        assert not gc.isenabled()
+        gc.enable()
+        inside, go = threading.Event(), threading.Event()
+
+        def slow(doc: object, source: str = "") -> object:
+            inside.set()
+            go.wait(10)
+            return real(doc, source)
+
+        monkeypatch.setattr(chrome_trace, "parse_chrome_trace", slow)
+        t = threading.Thread(target=read_chrome_trace, args=(good,))
+        t.start()
+        assert inside.wait(10)
+        monkeypatch.setattr(chrome_trace, "parse_chrome_trace", real)
+        read_chrome_trace(good)  # a second reader ends while the first still reads
+        assert not gc.isenabled()
+        go.set()
+        t.join(10)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def _write(path: Path, doc: object) -> Path:
     path.write_text(json.dumps(doc))
     return path
