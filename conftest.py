@@ -8,6 +8,7 @@ run beside each other (``torch_processes``). tests/test_xdist_groups.py checks t
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -25,3 +26,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every module, test item and fixture definition: hundreds of thousands of
+    objects that live as long as the process) is moved out of the cyclic collector's reach once it is
+    done: every full collection during the tests walked them all again and freed none. The tests' own
+    objects are collected as before. Three CPU-bound test modules in one process: 42.3 s of CPU, 38.3
+    and 32.9 s frozen (two runs each, a quiet 2-core VM); the suite is bound by its CPU there."""
+    gc.collect()  # collection's own garbage first, not kept for good
+    gc.freeze()

@@ -35,3 +35,11 @@ def test_a_groups_tests_run_on_one_worker(pytester: pytest.Pytester) -> None:
     assert len(ran) == 12, res.stdout.str()
     grouped = sorted(workers["test_grouped.py"])
     assert len(grouped) == 1, f"one group's tests ran on {grouped}"
+
+
+def test_what_collection_made_is_out_of_the_collectors_reach() -> None:
+    """conftest.py freezes what collection made (every test module, item and fixture), so that the
+    collector's full passes during the tests do not walk it again and again."""
+    import gc
+
+    assert gc.get_freeze_count() > 10_000
