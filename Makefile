@@ -17,7 +17,9 @@ DEMO_VENV ?= .venv-demo
 # run each, back to back; 2026-11-27). The suite is bound by its CPU on 2 cores (189-191% of them busy):
 # the 2026-11-28 cuts of CPU spent twice or for nothing (README: tests.cpu_times) took a run of 2,699 tests in
 # the checkout from 803.7 s of pytest and 1,542 s of CPU to 673.2 s and 1,276 s (8 workers, one run
-# each, this slower VM).
+# each, this slower VM). Later that day, with the collector kept off what collection made (conftest.py) and
+# off trace reads, and two tests' own load cut (README: tests.cpu_times): 667.1 -> 621.6 s of pytest,
+# 1,273 -> 1,181 s of CPU, 2,715 tests, one run each in the checkout.
 TEST_WORKERS ?= 8
 # pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
 # the 2-core machine).

@@ -28,7 +28,7 @@ from collectors.hook import HookCollector
 from collectors.hook import peers as P
 from perfd.collector import Collected
 from perfd.hook import StepHook
-from tests.procs import Procs, get_json, http_get, start_agent, start_aggregator, wait_for
+from tests.procs import Procs, WaitTimeout, get_json, http_get, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_PASSCRED is Linux's")
@@ -108,8 +108,15 @@ def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, 
         plan = [[0, victim.pid], [1, os.getpid()], [2, "self"], [3, "setuid"]]
         atk = attacker.python(ATTACK, sock, json.dumps(plan), "3", out=tmp_path / "attacker.out")
         try:
-            wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30, "the attacker's records",
-                     progress=lambda: (tmp_path / "attacker.out").read_text().count("step"))
+            try:
+                wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30,
+                         "the attacker's records",
+                         progress=lambda: (tmp_path / "attacker.out").read_text().count("step"))
+            except WaitTimeout as e:
+                # Once in a fresh clone's CI (2026-11-28) it had printed no step in 30 s, alone it takes ~1 s:
+                # say where the attacker was (its output, state and kernel wait), not only that it was late.
+                raise AssertionError(f"{e}; {_where(atk, tmp_path / 'attacker.out')}; collector errors "
+                                     f"{dict(col.errors)}") from None
             _, atk_pid, child_pid = _sent_line(tmp_path / "attacker.out")
             out = _collect_until(col, lambda o: sum(col.errors.get(f"sender:{r}", 0) for r in (
                 P.NOT_SENDER, P.OTHER_UID)) >= 9 and len(o.steps) >= 3)
@@ -130,6 +137,19 @@ def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, 
         victim.kill()
         victim.wait()
         col.stop()
+
+
+def _where(p: subprocess.Popen[bytes], out: Path) -> str:
+    """A process's exit status or its state and kernel wait (/proc), and its output so far."""
+    said = out.read_text(errors="replace")[-2000:]
+    if p.poll() is not None:
+        return f"the attacker exited {p.returncode}, output {said!r}"
+    try:
+        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{p.pid}/wchan").read_text()
+    except OSError as e:
+        state, wchan = "?", str(e)
+    return f"the attacker (pid {p.pid}) is in state {state}, waiting in {wchan!r}, output {said!r}"
 
 
 def _sent_line(out: Path) -> list[str]:
