@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection made (every module, test item and fixture definition: hundreds of thousands of
-    objects that live as long as the process) is moved out of the cyclic collector's reach once it is
+    """What collection made (every module, test item and fixture definition: ~158,000 objects for the
+    whole suite, all living as long as the process) is moved out of the cyclic collector's reach once it is
     done: every full collection during the tests walked them all again and freed none. The tests' own
     objects are collected as before. Three CPU-bound test modules in one process: 42.3 s of CPU, 38.3
     and 32.9 s frozen (two runs each, a quiet 2-core VM); the suite is bound by its CPU there."""
