@@ -4,6 +4,14 @@
 #   make test-fast - the tests not marked `slow` only, no lint (the loop while editing: < 2 min)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The interpreter the venvs are made from: Debian's python3.11 where it is there and can make a venv,
+# else the first python3 on PATH. On this project's machines `python3` is pyenv's 3.11.7, built
+# without profile-guided optimisation or LTO and with libpython shared; Debian's is built with both
+# and linked statically, and every Python process of the suite (pytest's workers and the perfd
+# processes its tests start) runs on less CPU there: importing the aggregator 0.894 -> 0.664 s of CPU
+# (5 runs each), two CPU-bound test modules 57.9 -> 46.2 s (2 runs each), the whole suite 1,210 ->
+# 1,060 s (below). A venv made before keeps its interpreter: remove it to remake it. PYTHON=... chooses.
+PYTHON ?= $(shell /usr/bin/python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 && echo /usr/bin/python3.11 || echo python3)
 # The demo needs only what `pip install perfd` brings (no torch, no test tools): its own venv.
 DEMO_VENV ?= .venv-demo
 # pytest workers for `make test`: most slow tests wait on real processes and timeouts, not on the
@@ -20,6 +28,8 @@ DEMO_VENV ?= .venv-demo
 # each, this slower VM). Later that day, with the collector kept off what collection made (conftest.py) and
 # off trace reads, and two tests' own load cut (README: tests.cpu_times): 667.1 -> 621.6 s of pytest,
 # 1,273 -> 1,181 s of CPU, 2,715 tests, one run each in the checkout.
+# The venv made from Debian's python3.11 (PYTHON above): 636.4 -> 563.0 s of pytest, 1,210 -> 1,060 s
+# of CPU, same tree, one run each, back to back (2026-11-28, the 2-core AMD EPYC VM).
 TEST_WORKERS ?= 8
 # pytest workers for `make test-fast`: its tests are short and mostly on the CPU (FAST_WORKERS=2 on
 # the 2-core machine).
@@ -29,13 +39,13 @@ FAST_WORKERS ?= 2
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
 $(DEMO_VENV)/.installed: pyproject.toml
-	python3 -m venv $(DEMO_VENV)
+	$(PYTHON) -m venv $(DEMO_VENV)
 	@echo "installing perfd into $(DEMO_VENV) (once; pip's output in $(DEMO_VENV)/install.log)"
 	@$(DEMO_VENV)/bin/pip install -q --upgrade pip >$(DEMO_VENV)/install.log 2>&1 || \
 	  { tail -n 30 $(DEMO_VENV)/install.log; exit 1; }

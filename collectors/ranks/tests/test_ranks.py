@@ -20,7 +20,7 @@ import pytest
 from collectors.ranks import RanksCollector, procfs
 from perfd import limits as L
 from perfd.events import RANK_PROCESSES
-from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
+from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
@@ -131,14 +131,23 @@ def test_states_cpu_and_absent_before_two_readings(spawn: Any) -> None:
     assert c.rank_pids() == {0: busy.pid}  # a gone rank is reported, not offered for stacks
 
 
+def _pinned(p: subprocess.Popen[bytes], cpu: int) -> subprocess.Popen[bytes]:
+    wait_for(lambda: os.sched_getaffinity(p.pid) == {cpu}, 60, f"spinner {p.pid} pinned to CPU {cpu}")
+    return p
+
+
 @pytest.mark.slow
 def test_burners_on_the_ranks_cpu_show_as_wait_and_are_named(spawn: Any) -> None:
     cpu = sorted(os.sched_getaffinity(0))[-1]
     rank = spawn(SPIN, str(cpu))
+    # Each spinner pins itself once its interpreter is up: under the full suite's load (8 workers, 2
+    # cores) the rank was once still unpinned at the scans (allowed CPUs [0, 1]). The scans are what
+    # is tested, not the spinners' start: each is pinned before they run.
+    _pinned(rank, cpu)
     c = RanksCollector({"job": "j", "event_every_s": 0})
     c.note(rank.pid, 0, "hook", uid=os.getuid())
     _collect(c)
-    burners = {spawn(SPIN, str(cpu)).pid for _ in range(2)}
+    burners = {_pinned(spawn(SPIN, str(cpu)), cpu).pid for _ in range(2)}
     # Scans run while the rank waits: the first sets the baseline, the next names who ran.
     rows = _collect(c, 4, 0.7)
     r = _row(rows, 0)
