@@ -9,8 +9,8 @@ BIN := $(VENV)/bin
 # without profile-guided optimisation or LTO and with libpython shared; Debian's is built with both
 # and linked statically, and every Python process of the suite (pytest's workers and the perfd
 # processes its tests start) runs on less CPU there: importing the aggregator 0.894 -> 0.664 s of CPU
-# (5 runs each), two CPU-bound test modules 57.9 -> 46.2 s (2 runs each), the whole suite 1,210 ->
-# 1,060 s (below). A venv made before keeps its interpreter: remove it to remake it. PYTHON=... chooses.
+# (5 runs each), two CPU-bound test modules 57.9 -> 46.2 s (2 runs each), the whole suite below. A venv
+# made before keeps its interpreter: remove it to remake it. PYTHON=... chooses.
 PYTHON ?= $(shell /usr/bin/python3.11 -c 'import ensurepip, venv' >/dev/null 2>&1 && echo /usr/bin/python3.11 || echo python3)
 # The demo needs only what `pip install perfd` brings (no torch, no test tools): its own venv.
 DEMO_VENV ?= .venv-demo

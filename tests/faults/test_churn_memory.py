@@ -65,7 +65,7 @@ def test_a_sidecar_is_forgotten_with_its_pruned_job_and_the_allocator_trimmed(tm
                                     "node-a/job-1 and node-b forgotten (agents_forgotten >= 2)")
             # The trim ends the housekeeping that pruned the jobs, on the rules thread, while the event
             # loop forgets the agents it handed over: a fresh clone's CI read the stats between the two
-            # (memory_trims 0). Waited for too: within that housekeeping, or TRIM_EVERY_S (10 s) after.
+            # (memory_trims 0). Waited for too: within that housekeeping, or TRIM_EVERY_S after it.
             await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.trims >= 1,
                                     "the allocator trimmed after the prunes (memory_trims >= 1)")
             stats = agg.state.stats_json()
