@@ -12,6 +12,7 @@ from typing import Protocol
 from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.guard import Guard
+from perfd.aggregator.job_state import JobStats
 from perfd.aggregator.state_readers import JobReader
 from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
@@ -27,6 +28,9 @@ class HeldState(JobReader, Protocol):
 
     replaying: bool  # the state store's replay runs: its step conflicts are not logged anew
     capture_book: CaptureBook  # the capture records (the state store keeps them; put back at start)
+
+    @property
+    def job_stats(self) -> JobStats: ...  # what retention evicted (the trim follows byte evictions)
 
     def agents_seen(self) -> dict[str, float]: ...
 
