@@ -27,7 +27,7 @@ from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import StallReason
-from perfd.analytics.incidents.stall import IDLE_CPU_CORES
+from perfd.analytics.incidents.stall import IDLE_CPU_CORES, StallCheck
 from perfd.analytics.steps.liveness import RUNNING, STALLED
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
@@ -89,10 +89,24 @@ class Harness:
         for rank, p in enumerate(procs):
             self.collector.note(p.pid, rank, "gpu")
         self.procs = procs
+        self.arrived = time.time()  # when the records last ingested arrived (Harness.ingest)
+
+    def ingest(self, records: list[Any], now: float | None = None) -> float:
+        """The records arrive ``now`` (the wall clock's by default); returns when they did."""
+        self.arrived = time.time() if now is None else now
+        self.st.ingest_steps("agent-a", records, now=self.arrived)
+        return self.arrived
 
     def records(self, upto: int) -> None:
-        self.st.ingest_steps("agent-a", [r for r in self.parsed.records if r.iteration <= upto])
+        self.ingest([r for r in self.parsed.records if r.iteration <= upto])
         self.st.analysis(JOB, force=True)
+
+    def tick(self) -> StallCheck:
+        """The stall watch's check as the records last ingested arrive. A check on the wall clock after
+        them read a silence of however long this process waited in between: a full suite's load once
+        held a worker ~5 s (the floor of the limit) between an ingest and its check, and a stall the
+        records had ended stayed open."""
+        return self.st.stalls.tick(self.st, JOB, self.arrived)
 
     def observe(self, n: int = 2) -> None:
         """What the agent's ranks collector reports, as the agent sends it."""
@@ -172,9 +186,9 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     last = h.parsed.records[20]
     assert last.iteration == 21 and last.end_time is not None and last.step_time_ms is not None
     slow = dataclasses.replace(last, step_time_ms=last.step_time_ms + 8000.0)
-    h.st.ingest_steps("agent-a", [slow])
+    h.ingest([slow])
     h.st.analysis(JOB, force=True)
-    h.st.stalls.tick(h.st, JOB)
+    h.tick()
     (inc,) = h.incidents()
     assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["open"]  # (straggler: DP=2's timers)
     assert inc["verdict"]["cause"] == "process_stopped" and "rank 1's process" in inc["cause"]
@@ -182,7 +196,7 @@ def test_a_stopped_rank_opens_a_stall_with_stacks_and_the_slow_step_takes_it_ove
     assert overview_of(h.st.snapshot(JOB))["state"] == RUNNING  # type: ignore[index]
     # The next steps close it; passes after the takeover update it from the analysis alone, and the
     # stall (its kind, its ranks' states, stacks) stays with it.
-    h.st.ingest_steps("agent-a", h.parsed.records[21:])
+    h.ingest(h.parsed.records[21:])
     h.st.analysis(JOB, force=True)
     (inc,) = h.incidents()
     assert {"slow-steps", "stall"} <= set(inc["kinds"]) and not inc["open"]
@@ -214,11 +228,11 @@ def test_a_stop_between_two_steps_costs_its_silence_in_the_incident_that_takes_i
     slow = dataclasses.replace(recs[20], step_time_ms=(recs[20].step_time_ms or 0.0) + 1500.0)
     before = time.time()
     # the silence ends when these arrive; their own times are after the stop
-    h.st.ingest_steps("agent-a", h.after_stop([slow, *recs[21:]], before - silent_from))
+    h.ingest(h.after_stop([slow, *recs[21:]], before - silent_from))
     after = time.time()
     h.st.analysis(JOB, force=True)
     for _ in range(2):
-        h.st.stalls.tick(h.st, JOB)
+        h.tick()
         h.st.refresh()
     (inc,) = h.incidents()
     assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["verdict"]["cause"] == "process_stopped"
@@ -243,10 +257,10 @@ def test_slow_steps_after_the_stall_take_it_over_from_where_it_began(ranks: Any)
     h.stall_then_continue()
     recs = h.parsed.records
     slow = [dataclasses.replace(r, step_time_ms=(r.step_time_ms or 0.0) + 1500.0) for r in recs[26:28]]
-    h.st.ingest_steps("agent-a", [*recs[20:26], *slow, *recs[28:]])  # 21-26 ordinary, 27-28 slow
+    h.ingest([*recs[20:26], *slow, *recs[28:]])  # 21-26 ordinary, 27-28 slow
     h.st.analysis(JOB, force=True)
     for _ in range(2):
-        h.st.stalls.tick(h.st, JOB)
+        h.tick()
         h.st.refresh()
     (inc,) = h.incidents()
     assert {"slow-steps", "stall"} <= set(inc["kinds"]) and inc["first_iteration"] == 21
@@ -267,10 +281,10 @@ def test_a_stall_no_slow_step_follows_closes_on_its_own(ranks: Any) -> None:
     os.kill(ranks[0].pid, signal.SIGCONT)
     before = time.time()
     # the next records are ordinary (a log interval's mean, say), made after the stop
-    h.st.ingest_steps("agent-a", h.after_stop(h.parsed.records[20:30], before - silent_from))
+    h.ingest(h.after_stop(h.parsed.records[20:30], before - silent_from))
     h.st.analysis(JOB, force=True)
     after = time.time()
-    h.st.stalls.tick(h.st, JOB)
+    h.tick()
     (inc,) = h.incidents()
     assert inc["kinds"] == ["stall"] and not inc["open"] and inc["verdict"]["cause"] == "process_stopped"
     # Its cost: the silence to the record that ended it (this test's clock reads both ends), beyond one
@@ -292,7 +306,7 @@ def test_a_stopped_rank_continued_keeps_its_stop_as_the_stalls_corroboration(ran
     assert stall["ranks"]["0"]["state"] == "stopped" and "stopped" in stall["reasons"]
     assert stall["silent_s"] == pytest.approx(12.0, abs=0.5) and inc["open"]
     h.records(30)
-    h.st.stalls.tick(h.st, JOB)
+    h.tick()
     (inc,) = h.incidents()
     assert not inc["open"] and inc["evidence"]["stall"]["ranks"]["0"]["state"] == "stopped"
     assert inc["verdict"]["cause"] == "process_stopped"
@@ -355,7 +369,7 @@ def test_steps_held_in_the_stopped_process_arrive_after_it_and_the_stall_is_coun
     h.observe()
     recs = h.parsed.records
     slow = dataclasses.replace(recs[23], step_time_ms=(recs[23].step_time_ms or 0.0) + 9000.0)
-    h.st.ingest_steps("agent-a", [*recs[20:23], slow, *recs[24:]])  # 21-23 held, 24 took the stop
+    h.ingest([*recs[20:23], slow, *recs[24:]])  # 21-23 held, 24 took the stop
     h.st.refresh()
     h.st.refresh()
     (inc,) = h.incidents()

@@ -77,14 +77,14 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
     # with the range's held time, and the job steps on.
     recs = h.parsed.records
     slow = dataclasses.replace(recs[20], step_time_ms=HELD_S * 1e3, end_time=t20 + HELD_S)
-    h.st.ingest_steps("agent-a", [slow])
+    h.ingest([slow])
     _progress(h, "capture_finished", rec.id, t20 + HELD_S + 4.0,
               {"status": "ok", "range_held_s": HELD_S - 0.2, "ranks": {}})
     later = [dataclasses.replace(r, end_time=(r.end_time or 0.0) + HELD_S) for r in recs[21:]]
-    h.st.ingest_steps("agent-a", later)
+    h.ingest(later)
     h.st.analysis(JOB, force=True)
     for _ in range(2):
-        assert h.st.stalls.tick(h.st, JOB).status is Status.RUNNING
+        assert h.tick().status is Status.RUNNING
         h.st.refresh()
     assert h.incidents() == []  # no stall, no slow-step incident: the capture's step
     assert h.st.stalls.opened_total.get(JOB, 0) == 0

@@ -76,9 +76,9 @@ def test_records_that_came_late_withdraw_the_stall(ranks: Any) -> None:
     assert check.status is Status.STALLED and check.reasons == (StallReason.IDLE,)
     assert [i["kinds"] for i in h.incidents()] == [["stall"]]
     # The records come, their own end times those of a job that stepped on through the silence.
-    h.st.ingest_steps("agent-a", h.parsed.records[20:30])
+    h.ingest(h.parsed.records[20:30])
     h.st.analysis(JOB, force=True)
-    h.st.stalls.tick(h.st, JOB)
+    h.tick()
     assert not h.incidents()
     assert h.st.stalls.late_total[JOB] == 1
     closed = [e for e in h.st.recent_events(JOB) if e["kind"] == events.INCIDENT_CLOSED.name]
@@ -92,9 +92,9 @@ def test_records_made_after_the_silence_keep_the_stall_with_the_jobs_own_gap(ran
     _observe_as_started(h, now - 3600.0)
     assert h.st.stalls.tick(h.st, JOB, now).status is Status.STALLED
     # The job's clock shows the gap: 9 s of it (the records arrived 3 s later still).
-    h.st.ingest_steps("agent-a", h.after_stop(h.parsed.records[20:30], 9.0))
+    h.ingest(h.after_stop(h.parsed.records[20:30], 9.0))
     h.st.analysis(JOB, force=True)
-    h.st.stalls.tick(h.st, JOB)
+    h.tick()
     (inc,) = h.incidents()
     assert inc["kinds"] == ["stall"] and not inc["open"]
     stall = inc["evidence"]["stall"]
