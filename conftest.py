@@ -19,19 +19,6 @@ import pytest
 pytest_plugins = ["pytester", "tests.leftover_procs", "tests.cpu_times", "tests.trace_cache"]
 
 
-# The cyclic collector's thresholds in pytest's processes (the controller and each worker): a young
-# collection every 50,000 allocations instead of 700. The suite is bound by its CPU on 2 cores, and
-# the in-process tests (analyses of recorded logs and traces) make many objects that live a while:
-# three such modules in one process took 45.8 s of CPU against 53.7 s with the defaults (medians of 5
-# and 7 runs, alternated, the 2-core VM, 2026-11-28). Only the test processes: the perfd processes the
-# tests start keep their own (the aggregator sets its own, perfd.aggregator.runtime).
-TEST_GC_THRESHOLDS = (50_000, 20, 20)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    gc.set_threshold(*TEST_GC_THRESHOLDS)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PERFD_GPU_TESTS") == "1":
         return
