@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,18 +106,9 @@ def test_records_naming_processes_not_the_senders_are_refused(shared_tmp: Path, 
         with hook.step():
             pass
         _collect_until(col, lambda o: col.errors.get("sender:not_job_user", 0) >= 1)
-        plan = [[0, victim.pid], [1, os.getpid()], [2, "self"], [3, "setuid"]]
-        atk = attacker.python(ATTACK, sock, json.dumps(plan), "3", out=tmp_path / "attacker.out")
+        plan: list[list[Any]] = [[0, victim.pid], [1, os.getpid()], [2, "self"], [3, "setuid"]]
+        atk = _attack(attacker, sock, plan, 3, tmp_path / "attacker.out", 30, col.errors)
         try:
-            try:
-                wait_for(lambda: "sent" in (tmp_path / "attacker.out").read_text(), 30,
-                         "the attacker's records",
-                         progress=lambda: (tmp_path / "attacker.out").read_text().count("step"))
-            except WaitTimeout as e:
-                # Once in a fresh clone's CI (2026-11-28) it had printed no step in 30 s, alone it takes ~1 s:
-                # say where the attacker was (its output, state and kernel wait), not only that it was late.
-                raise AssertionError(f"{e}; {_where(atk, tmp_path / 'attacker.out')}; collector errors "
-                                     f"{dict(col.errors)}") from None
             _, atk_pid, child_pid = _sent_line(tmp_path / "attacker.out")
             out = _collect_until(col, lambda o: sum(col.errors.get(f"sender:{r}", 0) for r in (
                 P.NOT_SENDER, P.OTHER_UID)) >= 9 and len(o.steps) >= 3)
@@ -157,6 +149,32 @@ def _sent_line(out: Path) -> list[str]:
     return next(ln for ln in out.read_text().splitlines() if ln.startswith("sent")).split()
 
 
+def _attack(attacker: OtherUser, sock: str, plan: list[list[Any]], steps: int, out: Path, timeout: float,
+            errors: Any = None) -> subprocess.Popen[bytes]:
+    """The attacker started and waited for until it has sent its records ("sent"); the wait goes on
+    while it steps (a unix datagram socket holds 10 unread: its sends wait for the reader).
+
+    An attacker that printed nothing at all in ``timeout`` is started once more, and where the first
+    was (its output, state and kernel wait) is said in a warning: twice in full suites (2026-11-28) it
+    printed no step while it takes ~1 s alone, each time with gRPC's "Other threads are currently
+    calling into gRPC, skipping fork() handlers" from the worker that forked it; not reproduced alone
+    or under load. One that stepped and then stopped is the reader's fault: no second start."""
+    for attempt in (1, 2):
+        atk = attacker.python(ATTACK, sock, json.dumps(plan), str(steps), out=out)
+        try:
+            wait_for(lambda: "sent" in out.read_text(), timeout, "the attacker's records",
+                     progress=lambda: out.read_text().count("step"))
+            return atk
+        except WaitTimeout as e:
+            where = _where(atk, out)
+            _stop(atk)
+            if attempt == 2 or "step" in out.read_text():
+                raise AssertionError(f"{e}; {where}; collector errors {dict(errors or {})}") from None
+            warnings.warn(f"the attacker printed nothing in {timeout:.0f} s; started again; {where}",
+                          stacklevel=2)
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Path]]:
     sock = str(shared_tmp / "hook.sock")
@@ -180,13 +198,9 @@ def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, st
     aggregator_pid = next(p.pid for n, _, p in procs.procs if n == "aggregator")
     # Ranks 0 and 1 claimed for the victim and the aggregator (the issue's attack), rank 2 the
     # attacker's own process (allowed: its own, and the control that shows the stall path works).
-    plan = [[0, victim.pid], [1, aggregator_pid], [2, "self"]]
-    atk = attacker.python(ATTACK, sock, json.dumps(plan), "40", out=out_dir / "attacker.out")
+    plan: list[list[Any]] = [[0, victim.pid], [1, aggregator_pid], [2, "self"]]
+    atk = _attack(attacker, sock, plan, 40, out_dir / "attacker.out", 60)
     try:
-        # A unix datagram socket holds 10 unread (net.unix.max_dgram_qlen): the attacker's sends wait
-        # for the agent's reads, slow while a whole suite runs; the wait goes on while it steps.
-        wait_for(lambda: "sent" in (out_dir / "attacker.out").read_text(), 60, "the attacker's records",
-                 progress=lambda: (out_dir / "attacker.out").read_text().count("step"))
         atk_pid = int(_sent_line(out_dir / "attacker.out")[1])
 
         def stall() -> dict[str, Any] | None:
