@@ -53,7 +53,7 @@ class Lifecycle:
         self._reasked_at = 0.0  # when making room last asked the candidates' states again
         self._loop: asyncio.AbstractEventLoop | None = None
         self.jobs_pruned = 0
-        self.trims = 0  # memory.trim calls (after pruning), and their seconds
+        self.trims = 0  # memory.trim calls (after pruning, forgetting or byte evictions), and their seconds
         self.trim_s = 0.0
         self._freed_at_trim = 0  # jobs pruned + agents forgotten + byte evictions at the last trim
         self._trimmed_at = 0.0
