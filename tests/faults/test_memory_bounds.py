@@ -55,8 +55,8 @@ def test_retain_mib_counts_the_raw_fields_of_step_records(tmp_path: Path) -> Non
                               for i in range(k, k + per_batch)]}
                    for k in range(1, n + 1, per_batch)]
         asyncio.run(send_batches(f"127.0.0.1:{grpc}", "fat-agent", batches, ["fat"]))
-        st = wait_for(lambda: (s := get_json(base + "/api/stats"))["step_records_ingested"] >= n and s, 30,
-                      "every record ingested", ignore=NOT_YET)
+        wait_for(lambda: get_json(base + "/api/stats")["step_records_ingested"] >= n, 30,
+                 "every record ingested", ignore=NOT_YET)
         peak = rss_mb(pid)
         # The byte evictions free ~130 MB inside the allocator's arenas; the housekeeping gives it back
         # (memory.trim) at most every TRIM_EVERY_S, so a trim during the ingest is followed by one after
