@@ -52,6 +52,37 @@ class FullDisk:
         return getattr(self.conn, name)
 
 
+def _wal_salts(wal: Path) -> bytes | None:
+    """The WAL's header salts (bytes 16-24): they change when SQLite starts the WAL anew after a
+    checkpoint. None without a WAL."""
+    try:
+        with open(wal, "rb") as f:
+            return f.read(24)[16:]
+    except FileNotFoundError:
+        return None
+
+
+def _copy_live(src: Path, dst: Path, tries: int = 50) -> None:
+    """A consistent copy of a live database and its WAL: the database first, then the WAL, kept only if
+    the WAL was not started anew in between. A checkpoint that lands between the two copies otherwise
+    leaves the copied WAL a new generation without the frames the copied database lacks: a fresh
+    clone's CI once read the two agents' last 73 iterations as missing, an earlier run 66 (a straight
+    copy of the two files, one after the other). Frames checkpointed into the database while it is
+    copied are still in the WAL copied after it, which SQLite applies over them."""
+    db, wal = src / "state.sqlite3", src / "state.sqlite3-wal"
+    dst.mkdir(exist_ok=True)
+    for _ in range(tries):
+        before = _wal_salts(wal)
+        shutil.copyfile(db, dst / db.name)
+        (dst / wal.name).unlink(missing_ok=True)
+        if before is None:
+            return
+        shutil.copyfile(wal, dst / wal.name)
+        if _wal_salts(dst / wal.name) == before:
+            return
+    raise AssertionError(f"the WAL was started anew during each of {tries} copies of {src}")
+
+
 def on_disk(state_dir: Path) -> dict[str, set[int]]:
     """job -> iterations whose step records the journal holds (what a restart would replay)."""
     s = StateStore(state_dir)
@@ -207,10 +238,7 @@ def test_a_real_full_tmpfs_loses_no_acknowledged_iteration(tmp_path: Path) -> No
         asyncio.run(stream())
         stats = json.loads(http_get(f"{base}/api/stats"))["transport"]
         copy = tmp_path / "copy"  # what a restart would read: the database and its WAL, as they are
-        copy.mkdir()
-        for name in ("state.sqlite3", "state.sqlite3-wal"):
-            if (inside / "state" / name).exists():
-                shutil.copyfile(inside / "state" / name, copy / name)
+        _copy_live(inside / "state", copy)
     finally:
         stop(p)
     held = on_disk(copy)
