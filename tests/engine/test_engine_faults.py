@@ -190,7 +190,9 @@ def test_an_engine_server_lost_loses_and_doubles_nothing(make_rig: MakeRig) -> N
     rig = make_rig(servers=3)
     # A lost server delays more (a new leader elected, 6-7 s here, then the ack wait): 9.6-18.2 s seen
     # with the default timers (an iteration every 1.5 s: 24 s in the root's memory), 7.2-15.8 s with
-    # these (every 1.25 s: 20 s)
+    # these (every 1.25 s: 20 s). Under a whole suite's load (2 cores) one partial came 19.7 s late and was
+    # past the root's memory (late 1, folded all the same): whether any is late is the load's, not what this
+    # test checks (the late path has its own test above), hence late=None below.
     plan = Plan(nodes=6, iterations=30, period_s=1.25)
     with rig.explained():
         t0 = time.monotonic()
@@ -206,7 +208,7 @@ def test_an_engine_server_lost_loses_and_doubles_nothing(make_rig: MakeRig) -> N
         new_leader = wait_for(lambda: (lead := stream_state(rig.urls, S.NODES_STREAM)["leader"])
                               not in (None, leader) and lead, 30, "a new node stream leader", ignore=NOT_YET)
         elected = time.monotonic() - t_kill
-        f = settle_and_check(rig, plan)
+        f = settle_and_check(rig, plan, late=None)
         d = _delays(rig, plan, t_kill, f.distinct)
         # Both shards lived through it (reconnected) and hold the partitions between them.
         wait_for(lambda: rig.split(("shard-a", "shard-b")), 30, "both shards holding the partitions",
