@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 
 
+STALE_S = 30.0  # the tests' job stale limit (see the first test using it)
+
+
 def test_stale_after_and_states() -> None:
     assert stale_after(0.5) == 60.0 and stale_after(20.0) == 200.0 and stale_after(None, 5.0) == 5.0
     assert job_state(3.0, 0.5, True)[0] == RUNNING
@@ -47,7 +50,9 @@ def _metrics(st: AggregatorState) -> str:
 
 def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_gauges() -> None:
     parsed = parse_file(DP2, job="dp2")
-    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=5.0)
+    # Steps arrive and the state is read on the wall clock: the limit is far above a busy machine's pause
+    # between the two (a 5 s limit read a worker paused 5 s as a stall) and far below the minute below.
+    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=STALE_S)
     st.hello("a", ["dp2"])
     st.ingest_job_info("a", "dp2", parsed.job_info)
     st.ingest_steps("a", parsed.records)
@@ -129,7 +134,7 @@ def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() 
     from perfd.rules.pack_loader import load_pack
 
     parsed = parse_file(DP2, job="dp2")
-    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=5.0)
+    st = AggregatorState(min_recompute_s=0.0, job_stale_after_s=STALE_S)
     st.hello("a", ["dp2"])
     st.ingest_job_info("a", "dp2", parsed.job_info)
     st.ingest_steps("a", parsed.records)
