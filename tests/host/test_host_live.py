@@ -45,6 +45,7 @@ JOB = "hostjob"
 # machine's slower steps overrun before the test has seen what it waits for (issue 37).
 LOOP_CAP_S = "600"
 BURN_CAP_S = "300"  # a burner's own end, should the test that started it not stop it
+SETTLE_S = 30.0  # how long closed incidents may take to show their verdict once the first has closed
 BURN = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
         "end = time.time() + float(sys.argv[2])\nwhile time.time() < end:\n    pass\n")
 
@@ -190,12 +191,36 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
     assert any(str(p) in inc["cause"] for p in pids) and "waited for a CPU" in inc["cause"]
     assert "CPU 0" in inc["cause"] and "data loading" not in inc["cause"]
     # Once the burners are gone the incident closes (it may have grown at either end meanwhile: its
-    # iterations overlap); the evidence of the time stays its cause.
-    done = live.wait(lambda: next((i for i in live.incidents() if not i["open"]
-                                   and i["first_iteration"] <= inc["last_iteration"]
-                                   and inc["first_iteration"] <= i["last_iteration"]), None),
-                     "the incident closed")
-    assert (done.get("verdict") or {}).get("cause") == "cpu_contention"
+    # iterations overlap); the evidence of the time stays its cause. The analysis may also split the
+    # stretch by cause once it is closed, and a sighting then goes with the piece it was seen in
+    # (perfd.aggregator.incidents._cut): the first sighting naming the burners comes late in the stretch
+    # (the test stops them once named), so that piece may be a later one. A fresh-clone CI run once read
+    # the first closed piece (599-762) with no cause (not known: whether a later piece named it); what the
+    # pieces were is what the message now says. The wait ends SETTLE_S after the first piece closed.
+    first_closed: list[float] = []
+
+    def closed_naming() -> dict[str, Any] | None:
+        mine = [i for i in live.incidents() if not i["open"] and i["first_iteration"] <= inc["last_iteration"]
+                and inc["first_iteration"] <= i["last_iteration"]]
+        named = next((i for i in mine if (i.get("verdict") or {}).get("cause") == "cpu_contention"), None)
+        if named is None and mine:
+            first_closed.append(first_closed[0] if first_closed else time.monotonic())
+            if time.monotonic() - first_closed[0] > SETTLE_S:
+                raise WaitTimeout("the closed pieces settled without CPU contention as a cause")
+        return named
+
+    try:
+        done = live.wait(closed_naming, "the incident closed, CPU contention its cause")
+    except WaitTimeout:
+        closed = [i for i in live.incidents() if not i["open"]]
+        also = [[{k: e.get(k) for k in ("kind", "rank", "worst", "first_seen", "last_seen")}
+                 | {k: (e.get("detail") or {}).get(k) for k in ("in_steady_state", "steady_worst")}
+                 for e in (i.get("verdict") or {}).get("also") or []] for i in closed]
+        raise AssertionError(
+            f"no closed incident over {inc['first_iteration']}-{inc['last_iteration']} names CPU contention; "
+            f"the closed ones {_brief(closed)} (ends {[i.get('end_time') for i in closed]}), what their "
+            f"verdicts set aside {also}; the incident that named the burners {_brief([inc])} (end "
+            f"{inc.get('end_time')}); all {_brief(live.incidents())}") from None
     assert done["cost_s"] and done["cost_s"] > 0.0  # its size depends on the machine's load (1.1-5 s seen)
     recs = get_json(f"{live.base}/api/jobs/{JOB}/summary")["report"]["recommendations"]
     assert any("Keep other processes off rank 0's CPU 0" in r["action"] for r in recs)
