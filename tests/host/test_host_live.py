@@ -204,7 +204,8 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
                 and inc["first_iteration"] <= i["last_iteration"]]
         named = next((i for i in mine if (i.get("verdict") or {}).get("cause") == "cpu_contention"), None)
         if named is None and mine:
-            first_closed.append(first_closed[0] if first_closed else time.monotonic())
+            if not first_closed:
+                first_closed.append(time.monotonic())
             if time.monotonic() - first_closed[0] > SETTLE_S:
                 raise WaitTimeout("the closed pieces settled without CPU contention as a cause")
         return named
