@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +150,7 @@ def _sent_line(out: Path) -> list[str]:
 
 
 def _attack(attacker: OtherUser, sock: str, plan: list[list[Any]], steps: int, out: Path, timeout: float,
-            errors: Any = None) -> subprocess.Popen[bytes]:
+            errors: Mapping[str, int] | None = None) -> subprocess.Popen[bytes]:
     """The attacker started and waited for until it has sent its records ("sent"); the wait goes on
     while it steps (a unix datagram socket holds 10 unread: its sends wait for the reader).
 
