@@ -14,7 +14,16 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-from perfd.model import DEVICES, PACKAGES, JobInfo, ModelSpec, ParallelLayout
+from perfd.model import (
+    DEVICES,
+    HOOK_IN_STEP_FIELD,
+    PACKAGES,
+    JobInfo,
+    ModelSpec,
+    ParallelLayout,
+    StepRecord,
+    TimerValue,
+)
 
 REASON = "value-out-of-range"  # counted as malformed:<REASON> (parser) / job_info_value (aggregator)
 
@@ -114,3 +123,118 @@ def check_job_info(info: JobInfo) -> list[str]:
         reasons.append(f"started_at {_short(info.started_at)} not a finite epoch time")
         info.started_at = None
     return reasons
+
+
+# ---- per-step values ------------------------------------------------------------------------------
+# The numbers a step record carries (a Megatron iteration line and its timer, memory and straggler
+# lines; a step hook's datagram; a record over the network). Two step times of 1e308 (finite floats)
+# overflowed the analysis' float sums (fsum: OverflowError), and the job's analysis failed on every
+# tick. Every source passes its records through :func:`check_step_record` before
+# any sum: a value outside these bounds becomes absent (never 0) and is counted as
+# malformed:<STEP_REASON> (parser, hook) or step_value (aggregator, perfd.limits.REFUSED_STEP_VALUE).
+STEP_REASON = "step-value-out-of-range"
+MAX_STEP_MS = 86_400_000.0  # a day: no step, and no timed part of one, lasts longer
+MAX_EPOCH_S = 1e10  # the year 2286: an end time past it (or before 1970) is no clock's
+# What a value computed in fp32 (or bf16/fp16) can hold: a loss, a grad norm or a loss scale past it
+# is no computation's. A diverged run's nan/inf loss or grad norm is its framework's own word and
+# is kept (every reader reads them through perfd.analytics.common.finite; they enter no sum).
+FP32_MAX = 3.4028234663852886e38
+MAX_TFLOPS_PER_GPU = 1e6  # a GPU's TFLOP/s: ~500 times the H200's dense FP8 peak
+# A step's tokens (the job's, all ranks): the largest global batch times the longest sequence that
+# LAYOUT_BOUNDS and SPEC_BOUNDS admit; its FLOPs: ten thousand times a frontier model's step.
+MAX_TOKENS_PER_STEP = float(LAYOUT_BOUNDS["global_batch_size"][1] * SPEC_BOUNDS["seq_length"][1])
+MAX_FLOPS_PER_STEP = 1e25
+MAX_MEMORY_MB = float(1 << 30)  # a rank's memory report: a PiB
+# Any one quantity of Megatron's straggler line (ms, W, °C, %, MHz, TFLOP/s): past it, corrupt.
+MAX_STRAGGLER_VALUE = 1e9
+# Inclusive [low, high] of each float field of a StepRecord; ``NONFINITE_KEPT``: where nan/inf is the
+# source's statement, not corruption.
+STEP_FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "end_time": (0.0, MAX_EPOCH_S),
+    "step_time_ms": (0.0, MAX_STEP_MS),
+    "logged_tflops_per_gpu": (0.0, MAX_TFLOPS_PER_GPU),
+    "learning_rate": (0.0, FP32_MAX),
+    "lm_loss": (-FP32_MAX, FP32_MAX),
+    "loss_scale": (0.0, FP32_MAX),
+    "grad_norm": (0.0, FP32_MAX),
+    "tokens_per_step": (0.0, MAX_TOKENS_PER_STEP),
+    "flops_per_step": (0.0, MAX_FLOPS_PER_STEP),
+}
+NONFINITE_KEPT = frozenset({"lm_loss", "grad_norm"})
+STEP_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "train_iters": (0, 1 << 50),
+    "consumed_samples": (0, 1 << 62),
+    "global_batch_size": LAYOUT_BOUNDS["global_batch_size"],
+    # A record's counts of skipped or NaN iterations cannot exceed the iterations it covers.
+    "skipped_iterations": (0, LOG_INTERVAL_BOUNDS[1]),
+    "nan_iterations": (0, LOG_INTERVAL_BOUNDS[1]),
+    "interval": LOG_INTERVAL_BOUNDS,
+}
+# Fields (text, as the source printed them) that the analysis reads as numbers.
+STEP_FIELD_BOUNDS: dict[str, tuple[float, float]] = {HOOK_IN_STEP_FIELD: (0.0, MAX_STEP_MS)}
+
+
+def in_range(value: object, low: float, high: float) -> bool:
+    """A number (int or float, not a bool) within the finite [low, high]: so never nan or inf, which
+    compare False (a comparison, not isfinite: every record's values pass here)."""
+    if type(value) is not float and type(value) is not int:
+        return False
+    return low <= value <= high
+
+
+def check_step_record(rec: StepRecord) -> list[str]:
+    """Remove every value of ``rec`` outside its bounds (a field becomes None; a timer, a memory value,
+    a straggler quantity, a rank's end time or a numeric text field is left out) and return one reason
+    per value removed. Pure but for ``rec``; cost bounded by the record's size."""
+    out: list[str] = []
+    for name, (low, high) in STEP_FLOAT_BOUNDS.items():
+        v = getattr(rec, name)
+        if v is None or in_range(v, low, high):
+            continue
+        if name in NONFINITE_KEPT and isinstance(v, float) and not math.isfinite(v):
+            continue
+        setattr(rec, name, None)
+        out.append(f"{name} {_short(v)} outside [{low:g}, {high:g}]")
+    for name, (ilow, ihigh) in STEP_INT_BOUNDS.items():
+        v = getattr(rec, name)
+        if v is not None and not in_bounds(v, ilow, ihigh):
+            setattr(rec, name, None)
+            out.append(f"{name} {_short(v)} outside [{ilow}, {ihigh}]")
+    bad = [t for t, tv in rec.timers.items() if not _times_ok(tv)]
+    for tname in bad:
+        del rec.timers[tname]
+        out.append(f"timer {tname[:80]} not a time within [0, {MAX_STEP_MS:g}] ms")
+    for rank, report in rec.memory_mb.items():
+        for key in [k for k, v in report.items() if not in_range(v, 0.0, MAX_MEMORY_MB)]:
+            value = report.pop(key)
+            out.append(f"rank {rank} memory {key[:80]} {_short(value)} outside [0, {MAX_MEMORY_MB:g}] MB")
+    if rec.straggler is not None:
+        quantities, top = rec.straggler.quantities, MAX_STRAGGLER_VALUE
+        for q in [q for q, (lo, hi) in quantities.items()
+                  if not (in_range(lo.value, 0.0, top) and in_range(hi.value, 0.0, top))]:
+            del quantities[q]
+            out.append(f"straggler {q[:80]} outside [0, {MAX_STRAGGLER_VALUE:g}]")
+    for rank in [r for r, t in rec.rank_end_times.items() if not in_range(t, 0.0, MAX_EPOCH_S)]:
+        when = rec.rank_end_times.pop(rank)
+        out.append(f"rank {rank} end time {_short(when)} outside [0, {MAX_EPOCH_S:g}]")
+    for key, (low, high) in STEP_FIELD_BOUNDS.items():
+        text = rec.fields.get(key)
+        if text is not None and not in_range(_number(text), low, high):
+            del rec.fields[key]
+            out.append(f"field {key} {text[:80]!r} not a number within [{low:g}, {high:g}]")
+    return out
+
+
+def _times_ok(tv: TimerValue) -> bool:
+    lo, hi = tv.min_ms, tv.max_ms
+    if (lo is not None and not in_range(lo, 0.0, MAX_STEP_MS)) or (
+            hi is not None and not in_range(hi, 0.0, MAX_STEP_MS)):
+        return False
+    return all(in_range(v, 0.0, MAX_STEP_MS) for v in tv.per_rank.values()) if tv.per_rank else True
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None

@@ -38,6 +38,9 @@
   partial lines included: the agent's log collectors tail that file. Beside it,
   ``<log>.times`` (:mod:`perfd.linetimes`) says when each line arrived, to the microsecond: the
   agent takes an iteration's end time from there rather than from the log's one-second stamps.
+  Both are opened without following a link and reused only when they are this user's own regular
+  files, in a folder of root's or this user's (sticky if others may write in it); ``--run-dir`` and
+  ``--manifest``'s folder must be this user's and closed to others (refused before the job starts).
 - SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed to the command's process group
   (the command runs in a session of its own, so Ctrl-C reaches it once, through perfd).
 - The exit status is the command's; 128 + N when it was killed by signal N; 127 when it could not
@@ -195,7 +198,7 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
         raise LaunchError("--fr-buffer must be > 0 (0 disables Flight Recorder and its dump pipe)")
     if opts.run_dir:
         run_dir = Path(opts.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        _check_dir(run_dir, "--run-dir", own=True)
     else:
         # This user's own folder (0700, made race-free), never a shared /tmp name: another user who
         # made /tmp/perfd-launch/<job> first could point output.log at any file of ours.
@@ -206,8 +209,10 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
         except UnsafeDirError as exc:
             raise LaunchError(f"run dir: {exc} (or give --run-dir)") from None
     log_path = Path(opts.log) if opts.log else run_dir / "output.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    _check_dir(log_path.parent, "--log", own=False)
     manifest = Path(opts.manifest) if opts.manifest else run_dir / "launch.json"
+    if opts.manifest:  # written through a temporary file of a known name: a folder only we write in
+        _check_dir(manifest.parent, "--manifest", own=True)
     hook_socket = opts.agent_socket or environ.get(wire.SOCKET_ENV) or wire.default_socket_path()
     if hook_socket == wire.default_socket_path():
         from perfd.privdir import UnsafeDirError, private_dir
@@ -263,6 +268,20 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     if opts.ncu_ranks:
         _ncu(plan, opts, cmd)
     return plan
+
+
+def _check_dir(path: Path, flag: str, own: bool) -> None:
+    """Make and check a folder perfd launch writes in (perfd.privdir.open_safe_dir): ``own``, this
+    user's and writable by nobody else; else root's or ours, sticky if others may write in it. Root
+    writing a log in another user's 1777 folder would follow the links that user planted there."""
+    from perfd.privdir import OWN, SHARED, UnsafeDirError, open_safe_dir
+
+    try:
+        os.close(open_safe_dir(path, what=OWN if own else SHARED))
+    except UnsafeDirError as exc:
+        raise LaunchError(f"{flag}: {exc}") from None
+    except OSError as exc:
+        raise LaunchError(f"{flag}: cannot use the folder {path}: {exc.strerror}") from None
 
 
 def is_torchrun(cmd: Sequence[str]) -> bool:
@@ -425,17 +444,19 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
         print(f"perfd launch: note: {note}", file=err)
     started = time.time()
     stdin = subprocess.DEVNULL if sys.stdin is None or _isatty(sys.stdin) else None
-    try:
-        log = plan.log_path.open("wb")
+    from perfd.privdir import UnsafeDirError
+
+    try:  # never through a link, nor over a file not ours: refused before the job starts
+        log, times, why = linetimes.open_for_writing(plan.log_path)
+    except UnsafeDirError as exc:
+        print(f"perfd launch: --log: {exc}", file=err)
+        return 2
     except OSError as exc:
         print(f"perfd launch: cannot write the log {plan.log_path}: {exc.strerror}", file=err)
         return 2
-    try:  # the sidecar is an aid: without it the log's own time stamps are used
-        times: IO[bytes] | None = linetimes.sidecar_path(plan.log_path).open("wb")
-    except OSError as exc:
-        print(f"perfd launch: note: cannot write {linetimes.sidecar_path(plan.log_path)}: {exc.strerror}; "
+    if times is None:  # the sidecar is an aid: without it the log's own time stamps are used
+        print(f"perfd launch: note: cannot write {linetimes.sidecar_path(plan.log_path)}: {why}; "
               "step boundaries fall back to the log's time stamps", file=err)
-        times = None
     fwd = _Forwarder()
     with log:
         previous = fwd.install()  # before the child exists: a signal in between is held, then passed

@@ -48,6 +48,11 @@ MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
 # only the event log's copy is cut. 2,400 events of 250 KB once grew the state file by 390 MB.
 MAX_KEPT_EVENT_BYTES = 16 << 10
 MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events document), all events together
+# The event log's room (its count and its bytes) is divided into this many shares: a job's events (those
+# the aggregator attributes to it) hold at most one share, and a sender's job-less events another, apart
+# (perfd.aggregator.eventlog). One client's 1,250 job-less events once evicted all 20 of a job's; ten
+# shares still leave a job 100 events of its own history.
+EVENT_LOG_SHARES = 10
 # Events kept whole for a consumer that reads their payload (a job's NCCL hang events, merged by the
 # collective analysis): at most this many bytes of them per job, the oldest going first. 2,000 hang
 # events of 250 KB once took the aggregator's RSS from 66 to 547 MB (issue 43 item 4).
@@ -142,7 +147,17 @@ MAX_CAPTURE_STEPS = 50  # iterations one capture may cover (HTTP API and webhook
 CAPTURE_REQUESTS_PER_JOB = 5  # requests (HTTP API and webhook) accepted per job ...
 CAPTURE_RATE_WINDOW_S = 300.0  # ... in this sliding window
 MAX_CAPTURE_RECORDS = 1_000  # capture records kept; the oldest finished ones are pruned first
+# ... and what they hold in all beyond their fixed fields (perfd.aggregator.capture_records.record_bytes:
+# names, texts, ranks, the agents' reported results, each result at most MAX_EVENT_BYTES), the oldest
+# ended ones pruned first: 1,000 results of 256 KiB would otherwise be held (and kept in the state dir).
+MAX_CAPTURE_RECORD_BYTES = 64 << 20
 MAX_ALERTS_PER_WEBHOOK = 100  # alerts of one Alertmanager POST that may ask for a capture
+# Distinct ranks one requested capture may name (HTTP API and webhook alike; perfd.aggregator.
+# capture_ranks). Real requests name a few: the rules take one rank, an incident's (at most 4) or a
+# node's (a node runs 8-16), a person the ranks they look at; every rank of a job is asked for by
+# naming none (the command's empty rank list), which costs no more. 500,000 ranks in one request held
+# 7.5 MB a record: 60 of them took the aggregator from 68 to 498 MB.
+MAX_CAPTURE_RANKS = 256
 # Nsight Compute ranges (perfd.capture.ncu_exec): what a rank under ncu may cost, fixed when it starts
 # (ncu's filters are its command line and count over the whole process). Measured on the H100 with
 # perfd's five sections (SpeedOfLight, Occupancy, LaunchStats, WarpStateStats, ComputeWorkloadAnalysis:
@@ -158,6 +173,26 @@ MAX_NCU_LAUNCH_COUNT = 1_000
 MAX_NCU_LAUNCH_SKIP = 1_000_000  # launches a range lets pass first (a step's: thousands to tens of thousands)
 NCU_TIME_BUDGET_S = 90.0  # one range, at least; past it the capture closes the range and says it overran
 MAX_NCU_TIME_BUDGET_S = 1_800.0
+# A Kineto / Chrome trace file read by the agent (written by the job's process) or `perfd analyze`
+# (perfd.capture.trace_input), bounded while it streams in, never after it is inflated: a 0.5 MB gzip
+# of whitespace inflated to 1 GB and took a root agent from 62 to 1,092 MB. Sized
+# from the largest real traces kept (tests/data/captures: 36.5 MB of JSON and 2.43 M values inflated
+# from a 2.1 MB .json.xz, read in a 302 MB peak; compressed up to 2.2 MB): 3.5x the text and 3.3x the
+# values, 15x the compressed file (a plain file is held to the text's budget). The values (commas and
+# opening brackets: an upper bound) bound what the parse builds (`[{},{},...]` is a dict per 3 bytes).
+MAX_TRACE_INFLATED_BYTES = 128 << 20
+MAX_TRACE_FILE_BYTES = 32 << 20
+MAX_TRACE_JSON_VALUES = 8_000_000
+# Why a trace was refused (the agent's perfd_agent_collector_errors_total{collector="captures",reason};
+# the capture fails, or goes partial, with the sentence): not a regular file or over its file cap; text
+# past MAX_TRACE_INFLATED_BYTES (charged its decoded width); more than MAX_TRACE_JSON_VALUES values;
+# nested deeper than the JSON parser recurses.
+TRACE_REFUSED_FILE = "trace_file"
+TRACE_REFUSED_INFLATED = "trace_inflated"
+TRACE_REFUSED_VALUES = "trace_json_values"
+TRACE_REFUSED_DEPTH = "trace_json_depth"
+TRACE_REFUSED_REASONS = (TRACE_REFUSED_FILE, TRACE_REFUSED_INFLATED, TRACE_REFUSED_VALUES,
+                         TRACE_REFUSED_DEPTH)
 
 # ---- rank processes on a node (collectors/ranks, perfd/agent/stacks.py) ----------------------------
 # What the agent reads of a job's rank processes stays bounded whatever runs on the node: measured in
@@ -201,6 +236,10 @@ HOOK_OUTBOX_MAX = 64  # statuses waiting for the harvester (each at most ~1.1 KB
 HOOK_QUEUE_MAX = 200_000
 HOOK_QUEUE_MAX_BYTES = 8 << 20
 HOOK_QUEUE_ITEM_OVERHEAD = 200  # bytes one queued datagram costs beyond its payload (objects)
+# One sending process (the kernel's pid) may hold at most 1/HOOK_QUEUE_SHARES of that queue, in count
+# and in bytes (1 MiB: ~30 s of one rank), so one process cannot crowd out the job's others; past its
+# share its new datagrams are dropped and counted (queue_share_full).
+HOOK_QUEUE_SHARES = 8
 # Profile and trace requests the agent has sent and not seen end, and hook_profile statuses kept for
 # the captures waiting on them: a status for a request not sent to that process is refused.
 HOOK_MAX_OUTSTANDING = 1024
@@ -256,9 +295,15 @@ REFUSED_SERIES_QUOTA = "series_quota"  # an identity at its own share of the ser
 REFUSED_LABELS = "label_cap"  # too many labels or a label value too long
 REFUSED_EVENT_BYTES = "event_bytes"
 REFUSED_EVENT_CUT = "event_cut"  # an event kept cut to MAX_KEPT_EVENT_BYTES (counted per event)
+# An event the log let go because its pool (a job's events, or one sender's job-less ones) passed its
+# share of the log (EVENT_LOG_SHARES): the pool's own oldest go, counted per event under its newest sender.
+REFUSED_EVENT_SHARE = "event_share"
 REFUSED_CAPTURE_RATE = "capture_rate"
 REFUSED_CAPTURE_STEPS = "capture_steps"
 REFUSED_WEBHOOK_ALERTS = "webhook_alerts"
+# A capture request naming a rank outside 0..world size (or perfd.aggregator.capture_ranks.MAX_RANK),
+# a rank that is no integer, or more than MAX_CAPTURE_RANKS ranks (HTTP 400; a webhook alert refused).
+REFUSED_CAPTURE_RANKS = "capture_ranks"
 REFUSED_HTTP_BODY = "http_body"
 REFUSED_HTTP_CONNECTIONS = "http_connections"  # MAX_HTTP_CONNECTIONS or a lane's queue full
 REFUSED_HTTP_DEADLINE = "http_deadline"  # a request (or the reading of its answer) past its deadline
@@ -266,6 +311,8 @@ REFUSED_HTTP_HEAD = "http_head"  # a head over MAX_HTTP_HEAD_BYTES
 # An answer over MAX_HTTP_ANSWER_BYTES, or a connection closed to keep MAX_HTTP_OUTPUT_BYTES.
 REFUSED_HTTP_ANSWER = "http_answer"
 REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
+# A value of a step record outside perfd.bounds (check_step_record): it becomes absent, the record is kept.
+REFUSED_STEP_VALUE = "step_value"
 # A step record for an (iteration, rank) of a job already held from another agent: the held one stays
 # (event perfd.events.STEP_CONFLICT names both agents).
 REFUSED_STEP_CONFLICT = "step_conflict"
@@ -288,9 +335,11 @@ REFUSED_REASONS = (
     REFUSED_STREAMS,
     REFUSED_HELLO_TIMEOUT, REFUSED_SILENT, REFUSED_OVERLOADED, REFUSED_JOBS, REFUSED_JOBS_QUOTA,
     REFUSED_SERIES, REFUSED_SERIES_QUOTA, REFUSED_LABELS, REFUSED_EVENT_BYTES, REFUSED_EVENT_CUT,
-    REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS,
+    REFUSED_EVENT_SHARE,
+    REFUSED_CAPTURE_RATE, REFUSED_CAPTURE_STEPS, REFUSED_WEBHOOK_ALERTS, REFUSED_CAPTURE_RANKS,
     *REFUSED_HTTP_REASONS,
-    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE, REFUSED_STEP_AHEAD,
+    REFUSED_JOB_INFO_VALUE, REFUSED_STEP_VALUE, REFUSED_STEP_CONFLICT, REFUSED_WORSE_DUPLICATE,
+    REFUSED_STEP_AHEAD,
     REFUSED_ITERATION_AHEAD, REFUSED_NOT_TARGET, REFUSED_MALFORMED_EVENT,
 )
 
@@ -314,6 +363,7 @@ class Limits:
     capture_requests_per_job: int = CAPTURE_REQUESTS_PER_JOB
     capture_rate_window_s: float = CAPTURE_RATE_WINDOW_S
     max_capture_records: int = MAX_CAPTURE_RECORDS
+    max_capture_record_bytes: int = MAX_CAPTURE_RECORD_BYTES
     agent_silence_s: float = AGENT_SILENCE_S
     hello_timeout_s: float = HELLO_TIMEOUT_S
     max_loop_lag_s: float = MAX_LOOP_LAG_S

@@ -10,7 +10,9 @@ whose END_OFFSET is > ``o``. The job prints with PYTHONUNBUFFERED=1 (set by `per
 arrival is the print time plus the pipe's latency (microseconds).
 
 The sidecar is append-only and written by one process; this reader follows it as it grows and
-never raises (a torn last line is read again at the next call).
+never raises (a torn last line is read again at the next call). :func:`open_for_writing` opens the
+log and its sidecar for `perfd launch`, which often runs as root: never through a link another user
+planted, nor over a file that is not the launching user's own (perfd.privdir.open_own_file).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,34 @@ def sidecar_path(log_path: str | Path) -> Path:
 
 def format_record(end_offset: int, time_ns: int) -> bytes:
     return f"{end_offset} {time_ns}\n".encode()
+
+
+def open_for_writing(log_path: Path) -> tuple[BinaryIO, BinaryIO | None, str | None]:
+    """(the log, its sidecar or None, why the sidecar is None), both opened in the log's folder (made
+    if missing, checked: perfd.privdir.open_safe_dir) and checked before either is truncated, so a
+    refusal leaves both as they were. Raises UnsafeDirError (refused: a link, another user's file or
+    folder) or OSError (the log cannot be written); a sidecar that merely cannot be written is None."""
+    from perfd.privdir import UnsafeDirError, open_own_file, open_safe_dir
+
+    log_path = Path(os.path.abspath(log_path))
+    times_path = sidecar_path(log_path)
+    dir_fd = open_safe_dir(log_path.parent)
+    try:
+        log_fd = open_own_file(dir_fd, log_path.name, str(log_path))
+        why = None
+        try:
+            times_fd: int | None = open_own_file(dir_fd, times_path.name, str(times_path))
+        except UnsafeDirError:
+            os.close(log_fd)
+            raise
+        except OSError as exc:
+            times_fd, why = None, exc.strerror or str(exc)
+    finally:
+        os.close(dir_fd)
+    for fd in (log_fd, times_fd):
+        if fd is not None:
+            os.ftruncate(fd, 0)  # a new run's log, as open("wb") gave
+    return os.fdopen(log_fd, "wb"), None if times_fd is None else os.fdopen(times_fd, "wb"), why
 
 
 class LineTimes:

@@ -17,6 +17,11 @@ into writing, reading or deleting files it did not make.
 What is refused raises :class:`UnsafeDirError` with one sentence for a person. The caller gets an
 open descriptor: deleting and listing relative to it never leaves the directory it checked.
 
+A folder a person names for files (``perfd launch --log``, ``--run-dir``) is opened the same way by
+:func:`open_safe_dir`, the folder itself held to root's or ours (and sticky when others may write in
+it), or to ours alone; :func:`open_own_file` then makes or reuses a file in it without following a
+link, nor reusing a file that is not this user's own regular file with one link.
+
 Default locations (:func:`user_dir`) are per user, never a shared ``/tmp`` name: ``$XDG_STATE_HOME``,
 ``/var/lib/perfd`` for root where it exists, or ``~/.local/state`` (from the password database, not
 ``$HOME``, which ``sudo`` may keep), then ``<tmp>/perfd-<uid>`` when the home is unusable;
@@ -61,6 +66,24 @@ def _check_ancestor(st: os.stat_result, where: str) -> None:
 
 def open_private_dir(path: str | os.PathLike[str], create: bool = True) -> int:
     """An open descriptor (``O_DIRECTORY``) of ``path``, checked and made as the module says."""
+    return _open_dir(path, create, PRIVATE)
+
+
+# What the folder itself must be (its ancestors are checked the same way for all three):
+PRIVATE = "private"  # ours; a mode wider than 0700 narrowed
+OWN = "own"  # ours, writable by nobody else (left as it is: a folder a person named, e.g. a run dir)
+SHARED = "shared"  # root's or ours, writable by others only with the sticky bit (/tmp): files in it
+#                   are made with open_own_file, which another user's planted name cannot fool
+
+
+def open_safe_dir(path: str | os.PathLike[str], create: bool = True, what: str = SHARED) -> int:
+    """An open descriptor of ``path`` for files a person asked perfd to write there (a log, a run
+    folder), walked as :func:`open_private_dir` walks, the folder itself checked as ``what`` says
+    (:data:`OWN` or :data:`SHARED`). Missing folders are made 0700."""
+    return _open_dir(path, create, what)
+
+
+def _open_dir(path: str | os.PathLike[str], create: bool, what: str) -> int:
     target = os.path.abspath(os.fspath(path))
     parts = [p for p in Path(target).parts[1:] if p not in ("", ".")]
     fd = os.open("/", _DIR_FLAGS)
@@ -101,12 +124,17 @@ def open_private_dir(path: str | os.PathLike[str], create: bool = True) -> int:
             os.close(fd)
             fd, where = nfd, here
             st = os.fstat(fd)
-            if last:
+            if last and what != SHARED:
                 if st.st_uid != os.geteuid():
                     raise UnsafeDirError(errno.EPERM, f"{here} belongs to uid {st.st_uid}, not to this user "
                                                       f"(uid {os.geteuid()}): refusing to use it")
-                if stat.S_IMODE(st.st_mode) & 0o077:
+                if what == PRIVATE and stat.S_IMODE(st.st_mode) & 0o077:
                     os.fchmod(fd, 0o700)  # ours: narrowing it harms nobody
+                if what == OWN and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                    # Other users could plant names in it (the manifest's temporary file among them).
+                    raise UnsafeDirError(errno.EPERM, f"{here} is writable by other users (mode "
+                                                      f"{stat.S_IMODE(st.st_mode):04o}): name a folder "
+                                                      "of your own (chmod go-w)")
             else:
                 _check_ancestor(st, here)
             i += 1
@@ -131,6 +159,51 @@ def opened_private_dir(path: str | os.PathLike[str]) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+class UnsafeFileError(UnsafeDirError):
+    """A file perfd will not write: a link, not a regular file, another user's, or with other names
+    (hard links) elsewhere."""
+
+
+def open_own_file(dir_fd: int, name: str, where: str, mode: int = 0o666) -> int:
+    """``name`` under ``dir_fd`` opened for writing, never through a link: made anew (``O_EXCL``,
+    ``mode`` less the umask), or, when a file is there already, reused only if it is a regular file
+    of this user with no other name (a hard link another user made to one of ours would otherwise
+    have us overwrite it). Not truncated here: the caller truncates once every file it needs passed.
+    ``where``: the path, for the message of :class:`UnsafeFileError`."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        fd = _reuse_own_file(dir_fd, name, where, flags)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _reuse_own_file(dir_fd: int, name: str, where: str, flags: int) -> int:
+    try:  # O_NONBLOCK: a FIFO put there must not hold us until a reader comes
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFileError(errno.ELOOP, f"{where} is a symbolic link: refusing to write "
+                                               "through it (remove it, or name another file)") from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise UnsafeFileError(exc.errno, f"{where} is not a regular file") from None
+        raise
+    st = os.fstat(fd)  # the file opened, not a name looked up again
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular file"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    elif st.st_nlink != 1:
+        problem = f"has {st.st_nlink} hard links: it is also another file"
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeFileError(errno.EPERM, f"{where} {problem}: refusing to overwrite it "
+                                           "(remove it, or name another file)")
+    return fd
 
 
 def rmtree_at(parent_fd: int, name: str, depth: int = 64) -> int:

@@ -16,39 +16,29 @@ of these:
   compared in lower case, ``_`` as ``-``, and for a dotted name (``--training.steps``) also its last
   part. A name with a secret word among its parts (``pass``, ``token``, ``key``, ...) is never safe;
 - the name of any other option, of a ``KEY=VALUE`` word, and a ``-x`` short option's letter: the name
-  stays, the value goes (``--db-pass=<redacted>``, ``PGPASSWORD=<redacted>``, ``-p<redacted>``).
+  stays, the value goes (``--db-pass=<redacted>``, ``PGPASSWORD=<redacted>``, ``-p<redacted>``); what
+  follows an option's name that is not part of a name goes too (``--token:<redacted>``).
 
-Every word kept is also scanned for what is a secret wherever it is (:data:`SECRET_VALUE`: the token
-formats of major providers, a URL's user information), as is a whole text by :func:`redact_text`
-(py-spy's output, whose first line is the command line: :func:`redact_stack`).
+Words are split at any whitespace or invisible character, not only at spaces (:data:`SEPARATOR`). Every
+word kept is also scanned for what is a secret wherever it is, by its shape (perfd.secret_shapes: a
+URL's query values and user information, a webhook's path, ``user:pw@host``, a pair with a secret's
+name, the token formats of major providers), as is a whole text by :func:`redact_text` (py-spy's
+output, whose first line is the command line: :func:`redact_stack`).
 """
 
 from __future__ import annotations
 
 import re
 
-REDACTED = "<redacted>"
+from perfd.secret_shapes import REDACTED as REDACTED
+from perfd.secret_shapes import SECRET_PARTS as SECRET_PARTS
+from perfd.secret_shapes import scrub as scrub
 
-# Parts of a name (split at "-", "_" and ".") that make it a secret's: never safe, whatever list it is on.
-SECRET_PARTS = frozenset("""
-pass passwd password passphrase pwd pw secret secrets token key keys apikey api-key auth authorization
-credential credentials cred creds cookie cookies session sid signature sig sign salt hmac bearer cert
-certificate private privkey otp pin jwt sas dsn conn connection
-""".split())
-# Values that are secrets wherever they appear: provider token formats (GitHub, GitLab, Slack, AWS,
-# OpenAI, Anthropic, Stripe, Google, Hugging Face, npm, PyPI, SendGrid, DigitalOcean, Shopify,
-# Twilio, Azure storage keys), JSON web tokens, PEM private keys.
-SECRET_VALUE = re.compile(
-    r"(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{16,}|"
-    r"xox[abeoprs]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}|"
-    r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{16,}|[sr]k_(?:live|test)_[A-Za-z0-9]{10,}|"
-    r"hf_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_-]{30,}|ya29\.[0-9A-Za-z_-]{20,}|npm_[A-Za-z0-9]{30,}|"
-    r"pypi-[A-Za-z0-9_-]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}|dop_v1_[a-f0-9]{40,}|"
-    r"shp(?:at|ss|ca)_[a-fA-F0-9]{20,}|SK[0-9a-fA-F]{32}|AccountKey=[A-Za-z0-9+/=]{20,}|"
-    r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+\.?[A-Za-z0-9_.-]*|"
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----)")
-# A URL's user information (``scheme://user:password@``, ``scheme://token@``), any case of scheme.
-URL_USERINFO = re.compile(r"(?i)(?P<head>\b[a-z][a-z0-9+.-]*://)(?P<val>[^\s/@]*(?::[^\s@]*)?)(?P<tail>@)")
+# What separates a command line's words: any whitespace (tabs, newlines, \x0b, \x0c, \r, unicode
+# spaces), a control character, and the invisible format characters (zero-width spaces, bidi marks). A
+# word holding one is two words to a reader, and kept whole it would carry a second word past the
+# allow-list (``--bf16\t--token\tSECRET``, a safe value ``3e-4\n--api-key=SECRET``).
+SEPARATOR = re.compile(r"[\s\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
 
 # Interpreters and launchers: the word after their own options is the program or script they run.
 _LAUNCHERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|torchrun|deepspeed|accelerate|bash|sh|env|srun|"
@@ -122,21 +112,19 @@ def _safe(name: str, allowed: frozenset[str]) -> bool:
     return n in allowed or ("." in n and n.rsplit(".", 1)[1] in allowed)
 
 
-def scrub(word: str) -> str:
-    """A kept word with what is a secret wherever it appears masked (tokens, a URL's user information)."""
-    word = URL_USERINFO.sub(lambda m: f"{m.group('head')}{REDACTED}{m.group('tail')}", word)
-    return SECRET_VALUE.sub(REDACTED, word)
-
-
 def redact_cmdline(cmd: str) -> str:
     """``cmd`` (words separated by spaces, as perfd reads ``/proc/PID/cmdline``) with every value masked
-    that is not known to be safe (see the module)."""
-    return " ".join(_Words().redact(cmd.split(" ")))
+    that is not known to be safe (see the module); words split at any :data:`SEPARATOR`, shown
+    separated by one space each."""
+    return " ".join(_Words().redact(SEPARATOR.split(cmd)))
 
 
 _NUMBER = re.compile(r"^-?[0-9][0-9.eE+-]*$")
 _ASSIGNMENT = re.compile(r"^[\w.-]+=")
 _WORD = re.compile(r"^[\w@%+,./-]+$")
+# An option's name, and a ":" after it: what follows without an "=" is a value ("--token:SECRET", as
+# .NET-style tools take it).
+_OPTION_NAME = re.compile(r"^--[\w.-]*:?")
 
 
 class _Words:
@@ -184,6 +172,9 @@ class _Words:
         if w.startswith("--"):
             name, eq, value = w.partition("=")
             safe = _safe(name, SAFE_OPTIONS)
+            bare = _OPTION_NAME.match(name)
+            if not eq and bare is not None and bare.end() < len(name):
+                return bare[0] + REDACTED
             if eq:
                 return f"{name}={scrub(value) if safe else (REDACTED if value else '')}"
             self.pending = "safe" if safe else "mask"
@@ -224,11 +215,18 @@ def redact_text(text: str) -> str:
     return scrub(text)
 
 
-_PROCESS_LINE = re.compile(r"^(?P<head>Process \d+: )(?P<cmd>.*)$", re.MULTILINE)
+_PROCESS_LINE = re.compile(r"^Process \d+: ", re.MULTILINE)
+# py-spy's line after the command line. The command line runs to the last one: a word of it may hold a
+# newline (py-spy prints the words as they are), and what follows that newline is still the command line.
+_INTERPRETER_LINE = re.compile(r"^Python v[0-9][^\n]*$", re.MULTILINE)
 
 
 def redact_stack(text: str) -> str:
-    """py-spy's dump: the command line on its ``Process N:`` line redacted as :func:`redact_cmdline`
+    """py-spy's dump: the command line after its ``Process N:`` redacted as :func:`redact_cmdline`
     does, and secret formats masked anywhere (a thread's name, a path)."""
-    text = _PROCESS_LINE.sub(lambda m: m.group("head") + redact_cmdline(m.group("cmd")), text)
+    m = _PROCESS_LINE.search(text)
+    if m is not None:
+        ends = [i.start() for i in _INTERPRETER_LINE.finditer(text, m.end())]
+        end = ends[-1] - 1 if ends else len(text)  # before the newline that ends it; no such line: all
+        text = text[:m.end()] + redact_cmdline(text[m.end():end]) + text[end:]
     return redact_text(text)

@@ -11,11 +11,11 @@ records came from, and reports the hook's answers as ``hook_profile`` events.
 Why a receiver thread: Linux queues at most ``net.unix.max_dgram_qlen`` datagrams (default 10) at
 a Unix datagram socket whatever ``SO_RCVBUF`` says; beyond that the hooks' ``sendto`` fails with
 EAGAIN and the records are dropped (the hook counts them). A collector that drained only once per
-``collect()`` would lose records of a few fast ranks. So a daemon thread blocks in ``recvfrom`` and
-appends raw datagrams to a deque bounded in datagrams and in bytes (``max_queued``,
-``max_queued_bytes``: oldest dropped and counted, ``queue_full``); ``collect()`` takes them from the
-deque without blocking and decodes them. (The hooks also batch records, ~10 datagrams per second per
-rank.)
+``collect()`` would lose records of a few fast ranks. So a daemon thread blocks in ``recvmsg`` and
+queues raw datagrams (:mod:`collectors.hook.inbox`: bounded in datagrams and in bytes, ``max_queued``,
+``max_queued_bytes``, and per sending process; another uid's datagrams are refused there, before they
+take room); ``collect()`` takes them without blocking and decodes them. (The hooks also batch
+records, ~10 datagrams per second per rank.)
 
 Never raises from ``collect``: malformed datagrams are counted by reason and dropped.
 
@@ -59,26 +59,21 @@ import socket
 import stat
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from collectors.config_values import as_int
 from collectors.hook import peers as P
+from collectors.hook.inbox import Inbox
 from collectors.hook.requests import Requests, RequestSender
 from collectors.hook.step_records import MAX_PAUSE_RANKS, Pauses, step_record
-from perfd.bounds import LAYOUT_BOUNDS, in_bounds
+from perfd.bounds import LAYOUT_BOUNDS, STEP_REASON, check_step_record, in_bounds
 from perfd.collector import Capabilities, Collected
 from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
-from perfd.limits import (
-    HOOK_MAX_RANKS,
-    HOOK_QUEUE_ITEM_OVERHEAD,
-    HOOK_QUEUE_MAX,
-    HOOK_QUEUE_MAX_BYTES,
-    REFUSAL_LOG_INTERVAL_S,
-)
+from perfd.limits import HOOK_MAX_RANKS, HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES, REFUSAL_LOG_INTERVAL_S
 from perfd.model import (
     CPU,
     CUDA,
@@ -166,14 +161,6 @@ def _foreign_owner(path: str) -> int | None:
         return None
     return uid if uid != os.geteuid() else None
 
-
-
-
-
-
-NOT_JOB_USER = "not_job_user"  # a record from a process that does not run as the job's user
-
-
 class HookCollector(RequestSender):
     name = "hook"
     default_interval_s = 1.0
@@ -187,13 +174,9 @@ class HookCollector(RequestSender):
         self.requests = Requests()  # sent to the hooks, not answered to the end yet
         job_user = self.config.job_user
         self.job_uid = job_user if job_user is not None else os.geteuid()  # whose processes are the job's
-        self._queue: deque[tuple[bytes, str | bytes, P.Sender | None]] = deque()  # (datagram, from, who)
-        # Bytes queued = in - out - dropped, each counter written by one thread only (no lock).
-        self._queue_bytes_in = 0  # receiver thread
-        self._queue_bytes_dropped = 0  # receiver thread
-        self._queue_bytes_out = 0  # collect()
-        self._queue_dropped = 0  # written by the receiver thread only
-        self._queue_dropped_seen = 0
+        # Received, not yet collected: filled by the receiver thread, which refuses another uid's.
+        self.inbox = Inbox(self.config.max_queued, self.config.max_queued_bytes, self.job_uid)
+        self._inbox_seen: dict[str, int] = {}  # what collect() reported of the inbox's counters
         self._recv_errors = 0
         self._recv_errors_seen = 0
         self._rx: threading.Thread | None = None
@@ -274,16 +257,14 @@ class HookCollector(RequestSender):
     @property
     def queued_bytes(self) -> int:
         """What the datagrams received and not yet collected cost, as the byte cap counts them."""
-        return self._queue_bytes_in - self._queue_bytes_out - self._queue_bytes_dropped
+        return self.inbox.bytes
 
     def _receive(self, sock: socket.socket) -> None:
-        """Receiver thread: only recvfrom and append, so it keeps up with many ranks."""
-        queue, limit, max_bytes = self._queue, self.config.max_queued, self.config.max_queued_bytes
-        anc = P.ANCILLARY_BYTES
+        """Receiver thread: only recvmsg and the inbox's cheap checks, so it keeps up with many ranks."""
+        put, anc = self.inbox.put, P.ANCILLARY_BYTES
         while not self._stopping.is_set():
             try:
                 data, ancdata, _flags, addr = sock.recvmsg(65536, anc)
-                item = (data, addr, P.credentials(ancdata))
             except TimeoutError:
                 continue
             except OSError:
@@ -292,16 +273,25 @@ class HookCollector(RequestSender):
                 self._recv_errors += 1  # reported by collect(); the thread lives on
                 self._stopping.wait(0.1)
                 continue
-            cost = len(data) + HOOK_QUEUE_ITEM_OVERHEAD
-            while queue and (len(queue) >= limit or self.queued_bytes + cost > max_bytes):
-                try:
-                    old = queue.popleft()
-                except IndexError:  # collect() took it meanwhile
-                    break
-                self._queue_bytes_dropped += len(old[0]) + HOOK_QUEUE_ITEM_OVERHEAD
-                self._queue_dropped += 1
-            self._queue_bytes_in += cost
-            queue.append(item)
+            put(data, addr, P.credentials(ancdata))
+
+    def _inbox_report(self) -> None:
+        """Count and log what the receiver thread dropped since the last collect (it never logs)."""
+        refused, last, dropped, over_share, over_share_last = self.inbox.counters()
+        seen = self._inbox_seen
+        for reason, n in refused.items():
+            new = n - seen.get(reason, 0)
+            if new > 0:
+                self._refuse(reason, f"datagrams from {last.get(reason, '?')}, refused before queueing "
+                                     f"(the job's user is uid {self.job_uid})", new)
+                seen[reason] = n
+        for reason, n, why in (("queue_full", dropped, "the agent is not collecting fast enough"),
+                               ("queue_share_full", over_share, f"{over_share_last} sent past its share "
+                                "of the queue (max_queued / HOOK_QUEUE_SHARES)")):
+            if n > seen.get(reason, 0):
+                self.errors[reason] = self.errors.get(reason, 0) + n - seen.get(reason, 0) - 1
+                self.count_error(reason, why)
+                seen[reason] = n
 
     def collect(self, now: float) -> Collected:
         out = Collected()
@@ -309,22 +299,16 @@ class HookCollector(RequestSender):
             self.start()
             if self.sock is None:
                 return out
-        dropped = self._queue_dropped
-        if dropped > self._queue_dropped_seen:
-            n = dropped - self._queue_dropped_seen
-            self._queue_dropped_seen = dropped
-            self.errors["queue_full"] = self.errors.get("queue_full", 0) + n - 1
-            self.count_error("queue_full", "the agent is not collecting fast enough")
+        self._inbox_report()
         if self._recv_errors > self._recv_errors_seen:
             self._recv_errors_seen = self._recv_errors
             self.count_error("recv_failed")
-        queue = self._queue
+        pop = self.inbox.pop
         for _ in range(self.config.max_records_per_collect):
-            try:
-                data, addr, sender = queue.popleft()
-            except IndexError:
+            item = pop()
+            if item is None:
                 break
-            self._queue_bytes_out += len(data) + HOOK_QUEUE_ITEM_OVERHEAD
+            data, addr, sender = item
             try:
                 self._handle(data, addr, sender, now, out)
             except Exception as exc:  # a bug or a hostile datagram must not stop the drain
@@ -341,12 +325,12 @@ class HookCollector(RequestSender):
         for kind, data in records:
             self._record(kind, data, addr, sender, now, out)
 
-    def _refuse(self, reason: str, detail: str) -> None:
-        """A record refused for who sent it: counted, and one log line per reason every
-        REFUSAL_LOG_INTERVAL_S with the count since the last one and the latest example."""
+    def _refuse(self, reason: str, detail: str, count: int = 1) -> None:
+        """``count`` records (or datagrams) refused for who sent them: counted, and one log line per
+        reason every REFUSAL_LOG_INTERVAL_S with the count since the last one and the latest example."""
         key = f"sender:{reason}"
-        self.errors[key] = self.errors.get(key, 0) + 1
-        n = self._refused_unlogged[key] = self._refused_unlogged.get(key, 0) + 1
+        self.errors[key] = self.errors.get(key, 0) + count
+        n = self._refused_unlogged[key] = self._refused_unlogged.get(key, 0) + count
         now = time.monotonic()
         if now - self._refused_logged_at.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
             self._refused_logged_at[key], self._refused_unlogged[key] = now, 0
@@ -361,7 +345,7 @@ class HookCollector(RequestSender):
             self._refuse(got, f"{what} for rank {rank} claiming pid {claimed} from {who}")
             return None
         if got.uid != self.job_uid:
-            self._refuse(NOT_JOB_USER, f"{what} for rank {rank} from {who}: the job's user is uid "
+            self._refuse(P.NOT_JOB_USER, f"{what} for rank {rank} from {who}: the job's user is uid "
                                        f"{self.job_uid} (hook job_user, the launch manifest's user)")
             return None
         self.verified[got.pid] = got.uid
@@ -561,4 +545,7 @@ class HookCollector(RequestSender):
         if m.send_drops or m.harvest_drops:
             self._lost(m)
         self._c("records")
-        return step_record(m, kind, self.config.job, paused)
+        rec = step_record(m, kind, self.config.job, paused)
+        for reason in check_step_record(rec):  # perfd.bounds, before anything sums it: absent, never 0
+            self.count_error(f"malformed:{STEP_REASON}", f"rank {m.rank} step {m.step}: {reason}")
+        return rec

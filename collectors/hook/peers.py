@@ -53,6 +53,7 @@ NO_CREDENTIALS = "no_credentials"  # no SCM_CREDENTIALS with the datagram (SO_PA
 UNKNOWN_SENDER = "unknown_sender"  # the kernel's pid is 0: the sender is in a pid namespace we do not see
 NOT_SENDER = "claimed_pid_not_sender"  # neither the sender nor a descendant of it
 OTHER_UID = "claimed_pid_other_uid"  # a descendant that does not run as the sender's user alone
+NOT_JOB_USER = "not_job_user"  # the sender does not run as the job's user
 
 
 @dataclass(frozen=True)

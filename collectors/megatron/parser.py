@@ -37,7 +37,7 @@ from collectors.megatron.lines import (
 )
 from perfd.armed import armed_rank
 from perfd.bounds import REASON as BOUND_REASON
-from perfd.bounds import check_job_info
+from perfd.bounds import STEP_REASON, check_job_info, check_step_record
 from perfd.events import JOB_PHASE, VALIDATION
 from perfd.logfiles import iter_text_lines
 from perfd.model import ABSENT, JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
@@ -90,6 +90,7 @@ class MegatronLogParser:
         self.events: list[dict[str, object]] = []
         self._line_no = 0
         self._pending: StepRecord | None = None
+        self._pending_line = 0  # the line of the pending record's iteration line
         self._facts = margs.StartupFacts()
         self._args_mode: str | None = None  # "new" (dashed header/end) | "old" ("arguments:")
         self._args_dirty = False
@@ -158,10 +159,11 @@ class MegatronLogParser:
     def _count(self, key: str, n: int = 1) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
-    def _issue(self, reason: str, text: str) -> None:
+    def _issue(self, reason: str, text: str, line_no: int | None = None) -> None:
         self._count(f"malformed:{reason}")
         if len(self.issues) < MAX_ISSUES:
-            self.issues.append(ParseIssue(self._line_no, reason, text[:ISSUE_TEXT_CHARS]))
+            at = self._line_no if line_no is None else line_no
+            self.issues.append(ParseIssue(at, reason, text[:ISSUE_TEXT_CHARS]))
         else:
             self._count("issues_dropped")
 
@@ -494,6 +496,10 @@ class MegatronLogParser:
                     tv.max_ms = None if tv.max_ms is None else tv.max_ms * scale
                     tv.per_rank = {r: v * scale for r, v in tv.per_rank.items()}
             self._count("records_timers_rescaled")
+        # Every number of the record within perfd.bounds before anything sums it (two step times of
+        # 1e308 overflowed the analysis' sums): one out of bounds is absent, never 0, and counted.
+        for reason in check_step_record(rec):
+            self._issue(STEP_REASON, f"iteration {rec.iteration}: {reason}", self._pending_line)
         out.append(rec)
 
     def _start_record(self, it: IterationLine, line: str, out: list[StepRecord]) -> None:
@@ -532,7 +538,7 @@ class MegatronLogParser:
         if it.intrusion is not None or it.bad_segments:
             # Another rank's text glued onto the line: dropped, never turned into a field.
             self._count("intrusions", (it.intrusion is not None) + it.bad_segments)
-        self._pending = rec
+        self._pending, self._pending_line = rec, self._line_no
         self._step_timer_names = set()
         self._blocks_for_pending = 0
 

@@ -19,6 +19,7 @@ for rank 3.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -30,6 +31,7 @@ from perfd.capture.dynolog import (
     DynologError,
     DynologKineto,
     kineto_socket_taken,
+    socket_holders,
 )
 from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, KinetoDaemon, KinetoDaemonError
 from perfd.capture.manager import CaptureManager
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from perfd.transport.codec import Command
 
 log = logging.getLogger(__name__)
+
+KINETO_SQUATTED = "socket_squatted"  # another user holds the Kineto daemon's name (kineto_errors)
 
 
 class AgentCaptures:
@@ -61,6 +65,7 @@ class AgentCaptures:
         self.root = Path(root) if root else default_capture_root()
         self.store = CaptureStore(self.root, quota_bytes)
         self.kineto: KinetoDaemon | DynologKineto | None = None
+        self.kineto_errors: dict[str, int] = {}  # why the Kineto daemon is off (KINETO_SQUATTED)
         if kineto and kineto_socket_dir:
             try:  # a file socket (the jobs set KINETO_IPC_SOCKET_DIR): no host-wide name to share
                 self.kineto = KinetoDaemon(socket_dir=kineto_socket_dir)
@@ -68,9 +73,9 @@ class AgentCaptures:
             except (KinetoDaemonError, OSError) as exc:
                 log.warning("Kineto daemon not started in %s: %s", kineto_socket_dir, exc)
                 self.kineto = None
-        elif kineto and kineto_socket_taken(kineto_socket):
-            # dynolog serves this node (it holds the Kineto socket): do not fight it for the socket,
-            # hand our trace configs to it over its RPC port instead.
+        elif kineto and kineto_socket_taken(kineto_socket) and not self._squatted(kineto_socket):
+            # dynolog serves this node (root or this agent's user holds the Kineto socket): do not
+            # fight it for the socket, hand our trace configs to it over its RPC port instead.
             try:
                 self.kineto = DynologKineto(DynologClient(port=dynolog_port)).start()
                 log.warning("the Kineto socket is taken: Kineto captures go through dynolog on port %d",
@@ -78,7 +83,7 @@ class AgentCaptures:
             except DynologError as exc:
                 log.warning("the Kineto socket is taken and dynolog does not answer (%s): Kineto "
                             "captures are off; nsys captures still work", exc)
-        elif kineto:
+        elif kineto and self.kineto_errors.get(KINETO_SQUATTED) is None:
             try:
                 self.kineto = KinetoDaemon(socket_name=kineto_socket)
                 self.kineto.start()
@@ -104,6 +109,28 @@ class AgentCaptures:
             hook_last_step=(lambda r: getattr(peers.get(r), "last_step", None)) if peers is not None
             else None, ncu=NcuExecutor(self.root), hook_canceller=canceller,
             hook_tracer=tracer, hook_can_trace=self._hook_can_trace if tracer is not None else None)
+
+    def _squatted(self, name: str) -> bool:
+        """Whether a process of another user than root and this agent's holds the Kineto daemon's
+        abstract name: then it, not a dynolog, receives the jobs' polls and could
+        answer them, and its RPC port would be its too. Said in an error naming it and counted;
+        Kineto on-demand captures stay off (nothing is handed to it) until the agent restarts with
+        the name free. A holder this agent cannot see (a non-root agent) is not trusted either."""
+        holders = socket_holders(name)
+        if holders is None:
+            return False  # freed meanwhile: the daemon binds it below
+        foreign = [h for h in holders if h.uid not in (0, os.geteuid())]
+        if holders and not foreign:
+            return False
+        self.kineto_errors[KINETO_SQUATTED] = self.kineto_errors.get(KINETO_SQUATTED, 0) + 1
+        who = ", ".join(map(str, foreign)) if foreign else "a process this agent cannot see (not root?)"
+        log.error("the Kineto daemon socket %r is held by %s, not by root or this agent's user: it "
+                  "receives the jobs' Kineto polls and could answer them, so perfd neither shares it nor "
+                  "hands it trace configs; Kineto on-demand captures are off (counted as %s). Stop that "
+                  "process and restart the agent (it binds the name at its start, before users can), or "
+                  "give jobs a private socket folder (kineto_socket_dir, KINETO_IPC_SOCKET_DIR)",
+                  name, who, KINETO_SQUATTED)
+        return True
 
     def _hook_can_trace(self, rank: int) -> bool:
         """The rank's hook can trace and its process polls no Kineto daemon, and the hook that said so

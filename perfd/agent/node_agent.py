@@ -255,6 +255,13 @@ class Agent:
         for name in self.config_errors:
             rows.append(({**node, "collector": name, "reason": "config"},
                          "perfd_agent_collector_errors_total", 1.0))
+        if self.captures is not None:  # what the capture executor refused (a job's trace past its caps)
+            refused = {**dict.fromkeys(L.TRACE_REFUSED_REASONS, 0), **self.captures.manager.errors}
+            rows += [({**node, "collector": "captures", "reason": r}, "perfd_agent_collector_errors_total",
+                      float(n)) for r, n in refused.items()]
+            # Why the Kineto daemon is off (another user holds its name).
+            rows += [({**node, "collector": "kineto", "reason": r}, "perfd_agent_collector_errors_total",
+                      float(n)) for r, n in self.captures.kineto_errors.items()]
         counts = self.http_refusals.snapshot()
         rows += [({**node, "reason": r}, "perfd_agent_http_refused_total", float(counts.get(r, 0)))
                  for r in L.REFUSED_REASONS if r in counts or r in L.REFUSED_HTTP_REASONS]

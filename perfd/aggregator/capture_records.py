@@ -14,10 +14,12 @@ stalls.py, incidents.py) import them without the coordinator (which imports the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfd import limits as L
 from perfd.aggregator.jobs import RecordsLayout
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.analytics.breakdown.budget import StepBudget
@@ -75,6 +77,21 @@ class RankReport:
                    Coverage.from_json(cov) if isinstance(cov, Mapping) else None)
 
 
+def _json_bytes(value: object) -> int:
+    """``value``'s size as JSON (an event's payload: at most perfd.limits.MAX_EVENT_BYTES on the wire)."""
+    try:
+        return len(json.dumps(value, default=str))
+    except (TypeError, ValueError, RecursionError):  # not JSON after all: counted as the cap's worth
+        return L.MAX_EVENT_BYTES
+
+
+def record_bytes(rec: CaptureRecord) -> int:
+    """About what a record holds beyond its fixed fields: its names, texts, ranks and reported result
+    (what the records' byte cap, perfd.limits.MAX_CAPTURE_RECORD_BYTES, counts)."""
+    result = rec.result.raw_bytes if rec.result is not None else 0
+    return len(rec.job) + len(rec.origin) + len(rec.reason) + 8 * len(rec.ranks or ()) + result
+
+
 @dataclass(frozen=True)
 class CaptureResult:
     """What an agent reported of a capture (its event's payload, perfd.capture.manager), read once where
@@ -88,6 +105,7 @@ class CaptureResult:
     armed_at: Mapping[int, float] = field(default_factory=dict)
     artifact_bytes: int | None = None
     cause: CaptureFailure | None = None
+    raw_bytes: int = 0  # ``raw`` as JSON: what the records' byte cap counts of it (MAX_CAPTURE_RECORD_BYTES)
 
     @classmethod
     def of(cls, payload: object) -> CaptureResult:
@@ -101,10 +119,13 @@ class CaptureResult:
             {str(r): RankReport.of(part) for r, part in ranks.items()} if isinstance(ranks, Mapping) else {},
             float(held) if isinstance(held, (int, float)) and not isinstance(held, bool) and held >= 0
             else None,
+            # a rank of 12 digits at most: int() of thousands raises (and is no rank)
             {int(r): float(t) for r, t in armed.items()
-             if str(r).isdigit() and isinstance(t, (int, float)) and not isinstance(t, bool)},
+             if str(r).isdigit() and len(str(r)) <= 12
+             and isinstance(t, (int, float)) and not isinstance(t, bool)},
             size if isinstance(size, int) and not isinstance(size, bool) else None,
-            CaptureFailure.of(p.get("cause")))
+            CaptureFailure.of(p.get("cause")),
+            _json_bytes(p))
 
     def devices(self, rank: str) -> tuple[DeviceBreakdown, ...]:
         """The device breakdowns the report holds for ``rank`` (none: an empty tuple)."""

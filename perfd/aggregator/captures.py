@@ -13,14 +13,15 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from perfd import catalog
 from perfd import limits as L
 from perfd.aggregator import rule_scopes
+from perfd.aggregator.capture_ranks import RanksRefused, checked_ranks, ranks_of_label
 from perfd.aggregator.capture_ready import ReadyGate
-from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, Decided, arming_of
+from perfd.aggregator.capture_records import CaptureRecord, CaptureResult, Decided, arming_of, record_bytes
 from perfd.aggregator.job_rows import job_rows
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running
 from perfd.aggregator.state_readers import CaptureState
@@ -232,18 +233,29 @@ class CaptureCoordinator:
                         rec = (self._skip_cpu_only(f.job, ranks, a.tool, a.steps, origin, t) if skip
                                else self._dispatch(f.job, ranks, a.tool, a.steps, origin, t, a.stack))
                         self._firing_of[rec.id] = f
-                        if rec.status.unsent:
+                        if not rec.status.live:  # never sent, or the sending failed
                             self._release(rec.id)
         return firings
 
     # ---- requests by hand or by Alertmanager -------------------------------------------------
-    def request(self, job: str, ranks: Sequence[int] | None, tool: str, steps: int, origin: str,
+    def request(self, job: str, ranks: object, tool: str, steps: int, origin: str,
                 now: float | None = None, stack: bool = False) -> CaptureRecord:
-        """A capture not from our own rules: still one capture per process at a time."""
+        """A capture not from our own rules: still one capture per process at a time. ``ranks`` as the
+        request gave them (perfd.aggregator.capture_ranks checks them; None: every rank)."""
         t = time.time() if now is None else now
         named = capture_tool(tool)
         if named is None:
-            raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool!r}")
+            raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool[:40]!r}")
+        if len(job.encode()) > L.MAX_JOB_NAME_BYTES:  # no job has it; its record would hold it
+            self.refusals.refuse(L.REFUSED_LABELS, f"capture request ({origin[:64]}) for a job name of "
+                                 f"{len(job.encode())} bytes; cap {L.MAX_JOB_NAME_BYTES}")
+            raise ValueError(f"a job name is at most {L.MAX_JOB_NAME_BYTES} bytes")
+        try:  # before the rate window: a refused request takes no turn of the job's
+            rk = checked_ranks(ranks, self._world_size(job))
+        except RanksRefused as exc:
+            self.refusals.refuse(L.REFUSED_CAPTURE_RANKS, f"capture request for job {job[:64]!r} "
+                                 f"({origin[:64]}): {exc}")
+            raise
         if steps < 1:
             raise ValueError("steps must be >= 1")
         if steps > self.limits.max_capture_steps:
@@ -266,7 +278,6 @@ class CaptureCoordinator:
                 window = self.limits.capture_rate_window_s
                 for j in [j for j, d in self._requests.items() if not d or t - d[-1] > window]:
                     del self._requests[j]
-            rk = tuple(ranks) if ranks else None
             if not self.arbiter.try_acquire(job, rk):
                 rec = CaptureRecord(uuid.uuid4().hex[:12], job, list(rk) if rk else None, named, steps,
                                     origin, t, status=CaptureStatus.REFUSED,
@@ -275,9 +286,14 @@ class CaptureCoordinator:
                 return rec
             rec = self._dispatch(job, list(rk) if rk else None, named, steps, origin, t, stack)
             self._firing_of[rec.id] = (job, rk)
-            if rec.status is CaptureStatus.UNDELIVERABLE:
+            if not rec.status.live:  # sent to no agent (or the sending failed): its ranks are free
                 self._release(rec.id)
             return rec
+
+    def _world_size(self, job: str) -> int | None:
+        """The world size the job states (its job info, within perfd.bounds), else None."""
+        info = self.state.job_info(job)
+        return info.layout.world_size if info is not None else None
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _cpu_only(self, job: str) -> bool:
@@ -308,10 +324,20 @@ class CaptureCoordinator:
         cmd = Command(kind="capture", job=job, ranks=tuple(ranks or ()), id=rec.id,
                       args={"tool": tool, "steps": str(steps), "start_iteration": "next",
                             "origin": origin, **({"stack": "1"} if stack else {})})
+        failed: list[str] = []
         for agent in agents:
-            if self.send(agent, cmd):
-                rec.agents.append(agent)
-        if not rec.agents:
+            try:
+                if self.send(agent, cmd):
+                    rec.agents.append(agent)
+            except Exception as exc:  # whatever the sender raises ends this record, never its caller
+                failed.append(f"{agent[:64]}: {type(exc).__name__}: {str(exc)[:200]}")
+                log.exception("capture %s for job %s: sending its command to agent %s failed", rec.id,
+                              job[:64], agent[:64])
+        if not rec.agents and failed:  # failed, never left requested: its ranks are released
+            rec.status = CaptureStatus.FAILED
+            rec.reason = f"the command could not be sent ({'; '.join(failed)})"
+            rec.finished_at = t
+        elif not rec.agents:
             rec.status, rec.reason = CaptureStatus.UNDELIVERABLE, (
                 "no connected agent hosts the job" if not agents else "agents not connected")
         self._keep(rec)
@@ -320,16 +346,24 @@ class CaptureCoordinator:
         return rec
 
     def _keep(self, rec: CaptureRecord) -> None:
-        """Store a record; beyond max_capture_records the oldest ended ones go first (those still
-        running are kept: their agents will report on them)."""
+        """Store a record, within the records' caps (:meth:`_prune`)."""
         self.captures[rec.id] = rec
+        self._prune()
+
+    def _prune(self) -> None:
+        """Beyond max_capture_records records, or max_capture_record_bytes of what they hold, the oldest
+        ended ones go first (those still running are kept: their agents will report on them)."""
         over = len(self.captures) - self.limits.max_capture_records
-        if over > 0:
-            ended = sorted((r for r in self.captures.values() if not r.status.live),
-                           key=lambda r: r.requested_at)
-            for r in ended[:over]:
-                del self.captures[r.id]
-                self._firing_of.pop(r.id, None)
+        size = sum(record_bytes(r) for r in self.captures.values())
+        if over <= 0 and size <= self.limits.max_capture_record_bytes:
+            return
+        ended = sorted((r for r in self.captures.values() if not r.status.live), key=lambda r: r.requested_at)
+        for r in ended:
+            if over <= 0 and size <= self.limits.max_capture_record_bytes:
+                break
+            del self.captures[r.id]
+            self._firing_of.pop(r.id, None)
+            over, size = over - 1, size - record_bytes(r)
 
     def _agents_for(self, job: str, ranks: list[int] | None) -> list[str]:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
@@ -408,6 +442,7 @@ class CaptureCoordinator:
                     self.ready.ran(f.rule.name, f.job)
             if rec.status.ended:
                 self._release(rec.id)
+                self._prune()  # its result and text now count (after the release: its firing is done)
 
     def _diagnose(self, rec: CaptureRecord) -> None:
         """The capture's step budget, class, findings and remedies, in the job's context (framework,
@@ -533,11 +568,14 @@ def alertmanager_plan(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], in
         if not job:
             continue
         ranks_text = labels.get("perfd_ranks") or labels.get("rank")
-        ranks = [int(x) for x in str(ranks_text).split(",") if x.strip().isdigit()] if ranks_text else None
+        # checked by the request (perfd.aggregator.capture_ranks): a rank that is not one is refused
+        # by name, never dropped (a label of none read became a capture of every rank)
+        ranks = ranks_of_label(str(ranks_text)) if ranks_text else None
         steps_text = str(labels.get("perfd_steps", "3"))
+        alertname = str(labels.get("alertname", "?"))[:L.MAX_LABEL_VALUE_BYTES]  # kept in its record
         out.append({"job": str(job), "ranks": ranks or None, "tool": str(labels.get("perfd_tool", "auto")),
                     "steps": int(steps_text) if steps_text.isdigit() and len(steps_text) < 9 else 3,
-                    "origin": f"alertmanager:{labels.get('alertname', '?')}"})
+                    "origin": f"alertmanager:{alertname}"})
     return out, unmarked
 
 

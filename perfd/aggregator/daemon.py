@@ -134,6 +134,10 @@ class Aggregator:
                                      send=self.send_command)
         self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
         self.guard.node_of = self._node_of  # ... on a node the jobs' hosts name
+        # A job-less event is the job's its sender hosts, never a label's (perfd.aggregator.eventlog).
+        self.state.log.hosted = lambda agent: [j for j in self.guard.jobs_of(agent)
+                                               if agent in self.guard.hosts(j)]
+        self.state.log.refusals = self.refusals  # events past their pool's share (event_share)
         self.token = TokenFile(cfg.auth_token_file) if cfg.auth_token_file else None
         self.store: StateStore | None = (StateStore(cfg.state_dir, max_bytes=cfg.state_max_bytes)
                                          if cfg.state_dir else None)

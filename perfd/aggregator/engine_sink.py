@@ -54,6 +54,7 @@ class EngineSink:
         self.state, self.guard = state, guard
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any:
+        self.guard.bounded(agent_id, steps)  # the values as a batch's are (perfd.bounds)
         return self.state.ingest_steps(agent_id, steps, now)
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:

@@ -7,8 +7,24 @@ new source registers a handler for its kind: no branch here. Listeners get each 
 that sent it (``agent``): the capture coordinator takes a capture's progress only from the agents
 the capture was sent to.
 
-Bounded by count (``max_events``) and by bytes (perfd.limits.MAX_EVENT_LOG_BYTES): the oldest go
-first. What the log keeps of one event is at most MAX_KEPT_EVENT_BYTES of text and payload
+Whose an event is, the aggregator says, never the sender: an event's ``job`` is the job it names (the
+guard let its sender speak for that job: perfd.aggregator.guard) or, for a job-less event, the one job
+its sender hosts (``hosted``, what the aggregator knows of that agent); a sender hosting none or several
+leaves it job-less. A label the sender wrote (``labels.job``) attributes nothing: ``?job=X`` lists
+only the events attributed to X (a stranger's job-less events, some labelled with a
+job, were listed as that job's).
+
+Bounded by count (``max_events``) and by bytes (perfd.limits.MAX_EVENT_LOG_BYTES), and divided into
+pools so that no sender's flood evicts another's events: a job's events are one pool (its hosts and
+node agents write it), each sender's job-less events another. A pool holds at most one share of the
+log's count and bytes (perfd.limits.EVENT_LOG_SHARES); past it the pool's own oldest go, each counted
+(``event_share``, perfd.refusals: logged at most once a REFUSAL_LOG_INTERVAL_S). Its own oldest rather
+than the newcomer: the newest events are what an operator reads, and a refused newcomer would freeze
+a pool at its first burst; the journal and the replay see every event as before, so a restart rebuilds
+the same pools. When the log as a whole is full, the pool holding the most events gives its oldest
+(ties: the pool with the oldest event), so a pool never loses an event while a larger one exists.
+
+What the log keeps of one event is at most MAX_KEPT_EVENT_BYTES of text and payload
 (perfd.events.cut; handlers and listeners got it whole), counted in ``cut`` and ``cut_bytes``. Each
 event kept gets a sequence number (``seq``, increasing), which /api/events pages by.
 """
@@ -19,10 +35,12 @@ import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from perfd import events
 from perfd import limits as L
+from perfd.refusals import Refusals
 from perfd.typed import obj
 
 log = logging.getLogger(__name__)
@@ -31,6 +49,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, Mapping[str, object]], bool]
 Listener = Callable[[Mapping[str, object]], None]
 MAX_EVENTS = 1000  # history kept for /api/events, newest last
+PoolKey = tuple[str, str]  # ("job", the job) or ("agent", the sender of job-less events)
 
 
 def kept(ev: Mapping[str, object]) -> tuple[dict[str, object], int, int]:
@@ -52,21 +71,34 @@ def kept(ev: Mapping[str, object]) -> tuple[dict[str, object], int, int]:
     return out, n, size
 
 
+@dataclass
+class _Pool:
+    seqs: deque[int] = field(default_factory=deque)  # its events' sequence numbers, oldest first
+    bytes: int = 0
+
+
 class EventLog:
     def __init__(self, max_events: int = MAX_EVENTS, max_bytes: int = L.MAX_EVENT_LOG_BYTES) -> None:
         self._lock = threading.Lock()
-        self.events: deque[dict[str, object]] = deque()
-        self._sizes: deque[int] = deque()  # each event's size as kept, in the order of ``events``
-        self._seqs: deque[int] = deque()  # ... and its sequence number (its ``seq``)
+        # seq -> (the event as kept, its size as kept, its pool), oldest first (seq order)
+        self._rows: dict[int, tuple[dict[str, object], int, PoolKey]] = {}
+        self._pools: dict[PoolKey, _Pool] = {}
         self.bytes = 0
         self.handlers: dict[str, list[Handler]] = {}
         self.listeners: list[Listener] = []
         self.max_events = max_events
         self.max_bytes = max_bytes
+        self.share_events = max(1, max_events // L.EVENT_LOG_SHARES)  # what one pool may hold
+        self.share_bytes = max(1, max_bytes // L.EVENT_LOG_SHARES)
+        # agent -> the jobs it hosts (set by the aggregator from its guard): a job-less event of an
+        # agent hosting one job is that job's.
+        self.hosted: Callable[[str], Collection[str]] = lambda agent: ()
+        self.refusals: Refusals | None = None  # where ``event_share`` is counted (set by the aggregator)
         self.ingested = 0
         self.seq = 0  # the last event's sequence number
         self.cut = 0  # events kept cut
         self.cut_bytes = 0
+        self.share_evicted = 0  # events let go for their pool's share
         self.malformed: dict[str, int] = {}  # kind -> events refused for a malformed payload
 
     def handle(self, kind: events.EventKind, handler: Handler) -> None:
@@ -75,6 +107,7 @@ class EventLog:
 
     def ingest(self, agent_id: str, evs: Sequence[Mapping[str, object]]) -> None:
         history: list[dict[str, object]] = []
+        hosted: list[str] | None = None  # asked once a batch, for its first job-less event
         for ev in evs:
             kind_name = str(ev.get("kind", ""))
             kind = events.get(kind_name)
@@ -86,18 +119,39 @@ class EventLog:
                 continue
             if kind is not None and kind.state:
                 continue  # state, not history: kept by its handler
-            history.append({**ev, "agent": agent_id})
+            out = {**ev, "agent": agent_id}
+            if not ev.get("job"):
+                if hosted is None:
+                    hosted = list(self.hosted(agent_id))
+                if len(hosted) == 1:  # several: the aggregator cannot tell which, it stays job-less
+                    out["job"] = hosted[0]
+            history.append(out)
         with self._lock:
             self.ingested += len(evs)
-            self._keep(history)
+            over = self._keep(history)
+        for (what, name), (n, sender) in over.items():
+            self._refuse(what, name, n, sender)
         if self.listeners:
             heard = [{**ev, "agent": agent_id} for ev in evs]
             for listener in self.listeners:
                 for ev in heard:
                     listener(ev)
 
-    def _keep(self, evs: Sequence[Mapping[str, object]]) -> None:
-        """Append (lock held), each cut to what is kept and numbered; the oldest leave past the caps."""
+    def _refuse(self, what: str, name: str, n: int, sender: str) -> None:
+        whose = f"job {name[:64]!r}" if what == "job" else f"agent {name[:64]} (its job-less events)"
+        text = (f"{n} event(s) of {whose} let go, the oldest first: past its share of the event log "
+                f"({self.share_events} events, {self.share_bytes >> 10} KiB; perfd.limits.EVENT_LOG_SHARES), "
+                f"the newest from agent {sender[:64]}")
+        if self.refusals is not None:
+            self.refusals.refuse(L.REFUSED_EVENT_SHARE, text, n, agent=sender)
+        else:
+            log.debug("%s", text)
+
+    def _keep(self, evs: Sequence[Mapping[str, object]]) -> dict[PoolKey, tuple[int, str]]:
+        """Append (lock held), each cut to what is kept, numbered and in its pool; a pool past its
+        share lets its own oldest go, and past the log's caps the largest pool does. Returns, for
+        each pool that passed its share, (events it let go, the sender of its newest)."""
+        over: dict[PoolKey, tuple[int, str]] = {}
         for ev in evs:
             out, n, size = kept(ev)
             if n:
@@ -105,24 +159,45 @@ class EventLog:
                 self.cut_bytes += n
             self.seq += 1
             out["seq"] = self.seq
-            self.events.append(out)
-            self._sizes.append(size)
-            self._seqs.append(self.seq)
+            key = _pool_of(out)
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = _Pool()
+            pool.seqs.append(self.seq)
+            pool.bytes += size
+            self._rows[self.seq] = (out, size, key)
             self.bytes += size
-        while self.events and (len(self.events) > self.max_events or self.bytes > self.max_bytes):
-            self.events.popleft()
-            self._seqs.popleft()
-            self.bytes -= self._sizes.popleft()
+            gone = 0
+            while len(pool.seqs) > 1 and (len(pool.seqs) > self.share_events
+                                          or pool.bytes > self.share_bytes):
+                self._drop(key, pool)
+                gone += 1
+            if gone:
+                self.share_evicted += gone
+                over[key] = (over.get(key, (0, ""))[0] + gone, str(out.get("agent") or ""))
+        while self._rows and (len(self._rows) > self.max_events or self.bytes > self.max_bytes):
+            key = max(self._pools, key=lambda k: (len(self._pools[k].seqs), -self._pools[k].seqs[0]))
+            self._drop(key, self._pools[key])
+        return over
+
+    def _drop(self, key: PoolKey, pool: _Pool) -> None:
+        """The pool's oldest event leaves the log (lock held)."""
+        _ev, size, _key = self._rows.pop(pool.seqs.popleft())
+        pool.bytes -= size
+        self.bytes -= size
+        if not pool.seqs:
+            del self._pools[key]
 
     def restore(self, evs: Sequence[Mapping[str, object]]) -> None:
         """Events read back from a state store, merged in time order (no handler or listener runs:
-        they did when the events first happened); numbered anew."""
+        they did when the events first happened); numbered anew, each in the pool its ``job`` (the
+        aggregator's attribution, as kept) and ``agent`` say. What passes a share here was counted
+        when it first came."""
         with self._lock:
-            merged = sorted([*self.events, *(dict(e) for e in evs)],
+            merged = sorted([*(row[0] for row in self._rows.values()), *(dict(e) for e in evs)],
                             key=lambda e: t if isinstance(t := e.get("time"), (int, float)) else 0.0)
-            self.events.clear()
-            self._sizes.clear()
-            self._seqs.clear()
+            self._rows.clear()
+            self._pools.clear()
             self.bytes = 0
             self._keep(merged)
 
@@ -132,8 +207,9 @@ class EventLog:
     def api_page(self, q: Mapping[str, Sequence[str]]) -> tuple[int, dict[str, object]]:
         """GET /api/events[?limit=N][&cursor=SEQ][&job=JOB] (``q``: its parsed query): without a
         cursor the newest events, with one those after it; at most MAX_EVENTS_PAGE and about
-        MAX_EVENTS_PAGE_BYTES a page, oldest first. ``next_cursor``: pass it as ``cursor`` for what
-        came after; ``more``: the page left events out (after it with a cursor, before it without).
+        MAX_EVENTS_PAGE_BYTES a page, oldest first. ``job``: only the events the aggregator attributes
+        to JOB (the module's docstring). ``next_cursor``: pass it as ``cursor`` for what came after;
+        ``more``: the page left events out (after it with a cursor, before it without).
         Returns (HTTP status, answer)."""
         try:
             limit = int(q.get("limit", [L.EVENTS_PAGE])[0])
@@ -150,10 +226,12 @@ class EventLog:
              max_bytes: int | None = None) -> tuple[list[dict[str, object]], bool]:
         """(events, more): with ``after`` (a ``seq``) the oldest events after it, else the newest —
         at most ``limit`` and about ``max_bytes`` (at least one), oldest first either way; ``more``:
-        events past the page's end (with ``after``) or before its start (without) were left out."""
+        events past the page's end (with ``after``) or before its start (without) were left out.
+        ``job``: only the events attributed to it (its pool)."""
+        pool = ("job", job) if job else None
         with self._lock:
-            rows = [(e, size) for e, size, seq in zip(self.events, self._sizes, self._seqs, strict=True)
-                    if (after is None or seq > after) and _of_job(e, job)]
+            rows = [(e, size) for seq, (e, size, key) in self._rows.items()
+                    if (after is None or seq > after) and (pool is None or key == pool)]
         order = rows if after is not None else rows[::-1]
         out: list[dict[str, object]] = []
         total = 0
@@ -167,9 +245,12 @@ class EventLog:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"held": len(self.events), "bytes": self.bytes, "last_seq": self.seq, "cut": self.cut,
-                    "cut_bytes": self.cut_bytes}
+            return {"held": len(self._rows), "bytes": self.bytes, "last_seq": self.seq, "cut": self.cut,
+                    "cut_bytes": self.cut_bytes, "pools": len(self._pools),
+                    "share_evicted": self.share_evicted}
 
 
-def _of_job(e: Mapping[str, object], job: str | None) -> bool:
-    return job is None or e.get("job") in ("", None, job) or obj(e.get("labels")).get("job") == job
+def _pool_of(e: Mapping[str, object]) -> PoolKey:
+    """A kept event's pool: its job's (the aggregator's attribution), else its sender's job-less one."""
+    job = e.get("job")
+    return ("job", str(job)) if job else ("agent", str(e.get("agent") or ""))

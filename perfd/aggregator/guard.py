@@ -33,6 +33,7 @@ from typing import Any
 
 from perfd import events as E
 from perfd import limits as L
+from perfd.bounds import check_step_record
 from perfd.limits import Limits
 from perfd.model import CollectiveRecord, LabelSet, StepRecord
 from perfd.refusals import Refusals
@@ -234,6 +235,7 @@ class Guard:
             self._agent_identity.pop(agent, None)
 
     def steps(self, agent: str, steps: Sequence[StepRecord]) -> list[StepRecord]:
+        """The records of the jobs ``agent`` may write, their values within perfd.bounds (:meth:`bounded`)."""
         by_job: dict[str, list[StepRecord]] = {}
         for r in steps:
             by_job.setdefault(r.job, []).append(r)
@@ -241,7 +243,19 @@ class Guard:
         for job, recs in by_job.items():
             if self.may_write(agent, job, "step records", len(recs)):
                 out.extend(recs)
+        self.bounded(agent, out)
         return out
+
+    def bounded(self, agent: str, recs: Sequence[StepRecord]) -> None:
+        """Remove each value of ``recs`` outside perfd.bounds (check_step_record) before anything sums
+        it — two step times of 1e308 overflowed a job's analysis on every tick: it
+        becomes absent, the record is kept; counted (``step_value``) and logged with what it was."""
+        removed = [f"job {r.job[:64]!r} iteration {r.iteration}: {why}"
+                   for r in recs for why in check_step_record(r)]
+        if removed:
+            self.refusals.refuse(L.REFUSED_STEP_VALUE, f"{len(removed)} value(s) of step records from agent "
+                                 f"{agent[:64]} outside perfd.bounds left out (absent), e.g. "
+                                 f"{removed[0][:300]}", len(removed), agent=agent)
 
     def collectives(self, agent: str, recs: Sequence[CollectiveRecord]) -> list[CollectiveRecord]:
         ok = {job for job in {r.job for r in recs} if self.admit_job(job, agent)}

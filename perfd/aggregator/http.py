@@ -294,12 +294,13 @@ def job_iterations(state: HttpState, job: str, sources: bool = True) -> dict[str
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
         return None
-    analysis = snap.analysis
-    if analysis is None:
-        return {"job_name": job, "iterations": [], "iteration_codes": {}}
+    if (analysis := snap.analysis) is None:  # none yet, or it failed: analysis_error says why
+        return {"job_name": job, "iterations": [], "iteration_codes": {},
+                "analysis_error": snap.analysis_error()}
     codes = row_codes(analysis)
     its = list(iteration_rows(analysis, codes=codes))
-    return {"job_name": job, "iterations": its, "iteration_codes": codes.legend(sources)}
+    return {"job_name": job, "iterations": its, "iteration_codes": codes.legend(sources),
+            "analysis_error": snap.analysis_error()}
 
 
 # Paths anyone who reaches the port may read, token or not: Prometheus scrapes and liveness probes.
@@ -525,9 +526,7 @@ def _post(handler: _Handler, path: str) -> None:
         if path == "/api/captures":
             if not body.get("job"):
                 raise ValueError("'job' is required")
-            ranks = body.get("ranks")
-            if ranks is not None and not (isinstance(ranks, list) and all(isinstance(r, int) for r in ranks)):
-                raise ValueError("'ranks' must be a list of integers")
+            ranks = body.get("ranks")  # checked and counted by the request (perfd.aggregator.capture_ranks)
             steps = body.get("steps", 3)
             if not isinstance(steps, int) or isinstance(steps, bool):
                 raise ValueError("'steps' must be an integer")

@@ -124,7 +124,14 @@ class JobAnalyses:
         if a is not None and self._tracked.get(job) is not a:
             self._took(job, a)
             self.snapshots.get(job, rebuild=True)  # the job's snapshot of this analysis
+        elif self._failure_unseen(job):
+            self.snapshots.get(job, rebuild=True)  # what it serves says that its analysis failed
         return a
+
+    def _failure_unseen(self, job: str) -> bool:
+        """The job's analysis failed since its snapshot was built (JobState.analysis_failed)."""
+        js, snap = self.jobs.jobs.get(job), self.snapshots.get(job)
+        return js is not None and snap is not None and js.analysis_failures != snap.overview.analysis_failures
 
     @writes
     def _took(self, job: str, a: RunAnalysis) -> None:

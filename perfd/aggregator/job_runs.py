@@ -128,7 +128,7 @@ def close_run(js: JobState, scope: str, rec: StepRecord, max_marks: int) -> tupl
         if step is not None:
             js.step_hist.observe(step)
         js.hist_pending = None
-    js.records, js.owner, js.iterations = {}, {}, []
+    js.records, js.owner, js.iterations, js.writers = {}, {}, [], {}
     js.by_iteration, js.iteration_bytes, js.held_bytes = OrderedDict(), {}, 0
     js.train_iters, js.new_normal_at, js.evicted_any = None, None, False
     js.run += 1

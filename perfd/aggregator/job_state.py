@@ -100,6 +100,61 @@ class JobState:
     run_info: JobInfo | None = None  # the job as the current run's start-up stated it (a digest's)
     # Ranks whose records arrived already folded (perfd.engine's root): the world they make up.
     folded_ranks: set[int] = field(default_factory=set)
+    # Why its last analysis failed (None: it did not), since when (epoch s), how many failed in all and
+    # since the last log line, and when that line was written: a failing analysis is said in what the
+    # job serves (its overview's analysis_error), never a silent empty answer.
+    analysis_failure: str | None = None
+    analysis_failed_since: float | None = None
+    analysis_failures: int = 0
+    failures_unlogged: int = 0
+    # agent -> [records of the current run it holds, its newest iteration held]: who writes the job,
+    # and how far (progress_of). Bounded by the job's hosts (the guard lets no other agent write).
+    writers: dict[str, list[int]] = field(default_factory=dict)
+    failure_logged_at: float | None = None
+
+    def hold(self, agent: str, iteration: int) -> None:
+        """A record of ``agent`` at ``iteration`` is held now where none of its was."""
+        w = self.writers.setdefault(agent, [0, iteration])
+        w[0] += 1
+        w[1] = max(w[1], iteration)
+
+    def unhold(self, agent: str | None) -> None:
+        """A record of ``agent`` is held no more (retention takes the lowest iteration first, so its
+        newest goes with its last record)."""
+        w = self.writers.get(agent) if agent is not None else None
+        if w is not None and agent is not None:
+            w[0] -= 1
+            if w[0] <= 0:
+                del self.writers[agent]
+
+    def progress_of(self, agent: str) -> tuple[int, str] | None:
+        """The iteration ``agent``'s records are judged against (MAX_ITERATION_LEAP), and what it is:
+        the newest held while ``agent`` is a main writer of the job (none holds more of its records),
+        else the newest of the writer holding the most — the job's real progress, so a sender whose
+        records no other corroborates cannot anchor its own next leap (a ladder of one far-future record
+        per batch climbed past every real iteration). None: nothing held."""
+        if not self.iterations or not self.writers:
+            return None
+        main = max(self.writers, key=lambda a: self.writers[a][0])
+        mine = self.writers.get(agent)
+        if mine is not None and mine[0] >= self.writers[main][0]:
+            return self.iterations[-1], "the newest held before its batch"
+        n, newest = self.writers[main]
+        return newest, f"the newest held before its batch of the job's main writer ({main[:64]}, {n} records)"
+
+    def analysis_failed(self, exc: BaseException, now: float, log_interval_s: float) -> int:
+        """Note a failed analysis; returns how many failed since the last log line when one is due
+        now (the first failure, then at most one every ``log_interval_s``), else 0."""
+        text = f"{type(exc).__name__}: {exc}"[:300]
+        if self.analysis_failure is None:
+            self.analysis_failed_since = now
+        self.analysis_failure = text
+        self.analysis_failures += 1
+        self.failures_unlogged += 1
+        if self.failure_logged_at is not None and now - self.failure_logged_at < log_interval_s:
+            return 0
+        n, self.failures_unlogged, self.failure_logged_at = self.failures_unlogged, 0, now
+        return n
 
     def held_records(self) -> list[StepRecord]:
         """The records held, in the order of their iterations (not the order they came: the run's
@@ -160,6 +215,11 @@ class JobOverview:
     last_step_time: float | None  # when its last step record arrived (epoch s); None: none yet
     skipped_iterations_total: int | None  # None: its source counts none
     nan_iterations_total: int | None
+    # Why its analysis failed last, since when, how many failed (JobState.analysis_failed); not in
+    # to_json: the snapshot's overview_at serves it (``analysis_error``).
+    analysis_failure: str | None = None
+    analysis_failed_since: float | None = None
+    analysis_failures: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {"job": self.job, "agents": list(self.agents), "gpu": self.gpu,

@@ -164,13 +164,14 @@ class JobStore:
         with self._lock:
             self.stats.steps += len(steps)
             # Plausibility per batch: each job's records are judged against what it held *before* the
-            # batch (its newest iteration; for a job holding none, the batch's lowest), never against
-            # each other — a ladder of records each MAX_ITERATION_LEAP past the one before, in one
-            # batch, once evicted a job's every iteration and dropped its next ones (issue 54 item 6).
-            anchors: dict[str, tuple[int, bool]] = {}
+            # batch (its progress: JobState.progress_of; for a job holding none, the batch's lowest),
+            # never against each other — a ladder of records each MAX_ITERATION_LEAP past the one before,
+            # in one batch, once evicted a job's every iteration and dropped its next ones (issue 54 item
+            # 6); one rung a batch, from a sender no other record corroborates, did too.
+            anchors: dict[str, tuple[int, str]] = {}
             for job, low in lowest.items():
-                its = self.jobs[job].iterations if job in self.jobs else []
-                anchors[job] = (its[-1], True) if its else (low, False)
+                held = self.jobs[job].progress_of(agent_id) if job in self.jobs else None
+                anchors[job] = held or (low, "the lowest of its batch (none held)")
             for rec in steps:
                 js = self._job(rec.job)
                 js.agents.add(agent_id)
@@ -236,6 +237,9 @@ class JobStore:
                     js.by_iteration.setdefault(rec.iteration, []).append(key[1])
                 else:  # a re-sent or corrected record replaces the held one
                     size -= record_bytes(old)
+                if old is None or holder != agent_id:  # who writes the job, and how far (progress_of)
+                    js.unhold(holder if old is not None else None)
+                    js.hold(agent_id, rec.iteration)
                 js.owner[key] = agent_id
                 js.records[key] = rec
                 if key[1] not in js.run_scopes and len(js.run_scopes) < _MAX_RUN_MARKS:
@@ -250,18 +254,17 @@ class JobStore:
                 self._retain(js, rec.iteration)
         return out
 
-    def _implausible(self, js: JobState, rec: StepRecord, anchor: tuple[int, bool]) -> str | None:
+    def _implausible(self, js: JobState, rec: StepRecord, anchor: tuple[int, str]) -> str | None:
         """Why ``rec``'s iteration cannot be true (lock held), or None: past the train-iters its own
-        line or its run states, or more than MAX_ITERATION_LEAP past ``anchor``: (the newest iteration
-        the job held before this batch, True), or (the lowest of the batch, False) for a job holding
-        none."""
+        line or its run states, or more than MAX_ITERATION_LEAP past ``anchor``: (the job's progress
+        before this batch as its sender may claim it, JobState.progress_of, or the lowest of the batch
+        for a job holding none; what it is)."""
         train = rec.train_iters if rec.train_iters is not None and rec.train_iters > 0 else (
             None if rec.first_of_run else js.train_iters)
         if train is not None and rec.iteration > train:
             return f"past the run's train-iters ({train})"
-        base, held = anchor
+        base, what = anchor
         if rec.iteration > base + MAX_ITERATION_LEAP:
-            what = "the newest held before its batch" if held else "the lowest of its batch (none held)"
             return (f"{rec.iteration - base} iterations past {what} ({base}; "
                     f"perfd.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
         return None
@@ -308,7 +311,7 @@ class JobStore:
             scopes = js.by_iteration.pop(it, [])
             for scope in scopes:
                 js.records.pop((it, scope), None)
-                js.owner.pop((it, scope), None)
+                js.unhold(js.owner.pop((it, scope), None))
             js.held_bytes -= js.iteration_bytes.pop(it, 0)
             self.stats.dropped_steps += len(scopes)
             if it == newest:
@@ -424,14 +427,21 @@ class JobStore:
                                      job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
                                      gpm_when=gpm_when, new_normal_at=new_normal_at, earlier=earlier,
                                      run=run)
-        except Exception:
+        except Exception as exc:
+            # Never raised past the job, never a silent []: counted, logged (with its traceback, once a
+            # minute per job), said in the job's overview (analysis_error) while its last analysis
+            # stays served; tried again when new data comes, not on every tick.
             with self._lock:
                 self.stats.analysis_errors += 1
-                js.dirty = True
-            raise
+                js.analysis_time, js.class_key = time.time(), (gpm, timeline, gpm_when)
+                n = js.analysis_failed(exc, js.analysis_time, REFUSAL_LOG_INTERVAL_S)
+            if n:
+                log.exception("analysis of job %s failed (%d time(s) since the last line; %d in all); its "
+                              "last analysis stays served", job[:80], n, js.analysis_failures)
+            return js.analysis
         with self._lock:
-            js.analysis, js.analysis_time = result, time.time()
-            js.class_key = (gpm, timeline, gpm_when)
+            js.analysis, js.analysis_time, js.class_key = result, time.time(), (gpm, timeline, gpm_when)
+            js.analysis_failure = js.analysis_failed_since = None
         return result
 
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
@@ -578,4 +588,5 @@ class JobStore:
                 last_iteration=max(its) if its else None, has_job_info=js.job_info is not None,
                 last_step_age_s=(time.time() - js.last_step_time) if js.last_step_time else None,
                 last_step_time=js.last_step_time or None, skipped_iterations_total=js.skipped_total,
-                nan_iterations_total=js.nan_total)
+                nan_iterations_total=js.nan_total, analysis_failure=js.analysis_failure,
+                analysis_failed_since=js.analysis_failed_since, analysis_failures=js.analysis_failures)

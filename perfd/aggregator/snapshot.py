@@ -151,8 +151,19 @@ class JobSnapshot:
             ov["stall"] = self.stall.to_json()  # its ranks, each rank's process state
         med_s = self.median_step_s
         ov.update(state=state, state_reason=why,
-                  stale_after_s=stale_after(med_s, self.stale_after_override_s))
+                  stale_after_s=stale_after(med_s, self.stale_after_override_s),
+                  analysis_error=self.analysis_error())
         return ov
+
+    def analysis_error(self) -> dict[str, Any] | None:
+        """Why the job's latest analysis failed, since when and how many failed in all; None while its
+        analysis succeeds. What it serves is then its last good analysis, or none."""
+        ov = self.overview
+        if ov.analysis_failure is None:
+            return None
+        return {"error": ov.analysis_failure, "since": ov.analysis_failed_since,
+                "failures": ov.analysis_failures,
+                "serving": "the last analysis that succeeded" if self.analysis is not None else "no analysis"}
 
     def stalled_seconds(self, now: float | None = None) -> float | None:
         """Seconds since the last step while stalled, 0.0 while running, None when ended."""

@@ -61,7 +61,8 @@ def stats_json(state: CounterSources) -> dict[str, object]:
         "events_malformed": dict(state.log.malformed),
         # hang events held; the window fold's operations folded, waiting, late (collectives/winfold)
         "collectives": {**state.collectives.hang_stats(), "window_fold": state.collectives.fold_counts()},
-        "event_log": state.log.stats(),  # held, bytes, last_seq, cut (events kept cut), cut_bytes
+        # held, bytes, last_seq, cut (events kept cut), cut_bytes, pools, share_evicted (event_share)
+        "event_log": state.log.stats(),
         "serving_records_ingested": state.serving.records,
         "serving_errors": dict(state.serving.errors),
         "step_records_dropped_retention": js.dropped_steps,

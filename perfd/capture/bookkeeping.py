@@ -7,15 +7,19 @@ importing the manager (imports go manager → runs → here).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
+from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore, Manifest
+from perfd.capture.trace_input import TraceRefused
 from perfd.events import CAPTURE_STARTED
 from perfd.model import CaptureFailure
 
@@ -29,6 +33,13 @@ PART_KERNEL_NAME = 160  # characters of a kernel's name kept in an event (ATen n
 
 # (kind, request, text, severity, capture id, payload) -> None: the manager's event emitter
 EventSink = Callable[[str, CaptureRequest, str, str, str, "Mapping[str, object] | None"], None]
+# (reason, detail) -> None: counts a refusal of the agent's (a rank's trace past its caps) under its
+# reason, logged once (CaptureManager.count_error)
+ErrorCounter = Callable[[str, str], None]
+
+
+def _uncounted(reason: str, detail: str) -> None:
+    log.warning("capture refusal %s: %s", reason, detail)
 
 
 class CaptureFailed(Exception):
@@ -49,13 +60,15 @@ def not_ready(reason: str, status: str = "failed") -> CaptureFailed:
 @dataclass(frozen=True)
 class RunContext:
     """The manager's parts a tool's run uses: its store and clock, how long a file must stay unchanged
-    to count as written (``settle_s``), the flag set when the manager closes, and its event sink."""
+    to count as written (``settle_s``), the flag set when the manager closes, its event sink, and
+    where a refusal is counted."""
 
     store: CaptureStore
     clock: Callable[[], float]
     settle_s: float
     closing: threading.Event
     emit: EventSink
+    count_error: ErrorCounter = _uncounted
 
 
 def _rounded(v: object) -> object:
@@ -83,12 +96,35 @@ def device_summary(analysis: CaptureAnalysis) -> list[dict[str, object]]:
     return out
 
 
-def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis]) -> None:
-    """Run ``fn`` and keep its analysis (with the event summary) under the rank, or the error it raised."""
+def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis],
+                    passes: type[Exception] | tuple[type[Exception], ...] = ()) -> None:
+    """Run ``fn`` and keep its analysis (with the event summary) under the rank, or the error it raised
+    (but ``passes``, raised on to the caller)."""
     t0 = time.monotonic()
     try:
         a = fn()
         m.setdefault("analysis", {})[str(rank)] = {**a.to_json(), "summary": device_summary(a)}
         log.info("capture %s rank %d: analysed in %.1f s", m.get("id"), rank, time.monotonic() - t0)
+    except passes:
+        raise
     except Exception as exc:
         m.setdefault("analysis", {})[str(rank)] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+# One trace read at a time in this process: what a read may take is bounded per trace (perfd.limits
+# MAX_TRACE_*: up to ~0.8 GB for the worst JSON accepted), and the captures of a node's ranks run in
+# threads of their own, so concurrent reads would multiply it.
+_TRACE_READS = threading.Lock()
+
+
+def record_trace(ctx: RunContext, m: Manifest, rank: int, path: Path) -> str | None:
+    """Analyse a rank's Kineto trace into the manifest (record_analysis); when the reader refuses it
+    (perfd.capture.trace_input: the job's process wrote it, and it is past a cap) no analysis is kept,
+    the refusal is counted under its reason, and its sentence for the capture's reason is returned."""
+    try:
+        with _TRACE_READS:
+            record_analysis(m, rank, functools.partial(analyze_chrome_trace, path), passes=TraceRefused)
+    except TraceRefused as exc:
+        ctx.count_error(exc.reason, f"capture {m.get('id')} rank {rank}: {path.name}: {exc}")
+        return f"rank {rank}: its trace {path.name} was {exc}"
+    return None

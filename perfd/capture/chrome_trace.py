@@ -1,4 +1,4 @@
-"""Read a Kineto / Chrome trace (``.json``, ``.json.gz`` or ``.json.xz``) into timeline events.
+"""Read a Kineto / Chrome trace (``.json``, ``.json.gz``, ``.json.xz``, ``.json.zst``) into timeline events.
 
 Kineto writes complete events (``ph: "X"``) with ``ts``/``dur`` in µs. GPU activity has ``cat``
 ``kernel``, ``gpu_memcpy`` or ``gpu_memset``, and its ``pid`` is the device (``args.device`` says
@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import gzip
-import io
-import json
-import lzma
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -32,7 +28,7 @@ from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
 from perfd.capture.timeline_events import KernelEvent, MemEvent
-from perfd.logfiles import Compression, compression_of_bytes
+from perfd.capture.trace_input import TRACE_CAPS, TraceCaps, load_trace_json
 
 _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -199,33 +195,12 @@ def _gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
-def read_chrome_trace(path: str | Path) -> TraceData:
-    """Read a trace file; gzip and xz are recognised by their magic bytes, whatever the file is called.
-    A truncated archive raises EOFError, xz's as gzip's."""
+def read_chrome_trace(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> TraceData:
+    """Read a trace file; gzip, xz and zstd are recognised by their magic bytes, whatever the file is
+    called. What the read may take is bounded while the file streams in (perfd.capture.trace_input:
+    TraceRefused past a cap). A truncated archive raises EOFError, xz's as gzip's."""
     with _gc_paused():
-        return _read(Path(path))
-
-
-def _read(p: Path) -> TraceData:
-    raw = p.read_bytes()
-    kind = compression_of_bytes(raw)
-    if kind is Compression.GZIP:
-        raw = gzip.decompress(raw)
-    elif kind is Compression.XZ:
-        raw = _unxz(raw)
-    try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not valid JSON: {e}") from e
-    return parse_chrome_trace(doc, str(p))
-
-
-def _unxz(raw: bytes) -> bytes:
-    """The xz file's content. Read as a file, not with lzma.decompress: a cut stream then raises
-    EOFError, as gzip.decompress does (lzma.decompress raises LZMAError), so a truncated trace takes
-    the same path whichever its format."""
-    with lzma.LZMAFile(io.BytesIO(raw)) as f:
-        return f.read()
+        return parse_chrome_trace(load_trace_json(path, caps), str(path))
 
 
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:

@@ -2,8 +2,10 @@
 
 dynolog owns the Kineto daemon socket (``"\\0dynolog\\0"``): a second daemon cannot bind it, and
 must not fight for it. perfd then hands its trace configs to dynolog, which passes them to the
-process at its next poll, exactly as ``dyno gputrace`` does. Protocol, as dynolog implements it
-(read from its source, not from a running dynolog):
+process at its next poll, exactly as ``dyno gputrace`` does. Only when root or the agent's own user
+holds the name (:func:`socket_holders`): any user may bind an abstract name first, and its RPC port
+could be anyone's too (perfd.agent.capture_executor). Protocol, as dynolog
+implements it (read from its source, not from a running dynolog):
 
 - ``dynolog/src/rpc/SimpleJsonServer.cpp``: TCP (default port 1778, ``DYNO_PORT`` in
   ``cli/src/main.rs``); each message, both ways, is an ``int32`` length in native byte order
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import socket
 import struct
 import threading
@@ -40,6 +43,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, PidState, socket_address
+from perfd.limits import MAX_SCAN_PIDS
+from perfd.procinfo import read_identity
 from perfd.typed import JSON
 
 DYNOLOG_PORT = 1778  # dynolog's --port default (cli/src/main.rs DYNO_PORT)
@@ -70,6 +75,63 @@ def kineto_socket_taken(socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str 
         return exc.errno == errno.EADDRINUSE
     finally:
         s.close()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding a Unix socket name: its pid, the user it runs as (real uid) and its name."""
+
+    pid: int
+    uid: int
+    comm: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} (uid {self.uid}, {self.comm!r})"
+
+
+def socket_holders(name: str = DEFAULT_SOCKET_NAME, proc: str = "/proc") -> list[Holder] | None:
+    """Who holds the Kineto daemon's abstract name (``"\\0name\\0"``): the processes with a
+    descriptor of the socket bound to it, found through ``/proc/net/unix`` (the socket's inode) and
+    ``/proc/*/fd`` (which descriptor is that inode: only root reads every process's). None when no
+    socket is bound to the name; [] when one is but no process that holds it could be read. At most
+    MAX_SCAN_PIDS processes are looked at."""
+    shown = f"@{name}@"  # how the kernel lists it: each NUL of the address as "@"
+    inodes: set[str] = set()
+    try:
+        with open(f"{proc}/net/unix", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8 and " ".join(parts[7:]) == shown:
+                    inodes.add(parts[6])
+    except OSError:
+        return []
+    if not inodes:
+        return None
+    links = {f"socket:[{i}]" for i in inodes}
+    out: list[Holder] = []
+    pids = [e for e in os.listdir(proc) if e.isdigit()][:MAX_SCAN_PIDS]
+    for pid in pids:
+        try:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(_readlink(f"{proc}/{pid}/fd/{fd}") in links for fd in fds):
+            ident = read_identity(int(pid), proc)
+            if ident is not None and ident.uids:
+                try:
+                    with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                        comm = f.read(64).strip()
+                except OSError:
+                    comm = "?"
+                out.append(Holder(int(pid), ident.uids[0], comm))
+    return out
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 class DynologClient:

@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import os
 import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready, record_analysis
-from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready, record_trace
 from perfd.capture.hook_ranges import (
     REFUSED,
     HookRanges,
@@ -236,7 +234,9 @@ class HookTraceCapture:
                 continue
             m["timings"]["trace_ready_at"] = self.ctx.clock()
             self.ctx.store.add_artifact(m, got, "kineto_trace", r, pids.get(r))
-            record_analysis(m, r, functools.partial(analyze_chrome_trace, got))
+            refused = record_trace(self.ctx, m, r, got)
+            if refused is not None:
+                missing[r] = refused
         if len(missing) == len(requests):
             with contextlib.suppress(Exception):
                 self.ctx.store.write(m)

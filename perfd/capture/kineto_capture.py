@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_analysis
-from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_trace
 from perfd.capture.dynolog import DynologArming, DynologKineto
 from perfd.capture.kineto_daemon import Arming, KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import wait_stable
@@ -46,6 +44,7 @@ class Miss(enum.Enum):
     POLLED_LATE = "polled_late"  # it polls the daemon, but did not take the config in time
     NEVER_POLLED = "never_polled"  # it polls no Kineto daemon (started without KINETO_USE_DAEMON)
     NO_TRACE = "no_trace"  # it took the config, but wrote no trace before the timeout
+    REFUSED = "refused"  # its trace is past a cap of the reader's (perfd.capture.trace_input), counted
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,9 @@ class KinetoCapture:
                     t["first_event_at"] = min(active, t.get("first_event_at") or active)
                 t["trace_ready_at"] = self.ctx.clock()
                 self.ctx.store.add_artifact(m, got, "kineto_trace", r, pid)
-                record_analysis(m, r, functools.partial(analyze_chrome_trace, got))
+                refused = record_trace(self.ctx, m, r, got)
+                if refused is not None:
+                    missing[r] = RankMiss(Miss.REFUSED, refused)
             if len(missing) == len(by_pid):
                 timed_out = any(x.why is Miss.NO_TRACE for x in missing.values())
                 raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(_texts(missing)))

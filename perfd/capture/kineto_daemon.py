@@ -68,6 +68,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfd.logfiles import XZ_MAGIC, compression_of_bytes
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_NAME = "dynolog"
@@ -209,18 +211,26 @@ def kineto_env(poll_s: int = 1, config_dir: str | Path | None = None, socket_dir
 
 
 def trace_complete(path: str | Path) -> bool:
-    """A Kineto trace file that has been written to its end: JSON ends with ``}`` (gzip: trusted to
-    the caller's size check). A trace that is still being written fails this."""
-    p = Path(path)
+    """A Kineto trace file that has been written to its end: JSON ends with ``}``; a compressed one is
+    taken as it is (what it inflates to is the reader's to bound: perfd.capture.trace_input). A trace
+    that is still being written fails this, and so does what is not a regular file: the job's process
+    writes where the trace goes, and opening a FIFO it put there would wait for a writer (opened
+    without blocking), a device such as /dev/zero never ends (only the last 64 bytes are read)."""
     try:
-        with p.open("rb") as f:
-            head = f.read(2)
-            if head == b"\x1f\x8b":
-                return True
-            f.seek(max(0, p.stat().st_size - 64))
-            return f.read().rstrip().endswith(b"}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            if compression_of_bytes(f.read(len(XZ_MAGIC))) is not None:
+                return True
+            f.seek(max(0, st.st_size - 64))
+            return f.read(64).rstrip().endswith(b"}")
+        except OSError:
+            return False
 
 
 # --- arming ------------------------------------------------------------------------------------

@@ -71,7 +71,12 @@ class CaptureManager:
         self._threads: dict[str, threading.Thread] = {}
         self._closing = threading.Event()
         self.refused = 0
-        ctx = RunContext(store, clock, settle_s, self._closing, self._emit)
+        # reason -> count of what a run refused (a rank's trace past its caps: perfd.limits
+        # TRACE_REFUSED_REASONS); the agent serves them as perfd_agent_collector_errors_total{collector=
+        # "captures"}. Each reason is logged once: a job writing such traces must not flood the log.
+        self.errors: dict[str, int] = {}
+        self._logged: set[str] = set()
+        ctx = RunContext(store, clock, settle_s, self._closing, self._emit, self.count_error)
         self._kineto_runs = KinetoCapture(ctx, kineto, kineto_poll_s)
         self._ranges = HookRanges(ctx, hook_requester, hook_last_step, hook_canceller)
         self._nsys_runs = NsysCapture(ctx, nsys, self._ranges)
@@ -172,6 +177,15 @@ class CaptureManager:
     def close(self, timeout: float = 5.0) -> None:
         self.stop()
         self.wait_idle(timeout)
+
+    def count_error(self, reason: str, detail: str) -> None:
+        """Count a refusal under ``reason`` (the capture threads call it), logged once per reason."""
+        with self._lock:
+            self.errors[reason] = self.errors.get(reason, 0) + 1
+            first = reason not in self._logged
+            self._logged.add(reason)
+        if first:
+            log.warning("capture refusal %s: %s (counted; further ones not logged)", reason, detail)
 
     # -- events -------------------------------------------------------------------------------
     def _emit(self, kind: str, req: CaptureRequest, text: str, severity: str = "info",

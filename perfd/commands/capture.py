@@ -167,6 +167,10 @@ def run_capture(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"perfd capture: aggregator at {base} not reachable: {exc}", file=sys.stderr)
         return 1
+    said = obj(rec).get("error")
+    if code >= 400 and isinstance(said, str):  # refused by the aggregator (a bad rank, the rate): one line
+        print(f"perfd capture: refused ({code}): {said}", file=sys.stderr)
+        return 1
     print(json.dumps(rec, indent=2))
     if code >= 300 or obj(rec).get("status") in ("refused", "undeliverable"):
         return 1

@@ -57,6 +57,27 @@ def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> No
                        f"(default: {COLLECTIVES_FOLDED_AT[0]})")
 
 
+def read_token(path: str, flag: str, prog: str) -> str:
+    """The token in the file ``flag`` names; SystemExit(2) with a reason when it is unreadable, empty,
+    or open to other users (perfd.transport.security.check_secret_file_mode)."""
+    from perfd.transport.security import SecurityConfigError, check_secret_file_mode
+
+    try:
+        check_secret_file_mode(path, f"{flag} file")
+    except SecurityConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"{prog}: cannot read {flag}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not token:
+        print(f"{prog}: {flag} {path} is empty", file=sys.stderr)
+        raise SystemExit(2)
+    return token
+
+
 def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
     """The config the flags give, None without --engine; SystemExit(2) with a reason when they are wrong."""
     if not getattr(args, "engine", None):
@@ -78,14 +99,7 @@ def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
             raise SystemExit(2)
     token = None
     if args.engine_token_file:
-        try:
-            token = Path(args.engine_token_file).read_text().strip()
-        except OSError as exc:
-            print(f"{prog}: cannot read --engine-token-file: {exc.strerror}", file=sys.stderr)
-            raise SystemExit(2) from None
-        if not token:
-            print(f"{prog}: --engine-token-file {args.engine_token_file} is empty", file=sys.stderr)
-            raise SystemExit(2)
+        token = read_token(args.engine_token_file, "--engine-token-file", prog)
     return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, partitions=args.engine_partitions,
                         lease_ttl_s=lease_ttl, ack_wait_s=ack_wait)
 
@@ -151,16 +165,17 @@ def _shard(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from perfd.engine.natsd import NatsCluster, NatsUnavailable
 
+    prog = "perfd engine serve"
+    token = read_token(args.token_file, "--token-file", prog) if args.token_file else None
     # Blocked before anything starts, so that sigwait below receives them (unblocked, SIGTERM's
     # default action would end this process and leave its servers running).
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     base = Path(args.dir)
-    base.mkdir(parents=True, exist_ok=True)
-    token = Path(args.token_file).read_text().strip() if args.token_file else None
     try:
+        # The folder is made private (0700, ours) there; another user's, a link or a shared one refused
         cluster = NatsCluster(base, size=args.servers, token=token).start()
-    except NatsUnavailable as exc:
-        print(f"perfd engine serve: {exc}", file=sys.stderr)
+    except (NatsUnavailable, OSError) as exc:  # privdir's UnsafeDirError is an OSError
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(f"perfd engine serve: {','.join(cluster.urls)} (JetStream in {base}); Ctrl-C stops it", flush=True)
     try:
@@ -181,7 +196,11 @@ def register(sub: SubParsers) -> None:
     e = sub.add_parser("engine", help="the distributed path's engine, locally")
     esub = e.add_subparsers(dest="engine_command", required=True)
     v = esub.add_parser("serve", help="run nats-server with JetStream here (trying the path on one machine)")
-    v.add_argument("--dir", default="perfd-engine", help="where its JetStream store and config go")
+    v.add_argument("--dir", default="perfd-engine",
+                   help="the engine's own folder (made 0700; not one others may write in): its JetStream "
+                   "store, config and logs")
     v.add_argument("--servers", type=int, default=1, choices=(1, 3), help="one server, or a cluster of three")
-    v.add_argument("--token-file", metavar="FILE", help="require this token of every client")
+    v.add_argument("--token-file", metavar="FILE",
+                   help="require this token of every client (given to nats-server in its environment, "
+                   "written in no file)")
     v.set_defaults(handler=_serve)

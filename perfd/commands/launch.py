@@ -82,9 +82,10 @@ def register(sub: SubParsers) -> None:
     from perfd.commands.ncu import add_budget_arguments
 
     add_budget_arguments(p, prefix="ncu-")
-    p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log)")
+    p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log); never "
+                   "written through a link nor over a file not yours, nor in a folder of another user")
     p.add_argument("--manifest", help="launch manifest (default: <run dir>/launch.json)")
-    p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config "
-                   "(default: this user's private ~/.local/state/perfd/launcher/<job>)")
+    p.add_argument("--run-dir", help="directory for the log, manifest and Kineto config: yours, writable "
+                   "by nobody else (default: this user's private ~/.local/state/perfd/launcher/<job>)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS ...]")
     p.set_defaults(handler=_launch)

@@ -44,6 +44,14 @@ def _agent(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)
         return 2
+    if cfg.engine_token_file:  # read when the engine starts, inside the run: checked before it
+        from perfd.transport.security import SecurityConfigError, check_secret_file_mode
+
+        try:
+            check_secret_file_mode(cfg.engine_token_file, "engine token file")
+        except SecurityConfigError as exc:
+            print(f"perfd agent: {exc}", file=sys.stderr)
+            return 2
     return run_agent(cfg, ready_file=args.ready_file)
 
 

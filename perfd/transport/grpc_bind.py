@@ -62,8 +62,12 @@ async def bind(server: grpc.aio.Server, host: str, port: int, tls: ServerTls | N
         bound, why = 0, str(exc)
     else:
         why = ""
-    if not bound:  # the port taken between the probe and gRPC's own bind (a race)
+    if not bound:
         await server.stop(None)
         why = why.split(";")[0]  # not gRPC's advice to set GRPC_VERBOSITY
-        raise OSError(errno.EADDRINUSE, f"address in use or not local ({why})".rstrip(" ()"))
+        # The kernel's own error when the address is the problem (in use: taken since the probe, a
+        # race; not local); "in use" is never said of a port that is not.
+        probe_bind(host, port)
+        # Not the address: gRPC refused what it was given (the TLS files are checked before, so rare).
+        raise OSError(errno.EINVAL, f"gRPC could not add the port ({why or 'no reason given'})")
     return int(bound)

@@ -14,12 +14,16 @@ when nothing authenticates (loopback by default).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import hmac
 import logging
 import os
+import ssl
+import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +55,60 @@ def _read(path: str, what: str) -> bytes:
     return data
 
 
+@contextlib.contextmanager
+def _as_path(data: bytes) -> Iterator[str]:
+    """A path holding exactly ``data`` (a memory file): ``ssl`` checks the bytes gRPC is given, not
+    what the file holds a moment later."""
+    fd = os.memfd_create("perfd-tls", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+def _no_password() -> bytes:
+    raise SecurityConfigError("encrypted")
+
+
+def _certificates(data: bytes, path: str, what: str) -> None:
+    """Refuse ``data`` unless it holds PEM certificates OpenSSL parses."""
+    try:
+        ssl.create_default_context(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        why = getattr(exc, "reason", None) or str(exc).split(" (_ssl")[0]
+        raise SecurityConfigError(f"{what} {path} is not a PEM certificate (-----BEGIN CERTIFICATE-----): "
+                                  f"{why}") from None
+
+
+def check_tls_files(cert: str | None, key: str | None, ca: str | None, ca_what: str) -> tuple[
+        bytes | None, bytes | None, bytes | None]:
+    """(cert, key, CA) as read, each checked with Python's ``ssl`` (OpenSSL): certificates that parse,
+    a private key that does and matches the certificate. gRPC takes any bytes and fails only when it
+    binds or connects, with no word of which file is wrong. Raises SecurityConfigError naming the
+    file and what is wrong with it."""
+    ca_data = _read(ca, ca_what) if ca else None
+    if ca and ca_data is not None:
+        _certificates(ca_data, ca, ca_what)
+    if not (cert and key):
+        return None, None, ca_data
+    cert_data, key_data = _read(cert, "TLS certificate"), _read(key, "TLS key")
+    _certificates(cert_data, cert, "TLS certificate")
+    with _as_path(cert_data) as cert_path, _as_path(key_data) as key_path:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_path, key_path, _no_password)
+        except SecurityConfigError:
+            raise SecurityConfigError(f"TLS key {key} is encrypted with a passphrase: gRPC takes an "
+                                      "unencrypted key (openssl pkey -in KEY -out KEY.plain)") from None
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise SecurityConfigError(f"TLS key {key} does not match the certificate {cert} (another "
+                                          "key pair's)") from None
+            raise SecurityConfigError(f"TLS key {key} is not a PEM private key (-----BEGIN ... PRIVATE "
+                                      f"KEY-----): {exc.reason or 'OpenSSL cannot read it'}") from None
+    return cert_data, key_data, ca_data
+
+
 def _mtimes(paths: tuple[str, ...]) -> tuple[float, ...]:
     out = []
     for p in paths:
@@ -60,6 +118,33 @@ def _mtimes(paths: tuple[str, ...]) -> tuple[float, ...]:
         except OSError:
             out.append(-1)
     return tuple(out)
+
+
+_GROUP_READ_WARNED: set[str] = set()  # token files already warned about (once per process and path)
+
+
+def check_secret_file_mode(path: str, what: str = "token file") -> None:
+    """Refuse a secret file (a bearer token) other users may read or write: SecurityConfigError with
+    its path, mode and ``chmod 600``. A file a group may read is refused unless this process is in that
+    group; if it is, the file is taken with one warning: a Kubernetes Secret a non-root pod reads is
+    root's, mode 0440, group the pod's fsGroup (deploy/k8s), and cannot be the process's own 0600
+    file. Used for ``--auth-token-file`` (agent, aggregator, clients) and the engine's token file."""
+    try:
+        st = os.stat(path)  # a Secret's file is a link into ..data/: its target's mode is what counts
+    except OSError:
+        return  # the read that follows says why
+    mode = stat.S_IMODE(st.st_mode)
+    others = mode & (stat.S_IROTH | stat.S_IWOTH)
+    group = mode & (stat.S_IRGRP | stat.S_IWGRP)
+    ours = st.st_gid == os.getegid() or st.st_gid in os.getgroups()
+    if others or (group and not ours):
+        who = "other users" if others else f"group {st.st_gid}, which this process is not in,"
+        raise SecurityConfigError(f"{what} {path} may be read or written by {who} (mode {mode:04o}): "
+                                  f"chmod 600 {path}")
+    if group and path not in _GROUP_READ_WARNED:
+        _GROUP_READ_WARNED.add(path)
+        log.warning("%s %s may be read by group %d (mode %04o): expected for a Kubernetes Secret mounted "
+                    "for the pod's fsGroup; elsewhere chmod 600 %s", what, path, st.st_gid, mode, path)
 
 
 class TokenFile:
@@ -72,6 +157,7 @@ class TokenFile:
         self.path = path
         self._lock = threading.Lock()
         self._stamp = _mtimes((path,))
+        check_secret_file_mode(path)
         self._token = self._load()
         self.generation = 0
 
@@ -92,6 +178,10 @@ class TokenFile:
                 self._stamp = stamp
                 try:
                     token = self._load()
+                    try:  # said, not refused: refusing would lock out every agent that read the new token
+                        check_secret_file_mode(self.path)
+                    except SecurityConfigError as exc:
+                        log.error("%s", exc)
                     if not hmac.compare_digest(token, self._token):
                         self._token = token
                         self.generation += 1
@@ -128,10 +218,13 @@ class ServerTls:
     key: str
     client_ca: str | None = None
 
+    def __post_init__(self) -> None:
+        self._config()  # a file gRPC cannot use refused at start-up, named, before any port is bound
+
     def _config(self) -> grpc.ServerCertificateConfiguration:
-        pair = [(_read(self.key, "TLS key"), _read(self.cert, "TLS certificate"))]
-        ca = _read(self.client_ca, "client CA") if self.client_ca else None
-        return grpc.ssl_server_certificate_configuration(pair, root_certificates=ca)
+        cert, key, ca = check_tls_files(self.cert, self.key, self.client_ca, "client CA")
+        assert cert is not None and key is not None
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
     def credentials(self) -> grpc.ServerCredentials:
         paths = tuple(p for p in (self.cert, self.key, self.client_ca) if p)
@@ -173,11 +266,8 @@ class ClientTls:
         self.credentials()  # fail at start-up, not at the first connection
 
     def credentials(self) -> grpc.ChannelCredentials:
-        ca = _read(self.ca, "TLS CA")
-        if self.cert and self.key:
-            key, cert = _read(self.key, "TLS key"), _read(self.cert, "TLS certificate")
-            return grpc.ssl_channel_credentials(ca, key, cert)
-        return grpc.ssl_channel_credentials(ca)
+        cert, key, ca = check_tls_files(self.cert, self.key, self.ca, "TLS CA")
+        return grpc.ssl_channel_credentials(ca, key, cert)
 
 
 # Every holder of the shared bearer token is this one identity: it tells no client from another.

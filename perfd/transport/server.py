@@ -226,7 +226,10 @@ class IngestServer:
     def send_command(self, agent_id: str, command: Command) -> bool:
         """Queue ``command`` to the agent's live stream (the one bound to the agent's identity).
         False (and counted) when that agent has none: a capture command is only meaningful now,
-        so it is not kept for later. Safe to call from another thread."""
+        so it is not kept for later. Safe to call from another thread. A command that cannot be
+        encoded raises here, to its sender (encoded on the loop, the error reached only the loop's log
+        while the sender took it as sent: a capture stayed "requested" holding its ranks)."""
+        msg = command_to_pb(command)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -243,19 +246,18 @@ class IngestServer:
                 if conn is None or conn.closed:
                     loop.call_soon_threadsafe(self._count_undeliverable)
                     return False
-                loop.call_soon_threadsafe(self._send_command_now, agent_id, command)
+                loop.call_soon_threadsafe(self._send_command_now, agent_id, msg)
                 return True
-        return self._send_command_now(agent_id, command)
+        return self._send_command_now(agent_id, msg)
 
     def _count_undeliverable(self) -> None:
         self.commands_undeliverable += 1
 
-    def _send_command_now(self, agent_id: str, command: Command) -> bool:
+    def _send_command_now(self, agent_id: str, msg: pb.Command) -> bool:
         conn = self._streams.get(agent_id)
         if conn is None or conn.closed:
             self.commands_undeliverable += 1
             return False
-        msg = command_to_pb(command)
         if not msg.id:
             msg.id = uuid.uuid4().hex[:12]
         conn.commands.append(msg)

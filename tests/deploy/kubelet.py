@@ -103,6 +103,7 @@ def kubelet(obj: dict[str, Any], root: Path, secrets: Secrets, dns: dict[str, st
         os.chmod(host, 0o700)  # a folder of its own, as perfd wants a capture dir
         folders[m["name"]] = host
         files: dict[str, bytes] = {}
+        mode = vol.get("secret", vol.get("configMap", {})).get("defaultMode", 0o644)  # the kubelet's default
         if "configMap" in vol:
             files = {k: v.encode() for k, v in (configmaps or {})[vol["configMap"]["name"]].items()}
         elif "secret" in vol:
@@ -113,6 +114,7 @@ def kubelet(obj: dict[str, Any], root: Path, secrets: Secrets, dns: dict[str, st
             files = secrets.get(key, {})
         for name, data in files.items():
             (host / name).write_bytes(data)
+            (host / name).chmod(mode)  # perfd refuses a token file others may read
         target = host / m["subPath"] if "subPath" in m else host
         mounts.append((m["mountPath"], str(target)))
     mounts.sort(key=lambda cm: -len(cm[0]))

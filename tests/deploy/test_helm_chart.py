@@ -359,6 +359,9 @@ def test_agent_host_pid_and_uid_are_values() -> None:
     pod = _pod(docs, "DaemonSet")
     sc = pod["containers"][0]["securityContext"]
     assert pod["hostPID"] is False and sc["runAsUser"] == 65534 and sc["runAsNonRoot"] is True
+    # The token's group, so its Secret is mounted 0440, not readable by others (refused by perfd).
+    assert pod["securityContext"]["fsGroup"] == 65534
+    assert {v["name"]: v for v in pod["volumes"]}["auth"]["secret"]["defaultMode"] == 0o440
     _validate(docs)
 
 

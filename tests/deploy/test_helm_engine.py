@@ -237,7 +237,7 @@ def test_the_engine_token_is_a_mounted_file_only() -> None:
     docs = _render(*ENGINE, "agent.runAsUser=65534")
     pods = {k: _one(docs, *k) for k in (("DaemonSet", "perfd-agent"), ("Deployment", "perfd-aggregator"),
                                          ("Deployment", "perfd-shard"))}
-    for (kind, name), obj in pods.items():
+    for (_kind, name), obj in pods.items():
         pod, c = _pod(obj), _container(obj)
         path = _flag(c["args"], "--engine-token-file")
         vols = {v["name"]: v for v in pod["volumes"]}
@@ -246,10 +246,11 @@ def test_the_engine_token_is_a_mounted_file_only() -> None:
         secret = vols[mount["name"]]["secret"]
         assert secret["items"] == [{"key": "token", "path": "token"}]
         assert path == f"{mount['mountPath']}/token" and mount["readOnly"] is True, name
-        # Readable by the container's user and no other: the group of the pod's fsGroup, or the
-        # agent's own uid (no fsGroup there: 0444 when it is not root).
+        # Readable by the container's user and no other: the group of the pod's fsGroup (the agent's
+        # own uid when it is not root), never by others (perfd refuses such a token file).
         mode = secret["defaultMode"]
-        assert mode == (0o444 if kind == "DaemonSet" else 0o440), (name, oct(mode))
+        assert mode == 0o440, (name, oct(mode))
+        assert pod["securityContext"]["fsGroup"] in (10001, 65534), name
     # Never an environment variable nor an argument's value: nothing refers to the Secret's key.
     text = json.dumps(docs)
     assert "secretKeyRef" not in text and "--engine-token " not in text

@@ -124,6 +124,7 @@ def test_aggregator_client_with_a_token(tmp_path: Path) -> None:
 
     token = tmp_path / "token"
     token.write_text("s3cret-token-0123456789\n")
+    token.chmod(0o600)  # a token others may read is refused
 
     async def body() -> tuple[list[dict[str, object]], str]:
         agg = Aggregator(AggregatorConfig(grpc_host="127.0.0.1", grpc_port=0, http_host="127.0.0.1",

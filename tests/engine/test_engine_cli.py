@@ -49,8 +49,25 @@ def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says):
 def test_an_empty_token_file_is_refused(tmp_path: Path):
     empty = tmp_path / "token"
     empty.write_text("\n")
+    empty.chmod(0o600)
     res = _run("shard", "--engine", "nats://127.0.0.1:4222", "--engine-token-file", str(empty))
     assert res.returncode == 2 and "is empty" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["shard", "agent"])
+def test_an_engine_token_file_others_may_read_is_refused_before_anything_starts(tmp_path: Path, role: str):
+    """The engine's token lets its holder publish commands to agents and take the root's lease: a
+    copy other users can read is refused, naming the file, its mode and the fix (the agent reads it
+    only once its run starts, so its command line checks it first)."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-s3cret-s3cret\n")
+    token.chmod(0o644)
+    extra = ["--nvml", "off", "--host", "off", "--metrics-port", "0", "--spool-dir", str(tmp_path / "spool"),
+             "--state-dir", str(tmp_path / "state")] if role == "agent" else []
+    res = _run(role, "--engine", "nats://127.0.0.1:4222", "--engine-token-file", str(token), *extra)
+    assert res.returncode == 2, res.stderr
+    assert f"chmod 600 {token}" in res.stderr and "0644" in res.stderr
 
 
 @pytest.mark.slow

@@ -220,6 +220,7 @@ def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) ->
     recs = [r for r in load_fixture_records("timing", JOB) if r.rank == 0]
     token = tmp_path / "token"
     token.write_text("s3cret-s3cret-s3cret\n")
+    token.chmod(0o600)  # a token others may read is refused
     auth = {"Authorization": "Bearer s3cret-s3cret-s3cret"}
 
     def get(base: str, path: str, headers: dict[str, str] | None = None,

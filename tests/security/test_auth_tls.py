@@ -81,6 +81,7 @@ def _cfg(**kw: Any) -> AggregatorConfig:
 def _token_file(tmp_path: Path, text: str = TOKEN) -> str:
     p = tmp_path / "token"
     p.write_text(text + "\n")
+    p.chmod(0o600)  # a token others may read is refused
     return str(p)
 
 

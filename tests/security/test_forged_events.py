@@ -177,3 +177,60 @@ def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> 
     assert all(g["node"] == "node-a" for g in gpus["gpus"]), gpus
     assert not to_stranger
     assert not any(e.get("agent") == "stranger" and e.get("job") == JOB for e in events)
+
+
+async def _flood(target: str) -> None:
+    """The host writes 20 events of its job (10 naming it, 10 job-less), the node's
+    agent (no job) 5, then a stranger (no job, loopback like them) 1,250 job-less ones, every other
+    one labelled with the victim job."""
+    host = AgentClient(target, "host-agent", node="node-a", jobs=[JOB])
+    node_agent = AgentClient(target, "node-a/node", node="node-a")
+    stranger = AgentClient(target, "stranger", node="node-b")
+    async with streaming(host) as h, streaming(node_agent) as n, streaming(stranger) as s:
+        now = time.time()
+        h.submit(steps=[StepRecord(job=JOB, iteration=i, rank="last", end_time=now - 3 + i * 0.1,
+                                   step_time_ms=100.0) for i in range(1, 11)],
+                 events=[{"kind": "xid", "severity": "warning", "job": JOB if i < 10 else "", "time": now,
+                          "text": f"host {i}", "payload": {"i": i}} for i in range(20)])
+        n.submit(events=[{"kind": "xid", "severity": "warning", "time": now, "text": f"node {i}",
+                          "labels": {"node": "node-a", "gpu": "0"}, "payload": {"i": i}} for i in range(5)])
+        assert await h.flush(30) and await n.flush(30)
+        for k in range(0, 1250, 50):
+            s.submit(events=[{"kind": "xid", "severity": "warning", "time": now, "text": f"stranger {i}",
+                              "labels": {"job": JOB} if i % 2 else {}, "payload": {"i": i}}
+                             for i in range(k, k + 50)])
+            assert await s.flush(30)
+
+
+def _texts_of(base: str, query: str = "") -> dict[str, list[str]]:
+    """The event log's texts by sender (``query``: e.g. ``&job=victim``)."""
+    out: dict[str, list[str]] = {}
+    for e in get_json(f"{base}/api/events?limit=1000{query}")["events"]:
+        out.setdefault(e["agent"], []).append(e["text"])
+    return out
+
+
+def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(tmp_path: Path) -> None:
+    """The issue's probe (item 9, loopback, no token): 1,250 job-less events from an agent whose Hello
+    names no job evicted all 20 of the host's, and ``/api/events?job=victim`` then listed the
+    stranger's. Now the stranger holds its share (its newest 100; 1,150 counted ``event_share`` under
+    it, logged once), the job lists exactly its host's 20, the node agent's 5 stay, and a restart on
+    the same state rebuilds the same log."""
+    state = tmp_path / "state"
+    with Procs(tmp_path, run_env()) as procs:
+        args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
+        grpc_port, _http, base = start_aggregator(procs, *args)
+        asyncio.run(_flood(f"127.0.0.1:{grpc_port}"))
+        victim, held = _texts_of(base, f"&job={JOB}"), _texts_of(base)
+        refused = _refused(base)
+        by_agent = get_json(f"{base}/api/stats")["refused_by_agent"]
+        procs.end("aggregator")
+        out = (tmp_path / "aggregator.out").read_text()
+        _g, _h, base = start_aggregator(procs, *args, name="aggregator2")
+        victim_again, held_again = _texts_of(base, f"&job={JOB}"), _texts_of(base)
+    assert victim == {"host-agent": [f"host {i}" for i in range(20)]}, victim
+    assert held["node-a/node"] == [f"node {i}" for i in range(5)]
+    assert held["stranger"] == [f"stranger {i}" for i in range(1150, 1250)]
+    assert refused.get("event_share") == 1150 and by_agent["stranger"] == {"event_share": 1150}, refused
+    assert out.count("refused (event_share)") == 1, out[-3000:]
+    assert (victim_again, held_again) == (victim, held)

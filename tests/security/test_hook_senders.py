@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +30,8 @@ import pytest
 from collectors.hook import HookCollector
 from collectors.hook import peers as P
 from perfd.collector import Collected
-from perfd.hook import StepHook
+from perfd.hook import StepHook, wire
+from perfd.limits import HOOK_QUEUE_SHARES
 from tests.procs import Procs, WaitTimeout, get_json, http_get, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
 
@@ -175,6 +178,91 @@ def _attack(attacker: OtherUser, sock: str, plan: list[list[Any]], steps: int, o
     raise AssertionError("unreachable")
 
 
+FLOOD_RANKS, FLOOD_STEPS = 200, 30  # the flooder's plan: 200 datagrams a step, 6,000 in all
+JOB_RECORDS = 300  # the job's own, sent while the flood runs
+
+
+def _handled(col: HookCollector) -> int:
+    """Datagrams the receiver thread has taken off the socket so far: queued, refused or dropped."""
+    refused, _, dropped, over_share, _ = col.inbox.counters()
+    return len(col.inbox.items) + dropped + over_share + sum(refused.values())
+
+
+def _job_records_during_flood(col: HookCollector, flooder: OtherUser, out: Path) -> Collected:
+    """The issue's flood: ``flooder`` sends FLOOD_RANKS x FLOOD_STEPS one-record
+    datagrams, and once its first step is out this process (the job's user, rank 0) sends JOB_RECORDS
+    step records, one datagram each, blocking (none is lost at the socket: each waits for the
+    receiver). Nothing is collected until the receiver has taken every datagram off the socket, as
+    under an agent busy for a moment; then everything is collected."""
+    sock = col.config.socket_path
+
+    def job() -> None:
+        wait_for(lambda: "step" in out.read_text() if out.exists() else False, 60, "the flood's first step")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind("")  # an address, as the hook has: requests go back to it
+        try:
+            for i in range(1, JOB_RECORDS + 1):
+                s.sendto(wire.pack_step(wire.StepMsg(0, os.getpid(), i, time.time_ns(), 20_000_000)), sock)
+        finally:
+            s.close()
+
+    sender = threading.Thread(target=job, name="job-records")
+    sender.start()
+    plan: list[list[Any]] = [[1, "self"]] * FLOOD_RANKS
+    atk = _attack(flooder, sock, plan, FLOOD_STEPS, out, 60, col.errors)
+    try:
+        sender.join(60)
+        assert not sender.is_alive(), "the job's records were not all sent"
+        total = FLOOD_RANKS * FLOOD_STEPS + JOB_RECORDS
+        wait_for(lambda: _handled(col) >= total, 30, "the receiver to take every datagram",
+                 progress=lambda: _handled(col))
+        return _collect_until(col, lambda o: not col.inbox.items, 10)
+    finally:
+        _stop(atk)
+
+
+def _mine(got: Collected) -> list[tuple[int, int]]:
+    # the hook's records name their rank ("last" / "all" only for a log's)
+    return sorted((int(s.rank), s.iteration) for s in got.steps if s.fields["pid"] == str(os.getpid()))
+
+
+@pytest.mark.slow
+def test_a_flood_from_another_uid_takes_no_room_from_the_jobs_records(shared_tmp: Path, attacker: OtherUser,
+                                                                       tmp_path: Path) -> None:
+    """The issue: with the socket 0666 another uid's flood filled the queue before its senders were
+    checked, and 122 of the job's 300 records were dropped (``queue_full``). Now its datagrams are
+    refused off ``recvmsg``, counted, and take no room: all 300 arrive."""
+    col = HookCollector({"socket_path": str(shared_tmp / "hook.sock"), "job": "j", "mode": "0666",
+                         "max_queued": 3200})  # the flood (6,000) is larger; the job's share 400
+    col.start()
+    try:
+        got = _job_records_during_flood(col, attacker, tmp_path / "flood.out")
+        assert _mine(got) == [(0, i) for i in range(1, JOB_RECORDS + 1)]
+        assert len(got.steps) == JOB_RECORDS  # none of the flood's
+        assert col.errors[f"sender:{P.NOT_JOB_USER}"] == FLOOD_RANKS * FLOOD_STEPS  # every one counted
+        assert "queue_full" not in col.errors and col.queued_bytes == 0
+    finally:
+        col.stop()
+
+
+@pytest.mark.slow
+def test_one_process_of_the_jobs_user_cannot_crowd_out_the_others(shared_tmp: Path, tmp_path: Path) -> None:
+    """A process of the job's own user (a second root process here) floods: it is held to its share of
+    the queue (``queue_share_full``), the job's other process keeps all of its 300 records."""
+    col = HookCollector({"socket_path": str(shared_tmp / "hook.sock"), "job": "j", "mode": "0666",
+                         "max_queued": 3200})
+    col.start()
+    try:
+        got = _job_records_during_flood(col, OtherUser("root", 0, 0), tmp_path / "flood.out")
+        assert _mine(got) == [(0, i) for i in range(1, JOB_RECORDS + 1)]
+        share = 3200 // HOOK_QUEUE_SHARES
+        assert len([s for s in got.steps if s.rank == 1]) == share  # the flooder's: its share, taken
+        assert col.errors["queue_share_full"] == FLOOD_RANKS * FLOOD_STEPS - share  # the rest counted
+        assert "queue_full" not in col.errors
+    finally:
+        col.stop()
+
+
 @pytest.fixture
 def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Path]]:
     sock = str(shared_tmp / "hook.sock")
@@ -229,7 +317,8 @@ def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, st
 
 JOB_LOOP = """
 import sys, time
-from perfd.hook import StepHook
+from perfd.hook import StepHook, wire
+from perfd.limits import HOOK_QUEUE_SHARES
 hook = StepHook(cuda=False, rank=0, flush_interval_s=0.05)
 while True:
     with hook.step():
@@ -242,6 +331,7 @@ while True:
 def test_stacks_and_command_lines_are_served_to_token_holders_only_and_redacted(tmp_path: Path) -> None:
     token = "a-token-of-enough-length-43"
     (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "token").chmod(0o600)  # a token others may read is refused
     (tmp_path / "token").chmod(0o600)
     sock = str(tmp_path / "hook.sock")
     cfg = tmp_path / "agent.yaml"

@@ -80,3 +80,47 @@ def test_a_ladder_in_one_batch_is_refused_and_evicts_nothing(tmp_path: Path, hoo
     assert held[400:] == [200 + STEP]
     assert refused == RUNGS - 1
     assert "refused (iteration_ahead)" in out and "past the newest held before its batch" in out
+
+
+ACROSS = 320  # one-record batches (320 in 3.4 s, 0 refused, 0 of 400 real held)
+WINDOW = 300
+
+
+async def _ladder_across_batches(target: str, job: str, hook: bool, ladders: int) -> None:
+    """The real writer's 200 iterations, then one rung a batch from ``ladders`` agents in turn (each
+    rung one leap past the one before), then its next 200."""
+    real = AgentClient(target, f"{job}-agent", jobs=[job])
+    clients = [AgentClient(target, f"{job}-ladder{n}", jobs=[job]) for n in range(ladders)]
+    async with streaming(real) as r:
+        t0 = time.time() - 100
+        r.submit(steps=[_rec(job, i, hook, t0 + i * 0.1) for i in range(1, 201)])
+        assert await r.flush(30)
+        for n, c in enumerate(clients):
+            async with streaming(c) as a:
+                for k in range(1 + n, ACROSS + 1, ladders):
+                    a.submit(steps=[_rec(job, 200 + k * STEP, hook, t0 + 20 + k * 1e-3)])
+                    assert await a.flush(30)
+        r.submit(steps=[_rec(job, i, hook, t0 + i * 0.1) for i in range(201, 401)])
+        assert await r.flush(30)
+
+
+@pytest.mark.parametrize("hook,ladders", [(False, 1), (True, 1), (False, 2)],
+                         ids=["megatron-shaped", "hook-shaped", "two-ladder-agents"])
+def test_a_ladder_across_batches_is_refused_from_its_second_rung(tmp_path: Path, hook: bool,
+                                                                  ladders: int) -> None:
+    """Each rung is judged against the job's progress as its main writer shows it, never against the
+    sender's own uncorroborated rung: the first rung is held (one leap, as any one record), every later
+    one refused — by one ladder agent or two taking turns."""
+    job = "hookjob" if hook else "logjob"
+    with Procs(tmp_path, run_env()) as procs:
+        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--retain-iterations", str(WINDOW))
+        asyncio.run(_ladder_across_batches(f"127.0.0.1:{grpc_port}", job, hook, ladders))
+        held = wait_for(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
+        refused = _refused(base, "iteration_ahead")
+        procs.end("aggregator")
+        out = (tmp_path / "aggregator.out").read_text()
+    # The window's newest 300: the first rung (one leap past the 200 held) and the 299 newest real
+    # iterations; the other 319 rungs refused (the second agent's first is two leaps past the job's 200).
+    assert held == [*range(402 - WINDOW, 401), 200 + STEP]
+    assert refused == ACROSS - 1
+    assert "of the job's main writer" in out

@@ -3,6 +3,7 @@ can neither take their name first nor take a job's trace config from them."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import stat
@@ -13,9 +14,12 @@ import pytest
 
 import perfd.privdir
 from collectors.hook.collector import HookCollector
+from perfd.agent.capture_executor import KINETO_SQUATTED, AgentCaptures
+from perfd.capture.dynolog import socket_holders
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, pack_request, unpack_message
 from perfd.hook import wire
 from perfd.hook.sender import DatagramSender
+from tests.procs import wait_for
 from tests.security.other_user import other_user
 
 # What the other user runs (the system's Python: that user cannot reach the project's venv).
@@ -116,3 +120,60 @@ def test_kineto_daemon_answers_an_armed_pid_only_to_its_owner(shared_tmp: Path) 
         finally:
             c.close()
         assert payload.startswith(b"ACTIVITIES_LOG_FILE=") and me in arming.answered()
+
+
+# Another user squats the Kineto daemon's abstract name and runs a dynolog look-alike on a port of its
+# own, which says yes to everything it is handed.
+_SQUAT_KINETO = r"""
+import json, os, socket, struct, sys
+u = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+u.bind(b"\0" + sys.argv[1].encode() + b"\0")
+t = socket.socket()
+t.bind(("127.0.0.1", 0))
+t.listen(8)
+print("squatting", os.getpid(), t.getsockname()[1], flush=True)
+while True:
+    c, _ = t.accept()
+    req = json.loads(c.recv(struct.unpack("=i", c.recv(4))[0]))
+    pids = req.get("pids", [])
+    rep = {"status": 1} if req.get("fn") == "getStatus" else {
+        "processesMatched": pids, "activityProfilersTriggered": pids}
+    body = json.dumps(rep).encode()
+    c.sendall(struct.pack("=i", len(body)) + body)
+    c.close()
+"""
+
+
+def test_a_squatted_kineto_socket_is_named_and_counted_and_never_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The issue: a user who binds the Kineto daemon's name first turned Kineto captures off node-wide
+    ("the Kineto socket is taken") — or, with a look-alike dynolog on a port, got the agent's trace
+    configs and reported every capture triggered. Now its holder is found (/proc/net/unix → the fds),
+    named in an error with its pid and uid, and counted; nothing is handed to it."""
+    other = other_user()
+    name = f"perfd-test-{os.urandom(6).hex()}"  # not the real "dynolog": tests run side by side
+    out = tmp_path / "squat.out"
+    squat = other.python(_SQUAT_KINETO, name, out=out)
+    try:
+        wait_for(lambda: "squatting" in out.read_text(), 30, "the squatter's socket")
+        _, pid, port = next(ln for ln in out.read_text().splitlines() if ln.startswith("squatting")).split()
+        assert [(h.pid, h.uid) for h in socket_holders(name) or []] == [(int(pid), other.uid)]
+        with caplog.at_level(logging.ERROR, logger="perfd.agent.capture_executor"):
+            caps = AgentCaptures("j", str(tmp_path / "captures"), 1 << 30, lambda e: None, kineto=True,
+                                 kineto_socket=name, dynolog_port=int(port))
+        try:
+            assert caps.kineto is None  # neither its socket nor its port is used
+            assert caps.kineto_errors == {KINETO_SQUATTED: 1}
+            said = " ".join(r.getMessage() for r in caplog.records)
+            assert f"held by pid {pid} (uid {other.uid}" in said
+            assert "Kineto on-demand captures are off" in said
+        finally:
+            caps.close()
+    finally:
+        os.killpg(squat.pid, 9)
+        squat.wait(10)
+    # Its own socket (this process, root): found as root's, the dynolog path's precondition.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as mine:
+        mine.bind(b"\0" + name.encode() + b"\0")
+        assert [(h.pid, h.uid) for h in socket_holders(name) or []] == [(os.getpid(), 0)]
+    assert socket_holders(name) is None  # nobody holds it now

@@ -27,6 +27,7 @@ OLD, NEW = "old-token-0123456789abcdef", "new-token-fedcba9876543210"
 def _write_token(path: Path, token: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(token + "\n")
+    tmp.chmod(0o600)  # a token others may read is refused
     os.replace(tmp, path)  # as a secret manager does: a new file in its place
 
 
@@ -42,6 +43,7 @@ def test_a_rotated_token_closes_the_streams_that_used_the_old_one(tmp_path: Path
     _write_token(token, OLD)
     stale = tmp_path / "stale-token"
     stale.write_text(OLD + "\n")  # a client that kept the old token
+    stale.chmod(0o600)
     with Procs(tmp_path, run_env()) as procs:
         grpc, _http, base = start_aggregator(procs, "--auth-token-file", str(token), "--no-rules")
         procs.perfd("agent", "agent", "--aggregator", f"127.0.0.1:{grpc}", "--job", "j",
