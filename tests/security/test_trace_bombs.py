@@ -20,7 +20,6 @@ import gzip
 import json
 import lzma
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -75,30 +74,48 @@ def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {k: bomb(d / f"bomb.json.{k}", k) for k in ("gzip", "xz")}
 
 
-def _limit_memory() -> None:
-    # A safety net for the machine when the reader is broken (the unbounded read took 2.1 GB): far
-    # above the bound asserted, so it never decides a result.
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    cap = 6 << 30 if hard == resource.RLIM_INFINITY else min(6 << 30, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+# Run in the measured process itself: a peak read by the parent (wait4's ru_maxrss) includes the
+# moments between fork and exec, when the child is still a copy of the pytest worker (late in a full
+# suite 380-430 MB of it: this test once failed so, the reader's own peak being ~170 MB). VmHWM is the
+# new program's alone. The address-space limit is a safety net for the machine when the reader is
+# broken (the unbounded read took 2.1 GB): far above the bound asserted, so it never decides a result.
+MEASURED = r"""
+import atexit, os, resource, sys
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+cap = 6 << 30 if hard == resource.RLIM_INFINITY else min(6 << 30, hard)
+resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["PERFD_TEST_PEAK_FILE"], "w") as out:
+        out.write(kb)
+
+atexit.register(_peak)
+code, sys.argv = sys.argv[1], [sys.argv[0], *sys.argv[2:]]
+exec(compile(code, "<measured>", "exec"), {"__name__": "__main__"})
+"""
 
 
-def run_measured(argv: list[str]) -> tuple[int, str, str, float]:
-    """(exit code, stdout, stderr, peak RSS in MB) of ``argv`` run from the repository (this
-    checkout's perfd): the process's own peak (wait4), not the largest of every child waited for."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=ROOT, preexec_fn=_limit_memory)
-        guard = threading.Timer(300, p.kill)  # a hang fails the test instead of the suite
-        guard.start()
+def run_measured(code: str, *args: str) -> tuple[int, str, str, float]:
+    """(exit code, stdout, stderr, peak RSS in MB) of ``code`` run by Python with ``args`` from the
+    repository (this checkout's perfd): the peak of that program alone (its VmHWM at exit)."""
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as out, \
+            tempfile.TemporaryFile() as err:
+        peak_file = Path(tmp) / "peak"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PERFD_TEST_PEAK_FILE": str(peak_file)}
+        p = subprocess.Popen([sys.executable, "-c", MEASURED, code, *args], stdout=out, stderr=err, env=env,
+                             cwd=ROOT)
         try:
-            _pid, status, usage = os.wait4(p.pid, 0)
-        finally:
-            guard.cancel()
-        p.returncode = os.waitstatus_to_exitcode(status)
+            p.wait(300)  # a hang fails the test instead of the suite
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
         out.seek(0)
         err.seek(0)
-        return p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss / 1024
+        stdout, stderr = out.read().decode(), err.read().decode()
+        assert peak_file.exists(), f"no peak written (exit {p.returncode}): {stderr[-900:]}"
+        return p.returncode, stdout, stderr, int(peak_file.read_text()) / 1024
 
 
 # The root agent's path for a Kineto capture: the daemon hands the rank's process its config, the
@@ -147,8 +164,7 @@ print(json.dumps({"idle": idle, "status": m["status"], "reason": m["reason"],
 @pytest.mark.slow
 def test_the_root_agent_reading_a_1gb_gzip_bomb_stays_small_and_fails_the_capture_counted(
         bombs: dict[str, Path], tmp_path: Path) -> None:
-    code, out, err, peak = run_measured([sys.executable, "-c", AGENT_READ, str(bombs["gzip"]),
-                                         str(tmp_path / "captures")])
+    code, out, err, peak = run_measured(AGENT_READ, str(bombs["gzip"]), str(tmp_path / "captures"))
     assert code == 0, err
     got = json.loads(out.splitlines()[-1])
     assert peak < PEAK_MB, f"the agent's reading path peaked at {peak:.0f} MB"
@@ -165,8 +181,8 @@ def test_the_root_agent_reading_a_1gb_gzip_bomb_stays_small_and_fails_the_captur
 def test_offline_analyze_refuses_a_bomb_in_one_line_with_bounded_memory(bombs: dict[str, Path],
                                                                          kind: str) -> None:
     path = bombs[kind]
-    code, out, err, peak = run_measured([sys.executable, "-c", "import sys; from perfd.cli import main; "
-                                         "sys.exit(main(sys.argv[1:]))", "analyze", "trace", str(path)])
+    cli = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+    code, out, err, peak = run_measured(cli, "analyze", "trace", str(path))
     assert peak < PEAK_MB, f"perfd analyze trace peaked at {peak:.0f} MB"
     assert code != 0 and out == ""
     assert err.splitlines() == [f"perfd: cannot analyse {path}: refused (trace_inflated): it inflates past "
