@@ -187,11 +187,15 @@ def test_signals_reach_the_command_and_its_process_group(tmp_path: Path) -> None
     gfile = str(marker) + ".g"
     grand = (f"import signal, sys, time\n"
              f"signal.signal(signal.SIGTERM, lambda *a: (open({gfile!r}, 'w').write('g'), sys.exit(0)))\n"
+             f"print('armed', flush=True)\n"
              f"time.sleep(60)")
+    # The child says "ready" only once its grandchild said its handler is in place: a fixed pause for
+    # that (0.3 s) once let SIGTERM reach a grandchild still starting under a loaded machine.
     child = textwrap.dedent(f"""
         import os, signal, subprocess, sys, time
         # a grandchild in the same process group, as torchrun's workers are
-        g = subprocess.Popen([sys.executable, "-c", {grand!r}])
+        g = subprocess.Popen([sys.executable, "-c", {grand!r}], stdout=subprocess.PIPE, text=True)
+        assert g.stdout.readline() == "armed\\n"
         def on_term(signum, frame):
             open({str(marker)!r}, "w").write(str(signum))
             g.wait(10)
@@ -205,7 +209,6 @@ def test_signals_reach_the_command_and_its_process_group(tmp_path: Path) -> None
     try:
         assert p.stdout is not None
         assert p.stdout.readline() == b"ready\n"
-        time.sleep(0.3)  # the grandchild installs its handler
         p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=30)
     finally:
