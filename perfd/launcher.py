@@ -229,9 +229,11 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     if is_torchtitan(cmd):
         plan.log_collector = "torchtitan"
     if opts.flight_recorder:
-        plan.fr_dir = Path(opts.flight_recorder).resolve()
+        # Not resolved first: a link another user planted at the name would be followed, and the job's
+        # dumps (stacks among them) written where they chose. Checked and made as --run-dir is.
+        plan.fr_dir = Path(os.path.abspath(opts.flight_recorder))
         plan.fr_buffer = opts.fr_buffer
-        plan.fr_dir.mkdir(parents=True, exist_ok=True)
+        _check_dir(plan.fr_dir, "--flight-recorder", own=True)
         env.update(env_for_flight_recorder(plan.fr_dir, buffer_entries=opts.fr_buffer, timing=opts.fr_timing))
         fw_env, fw_notes = framework_defaults(opts.fr_buffer, dict(environ))
         for name in FRAMEWORK_DEFAULTS:  # the user's value of a framework-defaulted variable wins

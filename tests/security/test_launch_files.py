@@ -114,6 +114,29 @@ def test_run_dir_and_manifest_in_a_folder_others_write_in_are_refused(tmp_path: 
     _refused(rc, err, mark, "--manifest", "writable by other users")
 
 
+def test_a_flight_recorder_folder_linked_or_shared_by_another_user_is_refused(tmp_path: Path,
+                                                                               shared_tmp: Path) -> None:
+    """--flight-recorder DIR: the job's dumps (stacks among them) and the agent's trigger pipes go
+    there. A link another user planted at the name was resolved and followed (root's job then wrote
+    where they chose, and root made the folder they named); their 1777 folder was taken. Both are
+    refused before the job starts, and nothing is made where the link points."""
+    other: OtherUser = other_user()
+    mine = tmp_path / "root-only"
+    mine.mkdir(mode=0o700)
+    link = shared_tmp / "fr"
+    other.run('ln -s "$1" "$2"', str(mine / "made"), str(link))
+    rc, err, mark = _launch(tmp_path, flight_recorder=str(link))
+    _refused(rc, err, mark, "--flight-recorder", "symbolic link")
+    assert not (mine / "made").exists()
+    theirs = shared_tmp / "theirs-fr"
+    other.run('mkdir -m 1777 "$1"', str(theirs))
+    rc, err, mark = _launch(tmp_path, flight_recorder=str(theirs))
+    _refused(rc, err, mark, "--flight-recorder", f"belongs to uid {other.uid}")
+    rc, err, mark = _launch(tmp_path, flight_recorder=str(tmp_path / "fr"))  # our own: made 0700, used
+    assert rc == 0, err
+    assert mark.exists() and (tmp_path / "fr").stat().st_mode & 0o777 == 0o700
+
+
 def test_a_log_of_ours_is_reused_and_a_new_run_dir_is_private(tmp_path: Path, shared_tmp: Path) -> None:
     """What stays as it was: an existing log and sidecar of ours are truncated and written again,
     a log in root's 1777 folder (as /tmp) is made there, a new run folder is made 0700."""
