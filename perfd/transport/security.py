@@ -22,6 +22,7 @@ import logging
 import os
 import ssl
 import stat
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -133,6 +134,13 @@ def check_secret_file_mode(path: str, what: str = "token file") -> None:
         st = os.stat(path)  # a Secret's file is a link into ..data/: its target's mode is what counts
     except OSError:
         return  # the read that follows says why
+    if st.st_uid not in (os.geteuid(), 0):  # root's: a Secret mounted by the kubelet
+        raise SecurityConfigError(f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid "
+                                  f"{os.geteuid()}) or root: its owner chose the token (and may read it)")
+    granted = acl_grants(path)
+    if granted:
+        raise SecurityConfigError(f"{what} {path} has an access control list giving {granted} access: "
+                                  f"setfacl -b {path}")
     mode = stat.S_IMODE(st.st_mode)
     others = mode & (stat.S_IROTH | stat.S_IWOTH)
     group = mode & (stat.S_IRGRP | stat.S_IWGRP)
@@ -145,6 +153,33 @@ def check_secret_file_mode(path: str, what: str = "token file") -> None:
         _GROUP_READ_WARNED.add(path)
         log.warning("%s %s may be read by group %d (mode %04o): expected for a Kubernetes Secret mounted "
                     "for the pod's fsGroup; elsewhere chmod 600 %s", what, path, st.st_gid, mode, path)
+
+
+# POSIX ACL entries as Linux stores them in the system.posix_acl_access attribute: a 4-byte version,
+# then (tag u16, permissions u16, id u32) each; the tags of a named user and a named group. The mode's
+# group bits are then the ACL's mask, so a mode check alone misses them.
+_ACL_ENTRY = struct.Struct("<HHI")
+_ACL_USER, _ACL_GROUP = 0x02, 0x08
+
+
+def acl_grants(path: str) -> str:
+    """Whom an access ACL on ``path`` gives read or write access beyond its owner, the process's own
+    groups and root ("uid 999, gid 50"); "" when none (or no ACL, or no way to read one here)."""
+    try:
+        raw = os.getxattr(path, "system.posix_acl_access")
+    except OSError:  # ENODATA: no ACL; ENOTSUP: a filesystem without them
+        return ""
+    mine = {os.getegid(), *os.getgroups()}
+    out = []
+    for off in range(4, len(raw) - _ACL_ENTRY.size + 1, _ACL_ENTRY.size):
+        tag, perm, who = _ACL_ENTRY.unpack_from(raw, off)
+        if not perm & 0o6:
+            continue
+        if tag == _ACL_USER and who not in (os.geteuid(), 0):
+            out.append(f"uid {who}")
+        elif tag == _ACL_GROUP and who not in mine:
+            out.append(f"gid {who}")
+    return ", ".join(out)
 
 
 class TokenFile:

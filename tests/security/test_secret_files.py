@@ -8,6 +8,7 @@ import asyncio
 import errno
 import logging
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,35 @@ def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:
     os.chown(tok, -1, _a_group_not_ours())
     with pytest.raises(SecurityConfigError, match=r"group \d+, which this process is not in.*chmod 600"):
         TokenFile(str(tok))
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, permissions, id) each."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def test_a_token_file_another_user_owns_or_an_acl_opens_is_refused(tmp_path: Path) -> None:
+    """Found by a cold review: the mode was all that was checked. A 0600 token another user owns
+    (planted in a shared folder: they chose the token, and read it), and a root 0600 file an ACL
+    opens to another uid (its mode then reads 0640, the ACL's mask) were both taken."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file another owner")
+    theirs = _token(tmp_path, 0o600, "theirs")
+    os.chown(theirs, 60123, -1)
+    with pytest.raises(SecurityConfigError, match=r"belongs to uid 60123, not to this user .* or root"):
+        TokenFile(str(theirs))
+    tok = _token(tmp_path, 0o600)
+    undefined = 0xFFFFFFFF
+    try:  # user::rw-, user:60123:r--, group::---, mask::r--, other::---
+        os.setxattr(tok, "system.posix_acl_access", _acl((0x01, 6, undefined), (0x02, 4, 60123),
+                                                         (0x04, 0, undefined), (0x10, 4, undefined),
+                                                         (0x20, 0, undefined)))
+    except OSError as exc:
+        pytest.skip(f"no POSIX ACLs on this filesystem: {exc}")
+    with pytest.raises(SecurityConfigError) as got:
+        TokenFile(str(tok))
+    assert str(got.value) == (f"token file {tok} has an access control list giving uid 60123 access: "
+                              f"setfacl -b {tok}")
 
 
 def _a_group_not_ours() -> int:
