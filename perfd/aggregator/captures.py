@@ -259,7 +259,8 @@ class CaptureCoordinator:
         if steps < 1:
             raise ValueError("steps must be >= 1")
         if steps > self.limits.max_capture_steps:
-            self.refusals.refuse(L.REFUSED_CAPTURE_STEPS, f"capture of {steps} steps for job {job[:64]!r} "
+            shown = str(steps) if steps < 10**12 else f"~2^{steps.bit_length()}"  # a client's number: cut
+            self.refusals.refuse(L.REFUSED_CAPTURE_STEPS, f"capture of {shown} steps for job {job[:64]!r} "
                                  f"({origin}); cap {self.limits.max_capture_steps}")
             raise ValueError(f"steps must be <= {self.limits.max_capture_steps}")
         with self.book.writing():

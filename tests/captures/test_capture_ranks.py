@@ -168,3 +168,13 @@ def test_perfd_capture_says_a_refused_rank_in_one_line(capsys: pytest.CaptureFix
         http.stop()
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "rank -1 is out of range" in err, err
+
+
+def test_a_huge_step_count_is_refused_and_logged_cut(caplog: pytest.LogCaptureFixture) -> None:
+    """A 4,000-digit step count was refused (400) but written whole into the refusal's log line."""
+    co = _encoding_sender([])
+    with caplog.at_level("WARNING", logger="perfd.refused"), \
+            pytest.raises(ValueError, match="steps must be <="):
+        co.request("j", [0], "kineto", 10 ** 3999, "manual", now=1.0)
+    line = next(r.getMessage() for r in caplog.records if "capture_steps" in r.getMessage())
+    assert f"~2^{(10 ** 3999).bit_length()} steps" in line and len(line) < 300
