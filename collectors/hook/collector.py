@@ -100,11 +100,18 @@ class HookConfig:
     max_queued_bytes: int = HOOK_QUEUE_MAX_BYTES  # ... and their bytes
     include_warmup: bool = True
     job_user: int | None = None  # the uid whose processes are the job's (None: the agent's own)
+    # Whose records are the job's by what each sender's environment declares (PERFD_JOB): with
+    # refuse_other_jobs a process declaring another job is refused (an agent serving a named job);
+    # with require_declared_job one declaring none too (a perfd launch's agent: a hooked script run
+    # without the launch once had its steps merged into the launched job's run).
+    refuse_other_jobs: bool = False
+    require_declared_job: bool = False
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, object]) -> HookConfig:
         known = {"socket_path", "job", "mode", "rcvbuf_bytes", "max_records_per_collect", "max_queued",
-                 "max_queued_bytes", "include_warmup", "job_user"}
+                 "max_queued_bytes", "include_warmup", "job_user", "refuse_other_jobs",
+                 "require_declared_job"}
         unknown = set(cfg) - known
         if unknown:
             raise ValueError(f"hook: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -120,7 +127,9 @@ class HookConfig:
                   max_queued=as_int(cfg.get("max_queued", HOOK_QUEUE_MAX)),
                   max_queued_bytes=as_int(cfg.get("max_queued_bytes", HOOK_QUEUE_MAX_BYTES)),
                   include_warmup=bool(cfg.get("include_warmup", True)),
-                  job_user=user_id(cfg.get("job_user")))
+                  job_user=user_id(cfg.get("job_user")),
+                  refuse_other_jobs=bool(cfg.get("refuse_other_jobs", False)),
+                  require_declared_job=bool(cfg.get("require_declared_job", False)))
         if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued, out.max_queued_bytes) <= 0:
             raise ValueError("hook: rcvbuf_bytes, max_records_per_collect, max_queued and max_queued_bytes "
                              "must be > 0")
@@ -150,6 +159,19 @@ class HookRank:
     def can_trace(self) -> bool:
         """The hook can open a Kineto trace itself and the process does not poll the Kineto daemon."""
         return bool(self.flags & wire.JOB_FLAG_CAN_TRACE) and not self.flags & wire.JOB_FLAG_KINETO_DAEMON
+
+
+def _bound(path: str) -> bool:
+    """Whether a socket is bound at ``path`` now (a datagram socket connects to it), not a stale
+    name left by an agent that exited."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(path)
+    except OSError:  # ECONNREFUSED: nobody bound; anything else: not usable either
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _foreign_owner(path: str) -> int | None:
@@ -186,6 +208,7 @@ class HookCollector(RequestSender):
         self._job_sent: JobInfo | None = None
         self.pauses = Pauses(self._c)  # each rank's announced pauses, for its next record
         self._senders = P.SenderCheck()
+        self._jobs = P.JobDeclarations()  # the job each sender declares (PERFD_JOB)
         # pid -> the uid of the sender that vouched for it, for the agent (Agent._note_ranks): the
         # newest MAX_PAUSE_RANKS verified pids. Written here, read by the agent's thread (dict get).
         self.verified: OrderedDict[int, int] = OrderedDict()
@@ -226,6 +249,10 @@ class HookCollector(RequestSender):
                 raise UnsafeDirError(errno.EPERM, f"the socket belongs to uid {owner}, not this user "
                                                   f"(uid {os.geteuid()}): refusing to remove it")
             if os.path.lexists(path) and stat.S_ISSOCK(os.lstat(path).st_mode):
+                if _bound(path):  # another agent listens there: taking its name would take its job's steps
+                    self.count_error("socket_in_use", f"{path}: another agent listens there (give this one "
+                                                      "its own: hook socket_path, or perfd launch)")
+                    return
                 os.unlink(path)  # a stale socket of ours from an earlier agent: nobody is bound to it
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.settimeout(0.2)  # the receiver thread wakes up this often to see stop()
@@ -347,6 +374,15 @@ class HookCollector(RequestSender):
         if got.uid != self.job_uid:
             self._refuse(P.NOT_JOB_USER, f"{what} for rank {rank} from {who}: the job's user is uid "
                                        f"{self.job_uid} (hook job_user, the launch manifest's user)")
+            return None
+        other = self._jobs.refusal(got.pid, self.config.job, self.config.refuse_other_jobs,
+                                   self.config.require_declared_job)
+        if other is not None:
+            self._refuse(other, f"{what} for rank {rank} from {who}: " + (
+                f"it declares another job than {self.config.job!r} (PERFD_JOB)" if other == P.OTHER_JOB else
+                f"no perfd launch names it (no PERFD_JOB); this agent serves the launch of job "
+                f"{self.config.job!r}: run the script under `perfd launch`, or give it an agent of its own "
+                "(`perfd agent --job NAME`)"))
             return None
         self.verified[got.pid] = got.uid
         self.verified.move_to_end(got.pid)

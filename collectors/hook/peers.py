@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from perfd.procinfo import PROC, is_descendant, read_identity
+from perfd.procinfo import JOB_ENV, PROC, is_descendant, job_from_env, read_identity
 
 UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 ANCILLARY_BYTES = socket.CMSG_SPACE(UCRED.size) if hasattr(socket, "CMSG_SPACE") else 64
@@ -54,6 +54,8 @@ UNKNOWN_SENDER = "unknown_sender"  # the kernel's pid is 0: the sender is in a p
 NOT_SENDER = "claimed_pid_not_sender"  # neither the sender nor a descendant of it
 OTHER_UID = "claimed_pid_other_uid"  # a descendant that does not run as the sender's user alone
 NOT_JOB_USER = "not_job_user"  # the sender does not run as the job's user
+OTHER_JOB = "other_job"  # the sender's environment declares another job (PERFD_JOB)
+NOT_LAUNCHED = "not_launched"  # a perfd launch's agent: the sender declares no job (not under the launch)
 
 
 @dataclass(frozen=True)
@@ -137,3 +139,57 @@ class SenderCheck:
         if child is None or child.uid != sender.uid:
             return OTHER_UID
         return claimed
+
+
+UNREADABLE = object()  # a sender whose environment the agent cannot read: its job is not known
+
+
+class JobDeclarations:
+    """The job each sending process declares in its environment (``PERFD_JOB``, what `perfd launch`
+    sets), read from /proc at most every ``ttl_s`` per pid. Only that variable is looked at (the
+    rest of an environment may hold secrets). Not thread-safe: the collector calls it from
+    ``collect`` only."""
+
+    def __init__(self, proc: str = PROC, ttl_s: float = VERDICT_TTL_S) -> None:
+        self.proc, self.ttl_s = proc, ttl_s
+        self._held: OrderedDict[int, tuple[object, float]] = OrderedDict()
+
+    def declared(self, pid: int) -> object:
+        """The job ``pid`` declares (a str), None when it declares none, UNREADABLE when its
+        environment cannot be read (another user's without privileges, gone)."""
+        now = time.monotonic()
+        held = self._held.get(pid)
+        if held is not None and now - held[1] < self.ttl_s:
+            return held[0]
+        got = self._read(pid)
+        self._held[pid] = (got, now)
+        self._held.move_to_end(pid)
+        while len(self._held) > MAX_VERDICTS:
+            self._held.popitem(last=False)
+        return got
+
+    def _read(self, pid: int) -> object:
+        try:
+            with open(f"{self.proc}/{pid}/environ", "rb") as f:
+                env = f.read(1 << 20)  # the kernel's limit on an environment is larger; a job's is not
+        except OSError:
+            return UNREADABLE
+        prefix = JOB_ENV.encode() + b"="
+        for entry in env.split(b"\0"):
+            if entry.startswith(prefix):
+                return job_from_env(entry[len(prefix):].decode("utf-8", "replace"))
+        return None
+
+    def refusal(self, pid: int, job: str, other_jobs: bool, required: bool) -> str | None:
+        """Why records of ``pid`` are not ``job``'s (OTHER_JOB, NOT_LAUNCHED), or None: with
+        ``other_jobs`` a process declaring another job is refused; with ``required`` one declaring
+        none too (a perfd launch's agent: its job's processes all carry PERFD_JOB). A process whose
+        environment cannot be read is taken (its uid was checked already)."""
+        if not (other_jobs or required):
+            return None
+        got = self.declared(pid)
+        if got is UNREADABLE or got == job:
+            return None
+        if got is None:
+            return NOT_LAUNCHED if required else None
+        return OTHER_JOB

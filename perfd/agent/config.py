@@ -225,7 +225,15 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
         problem = job_name_problem(job)
         if problem:
             raise ConfigError(f"--job {problem}")
+        if launch_manifest is not None and job != cfg.job and "hook" in cfg.collectors:
+            # the job renamed here: the launch's processes still declare the launch's name
+            cfg.collectors["hook"].update(require_declared_job=False, refuse_other_jobs=False)
         cfg.job = job
+        if launch_manifest is None:
+            # An agent told its job listens for that job's step hooks (where a hook of this user sends
+            # by default, or the config's socket): a hooked script beside `perfd agent --job X` once
+            # found no socket, and its hook said nothing.
+            cfg.collectors.setdefault("hook", {})
     if node is not None:
         cfg.node = node
     if agent_id is not None:
@@ -296,6 +304,8 @@ def _apply_manifest(cfg: AgentConfig, path: str) -> None:
         if not isinstance(conf, dict):
             raise ConfigError(f"--launch-manifest {path}: collectors.{name} must be a mapping")
         _deep_merge(cfg.collectors.setdefault(name, {}), conf)
+    if "hook" in cfg.collectors:  # the launch's processes carry PERFD_JOB: a hooked process without it
+        cfg.collectors["hook"].setdefault("require_declared_job", True)  # is no part of this job
 
 
 def _deep_merge(into: dict[str, object], new: dict[str, object]) -> None:

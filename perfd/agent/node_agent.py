@@ -148,6 +148,8 @@ class Agent:
             conf = {"job": self.cfg.job or DEFAULT_JOB, **ccfg}
             if name in JOB_USER_COLLECTORS and job_uid is not None:
                 conf.setdefault("job_user", job_uid)  # whose processes are the job's ranks
+            if name == "hook" and self.cfg.job not in ("", DEFAULT_JOB):
+                conf.setdefault("refuse_other_jobs", True)  # a process declaring another job is not ours
             ck = self._checkpoints.load(name) if self._checkpoints is not None else None
             if ck is not None:
                 conf["resume"] = ck

@@ -46,12 +46,13 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from perfd.armed import ARMED_ENV
+from perfd.hook import arguments as A
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
 from perfd.hook.hook_state import Slot
 from perfd.hook.hook_types import HookCounters
-from perfd.hook.jobinfo import DeviceMesh, check_layout, current_device, env_rank, hook_flags
+from perfd.hook.jobinfo import DeviceMesh, current_device, env_rank, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
@@ -143,34 +144,25 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
                  model: ModelSpec | Mapping[str, object] | None = None, dtype: str | None = None,
                  layout: Mapping[str, int] | None = None, mesh: DeviceMesh | None = None,
                  device_uuid: str | None = None, watch_dataloader: bool = True) -> None:
-        if pool_size < 2:
-            raise ValueError("pool_size must be >= 2")
-        if harvest_interval_s is not None and harvest_interval_s < 0:
-            raise ValueError("harvest_interval_s must be >= 0")
+        # Nothing given here raises in the training script: a value the hook cannot use is said once
+        # and left absent (perfd.hook.arguments).
+        pool_size = A.at_least(pool_size, 2, "pool_size", 256)
+        harvest_interval_s = A.interval(harvest_interval_s, "harvest_interval_s")
+        window = A.at_least(window, 1, "window", 100)
         self.enabled = (os.environ.get("PERFD_HOOK_DISABLE", "") not in ("1", "true")
                         if enabled is None else enabled)
-        self.warmup_steps = max(0, warmup_steps)
-        self.tokens_per_step = tokens_per_step
-        self._token_flops: TokenFlops | None = None
-        self._model_seq: float | None = None
-        self.model_notes: tuple[str, ...] = ()
-        if flops_per_step is None and model is not None:
-            from perfd.analytics.steps.flops import token_flops  # only then: the loop imports no analytics
-
-            self._token_flops = token_flops(model)  # a missing field raises here, not in the loop
-            self._model_seq = self._token_flops.spec.seq_length
-            # How model= was read (a Hugging Face config: the fields ignored, what was derived)
-            self.model_notes = self._token_flops.notes
-            for note in self.model_notes:
-                log.debug("perfd step hook: model=: %s", note)
-            if tokens_per_step is not None and self._model_seq is not None:
-                flops_per_step = self._token_flops.flops(tokens_per_step, self._model_seq)
-        self.flops_per_step = flops_per_step
+        self.warmup_steps = max(0, warmup_steps) if isinstance(warmup_steps, int) else 5
+        work = A.read_work(model, tokens_per_step, flops_per_step)
+        self.tokens_per_step, self.flops_per_step = work.tokens_per_step, work.flops_per_step
+        self._token_flops: TokenFlops | None = work.token_flops
+        self._model_seq: float | None = work.model_seq
+        self.model_notes: tuple[str, ...] = work.notes  # how model= was read: ignored, assumed
+        self.argument_problems: tuple[str, ...] = work.problems  # what was left absent, and why
         self.step_arg_errors = 0  # step_end() work arguments refused (not a positive Python number)
         self.device_uuid = device_uuid
         self.device_index = -1
         self._device_sent = device_uuid is None  # a given UUID goes out with the first job record
-        self.dtype, self.layout, self.mesh = dtype, check_layout(layout), mesh
+        self.dtype, self.layout, self.mesh = dtype, A.read_layout(layout), mesh
         self._job_due_ns = 0  # the job record goes out with the first flush, then every minute
         self.pid = os.getpid()
         self.stats = RollingPercentiles(window)

@@ -297,9 +297,17 @@ def test_agent_configured_from_the_manifest(tmp_path: Path) -> None:
     fr_cfg = cfg.collectors["nccl"]["flight_recorder"]
     assert fr_cfg == {"interval_s": 1, "hang_threshold_s": 5, "pipe_prefix": str(tmp_path / "fr" / "frp_"),
                       "dump_prefix": str(tmp_path / "fr" / "fr_dump_"), "buffer_entries": 2000}
-    assert cfg.collectors["hook"] == {"socket_path": str(tmp_path / "h.sock")}
-    assert apply_overrides(AgentConfig(), job="other", nvml="off",
-                           launch_manifest=str(tmp_path / "run" / "launch.json")).job == "other"
+    # the launch's processes carry PERFD_JOB: a hooked process without it is no part of this job
+    assert cfg.collectors["hook"] == {"socket_path": str(tmp_path / "h.sock"), "require_declared_job": True}
+    renamed = apply_overrides(AgentConfig(), job="other", nvml="off",
+                              launch_manifest=str(tmp_path / "run" / "launch.json"))
+    assert renamed.job == "other"  # its processes still declare t1: taken
+    assert renamed.collectors["hook"]["require_declared_job"] is False
+    assert renamed.collectors["hook"]["refuse_other_jobs"] is False
+    # An agent told its job, with no launch, listens for its hooks (where they send by default).
+    told = apply_overrides(AgentConfig(), job="solo", nvml="off")
+    assert told.collectors["hook"] == {} and told.job == "solo"
+    assert "hook" not in apply_overrides(AgentConfig(), nvml="off").collectors  # a node agent: no job
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="launch manifest"):
         apply_overrides(AgentConfig(), launch_manifest=str(tmp_path / "bad.json"))

@@ -53,8 +53,11 @@ def test_the_model_spec_derives_what_its_fields_define() -> None:
     assert any("context limit" in n for n in read_spec(named).notes)
     # Stated fields are kept as stated (a head size other than hidden ÷ heads is the model's own).
     assert complete_spec({**GPT, "kv_channels": 32}).kv_channels == 32
-    with pytest.raises(ValueError, match="ffn_hidden_size"):  # nothing defines the MLP's size
-        token_flops({k: v for k, v in GPT.items() if k != "ffn_hidden_size"})
+    # No MLP width: Megatron's default (4·h; with swiglu 2/3 of it, a multiple of 64), said in the notes.
+    no_ffn = {k: v for k, v in GPT.items() if k != "ffn_hidden_size"}
+    assert complete_spec(no_ffn).ffn_hidden_size == 4 * 64
+    assert any(n.startswith("ffn_hidden_size not given: 256 assumed") for n in read_spec(no_ffn).notes)
+    assert complete_spec({**no_ffn, "hidden_size": 4096, "swiglu": True}).ffn_hidden_size == 10880
     with pytest.raises(ValueError, match="kv_channels = hidden_size"):  # 64 ÷ 3 is no head size
         token_flops({**GPT, "num_attention_heads": 3})
     with pytest.raises(ValueError, match="unknown field"):
@@ -137,3 +140,50 @@ def test_stated_flops_win_and_bad_values_are_refused_not_guessed(agent: tuple[st
     c = hook2.counters()
     assert c["step_arg_errors"] == 4 and c["internal_errors"] == 0
     assert "seq_len=float" in (c["last_error"] or "")
+
+
+def test_the_readmes_model_without_ffn_counts_as_megatron_does(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A GPT-2 script handed the README's model= (no ffn_hidden_size) died at start-up with "cannot
+    count FLOPs per step: missing ffn_hidden_size": now its FLOPs are those of ffn = 4·hidden, and
+    what was assumed is said once, at construction."""
+    gpt2 = {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
+            "vocab_size": 50304}
+    with caplog.at_level("WARNING", logger="perfd.hook"):
+        h = StepHook(str(tmp_path / "none.sock"), tokens_per_step=64 * 1024, model=gpt2, enabled=False)
+    as_4h = flops_for_tokens({**gpt2, "ffn_hidden_size": 4 * 768}, 64 * 1024)
+    assert h.flops_per_step == pytest.approx(as_4h)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("ffn_hidden_size not given: 3072 assumed (4·hidden_size, Megatron's default)" in m
+               for m in said)
+    assert any("kv_channels not given: 64 assumed" in m for m in said)
+    assert h.argument_problems == ()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"model": {"num_layers": 2}},  # nothing to count with
+    {"model": {"layers": 2, "hidden_size": 64}},  # a typo
+    {"model": {**GPT, "num_attention_heads": 3, "seq_length": 64}},  # no head size
+    {"model": {**GPT, "hidden_size": "64", "seq_length": 64}},  # a string for a size
+    {"model": "gpt2"},  # not a mapping
+    {"model": {**GPT, "seq_length": 64}, "tokens_per_step": float("nan")},
+    {"tokens_per_step": -1, "flops_per_step": "1e12"},
+    {"flops_per_step": float("inf")},
+    {"layout": {"tp": 0, "dq": 2}},
+    {"layout": [("tp", 2)]},
+    {"pool_size": 0, "window": 0, "harvest_interval_s": -1, "warmup_steps": "5"},
+])
+def test_no_argument_raises_in_the_users_script(tmp_path: Path, kwargs: dict[str, Any],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """What the hook cannot use is said (a warning) and left absent; the hook is made and steps."""
+    with caplog.at_level("WARNING", logger="perfd.hook"):
+        h = Hook(str(tmp_path / "none.sock"), **kwargs)
+    assert any(r.levelname == "WARNING" and r.getMessage().startswith("perfd step hook: ")
+               for r in caplog.records), "nothing was said"
+    if "flops_per_step" in kwargs or "model" in kwargs:
+        assert h.flops_per_step is None  # MFU absent, never a guess
+    for _ in range(3):
+        with h.step():
+            pass
+    assert h.counters()["steps_reported"] + h.counters()["harvest_drops"] <= 3
+    h.close()

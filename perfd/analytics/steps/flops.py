@@ -372,11 +372,28 @@ def read_spec(model: ModelSpec | Mapping[str, object]) -> SpecReading:
                              f"(or {sorted(SPEC_ALIASES)}, or a Hugging Face config.to_dict())")
         spec = ModelSpec(**fields)  # type: ignore[arg-type]
     h, heads = spec.hidden_size, spec.num_attention_heads
+    if spec.ffn_hidden_size is None and isinstance(h, int) and h > 0 and not spec.num_experts:
+        # What Megatron-LM fills when --ffn-hidden-size is not given (its arguments.py), which is
+        # also the width of the MLP of GPT-2 and of most plain-PyTorch GPTs written after it.
+        spec.ffn_hidden_size = megatron_ffn_default(h, spec.swiglu)
+        notes.append(f"ffn_hidden_size not given: {spec.ffn_hidden_size} assumed ("
+                     + ("Megatron's default with swiglu: 4·hidden_size·2/3, down to a multiple of 64)"
+                        if spec.swiglu else "4·hidden_size, Megatron's default)"))
     if spec.kv_channels is None and h and heads and h % heads == 0:
         spec.kv_channels = h // heads
+        notes.append(f"kv_channels not given: {spec.kv_channels} assumed (hidden_size ÷ num_attention_heads)")
     if spec.padded_vocab_size is None and spec.vocab_size is not None:
         spec.padded_vocab_size = spec.vocab_size
+        notes.append(f"padded_vocab_size not given: vocab_size ({spec.vocab_size}) assumed, the logits' "
+                     "width (a plain PyTorch model pads nothing; Megatron's log states its padded size)")
     return SpecReading(spec, ignored, tuple(notes))
+
+
+def megatron_ffn_default(hidden_size: int, swiglu: bool) -> int:
+    """The MLP width Megatron-LM gives a model whose ``--ffn-hidden-size`` is not set: 4·h, or with
+    ``--swiglu`` two thirds of it (three matrices instead of two, about the same parameters), down to
+    a multiple of 64."""
+    return int(4 * hidden_size * 2 / 3 / 64) * 64 if swiglu else 4 * hidden_size
 
 
 def complete_spec(model: ModelSpec | Mapping[str, object]) -> ModelSpec:
