@@ -12,6 +12,17 @@ on the host could command agents or squat the root's lease): made 0700 through
 every file in it made 0600 without following a link, and the token in no file at all: the config
 names the variable ``$PERFD_NATS_TOKEN``, which nats-server resolves from its own environment
 (readable by its uid and root only, ``/proc/PID/environ``; checked on nats-server 2.15.1).
+
+A cluster's route port authenticates too: another local user's nats-server, naming our route port
+in its ``--routes``, joined the cluster and its tokenless clients got every publish. Each cluster has
+a random route password, also in the servers' environments only: ``cluster { authorization { user,
+password: $PERFD_NATS_ROUTE_PASSWORD }, routes: $PERFD_NATS_ROUTES }``. The routes are a variable
+whole, URLs and their credentials: nats-server does not use the cluster's own credentials for the
+routes a config lists, nor resolves a variable inside a string (``nats-route://u:$P@...`` sends
+``$P``), but a variable's value is parsed as config text, an array of URLs here (2.15.1). The
+monitoring port (``http``), open to every local user, stays: the readiness and health checks here
+ask it; it shows names, ports, connections and streams, never a token or a password (the route
+URLs in /varz are host:port only).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import errno
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -42,6 +54,10 @@ PORT_TAKEN = "address already in use"  # nats-server's log when a port it was gi
 # The variable the config names for the client token, set in each server's environment only: a config
 # variable nats-server does not find in the file it looks up there (conf/parse.go lookupVariable)
 TOKEN_ENV = "PERFD_NATS_TOKEN"
+# A cluster's route credentials, the same way: the password, and each server's routes with it in them
+ROUTE_PASSWORD_ENV = "PERFD_NATS_ROUTE_PASSWORD"
+ROUTES_ENV = "PERFD_NATS_ROUTES"
+ROUTE_USER = "perfd-route"
 SHARED_DIR_BITS = stat.S_IWGRP | stat.S_IWOTH | stat.S_ISVTX  # a folder others may make names in
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -144,6 +160,8 @@ class NatsServer:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     token: str | None = field(default=None, repr=False)  # given in its environment only (TOKEN_ENV)
+    # Config variables' values (config text), secrets given in its environment only (the routes')
+    variables: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def url(self) -> str:
@@ -173,14 +191,15 @@ class NatsServer:
             pass
         with opened_private_dir(self.log_path.parent) as d:
             log = _open_log(d, self.log_path.name, self.log_path)
-        env = None
+        env = dict(self.variables)
         if self.token is not None:
             # nats-server parses a variable's value as config text: quoted, it stays a string (a
             # token of digits would be a number), with the file's escapes
-            env = {**os.environ, TOKEN_ENV: json.dumps(self.token)}
+            env[TOKEN_ENV] = json.dumps(self.token)
         try:
             self.process = subprocess.Popen([binary, "-c", str(self.conf_path)], stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **env} if env else None)
         finally:
             os.close(log)
 
@@ -236,7 +255,8 @@ class NatsCluster:
     """``size`` nats-servers with JetStream (one is a lone server, more a cluster), their config files,
     stores and logs under ``base_dir``. Use as a context manager (starts, and always stops) or call
     start() and stop(). ``tls`` = (cert, key, ca) for the client port; ``tls_verify`` also asks
-    clients for a certificate signed by ``ca`` (mTLS). Routes between servers stay plain: loopback."""
+    clients for a certificate signed by ``ca`` (mTLS). Routes between servers stay plain (loopback) but
+    authenticate with the cluster's random password, chosen anew with its ports."""
 
     def __init__(self, base_dir: Path, size: int = 1, token: str | None = None,
                  tls: tuple[str | Path, str | Path, str | Path] | None = None,
@@ -255,11 +275,20 @@ class NatsCluster:
         self._choose_ports()
 
     def _choose_ports(self) -> None:
-        """Free loopback ports for every server, and their config files written with them."""
+        """Free loopback ports for every server, and their config files written with them. A new
+        route password with them: one a squatter of a port took from a failed start's routes is
+        useless to it."""
         ports = _free_ports(3 * len(self.servers))
         for i, s in enumerate(self.servers):
             s.client_port, s.monitor_port = ports[3 * i], ports[3 * i + 2]
             s.cluster_port = ports[3 * i + 1] if len(self.servers) > 1 else None
+        password = secrets.token_hex(32)  # hex: nothing to escape in a URL nor the config
+        for s in self.servers:
+            routes = [f"nats-route://{ROUTE_USER}:{password}@{HOST}:{o.cluster_port}"
+                      for o in self.servers if o is not s]
+            # JSON: a config string and a config array of strings
+            s.variables = ({ROUTE_PASSWORD_ENV: json.dumps(password), ROUTES_ENV: json.dumps(routes)}
+                           if s.cluster_port is not None else {})
         with opened_private_dir(self.base_dir) as d:
             for s in self.servers:
                 _write_private(d, s.conf_path.name, self._config(s))
@@ -275,10 +304,10 @@ class NatsCluster:
             cert, key, ca = (q(str(p)) for p in self.tls)
             verify = "true" if self.tls_verify else "false"
             lines.append(f"tls {{ cert_file: {cert}, key_file: {key}, ca_file: {ca}, verify: {verify} }}")
-        if s.cluster_port is not None:
-            routes = ", ".join(q(f"nats-route://{HOST}:{o.cluster_port}") for o in self.servers if o is not s)
+        if s.cluster_port is not None:  # the route password and the routes that carry it: variables
             lines.append(f"cluster {{ name: {q(self.cluster_name)}, listen: {q(f'{HOST}:{s.cluster_port}')}, "
-                         f"routes: [{routes}] }}")
+                         f"authorization {{ user: {q(ROUTE_USER)}, password: ${ROUTE_PASSWORD_ENV} }}, "
+                         f"routes: ${ROUTES_ENV} }}")
         return "\n".join(lines) + "\n"
 
     @property
