@@ -185,7 +185,8 @@ MAX_TRACE_FILE_BYTES = 32 << 20
 MAX_TRACE_JSON_VALUES = 8_000_000
 # Why a trace was refused (the agent's perfd_agent_collector_errors_total{collector="captures",reason};
 # the capture fails, or goes partial, with the sentence): not a regular file or over its file cap; text
-# past MAX_TRACE_INFLATED_BYTES (charged its decoded width); more than MAX_TRACE_JSON_VALUES values;
+# past MAX_TRACE_INFLATED_BYTES (charged the width it decodes or its \u escapes parse to: 2 or 4 bytes a
+# character); more than MAX_TRACE_JSON_VALUES values;
 # nested deeper than the JSON parser recurses.
 TRACE_REFUSED_FILE = "trace_file"
 TRACE_REFUSED_INFLATED = "trace_inflated"

@@ -23,6 +23,7 @@ JSON with ``"api_key"``. So, in a kept word:
 from __future__ import annotations
 
 import re
+from urllib.parse import quote, unquote
 
 REDACTED = "<redacted>"
 
@@ -107,25 +108,31 @@ password auth sig signature
 
 # A name part that starts or ends so is a secret's too ("dbpassword", "rootpw", "hftoken", "oauth"), and
 # a webhook's URL is one ("slack_webhook": its host may be any).
-_SECRET_STARTS = ("passw", "passphrase", "secret", "apikey", "privkey", "privatekey")
+_SECRET_STARTS = ("passw", "passphrase", "passcode", "passkey", "secret", "apikey", "privkey", "privatekey")
 _SECRET_ENDS = ("pass", "passwd", "password", "pwd", "pw", "token", "secret", "key", "auth", "cred",
-                "creds", "credential", "credentials", "sig", "signature", "cookie", "webhook")
+                "creds", "credential", "credentials", "sig", "signature", "cookie", "webhook", "sessionid",
+                "sessid")
 # Parts that keep an option off the allow-list but name no secret as a key in a value: DeepSpeed's
 # "pin_memory", a certificate's path, a connection's name.
 _NOT_SECRET_IN_VALUES = frozenset({"pin", "cert", "certificate", "conn", "connection", "sign"})
 # A name that is a source file is not a key: "auth.py:12", "token.py:45" in a py-spy frame.
 _CODE_SUFFIXES = frozenset("py pyx pyi so c cc cpp cu cuh h hpp rs".split())
 _NAME_PARTS = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")  # "X-Amz-Signature", "apiKey"
+_JSON_ESCAPE = re.compile(r"\\u([0-9A-Fa-f]{4})")
 
 
 def secret_name(name: str) -> bool:
     """Whether a key in a value names a secret (``api_key``, ``X-Amz-Security-Token``, ``apiKey``,
     ``PGPASSWORD``, ``SharedAccessSignature``, ``Pwd``)."""
+    if "\\u" in name:  # JSON's escapes ("p\\u0061ssword")
+        name = _JSON_ESCAPE.sub(lambda m: chr(int(m[1], 16)), name)
     parts = [p.lower() for p in _NAME_PARTS.split(name) if p]
     if len(parts) > 1 and "." in name and parts[-1] in _CODE_SUFFIXES:
         return False
+    parts = [p.rstrip("0123456789") or p for p in parts]  # "sid2", "key1"
     return any((p in SECRET_PARTS and p not in _NOT_SECRET_IN_VALUES) or p.startswith(_SECRET_STARTS)
-               or p.endswith(_SECRET_ENDS) for p in parts)
+               or p.endswith(_SECRET_ENDS) or (p.startswith("auth") and not p.startswith("author"))
+               for p in parts)
 
 
 def _norm(name: str) -> str:
@@ -139,6 +146,9 @@ _URL = re.compile(f"(?P<head>{_SCHEME}" r"(?P<authority>[^/?#\s\"']*))(?P<path>[
 _BARE_QUERY = re.compile(r"\?(?=[\w.~%+-]+=)[^\s\"']*")
 _QUERY_ITEM = re.compile(r"(?P<sep>[?#&;])(?P<item>[^?#&;]*)")
 _TELEGRAM_BOT = re.compile(r"(?i)^bot[0-9]+:")
+_HOOK_LABELS = frozenset({"hook", "hooks", "webhook", "webhooks"})
+# Slack's webhook path on any host (a proxy's, a mirror's): /services/T<team>/B<bot>/<secret>.
+_SLACK_PATH = re.compile(r"/services/T[A-Z0-9]+/B[A-Z0-9]+/")
 
 
 def _query(query: str) -> str:
@@ -152,13 +162,18 @@ def _query(query: str) -> str:
 
 
 def _webhook_host(host: str) -> bool:
-    return any(host == h or host.endswith("." + h) for h in WEBHOOK_HOSTS)
+    """A known webhook host, or one named as a hook's (``hooks.example.com``, ``webhook.internal``)."""
+    return host.split(".", 1)[0] in _HOOK_LABELS or any(host == h or host.endswith("." + h)
+                                                           for h in WEBHOOK_HOSTS)
 
 
 def _path(host: str, path: str) -> str:
     """A URL's path with what is a webhook's secret masked (see the module)."""
     if _webhook_host(host):
         return "/" + REDACTED if path.strip("/") else path
+    slack = _SLACK_PATH.search(path)
+    if slack is not None:
+        return path[:slack.start()] + "/services/" + REDACTED
     parts = path.split("/")
     for i, part in enumerate(parts):
         if _TELEGRAM_BOT.match(part):
@@ -174,11 +189,34 @@ def _url(m: re.Match[str]) -> str:
     return m["head"] + _path(host, m["path"]) + _query(m["query"] or "")
 
 
-# A pair: a name, maybe its closing quote, ":" or "=", and its value: a quoted string, or an unquoted
-# run to a space, a quote or a list's separator; a header's scheme word ("Bearer x") goes with it.
-_PAIR_NAME = re.compile(r"(?<![\w.-])(?P<name>[\w.-]+)[\"']?[ \t]*[:=](?!//)[ \t]*")
+# A pair: a name (JSON's \\uXXXX escapes in it read as what they stand for), maybe its closing quote
+# (escaped in JSON held in a JSON string: \\"), ":" or "=", and its value: a quoted string (its quotes
+# escaped too: --password=\\"x\\" in a JSON string), or an unquoted run to a space, a quote or a list's
+# separator; a header's scheme word ("Bearer x") goes with it. A list or an object is all of it
+# (_container); a cookie's value runs to the word's end, its ";" and "," included (each is a cookie).
+_PAIR_NAME = re.compile(r"(?<![\w.\\-])(?P<name>(?:[\w.-]|\\u[0-9A-Fa-f]{4})+)(?:\\?[\"'])?"
+                        r"[ \t]*[:=](?!//)[ \t]*")
 _PAIR_VALUE = re.compile(r"(?i:(?:bearer|basic|token|digest)[ \t]+)?"
-                         r"(?:\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|(?![{\[])[^\s,;&\"']+)")
+                         r"(?:\\\"(?:[^\"\\\n]|\\[^\"\n])*(?:\\\")?|\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|"
+                         r"(?![{\[])[^\s,;&\"'\\]+)")
+_COOKIE_VALUE = re.compile(r"[^\s\"']+")
+_QUOTE = re.compile(r"\\?[\"']")
+# What a list or an object is made of: a string (its escapes in it), a bracket, a run of anything else;
+# a newline ends it (in a py-spy dump: the next line is not the value).
+_CONTAINER_TOKEN = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"?|'[^'\n]*'?|[\[\]{}\n]|[^\[\]{}\"'\n]+")
+
+
+def _container(text: str, start: int) -> int:
+    """Where the list or object at ``text[start]`` ends (past its closing bracket), or the line's end."""
+    depth = 0
+    for t in _CONTAINER_TOKEN.finditer(text, start):
+        c = t[0]
+        if c == "\n":
+            return t.start()
+        depth += 1 if c in "[{" else -1 if c in "]}" else 0
+        if depth == 0:
+            return t.end()
+    return len(text)
 
 
 def _pairs(text: str) -> str:
@@ -188,23 +226,69 @@ def _pairs(text: str) -> str:
     for m in _PAIR_NAME.finditer(text):
         if m.start() < pos or not secret_name(m["name"]):
             continue
-        v = _PAIR_VALUE.match(text, m.end())
+        if text.startswith(("[", "{"), m.end()):
+            end = _container(text, m.end())
+            if end - m.end() == 2:  # [] or {}
+                continue
+            close = text[end - 1] if end - 1 > m.end() and text[end - 1] in "]}" else ""
+            out.append(text[pos:m.end() + 1] + REDACTED + close)
+            pos = end
+            continue
+        cookie = "cookie" in m["name"].lower()
+        v = (_COOKIE_VALUE if cookie else _PAIR_VALUE).match(text, m.end())
         if v is None or not v[0]:
             continue
-        q = v[0][-1] if v[0][-1] in "\"'" and len(v[0]) > 1 else ""
-        lead = v[0][0] if v[0][0] in "\"'" else ""
-        out.append(text[pos:m.end()] + lead + REDACTED + q)
+        lead = _QUOTE.match(v[0])
+        q = _QUOTE.search(v[0], len(v[0]) - 2) if len(v[0]) > 2 else None
+        out.append(text[pos:m.end()] + (lead[0] if lead else "") + REDACTED
+                   + (q[0] if q is not None and q.end() == len(v[0]) and q.start() > 0 else ""))
         pos = v.end()
     out.append(text[pos:])
     return "".join(out)
+
+
+# An element whose name is a secret's (<password>...</password>): its text, to the next "<" on its line.
+_ELEMENT = re.compile(r"<(?P<name>[\w.:-]{1,64})>(?P<value>[^<\n]+)")
+
+
+def _element(m: re.Match[str]) -> str:
+    return f"<{m['name']}>{REDACTED}" if secret_name(m["name"]) else m[0]
+
+
+# ``scheme://user:password@`` whose password holds a quote or a backslash (_RUN cuts a word at a quote
+# before it looks for user information): the user, the password to the "@", neither crossing a "/",
+# ":", "?", "#" or space, so each scheme's scan ends before the next one's starts.
+_QUOTED_USERINFO = re.compile(_SCHEME + r"[^/?#\s\"'@:\\]*:(?=[^/?#\s@:\"'\\]*[\"'\\])[^/?#\s@:]*@",
+                              re.IGNORECASE)
+# A percent-encoded URL (https%3A%2F%2F...), as a query's value or a whole word: decoded, scanned as a URL
+# is, and encoded again around what was masked. It starts where a run starts or after a %XX.
+_ENCODED_URL = re.compile(r"(?:(?<![a-z0-9+.%-])|(?<=%[0-9a-f]{2}))[a-z][a-z0-9+.-]{0,31}%3a%2f%2f"
+                          r"[\w.~%+-]*", re.IGNORECASE)
+
+
+def _encoded_url(m: re.Match[str]) -> str:
+    url = unquote(m[0])
+    masked = _scrub(url)
+    if masked == url:
+        return m[0]
+    return REDACTED.join(quote(part, safe="") for part in masked.split(REDACTED))
 
 
 def scrub(text: str) -> str:
     """``text`` (a kept word, or a whole py-spy dump) with every secret of a known shape masked (see
     the module). Each rule masks what it finds with REDACTED, so a later one never sees it whole. Each
     runs in time linear in ``text``: a command line can be megabytes long."""
-    text = _RUN.sub(_userinfo, text) if "@" in text else text
+    if "%" in text:
+        text = _ENCODED_URL.sub(_encoded_url, text)
+    return _scrub(text)
+
+
+def _scrub(text: str) -> str:
+    if "@" in text:
+        text = _QUOTED_USERINFO.sub(lambda m: m[0][:m[0].index("://") + 3] + REDACTED + "@", text)
+        text = _RUN.sub(_userinfo, text)
     text = _URL.sub(_url, text)
     text = _BARE_QUERY.sub(lambda m: _query(m[0]), text)
     text = _pairs(text)
+    text = _ELEMENT.sub(_element, text) if "<" in text else text
     return SECRET_VALUE.sub(REDACTED, text)

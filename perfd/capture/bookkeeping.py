@@ -112,7 +112,7 @@ def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis],
 
 
 # One trace read at a time in this process: what a read may take is bounded per trace (perfd.limits
-# MAX_TRACE_*: up to ~0.8 GB for the worst JSON accepted), and the captures of a node's ranks run in
+# MAX_TRACE_*: up to ~1.6 GB for the worst JSON accepted), and the captures of a node's ranks run in
 # threads of their own, so concurrent reads would multiply it.
 _TRACE_READS = threading.Lock()
 

@@ -14,7 +14,10 @@ enforced while the file streams in, never after the whole of it is inflated:
   huge string are bytes like any other) or its JSON values pass ``MAX_TRACE_JSON_VALUES`` (what the
   parse builds is an object or more per value: ``[{},{},...]`` is 3 bytes a dict);
 - text that decodes wider than a byte a character (any character past U+00FF widens the whole
-  string the parser reads to 2 or 4 bytes each) is charged that width against the byte budget;
+  string the parser reads to 2 or 4 bytes each) is charged that width against the byte budget, and so
+  is ASCII text holding a ``\\uXXXX`` escape past U+00FF (it widens the whole string the parse builds
+  around it: a 90 MB string ending in ``\\ud83d\\ude00`` parsed to 360 MB), and UTF-16 text twice
+  (each character of its half as many may parse to 4 bytes), all checked a chunk at a time;
 - nesting deeper than the JSON parser recurses is refused (its RecursionError, named).
 
 A refusal is :class:`TraceRefused`: its ``reason`` (perfd.limits.TRACE_REFUSED_REASONS) is what the
@@ -41,10 +44,16 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 _CHUNK = 1 << 20  # inflated bytes per read: what the budget overshoots by at most
-# UTF-8 lead bytes of the characters that widen a Python string: U+0100-U+FFFF (2 bytes each), and
-# past U+FFFF (4 bytes each).
-_WIDE2 = re.compile(rb"[\xc4-\xef]")
-_WIDE4 = re.compile(rb"[\xf0-\xf4]")
+# What widens a Python string: UTF-8 lead bytes of U+0100-U+FFFF (2 bytes each) and of characters
+# past U+FFFF (4 bytes each; \xf0-\xf4), and the JSON escapes that parse to them: \u0100-\uFFFF, and
+# a high surrogate (\uD800-\uDBFF: with its low one, a character past U+FFFF). Only an escape's first
+# 4 bytes are matched (an escaped backslash before a "u" is charged too: over, never under). Each is
+# searched alone, at C speed: a literal prefix, or the few bytes left once the narrow ones are deleted.
+_NARROW = bytes(range(0xC4))  # ASCII, UTF-8 continuation bytes, lead bytes of U+0080-U+00FF
+_LEAD4 = re.compile(rb"[\xf0-\xf4]")
+_ESCAPE2 = re.compile(rb"\\u(?:0[1-9a-fA-F]|[1-9a-fA-F])")
+_ESCAPE4 = re.compile(rb"\\u[dD][89abAB]")
+_STRADDLE = 3  # bytes of the text before a chunk searched with it: an escape split between two chunks
 
 
 class TraceRefused(ValueError):
@@ -135,7 +144,7 @@ def _past(reason: str, what: str, cap: str, name: str) -> TraceRefused:
 
 def _inflate(stream: _Readable, caps: TraceCaps) -> bytearray:
     text = bytearray()  # grown in place (no copy of what is held at each step)
-    values = 0
+    values, width = 0, 1
     while chunk := stream.read(_CHUNK):
         if len(text) + len(chunk) > caps.inflated_bytes:
             raise _past(L.TRACE_REFUSED_INFLATED, "it inflates", _size(caps.inflated_bytes),
@@ -147,13 +156,30 @@ def _inflate(stream: _Readable, caps: TraceCaps) -> bytearray:
         if values > caps.json_values:
             raise _past(L.TRACE_REFUSED_VALUES, "its JSON values go", f"{caps.json_values:,}",
                         "MAX_TRACE_JSON_VALUES")
+        start = max(0, len(text) - _STRADDLE)
         text += chunk
-    if not text.isascii():
-        width = 4 if _WIDE4.search(text) else 2 if _WIDE2.search(text) else 1
+        width = _widen(text, start, width)
         if len(text) * width > caps.inflated_bytes:
-            raise _past(L.TRACE_REFUSED_INFLATED, f"its {len(text):,} bytes decode to {width} bytes a "
+            raise _past(L.TRACE_REFUSED_INFLATED, f"its {len(text):,} bytes read decode to {width} bytes a "
                         "character,", _size(caps.inflated_bytes), "MAX_TRACE_INFLATED_BYTES")
     return text
+
+
+def _widen(text: bytearray, start: int, width: int) -> int:
+    """The bytes a character the parse of ``text`` may take: ``width`` (what ``text[:start]`` takes),
+    or more for what ``text[start:]`` holds."""
+    if width < 2 and json.detect_encoding(text[:4]).startswith("utf-16"):
+        width = 2  # half as many characters as bytes, each up to 4 bytes (its escapes go unmatched)
+    if width == 4:
+        return width
+    new = text[start:]
+    if not new.isascii() and (lead := new.translate(None, _NARROW)):
+        width = max(width, 4 if _LEAD4.search(lead) else 2)
+    if width < 4 and _ESCAPE4.search(new):
+        return 4
+    if width < 2 and _ESCAPE2.search(new):
+        return 2
+    return width
 
 
 def load_trace_json(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> object:

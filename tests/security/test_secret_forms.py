@@ -1,8 +1,8 @@
 """No secret on a command line reaches what perfd serves (issue 54 item 7): 9 of 12 planted secrets
 were served in stall evidence, and 22 of 35 forms passed the old deny-list. The redaction is now an
 allow-list (perfd/redact.py), and what it keeps is scanned by shape (perfd/secret_shapes.py: an attack
-found 16 of 53 forms passing in kept values). Here a fixed list of 111 forms — every one the
-issues name, env-style KEY=VALUE, URLs with user information, headers, the token formats of major
+found 16 of 53 forms passing in kept values, a review 19 more). Here a fixed list of 130 forms — every
+one the issues name, env-style KEY=VALUE, URLs with user information, headers, the token formats of major
 providers, signed URLs, webhooks, ``user:pw@host``, inline JSON, whitespace other than a space — each
 checked alone, all together on one command line, through the GPU process list, and live: a real job
 whose command line holds all of them stalls, the real agent dumps its stack (py-spy prints the command
@@ -172,6 +172,28 @@ FORMS: list[tuple[str, str]] = [
     ("--bf16\x85--token\x85Q109Ztok", "Q109Z"),
     ("--bf16\u200b--token\u200bQ110Ztok", "Q110Z"),
     ("--hf-token:Q111Ztok", "Q111Z"),
+    # A review's (after the 111 above): a quote in a URL's password (where a word was cut), a secret's
+    # name whose value is a list or an object, quotes escaped in a JSON string, a percent-encoded URL, a
+    # JSON-escaped name, names not read as a secret's, Slack's webhook path on another host.
+    ("--data-path=https://admin:pa'Q112Zpw@db.example.com/x", "Q112Z"),
+    ('--data-path=https://admin:pa"Q113Zpw@db.example.com/x', "Q113Z"),
+    ('--config={"url":"https://admin:pa\\"Q114Zpw@h/"}', "Q114Z"),
+    ('--config={"password":["Q115Zpw"]}', "Q115Z"),
+    ('--config={"password":{"value":"Q116Zpw"}}', "Q116Z"),
+    ('--config={"auth":["user","Q117Zpw"]}', "Q117Z"),
+    ('--config={"cmd":"--password=\\"Q118Zpw\\""}', "Q118Z"),
+    ('--config PASSWORD=\\"Q119Zpw\\"', "Q119Z"),
+    ("--data-path https%3A%2F%2Fadmin%3AQ120Zpw%40db.example.com", "Q120Z"),
+    ('--config={"p\\u0061ssword":"Q121Zpw"}', "Q121Z"),
+    ("--config passcode=Q122Zpw", "Q122Z"),
+    ("--config sessionid=Q123Zsid", "Q123Z"),
+    ("--config authstring=Q124Zpw", "Q124Z"),
+    ("--data-path https://app.example.com/login;jsessionid=Q125Zsid", "Q125Z"),
+    ("--config Cookie:a=1;sid2=Q126Zsid", "Q126Z"),
+    ("--config <password>Q127Zpw</password>", "Q127Z"),
+    ("--report-to https://hooks.example.com/services/T000/B000/Q128Zxxxx", "Q128Z"),
+    ("--report-to https://relay.example.com/services/T000/B000/Q129Zxxxx", "Q129Z"),
+    ('--config {"cfg":"{\\"password\\":\\"Q130Zpw\\"}"}', "Q130Z"),
 ]
 ISSUE_77 = 25  # the forms the issue names, after issue 54's 55; the rest are this list's own
 MARKERS = [secret for _, secret in FORMS]
@@ -240,6 +262,18 @@ def test_what_is_kept_of_values_that_hold_urls_pairs_and_hosts() -> None:
         "python train.py --lr 3e-4 --token <redacted>"
 
 
+def test_what_is_kept_beside_the_reviews_shapes() -> None:
+    """Names that only look like a secret's, an empty list, an encoded URL without a secret, a path
+    named "services", a py-spy frame's <module>: kept as they are."""
+    kept = ('python t.py --config {"author":"bob","authority":"ca","num_sessions":4,"passthrough":true,'
+            '"keys":[],"rank0":1} --data-path https%3A%2F%2Fhuggingface.co%2Forg%2Fm%2Fx.bin%3Fdownload%3D1 '
+            "--report-to https://api.example.com/services/v1/notify --config <module>x</module>")
+    assert redact_cmdline(kept) == kept
+    # An encoded URL with a secret stays encoded around what is masked.
+    assert redact_cmdline("python t.py --data-path https%3A%2F%2Fh%2Fd.tar%3Ftoken%3Dabc%26rev%3Dmain") == \
+        "python t.py --data-path https%3A%2F%2Fh%2Fd.tar%3Ftoken%3D<redacted>%26rev%3Dmain"
+
+
 def test_a_stack_keeps_its_frames_and_masks_a_command_line_over_lines() -> None:
     """A command line with a newline in a word spans lines of py-spy's dump: all of it up to py-spy's
     "Python v" line is the command line. Frames in files named like secrets stay."""
@@ -259,7 +293,9 @@ def test_a_long_word_is_scanned_in_linear_time() -> None:
     "a.", and would take minutes on these)."""
     words = ["a." * 50_000, "a:" * 50_000, "x" * 100_000, "eyJ" * 33_000, "1" * 100_000 + ":",
              "T" * 100_000 + "/", "a/" * 50_000 + ":b@c", "a-" * 50_000 + "=", "|a:" * 33_000 + "@",
-             "https://h/p?" + "a=1&" * 25_000, "a://h:1/," * 11_000]
+             "https://h/p?" + "a=1&" * 25_000, "a://h:1/," * 11_000, "a://x:'" * 15_000,
+             "https%3A%2F%2F" * 7_000, '{"password":[' + "[" * 100_000, '"p\\u0061' * 15_000 + ":",
+             "<password>" * 10_000, 'a=\\"' * 30_000, "x/services/T0/B0" * 6_000]
     started = time.monotonic()
     for w in words:
         assert secret_scrub(w)

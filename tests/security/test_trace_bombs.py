@@ -303,6 +303,56 @@ def test_text_that_decodes_wide_is_charged_its_width(tmp_path: Path) -> None:
     assert exc.value.reason == L.TRACE_REFUSED_INFLATED
 
 
+def test_a_json_escape_past_u00ff_is_charged_its_width(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """ASCII text whose ``\\uXXXX`` escape parses to a character past U+00FF: the string the parse
+    builds around it is 2 or 4 bytes a character (a 90 MB string ending in a surrogate pair's escapes
+    parsed to 360 MB); an escape split between two chunks counts; UTF-16 text is charged twice."""
+    def read(name: str, body: bytes) -> object:
+        (tmp_path / name).write_bytes(body)
+        try:
+            return read_chrome_trace(tmp_path / name, CAPS).kernels
+        except TraceRefused as e:
+            return e
+
+    def text(n: int, end: bytes) -> bytes:
+        return HEAD + b'{"name": "' + b"a" * n + end + b'"}' + TAIL
+
+    assert read("latin1.json", text(900 << 10, b"\\u00e9")) == []  # a byte a character: not charged
+    for width, end in ((4, b"\\ud83d\\ude00"), (4, b"\\uD83D\\uDE00"), (2, b"\\u0100"), (2, b"\\uFFFF")):
+        got = read("wide.json", text(300 << 10 if width == 4 else 600 << 10, end))
+        assert isinstance(got, TraceRefused) and got.reason == L.TRACE_REFUSED_INFLATED, (end, got)
+        assert f"decode to {width} bytes a character" in str(got)
+    monkeypatch.setattr(trace_input, "_CHUNK", 4096)
+    for cut in range(1, 6):  # the escape's first `cut` bytes end a chunk
+        body = text(300 << 10, b"")
+        body = body[:4096 - cut] + b"\\ud83d\\ude00" + body[4096 - cut:]
+        got = read("split.json", body)
+        assert isinstance(got, TraceRefused) and "4 bytes a character" in str(got), (cut, got)
+    # UTF-16: half as many characters as bytes, each parsed to 4 bytes at most (its escapes unseen).
+    utf16 = json.dumps({"traceEvents": [], "pad": "a" * (200 << 10)}).encode("utf-16-le")
+    assert read("utf16.json", utf16) == []
+    got = read("utf16_wide.json", json.dumps({"traceEvents": [], "pad": "a" * (300 << 10) + "\U0001f600"},
+                                             ensure_ascii=True).encode("utf-16-le"))
+    assert isinstance(got, TraceRefused) and got.reason == L.TRACE_REFUSED_INFLATED, got
+
+
+@pytest.mark.slow
+def test_offline_analyze_refuses_a_small_gzip_whose_escape_widens_a_huge_string(tmp_path: Path) -> None:
+    """The review's input: a 0.2 MB gzip of 3.99 M small objects and one 90 MB ASCII string ending in
+    ``\\ud83d\\ude00`` (129.9 MB of text, 8.0 M values: inside both caps) peaked at 1.53 GB, exit 0."""
+    path = tmp_path / "combo.json.gz"
+    body = HEAD + b'{"a":1.5},' * 3_990_000 + b'{"name":"' + b"a" * 90_000_000 + b'\\ud83d\\ude00"}' + TAIL
+    path.write_bytes(gzip.compress(body, 1))
+    cli = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+    code, out, err, peak = run_measured(cli, "analyze", "trace", str(path))
+    assert code != 0 and out == "", (code, peak, err[-500:])
+    assert peak < PEAK_MB, f"perfd analyze trace peaked at {peak:.0f} MB"
+    assert err.splitlines() == [f"perfd: cannot analyse {path}: refused (trace_inflated): its 129,900,042 "
+                                "bytes read decode to 4 bytes a character, past 128 MiB, the most a trace "
+                                "may hold (perfd.limits.MAX_TRACE_INFLATED_BYTES)"]
+
+
 # ---- the defaults ---------------------------------------------------------------------------------
 
 
