@@ -309,8 +309,13 @@ def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path) -> None
     busy = [own[i][0] - own[i][1] for i in steady]
     own_cv = statistics.pstdev(busy) / statistics.fmean(busy)
     periods = [own[i][0] for i in steady]
+    period_cv = statistics.pstdev(periods) / statistics.fmean(periods)
     assert a.summary.step_time_cv == pytest.approx(own_cv, abs=0.03)
-    assert a.summary.step_time_cv < 0.5 * statistics.pstdev(periods) / statistics.fmean(periods)
+    # ... and not the periods' spread, where the two differ. On a loaded machine they need not: sleep
+    # (10 ms) then wanders as much as the alternating waits (a fresh clone's CI: busy CV 0.417, period
+    # CV 0.413, perfd's 0.417), and the line above is all the loop's clock can tell.
+    if period_cv - own_cv > 0.06:
+        assert abs(a.summary.step_time_cv - own_cv) < abs(a.summary.step_time_cv - period_cv)
     jitter = any(f.id == "step-jitter" for f in build_report(a).findings)
     if abs(own_cv - JITTER_CV.value) > 0.03:  # clear of the threshold, either side
         assert jitter == (own_cv > JITTER_CV.value), (own_cv, a.summary.step_time_cv)
