@@ -187,13 +187,21 @@ MAX_TRACE_JSON_VALUES = 8_000_000
 # the capture fails, or goes partial, with the sentence): not a regular file or over its file cap; text
 # past MAX_TRACE_INFLATED_BYTES (charged the width it decodes or its \u escapes parse to: 2 or 4 bytes a
 # character); more than MAX_TRACE_JSON_VALUES values;
-# nested deeper than the JSON parser recurses.
+# nested deeper than the JSON parser recurses; backward work whose part is found through more than
+# MAX_TRACE_AUTOGRAD_LINKS autograd links (perfd.capture.ops).
 TRACE_REFUSED_FILE = "trace_file"
 TRACE_REFUSED_INFLATED = "trace_inflated"
 TRACE_REFUSED_VALUES = "trace_json_values"
 TRACE_REFUSED_DEPTH = "trace_json_depth"
+TRACE_REFUSED_NESTING = "trace_nesting"
 TRACE_REFUSED_REASONS = (TRACE_REFUSED_FILE, TRACE_REFUSED_INFLATED, TRACE_REFUSED_VALUES,
-                         TRACE_REFUSED_DEPTH)
+                         TRACE_REFUSED_DEPTH, TRACE_REFUSED_NESTING)
+# Op attribution (perfd.capture.ops) is linear in a trace's ranges however deeply they nest, but a
+# backward unit's part is found through autograd's links (unit -> its forward op, itself in a unit
+# linked on ...), each adding " (backward)" to the label: n links nested n deep are n² of text. The
+# real traces (tests/data/captures) follow 2 at most (a node between linked neighbours, then its
+# forward op); a double backward adds one a level. Past this the trace is refused (trace_nesting).
+MAX_TRACE_AUTOGRAD_LINKS = 32
 
 # ---- rank processes on a node (collectors/ranks, perfd/agent/stacks.py) ----------------------------
 # What the agent reads of a job's rank processes stays bounded whatever runs on the node: measured in

@@ -13,6 +13,10 @@ in-place masked fill on a view are attention's, not "memory copies".
 The rules that turn names into parts are perfd.analytics.breakdown.op_parts; this module only follows links:
 per thread, ranges sorted by start form a tree (a stack sweep), and each launch or flow end finds
 the innermost range open at its instant in the same sweep — O(n log n) for the sort, linear after.
+What a launch needs from the ranges around it (its backward unit, its innermost op, the range whose
+rule decides its part) is one pointer per range, filled parent first in one pass over the tree
+(_Tree.innermost / outermost), never by walking a launch's ancestors: a trace whose ops nest 30,000
+deep (a job's process writes it; the root agent reads it) costs what a flat one of that size does.
 No library reads both Kineto's flows and nsys' NVTX into one op tree; hence by hand.
 """
 
@@ -21,12 +25,14 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from perfd import limits as L
 from perfd.analytics.breakdown import op_parts as rules
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.capture.trace_input import TraceRefused
 
 
 class RangeKind(TextEnum):
@@ -108,6 +114,7 @@ class _Tree:
         self.ranges = list(ranges)
         self.parent: list[int] = [-1] * len(self.ranges)
         self.by_tid: dict[int, list[int]] = defaultdict(list)
+        self.order: list[int] = []  # every range after its parent: each thread's, sorted as swept
         for i, r in enumerate(self.ranges):
             self.by_tid[r.tid].append(i)
         for idx in self.by_tid.values():
@@ -125,6 +132,7 @@ class _Tree:
                         stack.pop()
                 self.parent[i] = stack[-1] if stack else -1
                 stack.append(i)
+            self.order.extend(idx)
 
     def _same_instant(self, outer: int, inner: int) -> bool:
         """A zero-length range at the start of an equally zero-length one nests in it."""
@@ -161,12 +169,29 @@ class _Tree:
                     out[key] = stack[-1]
         return out
 
-    def chain(self, i: int) -> list[int]:
-        """``i`` and its ancestors, innermost first."""
-        out = []
-        while i >= 0:
-            out.append(i)
-            i = self.parent[i]
+    def innermost(self, hit: Sequence[bool], cut: Sequence[bool] = ()) -> list[int]:
+        """For each range: the innermost of it and its ancestors that ``hit`` marks, or -1. A range
+        ``cut`` marks ends the chains through it: its own answer is -1, and its descendants look no
+        further out than the ranges inside it. One pass, parents first: linear whatever the nesting."""
+        out = [-1] * len(self.ranges)
+        parent = self.parent
+        for i in self.order:
+            if cut and cut[i]:
+                continue
+            p = parent[i]
+            out[i] = i if hit[i] else out[p] if p >= 0 else -1
+        return out
+
+    def outermost(self, hit: Sequence[bool], cut: Sequence[bool] = ()) -> list[int]:
+        """As ``innermost``, the outermost of the marked ranges instead."""
+        out = [-1] * len(self.ranges)
+        parent = self.parent
+        for i in self.order:
+            if cut and cut[i]:
+                continue
+            p = parent[i]
+            o = out[p] if p >= 0 else -1
+            out[i] = o if o >= 0 else i if hit[i] else -1
         return out
 
 
@@ -178,8 +203,28 @@ class _Attributor:
         self.unit_fwd: dict[int, int] = {}  # backward unit -> the forward op autograd linked it to
         self.region: set[int] = set()  # ops inside a batched matmul … softmax … batched matmul run
         self._memo: dict[int, tuple[Part | None, str]] = {}
+        self._links_deep: dict[int, int] = {}  # range -> the autograd links its part was found through
+        rs, tree = self.r, self.tree
+        is_op = [x.kind is RangeKind.OP for x in rs]
+        self.is_unit = [op and x.name.startswith(rules.BACKWARD_UNIT)
+                        for op, x in zip(is_op, rs, strict=True)]
+        self.unit = tree.innermost(self.is_unit)  # the innermost backward unit around each range
+        self.op = tree.innermost(is_op)  # the innermost op around each range (itself if an op)
         self._link_units(flows)
         self._find_regions()
+        # What forward_part reads, each range's answer inside its innermost backward unit (the unit cuts)
+        self.op_part, self.frame_part = _cached(rules.op_part), _cached(_frame_part)
+        cut = self.is_unit
+        self.seg_op = tree.innermost(is_op, cut)
+        self.seg_optimizer = tree.innermost(
+            [x.kind is RangeKind.ANNOTATION and rules.is_optimizer_annotation(x.name) for x in rs], cut)
+        self.seg_frame = tree.innermost([use_frames and x.kind is RangeKind.FRAME
+                                         and self.frame_part(x.name) is not None for x in rs], cut)
+        self.seg_region = tree.innermost([i in self.region for i in range(len(rs))], cut)
+        # the outermost op a rule places: _VocabParallelCrossEntropy > aten::to
+        self.seg_rule = tree.outermost([op and not u and self.op_part(x.name) is not None
+                                        for op, u, x in zip(is_op, cut, rs, strict=True)], cut)
+        self._owners: tuple[list[int], list[int]] | None = None
         # Backward units in the order the autograd engine ran them, per thread: a node autograd made
         # with no forward op of its own (AsStridedBackward0 beside an in-place op's CopySlices) runs
         # between its graph neighbours and is charged where they agree.
@@ -194,11 +239,8 @@ class _Attributor:
 
     # -- autograd links -------------------------------------------------------------------------
     def unit_of(self, i: int) -> int:
-        """The innermost backward unit (``evaluate_function``) around range ``i``, or -1."""
-        for j in self.tree.chain(i):
-            if self.r[j].kind is RangeKind.OP and self.r[j].name.startswith(rules.BACKWARD_UNIT):
-                return j
-        return -1
+        """The innermost backward unit (``evaluate_function``) around range ``i`` (itself included), or -1."""
+        return self.unit[i]
 
     def _link_units(self, flows: Sequence[Flow]) -> None:
         ends = self.tree.locate([(f.bwd_tid, f.bwd_ns, k) for k, f in enumerate(flows)])
@@ -229,9 +271,7 @@ class _Attributor:
     # -- core attention as a run of sibling ops ---------------------------------------------------
     def _op_parent(self, i: int) -> int:
         j = self.tree.parent[i]
-        while j >= 0 and self.r[j].kind is not RangeKind.OP:
-            j = self.tree.parent[j]
-        return j
+        return self.op[j] if j >= 0 else -1
 
     def _find_regions(self) -> None:
         groups: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -242,9 +282,12 @@ class _Attributor:
                 continue
             groups[(r.tid, self._op_parent(i))].append(i)
             if rules.is_batched_matmul(r.name) or rules.is_softmax(r.name):
+                inside = batched_inside if rules.is_batched_matmul(r.name) else softmax_inside
                 j = self._op_parent(i)
-                while j >= 0:  # a wrapper (aten::matmul > aten::bmm) is batched; so is its softmax
-                    (batched_inside if rules.is_batched_matmul(r.name) else softmax_inside).add(j)
+                # a wrapper (aten::matmul > aten::bmm) is batched; so is its softmax. An op in the set
+                # has its ops around it there too: stop at it (each op is added once, whatever the depth)
+                while j >= 0 and j not in inside:
+                    inside.add(j)
                     j = self._op_parent(j)
         for members in groups.values():
             members.sort(key=lambda i: self.r[i].start_ns)
@@ -258,84 +301,132 @@ class _Attributor:
                     self.region.update(members[a:b + 1])
 
     # -- parts ------------------------------------------------------------------------------------
-    def forward_part(self, i: int, stop: int = -1) -> tuple[Part | None, str]:
-        """The part of forward work launched inside range ``i`` (looking no further out than
-        ``stop``, a backward unit), and the op that decided it."""
-        chain = self.tree.chain(i)
-        if stop >= 0 and stop in chain:
-            chain = chain[:chain.index(stop)]
-        for j in chain:
-            r = self.r[j]
-            if r.kind is RangeKind.ANNOTATION and rules.is_optimizer_annotation(r.name):
-                return Part.OPTIMIZER, r.name
-        if self.use_frames:
-            for j in chain:
-                r = self.r[j]
-                if r.kind is not RangeKind.FRAME:
-                    continue
-                part = _frame_part(r.name)
-                if part is not None:
-                    return part, r.name
-        for j in chain:
-            if j in self.region:
-                return Part.ATTENTION, self.r[j].name
-        for j in reversed(chain):  # outermost op first: _VocabParallelCrossEntropy > aten::to
-            r = self.r[j]
-            if r.kind is RangeKind.OP and not r.name.startswith(rules.BACKWARD_UNIT):
-                part = rules.op_part(r.name)
-                if part is not None:
-                    return part, r.name
-        ops = [j for j in chain if self.r[j].kind is RangeKind.OP]
-        return None, self.r[ops[0]].name if ops else ""
+    def forward_part(self, i: int) -> tuple[Part | None, str]:
+        """The part of forward work launched inside range ``i`` (looking no further out than its
+        innermost backward unit, which is not looked at), and the op that decided it: an optimizer
+        annotation, else a module frame, else a core-attention region, else the outermost op a rule
+        places, else (no part) the innermost op."""
+        j = self.seg_optimizer[i]
+        if j >= 0:
+            return Part.OPTIMIZER, self.r[j].name
+        j = self.seg_frame[i]
+        if j >= 0:
+            return self.frame_part(self.r[j].name), self.r[j].name
+        j = self.seg_region[i]
+        if j >= 0:
+            return Part.ATTENTION, self.r[j].name
+        j = self.seg_rule[i]
+        if j >= 0:
+            return self.op_part(self.r[j].name), self.r[j].name
+        j = self.seg_op[i]
+        return None, self.r[j].name if j >= 0 else ""
 
     def op_name(self, i: int) -> str:
         """The innermost op open at ``i`` ("aten::bmm"), after its autograd node for backward work."""
-        chain = self.tree.chain(i)
-        op = next((self.r[j].name for j in chain if self.r[j].kind is RangeKind.OP), "")
+        j = self.op[i]
+        op = self.r[j].name if j >= 0 else ""
         u = self.unit_of(i)
         if u < 0:
             return op
         node = self.r[u].name[len(rules.BACKWARD_UNIT):].strip()
         return node if op == self.r[u].name else f"{node} > {op}"
 
-    def _neighbours(self, u: int, reach: int = 3) -> Part | None:
-        """The part the linked backward units before and after ``u`` agree on (None if they do not)."""
+    def owner(self, i: int) -> str:
+        """The op that made a synchronisation: the outermost op around the call (``aten::item`` around
+        ``aten::_local_scalar_dense``), with the innermost Python function where the trace has frames."""
+        if self._owners is None:
+            self._owners = (
+                self.tree.outermost([x.kind is RangeKind.OP and not u for x, u in zip(self.r, self.is_unit,
+                                                                                       strict=True)]),
+                self.tree.innermost([x.kind is RangeKind.FRAME and rules.module_class(x.name) is None
+                                     for x in self.r]))
+        op, frame = self._owners[0][i], self._owners[1][i]
+        return " in ".join(self.r[j].name for j in (op, frame) if j >= 0)
+
+    def _neighbours(self, u: int, reach: int = 3) -> tuple[int, int]:
+        """The linked backward units nearest ``u`` before and after it, within ``reach`` (-1: none)."""
         tid, k = self.unit_pos[u]
         us = self.units[tid]
-        found: list[Part | None] = []
+        found: list[int] = []
         for step in (-1, 1):
-            got = None
+            got = -1
             for j in range(k + step, k + step * (reach + 1), step):
                 if not 0 <= j < len(us) or us[j] not in self.unit_fwd:
                     continue
-                got = self.part_of(us[j])[0]
+                got = us[j]
                 break
             found.append(got)
-        return found[0] if found[0] is not None and found[0] == found[1] else None
+        return found[0], found[1]
+
+    def _links(self, i: int) -> list[int]:
+        """The ranges whose parts decide range ``i``'s (autograd's links); none where its own does."""
+        u = self.unit[i]
+        if u < 0:
+            return []
+        name = self.r[u].name[len(rules.BACKWARD_UNIT):].strip()
+        if rules.ACCUMULATE_GRAD in name.lower() or self.forward_part(i)[0] is not None:
+            return []
+        if u in self.unit_fwd:
+            return [self.unit_fwd[u]]
+        return [] if self.op_part(name) else [j for j in self._neighbours(u) if j >= 0]
 
     def part_of(self, i: int) -> tuple[Part | None, str]:
-        """The part of the GPU work launched while range ``i`` was the innermost one open."""
+        """The part of the GPU work launched while range ``i`` was the innermost one open. Links are
+        followed on a stack of this method's own, not Python's: a chain of backward units each linked
+        to the next is as long as the trace makes it. A link back to a range being decided (a cycle
+        no autograd graph has) reads as unplaced. A part found through more than
+        perfd.limits.MAX_TRACE_AUTOGRAD_LINKS links refuses the trace (TraceRefused, trace_nesting)."""
         if i in self._memo:
             return self._memo[i]
+        path, open_ = [i], {i}
+        while path:
+            j = path[-1]
+            nxt = next((d for d in self._links(j) if d not in self._memo and d not in open_), -1)
+            if nxt >= 0:
+                path.append(nxt)
+                open_.add(nxt)
+                continue
+            deep = 1 + max((self._links_deep.get(d, 0) for d in self._links(j)), default=-1)
+            if deep > L.MAX_TRACE_AUTOGRAD_LINKS:
+                raise TraceRefused(L.TRACE_REFUSED_NESTING, f"backward work whose part is found through more "
+                                   f"than {L.MAX_TRACE_AUTOGRAD_LINKS} autograd links (backward units nested "
+                                   "and linked each to the next)")
+            self._links_deep[j] = deep
+            self._memo[j] = self._decide(j)
+            open_.discard(path.pop())
+        return self._memo[i]
+
+    def _decide(self, i: int) -> tuple[Part | None, str]:
+        """Range ``i``'s part, its links (``_links``) decided already."""
+        def known(j: int) -> tuple[Part | None, str]:
+            return self._memo.get(j, (None, ""))
         u = self.unit_of(i)
         if u < 0:
-            got = self.forward_part(i)
-        else:
-            name = self.r[u].name[len(rules.BACKWARD_UNIT):].strip()
-            own = self.forward_part(i, stop=u)  # an op rule inside the node (aten::mm under MmBackward)
-            if rules.ACCUMULATE_GRAD in name.lower():
-                got = (Part.GRAD_REDUCE, name)
-            elif own[0] is not None:
-                got = own
-            elif u in self.unit_fwd:
-                part, label = self.part_of(self.unit_fwd[u])
-                got = (part, f"{label} (backward)") if part is not None else (rules.op_part(name), name)
-            else:
-                part = rules.op_part(name) or self._neighbours(u)
-                got = (part, f"{name} (between {part.value} nodes)" if part is not None
-                       and rules.op_part(name) is None else name)
-        self._memo[i] = got
-        return got
+            return self.forward_part(i)
+        name = self.r[u].name[len(rules.BACKWARD_UNIT):].strip()
+        own = self.forward_part(i)  # an op rule inside the node (aten::mm under MmBackward)
+        if rules.ACCUMULATE_GRAD in name.lower():
+            return Part.GRAD_REDUCE, name
+        if own[0] is not None:
+            return own
+        if u in self.unit_fwd:
+            part, label = known(self.unit_fwd[u])
+            return (part, f"{label} (backward)") if part is not None else (self.op_part(name), name)
+        before, after = (known(j)[0] if j >= 0 else None for j in self._neighbours(u))
+        part = self.op_part(name) or (before if before is not None and before == after else None)
+        return (part, f"{name} (between {part.value} nodes)" if part is not None
+                and self.op_part(name) is None else name)
+
+
+def _cached(fn: Callable[[str], Part | None]) -> Callable[[str], Part | None]:
+    """``fn`` remembered by name for one attribution (a trace repeats a few thousand names)."""
+    seen: dict[str, Part | None] = {}
+
+    def get(name: str) -> Part | None:
+        if name not in seen:
+            seen[name] = fn(name)
+        return seen[name]
+    return get
 
 
 def _frame_part(name: str) -> Part | None:
@@ -389,7 +480,7 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
                                 for r in att.r)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
-                         {k: _owner(att, i) for k, i in owners.items()}, frozenset(backward))
+                         {k: att.owner(i) for k, i in owners.items()}, frozenset(backward))
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.
@@ -440,13 +531,3 @@ def _charge_tails(launches: Sequence[Launch], parts: dict[int, Part], labels: di
             parts[ln.corr] = Part.OPTIMIZER
             labels[ln.corr] = f"{labels[ln.corr] or names.get(ln.corr, '')} (optimizer phase)"
 
-
-def _owner(att: _Attributor, i: int) -> str:
-    """The op that made a synchronisation: the outermost op around the call (``aten::item`` around
-    ``aten::_local_scalar_dense``), with the innermost Python function where the trace has frames."""
-    chain = att.tree.chain(i)
-    ops = [att.r[j].name for j in chain if att.r[j].kind is RangeKind.OP
-           and not att.r[j].name.startswith(rules.BACKWARD_UNIT)]
-    frame = next((att.r[j].name for j in chain if att.r[j].kind is RangeKind.FRAME
-                  and rules.module_class(att.r[j].name) is None), "")
-    return " in ".join(x for x in (ops[-1] if ops else "", frame) if x)
