@@ -31,6 +31,8 @@ BENCHES = {
                      "the engine root's CPU per window-figure row of an N-rank job's shards (in process)"),
     "inbox": ("benchmarks.inbox_bench",
               "a stream's messages read beside a busy event loop: a message a turn vs an inbox"),
+    "redact": ("benchmarks.redact_bench",
+               "the command-line redaction's scan on words made to backtrack: a scale against 4x it"),
     "switch": ("benchmarks.switch_bench",
                "an event loop's reads beside a CPU-bound thread, per interpreter switch interval"),
 }
