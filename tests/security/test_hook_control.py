@@ -100,8 +100,8 @@ def _hex(addr: Any) -> str:
 
 
 def _run_as(who: OtherUser, code: str, *args: str, timeout: float = 30.0) -> str:
-    p = subprocess.run([_system_python(), "-c", code, *args], user=who.uid, group=who.gid, extra_groups=[],
-                       capture_output=True, text=True, timeout=timeout, cwd="/")
+    p = subprocess.run(who.argv(_system_python(), "-c", code, *args), capture_output=True, text=True,
+                       timeout=timeout, cwd="/")
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
 

@@ -28,8 +28,7 @@ def _start(env: dict[str, str], who: OtherUser | None = None, *args: str) -> sub
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "PERFD_JOB", "LOCAL_RANK")}
     if who is None:
         return subprocess.Popen([sys.executable, "-c", SLEEP, *args], env={**base, **env})
-    return subprocess.Popen([system_python(), "-c", SLEEP, *args], env={**base, **env}, user=who.uid,
-                            group=who.gid, extra_groups=[], cwd="/")
+    return subprocess.Popen(who.argv(system_python(), "-c", SLEEP, *args), env={**base, **env}, cwd="/")
 
 
 @pytest.fixture
