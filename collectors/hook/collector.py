@@ -194,6 +194,8 @@ class HookCollector(RequestSender):
         self.peers: dict[int, P.HookPeer] = {}  # rank -> latest sender
         self.counts: dict[str, int] = {}
         self.requests = Requests()  # sent to the hooks, not answered to the end yet
+        self.job_served = self.config.job
+        self.told_refused = OrderedDict()
         job_user = self.config.job_user
         self.job_uid = job_user if job_user is not None else os.geteuid()  # whose processes are the job's
         # Received, not yet collected: filled by the receiver thread, which refuses another uid's.
@@ -364,7 +366,8 @@ class HookCollector(RequestSender):
             log.warning("collector hook: refused %d record(s) for %s since the last line (latest: %s)",
                         n, reason, detail)
 
-    def _verify(self, sender: P.Sender | None, rank: int, claimed: int, what: str) -> P.Verified | None:
+    def _verify(self, sender: P.Sender | None, addr: str | bytes, rank: int, claimed: int,
+                what: str) -> P.Verified | None:
         """The process a record claiming ``claimed`` for ``rank`` stands for, or None (refused)."""
         got = self._senders.resolve(sender, claimed)
         who = f"pid {sender.pid} uid {sender.uid}" if sender is not None else "a sender without credentials"
@@ -383,6 +386,7 @@ class HookCollector(RequestSender):
                 f"no perfd launch names it (no PERFD_JOB); this agent serves the launch of job "
                 f"{self.config.job!r}: run the script under `perfd launch`, or give it an agent of its own "
                 "(`perfd agent --job NAME`)"))
+            self.tell_refused(got.pid, addr, other == P.OTHER_JOB)
             return None
         self.verified[got.pid] = got.uid
         self.verified.move_to_end(got.pid)
@@ -394,7 +398,7 @@ class HookCollector(RequestSender):
                 out: Collected) -> None:
         if kind in wire.STEP_KINDS:
             msg = wire.unpack_step(data)
-            v = self._verify(sender, msg.rank, msg.pid, "a step record")
+            v = self._verify(sender, addr, msg.rank, msg.pid, "a step record")
             if v is None:
                 return
             msg.pid = v.pid
@@ -409,25 +413,25 @@ class HookCollector(RequestSender):
                 self._send_job(out)
         elif kind == wire.KIND_JOB:
             job = wire.unpack_job(data)
-            v = self._verify(sender, job.rank, job.pid, "a job record")
+            v = self._verify(sender, addr, job.rank, job.pid, "a job record")
             if v is not None:
                 job.pid = v.pid
                 self._job(job, out)
         elif kind == wire.KIND_DEVICE:
             dev = wire.unpack_device(data)
-            v = self._verify(sender, dev.rank, dev.pid, "a device record")
+            v = self._verify(sender, addr, dev.rank, dev.pid, "a device record")
             if v is not None:
                 dev.pid = v.pid
                 self._device(dev)
         elif kind == wire.KIND_PHASE:
             phase = wire.unpack_phase(data)
-            v = self._verify(sender, phase.rank, phase.pid, "a phase record")
+            v = self._verify(sender, addr, phase.rank, phase.pid, "a phase record")
             if v is not None:
                 phase.pid = v.pid
                 self._phase(phase, now, out)
         elif kind == wire.KIND_PROFILE_STATUS:
             st = wire.unpack_profile_status(data)
-            v = self._verify(sender, st.rank, st.pid, "a profile status")
+            v = self._verify(sender, addr, st.rank, st.pid, "a profile status")
             if v is not None:
                 self._status(st.rank, v, st.request_id, st.state, st.step, None, now, out)
         elif kind == wire.KIND_TRACE_WRITTEN:
@@ -435,7 +439,7 @@ class HookCollector(RequestSender):
             if w is None:
                 self.count_error("malformed:trace_written")
                 return
-            v = self._verify(sender, w.rank, w.pid, "a trace written")
+            v = self._verify(sender, addr, w.rank, w.pid, "a trace written")
             if v is not None:
                 self._status(w.rank, v, w.request_id, wire.PROFILE_WRITTEN, w.step, w.path, now, out)
         else:

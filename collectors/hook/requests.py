@@ -89,6 +89,8 @@ class RequestSender(Collector):
     peers: dict[int, HookPeer]  # rank -> its latest sender (its pid and address)
     sock: socket.socket | None
     requests: Requests
+    job_served: str | None  # the job this agent serves (its config's), said in a refusal notice
+    told_refused: OrderedDict[int, None]  # pids told why their records are refused (tell_refused)
 
     def request_profile(self, rank: int, start_step: int, num_steps: int) -> tuple[int, int] | None:
         """Ask ``rank``'s hook to run cudaProfilerStart/Stop around steps [start, start+num).
@@ -110,6 +112,22 @@ class RequestSender(Collector):
         process (perfd.hook.trace; the same answers as request_profile, then ``written`` with the
         file the hook wrote in its own folder). None when the rank is unknown or the send failed."""
         return self._send_request(rank, wire.TraceRequest(0, start_step, num_steps, stack))
+
+    def tell_refused(self, pid: int, addr: str | bytes, other_job: bool) -> None:
+        """Tell a refused process's hook why, once per process: it says so on the job's stderr (a
+        script run beside another job's agent would otherwise send into it in silence). Best effort: a
+        full or gone socket is counted, never waited on. ``other_job``: the process declares another
+        job; else no perfd launch names it and this agent serves a launch's job."""
+        if pid in self.told_refused or self.sock is None or not addr:
+            return
+        self.told_refused[pid] = None
+        while len(self.told_refused) > HOOK_MAX_OUTSTANDING:
+            self.told_refused.popitem(last=False)
+        code = wire.REFUSED_OTHER_JOB if other_job else wire.REFUSED_NOT_LAUNCHED
+        try:
+            self.sock.sendto(wire.pack_refused(wire.Refused(code, self.job_served or "")), addr)
+        except OSError as exc:
+            self.count_error("refusal_notice_failed", repr(exc))
 
     def _send_request(self, rank: int,
                       req: wire.ProfileRequest | wire.TraceRequest) -> tuple[int, int] | None:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from perfd.hook import wire
+from perfd.hook.arguments import PREFIX, log
 from perfd.hook.hook_state import HookState
 from perfd.hook.timing import MarkerFactory
 from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
@@ -60,6 +61,7 @@ class ProfileControl(HookState):
     _traces: TraceFolder
     cuda: bool
     control_refused: int
+    refusals_said: set[int]  # the agent's refusal reasons already said on stderr (wire.REFUSED_*)
 
     def _status(self, state: int, request_id: int, step: int) -> None:
         rank = -1 if self._rank is None else self._rank
@@ -81,6 +83,9 @@ class ProfileControl(HookState):
                 self._refuse(f"from uid {uid}, not the agent's socket's (uid {agent})")  # unanswered
                 continue
             kind = wire.kind_of(msg)
+            if kind == wire.KIND_REFUSED:
+                self._refused(msg)
+                continue
             if kind == wire.KIND_TRACE_REQUEST:
                 self._trace_request(msg, next_step)
                 continue
@@ -105,6 +110,26 @@ class ProfileControl(HookState):
         """A range or a trace is pending, running, or a trace still waits for the GPU: one at a time
         (one CUPTI client per process)."""
         return self._req is not None or self._profiling or self._draining is not None
+
+    def _refused(self, msg: bytes) -> None:
+        """The agent takes none of this process's records: said once per reason on stderr (the job's
+        log), with what to do, since the steps are otherwise lost in silence."""
+        got = wire.unpack_refused(msg)
+        if got is None:
+            self._refuse("malformed refusal")
+            return
+        if got.reason in self.refusals_said:
+            return
+        self.refusals_said.add(got.reason)
+        if got.reason == wire.REFUSED_OTHER_JOB:
+            why = (f"the perfd agent on this node serves job {got.job!r} and takes no steps of this "
+                   "process, which declares another job (PERFD_JOB)")
+        else:
+            why = (f"the perfd agent on this node serves the launch of job {got.job!r}, and no perfd launch "
+                   "started this process")
+        self.last_error = f"records refused: {why}"
+        log.warning("%s: %s: its steps are not recorded. Run it under `perfd launch --job NAME -- ...`, "
+                    "or start an agent for it (`perfd agent --job NAME`).", PREFIX, why)
 
     def _refuse(self, why: str) -> None:
         self.control_refused += 1

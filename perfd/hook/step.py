@@ -188,6 +188,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         self._req_trace: wire.TraceRequest | None = None
         self._traces = TraceFolder()  # where this hook writes the traces it is asked for (its own)
         self.control_refused = 0  # agent requests refused before any answer (malformed, not the agent)
+        self.refusals_said: set[int] = set()  # the agent's refusal reasons said on stderr once each
         if marker_factory is not None:
             make = marker_factory
             self.cuda = cuda

@@ -46,6 +46,9 @@ KIND_PROFILE_CANCEL = 17
 # Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked
 # (perfd.hook.trace); the answer is a status, then KIND_TRACE_WRITTEN with the file.
 KIND_TRACE_REQUEST = 18
+# Agent -> hook: this agent refuses the process's records (they are another job's, or no perfd launch
+# names the process and the agent serves a launch's job); the hook says so once on the job's stderr.
+KIND_REFUSED = 19
 
 # Step record flags.
 FLAG_CUDA = 1 << 0  # times from CUDA events (else host perf_counter)
@@ -77,6 +80,10 @@ PROFILE_STATUS = struct.Struct("<BBHiIIq")
 PROFILE_REQUEST = struct.Struct("<BBHIqI")
 # version, kind, phase, rank, pid, step, time_ns (wall clock), state, padding
 PHASE = struct.Struct("<BBHiIqqB7x")
+# version, kind, reason (REFUSED_*), the job the agent serves (UTF-8, NUL-padded, cut at a character)
+REFUSED = struct.Struct("<BBH56s")  # within the 64 bytes the hook reads a control datagram in
+REFUSED_OTHER_JOB = 1  # the process declares another job (PERFD_JOB)
+REFUSED_NOT_LAUNCHED = 2  # no perfd launch names the process; the agent serves a launch's job
 
 # Phases a hook announces: the training loop pauses for them, so a stall detector must not call the
 # pause a hang (perfd.analytics.incidents.stall). The names are perfd.analytics.steps.goodput's kinds.
@@ -423,3 +430,26 @@ def default_socket_path() -> str:
 
 def socket_path_from_env(default: str | None = None) -> str:
     return os.environ.get(SOCKET_ENV) or default or default_socket_path()
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Agent -> hook: why the agent serving ``job`` takes none of this process's records."""
+
+    reason: int  # REFUSED_*
+    job: str
+
+
+def pack_refused(r: Refused) -> bytes:
+    name = r.job.encode("utf-8")[:REFUSED.size - 4].decode("utf-8", "ignore").encode("utf-8")
+    return REFUSED.pack(VERSION, KIND_REFUSED, r.reason & 0xFFFF, name)
+
+
+def unpack_refused(data: bytes) -> Refused | None:
+    """None for a datagram that is not exactly one refusal of a known reason."""
+    if len(data) != REFUSED.size or kind_of(data) != KIND_REFUSED:
+        return None
+    _, _, reason, name = REFUSED.unpack(data)
+    if reason not in (REFUSED_OTHER_JOB, REFUSED_NOT_LAUNCHED):
+        return None
+    return Refused(reason, name.rstrip(b"\0").decode("utf-8", "replace"))

@@ -132,3 +132,43 @@ def test_a_second_agent_does_not_take_a_live_socket_from_the_first(make: object)
     finally:
         second.stop()
     assert os.path.exists(first.config.socket_path)  # the refused one removed nothing
+
+
+# A script run beside an agent that refuses it: steps until its hook has been told why (or a bound).
+STEPPER = r"""
+import sys, time
+from perfd.hook import StepHook
+hook = StepHook(sys.argv[1], flush_interval_s=0, cuda=False, rank=0, warmup_steps=0)
+deadline = time.monotonic() + 20
+while not hook.refusals_said and time.monotonic() < deadline:
+    with hook.step():
+        time.sleep(0.01)
+for _ in range(20):  # told once: more steps, more refusals, no second line
+    with hook.step():
+        time.sleep(0.01)
+hook.close()
+print(sorted(hook.refusals_said), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("declared, said", [
+    (None, "serves the launch of job 'train', and no perfd launch started this process"),
+    ("other", "serves job 'train' and takes no steps of this process, which declares another job"),
+])
+def test_a_refused_script_is_told_why_once_on_its_own_stderr(make: object, declared: str | None,
+                                                            said: str) -> None:
+    col: HookCollector = make(require_declared_job=True, refuse_other_jobs=True)  # type: ignore[operator]
+    env = {k: v for k, v in os.environ.items() if k != "PERFD_JOB"}
+    env["PYTHONPATH"] = str(ROOT)
+    if declared is not None:
+        env["PERFD_JOB"] = declared
+    p = subprocess.Popen([sys.executable, "-c", STEPPER, col.config.socket_path], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = _collect(col, lambda _o: p.poll() is not None)
+    stdout, stderr = p.communicate(timeout=30)
+    assert out.steps == []
+    lines = [ln for ln in stderr.splitlines() if "perfd step hook" in ln]
+    assert len(lines) == 1, (stderr, col.errors, col.counts)
+    assert said in lines[0] and "its steps are not recorded" in lines[0] and "perfd launch --job" in lines[0]
+    assert stdout.strip() == "[2]" if declared is None else stdout.strip() == "[1]"
