@@ -405,18 +405,30 @@ def label_set(labels: Mapping[str, str]) -> LabelSet:
 
 
 HOOK_FRAMEWORK = "pytorch"  # the framework of the JobInfo the step hook's job records make
+# The trainers whose callbacks drive the step hook (perfd.hook.hf, perfd.hook.lightning): their hooks say
+# which (wire.KIND_FRAMEWORK), so that the job's advice is in the trainer's own terms; they describe the
+# job as a plain hook does, never as a log does.
+HF_TRAINER_FRAMEWORK = "hf_trainer"
+LIGHTNING_FRAMEWORK = "lightning"
+HOOK_FRAMEWORKS: tuple[str, ...] = (HOOK_FRAMEWORK, HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK)
 
 
 def merge_job_info(held: JobInfo | None, new: JobInfo) -> JobInfo:
     """One job, two describers: a framework's log (Megatron-LM, torchtitan) says the most, the step
     hooks in the same job say the layout and dtype as the process sees them. The log's JobInfo is
     kept whichever came first, its unknown layout sizes and dtype filled from the hooks'; the same
-    describer again replaces its own."""
+    describer again replaces its own (the hooks are one describer whichever trainer drives them; a
+    plain hook's word does not take the trainer away that another node's hooks named)."""
     if held is None or held.framework == new.framework:
         return new
-    if new.framework == HOOK_FRAMEWORK:
+    if held.framework in HOOK_FRAMEWORKS and new.framework in HOOK_FRAMEWORKS:
+        if new.framework == HOOK_FRAMEWORK:
+            return dataclasses.replace(new, framework=held.framework,
+                                       framework_version=held.framework_version)
+        return new
+    if new.framework in HOOK_FRAMEWORKS:
         base, hook = held, new
-    elif held.framework == HOOK_FRAMEWORK:
+    elif held.framework in HOOK_FRAMEWORKS:
         base, hook = new, held
     else:
         return new  # two logs of different frameworks: the latest says what the job is

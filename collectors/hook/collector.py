@@ -74,15 +74,7 @@ from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
 from perfd.limits import HOOK_MAX_RANKS, HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES, REFUSAL_LOG_INTERVAL_S
-from perfd.model import (
-    CPU,
-    CUDA,
-    Device,
-    JobInfo,
-    ModelSpec,
-    ParallelLayout,
-    StepRecord,
-)
+from perfd.model import CPU, CUDA, HOOK_FRAMEWORK, Device, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.privdir import UnsafeDirError, private_dir
 from perfd.procinfo import user_id
 
@@ -208,6 +200,8 @@ class HookCollector(RequestSender):
         self._layout = ParallelLayout()  # what the hooks' job records said (KIND_JOB)
         self._spec = ModelSpec()
         self._job_sent: JobInfo | None = None
+        # the job's framework and version: PyTorch, or the trainer a callback names (KIND_FRAMEWORK)
+        self._framework: tuple[str, str | None] = (HOOK_FRAMEWORK, None)
         self.pauses = Pauses(self._c)  # each rank's announced pauses, for its next record
         self._senders = P.SenderCheck()
         self._jobs = P.JobDeclarations()  # the job each sender declares (PERFD_JOB)
@@ -423,6 +417,10 @@ class HookCollector(RequestSender):
             if v is not None:
                 dev.pid = v.pid
                 self._device(dev)
+        elif kind == wire.KIND_FRAMEWORK:
+            fw = wire.unpack_framework(data)
+            if self._verify(sender, fw.rank, fw.pid, "a framework record") is not None:
+                self._trainer(fw, out)
         elif kind == wire.KIND_PHASE:
             phase = wire.unpack_phase(data)
             v = self._verify(sender, addr, phase.rank, phase.pid, "a phase record")
@@ -483,7 +481,7 @@ class HookCollector(RequestSender):
         })
 
     def _job(self, m: wire.JobMsg, out: Collected) -> None:
-        """The job as the hooks describe it: one JobInfo (framework "pytorch"), sent on change.
+        """The job as the hooks describe it: one JobInfo (its framework: _trainer), sent on change.
         Ranks agree on it; where one names a size another does not, the named one is kept."""
         if m.rank < 0:
             self.count_error("malformed:no_rank")
@@ -506,6 +504,16 @@ class HookCollector(RequestSender):
         self._send_job(out)
         self._c("job_records")
 
+    def _trainer(self, m: wire.FrameworkMsg, out: Collected) -> None:
+        """The trainer whose callback drives a rank's hook (KIND_FRAMEWORK): the job's framework."""
+        name = wire.FRAMEWORKS.get(m.framework)
+        if name is None or m.rank < 0 or not (m.version or "").isprintable():
+            self.count_error("malformed:framework", f"framework {m.framework} rank {m.rank} {m.version!r}")
+            return
+        self._framework = (name, m.version)
+        self._send_job(out)
+        self._c("framework_records")
+
     def _job_device(self) -> Device | None:
         """CUDA if any rank computes on CUDA, CPU if every rank that said found no CUDA, else None."""
         said = [d for r in self.ranks.values() if (d := r.device) is not None]
@@ -515,8 +523,9 @@ class HookCollector(RequestSender):
 
     def _send_job(self, out: Collected) -> None:
         """The job as the hooks describe it, sent when it changed."""
-        info = JobInfo(framework="pytorch", layout=dataclasses.replace(self._layout),
-                       spec=dataclasses.replace(self._spec), device=self._job_device())
+        info = JobInfo(framework=self._framework[0], framework_version=self._framework[1],
+                       layout=dataclasses.replace(self._layout), spec=dataclasses.replace(self._spec),
+                       device=self._job_device())
         if info != self._job_sent:
             self._job_sent = info
             out.job_info[self.config.job] = info

@@ -45,6 +45,7 @@ from rich.text import Text
 from perfd.analytics.breakdown.advice_registry import short_name
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
+from perfd.model import HOOK_FRAMEWORKS
 from perfd.report import budget_view, plan_view
 from perfd.typed import obj, objs
 
@@ -215,7 +216,7 @@ def per_rank_missing(job: Mapping[str, object] | None) -> str:
     framework = job.get("framework")
     if framework == "megatron" or not framework:
         return "needs per-rank timers: --timing-log-option all"
-    if framework == "pytorch":  # the step hook's jobs
+    if framework in HOOK_FRAMEWORKS:  # the step hook's jobs (a plain loop's, a trainer's)
         return "needs the step hook on every rank"
     return f"{framework} logs no per-rank times: the step hook on every rank gives them"
 

@@ -99,6 +99,16 @@ class Harvester(HookState):
     device_index: int
     _bound: bool
     _final_deadline: float
+    # The trainer whose callback drives the hook (wire.FRAMEWORK_*) and its version: None for a plain
+    # StepHook, whose job is "pytorch" (:meth:`driven_by`).
+    trainer: tuple[int, str | None] | None = None
+
+    def driven_by(self, framework: int, version: str | None) -> None:
+        """Say which trainer's callback drives this hook (wire.FRAMEWORK_*) and the version of it the
+        process imported: the job record names it from the next one on, so that the job's advice is in
+        the trainer's own terms (its flags, not a bare DataLoader's)."""
+        self.trainer = (framework, version)
+        self._job_due_ns = 0  # with the next datagram, not a minute later
 
     def harvest(self) -> int:
         """Report every finished step, oldest first, without waiting for the GPU. Returns how many.
@@ -308,6 +318,8 @@ class Harvester(HookState):
                 if self.device_uuid is not None:  # after the steps: see wire.KIND_DEVICE
                     self._batch += wire.pack_device(wire.DeviceMsg(self._rank, self.pid, self.device_index,
                                                                    self.device_uuid))
+                if self.trainer is not None:  # after the steps too: see wire.KIND_FRAMEWORK
+                    self._batch += wire.pack_framework(wire.FrameworkMsg(self._rank, self.pid, *self.trainer))
             if not self.sender.send(bytes(self._batch), self._batch_n, keep=True) and with_job:
                 self._job_due_ns = 0  # not delivered (or held): it goes with the next datagram too
             self._batch.clear()

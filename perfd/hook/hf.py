@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol
 
+from perfd.hook import wire
+from perfd.hook.jobinfo import module_version
 from perfd.hook.step import StepHook
 
 if TYPE_CHECKING:
@@ -47,13 +49,16 @@ class _TrainerState(Protocol):
 
 def _make_class() -> type[HFCallback]:
     try:
-        base: type = importlib.import_module("transformers").TrainerCallback
+        module = importlib.import_module("transformers")
     except ImportError as exc:
         raise ImportError("perfd.hook.hf needs transformers installed") from exc
+    base: type = module.TrainerCallback
+    version = module_version(module)
 
     class PerfdHFCallback(base):  # type: ignore[misc]
         def __init__(self, hook: StepHook) -> None:
             self.hook = hook
+            hook.driven_by(wire.FRAMEWORK_HF_TRAINER, version)  # the job's advice in TrainingArguments
             self._phase: str | None = None  # the pause announced and not yet ended
             self._save_next = False  # a checkpoint save follows the evaluation
 

@@ -156,3 +156,9 @@ def env_rank() -> int | None:
         except (KeyError, ValueError):
             continue
     return None
+
+
+def module_version(module: object) -> str | None:
+    """A module's ``__version__`` where it has a text one (a trainer's, for the job record), else None."""
+    version = getattr(module, "__version__", None)
+    return version if isinstance(version, str) and version else None

@@ -17,8 +17,11 @@ the next step's.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Protocol
 
+from perfd.hook import wire
+from perfd.hook.jobinfo import module_version
 from perfd.hook.step import StepHook
 
 if TYPE_CHECKING:
@@ -45,24 +48,27 @@ class _Trainer(Protocol):
     sanity_checking: bool
 
 
-def _base() -> type:
+def _base() -> tuple[type, str | None]:
+    """Lightning's Callback class and the version of the package it came from."""
     for name in ("lightning.pytorch", "pytorch_lightning"):
         try:
             mod = importlib.import_module(name)
         except ImportError:
             continue
         base: type = mod.Callback
-        return base
+        # lightning.pytorch is a part of the lightning package, whose version is its parent's
+        return base, module_version(mod) or module_version(sys.modules.get(name.split(".")[0]))
     raise ImportError("perfd.hook.lightning needs lightning (or pytorch_lightning) installed")
 
 
 def _make_class() -> type[LightningCallback]:
-    base = _base()
+    base, version = _base()
 
     class PerfdLightningCallback(base):  # type: ignore[valid-type,misc]
         def __init__(self, hook: StepHook) -> None:
             super().__init__()
             self.hook = hook
+            hook.driven_by(wire.FRAMEWORK_LIGHTNING, version)  # the job's advice in Lightning's terms
             self._opened_at: int | None = None  # global_step when the open step began
 
         def on_train_batch_start(self, trainer: _Trainer, pl_module: object, batch: object,

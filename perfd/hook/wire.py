@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from perfd.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
+from perfd.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK
 
 VERSION = 1
 SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
@@ -41,6 +42,11 @@ STEP_KINDS = (KIND_STEP, KIND_STEP2)
 # own private folder), never the request. Variable length: TRACE_WRITTEN then the path, UTF-8; sent in
 # a datagram of its own.
 KIND_TRACE_WRITTEN = 7
+# Hook -> agent: the trainer whose callback drives the hook (perfd.hook.hf, perfd.hook.lightning) and
+# the version of it the process imported, so that the job's advice is in the trainer's own terms. Sent
+# with the job record, after the step records beside KIND_DEVICE (an agent older than it stops there,
+# counted, and keeps every step before it); a plain StepHook sends none: its job is "pytorch".
+KIND_FRAMEWORK = 8
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
 # Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked
@@ -70,6 +76,9 @@ JOB = struct.Struct("<BBHiIiiiiii8s")
 # version, kind, reserved, rank, pid, CUDA device index (as the process numbers it), UUID (ASCII,
 # NUL-padded: "GPU-..." or "MIG-..." as NVML spells it)
 DEVICE = struct.Struct("<BBHiIi48s")
+# version, kind, framework (FRAMEWORK_*), rank, pid, its version (ASCII, NUL-padded; a longer one cut)
+FRAMEWORK_VERSION_BYTES = 32
+FRAMEWORK = struct.Struct(f"<BBHiI{FRAMEWORK_VERSION_BYTES}s")
 # version, kind, trace flags (TRACE_FLAG_*), request_id, start_step, num_steps
 TRACE_REQUEST = struct.Struct("<BBHIqI")
 # version, kind, reserved, rank, pid, request_id, last step traced, path length; the path
@@ -92,6 +101,11 @@ PHASE_CODES = {name: code for code, name in PHASES.items()}
 PHASE_BEGIN = 1
 PHASE_END = 2
 PHASE_STATES = {PHASE_BEGIN: "begin", PHASE_END: "end"}
+
+# The trainers a KIND_FRAMEWORK record names, by code (a receiver counts a code it does not know).
+FRAMEWORK_HF_TRAINER = 1
+FRAMEWORK_LIGHTNING = 2
+FRAMEWORKS = {FRAMEWORK_HF_TRAINER: HF_TRAINER_FRAMEWORK, FRAMEWORK_LIGHTNING: LIGHTNING_FRAMEWORK}
 
 # Job record flags: what the hook's process can do for a capture (0 from a hook older than them).
 JOB_FLAG_KINETO_DAEMON = 1 << 0  # started with KINETO_USE_DAEMON: it polls the Kineto daemon itself
@@ -220,6 +234,28 @@ def unpack_job(data: bytes) -> JobMsg:
     _, _, flags, rank, pid, world, tp, pp, dp, cp, ep, dtype = JOB.unpack(data)
     text = dtype.rstrip(b"\0").decode("ascii", "replace")
     return JobMsg(rank, pid, _o(world), _o(tp), _o(pp), _o(dp), _o(cp), _o(ep), text or None, flags)
+
+
+@dataclass
+class FrameworkMsg:
+    """The trainer driving a rank's hook (FRAMEWORK_*) and the version the process imported (None:
+    unknown)."""
+
+    rank: int
+    pid: int
+    framework: int
+    version: str | None = None
+
+
+def pack_framework(m: FrameworkMsg) -> bytes:
+    version = (m.version or "").encode("ascii", "replace")[:FRAMEWORK_VERSION_BYTES]
+    return FRAMEWORK.pack(VERSION, KIND_FRAMEWORK, m.framework & 0xFFFF, m.rank, m.pid & _U32, version)
+
+
+def unpack_framework(data: bytes) -> FrameworkMsg:
+    _, _, framework, rank, pid, version = FRAMEWORK.unpack(data)
+    text = version.rstrip(b"\0").decode("ascii", "replace")
+    return FrameworkMsg(rank, pid, framework, text or None)
 
 
 @dataclass
@@ -381,7 +417,7 @@ def kind_of(data: bytes) -> int | None:
 EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_STEP2: STEP2.size, KIND_JOB: JOB.size,
                  KIND_PROFILE_STATUS: PROFILE_STATUS.size, KIND_PROFILE_REQUEST: PROFILE_REQUEST.size,
                  KIND_PROFILE_CANCEL: PROFILE_REQUEST.size, KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size,
-                 KIND_TRACE_REQUEST: TRACE_REQUEST.size}
+                 KIND_TRACE_REQUEST: TRACE_REQUEST.size, KIND_FRAMEWORK: FRAMEWORK.size}
 
 
 def _record_size(data: bytes, off: int, kind: int) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from perfd.analytics.advice.remedies import Framework
+from perfd.analytics.advice.trainer_switches import HF_DATA_FLAGS, HF_PIN_MEMORY
 from perfd.analytics.finding_types import DataAction, DataLoading
 
 DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
@@ -38,17 +39,29 @@ DATA_ACTIONS: Mapping[DataLoading, str] = {
     DataLoading(DataAction.CHEAPER_BATCHES, cpu_only=True): DATA_CPU_BOUND_ACTION_CPU,
 }
 
+# A DataLoader's, where the job builds its own (a plain loop, a LightningModule), and a CPU-only job's (no
+# pinned memory: it only speeds copies to a GPU).
+_LOADER = "DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, persistent_workers=True)"
+_CPU_LOADER = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
+_IN_LIGHTNING = " in the LightningModule's (or LightningDataModule's) train_dataloader()"
+# The Hugging Face Trainer's: its TrainingArguments, as the data-loader remedy sets them.
+_HF_KNOBS = "Trainer: " + " ".join(f.text() for f in HF_DATA_FLAGS)
 # The data loader's knobs per framework.
 DATA_KNOBS: Mapping[Framework, str] = {
     Framework.MEGATRON: "Megatron-LM: --num-workers",
-    Framework.PYTORCH: "DataLoader(num_workers=N, pin_memory=True, prefetch_factor=4, "
-                       "persistent_workers=True)",
+    Framework.PYTORCH: _LOADER,
     Framework.TORCHTITAN: "torchtitan: more data-loader workers",
+    Framework.HF_TRAINER: f"{_HF_KNOBS} ({HF_PIN_MEMORY} is on by default: keep it)",
+    Framework.LIGHTNING: _LOADER + _IN_LIGHTNING,
 }
-# A CPU-only job's DataLoader knobs (no pin_memory: it only speeds copies to a GPU).
-CPU_DATA_KNOBS = "DataLoader(num_workers=N, prefetch_factor=4, persistent_workers=True)"
+# A CPU-only job's; a framework not here has no pinned memory of its own to leave out.
+CPU_DATA_KNOBS: Mapping[Framework, str] = {
+    Framework.PYTORCH: _CPU_LOADER,
+    Framework.HF_TRAINER: _HF_KNOBS,
+    Framework.LIGHTNING: _CPU_LOADER + _IN_LIGHTNING,
+}
 
 
 def knobs_text(framework: Framework, cpu_only: bool = False) -> str:
     """The data loader's knobs of a job of ``framework`` (``cpu_only``: one that computes on its CPUs)."""
-    return CPU_DATA_KNOBS if cpu_only and framework is Framework.PYTORCH else DATA_KNOBS[framework]
+    return (CPU_DATA_KNOBS.get(framework) if cpu_only else None) or DATA_KNOBS[framework]

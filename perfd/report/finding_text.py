@@ -11,6 +11,7 @@ from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.capture_findings import SlowerFacts, SlowerFinding
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, StepSpan
 from perfd.analytics.run.arming import ArmingBasis, ArmingCost
 from perfd.analytics.run.run_facts import (
@@ -47,6 +48,14 @@ from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
 # A data share's state, by the severity its thresholds give it.
 DATA_STATE: dict[Severity, str] = {Severity.CRITICAL: "bottleneck", Severity.WARNING: "elevated",
                                    Severity.INFO: "healthy"}
+# How to name the slow rank of a spread across ranks, by what gives the job's per-rank times.
+_HOOK_EVERY_RANK = "Name the slow rank: the step hook on every rank (a rank without it reports nothing)"
+NAME_THE_RANK: Mapping[Framework, str] = {
+    Framework.MEGATRON: "Name the slow rank: --timing-log-option all (per-rank timers) or --log-straggler",
+    Framework.TORCHTITAN: "Name the slow rank: the step hook on every rank (torchtitan logs no per-rank "
+                          "times)",
+    **{f: _HOOK_EVERY_RANK for f in Framework if f.hooked},
+}
 
 
 def _pct(x: float | None) -> str:
@@ -322,7 +331,7 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
                     "errors, another process on its GPU; then uneven sharding",
                     "join with the NVML collector's samples for that GPU")
         case SpreadFacts():
-            return "Name the slow rank: --timing-log-option all (per-rank timers) or --log-straggler", ""
+            return NAME_THE_RANK[f.framework], ""
         case NextStepFacts():
             return _next_step(f)
 

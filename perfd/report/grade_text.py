@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.advice_registry import Grade, GradeBasis
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.run_grade import (
@@ -53,6 +54,16 @@ LABEL: dict[Grade, str] = {
 def grade_label(grade: Grade) -> str:
     """How a headline shows a grade: its label, else its name."""
     return LABEL.get(grade, grade.value)
+
+
+def status_label(status: str) -> str:
+    """How a report's status shows beside its headline (the HTML badge, the text's status line): a
+    grade as the headline shows it (grade_label: on a one-GPU job the 30–40% band's name would say
+    communication), any other status (a serving report's) as it is."""
+    try:
+        return grade_label(Grade(status))
+    except ValueError:
+        return status
 
 
 def explanation_text(e: GradeExplanation) -> str:
@@ -113,10 +124,18 @@ def mfu_words(f: MfuFacts) -> tuple[str, str]:
     return "MFU not available", f"MFU {_absent(f)}"
 
 
+# Whose throughput figure the check compares perfd's with, and what in the model spec the check's
+# recommendation asks to look at (the Megatron-Core version picks the attention formula of Megatron's
+# jobs only: perfd.analytics.steps.flops.attention_formula).
+LOGGED_BY: dict[Framework, str] = {Framework.MEGATRON: "Megatron's logged throughput",
+                                   Framework.TORCHTITAN: "torchtitan's logged tflops"}
+_SPEC_FIELDS = "vocab padding, GQA groups, SwiGLU, MoE"
+
+
 def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
     """The throughput check's title and observation."""
-    return ("perfd FLOPs agree with Megatron's logged throughput" if c.agrees
-            else "perfd FLOPs disagree with Megatron's logged throughput",
+    logged = LOGGED_BY.get(c.framework, "the logged throughput")
+    return (f"perfd FLOPs agree with {logged}" if c.agrees else f"perfd FLOPs disagree with {logged}",
             f"{c.n_checked - c.n_disagree}/{c.n_checked} steady iterations within max(1%, log rounding); "
             f"largest gap {_pct(c.max_gap)}; median perfd {c.tflops:.2f} vs logged {c.logged_tflops:.2f} "
             f"TFLOP/s/GPU ({c.formula}).")
@@ -143,8 +162,8 @@ def worded_recommendation(r: Recommendation) -> Recommendation:
     worded as it is."""
     if isinstance(r, CrosscheckRecommendation) and r.facts is not None:
         return dataclasses.replace(
-            r, action="Check the model spec perfd read (vocab padding, GQA groups, SwiGLU, MoE, "
-                      "Megatron-Core version)",
+            r, action=f"Check the model spec perfd read ({_SPEC_FIELDS}"
+                      + (", Megatron-Core version)" if r.facts.framework is Framework.MEGATRON else ")"),
             detail=f"largest gap {_pct(r.facts.max_gap)} on {r.facts.n_disagree} iterations", facts=None)
     return worded_run_recommendation(worded_remedy(r))
 

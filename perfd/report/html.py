@@ -18,6 +18,7 @@ from html import escape
 from typing import Any
 
 from perfd import catalog
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import (
     REDUCTIONS_TEXT,
@@ -28,6 +29,7 @@ from perfd.analytics.run.run_summary import (
 )
 from perfd.analytics.steps.goodput import Goodput
 from perfd.report import budget_view, plan_view
+from perfd.report.grade_text import status_label
 from perfd.report.incident_findings import ReportedIncident
 from perfd.report.picture import (
     CHART_FIELDS,
@@ -204,14 +206,24 @@ def _incident_marks(incidents: Sequence[IncidentMark]) -> list[tuple[float, floa
     return out
 
 
+# What the step time is, by where the job's steps come from (the step-time chart's caption).
+_HOOK_STEP_TIME = "the step hook's period: from one step's end to the next's"
+STEP_TIME_FROM: Mapping[Framework, str] = {
+    Framework.MEGATRON: "Megatron's elapsed time per iteration",
+    Framework.TORCHTITAN: "the time between torchtitan's step lines ÷ the steps between them",
+    **{f: _HOOK_STEP_TIME for f in Framework if f.hooked},
+}
+
+
 def step_and_mfu_charts(its: Sequence[ChartIteration], summary: PageSummary,
-                        incidents: Sequence[IncidentMark] = ()) -> str:
+                        incidents: Sequence[IncidentMark] = (),
+                        framework: Framework = Framework.MEGATRON) -> str:
     band = _steady_band(summary)
     step = line_chart([Series("step time (ms)", BLUE, _series(its, "step_time_ms"))],
                       title="Step time per iteration", xlabel="iteration", ylabel="step time",
                       yfmt=lambda v: f"{v:g} ms", band=band, y_max=_step_cap(its),
                       marks=_incident_marks(incidents))
-    out = [_figure(step, "Step time per iteration (Megatron's elapsed time per iteration). The shaded "
+    out = [_figure(step, f"Step time per iteration ({STEP_TIME_FROM[framework]}). The shaded "
                    "range is the steady state the medians are taken over; warm-up and disturbed "
                    "iterations are outside it; red ranges are incidents (hover for who, why and the "
                    "time lost); ▲ marks a value above the axis (hover for it).")]
@@ -353,7 +365,7 @@ def summary_section(report: Report) -> str:
     status = s.status or "unknown"
     return "\n".join([
         '<h2 id="summary">Summary</h2>',
-        f'<p><span class="badge {_e(status)}">{_e(status)}</span> {_e(s.status_text)}</p>',
+        f'<p><span class="badge {_e(status)}">{_e(status_label(status))}</span> {_e(s.status_text)}</p>',
         f"<p><b>{_e(s.headline)}</b></p>",
         f"<p>Bottleneck: <b>{_e(s.bottleneck)}</b> — "
         f"{_e(s.bottleneck_reason)}<br>Steady state: {_e(s.steady)}</p>"])
@@ -412,13 +424,14 @@ def render_html(page: Page, *, source: str = "", generated: str = "", version: s
     its = sorted(page.iterations, key=lambda it: it.iteration)
     name = str(job.name or report.summary.job_name or "job")
     meds = summary.medians
+    framework = Framework.of(job.framework)
     charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(page.goodput),
-              step_and_mfu_charts(its, summary, page.incidents),
+              step_and_mfu_charts(its, summary, page.incidents, framework),
               '<h3 id="distribution">Step time distribution</h3>', step_distribution(its, summary),
               '<h3 id="gpus">GPUs</h3>', gpu_table(page.ranks),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
               '<h3 id="heatmap">Per-rank heat map</h3>',
-              rank_heatmap(its, page.ranks, job.layout, summary.stretches, page.incidents)]
+              rank_heatmap(its, page.ranks, job.layout, summary.stretches, page.incidents, framework)]
     pp = pipeline_chart(its, summary)
     if pp:
         charts += ['<h3 id="pipeline">Pipeline bubble</h3>', pp]

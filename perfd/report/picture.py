@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any, TypeVar
 
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.common import pp_stage_of_rank
 from perfd.analytics.incidents.detect import CAPTURE, Incident
 from perfd.analytics.run.run_summary import DisturbanceStretch, JobLayout
@@ -191,17 +192,35 @@ def _marks(groups: Sequence[Sequence[ChartIteration]], incidents: Sequence[Incid
     return out
 
 
+# Why a run has no per-rank compute times, by where its steps come from (a job of one rank has none to
+# compare, whatever its framework).
+_HOOK_NO_RANKS = ("the step hook reports each rank where it runs: hook every rank (a rank without it "
+                  "reports nothing)")
+NO_PER_RANK: Mapping[Framework, str] = {
+    Framework.MEGATRON: "Megatron's default timer option (minmax) prints only the min and max across ranks; "
+                        "run with --timing-log-option all (or capture the ranks) to see every rank",
+    Framework.TORCHTITAN: "torchtitan logs no per-rank times; the step hook on every rank gives them",
+    **{f: _HOOK_NO_RANKS for f in Framework if f.hooked},
+}
+
+
+def no_heatmap_note(framework: Framework, world_size: int | None) -> str:
+    """Why there is no per-rank heat map, in the job's framework's terms."""
+    if world_size == 1:
+        return _note("No per-rank heat map: the job runs on one rank, with no other to compare it to.")
+    return _note(f"No per-rank heat map: this run has no per-rank compute times. {NO_PER_RANK[framework]}.")
+
+
 def rank_heatmap(its: Sequence[ChartIteration], ranks: Sequence[Mapping[str, Any]] = (),
                  lay: JobLayout | None = None, stretches: Sequence[DisturbanceStretch] = (),
-                 incidents: Sequence[IncidentMark] = ()) -> str:
-    """Per-rank compute ÷ its group's median per iteration (from per-rank timers), or a note why not.
-    ``ranks``: the aggregator's rank placements, as its job summary serves them."""
+                 incidents: Sequence[IncidentMark] = (), framework: Framework = Framework.MEGATRON) -> str:
+    """Per-rank compute ÷ its group's median per iteration (from per-rank timers), or a note why not
+    (:func:`no_heatmap_note`). ``ranks``: the aggregator's rank placements, as its job summary serves
+    them."""
     have = [it for it in its if it.straggler_rank_compute_ratio]
-    if not have:
-        return _note("No per-rank heat map: this run has no per-rank compute times. Megatron's default "
-                     "timer option (minmax) prints only the min and max across ranks; run with "
-                     "--timing-log-option all (or capture the ranks) to see every rank.")
     lay = lay if lay is not None else JobLayout()
+    if not have:
+        return no_heatmap_note(framework, lay.world_size)
     all_ranks = sorted({r for it in have for r in it.straggler_rank_compute_ratio})
     groups = _bins(have, MAX_BARS)
     matrix: dict[int, list[float | None]] = {r: [] for r in all_ranks}

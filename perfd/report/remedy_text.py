@@ -71,6 +71,8 @@ TEMPLATE: dict[Say, str] = {
     Say.FUSED_ATTENTION_SDPA: "Fused attention: torch.nn.functional.scaled_dot_product_attention(q, k, v, "
                               'is_causal=True) in place of softmax(QKᵀ)·V (attn_implementation="sdpa" in '
                               "Hugging Face)",
+    Say.FUSED_ATTENTION_HF: 'Fused attention: from_pretrained(..., attn_implementation="sdpa") in place of '
+                            '"eager" ("flash_attention_2" with flash-attn installed)',
     # Scale-mask-softmax fusion.
     Say.SOFTMAX_BASIS: "the mask fill and the copies of the score matrix autograd makes for it: {0:.0f} ms "
                        "per step by op (× {1:g}–{2:g}); the fused kernel's softmax costs what the unfused "
@@ -107,17 +109,40 @@ TEMPLATE: dict[Say, str] = {
     Say.TE_UNSHOWN: "needs Transformer Engine (the log does not say whether it is installed)",
     Say.FUSED_LAYERS_TORCHTITAN: "Fused layers: --compile.enable (torch.compile)",
     Say.FUSED_LAYERS_COMPILE: "Fused layers: torch.compile(model)",
+    Say.FUSED_LAYERS_HF: "Fused layers: {0} (torch.compile), or {1} where Liger patches the model (its fused "
+                         "RMSNorm, RoPE, SwiGLU and cross-entropy kernels; needs liger-kernel installed)",
+    Say.FUSED_LAYERS_LIGHTNING: "Fused layers: torch.compile(model) of the LightningModule, then "
+                                "trainer.fit(model)",
     # Bigger GEMMs.
     Say.GEMM_BASIS: "the GEMMs run at {0:.0%} of the ceiling: {1:.0f} ms per step where {2:.0f} ms would be "
                     "{3:.0%} of it (× {4:g}–{5:g} of the difference)",
     Say.BIGGER_GEMMS_MEGATRON: "Bigger GEMMs: a larger --micro-batch-size, hidden and FFN sizes multiples "
                                "of 128",
     Say.BIGGER_GEMMS: "Bigger GEMMs: a larger batch per step, dimensions multiples of 128",
+    Say.BIGGER_GEMMS_HF: "Bigger GEMMs: a larger {0} and a smaller {1} (the same global batch), dimensions "
+                         "multiples of 128",
+    Say.BIGGER_GEMMS_LIGHTNING: "Bigger GEMMs: a larger DataLoader batch_size and a smaller "
+                                "Trainer(accumulate_grad_batches=...) (the same global batch), dimensions "
+                                "multiples of 128",
+    Say.BIGGER_GEMMS_TORCHTITAN: "Bigger GEMMs: a larger {0} (the same {1}: fewer gradient-accumulation "
+                                 "steps), dimensions multiples of 128",
     # Host synchronisations and Megatron-LM's timers.
     Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.0f} ms after them while the "
                     "host launches again; without them the host runs ahead (× {3:g}–{4:g})",
     Say.REMOVE_SYNCS: "Remove host synchronisations from the step: .item(), .cpu(), "
                       "torch.cuda.synchronize(), printing tensors; log every N steps",
+    Say.REMOVE_SYNCS_HF: "Remove host synchronisations from the step: {0} (the Trainer tests every "
+                         "micro-batch's loss for NaN or inf on the host, a synchronisation each) and {1} "
+                         "as large as the loss curve allows (it reads the loss back at each logging step); "
+                         "no .item(), .cpu() or printed tensors in compute_loss or a callback",
+    Say.NAN_FILTER_COST: "the logged loss no longer leaves out a NaN or inf micro-batch's (logging only: the "
+                         "gradients are the same)",
+    Say.REMOVE_SYNCS_LIGHTNING: "Remove host synchronisations from the step: values logged every step with "
+                                "self.log(..., on_step=False, on_epoch=True) or prog_bar=False (the progress "
+                                "bar reads them back at each refresh), a larger Trainer({0}); no .item(), "
+                                ".cpu() or printed tensors in training_step",
+    Say.REMOVE_SYNCS_TORCHTITAN: "Remove host synchronisations from the step: a larger {0} (torchtitan reads "
+                                 "the loss and the gradient norm back at each logging step)",
     Say.TIMER_BASIS: "the GPU idles {0:.0f} ms a step after the bare device synchronisations of the "
                      f"forward-backward phase: the level-2 timers' ({_LEVEL2} × {{1}} micro-batches), which "
                      "level 1 drops (× {2:g}–{3:g}); the step-level timers stay",
@@ -154,6 +179,9 @@ TEMPLATE: dict[Say, str] = {
     Say.GRAPHS_FLAG: "CUDA graphs: {0}",
     Say.GRAPHS_COST: "memory for the graphs' static buffers",
     Say.GRAPHS_COMPILE: 'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
+    Say.GRAPHS_HF: "CUDA graphs: {0} (torch.compile's CUDA graphs; the mode sets {1} too)",
+    Say.GRAPHS_LIGHTNING: 'CUDA graphs: torch.compile(model, mode="reduce-overhead") of the LightningModule, '
+                          "then trainer.fit(model)",
     # The optimizer phase.
     Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
     Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",
@@ -166,6 +194,9 @@ TEMPLATE: dict[Say, str] = {
                                  "{0} and a per-tensor multi_tensor_scale)",
     Say.FUSED_OPTIMIZER_TORCHTITAN: "A fused optimizer: --optimizer.implementation fused",
     Say.FUSED_OPTIMIZER_TORCH: "A fused optimizer: torch.optim.AdamW(params, fused=True)",
+    Say.FUSED_OPTIMIZER_HF: "A fused optimizer: {0} (the Trainer's default from torch 2.8 on)",
+    Say.FUSED_OPTIMIZER_LIGHTNING: "A fused optimizer: torch.optim.AdamW(self.parameters(), fused=True) in "
+                                   "configure_optimizers()",
     Say.TE_APEX_UNSHOWN: "the start-up does not say whether Transformer Engine or Apex is there",
     Say.GRAD_NORM_BASIS: "{0:.0f} .item() synchronisations a step in the optimizer phase leave the GPU idle "
                          "{1:.0f} ms (× {2:g}–{3:g}), and the per-tensor norm kernels take {4:.1f} ms (× "
@@ -185,6 +216,12 @@ TEMPLATE: dict[Say, str] = {
     Say.OVERLAP_COST: "the distributed optimizer shards optimizer state (less memory, a param all-gather)",
     Say.OVERLAP_DDP: "Overlap communication: DDP buckets overlap with backward by default (check no_sync "
                      "and find_unused_parameters); FSDP: backward_prefetch",
+    Say.OVERLAP_HF: "Overlap communication: {0} (without gradient checkpointing the Trainer has DDP look "
+                    "for unused parameters every step) and {1} sized to the model; DDP overlaps its "
+                    "buckets with the backward",
+    Say.OVERLAP_LIGHTNING: 'Overlap communication: strategy="ddp" (not "ddp_find_unused_parameters_true"), '
+                           "DDPStrategy(bucket_cap_mb=...) sized to the model; DDP overlaps its buckets with "
+                           "the backward",
     Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it (× "
                     "{1:g}–{2:g})",
     Say.DATA_LOADER: DATA_LOADING_ACTION.replace("{", "{{").replace("}", "}}"),

@@ -16,6 +16,7 @@ from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
 from perfd.analytics.steps.iteration import job_value
 from perfd.report import budget_view, plan_view
+from perfd.report.grade_text import status_label
 from perfd.report.training_report import Report, format_value
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def render_text(report: Report, iterations: RunAnalysis | None = None, width: in
     s = report.summary
     out: list[str] = ["SUMMARY"]
     out += _wrap(s.headline, "  ", width)
-    out.append(f"  status: {s.status} — {s.status_text}")
+    out.append(f"  status: {status_label(s.status)} — {s.status_text}")
     out += _wrap(f"bottleneck: {s.bottleneck} — {s.bottleneck_reason}", "  ", width)
     out.append(f"  steady state: {s.steady}")
     if report.step_budget:
@@ -107,7 +108,7 @@ def render_rich(report: Report) -> RenderableType:
     """The report as a rich renderable (print it with a rich Console)."""
     s = report.summary
     head = Text()
-    head.append(f"{s.status}", style=_STATUS_STYLE.get(s.status, ""))
+    head.append(status_label(s.status), style=_STATUS_STYLE.get(s.status, ""))
     head.append(f" — {s.status_text}\n{s.headline}\nbottleneck: {s.bottleneck} — {s.bottleneck_reason}\n"
                 f"steady state: {s.steady}")
     metrics = Table(title=f"Metrics (steady state: {REDUCTIONS_TEXT})", show_lines=False, expand=True)

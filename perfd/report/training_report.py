@@ -165,7 +165,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
     lay = analysis.job.layout
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
     grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                                                budget_class(budget), untimed))
+                                                budget_class(budget), untimed, lay.world_size))
     span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):

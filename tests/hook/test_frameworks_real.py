@@ -136,7 +136,10 @@ def _to_aggregator(c: HookCollector) -> Any:
     return a
 
 
-def _check(a: Any, own: dict[int, tuple[float, float, float]], saves: bool = False) -> None:
+def _check(a: Any, own: dict[int, tuple[float, float, float]], trainer: tuple[str, str, str],
+           saves: bool = False) -> None:
+    """``trainer``: the framework the job's info names (the callback's mark), its version, and what the
+    report's data-loading recommendation names of its data loader (in the trainer's terms)."""
     # The evaluations between steps are announced (the callbacks' hook.phase): their time is not the
     # next step's, and goodput counts it as evaluation.
     evaluated = [n for n, (_, _, ev) in own.items() if ev > 0]
@@ -150,7 +153,7 @@ def _check(a: Any, own: dict[int, tuple[float, float, float]], saves: bool = Fal
     assert gp["evaluation"] >= 0.9 * sum(own[n][2] for n in evaluated) / 1e3
     assert (gp["checkpoint"] > 0) is saves  # the Trainer's checkpoint saves, announced the same way
     rows = [r for r in a.iterations if r.iteration > 2 and r.iteration not in evaluated]  # after warm-up
-    assert a.job.framework == "pytorch" and a.job.layout.world_size == 1
+    assert (a.job.framework, a.job.framework_version) == trainer[:2] and a.job.layout.world_size == 1
     assert a.job.gpu.dtype == "fp32"
     for r in rows:
         # Data share: the fetch of BATCH items sleeping ITEM_SLEEP_S each, the dataset's own clock.
@@ -166,7 +169,10 @@ def _check(a: Any, own: dict[int, tuple[float, float, float]], saves: bool = Fal
     assert sum(r.step_time_ms for r in rows) == pytest.approx(total, rel=0.03)
     share = sum(own[r.iteration][1] for r in rows) / total
     assert sum(r.data_share * r.step_time_ms for r in rows) / total == pytest.approx(share, abs=0.03)
-    assert "None" not in build_report(a).summary.headline
+    report = build_report(a)
+    assert "None" not in report.summary.headline
+    (data,) = [r for r in report.recommendations if r.finding_id == "data-loading"]
+    assert trainer[2] in data.detail and "Megatron" not in data.detail
 
 
 
@@ -192,7 +198,8 @@ def test_hf_trainer_callback(collector: HookCollector, tmp_path: Path) -> None:
                                    callbacks=[hf_callback(**_hook_kwargs(collector, model)), Clock()])
     trainer.train()
     assert len(ends) == STEPS
-    _check(_to_aggregator(collector), truth(ends, data.items, evals.items), saves=True)
+    _check(_to_aggregator(collector), truth(ends, data.items, evals.items),
+           ("hf_trainer", transformers.__version__, "--dataloader_num_workers N"), saves=True)
 
 
 def test_lightning_callback(collector: HookCollector) -> None:
@@ -236,4 +243,5 @@ def test_lightning_callback(collector: HookCollector) -> None:
     trainer.fit(Module(), loader, val)
     assert len(ends) == STEPS
     sanity = evals.items[:BATCH]  # the sanity check's batch, before the first step
-    _check(_to_aggregator(collector), truth(ends, data.items, evals.items[len(sanity):]))
+    _check(_to_aggregator(collector), truth(ends, data.items, evals.items[len(sanity):]),
+           ("lightning", pl.__version__, "train_dataloader()"))

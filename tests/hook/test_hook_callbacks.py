@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import perfd.hook.hf as hf
 import perfd.hook.lightning as lightning
 from perfd.hook import StepHook, wire
+from perfd.model import JobInfo
 
 
 def received(sock: socket.socket) -> list[wire.StepMsg]:
@@ -129,3 +131,102 @@ def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.
         assert 2 * FETCH_S <= m.data_wait_ns / 1e9 < m.period_ns / 1e9  # both micro-batches' fetches
         assert FETCH_S + 2 * WORK_S <= m.step_ns / 1e9  # the second fetch is inside the step
         assert m.period_ns / 1e9 >= 2 * (FETCH_S + WORK_S)
+
+
+def _fake_trainer(monkeypatch: pytest.MonkeyPatch, framework: str) -> Any:
+    """A stand-in transformers (or lightning.pytorch) with its version, and the callback factory for it."""
+    if framework == "hf_trainer":
+        fake = types.ModuleType("transformers")
+        fake.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
+        fake.__version__ = "5.17.0"  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "transformers", fake)
+        monkeypatch.setattr(hf, "_CLASS", None)
+        return hf.hf_callback
+    fake = types.ModuleType("lightning.pytorch")
+    fake.Callback = type("Callback", (), {})  # type: ignore[attr-defined]
+    fake.__version__ = "2.6.0"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", fake)
+    monkeypatch.setattr(lightning, "_CLASS", None)
+    return lightning.lightning_callback
+
+
+def _records(data: bytes) -> list[tuple[int, bytes]]:
+    recs, problem = wire.split_records(data)
+    assert problem is None
+    return recs
+
+
+@pytest.mark.parametrize(("framework", "version"), [("hf_trainer", "5.17.0"), ("lightning", "2.6.0")])
+def test_a_trainers_callback_names_its_trainer_to_the_aggregator(
+        framework: str, version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The callback marks its hook (the trainer and the version it imported): the hook's job record names
+    it (wire.KIND_FRAMEWORK, after the steps), the agent's collector makes it the job's framework, and
+    the aggregator's job info keeps it across the wire (its JSON) and beside a plain hook's word."""
+    from collectors.hook import HookCollector
+    from perfd.aggregator.jobs import JobStore
+    from perfd.collector import Collected
+    from perfd.jobinfo_json import job_info_from_json, job_info_to_json
+
+    make = _fake_trainer(monkeypatch, framework)
+    sock = str(tmp_path / "hook.sock")
+    c = HookCollector({"socket_path": sock, "job": "j"})
+    c.start()
+    try:
+        hook = StepHook(sock, warmup_steps=0, cuda=False, rank=0, flush_interval_s=0)
+        make(hook)
+        assert hook.trainer is not None and hook.trainer[1] == version
+        for _ in range(3):
+            with hook.step():
+                pass
+        hook.close()
+        out = Collected()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not c.counts.get("framework_records"):
+            got = c.collect(time.time())
+            out.steps += got.steps
+            out.job_info.update(got.job_info)
+            time.sleep(0.01)
+    finally:
+        c.stop()
+    info = out.job_info["j"]
+    assert (info.framework, info.framework_version) == (framework, version)
+    store = JobStore(min_recompute_s=0.0)
+    store.ingest_job_info("agent-a", "j", job_info_from_json(job_info_to_json(info)))  # as the agent sends it
+    store.ingest_job_info("agent-b", "j", JobInfo(framework="pytorch"))  # another node's older hook
+    held = store.job_info("j")
+    assert held is not None and (held.framework, held.framework_version) == (framework, version)
+
+
+def test_the_framework_record_follows_the_steps_and_an_older_agent_keeps_them(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain StepHook names no trainer; a trainer's hook sends its record after the step records, so an
+    agent that does not know the kind stops there and keeps every step before it."""
+    plain = StepHook(agent[0], warmup_steps=0, cuda=False, rank=0, flush_interval_s=0)
+    with plain.step():
+        pass
+    plain.close()
+    kinds = [k for d in _datagrams(agent[1]) for k, _ in _records(d)]
+    assert wire.KIND_JOB in kinds and wire.KIND_FRAMEWORK not in kinds
+    hook = StepHook(agent[0], warmup_steps=0, cuda=False, rank=0, flush_interval_s=0)
+    _fake_trainer(monkeypatch, "hf_trainer")(hook)
+    with hook.step():
+        pass
+    hook.close()
+    (data,) = [d for d in _datagrams(agent[1]) if wire.KIND_JOB in {k for k, _ in _records(d)}]
+    recs = _records(data)
+    assert [k for k, _ in recs][-1] == wire.KIND_FRAMEWORK
+    assert wire.unpack_framework(recs[-1][1]) == wire.FrameworkMsg(0, hook.pid, wire.FRAMEWORK_HF_TRAINER,
+                                                                   "5.17.0")
+    monkeypatch.delitem(wire.EXPECTED_SIZE, wire.KIND_FRAMEWORK)  # an agent older than the record
+    older, problem = wire.split_records(data)
+    assert problem == "unknown_kind" and [k for k, _ in older] == [k for k, _ in recs[:-1]]
+    assert wire.KIND_STEP2 in [k for k, _ in older]
+
+
+def _datagrams(sock: socket.socket) -> list[bytes]:
+    out: list[bytes] = []
+    while True:
+        try:
+            out.append(sock.recv(65536))
+        except BlockingIOError:
+            return out

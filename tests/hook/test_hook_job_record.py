@@ -86,3 +86,35 @@ def test_a_logs_job_info_keeps_its_own_and_takes_what_the_hooks_add() -> None:
     newer = JobInfo(framework="pytorch", layout=ParallelLayout(world_size=2))
     assert merge_job_info(hook, newer) is newer  # the same describer replaces its own
     assert merge_job_info(None, hook) is hook
+
+
+def test_a_trainers_hooks_are_still_the_hooks_beside_a_log() -> None:
+    """A hook a trainer's callback drives describes the job as a plain hook does: a log's JobInfo keeps
+    its own framework beside it, and a plain hook's word (an older hook, another node's) does not take
+    the trainer's name away."""
+    meg = JobInfo(framework="megatron", layout=ParallelLayout(world_size=8))
+    hf = JobInfo(framework="hf_trainer", framework_version="5.17.0",
+                 layout=ParallelLayout(world_size=8, cp=1), spec=ModelSpec(dtype="bf16"))
+    for merged in (merge_job_info(meg, hf), merge_job_info(hf, meg)):
+        assert merged.framework == "megatron" and merged.layout.cp == 1 and merged.spec.dtype == "bf16"
+    plain = JobInfo(framework="pytorch", layout=ParallelLayout(world_size=4))
+    kept = merge_job_info(hf, plain)
+    assert (kept.framework, kept.framework_version, kept.layout.world_size) == ("hf_trainer", "5.17.0", 4)
+    lit = JobInfo(framework="lightning")
+    assert merge_job_info(plain, lit) is lit and merge_job_info(hf, lit) is lit
+
+
+def test_the_collector_takes_a_known_trainer_and_counts_anything_else(tmp_path: Path) -> None:
+    from perfd.collector import Collected
+
+    c = HookCollector({"socket_path": str(tmp_path / "h.sock"), "job": "j"})
+    out = Collected()
+    c._trainer(wire.FrameworkMsg(0, 100, 99, "1.0"), out)  # a code this agent does not know
+    c._trainer(wire.FrameworkMsg(0, 100, wire.FRAMEWORK_LIGHTNING, "2.6\n0"), out)  # not printable
+    assert c.errors.get("malformed:framework") == 2 and not out.job_info
+    c._trainer(wire.FrameworkMsg(0, 100, wire.FRAMEWORK_LIGHTNING, "2.6.0"), out)
+    info = out.job_info["j"]
+    assert (info.framework, info.framework_version) == ("lightning", "2.6.0")
+    data = wire.pack_framework(wire.FrameworkMsg(3, 7, wire.FRAMEWORK_HF_TRAINER, "5" * 40))
+    assert len(data) == wire.FRAMEWORK.size and wire.kind_of(data) == wire.KIND_FRAMEWORK
+    assert wire.unpack_framework(data).version == "5" * wire.FRAMEWORK_VERSION_BYTES  # a longer one cut

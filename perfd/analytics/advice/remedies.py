@@ -34,13 +34,17 @@ from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepB
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
-from perfd.model import ABSENT
+from perfd.model import ABSENT, HF_TRAINER_FRAMEWORK, HOOK_FRAMEWORK, HOOK_FRAMEWORKS, LIGHTNING_FRAMEWORK
 
 
 class Framework(TextEnum):
     MEGATRON = "megatron"
-    PYTORCH = "pytorch"  # the step hook (plain loops, Hugging Face Trainer, Lightning)
+    PYTORCH = HOOK_FRAMEWORK  # the step hook in a plain loop
     TORCHTITAN = "torchtitan"
+    # The step hook driven by a trainer's callback (perfd.hook.hf, perfd.hook.lightning): the same loop
+    # seen, advice in the trainer's own switches (perfd.analytics.advice.trainer_switches).
+    HF_TRAINER = HF_TRAINER_FRAMEWORK
+    LIGHTNING = LIGHTNING_FRAMEWORK
 
     @staticmethod
     def of(name: str | None) -> Framework:
@@ -49,6 +53,11 @@ class Framework(TextEnum):
             return Framework(str(name))
         except ValueError:
             return Framework.PYTORCH
+
+    @property
+    def hooked(self) -> bool:
+        """The job's steps come from the step hook in its own loop (plain, or a trainer's callback)."""
+        return self.value in HOOK_FRAMEWORKS
 
 
 class RemedyId(TextEnum):
@@ -74,9 +83,10 @@ class RemedyId(TextEnum):
 class Flag:
     option: str
     value: str | None = None
+    joiner: str = " "  # a command line's "--option value"; "=" for a keyword argument (Lightning's Trainer)
 
     def text(self) -> str:
-        return self.option if self.value is None else f"{self.option} {self.value}"
+        return self.option if self.value is None else f"{self.option}{self.joiner}{self.value}"
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from perfd.analytics.advice.remedy_steps import (
     pipeline_wait,
     timer_sync,
 )
+from perfd.analytics.advice.trainer_switches import in_terms
 from perfd.analytics.breakdown.budget import BudgetPart
 from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, Change
 from perfd.analytics.breakdown.step_parts import Part
@@ -135,17 +136,8 @@ def fused_attention(c: FitContext) -> Advice | None:
         requires = (PACKAGE_TE, PACKAGE_FLASH_ATTN) if flash else (PACKAGE_TE,)
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes,
                       removes=removes, requires=requires)
-    if cfg.framework is Framework.TORCHTITAN:
-        return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION,
-                      say(Say.FUSED_ATTENTION_TORCHTITAN),
-                      gain, removes=removes)
-    return Advice(
-        RemedyId.FUSED_ATTENTION,
-        Part.ATTENTION,
-        say(Say.FUSED_ATTENTION_SDPA),
-        gain,
-        removes=removes,
-    )
+    sw = in_terms(RemedyId.FUSED_ATTENTION, cfg.framework, Say.FUSED_ATTENTION_SDPA)
+    return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, sw.action, gain, sw.flags, removes=removes)
 
 
 def softmax_fusion(c: FitContext) -> Advice | None:
@@ -286,21 +278,9 @@ def fused_layers(c: FitContext) -> Advice | None:
             removes=removes,
             requires=(PACKAGE_TE,),
         )
-    if cfg.framework is Framework.TORCHTITAN:
-        return Advice(
-            RemedyId.FUSED_LAYERS,
-            Part.POINTWISE,
-            say(Say.FUSED_LAYERS_TORCHTITAN),
-            ranged(ms, FUSED_POINTWISE, basis),
-            removes=removes,
-        )
-    return Advice(
-        RemedyId.FUSED_LAYERS,
-        Part.POINTWISE,
-        say(Say.FUSED_LAYERS_COMPILE),
-        ranged(ms, FUSED_POINTWISE, basis),
-        removes=removes,
-    )
+    sw = in_terms(RemedyId.FUSED_LAYERS, cfg.framework, Say.FUSED_LAYERS_COMPILE)
+    return Advice(RemedyId.FUSED_LAYERS, Part.POINTWISE, sw.action, ranged(ms, FUSED_POINTWISE, basis),
+                  sw.flags, removes=removes)
 
 
 def bigger_gemms(c: FitContext) -> Advice | None:
@@ -316,8 +296,8 @@ def bigger_gemms(c: FitContext) -> Advice | None:
         return None
     target = th.GEMM_EFFICIENT.value
     basis = say(Say.GEMM_BASIS, of, p.ms, at / target, target, *GEMM_TO_TARGET)
-    act = say(Say.BIGGER_GEMMS_MEGATRON if cfg.framework is Framework.MEGATRON else Say.BIGGER_GEMMS)
-    return Advice(RemedyId.BIGGER_GEMMS, p.part, act, ranged(above, GEMM_TO_TARGET, basis))
+    sw = in_terms(RemedyId.BIGGER_GEMMS, cfg.framework, Say.BIGGER_GEMMS)
+    return Advice(RemedyId.BIGGER_GEMMS, p.part, sw.action, ranged(above, GEMM_TO_TARGET, basis), sw.flags)
 
 
 Remedy = Callable[[FitContext], Advice | None]

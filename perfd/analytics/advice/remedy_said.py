@@ -44,6 +44,7 @@ class Say(enum.Enum):
     FUSED_ATTENTION_FLAGS = 1  # the flags
     FUSED_ATTENTION_TORCHTITAN = 0
     FUSED_ATTENTION_SDPA = 0
+    FUSED_ATTENTION_HF = 0
     # Scale-mask-softmax fusion.
     SOFTMAX_BASIS = 3  # mask and copies ms, low, high factor
     SOFTMAX_INSTALL = 0
@@ -67,13 +68,22 @@ class Say(enum.Enum):
     TE_UNSHOWN = 0
     FUSED_LAYERS_TORCHTITAN = 0
     FUSED_LAYERS_COMPILE = 0
+    FUSED_LAYERS_HF = 2  # the flags, the Liger option
+    FUSED_LAYERS_LIGHTNING = 0
     # Bigger GEMMs.
     GEMM_BASIS = 6  # share of the ceiling, GEMM ms, ms at target, target, low, high factor
     BIGGER_GEMMS_MEGATRON = 0
     BIGGER_GEMMS = 0
+    BIGGER_GEMMS_HF = 2  # the batch option, the accumulation option
+    BIGGER_GEMMS_LIGHTNING = 0
+    BIGGER_GEMMS_TORCHTITAN = 2  # the local batch option, the global batch option
     # Host synchronisations and Megatron-LM's timers.
     SYNC_BASIS = 5  # syncs a step, their owners, idle ms, low, high factor
     REMOVE_SYNCS = 0
+    REMOVE_SYNCS_HF = 2  # the NaN filter's flag, the logging flag
+    NAN_FILTER_COST = 0
+    REMOVE_SYNCS_LIGHTNING = 1  # the Trainer's logging flag
+    REMOVE_SYNCS_TORCHTITAN = 1  # the logging flag
     TIMER_BASIS = 4  # idle ms, micro-batches, low, high factor
     TIMER_REPLAYED = 1  # micro-batches
     HOST_JITTER = 3  # the basis, jitter ms, robust deviations
@@ -92,6 +102,8 @@ class Say(enum.Enum):
     GRAPHS_FLAG = 1  # the flag
     GRAPHS_COST = 0
     GRAPHS_COMPILE = 0
+    GRAPHS_HF = 2  # the compile mode's flag, the compile option
+    GRAPHS_LIGHTNING = 0
     # The optimizer phase.
     FOREACH_ADAM = 0
     PER_TENSOR_ADAM = 0
@@ -101,6 +113,8 @@ class Say(enum.Enum):
     FUSED_OPTIMIZER_INSTALL = 1  # the Adam's kind
     FUSED_OPTIMIZER_TORCHTITAN = 0
     FUSED_OPTIMIZER_TORCH = 0
+    FUSED_OPTIMIZER_HF = 1  # the flag
+    FUSED_OPTIMIZER_LIGHTNING = 0
     TE_APEX_UNSHOWN = 0
     GRAD_NORM_BASIS = 7  # syncs a step, idle ms, low, high, norm kernels ms, low, high factor
     GRAD_NORM = 0
@@ -113,6 +127,8 @@ class Say(enum.Enum):
     OVERLAP_FLAGS = 1  # the flags
     OVERLAP_COST = 0
     OVERLAP_DDP = 0
+    OVERLAP_HF = 2  # the unused-parameters flag, the bucket flag
+    OVERLAP_LIGHTNING = 0
     DATA_BASIS = 3  # data wait ms, low, high factor
     DATA_LOADER = 0  # the data-loading action (the incidents' too)
     DATA_KNOBS = 1  # the framework (perfd.analytics.advice.remedies.Framework value)

@@ -45,6 +45,7 @@ from perfd.analytics.advice.remedies import (
     removal,
 )
 from perfd.analytics.advice.remedy_said import Said, Say, say
+from perfd.analytics.advice.trainer_switches import in_terms
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
@@ -86,11 +87,14 @@ def timer_sync(c: FitContext) -> Advice | None:
         n = sum(r.gaps for r in b.idle if r.cause is IdleCause.SYNC)
         owners = sorted({r.owner for r in b.idle if r.cause is IdleCause.SYNC and r.ms >= 0.05 * gaps})
         basis = say(Say.SYNC_BASIS, n, ", ".join(owners), gaps, *SYNC_GAP_BACK)
+        sw = in_terms(RemedyId.TIMER_SYNC, cfg.framework, Say.REMOVE_SYNCS)
         return Advice(
             RemedyId.TIMER_SYNC,
             Part.IDLE_SYNC,
-            say(Say.REMOVE_SYNCS),
+            sw.action,
             ranged(gaps, SYNC_GAP_BACK, basis),
+            sw.flags,
+            cost=sw.cost_said,
             removes=(removal("idle:sync", gaps, SYNC_GAP_BACK),),
         )
     m = microbatches(cfg)
@@ -213,13 +217,8 @@ def cuda_graphs(c: FitContext) -> Advice | None:
             removes=removes,
             replay=Change.GRAPHS if replayed else None,
         )
-    return Advice(
-        RemedyId.CUDA_GRAPHS,
-        Part.IDLE_SHORT,
-        say(Say.GRAPHS_COMPILE),
-        gain,
-        removes=removes,
-    )
+    sw = in_terms(RemedyId.CUDA_GRAPHS, cfg.framework, Say.GRAPHS_COMPILE)
+    return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, sw.action, gain, sw.flags, removes=removes)
 
 
 # --- the optimizer phase ------------------------------------------------------------------------------
@@ -274,9 +273,8 @@ def fused_optimizer(c: FitContext) -> Advice | None:
             requires=(PACKAGE_TE, PACKAGE_APEX),
             notes=() if needs else (say(Say.TE_APEX_UNSHOWN),),
         )
-    act = say(Say.FUSED_OPTIMIZER_TORCHTITAN if cfg.framework is Framework.TORCHTITAN
-              else Say.FUSED_OPTIMIZER_TORCH)
-    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, act, gain, removes=tuple(removes))
+    sw = in_terms(RemedyId.FUSED_OPTIMIZER, cfg.framework, Say.FUSED_OPTIMIZER_TORCH)
+    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, sw.action, gain, sw.flags, removes=tuple(removes))
 
 
 def grad_norm(c: FitContext) -> Advice | None:
@@ -376,12 +374,9 @@ def overlap_comm(c: FitContext) -> Advice | None:
             cost=say(Say.OVERLAP_COST),
             notes=notes,
         )
-    return Advice(
-        RemedyId.OVERLAP_COMM,
-        Part.COMM_EXPOSED,
-        say(Say.OVERLAP_DDP),
-        ranged(comm.ms, OVERLAP_HIDES, basis),
-    )
+    sw = in_terms(RemedyId.OVERLAP_COMM, cfg.framework, Say.OVERLAP_DDP)
+    return Advice(RemedyId.OVERLAP_COMM, Part.COMM_EXPOSED, sw.action, ranged(comm.ms, OVERLAP_HIDES, basis),
+                  sw.flags)
 
 
 def data_loader(c: FitContext) -> Advice | None:
@@ -391,11 +386,13 @@ def data_loader(c: FitContext) -> Advice | None:
     if p is None or not named(b, p.ms):
         return None
     basis = say(Say.DATA_BASIS, p.ms, *DATA_WAIT_BACK)
+    sw = in_terms(RemedyId.DATA_LOADER, cfg.framework, Say.DATA_LOADER)
     return Advice(
         RemedyId.DATA_LOADER,
         Part.DATA,
-        say(Say.DATA_LOADER),
+        sw.action,
         ranged(p.ms, DATA_WAIT_BACK, basis),
+        sw.flags,
         notes=(say(Say.DATA_KNOBS, cfg.framework.value),),
     )
 

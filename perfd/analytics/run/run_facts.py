@@ -156,9 +156,11 @@ class StragglerFacts:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpreadFacts:
-    """Compute time spread across ranks (pp=1) over the straggler ratio in a share of the iterations."""
+    """Compute time spread across ranks (pp=1) over the straggler ratio in a share of the iterations, and
+    the framework whose per-rank times would name the rank."""
 
     fraction: float
+    framework: Framework = Framework.MEGATRON
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -146,7 +146,7 @@ def mfu_grade(c: RunContext) -> Out:
     lay = c.job.layout
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     said = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"),
-                         budget_class(c.budget), untimed)
+                         budget_class(c.budget), untimed, lay.world_size)
     facts = MfuFacts(said=MfuSaid.GRADED, mfu=mfu, tflops=med["model_tflops_per_gpu"],
                      peak_tflops=peak.peak_tflops, gpu_model=peak.gpu_model, dtype=peak.dtype,
                      of_ceiling=med.get("mfu_vs_measured_ceiling"),
@@ -165,7 +165,8 @@ def tflops_crosscheck(c: RunContext) -> Out:
     gap = a.summary.tflops_check_max_abs_gap
     facts = CrosscheckFacts(n_checked=n_chk, n_disagree=n_bad, max_gap=gap,
                             tflops=med.get("model_tflops_per_gpu"),
-                            logged_tflops=med.get("logged_tflops_per_gpu"), formula=a.flops.formula)
+                            logged_tflops=med.get("logged_tflops_per_gpu"), formula=a.flops.formula,
+                            framework=c.framework)
     # its words are the report's (perfd.report.grade_text)
     f = MfuFinding("tflops-crosscheck", Severity.INFO if facts.agrees else Severity.WARNING, "", "",
                    {"n_checked": n_chk, "n_disagree": n_bad, "max_abs_gap": gap}, "",
@@ -317,7 +318,7 @@ def stragglers(c: RunContext) -> Out:
                                    facts=said))
     anon = a.summary.straggler_compute_spread_fraction
     if anon is not None and anon >= th.STRAGGLER_PERSISTENT_FRACTION.value:
-        spread = SpreadFacts(fraction=anon)
+        spread = SpreadFacts(fraction=anon, framework=c.framework)
         f.append(RunFinding("straggler-spread", Severity.WARNING, "", "",
                             {"compute_spread": med.get("straggler_compute_spread"), "fraction": anon}, "",
                             steps=span, facts=spread))
@@ -374,7 +375,7 @@ def next_step(c: RunContext) -> Out:
     else:  # live: a capture now; a finished log: how to have a capture next time, and how to pass it
         divider = Divider.TIMELINE if c.live else Divider.NEXT_RUN
     said = NextStepFacts(divider=divider, job=c.a.job.name or "JOB",
-                         hook_loop=c.framework is Framework.PYTORCH,
+                         hook_loop=c.framework.hooked,
                          compute_ms=compute.ms if compute is not None else None,
                          compute_share=compute.share if compute is not None else 0.0,
                          ideal_ms=b.ideal_ms if b is not None else None,

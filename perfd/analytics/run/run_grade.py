@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.breakdown.advice_registry import BANDS, GRADE, Grade, GradeBasis
 from perfd.analytics.breakdown.bottleneck import BudgetClass
 from perfd.analytics.breakdown.budget import StepBudget, classify
@@ -49,12 +50,16 @@ class GradeExplanation:
 
 
 def explain_grade(mfu: float | None, data: float | None, comm: float | None,
-                  budget_class: BudgetClass | None = None, untimed: Untimed = ()) -> GradeExplanation:
+                  budget_class: BudgetClass | None = None, untimed: Untimed = (),
+                  world_size: int | None = None) -> GradeExplanation:
     """The grade said with this job's own measurements: never its band's usual causes where the same
     report measured them small. ``budget_class``: the class a capture's step budget supports.
     ``untimed``: the groups whose collectives the timers cannot see (perfd.analytics.steps.untimed):
     communication is then never ruled out. Which measurements may explain a band is its registry
-    entry's ``explained_by``."""
+    entry's ``explained_by``. A job of one rank (``world_size``) exposes no communication, timed or not
+    (a one-GPU loop under the step hook, which times none: its 30–40% band is not communication)."""
+    if comm is None and world_size == 1:
+        comm = 0.0
     grade = grade_mfu(mfu)
     plain = GradeExplanation(grade=grade, basis=GradeBasis.BAND)
     by = GRADE[grade].explained_by
@@ -113,8 +118,8 @@ class MfuFacts:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CrosscheckFacts:
     """The check of perfd's throughput (the MFU's numerator) against the framework's logged figure over
-    the steady iterations: how many were checked, how many disagree, the largest gap, the two medians and
-    the FLOPs formula."""
+    the steady iterations: how many were checked, how many disagree, the largest gap, the two medians,
+    the FLOPs formula and the framework whose log gave the figure."""
 
     n_checked: int
     n_disagree: int
@@ -122,6 +127,7 @@ class CrosscheckFacts:
     tflops: float | None
     logged_tflops: float | None
     formula: str | None
+    framework: Framework = Framework.MEGATRON
 
     @property
     def agrees(self) -> bool:

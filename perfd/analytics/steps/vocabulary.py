@@ -17,7 +17,7 @@ from perfd.analytics.common import (
     PP_P2P_TIMERS,
 )
 from perfd.analytics.steps.provenance import Code
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_OUTSIDE, StepRecord
+from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_FRAMEWORKS, HOOK_OUTSIDE, StepRecord
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,11 @@ TORCHTITAN_VOCABULARY = Vocabulary(
     throughput_absent=Code.TORCHTITAN_NO_THROUGHPUT, straggler_absent=Code.TORCHTITAN_NO_STRAGGLER)
 VOCABULARIES: dict[str, Vocabulary] = {v.source: v for v in (MEGATRON_VOCABULARY, HOOK_VOCABULARY,
                                                               TORCHTITAN_VOCABULARY)}
-# A job's framework (JobInfo.framework) -> the vocabulary its steps speak: a plain PyTorch job's come
-# from the step hook (before, its data-loading line named Megatron's batch-generator timer).
-FRAMEWORK_VOCABULARIES: dict[str, Vocabulary] = {**VOCABULARIES, "pytorch": HOOK_VOCABULARY}
+# A job's framework (JobInfo.framework) -> the vocabulary its steps speak: a plain PyTorch job's, and a
+# Hugging Face or Lightning Trainer's, come from the step hook (before, its data-loading line named
+# Megatron's batch-generator timer).
+FRAMEWORK_VOCABULARIES: dict[str, Vocabulary] = {**VOCABULARIES,
+                                                 **{name: HOOK_VOCABULARY for name in HOOK_FRAMEWORKS}}
 
 
 def vocabulary_of(rec: StepRecord) -> Vocabulary:
