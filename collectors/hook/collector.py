@@ -419,7 +419,7 @@ class HookCollector(RequestSender):
                 self._device(dev)
         elif kind == wire.KIND_FRAMEWORK:
             fw = wire.unpack_framework(data)
-            if self._verify(sender, fw.rank, fw.pid, "a framework record") is not None:
+            if self._verify(sender, addr, fw.rank, fw.pid, "a framework record") is not None:
                 self._trainer(fw, out)
         elif kind == wire.KIND_PHASE:
             phase = wire.unpack_phase(data)
