@@ -195,8 +195,9 @@ TEMPLATE: dict[Say, str] = {
     Say.GRAPHS_FLAG: "CUDA graphs: {0}",
     Say.GRAPHS_COST: "memory for the graphs' static buffers",
     Say.GRAPHS_COMPILE: 'CUDA graphs: torch.compile(model, mode="reduce-overhead")',
-    Say.GRAPHS_THIN_BASIS: "the profiled host works {0:.0f} ms a step for the GPU's {1:.0f} ms ({2:.0%}): "
-                           "a margin so thin that any stall of the host's shows as idle; graphed, each "
+    Say.GRAPHS_THIN_BASIS: "the host works {0:.0f} ms a step (as traced, or at the job's own speed where "
+                           "the replay reaches its clock) for the GPU's {1:.0f} ms ({2:.0%}): a margin so "
+                           "thin that any stall of the host's shows as idle; graphed, each "
                            "compiled region is one launch: {4:.0%}–{5:.0%} of the {3:.1f} ms of "
                            "forward-backward launch gaps come back, less the copies of the batch into the "
                            "graphs' inputs (up to {6:.0%} of the step)",
