@@ -350,7 +350,7 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     if ops is None or len(host.marks) < 2:
         return out
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
-                      ops.tails, [a for a, _b in host.data])
+                      ops.tails, [a for a, _b in host.data], ops.backward)
     return dataclasses.replace(out, devices=tuple(
         dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, trace))
         for d in out.devices))

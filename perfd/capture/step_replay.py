@@ -28,7 +28,7 @@ import bisect
 import dataclasses
 import functools
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from perfd.analytics.breakdown.replay_table import (
@@ -105,6 +105,7 @@ class HostTrace:
     tails: Sequence[tuple[float, float]]  # the optimizer phase of each step on the host
     # host ns where each fetch of a batch begins (the data loader's ranges): a micro-batch's start
     data_starts: Sequence[float] = ()
+    backward: frozenset[int] = frozenset()  # the launches the autograd engine made (the backward pass)
 
 
 def timeline(h: HostTrace) -> Timeline | None:
@@ -150,18 +151,55 @@ def timeline(h: HostTrace) -> Timeline | None:
     raw.sort(key=lambda r: r[0])
     marks = list(h.marks)
     fetches = sorted(h.data_starts)
+    passes = forward_starts(h, in_optimizer)
+    by_pass = bool(passes) and not _interleaved(fetches, passes)
+    bounds = passes if by_pass else fetches
     events, prev_end, prev_start = [], raw[0][0], raw[0][0] - 1.0
     for t0, t1, stream, dur, flags, _ in raw:
         step = bisect.bisect_right(marks, t0) - 1
-        if bisect.bisect_right(fetches, t0) > bisect.bisect_right(fetches, prev_start):
-            flags |= _MB_START  # the first event after a batch was fetched: a micro-batch begins
+        if bisect.bisect_right(bounds, t0) > bisect.bisect_right(bounds, prev_start):
+            flags |= _MB_START  # the first event of a micro-batch (after its fetch, or its forward's first)
         events.append(Event(max(t0 - prev_end, 0.0), stream, dur, flags, step))
         prev_start = t0
         prev_end = max(prev_end, t1)
     steps = len(marks) - 1
-    per_step = [sum(1 for e in events if e.step == k and e.flags & _MB_START) for k in range(steps)]
+    if by_pass:  # counted on the host, whether or not the trace kept each launch's GPU activity
+        per_step = [bisect.bisect_left(passes, marks[k + 1]) - bisect.bisect_left(passes, marks[k])
+                    for k in range(steps)]
+    else:
+        per_step = [sum(1 for e in events if e.step == k and e.flags & _MB_START) for k in range(steps)]
     mb = per_step[0] if per_step and len(set(per_step)) == 1 and per_step[0] > 0 else None
     return Timeline(tuple(events), steps, mb)
+
+
+def forward_starts(h: HostTrace, in_optimizer: Callable[[float], bool]) -> list[float]:
+    """Host ns where each forward pass between the first and last step mark begins: its first launch
+    after the backward pass before it (the micro-batches of a step are its forward passes between two
+    optimizer steps). Empty where the trace shows no backward pass (no autograd engine's launches)."""
+    if not h.backward:
+        return []
+    lo, hi = h.marks[0], h.marks[-1]
+    out: list[float] = []
+    after_backward = True
+    for x in sorted((x for x in h.launches if lo <= x.ns < hi and x.name not in _SYNC_NAMES),
+                    key=lambda x: x.ns):
+        if in_optimizer(x.ns):
+            continue
+        backward = x.corr in h.backward
+        if not backward and after_backward:
+            out.append(x.ns)
+        after_backward = backward
+    return out
+
+
+def _interleaved(fetches: Sequence[float], passes: Sequence[float]) -> bool:
+    """Each forward pass after the first has one fetch of a batch since the one before it: the fetches
+    mark the micro-batches (a loop that fetches its batch inside each micro-batch, as Megatron-LM's
+    does). A loop that fetches a step's batches at its start (Hugging Face's Trainer) does not."""
+    if not fetches or len(passes) < 2:
+        return False
+    return all(bisect.bisect_right(fetches, b) - bisect.bisect_right(fetches, a) == 1
+               for a, b in itertools.pairwise(passes))
 
 
 _SYNC_NAMES = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -248,7 +286,10 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
             lo = _scales(t, scales, cs, hi=False)
             hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo
             changed[ReplayTable.key(cs)] = (lo, hi)
-    return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches)
+    steps = max(t.steps, 1)
+    host = sum(e.gap_ns for e in t.events) / steps / 1e6
+    device = sum(e.dur_ns for e in t.events if e.stream >= 0) / steps / 1e6
+    return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches, host, device)
 
 
 def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],

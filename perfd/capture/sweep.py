@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, IdleCause, Phase
-from perfd.analytics.breakdown.op_parts import kernel_part
+from perfd.analytics.breakdown.op_parts import fused_kernel_part, kernel_part
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch, OpAttribution
 from perfd.capture.timeline_events import KernelEvent, MemEvent
@@ -128,7 +128,10 @@ def _activities(
         label = op = None
         if ops is not None and k.corr is not None:
             if part not in (Part.PIPELINE, Part.COMM_EXPOSED):  # collectives go by name
-                part = ops.parts.get(k.corr, Part.POINTWISE if k.corr in ops.labels else part)
+                decided = ops.parts.get(k.corr)
+                if decided is None and k.corr in ops.labels:  # an op that names no part (a compiled region)
+                    decided = fused_kernel_part(k.name) or Part.POINTWISE
+                part = decided or part
             if k.corr in ops.labels:
                 label, op = ops.labels[k.corr], ops.op_names.get(k.corr, "")
         out.append(_Activity(k.start_ns, k.end_ns, part, k.name, k.corr, k.stream, label, op))

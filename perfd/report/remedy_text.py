@@ -88,6 +88,31 @@ TEMPLATE: dict[Say, str] = {
                   "merged group costs its longest op, {2:.0f} ms saved (× {3:g}–{4:g}: what torch.compile "
                   "fuses varies)",
     Say.CE_FLAGS: "Fuse the cross-entropy: {0}",
+    Say.FUSED_CE_BASIS: "the loss's kernels over the logits (log-softmax and NLL, forward and backward) take "
+                        "{0:.1f} ms a step; one pass over each block of logits for the loss and its "
+                        "gradient saves {1:.0%}–{2:.0%} of them (at most the separate forward pass; its sure "
+                        "gain is memory){3}",
+    Say.ZERO_GRAD_GOES: ", and the zero gradient autograd fills for the returned logits ({0:.1f} ms) goes "
+                        "with them (× {1:g}–{2:g})",
+    Say.FUSED_LINEAR_CE: "A fused linear + cross-entropy: the output layer and the loss in one, a block of "
+                         "rows at a time, the logits never stored whole — Liger Kernel's "
+                         "LigerFusedLinearCrossEntropyLoss (pip install liger-kernel; loss = "
+                         "LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden.view(-1, d), "
+                         "targets.view(-1))) or Apple's Cut Cross-Entropy (pip install cut-cross-entropy; "
+                         "loss = linear_cross_entropy(hidden, lm_head.weight, targets))",
+    Say.FUSED_LINEAR_CE_HF: "A fused linear + cross-entropy: --use_liger_kernel (pip install liger-kernel; "
+                            "Liger patches the model's output layer and loss into one, a block of rows at "
+                            "a time, the logits never stored whole, with its RMSNorm, SwiGLU and rotary "
+                            "kernels)",
+    Say.FUSED_CE_COST: "the model no longer returns logits in training; Cut Cross-Entropy computes them "
+                       "again in the backward (about one more output-layer matmul), Liger's chunks run "
+                       "smaller matmuls; the logits' memory (rows × vocabulary) is freed",
+    Say.LOSS_ONLY_BASIS: "the compiled backward fills a zero gradient for every output the loss does "
+                         "not use: {0:.1f} ms a step of fill kernels under CompiledFunctionBackward, which "
+                         "run no more (× {1:g}–{2:g})",
+    Say.LOSS_ONLY: "Return only the loss from the compiled model in training: compute the loss inside "
+                   "forward() and return no logits when targets are given (return None, loss); the logits "
+                   "it returns now get a gradient of zeros in every backward",
     # Recomputation.
     Say.FULL_RECOMPUTE_BASIS: "full recomputation runs each layer's forward twice: {0:.0f} ms of layer work "
                               "per step, a third of it forward; selective keeps recomputing core attention "
@@ -170,6 +195,32 @@ TEMPLATE: dict[Say, str] = {
                               "forward-backward phase {4:g}–{5:g}× as long, the gradient accumulation's the "
                               "same)",
     Say.MICRO_BATCH: "Fewer, larger micro-batches: {0} (global batch {1} unchanged)",
+    Say.MICRO_BATCH_TORCH_BASIS: "{0} → {1} micro-batches a step (the forward passes between optimizer "
+                                 "steps): the launch gaps under 5 µs ({2:.1f} ms, one a kernel) go with the "
+                                 "absorbed micro-batches' kernels (× {3:.2f}), the longer "
+                                 "forward-backward launch gaps ({4:.1f} ms) mostly go (× {5:g}–{6:g}: the "
+                                 "host launches half as many kernels for the same work){7}; the kernels "
+                                 "themselves grow with the rows and are not counted",
+    Say.ACCUMULATE_GOES: ", and of autograd's AccumulateGrad adds ({0:.1f} ms, a parameter's gradient added "
+                         "to the one before each micro-batch after the first) those of the absorbed "
+                         "micro-batches go (× {1:.2f}–{2:.2f})",
+    Say.MICRO_BATCH_TORCH_REPLAYED: "with {0} micro-batches a step for {1} (each kernel of the "
+                                    "forward-backward phase {2:g}–{3:g}× as long, the gradient "
+                                    "accumulation's the same)",
+    Say.MICRO_BATCH_TORCH: "Fewer, larger micro-batches: {1} a step instead of {0}, each {2:g}× the rows "
+                           "(the batch size × {2:g}, the gradient-accumulation steps {0} → {1}: the tokens "
+                           "per step unchanged)",
+    Say.MICRO_BATCH_HF: "Fewer, larger micro-batches: {1} a step instead of {0}: "
+                        "--per_device_train_batch_size × {2:g} and --gradient_accumulation_steps {1} "
+                        "(the tokens per step unchanged)",
+    Say.MICRO_BATCH_LIGHTNING: "Fewer, larger micro-batches: {1} a step instead of {0}: the DataLoader's "
+                               "batch_size × {2:g} and Trainer(accumulate_grad_batches={1}) (the tokens per "
+                               "step unchanged)",
+    Say.ACTIVATION_MEMORY: "memory: needs ~{0:g}× a micro-batch's activation memory (the activations grow "
+                           "with the rows; the trace shows no memory use: read "
+                           "torch.cuda.max_memory_allocated() at the current size first)",
+    Say.ONE_MICRO_BATCH: "or all {0} in one micro-batch where the memory holds {0}× the activations: the "
+                         "accumulation loop goes",
     # CUDA graphs.
     Say.GRAPHS_BASIS: "{0:.0%}–{1:.0%} of the {2:.0f} ms of forward-backward launch gaps come back (the "
                       "graphed regions'), less the replay's input copies and the breaks at syncs and "
@@ -182,6 +233,18 @@ TEMPLATE: dict[Say, str] = {
     Say.GRAPHS_HF: "CUDA graphs: {0} (torch.compile's CUDA graphs; the mode sets {1} too)",
     Say.GRAPHS_LIGHTNING: 'CUDA graphs: torch.compile(model, mode="reduce-overhead") of the LightningModule, '
                           "then trainer.fit(model)",
+    Say.GRAPHS_THIN_BASIS: "the host works {0:.0f} ms a step (as traced, or at the job's own speed where "
+                           "the replay reaches its clock) for the GPU's {1:.0f} ms ({2:.0%}): a margin so "
+                           "thin that any stall of the host's shows as idle; graphed, each "
+                           "compiled region is one launch: {4:.0%}–{5:.0%} of the {3:.1f} ms of "
+                           "forward-backward launch gaps come back, less the copies of the batch into the "
+                           "graphs' inputs (up to {6:.0%} of the step)",
+    Say.GRAPHS_COMPILED: 'CUDA graphs for the compiled model: torch.compile(model, mode="reduce-overhead") '
+                         '(or mode="max-autotune", which also tries GEMM kernels of its own: minutes more to '
+                         "compile)",
+    Say.GRAPHS_COMPILED_COST: "memory for the graphs' pool; the batch's shape must not change (a last short "
+                              "batch recompiles), and a tensor kept past the next step (a loss logged later) "
+                              "must be cloned: the next replay overwrites it",
     # The optimizer phase.
     Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
     Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",

@@ -126,10 +126,11 @@ def test_the_check_finds_a_remedy_sentence_said_in_a_module(tmp_path: Path) -> N
 
 
 def test_a_remedy_holds_codes_not_sentences() -> None:
-    """The fields that may hold text are names only: options (remove), packages (needs, requires); a plan
-    item's ``action`` is its words once worded or read back from JSON, its code (``said``) before."""
+    """The fields that may hold text are names only: options (remove), packages (needs, requires,
+    installs); a plan item's ``action`` is its words once worded or read back from JSON, its code
+    (``said``) before."""
     allowed: dict[type, set[str]] = {
-        Advice: {"remove", "needs", "requires"},
+        Advice: {"remove", "needs", "requires", "installs"},
         Gain: set(),
         PlanItem: {"remedy", "action", "flags", "remove", "moot_by"},
     }

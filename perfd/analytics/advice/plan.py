@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.advice.remedies import (
+    PACKAGE_CCE,
+    PACKAGE_LIGER,
     Advice,
     Effort,
     JobConfig,
@@ -48,7 +50,8 @@ class Presence(TextEnum):
     UNKNOWN = "not shown"
 
 
-PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn"}
+PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE_FLASH_ATTN: "flash-attn",
+                 PACKAGE_LIGER: "Liger Kernel", PACKAGE_CCE: "Cut Cross-Entropy"}
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,11 @@ def prerequisites(a: Advice, cfg: JobConfig) -> tuple[Prerequisite, ...]:
     return tuple(Prerequisite(p, presence(cfg, p)) for p in a.requires)
 
 
+def _to_install(a: Advice) -> tuple[str, ...]:
+    """The packages a remedy's install stage installs: those the job lacks, else those its action names."""
+    return a.needs or a.installs
+
+
 def _installs(
     items: Sequence[Advice], spread_ms: float, done: Sequence[Advice], replay: ReplayGains | None = None
 ) -> list[tuple[tuple[str, ...], list[Advice]]]:
@@ -356,16 +364,16 @@ def _installs(
     out: list[tuple[tuple[str, ...], list[Advice]]] = []
     applied = list(done)
     while left:
-        packages = sorted({p for a in left for p in a.needs})
+        packages = sorted({p for a in left for p in _to_install(a)})
 
-        cover = {p: [a for a in left if p in a.needs and (a.needs_one or len(a.needs) == 1)]
+        cover = {p: [a for a in left if p in _to_install(a) and (a.needs_one or len(_to_install(a)) == 1)]
                  for p in packages}
         best = max(packages, key=lambda p: (combined([*applied, *cover[p]], spread_ms, replay)[0], p),
                    default=None)
         got = cover[best] if best is not None else []
         if not got:  # remedies needing several packages at once
             got, best = [left[0]], None
-        pkgs = (best,) if best is not None else tuple(left[0].needs)
+        pkgs = (best,) if best is not None else tuple(_to_install(left[0]))
         out.append((pkgs, got))
         applied += got
         left = [a for a in left if a not in got]

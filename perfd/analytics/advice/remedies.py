@@ -67,6 +67,7 @@ class RemedyId(TextEnum):
     SOFTMAX_FUSION = "softmax_fusion"
     ATTENTION_DROPOUT = "attention_dropout"
     CE_FUSION = "cross_entropy_fusion"
+    LOSS_ONLY = "loss_only"  # a compiled model that returns only its loss: no zero gradient for its logits
     TIMER_SYNC = "timer_sync"
     MICRO_BATCH = "micro_batch"
     CUDA_GRAPHS = "cuda_graphs"
@@ -180,10 +181,13 @@ class Advice:
     # the replay's change its gain was read from (perfd.analytics.advice.replay_gains): a set of such
     # remedies is combined by replaying them together, not by adding what they remove
     replay: Change | None = None
+    # packages its action installs whose presence the job does not report (a plain PyTorch loop's
+    # start-up says nothing of them): an install all the same, though ``needs`` cannot say it is lacking
+    installs: tuple[str, ...] = ()
 
     @property
     def effort(self) -> Effort:
-        if self.needs:
+        if self.needs or self.installs:
             return Effort.INSTALL
         return Effort.FLAG if self.flags or self.remove else Effort.CODE
 
@@ -259,6 +263,14 @@ REMOVED_KERNELS = (0.88, 1.12)
 # of the traffic the fusion would save stays (measured on an H100: 0.36–1.2 of this model's saving, all
 # within the run-to-run spread of 0.6–0.9 of it).
 MERGED_PASSES = (0.6, 0.9)
+# A fused (or chunked) linear + cross-entropy (Liger Kernel's LigerFusedLinearCrossEntropyLoss, Apple's
+# Cut Cross-Entropy) computes the logits a block of rows at a time and the loss and its gradient in one
+# pass over each block, so the logits (rows × vocabulary) are never written whole nor read back: of the
+# loss's kernels it saves at most the separate forward pass over them (about half: nanoGPT's compiled
+# loss, 4.7 of 9.8 ms), and it may save none of their time (Cut Cross-Entropy's paper times its loss and
+# gradient level with torch.compile's, Liger's chunks run smaller GEMMs): its sure gain is memory. The
+# zero gradient a compiled model fills for logits it returns goes with the logits (REMOVED_KERNELS).
+FUSED_CE_OF_LOSS = (0.0, 0.5)
 # Fused attention (FlashAttention, cuDNN, TE) runs its FLOPs at this share of the measured matmul
 # ceiling, forward and backward together (H100, bf16, head dim 64–128, causal, s 1k–8k).
 FUSED_ATTENTION_OF_CEILING = (0.3, 0.55)
@@ -285,10 +297,28 @@ SYNC_GAP_BACK = (0.3, 0.8)
 # phase) do not scale.
 HALF_MICROBATCH_TIMERS = (0.45, 0.55)
 HALF_MICROBATCH_LAUNCHES = (0.7, 0.85)
+# A plain PyTorch loop twice the micro-batch (perfd.analytics.advice.remedy_steps.micro_batch): its
+# launch gaps under 5 µs are the launches themselves, one a kernel, and go with the kernels of the
+# micro-batches absorbed (their share, exactly); its longer ones, the host's Python between launches,
+# go as Megatron-LM's do (HALF_MICROBATCH_LAUNCHES). Autograd's AccumulateGrad adds each parameter's
+# gradient to the one before every micro-batch after the first (zero_grad(set_to_none=True), torch's
+# default) or every one (set_to_none=False): of m micro-batches' m - 1 to m adds, those of the absorbed
+# ones go. Neither term grows with the rows.
 # CUDA graphs: part of the short launch gaps come back (the graphed regions'); replaying costs input
 # copies per graph, and a sync or a dynamic shape breaks a graph: with few gaps it can be slower.
 GRAPH_GAPS_BACK = (0.3, 0.8)
 GRAPH_REPLAY_COST_OF_STEP = 0.05
+# A compiled job (torch.compile) whose host issues its step in this share of the GPU's busy time or more
+# has a margin so thin that any stall of its host (a page fault, the garbage collector, a collector) shows
+# as idle: nanoGPT's H200 recording, 0.87 (94 ms of the profiled host's work for 108 ms of kernels a
+# step), idle 5% of its step though only 3% of it in launch gaps, under LAUNCH_GAPS_FOR_GRAPHS. Its CUDA
+# graphs (mode="reduce-overhead") launch each compiled region once, so they pay below that threshold.
+GRAPHS_HOST_OF_DEVICE = 0.8
+# torch.compile's graphs copy only the inputs that are not static into the graph's buffers (the batch:
+# nanoGPT's 16×1024 token ids, 128 KiB, a few µs) and replay one launch a region: counted as up to 1% of
+# the step. Unmeasured here; the measured GRAPH_REPLAY_COST_OF_STEP is Megatron-LM's per-layer graphs,
+# which copy each layer's inputs.
+COMPILED_GRAPH_COST_OF_STEP = 0.01
 DATA_WAIT_BACK = (0.5, 0.9)  # the data wait hidden once the loader keeps up (workers, prefetch)
 # The 1F1B bubble is (p−1)/(m+p−1): twice the micro-batches nearly halve it; imbalance stays.
 PIPELINE_WAIT_BACK = (0.3, 0.6)
@@ -377,7 +407,20 @@ def flags_for(cfg: JobConfig, *wanted: tuple[str, str | None]) -> tuple[tuple[Fl
     return tuple(got), tuple(notes)
 
 
+# Packages a remedy for a plain PyTorch loop installs (pip install liger-kernel, cut-cross-entropy); the
+# step hook does not report them (perfd.model.PACKAGES), so a remedy names them in ``installs``.
+PACKAGE_LIGER = "liger_kernel"
+PACKAGE_CCE = "cut_cross_entropy"
+# torch.compile runs each compiled region as one op, its backward as another (op names, lower case)
+COMPILED_REGION = "compiledfunction"
+
+
 # --- what the budget's ops say --------------------------------------------------------------------
+def compiled(b: StepBudget) -> bool:
+    """The capture shows torch.compile's regions (their ops launched some of the step's kernels)."""
+    return any(op_ms(p, COMPILED_REGION) > 0 for p in b.parts)
+
+
 def op_ms(p: BudgetPart | None, *keys: str) -> float:
     """Per-step ms of the part's ops whose name holds any of ``keys`` (lower case)."""
     if p is None:

@@ -37,6 +37,7 @@ from perfd.analytics.advice.remedies import (
     removal,
     with_spread,
 )
+from perfd.analytics.advice.remedy_loss import LOSS_PASSES, fused_linear_ce, loss_only
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.advice.remedy_steps import (
     cuda_graphs,
@@ -176,9 +177,12 @@ _CE_GROUPS: tuple[tuple[str, ...], ...] = (
 
 
 def ce_fusion(c: FitContext) -> Advice | None:
+    """Megatron-LM's fused cross-entropy; outside it, a fused linear + cross-entropy (remedy_loss)."""
     b, cfg = c.budget, c.config
+    if cfg.framework is not Framework.MEGATRON:
+        return fused_linear_ce(c)
     loss = b.get(Part.LOSS)
-    if cfg.framework is not Framework.MEGATRON or loss is None or not named(b, loss.ms):
+    if loss is None or not named(b, loss.ms):
         return None
     saved = merged(loss, _CE_GROUPS)
     if saved <= 0:
@@ -197,7 +201,7 @@ def ce_fusion(c: FitContext) -> Advice | None:
         ranged(saved, MERGED_PASSES, basis),
         flags,
         notes=notes,
-        removes=(removal("loss:passes", saved, MERGED_PASSES),),
+        removes=(removal(LOSS_PASSES, saved, MERGED_PASSES),),
     )
 
 
@@ -307,6 +311,7 @@ REMEDIES: tuple[Remedy, ...] = (
     softmax_fusion,
     attention_dropout,
     ce_fusion,
+    loss_only,
     timer_sync,
     micro_batch,
     recompute,

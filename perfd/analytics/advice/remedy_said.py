@@ -53,6 +53,13 @@ class Say(enum.Enum):
     # Cross-entropy fusion.
     CE_BASIS = 5  # loss ms, passes, saved ms, low, high factor
     CE_FLAGS = 1  # the flags
+    FUSED_CE_BASIS = 4  # loss ms, low, high share of it saved, ZERO_GRAD_GOES | None
+    ZERO_GRAD_GOES = 3  # the zero-filled gradient's ms, low, high factor
+    FUSED_LINEAR_CE = 0  # a plain PyTorch loop's action
+    FUSED_LINEAR_CE_HF = 0
+    FUSED_CE_COST = 0
+    LOSS_ONLY_BASIS = 3  # the zero-filled gradient's ms, low, high factor
+    LOSS_ONLY = 0  # a plain PyTorch loop's action
     # Recomputation.
     FULL_RECOMPUTE_BASIS = 5  # layer ms, attention ms, back ms, low, high factor
     RECOMPUTE_LESS = 0
@@ -96,6 +103,15 @@ class Say(enum.Enum):
     MICRO_BATCH_BASIS = 9  # m, m/2, timers ms, low, high, launch ms, low, high, per-step ms
     MICRO_BATCH_REPLAYED = 6  # m/2, new size, m, size, kernels' low, high factor
     MICRO_BATCH = 2  # the flag, the global batch
+    # ... in a plain PyTorch loop (its micro-batches counted in the trace)
+    MICRO_BATCH_TORCH_BASIS = 8  # m, m/2, tiny gaps ms, their share, longer ms, low, high, ACCUMULATE_GOES
+    ACCUMULATE_GOES = 3  # AccumulateGrad ms, low, high share
+    MICRO_BATCH_TORCH_REPLAYED = 4  # m/2, m, kernels' low, high factor
+    MICRO_BATCH_TORCH = 3
+    MICRO_BATCH_HF = 3
+    MICRO_BATCH_LIGHTNING = 3  # m, m/2, the factor
+    ACTIVATION_MEMORY = 1  # the factor
+    ONE_MICRO_BATCH = 1  # m
     # CUDA graphs.
     GRAPHS_BASIS = 4  # low, high share back, launch ms, replay cost's share of the step
     GRAPHS_REPLAYED = 2  # the host time's low, high factor
@@ -104,6 +120,9 @@ class Say(enum.Enum):
     GRAPHS_COMPILE = 0
     GRAPHS_HF = 2  # the compile mode's flag, the compile option
     GRAPHS_LIGHTNING = 0
+    GRAPHS_THIN_BASIS = 7  # host ms, device ms, their ratio, launch gaps ms, low, high share back, cost share
+    GRAPHS_COMPILED = 0  # a compiled job's action
+    GRAPHS_COMPILED_COST = 0
     # The optimizer phase.
     FOREACH_ADAM = 0
     PER_TENSOR_ADAM = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.remedies import (
     BARE_SYNC,
+    COMPILED_GRAPH_COST_OF_STEP,
     DATA_WAIT_BACK,
     FUSED_ADAM_SAVES,
     GRAD_ACCUM_SAVES,
@@ -19,6 +20,7 @@ from perfd.analytics.advice.remedies import (
     GRAD_NORM_SYNCS_BACK,
     GRAPH_GAPS_BACK,
     GRAPH_REPLAY_COST_OF_STEP,
+    GRAPHS_HOST_OF_DEVICE,
     HALF_MICROBATCH_LAUNCHES,
     HALF_MICROBATCH_TIMERS,
     MULTI_TENSOR_SAVES,
@@ -36,6 +38,7 @@ from perfd.analytics.advice.remedies import (
     JobConfig,
     RemedyId,
     Removal,
+    compiled,
     flags_for,
     gain_of,
     idle_ms,
@@ -126,11 +129,20 @@ def timer_sync(c: FitContext) -> Advice | None:
     )
 
 
+# A framework's words for twice the micro-batch, its knobs named (a variant is one more entry)
+_MICRO_BATCH_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.MICRO_BATCH_TORCH,
+                                            Framework.HF_TRAINER: Say.MICRO_BATCH_HF,
+                                            Framework.LIGHTNING: Say.MICRO_BATCH_LIGHTNING}
+ACCUMULATE_GRADS = "grad_reduce:accumulate"  # autograd's AccumulateGrad adds, one per parameter a micro-batch
+
+
 def micro_batch(c: FitContext) -> Advice | None:
     """Twice the micro-batch, the global batch kept: what is paid per micro-batch halves (the timers'
     gaps, the launches of the forward-backward phase); what is paid per step (the optimizer phase's
-    gaps and kernels) stays."""
+    gaps and kernels) stays. Outside Megatron-LM: :func:`loop_micro_batch`."""
     b, cfg = c.budget, c.config
+    if cfg.framework is not Framework.MEGATRON:
+        return loop_micro_batch(c)
     m = microbatches(cfg)
     if cfg.framework is not Framework.MEGATRON or m is None or m < 2 or not cfg.micro_batch:
         return None
@@ -174,6 +186,51 @@ def micro_batch(c: FitContext) -> Advice | None:
     )
 
 
+def loop_micro_batch(c: FitContext) -> Advice | None:
+    """A plain loop's micro-batch doubled, its gradient-accumulation steps halved: the micro-batches are
+    the forward passes the trace shows between optimizer steps (perfd.capture.step_replay), and what each
+    pays that does not grow with its rows goes with the absorbed ones: the launch gaps (the launches
+    themselves and the host's Python between them) and autograd's AccumulateGrad adds (remedies:
+    HALF_MICROBATCH_LAUNCHES and the note above it). The replay, where it reaches the job's clock, gives
+    the change whole (each kernel of the doubled micro-batch 1.9-2.0× as long)."""
+    b, cfg = c.budget, c.config
+    words = _MICRO_BATCH_WORDS.get(cfg.framework)
+    m = b.replay.microbatches if b.replay is not None else None
+    if words is None or m is None or m < 2 or m % 2:
+        return None  # an odd count does not halve into micro-batches of twice the rows
+    kept = m // 2
+    absorbed = (m - kept) / m
+    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
+    short = b.get(Part.IDLE_SHORT)
+    under = short.detail.get("under_5us_ms") if short is not None else None
+    tiny = min(float(under), launch) if isinstance(under, (int, float)) else 0.0
+    longer = launch - tiny
+    acc = op_ms(b.get(Part.GRAD_REDUCE), "accumulategrad")
+    acc_share = ((m - kept) / m, (m - kept) / (m - 1))
+    removes = (
+        Removal(LAUNCH_GAPS, tiny * absorbed + longer * HALF_MICROBATCH_LAUNCHES[0],
+                tiny * absorbed + longer * HALF_MICROBATCH_LAUNCHES[1]),
+        removal(ACCUMULATE_GRADS, acc, acc_share),
+    )
+    if not named(b, sum(r.low_ms + r.high_ms for r in removes) / 2):
+        return None
+    basis = say(Say.MICRO_BATCH_TORCH_BASIS, m, kept, tiny, absorbed, longer, *HALF_MICROBATCH_LAUNCHES,
+                say(Say.ACCUMULATE_GOES, acc, *acc_share) if acc else None)
+    gaps_gain = gain_of(removes, basis)
+    what = say(Say.MICRO_BATCH_TORCH_REPLAYED, kept, m, MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0])
+    replayed = c.replayed(Change.MICROBATCH, what, gaps_gain)
+    return Advice(
+        RemedyId.MICRO_BATCH,
+        Part.IDLE_SHORT,
+        say(words, m, kept, m / kept),
+        replayed or gaps_gain,
+        cost=say(Say.ACTIVATION_MEMORY, m / kept),
+        notes=(say(Say.ONE_MICRO_BATCH, m),) if m > 2 else (),
+        removes=removes,
+        replay=Change.MICROBATCH if replayed else None,
+    )
+
+
 def memory_cost(cfg: JobConfig) -> Said | None:
     """What doubling the micro-batch asks of memory (None: it does not fit), from the log's report:
     the state the step keeps ("allocated" between steps) plus twice the activations above it."""
@@ -188,11 +245,14 @@ def memory_cost(cfg: JobConfig) -> Said | None:
 
 
 def cuda_graphs(c: FitContext) -> Advice | None:
-    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss."""
+    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss. Below
+    that, a compiled job whose host's margin is thin (:func:`compiled_graphs`)."""
     b, cfg = c.budget, c.config
     short = b.ms(Part.IDLE_SHORT)
-    if b.step_ms <= 0 or short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
+    if b.step_ms <= 0:
         return None
+    if short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
+        return compiled_graphs(c)
     launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) or short  # a capture without phases: all of them
     removes = (
         removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
@@ -217,8 +277,44 @@ def cuda_graphs(c: FitContext) -> Advice | None:
             removes=removes,
             replay=Change.GRAPHS if replayed else None,
         )
+    if compiled(b):  # already compiled: the compile mode, not compile itself
+        return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, say(Say.GRAPHS_COMPILED), gain, removes=removes)
     sw = in_terms(RemedyId.CUDA_GRAPHS, cfg.framework, Say.GRAPHS_COMPILE)
     return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, sw.action, gain, sw.flags, removes=removes)
+
+
+def compiled_graphs(c: FitContext) -> Advice | None:
+    """A job torch.compile already runs, whose profiled host issues its step in GRAPHS_HOST_OF_DEVICE of
+    the GPU's busy time or more (the replay's reading of the trace, on the job's host where the replay
+    reaches its clock): its compiled regions replayed as CUDA graphs, one launch each. The launch gaps of
+    its forward-backward phase come back in part; the copies of the batch into the graphs cost a little."""
+    b, cfg = c.budget, c.config
+    t = b.replay
+    ratio = t.host_of_device if t is not None else None
+    if cfg.framework is not Framework.PYTORCH or t is None or ratio is None or not compiled(b):
+        return None
+    scale = c.replay.scale if c.replay is not None else 1.0  # the job's own host against the profiled one
+    if ratio * scale < GRAPHS_HOST_OF_DEVICE:
+        return None
+    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
+    if not named(b, launch):
+        return None
+    removes = (
+        removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
+        Removal("cuda_graphs:replay", -COMPILED_GRAPH_COST_OF_STEP * b.step_ms, 0.0),
+    )
+    gain = gain_of(removes, say(Say.GRAPHS_THIN_BASIS, t.host_ms * scale, t.device_ms, ratio * scale, launch,
+                                *GRAPH_GAPS_BACK, COMPILED_GRAPH_COST_OF_STEP))
+    replayed = c.replayed(Change.GRAPHS, say(Say.GRAPHS_REPLAYED, GRAPHED_HOST[1], GRAPHED_HOST[0]), gain)
+    return Advice(
+        RemedyId.CUDA_GRAPHS,
+        Part.IDLE_SHORT,
+        say(Say.GRAPHS_COMPILED),
+        replayed or gain,
+        cost=say(Say.GRAPHS_COMPILED_COST),
+        removes=removes,
+        replay=Change.GRAPHS if replayed else None,
+    )
 
 
 # --- the optimizer phase ------------------------------------------------------------------------------

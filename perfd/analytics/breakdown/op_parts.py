@@ -154,6 +154,26 @@ def is_data_annotation(name: str) -> bool:
     return name.lower().startswith(DATA_ANNOTATIONS)
 
 
+# --- Inductor's kernels ------------------------------------------------------------------------------
+# torch.compile runs a compiled region as one op (``CompiledFunction``, its backward
+# ``CompiledFunctionBackward``), which names no part; Inductor names each kernel it generates after the
+# aten ops it fused (``triton_red_fused__log_softmax__unsafe_view_prepare_softmax_online_view_15``). A
+# fused log-softmax is the cross-entropy's: nanoGPT's compiled loss is such kernels (forward, and the
+# backward's softmax − one-hot), ~10 ms a step of its H200 recording that the region's op alone left in
+# "other pointwise". A kernel that fused only nll_loss_forward beside a layer norm's backward (the loss's
+# scalar gradient folded into it) is not: the log-softmax is the loss's own pass over the logits.
+_INDUCTOR = "triton_"
+_INDUCTOR_LOSS = ("_log_softmax",)
+
+
+def fused_kernel_part(name: str) -> Part | None:
+    """The part an Inductor kernel's name decides where its op (a compiled region) decides none."""
+    low = name.lower()
+    if low.startswith(_INDUCTOR) and any(k in low for k in _INDUCTOR_LOSS):
+        return Part.LOSS
+    return None
+
+
 # --- kernel names (the fallback) ----------------------------------------------------------------------
 def kernel_part(name: str, unfused_attention: bool) -> Part:
     """The part of a kernel known by its name alone. ``unfused_attention``: the capture has softmax

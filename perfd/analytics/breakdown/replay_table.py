@@ -49,6 +49,11 @@ class ReplayTable:
     changed: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     traced_ms: float = 0.0  # the trace's own step (host span over the complete steps)
     microbatches: int | None = None
+    # what the profiled host works a step (its time between one launch or sync and the next, its waits
+    # left out) and what the device runs a step (the replayed activities' durations): the host's margin
+    # is how far the first is under the second (0: not known)
+    host_ms: float = 0.0
+    device_ms: float = 0.0
 
     @property
     def unmodelled_ms(self) -> float:
@@ -69,20 +74,27 @@ class ReplayTable:
     def key(changes: Iterable[Change]) -> str:
         return "+".join(sorted(c.value for c in changes))
 
+    @property
+    def host_of_device(self) -> float | None:
+        """The profiled host's work a step over the device's: near 1 or above, the host sets the pace or
+        nearly (a stall of the host's shows as the GPU's idle); None where either is not known."""
+        return self.host_ms / self.device_ms if self.host_ms > 0 and self.device_ms > 0 else None
+
     @staticmethod
     def of(scales: tuple[float, ...], as_is: Iterable[float],
            changed: Mapping[str, tuple[Iterable[float], Iterable[float]]], traced_ms: float,
-           microbatches: int | None) -> ReplayTable:
+           microbatches: int | None, host_ms: float = 0.0, device_ms: float = 0.0) -> ReplayTable:
         """The table as a replay measured it, its times in ms to the µs (far below any gain the table is
         read for): as it is kept and sent, so that the offline reading of a trace and the live one of
         its event read the same figures."""
         return ReplayTable(scales, _us(as_is), {k: (_us(lo), _us(hi)) for k, (lo, hi) in changed.items()},
-                           round(traced_ms, 3), microbatches)
+                           round(traced_ms, 3), microbatches, round(host_ms, 3), round(device_ms, 3))
 
     def to_json(self) -> dict[str, object]:
         return {"scales": list(self.scales), "as_is": list(_us(self.as_is)),
                 "traced_ms": round(self.traced_ms, 3),
                 "microbatches": self.microbatches,
+                "host_ms": self.host_ms, "device_ms": self.device_ms,
                 "changed": {k: [list(_us(lo)), list(_us(hi))] for k, (lo, hi) in self.changed.items()}}
 
     @staticmethod
@@ -99,7 +111,8 @@ class ReplayTable:
                                                 for v in changed.values()):
                 return None
             return ReplayTable(scales, as_is, changed, float(d.get("traced_ms") or 0.0),
-                               int(mb) if isinstance(mb, int) else None)
+                               int(mb) if isinstance(mb, int) else None, float(d.get("host_ms") or 0.0),
+                               float(d.get("device_ms") or 0.0))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
 
