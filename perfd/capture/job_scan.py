@@ -46,9 +46,6 @@ class _Within:
                     merged.append((s, e))
             self.by[tid] = ([s for s, _ in merged], [e for _, e in merged])
 
-    def __bool__(self) -> bool:
-        return bool(self.by)
-
     def has(self, tid: int, ns: float) -> bool:
         got = self.by.get(tid)
         if got is None:
