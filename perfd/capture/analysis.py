@@ -50,6 +50,8 @@ from perfd.analytics.breakdown.device_breakdown import (
 )
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.capture.job_scan import scan, with_syncs
+from perfd.capture.op_kinds import kernel_kinds
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
 from perfd.capture.step_replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep
@@ -285,6 +287,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         complete=_stretch(swept.complete, swept.steps) if swept.complete is not None else None,
         launch_latency_ms=whole.launch_latency_ms,
         norm_rows=dict(norm_rows),
+        made_of={k.value: _ms(v) for k, v in swept.made_of.items() if v > 0},
     )
 
 
@@ -342,11 +345,15 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     """The breakdown of a loaded capture, its kernels charged to their ops where the host side was
     recorded (perfd.capture.ops; ``use_frames=False``: the op rules alone, Python frames ignored)."""
     ops = attribute(data.ranges, data.launches, data.flows, use_frames, data.syncs)
+    if ops is not None:  # each kernel's kind: its ops', else its name's (the pointwise part's makeup)
+        ops = dataclasses.replace(ops, kinds=kernel_kinds(data.kernels, ops.kinds))
     host = HostSide(data.syncs, ops.sync_owner if ops is not None else {},
                     [(r.start_ns, r.end_ns) for r in data.ranges if is_data_annotation(r.name)],
                     step_marks(data.ranges), ops)
     out = analyze_intervals(data.kernels, data.memcpys, data.nvtx, data.source, data.rank, top_n, ops,
                             data.steps, data.syncs, host)
+    facts = scan(data.ranges, data.launches, data.kernels, data.memcpys, ops, host.marks)
+    out = dataclasses.replace(out, devices=tuple(with_syncs(d, facts) for d in out.devices))
     if ops is None or len(host.marks) < 2:
         return out
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,

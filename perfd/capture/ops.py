@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 from perfd import limits as L
 from perfd.analytics.breakdown import op_parts as rules
+from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.capture.op_kinds import range_kinds
 from perfd.capture.trace_input import TraceRefused
 
 
@@ -105,6 +107,8 @@ class OpAttribution:
     sync_owner: dict[int, str] = field(default_factory=dict)
     # the activities launched by the autograd engine running a backward node (the backward pass)
     backward: frozenset[int] = frozenset()
+    # what each activity computes, where its ops say (perfd.capture.op_kinds): the pointwise part's makeup
+    kinds: dict[int, PointwiseKind] = field(default_factory=dict)
 
 
 class _Tree:
@@ -478,9 +482,15 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     owners = att.tree.locate([(s.tid, s.ns - _EPS_NS, k) for k, s in enumerate(syncs)])
     frames = use_frames and any(r.kind is RangeKind.FRAME and rules.module_class(r.name)
                                 for r in att.r)
+    rs = att.r
+    op_parent = [att.op[p] if p >= 0 else -1 for p in att.tree.parent]
+    kinds = range_kinds([x.name for x in rs], [x.tid for x in rs], [x.start_ns for x in rs],
+                        [x.kind is RangeKind.OP for x in rs], op_parent, att.tree.order, att.unit,
+                        att.unit_fwd)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
-                         {k: att.owner(i) for k, i in owners.items()}, frozenset(backward))
+                         {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
+                         {corr: k for corr, i in where.items() if (k := kinds[i]) is not None})
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.

@@ -31,6 +31,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
 from perfd.analytics.breakdown.budget import KERNEL_PRECEDENCE, IdleCause, Phase
 from perfd.analytics.breakdown.op_parts import fused_kernel_part, kernel_part
+from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind, kernel_kind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch, OpAttribution
 from perfd.capture.timeline_events import KernelEvent, MemEvent
@@ -95,6 +96,8 @@ class SweepResult:
     named: dict[Part, list[tuple[str, float]]]  # (kernel or copy name, ns) per part, whole span
     by_op: dict[Part, list[tuple[str, float]]]  # (deciding op label, ns) per part, whole span
     side_stream_ns: dict[Part, float]  # each part's kernel time on streams other than the busiest
+    # the pointwise part's kernel time by what it computes (perfd.capture.op_kinds), whole span
+    made_of: dict[PointwiseKind, float] = field(default_factory=dict)
 
 
 class _Activity:
@@ -234,11 +237,16 @@ def sweep(
     named: dict[Part, list[tuple[str, float]]] = defaultdict(list)
     by_op: dict[Part, list[tuple[str, float]]] = defaultdict(list)
     stream_ns: dict[int | None, float] = defaultdict(float)
+    made_of: dict[PointwiseKind, float] = defaultdict(float)
+    kinds = ops.kinds if ops is not None else {}
     for i, a in enumerate(acts):
         dur = max(a.end - a.start, 0.0)
         if a.end > a.start:
             edges += [(a.start, 1, i), (a.end, -1, i)]
         named[a.part].append((a.name, dur))
+        if a.part is Part.POINTWISE:
+            kind = kinds.get(a.corr) if a.corr is not None else None
+            made_of[kind or kernel_kind(a.name) or PointwiseKind.OTHER] += dur
         if a.label is not None:
             by_op[a.part].append((a.label, dur))
         stream_ns[a.stream] += dur
@@ -293,7 +301,7 @@ def sweep(
     if complete is not None:
         complete.span_ns = hi - lo
     return SweepResult(
-        whole, complete, len(cuts) - 1 if complete is not None else 0, named, by_op, dict(side)
+        whole, complete, len(cuts) - 1 if complete is not None else 0, named, by_op, dict(side), dict(made_of)
     )
 
 

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from perfd.analytics.advice.capture_findings import diagnose_capture
     from perfd.report.capture_text import class_reason, diagnosis_json
     from perfd.report.grade_text import worded, worded_recommendation
+    from perfd.report.job_facts_text import facts_text
 
     diag = diagnose_capture(analysis.devices, label=path.name)
     diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"    kernel time by category: {shown}")
         for k in objs(d.get("top_kernels"))[:5]:
             print(f"    {k['total_ms']:9.2f} ms  {k['count']:6d}x  {str(k['name'])[:90]}")
+        facts = next((x.facts for x in analysis.devices if x.device == d["device"]), None)
+        if facts is not None and facts_text(facts):
+            print(f"    the job, by its trace: {facts_text(facts)}")
     print(f"\nbottleneck: {diag.bottleneck} — {class_reason(diag.basis)}")
     for f in diag.findings:
         print(f"  [{f.severity}] {f.title}\n      {f.observation}")

@@ -15,16 +15,38 @@ from perfd.analytics.advice.budget_findings import BudgetFacts, BudgetFinding, B
 from perfd.analytics.breakdown.advice_registry import CLASS, PART
 from perfd.analytics.breakdown.bottleneck import BudgetClass
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, StepBudget
+from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding
+from perfd.report.job_facts_text import (
+    already_words,
+    grad_accum_holds,
+    grad_accum_title,
+    made_of_text,
+    made_of_title,
+)
 
 _COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
 
 
-def part_title(p: BudgetPart) -> str:
-    """The part's name for what it is in this job: the gradient reduction part that holds no collective,
-    only autograd's main_grad accumulation (DP=1, or the reduction elsewhere), is named so, with the
-    stream it runs on."""
+def _own_terms(facts: JobFacts | None) -> JobFacts | None:
+    """The job's facts where its parts are named in its own terms: a job whose trace ran no collective
+    (no data parallelism, none of Megatron-LM's communication; a Megatron-LM job keeps its words)."""
+    return facts if facts is not None and facts.single_device else None
+
+
+def part_title(p: BudgetPart, facts: JobFacts | None = None) -> str:
+    """The part's name for what it is in this job (``facts``: the job's own, from its capture): the
+    gradient reduction part of a job with no collective is autograd's AccumulateGrad over its
+    micro-batches; the pointwise part names what it is made of; the gradient reduction part that holds
+    no collective, only autograd's main_grad accumulation (DP=1, or the reduction elsewhere), is named
+    so, with the stream it runs on."""
+    own = _own_terms(facts)
+    if own is not None and p.part is Part.GRAD_REDUCE:
+        return grad_accum_title(own)
+    made = p.detail.get("made_of")
+    if own is not None and p.part is Part.POINTWISE and isinstance(made, Mapping) and made_of_title(made):
+        return f"pointwise: {made_of_title(made)}"
     if p.part is Part.GRAD_REDUCE:
         ops = p.detail.get("op_ms")
         collective = isinstance(ops, Mapping) and any(k in str(op).lower() for op in ops
@@ -117,12 +139,23 @@ def sync_text(b: StepBudget) -> str:
 
 
 def waterfall_text(b: StepBudget) -> str:
-    return "; ".join(f"{part_title(p)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
+    return "; ".join(f"{part_title(p, b.facts)} {p.ms:.0f} ms ({p.share:.0%})" for p in b.parts)
+
+
+def _holds(b: StepBudget, p: BudgetPart) -> str:
+    """A part's finding's opening words: in the job's own terms where its facts say them."""
+    own = _own_terms(b.facts)
+    made = p.detail.get("made_of")
+    if own is not None and p.part is Part.GRAD_REDUCE:
+        return grad_accum_holds(own)
+    if own is not None and p.part is Part.POINTWISE and isinstance(made, Mapping) and made_of_text(made):
+        return f"Pointwise work no other part claims (by what it computes, per step: {made_of_text(made)})" \
+            " takes"
+    return PART[p.part].holds or "It takes"
 
 
 def _part_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
     """A part's finding: its title and observation."""
-    entry = PART[p.part]
     ops = _ops_text(p)
     extra = ""
     if p.part is Part.OPTIMIZER and isinstance(p.detail.get("timer_ms"), (int, float)):
@@ -139,9 +172,9 @@ def _part_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
         extra = "; " + sync_text(b)
     if ncu_text(p):
         extra += f". {ncu_text(p)}"
-    name = part_title(p)
+    name = part_title(p, b.facts)
     return (f"{name[0].upper()}{name[1:]}: {p.ms:.0f} ms per step ({p.share:.0%})",
-            f"{entry.holds or 'It takes'} {p.ms:.1f} ms of a {b.step_ms:.0f} ms step"
+            f"{_holds(b, p)} {p.ms:.1f} ms of a {b.step_ms:.0f} ms step"
             + (f" (by op, per step: {ops})" if ops else "") + extra + ".")
 
 
@@ -204,6 +237,8 @@ def budget_words(f: BudgetFacts) -> tuple[str, str]:
         return _gemm_words(b, f.part)
     if f.said is BudgetSaid.CAPTURE_COST:
         return _capture_cost_words(b, f.run)
+    if f.said is BudgetSaid.ALREADY:
+        return already_words(f.moot)
     assert f.cls is not None
     return (f"Step budget: {class_text(f.cls)}",
             f"Where the {b.step_ms:.0f} ms step goes: {waterfall_text(b)}.")

@@ -36,7 +36,9 @@ def _parts(budget: StepBudget | None) -> list[tuple[Part, float, float, str]]:
 
 def _names(budget: StepBudget | None) -> dict[Part, str]:
     """Each part's name for what it is in this job (budget_findings.part_title)."""
-    return {p.part: part_title(p) for p in (budget.parts if budget else ())}
+    if budget is None:
+        return {}
+    return {p.part: part_title(p, budget.facts) for p in budget.parts}
 
 
 _STEPS_FROM = {"trace": "marked in the trace", "request": "as the capture asked",

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
+from perfd.analytics.advice.moot import Moot, split
 from perfd.analytics.advice.plan import Plan, make_plan
 from perfd.analytics.advice.remedies import (
     Advice,
@@ -64,6 +65,7 @@ class BudgetSaid(enum.Enum):
     GEMM = "gemm"  # the linear layers' (or the GEMMs') efficiency against the measured ceiling
     CAPTURE_COST = "capture_cost"  # the capture's own slowdown of the steps it recorded
     CLASS = "class"  # the class the budget supports, with where the step goes
+    ALREADY = "already"  # what the job already does, and the remedies that makes moot
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class BudgetFacts:
     run: int | None = None
     cls: BudgetClass | None = None
     label: str = ""
+    moot: tuple[Moot, ...] = ()  # ALREADY: what the job does (perfd.analytics.advice.moot)
 
 
 @dataclass
@@ -134,10 +137,15 @@ def capture_cost(ctx: BudgetContext) -> Out:
     return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", facts=facts)], []
 
 
-def fitted(ctx: BudgetContext) -> list[Advice]:
-    """The remedies fitted to the job, but those for parts other analyzers speak for."""
+def _fitted(ctx: BudgetContext) -> tuple[list[Advice], tuple[Moot, ...]]:
     cfg = ctx.config or JobConfig(ctx.framework)
-    return [a for a in fit(FitContext(ctx.budget, cfg)) if a.part not in ctx.covered]
+    return split([a for a in fit(FitContext(ctx.budget, cfg)) if a.part not in ctx.covered], ctx.budget.facts)
+
+
+def fitted(ctx: BudgetContext) -> list[Advice]:
+    """The remedies fitted to the job, but those for parts other analyzers speak for and those for what
+    the job already does (perfd.analytics.advice.moot)."""
+    return _fitted(ctx)[0]
 
 
 def plan_of(ctx: BudgetContext) -> Plan | None:
@@ -180,9 +188,15 @@ def remedies(ctx: BudgetContext) -> Out:
     b = ctx.budget
     recs: list[Advice] = []
     small: list[Advice] = []
-    for a in fitted(ctx):
+    kept, moot = _fitted(ctx)
+    for a in kept:
         (small if minor(a, b.step_ms) else recs).append(a)
     fs: list[Finding] = []
+    if moot:
+        evidence = {"already": [{"already": m.already.value, "dropped": [r.value for r in m.dropped]}
+                                for m in moot], "facts": b.facts.to_json() if b.facts is not None else None}
+        said = BudgetFacts(BudgetSaid.ALREADY, b, label=ctx.label or b.basis, moot=moot)
+        fs.append(BudgetFinding("budget-already", Severity.INFO, "", "", evidence, "", facts=said))
     if small:
         facts = RemedyFacts(tuple(small), b.step_ms, b.mfu)
         fs.append(SmallerRemedies("budget-minor-remedies", Severity.INFO, "", "", {}, "",

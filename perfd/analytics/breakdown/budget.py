@@ -32,10 +32,12 @@ from typing import TypedDict, cast
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
+from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
 from perfd.typed import fit, number, obj, objs
 
@@ -47,13 +49,6 @@ class IdleCause(TextEnum):
     LAUNCH = "launch"  # a short gap with no sync: the host issuing work slower than the GPU runs it
     DATA = "data"  # the host was in the data loader
     HOST = "host"  # a long gap with no sync: the host elsewhere
-
-
-class Phase(TextEnum):
-    """Where in the step a kernel or a gap is: its launch's place on the host (perfd.capture.ops tails)."""
-
-    LAYERS = "forward-backward"  # once per micro-batch
-    OPTIMIZER = "optimizer"  # once per step: from the last backward work to the next forward
 
 
 # The order of the budget's rows, and of a capture's attribution: an instant where several activities
@@ -99,6 +94,8 @@ class PartDetail(TypedDict, total=False):
     from_idle_ms: dict[str, float]  # ... and the idle parts it was taken from
     under_5us_ms: float  # the short idle: the part of it in gaps under 5 µs (the launches)
     side_stream_ms: float  # the part's time on a side stream
+    # the pointwise part: its ms per step by what its kernels compute (PointwiseKind value), largest first
+    made_of: dict[str, float]
 
 
 _TYPED_DETAIL = ("ncu", "ncu_kernels")  # a part's detail keys held as typed fields of BudgetPart
@@ -250,6 +247,7 @@ class StepBudget:
     step_sd_ms: float | None = None
     # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
+    facts: JobFacts | None = None  # what the job already does, as its capture shows it
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -280,7 +278,8 @@ class StepBudget:
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
                 "window": self.window.to_json() if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
-                "replay": self.replay.to_json() if self.replay is not None else None}
+                "replay": self.replay.to_json() if self.replay is not None else None,
+                "facts": self.facts.to_json() if self.facts is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -309,7 +308,8 @@ class StepBudget:
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
-                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")))
+                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
+                          JobFacts.from_json(d.get("facts")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

@@ -129,6 +129,8 @@ def from_capture(
             detail.update(attention_detail(ms, fl, device.attention_fused))
         elif p is Part.OPTIMIZER and timers.optimizer_ms is not None:
             detail["timer_ms"] = timers.optimizer_ms  # the framework's own optimizer timer: a cross-check
+        elif p is Part.POINTWISE and (made := _made_of(device.made_of, ms)):
+            detail["made_of"] = made
         if p is Part.IDLE_SHORT and latency is not None:
             detail["under_5us_ms"] = latency / n  # the launches themselves
         if (on_side := device.side_stream_ms.get(p.value)) is not None and p not in _IDLE:
@@ -155,7 +157,17 @@ def from_capture(
         phase_ms=phases,
         window=window,
         replay=device.replay,
+        facts=device.facts,
     )
+
+
+def _made_of(kinds: Mapping[str, float], part_ms: float) -> dict[str, float]:
+    """The pointwise part's ms per step by kind, largest first: the kinds' summed kernel time over the
+    span, in proportion, scaled to the part's own (exclusive) ms, so that the kinds add up to the part."""
+    total = sum(v for v in kinds.values() if v > 0)
+    if total <= 0:
+        return {}
+    return {k: v / total * part_ms for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def _top(by_part: Mapping[str, tuple[KernelStat, ...]], part: Part, n: float) -> list[Top]:

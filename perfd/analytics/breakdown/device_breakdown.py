@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.budget import IdleCause, Phase
+from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.typed import obj, objs
 
@@ -184,6 +185,11 @@ class DeviceBreakdown:
     norm_rows: dict[int, int] = field(default_factory=dict)
     # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
+    # what the job already does, as the trace shows it (None: a breakdown made without its host side, or
+    # kept by a version before the facts); and the pointwise part's kernel time (summed, over the span)
+    # by what it computes (perfd.analytics.breakdown.pointwise_kinds.PointwiseKind value -> ms)
+    facts: JobFacts | None = None
+    made_of: dict[str, float] = field(default_factory=dict)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -214,6 +220,8 @@ class DeviceBreakdown:
             "complete": self.complete.to_json() if self.complete is not None else None,
             "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
             "replay": self.replay.to_json() if self.replay is not None else None,
+            "facts": self.facts.to_json() if self.facts is not None else None,
+            "made_of": dict(self.made_of),
         }
 
     @classmethod
@@ -253,6 +261,7 @@ class DeviceBreakdown:
             norm_rows={int(r): c for r, c in obj(d.get("norm_rows")).items()
                        if str(r).isdigit() and isinstance(c, int) and not isinstance(c, bool)},
             replay=ReplayTable.from_json(d.get("replay")),
+            facts=JobFacts.from_json(d.get("facts")), made_of=_ms_map(d.get("made_of")),
         )
 
     def ratio(self, part_ms: float) -> float | None:

@@ -1,6 +1,6 @@
-"""The parts a step divides into: one enum that the budget, the kernel rows and the advice share
-(here, not in budget.py, so that the kernel rows can name parts without importing the budget that
-carries them)."""
+"""The parts a step divides into and the phases of a step: enums that the budget, the kernel rows, the
+advice and the job's facts share (here, not in budget.py, so that the kernel rows can name parts, and
+perfd.analytics.breakdown.job_facts phases, without importing the budget that carries them)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ class Part(TextEnum):
     IDLE_SHORT = "idle_short"  # other idle in gaps shorter than th.SHORT_GAP_S: the host launching work
     IDLE_LONG = "idle_long"  # other idle in longer gaps: the host elsewhere (Python between steps)
     COMPUTE = "compute"  # the timers' compute, not divided (no capture)
+
+
+class Phase(TextEnum):
+    """Where in the step a kernel or a gap is: its launch's place on the host (perfd.capture.ops tails)."""
+
+    LAYERS = "forward-backward"  # once per micro-batch
+    OPTIMIZER = "optimizer"  # once per step: from the last backward work to the next forward
