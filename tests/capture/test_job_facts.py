@@ -190,12 +190,14 @@ def _made_of(d: DeviceBreakdown) -> list[PointwiseKind]:
     return [PointwiseKind(k) for k in made]  # largest first
 
 
-def test_nanogpt_pointwise_is_its_loss_gelu_and_layer_norm(nanogpt: DeviceBreakdown) -> None:
+def test_nanogpt_pointwise_is_its_gelu_and_layer_norm_beside_its_loss(nanogpt: DeviceBreakdown) -> None:
+    # inductor's log-softmax kernels are the loss's own part (cross-entropy), not pointwise work
+    assert nanogpt.parts_ms.get("loss", 0.0) > 9.0
     kinds = _made_of(nanogpt)
-    assert set(kinds[:3]) == {PointwiseKind.CROSS_ENTROPY, PointwiseKind.GELU, PointwiseKind.LAYER_NORM}
-    assert PointwiseKind.LOGITS_GRAD_FILL in kinds and PointwiseKind.CAST in kinds
+    assert set(kinds[:3]) == {PointwiseKind.GELU, PointwiseKind.LAYER_NORM, PointwiseKind.CAST}
+    assert PointwiseKind.LOGITS_GRAD_FILL in kinds and PointwiseKind.CROSS_ENTROPY not in kinds[:3]
     (f,) = [f for f in _diagnosis(nanogpt).findings if f.id.startswith("budget-pointwise")]
-    for words in ("cross-entropy", "GELU", "LayerNorm", "the zero-fill of the logits' gradient"):
+    for words in ("GELU", "LayerNorm", "the zero-fill of the logits' gradient"):
         assert words in f.observation
     assert "residual adds, hidden dropout, casts, reshapes" not in f.observation
     assert f.title.startswith("Pointwise: ")
