@@ -86,19 +86,23 @@ class Replayed:
 
 # An edit of the journal's step records before they are taken in (a synthetic pause, say).
 StepEdit = Callable[[StepRecord], StepRecord]
+# ... and of its events, or of its capture records (what an agent of this version adds to one, say).
+EventEdit = Callable[[dict[str, Any]], dict[str, Any]]
 # Beside the journal: (time, what) with what a callable given the state (samples, events to ingest).
 Extra = tuple[float, Callable[[AggregatorState], None]]
 
 
 def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | None = None,
-           edit: StepEdit | None = None, extra: Sequence[Extra] = (), tail_s: float = 30.0) -> Replayed:
+           edit: StepEdit | None = None, edit_event: EventEdit | None = None,
+           edit_capture: EventEdit | None = None, extra: Sequence[Extra] = (), tail_s: float = 30.0) -> Replayed:
     """Replay the journal at ``state_dir`` for ``job`` (up to replay time ``until``, else to its end and
     ``tail_s`` past it), refreshing every ``tick_s``."""
     store = StateStore(state_dir)
     try:
         with replay_clock() as now:
             st = AggregatorState(min_recompute_s=0.0)
-            st.capture_book.restore([CaptureRecord.from_json(d) for d in store.get_doc("captures") or []])
+            st.capture_book.restore([CaptureRecord.from_json(edit_capture(dict(d)) if edit_capture else d)
+                                     for d in store.get_doc("captures") or []])
             rows: list[tuple[float, int, Any]] = [(t, 0, (kind, agent, body))
                                                   for t, kind, agent, body in store.replay_timed()]
             rows += [(t, 1, fn) for t, fn in extra]
@@ -119,7 +123,7 @@ def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | Non
                 if kind == HELLO:
                     st.hello(agent, json.loads(body), t)
                     continue
-                _take(st, agent, decode_batch(pb.Batch.FromString(body), {}), t, job, edit)
+                _take(st, agent, decode_batch(pb.Batch.FromString(body), {}), t, job, edit, edit_event)
             end = (until if until is not None else rows[-1][0] + tail_s)
             while tick <= end:
                 now[0] = tick
@@ -134,13 +138,14 @@ def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | Non
         store.close()
 
 
-def _take(st: AggregatorState, agent: str, b: DecodedBatch, t: float, job: str, edit: StepEdit | None) -> None:
+def _take(st: AggregatorState, agent: str, b: DecodedBatch, t: float, job: str, edit: StepEdit | None,
+          edit_event: EventEdit | None) -> None:
     for name, text in b.job_info_json.items():
         st.ingest_job_info(agent, name, job_info_from_json(text), t)
     if b.steps:
         st.ingest_steps(agent, [edit(r) if edit is not None and r.job == job else r for r in b.steps], t)
     if b.events:
-        st.ingest_events(agent, b.events)
+        st.ingest_events(agent, [edit_event(dict(e)) if edit_event is not None else e for e in b.events])
 
 
 def samples(st: AggregatorState, agent: str, at: float, values: Mapping[tuple[str, tuple[tuple[str, str], ...]],
