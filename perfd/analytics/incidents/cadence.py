@@ -36,6 +36,9 @@ GPU_BUSY = th.PAUSE_GPU_BUSY.value
 # A pause at the step a loop's counter names (step % N == 0) or at the one after it (the hook puts a
 # pause after step N on step N+1's period): where two occurrences may fall to be a cadence.
 COUNTER_PHASES = (0, 1)
+# A cadence's next occurrence is among the next few pauses (one-off stalls between two are few): the
+# intervals tried from each pause, so that a long run's thousands of pauses are read in linear time.
+NEXT_TRIED = 8
 
 
 class PausePart(str, enum.Enum):
@@ -148,10 +151,11 @@ def _similar(sizes: Sequence[float], size: float) -> bool:
 
 
 def _walk(pauses: Sequence[Pause], at: dict[int, int], first: int, every: int) -> list[int]:
-    """The pauses every ``every`` steps from ``pauses[first]`` on, while each is like those before it."""
+    """The pauses every ``every`` steps from ``pauses[first]`` on, while each is like those just before it."""
     members = [first]
     nxt = pauses[first].iteration + every
-    while (j := at.get(nxt)) is not None and _similar([pauses[i].seconds for i in members], pauses[j].seconds):
+    while (j := at.get(nxt)) is not None and _similar([pauses[i].seconds for i in members[-NEXT_TRIED:]],
+                                                      pauses[j].seconds):
         members.append(j)
         nxt += every
     return members
@@ -169,10 +173,11 @@ def find_cadences(pauses: Iterable[Pause], stepped_to: int | None = None) -> lis
         best: list[int] = []
         best_every = 0
         for a in range(len(left)):
-            for b in range(a + 1, len(left)):
+            for b in range(a + 1, min(len(left), a + 1 + NEXT_TRIED)):
                 every = left[b].iteration - left[a].iteration
-                if every < MIN_EVERY:
-                    continue
+                prev = at.get(left[a].iteration - every)
+                if every < MIN_EVERY or (prev is not None and _similar([left[prev].seconds], left[a].seconds)):
+                    continue  # too often; or not where this cadence starts (walked from its start)
                 members = _walk(left, at, a, every)
                 if len(members) < 2:
                     continue
