@@ -250,7 +250,7 @@ CATALOG: tuple[MetricDef, ...] = (
        _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", JOB, alias="goodput"),
     _m(JOB_TIME, "counter", "seconds",
        "The job's wall time split by where it went (label kind: training, incident, profiling, redone, "
-       "checkpoint, evaluation, restart, stall, startup, other); the kinds add up to the wall time",
+       "checkpoint, evaluation, cadence, restart, stall, startup, other); the kinds add up to the wall time",
        _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", (*JOB, "kind"),
        alias="job_time_total"),
     _m(STEP_BUDGET_SECONDS, "gauge", "seconds",

@@ -90,6 +90,7 @@ class RankHost(TypedDict, total=False):
     oom_kills: int  # the cgroup's oom_kill counter
     oom_kills_since_follow: int  # ... since the agent began following the rank
     major_faults_per_second: float
+    write_bytes_per_second: float  # proc(5) io write_bytes over the last interval (a checkpoint save)
 
 
 class LaunchExit(TypedDict, total=False):

@@ -42,6 +42,10 @@ class Threshold:
 # --- host evidence of a rank process (perfd.analytics.incidents.host_evidence, collectors/ranks)
 # ------------------
 _HOST = "docs/design.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
+PAUSE_WRITES_BPS = Threshold(
+    20e6, "a rank process writing 20 MB/s or more to disk (proc(5) io write_bytes) while its steps wait is "
+    "saving a checkpoint (the model's state: hundreds of MB in seconds; a logger writes kilobytes); the "
+    "agent reports such writing at once, every collect, so that a pause of a few seconds is seen", _HOST)
 CPU_WAIT_SCAN = Threshold(
     0.10, "a rank waiting for a CPU a tenth of the time it wants one starts the scan that names who else "
     "runs on its CPUs (the scan reads every process: it runs only then)", _HOST)

@@ -50,7 +50,7 @@ from perfd.procinfo import (
     read_identity,
     same_process,
 )
-from perfd.shared_thresholds import CPU_THROTTLED_SHARE, STALL_IDLE_CPU_CORES
+from perfd.shared_thresholds import CPU_THROTTLED_SHARE, PAUSE_WRITES_BPS, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the
@@ -100,7 +100,7 @@ class RanksConfig:
 
 
 
-_RankMarks = tuple[int, str, bool, bool, bool]  # rank, then _marks: what makes an event due at once
+_RankMarks = tuple[int, str, bool, bool, bool, bool]  # rank, then _marks: what makes an event due at once
 
 @dataclass
 class RankProc:
@@ -117,6 +117,7 @@ class RankProc:
     prev_t: float | None = None
     prev_cpu_s: float | None = None
     prev_faults: int | None = None
+    prev_write: int | None = None  # proc(5) io write_bytes
     prev_sched: dict[int, tuple[int, int]] = field(default_factory=dict)
     prev_thr: procfs.Throttling | None = None
     prev_psi: dict[str, int] = field(default_factory=dict)
@@ -387,6 +388,11 @@ class RanksCollector(Collector):
         if dt and d_faults is not None:
             row["major_faults_per_second"] = d_faults / dt
         rp.prev_cpu_s, rp.prev_faults = st.cpu_s, st.major_faults
+        written = procfs.read_write_bytes(rp.pid, proc)
+        d_write = _delta(written, rp.prev_write)
+        if dt and d_write is not None:  # a checkpoint save while the steps wait (the loop's own pause)
+            row["write_bytes_per_second"] = d_write / dt
+        rp.prev_write = written
         self._children(rp, row, dt)
         # Every thread's schedstat every THREAD_FULL_EVERY collects; between, only the threads that
         # ran or waited at the last reading (and the main one): most of a training process's ~100
@@ -546,8 +552,8 @@ class RanksCollector(Collector):
             for res, share in (row.get("pressure") or {}).items():
                 emit(RANK_PRESSURE, share, {**lab, "resource": res})
         for job, ranks in by_job.items():
-            # The event every collect while something is worth it (a rank's state, idleness, wait or
-            # throttling changed, or any rank waits, is throttled or is not running); else every
+            # The event every collect while something is worth it (a rank's marks changed, or any rank
+            # waits, is throttled, writes to disk or is not running); else every
             # EVENT_EVERY_S: a quiet node's ranks cost the aggregator one decode every few seconds.
             marks = tuple((r["rank"], *_marks(r)) for r in ranks)
             busy = any(m[1] in NOTABLE_STATES or any(m[3:]) for m in marks)
@@ -579,13 +585,14 @@ class RanksCollector(Collector):
             })
 
 
-def _marks(row: RankHost) -> tuple[str, bool, bool, bool]:
+def _marks(row: RankHost) -> tuple[str, bool, bool, bool, bool]:
     """What changes the aggregator must hear of at once: the state, idle (no CPU: a stall's
-    corroboration), waiting for a CPU, throttled."""
-    cpu, thr = row.get("cpu_cores"), row.get("throttled_ratio")
+    corroboration), waiting for a CPU, throttled, writing to disk (a checkpoint save: the aggregator
+    tells the loop's own pauses by it, and one lasts seconds)."""
+    cpu, thr, wr = row.get("cpu_cores"), row.get("throttled_ratio"), row.get("write_bytes_per_second")
     # Running and sleeping alternate many times a second in a working rank: a flip between them is no
     # change worth an event (the event still carries the exact state).
     state = str(row.get("state"))
     idle = cpu is not None and cpu < STALL_IDLE_CPU_CORES.value
     return (state if state in NOTABLE_STATES else "live", idle, waits(row),
-            thr is not None and thr >= CPU_THROTTLED_SHARE.value)
+            thr is not None and thr >= CPU_THROTTLED_SHARE.value, wr is not None and wr >= PAUSE_WRITES_BPS.value)

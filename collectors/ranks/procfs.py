@@ -82,6 +82,19 @@ def boot_time(proc: str = PROC) -> float | None:
     return None
 
 
+def read_write_bytes(pid: int, proc: str = PROC) -> int | None:
+    """The bytes the process caused to be written to storage (proc(5) io ``write_bytes``: counted when it
+    dirties the page cache, so a checkpoint save shows while it is written, not at writeback); None when
+    not readable (another user's process without the privilege, or gone)."""
+    for line in (read_text(f"{proc}/{pid}/io") or "").splitlines():
+        if line.startswith("write_bytes:"):
+            try:
+                return int(line.split(":", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
 def read_stat(pid: int, proc: str = PROC) -> ProcStat | None:
     text = read_text(f"{proc}/{pid}/stat")
     return parse_stat(pid, text) if text is not None else None

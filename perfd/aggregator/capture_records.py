@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,11 @@ class RankReport:
                    Coverage.from_json(cov) if isinstance(cov, Mapping) else None)
 
 
+def _when(v: object) -> float | None:
+    """An epoch time from a payload: a finite number, else absent."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
 def _json_bytes(value: object) -> int:
     """``value``'s size as JSON (an event's payload: at most perfd.limits.MAX_EVENT_BYTES on the wire)."""
     try:
@@ -104,6 +110,9 @@ class CaptureResult:
     range_held_s: float | None = None
     armed_at: Mapping[int, float] = field(default_factory=dict)
     artifact_bytes: int | None = None
+    # when the ranks' trace was written (the agent's clock, as the event's): what the capture did in the
+    # ranks' processes ended then; its agent's analysis of the trace, after it, does not touch them
+    trace_ready_at: float | None = None
     cause: CaptureFailure | None = None
     raw_bytes: int = 0  # ``raw`` as JSON: what the records' byte cap counts of it (MAX_CAPTURE_RECORD_BYTES)
 
@@ -124,6 +133,7 @@ class CaptureResult:
              if str(r).isdigit() and len(str(r)) <= 12
              and isinstance(t, (int, float)) and not isinstance(t, bool)},
             size if isinstance(size, int) and not isinstance(size, bool) else None,
+            _when(p.get("trace_ready_at")),
             CaptureFailure.of(p.get("cause")),
             _json_bytes(p))
 

@@ -35,6 +35,7 @@ from perfd.aggregator.state_changes import Changes, writes
 from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
+from perfd.analytics.incidents.cadence import PauseSighting
 from perfd.analytics.incidents.detect import STEP_FACTOR, Incident, hang_incident
 from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.run.arming import ArmingCost, is_the_arming
@@ -112,6 +113,10 @@ class JobAnalyses:
                      ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]:
         return self.inputs.class_inputs(job, span)
 
+    def pause_sightings(self, job: str) -> tuple[PauseSighting, ...]:
+        """What the job's ranks showed while it was between steps (the stall watch's ticks)."""
+        return self.stalls.sightings(job)
+
     def placed_gpu(self, job: str) -> str | None:
         """The model of the job's GPUs as their process lists name them (perfd.aggregator.nodes)."""
         return self.nodes.model_of(job, self.jobs.agents_of(job))
@@ -160,6 +165,12 @@ class JobAnalyses:
             self.sightings.baseline_sighting(job, now)
         for h in coll.hangs if coll is not None else []:
             found.append(hang_incident(h, last_it, now))
+        # A pause seen once was an incident; at its next occurrence on a cadence it is the loop's own
+        # (perfd.analytics.incidents.cadence): the first is named then, taken back as an incident.
+        for rec in self.incidents.typed_incidents(job) if a.summary.pauses else ():
+            inc = rec.incident
+            if any(c.covers(inc.first_iteration) and c.covers(inc.last_iteration) for c in a.summary.pauses):
+                self.incidents.withdraw(job, inc.id, now, Withdrawal.CADENCE_PAUSE)
         self.track_live_incidents(job, found, now)
 
     @writes

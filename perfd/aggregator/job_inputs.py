@@ -9,6 +9,7 @@ from typing import Protocol
 
 from perfd.analytics.breakdown.bottleneck import GpmReading, GpmWhen
 from perfd.analytics.breakdown.diagnosis import TimelineClass
+from perfd.analytics.incidents.cadence import PauseSighting
 
 Standing = Callable[[str, str], int]  # (job, agent) -> its standing as a writer of the job
 
@@ -20,7 +21,8 @@ class AnalysisInputs(Protocol):
     the records); for the run whose figures are reported (``span``: from, to, epoch s;
     perfd.analytics.run.runs) the GPM of its GPUs and the class its latest capture supports; and the
     model of its GPUs as their process lists name them (asked while a job has no model from its
-    agents' series: a job seen only through the engine)."""
+    agents' series: a job seen only through the engine); what its ranks showed while it was between
+    steps (which work the loop's own pauses at a cadence were)."""
 
     def capture_windows(self, job: str) -> list[tuple[float, float]]: ...
 
@@ -28,6 +30,8 @@ class AnalysisInputs(Protocol):
                      ) -> tuple[GpmReading | None, TimelineClass | None, GpmWhen]: ...
 
     def placed_gpu(self, job: str) -> str | None: ...
+
+    def pause_sightings(self, job: str) -> tuple[PauseSighting, ...]: ...
 
 
 class NoInputs:
@@ -43,6 +47,9 @@ class NoInputs:
 
     def placed_gpu(self, job: str) -> str | None:
         return None
+
+    def pause_sightings(self, job: str) -> tuple[PauseSighting, ...]:
+        return ()
 
 
 NO_INPUTS = NoInputs()

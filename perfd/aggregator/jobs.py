@@ -426,7 +426,7 @@ class JobStore:
                 result = analyze_run(info, records, gpu_name=gpu, peak_tflops=self.peak_tflops,
                                      job_name=job, gpm=gpm, timeline=timeline, memo=js.memo,
                                      gpm_when=gpm_when, new_normal_at=new_normal_at, earlier=earlier,
-                                     run=run)
+                                     run=run, pause_sightings=inputs.pause_sightings(job))
         except Exception as exc:
             # Never raised past the job, never a silent []: counted, logged (with its traceback, once a
             # minute per job), said in the job's overview (analysis_error) while its last analysis

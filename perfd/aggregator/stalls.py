@@ -18,6 +18,7 @@ import logging
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from perfd import shared_thresholds as th
 from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state_changes import Changes, writes
+from perfd.analytics.incidents.cadence import PauseSighting
 from perfd.analytics.incidents.detect import Incident, stall_incident
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import Withdrawal
@@ -58,6 +60,13 @@ CADENCE_RECORDS = 20  # the newest records whose gaps give the job's cadence (th
 CLOSE_GRACE_S = 10.0
 EXIT_GRACE_S = th.STALL_EXIT_GRACE_S.value
 GPU_UTIL = "perfd_gpu_utilization_ratio"
+# What the ranks show while their job is between steps, kept for the loop's own pauses (which work each
+# was: perfd.analytics.incidents.cadence): taken at a tick once the silence is two usual steps long, of
+# at most this many ranks (a save or an evaluation is every rank's), the newest this many per job (the
+# record that ends a pause comes seconds after it: minutes of ticks).
+PAUSE_SIGHT_FROM = 2.0
+PAUSE_SIGHT_RANKS = 16
+PAUSE_SIGHTINGS = 512
 
 SendCommand = Callable[[str, Command], bool]
 
@@ -141,6 +150,7 @@ class StallWatch:
         self.opened_total: dict[str, int] = {}
         self.late_total: dict[str, int] = {}  # stalls withdrawn: their records came late (job clock)
         self.phase_max_s = phase_max_s
+        self._sightings: dict[str, deque[PauseSighting]] = {}  # job -> what its ranks showed between steps
 
     def stalled(self, job: str) -> StallCheck | None:
         """The job's open stall's latest check (None: no open stall)."""
@@ -148,8 +158,14 @@ class StallWatch:
             st = self._open.get(job)
         return st.check if st is not None and st.closed_at is None else None
 
+    def sightings(self, job: str) -> tuple[PauseSighting, ...]:
+        """What the job's ranks showed at the ticks it was between steps (oldest first)."""
+        with self._lock:
+            return tuple(self._sightings.get(job, ()))
+
     def forget(self, job: str) -> None:
         with self._lock:
+            self._sightings.pop(job, None)
             self._open.pop(job, None)
             self.opened_total.pop(job, None)
             self.late_total.pop(job, None)
@@ -267,7 +283,28 @@ class StallWatch:
         check = check_stall(StallInputs(now, ov.last_step_time, cadence, seen, pending,
                                         state.hosts.active_phase(job), state.hosts.phase_ended_at(job),
                                         self.phase_max_s, capture_spans(state.captures_of(job))))
+        if cadence and check.silent_s is not None and check.silent_s >= PAUSE_SIGHT_FROM * cadence:
+            self._sight(job, now, util, obs)
         return check, its[-1], int(statistics.median(steps)) if steps else 1
+
+    def _sight(self, job: str, now: float, util: Mapping[int, float], obs: Mapping[int, Mapping[str, Any]]
+               ) -> None:
+        """What the job's ranks show now, while it is between steps: its GPUs' utilisation (now), its
+        processes' disk writes (over the collect interval that ended when the host observation was taken: its
+        time is that one, the rank's node's clock, as the step records' times are)."""
+        out = []
+        with self._lock:
+            held = self._sightings.setdefault(job, deque(maxlen=PAUSE_SIGHTINGS))
+            had = {(s.rank, s.time) for s in held if s.write_bytes_per_s is not None}
+        for r in sorted({*util, *obs})[:PAUSE_SIGHT_RANKS]:
+            if util.get(r) is not None:
+                out.append(PauseSighting(now, r, gpu_util=util[r]))
+            o = obs.get(r) or {}
+            at, wr = o.get("observed_at"), o.get("write_bytes_per_second")
+            if isinstance(at, (int, float)) and isinstance(wr, (int, float)) and (r, float(at)) not in had:
+                out.append(PauseSighting(float(at), r, write_bytes_per_s=float(wr)))
+        with self._lock:
+            held.extend(out)
 
     def _ask_stacks(self, state: StallSource, job: str, st: Stall) -> None:
         """A ``stacks`` command to every agent that reports the job's rank processes: their Python

@@ -146,6 +146,22 @@ EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communic
                                 "a contiguous run of a stretch's steps it explains, and not the rest, is an "
                                 "incident of its own (perfd.analytics.incidents.split)",
                            _INC)
+# --- a loop's own pauses at a cadence (perfd.analytics.incidents.cadence) -------------------------------
+_CAD = "perfd/analytics/incidents/cadence.py (a loop's own pauses at a cadence; docs/design.md §2 has none)"
+PAUSE_MAX_STEPS = Threshold(
+    2, "a pause between two steps lies in the period of the step after it (two where the loop's phase and "
+    "the hook's period straddle it): a longer slow stretch is a slowdown, never the loop's own pause", _CAD)
+CADENCE_MIN_EVERY = Threshold(
+    10, "a pause recurring every fewer steps is part of the step pattern (the rolling windows read it as the "
+    "steps' own time and open no incident): a cadence is every 10 steps or more", _CAD)
+CADENCE_SIZE_FACTOR = Threshold(
+    3.0, "the pauses of one cadence are the same work (an evaluation, a checkpoint save): each within 3x of "
+    "the others' median (a disk or a cache makes them vary that much; a one-off hang on the cadence's step "
+    "does not)", _CAD)
+PAUSE_WRITES_BPS = _shared.PAUSE_WRITES_BPS  # collectors/ranks reports a rank writing at once too
+PAUSE_GPU_BUSY = Threshold(
+    0.5, "a GPU running kernels half the time or more while no step ends is evaluating (forward passes "
+    "between the steps); a save copies the state off the GPU in a fraction of that", _CAD)
 # --- lasting shifts (perfd.analytics.steps.changepoint)
 # -------------------------------------------------------
 _CP = "perfd/analytics/steps/changepoint.py (a lasting shift of the step time; docs/design.md §2 has none)"

@@ -279,6 +279,11 @@ class CaptureManager:
             payload["range_overran"] = bool(final["range_overran"])
         if isinstance(final.get("range_held_s"), int | float):
             payload["range_held_s"] = float(final["range_held_s"])
+        ready = (final.get("timings") or {}).get("trace_ready_at")
+        if isinstance(ready, int | float) and not isinstance(ready, bool):
+            # the ranks' part ended then (their trace written); the analysis after it is the agent's: the
+            # iterations the capture disturbed end here, not at this event
+            payload["trace_ready_at"] = float(ready)
         armed = {r: t.get("started_at") for r, t in (final.get("ncu") or {}).items() if isinstance(t, dict)}
         if armed:  # when each rank's process started under ncu: the aggregator measures what it costs
             payload["ncu_armed_at"] = armed

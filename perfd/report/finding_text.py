@@ -16,6 +16,7 @@ from perfd.analytics.finding_types import Finding, Recommendation, Severity, Ste
 from perfd.analytics.run.arming import ArmingBasis, ArmingCost
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
+    CadenceFacts,
     DataShareFacts,
     Divider,
     ExposedFacts,
@@ -41,6 +42,7 @@ from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
 from perfd.analytics.steps.untimed import names
 from perfd.model import HOOK_OUTSIDE
 from perfd.report.bottleneck_text import class_reason, untimed_text
+from perfd.report.cadence_text import cadence_recommendation, cadence_source, cadence_words
 from perfd.report.capture_text import worded_match
 from perfd.report.data_text import DATA_ACTIONS, knobs_text
 from perfd.report.ncu_text import worded_ncu, worded_ncu_recommendation
@@ -210,6 +212,8 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
                     else f"No figures: run {r.current} runs under ncu", text[0].upper() + text[1:] + ".")
         case OutlierFacts():
             return f"{f.count} slow iteration(s) left out", ""
+        case CadenceFacts():
+            return cadence_words(f.cadence)
 
 
 def source_words(f: RunFacts) -> str | None:
@@ -228,6 +232,8 @@ def source_words(f: RunFacts) -> str | None:
             return "megatron straggler detector (MnRtt/MxRtt); stage from rank order (inference)"
         case RunFiguresFacts():
             return "the job's runs (perfd.analytics.run.runs)"
+        case CadenceFacts():
+            return cadence_source()
     return None
 
 
@@ -334,6 +340,8 @@ def recommendation_words(f: RunRecFacts) -> tuple[str, str]:
             return NAME_THE_RANK[f.framework], ""
         case NextStepFacts():
             return _next_step(f)
+        case CadenceFacts():
+            return cadence_recommendation(f)
 
 
 def slower_words(f: SlowerFacts) -> tuple[str, str]:

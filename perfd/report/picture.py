@@ -38,8 +38,9 @@ MAX_BARS = 240  # more iterations than this are averaged into bins (breakdown an
 MAX_HEATMAP_ROWS = 512  # beyond this many ranks, the heat map shows the slowest ones
 INCIDENT_COLOR, CAPTURE_COLOR = VERMILLION, PURPLE
 KIND_COLORS: dict[str, str] = {"training": GREEN, "incident": VERMILLION, "profiling": PURPLE,
-                               "redone": ORANGE, "checkpoint": BLUE, "evaluation": SKY, "restart": "#000000",
-                               "stall": YELLOW, "startup": GREY, "other": "#dddddd"}
+                               "redone": ORANGE, "checkpoint": BLUE, "evaluation": SKY,
+                               "cadence": "#a6cee3",  # between checkpoint's and evaluation's: either
+                               "restart": "#000000", "stall": YELLOW, "startup": GREY, "other": "#dddddd"}
 
 
 def _num(v: Any) -> float | None:

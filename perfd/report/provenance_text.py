@@ -225,6 +225,7 @@ TEMPLATE: dict[Code, str] = {
     Code.OUTLIER_STEP: "step {0:g} ms > {1:g}× the steady {2:.4g} ms a step",
     Code.IN_INCIDENT: "incident {0}",
     Code.IN_CAPTURE: "perfd capture ({0})",
+    Code.IN_PAUSE: "the loop's own pause at a cadence ({0})",
     # How the FLOPs count was made, or why there is none.
     Code.FLOPS_NOTES: "{0}; {1}",
     Code.FLOPS_MLA: "multi-latent attention: perfd's formula does not model MLA yet",

@@ -124,6 +124,8 @@ def test_kineto_capture_of_one_rank(env):
     summary = fin["payload"]["ranks"]["1"]["devices"][0]
     assert summary["top_kernel"] in ("gemm", "ncclDevKernel_AllReduce") and "top_kernels" not in summary
     assert len(json.dumps(fin["payload"])) < 2000
+    # when the rank's part ended: the aggregator's window of disturbed iterations ends there
+    assert fin["payload"]["trace_ready_at"] == t["trace_ready_at"] < fin["time"]
     assert mgr.busy() == {}
 
 

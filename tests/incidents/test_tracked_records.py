@@ -93,7 +93,7 @@ def test_the_evidence_keys_keep_their_order_and_the_state_store_copy_reads_back_
 
 
 def test_withdrawal_reasons_carry_the_codes_the_events_always_had() -> None:
-    assert [w.value for w in Withdrawal] == ["job_exit", "late_records", "ncu_arming"]
+    assert [w.value for w in Withdrawal] == ["job_exit", "late_records", "ncu_arming", "cadence_pause"]
     events: list[dict[str, Any]] = []
     tr = IncidentTracker(events.extend)
     tr.update("j", [_stall(None)], _snapshot(100.0), [], 100.0)

@@ -416,3 +416,31 @@ def test_the_event_goes_out_on_change_and_every_few_seconds_otherwise(spawn: Any
     assert events() == 1  # back to sleeping: a change
     out = c.collect(time.time())
     assert out.samples  # the series go out every collect all the same
+
+
+WRITER = ("import sys, time\nf = open(sys.argv[1], 'wb')\nblock = b'x' * (1 << 20)\nprint('in', flush=True)\n"
+          "while True:\n    f.write(block); f.flush(); f.seek(0) if f.tell() > (256 << 20) else None\n"
+          "    time.sleep(0.005)\n")
+
+
+@pytest.mark.slow
+def test_a_rank_writing_to_disk_is_reported_at_every_collect(spawn: Any, tmp_path: Path) -> None:
+    """A rank saving (a checkpoint between its steps) shows its disk writes, and the event goes out at
+    every collect while it writes: the aggregator tells the loop's own pause at a cadence by it."""
+    quiet, writer = spawn(SLEEP), spawn(WRITER, str(tmp_path / "ckpt.bin"))
+    time.sleep(1.0)  # past the interpreters' start-up
+    c = RanksCollector({"job": "j", "event_every_s": 30})
+    c.note(quiet.pid, 0, "hook", uid=os.getuid())
+    c.note(writer.pid, 1, "hook", uid=os.getuid())
+    rows = []
+    for _ in range(10):  # a loaded machine may give the writer little time in a window
+        rows = _collect(c, 2, 0.7)
+        if _row(rows, 1).get("write_bytes_per_second", 0.0) >= 20e6:
+            break
+    assert _row(rows, 1)["write_bytes_per_second"] >= 20e6
+    assert _row(rows, 0)["write_bytes_per_second"] < 1e6
+    got = []
+    for _ in range(3):
+        time.sleep(0.4)
+        got.append(len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name]))
+    assert got == [1, 1, 1]  # while one writes, every collect (event_every_s is 30 s)

@@ -23,6 +23,7 @@ from typing import Protocol
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.finding_types import Finding
+from perfd.analytics.incidents.cadence import CadencePause, Pause, find_cadences, outside_explains
 from perfd.analytics.incidents.evidence import (
     Evidence,
     EvidenceKind,
@@ -86,6 +87,7 @@ class IterationLike(Protocol):
     iteration: int
     step_time_ms: float | None
     data_share: float | None
+    outside_share: float | None  # the step hook's time between the steps: a pause's (cadence)
     comm_exposed_share: float | None
     straggler_candidate_ranks: list[int]
     straggler_rank_compute_ratio: dict[int, float]
@@ -169,6 +171,8 @@ class Detection:
     disturbances: list[Incident]
     jitter: dict[str, float | None]  # n, iterations, cost_s, floor_s, worst_ratio
     reference_ms: float | None
+    # the loop's own pauses at a cadence (perfd.analytics.incidents.cadence): neither incidents nor jitter
+    pauses: list[CadencePause] = field(default_factory=list)
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -348,10 +352,13 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         return inc
 
     floor = min_cost_s(ref)
+    built = [(r, build(r)) for r in real]
+    pauses = find_cadences(_pauses(built, post), post[-1].iteration if len(post) else None)
     out, small = [], []
     within: list[tuple[list[int], str]] = []  # a capture's steps inside an incident, and its id
-    for r in real:
-        inc = build(r)
+    for r, inc in built:
+        if any(c.covers(inc.first_iteration) for c in pauses):
+            continue  # the loop's own pause at its cadence: named as such, neither incident nor jitter
         if (inc.cost_s or 0.0) >= floor:
             out.append(inc)
             # Listed as the capture's too (an ncu range inside the armed rank's level shift, on the
@@ -379,7 +386,20 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
         d.evidence = replace(d.evidence, inside_incident=inc_id)
         inside.append(d)
     return Detection(out, sorted([*(build(r) for r in captures), *inside], key=lambda d: d.first_iteration),
-                     jitter, ref)
+                     jitter, ref, pauses)
+
+
+def _pauses(built: Sequence[tuple[list[int], Incident]], post: Sequence[IterationLike]) -> list[Pause]:
+    """The slow stretches that are pauses between the steps (perfd.analytics.incidents.cadence): a step
+    or two of slow steps only, whose excess lies outside the step."""
+    out = []
+    for r, inc in built:
+        if not set(inc.kinds) <= {SLOW, STRAGGLER} or inc.cost_s is None:
+            continue
+        if outside_explains([post[i].step_time_ms for i in r], [post[i].outside_share for i in r],
+                            inc.cost_s * 1e3):
+            out.append(Pause(inc.first_iteration, inc.cost_s, inc.start_time, inc.end_time, inc.last_iteration))
+    return out
 
 
 def _lead_rank(its: Sequence[IterationLike]) -> int | None:

@@ -32,6 +32,8 @@ class Withdrawal(str, enum.Enum):
     JOB_EXIT = "job_exit"  # the silence after the last step was the job's exit (perfd/aggregator/stalls.py)
     LATE_RECORDS = "late_records"  # the job's own clock shows no gap: its records came late
     NCU_ARMING = "ncu_arming"  # the armed rank's slower life: the arming's cost (perfd.analytics.run.arming)
+    # the loop's own pause, named at its next occurrence on a cadence (perfd.analytics.incidents.cadence)
+    CADENCE_PAUSE = "cadence_pause"
 
 
 class EvidenceSource(str, enum.Enum):

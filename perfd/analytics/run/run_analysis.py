@@ -22,6 +22,7 @@ from perfd.analytics.breakdown.capture_match import check as check_capture
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import finite, timer_max
+from perfd.analytics.incidents.cadence import PauseSighting, name_part, part_seconds
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
 from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
@@ -284,6 +285,7 @@ def analyze_run(
     live: bool = True,
     earlier: Sequence[RunDigest] = (),
     run: int | None = None,
+    pause_sightings: Sequence[PauseSighting] = (),
 ) -> RunAnalysis:
     """Analyse a run's step records (any order within a run; one record per logged iteration).
     Records holding several runs (a record marked ``first_of_run`` after others begins one: a log
@@ -292,7 +294,9 @@ def analyze_run(
     records. ``earlier``: the digests of runs before these records (the aggregator keeps them).
     ``memo``: keep per-iteration work for the next analysis of the same, grown run.
     ``new_normal_at``: the iteration from which a lasting shift's level is the new normal
-    (perfd.analytics.steps.changepoint). ``live=False``: a finished log (its advice is for the next run)."""
+    (perfd.analytics.steps.changepoint). ``live=False``: a finished log (its advice is for the next run).
+    ``pause_sightings``: what the aggregator saw of the ranks between steps (which work the loop's own
+    pauses at a cadence were: perfd.analytics.incidents.cadence)."""
     done = list(earlier)
     segments = split_runs(records)
     for seg in segments[:-1]:  # earlier runs in the records given: each digested, in order
@@ -303,7 +307,7 @@ def analyze_run(
         done.append(digest(past.finish(job_name), past.run))
     builder = RunBuilder(job, gpu_name, peak_tflops, dtype, gpm=gpm, timeline=timeline, memo=memo,
                          gpm_when=gpm_when, new_normal_at=new_normal_at, live=live, earlier=done,
-                         run=run if len(segments) == 1 else None)
+                         run=run if len(segments) == 1 else None, pause_sightings=pause_sightings)
     ordered = sorted(segments[-1], key=lambda r: r.iteration)
     for rec in ordered[builder.resume(ordered):]:
         builder.add(rec)
@@ -320,8 +324,12 @@ class RunBuilder:
                  dtype: str | None = None, *, gpm: bn.GpmReading | None = None,
                  timeline: TimelineClass | None = None, memo: AnalysisMemo | None = None,
                  gpm_when: bn.GpmWhen = bn.GpmWhen.STEPPING, new_normal_at: int | None = None,
-                 live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None) -> None:
+                 live: bool = True, earlier: Sequence[RunDigest] = (), run: int | None = None,
+                 pause_sightings: Sequence[PauseSighting] = ()) -> None:
         lay = job.layout
+        # What the aggregator saw of the ranks while the job was between steps: which work the loop's
+        # own pauses at a cadence were (perfd.analytics.incidents.cadence.name_part)
+        self.pause_sightings = tuple(pause_sightings)
         self.earlier = tuple(earlier)[-MAX_DIGESTS:]  # the job's runs before this one
         # this run's number in the job (the aggregator counts them: the digests it keeps are bounded)
         self.run = run if run is not None else (earlier[-1].run + 1) if earlier else 1
@@ -463,6 +471,7 @@ class RunBuilder:
         detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work,
                                    self.job.device == CPU)
         incidents = detection.incidents
+        pauses = tuple(name_part(c, self.pause_sightings) for c in detection.pauses)
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))
         pers = persistent(straggler_flags(table, i) for i in steady_rows)
         med = steady_medians(table, steady_rows, SUMMARY_METRICS)
@@ -485,7 +494,8 @@ class RunBuilder:
                          log_interval=self.job.log_interval, by_end_time=True,
                          median_step_s=med_ms / 1e3 if med_ms is not None else None,
                          prior=self.earlier[-1].goodput if self.earlier else None,
-                         armed_step_s=arming.reference_ms / 1e3 if arming is not None else None)
+                         armed_step_s=arming.reference_ms / 1e3 if arming is not None else None,
+                         pause_s=part_seconds(pauses))
         match = self._match(med)
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
@@ -500,7 +510,7 @@ class RunBuilder:
                             med, incidents=incidents, jitter=detection.jitter, disturbances=disturbances,
                             goodput=gp, memory_mib=dict(self.memory_mib) or None, step_budget=budget,
                             shares_of=self.shares_of)
-        summary = with_runs(summary, runs, arming)
+        summary = dataclasses.replace(with_runs(summary, runs, arming), pauses=pauses)
         analysis = RunAnalysis(block, table, summary, [], [], steady, pers, self.flops_job, ctx.peak,
                                incidents)
         analysis.config = job_config(analysis, self.job)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.analytics.incidents.cadence import CadencePause
 from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.beat import SlowSteps
 from perfd.analytics.steps.untimed import Untimed
@@ -185,6 +186,16 @@ class OutlierFacts:
     count: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CadenceFacts:
+    """A pause the loop takes every N steps without announcing it (perfd.analytics.incidents.cadence): the
+    cadence, with its occurrences, the goodput part it is booked under and what was seen during it; ``run_s``:
+    the run's time it is a share of (None: unknown)."""
+
+    cadence: CadencePause
+    run_s: float | None = None
+
+
 class Divider(TextEnum):
     """How the compute time can be divided where the timers leave it whole (the next step's action)."""
 
@@ -211,9 +222,9 @@ class NextStepFacts:
 
 RunFacts = (ImbalanceFacts | BubbleFacts | GradSyncFacts | PpWaitFacts | ExposedFacts | UntimedFacts
             | DataShareFacts | OutsideFacts | JitterFacts | StragglerFacts | SpreadFacts | StageSpreadFacts
-            | RunFiguresFacts | OutlierFacts)
+            | RunFiguresFacts | OutlierFacts | CadenceFacts)
 RunRecFacts = (RebalanceFacts | BubbleFacts | GradSyncFacts | DataShareFacts | OutsideFacts | JitterFacts
-               | StragglerFacts | SpreadFacts | NextStepFacts)
+               | StragglerFacts | SpreadFacts | NextStepFacts | CadenceFacts)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from perfd.analytics.finding_types import (
 )
 from perfd.analytics.run.run_facts import (
     BubbleFacts,
+    CadenceFacts,
     DataShareFacts,
     Divider,
     ExposedFacts,
@@ -283,6 +284,20 @@ def outside_step(c: RunContext) -> Out:
     return [f], [RunRecommendation("", OUTSIDE_STEP_FINDING, 0, "", "", share, facts=said)]
 
 
+def cadence_pauses(c: RunContext) -> Out:
+    """The loop's own pauses at a cadence (an evaluation, a checkpoint save it does not announce): said as
+    such, with the line that announces them (their time is then timed as what it is, live)."""
+    fs: list[Finding] = []
+    rs: list[Recommendation] = []
+    run_s = c.a.run_seconds() or None
+    for cad in c.a.summary.pauses:
+        said = CadenceFacts(cadence=cad, run_s=run_s)
+        fid = f"{cad.id}-pause"
+        fs.append(RunFinding(fid, Severity.INFO, "", "", cad.to_json(), "", facts=said))
+        rs.append(RunRecommendation("", fid, 0, "", "", cad.total_s / run_s if run_s else None, facts=said))
+    return fs, rs
+
+
 def jitter(c: RunContext) -> Out:
     cv = c.a.summary.step_time_cv
     if cv is None or cv <= JITTER_CV:
@@ -408,8 +423,8 @@ def outliers(c: RunContext) -> Out:
 Analyzer = Callable[[RunContext], Out]
 # The one registry of the run's questions, in the order their findings are listed before ordering.
 RUN_ANALYZERS: tuple[Analyzer, ...] = (runs, mfu_grade, tflops_crosscheck, pipeline, communication,
-                                       data_loading, outside_step, jitter, stragglers, step_budget, next_step,
-                                       outliers)
+                                       data_loading, outside_step, cadence_pauses, jitter, stragglers,
+                                       step_budget, next_step, outliers)
 
 
 def job_config(a: RunAnalysis, job: JobInfo) -> JobConfig:

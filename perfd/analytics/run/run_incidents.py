@@ -91,4 +91,16 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
             steady.excluded[iteration] = reason
             steady.kinds[iteration] = Exclusion.INCIDENT if lost else Exclusion.CAPTURE
             steady.refs[iteration] = inc.id
+    for cad in found.pauses:  # the loop's own pauses: out of the steady state, their time not lost
+        for p in cad.pauses:
+            for iteration in range(p.iteration, (p.last_iteration or p.iteration) + 1):
+                i = table.last_index_of(iteration)
+                if i is None:
+                    continue
+                reason = cite(Code.IN_PAUSE, cad.id)
+                table.put(i, steady_state=False, excluded_reason=reason)
+                steady.steady[iteration] = False
+                steady.excluded[iteration] = reason
+                steady.kinds[iteration] = Exclusion.PAUSE
+                steady.refs[iteration] = cad.id
     return found

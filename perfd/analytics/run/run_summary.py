@@ -19,6 +19,7 @@ from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.common import median
+from perfd.analytics.incidents.cadence import CadencePause
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.runs import Runs
@@ -360,6 +361,8 @@ class RunSummary:
     # The job's runs: the current one, whose figures these are, the earlier runs' digests (steps/runs.py)
     runs: Runs = field(default_factory=Runs)
     arming: ArmingCost | None = None  # what running armed (under ncu) cost the current run's steps
+    # the loop's own pauses at a cadence (perfd.analytics.incidents.cadence): neither incidents nor jitter
+    pauses: tuple[CadencePause, ...] = ()
 
     def median(self, name: str) -> float | None:
         """The steady value of summary metric ``name`` (an IterationResult attribute); None when absent."""
@@ -397,6 +400,7 @@ class RunSummary:
             "step_budget": self.step_budget.to_json() if self.step_budget is not None else None,
             "runs": self.runs.to_json(),
             "arming": self.arming.to_json() if self.arming is not None else None,
+            "pauses": [c.to_json() for c in self.pauses],
         }
 
 

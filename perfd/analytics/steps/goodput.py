@@ -18,7 +18,10 @@ split, in this order of precedence:
   which the loop waits for); the training loop's interval timer stops around both, so they are not
   inside any step time. The step hook's announced phases (``with hook.phase("checkpoint")``), timed by
   the hook and carried on the rank's next record (``paused-checkpoint``, ``paused-evaluation``),
-  count the same way in the window before that record.
+  count the same way in the window before that record. A pause the loop takes every N steps without
+  announcing it (perfd.analytics.incidents.cadence) is in the period of the step after it: its excess
+  over the steady step comes out of training into *checkpoint* or *evaluation* where what the agents
+  saw during it tells which, else into *cadence*.
 - *training*: the record's ``n × step_s``; of it, each incident's cost (Σ step − steady median,
   perfd.analytics.incidents.detect) is *incident*, perfd's own captures' excess is *profiling*, and
   iterations a new run trains again (numbers at or below what an earlier run reached) are *redone*.
@@ -57,13 +60,14 @@ PROFILING = "profiling"
 REDONE = "redone"
 CHECKPOINT = "checkpoint"
 EVALUATION = "evaluation"
+CADENCE = "cadence"
 RESTART = "restart"
 STALL = "stall"
 STARTUP = "startup"
 OTHER = "other"
 # Every kind a job's time is split into (the label values of perfd_job_time_seconds_total).
-KINDS: tuple[str, ...] = (TRAINING, INCIDENT, PROFILING, REDONE, CHECKPOINT, EVALUATION, RESTART, STALL,
-                          STARTUP, OTHER)
+KINDS: tuple[str, ...] = (TRAINING, INCIDENT, PROFILING, REDONE, CHECKPOINT, EVALUATION, CADENCE, RESTART,
+                          STALL, STARTUP, OTHER)
 KIND_HELP: dict[str, str] = {
     TRAINING: "steady training: logged step time outside incidents and perfd's captures",
     INCIDENT: "the excess step time of incidents (Σ step − steady time per step)",
@@ -72,6 +76,8 @@ KIND_HELP: dict[str, str] = {
     REDONE: "iterations trained again after a restart from an earlier checkpoint",
     CHECKPOINT: "checkpoint saves (the framework's save-checkpoint timer, or the step hook's phase)",
     EVALUATION: "evaluation passes (the framework's evaluate timer, or the step hook's phase)",
+    CADENCE: "a pause the loop takes every N steps without announcing it, neither told to be an evaluation "
+             "nor a checkpoint save",
     RESTART: "from one run of the job ending to the next one's first step",
     STALL: "no step while the job should be stepping (unexplained gaps; a hang)",
     STARTUP: "from the job's start to its first step",
@@ -257,7 +263,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
                 log_interval: int | None = None, stalled_until: float | None = None,
                 median_step_s: float | None = None, by_end_time: bool = False,
                 prior: Goodput | None = None, armed_step_s: float | None = None,
-                armed_incident_cost_s: float | None = None) -> Goodput | None:
+                armed_incident_cost_s: float | None = None,
+                pause_s: Mapping[str, float] | None = None) -> Goodput | None:
     """The job's goodput from its step records (any order: taken by end time), or None without a
     record. ``started_at``: the job's first start-up timestamp. ``stalled_until``: now, for a live job
     that has stopped stepping while its processes are alive. ``median_step_s`` (else the spans'
@@ -270,7 +277,8 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     it is profiling); None: armed spans book as any other. ``incident_cost_s`` and ``profiling_s``
     (the captures' excess, outside the armed spans) come out of these spans' own training and redone
     time; ``armed_incident_cost_s`` (incidents among the armed steps: slower than the armed level) out of
-    the armed steps' excess."""
+    the armed steps' excess. ``pause_s``: the loop's own pauses at a cadence by part (checkpoint,
+    evaluation, cadence), their excess over the steady step: out of these spans' own time too."""
     kept = (s for s in spans if s.step_s >= 0 and s.n >= 1)
     ordered: Iterable[StepSpan]
     if by_end_time and median_step_s is not None:
@@ -350,6 +358,9 @@ def job_goodput(spans: Iterable[StepSpan], *, started_at: float | None = None,
     book.take(INCIDENT, incident_cost_s)
     book.take(INCIDENT, armed_incident_cost_s, (PROFILING,))
     book.take(PROFILING, profiling_s)
+    for kind, secs in (pause_s or {}).items():
+        if kind in parts:
+            book.take(kind, secs)
     return Goodput(end - start, parts, start, end, runs, notes, reached)
 
 

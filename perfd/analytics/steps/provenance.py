@@ -249,6 +249,9 @@ class Code(enum.Enum):
     TORCHTITAN_NO_COMM = _A, 0
     TORCHTITAN_NO_THROUGHPUT = _A, 0
     TORCHTITAN_NO_STRAGGLER = _A, 0
+    # Declared after the others (a code's number is its place): an iteration left out for the loop's
+    # own pause at a cadence (perfd.analytics.incidents.cadence), the cadence's id.
+    IN_PAUSE = _X, 1
 
     kind: Kind
     arity: int

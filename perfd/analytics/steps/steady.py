@@ -38,6 +38,7 @@ class Exclusion(TextEnum):
     NO_STEP_TIME = "no_step_time"
     OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the steady step, in a window slower than that too
     INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents.detect)
+    PAUSE = "pause"  # the loop's own pause at a cadence (perfd.analytics.incidents.cadence)
     # its rank ran armed for a capture (perfd.armed): the profiler's step, not the job's; an armed step
     # that would otherwise be steady (what the arming's cost is measured over)
     ARMED = "armed"
