@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from collectors.config_values import as_int
 from collectors.hook import peers as P
 from collectors.hook.inbox import Inbox
+from collectors.hook.model_record import take_model
 from collectors.hook.requests import Requests, RequestSender
 from collectors.hook.step_records import MAX_PAUSE_RANKS, Pauses, step_record
 from perfd.bounds import LAYOUT_BOUNDS, STEP_REASON, check_step_record, in_bounds
@@ -413,6 +414,10 @@ class HookCollector(RequestSender):
             if v is not None:
                 job.pid = v.pid
                 self._job(job, out)
+        elif kind == wire.KIND_MODEL:
+            model = wire.unpack_model(data)
+            if self._verify(sender, model.rank, model.pid, "a model record") is not None:
+                self._model(model, out)
         elif kind == wire.KIND_DEVICE:
             dev = wire.unpack_device(data)
             v = self._verify(sender, dev.rank, dev.pid, "a device record")
@@ -501,6 +506,13 @@ class HookCollector(RequestSender):
                 spec.dtype = m.dtype
         self._send_job(out)
         self._c("job_records")
+
+    def _model(self, m: wire.ModelMsg, out: Collected) -> None:
+        """The model a rank's hook counts FLOPs with: the job's spec (collectors.hook.model_record)."""
+        for problem in take_model(self._spec, m):
+            self.count_error("malformed:model_out_of_bounds", problem)
+        self._send_job(out)
+        self._c("model_records")
 
     def _job_device(self) -> Device | None:
         """CUDA if any rank computes on CUDA, CPU if every rank that said found no CUDA, else None."""

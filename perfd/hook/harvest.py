@@ -308,6 +308,9 @@ class Harvester(HookState):
                 if self.device_uuid is not None:  # after the steps: see wire.KIND_DEVICE
                     self._batch += wire.pack_device(wire.DeviceMsg(self._rank, self.pid, self.device_index,
                                                                    self.device_uuid))
+                tf = self._token_flops
+                if tf is not None:  # after the steps too: see wire.KIND_MODEL
+                    self._batch += wire.pack_model(wire.model_msg(self._rank, self.pid, tf.spec))
             if not self.sender.send(bytes(self._batch), self._batch_n, keep=True) and with_job:
                 self._job_due_ns = 0  # not delivered (or held): it goes with the next datagram too
             self._batch.clear()

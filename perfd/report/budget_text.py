@@ -17,6 +17,7 @@ from perfd.analytics.breakdown.bottleneck import BudgetClass
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding
+from perfd.analytics.steps.flops import FlopsBasis
 
 _COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
 
@@ -145,14 +146,30 @@ def _part_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
             + (f" (by op, per step: {ops})" if ops else "") + extra + ".")
 
 
+# Which FLOPs a math part's TFLOP/s divides by its time (perfd.analytics.steps.flops.FlopsBasis).
+FLOPS_BASIS = {
+    FlopsBasis.GEMMS: "their own FLOPs (the formula's GEMM terms: QKV, the attention projection, the MLP "
+                      "and the LM head, 6 per weight per token; core attention's QKᵀ and ·V are "
+                      "attention's)",
+    FlopsBasis.SIX_N: "the model's 6·N·tokens FLOPs (a count with no attention term)",
+    FlopsBasis.WHOLE_MODEL: "the whole model's FLOPs (attention's matmuls among them)",
+}
+
+
+def flops_basis_text(p: BudgetPart) -> str:
+    """Which FLOPs the part's TFLOP/s is of ("their FLOPs" for a budget kept before it was said)."""
+    basis = p.detail.get("flops_basis")
+    return FLOPS_BASIS[FlopsBasis(basis)] if basis in FlopsBasis.__members__.values() else "their FLOPs"
+
+
 def _gemm_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
     """The GEMMs' finding: fine, or far below the ceiling."""
     achieved, of = float(p.detail["achieved_tflops"]), float(p.detail.get("of_ceiling") or 0.0)
     good = of >= th.GEMM_EFFICIENT.value
     what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
     return (f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
-            f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
-            f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
+            f"The {what} take {p.ms:.0f} ms per step and run {flops_basis_text(p)} at {achieved:.0f} "
+            f"TFLOP/s: {of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
             + (" — efficient: the time to win is outside them." if good
                else " — small or odd-shaped matrices.")
             + (f" {ncu_text(p)}." if ncu_text(p) else ""))

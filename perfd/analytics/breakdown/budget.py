@@ -37,6 +37,7 @@ from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.analytics.steps.flops import FlopsBasis
 from perfd.typed import fit, number, obj, objs
 
 
@@ -88,6 +89,7 @@ class PartDetail(TypedDict, total=False):
     ops: list[Top]  # ... and top ops
     op_ms: dict[str, float]  # a captured part's ms per step by the op that launched its kernels
     flops: float  # the FLOPs per step of a part of matmuls (math_detail) or of core attention
+    flops_basis: str  # math parts: which FLOPs ``flops`` are (perfd.analytics.steps.flops.FlopsBasis)
     achieved_tflops: float  # ... the TFLOP/s they run at
     of_ceiling: float | None  # math parts: that over the measured matmul ceiling (None: no ceiling)
     at_ceiling_ms: float | None  # math parts and attention: their time at that ceiling
@@ -344,7 +346,8 @@ def phase_parts(d: object) -> dict[Phase, dict[Part, float]]:
 class FlopsContext:
     """What the budget reads its parts against: the model's FLOPs per step per GPU, the part of them
     that core attention's two matmuls are (the formula's core-attention term, causal-halved in
-    Megatron-Core >= 0.12), and the GPU's figures (perfd.analytics.steps.flops,
+    Megatron-Core >= 0.12), the part that the GEMMs are (``gemm_basis``: which FLOPs those are;
+    perfd.analytics.steps.flops.flops_split) and the GPU's figures (perfd.analytics.steps.flops,
     perfd.analytics.steps.gpus)."""
 
     flops_per_gpu_step: float | None = None
@@ -352,6 +355,8 @@ class FlopsContext:
     ceiling_tflops: float | None = None
     attention_flops_per_gpu_step: float | None = None
     attention_causal_halved: bool = True  # the formula counts half the s×s scores (a causal mask)
+    gemm_flops_per_gpu_step: float | None = None  # None: the model's whole count less attention's
+    gemm_basis: FlopsBasis | None = None  # None: the split is the two figures above (the formula's)
 
 
 @dataclass(frozen=True)
@@ -378,18 +383,37 @@ def _reference(fl: FlopsContext) -> tuple[float | None, float | None]:
     return ideal, fl.flops_per_gpu_step / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None
 
 
+def gemm_flops(fl: FlopsContext) -> tuple[float, FlopsBasis] | None:
+    """The FLOPs per GPU per step the linear layers' GEMMs run, and which they are: the split's GEMM
+    share, else the model's count less core attention's; None where neither is known (a count stated
+    whole with no spec to divide it: dividing the whole model's FLOPs, attention's among them, by the
+    linear layers' time overstates their speed)."""
+    if fl.gemm_flops_per_gpu_step:
+        return fl.gemm_flops_per_gpu_step, fl.gemm_basis or FlopsBasis.GEMMS
+    if fl.flops_per_gpu_step and fl.attention_flops_per_gpu_step:
+        return fl.flops_per_gpu_step - fl.attention_flops_per_gpu_step, FlopsBasis.GEMMS
+    return None
+
+
 def math_detail(part: Part, ms: float, fl: FlopsContext) -> PartDetail:
-    """What a part of matmuls runs: its FLOPs per step, the TFLOP/s they achieve, the share of the
-    measured ceiling. The linear layers run the model's FLOPs without core attention's; GEMMs known by
-    name only run them all (attention's matmuls among them)."""
+    """What a part of matmuls runs: its FLOPs per step (``flops_basis``: which), the TFLOP/s they
+    achieve, the share of the measured ceiling. The linear layers run the GEMMs' FLOPs (attention's
+    two matmuls are attention's part); GEMMs known by name only run the whole model's."""
     total = fl.flops_per_gpu_step
     if not total or ms <= 0:
         return PartDetail()
-    flops = total - (fl.attention_flops_per_gpu_step or 0.0) if part is Part.LINEAR else total
+    if part is Part.LINEAR:
+        got = gemm_flops(fl)
+        if got is None:
+            return PartDetail()
+        flops, basis = got
+    else:
+        flops, basis = total, FlopsBasis.WHOLE_MODEL
     achieved = flops / (ms * 1e9)
     return {"flops": flops, "achieved_tflops": achieved,
             "of_ceiling": achieved / fl.ceiling_tflops if fl.ceiling_tflops else None,
-            "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None}
+            "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None,
+            "flops_basis": basis.value}
 
 
 def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> PartDetail:

@@ -34,7 +34,7 @@ from perfd.analytics.run.run_summary import (
     summarize,
 )
 from perfd.analytics.run.runs import MAX_DIGESTS, RunDigest, split_runs
-from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
+from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, flops_split, model_flops, record_flops
 from perfd.analytics.steps.goodput import (
     PAUSE_BEFORE_TIMERS,
     SpanColumns,
@@ -336,6 +336,8 @@ class RunBuilder:
                                        measured_ceiling_tflops=None,
                                        reason=cite(Code.PEAK_CPU_ONLY))  # said instead of "GPU name unknown"
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
+        # the GEMMs' and core attention's shares of the count, for the budget's math parts
+        self.flops_split = flops_split(self.flops_job, job.spec, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
         # What the class' step shares say beside the numbers: the collectives the timers cannot see,
@@ -490,7 +492,7 @@ class RunBuilder:
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
         timeline = None if refused else self.timeline
-        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job)
+        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job, self.flops_split)
         if budget is not None:  # how far a rerun of this job moves: its own steady steps' spread
             budget = dataclasses.replace(budget, step_sd_ms=robust_sd([steps_col[i] for i in steady_rows]))
         if budget is not None and timeline is not None and match is not None and not match.matches:

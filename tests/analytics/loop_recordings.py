@@ -1,0 +1,78 @@
+"""The two published training loops recorded on one H200 (tests/data/loops: nanoGPT's train.py and
+transformers' run_clm.py), read as the aggregator reads them: the step records and job info of the
+aggregator's journal (``state.sqlite3.xz``), the job's world size as the aggregator infers it from the
+ranks that report (perfd.aggregator.job_fold), the steps a capture touched marked as the aggregator
+marks them, and the model each loop's hook was given (its ``model=``, as meta.json says) taken into the
+job's spec through the hook's model record (perfd.hook.wire.KIND_MODEL), as a hook of this version
+sends it (the recordings' hooks predate that record). The trace (``trace.json.xz``, the capture asked
+for by hand) is the job's timeline, read once a session (tests/trace_cache.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import lzma
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from collectors.hook.model_record import take_model
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.aggregator.durable import restore
+from perfd.aggregator.job_fold import job_info_of, mark_disturbed
+from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.steps.flops import read_spec
+from perfd.hook import wire
+from perfd.model import JobInfo, StepRecord
+from tests.trace_cache import cached, timeline_class
+
+LOOPS = Path(__file__).resolve().parents[1] / "data" / "loops"
+NANOGPT, HF = "nanogpt_h200", "hf_clm_h200"
+GPU = "NVIDIA H200"
+# The ``model=`` each loop's hook was constructed with (meta.json "script"): nanoGPT's as perfd's README
+# shows (GPT-2 124M, its padded vocabulary), the Trainer's its LlamaConfig's dict with the block size.
+MODELS: dict[str, Mapping[str, object]] = {
+    NANOGPT: {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
+              "vocab_size": 50304},
+    HF: {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
+         "num_attention_heads": 12, "num_key_value_heads": 12, "max_position_embeddings": 1024,
+         "vocab_size": 16000, "hidden_act": "silu", "tie_word_embeddings": False, "seq_length": 1024},
+}
+
+
+def meta(name: str) -> dict[str, Any]:
+    return dict(json.loads((LOOPS / name / "meta.json").read_text()))
+
+
+def journal(name: str) -> tuple[JobInfo, list[StepRecord]]:
+    """The job's info (its hook's model record taken in) and its step records as the aggregator held
+    them, the captured steps marked."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "state.sqlite3").write_bytes(lzma.decompress((LOOPS / name / "state.sqlite3.xz")
+                                                                  .read_bytes()))
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], state_dir=tmp))
+        assert agg.store is not None
+        try:
+            restore(agg, agg.store)
+            st = agg.state
+            (job,) = st.job_names()
+            raw = st.step_records(job)
+            info = job_info_of(st.job_info(job), raw, ())
+            records = mark_disturbed(raw, st.capture_windows(job))
+        finally:
+            agg.store.close()
+    spec = dataclasses.replace(info.spec)
+    sent = wire.unpack_model(wire.pack_model(wire.model_msg(0, 1, read_spec(MODELS[name]).spec)))
+    assert take_model(spec, sent) == []
+    return dataclasses.replace(info, spec=spec), records
+
+
+def analysis(name: str) -> RunAnalysis:
+    """The job's analysis with the recorded trace as its timeline (3 steps, as the capture asked)."""
+    trace = LOOPS / name / "trace.json.xz"
+    info, records = cached("loop-journal", [LOOPS / name / "state.sqlite3.xz"], (name,),
+                           lambda: journal(name))
+    return analyze_run(info, records, GPU, timeline=timeline_class(str(trace), 3), live=False)

@@ -1,0 +1,110 @@
+"""The step budget's figures on two published training loops recorded on one H200 (tests/data/loops,
+read as tests/analytics/loop_recordings.py says), each checked against an independent reading: the
+model's FLOPs counted by hand from its architecture, the idle gaps of the raw trace read here with
+json alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.run.run_result import RunAnalysis
+from perfd.analytics.steps.flops import FlopsBasis
+from perfd.report import build_report, render_text
+from tests.analytics.loop_recordings import HF, NANOGPT, analysis
+
+
+@pytest.fixture(scope="module")
+def nano() -> RunAnalysis:
+    return analysis(NANOGPT)
+
+
+@pytest.fixture(scope="module")
+def hf() -> RunAnalysis:
+    return analysis(HF)
+
+
+def _budget(a: RunAnalysis) -> StepBudget:
+    b = a.summary.step_budget
+    assert b is not None
+    return b
+
+
+def gemm_flops_per_token(layers: int, h: int, ffn: int, mats: int, vocab: int) -> int:
+    """Every weight matrix × 6 FLOPs per token (forward 2, backward 4): QKV and the output projection
+    (4·h² a layer, no GQA), the MLP (``mats`` matrices of h × ffn), the LM head (h × vocab)."""
+    return 6 * (layers * (4 * h * h + mats * h * ffn) + h * vocab)
+
+
+def test_nanogpt_linear_layers_run_their_own_flops_not_the_models(nano: RunAnalysis) -> None:
+    """GPT-2 124M, 65,536 tokens a step: its GEMMs run 6·T·(12·(4h² + 2·h·4h) + h·V) = 48.59 TFLOP of
+    the 52.30 the hook states (the rest: causal attention's QKᵀ and ·V, 3.71 TFLOP). The linear layers'
+    68.3 ms run those at 711 TFLOP/s, 90% of the 790 TFLOP/s ceiling (the whole count over the same
+    time read 766 TFLOP/s, 97%)."""
+    b = _budget(nano)
+    lin = b.get(Part.LINEAR)
+    assert lin is not None
+    own = gemm_flops_per_token(12, 768, 3072, 2, 50304) * 65536.0
+    stated = 52299816763392.0  # the hook's flops_per_step: 6·N·T plus causal attention at half
+    attention = 6 * 1024 * 768 * 12 * 65536.0
+    assert own + attention == pytest.approx(stated, rel=1e-9)
+    per_gpu = b.mfu * b.peak_tflops * 1e12 * b.steady_step_ms / 1e3 if b.mfu and b.peak_tflops and \
+        b.steady_step_ms else None
+    assert per_gpu is not None
+    assert lin.detail["flops_basis"] == FlopsBasis.GEMMS.value
+    assert lin.detail["flops"] == pytest.approx(per_gpu * own / stated, rel=1e-6)
+    achieved = float(lin.detail["achieved_tflops"])
+    assert achieved == pytest.approx(lin.detail["flops"] / (lin.ms * 1e9))
+    assert 700 < achieved < 720 and 0.88 < float(lin.detail["of_ceiling"] or 0) < 0.92
+    att = b.get(Part.ATTENTION)
+    assert att is not None and att.detail["flops"] == pytest.approx(per_gpu * attention / stated, rel=1e-6)
+    text = render_text(build_report(nano))
+    assert "run their own FLOPs (the formula's GEMM terms" in text and f"{achieved:.0f} TFLOP/s" in text
+
+
+def test_hf_linear_layers_run_the_gemm_share_of_the_stated_count(hf: RunAnalysis) -> None:
+    """The 110M Llama (SwiGLU: three MLP matrices of 768 × 2048, vocabulary 16,000): its GEMM terms are
+    583.3M FLOPs a token of the formula's 640.0M (91.2%); the budget divides that share of the count the
+    hook stated by the linear layers' time."""
+    b = _budget(hf)
+    lin = b.get(Part.LINEAR)
+    assert lin is not None and lin.detail["flops_basis"] == FlopsBasis.GEMMS.value
+    share = gemm_flops_per_token(12, 768, 2048, 3, 16000) / (gemm_flops_per_token(12, 768, 2048, 3, 16000)
+                                                            + 6 * 1024 * 768 * 12)
+    assert share == pytest.approx(0.9115, abs=1e-4)
+    assert b.mfu and b.peak_tflops and b.steady_step_ms
+    per_gpu = b.mfu * b.peak_tflops * 1e12 * b.steady_step_ms / 1e3
+    assert lin.detail["flops"] == pytest.approx(per_gpu * share, rel=1e-6)
+
+
+def test_a_count_stated_whole_gives_the_linear_layers_no_speed_without_its_split() -> None:
+    """The step hook's flops_per_step with no model to divide it by: dividing the whole count (core
+    attention's among it) by the linear layers' time would overstate them (nanoGPT read 97% of the
+    ceiling that way); GEMMs known by name only run the whole count, said so."""
+    from perfd.analytics.breakdown.budget import FlopsContext, math_detail
+    from perfd.analytics.steps.flops import (
+        FORMULA_CURRENT,
+        FORMULA_LEGACY,
+        flops_split,
+        model_flops,
+        six_n_flops,
+    )
+    from perfd.model import ModelSpec
+
+    whole = FlopsContext(flops_per_gpu_step=52.3e12, peak_tflops=989.0, ceiling_tflops=790.0)
+    assert math_detail(Part.LINEAR, 68.3, whole) == {}
+    assert math_detail(Part.GEMM, 68.3, whole)["flops_basis"] == FlopsBasis.WHOLE_MODEL.value
+    spec = ModelSpec(num_layers=12, hidden_size=768, ffn_hidden_size=3072, num_attention_heads=12,
+                     kv_channels=64, seq_length=1024, padded_vocab_size=50304)
+    per_seq = flops_split(None, spec, None, "pytorch")  # a stated count: the formula's shares, one sequence
+    assert per_seq is not None and per_seq.formula == FORMULA_CURRENT and per_seq.causal_halved
+    assert per_seq.gemm_share == pytest.approx(741408768 / 798031872)
+    legacy = flops_split(model_flops(spec, 8, "0.11.0"), spec, "0.11.0")
+    assert legacy is not None and not legacy.causal_halved
+    assert (legacy.attention_share or 0) > (per_seq.attention_share or 0)
+    six = flops_split(six_n_flops(124_000_000, 65536), ModelSpec())
+    assert six is not None and six.basis is FlopsBasis.SIX_N and six.attention_share is None
+    assert flops_split(None, ModelSpec(num_layers=12)) is None  # nothing to divide the count by
+    assert FORMULA_LEGACY == legacy.formula
