@@ -61,6 +61,7 @@ class Launch:
     tid: int
     ns: float
     name: str = ""
+    end_ns: float | None = None  # when the call returned (None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,9 @@ class OpAttribution:
     sync_owner: dict[int, str] = field(default_factory=dict)
     # the activities launched by the autograd engine running a backward node (the backward pass)
     backward: frozenset[int] = frozenset()
+    # when each launch call returned on the host (correlation id -> ns): whether the host was ahead of
+    # the GPU at a gap (perfd.capture.sweep)
+    launch_end_ns: dict[int, float] = field(default_factory=dict)
 
 
 class _Tree:
@@ -480,7 +484,8 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
                                 for r in att.r)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
-                         {k: att.owner(i) for k, i in owners.items()}, frozenset(backward))
+                         {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
+                         {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None})
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.

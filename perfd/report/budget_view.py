@@ -25,7 +25,7 @@ PART_COLOR: dict[Part, str] = {
     Part.ACTIVATION: "#f4a259", Part.NORM: "#c9a227", Part.LOSS: GREEN, Part.EMBEDDING: "#7fc9b3",
     Part.OPTIMIZER: YELLOW, Part.GRAD_REDUCE: "#a6761d", Part.POINTWISE: ORANGE, Part.MEMCPY: "#b07aa1",
     Part.COMM_EXPOSED: PURPLE, Part.PIPELINE: "#8c6bb1", Part.DATA: SKY, Part.IDLE_SHORT: GREY,
-    Part.IDLE_LONG: "#666666",
+    Part.IDLE_SWITCH: "#bbbbbb", Part.IDLE_LONG: "#666666",
 }
 BAR_CHARS = 30
 

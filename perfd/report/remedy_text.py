@@ -114,8 +114,9 @@ TEMPLATE: dict[Say, str] = {
                                "of 128",
     Say.BIGGER_GEMMS: "Bigger GEMMs: a larger batch per step, dimensions multiples of 128",
     # Host synchronisations and Megatron-LM's timers.
-    Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.0f} ms after them while the "
-                    "host launches again; without them the host runs ahead (× {3:g}–{4:g})",
+    Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.1f} ms while the host waits "
+                    "for them and {3:.1f} ms after, while it refills the queue they drained; without them "
+                    "the host runs ahead (× {4:g}–{5:g})",
     Say.REMOVE_SYNCS: "Remove host synchronisations from the step: .item(), .cpu(), "
                       "torch.cuda.synchronize(), printing tensors; log every N steps",
     Say.TIMER_BASIS: "the GPU idles {0:.0f} ms a step after the bare device synchronisations of the "
@@ -138,9 +139,10 @@ TEMPLATE: dict[Say, str] = {
     Say.WITH_BUBBLE: "{0}; with {1} pipeline stages the bubble grows from {2:.0%} to {3:.0%} ({4} → {5} "
                      "micro-batches)",
     Say.MICRO_BATCH_BASIS: "{0} → {1} micro-batches a step: of the per-micro-batch gaps, the timers' "
-                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward launch gaps' {5:.0f} "
-                           "ms mostly go (× {6:g}–{7:g}: the host launches half as many kernels for the "
-                           "same work); the optimizer phase's {8:.0f} ms of gaps are per step and stay",
+                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward gaps between "
+                           "kernels' {5:.0f} ms (the host's launches, the GPU's own switches, the refills "
+                           "after syncs) mostly go (× {6:g}–{7:g}: half as many kernels for the same work); "
+                           "the optimizer phase's {8:.0f} ms of gaps are per step and stay",
     Say.MICRO_BATCH_REPLAYED: "with {0} micro-batches of {1} for {2} of {3} (each kernel of the "
                               "forward-backward phase {4:g}–{5:g}× as long, the gradient accumulation's the "
                               "same)",
@@ -161,7 +163,8 @@ TEMPLATE: dict[Say, str] = {
                          "pass: × {2:g}–{3:g} of it saved){4}{5}",
     Say.OPT_SCALE: ", per-tensor scale and copy kernels {0:.0f} ms (clipping, the master weights; × "
                    "{1:g}–{2:g})",
-    Say.OPT_LAUNCH: ", launch gaps {0:.0f} ms (× {1:g}–{2:g})",
+    Say.OPT_LAUNCH: ", gaps between its kernels {0:.0f} ms (the host's launches and the GPU's own "
+                    "switches; × {1:g}–{2:g})",
     Say.FUSED_OPTIMIZER_INSTALL: f"A fused optimizer: {_TE_OR_APEX} (without them Megatron-LM falls back to "
                                  "{0} and a per-tensor multi_tensor_scale)",
     Say.FUSED_OPTIMIZER_TORCHTITAN: "A fused optimizer: --optimizer.implementation fused",

@@ -76,3 +76,44 @@ def analysis(name: str) -> RunAnalysis:
     info, records = cached("loop-journal", [LOOPS / name / "state.sqlite3.xz"], (name,),
                            lambda: journal(name))
     return analyze_run(info, records, GPU, timeline=timeline_class(str(trace), 3), live=False)
+
+
+def raw_gaps(name: str) -> dict[str, float]:
+    """An independent reading of the trace's idle, per complete step (json alone, none of perfd's
+    code): the GPU's activities (kernels, copies, memsets) merged, each gap between them classed by
+    where the host was: ``ahead`` where the next activity's launch call had returned before the gap
+    began (the GPU's own switch), else ``behind``; ``behind_max`` the longest behind gap (a sync's), and
+    ``steps`` the complete steps (between the first and the last ``Optimizer.step#`` mark, each step
+    starting on the GPU where the first activity launched after its mark starts; a mark with none
+    launched after it, at the window's end, starts none)."""
+    def read() -> dict[str, float]:
+        with lzma.open(LOOPS / name / "trace.json.xz", "rt") as f:
+            events = json.load(f)["traceEvents"]
+        gpu = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in
+                      ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+        calls = {e["args"]["correlation"]: (e["ts"], e["ts"] + e["dur"]) for e in events
+                 if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")
+                 and "correlation" in e.get("args", {})}
+        marks = sorted(e["ts"] for e in events if e.get("cat") == "user_annotation"
+                       and str(e.get("name", "")).startswith("Optimizer.step#"))
+        cuts = []
+        for m in marks:
+            after = [g["ts"] for g in gpu if calls.get(g["args"].get("correlation"), (-1.0, 0.0))[0] >= m]
+            cuts += [min(after)] if after else []  # the window ends after the last mark's host call
+        lo, hi = cuts[0], cuts[-1]
+        out = {"ahead": 0.0, "behind": 0.0, "behind_max": 0.0, "steps": float(len(cuts) - 1)}
+        end = None
+        for g in gpu:
+            if end is not None and g["ts"] > end and lo <= end < hi:
+                gap = (g["ts"] - end) / 1e3
+                call = calls.get(g["args"].get("correlation"))
+                if call is not None and call[1] <= end:
+                    out["ahead"] += gap
+                else:
+                    out["behind"] += gap
+                    out["behind_max"] = max(out["behind_max"], gap)
+            end = max(end or 0.0, g["ts"] + g["dur"])
+        n = out["steps"]
+        return {k: (v / n if k in ("ahead", "behind") else v) for k, v in out.items()}
+
+    return cached("loop-raw-gaps", [LOOPS / name / "trace.json.xz"], (name,), read)

@@ -72,7 +72,7 @@ class Say(enum.Enum):
     BIGGER_GEMMS_MEGATRON = 0
     BIGGER_GEMMS = 0
     # Host synchronisations and Megatron-LM's timers.
-    SYNC_BASIS = 5  # syncs a step, their owners, idle ms, low, high factor
+    SYNC_BASIS = 6  # syncs a step, their owners, idle ms, refill idle ms, low, high factor
     REMOVE_SYNCS = 0
     TIMER_BASIS = 4  # idle ms, micro-batches, low, high factor
     TIMER_REPLAYED = 1  # micro-batches

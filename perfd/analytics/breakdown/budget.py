@@ -45,7 +45,12 @@ class IdleCause(TextEnum):
     """What an idle gap of the GPU waited for: what precedes it on the host (perfd.capture.sweep)."""
 
     SYNC = "sync"  # a synchronisation returned in the gap: the host waited for the device, then launched
+    # a short gap after a sync's, the host still behind: refilling the queue the sync drained (the sync's
+    # knock-on; its owner the sync's)
+    REFILL = "refill"
     LAUNCH = "launch"  # a short gap with no sync: the host issuing work slower than the GPU runs it
+    # a short gap before a kernel launched before the GPU went idle: the GPU's own switch between kernels
+    SWITCH = "switch"
     DATA = "data"  # the host was in the data loader
     HOST = "host"  # a long gap with no sync: the host elsewhere
 

@@ -33,7 +33,7 @@ from perfd.analytics.breakdown.budget import (
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, KernelStat, Stretch
 from perfd.analytics.breakdown.step_parts import Part
 
-_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
+_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_SWITCH, Part.IDLE_LONG, Part.DATA)
 
 
 def _parts(raw: Mapping[str, float], n: float) -> dict[Part, float]:
