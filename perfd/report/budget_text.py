@@ -200,14 +200,18 @@ def _capture_cost_words(b: StepBudget, run: int | None) -> tuple[str, str]:
     share = over / steady if steady > 0 else 0.0
     how = STEPS_FROM.get(b.steps_from, "")
     who = f"Run {run}'s capture" if run else "The capture"  # like with like: one run's steps
+    u = b.unprofiled
     return (f"{who} slowed its steps by {share:+.0%}",
-            f"The captured steps averaged {b.step_ms:.0f} ms against the steady {steady:.0f} ms "
+            f"The captured steps averaged {b.captured_step_ms:.0f} ms against the steady {steady:.0f} ms "
             f"({over:+.0f} ms)"
             + (f" of the same run (run {run}, the job's last without ncu)" if run else "")
             + ": the profiler's own cost, which lands in the idle parts (the host runs slower; the kernels "
             "do not)"
             + (f"; steps counted from {how}" if how else "")
-            + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
+            + (f". The budget's host-side idle ({u.host_idle_ms:.0f} ms as captured) is scaled by "
+               f"{u.factor:.2f} to the steady step before any gain is read from its gaps; the GPU's time is "
+               "as captured." if u is not None
+               else ". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
 
 
 def class_shares_text(c: BudgetClass) -> str:

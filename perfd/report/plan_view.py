@@ -40,7 +40,7 @@ def stage_title(s: PlanStage, n: int, plan: Plan) -> str:
     if s.gain_ms[1] <= 0.5:
         return f"{n}. {what}: nothing more once the stages before are in"
     after = (
-        f" (the captured {step:.0f} ms step → ~{step - s.total_ms[1]:.0f}–{step - s.total_ms[0]:.0f} ms)"
+        f" (the {step:.0f} ms step → ~{step - s.total_ms[1]:.0f}–{step - s.total_ms[0]:.0f} ms)"
         if s.total_ms[0] > 0
         else ""
     )

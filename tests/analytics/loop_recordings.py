@@ -82,10 +82,12 @@ def raw_gaps(name: str) -> dict[str, float]:
     """An independent reading of the trace's idle, per complete step (json alone, none of perfd's
     code): the GPU's activities (kernels, copies, memsets) merged, each gap between them classed by
     where the host was: ``ahead`` where the next activity's launch call had returned before the gap
-    began (the GPU's own switch), else ``behind``; ``behind_max`` the longest behind gap (a sync's), and
-    ``steps`` the complete steps (between the first and the last ``Optimizer.step#`` mark, each step
-    starting on the GPU where the first activity launched after its mark starts; a mark with none
-    launched after it, at the window's end, starts none)."""
+    began (the GPU's own switch), else ``behind``; ``behind_max`` the longest behind gap (a sync's),
+    ``step_ms`` the complete steps' span over their number, ``busy`` the activities' time in them (their
+    overlaps counted each: a bound, not the union), and ``steps`` the complete steps (between the first
+    and the last ``Optimizer.step#`` mark, each step starting on the GPU where the first activity
+    launched after its mark starts; a mark with none launched after it, at the window's end, starts
+    none)."""
     def read() -> dict[str, float]:
         with lzma.open(LOOPS / name / "trace.json.xz", "rt") as f:
             events = json.load(f)["traceEvents"]
@@ -101,7 +103,9 @@ def raw_gaps(name: str) -> dict[str, float]:
             after = [g["ts"] for g in gpu if calls.get(g["args"].get("correlation"), (-1.0, 0.0))[0] >= m]
             cuts += [min(after)] if after else []  # the window ends after the last mark's host call
         lo, hi = cuts[0], cuts[-1]
-        out = {"ahead": 0.0, "behind": 0.0, "behind_max": 0.0, "steps": float(len(cuts) - 1)}
+        out = {"ahead": 0.0, "behind": 0.0, "behind_max": 0.0, "steps": float(len(cuts) - 1),
+               "step_ms": (hi - lo) / 1e3 / (len(cuts) - 1),
+               "busy": sum(max(0.0, min(g["ts"] + g["dur"], hi) - max(g["ts"], lo)) for g in gpu) / 1e3}
         end = None
         for g in gpu:
             if end is not None and g["ts"] > end and lo <= end < hi:
@@ -114,6 +118,6 @@ def raw_gaps(name: str) -> dict[str, float]:
                     out["behind_max"] = max(out["behind_max"], gap)
             end = max(end or 0.0, g["ts"] + g["dur"])
         n = out["steps"]
-        return {k: (v / n if k in ("ahead", "behind") else v) for k, v in out.items()}
+        return {k: (v / n if k in ("ahead", "behind", "busy") else v) for k, v in out.items()}
 
     return cached("loop-raw-gaps", [LOOPS / name / "trace.json.xz"], (name,), read)

@@ -128,8 +128,9 @@ def capture_cost(ctx: BudgetContext) -> Out:
     if over is None or b.steady_step_ms is None or b.steady_step_ms <= 0:
         return [], []
     sev = Severity.WARNING if over / b.steady_step_ms > th.CAPTURE_SLOWDOWN.value else Severity.INFO
-    evidence = {"captured_step_ms": b.step_ms, "steady_step_ms": b.steady_step_ms, "overhead_ms": over,
-                "steps": b.iterations, "steps_from": b.steps_from}
+    evidence = {"captured_step_ms": b.captured_step_ms, "steady_step_ms": b.steady_step_ms,
+                "overhead_ms": over, "steps": b.iterations, "steps_from": b.steps_from,
+                "unprofiled": b.unprofiled.to_json() if b.unprofiled is not None else None}
     facts = BudgetFacts(BudgetSaid.CAPTURE_COST, b, run=ctx.run, label=ctx.label or b.basis)
     return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", facts=facts)], []
 

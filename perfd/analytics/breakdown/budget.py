@@ -228,6 +228,34 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Unprofiled:
+    """A captured budget brought back to the job's unprofiled step (perfd.analytics.breakdown
+    .capture_budget.unprofiled): the capture's steps ran ``captured_ms`` against the job's steady
+    ``steady_ms``; the GPU's time (its kernels, and its own switches between kernels it had queued) is as
+    captured, the host-side idle the profiler lengthened (``host_idle_ms`` as captured: the gaps after
+    syncs, the launch gaps, the host elsewhere, the data wait) × ``factor``."""
+
+    captured_ms: float
+    steady_ms: float
+    host_idle_ms: float
+    factor: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"captured_ms": self.captured_ms, "steady_ms": self.steady_ms,
+                "host_idle_ms": self.host_idle_ms, "factor": self.factor}
+
+    @staticmethod
+    def from_json(d: object) -> Unprofiled | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            return Unprofiled(number(d["captured_ms"]), number(d["steady_ms"]), number(d["host_idle_ms"]),
+                              number(d["factor"]))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
 class StepBudget:
     """The parts of one step, in :data:`PART_ORDER`; ``step_ms`` is their sum. ``ideal_ms`` and
     ``ceiling_ms``: the time the model's FLOPs take at the GPU's peak and at its measured matmul
@@ -257,6 +285,8 @@ class StepBudget:
     step_sd_ms: float | None = None
     # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
+    # the budget brought back to the job's unprofiled step (None: read as captured)
+    unprofiled: Unprofiled | None = None
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -274,7 +304,14 @@ class StepBudget:
         when there is no captured step or no steady one to compare)."""
         if not self.has_kernels or self.steady_step_ms is None:
             return None
+        if self.unprofiled is not None:  # brought back to the steady step: the captured one said it
+            return self.unprofiled.captured_ms - self.steady_step_ms
         return self.step_ms - self.steady_step_ms
+
+    @property
+    def captured_step_ms(self) -> float:
+        """The step the capture's steps ran (``step_ms`` unless brought back to the unprofiled one)."""
+        return self.unprofiled.captured_ms if self.unprofiled is not None else self.step_ms
 
     def to_json(self) -> dict[str, object]:
         return {"step_ms": self.step_ms, "parts": [p.to_json() for p in self.parts],
@@ -287,7 +324,8 @@ class StepBudget:
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
                 "window": self.window.to_json() if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
-                "replay": self.replay.to_json() if self.replay is not None else None}
+                "replay": self.replay.to_json() if self.replay is not None else None,
+                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -316,7 +354,8 @@ class StepBudget:
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
-                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")))
+                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
+                          Unprofiled.from_json(d.get("unprofiled")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

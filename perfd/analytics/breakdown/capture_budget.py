@@ -17,6 +17,7 @@ from perfd.analytics.breakdown.budget import (
     NO_TIMERS,
     CutPart,
     FlopsContext,
+    IdleCause,
     IdleShare,
     PartDetail,
     Row,
@@ -24,6 +25,7 @@ from perfd.analytics.breakdown.budget import (
     StepBudget,
     TimerShares,
     Top,
+    Unprofiled,
     Window,
     attention_detail,
     finish,
@@ -80,13 +82,16 @@ def from_capture(
     timers: TimerShares = NO_TIMERS,
     basis: str = "",
     steps_from: str = "",
+    rescale: bool = True,
 ) -> StepBudget | None:
     """The budget of one captured device (its ``parts_ms``) over
     ``iterations`` steps (None: the whole captured span as one step); where the trace marks two steps
     or more, per step from the complete steps between its first and last mark (:func:`window_of`). The
     timers' data share, where they measure one and the capture saw no data-loader wait of its own, says
     how much of the host's idle was the wait for data. A breakdown from before the attribution is
-    rebuilt from its shares (:func:`device_parts`, said in ``attribution``)."""
+    rebuilt from its shares (:func:`device_parts`, said in ``attribution``). Steps the profiler slowed
+    are brought back to the job's steady step (:func:`unprofiled`; ``rescale=False``: read as captured,
+    a capture whose steps are not the job's)."""
     window, comp = window_of(device, iterations)
     if comp is not None:
         raw, how = dict(comp.parts_ms), device.attribution or "kernel names"
@@ -142,7 +147,7 @@ def from_capture(
                  for r in (comp.idle if comp is not None else device.idle))
     phase_ms = comp.phase_ms if comp is not None else device.phase_ms
     phases = {ph: {p: v / n for p, v in d.items()} for ph, d in phase_parts(phase_ms).items()}
-    return replace(
+    b = replace(
         finish(rows, sources, fl),
         iterations=n if window is not None and window.complete else iterations,
         basis=basis,
@@ -156,6 +161,54 @@ def from_capture(
         window=window,
         replay=device.replay,
     )
+    return unprofiled(b) if rescale else b
+
+
+# The host's gaps, which a profiler lengthens (it records every op the host runs: ~+45% on the eager
+# Trainer's host-bound H200 steps, 422 ms captured against 293 unprofiled): the idle after syncs and
+# their refills, the launch gaps, the host elsewhere, the data wait. The GPU's own time (its kernels, and
+# its switches between kernels the host had queued) a host-side profiler does not change.
+HOST_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
+_HOST_CAUSES = frozenset((IdleCause.SYNC, IdleCause.REFILL, IdleCause.LAUNCH, IdleCause.HOST,
+                          IdleCause.DATA))
+_HOST_GAP_KEYS = ("sync_gap_ms", "stream_sync_gap_ms")
+
+
+def unprofiled(b: StepBudget) -> StepBudget:
+    """``b`` brought back to the job's unprofiled step where the profiler slowed its steps (the captured
+    step th.CAPTURE_SLOWDOWN or more over the job's steady one, not past th.CAPTURE_OTHER_JOB_STEP: a
+    capture that far off is another job's, perfd.analytics.breakdown.capture_match): its host-side
+    idle (:data:`HOST_IDLE`, its idle rows, phases and sync gaps) scaled by one factor so that the step
+    is the steady one, the GPU's time as captured; said in ``unprofiled``. Unchanged where nothing is
+    to scale (no steady step, the GPU's time alone past the steady step)."""
+    steady = b.steady_step_ms
+    if not b.has_kernels or not steady or steady <= 0 or b.unprofiled is not None:
+        return b
+    ratio = b.step_ms / steady
+    if ratio < 1 + th.CAPTURE_SLOWDOWN.value or ratio > th.CAPTURE_OTHER_JOB_STEP.value:
+        return b
+    host = sum(b.ms(p) for p in HOST_IDLE)
+    gpu = b.step_ms - host
+    if host <= 0 or gpu >= steady:
+        return b
+    f = (steady - gpu) / host
+    step = gpu + f * host
+    parts = []
+    for p in b.parts:
+        if p.part not in HOST_IDLE:
+            parts.append(replace(p, share=p.ms / step))
+            continue
+        detail = PartDetail(**p.detail)
+        if isinstance(latency := detail.get("under_5us_ms"), (int, float)):
+            detail["under_5us_ms"] = min(float(latency), p.ms * f)  # the launches themselves: not lengthened
+        if isinstance(taken := detail.get("from_idle_ms"), dict):
+            detail["from_idle_ms"] = {k: v * f for k, v in taken.items()}
+        parts.append(replace(p, ms=p.ms * f, share=p.ms * f / step, detail=detail))
+    idle = tuple(replace(r, ms=r.ms * f) if r.cause in _HOST_CAUSES else r for r in b.idle)
+    phases = {ph: {p: v * f if p in HOST_IDLE else v for p, v in d.items()} for ph, d in b.phase_ms.items()}
+    host_side = {k: v * f if k in _HOST_GAP_KEYS else v for k, v in b.host.items()}
+    return replace(b, step_ms=step, parts=tuple(parts), idle=idle, phase_ms=phases, host=host_side,
+                   unprofiled=Unprofiled(b.step_ms, steady, host, f))
 
 
 def _top(by_part: Mapping[str, tuple[KernelStat, ...]], part: Part, n: float) -> list[Top]:

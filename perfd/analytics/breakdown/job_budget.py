@@ -75,13 +75,15 @@ def captured_iterations(device: DeviceBreakdown, iterations: int | None, step_ms
 
 def job_budget(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
                timeline: TimelineClass | None, flops: FlopsResult | None = None,
-               split: FlopsSplit | None = None) -> StepBudget | None:
+               split: FlopsSplit | None = None, rescale: bool = True) -> StepBudget | None:
     """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
-    figures on its parts), else from the timers alone."""
+    figures on its parts; its steps brought back to the job's steady one where the profiler slowed them,
+    unless ``rescale`` is False: a capture whose steps are not the job's), else from the timers alone."""
     fl, timers = contexts(medians, peak, pp, flops, split)
     if timeline is not None and timeline.device is not None:
         n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
-        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
+        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how,
+                         rescale=rescale)
         if b is not None:
             return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels, timeline.ncu_joined_to)
     b = from_timers(timers, fl)

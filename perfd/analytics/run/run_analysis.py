@@ -492,7 +492,8 @@ class RunBuilder:
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
         timeline = None if refused else self.timeline
-        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job, self.flops_split)
+        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job, self.flops_split,
+                            rescale=match is None or match.matches)
         if budget is not None:  # how far a rerun of this job moves: its own steady steps' spread
             budget = dataclasses.replace(budget, step_sd_ms=robust_sd([steps_col[i] for i in steady_rows]))
         if budget is not None and timeline is not None and match is not None and not match.matches:
