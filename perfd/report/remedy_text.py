@@ -16,9 +16,10 @@ from perfd.analytics.advice.budget_findings import (
     RemedyFacts,
     RemedyRecommendation,
     SmallerRemedies,
+    UnmodelledRemedies,
 )
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
-from perfd.analytics.advice.remedies import Advice, Effort, Framework
+from perfd.analytics.advice.remedies import Advice, Effort, Framework, NoGain
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
@@ -223,6 +224,15 @@ def text(s: Said | None) -> str:
     return TEMPLATE[s.code].format(*(_arg(s.code, a) for a in s.args))
 
 
+# Why a remedy that fits the job has no modelled gain (perfd.analytics.advice.remedies.NoGain).
+NO_GAIN_TEXT = {
+    NoGain.ATTENTION_FLOPS: "the model's attention FLOPs are unknown, so what the fused kernel would cost "
+                            "is not read; the model's spec gives them: the framework's log, the step hook's "
+                            "model=",
+    NoGain.NOT_MODELLED: "its gain is not modelled",
+}
+
+
 # --- a remedy as the report shows it ----------------------------------------------------------------
 EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
 
@@ -288,11 +298,27 @@ def _smaller(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
     return title, said, evidence
 
 
+def _unmodelled(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
+    got = f.advice
+    title = (f"{len(got)} remed{'ies' if len(got) > 1 else 'y'} with no modelled gain (not ordered with the "
+             "others)")
+    said = "; ".join(f"{text(a.action)} (not modelled: {NO_GAIN_TEXT[a.no_gain or NoGain.NOT_MODELLED]})"
+                     for a in got) + "."
+    evidence: dict[str, object] = {"remedies": [
+        {"remedy": a.remedy.value, "action": text(a.action), "gain_ms": None,
+         "why": (a.no_gain or NoGain.NOT_MODELLED).value} for a in got]}
+    return title, said, evidence
+
+
 def worded_remedies(f: Finding) -> Finding:
-    """The advice package's findings as shown: the smaller remedies' with its title, observation and
-    evidence, the step budget's with theirs (perfd.report.budget_text); any other as it is."""
+    """The advice package's findings as shown: the smaller remedies' and the unmodelled ones' with their
+    title, observation and evidence, the step budget's with theirs (perfd.report.budget_text); any other
+    as it is."""
     if isinstance(f, BudgetFinding):
         return worded_budget(f)
+    if isinstance(f, UnmodelledRemedies) and f.facts is not None:
+        title, observation, evidence = _unmodelled(f.facts)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
     if not isinstance(f, SmallerRemedies) or f.facts is None:
         return f
     title, observation, evidence = _smaller(f.facts)
@@ -319,4 +345,6 @@ def worded_plan(plan: Plan | None) -> Plan | None:
     has its words already)."""
     if plan is None:
         return None
-    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items))
+    unmodelled = tuple(u if u.said is None else dataclasses.replace(u, action=text(u.said), said=None)
+                       for u in plan.unmodelled)
+    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items), unmodelled=unmodelled)

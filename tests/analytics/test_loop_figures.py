@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfd.analytics.advice.remedies import SYNC_GAP_BACK, RemedyId
+from perfd.analytics.advice.remedies import SYNC_GAP_BACK, Effort, RemedyId
 from perfd.analytics.breakdown.budget import IdleCause, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_result import RunAnalysis
@@ -243,3 +243,57 @@ def test_a_budget_is_rescaled_only_within_the_profilers_reach() -> None:
     got = unprofiled(budget(100.0, 60.0, 130.0))
     assert got.unprofiled is not None and got.unprofiled.factor == pytest.approx(0.5)
     assert got.ms(Part.IDLE_SHORT) == pytest.approx(30.0) and got.step_ms == pytest.approx(130.0)
+
+
+@pytest.mark.parametrize("name", [NANOGPT, HF])
+def test_every_plan_item_has_a_modelled_gain_and_each_effort_is_ordered_by_it(name: str, nano: RunAnalysis,
+                                                                              hf: RunAnalysis) -> None:
+    a = nano if name == NANOGPT else hf
+    plan = a.plan
+    assert plan is not None and plan.items
+    assert all(i.gain_ms is not None for i in plan.items)
+    for stage in range(-1, len(plan.stages)):
+        for effort in Effort:
+            mids = [sum(i.gain_ms) / 2 for i in plan.items if i.stage == stage and i.effort is effort
+                    and i.gain_ms is not None]
+            assert mids == sorted(mids, reverse=True), (stage, effort)
+    assert all(r.gain_ms is not None for r in a.recommendations if r.remedy)
+    text = " ".join(render_text(build_report(a)).split())
+    assert "gain not estimated" not in text
+
+
+def test_a_remedy_with_no_modelled_gain_is_listed_apart_from_the_plan() -> None:
+    """Unfused attention (a Megatron-LM job's local attention on an H100) read with no model FLOPs:
+    fused attention fits, but what its kernel would cost is unknown, so it has no gain: it is no plan
+    item and no recommendation (it used to be one, "effort: a code change" and nothing else), but a
+    note of its own, with why."""
+    from perfd.analytics.advice.budget_findings import BudgetContext, analyze
+    from perfd.analytics.advice.plan import make_plan
+    from perfd.analytics.advice.remedies import FitContext, JobConfig, NoGain, run_spread_ms
+    from perfd.analytics.advice.remedy_catalog import fit
+    from perfd.analytics.breakdown.capture_budget import from_capture
+    from perfd.report.plan_view import text_lines
+    from perfd.report.remedy_text import worded_plan, worded_remedies
+    from tests.analytics.loop_recordings import LOOPS
+    from tests.trace_cache import analyze_chrome_trace
+
+    trace = LOOPS.parent / "captures" / "kineto_h100_megatron" / "ops_live3_rank0.json.gz"
+    b = from_capture(analyze_chrome_trace(trace).devices[0], 3)
+    assert b is not None
+    advice = fit(FitContext(b, JobConfig()))
+    fused = next(x for x in advice if x.remedy is RemedyId.FUSED_ATTENTION)
+    assert fused.gain is None and fused.no_gain is NoGain.ATTENTION_FLOPS
+    plan = worded_plan(make_plan(advice, JobConfig(), b.step_ms, run_spread_ms(b.step_ms, None)))
+    assert plan is not None and plan.item(RemedyId.FUSED_ATTENTION.value) is None
+    (u,) = plan.unmodelled
+    assert u.remedy == RemedyId.FUSED_ATTENTION.value and u.why is NoGain.ATTENTION_FLOPS
+    assert u.action.startswith("Fused attention: torch.nn.functional.scaled_dot_product_attention")
+    lines = text_lines(plan, {})
+    assert any(line.strip().startswith("Not modelled") for line in lines)
+    assert "what the fused kernel would cost is not read" in lines[-1]
+    back = type(plan).from_json(plan.to_json())
+    assert back is not None and back.unmodelled == plan.unmodelled
+    fs, rs = analyze(BudgetContext(b))
+    assert all(r.remedy != RemedyId.FUSED_ATTENTION.value for r in rs)
+    note = next(worded_remedies(f) for f in fs if f.id == "budget-unmodelled-remedies")
+    assert note.title.startswith("1 remedy with no modelled gain") and "Fused attention" in note.observation

@@ -174,20 +174,34 @@ class SmallerRemedies(Finding):
     facts: RemedyFacts | None = field(default=None, metadata={"json": False})
 
 
+@dataclass
+class UnmodelledRemedies(Finding):
+    """The remedies that fit the job but have no modelled gain (Advice.no_gain says why), in one finding:
+    named, never a recommendation ordered by a gain they do not have (the plan lists them apart too:
+    Plan.unmodelled). Its title, observation and evidence are the report's (perfd.report.remedy_text)."""
+
+    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+
+
 def remedies(ctx: BudgetContext) -> Out:
     """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
     gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
-    named, not ordered among the ones worth doing first."""
+    named, not ordered among the ones worth doing first; those with no modelled gain in another."""
     b = ctx.budget
     recs: list[Advice] = []
     small: list[Advice] = []
+    unmodelled: list[Advice] = []
     for a in fitted(ctx):
-        (small if minor(a, b.step_ms) else recs).append(a)
+        (unmodelled if a.gain is None else small if minor(a, b.step_ms) else recs).append(a)
     fs: list[Finding] = []
     if small:
         facts = RemedyFacts(tuple(small), b.step_ms, b.mfu)
         fs.append(SmallerRemedies("budget-minor-remedies", Severity.INFO, "", "", {}, "",
                                   ctx.label or b.basis, facts=facts))
+    if unmodelled:
+        facts = RemedyFacts(tuple(unmodelled), b.step_ms, b.mfu)
+        fs.append(UnmodelledRemedies("budget-unmodelled-remedies", Severity.INFO, "", "", {}, "",
+                                     ctx.label or b.basis, facts=facts))
     return fs, [recommendation(a, b) for a in recs]
 
 
