@@ -11,6 +11,7 @@ import pytest
 from perfd.analytics.advice.remedies import SYNC_GAP_BACK, Effort, RemedyId
 from perfd.analytics.breakdown.budget import IdleCause, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.flops import FlopsBasis
 from perfd.report import build_report, render_text
@@ -297,3 +298,68 @@ def test_a_remedy_with_no_modelled_gain_is_listed_apart_from_the_plan() -> None:
     assert all(r.remedy != RemedyId.FUSED_ATTENTION.value for r in rs)
     note = next(worded_remedies(f) for f in fs if f.id == "budget-unmodelled-remedies")
     assert note.title.startswith("1 remedy with no modelled gain") and "Fused attention" in note.observation
+
+
+@pytest.mark.parametrize("name", [NANOGPT, HF])
+def test_mfu_states_how_its_flops_were_counted(name: str, nano: RunAnalysis, hf: RunAnalysis) -> None:
+    """Both loops' hooks counted FLOPs from their model= by perfd's formula (Megatron-Core's: 6 per weight
+    per token plus causal attention at half): the MFU finding says so, typed (its evidence) and in
+    words. nanoGPT's own MFU line (``mfu 134%``: against an A100's 312 TFLOP/s) does not reach perfd:
+    neither recording's log states a throughput perfd reads, so no log figure is shown beside it."""
+    from perfd.analytics.steps.flops import MfuConvention
+
+    a = nano if name == NANOGPT else hf
+    assert a.mfu_convention is MfuConvention.HOOK_CAUSAL_HALF
+    f = next(x for x in a.findings if x.id == "mfu-grade")
+    assert f.evidence["convention"] == MfuConvention.HOOK_CAUSAL_HALF.value
+    assert f.evidence["logged_tflops_per_gpu"] is None
+    text = " ".join(render_text(build_report(a)).split())
+    assert ("Model FLOPs as the step hook counted them from its model=, by perfd's formula, Megatron-Core's "
+            "since 0.12: 6 per weight per token for every GEMM, the LM head's among them, plus core "
+            "attention's QKᵀ and ·V with the causal mask counted at half.") in text
+    assert "the log's own throughput" not in text
+
+
+def test_the_mfu_convention_of_each_count() -> None:
+    """A count the hook stated follows perfd's formula only where its model record gave the job's spec;
+    else it is the script's own. Each formula's convention as Megatron-Core's releases and torchtitan
+    count attention."""
+    from perfd.analytics.steps.flops import (
+        FORMULA_6N,
+        FORMULA_CURRENT,
+        FORMULA_LEGACY,
+        FORMULA_STATED,
+        FORMULA_TORCHTITAN,
+        MfuConvention,
+        mfu_convention,
+        read_spec,
+    )
+    from perfd.model import ModelSpec
+    from tests.analytics.loop_recordings import MODELS
+
+    spec = read_spec(MODELS[NANOGPT]).spec
+    assert mfu_convention(FORMULA_STATED, spec) is MfuConvention.HOOK_CAUSAL_HALF
+    assert mfu_convention(FORMULA_STATED, ModelSpec(dtype="bf16")) is MfuConvention.STATED
+    assert mfu_convention(FORMULA_CURRENT, spec) is MfuConvention.CAUSAL_HALF
+    assert mfu_convention(FORMULA_LEGACY, spec) is mfu_convention(FORMULA_TORCHTITAN, spec) \
+        is MfuConvention.ATTENTION_WHOLE
+    assert mfu_convention(FORMULA_6N, spec) is MfuConvention.SIX_N and mfu_convention(None, spec) is None
+
+
+def test_a_megatron_log_says_its_convention_and_its_own_throughput_beside_perfds() -> None:
+    """A Megatron-LM log (--log-throughput, 2 H200s): perfd counts its FLOPs by its formula for the
+    job's release (causal attention at half) and shows the log's own TFLOP/s beside its MFU."""
+    from collectors.megatron.parser import parse_file
+    from perfd.analytics.steps.flops import MfuConvention
+    from tests.analytics.loop_recordings import LOOPS
+
+    parsed = parse_file(LOOPS.parent / "megatron" / "dp2_all_timers.log")
+    a = analyze_run(parsed.job_info, parsed.records, "NVIDIA H200", live=False)
+    assert a.mfu_convention is MfuConvention.CAUSAL_HALF
+    f = next(x for x in a.findings if x.id == "mfu-grade")
+    logged = a.summary.median("logged_tflops_per_gpu")
+    assert logged is not None and f.evidence["logged_tflops_per_gpu"] == logged
+    text = " ".join(render_text(build_report(a)).split())
+    assert "Model FLOPs by perfd's formula, Megatron-Core's since 0.12" in text
+    own = f"the log's own throughput {logged:.1f} TFLOP/s per GPU ({logged / 989.0:.1%} of the same peak)"
+    assert own in text

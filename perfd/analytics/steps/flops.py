@@ -341,6 +341,37 @@ class FlopsBasis(TextEnum):
     WHOLE_MODEL = "model"
 
 
+class MfuConvention(TextEnum):
+    """How the model FLOPs an MFU divides by the step were counted: its typed provenance, worded where
+    the MFU is shown (perfd.report.grade_text)."""
+
+    # perfd's formula as Megatron-Core >= 0.12 counts (module doc): 6 FLOPs per weight per token (every
+    # GEMM, the LM head's among them: 6·N·T for the weights) plus core attention's 6·s·q·L a token, the
+    # causal mask counting half of QKᵀ and ·V
+    CAUSAL_HALF = "causal-half"
+    # the same count made by the step hook from its model= (perfd's formula, in the training process)
+    HOOK_CAUSAL_HALF = "hook-causal-half"
+    # attention whole (12·s·q·L a token): Megatron-Core <= 0.11, torchtitan
+    ATTENTION_WHOLE = "attention-whole"
+    SIX_N = "6n"  # 6·N·tokens: no attention term
+    STATED = "stated"  # the training script's own flops_per_step: its convention is the script's
+    LOGGED = "logged"  # the framework's own logged throughput (Megatron-LM's TFLOP/s per GPU)
+
+
+_CONVENTION = {FORMULA_CURRENT: MfuConvention.CAUSAL_HALF, FORMULA_LEGACY: MfuConvention.ATTENTION_WHOLE,
+               FORMULA_TORCHTITAN: MfuConvention.ATTENTION_WHOLE, FORMULA_6N: MfuConvention.SIX_N}
+
+
+def mfu_convention(formula: str | None, spec: ModelSpec) -> MfuConvention | None:
+    """The convention of a count made by ``formula`` (FlopsResult.formula; None: no count). A count the
+    step hook stated follows perfd's formula where the job's spec is its model record's (the hook sends
+    one only for a count it made from model=: perfd.hook.wire.KIND_MODEL), else the script's own."""
+    if formula == FORMULA_STATED:
+        complete = spec.seq_length is not None and megatron_flops(spec, 1, None, "pytorch").available
+        return MfuConvention.HOOK_CAUSAL_HALF if complete else MfuConvention.STATED
+    return _CONVENTION.get(formula or "")
+
+
 # The formula's terms (megatron_flops ``breakdown``) that are GEMMs: a weight matrix times the tokens.
 GEMM_TERMS: tuple[str, ...] = ("mlp", "attention_projections", "logits", "mtp_norms_and_projection")
 
