@@ -6,6 +6,8 @@ json alone.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from perfd.analytics.advice.remedies import SYNC_GAP_BACK, Effort, RemedyId
@@ -244,6 +246,16 @@ def test_a_budget_is_rescaled_only_within_the_profilers_reach() -> None:
     got = unprofiled(budget(100.0, 60.0, 130.0))
     assert got.unprofiled is not None and got.unprofiled.factor == pytest.approx(0.5)
     assert got.ms(Part.IDLE_SHORT) == pytest.approx(30.0) and got.step_ms == pytest.approx(130.0)
+    # a data wait the timers measured is their share of the steady step; the other gaps take the rest
+    from perfd.analytics.breakdown.budget import PartDetail
+
+    timed = BudgetPart(Part.DATA, 16.0, 0.0, Source.TIMERS, PartDetail(timer_share=0.1,
+                                                                          from_idle_ms={"idle_long": 16.0}))
+    b = budget(100.0, 44.0, 130.0)
+    got = unprofiled(dataclasses.replace(b, step_ms=b.step_ms + 16.0, parts=(*b.parts, timed)))
+    assert got.ms(Part.DATA) == pytest.approx(13.0) and got.step_ms == pytest.approx(130.0)
+    assert got.ms(Part.IDLE_SHORT) == pytest.approx(17.0) and got.unprofiled is not None
+    assert got.unprofiled.factor == pytest.approx(17.0 / 44.0)
 
 
 @pytest.mark.parametrize("name", [NANOGPT, HF])

@@ -15,6 +15,7 @@ from perfd.analytics.breakdown.advice_registry import MATH_PARTS
 from perfd.analytics.breakdown.budget import (
     NO_FLOPS,
     NO_TIMERS,
+    BudgetPart,
     CutPart,
     FlopsContext,
     IdleCause,
@@ -174,13 +175,21 @@ _HOST_CAUSES = frozenset((IdleCause.SYNC, IdleCause.REFILL, IdleCause.LAUNCH, Id
 _HOST_GAP_KEYS = ("sync_gap_ms", "stream_sync_gap_ms")
 
 
+def _timed_data(p: BudgetPart) -> float | None:
+    """The timers' share of the step for a data part taken from them (None: the capture's own)."""
+    share = p.detail.get("timer_share")
+    return float(share) if p.part is Part.DATA and p.source is Source.TIMERS and \
+        isinstance(share, (int, float)) else None
+
+
 def unprofiled(b: StepBudget) -> StepBudget:
     """``b`` brought back to the job's unprofiled step where the profiler slowed its steps (the captured
     step th.CAPTURE_SLOWDOWN or more over the job's steady one, not past th.CAPTURE_OTHER_JOB_STEP: a
     capture that far off is another job's, perfd.analytics.breakdown.capture_match): its host-side
     idle (:data:`HOST_IDLE`, its idle rows, phases and sync gaps) scaled by one factor so that the step
-    is the steady one, the GPU's time as captured; said in ``unprofiled``. Unchanged where nothing is
-    to scale (no steady step, the GPU's time alone past the steady step)."""
+    is the steady one, the GPU's time as captured, a data wait the timers measured their share of the
+    steady step; said in ``unprofiled``. Unchanged where nothing is to scale (no steady step, the GPU's
+    time alone past the steady step)."""
     steady = b.steady_step_ms
     if not b.has_kernels or not steady or steady <= 0 or b.unprofiled is not None:
         return b
@@ -188,22 +197,26 @@ def unprofiled(b: StepBudget) -> StepBudget:
     if ratio < 1 + th.CAPTURE_SLOWDOWN.value or ratio > th.CAPTURE_OTHER_JOB_STEP.value:
         return b
     host = sum(b.ms(p) for p in HOST_IDLE)
+    timed = {p.part: share * steady for p in b.parts if (share := _timed_data(p)) is not None}
+    rest = host - sum(b.ms(p) for p in timed)  # the host's gaps the factor scales
     gpu = b.step_ms - host
-    if host <= 0 or gpu >= steady:
+    if rest <= 0 or gpu + sum(timed.values()) >= steady:
         return b
-    f = (steady - gpu) / host
-    step = gpu + f * host
+    f = (steady - gpu - sum(timed.values())) / rest
+    scaled = {p.part: timed.get(p.part, p.ms * f) for p in b.parts if p.part in HOST_IDLE}
+    step = gpu + sum(scaled.values())
     parts = []
     for p in b.parts:
         if p.part not in HOST_IDLE:
             parts.append(replace(p, share=p.ms / step))
             continue
+        ms, k = scaled[p.part], scaled[p.part] / p.ms if p.ms > 0 else f
         detail = PartDetail(**p.detail)
         if isinstance(latency := detail.get("under_5us_ms"), (int, float)):
-            detail["under_5us_ms"] = min(float(latency), p.ms * f)  # the launches themselves: not lengthened
+            detail["under_5us_ms"] = min(float(latency), ms)  # the launches themselves: not lengthened
         if isinstance(taken := detail.get("from_idle_ms"), dict):
-            detail["from_idle_ms"] = {k: v * f for k, v in taken.items()}
-        parts.append(replace(p, ms=p.ms * f, share=p.ms * f / step, detail=detail))
+            detail["from_idle_ms"] = {key: v * k for key, v in taken.items()}
+        parts.append(replace(p, ms=ms, share=ms / step, detail=detail))
     idle = tuple(replace(r, ms=r.ms * f) if r.cause in _HOST_CAUSES else r for r in b.idle)
     phases = {ph: {p: v * f if p in HOST_IDLE else v for p, v in d.items()} for ph, d in b.phase_ms.items()}
     host_side = {k: v * f if k in _HOST_GAP_KEYS else v for k, v in b.host.items()}
