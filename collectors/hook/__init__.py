@@ -3,7 +3,8 @@
 See README.md in this folder for the wire format, configuration and limits.
 """
 
-from collectors.hook.collector import HookCollector, HookConfig
+from collectors.hook.collector import HookCollector
+from collectors.hook.config import HookConfig
 from collectors.hook.peers import HookPeer
 
 __all__ = ["HookCollector", "HookConfig", "HookPeer"]

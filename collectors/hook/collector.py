@@ -61,11 +61,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from collectors.config_values import as_int
 from collectors.hook import peers as P
+from collectors.hook.config import HookConfig
 from collectors.hook.inbox import Inbox
+from collectors.hook.model_record import take_model
 from collectors.hook.requests import Requests, RequestSender
 from collectors.hook.step_records import MAX_PAUSE_RANKS, Pauses, step_record
 from perfd.bounds import LAYOUT_BOUNDS, STEP_REASON, check_step_record, in_bounds
@@ -73,59 +74,11 @@ from perfd.collector import Capabilities, Collected
 from perfd.dtypes import normalize_dtype
 from perfd.events import HOOK_PROFILE, JOB_PHASE
 from perfd.hook import wire
-from perfd.limits import HOOK_MAX_RANKS, HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES, REFUSAL_LOG_INTERVAL_S
+from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
 from perfd.model import CPU, CUDA, HOOK_FRAMEWORK, Device, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.privdir import UnsafeDirError, private_dir
-from perfd.procinfo import user_id
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class HookConfig:
-    socket_path: str = field(default_factory=wire.default_socket_path)
-    job: str = ""
-    mode: int = 0o660  # who may send: the job must run as the agent's user or group (else 0o666)
-    rcvbuf_bytes: int = 1 << 20
-    max_records_per_collect: int = 100_000
-    max_queued: int = HOOK_QUEUE_MAX  # received, not yet collected; beyond: oldest dropped, counted
-    max_queued_bytes: int = HOOK_QUEUE_MAX_BYTES  # ... and their bytes
-    include_warmup: bool = True
-    job_user: int | None = None  # the uid whose processes are the job's (None: the agent's own)
-    # Whose records are the job's by what each sender's environment declares (PERFD_JOB): with
-    # refuse_other_jobs a process declaring another job is refused (an agent serving a named job);
-    # with require_declared_job one declaring none too (a perfd launch's agent: a hooked script run
-    # without the launch once had its steps merged into the launched job's run).
-    refuse_other_jobs: bool = False
-    require_declared_job: bool = False
-
-    @classmethod
-    def from_dict(cls, cfg: Mapping[str, object]) -> HookConfig:
-        known = {"socket_path", "job", "mode", "rcvbuf_bytes", "max_records_per_collect", "max_queued",
-                 "max_queued_bytes", "include_warmup", "job_user", "refuse_other_jobs",
-                 "require_declared_job"}
-        unknown = set(cfg) - known
-        if unknown:
-            raise ValueError(f"hook: unknown config key(s) {sorted(unknown)}; known: {sorted(known)}")
-        mode = cfg.get("mode", 0o660)
-        if isinstance(mode, str):
-            mode = int(mode, 8)
-        if not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError(f"hook: mode must be an octal permission like 0660, not {mode!r}")
-        out = cls(socket_path=str(cfg.get("socket_path", wire.socket_path_from_env())),
-                  job=str(cfg.get("job", "")), mode=mode,
-                  rcvbuf_bytes=as_int(cfg.get("rcvbuf_bytes", 1 << 20)),
-                  max_records_per_collect=as_int(cfg.get("max_records_per_collect", 100_000)),
-                  max_queued=as_int(cfg.get("max_queued", HOOK_QUEUE_MAX)),
-                  max_queued_bytes=as_int(cfg.get("max_queued_bytes", HOOK_QUEUE_MAX_BYTES)),
-                  include_warmup=bool(cfg.get("include_warmup", True)),
-                  job_user=user_id(cfg.get("job_user")),
-                  refuse_other_jobs=bool(cfg.get("refuse_other_jobs", False)),
-                  require_declared_job=bool(cfg.get("require_declared_job", False)))
-        if min(out.rcvbuf_bytes, out.max_records_per_collect, out.max_queued, out.max_queued_bytes) <= 0:
-            raise ValueError("hook: rcvbuf_bytes, max_records_per_collect, max_queued and max_queued_bytes "
-                             "must be > 0")
-        return out
 
 
 @dataclass
@@ -411,6 +364,10 @@ class HookCollector(RequestSender):
             if v is not None:
                 job.pid = v.pid
                 self._job(job, out)
+        elif kind == wire.KIND_MODEL:
+            model = wire.unpack_model(data)
+            if self._verify(sender, addr, model.rank, model.pid, "a model record") is not None:
+                self._model(model, out)
         elif kind == wire.KIND_DEVICE:
             dev = wire.unpack_device(data)
             v = self._verify(sender, addr, dev.rank, dev.pid, "a device record")
@@ -513,6 +470,13 @@ class HookCollector(RequestSender):
         self._framework = (name, m.version)
         self._send_job(out)
         self._c("framework_records")
+
+    def _model(self, m: wire.ModelMsg, out: Collected) -> None:
+        """The model a rank's hook counts FLOPs with: the job's spec (collectors.hook.model_record)."""
+        for problem in take_model(self._spec, m):
+            self.count_error("malformed:model_out_of_bounds", problem)
+        self._send_job(out)
+        self._c("model_records")
 
     def _job_device(self) -> Device | None:
         """CUDA if any rank computes on CUDA, CPU if every rank that said found no CUDA, else None."""

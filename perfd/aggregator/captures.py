@@ -35,6 +35,7 @@ from perfd.analytics.breakdown.capture_match import job_facts
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.analytics.steps.flops import flops_split
 from perfd.analytics.steps.liveness import ENDED, RUNNING
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
@@ -458,7 +459,9 @@ class CaptureCoordinator:
         got = self.state.records_and_layout(rec.job)
         steady = a.steady.iterations if a is not None else []
         framework = Framework.of(a.job.framework if a is not None else None)
-        fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops)
+        fl, timers = (contexts(a.summary.medians, a.peak, a.job.layout.pp, a.flops,
+                               flops_split(a.flops, a.job.model, a.job.framework_version,
+                                           a.job.framework or "megatron"))
                       if a is not None else (NO_FLOPS, NO_TIMERS))
         findings: list[Finding] = []
         recs: list[Recommendation] = []

@@ -179,6 +179,12 @@ SHORT_GAP_S = Threshold(
     0.001, "an idle gap between GPU activities shorter than 1 ms is the host issuing work (launch/dispatch "
     "overhead); a longer one is the host waiting (a sync, data)",
     "docs/design.md §2 Bottleneck class (a capture's timeline)")
+SYNC_REFILLED_LEAD_S = Threshold(
+    50e-6, "a synchronisation's knock-on (the host refilling the queue it drained, the device waiting on "
+    "each launch) is charged to it until a gap's next kernel was launched this long before the gap began: "
+    "the queue is full again (nanoGPT on an H200: the host 7 µs ahead once while refilling, then 90 µs and "
+    "more, 1-17 ms in its steady state)",
+    "docs/design.md §2 Bottleneck class (a capture's timeline)")
 SHORT_GAPS_DOMINATE = Threshold(0.5, "half the idle in short gaps: the host issues work slower than the GPU "
                                      "runs it (launch-bound), not a host wait",
                                 "docs/design.md §2 Bottleneck class (a capture's timeline)")

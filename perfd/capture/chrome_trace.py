@@ -129,7 +129,7 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
             if cat in _CALLS:
                 corr = _int(_arg(ev, "correlation"))
                 if corr is not None:
-                    data.launches.append(Launch(corr, tid, start, name))
+                    data.launches.append(Launch(corr, tid, start, name, end))
                 if name in SYNC_CALLS:
                     data.syncs.append(Launch(corr or 0, tid, end, name))
                 continue

@@ -222,7 +222,7 @@ def _runtime_calls(con: sqlite3.Connection, has_strings: bool) -> tuple[list[Lau
             continue
         call = str(n or "").split("_v")[0]  # nsys names versioned entry points: cudaLaunchKernel_v7000
         if corr is not None:
-            launches.append(Launch(int(corr), tid, float(s), call))
+            launches.append(Launch(int(corr), tid, float(s), call, float(e)))
         if call in SYNC_CALLS:
             syncs.append(Launch(int(corr or 0), tid, float(e), call))
     return launches, syncs

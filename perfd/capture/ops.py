@@ -63,6 +63,7 @@ class Launch:
     tid: int
     ns: float
     name: str = ""
+    end_ns: float | None = None  # when the call returned (None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,9 @@ class OpAttribution:
     backward: frozenset[int] = frozenset()
     # what each activity computes, where its ops say (perfd.capture.op_kinds): the pointwise part's makeup
     kinds: dict[int, PointwiseKind] = field(default_factory=dict)
+    # when each launch call returned on the host (correlation id -> ns): whether the host was ahead of
+    # the GPU at a gap (perfd.capture.sweep)
+    launch_end_ns: dict[int, float] = field(default_factory=dict)
 
 
 class _Tree:
@@ -490,7 +494,8 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
                          {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
-                         {corr: k for corr, i in where.items() if (k := kinds[i]) is not None})
+                         {corr: k for corr, i in where.items() if (k := kinds[i]) is not None},
+                         {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None})
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.

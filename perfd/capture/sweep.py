@@ -10,10 +10,15 @@ breakdown from them).
 - **Idle by cause** (:class:`IdleCause`), each gap charged to what precedes it: the data wait (the
   host inside a data-loader range during the gap), a host synchronisation that returned inside the
   gap (the GPU drained, the host woke and launched again; its owner is the op that made it:
-  ``aten::item``, ``c10d::barrier``, none for a bare ``torch.cuda.synchronize()``), else a launch gap
-  (shorter than th.SHORT_GAP_S: the host issuing work slower than the GPU runs it) or the host
-  elsewhere (longer: Python between steps). Each gap has the phase of the work it precedes: the
-  optimizer phase (perfd.capture.ops' step tails) or forward-backward.
+  ``aten::item``, ``c10d::barrier``, none for a bare ``torch.cuda.synchronize()``); else, for a gap
+  shorter than th.SHORT_GAP_S, by where the host was: the GPU's own switch between kernels where the
+  next kernel's launch call returned before the gap began (the host ahead), the host refilling the
+  queue a sync drained where it returned after and a sync's gap came before with the host ahead of it
+  until then (the sync's knock-on, charged to its owner; until the host is th.SYNC_REFILLED_LEAD_S ahead
+  again), else a launch gap (the host issuing work slower than the GPU runs it); a longer gap is the
+  host elsewhere (Python between steps). A capture without the launch calls' ends charges short gaps
+  to launches, as before. Each gap has the phase of the work it precedes: the optimizer phase
+  (perfd.capture.ops' step tails) or forward-backward.
 - **Steps**: each step mark (``Optimizer.step#``) starts a step on the GPU where the first activity
   launched after it starts; the complete steps are those between the first and the last mark. The
   window's edges hold what is left of the steps it cut (Kineto's iteration-aligned window stops after
@@ -44,12 +49,16 @@ SYNC_SLACK_NS = 2_000.0
 # A gap is the data wait when the host spent at least half of it inside the data loader (a loader that
 # hands a ready batch over in 0.2 ms inside a 3 ms gap after a timer's sync did not cause the gap).
 DATA_SHARE_OF_GAP = 0.5
+# The host has refilled the queue a synchronisation drained once it is this far ahead of the GPU.
+REFILLED_LEAD_NS = th.SYNC_REFILLED_LEAD_S.value * 1e9
 # A launch gap this short is the launch itself (the runtime's latency between back-to-back kernels); a
 # longer one is the host's Python between the launches.
 LAUNCH_LATENCY_NS = 5_000.0
 IDLE_PART: dict[IdleCause, Part] = {
     IdleCause.SYNC: Part.IDLE_SYNC,
+    IdleCause.REFILL: Part.IDLE_SYNC,  # the sync's knock-on: charged to it
     IdleCause.LAUNCH: Part.IDLE_SHORT,
+    IdleCause.SWITCH: Part.IDLE_SWITCH,
     IdleCause.HOST: Part.IDLE_LONG,
     IdleCause.DATA: Part.DATA,
 }
@@ -175,7 +184,8 @@ def _gpu_cuts(acts: Sequence[_Activity], host: HostSide) -> list[float]:
 
 
 class _Classifier:
-    """The cause, phase and owner of an idle gap."""
+    """The cause, phase and owner of an idle gap; called once per gap, in time order (it remembers how
+    far ahead the host was, and which sync's drained queue it is refilling)."""
 
     def __init__(self, host: HostSide) -> None:
         order = sorted(range(len(host.syncs)), key=lambda i: host.syncs[i].ns)
@@ -187,6 +197,12 @@ class _Classifier:
         self.tails = sorted(ops.tails) if ops is not None else []
         self.tail_starts = [t[0] for t in self.tails]
         self.launch_ns = ops.launch_ns if ops is not None else {}
+        self.launch_end = ops.launch_end_ns if ops is not None else {}
+        # how far ahead of the GPU the host was at the last gap whose next launch is known (ns: the gap's
+        # start less the launch call's return; negative: behind), and the owner of the sync whose
+        # drained queue the host is refilling (None: none)
+        self.lead: float | None = None
+        self.refill: str | None = None
 
     @staticmethod
     def _owner(host: HostSide, i: int) -> str:
@@ -214,12 +230,28 @@ class _Classifier:
             if j >= 0
             else 0.0
         )
+        end = self.launch_end.get(next_corr) if next_corr is not None else None
+        lead = a - end if end is not None else None
+        before, self.lead = self.lead, lead if lead is not None else self.lead
         if inside >= DATA_SHARE_OF_GAP * (b - a):
+            self.refill = None
             return IdleCause.DATA, phase, ""
         hi = bisect.bisect_right(self.sync_ns, b)
         if hi > 0 and self.sync_ns[hi - 1] >= a - SYNC_SLACK_NS:
-            return IdleCause.SYNC, phase, self.sync_owner[hi - 1]
-        return (IdleCause.LAUNCH if b - a < SHORT_GAP_NS else IdleCause.HOST), phase, ""
+            owner = self.sync_owner[hi - 1]
+            # a knock-on only where the host was ahead before the sync: one behind anyway stays behind
+            self.refill = owner if before is not None and before >= REFILLED_LEAD_NS else None
+            return IdleCause.SYNC, phase, owner
+        short = b - a < SHORT_GAP_NS
+        if lead is not None and lead >= 0:  # launched before the GPU went idle: the host was ahead
+            if lead >= REFILLED_LEAD_NS:
+                self.refill = None  # the queue the sync drained is full again
+            return (IdleCause.SWITCH if short else IdleCause.HOST), phase, ""
+        if self.refill is not None and lead is not None and short:
+            return IdleCause.REFILL, phase, self.refill
+        if not short:
+            self.refill = None  # the host elsewhere: what follows is not the sync's
+        return (IdleCause.LAUNCH if short else IdleCause.HOST), phase, ""
 
 
 def sweep(

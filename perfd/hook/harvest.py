@@ -320,6 +320,9 @@ class Harvester(HookState):
                                                                    self.device_uuid))
                 if self.trainer is not None:  # after the steps too: see wire.KIND_FRAMEWORK
                     self._batch += wire.pack_framework(wire.FrameworkMsg(self._rank, self.pid, *self.trainer))
+                tf = self._token_flops
+                if tf is not None:  # after the steps too: see wire.KIND_MODEL
+                    self._batch += wire.pack_model(wire.model_msg(self._rank, self.pid, tf.spec))
             if not self.sender.send(bytes(self._batch), self._batch_n, keep=True) and with_job:
                 self._job_due_ns = 0  # not delivered (or held): it goes with the next datagram too
             self._batch.clear()

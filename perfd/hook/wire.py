@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from perfd.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
-from perfd.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK
+from perfd.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK, ModelSpec
 
 VERSION = 1
 SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
@@ -47,6 +47,11 @@ KIND_TRACE_WRITTEN = 7
 # with the job record, after the step records beside KIND_DEVICE (an agent older than it stops there,
 # counted, and keeps every step before it); a plain StepHook sends none: its job is "pytorch".
 KIND_FRAMEWORK = 8
+# Hook -> agent: the model the hook counts each step's FLOPs with (StepHook(model=...), read by
+# perfd.analytics.steps.flops.read_spec), so that the analysis divides the stated count into the GEMMs'
+# and core attention's by the same formula. Sent with the job record, after the step records of a
+# datagram (an agent older than it stops there, as at KIND_DEVICE).
+KIND_MODEL = 9
 KIND_PROFILE_REQUEST = 16
 KIND_PROFILE_CANCEL = 17
 # Agent -> hook: open a Kineto trace in the process (torch.profiler) for the steps asked
@@ -73,6 +78,17 @@ STEP = struct.Struct("<BBHiIqqqqqqqqIIIdd")
 STEP2 = struct.Struct("<BBHiIqqqqqqqqIIIddqq")
 # version, kind, hook flags (JOB_FLAG_*), rank, pid, world, tp, pp, dp, cp, ep, dtype (ASCII, NUL-padded)
 JOB = struct.Struct("<BBHiIiiiiii8s")
+# version, kind, flags (MODEL_FLAG_*), rank, pid, then MODEL_FIELDS (int32 each, -1: absent) and the
+# parameter count (int64, -1: absent)
+MODEL = struct.Struct("<BBHiI15iq")
+MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "kv_channels",
+                "num_query_groups", "seq_length", "padded_vocab_size", "vocab_size", "num_experts",
+                "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_ffn_hidden_size",
+                "moe_layer_freq", "mtp_num_layers")
+MODEL_FLAG_SWIGLU = 1 << 0
+MODEL_FLAG_UNTIED = 1 << 1
+MODEL_FLAG_MLA = 1 << 2
+_I32 = (1 << 31) - 1
 # version, kind, reserved, rank, pid, CUDA device index (as the process numbers it), UUID (ASCII,
 # NUL-padded: "GPU-..." or "MIG-..." as NVML spells it)
 DEVICE = struct.Struct("<BBHiIi48s")
@@ -259,6 +275,44 @@ def unpack_framework(data: bytes) -> FrameworkMsg:
 
 
 @dataclass
+class ModelMsg:
+    """The model a rank's hook counts FLOPs with: the spec's sizes (None: not stated, or a value the
+    record cannot hold: an MoE layer pattern given as a list, a size past int32) and its flags."""
+
+    rank: int
+    pid: int
+    sizes: dict[str, int | None]  # MODEL_FIELDS -> value
+    parameter_count: int | None = None
+    swiglu: bool = False
+    untie_embeddings: bool = False
+    multi_latent_attention: bool = False
+
+
+def model_msg(rank: int, pid: int, spec: ModelSpec) -> ModelMsg:
+    sizes = {}
+    for name in MODEL_FIELDS:
+        v = getattr(spec, name)
+        sizes[name] = v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _I32 else None
+    n = spec.parameter_count
+    return ModelMsg(rank, pid, sizes, n if isinstance(n, int) and 0 <= n < 1 << 63 else None, spec.swiglu,
+                    spec.untie_embeddings, spec.multi_latent_attention)
+
+
+def pack_model(m: ModelMsg) -> bytes:
+    flags = ((MODEL_FLAG_SWIGLU if m.swiglu else 0) | (MODEL_FLAG_UNTIED if m.untie_embeddings else 0)
+             | (MODEL_FLAG_MLA if m.multi_latent_attention else 0))
+    return MODEL.pack(VERSION, KIND_MODEL, flags, m.rank, m.pid & _U32,
+                      *(_i(m.sizes.get(k)) for k in MODEL_FIELDS), _i(m.parameter_count))
+
+
+def unpack_model(data: bytes) -> ModelMsg:
+    _, _, flags, rank, pid, *values = MODEL.unpack(data)
+    return ModelMsg(rank, pid, {k: _o(v) for k, v in zip(MODEL_FIELDS, values[:-1], strict=True)},
+                    _o(values[-1]), bool(flags & MODEL_FLAG_SWIGLU), bool(flags & MODEL_FLAG_UNTIED),
+                    bool(flags & MODEL_FLAG_MLA))
+
+
+@dataclass
 class DeviceMsg:
     """The CUDA device a rank's process computes on: its index as the process numbers it (after
     CUDA_VISIBLE_DEVICES) and its UUID, which names the same GPU in NVML on the node."""
@@ -417,7 +471,8 @@ def kind_of(data: bytes) -> int | None:
 EXPECTED_SIZE = {KIND_STEP: STEP.size, KIND_STEP2: STEP2.size, KIND_JOB: JOB.size,
                  KIND_PROFILE_STATUS: PROFILE_STATUS.size, KIND_PROFILE_REQUEST: PROFILE_REQUEST.size,
                  KIND_PROFILE_CANCEL: PROFILE_REQUEST.size, KIND_PHASE: PHASE.size, KIND_DEVICE: DEVICE.size,
-                 KIND_TRACE_REQUEST: TRACE_REQUEST.size, KIND_FRAMEWORK: FRAMEWORK.size}
+                 KIND_TRACE_REQUEST: TRACE_REQUEST.size, KIND_FRAMEWORK: FRAMEWORK.size,
+                 KIND_MODEL: MODEL.size}
 
 
 def _record_size(data: bytes, off: int, kind: int) -> int | None:

@@ -18,6 +18,7 @@ from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, StepBudget
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Finding
+from perfd.analytics.steps.flops import FlopsBasis
 from perfd.report.job_facts_text import (
     already_words,
     grad_accum_holds,
@@ -130,12 +131,23 @@ def ncu_text(p: BudgetPart) -> str:
 
 
 def sync_text(b: StepBudget) -> str:
-    """Whose synchronisations the GPU waits after, largest first ("after torch.cuda.synchronize() in the
-    forward-backward phase 16 ms (14 a step), ...")."""
+    """Whose synchronisations the GPU waits after, largest first, with the refill after each owner's
+    ("after torch.cuda.synchronize() in the forward-backward phase 16 ms (14 a step), ...; then 0.6 ms
+    while the host refilled the queue")."""
     rows = sorted((r for r in b.idle if r.cause is IdleCause.SYNC), key=lambda r: -r.ms)
-    return "by whose sync: " + "; ".join(f"{r.owner or 'a sync'} in the {r.phase.value} phase {r.ms:.1f} ms "
-                                         f"({r.gaps:.0f} a step)" for r in rows[:5] if r.ms >= 0.05)
-
+    refill: dict[str, float] = {}
+    for r in b.idle:
+        if r.cause is IdleCause.REFILL:
+            refill[r.owner] = refill.get(r.owner, 0.0) + r.ms
+    out = []
+    for r in rows[:5]:
+        if r.ms < 0.05:
+            continue
+        after = refill.pop(r.owner, 0.0)
+        out.append(f"{r.owner or 'a sync'} in the {r.phase.value} phase {r.ms:.1f} ms ({r.gaps:.0f} a step)"
+                   + (f" and {after:.1f} ms after it while the host refilled the queue" if after >= 0.05
+                      else ""))
+    return "by whose sync: " + "; ".join(out)
 
 
 def waterfall_text(b: StepBudget) -> str:
@@ -178,14 +190,30 @@ def _part_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
             + (f" (by op, per step: {ops})" if ops else "") + extra + ".")
 
 
+# Which FLOPs a math part's TFLOP/s divides by its time (perfd.analytics.steps.flops.FlopsBasis).
+FLOPS_BASIS = {
+    FlopsBasis.GEMMS: "their own FLOPs (the formula's GEMM terms: QKV, the attention projection, the MLP "
+                      "and the LM head, 6 per weight per token; core attention's QKᵀ and ·V are "
+                      "attention's)",
+    FlopsBasis.SIX_N: "the model's 6·N·tokens FLOPs (a count with no attention term)",
+    FlopsBasis.WHOLE_MODEL: "the whole model's FLOPs (attention's matmuls among them)",
+}
+
+
+def flops_basis_text(p: BudgetPart) -> str:
+    """Which FLOPs the part's TFLOP/s is of ("their FLOPs" for a budget kept before it was said)."""
+    basis = p.detail.get("flops_basis")
+    return FLOPS_BASIS[FlopsBasis(basis)] if basis in FlopsBasis.__members__.values() else "their FLOPs"
+
+
 def _gemm_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
     """The GEMMs' finding: fine, or far below the ceiling."""
     achieved, of = float(p.detail["achieved_tflops"]), float(p.detail.get("of_ceiling") or 0.0)
     good = of >= th.GEMM_EFFICIENT.value
     what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
     return (f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
-            f"The {what} take {p.ms:.0f} ms per step and run their FLOPs at {achieved:.0f} TFLOP/s: "
-            f"{of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
+            f"The {what} take {p.ms:.0f} ms per step and run {flops_basis_text(p)} at {achieved:.0f} "
+            f"TFLOP/s: {of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
             + (" — efficient: the time to win is outside them." if good
                else " — small or odd-shaped matrices.")
             + (f" {ncu_text(p)}." if ncu_text(p) else ""))
@@ -205,14 +233,18 @@ def _capture_cost_words(b: StepBudget, run: int | None) -> tuple[str, str]:
     share = over / steady if steady > 0 else 0.0
     how = STEPS_FROM.get(b.steps_from, "")
     who = f"Run {run}'s capture" if run else "The capture"  # like with like: one run's steps
+    u = b.unprofiled
     return (f"{who} slowed its steps by {share:+.0%}",
-            f"The captured steps averaged {b.step_ms:.0f} ms against the steady {steady:.0f} ms "
+            f"The captured steps averaged {b.captured_step_ms:.0f} ms against the steady {steady:.0f} ms "
             f"({over:+.0f} ms)"
             + (f" of the same run (run {run}, the job's last without ncu)" if run else "")
             + ": the profiler's own cost, which lands in the idle parts (the host runs slower; the kernels "
             "do not)"
             + (f"; steps counted from {how}" if how else "")
-            + (". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
+            + (f". The budget's host-side idle ({u.host_idle_ms:.0f} ms as captured) is scaled by "
+               f"{u.factor:.2f} to the steady step before any gain is read from its gaps; the GPU's time is "
+               "as captured." if u is not None
+               else ". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
 
 
 def class_shares_text(c: BudgetClass) -> str:

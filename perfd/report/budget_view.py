@@ -25,7 +25,7 @@ PART_COLOR: dict[Part, str] = {
     Part.ACTIVATION: "#f4a259", Part.NORM: "#c9a227", Part.LOSS: GREEN, Part.EMBEDDING: "#7fc9b3",
     Part.OPTIMIZER: YELLOW, Part.GRAD_REDUCE: "#a6761d", Part.POINTWISE: ORANGE, Part.MEMCPY: "#b07aa1",
     Part.COMM_EXPOSED: PURPLE, Part.PIPELINE: "#8c6bb1", Part.DATA: SKY, Part.IDLE_SHORT: GREY,
-    Part.IDLE_LONG: "#666666",
+    Part.IDLE_SWITCH: "#bbbbbb", Part.IDLE_LONG: "#666666",
 }
 BAR_CHARS = 30
 
@@ -60,12 +60,26 @@ def heading(budget: StepBudget) -> str:
         how = _STEPS_FROM.get(budget.steps_from, "")
         bits.append(f"{its:g} step{'s' if its != 1 else ''}" + (f" ({how})" if how else ""))
     over = budget.capture_overhead_ms
-    bits.append(f"{step:.0f} ms per step" + (
-        f" (steady {steady:.0f} ms: the capture added {over:+.0f} ms)" if over is not None
-        and steady is not None and abs(over) > 0.5 else ""))
+    if budget.unprofiled is not None:
+        bits.append(unprofiled_text(budget))
+    else:
+        bits.append(f"{step:.0f} ms per step" + (
+            f" (steady {steady:.0f} ms: the capture added {over:+.0f} ms)" if over is not None
+            and steady is not None and abs(over) > 0.5 else ""))
     if budget.attribution and "timers" not in budget.basis:
         bits.append(f"divided by {budget.attribution}")
     return "; ".join(b for b in bits if b)
+
+
+def unprofiled_text(budget: StepBudget) -> str:
+    """How a budget read from steps the profiler slowed was brought back to the job's unprofiled step."""
+    u = budget.unprofiled
+    if u is None:
+        return ""
+    return (f"{budget.step_ms:.0f} ms per step: the captured {u.captured_ms:.0f} ms step (the profiler added "
+            f"{u.captured_ms - u.steady_ms:+.0f} ms) brought back to the job's steady {u.steady_ms:.0f} ms, "
+            f"its host-side idle (the gaps after syncs, the launch gaps, the host elsewhere, the data wait: "
+            f"{u.host_idle_ms:.0f} ms) × {u.factor:.2f}, the GPU's time as captured")
 
 
 def window_cut_text(budget: StepBudget) -> str:

@@ -20,6 +20,7 @@ from perfd.analytics.run.run_grade import (
     MfuFinding,
     MfuSaid,
 )
+from perfd.analytics.steps.flops import MfuConvention
 from perfd.report.bottleneck_text import too_few, untimed_text
 from perfd.report.budget_text import class_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
@@ -107,6 +108,34 @@ def _absent(f: MfuFacts) -> str:
     return "no iterations" if f.said is MfuSaid.NO_ITERATIONS else "unknown"
 
 
+# How the model FLOPs an MFU divides were counted (perfd.analytics.steps.flops.MfuConvention).
+_CAUSAL_HALF = ("6 per weight per token for every GEMM, the LM head's among them, plus core attention's "
+                "QKᵀ and ·V with the causal mask counted at half")
+MFU_CONVENTION_TEXT = {
+    MfuConvention.CAUSAL_HALF: f"Model FLOPs by perfd's formula, Megatron-Core's since 0.12: {_CAUSAL_HALF}",
+    MfuConvention.HOOK_CAUSAL_HALF: "Model FLOPs as the step hook counted them from its model=, by perfd's "
+                                    f"formula, Megatron-Core's since 0.12: {_CAUSAL_HALF}",
+    MfuConvention.ATTENTION_WHOLE: "Model FLOPs by perfd's formula with attention whole, as Megatron-Core "
+                                   "up to 0.11 and torchtitan count: 6 per weight per token plus core "
+                                   "attention's QKᵀ and ·V over the whole sequence",
+    MfuConvention.SIX_N: "Model FLOPs 6·N·tokens, with no attention term",
+    MfuConvention.STATED: "Model FLOPs as the training script states them (flops_per_step), by its own "
+                          "convention",
+    MfuConvention.LOGGED: "Model FLOPs per second as the framework logs them",
+}
+
+
+def convention_text(f: MfuFacts) -> str:
+    """How the MFU's FLOPs were counted, and the framework's own figure beside it where its log states
+    one ("" where neither is known)."""
+    bits = [MFU_CONVENTION_TEXT[f.convention]] if f.convention is not None else []
+    if f.logged_tflops is not None and f.convention is not MfuConvention.LOGGED:
+        own = f" ({f.logged_tflops / f.peak_tflops:.1%} of the same peak)" if f.peak_tflops else ""
+        bits.append(f"the log's own throughput {f.logged_tflops:.1f} TFLOP/s per GPU{own}")
+    text = "; ".join(bits)
+    return text[:1].upper() + text[1:]
+
+
 def mfu_words(f: MfuFacts) -> tuple[str, str]:
     """The MFU finding's title and observation."""
     if f.said is MfuSaid.TOO_FEW_STEPS:
@@ -118,9 +147,11 @@ def mfu_words(f: MfuFacts) -> tuple[str, str]:
         ceiling = (f"; {_pct(f.of_ceiling)} of the measured {f.ceiling_tflops:g} TFLOP/s matmul ceiling"
                    if f.ceiling_tflops else "")
         # The title is a headline too: the band's label, never its usual cause as this job's (LABEL).
+        how = convention_text(f)
         return (f"MFU {_pct(f.mfu)}: {grade_label(e.grade)}",
                 f"Median MFU {_pct(f.mfu)} = {f.tflops:.1f} TFLOP/s per GPU of {f.peak_tflops:g} peak "
-                f"({f.gpu_model} {f.dtype}){ceiling}. {explanation_text(e)}.")
+                f"({f.gpu_model} {f.dtype}){ceiling}." + (f" {how}." if how else "")
+                + f" {explanation_text(e)}.")
     return "MFU not available", f"MFU {_absent(f)}"
 
 

@@ -10,9 +10,18 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem, PlanStage, Presence, Relation
+from perfd.analytics.advice.plan import (
+    PACKAGE_NAMES,
+    Plan,
+    PlanItem,
+    PlanStage,
+    Presence,
+    Relation,
+    Unmodelled,
+)
 from perfd.analytics.advice.remedies import Effort
 from perfd.analytics.finding_types import Recommendation
+from perfd.report.remedy_text import NO_GAIN_TEXT
 
 PlanIn = Plan | Mapping[str, Any] | None
 
@@ -40,7 +49,7 @@ def stage_title(s: PlanStage, n: int, plan: Plan) -> str:
     if s.gain_ms[1] <= 0.5:
         return f"{n}. {what}: nothing more once the stages before are in"
     after = (
-        f" (the captured {step:.0f} ms step → ~{step - s.total_ms[1]:.0f}–{step - s.total_ms[0]:.0f} ms)"
+        f" (the {step:.0f} ms step → ~{step - s.total_ms[1]:.0f}–{step - s.total_ms[0]:.0f} ms)"
         if s.total_ms[0] > 0
         else ""
     )
@@ -100,9 +109,17 @@ def rec_ids(recs: Sequence[Recommendation] | Sequence[Mapping[str, Any]]) -> dic
     return out
 
 
+UNMODELLED_HEAD = "Not modelled (they fit the job, but no gain is read for them: not ordered, not added up):"
+
+
+def unmodelled_text(u: Unmodelled, ids: Mapping[str, str]) -> str:
+    head = ids.get(u.remedy)
+    return (f"{head} " if head else "") + f"{u.action} — {NO_GAIN_TEXT[u.why]}"
+
+
 def text_lines(plan_in: PlanIn, ids: Mapping[str, str]) -> list[str]:
     plan = typed(plan_in)
-    if plan is None or not plan.items:
+    if plan is None or not (plan.items or plan.unmodelled):
         return []
     out = []
     for n, s in enumerate(plan.stages, start=1):
@@ -112,6 +129,9 @@ def text_lines(plan_in: PlanIn, ids: Mapping[str, str]) -> list[str]:
     if rest:
         out.append("  Not in the set (the range reaches below zero: measure before keeping it):")
         out += [f"     {item_text(i, ids)}" for i in rest]
+    if plan.unmodelled:
+        out.append(f"  {UNMODELLED_HEAD}")
+        out += [f"     {unmodelled_text(u, ids)}" for u in plan.unmodelled]
     return out
 
 
@@ -135,7 +155,7 @@ def compact(plan_in: PlanIn) -> str:
 
 def html_section(plan_in: PlanIn, ids: Mapping[str, str]) -> str:
     plan = typed(plan_in)
-    if plan is None or not plan.items:
+    if plan is None or not (plan.items or plan.unmodelled):
         return ""
     rows = []
     for n, s in enumerate(plan.stages, start=1):
@@ -147,6 +167,11 @@ def html_section(plan_in: PlanIn, ids: Mapping[str, str]) -> str:
             '<tr class="stage"><td colspan="3"><b>Not in the set (measure before keeping it)</b></td></tr>'
         )
         rows += [_row(i, ids) for i in rest]
+    if plan.unmodelled:
+        rows.append(f'<tr class="stage"><td colspan="3"><b>{escape(UNMODELLED_HEAD)}</b></td></tr>')
+        rows += [f"<tr><td>{escape((ids.get(u.remedy, '') + ' ' + u.action).strip())}</td>"
+                 f"<td>{escape(u.effort.value)}</td><td>{escape(NO_GAIN_TEXT[u.why])}</td></tr>"
+                 for u in plan.unmodelled]
     return (
         '<h2 id="plan">Plan</h2><p class="meta">Apply stage by stage, re-capturing after each; a '
         "stage's gain counts once what its remedies share with each other and with the stages "

@@ -16,9 +16,10 @@ from perfd.analytics.advice.budget_findings import (
     RemedyFacts,
     RemedyRecommendation,
     SmallerRemedies,
+    UnmodelledRemedies,
 )
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
-from perfd.analytics.advice.remedies import Advice, Effort, Framework
+from perfd.analytics.advice.remedies import Advice, Effort, Framework, NoGain
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
@@ -152,8 +153,9 @@ TEMPLATE: dict[Say, str] = {
     Say.BIGGER_GEMMS_TORCHTITAN: "Bigger GEMMs: a larger {0} (the same {1}: fewer gradient-accumulation "
                                  "steps), dimensions multiples of 128",
     # Host synchronisations and Megatron-LM's timers.
-    Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.0f} ms after them while the "
-                    "host launches again; without them the host runs ahead (× {3:g}–{4:g})",
+    Say.SYNC_BASIS: "{0:.0f} synchronisations a step ({1}), the GPU idle {2:.1f} ms while the host waits "
+                    "for them and {3:.1f} ms after, while it refills the queue they drained; without them "
+                    "the host runs ahead (× {4:g}–{5:g})",
     Say.REMOVE_SYNCS: "Remove host synchronisations from the step: .item(), .cpu(), "
                       "torch.cuda.synchronize(), printing tensors; log every N steps",
     Say.REMOVE_SYNCS_HF: "Remove host synchronisations from the step: {0} (the Trainer tests every "
@@ -188,9 +190,10 @@ TEMPLATE: dict[Say, str] = {
     Say.WITH_BUBBLE: "{0}; with {1} pipeline stages the bubble grows from {2:.0%} to {3:.0%} ({4} → {5} "
                      "micro-batches)",
     Say.MICRO_BATCH_BASIS: "{0} → {1} micro-batches a step: of the per-micro-batch gaps, the timers' "
-                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward launch gaps' {5:.0f} "
-                           "ms mostly go (× {6:g}–{7:g}: the host launches half as many kernels for the "
-                           "same work); the optimizer phase's {8:.0f} ms of gaps are per step and stay",
+                           "{2:.0f} ms halve (× {3:g}–{4:g}) and the forward-backward gaps between "
+                           "kernels' {5:.0f} ms (the host's launches, the GPU's own switches, the refills "
+                           "after syncs) mostly go (× {6:g}–{7:g}: half as many kernels for the same work); "
+                           "the optimizer phase's {8:.0f} ms of gaps are per step and stay",
     Say.MICRO_BATCH_REPLAYED: "with {0} micro-batches of {1} for {2} of {3} (each kernel of the "
                               "forward-backward phase {4:g}–{5:g}× as long, the gradient accumulation's the "
                               "same)",
@@ -252,7 +255,8 @@ TEMPLATE: dict[Say, str] = {
                          "pass: × {2:g}–{3:g} of it saved){4}{5}",
     Say.OPT_SCALE: ", per-tensor scale and copy kernels {0:.0f} ms (clipping, the master weights; × "
                    "{1:g}–{2:g})",
-    Say.OPT_LAUNCH: ", launch gaps {0:.0f} ms (× {1:g}–{2:g})",
+    Say.OPT_LAUNCH: ", gaps between its kernels {0:.0f} ms (the host's launches and the GPU's own "
+                    "switches; × {1:g}–{2:g})",
     Say.FUSED_OPTIMIZER_INSTALL: f"A fused optimizer: {_TE_OR_APEX} (without them Megatron-LM falls back to "
                                  "{0} and a per-tensor multi_tensor_scale)",
     Say.FUSED_OPTIMIZER_TORCHTITAN: "A fused optimizer: --optimizer.implementation fused",
@@ -320,6 +324,15 @@ def text(s: Said | None) -> str:
     return TEMPLATE[s.code].format(*(_arg(s.code, a) for a in s.args))
 
 
+# Why a remedy that fits the job has no modelled gain (perfd.analytics.advice.remedies.NoGain).
+NO_GAIN_TEXT = {
+    NoGain.ATTENTION_FLOPS: "the model's attention FLOPs are unknown, so what the fused kernel would cost "
+                            "is not read; the model's spec gives them: the framework's log, the step hook's "
+                            "model=",
+    NoGain.NOT_MODELLED: "its gain is not modelled",
+}
+
+
 # --- a remedy as the report shows it ----------------------------------------------------------------
 EFFORT_TEXT = {Effort.FLAG: "a flag (minutes)", Effort.INSTALL: "an install", Effort.CODE: "a code change"}
 
@@ -385,11 +398,27 @@ def _smaller(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
     return title, said, evidence
 
 
+def _unmodelled(f: RemedyFacts) -> tuple[str, str, dict[str, object]]:
+    got = f.advice
+    title = (f"{len(got)} remed{'ies' if len(got) > 1 else 'y'} with no modelled gain (not ordered with the "
+             "others)")
+    said = "; ".join(f"{text(a.action)} (not modelled: {NO_GAIN_TEXT[a.no_gain or NoGain.NOT_MODELLED]})"
+                     for a in got) + "."
+    evidence: dict[str, object] = {"remedies": [
+        {"remedy": a.remedy.value, "action": text(a.action), "gain_ms": None,
+         "why": (a.no_gain or NoGain.NOT_MODELLED).value} for a in got]}
+    return title, said, evidence
+
+
 def worded_remedies(f: Finding) -> Finding:
-    """The advice package's findings as shown: the smaller remedies' with its title, observation and
-    evidence, the step budget's with theirs (perfd.report.budget_text); any other as it is."""
+    """The advice package's findings as shown: the smaller remedies' and the unmodelled ones' with their
+    title, observation and evidence, the step budget's with theirs (perfd.report.budget_text); any other
+    as it is."""
     if isinstance(f, BudgetFinding):
         return worded_budget(f)
+    if isinstance(f, UnmodelledRemedies) and f.facts is not None:
+        title, observation, evidence = _unmodelled(f.facts)
+        return dataclasses.replace(f, title=title, observation=observation, evidence=evidence, facts=None)
     if not isinstance(f, SmallerRemedies) or f.facts is None:
         return f
     title, observation, evidence = _smaller(f.facts)
@@ -416,4 +445,6 @@ def worded_plan(plan: Plan | None) -> Plan | None:
     has its words already)."""
     if plan is None:
         return None
-    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items))
+    unmodelled = tuple(u if u.said is None else dataclasses.replace(u, action=text(u.said), said=None)
+                       for u in plan.unmodelled)
+    return dataclasses.replace(plan, items=tuple(_worded_item(i) for i in plan.items), unmodelled=unmodelled)

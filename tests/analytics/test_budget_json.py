@@ -28,7 +28,7 @@ FL = FlopsContext(flops_per_gpu_step=4e15, peak_tflops=989.0, ceiling_tflops=700
 
 def test_math_and_attention_details_keep_their_keys_and_order_through_json() -> None:
     math, att = math_detail(Part.LINEAR, 900.0, FL), attention_detail(400.0, FL, fused=False)
-    assert list(math) == ["flops", "achieved_tflops", "of_ceiling", "at_ceiling_ms"]
+    assert list(math) == ["flops", "achieved_tflops", "of_ceiling", "at_ceiling_ms", "flops_basis"]
     assert list(att) == ["fused", "flops", "executed_flops", "at_ceiling_ms", "achieved_tflops"]
     b = StepBudget(1300.0, (BudgetPart(Part.LINEAR, 900.0, 0.7, Source.CAPTURE, math),
                             BudgetPart(Part.ATTENTION, 400.0, 0.3, Source.CAPTURE, att)), (Source.CAPTURE,))

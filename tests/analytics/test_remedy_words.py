@@ -12,7 +12,7 @@ import string
 import typing
 from pathlib import Path
 
-from perfd.analytics.advice.budget_findings import RemedyRecommendation
+from perfd.analytics.advice.budget_findings import RemedyRecommendation, SmallerRemedies, UnmodelledRemedies
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.plan import PlanItem
 from perfd.analytics.advice.remedies import Advice, Framework, Gain, JobConfig
@@ -87,9 +87,14 @@ def test_the_remedies_say_each_code_with_its_arity() -> None:
             args = {"timing_log_level": "2", "masked_softmax_fusion": "False"}
             for cfg in (None, JobConfig(fw, dp=4, pp=2, micro_batch=2, global_batch=32, arguments=args)):
                 d = diagnose_capture([dev], iterations=3, framework=fw, config=cfg)
+                fitted = []
                 for r in d.recommendations:
                     assert isinstance(r, RemedyRecommendation) and r.facts is not None
-                    a = r.facts.advice[0]
+                    fitted.append(r.facts.advice[0])
+                # the remedies named in a finding of their own (the smaller ones, those with no gain)
+                fitted += [a for f in d.findings if isinstance(f, (SmallerRemedies, UnmodelledRemedies))
+                           and f.facts is not None for a in f.facts.advice]
+                for a in fitted:
                     for top in (a.action, a.cost, *a.notes, a.gain.basis if a.gain else None):
                         for s in _said_in(top) if top is not None else []:
                             assert len(s.args) == s.code.arity, s

@@ -3,6 +3,7 @@ a framework log's JobInfo without losing either."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -118,3 +119,53 @@ def test_the_collector_takes_a_known_trainer_and_counts_anything_else(tmp_path: 
     data = wire.pack_framework(wire.FrameworkMsg(3, 7, wire.FRAMEWORK_HF_TRAINER, "5" * 40))
     assert len(data) == wire.FRAMEWORK.size and wire.kind_of(data) == wire.KIND_FRAMEWORK
     assert wire.unpack_framework(data).version == "5" * wire.FRAMEWORK_VERSION_BYTES  # a longer one cut
+
+
+def test_model_record_round_trip_and_bounds() -> None:
+    """The model the hook counts with goes whole (a size the record cannot hold goes absent), after the
+    step records of its datagram; the collector takes what perfd.bounds admits into the job's spec."""
+    from collectors.hook.model_record import take_model
+    from perfd.analytics.steps.flops import read_spec
+
+    spec = read_spec({"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
+                      "vocab_size": 50304}).spec
+    m = wire.model_msg(2, 77, dataclasses.replace(spec, moe_layer_freq=[1, 0], parameter_count=124_000_000))
+    data = wire.pack_model(m)
+    assert len(data) == wire.MODEL.size and wire.kind_of(data) == wire.KIND_MODEL
+    back = wire.unpack_model(data)
+    assert back == m and back.sizes["moe_layer_freq"] is None  # a list: not in the record
+    records, problem = wire.split_records(wire.pack_step(wire.StepMsg(2, 77, 1, 0, 5)) + data)
+    assert problem is None and [k for k, _ in records] == [wire.KIND_STEP2, wire.KIND_MODEL]
+    got = ModelSpec(dtype="bf16")
+    assert take_model(got, back) == []
+    assert (got.num_layers, got.ffn_hidden_size, got.kv_channels, got.padded_vocab_size, got.seq_length,
+            got.parameter_count, got.dtype) == (12, 3072, 64, 50304, 1024, 124_000_000, "bf16")
+    bad = wire.unpack_model(wire.pack_model(wire.ModelMsg(0, 1, {"num_layers": 20_000, "hidden_size": 64})))
+    held = ModelSpec()
+    assert take_model(held, bad) == ["num_layers=20000"] and (held.num_layers, held.hidden_size) == (None, 64)
+
+
+def test_collector_takes_the_hooks_model_into_the_job_spec(tmp_path: Path) -> None:
+    """StepHook(model=...) -> the agent's JobInfo.spec: what the analysis divides the hook's stated FLOPs
+    by (the linear layers' GEMMs apart from core attention)."""
+    c = HookCollector({"socket_path": str(tmp_path / "h.sock"), "job": "j"})
+    c.start()
+    try:
+        h = StepHook(str(tmp_path / "h.sock"), cuda=False, rank=0, flush_interval_s=0, dtype="bf16",
+                     tokens_per_step=65536, model={"num_layers": 12, "hidden_size": 768,
+                                                   "num_attention_heads": 12, "seq_length": 1024,
+                                                   "vocab_size": 50304})
+        with h.step():
+            h.data_ready()
+        h.close()
+        infos: list[JobInfo] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and c.counts.get("model_records", 0) < 1:
+            infos += c.collect(time.time()).job_info.values()
+            time.sleep(0.01)
+        assert c.counts.get("model_records") == 1 and infos
+        spec = infos[-1].spec
+        assert (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.seq_length, spec.dtype) == \
+            (12, 768, 3072, 1024, "bf16")
+    finally:
+        c.stop()

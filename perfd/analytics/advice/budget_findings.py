@@ -131,8 +131,9 @@ def capture_cost(ctx: BudgetContext) -> Out:
     if over is None or b.steady_step_ms is None or b.steady_step_ms <= 0:
         return [], []
     sev = Severity.WARNING if over / b.steady_step_ms > th.CAPTURE_SLOWDOWN.value else Severity.INFO
-    evidence = {"captured_step_ms": b.step_ms, "steady_step_ms": b.steady_step_ms, "overhead_ms": over,
-                "steps": b.iterations, "steps_from": b.steps_from}
+    evidence = {"captured_step_ms": b.captured_step_ms, "steady_step_ms": b.steady_step_ms,
+                "overhead_ms": over, "steps": b.iterations, "steps_from": b.steps_from,
+                "unprofiled": b.unprofiled.to_json() if b.unprofiled is not None else None}
     facts = BudgetFacts(BudgetSaid.CAPTURE_COST, b, run=ctx.run, label=ctx.label or b.basis)
     return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", facts=facts)], []
 
@@ -181,16 +182,26 @@ class SmallerRemedies(Finding):
     facts: RemedyFacts | None = field(default=None, metadata={"json": False})
 
 
+@dataclass
+class UnmodelledRemedies(Finding):
+    """The remedies that fit the job but have no modelled gain (Advice.no_gain says why), in one finding:
+    named, never a recommendation ordered by a gain they do not have (the plan lists them apart too:
+    Plan.unmodelled). Its title, observation and evidence are the report's (perfd.report.remedy_text)."""
+
+    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+
+
 def remedies(ctx: BudgetContext) -> Out:
     """The remedies fitted to the job, each a recommendation with its gain range; those whose expected
     gain is within a rerun's spread (under th.REMEDY_MIN_GAIN of the step) in one finding of their own:
-    named, not ordered among the ones worth doing first."""
+    named, not ordered among the ones worth doing first; those with no modelled gain in another."""
     b = ctx.budget
     recs: list[Advice] = []
     small: list[Advice] = []
+    unmodelled: list[Advice] = []
     kept, moot = _fitted(ctx)
     for a in kept:
-        (small if minor(a, b.step_ms) else recs).append(a)
+        (unmodelled if a.gain is None else small if minor(a, b.step_ms) else recs).append(a)
     fs: list[Finding] = []
     if moot:
         evidence = {"already": [{"already": m.already.value, "dropped": [r.value for r in m.dropped]}
@@ -201,6 +212,10 @@ def remedies(ctx: BudgetContext) -> Out:
         facts = RemedyFacts(tuple(small), b.step_ms, b.mfu)
         fs.append(SmallerRemedies("budget-minor-remedies", Severity.INFO, "", "", {}, "",
                                   ctx.label or b.basis, facts=facts))
+    if unmodelled:
+        facts = RemedyFacts(tuple(unmodelled), b.step_ms, b.mfu)
+        fs.append(UnmodelledRemedies("budget-unmodelled-remedies", Severity.INFO, "", "", {}, "",
+                                     ctx.label or b.basis, facts=facts))
     return fs, [recommendation(a, b) for a in recs]
 
 

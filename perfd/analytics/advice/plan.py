@@ -24,6 +24,7 @@ from perfd.analytics.advice.remedies import (
     Advice,
     Effort,
     JobConfig,
+    NoGain,
     Removal,
     run_spread_ms,
 )
@@ -176,12 +177,35 @@ class PlanStage:
 
 
 @dataclass(frozen=True)
+class Unmodelled:
+    """A remedy that fits the job but has no modelled gain (``why``): listed apart from the plan's items,
+    neither ordered among them nor combined with them (a plan orders and adds up gains only)."""
+
+    remedy: str  # RemedyId value
+    action: str  # its words: "" until the report words ``said`` (perfd.report.remedy_text.worded_plan)
+    effort: Effort
+    why: NoGain
+    said: Said | None = None  # the action as its code; None once worded, or read back
+
+    def to_json(self) -> dict[str, object]:
+        return {"remedy": self.remedy, "action": self.action, "effort": self.effort.value,
+                "why": self.why.value}
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Unmodelled:
+        why = str(d.get("why") or "")
+        return Unmodelled(str(d["remedy"]), str(d.get("action") or ""), Effort(str(d["effort"])),
+                          NoGain(why) if why in NoGain.__members__.values() else NoGain.NOT_MODELLED)
+
+
+@dataclass(frozen=True)
 class Plan:
     step_ms: float
-    items: tuple[PlanItem, ...]  # in the plan's order
+    items: tuple[PlanItem, ...]  # in the plan's order: each with a modelled gain
     stages: tuple[PlanStage, ...]
     spread_ms: float  # the run-to-run spread every combined gain carries once (remedies.run_spread_ms)
     replay: ReplayGains | None = None  # the replay's gains on the job's clock: its items combine by them
+    unmodelled: tuple[Unmodelled, ...] = ()  # the remedies that fit but have no modelled gain: apart
 
     def item(self, remedy: str) -> PlanItem | None:
         return next((i for i in self.items if i.remedy == remedy), None)
@@ -198,6 +222,7 @@ class Plan:
             "stages": [s.to_json() for s in self.stages],
             "spread_ms": self.spread_ms,
             "replay": self.replay.to_json() if self.replay is not None else None,
+            "unmodelled": [u.to_json() for u in self.unmodelled],
         }
 
     @staticmethod
@@ -213,6 +238,7 @@ class Plan:
                 tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
                 float(spread) if isinstance(spread, (int, float)) else run_spread_ms(step, None),
                 ReplayGains.from_json(d.get("replay")),
+                tuple(Unmodelled.from_json(u) for u in d.get("unmodelled") or []),
             )
         except (KeyError, ValueError, TypeError, IndexError):
             return None
@@ -381,7 +407,9 @@ def _installs(
 
 
 def _order(items: Sequence[Advice]) -> list[Advice]:
-    return sorted(items, key=lambda a: -(a.gain.mid_ms if a.gain else 0.0))
+    """By gain, largest first (its middle, then its high end; the remedy's id settles a tie)."""
+    return sorted(items, key=lambda a: (-(a.gain.mid_ms if a.gain else 0.0),
+                                        -(a.gain.high_ms if a.gain else 0.0), a.remedy.value))
 
 
 def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float,
@@ -391,9 +419,14 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
     brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
     to measure (stage -1). ``spread_ms``: the run-to-run spread its totals carry once (the same as its
     items' ranges: remedies.run_spread_ms of the budget they were fitted to); ``replay``: the replay's
-    gains the items that name a change were read from (FitContext.replay), which combine them."""
+    gains the items that name a change were read from (FitContext.replay), which combine them. A remedy
+    with no modelled gain is no item: it is listed apart (``unmodelled``, with why), since a plan orders
+    remedies by their gains and adds them up, and one without a gain has no place in either."""
     if not advice or step_ms <= 0:
         return None
+    unmodelled = tuple(Unmodelled(a.remedy.value, "", a.effort, a.no_gain or NoGain.NOT_MODELLED, a.action)
+                       for a in advice if a.gain is None)
+    advice = [a for a in advice if a.gain is not None]
     promised = [a for a in advice if a.gain is not None and a.gain.promised]
     groups: list[tuple[Effort, tuple[str, ...], list[Advice]]] = []
     flags = _order([a for a in promised if a.effort is Effort.FLAG])
@@ -419,7 +452,9 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
         applied += got
         before = total
     ordered = [a for _e, _p, got in groups for a in got]
-    ordered += _order([a for a in advice if a not in ordered])
+    rest = [a for a in advice if a not in ordered]  # not in the set: by effort, then by gain within it
+    for effort in sorted(Effort, key=lambda e: e.rank):
+        ordered += _order([a for a in rest if a.effort is effort])
     items = []
     for a in ordered:
         links = relations(a, ordered, replay)
@@ -454,7 +489,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.action,
             )
         )
-    return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay)
+    return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay, unmodelled)
 
 
 def _replaces(b: Advice, a: Advice, replay: ReplayGains | None) -> bool:

@@ -150,6 +150,16 @@ class Effort(TextEnum):
 _EFFORT_RANK = {Effort.FLAG: 0, Effort.INSTALL: 1, Effort.CODE: 2}
 
 
+class NoGain(TextEnum):
+    """Why a fitted remedy has no modelled gain: it is listed apart from the plan (Plan.unmodelled), never
+    ordered among nor combined with the remedies whose gain is read from the budget."""
+
+    # fused attention: the model's core-attention FLOPs (or the GPU's matmul ceiling) are unknown, so what
+    # the fused kernel would cost cannot be read, only what the unfused one costs now
+    ATTENTION_FLOPS = "attention_flops"
+    NOT_MODELLED = "not_modelled"  # a remedy that states no reason of its own
+
+
 @dataclass(frozen=True)
 class Removal:
     """What a remedy takes out of one slice of the step (``atom``, ms per step, low and high; a negative
@@ -184,6 +194,7 @@ class Advice:
     # packages its action installs whose presence the job does not report (a plain PyTorch loop's
     # start-up says nothing of them): an install all the same, though ``needs`` cannot say it is lacking
     installs: tuple[str, ...] = ()
+    no_gain: NoGain | None = None  # why ``gain`` is None (NoGain.NOT_MODELLED where none is said)
 
     @property
     def effort(self) -> Effort:

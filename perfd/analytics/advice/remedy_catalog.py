@@ -26,6 +26,7 @@ from perfd.analytics.advice.remedies import (
     FitContext,
     Framework,
     Gain,
+    NoGain,
     RemedyId,
     Removal,
     flags_for,
@@ -124,6 +125,7 @@ def fused_attention(c: FitContext) -> Advice | None:
                    Removal("fused_attention:kernel", -lo_t, -hi_t))
         gain = gain_of(removes, say(Say.FUSED_ATTENTION_BASIS, att.ms, flops / 1e12,
                                     *FUSED_ATTENTION_OF_CEILING, ceiling, hi_t, lo_t))
+    why = NoGain.ATTENTION_FLOPS if gain is None else None
     if cfg.framework is Framework.MEGATRON:
         flash = cfg.present(PACKAGE_FLASH_ATTN)
         wanted: list[tuple[str, str | None]] = [("--transformer-impl", "transformer_engine")]
@@ -136,9 +138,10 @@ def fused_attention(c: FitContext) -> Advice | None:
         act = say(Say.FUSED_ATTENTION_INSTALL if needs else Say.FUSED_ATTENTION_FLAGS, what)
         requires = (PACKAGE_TE, PACKAGE_FLASH_ATTN) if flash else (PACKAGE_TE,)
         return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, act, gain, flags, needs=needs, notes=notes,
-                      removes=removes, requires=requires)
+                      removes=removes, requires=requires, no_gain=why)
     sw = in_terms(RemedyId.FUSED_ATTENTION, cfg.framework, Say.FUSED_ATTENTION_SDPA)
-    return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, sw.action, gain, sw.flags, removes=removes)
+    return Advice(RemedyId.FUSED_ATTENTION, Part.ATTENTION, sw.action, gain, sw.flags, removes=removes,
+                  no_gain=why)
 
 
 def softmax_fusion(c: FitContext) -> Advice | None:

@@ -85,7 +85,7 @@ class Say(enum.Enum):
     BIGGER_GEMMS_LIGHTNING = 0
     BIGGER_GEMMS_TORCHTITAN = 2  # the local batch option, the global batch option
     # Host synchronisations and Megatron-LM's timers.
-    SYNC_BASIS = 5  # syncs a step, their owners, idle ms, low, high factor
+    SYNC_BASIS = 6  # syncs a step, their owners, idle ms, refill idle ms, low, high factor
     REMOVE_SYNCS = 0
     REMOVE_SYNCS_HF = 2  # the NaN filter's flag, the logging flag
     NAN_FILTER_COST = 0

@@ -65,6 +65,10 @@ def atom_idle(cause: IdleCause, phase: Phase, owner: str = "") -> str:
 TIMER_GAPS = atom_idle(IdleCause.SYNC, LAYERS, BARE_SYNC)
 LAUNCH_GAPS = atom_idle(IdleCause.LAUNCH, LAYERS)
 OPT_LAUNCH_GAPS = atom_idle(IdleCause.LAUNCH, OPT)
+# the GPU's own switches between kernels (the host ahead) and the host refilling the queue a sync drained
+SWITCH_GAPS = atom_idle(IdleCause.SWITCH, LAYERS)
+OPT_SWITCH_GAPS = atom_idle(IdleCause.SWITCH, OPT)
+REFILL_GAPS = atom_idle(IdleCause.REFILL, LAYERS)
 NORM_SYNCS = atom_idle(IdleCause.SYNC, OPT, "aten::item")
 
 
@@ -84,12 +88,14 @@ def microbatches(cfg: JobConfig) -> int | None:
 def timer_sync(c: FitContext) -> Advice | None:
     b, cfg = c.budget, c.config
     if cfg.framework is not Framework.MEGATRON:
-        gaps = idle_ms(b, IdleCause.SYNC)
-        if not gaps or not named(b, gaps):
+        # the gaps the syncs drain and the host's refilling of the queue after them (their knock-on)
+        drained, refill = idle_ms(b, IdleCause.SYNC), idle_ms(b, IdleCause.REFILL)
+        gaps = drained + refill
+        if not drained or not named(b, gaps):
             return None
         n = sum(r.gaps for r in b.idle if r.cause is IdleCause.SYNC)
-        owners = sorted({r.owner for r in b.idle if r.cause is IdleCause.SYNC and r.ms >= 0.05 * gaps})
-        basis = say(Say.SYNC_BASIS, n, ", ".join(owners), gaps, *SYNC_GAP_BACK)
+        owners = sorted({r.owner for r in b.idle if r.cause is IdleCause.SYNC and r.ms >= 0.05 * drained})
+        basis = say(Say.SYNC_BASIS, n, ", ".join(owners), drained, refill, *SYNC_GAP_BACK)
         sw = in_terms(RemedyId.TIMER_SYNC, cfg.framework, Say.REMOVE_SYNCS)
         return Advice(
             RemedyId.TIMER_SYNC,
@@ -147,11 +153,17 @@ def micro_batch(c: FitContext) -> Advice | None:
     if cfg.framework is not Framework.MEGATRON or m is None or m < 2 or not cfg.micro_batch:
         return None
     timers = timer_gaps(b) if cfg.arg("timing_log_level") == "2" else 0.0
-    # a capture without its host side has no phases: every short gap is a launch gap
-    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
+    # a capture without its host side has no phases: every short gap is a launch gap. Half as many
+    # kernels for the same work: the host's launch gaps, the GPU's own switches between kernels and the
+    # refills after the per-micro-batch syncs all halve
+    host = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
+    switch, refill = idle_ms(b, IdleCause.SWITCH, LAYERS), idle_ms(b, IdleCause.REFILL, LAYERS)
+    launch = host + switch + refill
     removes = (
         removal(TIMER_GAPS, timers, HALF_MICROBATCH_TIMERS),
-        removal(LAUNCH_GAPS, launch, HALF_MICROBATCH_LAUNCHES),
+        removal(LAUNCH_GAPS, host, HALF_MICROBATCH_LAUNCHES),
+        removal(SWITCH_GAPS, switch, HALF_MICROBATCH_LAUNCHES),
+        removal(REFILL_GAPS, refill, HALF_MICROBATCH_LAUNCHES),
     )
     gain_mid = sum(r.low_ms + r.high_ms for r in removes) / 2
     if not named(b, gain_mid):
@@ -166,7 +178,8 @@ def micro_batch(c: FitContext) -> Advice | None:
     if cfg.pp and cfg.pp > 1:
         p = cfg.pp
         cost = say(Say.WITH_BUBBLE, cost, p, (p - 1) / (m + p - 1), (p - 1) / (m // 2 + p - 1), m, m // 2)
-    per_step = idle_ms(b, IdleCause.LAUNCH, OPT) + idle_ms(b, IdleCause.SYNC, OPT)
+    per_step = sum(idle_ms(b, c, OPT) for c in (IdleCause.LAUNCH, IdleCause.SWITCH, IdleCause.SYNC,
+                                                 IdleCause.REFILL))
     basis = say(Say.MICRO_BATCH_BASIS, m, m // 2, timers, *HALF_MICROBATCH_TIMERS, launch,
                 *HALF_MICROBATCH_LAUNCHES, per_step)
     gaps_gain = gain_of(removes, basis)
@@ -245,8 +258,10 @@ def memory_cost(cfg: JobConfig) -> Said | None:
 
 
 def cuda_graphs(c: FitContext) -> Advice | None:
-    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss. Below
-    that, a compiled job whose host's margin is thin (:func:`compiled_graphs`)."""
+    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss. The
+    host's launch gaps (it issues work slower than the GPU runs it), not the GPU's own switches between
+    kernels it had queued (the host ahead: graphs take nothing from the host there). Below that, a
+    compiled job whose host's margin is thin (:func:`compiled_graphs`)."""
     b, cfg = c.budget, c.config
     short = b.ms(Part.IDLE_SHORT)
     if b.step_ms <= 0:
@@ -340,12 +355,16 @@ def fused_optimizer(c: FitContext) -> Advice | None:
     saves = FUSED_ADAM_SAVES if foreach else PER_TENSOR_ADAM_SAVES
     megatron = cfg.framework is Framework.MEGATRON
     scale = op_ms(opt, "aten::mul", "aten::copy_") if megatron else 0.0
-    launch = idle_ms(b, IdleCause.LAUNCH, OPT)
+    # fewer kernels: the host's launch gaps and the GPU's own switches between them both go
+    host, switch = idle_ms(b, IdleCause.LAUNCH, OPT), idle_ms(b, IdleCause.SWITCH, OPT)
+    launch = host + switch
     removes = [removal("optimizer:adam", adam, saves)]
     if scale:
         removes.append(removal("optimizer:per-tensor-scale", scale, MULTI_TENSOR_SAVES))
-    if launch:
-        removes.append(removal(OPT_LAUNCH_GAPS, launch, PER_TENSOR_LAUNCHES_BACK))
+    if host:
+        removes.append(removal(OPT_LAUNCH_GAPS, host, PER_TENSOR_LAUNCHES_BACK))
+    if switch:
+        removes.append(removal(OPT_SWITCH_GAPS, switch, PER_TENSOR_LAUNCHES_BACK))
     mid = sum(r.low_ms + r.high_ms for r in removes) / 2
     if not named(b, mid):
         return None

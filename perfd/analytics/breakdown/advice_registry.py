@@ -106,10 +106,14 @@ PARTS: tuple[PartEntry, ...] = (
     PartEntry(Part.DATA, "data wait", "The step waits for its batch for", B.DATA, timers_key="data_share"),
     PartEntry(Part.IDLE_SYNC, "idle after synchronisations",
               "The GPU waits after host synchronisations (the host stood until the device drained, then "
-              "launched again) for", B.SYNC),
+              "refilled the queue: the short gaps while it was still behind are the sync's too) for", B.SYNC),
     PartEntry(Part.IDLE_SHORT, "idle, launch gaps",
               f"The GPU waits in gaps under {_GAP_MS} ms with no synchronisation before them (the host "
               "issuing work slower than the GPU runs it) for", B.LAUNCH),
+    PartEntry(Part.IDLE_SWITCH, "idle, kernel switches",
+              f"The GPU waits in gaps under {_GAP_MS} ms before kernels the host had launched before the "
+              "gap began (the GPU's own switch from one kernel to the next: the host was ahead) for",
+              B.LAUNCH),
     PartEntry(Part.IDLE_LONG, "idle, host elsewhere",
               f"The GPU waits in gaps of {_GAP_MS} ms or more with no synchronisation or data wait before "
               "them (the host elsewhere: Python between steps, garbage collection) for", B.SYNC),

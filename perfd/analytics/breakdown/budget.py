@@ -39,6 +39,7 @@ from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
+from perfd.analytics.steps.flops import FlopsBasis
 from perfd.typed import fit, number, obj, objs
 
 
@@ -46,7 +47,12 @@ class IdleCause(TextEnum):
     """What an idle gap of the GPU waited for: what precedes it on the host (perfd.capture.sweep)."""
 
     SYNC = "sync"  # a synchronisation returned in the gap: the host waited for the device, then launched
+    # a short gap after a sync's, the host still behind: refilling the queue the sync drained (the sync's
+    # knock-on; its owner the sync's)
+    REFILL = "refill"
     LAUNCH = "launch"  # a short gap with no sync: the host issuing work slower than the GPU runs it
+    # a short gap before a kernel launched before the GPU went idle: the GPU's own switch between kernels
+    SWITCH = "switch"
     DATA = "data"  # the host was in the data loader
     HOST = "host"  # a long gap with no sync: the host elsewhere
 
@@ -83,6 +89,7 @@ class PartDetail(TypedDict, total=False):
     ops: list[Top]  # ... and top ops
     op_ms: dict[str, float]  # a captured part's ms per step by the op that launched its kernels
     flops: float  # the FLOPs per step of a part of matmuls (math_detail) or of core attention
+    flops_basis: str  # math parts: which FLOPs ``flops`` are (perfd.analytics.steps.flops.FlopsBasis)
     achieved_tflops: float  # ... the TFLOP/s they run at
     of_ceiling: float | None  # math parts: that over the measured matmul ceiling (None: no ceiling)
     at_ceiling_ms: float | None  # math parts and attention: their time at that ceiling
@@ -218,6 +225,34 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Unprofiled:
+    """A captured budget brought back to the job's unprofiled step (perfd.analytics.breakdown
+    .capture_budget.unprofiled): the capture's steps ran ``captured_ms`` against the job's steady
+    ``steady_ms``; the GPU's time (its kernels, and its own switches between kernels it had queued) is as
+    captured, the host-side idle the profiler lengthened (``host_idle_ms`` as captured: the gaps after
+    syncs, the launch gaps, the host elsewhere, the data wait) × ``factor``."""
+
+    captured_ms: float
+    steady_ms: float
+    host_idle_ms: float
+    factor: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"captured_ms": self.captured_ms, "steady_ms": self.steady_ms,
+                "host_idle_ms": self.host_idle_ms, "factor": self.factor}
+
+    @staticmethod
+    def from_json(d: object) -> Unprofiled | None:
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            return Unprofiled(number(d["captured_ms"]), number(d["steady_ms"]), number(d["host_idle_ms"]),
+                              number(d["factor"]))
+        except (KeyError, ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
 class StepBudget:
     """The parts of one step, in :data:`PART_ORDER`; ``step_ms`` is their sum. ``ideal_ms`` and
     ``ceiling_ms``: the time the model's FLOPs take at the GPU's peak and at its measured matmul
@@ -248,6 +283,8 @@ class StepBudget:
     # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
     facts: JobFacts | None = None  # what the job already does, as its capture shows it
+    # the budget brought back to the job's unprofiled step (None: read as captured)
+    unprofiled: Unprofiled | None = None
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -265,7 +302,14 @@ class StepBudget:
         when there is no captured step or no steady one to compare)."""
         if not self.has_kernels or self.steady_step_ms is None:
             return None
+        if self.unprofiled is not None:  # brought back to the steady step: the captured one said it
+            return self.unprofiled.captured_ms - self.steady_step_ms
         return self.step_ms - self.steady_step_ms
+
+    @property
+    def captured_step_ms(self) -> float:
+        """The step the capture's steps ran (``step_ms`` unless brought back to the unprofiled one)."""
+        return self.unprofiled.captured_ms if self.unprofiled is not None else self.step_ms
 
     def to_json(self) -> dict[str, object]:
         return {"step_ms": self.step_ms, "parts": [p.to_json() for p in self.parts],
@@ -279,7 +323,8 @@ class StepBudget:
                 "window": self.window.to_json() if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
                 "replay": self.replay.to_json() if self.replay is not None else None,
-                "facts": self.facts.to_json() if self.facts is not None else None}
+                "facts": self.facts.to_json() if self.facts is not None else None,
+                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -309,7 +354,8 @@ class StepBudget:
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
-                          JobFacts.from_json(d.get("facts")))
+                          JobFacts.from_json(d.get("facts")),
+                          Unprofiled.from_json(d.get("unprofiled")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:
@@ -344,7 +390,8 @@ def phase_parts(d: object) -> dict[Phase, dict[Part, float]]:
 class FlopsContext:
     """What the budget reads its parts against: the model's FLOPs per step per GPU, the part of them
     that core attention's two matmuls are (the formula's core-attention term, causal-halved in
-    Megatron-Core >= 0.12), and the GPU's figures (perfd.analytics.steps.flops,
+    Megatron-Core >= 0.12), the part that the GEMMs are (``gemm_basis``: which FLOPs those are;
+    perfd.analytics.steps.flops.flops_split) and the GPU's figures (perfd.analytics.steps.flops,
     perfd.analytics.steps.gpus)."""
 
     flops_per_gpu_step: float | None = None
@@ -352,6 +399,8 @@ class FlopsContext:
     ceiling_tflops: float | None = None
     attention_flops_per_gpu_step: float | None = None
     attention_causal_halved: bool = True  # the formula counts half the s×s scores (a causal mask)
+    gemm_flops_per_gpu_step: float | None = None  # None: the model's whole count less attention's
+    gemm_basis: FlopsBasis | None = None  # None: the split is the two figures above (the formula's)
 
 
 @dataclass(frozen=True)
@@ -378,18 +427,37 @@ def _reference(fl: FlopsContext) -> tuple[float | None, float | None]:
     return ideal, fl.flops_per_gpu_step / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None
 
 
+def gemm_flops(fl: FlopsContext) -> tuple[float, FlopsBasis] | None:
+    """The FLOPs per GPU per step the linear layers' GEMMs run, and which they are: the split's GEMM
+    share, else the model's count less core attention's; None where neither is known (a count stated
+    whole with no spec to divide it: dividing the whole model's FLOPs, attention's among them, by the
+    linear layers' time overstates their speed)."""
+    if fl.gemm_flops_per_gpu_step:
+        return fl.gemm_flops_per_gpu_step, fl.gemm_basis or FlopsBasis.GEMMS
+    if fl.flops_per_gpu_step and fl.attention_flops_per_gpu_step:
+        return fl.flops_per_gpu_step - fl.attention_flops_per_gpu_step, FlopsBasis.GEMMS
+    return None
+
+
 def math_detail(part: Part, ms: float, fl: FlopsContext) -> PartDetail:
-    """What a part of matmuls runs: its FLOPs per step, the TFLOP/s they achieve, the share of the
-    measured ceiling. The linear layers run the model's FLOPs without core attention's; GEMMs known by
-    name only run them all (attention's matmuls among them)."""
+    """What a part of matmuls runs: its FLOPs per step (``flops_basis``: which), the TFLOP/s they
+    achieve, the share of the measured ceiling. The linear layers run the GEMMs' FLOPs (attention's
+    two matmuls are attention's part); GEMMs known by name only run the whole model's."""
     total = fl.flops_per_gpu_step
     if not total or ms <= 0:
         return PartDetail()
-    flops = total - (fl.attention_flops_per_gpu_step or 0.0) if part is Part.LINEAR else total
+    if part is Part.LINEAR:
+        got = gemm_flops(fl)
+        if got is None:
+            return PartDetail()
+        flops, basis = got
+    else:
+        flops, basis = total, FlopsBasis.WHOLE_MODEL
     achieved = flops / (ms * 1e9)
     return {"flops": flops, "achieved_tflops": achieved,
             "of_ceiling": achieved / fl.ceiling_tflops if fl.ceiling_tflops else None,
-            "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None}
+            "at_ceiling_ms": flops / (fl.ceiling_tflops * 1e9) if fl.ceiling_tflops else None,
+            "flops_basis": basis.value}
 
 
 def attention_detail(ms: float, fl: FlopsContext, fused: bool) -> PartDetail:

@@ -15,8 +15,10 @@ from perfd.analytics.breakdown.advice_registry import MATH_PARTS
 from perfd.analytics.breakdown.budget import (
     NO_FLOPS,
     NO_TIMERS,
+    BudgetPart,
     CutPart,
     FlopsContext,
+    IdleCause,
     IdleShare,
     PartDetail,
     Row,
@@ -24,6 +26,7 @@ from perfd.analytics.breakdown.budget import (
     StepBudget,
     TimerShares,
     Top,
+    Unprofiled,
     Window,
     attention_detail,
     finish,
@@ -33,7 +36,7 @@ from perfd.analytics.breakdown.budget import (
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, KernelStat, Stretch
 from perfd.analytics.breakdown.step_parts import Part
 
-_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
+_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_SWITCH, Part.IDLE_LONG, Part.DATA)
 
 
 def _parts(raw: Mapping[str, float], n: float) -> dict[Part, float]:
@@ -80,13 +83,16 @@ def from_capture(
     timers: TimerShares = NO_TIMERS,
     basis: str = "",
     steps_from: str = "",
+    rescale: bool = True,
 ) -> StepBudget | None:
     """The budget of one captured device (its ``parts_ms``) over
     ``iterations`` steps (None: the whole captured span as one step); where the trace marks two steps
     or more, per step from the complete steps between its first and last mark (:func:`window_of`). The
     timers' data share, where they measure one and the capture saw no data-loader wait of its own, says
     how much of the host's idle was the wait for data. A breakdown from before the attribution is
-    rebuilt from its shares (:func:`device_parts`, said in ``attribution``)."""
+    rebuilt from its shares (:func:`device_parts`, said in ``attribution``). Steps the profiler slowed
+    are brought back to the job's steady step (:func:`unprofiled`; ``rescale=False``: read as captured,
+    a capture whose steps are not the job's)."""
     window, comp = window_of(device, iterations)
     if comp is not None:
         raw, how = dict(comp.parts_ms), device.attribution or "kernel names"
@@ -144,7 +150,7 @@ def from_capture(
                  for r in (comp.idle if comp is not None else device.idle))
     phase_ms = comp.phase_ms if comp is not None else device.phase_ms
     phases = {ph: {p: v / n for p, v in d.items()} for ph, d in phase_parts(phase_ms).items()}
-    return replace(
+    b = replace(
         finish(rows, sources, fl),
         iterations=n if window is not None and window.complete else iterations,
         basis=basis,
@@ -159,6 +165,66 @@ def from_capture(
         replay=device.replay,
         facts=device.facts,
     )
+    return unprofiled(b) if rescale else b
+
+
+# The host's gaps, which a profiler lengthens (it records every op the host runs: ~+45% on the eager
+# Trainer's host-bound H200 steps, 422 ms captured against 293 unprofiled): the idle after syncs and
+# their refills, the launch gaps, the host elsewhere, the data wait. The GPU's own time (its kernels, and
+# its switches between kernels the host had queued) a host-side profiler does not change.
+HOST_IDLE = (Part.IDLE_SYNC, Part.IDLE_SHORT, Part.IDLE_LONG, Part.DATA)
+_HOST_CAUSES = frozenset((IdleCause.SYNC, IdleCause.REFILL, IdleCause.LAUNCH, IdleCause.HOST,
+                          IdleCause.DATA))
+_HOST_GAP_KEYS = ("sync_gap_ms", "stream_sync_gap_ms")
+
+
+def _timed_data(p: BudgetPart) -> float | None:
+    """The timers' share of the step for a data part taken from them (None: the capture's own)."""
+    share = p.detail.get("timer_share")
+    return float(share) if p.part is Part.DATA and p.source is Source.TIMERS and \
+        isinstance(share, (int, float)) else None
+
+
+def unprofiled(b: StepBudget) -> StepBudget:
+    """``b`` brought back to the job's unprofiled step where the profiler slowed its steps (the captured
+    step th.CAPTURE_SLOWDOWN or more over the job's steady one, not past th.CAPTURE_OTHER_JOB_STEP: a
+    capture that far off is another job's, perfd.analytics.breakdown.capture_match): its host-side
+    idle (:data:`HOST_IDLE`, its idle rows, phases and sync gaps) scaled by one factor so that the step
+    is the steady one, the GPU's time as captured, a data wait the timers measured their share of the
+    steady step; said in ``unprofiled``. Unchanged where nothing is to scale (no steady step, the GPU's
+    time alone past the steady step)."""
+    steady = b.steady_step_ms
+    if not b.has_kernels or not steady or steady <= 0 or b.unprofiled is not None:
+        return b
+    ratio = b.step_ms / steady
+    if ratio < 1 + th.CAPTURE_SLOWDOWN.value or ratio > th.CAPTURE_OTHER_JOB_STEP.value:
+        return b
+    host = sum(b.ms(p) for p in HOST_IDLE)
+    timed = {p.part: share * steady for p in b.parts if (share := _timed_data(p)) is not None}
+    rest = host - sum(b.ms(p) for p in timed)  # the host's gaps the factor scales
+    gpu = b.step_ms - host
+    if rest <= 0 or gpu + sum(timed.values()) >= steady:
+        return b
+    f = (steady - gpu - sum(timed.values())) / rest
+    scaled = {p.part: timed.get(p.part, p.ms * f) for p in b.parts if p.part in HOST_IDLE}
+    step = gpu + sum(scaled.values())
+    parts = []
+    for p in b.parts:
+        if p.part not in HOST_IDLE:
+            parts.append(replace(p, share=p.ms / step))
+            continue
+        ms, k = scaled[p.part], scaled[p.part] / p.ms if p.ms > 0 else f
+        detail = PartDetail(**p.detail)
+        if isinstance(latency := detail.get("under_5us_ms"), (int, float)):
+            detail["under_5us_ms"] = min(float(latency), ms)  # the launches themselves: not lengthened
+        if isinstance(taken := detail.get("from_idle_ms"), dict):
+            detail["from_idle_ms"] = {key: v * k for key, v in taken.items()}
+        parts.append(replace(p, ms=ms, share=ms / step, detail=detail))
+    idle = tuple(replace(r, ms=r.ms * f) if r.cause in _HOST_CAUSES else r for r in b.idle)
+    phases = {ph: {p: v * f if p in HOST_IDLE else v for p, v in d.items()} for ph, d in b.phase_ms.items()}
+    host_side = {k: v * f if k in _HOST_GAP_KEYS else v for k, v in b.host.items()}
+    return replace(b, step_ms=step, parts=tuple(parts), idle=idle, phase_ms=phases, host=host_side,
+                   unprofiled=Unprofiled(b.step_ms, steady, host, f))
 
 
 def _made_of(kinds: Mapping[str, float], part_ms: float) -> dict[str, float]:

@@ -24,24 +24,30 @@ from perfd.analytics.breakdown.kernel_rows import figure, kernel_rows
 from perfd.analytics.breakdown.ncu_rows import JoinedKernel, NcuCategory
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult
+from perfd.analytics.steps.flops import FORMULA_LEGACY, FlopsResult, FlopsSplit
 from perfd.analytics.steps.gpus import PeakResult
 
 
 def contexts(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
-             flops: FlopsResult | None = None) -> tuple[FlopsContext, TimerShares]:
+             flops: FlopsResult | None = None, split: FlopsSplit | None = None
+             ) -> tuple[FlopsContext, TimerShares]:
     """The FLOPs and timer context of a budget from a run summary's steady medians: FLOPs per GPU per
-    step = model TFLOP/s per GPU × step time (both measured over the same steps); core attention's
-    share of them from the formula's terms (``flops.breakdown``). With pipeline stages the exposed
-    communication the budget holds is the data-parallel part: the p2p waits are the pipeline's idle,
-    counted once, there."""
+    step = model TFLOP/s per GPU × step time (both measured over the same steps); the GEMMs' and core
+    attention's shares of them from ``split`` (perfd.analytics.steps.flops.flops_split: the count's own
+    terms, or the formula's for the job's model where the count was stated whole), else from the
+    formula's terms (``flops.breakdown``). With pipeline stages the exposed communication the budget
+    holds is the data-parallel part: the p2p waits are the pipeline's idle, counted once, there."""
     step, tflops = figure(medians, "step_time_ms"), figure(medians, "model_tflops_per_gpu")
     per_gpu = tflops * 1e12 * step / 1e3 if step and tflops else None
-    attn = None
-    if per_gpu and flops is not None and flops.flops_per_iteration and flops.breakdown.get("core_attention"):
-        attn = per_gpu * flops.breakdown["core_attention"] / flops.flops_per_iteration
-    halved = flops is None or flops.formula != FORMULA_LEGACY
-    fl = FlopsContext(per_gpu, peak.peak_tflops, peak.measured_ceiling_tflops, attn, halved)
+    attn = gemm = None
+    if per_gpu and split is not None:
+        gemm = per_gpu * split.gemm_share
+        attn = per_gpu * split.attention_share if split.attention_share else None
+    elif per_gpu and flops is not None and flops.flops_per_iteration and "core_attention" in flops.breakdown:
+        attn = per_gpu * flops.breakdown["core_attention"] / flops.flops_per_iteration or None
+    halved = split.causal_halved if split is not None else (flops is None or flops.formula != FORMULA_LEGACY)
+    fl = FlopsContext(per_gpu, peak.peak_tflops, peak.measured_ceiling_tflops, attn, halved, gemm,
+                      split.basis if split is not None else None)
     staged = bool(pp and pp > 1)
     pipe = figure(medians, "pp_idle_max") if staged else 0.0
     comm = figure(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
@@ -68,13 +74,16 @@ def captured_iterations(device: DeviceBreakdown, iterations: int | None, step_ms
 
 
 def job_budget(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
-               timeline: TimelineClass | None, flops: FlopsResult | None = None) -> StepBudget | None:
+               timeline: TimelineClass | None, flops: FlopsResult | None = None,
+               split: FlopsSplit | None = None, rescale: bool = True) -> StepBudget | None:
     """The job's budget: from the capture that informs it (with an Nsight Compute capture's kernel
-    figures on its parts), else from the timers alone."""
-    fl, timers = contexts(medians, peak, pp, flops)
+    figures on its parts; its steps brought back to the job's steady one where the profiler slowed them,
+    unless ``rescale`` is False: a capture whose steps are not the job's), else from the timers alone."""
+    fl, timers = contexts(medians, peak, pp, flops, split)
     if timeline is not None and timeline.device is not None:
         n, how = captured_iterations(timeline.device, timeline.iterations, timers.step_ms)
-        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how)
+        b = from_capture(timeline.device, n, fl=fl, timers=timers, basis=timeline.source, steps_from=how,
+                         rescale=rescale)
         if b is not None:
             return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels, timeline.ncu_joined_to)
     b = from_timers(timers, fl)

@@ -87,9 +87,17 @@ def category(name: str) -> str:
     return OTHER
 
 
+# The loss's log-softmax over the logits (PyTorch's cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>,
+# Inductor's triton_..._log_softmax_...): a softmax kernel that is no attention's, in every job with a
+# cross-entropy, fused attention or not (nanoGPT's and the Trainer's on cuDNN's SDPA read as unfused).
+_LOG_SOFTMAX = ("log_softmax", "logsoftmax")
+
+
 def is_softmax(name: str) -> bool:
-    """Softmax as a kernel of its own: attention computed unfused (QKᵀ, softmax, ·V apart)."""
-    return "softmax" in name.lower()
+    """Softmax as a kernel of its own: attention computed unfused (QKᵀ, softmax, ·V apart); the loss's
+    log-softmax is not attention's."""
+    low = name.lower()
+    return "softmax" in low and not any(k in low for k in _LOG_SOFTMAX)
 
 
 def is_mask_fill(name: str) -> bool:

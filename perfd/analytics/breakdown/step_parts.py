@@ -31,6 +31,7 @@ class Part(TextEnum):
     DATA = "data"  # waiting for the next batch
     IDLE_SYNC = "idle_sync"  # idle after a host synchronisation returned: the host launching again
     IDLE_SHORT = "idle_short"  # other idle in gaps shorter than th.SHORT_GAP_S: the host launching work
+    IDLE_SWITCH = "idle_switch"  # short gaps before kernels already launched: the GPU's own switches
     IDLE_LONG = "idle_long"  # other idle in longer gaps: the host elsewhere (Python between steps)
     COMPUTE = "compute"  # the timers' compute, not divided (no capture)
 

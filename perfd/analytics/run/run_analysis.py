@@ -35,7 +35,15 @@ from perfd.analytics.run.run_summary import (
     summarize,
 )
 from perfd.analytics.run.runs import MAX_DIGESTS, RunDigest, split_runs
-from perfd.analytics.steps.flops import FORMULA_6N, FlopsResult, model_flops, record_flops
+from perfd.analytics.steps.flops import (
+    FORMULA_6N,
+    FlopsResult,
+    MfuConvention,
+    flops_split,
+    mfu_convention,
+    model_flops,
+    record_flops,
+)
 from perfd.analytics.steps.goodput import (
     PAUSE_BEFORE_TIMERS,
     SpanColumns,
@@ -344,6 +352,8 @@ class RunBuilder:
                                        measured_ceiling_tflops=None,
                                        reason=cite(Code.PEAK_CPU_ONLY))  # said instead of "GPU name unknown"
         self.flops_job = model_flops(job.spec, lay.global_batch_size, job.framework_version, job.framework)
+        # the GEMMs' and core attention's shares of the count, for the budget's math parts
+        self.flops_split = flops_split(self.flops_job, job.spec, job.framework_version, job.framework)
         self.ctx = _Context(job, _world_size(lay), peak, rank_order(lay, job.arguments),
                             {lay.global_batch_size: self.flops_job})
         # What the class' step shares say beside the numbers: the collectives the timers cannot see,
@@ -365,6 +375,8 @@ class RunBuilder:
         self.records: list[StepRecord] | None = [] if memo is not None else None  # row order
         self.spans = SpanColumns()  # what goodput reads of each record
         self.memory_mib: dict[str, float] = {}  # the largest of each memory report value, any rank
+        # (tokens, FLOPs) per step the last record stated: how the job's model FLOPs were counted
+        self.work: tuple[float | None, float | None] = (None, None)
 
     def resume(self, ordered: Sequence[StepRecord]) -> int:
         """Take over the memo's last rows that ``ordered`` (sorted by iteration) starts with — the
@@ -397,6 +409,7 @@ class RunBuilder:
         return m
 
     def _span(self, rec: StepRecord) -> None:
+        self.work = (rec.tokens_per_step, rec.flops_per_step)
         for report in rec.memory_mb.values():
             for key in MEMORY_KEYS:
                 v = finite(report.get(key))
@@ -441,6 +454,18 @@ class RunBuilder:
         self.armed.append(rec.armed)
         if self.records is not None:
             self.records.append(rec)
+
+    def _convention(self, med: Mapping[str, object]) -> MfuConvention | None:
+        """How the job's model FLOPs were counted, the MFU's typed provenance: the count the records
+        state or imply (the step hook's), else the job's formula, else the framework's logged throughput
+        (what the MFU then divides: perfd.analytics.steps.mfu)."""
+        job = self.job
+        fl = record_flops(*self.work, job.spec, job.framework_version, job.framework) or self.flops_job
+        conv = mfu_convention(fl.formula if fl.available else None, job.spec)
+        if conv is None and med.get("logged_tflops_per_gpu") is not None \
+                and med.get("model_tflops_per_gpu") is not None:
+            return MfuConvention.LOGGED
+        return conv
 
     def _match(self, med: Mapping[str, object]) -> CaptureMatch | None:
         """Whether the timeline's capture is of this job (perfd.analytics.breakdown.capture_match)."""
@@ -500,7 +525,8 @@ class RunBuilder:
         # a capture of another job is read only when the caller insists (the CLI's --capture-force)
         refused = match is not None and match.refused and not (self.timeline and self.timeline.forced)
         timeline = None if refused else self.timeline
-        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job)
+        budget = job_budget(med, ctx.peak, lay.pp, timeline, self.flops_job, self.flops_split,
+                            rescale=match is None or match.matches)
         if budget is not None:  # how far a rerun of this job moves: its own steady steps' spread
             budget = dataclasses.replace(budget, step_sd_ms=robust_sd([steps_col[i] for i in steady_rows]))
         if budget is not None and timeline is not None and match is not None and not match.matches:
@@ -515,6 +541,7 @@ class RunBuilder:
                                incidents)
         analysis.config = job_config(analysis, self.job)
         analysis.capture_match = match
+        analysis.mfu_convention = self._convention(med)
         fs, rs = derive_findings(analysis, self.job, budget, self.live)
         analysis.plan = job_plan(analysis, self.job, budget)
         mismatch = finding(match, bool(self.timeline and self.timeline.forced)) if match is not None else None

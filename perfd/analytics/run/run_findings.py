@@ -148,13 +148,17 @@ def mfu_grade(c: RunContext) -> Out:
     untimed = untimed_groups(c.job.framework, lay.tp, lay.cp, lay.ep)
     said = explain_grade(mfu, med.get("data_share"), med.get("comm_exposed_share"),
                          budget_class(c.budget), untimed, lay.world_size)
+    conv, logged = a.mfu_convention, med.get("logged_tflops_per_gpu")
     facts = MfuFacts(said=MfuSaid.GRADED, mfu=mfu, tflops=med["model_tflops_per_gpu"],
                      peak_tflops=peak.peak_tflops, gpu_model=peak.gpu_model, dtype=peak.dtype,
                      of_ceiling=med.get("mfu_vs_measured_ceiling"),
-                     ceiling_tflops=peak.measured_ceiling_tflops, explanation=said)
+                     ceiling_tflops=peak.measured_ceiling_tflops, explanation=said, convention=conv,
+                     logged_tflops=logged)
     return [MfuFinding("mfu-grade", GRADE[grade].severity, "", "",
                        {"mfu": mfu, "model_tflops_per_gpu": med["model_tflops_per_gpu"],
-                        "peak_tflops": peak.peak_tflops, "grade": grade.value}, "",
+                        "peak_tflops": peak.peak_tflops, "grade": grade.value,
+                        "convention": conv.value if conv is not None else None,
+                        "logged_tflops_per_gpu": logged}, "",
                        a.summary.bottleneck.cls.value, steps=span, facts=facts)], []
 
 

@@ -17,6 +17,7 @@ from perfd.analytics.breakdown.bottleneck import BudgetClass
 from perfd.analytics.breakdown.budget import StepBudget, classify
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.runs import Runs
+from perfd.analytics.steps.flops import MfuConvention
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.untimed import Untimed
 
@@ -113,6 +114,9 @@ class MfuFacts:
     of_ceiling: float | None = None
     ceiling_tflops: float | None = None
     explanation: GradeExplanation | None = None
+    convention: MfuConvention | None = None  # how the model FLOPs were counted (its typed provenance)
+    # the framework's own throughput figure where its log states one (Megatron-LM's TFLOP/s per GPU)
+    logged_tflops: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ from perfd.analytics.run.run_summary import (
     RunSummary,
 )
 from perfd.analytics.run.runs import CaptureSteps, FiguresFrom, RunDigest
-from perfd.analytics.steps.flops import FlopsResult
+from perfd.analytics.steps.flops import FlopsResult, MfuConvention
 from perfd.analytics.steps.gpus import PeakResult
 from perfd.analytics.steps.iteration import IterationResult, json_value
 from perfd.analytics.steps.iteration_table import Table
@@ -50,6 +50,8 @@ class RunAnalysis:
     plan: Plan | None = None  # the remedies as a plan (perfd.analytics.advice.plan), with a capture
     # Whether the capture the analysis read (its timeline) is of this job (None: no capture read)
     capture_match: CaptureMatch | None = None
+    # How its model FLOPs were counted: the MFU's typed provenance (None: no count)
+    mfu_convention: MfuConvention | None = None
 
     def steady_iterations(self) -> list[IterationResult]:
         """Every steady iteration's row, built at once: for short runs (tests); a long run's

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from perfd.analytics.steps.hf_spec import SpecReading, is_hf_config, read_hf_config
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.bounds import SPEC_BOUNDS, in_bounds
-from perfd.model import ModelSpec, Provenance
+from perfd.model import ModelSpec, Provenance, TextEnum
 
 FORMULA_CURRENT = "megatron-core>=0.12"
 FORMULA_LEGACY = "megatron-core<=0.11"
@@ -326,6 +326,93 @@ def record_flops(tokens_per_step: float | None, flops_per_step: float | None, sp
     own = megatron_flops(spec, 1, framework_version, framework)
     return FlopsResult(None, None, None, own.missing or ("seq_length",),
                        (cite(Code.FLOPS_TOKENS_NO_SPEC),))
+
+
+class FlopsBasis(TextEnum):
+    """Which of the model's FLOPs a part of matmuls is read against (its TFLOP/s: those FLOPs over its
+    time): the linear layers' part divides its own, never the model's whole count."""
+
+    # the formula's GEMM terms: every weight matrix, 6 FLOPs per weight per token (forward 2, backward
+    # 4): QKV and the attention output projection, the MLP, the logits (LM head), MTP's projection; core
+    # attention (QKᵀ and ·V) apart, in attention's part
+    GEMMS = "gemms"
+    SIX_N = "6n"  # 6·N·tokens: the fallback count, which has no attention term (its N: the config's)
+    # every FLOP the count holds, attention's matmuls among them: GEMMs known by kernel name only run them
+    WHOLE_MODEL = "model"
+
+
+class MfuConvention(TextEnum):
+    """How the model FLOPs an MFU divides by the step were counted: its typed provenance, worded where
+    the MFU is shown (perfd.report.grade_text)."""
+
+    # perfd's formula as Megatron-Core >= 0.12 counts (module doc): 6 FLOPs per weight per token (every
+    # GEMM, the LM head's among them: 6·N·T for the weights) plus core attention's 6·s·q·L a token, the
+    # causal mask counting half of QKᵀ and ·V
+    CAUSAL_HALF = "causal-half"
+    # the same count made by the step hook from its model= (perfd's formula, in the training process)
+    HOOK_CAUSAL_HALF = "hook-causal-half"
+    # attention whole (12·s·q·L a token): Megatron-Core <= 0.11, torchtitan
+    ATTENTION_WHOLE = "attention-whole"
+    SIX_N = "6n"  # 6·N·tokens: no attention term
+    STATED = "stated"  # the training script's own flops_per_step: its convention is the script's
+    LOGGED = "logged"  # the framework's own logged throughput (Megatron-LM's TFLOP/s per GPU)
+
+
+_CONVENTION = {FORMULA_CURRENT: MfuConvention.CAUSAL_HALF, FORMULA_LEGACY: MfuConvention.ATTENTION_WHOLE,
+               FORMULA_TORCHTITAN: MfuConvention.ATTENTION_WHOLE, FORMULA_6N: MfuConvention.SIX_N}
+
+
+def mfu_convention(formula: str | None, spec: ModelSpec) -> MfuConvention | None:
+    """The convention of a count made by ``formula`` (FlopsResult.formula; None: no count). A count the
+    step hook stated follows perfd's formula where the job's spec is its model record's (the hook sends
+    one only for a count it made from model=: perfd.hook.wire.KIND_MODEL), else the script's own."""
+    if formula == FORMULA_STATED:
+        complete = spec.seq_length is not None and megatron_flops(spec, 1, None, "pytorch").available
+        return MfuConvention.HOOK_CAUSAL_HALF if complete else MfuConvention.STATED
+    return _CONVENTION.get(formula or "")
+
+
+# The formula's terms (megatron_flops ``breakdown``) that are GEMMs: a weight matrix times the tokens.
+GEMM_TERMS: tuple[str, ...] = ("mlp", "attention_projections", "logits", "mtp_norms_and_projection")
+
+
+@dataclass(frozen=True)
+class FlopsSplit:
+    """A step's model FLOPs divided by where they run, as shares of the count: the GEMMs' (``basis``)
+    and core attention's (None: the count has no attention term), and the attention convention
+    (``formula``: causal-halved in Megatron-Core >= 0.12 and for a plain PyTorch job, whole in older
+    cores and torchtitan)."""
+
+    gemm_share: float
+    attention_share: float | None
+    basis: FlopsBasis
+    formula: str
+
+    @property
+    def causal_halved(self) -> bool:
+        return self.formula not in (FORMULA_LEGACY, FORMULA_TORCHTITAN)
+
+
+def flops_split(result: FlopsResult | None, spec: ModelSpec, framework_version: str | None = None,
+                framework: str = "megatron") -> FlopsSplit | None:
+    """How ``result``'s FLOPs divide into the GEMMs' and core attention's: its own terms where perfd
+    counted it (``breakdown``), else, for a count stated whole (the step hook's ``flops_per_step``) or
+    absent, the formula's terms for one sequence of ``spec`` (the same formula the hook counts with:
+    its shares do not depend on the batch). A 6·N count is all GEMMs by its own convention; None where
+    nothing says how the count divides (a stated count without a complete spec)."""
+    if result is not None and result.formula == FORMULA_6N:
+        return FlopsSplit(1.0, None, FlopsBasis.SIX_N, FORMULA_6N)
+    terms, formula = (result.breakdown, result.formula) if result is not None else ({}, None)
+    if not terms or not formula or not result or not result.flops_per_iteration:
+        per_seq = megatron_flops(spec, 1, framework_version, framework) if spec.seq_length else None
+        if per_seq is None or not per_seq.available:
+            return None
+        terms, formula = per_seq.breakdown, per_seq.formula
+    total = sum(terms.values())
+    if total <= 0 or formula is None:
+        return None
+    return FlopsSplit(sum(terms.get(k, 0.0) for k in GEMM_TERMS) / total,
+                      terms.get("core_attention", 0.0) / total, FlopsBasis.GEMMS, formula)
 
 
 # Names other codebases give the spec's fields, accepted by ``model=`` in a mapping of perfd's own
