@@ -285,6 +285,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         complete=_stretch(swept.complete, swept.steps) if swept.complete is not None else None,
         launch_latency_ms=whole.launch_latency_ms,
         norm_rows=dict(norm_rows),
+        optimizer=ops.optimizer if ops is not None else None,
     )
 
 

@@ -34,6 +34,7 @@ from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
+from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
@@ -250,6 +251,7 @@ class StepBudget:
     step_sd_ms: float | None = None
     # the captured steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
+    optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation a capture shows
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -280,7 +282,8 @@ class StepBudget:
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
                 "window": self.window.to_json() if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
-                "replay": self.replay.to_json() if self.replay is not None else None}
+                "replay": self.replay.to_json() if self.replay is not None else None,
+                "optimizer": self.optimizer.to_json() if self.optimizer is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -309,7 +312,8 @@ class StepBudget:
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
-                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")))
+                          num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
+                          OptimizerSeen.from_json(d.get("optimizer")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

@@ -155,6 +155,7 @@ def from_capture(
         phase_ms=phases,
         window=window,
         replay=device.replay,
+        optimizer=device.optimizer,
     )
 
 

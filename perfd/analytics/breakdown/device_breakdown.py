@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.budget import IdleCause, Phase
+from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.typed import obj, objs
 
@@ -184,6 +185,7 @@ class DeviceBreakdown:
     norm_rows: dict[int, int] = field(default_factory=dict)
     # the complete steps replayed launch by launch, unchanged and with changes (perfd.capture.step_replay)
     replay: ReplayTable | None = None
+    optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation the trace shows
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -214,6 +216,7 @@ class DeviceBreakdown:
             "complete": self.complete.to_json() if self.complete is not None else None,
             "norm_rows": {str(r): n for r, n in sorted(self.norm_rows.items())},
             "replay": self.replay.to_json() if self.replay is not None else None,
+            "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
         }
 
     @classmethod
@@ -253,6 +256,7 @@ class DeviceBreakdown:
             norm_rows={int(r): c for r, c in obj(d.get("norm_rows")).items()
                        if str(r).isdigit() and isinstance(c, int) and not isinstance(c, bool)},
             replay=ReplayTable.from_json(d.get("replay")),
+            optimizer=OptimizerSeen.from_json(d.get("optimizer")),
         )
 
     def ratio(self, part_ms: float) -> float | None:
