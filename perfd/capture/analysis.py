@@ -288,6 +288,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         launch_latency_ms=whole.launch_latency_ms,
         norm_rows=dict(norm_rows),
         made_of={k.value: _ms(v) for k, v in swept.made_of.items() if v > 0},
+        optimizer=ops.optimizer if ops is not None else None,
     )
 
 

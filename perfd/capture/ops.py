@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 
 from perfd import limits as L
 from perfd.analytics.breakdown import op_parts as rules
+from perfd.analytics.breakdown import optimizer_seen as optim
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.capture import step_marks as marks_of
 from perfd.capture.op_kinds import range_kinds
 from perfd.capture.trace_input import TraceRefused
 
@@ -100,7 +102,8 @@ class OpAttribution:
     # work after its autograd node ("NativeDropoutBackward0 > aten::mul"): what the remedies' models read
     op_names: dict[int, str] = field(default_factory=dict)
     # host time of each launch (correlation id -> ns), and the optimizer phase of each marked step on the
-    # host: from the end of its last backward work to the first forward launch after its step mark
+    # host: from the end of its last backward work to the first forward launch after its step mark (a
+    # step mark around a closure: from the closure's last backward work to the mark's end)
     launch_ns: dict[int, float] = field(default_factory=dict)
     tails: tuple[tuple[float, float], ...] = ()
     # index in the capture's synchronising calls -> the op that made it (the outermost op around the call:
@@ -113,6 +116,7 @@ class OpAttribution:
     # when each launch call returned on the host (correlation id -> ns): whether the host was ahead of
     # the GPU at a gap (perfd.capture.sweep)
     launch_end_ns: dict[int, float] = field(default_factory=dict)
+    optimizer: optim.OptimizerSeen | None = None  # the class the step marks name, the ops its update ran
 
 
 class _Tree:
@@ -224,8 +228,20 @@ class _Attributor:
         self.op_part, self.frame_part = _cached(rules.op_part), _cached(_frame_part)
         cut = self.is_unit
         self.seg_op = tree.innermost(is_op, cut)
+        # A step mark around a closure holds the step's forward and backward: only the ops its thread
+        # runs after the closure's backward are the optimizer's (clipping, the update), not the mark.
+        marks = [i for i, x in enumerate(rs) if x.kind is RangeKind.ANNOTATION and rules.is_step_mark(x.name)]
+        ends = marks_of.closure_ends([(rs[i].start_ns, rs[i].end_ns) for i in marks],
+                                     ((x.start_ns, x.end_ns) for op, x in zip(is_op, rs, strict=True)
+                                      if op and rules.is_backward_range(x.name)))
+        self.marks = marks  # torch.optim's step marks, and where the closure each wraps ends (if one)
+        self.closures = {i: end for i, end in zip(marks, ends, strict=True) if end is not None}
+        in_tail = marks_of.starts_inside([(x.tid, x.start_ns) for x in rs],
+                                         [(rs[i].tid, end, rs[i].end_ns) for i, end in self.closures.items()])
         self.seg_optimizer = tree.innermost(
-            [x.kind is RangeKind.ANNOTATION and rules.is_optimizer_annotation(x.name) for x in rs], cut)
+            [(x.kind is RangeKind.ANNOTATION and rules.is_optimizer_annotation(x.name)
+              and i not in self.closures) or (op and in_tail[i])
+             for i, (op, x) in enumerate(zip(is_op, rs, strict=True))], cut)
         self.seg_frame = tree.innermost([use_frames and x.kind is RangeKind.FRAME
                                          and self.frame_part(x.name) is not None for x in rs], cut)
         self.seg_region = tree.innermost([i in self.region for i in range(len(rs))], cut)
@@ -495,7 +511,8 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
                          {ln.corr: ln.ns for ln in launches}, tails,
                          {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
                          {corr: k for corr, i in where.items() if (k := kinds[i]) is not None},
-                         {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None})
+                         {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None},
+                         _optimizer(att, launches, names))
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.
@@ -507,9 +524,10 @@ def _step_tails(att: _Attributor, launches: Sequence[Launch], parts: dict[int, P
     """The optimizer phase of each step marked by ``Optimizer.step#`` on the host: from the end of the
     backward work before the mark to the first forward launch after it (Megatron-LM's gradient norm,
     clipping and master-weight copies run there, outside torch's step annotation); the window's head
-    before its first forward launch is one too (the rest of the step before the window)."""
-    marks = sorted((r.start_ns, r.end_ns) for r in att.r
-                   if r.kind is RangeKind.ANNOTATION and rules.is_step_mark(r.name))
+    before its first forward launch is one too (the rest of the step before the window). A mark around a
+    closure (perfd.capture.step_marks) holds the step's forward and backward: its phase begins where the
+    closure's backward ends."""
+    marks = sorted((att.r[i].start_ns, att.r[i].end_ns, att.closures.get(i)) for i in att.marks)
     if not marks:
         return ()
     unit_ends = sorted(r.end_ns for r in att.r
@@ -520,14 +538,31 @@ def _step_tails(att: _Attributor, launches: Sequence[Launch], parts: dict[int, P
     if fwd and fwd[0] < marks[0][0]:
         tails.append((min(ln.ns for ln in launches) - 1.0, fwd[0]))
     prev_end = tails[0][1] if tails else float("-inf")
-    for start, end in marks:
-        j = bisect.bisect_left(unit_ends, start) - 1
-        begin = unit_ends[j] if j >= 0 and unit_ends[j] > prev_end else start
-        k = bisect.bisect_right(fwd, end)
-        stop = fwd[k] if k < len(fwd) else float("inf")
+    for start, end, closure_end in marks:
+        if closure_end is not None:
+            # the optimizer returns at the mark's end; what the loop does before the next step's closure
+            # (its hooks, the next batch fetched and copied) is not this step's optimizer
+            begin, stop = closure_end, end
+        else:
+            j = bisect.bisect_left(unit_ends, start) - 1
+            begin = unit_ends[j] if j >= 0 and unit_ends[j] > prev_end else start
+            k = bisect.bisect_right(fwd, end)
+            stop = fwd[k] if k < len(fwd) else float("inf")
         tails.append((begin, stop))
         prev_end = stop
     return tuple(tails)
+
+
+def _optimizer(att: _Attributor, launches: Sequence[Launch],
+               names: dict[int, str]) -> optim.OptimizerSeen | None:
+    """The optimizer the step marks name, and the op each one launched last on its thread: the update,
+    which torch.optim runs at the end of its step (perfd.analytics.breakdown.optimizer_seen)."""
+    marks = [att.r[i] for i in att.marks]
+    last = marks_of.last_inside(((ln.tid, ln.ns, ln.corr) for ln in launches
+                                 if ln.corr in names and "launch" in ln.name.lower()),
+                                [(r.tid, r.start_ns, r.end_ns) for r in marks])
+    return optim.seen([c for r in marks if (c := optim.step_class(r.name))],
+                      [names[c] for c in last.values()])
 
 
 def _charge_tails(launches: Sequence[Launch], parts: dict[int, Part], labels: dict[int, str],

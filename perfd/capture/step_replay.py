@@ -183,7 +183,7 @@ def forward_starts(h: HostTrace, in_optimizer: Callable[[float], bool]) -> list[
     after_backward = True
     for x in sorted((x for x in h.launches if lo <= x.ns < hi and x.name not in _SYNC_NAMES),
                     key=lambda x: x.ns):
-        if in_optimizer(x.ns):
+        if in_optimizer(x.ns) or h.op_names.get(x.corr) == _READ_BACK:
             continue
         backward = x.corr in h.backward
         if not backward and after_backward:
@@ -202,6 +202,9 @@ def _interleaved(fetches: Sequence[float], passes: Sequence[float]) -> bool:
                for a, b in itertools.pairwise(passes))
 
 
+# .item()'s copy of a scalar to the host: the loop reading a result (a loss logged between the steps of
+# a closure loop, whose optimizer phase ends with its step mark), no pass's work
+_READ_BACK = "aten::_local_scalar_dense"
 _SYNC_NAMES = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
                          "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize"})
 

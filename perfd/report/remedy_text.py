@@ -251,8 +251,12 @@ TEMPLATE: dict[Say, str] = {
     # The optimizer phase.
     Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
     Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",
+    Say.FOREACH_OF: "{0}'s multi-tensor (foreach) implementation",
+    Say.PER_PARAMETER_OF: "{0}'s per-parameter kernels (its for-loop implementation)",
     Say.OPTIMIZER_BASIS: "the optimizer phase of a complete step: {0} {1:.0f} ms (a fused Adam makes one "
                          "pass: × {2:g}–{3:g} of it saved){4}{5}",
+    Say.OPTIMIZER_CLASS_BASIS: "the optimizer phase of a complete step, {0:.1f} ms: {1} {2:.2f} ms (a fused "
+                               "{3} makes one pass: × {4:g}–{5:g} of it saved){6}",
     Say.OPT_SCALE: ", per-tensor scale and copy kernels {0:.0f} ms (clipping, the master weights; × "
                    "{1:g}–{2:g})",
     Say.OPT_LAUNCH: ", gaps between its kernels {0:.0f} ms (the host's launches and the GPU's own "
@@ -261,9 +265,10 @@ TEMPLATE: dict[Say, str] = {
                                  "{0} and a per-tensor multi_tensor_scale)",
     Say.FUSED_OPTIMIZER_TORCHTITAN: "A fused optimizer: --optimizer.implementation fused",
     Say.FUSED_OPTIMIZER_TORCH: "A fused optimizer: torch.optim.AdamW(params, fused=True)",
+    Say.FUSED_OPTIMIZER_CLASS: "A fused optimizer: torch.optim.{0}(params, ..., fused=True)",
     Say.FUSED_OPTIMIZER_HF: "A fused optimizer: {0} (the Trainer's default from torch 2.8 on)",
-    Say.FUSED_OPTIMIZER_LIGHTNING: "A fused optimizer: torch.optim.AdamW(self.parameters(), fused=True) in "
-                                   "configure_optimizers()",
+    Say.FUSED_OPTIMIZER_LIGHTNING: "A fused optimizer: torch.optim.{0}(self.parameters(), ..., fused=True) "
+                                   "in configure_optimizers()",
     Say.TE_APEX_UNSHOWN: "the start-up does not say whether Transformer Engine or Apex is there",
     Say.GRAD_NORM_BASIS: "{0:.0f} .item() synchronisations a step in the optimizer phase leave the GPU idle "
                          "{1:.0f} ms (× {2:g}–{3:g}), and the per-tensor norm kernels take {4:.1f} ms (× "

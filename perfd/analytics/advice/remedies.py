@@ -343,6 +343,10 @@ RECOMPUTED_FORWARD = (0.6, 1.0)
 # the fused kernel costs 0.3–0.5 of them. Per-tensor kernels (no foreach) cost more still.
 FUSED_ADAM_SAVES = (0.5, 0.7)
 PER_TENSOR_ADAM_SAVES = (0.6, 0.85)
+# torch's foreach SGD makes one pass per operation: one without momentum (params += -lr × grads: the
+# fused kernel's own pass, nothing saved), three with it (the buffer's mul_ and add_, then the
+# parameters'); the fused kernel makes one.
+FOREACH_SGD_SAVES = (0.0, 0.65)
 # Megatron-LM's local multi_tensor_scale (clipping, copying the master weights back) is a loop of
 # per-tensor kernels; Apex's or TE's is one multi-tensor kernel over the same bytes.
 MULTI_TENSOR_SAVES = (0.4, 0.7)

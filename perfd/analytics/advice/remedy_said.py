@@ -126,14 +126,19 @@ class Say(enum.Enum):
     # The optimizer phase.
     FOREACH_ADAM = 0
     PER_TENSOR_ADAM = 0
+    FOREACH_OF = 1  # the optimizer's class (torch.optim's, as the trace's step annotation names it)
+    PER_PARAMETER_OF = 1  # the optimizer's class
     OPTIMIZER_BASIS = 6  # the Adam's kind, its ms, low, high factor, OPT_SCALE | None, OPT_LAUNCH
+    # the phase's ms, the update's kind, its ms, the class, low, high factor, OPT_LAUNCH | None
+    OPTIMIZER_CLASS_BASIS = 7
     OPT_SCALE = 3  # scale and copy ms, low, high factor
     OPT_LAUNCH = 3  # launch gaps ms, low, high factor
     FUSED_OPTIMIZER_INSTALL = 1  # the Adam's kind
     FUSED_OPTIMIZER_TORCHTITAN = 0
     FUSED_OPTIMIZER_TORCH = 0
+    FUSED_OPTIMIZER_CLASS = 1  # the optimizer's class
     FUSED_OPTIMIZER_HF = 1  # the flag
-    FUSED_OPTIMIZER_LIGHTNING = 0
+    FUSED_OPTIMIZER_LIGHTNING = 1  # the optimizer's class
     TE_APEX_UNSHOWN = 0
     GRAD_NORM_BASIS = 7  # syncs a step, idle ms, low, high, norm kernels ms, low, high factor
     GRAD_NORM = 0

@@ -14,6 +14,7 @@ from perfd.analytics.advice.remedies import (
     BARE_SYNC,
     COMPILED_GRAPH_COST_OF_STEP,
     DATA_WAIT_BACK,
+    FOREACH_SGD_SAVES,
     FUSED_ADAM_SAVES,
     GRAD_ACCUM_SAVES,
     GRAD_NORM_KERNELS,
@@ -49,7 +50,8 @@ from perfd.analytics.advice.remedies import (
 )
 from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.advice.trainer_switches import in_terms
-from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget
+from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
+from perfd.analytics.breakdown.optimizer_seen import ADAM_CLASSES, OptimizerImpl, OptimizerSeen
 from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.model import PACKAGE_APEX, PACKAGE_TE
@@ -333,6 +335,12 @@ def compiled_graphs(c: FitContext) -> Advice | None:
 
 
 # --- the optimizer phase ------------------------------------------------------------------------------
+# The ops of an update run per parameter (torch.optim's for-loop implementation), lower case: Adam's
+# (or a kernel named for it), SGD's step and its momentum buffer's
+_ADAM_UPDATE = ("adam", "lerp", "addcdiv", "addcmul", "sqrt")
+_SGD_UPDATE = ("aten::add_", "aten::mul_")
+
+
 def _adam_kernels(b: StepBudget) -> tuple[float, bool]:
     """The optimizer part's Adam kernels per step, and whether they are torch's multi-tensor (foreach)
     ones (else per tensor)."""
@@ -340,17 +348,21 @@ def _adam_kernels(b: StepBudget) -> tuple[float, bool]:
     foreach = op_ms(opt, "_foreach_")
     if foreach > 0:
         return foreach, True
-    return op_ms(opt, "adam", "lerp", "addcdiv", "addcmul", "sqrt"), False
+    return op_ms(opt, *_ADAM_UPDATE), False
 
 
 def fused_optimizer(c: FitContext) -> Advice | None:
     """A fused Adam (and, in Megatron-LM, the multi-tensor scale that clipping and the master weights'
     copy use): what the optimizer phase's kernels and launch gaps cost a complete step, less what one
-    fused pass over the same bytes costs."""
+    fused pass over the same bytes costs. A loop's torch.optim optimizer the trace names is fused as its
+    own class (:func:`_fused_torch_optimizer`)."""
     b, cfg = c.budget, c.config
     opt = b.get(Part.OPTIMIZER)
     if opt is None:
         return None
+    seen = b.optimizer
+    if cfg.framework.hooked and seen is not None and seen.cls is not None:
+        return _fused_torch_optimizer(c, opt, seen)
     adam, foreach = _adam_kernels(b)
     saves = FUSED_ADAM_SAVES if foreach else PER_TENSOR_ADAM_SAVES
     megatron = cfg.framework is Framework.MEGATRON
@@ -389,7 +401,48 @@ def fused_optimizer(c: FitContext) -> Advice | None:
             notes=() if needs else (say(Say.TE_APEX_UNSHOWN),),
         )
     sw = in_terms(RemedyId.FUSED_OPTIMIZER, cfg.framework, Say.FUSED_OPTIMIZER_TORCH)
-    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, sw.action, gain, sw.flags, removes=tuple(removes))
+    # the model is Adam's (its foreach or per-tensor kernels): a trainer's words name AdamW
+    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, sw.action_with("AdamW"), gain, sw.flags,
+                  removes=tuple(removes))
+
+
+def _fused_torch_optimizer(c: FitContext, opt: BudgetPart, seen: OptimizerSeen) -> Advice | None:
+    """``fused=True`` for the torch.optim class the trace's step annotations name (SGD, Adam, AdamW),
+    modelled on that optimizer's own work in the optimizer phase: the update's kernels (the gradient
+    norm's are the clipping's, kept) and, for the for-loop implementation, the launch gaps of its
+    per-parameter loop. A foreach update launches a kernel per operation, not per parameter: the
+    phase's gaps are the host's around it (the loop's hooks, the clipping), which fusing leaves. None
+    for a class torch has no fused kernel of, one the job runs fused already, or a phase too small."""
+    b, cfg = c.budget, c.config
+    if not seen.fusable or seen.cls is None:
+        return None
+    phase = b.phase_ms.get(OPT, {})
+    if b.phase_ms and not named(b, sum(phase.values())):
+        return None
+    impl = seen.impl or (OptimizerImpl.FOREACH if op_ms(opt, "_foreach_") else OptimizerImpl.PER_PARAMETER)
+    adam = seen.cls in ADAM_CLASSES
+    if impl is OptimizerImpl.FOREACH:
+        update = op_ms(opt, "_foreach_") - op_ms(opt, "_foreach_norm")
+        saves, launch = (FUSED_ADAM_SAVES if adam else FOREACH_SGD_SAVES), 0.0
+        kind = say(Say.FOREACH_OF, seen.cls)
+    else:
+        update = op_ms(opt, *(_ADAM_UPDATE if adam else _SGD_UPDATE))
+        saves, launch = PER_TENSOR_ADAM_SAVES, idle_ms(b, IdleCause.LAUNCH, OPT)
+        kind = say(Say.PER_PARAMETER_OF, seen.cls)
+    if Part.OPTIMIZER in phase:  # the update's kernels are the phase's: the zeroing's (if any) are not
+        update = min(update, phase[Part.OPTIMIZER])
+    removes = [removal("optimizer:update", update, saves)]
+    if launch:
+        removes.append(removal(OPT_LAUNCH_GAPS, launch, PER_TENSOR_LAUNCHES_BACK))
+    if not named(b, sum(r.low_ms + r.high_ms for r in removes) / 2):
+        return None
+    basis = say(Say.OPTIMIZER_CLASS_BASIS, sum(phase.values()), kind, update, seen.cls, *saves,
+                say(Say.OPT_LAUNCH, launch, *PER_TENSOR_LAUNCHES_BACK) if launch else None)
+    # the Trainer's --optim names a fused AdamW only: another class goes to it as the loop's own optimizer
+    framework = cfg.framework if adam or cfg.framework is not Framework.HF_TRAINER else Framework.PYTORCH
+    sw = in_terms(RemedyId.FUSED_OPTIMIZER, framework, Say.FUSED_OPTIMIZER_CLASS, given=1)
+    return Advice(RemedyId.FUSED_OPTIMIZER, Part.OPTIMIZER, sw.action_with(seen.cls), gain_of(removes, basis),
+                  sw.flags, removes=tuple(removes))
 
 
 def grad_norm(c: FitContext) -> Advice | None:

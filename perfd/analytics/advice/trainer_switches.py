@@ -55,10 +55,16 @@ class Switch:
     flags: tuple[Flag, ...] = ()
     named: tuple[str, ...] = ()
     cost: Say | None = None
+    given: int = 0  # arguments the remedy gives after those: what the job runs (its optimizer's class)
 
     @property
     def action(self) -> Said:
-        args = (*(f.text() for f in self.flags), *self.named) if self.said.arity else ()
+        return self.action_with()
+
+    def action_with(self, *given: str) -> Said:
+        """The sentence with the remedy's own arguments after the flags' and the names' (the first
+        ``given`` of them: a switch that takes none, a Trainer's flag, names what it sets itself)."""
+        args = (*(f.text() for f in self.flags), *self.named, *given[:self.given]) if self.said.arity else ()
         return say(self.said, *args)
 
     @property
@@ -86,7 +92,7 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
     RemedyId.FUSED_OPTIMIZER: {
         Framework.TORCHTITAN: S(Say.FUSED_OPTIMIZER_TORCHTITAN),
         Framework.HF_TRAINER: S(Say.FUSED_OPTIMIZER_HF, (HF_FUSED_ADAMW,)),
-        Framework.LIGHTNING: S(Say.FUSED_OPTIMIZER_LIGHTNING),
+        Framework.LIGHTNING: S(Say.FUSED_OPTIMIZER_LIGHTNING, given=1),
     },
     RemedyId.TIMER_SYNC: {  # outside Megatron-LM: the loop's own synchronisations
         Framework.HF_TRAINER: S(Say.REMOVE_SYNCS_HF, (HF_NAN_FILTER_OFF, HF_LOGGING_STEPS),
@@ -110,17 +116,18 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
 }
 
 
-def in_terms(remedy: RemedyId, framework: Framework, plain: Say) -> Switch:
+def in_terms(remedy: RemedyId, framework: Framework, plain: Say, given: int = 0) -> Switch:
     """The remedy's action in ``framework``'s terms; ``plain``: its sentence where the framework has no
-    switch of its own (a plain loop's)."""
-    return SWITCHES.get(remedy, {}).get(framework) or Switch(plain)
+    switch of its own (a plain loop's), taking ``given`` arguments of the remedy's."""
+    return SWITCHES.get(remedy, {}).get(framework) or Switch(plain, given=given)
 
 
 def _check(switches: Mapping[RemedyId, Mapping[Framework, Switch]]) -> None:
     """Each sentence takes what its switch gives it (a switch added with a wrong sentence fails at
     import, not in a report)."""
     bad = [f"{r.value}/{f.value}" for r, by in switches.items() for f, s in by.items()
-           if s.said.arity not in (0, len(s.flags) + len(s.named)) or (s.cost is not None and s.cost.arity)]
+           if s.said.arity not in (0, len(s.flags) + len(s.named) + s.given)
+           or (s.cost is not None and s.cost.arity)]
     if bad:
         raise ValueError(f"trainer switches: a sentence's arity does not match for {bad}")
 

@@ -35,6 +35,7 @@ from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
+from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
@@ -285,6 +286,7 @@ class StepBudget:
     facts: JobFacts | None = None  # what the job already does, as its capture shows it
     # the budget brought back to the job's unprofiled step (None: read as captured)
     unprofiled: Unprofiled | None = None
+    optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation a capture shows
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -324,7 +326,8 @@ class StepBudget:
                 "step_sd_ms": self.step_sd_ms,
                 "replay": self.replay.to_json() if self.replay is not None else None,
                 "facts": self.facts.to_json() if self.facts is not None else None,
-                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None}
+                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
+                "optimizer": self.optimizer.to_json() if self.optimizer is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -355,7 +358,8 @@ class StepBudget:
                           idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
                           JobFacts.from_json(d.get("facts")),
-                          Unprofiled.from_json(d.get("unprofiled")))
+                          Unprofiled.from_json(d.get("unprofiled")),
+                          OptimizerSeen.from_json(d.get("optimizer")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

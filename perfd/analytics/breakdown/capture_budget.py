@@ -164,6 +164,7 @@ def from_capture(
         window=window,
         replay=device.replay,
         facts=device.facts,
+        optimizer=device.optimizer,
     )
     return unprofiled(b) if rescale else b
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.budget import IdleCause, Phase
 from perfd.analytics.breakdown.job_facts import JobFacts
+from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.typed import obj, objs
 
@@ -190,6 +191,7 @@ class DeviceBreakdown:
     # by what it computes (perfd.analytics.breakdown.pointwise_kinds.PointwiseKind value -> ms)
     facts: JobFacts | None = None
     made_of: dict[str, float] = field(default_factory=dict)
+    optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation the trace shows
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -222,6 +224,7 @@ class DeviceBreakdown:
             "replay": self.replay.to_json() if self.replay is not None else None,
             "facts": self.facts.to_json() if self.facts is not None else None,
             "made_of": dict(self.made_of),
+            "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
         }
 
     @classmethod
@@ -262,6 +265,7 @@ class DeviceBreakdown:
                        if str(r).isdigit() and isinstance(c, int) and not isinstance(c, bool)},
             replay=ReplayTable.from_json(d.get("replay")),
             facts=JobFacts.from_json(d.get("facts")), made_of=_ms_map(d.get("made_of")),
+            optimizer=OptimizerSeen.from_json(d.get("optimizer")),
         )
 
     def ratio(self, part_ms: float) -> float | None:

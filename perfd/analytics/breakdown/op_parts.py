@@ -147,6 +147,17 @@ def is_step_mark(name: str) -> bool:
     return name.lower().startswith(OPTIMIZER_ANNOTATIONS[0])
 
 
+# An autograd node run by the engine (Kineto: ``AddmmBackward0`` inside its evaluate_function; NVTX's
+# emit_nvtx: the node's own range), a compiled region's backward (``CompiledFunctionBackward``)
+_AUTOGRAD_NODE = re.compile(r"Backward\d*$")
+
+
+def is_backward_range(name: str) -> bool:
+    """A range of the backward pass: the engine running a node, or the node itself. A step annotation
+    that holds one wraps a closure (``optimizer.step(closure)``: forward and backward inside it)."""
+    return name.startswith(BACKWARD_UNIT) or _AUTOGRAD_NODE.search(name) is not None
+
+
 DATA_ANNOTATIONS = ("enumerate(dataloader)",)  # torch's DataLoader iteration, as the profiler marks it
 
 
