@@ -70,7 +70,9 @@ def test_the_optimizer_phase_is_sgd_and_the_clipping(lightning: StepBudget) -> N
     backward in it."""
     opt, layers = _phase(lightning, Phase.OPTIMIZER), _phase(lightning, Phase.LAYERS)
     assert opt + layers == pytest.approx(lightning.step_ms, rel=1e-6)
-    assert 0.5 < opt < 2.0 and lightning.step_ms > 30.0
+    # the budget is brought back to the job's unprofiled 23 ms step (the host's gaps scaled, the kernels kept)
+    assert lightning.unprofiled is not None and lightning.unprofiled.captured_ms > 30.0
+    assert 0.5 * lightning.unprofiled.factor < opt < 2.0
     assert lightning.phase_ms[Phase.OPTIMIZER][Part.OPTIMIZER] == pytest.approx(0.11, abs=0.02)
     ops = lightning.get(Part.OPTIMIZER).detail["op_ms"]  # type: ignore[union-attr]
     assert ops["aten::_foreach_add_"] == pytest.approx(0.053, abs=0.005)
@@ -84,7 +86,8 @@ def test_the_forward_backward_phase_holds_the_launch_gaps(lightning: StepBudget)
     for r in lightning.idle:
         if r.cause is IdleCause.LAUNCH:
             by_phase[r.phase] += r.ms
-    assert by_phase[Phase.LAYERS] > 18.0 and by_phase[Phase.OPTIMIZER] < 2.0
+    factor = lightning.unprofiled.factor if lightning.unprofiled is not None else 1.0  # as captured: 20 ms
+    assert by_phase[Phase.LAYERS] > 18.0 * factor and by_phase[Phase.OPTIMIZER] < 2.0
     layers = lightning.phase_ms[Phase.LAYERS]
     assert layers[Part.LINEAR] > 1.0 and layers[Part.ATTENTION] > 0.2
     # one forward pass a step (meta.json): the replay finds it inside the annotation

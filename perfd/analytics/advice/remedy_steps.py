@@ -215,21 +215,21 @@ def loop_micro_batch(c: FitContext) -> Advice | None:
         return None  # an odd count does not halve into micro-batches of twice the rows
     kept = m // 2
     absorbed = (m - kept) / m
-    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
-    short = b.get(Part.IDLE_SHORT)
-    under = short.detail.get("under_5us_ms") if short is not None else None
-    tiny = min(float(under), launch) if isinstance(under, (int, float)) else 0.0
-    longer = launch - tiny
+    # the GPU's own switches between the kernels it had queued: one a kernel, so those of the absorbed
+    # micro-batches' small kernels go with them; the host's launch gaps (it issued slower than the GPU
+    # ran) mostly go, half as many kernels launched for the same work
+    switch = idle_ms(b, IdleCause.SWITCH, LAYERS)
+    host = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
     acc = op_ms(b.get(Part.GRAD_REDUCE), "accumulategrad")
     acc_share = ((m - kept) / m, (m - kept) / (m - 1))
     removes = (
-        Removal(LAUNCH_GAPS, tiny * absorbed + longer * HALF_MICROBATCH_LAUNCHES[0],
-                tiny * absorbed + longer * HALF_MICROBATCH_LAUNCHES[1]),
+        Removal(SWITCH_GAPS, switch * absorbed, switch * absorbed),
+        Removal(LAUNCH_GAPS, host * HALF_MICROBATCH_LAUNCHES[0], host * HALF_MICROBATCH_LAUNCHES[1]),
         removal(ACCUMULATE_GRADS, acc, acc_share),
     )
     if not named(b, sum(r.low_ms + r.high_ms for r in removes) / 2):
         return None
-    basis = say(Say.MICRO_BATCH_TORCH_BASIS, m, kept, tiny, absorbed, longer, *HALF_MICROBATCH_LAUNCHES,
+    basis = say(Say.MICRO_BATCH_TORCH_BASIS, m, kept, switch, absorbed, host, *HALF_MICROBATCH_LAUNCHES,
                 say(Say.ACCUMULATE_GOES, acc, *acc_share) if acc else None)
     gaps_gain = gain_of(removes, basis)
     what = say(Say.MICRO_BATCH_TORCH_REPLAYED, kept, m, MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0])
