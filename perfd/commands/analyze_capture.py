@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING
 from perfd import finite_json
 from perfd.typed import obj, objs
 
+# Framework's values (perfd.analytics.advice.remedies), named here so the parser loads no analytics.
+FRAMEWORKS = ("pytorch", "hf_trainer", "lightning", "torchtitan", "megatron")
+
 if TYPE_CHECKING:  # the analytics load where a capture is read, not where `perfd` builds its parser
     from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
     from perfd.analytics.breakdown.diagnosis import TimelineClass
@@ -24,10 +27,22 @@ def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     t = asub.add_parser("trace", help="breakdown of a Kineto / Chrome trace (.json, .json.gz or .json.xz)")
     t.add_argument("file")
     t.add_argument("--json", action="store_true", help="print JSON")
+    for p in (n, t):
+        # What a live capture's analysis has from the job and a file alone does not: whose words the
+        # remedies speak, and the unprofiled step the profiler's slowdown is brought back to.
+        p.add_argument("--framework", choices=FRAMEWORKS, default="pytorch",
+                       help="the job's framework, for the remedies' words (default: pytorch, a plain loop)")
+        p.add_argument("--job-step-ms", type=float, metavar="MS",
+                       help="the job's steady step time without the profiler (its own clock): a "
+                            "budget the profiler slowed is brought back to it before any gain is modelled")
 
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.file)
+    step_ms = getattr(args, "job_step_ms", None)
+    if step_ms is not None and not 0 < step_ms < 3_600_000:
+        print(f"perfd: --job-step-ms {step_ms}: a step time in milliseconds, above 0", file=sys.stderr)
+        return 2
     if not path.is_file():
         print(f"perfd: no such file: {path}", file=sys.stderr)
         return 2
@@ -53,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from perfd.report.grade_text import worded, worded_recommendation
     from perfd.report.job_facts_text import facts_text
 
-    diag = diagnose_capture(analysis.devices, label=path.name)
+    from perfd.analytics.advice.remedies import Framework
+    from perfd.analytics.breakdown.budget import TimerShares
+
+    diag = diagnose_capture(analysis.devices, label=path.name, framework=Framework.of(args.framework),
+                            timers=TimerShares(step_ms=step_ms))
     diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
     diag.recommendations = [worded_recommendation(r) for r in diag.recommendations]
     out.update(diagnosis_json(diag))  # findings, recommendations, bottleneck, bottleneck_reason

@@ -34,6 +34,7 @@ from perfd.analytics.advice.remedies import (
     TIMER_SYNC_BACK,
     Advice,
     FitContext,
+    Flag,
     Framework,
     Gain,
     JobConfig,
@@ -49,7 +50,7 @@ from perfd.analytics.advice.remedies import (
     removal,
 )
 from perfd.analytics.advice.remedy_said import Said, Say, say
-from perfd.analytics.advice.trainer_switches import in_terms
+from perfd.analytics.advice.trainer_switches import HF_ACCUMULATION, HF_BATCH, in_terms
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.optimizer_seen import ADAM_CLASSES, OptimizerImpl, OptimizerSeen
 from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
@@ -234,11 +235,15 @@ def loop_micro_batch(c: FitContext) -> Advice | None:
     gaps_gain = gain_of(removes, basis)
     what = say(Say.MICRO_BATCH_TORCH_REPLAYED, kept, m, MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0])
     replayed = c.replayed(Change.MICROBATCH, what, gaps_gain)
+    # the Trainer's own switches: a flag each (the batch size the job's to scale, the steps set)
+    flags = (Flag(HF_BATCH.option, f"{m / kept:g}× its value"), Flag(HF_ACCUMULATION.option, str(kept))) \
+        if cfg.framework is Framework.HF_TRAINER else ()
     return Advice(
         RemedyId.MICRO_BATCH,
         Part.IDLE_SHORT,
         say(words, m, kept, m / kept),
         replayed or gaps_gain,
+        flags,
         cost=say(Say.ACTIVATION_MEMORY, m / kept),
         notes=(say(Say.ONE_MICRO_BATCH, m),) if m > 2 else (),
         removes=removes,
