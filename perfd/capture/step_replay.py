@@ -29,10 +29,15 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from perfd.analytics import thresholds as th
+from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.replay_table import (
+    COMPILED_LAUNCH_NS,
     DROPOUT_HOST,
+    FUSED_DEVICE,
+    FUSED_LAUNCHES,
     GRAPHED_HOST,
     LAUNCH_LATENCY_NS,
     MICROBATCH_DEVICE,
@@ -49,15 +54,43 @@ from perfd.capture.timeline_events import KernelEvent, MemEvent
 _LAYER_PARTS = frozenset({Part.ATTENTION, Part.LINEAR, Part.NORM, Part.ACTIVATION, Part.POINTWISE})
 _PER_MICROBATCH_FIXED = frozenset({Part.GRAD_REDUCE})  # weight-sized: not more work for more rows
 _DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+# What torch.compile fuses: the kernels elementwise by their name (a norm's, an activation's, a cast's, a
+# copy's), whichever of the model's ops launched them (autocast's casts under a linear layer fuse too:
+# nanoGPT's compiled layers launch no separate ones). Not those of what runs outside the compiled model:
+# autograd's gradient accumulation, the optimizer, the loss (often computed outside the model), copies
+# of the batch; nor those Inductor made already.
+_FUSED_KINDS = frozenset({Part.POINTWISE, Part.NORM, Part.ACTIVATION})
+_OUTSIDE_MODEL = frozenset({Part.GRAD_REDUCE, Part.OPTIMIZER, Part.LOSS, Part.MEMCPY, Part.COMM_EXPOSED,
+                            Part.PIPELINE})
+_COMPILED_OPS = "compiledfunction"  # torch.compile's regions (remedies.COMPILED_REGION)
+_INDUCTOR_KERNELS = "triton_"
+# A host gap this long or longer between two launches is not a launch's dispatch (the loop's Python
+# between micro-batches, the garbage collector): it stays when the launches go.
+_DISPATCH_NS = th.SHORT_GAP_S.value * 1e9
 
 
 # what a change's parameter is in each variant: (lo, hi)
 _PARAMS: Mapping[Change, tuple[float, float]] = {
     Change.MICROBATCH: MICROBATCH_DEVICE, Change.GRAPHS: GRAPHED_HOST, Change.DROPOUT: DROPOUT_HOST,
+    Change.FUSED: FUSED_DEVICE,  # and FUSED_LAUNCHES, at the same end
 }
 
+# The changes the fused layers' (torch.compile's, outside Megatron-LM) are replayed together with: those a
+# plain loop's or a trainer's remedies read from the replay. The timers' and the attention dropout's are
+# read from it in Megatron-LM only, whose fused layers are Transformer Engine's (not replayed); leaving
+# those combinations out spares a Megatron-LM trace's analysis 12 of 31 replays.
+_FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS})
+
 # event flags
-_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START = (1 << i for i in range(7))
+_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE = (
+    1 << i for i in range(8))
+
+
+def fusable(part: Part | None, kernel: str, op: str) -> bool:
+    """A forward-backward kernel torch.compile would fuse (_FUSED_KINDS): ``part`` the one its op decides
+    (None: none), ``kernel`` its name, ``op`` the op that launched it."""
+    return (bool(kernel) and part not in _OUTSIDE_MODEL and not kernel.startswith(_INDUCTOR_KERNELS)
+            and _COMPILED_OPS not in op.lower() and kernel_part(kernel, False) in _FUSED_KINDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +114,18 @@ class Timeline:
         faster than the fields of each event, once for each of :func:`replay`'s ~30 combinations."""
         return tuple((e.gap_ns, e.stream, e.dur_ns, e.flags, e.step) for e in self.events)
 
+    @functools.cached_property
+    def fused(self) -> tuple[int, int, float, float]:
+        """The forward-backward phase's launches, the fusable ones among them, their device ns and the
+        host's dispatch ns of them all (:func:`_dispatch`), over all steps."""
+        fb = [e for e in self.events if e.stream >= 0 and e.flags & _LAYERS]
+        fus = [e for e in fb if e.flags & _FUSABLE]
+        return (len(fb), len(fus), sum(e.dur_ns for e in fus),
+                sum(e.gap_ns for e in fb if _dispatch(e.gap_ns, e.flags)))
+
     def has(self, change: Change) -> bool:
+        if change is Change.FUSED:
+            return any(e.flags & _FUSABLE for e in self.events)
         if change is Change.TIMERS:
             return any(e.flags & _BARE_LAYERS_SYNC for e in self.events)
         if change is Change.MICROBATCH:
@@ -106,6 +150,7 @@ class HostTrace:
     # host ns where each fetch of a batch begins (the data loader's ranges): a micro-batch's start
     data_starts: Sequence[float] = ()
     backward: frozenset[int] = frozenset()  # the launches the autograd engine made (the backward pass)
+    kernels: Mapping[int, str] = field(default_factory=dict)  # corr -> its kernel's name on this device
 
 
 def timeline(h: HostTrace) -> Timeline | None:
@@ -133,6 +178,8 @@ def timeline(h: HostTrace) -> Timeline | None:
             flags |= _GRAPHABLE
         if part is Part.ATTENTION and "dropout" in op.lower():
             flags |= _DROPOUT
+        if flags & _LAYERS and fusable(part, h.kernels.get(x.corr, ""), op):
+            flags |= _FUSABLE
         if part in _PER_MICROBATCH_FIXED:
             flags |= _FIXED
         raw.append((x.ns, x.ns, stream, max(b - a, 0.0), flags, x.corr))
@@ -224,6 +271,8 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
     p = {c: v[1 if hi else 0] for c, v in _PARAMS.items()}
     graphs, dropout, timers = Change.GRAPHS in changes, Change.DROPOUT in changes, Change.TIMERS in changes
     p_graphs, p_dropout, p_mb = p[Change.GRAPHS], p[Change.DROPOUT], p[Change.MICROBATCH]
+    fused, p_fused = Change.FUSED in changes, p[Change.FUSED]
+    host_left = _launches_left(t, hi) if fused else 1.0
     keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
     streams: dict[int, int] = {}
     rows: list[_Row] = []
@@ -236,15 +285,39 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
         if keep_mb is not None and flags & _LAYERS and mb_seen > keep_mb:
             continue  # a micro-batch the larger ones absorb
         m1 = p_graphs if graphs and flags & _GRAPHABLE else 1.0
+        # fused, a launch's dispatch costs the host what the launches left cost it (_launches_left)
+        m2 = host_left if fused and stream >= 0 and flags & _LAYERS and _dispatch(gap_ns, flags) else 1.0
         if dropout and flags & _DROPOUT:
-            rows.append((gap_ns, m1, p_dropout, _WORK, 0, 0.0))
+            rows.append((gap_ns, m1, p_dropout * m2, _WORK, 0, 0.0))
         elif flags & _SYNC:
             rows.append((gap_ns, m1, 1.0, _WORK if timers and flags & _BARE_LAYERS_SYNC else _WAIT, 0, 0.0))
         else:
             if keep_mb is not None and flags & _LAYERS and not flags & _FIXED:
                 dur *= p_mb
-            rows.append((gap_ns, m1, 1.0, _LAUNCH, streams.setdefault(stream, len(streams)), dur))
+            if fused and flags & _FUSABLE:
+                dur *= p_fused
+            rows.append((gap_ns, m1, m2, _LAUNCH, streams.setdefault(stream, len(streams)), dur))
     return tuple(rows), len(streams)
+
+
+def _dispatch(gap_ns: float, flags: int) -> bool:
+    """The host's time before a forward-backward launch is its dispatch: not the loop's between
+    micro-batches (before a micro-batch's first launch), nor a pause of _DISPATCH_NS or more."""
+    return not flags & _MB_START and gap_ns < _DISPATCH_NS
+
+
+def _launches_left(t: Timeline, hi: bool) -> float:
+    """What the forward-backward phase's dispatch costs the host once fused, over what it cost: the
+    launches that remain (the fusable ones FUSED_LAUNCHES of themselves) over those it had, each at the
+    trace's own cost a launch (that phase's dispatch over its launches: an eager op's Python runs for
+    each of its kernels), or at the high end a compiled launch's where that is cheaper
+    (COMPILED_LAUNCH_NS)."""
+    n, k, _, dispatch_ns = t.fused
+    if not n:
+        return 1.0
+    left = 1.0 - (1.0 - FUSED_LAUNCHES[1 if hi else 0]) * k / n
+    each = min(1.0, COMPILED_LAUNCH_NS * n / dispatch_ns) if hi and dispatch_ns > 0 else 1.0
+    return left * each
 
 
 def _run(rows: tuple[_Row, ...], n_streams: int, scale: float, steps: int) -> float:
@@ -280,19 +353,24 @@ def _scales(t: Timeline, scales: Sequence[float], changes: frozenset[Change] = f
 
 
 def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> ReplayTable:
-    """The table over ``scales``: the trace unchanged and every combination of the changes it has."""
+    """The table over ``scales``: the trace unchanged and every combination of the changes it has (the
+    fused layers' with those _FUSED_WITH only)."""
     have = [c for c in Change if t.has(c)]
     changed: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     for n in range(1, len(have) + 1):
         for combo in itertools.combinations(have, n):
             cs = frozenset(combo)
+            if Change.FUSED in cs and not cs - {Change.FUSED} <= _FUSED_WITH:
+                continue
             lo = _scales(t, scales, cs, hi=False)
             hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo
             changed[ReplayTable.key(cs)] = (lo, hi)
     steps = max(t.steps, 1)
     host = sum(e.gap_ns for e in t.events) / steps / 1e6
     device = sum(e.dur_ns for e in t.events if e.stream >= 0) / steps / 1e6
-    return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches, host, device)
+    n, k, ns, _ = t.fused
+    return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches, host, device,
+                          (n / steps, k / steps, ns / steps / 1e6))
 
 
 def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],
@@ -302,7 +380,9 @@ def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable
     acts: tuple[KernelEvent | MemEvent, ...] = (*kernels, *memcpys)
     mine = {x.corr: (x.start_ns, x.end_ns, x.stream if x.stream is not None else 0)
             for x in acts if x.device == device and x.corr is not None}
-    t = timeline(dataclasses.replace(h, device=mine))
+    names = {x.corr: x.name for x in acts
+             if isinstance(x, KernelEvent) and x.device == device and x.corr is not None}
+    t = timeline(dataclasses.replace(h, device=mine, kernels=names))
     if t is None:
         return None
     return replay(t, (h.marks[-1] - h.marks[0]) / (len(h.marks) - 1) / 1e6)

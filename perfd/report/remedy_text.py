@@ -130,6 +130,9 @@ TEMPLATE: dict[Say, str] = {
     # Fused layers.
     Say.FUSED_LAYERS_BASIS: "normalisation, activation and other pointwise work: {0:.0f} ms per step, each "
                             "activation written once instead of once per op (× {1:g}–{2:g})",
+    Say.FUSED_REPLAYED: "with the forward-backward phase's {1:,.0f} elementwise launches of its {0:,.0f} a "
+                        "step ({2:.0f} ms of kernels) fused into × {3:g}–{4:g} as many, × {5:g}–{6:g} of "
+                        "their time, and the host's launching there scaled by the launches left",
     Say.TE_LAYERS_INSTALL: "Transformer Engine layers: install Transformer Engine, then {0}" + _TE_LAYERS,
     Say.TE_LAYERS: "Transformer Engine layers: {0}" + _TE_LAYERS,
     Say.TE_UNSHOWN: "needs Transformer Engine (the log does not say whether it is installed)",

@@ -16,9 +16,17 @@ import pytest
 from collectors.megatron import parse_file
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.budget_findings import RemedyRecommendation
-from perfd.analytics.advice.remedies import Advice, FitContext, Framework, RemedyId
+from perfd.analytics.advice.remedies import (
+    FUSED_POINTWISE,
+    Advice,
+    FitContext,
+    Framework,
+    RemedyId,
+    run_spread_ms,
+)
 from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.advice.remedy_said import Said, Say
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
@@ -173,6 +181,22 @@ def test_recomputation_both_ways(run1: RunAnalysis) -> None:
     m = tight[RemedyId.RECOMPUTE]
     assert m.gain is not None and m.gain.high_ms < 0 and not m.gain.promised
     assert RemedyId.RECOMPUTE not in {a.remedy for a in _advice(run1)}  # room, nothing recomputed: none
+
+
+@pytest.mark.slow
+def test_megatron_fused_layers_are_transformer_engines_on_the_gpus_side(run1: RunAnalysis) -> None:
+    """In Megatron-LM the fused layers are Transformer Engine's, their gain the GPU time of the
+    normalisation, activation and pointwise parts × FUSED_POINTWISE (widened by the run-to-run spread),
+    not read from the replay: torch.compile's launch model is not theirs."""
+    b = run1.summary.step_budget
+    assert b is not None
+    te = {a.remedy: a for a in _advice(run1)}[RemedyId.FUSED_LAYERS]
+    ms = sum(b.ms(p) for p in (Part.NORM, Part.ACTIVATION, Part.POINTWISE))
+    spread = run_spread_ms(b.step_ms, b.step_sd_ms)
+    assert te.action.code in (Say.TE_LAYERS, Say.TE_LAYERS_INSTALL) and te.replay is None
+    assert te.gain is not None
+    assert te.gain.low_ms == pytest.approx(ms * FUSED_POINTWISE[0] - spread)
+    assert te.gain.high_ms == pytest.approx(ms * FUSED_POINTWISE[1] + spread)
 
 
 @pytest.mark.slow

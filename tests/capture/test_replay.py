@@ -16,10 +16,27 @@ from perfd.analytics.advice.replay_gains import (
     calibrate,
     host_scale,
 )
-from perfd.analytics.breakdown.replay_table import Change, ReplayTable
+from perfd.analytics.breakdown.replay_table import (
+    COMPILED_LAUNCH_NS,
+    FUSED_DEVICE,
+    FUSED_LAUNCHES,
+    Change,
+    ReplayTable,
+)
+from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.analysis import analyze_trace
 from perfd.capture.chrome_trace import read_chrome_trace
-from perfd.capture.step_replay import _BARE_LAYERS_SYNC, _LAYERS, _MB_START, _SYNC, Event, Timeline, simulate
+from perfd.capture.step_replay import (
+    _BARE_LAYERS_SYNC,
+    _FUSABLE,
+    _LAYERS,
+    _MB_START,
+    _SYNC,
+    Event,
+    Timeline,
+    fusable,
+    simulate,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 V2, V3 = DATA / "kineto_h200_v2_megatron", DATA / "kineto_h200_v3_megatron"
@@ -158,3 +175,63 @@ def test_the_recorded_captures_replay_to_their_own_step(folder: Path, name: str,
         assert all(x <= base + 0.5 for x, base in zip(lo, t.as_is, strict=True)), key
         assert all(h <= x + 0.5 for h, x in zip(hi, lo, strict=True)), key  # "hi" saves more
     assert {"timers", "microbatch", "graphs", "microbatch+timers"} <= set(t.changed)
+
+
+def test_fused_layers_launch_fewer_kernels_and_run_them_shorter() -> None:
+    """torch.compile over an eager model (Change.FUSED), launch by launch. A micro-batch's first launch
+    after 2 ms of the loop's own Python, then 10 launches 0.1 ms of the host apart, the first 6 of them
+    elementwise. Host-bound (kernels of 0.01 ms): the 2 ms stay; the host's 1.0 ms of dispatch for the 11
+    launches scales with the launches left (6 × 0.3 at the low end: 6.8 of 11), and at the high end
+    (6 × 0.15: 5.9 of 11) each costs a compiled launch's 35 µs where the trace's cost 91 µs. GPU-bound
+    (kernels of 1 ms): the host is hidden and the step falls by the fused kernels' time alone, 6 ms ×
+    (1 − 0.35) to 6 ms × (1 − 0.1): the GPU-only model."""
+    lo_left, hi_left = 1.0 - (1.0 - FUSED_LAUNCHES[0]) * 6 / 11, 1.0 - (1.0 - FUSED_LAUNCHES[1]) * 6 / 11
+    assert (lo_left, hi_left) == pytest.approx((6.8 / 11, 5.9 / 11))
+    each = COMPILED_LAUNCH_NS / (1.0 * MS / 11)
+
+    def step(dur_ms: float, gap_ms: float) -> Timeline:
+        first = _launch(2.0, dur_ms, _LAYERS | _MB_START)
+        rest = [_launch(gap_ms, dur_ms, _LAYERS | (_FUSABLE if i < 6 else 0)) for i in range(10)]
+        return Timeline((first, *rest), 1, None)
+
+    host = step(0.01, 0.1)
+    assert host.has(Change.FUSED) and host.fused[:2] == (11, 6)
+    assert host.fused[2:] == pytest.approx((0.06 * MS, 1.0 * MS))
+    fused = frozenset({Change.FUSED})
+    assert simulate(host, 1.0) == pytest.approx(2.0 + 1.0 + 0.004 + 0.01)
+    assert simulate(host, 1.0, fused) == pytest.approx(2.0 + 1.0 * lo_left + 0.004 + 0.01)
+    assert simulate(host, 1.0, fused, hi=True) == pytest.approx(2.0 + 1.0 * hi_left * each + 0.004 + 0.01)
+    gpu = step(1.0, 0.01)
+    as_is = simulate(gpu, 1.0)
+    assert as_is == pytest.approx(2.0 + 0.004 + 10 * 1.0 + 1.0)  # the first kernel, then the 10 queued
+    assert as_is - simulate(gpu, 1.0, fused) == pytest.approx(6 * (1 - FUSED_DEVICE[0]))
+    assert as_is - simulate(gpu, 1.0, fused, hi=True) == pytest.approx(6 * (1 - FUSED_DEVICE[1]))
+    # nothing elementwise in the forward-backward phase: nothing to replay
+    assert not Timeline(tuple(_launch(0.1, 0.01) for _ in range(4)), 1, None).has(Change.FUSED)
+
+
+def test_what_torch_compile_fuses() -> None:
+    """The elementwise kernels of the model's own ops, whichever part their op is (autocast's cast of a
+    linear layer's weight, a norm's, an activation's, a copy attention's backward makes); not a GEMM, nor
+    what runs outside the compiled model (autograd's gradient accumulation, the optimizer, the loss), nor
+    what Inductor made already."""
+    ew = "void at::native::vectorized_elementwise_kernel<4, ...>"
+    norm = "void at::native::vectorized_layer_norm_kernel<float>"
+    assert fusable(Part.LINEAR, ew, "aten::copy_") and fusable(None, ew, "aten::mul")
+    assert fusable(Part.NORM, norm, "aten::native_layer_norm") and fusable(Part.ATTENTION, ew, "aten::copy_")
+    assert not fusable(Part.LINEAR, "nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_NNT", "aten::mm")
+    for outside in (Part.GRAD_REDUCE, Part.OPTIMIZER, Part.LOSS):
+        assert not fusable(outside, ew, "aten::add_")
+    assert not fusable(None, "triton_poi_fused_add_mul_0", "CompiledFunction")
+    assert not fusable(None, ew, "CompiledFunctionBackward > aten::fill_")
+    assert not fusable(None, "", "aten::copy_")  # a copy or a memset: no kernel of its own
+
+
+def test_a_table_keeps_the_launches_it_fused() -> None:
+    t = ReplayTable.of((0.5, 1.0), (100.0, 200.0), {"fused": ((60.0, 90.0), (50.0, 80.0))}, 210.0, 4,
+                       190.0, 80.0, (8022.0, 5859.0, 111.2314))
+    assert (t.launches, t.fusable, t.fusable_ms) == (8022.0, 5859.0, 111.231)
+    assert ReplayTable.from_json(t.to_json()) == t
+    old = {k: v for k, v in t.to_json().items() if k not in ("launches", "fusable", "fusable_ms")}
+    back = ReplayTable.from_json(old)  # kept before they were counted
+    assert back is not None and back.fusable == 0.0 and back.changed == t.changed

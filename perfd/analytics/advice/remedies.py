@@ -31,7 +31,7 @@ from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.advice.replay_gains import ReplayGains, calibrate
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
-from perfd.analytics.breakdown.replay_table import Change
+from perfd.analytics.breakdown.replay_table import FUSED_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.model import ABSENT, HF_TRAINER_FRAMEWORK, HOOK_FRAMEWORK, HOOK_FRAMEWORKS, LIGHTNING_FRAMEWORK
@@ -333,8 +333,12 @@ COMPILED_GRAPH_COST_OF_STEP = 0.01
 DATA_WAIT_BACK = (0.5, 0.9)  # the data wait hidden once the loader keeps up (workers, prefetch)
 # The 1F1B bubble is (p−1)/(m+p−1): twice the micro-batches nearly halve it; imbalance stays.
 PIPELINE_WAIT_BACK = (0.3, 0.6)
-# Fusing elementwise and normalisation chains (TE layers, torch.compile): each activation written once.
+# Fusing elementwise and normalisation chains with Transformer Engine's layers: each activation written once.
 FUSED_POINTWISE = (0.2, 0.5)
+# torch.compile over an eager model fuses far more (whole chains of a layer's elementwise ops, its casts):
+# the share of those kernels' device time it saves, from what the replay's model keeps of it
+# (replay_table.FUSED_DEVICE, its why there).
+COMPILED_SAVES = (1.0 - FUSED_DEVICE[0], 1.0 - FUSED_DEVICE[1])
 # Full activation recomputation runs each layer's forward again in its backward: about a third of the
 # layers' forward+backward time (forward 1×, backward 2×); the optimizer and the loss are not redone.
 RECOMPUTED_FORWARD = (0.6, 1.0)

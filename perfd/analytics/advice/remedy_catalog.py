@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.remedies import (
+    COMPILED_SAVES,
     FUSED_ATTENTION_OF_CEILING,
     FUSED_POINTWISE,
     GEMM_TO_TARGET,
@@ -31,6 +32,7 @@ from perfd.analytics.advice.remedies import (
     Removal,
     flags_for,
     gain_of,
+    idle_ms,
     merged,
     named,
     op_ms,
@@ -41,6 +43,7 @@ from perfd.analytics.advice.remedies import (
 from perfd.analytics.advice.remedy_loss import LOSS_PASSES, fused_linear_ce, loss_only
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.advice.remedy_steps import (
+    LAUNCH_GAPS,
     cuda_graphs,
     data_loader,
     fused_optimizer,
@@ -52,8 +55,8 @@ from perfd.analytics.advice.remedy_steps import (
     timer_sync,
 )
 from perfd.analytics.advice.trainer_switches import in_terms
-from perfd.analytics.breakdown.budget import BudgetPart
-from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, Change
+from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase
+from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, FUSED_DEVICE, FUSED_LAUNCHES, Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
@@ -259,35 +262,65 @@ def recompute(c: FitContext) -> Advice | None:
 
 
 def fused_layers(c: FitContext) -> Advice | None:
+    """Fused layers: Transformer Engine's in Megatron-LM (the GPU time of the normalisation, activation
+    and pointwise parts × FUSED_POINTWISE), torch.compile elsewhere (:func:`compiled_layers`)."""
     b, cfg = c.budget, c.config
     parts = [p for p in (b.get(Part.NORM), b.get(Part.ACTIVATION), b.get(Part.POINTWISE)) if p is not None]
     ms = sum(p.ms for p in parts)
+    if cfg.framework is not Framework.MEGATRON:
+        return compiled_layers(c, parts)
     if not named(b, ms):
         return None
     removes = tuple(removal(f"{p.part.value}:all", p.ms, FUSED_POINTWISE) for p in parts)
     basis = say(Say.FUSED_LAYERS_BASIS, ms, *FUSED_POINTWISE)
-    if cfg.framework is Framework.MEGATRON:
-        if cfg.arg("transformer_impl") == "transformer_engine":
-            return None
-        flags, notes = flags_for(cfg, ("--transformer-impl", "transformer_engine"))
-        needs = (PACKAGE_TE,) if cfg.missing(PACKAGE_TE) else ()
-        what = " ".join(f.text() for f in flags)
-        return Advice(
-            RemedyId.FUSED_LAYERS,
-            Part.POINTWISE,
-            say(Say.TE_LAYERS_INSTALL if needs else Say.TE_LAYERS, what),
-            ranged(ms, FUSED_POINTWISE, basis),
-            flags,
-            needs=needs,
-            notes=notes
-            if needs or cfg.packages.get(PACKAGE_TE)
-            else (*notes, say(Say.TE_UNSHOWN)),
-            removes=removes,
-            requires=(PACKAGE_TE,),
-        )
+    if cfg.arg("transformer_impl") == "transformer_engine":
+        return None
+    flags, notes = flags_for(cfg, ("--transformer-impl", "transformer_engine"))
+    needs = (PACKAGE_TE,) if cfg.missing(PACKAGE_TE) else ()
+    what = " ".join(f.text() for f in flags)
+    return Advice(
+        RemedyId.FUSED_LAYERS,
+        Part.POINTWISE,
+        say(Say.TE_LAYERS_INSTALL if needs else Say.TE_LAYERS, what),
+        ranged(ms, FUSED_POINTWISE, basis),
+        flags,
+        needs=needs,
+        notes=notes
+        if needs or cfg.packages.get(PACKAGE_TE)
+        else (*notes, say(Say.TE_UNSHOWN)),
+        removes=removes,
+        requires=(PACKAGE_TE,),
+    )
+
+
+def compiled_layers(c: FitContext, parts: list[BudgetPart]) -> Advice | None:
+    """torch.compile over an eager model. The GPU's side: the normalisation, activation and pointwise
+    parts' kernels fused (× COMPILED_SAVES of their time saved). Where the replay reaches the job's clock,
+    both sides launch by launch (Change.FUSED): the elementwise kernels run shorter and far fewer of them
+    are launched, so the host's time a step falls with its launches; a host-bound step comes down to the
+    larger of the two sides plus what stays serial (the data fetch, the loop between micro-batches and
+    steps, the optimizer), a GPU-bound one by the GPU's side alone. Read from the replay, it removes the
+    forward-backward launch gaps too, as much as the launches it takes away (the slice CUDA graphs and a
+    larger micro-batch act on): a plan counts them once."""
+    b, cfg = c.budget, c.config
+    ms = sum(p.ms for p in parts)
+    removes = tuple(removal(f"{p.part.value}:all", p.ms, COMPILED_SAVES) for p in parts)
+    gpu = ranged(ms, COMPILED_SAVES, say(Say.FUSED_LAYERS_BASIS, ms, *COMPILED_SAVES)) if ms > 0 else None
+    t = b.replay
+    replayed = None
+    if t is not None and t.fusable > 0 and t.launches > 0:
+        what = say(Say.FUSED_REPLAYED, t.launches, t.fusable, t.fusable_ms, *FUSED_LAUNCHES, *FUSED_DEVICE)
+        replayed = c.replayed(Change.FUSED, what, gpu)
+        if replayed is not None:
+            gone = tuple((1.0 - x) * t.fusable / t.launches for x in FUSED_LAUNCHES)
+            launch = idle_ms(b, IdleCause.LAUNCH, Phase.LAYERS)
+            removes = (*removes, Removal(LAUNCH_GAPS, launch * gone[0], launch * gone[1]))
+    gain = replayed or gpu
+    if gain is None or not (named(b, ms) or (replayed is not None and named(b, replayed.mid_ms))):
+        return None
     sw = in_terms(RemedyId.FUSED_LAYERS, cfg.framework, Say.FUSED_LAYERS_COMPILE)
-    return Advice(RemedyId.FUSED_LAYERS, Part.POINTWISE, sw.action, ranged(ms, FUSED_POINTWISE, basis),
-                  sw.flags, removes=removes)
+    return Advice(RemedyId.FUSED_LAYERS, Part.POINTWISE, sw.action, gain, sw.flags, removes=removes,
+                  replay=Change.FUSED if replayed else None)
 
 
 def bigger_gemms(c: FitContext) -> Advice | None:

@@ -70,6 +70,7 @@ class Say(enum.Enum):
     FREE_MEMORY_COST = 2  # peak GiB, GPU GiB
     # Fused layers.
     FUSED_LAYERS_BASIS = 3  # pointwise ms, low, high factor
+    FUSED_REPLAYED = 7  # launches, fusable launches, their ms, launches' low, high, kernels' low, high factor
     TE_LAYERS_INSTALL = 1  # the flags
     TE_LAYERS = 1  # the flags
     TE_UNSHOWN = 0

@@ -28,6 +28,24 @@ GRAPHED_HOST = (0.35, 0.1)
 # No attention dropout: its kernels go; of the host time before each, this much stays (the op's
 # dispatch runs and returns its input).
 DROPOUT_HOST = (1.0, 0.3)
+# torch.compile fuses an eager model's elementwise kernels (perfd.capture.step_replay.fusable): of their
+# launches this many remain, and of their device time this much. nanoGPT's compiled H200 recording
+# (tests/data/loops) launches 913 elementwise kernels a step in its forward-backward phase (Inductor's,
+# and the fills its regions launch), 19 a layer and micro-batch; the eager Llama of run_clm.py 5,859 (its
+# RMSNorm ~21 kernels a norm, the rotary, autocast's casts), 122 a layer and micro-batch. A Llama layer
+# has more to fuse than GPT-2's (the rotary, the norm's fp32 upcast), up to ~1.5x the kernels: 0.15-0.25
+# of the eager ones; the low end 0.3 for graph breaks left eager.
+FUSED_LAUNCHES = (0.3, 0.15)  # (lo: saves less, hi: saves more)
+# nanoGPT's elementwise kernels take 31.4 ms a step, 21.6 but its loss's, for 64k rows; the eager Llama's
+# 111 ms for 32k rows of the same width (768): 0.1 of them a row. Up to 0.35 for what a Llama layer adds
+# (the rotary) and graph breaks.
+FUSED_DEVICE = (0.35, 0.1)
+# The host's time a launch of the forward-backward phase once compiled: the compiled graph launches its
+# kernels without the eager ops' Python. nanoGPT's compiled recording: 80.2 ms of the profiled host's
+# dispatch a step for 2,264 launches, 35 µs each, where the eager Llama's takes 46 µs (366 ms for 8,022)
+# and the eager Lightning demo's 59 µs, on the same H200 under the same profiler. The fused replay's low
+# end keeps the eager cost a launch; its high end takes this one where it is cheaper.
+COMPILED_LAUNCH_NS = 35_000.0
 
 
 class Change(TextEnum):
@@ -37,6 +55,7 @@ class Change(TextEnum):
     MICROBATCH = "microbatch"  # half the micro-batches a step, each twice the size
     GRAPHS = "graphs"  # the layers' launches replayed from CUDA graphs
     DROPOUT = "dropout"  # attention dropout off: its kernels go
+    FUSED = "fused"  # torch.compile: the elementwise kernels fused, fewer launches and less device time
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,11 @@ class ReplayTable:
     # is how far the first is under the second (0: not known)
     host_ms: float = 0.0
     device_ms: float = 0.0
+    # a step's launches in the forward-backward phase, the elementwise ones torch.compile would fuse among
+    # them and their device ms (Change.FUSED; 0: none, or a table kept before they were counted)
+    launches: float = 0.0
+    fusable: float = 0.0
+    fusable_ms: float = 0.0
 
     @property
     def unmodelled_ms(self) -> float:
@@ -83,18 +107,22 @@ class ReplayTable:
     @staticmethod
     def of(scales: tuple[float, ...], as_is: Iterable[float],
            changed: Mapping[str, tuple[Iterable[float], Iterable[float]]], traced_ms: float,
-           microbatches: int | None, host_ms: float = 0.0, device_ms: float = 0.0) -> ReplayTable:
+           microbatches: int | None, host_ms: float = 0.0, device_ms: float = 0.0,
+           fused: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> ReplayTable:
         """The table as a replay measured it, its times in ms to the µs (far below any gain the table is
         read for): as it is kept and sent, so that the offline reading of a trace and the live one of
-        its event read the same figures."""
+        its event read the same figures. ``fused``: (launches, fusable, fusable_ms)."""
+        launches, fusable, fusable_ms = fused
         return ReplayTable(scales, _us(as_is), {k: (_us(lo), _us(hi)) for k, (lo, hi) in changed.items()},
-                           round(traced_ms, 3), microbatches, round(host_ms, 3), round(device_ms, 3))
+                           round(traced_ms, 3), microbatches, round(host_ms, 3), round(device_ms, 3),
+                           round(launches, 1), round(fusable, 1), round(fusable_ms, 3))
 
     def to_json(self) -> dict[str, object]:
         return {"scales": list(self.scales), "as_is": list(_us(self.as_is)),
                 "traced_ms": round(self.traced_ms, 3),
                 "microbatches": self.microbatches,
-                "host_ms": self.host_ms, "device_ms": self.device_ms,
+                "host_ms": self.host_ms, "device_ms": self.device_ms, "launches": self.launches,
+                "fusable": self.fusable, "fusable_ms": self.fusable_ms,
                 "changed": {k: [list(_us(lo)), list(_us(hi))] for k, (lo, hi) in self.changed.items()}}
 
     @staticmethod
@@ -112,7 +140,8 @@ class ReplayTable:
                 return None
             return ReplayTable(scales, as_is, changed, float(d.get("traced_ms") or 0.0),
                                int(mb) if isinstance(mb, int) else None, float(d.get("host_ms") or 0.0),
-                               float(d.get("device_ms") or 0.0))
+                               float(d.get("device_ms") or 0.0), float(d.get("launches") or 0.0),
+                               float(d.get("fusable") or 0.0), float(d.get("fusable_ms") or 0.0))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
 
