@@ -21,7 +21,7 @@ from perfd.analytics.advice.plan import (
 )
 from perfd.analytics.advice.remedies import Effort
 from perfd.analytics.finding_types import Recommendation
-from perfd.report.remedy_text import NO_GAIN_TEXT
+from perfd.report.remedy_text import NO_GAIN_TEXT, RISK_TEXT
 
 PlanIn = Plan | Mapping[str, Any] | None
 
@@ -64,6 +64,8 @@ def _ref(remedy: str, ids: Mapping[str, str]) -> str:
 def item_text(i: PlanItem, ids: Mapping[str, str]) -> str:
     """One remedy of the plan: its action, its gain alone, and how it stands to the others."""
     bits = [f"{_ms(i.gain_ms)} alone" if i.gain_ms else "gain not estimated"]
+    if i.risk is not None:
+        bits.append(f"not promised: {RISK_TEXT[i.risk]}")
     replaced = [_ref(k.target, ids) for k in i.links if k.relation is Relation.REPLACES]
     if replaced:
         bits.append("replaces " + " and ".join(replaced))
@@ -127,7 +129,8 @@ def text_lines(plan_in: PlanIn, ids: Mapping[str, str]) -> list[str]:
         out += [f"     {item_text(i, ids)}" for i in plan.items if i.stage == n - 1]
     rest = [i for i in plan.items if i.stage < 0]
     if rest:
-        out.append("  Not in the set (the range reaches below zero: measure before keeping it):")
+        out.append("  Not in the set (not promised: the range reaches below zero, or the remedy as said "
+                   "failed on such a job; measure before keeping it):")
         out += [f"     {item_text(i, ids)}" for i in rest]
     if plan.unmodelled:
         out.append(f"  {UNMODELLED_HEAD}")

@@ -19,7 +19,7 @@ from perfd.analytics.advice.budget_findings import (
     UnmodelledRemedies,
 )
 from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
-from perfd.analytics.advice.remedies import Advice, Effort, Framework, NoGain
+from perfd.analytics.advice.remedies import Advice, Effort, Framework, NoGain, Risk
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
@@ -33,6 +33,24 @@ _NOT_FLASH = ("not --attention-backend flash: with it Transformer Engine uses on
 _TE_LAYERS = " (layer norm in the linear's prologue, fused bias-activation-dropout)"
 _LEVEL2 = "forward-compute, backward-compute, batch-generator, each started and stopped"
 _TE_OR_APEX = "install Transformer Engine or Apex with its CUDA extensions"
+# The fused loss's opening, and what torch.compile did to Liger's kernels (measured on an H200:
+# docs/evidence/loops_ab_h200), which the compiled model's action, the Trainer's cost and the risk share.
+_FUSED_CE = ("A fused linear + cross-entropy: the output layer and the loss in one, a block of rows at a "
+             "time, the logits never stored whole")
+_INTO_LIGER = ("torch.compile traces into Liger's kernels and fails (measured: torch 2.11, liger-kernel "
+               "0.8.5, a compiled nanoGPT: \"unsupported operand type(s) for *: 'torch.dtype' and "
+               "'FakeTensor'\")")
+# What torch.compile's CUDA graphs do to what a call returned, and where that failed as is (measured on an
+# H200: docs/evidence/loops_ab_h200), which each framework's cost of the graphs says.
+_OVERWRITTEN = ("the tensors a compiled call returns are overwritten by its next replay, so a loop that "
+                "keeps them across calls (several micro-batches a step: micro-batch k's outputs and "
+                "autograd graph alive when k + 1 runs; a loss logged later; a module that caches a tensor "
+                "it made in forward) needs torch.compiler.cudagraph_mark_step_begin() before each forward, "
+                "or the kept tensor cloned")
+_FAILED_AS_IS = ("as is, such loops failed (\"accessing tensor output of CUDAGraphs that has been "
+                 "overwritten by a subsequent run\": measured on the Hugging Face Trainer with 4 "
+                 "micro-batches a step and on Lightning's Transformer demo, whose positional encoding "
+                 "caches a tensor made in forward)")
 
 TEMPLATE: dict[Say, str] = {
     # Options the job's release does or does not take.
@@ -95,16 +113,26 @@ TEMPLATE: dict[Say, str] = {
                         "gain is memory){3}",
     Say.ZERO_GRAD_GOES: ", and the zero gradient autograd fills for the returned logits ({0:.1f} ms) goes "
                         "with them (× {1:g}–{2:g})",
-    Say.FUSED_LINEAR_CE: "A fused linear + cross-entropy: the output layer and the loss in one, a block of "
-                         "rows at a time, the logits never stored whole — Liger Kernel's "
-                         "LigerFusedLinearCrossEntropyLoss (pip install liger-kernel; loss = "
-                         "LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden.view(-1, d), "
-                         "targets.view(-1))) or Apple's Cut Cross-Entropy (pip install cut-cross-entropy; "
-                         "loss = linear_cross_entropy(hidden, lm_head.weight, targets))",
+    Say.FUSED_LINEAR_CE: _FUSED_CE + " — Liger Kernel's LigerFusedLinearCrossEntropyLoss (pip install "
+                         "liger-kernel; loss = LigerFusedLinearCrossEntropyLoss()(lm_head.weight, "
+                         "hidden.view(-1, d), targets.view(-1))) or Apple's Cut Cross-Entropy (pip install "
+                         "cut-cross-entropy; loss = linear_cross_entropy(hidden, lm_head.weight, targets))",
     Say.FUSED_LINEAR_CE_HF: "A fused linear + cross-entropy: --use_liger_kernel (pip install liger-kernel; "
                             "Liger patches the model's output layer and loss into one, a block of rows at "
                             "a time, the logits never stored whole, with its RMSNorm, SwiGLU and rotary "
                             "kernels)",
+    Say.FUSED_LINEAR_CE_COMPILED: _FUSED_CE + ", called outside the compiled graph (torch.compile must "
+                                  "not trace into it) — Liger Kernel's LigerFusedLinearCrossEntropyLoss "
+                                  "(pip install liger-kernel) or Apple's Cut Cross-Entropy (pip install "
+                                  "cut-cross-entropy) in a function torch.compile leaves eager: "
+                                  "@torch.compiler.disable def fused_loss(w, h, t): return "
+                                  "LigerFusedLinearCrossEntropyLoss()(w, h, t) (or "
+                                  "linear_cross_entropy(h, w, t)), and in forward loss = "
+                                  "fused_loss(lm_head.weight, hidden.view(-1, d), targets.view(-1)) (a "
+                                  "graph break there)",
+    Say.FUSED_CE_COST_HF: "the model returns no logits in training; Liger's chunks run smaller matmuls; the "
+                          "logits' memory (rows × vocabulary) is freed; Liger patches the model itself, "
+                          "outside torch.compile unless {0} is given too: with it, " + _INTO_LIGER,
     Say.FUSED_CE_COST: "the model no longer returns logits in training; Cut Cross-Entropy computes them "
                        "again in the backward (about one more output-layer matmul), Liger's chunks run "
                        "smaller matmuls; the logits' memory (rows × vocabulary) is freed",
@@ -249,8 +277,13 @@ TEMPLATE: dict[Say, str] = {
                          '(or mode="max-autotune", which also tries GEMM kernels of its own: minutes more to '
                          "compile)",
     Say.GRAPHS_COMPILED_COST: "memory for the graphs' pool; the batch's shape must not change (a last short "
-                              "batch recompiles), and a tensor kept past the next step (a loss logged later) "
-                              "must be cloned: the next replay overwrites it",
+                              "batch recompiles); {0}",
+    Say.GRAPHS_KEEP: _OVERWRITTEN + "; " + _FAILED_AS_IS,
+    Say.GRAPHS_KEEP_HF: _OVERWRITTEN + "; the Trainer's own training_step calls the model, so the mark "
+                                       "needs a Trainer subclass whose training_step calls it first (not "
+                                       "measured); " + _FAILED_AS_IS,
+    Say.GRAPHS_KEEP_LIGHTNING: _OVERWRITTEN + " (in the LightningModule: first thing in training_step); "
+                               + _FAILED_AS_IS,
     # The optimizer phase.
     Say.FOREACH_ADAM: "torch's multi-tensor (foreach) Adam",
     Say.PER_TENSOR_ADAM: "per-tensor Adam kernels",
@@ -339,6 +372,18 @@ NO_GAIN_TEXT = {
                             "model=",
     NoGain.NOT_MODELLED: "its gain is not modelled",
 }
+# Why a modelled gain wholly above zero is not promised (perfd.analytics.advice.remedies.Risk).
+RISK_TEXT = {
+    Risk.GRAPHS_MICRO_BATCHES: "the trace shows more than one micro-batch a step, and CUDA graphs failed "
+                               "as is on such a loop (measured: the Hugging Face Trainer, 4 a step); what "
+                               "they give with torch.compiler.cudagraph_mark_step_begin() before each "
+                               "forward is not measured",
+    Risk.GRAPHS_TRAINER: "the Trainer's own training step calls the model, with no mark before each "
+                         "forward: with the flag alone it failed (measured: 4 micro-batches a step); a "
+                         "Trainer subclass that adds the mark is not measured",
+    Risk.FUSED_LOSS_COMPILED: "the model is compiled: " + _INTO_LIGER + "; the fused loss called outside "
+                              "the compiled graph is not measured",
+}
 
 
 # --- a remedy as the report shows it ----------------------------------------------------------------
@@ -357,6 +402,10 @@ def gain_text(a: Advice, step_ms: float, mfu: float | None) -> str:
     lo, hi = g.low_ms, g.high_ms
     if hi <= 0:  # a cost, not a gain (a remedy for memory)
         return f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / step_ms)}–{_share(-lo / step_ms)} slower)"
+    if g.risk is not None:  # modelled, but the remedy as said failed on such a job
+        span = (f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / step_ms)}–{_share(hi / step_ms)}) once it runs"
+                if lo > 0 else f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step")
+        return f"{span}, not promised: {RISK_TEXT[g.risk]}: measure before keeping it"
     if not g.promised:
         return (f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step ({-lo / step_ms:+.0%} to "
                 f"{-hi / step_ms:+.0%}): measure before keeping it")

@@ -8,14 +8,24 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-HF = ROOT / "tests" / "data" / "loops" / "hf_clm_h200"
+LOOPS = ROOT / "tests" / "data" / "loops"
+HF = LOOPS / "hf_clm_h200"
 
 
-def _analyze(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "trace", str(HF / "trace.json.xz"),
-                           *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def _analyze(*args: str, trace: Path = HF) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "trace",
+                           str(trace / "trace.json.xz"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _remedies(name: str, framework: str, step_ms: str) -> dict[str, dict[str, Any]]:
+    """The recommendations of `perfd analyze trace` of one recording as its job, by remedy."""
+    out = json.loads(_analyze("--json", "--framework", framework, "--job-step-ms", step_ms,
+                              trace=LOOPS / name).stdout)
+    return {str(r["remedy"]): r for r in out["recommendations"]}
 
 
 def test_the_trace_read_as_the_trainers_job_at_its_own_step() -> None:
@@ -35,3 +45,25 @@ def test_the_trace_read_as_the_trainers_job_at_its_own_step() -> None:
 def test_a_step_time_that_is_no_step_time_is_refused() -> None:
     got = _analyze("--job-step-ms", "-5")
     assert got.returncode == 2 and "--job-step-ms" in got.stderr and not got.stdout
+
+
+def test_the_remedies_that_failed_as_said_are_said_with_what_they_need() -> None:
+    """The three remedies that failed when applied as said (docs/evidence/loops_ab_h200), as the command
+    that made the predictions shows them: the Trainer's CUDA graphs and nanoGPT's fused loss are no
+    promised gain (no impact: ordered after every promised one), each saying why; Lightning's graphs keep
+    theirs, their cost saying where the mark goes."""
+    hf = _remedies("hf_clm_h200", "hf_trainer", "293.18")
+    graphs = hf["cuda_graphs"]
+    assert graphs["impact"] is None and graphs["flags"] == ["--torch_compile_mode reduce-overhead"]
+    assert "not promised" in graphs["detail"]
+    assert "torch.compiler.cudagraph_mark_step_begin()" in graphs["detail"]
+    assert all(r["impact"] is not None for r in hf.values() if r["priority"] < graphs["priority"])
+    nano = _remedies("nanogpt_h200", "pytorch", "133.46")
+    ce = nano["cross_entropy_fusion"]
+    assert ce["impact"] is None and "outside the compiled graph" in ce["action"]
+    assert "not promised" in ce["detail"]
+    assert max(r["priority"] for r in nano.values()) == ce["priority"]
+    lit = _remedies("lightning_h200", "lightning", "23.2")
+    graphs = lit["cuda_graphs"]
+    assert graphs["impact"] is not None and "not promised" not in graphs["detail"]
+    assert "cudagraph_mark_step_begin() before each forward" in graphs["detail"]

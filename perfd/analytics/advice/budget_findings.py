@@ -8,7 +8,8 @@ in the advice registry (perfd.analytics.breakdown.advice_registry).
 
 A recommendation is made only for time the budget measured: never a check of something the same
 budget shows as fine (an efficient GEMM part gets an info finding saying so, and no action); and a
-gain whose range reaches below zero is said as one to measure, never promised.
+gain that is not promised (its range reaches below zero, or Gain.risk says why) is said as one to
+measure.
 """
 
 from __future__ import annotations

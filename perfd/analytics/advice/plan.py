@@ -26,6 +26,7 @@ from perfd.analytics.advice.remedies import (
     JobConfig,
     NoGain,
     Removal,
+    Risk,
     run_spread_ms,
 )
 from perfd.analytics.advice.remedy_said import Said
@@ -97,6 +98,7 @@ class PlanItem:
     removes: tuple[Removal, ...] = ()  # what its gain is made of: a set of items is combined from them
     replay: Change | None = None  # the replay's change its gain was read from (Advice.replay)
     said: Said | None = None  # the action as its code (Advice.action); None once worded, or read back
+    risk: Risk | None = None  # why its gain, wholly above zero, is not promised (Gain.risk): stage -1
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -113,6 +115,7 @@ class PlanItem:
             "remove": list(self.remove),
             "removes": [[r.atom, r.low_ms, r.high_ms] for r in self.removes],
             "replay": self.replay.value if self.replay is not None else None,
+            "risk": self.risk.value if self.risk is not None else None,
         }
 
     @staticmethod
@@ -142,6 +145,7 @@ class PlanItem:
             bool(d.get("any_of")),
             tuple(Removal(str(r[0]), float(r[1]), float(r[2])) for r in d.get("removes") or []),
             Change(str(d["replay"])) if d.get("replay") in Change.__members__.values() else None,
+            risk=Risk(str(d["risk"])) if d.get("risk") in Risk.__members__.values() else None,
         )
 
 
@@ -415,13 +419,14 @@ def _order(items: Sequence[Advice]) -> list[Advice]:
 def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_ms: float,
               replay: ReplayGains | None = None) -> Plan | None:
     """The plan of the fitted ``advice`` (None without any). The set a user would apply is every remedy
-    whose whole range is a gain: the flags first (one stage), then one stage per install (the one that
-    brings most first), then the code changes; a remedy whose range reaches below zero is listed apart,
-    to measure (stage -1). ``spread_ms``: the run-to-run spread its totals carry once (the same as its
-    items' ranges: remedies.run_spread_ms of the budget they were fitted to); ``replay``: the replay's
-    gains the items that name a change were read from (FitContext.replay), which combine them. A remedy
-    with no modelled gain is no item: it is listed apart (``unmodelled``, with why), since a plan orders
-    remedies by their gains and adds them up, and one without a gain has no place in either."""
+    whose gain is promised: the flags first (one stage), then one stage per install (the one that brings
+    most first), then the code changes; a remedy whose gain is not promised (its range reaches below
+    zero, or Gain.risk says why not) is listed apart, to measure (stage -1). ``spread_ms``: the
+    run-to-run spread its totals carry once (the same as its items' ranges: remedies.run_spread_ms of
+    the budget they were fitted to); ``replay``: the replay's gains the items that name a change were
+    read from (FitContext.replay), which combine them. A remedy with no modelled gain is no item: it is
+    listed apart (``unmodelled``, with why), since a plan orders remedies by their gains and adds them
+    up, and one without a gain has no place in either."""
     if not advice or step_ms <= 0:
         return None
     unmodelled = tuple(Unmodelled(a.remedy.value, "", a.effort, a.no_gain or NoGain.NOT_MODELLED, a.action)
@@ -487,6 +492,7 @@ def make_plan(advice: Sequence[Advice], cfg: JobConfig, step_ms: float, spread_m
                 a.removes,
                 a.replay,
                 a.action,
+                a.gain.risk if a.gain else None,
             )
         )
     return Plan(step_ms, tuple(items), tuple(stages), spread_ms, replay, unmodelled)

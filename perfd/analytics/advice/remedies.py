@@ -117,6 +117,25 @@ class JobConfig:
         return v is not None and v != ABSENT
 
 
+class Risk(TextEnum):
+    """Why a modelled gain is not promised though its whole range is above zero: the remedy as said, applied
+    to a job like this one, was measured failing, and what makes it run (the remedy's cost or action says
+    it) is not measured. The range stays, what the change would give once it runs; the plan lists the
+    remedy with those to measure (not in the set), as it does a range reaching below zero."""
+
+    # torch.compile's CUDA graphs (mode="reduce-overhead") with several micro-batches a step: micro-batch
+    # k's outputs and autograd graph are alive when k + 1 replays the graphs over them (measured: the Hugging
+    # Face Trainer, 4 a step, on an H200: docs/evidence/loops_ab_h200)
+    GRAPHS_MICRO_BATCHES = "graphs_micro_batches"
+    # the Hugging Face Trainer's CUDA graphs: its own training step calls the model, so the mark that each
+    # forward needs is not the user's to add there (measured failing as above)
+    GRAPHS_TRAINER = "graphs_trainer"
+    # a fused linear + cross-entropy in a compiled model: torch.compile traces into Liger's kernel launcher
+    # and fails (measured: torch 2.11, liger-kernel 0.8.5, nanoGPT); the loss called outside the compiled
+    # graph is not measured
+    FUSED_LOSS_COMPILED = "fused_loss_compiled"
+
+
 @dataclass(frozen=True)
 class Gain:
     """Step time saved per step (ms; negative: slower), as a range, with how it was had."""
@@ -124,6 +143,7 @@ class Gain:
     low_ms: float
     high_ms: float
     basis: Said  # how the range was had (its words: perfd.report.remedy_text)
+    risk: Risk | None = None  # why a range wholly above zero is not promised all the same
 
     @property
     def mid_ms(self) -> float:
@@ -131,8 +151,8 @@ class Gain:
 
     @property
     def promised(self) -> bool:
-        """The whole range is a gain: the change is recommended for its speed."""
-        return self.low_ms > 0
+        """The whole range is a gain and nothing puts the change at risk: recommended for its speed."""
+        return self.low_ms > 0 and self.risk is None
 
 
 class Effort(TextEnum):
@@ -507,7 +527,7 @@ def with_spread(g: Gain | None, b: StepBudget) -> Gain | None:
     if g is None:
         return None
     s = run_spread_ms(b.step_ms, b.step_sd_ms)
-    return Gain(g.low_ms - s, g.high_ms + s, say(Say.WITH_SPREAD, g.basis, spread_said(s, b.step_ms)))
+    return Gain(g.low_ms - s, g.high_ms + s, say(Say.WITH_SPREAD, g.basis, spread_said(s, b.step_ms)), g.risk)
 
 
 def named(b: StepBudget, ms: float) -> bool:

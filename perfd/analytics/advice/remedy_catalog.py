@@ -5,7 +5,7 @@ job's release accepts, never one already set), what it needs that the job lacks,
 gain as a range from a model of what the change removes and what it adds (the constants and why:
 perfd.analytics.advice.remedies), and what that gain is made of (its removals, which a plan counts once
 where remedies overlap: perfd.analytics.advice.plan). The gaps' and the optimizer's remedies are in
-perfd.analytics.advice.remedy_steps. Pure.
+perfd.analytics.advice.remedy_steps, CUDA graphs' in perfd.analytics.advice.remedy_graphs. Pure.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from perfd.analytics.advice.remedies import (
     removal,
     with_spread,
 )
+from perfd.analytics.advice.remedy_graphs import cuda_graphs
 from perfd.analytics.advice.remedy_loss import LOSS_PASSES, fused_linear_ce, loss_only
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.advice.remedy_steps import (
     LAUNCH_GAPS,
-    cuda_graphs,
     data_loader,
     fused_optimizer,
     grad_accum_fusion,

@@ -8,6 +8,8 @@ not use, and names what it removes as atoms the plan counts once. Pure.
 
 from __future__ import annotations
 
+import dataclasses
+
 from perfd.analytics.advice.remedies import (
     FUSED_CE_OF_LOSS,
     PACKAGE_CCE,
@@ -17,6 +19,7 @@ from perfd.analytics.advice.remedies import (
     FitContext,
     Framework,
     RemedyId,
+    Risk,
     compiled,
     gain_of,
     named,
@@ -24,6 +27,7 @@ from perfd.analytics.advice.remedies import (
     removal,
 )
 from perfd.analytics.advice.remedy_said import Say, say
+from perfd.analytics.advice.trainer_switches import HF_TORCH_COMPILE
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.step_parts import Part
 
@@ -38,6 +42,12 @@ _ZERO_FILLS = ("compiledfunctionbackward > aten::fill_", "compiledfunctionbackwa
 _FUSED_CE_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE,
                                          Framework.HF_TRAINER: Say.FUSED_LINEAR_CE_HF,
                                          Framework.LIGHTNING: Say.FUSED_LINEAR_CE}
+# ... in a compiled model: the loss called outside the compiled graph, since torch.compile traces into
+# Liger's kernel launcher and fails (remedies.Risk.FUSED_LOSS_COMPILED). The Trainer's flag stays: Liger
+# patches the model itself, and its cost says when compile traces into it.
+_FUSED_CE_COMPILED_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE_COMPILED,
+                                                  Framework.HF_TRAINER: Say.FUSED_LINEAR_CE_HF,
+                                                  Framework.LIGHTNING: Say.FUSED_LINEAR_CE_COMPILED}
 _LOSS_ONLY_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.LOSS_ONLY, Framework.LIGHTNING: Say.LOSS_ONLY}
 
 
@@ -46,11 +56,18 @@ def unused_gradient_ms(b: StepBudget) -> float:
     return sum(op_ms(p, *_ZERO_FILLS) for p in b.parts)
 
 
+def compiled_job(b: StepBudget) -> bool:
+    """torch.compile runs the model: its regions' ops in the budget, or the job's facts say so."""
+    return compiled(b) or (b.facts is not None and b.facts.compiled is True)
+
+
 def fused_linear_ce(c: FitContext) -> Advice | None:
     """The output layer and the cross-entropy in one (remedies.FUSED_CE_OF_LOSS): of the loss's kernels a
-    share at most, and the zero gradient of the returned logits, which are no longer there."""
+    share at most, and the zero gradient of the returned logits, which are no longer there. In a compiled
+    model the loss goes outside the compiled graph, its gain not promised (not measured so)."""
     b, cfg = c.budget, c.config
-    words = _FUSED_CE_WORDS.get(cfg.framework)
+    in_graph = compiled_job(b)
+    words = (_FUSED_CE_COMPILED_WORDS if in_graph else _FUSED_CE_WORDS).get(cfg.framework)
     loss = b.ms(Part.LOSS)
     if words is None or not named(b, loss):
         return None
@@ -60,12 +77,15 @@ def fused_linear_ce(c: FitContext) -> Advice | None:
         removes.append(removal(UNUSED_GRAD, zeros, REMOVED_KERNELS))
     basis = say(Say.FUSED_CE_BASIS, loss, *FUSED_CE_OF_LOSS,
                 say(Say.ZERO_GRAD_GOES, zeros, *REMOVED_KERNELS) if zeros > 0 else None)
+    gain = gain_of(removes, basis)
+    cost = say(Say.FUSED_CE_COST_HF, HF_TORCH_COMPILE.option) if cfg.framework is Framework.HF_TRAINER \
+        else say(Say.FUSED_CE_COST)
     return Advice(
         RemedyId.CE_FUSION,
         Part.LOSS,
         say(words),
-        gain_of(removes, basis),
-        cost=say(Say.FUSED_CE_COST),
+        dataclasses.replace(gain, risk=Risk.FUSED_LOSS_COMPILED) if in_graph else gain,
+        cost=cost,
         needs_one=True,
         removes=tuple(removes),
         requires=(PACKAGE_LIGER, PACKAGE_CCE),

@@ -57,7 +57,9 @@ class Say(enum.Enum):
     ZERO_GRAD_GOES = 3  # the zero-filled gradient's ms, low, high factor
     FUSED_LINEAR_CE = 0  # a plain PyTorch loop's action
     FUSED_LINEAR_CE_HF = 0
+    FUSED_LINEAR_CE_COMPILED = 0  # a compiled model's: the loss outside the compiled graph
     FUSED_CE_COST = 0
+    FUSED_CE_COST_HF = 1  # the Trainer's compile option
     LOSS_ONLY_BASIS = 3  # the zero-filled gradient's ms, low, high factor
     LOSS_ONLY = 0  # a plain PyTorch loop's action
     # Recomputation.
@@ -123,7 +125,11 @@ class Say(enum.Enum):
     GRAPHS_LIGHTNING = 0
     GRAPHS_THIN_BASIS = 7  # host ms, device ms, their ratio, launch gaps ms, low, high share back, cost share
     GRAPHS_COMPILED = 0  # a compiled job's action
-    GRAPHS_COMPILED_COST = 0
+    GRAPHS_COMPILED_COST = 1  # torch.compile's graphs: GRAPHS_KEEP (or a framework's)
+    # what torch.compile's graphs need of a loop that keeps a call's outputs: where the mark goes
+    GRAPHS_KEEP = 0  # a plain loop's
+    GRAPHS_KEEP_HF = 0
+    GRAPHS_KEEP_LIGHTNING = 0
     # The optimizer phase.
     FOREACH_ADAM = 0
     PER_TENSOR_ADAM = 0

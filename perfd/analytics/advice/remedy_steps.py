@@ -1,27 +1,23 @@
 """The remedies for the step's gaps and per-step work, one small function each (the registry is
-perfd.analytics.advice.remedy_catalog.REMEDIES): host synchronisations, micro-batch size, CUDA graphs,
-the optimizer (fused Adam; Megatron-LM's gradient norm without Apex or Transformer Engine, an .item()
-per parameter tensor; the weight gradient accumulated by its GEMM), communication overlap, the data
-loader and the pipeline. Each reads the budget's idle by cause and phase (perfd.capture.sweep) and the
-job's configuration, and names what it removes (:class:`~perfd.analytics.advice.remedies.Removal`) so
-that a plan counts two remedies acting on the same gaps once. Pure.
+perfd.analytics.advice.remedy_catalog.REMEDIES): host synchronisations, micro-batch size, the optimizer
+(fused Adam; Megatron-LM's gradient norm without Apex or Transformer Engine, an .item() per parameter
+tensor; the weight gradient accumulated by its GEMM), communication overlap, the data loader and the
+pipeline (CUDA graphs: perfd.analytics.advice.remedy_graphs). Each reads the budget's idle by cause and
+phase (perfd.capture.sweep) and the job's configuration, and names what it removes
+(:class:`~perfd.analytics.advice.remedies.Removal`) so that a plan counts two remedies acting on the same
+gaps once. Pure.
 """
-
 from __future__ import annotations
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice.remedies import (
     BARE_SYNC,
-    COMPILED_GRAPH_COST_OF_STEP,
     DATA_WAIT_BACK,
     FOREACH_SGD_SAVES,
     FUSED_ADAM_SAVES,
     GRAD_ACCUM_SAVES,
     GRAD_NORM_KERNELS,
     GRAD_NORM_SYNCS_BACK,
-    GRAPH_GAPS_BACK,
-    GRAPH_REPLAY_COST_OF_STEP,
-    GRAPHS_HOST_OF_DEVICE,
     HALF_MICROBATCH_LAUNCHES,
     HALF_MICROBATCH_TIMERS,
     MULTI_TENSOR_SAVES,
@@ -40,7 +36,6 @@ from perfd.analytics.advice.remedies import (
     JobConfig,
     RemedyId,
     Removal,
-    compiled,
     flags_for,
     gain_of,
     idle_ms,
@@ -53,7 +48,7 @@ from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.advice.trainer_switches import HF_ACCUMULATION, HF_BATCH, in_terms
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
 from perfd.analytics.breakdown.optimizer_seen import ADAM_CLASSES, OptimizerImpl, OptimizerSeen
-from perfd.analytics.breakdown.replay_table import GRAPHED_HOST, MICROBATCH_DEVICE, Change
+from perfd.analytics.breakdown.replay_table import MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.model import PACKAGE_APEX, PACKAGE_TE
 
@@ -262,81 +257,6 @@ def memory_cost(cfg: JobConfig) -> Said | None:
     if new > th.MEMORY_HEADROOM.value * total:
         return None
     return say(Say.MEMORY_PEAK, peak / 1024, new / 1024, total / 1024)
-
-
-def cuda_graphs(c: FitContext) -> Advice | None:
-    """Only where the launch gaps are large enough to pay for replaying: the low end is a loss. The
-    host's launch gaps (it issues work slower than the GPU runs it), not the GPU's own switches between
-    kernels it had queued (the host ahead: graphs take nothing from the host there). Below that, a
-    compiled job whose host's margin is thin (:func:`compiled_graphs`)."""
-    b, cfg = c.budget, c.config
-    short = b.ms(Part.IDLE_SHORT)
-    if b.step_ms <= 0:
-        return None
-    if short / b.step_ms < th.LAUNCH_GAPS_FOR_GRAPHS.value:
-        return compiled_graphs(c)
-    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) or short  # a capture without phases: all of them
-    removes = (
-        removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
-        Removal("cuda_graphs:replay", -GRAPH_REPLAY_COST_OF_STEP * b.step_ms, 0.0),
-    )
-    gain = gain_of(removes, say(Say.GRAPHS_BASIS, *GRAPH_GAPS_BACK, launch, GRAPH_REPLAY_COST_OF_STEP))
-    if cfg.framework is Framework.MEGATRON:
-        flags, notes = flags_for(cfg, ("--cuda-graph-impl", "local"))
-        if not flags:
-            flags, notes = flags_for(cfg, ("--enable-cuda-graph", None))
-        if not flags:
-            return None
-        replayed = c.replayed(Change.GRAPHS, say(Say.GRAPHS_REPLAYED, GRAPHED_HOST[1], GRAPHED_HOST[0]), gain)
-        return Advice(
-            RemedyId.CUDA_GRAPHS,
-            Part.IDLE_SHORT,
-            say(Say.GRAPHS_FLAG, flags[0].text()),
-            replayed or gain,
-            flags,
-            cost=say(Say.GRAPHS_COST),
-            notes=notes,
-            removes=removes,
-            replay=Change.GRAPHS if replayed else None,
-        )
-    if compiled(b):  # already compiled: the compile mode, not compile itself
-        return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, say(Say.GRAPHS_COMPILED), gain, removes=removes)
-    sw = in_terms(RemedyId.CUDA_GRAPHS, cfg.framework, Say.GRAPHS_COMPILE)
-    return Advice(RemedyId.CUDA_GRAPHS, Part.IDLE_SHORT, sw.action, gain, sw.flags, removes=removes)
-
-
-def compiled_graphs(c: FitContext) -> Advice | None:
-    """A job torch.compile already runs, whose profiled host issues its step in GRAPHS_HOST_OF_DEVICE of
-    the GPU's busy time or more (the replay's reading of the trace, on the job's host where the replay
-    reaches its clock): its compiled regions replayed as CUDA graphs, one launch each. The launch gaps of
-    its forward-backward phase come back in part; the copies of the batch into the graphs cost a little."""
-    b, cfg = c.budget, c.config
-    t = b.replay
-    ratio = t.host_of_device if t is not None else None
-    if cfg.framework is not Framework.PYTORCH or t is None or ratio is None or not compiled(b):
-        return None
-    scale = c.replay.scale if c.replay is not None else 1.0  # the job's own host against the profiled one
-    if ratio * scale < GRAPHS_HOST_OF_DEVICE:
-        return None
-    launch = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
-    if not named(b, launch):
-        return None
-    removes = (
-        removal(LAUNCH_GAPS, launch, GRAPH_GAPS_BACK),
-        Removal("cuda_graphs:replay", -COMPILED_GRAPH_COST_OF_STEP * b.step_ms, 0.0),
-    )
-    gain = gain_of(removes, say(Say.GRAPHS_THIN_BASIS, t.host_ms * scale, t.device_ms, ratio * scale, launch,
-                                *GRAPH_GAPS_BACK, COMPILED_GRAPH_COST_OF_STEP))
-    replayed = c.replayed(Change.GRAPHS, say(Say.GRAPHS_REPLAYED, GRAPHED_HOST[1], GRAPHED_HOST[0]), gain)
-    return Advice(
-        RemedyId.CUDA_GRAPHS,
-        Part.IDLE_SHORT,
-        say(Say.GRAPHS_COMPILED),
-        replayed or gain,
-        cost=say(Say.GRAPHS_COMPILED_COST),
-        removes=removes,
-        replay=Change.GRAPHS if replayed else None,
-    )
 
 
 # --- the optimizer phase ------------------------------------------------------------------------------

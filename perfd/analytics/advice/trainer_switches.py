@@ -85,9 +85,10 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
         Framework.HF_TRAINER: S(Say.FUSED_LAYERS_HF, (HF_TORCH_COMPILE,), (HF_LIGER,)),
         Framework.LIGHTNING: S(Say.FUSED_LAYERS_LIGHTNING),
     },
-    RemedyId.CUDA_GRAPHS: {
-        Framework.HF_TRAINER: S(Say.GRAPHS_HF, (HF_COMPILE_REDUCE_OVERHEAD,), (HF_TORCH_COMPILE.option,)),
-        Framework.LIGHTNING: S(Say.GRAPHS_LIGHTNING),
+    RemedyId.CUDA_GRAPHS: {  # the cost: what the loop needs of torch.compile's graphs (remedy_graphs)
+        Framework.HF_TRAINER: S(Say.GRAPHS_HF, (HF_COMPILE_REDUCE_OVERHEAD,), (HF_TORCH_COMPILE.option,),
+                                cost=Say.GRAPHS_KEEP_HF),
+        Framework.LIGHTNING: S(Say.GRAPHS_LIGHTNING, cost=Say.GRAPHS_KEEP_LIGHTNING),
     },
     RemedyId.FUSED_OPTIMIZER: {
         Framework.TORCHTITAN: S(Say.FUSED_OPTIMIZER_TORCHTITAN),
@@ -116,10 +117,11 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
 }
 
 
-def in_terms(remedy: RemedyId, framework: Framework, plain: Say, given: int = 0) -> Switch:
+def in_terms(remedy: RemedyId, framework: Framework, plain: Say, given: int = 0,
+             cost: Say | None = None) -> Switch:
     """The remedy's action in ``framework``'s terms; ``plain``: its sentence where the framework has no
-    switch of its own (a plain loop's), taking ``given`` arguments of the remedy's."""
-    return SWITCHES.get(remedy, {}).get(framework) or Switch(plain, given=given)
+    switch of its own (a plain loop's), taking ``given`` arguments of the remedy's, and ``cost`` its cost."""
+    return SWITCHES.get(remedy, {}).get(framework) or Switch(plain, cost=cost, given=given)
 
 
 def _check(switches: Mapping[RemedyId, Mapping[Framework, Switch]]) -> None:
