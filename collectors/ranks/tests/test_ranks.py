@@ -418,29 +418,55 @@ def test_the_event_goes_out_on_change_and_every_few_seconds_otherwise(spawn: Any
     assert out.samples  # the series go out every collect all the same
 
 
-WRITER = ("import sys, time\nf = open(sys.argv[1], 'wb')\nblock = b'x' * (1 << 20)\nprint('in', flush=True)\n"
-          "while True:\n    f.write(block); f.flush(); f.seek(0) if f.tell() > (256 << 20) else None\n"
-          "    time.sleep(0.005)\n")
+# A rank that saves when told: each line on its stdin writes a fresh 128 MiB file, synced, then "done"
+# (fresh pages: each is dirtied once, which is when the kernel counts it in /proc/<pid>/io write_bytes).
+WRITER = ("import os, sys\nd = sys.argv[1]\nblock = b'x' * (1 << 20)\nprint('in', flush=True)\n"
+          "for n, _ in enumerate(sys.stdin):\n    path = os.path.join(d, f'ckpt{n}.bin')\n"
+          "    with open(path, 'wb') as f:\n        for _ in range(128):\n            f.write(block)\n"
+          "        f.flush(); os.fsync(f.fileno())\n    os.unlink(path)\n    print('done', flush=True)\n")
+SAVE_BYTES = 128 << 20
 
 
 @pytest.mark.slow
 def test_a_rank_writing_to_disk_is_reported_at_every_collect(spawn: Any, tmp_path: Path) -> None:
     """A rank saving (a checkpoint between its steps) shows its disk writes, and the event goes out at
-    every collect while it writes: the aggregator tells the loop's own pause at a cadence by it."""
-    quiet, writer = spawn(SLEEP), spawn(WRITER, str(tmp_path / "ckpt.bin"))
-    time.sleep(1.0)  # past the interpreters' start-up
-    c = RanksCollector({"job": "j", "event_every_s": 30})
-    c.note(quiet.pid, 0, "hook", uid=os.getuid())
-    c.note(writer.pid, 1, "hook", uid=os.getuid())
-    rows = []
-    for _ in range(10):  # a loaded machine may give the writer little time in a window
-        rows = _collect(c, 2, 0.7)
-        if _row(rows, 1).get("write_bytes_per_second", 0.0) >= 20e6:
-            break
-    assert _row(rows, 1)["write_bytes_per_second"] >= 20e6
-    assert _row(rows, 0)["write_bytes_per_second"] < 1e6
-    got = []
-    for _ in range(3):
-        time.sleep(0.4)
-        got.append(len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name]))
-    assert got == [1, 1, 1]  # while one writes, every collect (event_every_s is 30 s)
+    every collect while it writes: the aggregator tells the loop's own pause at a cadence by it. The
+    saves are made between two collects on request (not left to run beside them), so what a collect
+    sees does not depend on how the machine schedules the writer."""
+    quiet = spawn(SLEEP)
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert writer.stdout is not None and writer.stdin is not None
+        assert writer.stdout.readline().strip() == "in"
+        c = RanksCollector({"job": "j", "event_every_s": 30})
+        c.note(quiet.pid, 0, "hook", uid=os.getuid())
+        c.note(writer.pid, 1, "hook", uid=os.getuid())
+        c.collect(time.time())  # the first reading: no rates yet
+
+        def saved_then_collected() -> tuple[int, list[dict[str, Any]]]:
+            t0 = time.monotonic()
+            writer.stdin.write("save\n")  # type: ignore[union-attr]
+            writer.stdin.flush()  # type: ignore[union-attr]
+            assert writer.stdout.readline().strip() == "done"  # type: ignore[union-attr]
+            elapsed = time.monotonic() - t0
+            evs = [e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name]
+            # the save's bytes over the time since the last collect: a rate the threshold sees only if
+            # the save took under 6 s (128 MiB at 20 MB/s); say so rather than fail on a slow disk
+            assert elapsed < SAVE_BYTES / 20e6, f"the 128 MiB save took {elapsed:.1f} s on this disk"
+            return len(evs), (list(evs[0]["payload"]["ranks"]) if evs else [])
+
+        got = []
+        for _ in range(3):
+            n, rows = saved_then_collected()
+            got.append(n)
+            assert _row(rows, 1)["write_bytes_per_second"] >= 20e6
+            assert _row(rows, 0)["write_bytes_per_second"] < 1e6
+        assert got == [1, 1, 1]  # while one writes, every collect (event_every_s is 30 s)
+        # writes stopped: one event for the change, then none until event_every_s
+        quiet_events = [len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name])
+                        for _ in range(2)]
+        assert quiet_events == [1, 0]
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
