@@ -48,8 +48,8 @@ from perfd.transport.gen import perfd_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPS = ROOT / "tests" / "data" / "loops"
-CLOCKED = (class_inputs, collectives, gpu_views, hosts, http, job_analyses, jobs, nodes, sightings, snapshot, stalls,
-           state_ingest, stats)
+CLOCKED = (class_inputs, collectives, gpu_views, hosts, http, job_analyses, jobs, nodes, sightings, snapshot,
+           stalls, state_ingest, stats)
 
 
 def unpack(name: str, into: Path) -> Path:
@@ -94,7 +94,8 @@ Extra = tuple[float, Callable[[AggregatorState], None]]
 
 def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | None = None,
            edit: StepEdit | None = None, edit_event: EventEdit | None = None,
-           edit_capture: EventEdit | None = None, extra: Sequence[Extra] = (), tail_s: float = 30.0) -> Replayed:
+           edit_capture: EventEdit | None = None, extra: Sequence[Extra] = (),
+           tail_s: float = 30.0) -> Replayed:
     """Replay the journal at ``state_dir`` for ``job`` (up to replay time ``until``, else to its end and
     ``tail_s`` past it), refreshing every ``tick_s``."""
     store = StateStore(state_dir)
@@ -148,8 +149,10 @@ def _take(st: AggregatorState, agent: str, b: DecodedBatch, t: float, job: str, 
         st.ingest_events(agent, [edit_event(dict(e)) if edit_event is not None else e for e in b.events])
 
 
-def samples(st: AggregatorState, agent: str, at: float, values: Mapping[tuple[str, tuple[tuple[str, str], ...]],
-                                                                        float]) -> None:
+Sample = tuple[str, tuple[tuple[str, str], ...]]  # a metric's name and its sorted labels
+
+
+def samples(st: AggregatorState, agent: str, at: float, values: Mapping[Sample, float]) -> None:
     """NVML-like samples of ``agent`` at ``at``: (name, sorted labels) -> value (the journal keeps none)."""
     keys = list(values)
     st.ingest_samples(agent, dict(enumerate(keys)), list(range(len(keys))), [int(at * 1e9)] * len(keys),

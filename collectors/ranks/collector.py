@@ -595,4 +595,5 @@ def _marks(row: RankHost) -> tuple[str, bool, bool, bool, bool]:
     state = str(row.get("state"))
     idle = cpu is not None and cpu < STALL_IDLE_CPU_CORES.value
     return (state if state in NOTABLE_STATES else "live", idle, waits(row),
-            thr is not None and thr >= CPU_THROTTLED_SHARE.value, wr is not None and wr >= PAUSE_WRITES_BPS.value)
+            thr is not None and thr >= CPU_THROTTLED_SHARE.value,
+            wr is not None and wr >= PAUSE_WRITES_BPS.value)

@@ -64,12 +64,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"perfd: cannot analyse {path}: {exc}", file=sys.stderr)
         return 1
     from perfd.analytics.advice.capture_findings import diagnose_capture
+    from perfd.analytics.advice.remedies import Framework
+    from perfd.analytics.breakdown.budget import TimerShares
     from perfd.report.capture_text import class_reason, diagnosis_json
     from perfd.report.grade_text import worded, worded_recommendation
     from perfd.report.job_facts_text import facts_text
-
-    from perfd.analytics.advice.remedies import Framework
-    from perfd.analytics.breakdown.budget import TimerShares
 
     diag = diagnose_capture(analysis.devices, label=path.name, framework=Framework.of(args.framework),
                             timers=TimerShares(step_ms=step_ms))

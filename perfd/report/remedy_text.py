@@ -230,9 +230,11 @@ TEMPLATE: dict[Say, str] = {
                               "same)",
     Say.MICRO_BATCH: "Fewer, larger micro-batches: {0} (global batch {1} unchanged)",
     Say.MICRO_BATCH_TORCH_BASIS: "{0} → {1} micro-batches a step (the forward passes between optimizer "
-                                 "steps): the GPU's switches between kernels it had queued ({2:.1f} ms, one a "
+                                 "steps): the GPU's switches between kernels it had queued ({2:.1f} ms, one "
+                                 "a "
                                  "kernel) go with the absorbed micro-batches' kernels (× {3:.2f}), the "
-                                 "forward-backward gaps where the host launched late ({4:.1f} ms) mostly go (× {5:g}–{6:g}: the "
+                                 "forward-backward gaps where the host launched late ({4:.1f} ms) mostly go "
+                                 "(× {5:g}–{6:g}: the "
                                  "host launches half as many kernels for the same work){7}; the kernels "
                                  "themselves grow with the rows and are not counted",
     Say.ACCUMULATE_GOES: ", and of autograd's AccumulateGrad adds ({0:.1f} ms, a parameter's gradient added "

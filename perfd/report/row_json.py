@@ -63,7 +63,8 @@ EXCLUSION_TEXT: dict[Exclusion, str] = {
     Exclusion.NO_STEP_TIME: "no step time",
     Exclusion.OUTLIER: "a step far slower than the steady one, in a slow window",
     Exclusion.INCIDENT: "part of an incident (its id in the range; its cause in the job's incidents)",
-    Exclusion.PAUSE: "the loop's own pause (an evaluation, a checkpoint save) at a cadence (its id in the range)",
+    Exclusion.PAUSE: "the loop's own pause (an evaluation, a checkpoint save) at a cadence (its id in the "
+                     "range)",
 }
 
 

@@ -23,8 +23,8 @@ from tests.journal_replay import Extra, Replayed, replay, samples, unpack
 NANO, HF = "nanogpt_h200", "hf_clm_h200"
 AGENT = "vm/nanogpt"
 PHASES = ('with hook.phase("evaluation"):', 'with hook.phase("checkpoint"):')
-UTIL = ("perfd_gpu_utilization_ratio", tuple(sorted({"gpu": "0", "node": "vm",
-                                                      "uuid": "GPU-97236da7-4baf-95b3-e1f5-eeb8a7e3fe53"}.items())))
+GPU_LABELS = {"gpu": "0", "node": "vm", "uuid": "GPU-97236da7-4baf-95b3-e1f5-eeb8a7e3fe53"}
+UTIL = ("perfd_gpu_utilization_ratio", tuple(sorted(GPU_LABELS.items())))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,8 @@ def _writing(at: float, bps: float) -> Extra:
             "labels": {"job": "nanogpt", "node": "vm"}, "text": "",
             "payload": {"job": "nanogpt", "interval_s": 1.0, "node": {},
                         "ranks": [{"rank": 0, "pid": 628, "source": "launch", "state": "running",
-                                   "state_since": 1795937117.63, "observed_at": at, "started_at": 1795937099.51,
+                                   "state_since": 1795937117.63, "observed_at": at,
+                                   "started_at": 1795937099.51,
                                    "cpu_cores": 1.0, "write_bytes_per_second": bps}]}}])
     return at, put
 

@@ -48,7 +48,8 @@ _FUSED_CE_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE,
 _FUSED_CE_COMPILED_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE_COMPILED,
                                                   Framework.HF_TRAINER: Say.FUSED_LINEAR_CE_HF,
                                                   Framework.LIGHTNING: Say.FUSED_LINEAR_CE_COMPILED}
-_LOSS_ONLY_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.LOSS_ONLY, Framework.LIGHTNING: Say.LOSS_ONLY}
+_LOSS_ONLY_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.LOSS_ONLY,
+                                          Framework.LIGHTNING: Say.LOSS_ONLY}
 
 
 def unused_gradient_ms(b: StepBudget) -> float:

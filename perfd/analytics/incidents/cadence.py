@@ -141,7 +141,8 @@ def outside_explains(steps_ms: Sequence[float | None], outside_shares: Sequence[
     as a share of each step) is most of its excess over the steady step: a pause between the steps."""
     if not steps_ms or len(steps_ms) > PAUSE_MAX_STEPS or excess_ms <= 0:
         return False
-    outside = [s * o for s, o in zip(steps_ms, outside_shares, strict=True) if s is not None and o is not None]
+    outside = [s * o for s, o in zip(steps_ms, outside_shares, strict=True)
+               if s is not None and o is not None]
     return bool(outside) and sum(outside) >= OUTSIDE_SHARE * excess_ms
 
 
@@ -176,7 +177,8 @@ def find_cadences(pauses: Iterable[Pause], stepped_to: int | None = None) -> lis
             for b in range(a + 1, min(len(left), a + 1 + NEXT_TRIED)):
                 every = left[b].iteration - left[a].iteration
                 prev = at.get(left[a].iteration - every)
-                if every < MIN_EVERY or (prev is not None and _similar([left[prev].seconds], left[a].seconds)):
+                if every < MIN_EVERY or (prev is not None
+                                         and _similar([left[prev].seconds], left[a].seconds)):
                     continue  # too often; or not where this cadence starts (walked from its start)
                 members = _walk(left, at, a, every)
                 if len(members) < 2:
@@ -205,7 +207,8 @@ def part_seconds(cadences: Iterable[CadencePause]) -> dict[str, float]:
 
 
 def _during(c: CadencePause, sightings: Iterable[PauseSighting]) -> list[PauseSighting]:
-    spans = [(p.start_time, p.end_time) for p in c.pauses if p.start_time is not None and p.end_time is not None]
+    spans = [(p.start_time, p.end_time) for p in c.pauses
+             if p.start_time is not None and p.end_time is not None]
     return [s for s in sightings if any(t0 <= s.time <= t1 for t0, t1 in spans)]
 
 
@@ -228,7 +231,8 @@ def name_part(c: CadencePause, sightings: Iterable[PauseSighting]) -> CadencePau
         if gu:
             hi = max(gu)
             busy = busy or hi >= GPU_BUSY
-            seen.append(PauseSeen(SeenKind.GPU_BUSY if hi >= GPU_BUSY else SeenKind.GPU_IDLE, rank, hi, len(gu)))
+            kind = SeenKind.GPU_BUSY if hi >= GPU_BUSY else SeenKind.GPU_IDLE
+            seen.append(PauseSeen(kind, rank, hi, len(gu)))
     part = (PausePart.CHECKPOINT if writes and not busy else PausePart.EVALUATION if busy and not writes
             else PausePart.UNTOLD)
     return replace(c, part=part, seen=tuple(seen))

@@ -398,7 +398,8 @@ def _pauses(built: Sequence[tuple[list[int], Incident]], post: Sequence[Iteratio
             continue
         if outside_explains([post[i].step_time_ms for i in r], [post[i].outside_share for i in r],
                             inc.cost_s * 1e3):
-            out.append(Pause(inc.first_iteration, inc.cost_s, inc.start_time, inc.end_time, inc.last_iteration))
+            out.append(Pause(inc.first_iteration, inc.cost_s, inc.start_time, inc.end_time,
+                             inc.last_iteration))
     return out
 
 
