@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import kernels as kernels_mod
+from perfd.analytics.breakdown.casts_seen import CastGroup, CastsSeen
 from perfd.analytics.breakdown.device_breakdown import (
     CaptureAnalysis,
     DeviceBreakdown,
@@ -49,6 +50,7 @@ from perfd.analytics.breakdown.device_breakdown import (
     Stretch,
 )
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
+from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.job_scan import scan, with_syncs
 from perfd.capture.op_kinds import kernel_kinds
@@ -65,6 +67,7 @@ PART_TOP_N = 3  # kernels named per budget part
 # ops kept per part with their time (the remedies' models read them): the largest; a capture's record
 # travels to the aggregator in one event of at most perfd.limits.MAX_EVENT_BYTES for all its ranks
 PART_OPS_N = 25
+CAST_GROUPS_N = 16  # kinds of cast kernel kept (the weights' casts, perfd.analytics.breakdown.casts_seen)
 IDLE_ROWS_N = 24  # idle rows (cause, phase, owner) kept, the largest
 NAME_CHARS = 160
 _SENDRECV = ("nccldevkernel_sendrecv", "ncclkernel_sendrecv")
@@ -226,6 +229,28 @@ def _tops(named: Mapping[Part, Sequence[tuple[str, float]]]) -> dict[str, tuple[
     return tops
 
 
+def _casts(kernels: Sequence[KernelEvent], ops: OpAttribution | None, window: Interval | None,
+           steps: int) -> CastsSeen | None:
+    """The cast kernels of the complete steps by name (and whether autograd ran them, and whether it
+    links them to a parameter's gradient), per step: those the ops or the kernel's name say cast, and
+    an eager model's weight casts (perfd.capture.op_kinds.weight_cast_ranges). None: no complete step."""
+    if ops is None or window is None or steps < 1:
+        return None
+    lo, hi = window
+    tally: dict[tuple[str, bool, bool], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for k in kernels:
+        if k.corr is None or not lo <= k.start_ns < hi:
+            continue
+        linked = k.corr in ops.weight_casts
+        if linked or ops.kinds.get(k.corr) is PointwiseKind.CAST:
+            row = tally[(k.name[:NAME_CHARS], k.corr in ops.backward, linked)]
+            row[0] += 1
+            row[1] += max(k.end_ns - k.start_ns, 0.0)
+    kept = sorted(tally.items(), key=lambda kv: (-kv[1][1], kv[0]))[:CAST_GROUPS_N]
+    return CastsSeen(tuple(CastGroup(name, back, linked, n / steps, _ms(ns) / steps)
+                           for (name, back, linked), (n, ns) in kept))
+
+
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                    nvtx: Iterable[NvtxRange] = (), top_n: int = 10,
                    ops: OpAttribution | None = None, host: HostSide | None = None) -> DeviceBreakdown:
@@ -289,6 +314,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         norm_rows=dict(norm_rows),
         made_of={k.value: _ms(v) for k, v in swept.made_of.items() if v > 0},
         optimizer=ops.optimizer if ops is not None else None,
+        casts=_casts(kernels, ops, swept.window, swept.steps),
     )
 
 

@@ -8,7 +8,8 @@ a rotary embedding, a SwiGLU's gate), else its own name. An op inside another ta
 nearest one around it that has one (``aten::to`` > ``aten::copy_``). Backward work takes the kind of the
 forward op autograd linked its node to, else its own op's name. A kernel with no kind from its ops takes
 its name's (inductor's fused kernels name what they fuse); a zero-fill the cross-entropy's backward runs
-right after, on the same stream, is the logits' gradient.
+right after, on the same stream, is the logits' gradient. A cast that autograd links to a parameter's
+gradient is a weight's (:func:`weight_cast_ranges`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
+from perfd.analytics.breakdown.op_parts import ACCUMULATE_GRAD
 from perfd.analytics.breakdown.pointwise_kinds import (
     VIEWS,
     PointwiseKind,
@@ -69,6 +71,36 @@ def range_kinds(names: Sequence[str], tids: Sequence[int], starts: Sequence[floa
         fwd = unit_fwd.get(u)
         # the forward op's kind (a rotary slice's backward zero-fills too: it is the rotary's), else its own
         out[i] = (near[fwd] if fwd is not None else None) or near[i]
+    return out
+
+
+def weight_cast_ranges(names: Sequence[str], starts: Sequence[float], ends: Sequence[float],
+                       parent: Sequence[int], order: Sequence[int], unit: Sequence[int],
+                       units: Mapping[int, Sequence[int]], unit_fwd: Mapping[int, int]) -> list[bool]:
+    """Whether each range is inside an eager model's cast of a parameter or of its gradient (autocast
+    casts each fp32 weight a matmul takes in every forward; autograd casts its gradient back in the
+    backward): a backward node autograd linked to a forward cast op (``ToCopyBackward0`` of
+    ``aten::to``) that its thread runs right before an ``AccumulateGrad`` — the engine runs a leaf's
+    accumulation as soon as its gradient is ready, so that node made a parameter's gradient, not an
+    activation's — its ranges, and those of the forward op it is linked to. ``units``: each thread's
+    backward units in the order they started; ``parent``: each range's enclosing range (-1: none); the
+    other arguments as :func:`range_kinds` takes them."""
+    nodes: set[int] = set()
+    for us in units.values():
+        top: list[int] = []  # the units the engine ran one after another (a nested one: its outer one's)
+        for u in us:
+            if not top or starts[u] >= ends[top[-1]]:
+                top.append(u)
+        for u, nxt in itertools.pairwise(top):
+            fwd = unit_fwd.get(u)
+            if fwd is not None and ACCUMULATE_GRAD in names[nxt].lower() \
+                    and op_kind(names[fwd], False) is PointwiseKind.CAST:
+                nodes.add(u)
+    forward = {unit_fwd[u] for u in nodes}
+    out = [False] * len(names)
+    for i in order:
+        p = parent[i]
+        out[i] = unit[i] in nodes if unit[i] >= 0 else i in forward or (p >= 0 and out[p])
     return out
 
 

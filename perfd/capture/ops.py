@@ -35,7 +35,7 @@ from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.capture import step_marks as marks_of
-from perfd.capture.op_kinds import range_kinds
+from perfd.capture.op_kinds import range_kinds, weight_cast_ranges
 from perfd.capture.trace_input import TraceRefused
 
 
@@ -117,6 +117,8 @@ class OpAttribution:
     # the GPU at a gap (perfd.capture.sweep)
     launch_end_ns: dict[int, float] = field(default_factory=dict)
     optimizer: optim.OptimizerSeen | None = None  # the class the step marks name, the ops its update ran
+    # the activities of an eager model's casts of its parameters and of their gradients (op_kinds)
+    weight_casts: frozenset[int] = frozenset()
 
 
 class _Tree:
@@ -507,12 +509,15 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     kinds = range_kinds([x.name for x in rs], [x.tid for x in rs], [x.start_ns for x in rs],
                         [x.kind is RangeKind.OP for x in rs], op_parent, att.tree.order, att.unit,
                         att.unit_fwd)
+    weights = weight_cast_ranges([x.name for x in rs], [x.start_ns for x in rs], [x.end_ns for x in rs],
+                                 att.tree.parent, att.tree.order, att.unit, att.units, att.unit_fwd)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
                          {ln.corr: ln.ns for ln in launches}, tails,
                          {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
                          {corr: k for corr, i in where.items() if (k := kinds[i]) is not None},
                          {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None},
-                         _optimizer(att, launches, names))
+                         _optimizer(att, launches, names),
+                         frozenset(corr for corr, i in where.items() if weights[i]))
 
 
 # The parts of forward and backward work: the first launch of one after a step mark begins the next step.

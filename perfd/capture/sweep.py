@@ -107,6 +107,7 @@ class SweepResult:
     side_stream_ns: dict[Part, float]  # each part's kernel time on streams other than the busiest
     # the pointwise part's kernel time by what it computes (perfd.capture.op_kinds), whole span
     made_of: dict[PointwiseKind, float] = field(default_factory=dict)
+    window: tuple[float, float] | None = None  # the complete steps' span on the device (None: no two marks)
 
 
 class _Activity:
@@ -332,9 +333,9 @@ def sweep(
         whole.span_ns = edges[-1][0] - edges[0][0]
     if complete is not None:
         complete.span_ns = hi - lo
-    return SweepResult(
-        whole, complete, len(cuts) - 1 if complete is not None else 0, named, by_op, dict(side), dict(made_of)
-    )
+    steps = len(cuts) - 1 if complete is not None else 0
+    return SweepResult(whole, complete, steps, named, by_op, dict(side), dict(made_of),
+                       (lo, hi) if complete is not None else None)
 
 
 def _clip(a: float, b: float, window: tuple[float, float] | None) -> float:

@@ -234,12 +234,14 @@ TEMPLATE: dict[Say, str] = {
                                  "a "
                                  "kernel) go with the absorbed micro-batches' kernels (× {3:.2f}), the "
                                  "forward-backward gaps where the host launched late ({4:.1f} ms) mostly go "
-                                 "(× {5:g}–{6:g}: the "
-                                 "host launches half as many kernels for the same work){7}; the kernels "
-                                 "themselves grow with the rows and are not counted",
+                                 "(× {5:g}–{6:g}: the host launches half as many kernels for the same "
+                                 "work){7}{8}; the other kernels grow with the rows and are not counted",
     Say.ACCUMULATE_GOES: ", and of autograd's AccumulateGrad adds ({0:.1f} ms, a parameter's gradient added "
                          "to the one before each micro-batch after the first) those of the absorbed "
                          "micro-batches go (× {1:.2f}–{2:.2f})",
+    Say.WEIGHT_CASTS_GO: ", and autocast's casts of the fp32 weights to the compute dtype and of their "
+                         "gradients back ({0:g} kernels a micro-batch, {1:.1f} ms a step, each a weight's "
+                         "size whatever the rows) go with the absorbed micro-batches (× {2:.2f})",
     Say.MICRO_BATCH_TORCH_REPLAYED: "with {0} micro-batches a step for {1} (each kernel of the "
                                     "forward-backward phase {2:g}–{3:g}× as long, the gradient "
                                     "accumulation's the same)",

@@ -22,9 +22,10 @@ from perfd.analytics.advice.budget_findings import BudgetContext, plan_of
 from perfd.analytics.advice.plan import PlanItem
 from perfd.analytics.advice.remedies import Advice, Effort, FitContext, Framework, JobConfig, RemedyId, Risk
 from perfd.analytics.advice.remedy_catalog import fit
-from perfd.analytics.advice.remedy_said import Say
+from perfd.analytics.advice.remedy_said import Said, Say
 from perfd.analytics.breakdown.budget import IdleCause, Phase, StepBudget, TimerShares
 from perfd.analytics.breakdown.capture_budget import from_capture
+from perfd.analytics.breakdown.casts_seen import CastGroup, CastsSeen, weight_casts
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import Launch
@@ -62,6 +63,11 @@ def llama() -> StepBudget:
 
 def _near(got: float, want: float, tol: float) -> bool:
     return abs(got - want) <= tol
+
+
+def _sentences(s: Said) -> list[Said]:
+    """A sentence and every sentence nested in it."""
+    return [s, *(x for a in s.args if isinstance(a, Said) for x in _sentences(a))]
 
 
 def test_compiled_loss_kernels_are_the_loss(nanogpt: StepBudget) -> None:
@@ -128,15 +134,89 @@ def test_fewer_larger_micro_batches_in_nanogpt(nanogpt: StepBudget) -> None:
     """Reading of the complete step: the GPU idles 4.58 ms in 2619 gaps under 1 ms; 3.99 ms of them are
     its own switches between kernels the host had queued long before (one a kernel), none a gap where the
     host launched late; autograd's AccumulateGrad runs 225 CUDAFunctor_add<float> kernels (75 parameters
-    × micro-batches 2-4), 1.45 ms. Twice the micro-batch absorbs 2 of 4: half the switches (~1.95 ms),
-    half to two thirds of the adds (0.72-0.96): 2.67-2.91 ms, ± 0.66 → 2.0-3.57. The memory it needs is
-    said as a factor of the activations (no memory in the trace)."""
+    × micro-batches 2-4), 1.45 ms. Under bf16 autocast each micro-batch casts the fp32 weights of its 49
+    matmuls (12 layers × 4, and the tied lm_head) and their gradients back: 388 kernels, 1.79 ms a step
+    (the weights' casts below). Twice the micro-batch absorbs 2 of 4: half the switches (~1.95 ms), half
+    to two thirds of the adds (0.72-0.96), half the weight casts (0.89): 3.56-3.80 ms, ± 0.66 → 2.9-4.46
+    (it was 2.0-3.57 without the casts; the job measured 4.77 ms). The memory it needs is said as a
+    factor of the activations (no memory in the trace)."""
     mb = _fitted(nanogpt)[RemedyId.MICRO_BATCH]
     assert mb.gain is not None and mb.replay is None  # the replay cannot reach nanoGPT's clock
-    assert _near(mb.gain.low_ms, 2.0, 0.3) and _near(mb.gain.high_ms, 3.57, 0.3)
+    assert _near(mb.gain.low_ms, 2.9, 0.1) and _near(mb.gain.high_ms, 4.46, 0.1)
+    casts = next(r for r in mb.removes if r.atom == "casts:weights")
+    assert _near(casts.low_ms, 0.89, 0.02) and casts.high_ms == casts.low_ms
+    (said,) = [x for x in _sentences(mb.gain.basis) if x.code is Say.WEIGHT_CASTS_GO]
+    assert said.args[0] == 97 and "autocast's casts of the fp32 weights" in text(mb.gain.basis)
     assert mb.action.code is Say.MICRO_BATCH_TORCH and mb.action.args[:2] == (4, 2)
     assert mb.cost is not None and mb.cost.code is Say.ACTIVATION_MEMORY and mb.cost.args == (2.0,)
     assert mb.effort is Effort.CODE
+
+
+def test_nanogpts_weight_casts_are_told_from_its_activation_casts(nanogpt: StepBudget) -> None:
+    """Reading of the raw trace's complete step (kernels launched between the first two
+    Optimizer.step#AdamW.step annotations; grids as Kineto records them), the kernels that only cast:
+
+    - forward (under CompiledFunction): triton_poi_fused__to_copy_t_4 96 × 5.9 µs, 0.568 ms (c_fc and
+      the MLP's c_proj, 24 a micro-batch, grid 4608 = 768×3072 / 512); _to_copy_t_0 48, 0.223 ms
+      (c_attn, 3456 = 768×2304 / 512); _to_copy_t_3 48, 0.109 ms (attention's c_proj, 576 = 768² /
+      1024); _to_copy_t_13 4, 0.207 ms (the tied wte/lm_head, 37728 = 50304×768 / 1024): 196, 1.107 ms;
+    - backward (under CompiledFunctionBackward), the gradients: _to_copy_3 96 × 4.3 µs, 0.416 ms (grid
+      2304 = 768×3072 / 1024); _to_copy_8 48 × 3.5 µs, 0.168 ms; _to_copy_6 48 × 2.1 µs, 0.100 ms: 192,
+      0.684 ms;
+    - not the weights': _to_copy_view_2 96 × 17.2 µs, 1.648 ms (grid 12288 = 16×1024×768 / 1024: an
+      activation's gradient, the rows × the width, cast for a GEMM), and wte's gradient cast fused with
+      the tied embedding's (_to_copy_add_13, 4, 0.347 ms: an add, not counted).
+
+    388 kernels (97 a micro-batch), 1.79 ms a step. The other engineer's 2.3 ms of backward casts is the
+    0.68 here and the activation gradients' 1.65."""
+    assert nanogpt.replay is not None
+    casts = weight_casts(nanogpt.casts, nanogpt.replay.microbatches or 0)
+    by = {(g.name, g.backward): g for g in casts}
+    assert sum(g.count for g in casts) == 388 and _near(sum(g.ms for g in casts), 1.79, 0.01)
+    assert _near(sum(g.ms for g in casts if not g.backward), 1.107, 0.01)
+    assert _near(sum(g.ms for g in casts if g.backward), 0.684, 0.01)
+    assert by[("triton_poi_fused__to_copy_3", True)].count == 96
+    assert ("triton_poi_fused__to_copy_view_2", True) not in by  # as many as c_fc's, 3× as long each
+    seen = {(g.name, g.backward) for g in nanogpt.casts.groups}  # type: ignore[union-attr]
+    assert ("triton_poi_fused__to_copy_view_2", True) in seen
+    # a set of casts not one a micro-batch (or no micro-batches to share them) is none
+    assert weight_casts(nanogpt.casts, 5) == () and weight_casts(None, 4) == ()
+
+
+def test_a_backward_cast_pairs_only_with_a_forward_weight_cast_of_its_count_and_time() -> None:
+    """The backward's pure casts are a weight's gradient only where a forward weight cast matches them:
+    as many a step, at most PAIRED_TIME apart a kernel, one each; an eager cast counts where autograd
+    linked it to a parameter's gradient, else not at all (an activation's cast under aten::linear)."""
+    fwd = CastGroup("triton_poi_fused__to_copy_t_4", False, False, 8.0, 0.040)  # 5 µs each
+    grad = CastGroup("triton_poi_fused__to_copy_3", True, False, 8.0, 0.032)  # 4 µs
+    act = CastGroup("triton_poi_fused__to_copy_view_2", True, False, 8.0, 0.136)  # 17 µs: the rows'
+    twin = CastGroup("triton_poi_fused__to_copy_5", True, False, 8.0, 0.030)  # a second one, unpaired
+    eager = CastGroup("void at::native::unrolled_elementwise_kernel<direct_copy>", True, True, 8.0, 0.1)
+    loose = CastGroup("void at::native::vectorized_elementwise_kernel<bfloat16_copy>", False, False, 8.0, 0.1)
+    got = weight_casts(CastsSeen((fwd, grad, act, twin, eager, loose)), 4)
+    assert got == (eager, fwd, grad)
+    assert weight_casts(CastsSeen((fwd, act)), 4) == (fwd,)
+    assert weight_casts(CastsSeen((dataclasses.replace(fwd, count=6.0), grad)), 4) == ()
+
+
+def test_the_trainers_weight_casts_are_autograds_and_add_nothing_to_the_replay(llama: StepBudget) -> None:
+    """Reading of the eager Llama's complete step: under aten::linear > aten::to > aten::_to_copy >
+    aten::copy_, 584 bf16_copy kernels a step, 146 a micro-batch: its 85 weights (12 layers × 7
+    projections, the lm_head) and 61 activations (the fp32 inputs of q, k, v, gate, up and the lm_head);
+    backward, 680 ToCopyBackward0 direct_copy kernels, of which the 340 whose node the autograd thread
+    follows with an AccumulateGrad (85 a micro-batch) are the weights' gradients: 340 + 340 kernels,
+    1.33 + 2.44 ms a step. The replay gives the Trainer's gain (its host sets the pace: the GPU's casts
+    are under its launches): the casts are in the slices' model only, the gain as it was (91.7-104.7)."""
+    assert llama.replay is not None and llama.replay.microbatches == 4
+    casts = weight_casts(llama.casts, 4)
+    assert all(g.linked for g in casts) and sorted(g.count for g in casts) == [340, 340]
+    assert _near(sum(g.ms for g in casts if not g.backward), 1.33, 0.02)
+    assert _near(sum(g.ms for g in casts if g.backward), 2.44, 0.02)
+    mb = _fitted(llama)[RemedyId.MICRO_BATCH]
+    without = _fitted(dataclasses.replace(llama, casts=None))[RemedyId.MICRO_BATCH]
+    assert mb.replay is Change.MICROBATCH and mb.gain == without.gain
+    assert _near(next(r.low_ms for r in mb.removes if r.atom == "casts:weights"), 1.88, 0.02)
+    assert StepBudget.from_json(json.loads(json.dumps(llama.to_json()))) == llama
 
 
 def test_fewer_larger_micro_batches_in_the_trainer_loop(llama: StepBudget) -> None:

@@ -47,6 +47,7 @@ from perfd.analytics.advice.remedies import (
 from perfd.analytics.advice.remedy_said import Said, Say, say
 from perfd.analytics.advice.trainer_switches import HF_ACCUMULATION, HF_BATCH, in_terms
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepBudget
+from perfd.analytics.breakdown.casts_seen import weight_casts
 from perfd.analytics.breakdown.optimizer_seen import ADAM_CLASSES, OptimizerImpl, OptimizerSeen
 from perfd.analytics.breakdown.replay_table import MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
@@ -138,6 +139,7 @@ _MICRO_BATCH_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.MICRO_BATCH_T
                                             Framework.HF_TRAINER: Say.MICRO_BATCH_HF,
                                             Framework.LIGHTNING: Say.MICRO_BATCH_LIGHTNING}
 ACCUMULATE_GRADS = "grad_reduce:accumulate"  # autograd's AccumulateGrad adds, one per parameter a micro-batch
+WEIGHT_CASTS = "casts:weights"  # autocast's casts of the weights and of their gradients, a set a micro-batch
 
 
 def micro_batch(c: FitContext) -> Advice | None:
@@ -201,9 +203,12 @@ def loop_micro_batch(c: FitContext) -> Advice | None:
     """A plain loop's micro-batch doubled, its gradient-accumulation steps halved: the micro-batches are
     the forward passes the trace shows between optimizer steps (perfd.capture.step_replay), and what each
     pays that does not grow with its rows goes with the absorbed ones: the launch gaps (the launches
-    themselves and the host's Python between them) and autograd's AccumulateGrad adds (remedies:
-    HALF_MICROBATCH_LAUNCHES and the note above it). The replay, where it reaches the job's clock, gives
-    the change whole (each kernel of the doubled micro-batch 1.9-2.0× as long)."""
+    themselves and the host's Python between them), autograd's AccumulateGrad adds (remedies:
+    HALF_MICROBATCH_LAUNCHES and the note above it), and autocast's casts of the weights to the compute
+    dtype and of their gradients back, a weight's size whatever the rows (the trace's own:
+    perfd.analytics.breakdown.casts_seen, which tells them from the activations'). The replay, where it
+    reaches the job's clock, gives the change whole (each kernel of the doubled micro-batch 1.9-2.0× as
+    long); there the casts are among its kernels, not added to it."""
     b, cfg = c.budget, c.config
     words = _MICRO_BATCH_WORDS.get(cfg.framework)
     m = b.replay.microbatches if b.replay is not None else None
@@ -218,15 +223,20 @@ def loop_micro_batch(c: FitContext) -> Advice | None:
     host = idle_ms(b, IdleCause.LAUNCH, LAYERS) if b.idle else b.ms(Part.IDLE_SHORT)
     acc = op_ms(b.get(Part.GRAD_REDUCE), "accumulategrad")
     acc_share = ((m - kept) / m, (m - kept) / (m - 1))
+    # the weights' casts and their gradients': one set a micro-batch, those of the absorbed ones go
+    casts = weight_casts(b.casts, m)
+    cast_ms, cast_n = sum(g.ms for g in casts), sum(g.count for g in casts) / m
     removes = (
         Removal(SWITCH_GAPS, switch * absorbed, switch * absorbed),
         Removal(LAUNCH_GAPS, host * HALF_MICROBATCH_LAUNCHES[0], host * HALF_MICROBATCH_LAUNCHES[1]),
         removal(ACCUMULATE_GRADS, acc, acc_share),
+        Removal(WEIGHT_CASTS, cast_ms * absorbed, cast_ms * absorbed),
     )
     if not named(b, sum(r.low_ms + r.high_ms for r in removes) / 2):
         return None
     basis = say(Say.MICRO_BATCH_TORCH_BASIS, m, kept, switch, absorbed, host, *HALF_MICROBATCH_LAUNCHES,
-                say(Say.ACCUMULATE_GOES, acc, *acc_share) if acc else None)
+                say(Say.ACCUMULATE_GOES, acc, *acc_share) if acc else None,
+                say(Say.WEIGHT_CASTS_GO, cast_n, cast_ms, absorbed) if cast_ms else None)
     gaps_gain = gain_of(removes, basis)
     what = say(Say.MICRO_BATCH_TORCH_REPLAYED, kept, m, MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0])
     replayed = c.replayed(Change.MICROBATCH, what, gaps_gain)

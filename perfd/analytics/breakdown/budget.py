@@ -32,6 +32,7 @@ from typing import TypedDict, cast
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.advice_registry import PARTS, class_parts
 from perfd.analytics.breakdown.bottleneck import B, BottleneckClass, BudgetClass
+from perfd.analytics.breakdown.casts_seen import CastsSeen
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
@@ -287,6 +288,7 @@ class StepBudget:
     # the budget brought back to the job's unprofiled step (None: read as captured)
     unprofiled: Unprofiled | None = None
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation a capture shows
+    casts: CastsSeen | None = None  # a capture's cast kernels a step (perfd.analytics.breakdown.casts_seen)
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -327,7 +329,8 @@ class StepBudget:
                 "replay": self.replay.to_json() if self.replay is not None else None,
                 "facts": self.facts.to_json() if self.facts is not None else None,
                 "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
-                "optimizer": self.optimizer.to_json() if self.optimizer is not None else None}
+                "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
+                "casts": self.casts.to_json() if self.casts is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -359,7 +362,7 @@ class StepBudget:
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
                           JobFacts.from_json(d.get("facts")),
                           Unprofiled.from_json(d.get("unprofiled")),
-                          OptimizerSeen.from_json(d.get("optimizer")))
+                          OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

@@ -165,6 +165,7 @@ def from_capture(
         replay=device.replay,
         facts=device.facts,
         optimizer=device.optimizer,
+        casts=device.casts,
     )
     return unprofiled(b) if rescale else b
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.budget import IdleCause, Phase
+from perfd.analytics.breakdown.casts_seen import CastsSeen
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
@@ -192,6 +193,7 @@ class DeviceBreakdown:
     facts: JobFacts | None = None
     made_of: dict[str, float] = field(default_factory=dict)
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation the trace shows
+    casts: CastsSeen | None = None  # the complete steps' cast kernels, per step (None: not counted)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -225,6 +227,7 @@ class DeviceBreakdown:
             "facts": self.facts.to_json() if self.facts is not None else None,
             "made_of": dict(self.made_of),
             "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
+            "casts": self.casts.to_json() if self.casts is not None else None,
         }
 
     @classmethod
@@ -265,7 +268,7 @@ class DeviceBreakdown:
                        if str(r).isdigit() and isinstance(c, int) and not isinstance(c, bool)},
             replay=ReplayTable.from_json(d.get("replay")),
             facts=JobFacts.from_json(d.get("facts")), made_of=_ms_map(d.get("made_of")),
-            optimizer=OptimizerSeen.from_json(d.get("optimizer")),
+            optimizer=OptimizerSeen.from_json(d.get("optimizer")), casts=CastsSeen.from_json(d.get("casts")),
         )
 
     def ratio(self, part_ms: float) -> float | None:

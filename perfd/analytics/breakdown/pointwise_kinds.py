@@ -85,6 +85,11 @@ def _fused_ops(name: str) -> str | None:
     return None
 
 
+def is_fused_kernel(name: str) -> bool:
+    """A kernel inductor generated (its name lists the ops it fused)."""
+    return _fused_ops(name.lower()) is not None
+
+
 def kernel_kind(name: str) -> PointwiseKind | None:
     """What a kernel computes by its name alone: inductor's fused names, the cast kernels of ATen
     (None: a generic elementwise kernel says nothing of what it is for)."""

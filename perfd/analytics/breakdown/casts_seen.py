@@ -1,0 +1,117 @@
+"""The dtype casts of a captured step, and which of them are its weights': under autocast over fp32
+weights every forward casts each weight a matmul takes to the compute dtype, and the backward casts its
+gradient back to fp32 before AccumulateGrad, once a micro-batch whatever its rows. perfd.capture.analysis
+counts the cast kernels of the complete steps (:class:`CastsSeen`); :func:`weight_casts` tells the
+weights' from the activations' (whose size, and time, grow with the rows). Pure.
+
+How a weight's cast is told from an activation's, best first:
+
+- **autograd's link** (an eager model, whose ops the trace shows): the cast whose backward node hands its
+  gradient straight to an ``AccumulateGrad`` made a parameter's gradient (perfd.capture.op_kinds
+  .weight_cast_ranges marks that node's kernels and its forward op's: ``linked``);
+- **a compiled graph's pure casts** (inductor's kernels that do nothing but cast and lay out,
+  ``triton_poi_fused__to_copy_t_4``): in the forward, a cast no other work fused into reads one of the
+  graph's inputs — a parameter; inductor fuses an activation's cast into the kernel that makes it or the
+  one that takes it. In the backward, activations' gradients are cast on their own too (to feed a bf16
+  GEMM), so a backward pure cast counts as a weight's gradient only where it pairs with a forward one:
+  as many kernels a step, about as long each (:data:`PAIRED_TIME`: the same elements either way).
+
+A cast the trace cannot place counts as no weight's. A group of casts counts only where its kernels a
+step are a whole multiple of the micro-batches: one set a micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind, is_fused_kernel, kernel_kind
+from perfd.typed import obj, objs
+
+# A weight's cast and its gradient's move the same elements at 6 bytes each (fp32 read and bf16 written
+# in the forward, bf16 read and fp32 written in the backward): their times a kernel agree but for the
+# launch and the caches. nanoGPT's compiled H200 recording (tests/data/loops/nanogpt_h200): its three
+# pairs 1.1-1.4x apart (5.9 and 4.3 µs, 4.6 and 3.5, 2.3 and 2.1), while its backward casts of the
+# activations' gradients, as many a step as the MLP weights' (96), take 17.2 µs each, 2.9x the forward
+# weight cast's: the rows' size, not the weight's. The most a pair's times a kernel are apart, either way.
+PAIRED_TIME = 2.0
+# the ratio of two counts a step that are one count (each is a whole number over the complete steps)
+_SAME_COUNT = 1e-6
+
+
+@dataclass(frozen=True)
+class CastGroup:
+    """One kind of cast kernel in the complete steps, per step."""
+
+    name: str  # the kernel's name
+    backward: bool  # launched by the autograd engine
+    linked: bool  # autograd links it to a parameter's gradient (an eager model's weight cast)
+    count: float  # kernels a step
+    ms: float  # their summed time a step
+
+    @property
+    def each_ms(self) -> float:
+        return self.ms / self.count if self.count > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "backward": self.backward, "linked": self.linked, "count": self.count,
+                "ms": self.ms}
+
+    @staticmethod
+    def from_json(d: Mapping[str, object]) -> CastGroup | None:
+        count, ms = d.get("count"), d.get("ms")
+        if not isinstance(count, (int, float)) or not isinstance(ms, (int, float)) \
+                or isinstance(count, bool) or isinstance(ms, bool):
+            return None
+        return CastGroup(str(d.get("name") or ""), d.get("backward") is True, d.get("linked") is True,
+                         float(count), float(ms))
+
+
+@dataclass(frozen=True)
+class CastsSeen:
+    """The cast kernels of a capture's complete steps, by kernel, per step (the largest groups)."""
+
+    groups: tuple[CastGroup, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"groups": [g.to_json() for g in self.groups]}
+
+    @staticmethod
+    def from_json(v: object) -> CastsSeen | None:
+        """None: absent (a breakdown or budget from before they were counted) or not one."""
+        if not isinstance(v, Mapping):
+            return None
+        return CastsSeen(tuple(g for x in objs(obj(v).get("groups")) if (g := CastGroup.from_json(x))))
+
+
+def _pure_compiled(g: CastGroup) -> bool:
+    """An inductor kernel that does nothing but cast (and lay out) what it reads."""
+    return not g.linked and is_fused_kernel(g.name) and kernel_kind(g.name) is PointwiseKind.CAST
+
+
+def _per_microbatch(count: float, microbatches: int) -> bool:
+    k = count / microbatches
+    return k >= 1 - _SAME_COUNT and abs(k - round(k)) <= _SAME_COUNT * max(k, 1.0)
+
+
+def weight_casts(seen: CastsSeen | None, microbatches: int) -> tuple[CastGroup, ...]:
+    """The groups of ``seen`` that are the weights' casts and their gradients' (module doc), each with
+    a whole multiple of ``microbatches`` kernels a step; none where the trace says nothing of casts."""
+    if seen is None or microbatches < 1:
+        return ()
+    fwd = [g for g in seen.groups if _pure_compiled(g) and not g.backward]
+    bwd = [g for g in seen.groups if _pure_compiled(g) and g.backward]
+    # each forward weight cast pairs with the backward cast nearest it in time a kernel, one each
+    near = sorted((abs(math.log(f.each_ms / b.each_ms)), i, j) for i, f in enumerate(fwd)
+                  for j, b in enumerate(bwd) if f.each_ms > 0 and b.each_ms > 0
+                  and abs(f.count - b.count) <= _SAME_COUNT * f.count
+                  and abs(math.log(f.each_ms / b.each_ms)) <= math.log(PAIRED_TIME))
+    took_f: set[int] = set()
+    took_b: set[int] = set()
+    for _gap, i, j in near:
+        if i not in took_f and j not in took_b:
+            took_f.add(i)
+            took_b.add(j)
+    found = [g for g in seen.groups if g.linked] + fwd + [bwd[j] for j in sorted(took_b)]
+    return tuple(g for g in found if _per_microbatch(g.count, microbatches))
