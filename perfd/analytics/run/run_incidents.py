@@ -66,16 +66,18 @@ def step_work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> 
 
 def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
-                   work: Sequence[float | None] | None = None, cpu_only: bool = False) -> Detection:
+                   work: Sequence[float | None] | None = None, cpu_only: bool = False,
+                   host_bound: bool = False) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
-    state (saying which), and note each incident iteration's time lost against the steady median."""
+    state (saying which), and note each incident iteration's time lost against the steady median.
+    ``host_bound``: the job's GPU waits on its host (perfd.analytics.incidents.host_paced.host_bound)."""
     first = steady.warmup_records
     steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
     found = detect_incidents(table.project(DETECTION_FIELDS),
                              ByIteration(table, lambda i: table.get(i, "end_time")),
                              ByIteration(table, lambda i: bool(disturbed[i])),
                              first, steady.reference_step_ms, world, new_normal_at, steps,
-                             work[first:] if work is not None else None, cpu_only)
+                             work[first:] if work is not None else None, cpu_only, host_bound)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):
