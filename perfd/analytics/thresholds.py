@@ -151,10 +151,10 @@ HOST_PACE_TOLERANCE = Threshold(
     "rest of the step on a host-bound job) grew by 40-160% of the step's own growth (the step 1.3x: each "
     "part 1.12x-1.48x; a data wait alternating between two levels moves its median by a tenth); a GPU "
     "that slowed leaves the data wait and the time outside the step as they were, growth 0 "
-    "(perfd.analytics.incidents.host_paced)", _INC)
+    "(perfd.analytics.run.run_incidents.host_bound)", _INC)
 HOST_BOUND_LAUNCH_SHARE = Threshold(
-    0.25, "a capture's step budget that leaves the GPU idle in the host's launch gaps a quarter of the step "
-    "or more: the GPU waits on the host, so the step is host-timed (perfd.analytics.incidents.host_paced)",
+    0.25, "a capture's step budget that charges a quarter of the step or more to the host's launch gaps"
+    ": the GPU waits on the host, so the step is host-timed (perfd.analytics.run.run_incidents.host_bound)",
     _INC)
 # --- a loop's own pauses at a cadence (perfd.analytics.incidents.cadence) -------------------------------
 _CAD = "perfd/analytics/incidents/cadence.py (a loop's own pauses at a cadence; docs/design.md §2 has none)"

@@ -1,14 +1,15 @@
 """The host ran slower: an incident whose step excess spread over the host-timed parts of the step in
 proportion, on a job whose GPU waits on its host.
 
-On a host-bound job (the GPU idles in the gaps the host leaves between its launches) every part of the
+On a host-bound job (the GPU waits out the gaps the host leaves between its launches) every part of the
 step is the host's time: the data wait, the time outside the step, and the rest of the step, where the GPU
 waits for the host to launch its work. A host that runs slower (other processes on the node, a lower CPU
 frequency, less of a CPU for the rank) stretches each of them by about the step's own factor
 (th.HOST_PACE_TOLERANCE); a GPU that slowed stretches the rest alone, a data loader the data wait alone.
 The item (:data:`EvidenceKind.HOST_SLOWER`) carries each part's factor; the host's own evidence
 (perfd.analytics.incidents.host_evidence: other processes on the rank's CPUs, its CPU quota) outranks it
-where the agent saw any. Pure; no I/O.
+where the agent saw any. Whether the job is host-bound is the run's to say (perfd.analytics.run
+.run_incidents.host_bound: it reads the capture's class, a layer above). Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis
-from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 
 TOLERANCE = th.HOST_PACE_TOLERANCE.value
-LAUNCH_SHARE = th.HOST_BOUND_LAUNCH_SHARE.value
 PARTS = ("data_wait", "outside", "in_step")  # the names of HostParts' fields in the item's detail
 
 
@@ -62,19 +60,6 @@ def host_parts(its: Sequence[Timed]) -> HostParts | None:
     if not rows:
         return None
     return HostParts(*(statistics.median(r[k] for r in rows) for k in range(3)))
-
-
-def host_bound(timeline: TimelineClass | None) -> bool:
-    """The job's GPU waits on its host, as its capture says: the timeline's class is launch-overhead, or
-    its step budget leaves the GPU idle in the host's launch gaps th.HOST_BOUND_LAUNCH_SHARE of the step
-    or more (a budget of several classes within a margin, "mixed", still says so)."""
-    if timeline is None:
-        return False
-    if timeline.cls is BottleneckClass.LAUNCH:
-        return True
-    basis = timeline.reason
-    decided = basis.decided if isinstance(basis, ClassBasis) else None
-    return decided is not None and decided.shares.get(BottleneckClass.LAUNCH, 0.0) >= LAUNCH_SHARE
 
 
 def host_slower(steady: HostParts | None, its: Sequence[Timed], rank: int | None,

@@ -23,10 +23,9 @@ from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, class
 from perfd.analytics.breakdown.job_budget import job_budget
 from perfd.analytics.common import finite, timer_max
 from perfd.analytics.incidents.cadence import PauseSighting, name_part, part_seconds
-from perfd.analytics.incidents.host_paced import host_bound
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
-from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
+from perfd.analytics.run.run_incidents import host_bound, mark_incidents, step_work, straggler_flags
 from perfd.analytics.run.run_result import RunAnalysis, digest
 from perfd.analytics.run.run_summary import (
     CaptureDisturbances,
