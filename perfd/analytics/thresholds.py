@@ -146,16 +146,6 @@ EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communic
                                 "a contiguous run of a stretch's steps it explains, and not the rest, is an "
                                 "incident of its own (perfd.analytics.incidents.split)",
                            _INC)
-HOST_PACE_TOLERANCE = Threshold(
-    0.6, "the host ran slower when each host-timed part of the step (data wait, time outside the step, the "
-    "rest of the step on a host-bound job) grew by 40-160% of the step's own growth (the step 1.3x: each "
-    "part 1.12x-1.48x; a data wait alternating between two levels moves its median by a tenth); a GPU "
-    "that slowed leaves the data wait and the time outside the step as they were, growth 0 "
-    "(perfd.analytics.run.run_incidents.host_bound)", _INC)
-HOST_BOUND_LAUNCH_SHARE = Threshold(
-    0.25, "a capture's step budget that charges a quarter of the step or more to the host's launch gaps"
-    ": the GPU waits on the host, so the step is host-timed (perfd.analytics.run.run_incidents.host_bound)",
-    _INC)
 # --- a loop's own pauses at a cadence (perfd.analytics.incidents.cadence) -------------------------------
 _CAD = "perfd/analytics/incidents/cadence.py (a loop's own pauses at a cadence; docs/design.md §2 has none)"
 PAUSE_MAX_STEPS = Threshold(

@@ -213,12 +213,6 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None
         )
     if v.cause is K.DATA_WAIT:
         return DATA_ACTIONS[data_loading(cpu, cpu_only)]
-    if v.cause is K.HOST_SLOWER:
-        whose = f"rank {r}'s host" if r is not None else "the job's hosts"
-        return (f"Check {whose}, not its GPU (the GPU waits on the host): other processes on the node and on "
-                "the rank's CPUs, the CPU frequency and its throttling (governor, power or thermal limits), "
-                "the rank's CPU share (its cgroup quota); the agent's CPU contention and quota readings of "
-                "the rank show them")
     if v.cause in (K.RANK_COMPUTE_RATIO, K.STRAGGLER_LINE):
         gpu_known = Missing.GPU_STATE not in v.missing and Missing.RANK_PLACEMENT not in v.missing
         if gpu_known:

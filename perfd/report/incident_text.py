@@ -156,18 +156,6 @@ def _data(e: Evidence) -> str:
     return _share_grew("data loading", e)
 
 
-def _host_slower(e: Evidence) -> str:
-    f = e.detail.get("factors")
-    f = f if isinstance(f, Mapping) else {}
-    grew = ", ".join(f"{name} {v:.2f}×" for key, name in (("data_wait", "data wait"),
-                                                            ("outside", "between steps"),
-                                                            ("in_step", "in-step host time"))
-                     if isinstance(v := f.get(key), (int, float)))
-    step = f"the step {e.worst:.2f}×" if e.worst is not None else "the step"
-    return (f"every host-timed part of the step grew alike ({grew}; {step}) on a job whose GPU waits on "
-            "its host: the host ran slower, not the GPU")
-
-
 def _ratio(e: Evidence) -> str:
     return (
         f"rank {e.rank} computed up to {e.worst:.2f}× its stage's median"
@@ -291,7 +279,6 @@ _SENTENCE: dict[EvidenceKind, Callable[[Evidence], str]] = {
     K.AFTER_CAPTURE: _after_capture,
     K.CAPTURE_FINDING: _capture,
     K.DATA_WAIT: _data,
-    K.HOST_SLOWER: _host_slower,
     K.RANK_COMPUTE_RATIO: _ratio,
     K.STRAGGLER_LINE: _line,
     K.EXPOSED_COMM: _comm,

@@ -31,7 +31,6 @@ from perfd.analytics.incidents.evidence import (
     Verdict,
     decide,
 )
-from perfd.analytics.incidents.host_paced import HostParts, host_parts, host_slower
 from perfd.analytics.incidents.incident_evidence import EvidenceSource, IncidentEvidence, LevelShift, as_kept
 from perfd.analytics.incidents.split import split_by_cause
 from perfd.analytics.incidents.stall import StallCheck, StallSeen, silence_cost_s
@@ -193,8 +192,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                      disturbed: Mapping[int, bool], first_eligible: int,
                      reference_ms: float | None, world_size: int | None = None,
                      new_normal_at: int | None = None, steps: Sequence[float | None] | None = None,
-                     work: Sequence[float | None] | None = None, cpu_only: bool = False,
-                     host_bound: bool = False) -> Detection:
+                     work: Sequence[float | None] | None = None, cpu_only: bool = False) -> Detection:
     """Incidents among ``iterations`` (ordered; those before index ``first_eligible`` are warm-up),
     and the steady median step they were measured against. ``reference_ms`` is the window's
     median; it is re-taken without the slow iterations, so a long incident does not raise the bar
@@ -208,8 +206,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
     the new normal there: from it on that level is the reference). ``steps``: the step times from
     ``first_eligible`` on, None where disturbed, when the caller holds them as a column (a pass over
     ``iterations`` builds every row); ``work``: their sizes (FLOPs) where steps differ by design;
-    ``cpu_only``: the job computes on CPUs (its GPU is never a missing input); ``host_bound``: its GPU
-    waits on its host (perfd.analytics.incidents.host_paced), so a host that ran slower can explain one.
+    ``cpu_only``: the job computes on CPUs (its GPU is never a missing input).
 
     Departures are judged on the rolling mean of :data:`perfd.analytics.steps.windows.WINDOW` steps per
     unit of work, not on single steps: a regular pattern (a two-worker loader's alternating waits,
@@ -254,7 +251,6 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                      windows.weighted([it.comm_exposed_share for it in calm_its], calm_steps))
     steady_parts = (steady_shares[0] * ref if steady_shares[0] is not None else None,
                     steady_shares[1] * ref if steady_shares[1] is not None else None)
-    steady_host = host_parts(calm_its) if host_bound else None
 
     flags: list[str | None] = []
     for i, it in enumerate(post):
@@ -337,7 +333,7 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
                         [scale[i] for i in run], is_open=run[-1] == len(post) - 1,
                         prev_end=end_times.get(post[run[0] - 1].iteration) if run[0] > 0 else None,
                         steady_parts=steady_parts, steady_shares=steady_shares, world_size=world_size,
-                        cpu_only=cpu_only, steady_host=steady_host)
+                        cpu_only=cpu_only)
         if shift is not None and LEVEL_SHIFT in inc.kinds:
             inc.kinds = sorted({*inc.kinds, SLOW})  # still slow steps: the tracker matches it by kind too
             accepted = post[shift.accepted_index].iteration if shift.accepted_index is not None else None
@@ -437,7 +433,7 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
               is_open: bool,
               prev_end: float | None, steady_parts: tuple[float | None, float | None],
               steady_shares: tuple[float | None, float | None], world_size: int | None,
-              cpu_only: bool = False, steady_host: HostParts | None = None) -> Incident:
+              cpu_only: bool = False) -> Incident:
     own = [it for it in its if not disturbed.get(it.iteration)]
     size = {it.iteration: z for it, z in zip(its, sizes, strict=True)}
     # each step against the steady rate for its size (a step of twice the work takes twice as long)
@@ -501,10 +497,6 @@ def _incident(its: Sequence[IterationLike], flags: Sequence[str | None], ref: fl
                                   min(ts, default=None), max(ts, default=None), len(during),
                                   {"steady": steady_share, "grew_ms": (grew or 0.0) - (steady_ms or 0.0),
                                    "excess_ms": excess}))
-    ts = [t for it in own if (t := end_times.get(it.iteration)) is not None]
-    host = host_slower(steady_host, own, ranks[0] if single else None, min(ts, default=None),
-                       max(ts, default=None))
-    items.extend([host] if host is not None else [])
     missing = [] if ranks else [Missing.PER_RANK_TIMERS]
     verdict = decide(items, ranks, missing if cpu_only else [*missing, Missing.GPU_STATE])
     first, last = its[0].iteration, its[-1].iteration

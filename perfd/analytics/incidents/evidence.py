@@ -41,9 +41,6 @@ class EvidenceKind(str, enum.Enum):
     AFTER_CAPTURE = "after_capture"  # the slowdown began as perfd's own capture ended and outlasted it
     CAPTURE_FINDING = "capture_finding"  # a capture's timeline during the incident
     DATA_WAIT = "data_wait"  # data loading grew by a good part of the slowdown
-    # every host-timed part of a host-bound step grew alike: the host ran slower
-    # (perfd.analytics.incidents.host_paced)
-    HOST_SLOWER = "host_slower"
     RANK_COMPUTE_RATIO = "rank_compute_ratio"  # per-rank timers: this rank computed longer
     STRAGGLER_LINE = "straggler_line"  # Megatron's straggler detector named the rank
     EXPOSED_COMM = "exposed_comm"  # exposed communication grew by a good part of the slowdown
@@ -113,7 +110,6 @@ KIND_SPECS: dict[EvidenceKind, KindSpec] = {
     EvidenceKind.AFTER_CAPTURE: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.CAPTURE_FINDING: KindSpec(Tier.OWN_WORK, "max", "times"),
     EvidenceKind.DATA_WAIT: KindSpec(Tier.OWN_WORK, "max", "ratio"),
-    EvidenceKind.HOST_SLOWER: KindSpec(Tier.OWN_WORK, "max", "times"),  # the step's factor
     EvidenceKind.RANK_COMPUTE_RATIO: KindSpec(Tier.OWN_WORK, "max", "times", gpu_symptom=True),
     EvidenceKind.STRAGGLER_LINE: KindSpec(Tier.OWN_WORK, "max", "count", gpu_symptom=True),
     EvidenceKind.EXPOSED_COMM: KindSpec(Tier.COMMUNICATION, "max", "ratio"),
@@ -273,11 +269,10 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
                 else len(named) + 1, -e.n)
 
     ordered = sorted(items, key=key)
-    if any(e.kind in (EvidenceKind.DATA_WAIT, EvidenceKind.HOST_SLOWER) for e in ordered):
-        # The data wait grew by most of the slowdown, or the host ran slower on a step it paces: the GPU
-        # waited on the host, so what the GPU shows of itself (a power cap, a clock, another process on
-        # it) is listed, never the cause (with the rank's NVML samples a data-loader slowdown read
-        # "not explained").
+    if any(e.kind is EvidenceKind.DATA_WAIT for e in ordered):
+        # The data wait grew by most of the slowdown: the GPU waited on data, so what the GPU shows of
+        # itself (a power cap, a clock, another process on it) is listed, never the cause (issue 52:
+        # with the rank's NVML samples a data-loader slowdown read "not explained").
         ordered = sorted(ordered, key=lambda e: (e.spec.gpu_side, key(e)))
     if stalled and not any(e.spec.halts for e in ordered):
         return Verdict(None, ranks[0] if ranks else None, None,

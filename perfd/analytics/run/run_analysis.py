@@ -25,7 +25,7 @@ from perfd.analytics.common import finite, timer_max
 from perfd.analytics.incidents.cadence import PauseSighting, name_part, part_seconds
 from perfd.analytics.run.run_figures import arming_of, figures_of, goodput_costs, with_runs
 from perfd.analytics.run.run_findings import derive_findings, job_config, job_plan
-from perfd.analytics.run.run_incidents import host_bound, mark_incidents, step_work, straggler_flags
+from perfd.analytics.run.run_incidents import mark_incidents, step_work, straggler_flags
 from perfd.analytics.run.run_result import RunAnalysis, digest
 from perfd.analytics.run.run_summary import (
     CaptureDisturbances,
@@ -494,7 +494,7 @@ class RunBuilder:
             table.put(i, steady_state=steady.steady.get(iteration, False),
                       excluded_reason=steady.excluded.get(iteration))
         detection = mark_incidents(table, disturbed, steady, ctx.world, self.new_normal_at, work,
-                                   self.job.device == CPU, host_bound(self.timeline))
+                                   self.job.device == CPU)
         incidents = detection.incidents
         pauses = tuple(name_part(c, self.pause_sightings) for c in detection.pauses)
         steady_rows = array("q", (i for i, s in enumerate(table.column("steady_state")) if s))

@@ -9,9 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from perfd.analytics import thresholds as th
-from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis
-from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.incidents.detect import DETECTION_FIELDS, Detection, detect_incidents
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.analytics.steps.steady import Exclusion, SteadyState
@@ -69,18 +66,16 @@ def step_work(steps: Sequence[float | None], tflops: Sequence[float | None]) -> 
 
 def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                    steady: SteadyState, world: int | None, new_normal_at: int | None = None,
-                   work: Sequence[float | None] | None = None, cpu_only: bool = False,
-                   host_bound: bool = False) -> Detection:
+                   work: Sequence[float | None] | None = None, cpu_only: bool = False) -> Detection:
     """Find the incidents and perfd's capture disturbances, take their iterations out of the steady
-    state (saying which), and note each incident iteration's time lost against the steady median.
-    ``host_bound``: the job's GPU waits on its host (:func:`host_bound`)."""
+    state (saying which), and note each incident iteration's time lost against the steady median."""
     first = steady.warmup_records
     steps = [None if disturbed[i] else s for i, s in enumerate(table.column("step_time_ms")) if i >= first]
     found = detect_incidents(table.project(DETECTION_FIELDS),
                              ByIteration(table, lambda i: table.get(i, "end_time")),
                              ByIteration(table, lambda i: bool(disturbed[i])),
                              first, steady.reference_step_ms, world, new_normal_at, steps,
-                             work[first:] if work is not None else None, cpu_only, host_bound)
+                             work[first:] if work is not None else None, cpu_only)
     ref = found.reference_ms
     for inc, lost in [*((i, True) for i in found.incidents), *((d, False) for d in found.disturbances)]:
         for iteration in range(inc.first_iteration, inc.last_iteration + 1):
@@ -109,17 +104,3 @@ def mark_incidents(table: Table[IterationResult], disturbed: Sequence[int],
                 steady.kinds[iteration] = Exclusion.PAUSE
                 steady.refs[iteration] = cad.id
     return found
-
-
-def host_bound(timeline: TimelineClass | None) -> bool:
-    """The job's GPU waits on its host, as its capture says: the timeline's class is launch-overhead, or
-    its step budget charges th.HOST_BOUND_LAUNCH_SHARE of the step or more to the host's launch gaps
-    (a budget of several classes within a margin, "mixed", still says so)."""
-    if timeline is None:
-        return False
-    if timeline.cls is BottleneckClass.LAUNCH:
-        return True
-    basis = timeline.reason
-    decided = basis.decided if isinstance(basis, ClassBasis) else None
-    launch = decided.shares.get(BottleneckClass.LAUNCH, 0.0) if decided is not None else 0.0
-    return launch >= th.HOST_BOUND_LAUNCH_SHARE.value
