@@ -16,7 +16,8 @@
   communication behind compute (PyTorch issue 143890). Measure its cost on the job
   (``tests/gpu/verify_nccl_live.py`` does, paired runs) before leaving it on;
   with ``--kineto``: ``KINETO_USE_DAEMON=1`` and ``KINETO_CONFIG`` naming a base config that makes
-  PyTorch ask perfd's Kineto daemon for a trace config every second
+  PyTorch ask perfd's Kineto daemon for a trace config every second, and ``TEARDOWN_CUPTI=1`` unless
+  the environment sets it (CUPTI let go after each trace: :data:`perfd.capture.kineto_daemon.TEARDOWN_ENV`)
   (:func:`perfd.capture.kineto_daemon.kineto_env`).
 - A torchtitan command (``-m torchtitan.train`` or its ``train.py``, under torchrun or python) is
   read with the ``torchtitan`` log collector instead of Megatron-LM's. torchtitan sets the Flight
@@ -249,9 +250,14 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     elif opts.fr_timing:
         raise LaunchError("--fr-timing needs --flight-recorder DIR")
     if opts.kineto:
-        from perfd.capture.kineto_daemon import kineto_env
+        from perfd.capture.kineto_daemon import TEARDOWN_ENV, kineto_env
 
-        env.update(kineto_env(poll_s=1, config_dir=run_dir))
+        kenv = kineto_env(poll_s=1, config_dir=run_dir)
+        if TEARDOWN_ENV in environ:  # the user's choice stands (e.g. 0 for CUDA graphs before CUDA 12.6)
+            kenv.pop(TEARDOWN_ENV)
+            plan.notes.append(f"Kineto: {TEARDOWN_ENV}={environ[TEARDOWN_ENV]} kept from the environment; "
+                              "without 1 a job stays slower after each on-demand trace")
+        env.update(kenv)
     env.update(opts.env)
     _wandb(plan, opts, environ)
     if opts.nsys_session:

@@ -175,12 +175,21 @@ def build_config(log_file: str | Path, iterations: int | None = None, start_iter
     return "\n".join(lines) + "\n"
 
 
+# libkineto calls cuptiFinalize after a trace only with TEARDOWN_CUPTI=1 (PyTorch's own profiler sets it;
+# an on-demand trace through the daemon does not go through that code). Without it CUPTI's callbacks stay
+# subscribed after the trace and every later kernel launch pays for them: a host-bound Hugging Face
+# Trainer run stepped ~35% slower for the rest of its life after one 3-step capture, Lightning's demo
+# ~45% (docs/evidence/kineto_teardown_h200). Teardown with CUDA graphs crashed before CUDA 12.6.
+TEARDOWN_ENV = "TEARDOWN_CUPTI"
+
+
 def kineto_env(poll_s: int = 1, config_dir: str | Path | None = None, socket_dir: str | None = None,
                trace_dir: str | Path | None = None) -> dict[str, str]:
     """Environment for a job perfd starts: Kineto asks the daemon every ``poll_s`` seconds.
 
     Writes ``<config_dir>/kineto-base.conf`` (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS``; libkineto
-    reads it at start-up and every 5 minutes). ``trace_dir``: where on-demand traces may be written
+    reads it at start-up and every 5 minutes) and sets ``TEARDOWN_CUPTI=1`` (see :data:`TEARDOWN_ENV`).
+    ``trace_dir``: where on-demand traces may be written
     (``KINETO_ONDEMAND_TRACE_DIR``, honoured by recent libkineto). ``socket_dir``: file sockets
     (``KINETO_IPC_SOCKET_DIR``; the daemon must use the same directory).
     """
@@ -197,7 +206,7 @@ def kineto_env(poll_s: int = 1, config_dir: str | Path | None = None, socket_dir
     tmp = conf.with_suffix(".tmp")
     tmp.write_text(f"ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS={int(poll_s)}\n")
     tmp.replace(conf)
-    env = {"KINETO_USE_DAEMON": "1", "KINETO_CONFIG": str(conf)}
+    env = {"KINETO_USE_DAEMON": "1", "KINETO_CONFIG": str(conf), TEARDOWN_ENV: "1"}
     if socket_dir:
         # Each client binds DIR/dynoconfigclient<uuid4> (52 characters): a longer DIR makes its
         # bind fail and the process never polls.

@@ -286,6 +286,15 @@ def test_kineto_daemon_mode(tmp_path: Path) -> None:
     assert plan.env_set["KINETO_USE_DAEMON"] == "1"
     conf = Path(plan.env_set["KINETO_CONFIG"])
     assert "ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS=1" in conf.read_text()
+    # CUPTI let go after each on-demand trace, or the job keeps paying for it on every launch
+    assert plan.env_set["TEARDOWN_CUPTI"] == "1" and not any("TEARDOWN_CUPTI" in n for n in plan.notes)
+
+
+def test_kineto_teardown_left_to_the_user_who_set_it(tmp_path: Path) -> None:
+    plan = plan_launch(LaunchOptions(["true"], kineto=True, run_dir=str(tmp_path)),
+                       environ={"TEARDOWN_CUPTI": "0"})
+    assert "TEARDOWN_CUPTI" not in plan.env_set  # the inherited 0 reaches the job
+    assert any("TEARDOWN_CUPTI=0 kept" in n for n in plan.notes)
 
 
 def test_agent_configured_from_the_manifest(tmp_path: Path) -> None:
