@@ -121,15 +121,6 @@ TEMPLATE: dict[Say, str] = {
                             "Liger patches the model's output layer and loss into one, a block of rows at "
                             "a time, the logits never stored whole, with its RMSNorm, SwiGLU and rotary "
                             "kernels)",
-    Say.FUSED_LINEAR_CE_COMPILED: _FUSED_CE + ", called outside the compiled graph (torch.compile must "
-                                  "not trace into it) — Liger Kernel's LigerFusedLinearCrossEntropyLoss "
-                                  "(pip install liger-kernel) or Apple's Cut Cross-Entropy (pip install "
-                                  "cut-cross-entropy) in a function torch.compile leaves eager: "
-                                  "@torch.compiler.disable def fused_loss(w, h, t): return "
-                                  "LigerFusedLinearCrossEntropyLoss()(w, h, t) (or "
-                                  "linear_cross_entropy(h, w, t)), and in forward loss = "
-                                  "fused_loss(lm_head.weight, hidden.view(-1, d), targets.view(-1)) (a "
-                                  "graph break there)",
     Say.FUSED_CE_COST_HF: "the model returns no logits in training; Liger's chunks run smaller matmuls; the "
                           "logits' memory (rows × vocabulary) is freed; Liger patches the model itself, "
                           "outside torch.compile unless {0} is given too: with it, " + _INTO_LIGER,
@@ -385,8 +376,10 @@ RISK_TEXT = {
     Risk.GRAPHS_TRAINER: "the Trainer's own training step calls the model, with no mark before each "
                          "forward: with the flag alone it failed (measured: 4 micro-batches a step); a "
                          "Trainer subclass that adds the mark is not measured",
-    Risk.FUSED_LOSS_COMPILED: "the model is compiled: " + _INTO_LIGER + "; the fused loss called outside "
-                              "the compiled graph is not measured",
+    Risk.GRAPHS_KEPT_TENSOR: "a module that keeps a tensor it made in forward fails even with the mark "
+                             "before each forward (measured: Lightning's Transformer demo, the mark first in "
+                             "training_step); read the model for such caches (clone them) before counting on "
+                             "it"
 }
 
 

@@ -241,16 +241,14 @@ def test_one_micro_batch_a_step_gets_no_micro_batch_remedy(nanogpt: StepBudget) 
         assert RemedyId.MICRO_BATCH not in _fitted(b), m
 
 
-def test_the_fused_linear_cross_entropy_in_nanogpt(nanogpt: StepBudget) -> None:
-    """Reading: the loss's kernels 9.80 ms (above), and 4 FillFunctor<c10::BFloat16> kernels of 0.485 ms
-    under CompiledFunctionBackward, 1.94 ms: the zero gradient of the logits the model returns (16×1024×
-    50304 bf16, 1.65 GB each). The fused loss saves 0-50% of the first and all of the second (× 0.88-
-    1.12): 1.71-7.07 ms, ± 0.66 → 1.05-7.73. An install, either package."""
-    ce = _fitted(nanogpt)[RemedyId.CE_FUSION]
-    assert ce.gain is not None and _near(ce.gain.low_ms, 1.05, 0.15) and _near(ce.gain.high_ms, 7.73, 0.3)
-    assert ce.action.code is Say.FUSED_LINEAR_CE_COMPILED and ce.effort is Effort.INSTALL
-    assert ce.needs_one and set(ce.installs) == {"liger_kernel", "cut_cross_entropy"} and not ce.needs
-    assert {r.atom for r in ce.removes} == {"loss:passes", "logits:zero_grad"}
+def test_a_compiled_model_gets_no_fused_linear_cross_entropy(nanogpt: StepBudget) -> None:
+    """nanoGPT's loss runs in Inductor's fused kernels (9.80 ms a step); the fused linear + cross-entropy
+    called outside the compiled graph made its step 59 ms slower on the H200 (two runs, bases either
+    side), and traced into by torch.compile it failed: a compiled plain-PyTorch or Lightning model is not
+    offered it. The zero gradient of its returned logits (1.94 ms) stays the loss-only remedy's."""
+    fitted = _fitted(nanogpt)
+    assert RemedyId.CE_FUSION not in fitted and RemedyId.CE_FUSION not in _fitted(nanogpt, Framework.LIGHTNING)
+    assert {r.atom for r in fitted[RemedyId.LOSS_ONLY].removes} == {"logits:zero_grad"}
 
 
 def test_returning_only_the_loss_in_nanogpt(nanogpt: StepBudget) -> None:
@@ -320,8 +318,9 @@ def test_the_trainers_cuda_graphs_are_no_promised_plan_item(llama: StepBudget) -
 def test_cuda_graphs_over_several_micro_batches_are_not_promised(llama: StepBudget) -> None:
     """The same loop as a plain one (its step the user's to edit): the trace's 4 micro-batches a step keep
     micro-batch k's outputs alive when k + 1 replays; the graphs need the mark before each forward, which
-    is not measured: not promised. One micro-batch a step (the replay's count and the facts' both 1): the
-    range is promised as before, the cost still says what the loop must not keep."""
+    is not measured: not promised. One micro-batch a step (the replay's count and the facts' both 1): still
+    not promised, for what no trace shows (a module keeping a tensor it made in forward), the cost still
+    saying what the loop must not keep."""
     g = _fitted(llama)[RemedyId.CUDA_GRAPHS]
     assert g.gain is not None and g.gain.low_ms > 0 and g.gain.risk is Risk.GRAPHS_MICRO_BATCHES
     assert not g.gain.promised and g.cost is not None and g.cost.code is Say.GRAPHS_KEEP
@@ -329,37 +328,21 @@ def test_cuda_graphs_over_several_micro_batches_are_not_promised(llama: StepBudg
     one = dataclasses.replace(llama, replay=dataclasses.replace(llama.replay, microbatches=1),
                               facts=dataclasses.replace(llama.facts, micro_batches=1.0))
     g1 = _fitted(one)[RemedyId.CUDA_GRAPHS]
-    assert g1.gain is not None and g1.gain.risk is None and g1.gain.promised
+    assert g1.gain is not None and g1.gain.risk is Risk.GRAPHS_KEPT_TENSOR and not g1.gain.promised
     assert g1.cost is not None and g1.cost.code is Say.GRAPHS_KEEP
 
 
 def test_lightnings_cuda_graphs_say_what_they_need(lightning: StepBudget) -> None:
-    """Lightning's demo runs one micro-batch a step: the graphs stay promised, but its positional encoding
-    caches a tensor it made in forward, which failed as is: the cost says where the mark goes (the first
-    thing in training_step) and that it failed so."""
+    """Lightning's demo runs one micro-batch a step, but its positional encoding caches a tensor it made in
+    forward: the graphs failed as is, and again with the mark first in training_step (the second A/B).
+    Not promised; the cost says where the mark goes and that it failed so."""
     assert lightning.replay is not None and lightning.replay.microbatches == 1
     g = _fitted(lightning, Framework.LIGHTNING)[RemedyId.CUDA_GRAPHS]
-    assert g.gain is not None and g.gain.promised and g.gain.risk is None
+    assert g.gain is not None and not g.gain.promised and g.gain.risk is Risk.GRAPHS_KEPT_TENSOR
     assert g.cost is not None and g.cost.code is Say.GRAPHS_KEEP_LIGHTNING
     said = text(g.cost)
     assert "torch.compiler.cudagraph_mark_step_begin()" in said and "training_step" in said
     assert "Lightning's Transformer demo" in said
-
-
-def test_the_fused_loss_of_a_compiled_model_is_called_outside_it(nanogpt: StepBudget) -> None:
-    """torch.compile traced into Liger's kernel launcher in nanoGPT's compiled forward and failed: the
-    words put the loss in a function torch.compiler.disable leaves eager, and the gain (its range as
-    modelled) is not promised, that fix being unmeasured: listed to measure in the plan."""
-    ce = _fitted(nanogpt)[RemedyId.CE_FUSION]
-    assert ce.gain is not None and ce.gain.low_ms > 0 and not ce.gain.promised
-    assert ce.gain.risk is Risk.FUSED_LOSS_COMPILED
-    words = text(ce.action)
-    assert "outside the compiled graph" in words and "@torch.compiler.disable" in words
-    assert "LigerFusedLinearCrossEntropyLoss" in words
-    assert "liger-kernel 0.8.5" in detail_text(ce, nanogpt.step_ms, None)
-    plan = plan_of(BudgetContext(nanogpt, Framework.PYTORCH))
-    item = plan.item(RemedyId.CE_FUSION.value) if plan is not None else None
-    assert item is not None and item.stage == -1 and item.risk is Risk.FUSED_LOSS_COMPILED
 
 
 def test_the_eager_models_fused_loss_keeps_its_words(llama: StepBudget) -> None:

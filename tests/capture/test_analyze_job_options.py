@@ -48,10 +48,10 @@ def test_a_step_time_that_is_no_step_time_is_refused() -> None:
 
 
 def test_the_remedies_that_failed_as_said_are_said_with_what_they_need() -> None:
-    """The three remedies that failed when applied as said (docs/evidence/loops_ab_h200), as the command
-    that made the predictions shows them: the Trainer's CUDA graphs and nanoGPT's fused loss are no
-    promised gain (no impact: ordered after every promised one), each saying why; Lightning's graphs keep
-    theirs, their cost saying where the mark goes."""
+    """The remedies that failed or slowed the job when applied as said (docs/evidence/loops_ab_h200,
+    loops_ab2_h200), as the command that makes the predictions shows them: CUDA graphs are no promised
+    gain on any of the three (no impact: ordered after every promised one), each saying why and where the
+    mark goes; nanoGPT, compiled, is offered no fused loss (59 ms slower outside its graph)."""
     hf = _remedies("hf_clm_h200", "hf_trainer", "293.18")
     graphs = hf["cuda_graphs"]
     assert graphs["impact"] is None and graphs["flags"] == ["--torch_compile_mode reduce-overhead"]
@@ -59,11 +59,9 @@ def test_the_remedies_that_failed_as_said_are_said_with_what_they_need() -> None
     assert "torch.compiler.cudagraph_mark_step_begin()" in graphs["detail"]
     assert all(r["impact"] is not None for r in hf.values() if r["priority"] < graphs["priority"])
     nano = _remedies("nanogpt_h200", "pytorch", "133.46")
-    ce = nano["cross_entropy_fusion"]
-    assert ce["impact"] is None and "outside the compiled graph" in ce["action"]
-    assert "not promised" in ce["detail"]
-    assert max(r["priority"] for r in nano.values()) == ce["priority"]
+    assert "cross_entropy_fusion" not in nano and "loss_only" in nano
     lit = _remedies("lightning_h200", "lightning", "23.2")
     graphs = lit["cuda_graphs"]
-    assert graphs["impact"] is not None and "not promised" not in graphs["detail"]
+    assert graphs["impact"] is None and "not promised" in graphs["detail"]
     assert "cudagraph_mark_step_begin() before each forward" in graphs["detail"]
+    assert all(r["impact"] is not None for r in lit.values() if r["priority"] < graphs["priority"])

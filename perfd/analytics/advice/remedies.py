@@ -130,10 +130,10 @@ class Risk(TextEnum):
     # the Hugging Face Trainer's CUDA graphs: its own training step calls the model, so the mark that each
     # forward needs is not the user's to add there (measured failing as above)
     GRAPHS_TRAINER = "graphs_trainer"
-    # a fused linear + cross-entropy in a compiled model: torch.compile traces into Liger's kernel launcher
-    # and fails (measured: torch 2.11, liger-kernel 0.8.5, nanoGPT); the loss called outside the compiled
-    # graph is not measured
-    FUSED_LOSS_COMPILED = "fused_loss_compiled"
+    # one micro-batch a step: a module that keeps a tensor it made in forward (a cache) fails even with the
+    # mark before each forward (measured: Lightning's Transformer demo, the mark first in training_step:
+    # docs/evidence/loops_ab2_h200); no trace shows whether a module does
+    GRAPHS_KEPT_TENSOR = "graphs_kept_tensor"
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@ torch.compile's graphs replay over the same memory each call: a loop that keeps 
 while the next runs (several micro-batches a step, a module that caches a tensor it made in forward) fails
 as is, and needs a mark before each forward. Measured on an H200 (docs/evidence/loops_ab_h200: the Hugging
 Face Trainer with 4 micro-batches a step, Lightning's Transformer demo): both failed with the flag or the
-call alone. Every torch.compile graphs remedy says so in its cost; where the trace shows several
-micro-batches a step, or the loop is the Trainer's (whose training step calls the model: the mark is not
-the user's to add there), its gain is not promised (Gain.risk). Pure.
+call alone; Lightning's demo failed again with the mark first in training_step (its positional encoding
+keeps a tensor it made in the first forward: docs/evidence/loops_ab2_h200). Every torch.compile graphs
+remedy says so in its cost, and its gain is never promised (Gain.risk): the Trainer's own training step
+calls the model (the mark is not the user's to add there); several micro-batches a step keep one call's
+outputs across the next; and with one a step, whether a module keeps a tensor across calls is in the
+code, not in a trace. Pure.
 """
 
 from __future__ import annotations
@@ -52,13 +55,13 @@ def micro_batches_seen(b: StepBudget) -> float | None:
     return b.facts.micro_batches if b.facts is not None else None
 
 
-def graphs_risk(c: FitContext) -> Risk | None:
-    """Why torch.compile's graphs are not promised on this job: the Trainer's own training step, or more
-    than one micro-batch a step (None: neither shows)."""
+def graphs_risk(c: FitContext) -> Risk:
+    """Why torch.compile's graphs are not promised on this job: the Trainer's own training step, more
+    than one micro-batch a step, else a tensor a module may keep across calls (no trace shows it)."""
     if c.config.framework is Framework.HF_TRAINER:
         return Risk.GRAPHS_TRAINER
     m = micro_batches_seen(c.budget)
-    return Risk.GRAPHS_MICRO_BATCHES if m is not None and m > 1 else None
+    return Risk.GRAPHS_MICRO_BATCHES if m is not None and m > 1 else Risk.GRAPHS_KEPT_TENSOR
 
 
 def _torch_graphs(c: FitContext) -> Switch:

@@ -8,8 +8,6 @@ not use, and names what it removes as atoms the plan counts once. Pure.
 
 from __future__ import annotations
 
-import dataclasses
-
 from perfd.analytics.advice.remedies import (
     FUSED_CE_OF_LOSS,
     PACKAGE_CCE,
@@ -19,7 +17,6 @@ from perfd.analytics.advice.remedies import (
     FitContext,
     Framework,
     RemedyId,
-    Risk,
     compiled,
     gain_of,
     named,
@@ -42,12 +39,6 @@ _ZERO_FILLS = ("compiledfunctionbackward > aten::fill_", "compiledfunctionbackwa
 _FUSED_CE_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE,
                                          Framework.HF_TRAINER: Say.FUSED_LINEAR_CE_HF,
                                          Framework.LIGHTNING: Say.FUSED_LINEAR_CE}
-# ... in a compiled model: the loss called outside the compiled graph, since torch.compile traces into
-# Liger's kernel launcher and fails (remedies.Risk.FUSED_LOSS_COMPILED). The Trainer's flag stays: Liger
-# patches the model itself, and its cost says when compile traces into it.
-_FUSED_CE_COMPILED_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.FUSED_LINEAR_CE_COMPILED,
-                                                  Framework.HF_TRAINER: Say.FUSED_LINEAR_CE_HF,
-                                                  Framework.LIGHTNING: Say.FUSED_LINEAR_CE_COMPILED}
 _LOSS_ONLY_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.LOSS_ONLY,
                                           Framework.LIGHTNING: Say.LOSS_ONLY}
 
@@ -65,12 +56,17 @@ def compiled_job(b: StepBudget) -> bool:
 def fused_linear_ce(c: FitContext) -> Advice | None:
     """The output layer and the cross-entropy in one (remedies.FUSED_CE_OF_LOSS): of the loss's kernels a
     share at most, and the zero gradient of the returned logits, which are no longer there. In a compiled
-    model the loss goes outside the compiled graph, its gain not promised (not measured so)."""
+    model it is not offered: torch.compile already fuses the loss's passes into its own kernels, traced into
+    Liger's launcher it fails, and called outside the compiled graph the fused loss made nanoGPT's step
+    59 ms slower (133.3 -> 192.3 and 191.9 ms, two runs, bases either side: docs/evidence/loops_ab2_h200);
+    the zero gradient of the returned logits is :func:`loss_only`'s there. The Trainer's flag stays: Liger
+    patches the model itself, and its cost says when compile traces into it."""
     b, cfg = c.budget, c.config
-    in_graph = compiled_job(b)
-    words = (_FUSED_CE_COMPILED_WORDS if in_graph else _FUSED_CE_WORDS).get(cfg.framework)
+    words = _FUSED_CE_WORDS.get(cfg.framework)
     loss = b.ms(Part.LOSS)
     if words is None or not named(b, loss):
+        return None
+    if compiled_job(b) and cfg.framework is not Framework.HF_TRAINER:
         return None
     zeros = unused_gradient_ms(b)
     removes = [removal(LOSS_PASSES, loss, FUSED_CE_OF_LOSS)]
@@ -85,7 +81,7 @@ def fused_linear_ce(c: FitContext) -> Advice | None:
         RemedyId.CE_FUSION,
         Part.LOSS,
         say(words),
-        dataclasses.replace(gain, risk=Risk.FUSED_LOSS_COMPILED) if in_graph else gain,
+        gain,
         cost=cost,
         needs_one=True,
         removes=tuple(removes),

@@ -57,7 +57,6 @@ class Say(enum.Enum):
     ZERO_GRAD_GOES = 3  # the zero-filled gradient's ms, low, high factor
     FUSED_LINEAR_CE = 0  # a plain PyTorch loop's action
     FUSED_LINEAR_CE_HF = 0
-    FUSED_LINEAR_CE_COMPILED = 0  # a compiled model's: the loss outside the compiled graph
     FUSED_CE_COST = 0
     FUSED_CE_COST_HF = 1  # the Trainer's compile option
     LOSS_ONLY_BASIS = 3  # the zero-filled gradient's ms, low, high factor
