@@ -146,6 +146,10 @@ EXPLAINS_SHARE = Threshold(0.5, "a part of the step (data wait, exposed communic
                                 "a contiguous run of a stretch's steps it explains, and not the rest, is an "
                                 "incident of its own (perfd.analytics.incidents.split)",
                            _INC)
+AFTER_CAPTURE_PACE = Threshold(
+    1.1, "an incident that begins after perfd's capture is the capture's where the steps between them stayed "
+    "10% or more above their pace before it (a Kineto trace without TEARDOWN_CUPTI=1: +24% to +30% on "
+    "host-bound jobs, under 1% with it; docs/evidence/kineto_teardown_h200)", _INC)
 # --- a loop's own pauses at a cadence (perfd.analytics.incidents.cadence) -------------------------------
 _CAD = "perfd/analytics/incidents/cadence.py (a loop's own pauses at a cadence; docs/design.md §2 has none)"
 PAUSE_MAX_STEPS = Threshold(

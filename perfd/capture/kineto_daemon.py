@@ -178,8 +178,8 @@ def build_config(log_file: str | Path, iterations: int | None = None, start_iter
 # libkineto calls cuptiFinalize after a trace only with TEARDOWN_CUPTI=1 (PyTorch's own profiler sets it;
 # an on-demand trace through the daemon does not go through that code). Without it CUPTI's callbacks stay
 # subscribed after the trace and every later kernel launch pays for them: a host-bound Hugging Face
-# Trainer run stepped ~35% slower for the rest of its life after one 3-step capture, Lightning's demo
-# ~45% (docs/evidence/kineto_teardown_h200). Teardown with CUDA graphs crashed before CUDA 12.6.
+# Trainer run stepped ~30% slower for the rest of its life after one 3-step capture, Lightning's demo
+# 24% (docs/evidence/kineto_teardown_h200). Teardown with CUDA graphs crashed before CUDA 12.6.
 TEARDOWN_ENV = "TEARDOWN_CUPTI"
 
 

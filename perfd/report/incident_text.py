@@ -138,6 +138,11 @@ def _capture(e: Evidence) -> str:
 def _after_capture(e: Evidence) -> str:
     d = e.detail
     span = f"iterations {d.get('capture_first')}–{d.get('capture_last')}"
+    since = d.get("since_ms")
+    if isinstance(since, (int, float)):  # began later, the pace never having come back
+        return (f"the steps have not come back to their pace since perfd's own capture ({span}): "
+                f"{since:.1f} ms per step since it against {d.get('before_ms', float('nan')):.1f} before it "
+                f"({e.worst or float('nan'):.2f}×): the profiler's cost outlasted the capture")
     if e.worst is None:
         return f"it began as perfd's own capture ended ({span})"
     return (f"it began as perfd's own capture ended ({span}) and the steps stayed {e.worst:.2f}× the median "

@@ -23,6 +23,7 @@ from typing import Protocol
 from perfd.analytics import thresholds as th
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.finding_types import Finding
+from perfd.analytics.incidents.after_capture import since_capture
 from perfd.analytics.incidents.cadence import CadencePause, Pause, find_cadences, outside_explains
 from perfd.analytics.incidents.evidence import (
     Evidence,
@@ -340,11 +341,17 @@ def detect_incidents(iterations: Sequence[IterationLike], end_times: Mapping[int
             shifted_at = post[shift.index].iteration
             inc.evidence = replace(inc.evidence, change_point=LevelShift.of(shift, shifted_at, accepted))
         before = [c for c in captures if c[-1] < run[0] <= c[-1] + MERGE_GAP + 1]
-        if before and flags[run[0]] != CAPTURE:  # the slowdown started as perfd's capture ended
-            c = before[-1]
+        # else: a capture since which the steps never came back to their pace (its cost outlasting it)
+        since = None if before else since_capture(captures, run[0], sized)
+        if (before or since is not None) and flags[run[0]] != CAPTURE:
+            c = before[-1] if before else since.capture if since is not None else []
+            detail: dict[str, object] = {"capture_first": post[c[0]].iteration,
+                                         "capture_last": post[c[-1]].iteration}
+            if since is not None:
+                detail |= {"before_ms": since.before_ms, "since_ms": since.since_ms}
             ev = Evidence(EvidenceKind.AFTER_CAPTURE, inc.ranks[0] if inc.ranks else None, "",
-                          (inc.median_step_ms or 0.0) / ref, inc.start_time, inc.end_time, inc.n_iterations,
-                          {"capture_first": post[c[0]].iteration, "capture_last": post[c[-1]].iteration})
+                          (inc.median_step_ms or 0.0) / ref if since is None else since.ratio,
+                          inc.start_time, inc.end_time, inc.n_iterations, detail)
             inc.evidence = replace(inc.evidence, observed=(*(inc.evidence.observed or ()), ev))
             prior = inc.verdict
             verdict = decide(inc.observed(), inc.ranks, prior.missing if prior is not None else ())
