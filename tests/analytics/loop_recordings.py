@@ -33,13 +33,15 @@ LOOPS = Path(__file__).resolve().parents[1] / "data" / "loops"
 NANOGPT, HF = "nanogpt_h200", "hf_clm_h200"
 GPU = "NVIDIA H200"
 # The ``model=`` each loop's hook was constructed with (meta.json "script"): nanoGPT's as perfd's README
-# shows (GPT-2 124M, its padded vocabulary), the Trainer's its LlamaConfig's dict with the block size.
+# shows (GPT-2 124M, its padded vocabulary), the Trainer's its LlamaConfig's dict with the block size
+# (run_clm.py's --config_overrides on LlamaConfig() leave its default head_dim, 128, and the model is
+# built with it: q_proj 768 -> 1536, 137.8M parameters; tests/analytics/test_hf_configs.py).
 MODELS: dict[str, Mapping[str, object]] = {
     NANOGPT: {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
               "vocab_size": 50304},
     HF: {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
-         "num_attention_heads": 12, "num_key_value_heads": 12, "max_position_embeddings": 1024,
-         "vocab_size": 16000, "hidden_act": "silu", "tie_word_embeddings": False, "seq_length": 1024},
+         "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 128,
+         "max_position_embeddings": 1024, "vocab_size": 16000, "hidden_act": "silu", "tie_word_embeddings": False, "seq_length": 1024},
 }
 
 

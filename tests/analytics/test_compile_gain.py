@@ -1,5 +1,5 @@
 """torch.compile's fused layers on the recorded loops (tests/data/loops: transformers' run_clm.py with an
-eager 110M Llama, Lightning's transformer demo, nanoGPT compiled; one H200 each), read from the
+eager 137.8M Llama, Lightning's transformer demo, nanoGPT compiled; one H200 each), read from the
 launch-by-launch replay of each capture on the job's own clock (Change.FUSED: perfd.capture.step_replay):
 the elementwise kernels shorter and far fewer launched, the host's launching with them. Each gain is
 held to a reading of the raw Chrome trace made apart from perfd's attribution, in the test's docstring.

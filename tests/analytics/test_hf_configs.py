@@ -133,3 +133,28 @@ def test_flops_match_the_real_model_built_on_the_meta_device(stem: str) -> None:
     # the hook's per-step count from tokens (what the aggregator reads as the record's FLOPs)
     per_step = record_flops(tokens, None, spec, None, "pytorch")
     assert per_step is not None and per_step.flops_per_iteration == pytest.approx(reference, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("hf_meta_models")
+def test_a_config_overridden_from_a_string_keeps_its_stale_head_dim_and_so_does_the_model() -> None:
+    """run_clm.py's ``--config_overrides hidden_size=768,...,num_attention_heads=12`` on LlamaConfig()
+    (the recorded Trainer run, tests/data/loops/hf_clm_h200): ``update_from_string`` leaves the default's
+    ``head_dim`` (128, from 4096 / 32) in place, and the model is built with it (q_proj 768 → 1536: 137.8M
+    parameters, not the 110M hidden ÷ heads would give). perfd reads head_dim as the config states it:
+    866.45M FLOPs a token at 1,024, the real model's count, not 640M."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.CONFIG_MAPPING["llama"]()
+    hf.update_from_string("hidden_size=768,intermediate_size=2048,num_hidden_layers=12,num_attention_heads=12,"
+                          "num_key_value_heads=12,max_position_embeddings=1024,vocab_size=16000")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    assert hf.head_dim == 128 and _head_size(model) == 128
+    seq, tokens = 1024, 32 * 1024
+    n = _gemm_weights(model, transformers)
+    reference = 6 * n * tokens + 6 * seq * hf.num_attention_heads * 128 * hf.num_hidden_layers * tokens
+    spec = read_spec({**hf.to_dict(), "seq_length": seq}).spec
+    per_step = record_flops(tokens, None, spec, None, "pytorch")
+    assert per_step is not None and per_step.flops_per_iteration == pytest.approx(reference, rel=1e-9)
+    assert per_step.flops_per_iteration / tokens == pytest.approx(866_451_456, rel=1e-9)

@@ -1,7 +1,7 @@
 """The remedies that pay on the loops people write, fitted to two published loops recorded on one H200
 (tests/data/loops): nanoGPT's train.py (compiled GPT-2 124M, 16×1024 tokens a micro-batch, 4 a step,
 vocabulary 50304, bf16 autocast; its own clock 133.5 ms a step) and transformers' run_clm.py (an eager
-110M Llama, 8×1024 tokens a micro-batch, 4 a step, vocabulary 16000; 293 ms a step unprofiled).
+137.8M Llama, 8×1024 tokens a micro-batch, 4 a step, vocabulary 16000; 293 ms a step unprofiled).
 
 Each gain is held to a reading of the trace's own kernels and gaps made apart from perfd's attribution
 (the raw Chrome trace: each kernel's launch on the host placed between the two ``Optimizer.step#``
