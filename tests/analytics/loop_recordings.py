@@ -41,8 +41,8 @@ MODELS: dict[str, Mapping[str, object]] = {
               "vocab_size": 50304},
     HF: {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
          "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 128,
-         "max_position_embeddings": 1024, "vocab_size": 16000, "hidden_act": "silu", "tie_word_embeddings": False,
-         "seq_length": 1024},
+         "max_position_embeddings": 1024, "vocab_size": 16000, "hidden_act": "silu",
+         "tie_word_embeddings": False, "seq_length": 1024},
 }
 
 
