@@ -205,8 +205,8 @@ def action_text(v: Verdict | None, ranks: Sequence[int] = (), cpu: CpuUse | None
         return (
             "perfd's capture cost this: a Kineto trace leaves CUPTI on every later kernel launch unless "
             "the job runs with TEARDOWN_CUPTI=1 (perfd launch --kineto sets it; set it in the job's "
-            "environment otherwise); restart the job's ranks with it when convenient, and until then stop on-demand "
-            "captures of this job (raise the rule's cooldown or drop the rule)"
+            "environment otherwise); restart the job's ranks with it when convenient, and until then stop "
+            "on-demand captures of this job (raise the rule's cooldown or drop the rule)"
         )
     if v.cause is K.CAPTURE_FINDING:
         return (
