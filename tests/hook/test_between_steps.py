@@ -24,16 +24,12 @@ from typing import Any, cast
 
 import pytest
 
-import perfd.hook.harvest
-import perfd.hook.loader
-import perfd.hook.phases
-import perfd.hook.step
-import perfd.hook.timing
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.report import build_report
+from tests.hook.sim_clock import SimClock
 from tests.torch_tests import needs_torch
 
 # real loops with DataLoader worker processes: ~2 s each. One xdist worker runs the module: each loop of
@@ -275,50 +271,21 @@ def test_a_loader_perfd_cannot_see_is_time_outside_the_step(tmp_path: Path, load
     assert "hook.loader(loader)" in rep.recommendations[0].action
 
 
-class SimClock:
-    """``time`` for the hook's modules, and the loop's own clock: ``perf_counter_ns`` reads a counter that
-    only ``advance`` moves (the loop's fetches and its step's work), ``time_ns`` the wall time at the
-    start plus what was advanced; the rest is the real ``time`` module. The loop then runs no faster or
-    slower with the machine's load: every period, wait and step is exactly what the loop says."""
-
-    def __init__(self) -> None:
-        self.t = 1_000_000_000
-        self._wall0 = time.time_ns() - self.t
-
-    def advance(self, s: float) -> None:
-        self.t += round(s * 1e9)
-
-    def perf_counter_ns(self) -> int:
-        return self.t
-
-    def perf_counter(self) -> float:
-        return self.t / 1e9
-
-    def time_ns(self) -> int:
-        return self._wall0 + self.t
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
 def _alternating(clock: SimClock, n: int, long_s: float, short_s: float) -> Iterator[int]:
     for k in range(n):
         clock.advance(long_s if k % 2 else short_s)
         yield k
 
 
-def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_alternating_steps_give_the_shares_of_their_sums(tmp_path: Path, sim_clock: SimClock) -> None:
     """Two modes, as a two-worker loader's waits or a slow step every other one make: fetches of 30
     and 2 ms between steps of 10 ms. The summary's share and step time are Σ wait ÷ Σ period and the
     mean period, not a median of one mode (which would read far off).
 
-    On the simulated clock (``SimClock``, the hook's and the loop's): with real sleeps the 10 ms step
-    wandered under load as much as the alternating waits, and the jitter the test reads was the
-    machine's, not the loop's (perfd's CV 0.333 against half the periods' 0.255, once)."""
-    clock = SimClock()
-    for mod in (perfd.hook.step, perfd.hook.harvest, perfd.hook.loader, perfd.hook.timing, perfd.hook.phases):
-        monkeypatch.setattr(mod, "time", clock)
+    On the simulated clock (tests/hook/sim_clock.py, the hook's and the loop's): with real sleeps the
+    10 ms step wandered under load as much as the alternating waits, and the jitter the test reads was
+    the machine's, not the loop's (perfd's CV 0.333 against half the periods' 0.255, once)."""
+    clock = sim_clock
 
     def loop(hook: StepHook, _loader: Any, _model: Any) -> tuple[list[float], list[float]]:
         waits, ends = [], []
