@@ -50,8 +50,6 @@ WINDOW = ("the process boundary under test: a collector reads real processes' (o
           "window of real time")
 LAG_PROBE = "a probe ticking on the event loop to time its lag: the lag is what is measured"
 CHILD = "the program a test starts as a real process (a hooked training loop): its own steps and pauses"
-FIXED_START = ("a fixed wait for started processes to be readable (their environment): a poll for that "
-               "state would do")
 GUARD = "the suite's leftover-process guard: a bounded moment for the processes a test left to exit"
 
 ALLOWED: dict[str, str] = {
@@ -210,7 +208,6 @@ ALLOWED: dict[str, str] = {
     "tests/security/test_malformed_events.py::test_a_journal_holding_a_malformed_event_restarts": TIMER,
     "tests/security/test_malformed_events.py::"
     "test_one_malformed_event_takes_no_endpoint_down_and_no_restart": TIMER,
-    "tests/security/test_rank_ownership.py::procs": FIXED_START,
     "tests/security/test_series_flood.py::"
     "test_figures_rss_of_a_real_aggregator_through_refused_series_floods": QUIET,
     "tests/security/test_stall_holds.py::"
