@@ -93,8 +93,8 @@ test: lint
 PYTEST_ARGS ?=
 PYTEST_COLLECT = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --collect-only -p no:cacheprovider $(PYTEST_ARGS) \
 	>$(VENV)/collect.log 2>&1 || { tail -n 40 $(VENV)/collect.log; exit 1; }
-PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 \
-	--durations=25 $(PYTEST_ARGS)
+PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --durations=25 --dist loadgroup \
+	--max-worker-restart 0 $(PYTEST_ARGS)
 pytest: setup
 	@$(PYTEST_COLLECT)
 	$(PYTEST_RUN)
