@@ -2,6 +2,7 @@
 #   make demo   - set up a light venv (perfd and its runtime deps only: no torch), then run the demo
 #   make test   - set up, then lint, type-check and run the tests (what CI runs)
 #   make test-fast - the tests not marked `slow` only, no lint (the loop while editing: < 2 min)
+#   make test-repeat N=10 - the suite as `make test` runs it, N times in a row: which tests failed, how often
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The interpreter the venvs are made from: Debian's python3.11 where it is there and can make a venv,
@@ -35,7 +36,7 @@ TEST_WORKERS ?= 8
 # the 2-core machine).
 FAST_WORKERS ?= 2
 
-.PHONY: setup demo test pytest test-fast lint typecheck proto docs clean
+.PHONY: setup demo test pytest test-repeat test-fast lint typecheck proto docs clean
 setup: $(VENV)/.installed
 
 # --no-compile: pip would compile the bytecode of every module it installs (torch's CPU build among them,
@@ -86,10 +87,46 @@ test: lint
 # has its assertion-rewritten bytecode yet, and each of the workers, all starting at once, would rewrite
 # every one of them (collection 11.4 s of CPU cold, 2.9 s with that bytecode: 2,715 tests; a fresh
 # clone's make test 550 -> 518 s, pytest 479 -> 436 s; one run each, 2026-11-29, the quiet 2-core VM).
+# PYTEST_COLLECT and PYTEST_RUN are the suite's run: `make pytest` (so `make test`) and `make test-repeat`
+# both use them. PYTEST_ARGS (none: the whole suite) narrows a run, e.g. make test-repeat N=20
+# PYTEST_ARGS=tests/hook/test_between_steps.py to see whether one module flakes.
+PYTEST_ARGS ?=
+PYTEST_COLLECT = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --collect-only -p no:cacheprovider $(PYTEST_ARGS) \
+	>$(VENV)/collect.log 2>&1 || { tail -n 40 $(VENV)/collect.log; exit 1; }
+PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --durations=25 --dist loadgroup \
+	--max-worker-restart 0 $(PYTEST_ARGS)
 pytest: setup
-	@PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --collect-only -p no:cacheprovider >$(VENV)/collect.log 2>&1 || \
-	  { tail -n 40 $(VENV)/collect.log; exit 1; }
-	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=25
+	@$(PYTEST_COLLECT)
+	$(PYTEST_RUN)
+
+# The suite N times in a row, as `make pytest` runs it (no lint or type-check: they do not flake). Each
+# run's result line and its FAILED/ERROR lines are appended to REPEAT_LOG as it ends, a failed run's whole
+# output kept beside it (build/test-repeat/run-K.log); then the runs, the failed runs and each failing
+# test with the number of runs it failed in. Exits non-zero if any run failed.
+N ?= 10
+REPEAT_LOG ?= build/test-repeat.log
+test-repeat: setup
+	@$(PYTEST_COLLECT)
+	@mkdir -p build/test-repeat && rm -f build/test-repeat/run-*.log && : >$(REPEAT_LOG); \
+	bad=0; \
+	for i in $$(seq 1 $(N)); do \
+	  out=build/test-repeat/run-$$i.log; \
+	  $(PYTEST_RUN) >$$out 2>&1; rc=$$?; \
+	  res=$$(grep -E ' in [0-9.]+s( \([0-9:]+\))?( =+)?$$' $$out | tail -n 1); \
+	  line="run $$i/$(N): exit $$rc: $${res:-no result line}"; \
+	  echo "$$line"; echo "$$line" >>$(REPEAT_LOG); \
+	  if [ $$rc -ne 0 ]; then \
+	    bad=$$((bad + 1)); \
+	    grep -E '^(FAILED|ERROR) ' $$out | sed 's/^/  /' >>$(REPEAT_LOG); \
+	    echo "  the run's output: $$out" >>$(REPEAT_LOG); \
+	  else rm -f $$out; fi; \
+	done; \
+	{ echo "== $(N) runs, $$bad failed"; \
+	  grep -E '^  (FAILED|ERROR) ' $(REPEAT_LOG) | sed -E 's/^  (FAILED|ERROR) //; s/ - .*//' \
+	    | sort | uniq -c | sort -rn \
+	    | awk '{ n = $$1; sub(/^ *[0-9]+ /, ""); printf "  %d of $(N) runs: %s\n", n, $$0 }'; \
+	} | tee -a $(REPEAT_LOG); \
+	[ $$bad -eq 0 ]
 
 # The fast loop: every test not marked `slow` (a test of ~2 s or more on the 2-core machine is
 # marked; so is each user of a module fixture that costs that), no lint or type-check: 1,844 tests in

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import Counter
+from collections.abc import Generator
 
 import pytest
 
@@ -36,3 +38,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     and 32.9 s frozen (two runs each, a quiet 2-core VM); the suite is bound by its CPU there."""
     gc.collect()  # collection's own garbage first, not kept for good
     gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Generator[None]:
+    """What the run skipped, grouped by reason with counts, after pytest's own short summary (whose
+    SKIPPED lines group by file and line): the last lines before the result line. Under xdist the
+    controller holds every worker's reports, so the counts are the whole run's."""
+    yield
+    reasons: Counter[str] = Counter()
+    for rep in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(rep, "longrepr", None)
+        reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_sep("-", f"skipped {reasons.total()}, by reason")
+        for reason, n in reasons.most_common():
+            terminalreporter.write_line(f"{n:>5}: {reason}")

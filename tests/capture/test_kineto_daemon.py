@@ -118,14 +118,22 @@ def test_wire_layout_matches_libkineto_structs():
     assert kd.socket_address("dynolog", "/run/k") == "/run/k/dynolog"
 
 
-def test_idle_daemon_answers_nothing_with_an_empty_reply(daemon, client):
-    assert client.request([4242, 1]) == ""  # size 0: "nothing", as dynolog replies
-    assert daemon.requests_seen[4242] == 1
-    assert daemon.ancestors[4242] == (1,)
-    assert daemon.polling()[4242] == (1,)
-    time.sleep(0.05)
-    client.request([4242, 1])
-    assert daemon.intervals[4242] >= 0.05
+def test_idle_daemon_answers_nothing_with_an_empty_reply():
+    now = [1_700_000_000.0]  # the daemon's clock: the test moves it between the polls
+    daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="",
+                          clock=lambda: now[0]).start()
+    client = FakeLibkineto(daemon.socket_name)
+    try:
+        assert client.request([4242, 1]) == ""  # size 0: "nothing", as dynolog replies
+        assert daemon.requests_seen[4242] == 1
+        assert daemon.ancestors[4242] == (1,)
+        assert daemon.polling()[4242] == (1,)
+        now[0] += 0.05
+        client.request([4242, 1])
+        assert daemon.intervals[4242] == pytest.approx(0.05)
+    finally:
+        client.close()
+        daemon.stop()
 
 
 def test_armed_pid_gets_its_config_once_and_launchers_never(daemon, client):

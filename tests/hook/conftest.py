@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import perfd.hook.step
+from tests.hook.sim_clock import SimClock
 
 
 @pytest.fixture
@@ -38,3 +39,10 @@ def no_data_marker(monkeypatch: pytest.MonkeyPatch) -> None:
     data_ready() (a fresh clone's CI: 42 records for 41; a trace that stopped after its loop). The
     tests that count markers, or need compute absent, hold the threshold out of reach."""
     monkeypatch.setattr(perfd.hook.step, "DATA_MARK_MIN_NS", 1 << 62)
+
+
+@pytest.fixture
+def sim_clock(monkeypatch: pytest.MonkeyPatch) -> SimClock:
+    """The hook's host clock, simulated (tests/hook/sim_clock.py): the test's loop advances it where a
+    real loop would spend time, and no test waits for time to pass."""
+    return SimClock().install(monkeypatch)

@@ -6,35 +6,34 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from perfd.hook.loader import CLOCK, FetchClock, Loader, dataloader_watched, watch_dataloader
+from tests.hook.sim_clock import SimClock
 
 
-def _slow(n: int, s: float) -> Iterator[int]:
+def _slow(sim: SimClock, n: int, s: float) -> Iterator[int]:
     for k in range(n):
-        time.sleep(s)
+        sim.advance(s)
         yield k
 
 
-def test_a_loader_yields_the_same_batches_and_stamps_each_fetch() -> None:
+def test_a_loader_yields_the_same_batches_and_stamps_each_fetch(sim_clock: SimClock) -> None:
     clock = FetchClock()
     wrapped = Loader(list(range(5)), clock)
     assert len(wrapped) == 5 and wrapped.count(3) == 1  # the wrapped object's attributes
     assert list(wrapped) == [0, 1, 2, 3, 4]
     assert clock.count == 6  # five batches and the StopIteration
-    t0 = time.perf_counter_ns()
-    assert list(Loader(_slow(3, 0.01), clock)) == [0, 1, 2]
-    took = time.perf_counter_ns() - t0
-    assert 0.03e9 <= clock.total_ns <= took + 1e6
+    assert clock.total_ns == 0  # no time passed in them
+    assert list(Loader(_slow(sim_clock, 3, 0.01), clock)) == [0, 1, 2]
+    assert clock.total_ns == 30_000_000
 
 
-def test_only_the_watched_threads_fetches_count() -> None:
+def test_only_the_watched_threads_fetches_count(sim_clock: SimClock) -> None:
     clock = FetchClock()  # watches the thread that made it
-    other = threading.Thread(target=lambda: list(Loader(_slow(2, 0.01), clock)))
+    other = threading.Thread(target=lambda: list(Loader(_slow(sim_clock, 2, 0.01), clock)))
     other.start()
     other.join()
     assert clock.count == 0 and clock.total_ns == 0  # a prefetching thread's fetches overlap the step
@@ -42,12 +41,12 @@ def test_only_the_watched_threads_fetches_count() -> None:
     assert clock.count == 3
 
 
-def test_a_fetch_inside_another_is_counted_once() -> None:
+def test_a_fetch_inside_another_is_counted_once(sim_clock: SimClock) -> None:
     clock = FetchClock()
-    inner = Loader(_slow(3, 0.01), clock)
+    inner = Loader(_slow(sim_clock, 3, 0.01), clock)
     outer = Loader(inner, clock)
     list(outer)
-    assert clock.count == 4  # the outer fetches only
+    assert clock.count == 4 and clock.total_ns == 30_000_000  # the outer fetches only
 
 
 @pytest.mark.slow
@@ -71,13 +70,13 @@ def test_the_environment_leaves_torch_alone() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_a_raising_fetch_is_timed_and_raises() -> None:
+def test_a_raising_fetch_is_timed_and_raises(sim_clock: SimClock) -> None:
     clock = FetchClock()
 
     def boom() -> int:
-        time.sleep(0.01)
+        sim_clock.advance(0.01)
         raise RuntimeError("worker died")
 
     with pytest.raises(RuntimeError, match="worker died"):
         clock.timed(boom)
-    assert clock.count == 1 and clock.total_ns >= 0.01e9 and not clock.busy
+    assert clock.count == 1 and clock.total_ns == 10_000_000 and not clock.busy

@@ -17,6 +17,7 @@ import perfd.hook.hf as hf
 import perfd.hook.lightning as lightning
 from perfd.hook import StepHook, wire
 from perfd.model import JobInfo
+from tests.hook.sim_clock import SimClock
 
 
 def received(sock: socket.socket) -> list[wire.StepMsg]:
@@ -51,16 +52,18 @@ def test_calling_without_the_framework_says_what_is_missing(monkeypatch: pytest.
         lightning.lightning_callback(cuda=False)
 
 
-def _slow(n: int, sleep_s: float) -> Any:
+def _slow(sim: SimClock, n: int, fetch_s: float) -> Any:
     for k in range(n):
-        time.sleep(sleep_s)
+        sim.advance(fetch_s)
         yield k
 
 
-FETCH_S, WORK_S = 0.02, 0.01
+FETCH_S, WORK_S = 0.02, 0.01  # on the simulated clock: 20 and 10 ms to the ns
+FETCH_NS, WORK_NS = 20_000_000, 10_000_000
 
 
-def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch,
+                           sim_clock: SimClock) -> None:
     """The Trainer's order: the step's batches fetched, on_step_begin, the step, on_step_end (then its
     logging and saving). The fetch lies between the steps: the next step's period and data wait."""
     fake = types.ModuleType("transformers")
@@ -76,11 +79,11 @@ def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest
     assert isinstance(cb, TrainerCallback)
     cb = cast(Any, cb)
     state = types.SimpleNamespace(global_step=10)  # resumed at step 10
-    batches = iter(hook.loader(_slow(3, FETCH_S)))
+    batches = iter(hook.loader(_slow(sim_clock, 3, FETCH_S)))
     for _ in range(3):
         next(batches)  # get_batch_samples
         cb.on_step_begin(None, state, None)
-        time.sleep(WORK_S)
+        sim_clock.advance(WORK_S)
         state.global_step += 1
         cb.on_step_end(None, state, None)
     cb.on_train_end(None, state, None)
@@ -90,13 +93,14 @@ def test_hf_callback_steps(agent: tuple[str, socket.socket], monkeypatch: pytest
     for m in got[1:]:
         assert m.flags & wire.FLAG_HAS_DATA and m.flags & wire.FLAG_FETCH
         assert m.data_wait_ns is not None and m.period_ns is not None
-        assert FETCH_S <= m.data_wait_ns / 1e9 < m.period_ns / 1e9
-        assert WORK_S <= m.step_ns / 1e9 < (m.period_ns - m.data_wait_ns + 1e6) / 1e9
+        # the fetch before the step is its data wait and in its period, not in the step
+        assert (m.data_wait_ns, m.step_ns, m.period_ns) == (FETCH_NS, WORK_NS, FETCH_NS + WORK_NS)
     assert got[0].period_ns is None  # the first step has no previous end
 
 
 def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.socket],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       sim_clock: SimClock) -> None:
     """Lightning's order: each micro-batch fetched, on_train_batch_start, its work,
     on_train_batch_end (the global step moves after the last of an optimizer step's). The step opens
     at its first micro-batch: one fetch lies between the steps, the second inside it; both are its
@@ -115,11 +119,11 @@ def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.
     assert isinstance(cb, Callback)  # (narrowing to Callback would hide the hook methods)
     cb = cast(Any, cb)
     trainer = types.SimpleNamespace(global_step=0)
-    batches = iter(hook.loader(_slow(6, FETCH_S)))
+    batches = iter(hook.loader(_slow(sim_clock, 6, FETCH_S)))
     for batch_idx in range(6):  # accumulate 2 micro-batches per optimizer step
         next(batches)
         cb.on_train_batch_start(trainer, None, None, batch_idx)
-        time.sleep(WORK_S)
+        sim_clock.advance(WORK_S)
         if batch_idx % 2 == 1:
             trainer.global_step += 1
         cb.on_train_batch_end(trainer, None, None, None, batch_idx)
@@ -128,9 +132,9 @@ def test_lightning_callback_with_gradient_accumulation(agent: tuple[str, socket.
     assert [m.step for m in got] == [1, 2, 3]
     for m in got[1:]:
         assert m.data_wait_ns is not None and m.period_ns is not None
-        assert 2 * FETCH_S <= m.data_wait_ns / 1e9 < m.period_ns / 1e9  # both micro-batches' fetches
-        assert FETCH_S + 2 * WORK_S <= m.step_ns / 1e9  # the second fetch is inside the step
-        assert m.period_ns / 1e9 >= 2 * (FETCH_S + WORK_S)
+        assert m.data_wait_ns == 2 * FETCH_NS  # both micro-batches' fetches
+        assert m.step_ns == FETCH_NS + 2 * WORK_NS  # the second fetch is inside the step
+        assert m.period_ns == 2 * (FETCH_NS + WORK_NS)
 
 
 def _fake_trainer(monkeypatch: pytest.MonkeyPatch, framework: str) -> Any:

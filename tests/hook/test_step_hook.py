@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from perfd.hook import RollingPercentiles, StepHook, wire
+from tests.hook.sim_clock import SimClock
 
 Hook = functools.partial(StepHook, flush_interval_s=0)  # one datagram per record: tests read at once
 
@@ -43,14 +44,17 @@ def steps_of(msgs: list[tuple[bytes, Any]]) -> list[wire.StepMsg]:
     return [wire.unpack_step(d) for k, d in records(msgs) if k in wire.STEP_KINDS]
 
 
-def run(hook: StepHook, n: int, work_s: float = 0.0, data_s: float = 0.0) -> None:
+def run(hook: StepHook, n: int, work_s: float = 0.0, data_s: float = 0.0,
+        clock: SimClock | None = None) -> None:
+    """n steps; each waits ``data_s`` for its data, then works ``work_s``, on the simulated ``clock``."""
+    assert clock is not None or not (work_s or data_s), "time passes on the simulated clock"
     for _ in range(n):
         with hook.step():
-            if data_s:
-                time.sleep(data_s)
+            if clock is not None:
+                clock.advance(data_s)
             hook.data_ready()
-            if work_s:
-                time.sleep(work_s)
+            if clock is not None:
+                clock.advance(work_s)
 
 
 # --------------------------------------------------------------------------- agent absent / slow / present
@@ -159,19 +163,17 @@ def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> N
     assert len(got) == c["sent"] and [m.step for m in got] == list(range(1, len(got) + 1))
 
 
-def test_present_agent_gets_every_step(agent: tuple[str, socket.socket]) -> None:
+def test_present_agent_gets_every_step(agent: tuple[str, socket.socket], sim_clock: SimClock) -> None:
     path, sock = agent
     hook = Hook(path, warmup_steps=2, tokens_per_step=4096, flops_per_step=1.5e15, cuda=False, rank=3)
-    run(hook, 6, work_s=0.002, data_s=0.001)
+    run(hook, 6, work_s=0.002, data_s=0.001, clock=sim_clock)
     msgs = drain(sock)
     got = steps_of(msgs)
     assert [m.step for m in got] == [1, 2, 3, 4, 5, 6]
     m = got[-1]
     assert m.rank == 3 and m.pid == os.getpid() and m.tokens_per_step == 4096 and m.flops_per_step == 1.5e15
     assert m.flags & wire.FLAG_HAS_DATA and not m.flags & wire.FLAG_CUDA
-    assert m.data_wait_ns is not None and m.data_wait_ns >= 1_000_000
-    assert m.compute_ns is not None and m.compute_ns >= 2_000_000
-    assert m.step_ns >= m.data_wait_ns + m.compute_ns - 100_000
+    assert (m.data_wait_ns, m.compute_ns, m.step_ns) == (1_000_000, 2_000_000, 3_000_000)
     assert abs(m.end_time_ns / 1e9 - time.time()) < 5
     assert msgs[0][1] == hook.sender.address()  # the agent can answer to this address
 
@@ -179,18 +181,19 @@ def test_present_agent_gets_every_step(agent: tuple[str, socket.socket]) -> None
 # --------------------------------------------------------------------------- warm-up and percentiles
 
 
-def test_warmup_is_reported_but_excluded_from_percentiles(agent: tuple[str, socket.socket]) -> None:
+def test_warmup_is_reported_but_excluded_from_percentiles(agent: tuple[str, socket.socket],
+                                                         sim_clock: SimClock) -> None:
     path, sock = agent
     hook = Hook(path, warmup_steps=3, cuda=False, rank=0)
-    run(hook, 3, work_s=0.03)  # slow warm-up steps (compilation, allocator)
+    run(hook, 3, work_s=0.03, clock=sim_clock)  # slow warm-up steps (compilation, allocator)
     got = steps_of(drain(sock))  # drain often: a datagram receiver queues only ~10 (max_dgram_qlen)
-    run(hook, 10)
+    run(hook, 10, work_s=0.001, clock=sim_clock)
     got += steps_of(drain(sock))
     assert [bool(m.flags & wire.FLAG_WARMUP) for m in got] == [True] * 3 + [False] * 10
     assert got[2].p50_ns is None and got[2].window_n == 0
     last = got[-1]
     assert last.window_n == 10
-    assert last.p99_ns is not None and last.p99_ns < 20_000_000  # no warm-up step in there
+    assert last.p99_ns == 1_000_000  # no warm-up step in there
     assert last.p50_ns is not None and last.p90_ns is not None and last.p50_ns <= last.p90_ns <= last.p99_ns
 
 
@@ -280,13 +283,14 @@ def test_harvest_waits_for_query_and_reports_in_order(agent: tuple[str, socket.s
     assert hook.alias_misses == 0
 
 
-def test_a_gap_between_steps_records_a_real_begin(agent: tuple[str, socket.socket]) -> None:
+def test_a_gap_between_steps_records_a_real_begin(agent: tuple[str, socket.socket],
+                                                  sim_clock: SimClock) -> None:
     path, sock = agent
     gpu = FakeGpu()
     hook = Hook(path, warmup_steps=0, cuda=True, rank=0, marker_factory=gpu.marker, cuda_data_event=False)
     with hook.step():
         pass
-    time.sleep(0.2)  # host work between steps (it could launch GPU work): no reuse
+    sim_clock.advance(0.2)  # host work between steps (it could launch GPU work): no reuse
     with hook.step():
         pass
     with hook.step():
@@ -541,7 +545,8 @@ def test_cpu_torch_loop_and_cuda_fallback(agent: tuple[str, socket.socket]) -> N
         assert "host timing" in (hook.last_error or "")
 
 
-def test_records_are_batched_into_few_datagrams(agent: tuple[str, socket.socket]) -> None:
+def test_records_are_batched_into_few_datagrams(agent: tuple[str, socket.socket],
+                                                sim_clock: SimClock) -> None:
     path, sock = agent
     hook = StepHook(path, cuda=False, rank=0, flush_interval_s=60, batch_records=32)
     run(hook, 40)
@@ -553,6 +558,7 @@ def test_records_are_batched_into_few_datagrams(agent: tuple[str, socket.socket]
     assert hook.sender.datagrams == 2 and hook.sender.sent == 40
     hook = StepHook(path, cuda=False, rank=0, flush_interval_s=0.02)
     run(hook, 3)
-    time.sleep(0.03)
+    assert hook.counters()["batched"] == 3  # within the interval: held
+    sim_clock.advance(0.03)
     run(hook, 1)  # the interval has passed: this step flushes all four
-    assert len(drain(sock)) <= 2 and hook.counters()["batched"] == 0
+    assert len(drain(sock)) == 1 and hook.counters()["batched"] == 0

@@ -28,6 +28,7 @@ from perfd.collector import Collected
 from perfd.hook import StepHook
 from perfd.model import Provenance, StepRecord
 from perfd.transport.codec import COMMAND_STACKS, Command
+from tests.hook.sim_clock import SimClock
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_EVAL_LOG = ROOT / "tests" / "data" / "megatron" / "h100_resume_save_eval.log"
@@ -63,7 +64,9 @@ def _drain(c: HookCollector, want: int, timeout: float = 10.0) -> Collected:
     return out
 
 
-def test_the_hook_announces_a_save_through_the_socket(tmp_path: Path) -> None:
+def test_the_hook_announces_a_save_through_the_socket(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = SimClock().install(monkeypatch)  # the loop's save takes its time on the hook's clock
     sock = str(tmp_path / "hook.sock")
     c = HookCollector({"socket_path": sock, "job": "j"})
     c.start()
@@ -73,7 +76,7 @@ def test_the_hook_announces_a_save_through_the_socket(tmp_path: Path) -> None:
             with hook.step(i):
                 pass
         with hook.phase("checkpoint"):
-            time.sleep(0.05)
+            sim.advance(0.05)
         hook.phase_begin("lunch")  # an unknown phase: counted, never raised in the loop
         hook.close(timeout_s=1.0)
         out = _drain(c, 2)

@@ -38,7 +38,9 @@ def procs() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
            "squatter": _start({"RANK": "3"}, other, "--db-password=hunter2"),
            "claims_job": _start({"RANK": "1", "PERFD_JOB": "j"}, other),
            "other_job": _start({"RANK": "2", "PERFD_JOB": "theirs"}, other, "--lr", "5")}
-    time.sleep(0.5)  # the environments are there to read
+    # each has exec'd its Python (setpriv execs in place): its environment is the one given, there to read
+    wait_for(lambda: all(SLEEP.encode() in Path(f"/proc/{q.pid}/cmdline").read_bytes() for q in out.values()),
+             30, "the processes started", interval=0.02)
     try:
         yield out
     finally:
