@@ -1,5 +1,5 @@
 """What a person starting `perfd agent` sees at the default verbosity: one line with the address
-its /metrics listens on (the bound port when asked for any free one), as the README says."""
+its /metrics listens on (the bound port when asked for any free one), as docs/usage.md says."""
 
 from __future__ import annotations
 

@@ -270,7 +270,7 @@ def test_the_insecure_overlay_is_open_as_it_says(tmp_path: Path,
 @pytest.mark.parametrize("token_from", ["operator", "chart"])
 def test_the_example_job_connects_under_the_charts_defaults_from_another_namespace(
         tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]], token_from: str) -> None:
-    """The chart as installed by the README (release perfd in namespace perfd, auth on), the example
+    """The chart as installed by docs/deploy.md (release perfd in namespace perfd, auth on), the example
     job in its own namespace (ml). ``operator``: no token in the values; the operator makes Secret
     perfd-auth (the NOTES' step 2) and copies it into ml (the NOTES' command). ``chart``: auth.token
     and auth.jobNamespaces={ml}; the chart makes both."""

@@ -1,10 +1,12 @@
 """What `pip install` puts on a machine (issue 56 item 7: `perfd-slurm-run`, which example.sbatch calls,
-was not installed by pip). The real wheel is built from the checkout and installed into a folder."""
+was not installed by pip). The real wheel is built from the checkout's files and installed into a folder;
+it carries the license and none of the tests."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,14 +20,57 @@ from perfd import __version__
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _source_tree(dest: Path) -> Path:
+    """What a clone has that the build reads, copied without this checkout's own build products (a
+    stale ``build/`` or ``*.egg-info`` from an earlier build would put its files in the wheel too): the
+    packages with their tests folders, the top-level tests' and benchmarks' modules (not their data)."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("perfd", "collectors", "rules"):
+        shutil.copytree(ROOT / name, dest / name, ignore=skip)
+    (dest / "deploy" / "slurm").mkdir(parents=True)
+    shutil.copy2(ROOT / "deploy" / "slurm" / "perfd-slurm-run", dest / "deploy" / "slurm")
+    for name in ("tests", "benchmarks"):
+        (dest / name).mkdir()
+        for f in (ROOT / name).glob("*.py"):
+            shutil.copy2(f, dest / name / f.name)
+    return dest
+
+
+def test_the_packages_are_perfd_and_collectors_without_their_tests() -> None:
+    """setuptools' discovery as pyproject.toml configures it: no ``tests`` or ``benchmarks`` package
+    (collectors/<name>/tests are packages, for the suite); the license file named."""
+    from setuptools.config.pyprojecttoml import read_configuration  # type: ignore[import-untyped]
+
+    cfg = read_configuration(ROOT / "pyproject.toml")
+    packages = cfg["tool"]["setuptools"]["packages"]
+    assert "perfd" in packages and "collectors.megatron" in packages, packages
+    assert (ROOT / "collectors" / "megatron" / "tests" / "__init__.py").is_file()  # what is left out
+    assert not [p for p in packages if {"tests", "benchmarks", "examples"} & set(p.split("."))], packages
+    assert cfg["project"]["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().split()[:6] == ["Apache", "License", "Version", "2.0,",
+                                                           "January", "2004"]
+
+
 @pytest.mark.slow
 def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
+    src = _source_tree(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(ROOT)], check=True, timeout=300, capture_output=True)
+                    "-w", str(wheels), str(src)], check=True, timeout=300, capture_output=True)
     (wheel,) = wheels.glob("perfd-*.whl")
     assert wheel.name.startswith(f"perfd-{__version__}-"), (wheel.name, __version__)  # one declaration
     names = zipfile.ZipFile(wheel).namelist()
+    # No tests, no benchmarks: neither the top-level folders nor collectors/<name>/tests and their data
+    assert not [n for n in names if {"tests", "benchmarks"} & set(n.split("/")[:-1])], \
+        [n for n in names if "tests" in n][:10]
+    assert "perfd/cli.py" in names and "collectors/megatron/collector.py" in names
+    info = f"perfd-{__version__}.dist-info"
+    assert zipfile.ZipFile(wheel).read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
     assert any(n.endswith(".data/scripts/perfd-slurm-run") for n in names), names[:20]
     assert any(n.endswith("share/perfd/rules/default.yaml") for n in names)
     target = tmp_path / "site"
