@@ -86,6 +86,8 @@ GPU_INFO = "perfd_gpu_info"
 # One info series per (job, node): where the job runs, what host series join the job on.
 JOB_NODE_INFO = "perfd_job_node_info"
 # Present (1) for a job that opted out of the MFU alert (perfd.model.JobInfo.mfu_alert is False).
+# One info series per cause among a job's open incidents: what the alert on an open incident names.
+JOB_INCIDENT_CAUSE_INFO = "perfd_job_incident_cause_info"
 JOB_MFU_ALERT_OPT_OUT = "perfd_job_mfu_alert_opt_out_info"
 
 # A rank process's series (collectors/ranks). The plain ones each carry one field of the rank's
@@ -245,6 +247,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "perfd aggregator incidents over perfd.analytics.incidents.detect", JOB, alias="incident_lost_total"),
     _m("perfd_job_incidents_open", "gauge", "count", "Incidents still open",
        "perfd aggregator incidents over perfd.analytics.incidents.detect", JOB, alias="incidents_open"),
+    _m(JOB_INCIDENT_CAUSE_INFO, "gauge", "info",
+       "1 for each cause among the job's open incidents (label cause: the kind of evidence their verdict "
+       "leads with, or unexplained); absent while none is open. PerfdJobIncidentOpen pages on it",
+       "perfd aggregator incidents over perfd.analytics.incidents.detect and its verdict "
+       "(perfd.analytics.incidents.evidence)", (*JOB, "cause")),
     _m(GOODPUT_RATIO, "gauge", "ratio",
        "Goodput: steady training time ÷ the job's wall time since it started (perfd.analytics.steps.goodput)",
        _ANALYTICS + ", start-up timestamps and checkpoint/evaluate timers", JOB, alias="goodput"),

@@ -37,6 +37,7 @@ LABELS: dict[str, str] = {
     "group": "parallel group class of a process group (tp, cp, ep, dp, pp, world, other)",
     "scope": "link a process group crosses (intra-node, inter-node, unknown)",
     "state": "job liveness (running, stalled, ended)",
+    "cause": "the cause an open incident's verdict names (a closed set)",
     "kind": "where a job's wall time went (a closed set)",
     "part": "a part of the step budget (a closed set)",
     "version": "perfd version (one per build)",
@@ -54,4 +55,5 @@ LABEL_SETS: dict[str, str] = {
     "process_state": "perfd.events:PROCESS_STATES",
     "kind": "perfd.analytics.steps.goodput:KINDS",
     "part": "perfd.analytics.breakdown.step_parts:Part",
+    "cause": "perfd.analytics.incidents.evidence:CAUSE_LABEL_VALUES",
 }

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from perfd import catalog
 from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen
 from perfd.aggregator.incident_records import (
     TrackedIncident,
@@ -29,7 +30,7 @@ from perfd.aggregator.incident_records import (
 )
 from perfd.analytics.incidents.attribution import xid_evidence
 from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident
-from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, decide, merge
+from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, cause_label, decide, merge
 from perfd.analytics.incidents.host_evidence import oom_evidence
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot, Withdrawal, as_kept
 from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
@@ -425,7 +426,8 @@ class IncidentTracker:
     def metric_rows(self, jobs: Iterable[str] = ()) -> list[tuple[Mapping[str, str], str, float]]:
         """The incident counters of every job that had one, and of ``jobs`` (those holding data) at 0:
         increase() needs a sample before a counter's first rise to count it (issue 46: it read 2.03
-        for three incidents when the counter appeared at 1 with the first)."""
+        for three incidents when the counter appeared at 1 with the first). Then one cause series per
+        cause among each job's open incidents (none once they closed)."""
         with self._lock:
             rows: list[tuple[Mapping[str, str], str, float]] = []
             for job in sorted(set(self.opened_total) | set(jobs)):
@@ -435,6 +437,9 @@ class IncidentTracker:
                              float(self.lost_s_total.get(job, 0.0))))
                 n_open = sum(1 for d in self._jobs.get(job, {}).values() if d.open)
                 rows.append(({"job_name": job}, "perfd_job_incidents_open", float(n_open)))
+            for job, kept in sorted(self._jobs.items()):
+                for cause in sorted({cause_label(d.incident.verdict) for d in kept.values() if d.open}):
+                    rows.append(({"job_name": job, "cause": cause}, catalog.JOB_INCIDENT_CAUSE_INFO, 1.0))
             return rows
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from perfd import shared_thresholds as _shared
 from perfd.shared_thresholds import RuleRef, Threshold
 
-# Why perfd's own rules wait 5 minutes and the Alertmanager alerts 10-15: a perfd rule's action is a
-# capture, which must catch the problem while it happens (its cooldown and hourly cap bound the cost);
-# an alert reaches a person, who should only hear of a state that persisted.
+# Why perfd's own rules wait 5 minutes and most Alertmanager alerts 10-15 (data loading's 2: its note
+# says why): a perfd rule's action is a capture, which must catch the problem while it happens (its
+# cooldown and hourly cap bound the cost); an alert reaches a person, who should only hear of a state
+# that persisted.
 _PAGE_LATER = ("deliberate: the alert pages a person, so it waits for a state that persisted; "
                "perfd's own rule fires after 5m because its action is a capture, which must catch "
                "the problem while it happens (cooldown and max_per_hour bound the cost)")
@@ -49,7 +50,11 @@ DATA_BOUND_SHARE = Threshold(
     "docs/design.md §2 Data-loading share",
     (RuleRef("default", "data_loading_bottleneck", "data_share", ">", "5m"),
      RuleRef("prometheus", "PerfdJobDataLoadingHigh",
-             "job_name:perfd_job_data_loading_ratio:avg_over_time_10m", ">", "10m", _PAGE_LATER)))
+             "job_name:perfd_job_data_loading_ratio:avg_over_time_2m", ">", "2m",
+             "sooner than perfd's own rule (5m): the data wait is measured on every step, so a "
+             "2-minute average held 2 minutes is already a state that persisted (one disturbed step "
+             "cannot lift it over the threshold: deploy/prometheus/perfd.rules.yml), and a data-loading "
+             "stall costs every step until someone acts")))
 DATA_HEALTHY_SHARE = Threshold(0.05, "a healthy input pipeline costs under 5% of the step",
                                "docs/design.md §2 Data-loading share")
 OUTSIDE_STEP_SHARE = Threshold(

@@ -37,7 +37,7 @@ from tests.deploy.kubelet import (
     probe_port,
     secrets_of,
 )
-from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm
+from tests.deploy.test_helm_chart import CHART, OPERATOR, REALISTIC, _helm
 from tests.procs import free_port, http_get, stop, tail, wait_for
 from tests.security.certs import CA
 
@@ -48,8 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _render(release: str, namespace: str, sets: tuple[str, ...]) -> list[dict[str, Any]]:
     flags = [a for s in sets for a in ("--set", s)]
-    r = subprocess.run([_helm(), "template", release, str(CHART), "--namespace", namespace, *flags],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run([_helm(), "template", release, str(CHART), "--namespace", namespace, *flags,
+                        *OPERATOR], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 

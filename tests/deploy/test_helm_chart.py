@@ -1,7 +1,8 @@
 """deploy/helm/perfd with the real helm: `helm lint --strict`, `helm template` for the default and
-the TLS values, every rendered object validated (Kubernetes schemas, strict; the Prometheus
-operator's CRD schemas, strict), values.schema.json refusing bad values, and the pieces fitting
-together (selectors, ports, flags the CLI knows, the rules file as is)."""
+the TLS values, on a plain cluster and on one serving the Prometheus operator's API, every rendered
+object validated (Kubernetes schemas, strict; the Prometheus operator's CRD schemas, strict),
+values.schema.json refusing bad values, and the pieces fitting together (selectors, ports, flags the
+CLI knows, the rules file as is)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ REALISTIC = ("tls.enabled=true", "aggregator.exportNodeSeries=true", "monitoring
              "auth.token=0123456789abcdef0123456789abcdef", "aggregator.persistence.enabled=true",
              "agent.collectors.dcgm.url=http://127.0.0.1:9400/metrics",
              "aggregator.extraArgs={--wandb-project,perfd-cluster}")
+# A cluster that serves the Prometheus operator's API, as `helm install` would find it there: the chart
+# renders its ServiceMonitor, PodMonitors and PrometheusRules only then (`helm template` asks no cluster).
+OPERATOR = ("--api-versions", "monitoring.coreos.com/v1")
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
 def _helm() -> str:
@@ -47,9 +52,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([_helm(), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def _render(*sets: str, release: str = "perfd", namespace: str = "perfd") -> list[dict[str, Any]]:
+def _render(*sets: str, release: str = "perfd", namespace: str = "perfd",
+            operator: bool = False) -> list[dict[str, Any]]:
+    """``helm template``; ``operator``: as on a cluster that serves monitoring.coreos.com/v1."""
     flags = [a for s in sets for a in ("--set", s)]
-    r = _run("template", release, str(CHART), "--namespace", namespace, *flags)
+    api = OPERATOR if operator else ()
+    r = _run("template", release, str(CHART), "--namespace", namespace, *flags, *api)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
@@ -88,27 +96,109 @@ def validate_rendered(docs: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sets", [(), REALISTIC], ids=["default", "realistic"])
-def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
-    docs = _render(*sets, release="gpu-perf", namespace="monitoring")
+@pytest.mark.parametrize(("sets", "operator"), [((), False), ((), True), (REALISTIC, True)],
+                         ids=["default", "default-operator", "realistic"])
+def test_rendered_objects_validate(sets: tuple[str, ...], operator: bool) -> None:
+    docs = _render(*sets, release="gpu-perf", namespace="monitoring", operator=operator)
     kinds = sorted(d["kind"] for d in docs)
-    made = ["PersistentVolumeClaim", *(["Secret"] if sets else [])]  # the state's claim; the token given
+    made = ["PersistentVolumeClaim", "Secret"] if sets else []  # the state's claim; the token given
+    monitors = ["ServiceMonitor", "PodMonitor", "PodMonitor", "PrometheusRule", "PrometheusRule"]
     assert kinds == sorted(["ServiceAccount", "ServiceAccount", "ConfigMap", "DaemonSet", "Deployment",
-                            "Service", "ServiceMonitor", "PodMonitor", "PodMonitor", "PrometheusRule",
-                            "PrometheusRule",
-                            "NetworkPolicy", *made])
+                            "Service", *(monitors if operator else []), "NetworkPolicy", *made])
     validate_rendered(docs)
+
+
+def _kinds(docs: list[dict[str, Any]]) -> set[str]:
+    return {d["kind"] for d in docs}
+
+
+@pytest.mark.slow
+def test_the_default_install_fits_a_plain_cluster_and_one_with_the_operator() -> None:
+    """The chart as shipped, on (a) a plain cluster: no Prometheus operator (monitoring.coreos.com/v1
+    not served), no NVIDIA RuntimeClass, no default StorageClass; and (b) one that serves the
+    operator's API. (a) renders nothing the cluster would refuse or leave pending: no operator object
+    (the install would fail: no such kind), no runtimeClassName (a class the cluster lacks: the
+    DaemonSet makes no pods), no claim (with no default class it stays Pending, and so would the
+    aggregator); (b) renders the monitors and rules its values enable, and only those."""
+    plain = _render(release="gpu-perf", namespace="monitoring")
+    assert not _kinds(plain) & MONITORING_KINDS
+    assert "runtimeClassName" not in _pod(plain, "DaemonSet")
+    assert "PersistentVolumeClaim" not in _kinds(plain)
+    data = {v["name"]: v for v in _pod(plain, "Deployment")["volumes"]}["data"]
+    assert "emptyDir" in data and "persistentVolumeClaim" not in data
+    # The image is the values', placeholder included (the NOTES below say it names no registry).
+    for kind in ("Deployment", "DaemonSet"):
+        (c,) = _pod(plain, kind)["containers"]
+        assert c["image"] == "perfd:0.2.0" and c["imagePullPolicy"] == "IfNotPresent"
+    validate_rendered(plain)
+
+    op = _render(release="gpu-perf", namespace="monitoring", operator=True)
+    assert [d for d in op if d["kind"] not in MONITORING_KINDS] == plain  # the rest as on a plain cluster
+    names = sorted((d["kind"], d["metadata"]["name"]) for d in op if d["kind"] in MONITORING_KINDS)
+    assert names == [("PodMonitor", "gpu-perf-agent"), ("PodMonitor", "gpu-perf-job-sidecars"),
+                     ("PrometheusRule", "gpu-perf"), ("PrometheusRule", "gpu-perf-dcgm"),
+                     ("ServiceMonitor", "gpu-perf-aggregator")]
+    validate_rendered(op)
+    # Each object is its value's: off, it is not made even where the operator is.
+    for sets, gone in ((("serviceMonitor.enabled=false",), {("ServiceMonitor", "gpu-perf-aggregator")}),
+                       (("podMonitor.enabled=false",), {("PodMonitor", "gpu-perf-agent"),
+                                                        ("PodMonitor", "gpu-perf-job-sidecars")}),
+                       (("podMonitor.sidecars=false",), {("PodMonitor", "gpu-perf-job-sidecars")}),
+                       (("prometheusRule.enabled=false",), {("PrometheusRule", "gpu-perf"),
+                                                            ("PrometheusRule", "gpu-perf-dcgm")}),
+                       (("prometheusRule.dcgm=false",), {("PrometheusRule", "gpu-perf-dcgm")})):
+        docs = _render(*sets, release="gpu-perf", namespace="monitoring", operator=True)
+        made = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in MONITORING_KINDS}
+        assert made == set(names) - gone, sets
+    # The older monitoring.* switches are still read, over the new keys.
+    docs = _render("monitoring.serviceMonitor=false", "monitoring.dcgmRules=true",
+                   "prometheusRule.dcgm=false", release="gpu-perf", namespace="monitoring", operator=True)
+    made = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in MONITORING_KINDS}
+    assert made == set(names) - {("ServiceMonitor", "gpu-perf-aggregator")}
+    # The values that fit a GPU cluster with a default StorageClass: as asked.
+    docs = _render("agent.runtimeClassName=nvidia", "aggregator.persistence.enabled=true",
+                   "image.repository=registry.example.com/ml/perfd", "image.tag=0.2.0-wandb",
+                   "image.pullPolicy=Always")
+    assert _pod(docs, "DaemonSet")["runtimeClassName"] == "nvidia"
+    assert _one(docs, "PersistentVolumeClaim")["metadata"]["name"] == "perfd-aggregator-state"
+    for kind in ("Deployment", "DaemonSet"):
+        (c,) = _pod(docs, kind)["containers"]
+        assert (c["image"], c["imagePullPolicy"]) == ("registry.example.com/ml/perfd:0.2.0-wandb", "Always")
+
+
+@pytest.mark.slow
+def test_the_notes_say_what_a_plain_cluster_needs() -> None:
+    """`helm install` on no cluster (as on one without the operator): the NOTES name each value a plain
+    cluster leaves to the user, and say nothing of those the values already settle."""
+    def notes(*sets: str) -> str:
+        r = _run("install", "perfd", str(CHART), "--dry-run=client", "--namespace", "perfd",
+                 *[a for s in sets for a in ("--set", s)])
+        assert r.returncode == 0, r.stderr
+        return r.stdout[r.stdout.index("NOTES:"):]
+
+    text = notes("monitoring.podMonitor=false")
+    assert "Image: perfd:0.2.0 names no registry" in text and "set image.repository" in text
+    assert "does not serve monitoring.coreos.com/v1, so no ServiceMonitor" in text
+    assert "monitoring.podMonitor -> podMonitor.enabled" in text
+    assert "on an emptyDir" in text and "set aggregator.persistence.enabled=true" in text
+    assert "set agent.runtimeClassName" in text
+    settled = notes("image.repository=registry.example.com/perfd", "aggregator.persistence.enabled=true",
+                    "agent.runtimeClassName=nvidia", "serviceMonitor.enabled=false",
+                    "podMonitor.enabled=false", "prometheusRule.enabled=false")
+    for said in ("Image:", "Prometheus operator:", "Renamed values", "State:", "GPU runtime:"):
+        assert said not in settled, said
 
 
 def test_values_schema_refuses_bad_values() -> None:
     for bad in ("agent.metricsPort=abc", "agent.bogus=1", "image.pullPolicy=Sometimes",
-                "monitoring.interval=often", "agent.collectors.nvmll.source=real"):
+                "monitoring.interval=often", "agent.collectors.nvmll.source=real", "podMonitor.bogus=1",
+                "serviceMonitor.enabled=yes-please"):
         r = _run("template", "perfd", str(CHART), "--set", bad)
         assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, (bad, r.stderr)
 
 
 def test_the_pieces_fit_together() -> None:
-    docs = _render("tls.enabled=true", "aggregator.exportNodeSeries=true")
+    docs = _render("tls.enabled=true", "aggregator.exportNodeSeries=true", operator=True)
     ds, dep, svc = _one(docs, "DaemonSet"), _one(docs, "Deployment"), _one(docs, "Service")
     sel = dep["spec"]["selector"]["matchLabels"]
     assert svc["spec"]["selector"] == sel
@@ -184,16 +274,18 @@ def test_aggregator_scheduling_values() -> None:
 
 @pytest.mark.slow
 def test_aggregator_persistence_keeps_the_state_dir() -> None:
-    # Issue 56 item 2: state is on by default (a restart or an upgrade kept no job's history), on a
-    # claim; persistence off keeps it on an emptyDir (a container restart keeps it, the pod does not).
-    defaults = _render()
-    assert "--state-dir" in _args(defaults, "Deployment")
-    assert _one(defaults, "PersistentVolumeClaim")
-    off = _render("aggregator.persistence.enabled=false")
+    # The state is always on (--state-dir). By default on an emptyDir (a container restart keeps it,
+    # the pod does not): a claim binds only where the cluster has a default StorageClass, which a
+    # render cannot know; persistence on puts it on a claim, which upgrades and reschedules keep.
+    off = _render()
     assert "--state-dir" in _args(off, "Deployment")
     assert {v["name"]: v for v in _pod(off, "Deployment")["volumes"]}["data"].get("emptyDir") is not None
     assert not [d for d in off if d["kind"] == "PersistentVolumeClaim"]
-    docs = _render("aggregator.persistence.size=20Gi", "aggregator.persistence.storageClassName=fast")
+    on = _render("aggregator.persistence.enabled=true")
+    assert "--state-dir" in _args(on, "Deployment")
+    assert "storageClassName" not in _one(on, "PersistentVolumeClaim")["spec"]  # the cluster's default class
+    docs = _render("aggregator.persistence.enabled=true", "aggregator.persistence.size=20Gi",
+                   "aggregator.persistence.storageClassName=fast")
     args = _args(docs, "Deployment")
     state = args[args.index("--state-dir") + 1]
     pvc = _one(docs, "PersistentVolumeClaim")
@@ -313,7 +405,7 @@ def test_monitors_set_one_job_name_whatever_the_namespace_and_release() -> None:
     `up` selector matches (the rules also catch the operator's own names: perfd.rules.test.yml)."""
     prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     static = {j["job_name"] for j in prom["scrape_configs"]}
-    docs = _render(release="gpu-perf", namespace="monitoring")
+    docs = _render(release="gpu-perf", namespace="monitoring", operator=True)
     pm, sm = _one(docs, "PodMonitor", "gpu-perf-agent"), _one(docs, "ServiceMonitor")
     side = _one(docs, "PodMonitor", "gpu-perf-job-sidecars")
     relabels = {"PodMonitor": pm["spec"]["podMetricsEndpoints"][0]["relabelings"],

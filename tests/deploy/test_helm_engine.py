@@ -310,8 +310,8 @@ def test_the_aggregator_is_the_root_with_a_standby() -> None:
     assert _one(one, "NetworkPolicy", "perfd-aggregator")["spec"]["ingress"] == plain
     assert not [r for r in _one(one, "NetworkPolicy", "perfd-engine-egress")["spec"]["egress"] if "to" in r
                 and "podSelector" in r["to"][0]]
-    # No standby: one replica on its claim, as without the engine.
-    one = _render(*ENGINE, "engine.root.standby=false")
+    # No standby: one replica on its claim (persistence on), as without the engine.
+    one = _render(*ENGINE, "engine.root.standby=false", "aggregator.persistence.enabled=true")
     agg1 = _one(one, "Deployment", "perfd-aggregator")
     assert agg1["spec"]["replicas"] == 1 and agg1["spec"]["strategy"] == {"type": "Recreate"}
     assert {v["name"]: v for v in _pod(agg1)["volumes"]}["data"]["persistentVolumeClaim"]["claimName"] == \
@@ -320,7 +320,8 @@ def test_the_aggregator_is_the_root_with_a_standby() -> None:
     assert claims == ["perfd-aggregator-state"]
     assert "--engine" in _container(agg1)["args"]
     # A claim of the user's cannot hold two aggregators' states: refused, with the reason.
-    err = _refused(*ENGINE, "aggregator.persistence.existingClaim=mine")
+    err = _refused(*ENGINE, "aggregator.persistence.enabled=true",
+                   "aggregator.persistence.existingClaim=mine")
     assert "cannot share aggregator.persistence.existingClaim" in err, err
 
 

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 
 
 def _helm_docs() -> list[dict[str, Any]]:
-    return _render(release="gpu-perf", namespace="monitoring")
+    return _render(release="gpu-perf", namespace="monitoring", operator=True)
 
 
 def _kustomize_docs() -> list[dict[str, Any]]:

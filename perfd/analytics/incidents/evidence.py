@@ -238,6 +238,16 @@ class Verdict:
                 "missing": [m.value for m in self.missing]}
 
 
+# A verdict's cause as a label value (perfd_job_incident_cause_info's `cause`): the kind of its lead,
+# or UNEXPLAINED where nothing seen explains the incident or no verdict is decided yet.
+UNEXPLAINED = "unexplained"
+CAUSE_LABEL_VALUES: tuple[str, ...] = (*(k.value for k in EvidenceKind), UNEXPLAINED)
+
+
+def cause_label(verdict: Verdict | None) -> str:
+    return verdict.cause.value if verdict is not None and verdict.cause is not None else UNEXPLAINED
+
+
 def in_steady_state(e: Evidence) -> bool:
     """Seen in half the rank's steady sightings or more (its normal state), and — for a kind on a
     scale — not worse now than there by its margin (KindSpec.steady_margin)."""

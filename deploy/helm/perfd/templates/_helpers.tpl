@@ -15,6 +15,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* Which of the Prometheus operator's objects the values ask for, as YAML (fromYaml): each its own
+switch (serviceMonitor.enabled, podMonitor.enabled and .sidecars, prometheusRule.enabled and .dcgm),
+or the older boolean under monitoring (monitoring.serviceMonitor, ...) where a values file still sets
+it. Whether the cluster serves their API is the templates' to check. */}}
+{{- define "perfd.monitors" -}}
+{{- $m := .Values.monitoring -}}
+{{- $agents := ternary $m.podMonitor .Values.podMonitor.enabled (kindIs "bool" $m.podMonitor) -}}
+serviceMonitor: {{ ternary $m.serviceMonitor .Values.serviceMonitor.enabled (kindIs "bool" $m.serviceMonitor) }}
+podMonitor: {{ and $agents .Values.agent.enabled }}
+sidecarPodMonitor: {{ ternary $m.sidecarPodMonitor (and .Values.podMonitor.enabled .Values.podMonitor.sidecars) (kindIs "bool" $m.sidecarPodMonitor) }}
+prometheusRule: {{ ternary $m.prometheusRule .Values.prometheusRule.enabled (kindIs "bool" $m.prometheusRule) }}
+dcgmRules: {{ ternary $m.dcgmRules (and .Values.prometheusRule.enabled .Values.prometheusRule.dcgm) (kindIs "bool" $m.dcgmRules) }}
+{{- end -}}
+
+{{/* The older monitoring.* switches a values file still sets, each with the key that replaces it. */}}
+{{- define "perfd.monitorsRenamed" -}}
+{{- $new := dict "serviceMonitor" "serviceMonitor.enabled" "podMonitor" "podMonitor.enabled" "sidecarPodMonitor" "podMonitor.sidecars" "prometheusRule" "prometheusRule.enabled" "dcgmRules" "prometheusRule.dcgm" -}}
+{{- range $old, $key := $new -}}
+{{- if kindIs "bool" (index $.Values.monitoring $old) }}
+monitoring.{{ $old }} -> {{ $key }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "perfd.aggregator" -}}
 {{ .Release.Name }}-aggregator
 {{- end -}}
