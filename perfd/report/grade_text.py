@@ -35,6 +35,7 @@ GRADE_TEXT: dict[Grade, str] = {
     Grade.EXCELLENT: "MFU > 50%: excellent",
     Grade.IMPOSSIBLE: "MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
                       "--gpu or --peak-tflops that is not the job's)",
+    Grade.UNGRADED: "MFU not graded: too few steady steps",
     Grade.UNKNOWN: "MFU unknown",
 }
 # A band's MFU range (the registry's bands: GradeEntry.band).
@@ -49,6 +50,7 @@ BAND_TEXT: dict[Grade, str] = {
 LABEL: dict[Grade, str] = {
     Grade.COMMUNICATION_OVERHEAD: "fair",
     Grade.IMPOSSIBLE: "above 100%: the peak is wrong",
+    Grade.UNGRADED: "not graded",
 }
 
 
@@ -65,6 +67,11 @@ def status_label(status: str) -> str:
         return grade_label(Grade(status))
     except ValueError:
         return status
+
+
+def ungraded_text(n_steady: int) -> str:
+    """The status of an MFU from fewer steady steps than th.MIN_GRADE_STEPS (Grade.UNGRADED)."""
+    return f"MFU not graded: {too_few(n_steady)}"
 
 
 def explanation_text(e: GradeExplanation) -> str:

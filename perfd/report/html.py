@@ -67,7 +67,7 @@ h1{font-size:22px;margin:6px 0 2px} h2{font-size:18px;margin:28px 0 8px;border-b
 h3{font-size:15px;margin:18px 0 4px} .meta{color:#555;font-size:13px}
 .badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
 .severe,.critical{background:#b2182b} .communication-overhead,.warning{background:#c77c00}
-.good{background:#2b8a3e} .excellent{background:#1b6e2e} .unknown,.info,.impossible{background:#777}
+.good{background:#2b8a3e} .excellent{background:#1b6e2e} .unknown,.ungraded,.info,.impossible{background:#777}
 .tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:8px;margin:12px 0}
 .tile{border:1px solid #ddd;border-radius:6px;padding:8px 10px} .tile b{display:block;font-size:20px}
 .tile span{color:#555;font-size:12px}

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 # A grade's style (a grade without one, or a serving status, shows unstyled).
 _STATUS_STYLE = {Grade.SEVERE.value: "bold red", Grade.COMMUNICATION_OVERHEAD.value: "yellow",
-                 Grade.GOOD.value: "green", Grade.EXCELLENT.value: "bold green", Grade.UNKNOWN.value: "dim"}
+                 Grade.GOOD.value: "green", Grade.EXCELLENT.value: "bold green", Grade.UNKNOWN.value: "dim",
+                 Grade.UNGRADED.value: "dim"}
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:

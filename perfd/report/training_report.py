@@ -15,7 +15,7 @@ from typing import Any
 from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
-from perfd.analytics.breakdown.advice_registry import data_loading
+from perfd.analytics.breakdown.advice_registry import Grade, data_loading
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
@@ -30,7 +30,13 @@ from perfd.model import CPU
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.finding_text import arming_text, span_text
-from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
+from perfd.report.grade_text import (
+    explanation_text,
+    grade_label,
+    ungraded_text,
+    worded,
+    worded_recommendation,
+)
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
@@ -160,12 +166,13 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
     mfu = s.median("mfu")
-    grade = grade_mfu(mfu)
+    grade = grade_mfu(mfu, s.n_steady)
     budget = s.step_budget
     lay = analysis.job.layout
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
-    grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                                                budget_class(budget), untimed, lay.world_size))
+    grade_text = (ungraded_text(s.n_steady) if grade is Grade.UNGRADED else
+                  explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
+                                                 budget_class(budget), untimed, lay.world_size)))
     span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
