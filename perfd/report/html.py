@@ -356,7 +356,7 @@ def _tiles(med: Mapping[str, float | None]) -> str:
              "</span></div>" for name, v, unit in tiles if v is not None]
     if not cells:
         return ""
-    return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady-state medians.</p>'
+    return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady state: {REDUCTIONS_TEXT}.</p>'
 
 
 def summary_section(report: Report) -> str:

@@ -23,7 +23,7 @@ from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class, explain_grade, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
+from perfd.analytics.run.run_summary import JobBlock, JobLayout, Reduction, reduction
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
@@ -135,6 +135,12 @@ def layout_text(lay: JobLayout) -> str:
     return ", ".join(parts) if parts else "layout unknown"
 
 
+# How a summary value was taken over the steady steps, as its source says it.
+REDUCTION_TEXT: dict[Reduction, str] = {
+    Reduction.TIME_WEIGHTED: "time-weighted (Σ over the steps ÷ Σ step time)",
+    Reduction.MEAN: "mean", Reduction.MEDIAN: "median"}
+
+
 def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None,
                  *, arming: ArmingCost | None = None, cpu: CpuUse | None = None) -> Report:
     """The four-part report of one analysed run. ``incidents``: the live aggregator's record of
@@ -179,7 +185,7 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         value = catalog.median_value(d, s.medians)
         src = _source_of(analysis, d.attr or "")
         if value is not None:
-            src = f"{reduction_of(d.attr or '')} over {span}; per iteration (last shown): {src}"
+            src = f"{REDUCTION_TEXT[reduction(d.attr or '')]} over {span}; per iteration (last shown): {src}"
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     gpu = job.gpu
