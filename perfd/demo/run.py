@@ -35,6 +35,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_grade import explain_grade
 from perfd.report import render_text
 from perfd.report.training_report import Report
+from perfd.report.units import tflops
 from perfd.typed import obj, objs
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -106,6 +107,11 @@ def _pct(v: object) -> str:
 
 def _num(v: object, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
+
+
+def _tflops(it: Mapping[str, object], key: str) -> str:
+    v = _share(it, key)
+    return "—" if v is None else tflops(v)
 
 
 # Rows of the live table: the newest iterations (every one reaches the plain output and the report).
@@ -191,7 +197,7 @@ def _progress_table(iterations: Sequence[Mapping[str, object]], stats: Mapping[s
         t.add_column(col)
     for it in iterations[-TABLE_ROWS:]:
         t.add_row(str(it.get("iteration")), _num(it.get("step_time_ms")),
-                  f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('logged_tflops_per_gpu'))}",
+                  f"{_tflops(it, 'model_tflops_per_gpu')} | {_tflops(it, 'logged_tflops_per_gpu')}",
                   _pct(it.get("mfu")), _pct(exposed_comm(it)),
                   f"{_pct(it.get('pp_idle_max'))} | {_pct(it.get('pp_bubble_analytic'))}",
                   _pct(it.get("data_share")), str(it.get("bottleneck")), warmup_note(it))

@@ -18,6 +18,7 @@ from perfd.analytics.steps.iteration import job_value
 from perfd.report import budget_view, plan_view
 from perfd.report.grade_text import status_label
 from perfd.report.training_report import Report, format_value
+from perfd.report.units import tflops
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
@@ -90,7 +91,7 @@ def _cell(value: float | None, unit: str) -> str:
     if unit == "seconds":
         return f"{value * 1e3:.1f}"
     if unit == "tflops":
-        return f"{value:.2f}"
+        return tflops(value, 2)
     return format_value(value, unit)
 
 

@@ -42,6 +42,7 @@ from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
 from perfd.report.remedy_text import worded_plan
 from perfd.report.row_json import RowCodes, row_codes, run_json
+from perfd.report.units import tflops
 
 
 @dataclass
@@ -119,7 +120,7 @@ def format_value(value: float | None, unit: str) -> str:
     if unit == "times":
         return f"{value:.2f}×"
     if unit == "tflops":
-        return f"{value:.1f} TFLOP/s"
+        return f"{tflops(value)} TFLOP/s"
     return f"{value:.4g}"
 
 
