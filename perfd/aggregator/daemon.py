@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.durable import Journal, restore, save_documents
+from perfd.aggregator.exposure import exposure_warning, unauthenticated
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
@@ -447,6 +448,11 @@ class Aggregator:
         auth = "bearer token required" if self.token else "no token"
         log.info("aggregator listening: gRPC %s:%d (%s, %s); HTTP %s:%d (%s outside /metrics and /healthz)",
                  self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
+        exposed = unauthenticated(self.cfg.grpc_host, self.cfg.http_host, self.token is not None,
+                                  bool(self.cfg.tls_client_ca))
+        if exposed:  # on stderr too (perfd.cli's log handler), at start
+            log.warning("aggregator %s", exposure_warning(exposed, f"{self.cfg.grpc_host}:{self.grpc_port}",
+                                                           f"{self.cfg.http_host}:{self.http.port}"))
 
     def _start_engine_root(self, engine: EngineConfig) -> None:
         from perfd.aggregator.engine_sink import EngineSink

@@ -55,7 +55,9 @@ def check_mfu_possible(analysis: RunAnalysis, job: JobInfo, dtype: str | None, p
         return None
     got = analysis.summary.median("model_tflops_per_gpu")
     pk = analysis.peak
-    achieved = (f"the {got:.1f} TFLOP/s per GPU the job achieved" if got is not None
+    from perfd.report.units import tflops
+
+    achieved = (f"the {tflops(got)} TFLOP/s per GPU the job achieved" if got is not None
                 else "what the job achieved")
     if peak is not None:
         return (f"--peak-tflops {peak:g} is below {achieved} (MFU {mfu:.0%}): give the GPU's dense peak for "

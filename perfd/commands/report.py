@@ -64,7 +64,7 @@ def from_aggregator(aggregator: str, job: str, timeout: float = 10.0,
     return page_from_json({"job": summary.get("job") or {}, "iterations": its,
                            "summary": summary.get("summary") or {}, "report": summary["report"],
                            "ranks": summary.get("ranks") or [], "incidents": summary.get("incidents") or [],
-                           "goodput": summary.get("goodput")})
+                           "goodput": summary.get("goodput")}, aggregator=base)
 
 
 def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | None,
@@ -132,11 +132,11 @@ def run_report(args: argparse.Namespace) -> int:
                 except SecurityConfigError as exc:
                     raise ReportError(str(exc)) from None
             data = from_aggregator(args.aggregator, args.job, args.timeout, headers)
-            source = f"aggregator {_base_url(args.aggregator)}, job {args.job}"
+            source = f"live, the aggregator at {_base_url(args.aggregator)}, job {args.job}"
         elif args.log:
             data = from_log(args.log, args.job, args.gpu, args.peak_tflops, args.dtype, args.capture,
                             args.capture_steps, args.capture_force)
-            source = (f"log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
+            source = (f"offline, log {args.log}" + (f" (GPU given: {args.gpu})" if args.gpu else "")
                       + (f", capture {args.capture}" if args.capture else ""))
         else:
             raise ReportError("give --aggregator URL or --log FILE")

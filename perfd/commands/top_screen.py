@@ -11,15 +11,17 @@ open incidents (cause, kinds, ranks, iterations, time lost). A value the aggrega
 "–", never 0.
 
 The focus stays on the job it was given or first chose (the job with the newest step) until that
-job is gone; in a terminal, n / Tab and p move it to the next / previous job, q quits. `--once`
+job is gone; in a terminal, n / Tab and p move it to the next / previous job, m / g / i sort the
+jobs by MFU / goodput / open incidents, ? shows the keys, q quits (perfd.commands.top_jobs). `--once`
 prints one screen and exits (scripts, tests), as wide as the content (never cut at 80 columns when
 written to a file); otherwise the screen refreshes in place (rich.live) every --interval seconds.
 Each table takes its full form where that fits the terminal whole, else its compact one (step
-percentiles in one column, the GPU model in the title, short heads, no rules), so a job's name and
-every value read whole at 80 columns and no row wraps at 120; who else runs on a rank's CPUs is
-listed under its table, where a command may take the lines it needs. A job without a GPU row says
-why (its agents' NVML unavailable, off, or no GPU of theirs runs the job), from their Hellos. A
-stalled or ended job says so where its last step's age is, and an ended one is dim.
+percentiles in one column, the GPU model in the title, short heads, no rules), so every value reads
+whole at 80 columns and no row wraps at 120; a job's name too, unless it is too long for the screen:
+then it gives way first, cut in its middle, and the line of the job in focus names it whole; who else
+runs on a rank's CPUs is listed under its table, where a command may take the lines it needs. A job
+without a GPU row says why (its agents' NVML unavailable, off, or no GPU of theirs runs the job), from
+their Hellos. A stalled or ended job says so where its last step's age is, and an ended one is dim.
 """
 
 from __future__ import annotations
@@ -39,12 +41,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console, Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from perfd.analytics.breakdown.advice_registry import short_name
 from perfd.analytics.breakdown.budget import StepBudget
-from perfd.commands.top_tables import COMPACT, NA, fit, gpu_table, host_table, ms, num, pct, process_table
+from perfd.commands.top_jobs import (
+    HELP_KEY,
+    JobRows,
+    View,
+    goodput_of,
+    help_panel,
+    jobs_panel,
+    open_incidents,
+    ordered,
+)
+from perfd.commands.top_tables import NA, fit, gpu_table, host_table, num, pct, process_table
 from perfd.model import HOOK_FRAMEWORKS
 from perfd.report import budget_view, plan_view
 from perfd.typed import obj, objs
@@ -201,11 +211,6 @@ def _list(v: object) -> list[object]:
     return v if isinstance(v, list) else []
 
 
-def open_incidents(incidents: object) -> list[Mapping[str, object]]:
-    """The incidents still open (``open: true``); a closed one is history, not a current problem."""
-    return [i for i in objs(incidents) if i.get("open") is True]
-
-
 def per_rank_missing(job: Mapping[str, object] | None) -> str:
     """Why a job has no per-rank compute, in its framework's terms: a Megatron-LM log needs its flag,
     a step-hook job a hook on every rank, a job of one rank nothing to compare."""
@@ -236,12 +241,6 @@ def heat_line(ratios: Mapping[str, object], iteration: int | None = None,
     slow = sorted(items, key=lambda kv: -kv[1])[:3]
     line.append("  slowest: " + ", ".join(f"r{r} {v:.2f}×" for r, v in slow))
     return line
-
-
-def goodput_of(summary: Mapping[str, object]) -> Mapping[str, object] | None:
-    """The job's goodput: the aggregator's live one (a hung job's stall included), else its analysis'."""
-    gp = summary.get("goodput") or obj(summary.get("summary")).get("goodput")
-    return gp if isinstance(gp, dict) else None
 
 
 def goodput_text(gp: Mapping[str, object] | None) -> Text:
@@ -298,76 +297,6 @@ def plan_text(summary: Mapping[str, object]) -> Text | None:
     return out
 
 
-def _job_cells(summary: Mapping[str, object] | None, why_missing: str | None,
-               narrow: bool = False) -> list[str]:
-    """MFU, goodput, step p50/p90/max (after warm-up), cv, bottleneck, open incidents of one job;
-    ``narrow``: the step percentiles in one cell ("p50/p90/max", ms), no cv, the class without its
-    "-bound" or "-overhead" (the header, "bound by", says it)."""
-    blanks = 3 if narrow else 6
-    if summary is None:
-        return [NA] * blanks + [why_missing or NA, NA]
-    s = obj(summary.get("summary"))
-    if not s:  # a serving job, or a training job before its first iteration
-        kind = "serving" if summary.get("serving") else "no iteration analysed yet"
-        return [NA] * blanks + [kind, str(len(open_incidents(summary.get("incidents"))))]
-    dist = obj(s.get("step_time_distribution_ms"))
-    cv = num(s.get("step_time_cv"))
-    gp = goodput_of(summary)
-    head = [pct(obj(s.get("medians")).get("mfu")), pct(gp.get("ratio") if gp else None)]
-    n_open = str(len(open_incidents(summary.get("incidents"))))
-    if narrow:
-        steps = [num(dist.get(k)) for k in ("p50", "p90", "max")]
-        cell = NA if all(v is None for v in steps) else \
-            "/".join(NA if v is None else f"{v:.0f}" for v in steps)
-        # "bound by" heads the column: each class's short name (compute, communication, launch, ...)
-        return [*head, cell, short_name(str(s.get("bottleneck") or NA)), n_open]
-    return [*head, ms(dist.get("p50")), ms(dist.get("p90")),
-            ms(dist.get("max")), NA if cv is None else f"{cv:.3f}", str(s.get("bottleneck") or NA), n_open]
-
-
-def _age(seconds: float) -> str:
-    """A short age: 45s, 12m, 3h, 2d."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def last_step_cell(job: Mapping[str, object]) -> Text:
-    """How long ago the job's last step was ("12s"), and its state when it is not running: a stalled
-    job (its processes alive, no step) in bold red, an ended one dim (the aggregator's liveness)."""
-    age = num(job.get("last_step_age_s"))
-    state = job.get("state")
-    when = NA if age is None else _age(age)
-    if state == "ended":
-        return Text("ended" if age is None else f"ended {when}", style="dim")
-    if state == "stalled":
-        return Text(f"stalled {when}", style="bold red")
-    return Text(when)
-
-
-def _jobs_table(snap: Snapshot, narrow: bool = False) -> Table:
-    title = "jobs (step ms: p50/p90/max after warm-up)" if narrow else "jobs (step times after warm-up)"
-    t = Table(title=title, title_justify="left", expand=False, **COMPACT if narrow else {})
-    heads = (("job", "last step", "MFU", "goodput", "step ms", "bound by", "inc") if narrow else
-             ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
-              "open inc."))
-    for col in heads:
-        # The job's name and the cells' values are never cut; the bottleneck gives way first.
-        left = col in ("job", "bottleneck", "bound by", "last step")
-        t.add_column(col, justify="left" if left else "right", no_wrap=col not in ("bottleneck", "bound by"))
-    for j in snap.jobs:
-        name = str(j.get("job"))
-        it = j.get("last_iteration")
-        row: list[str | Text] = [name + (" *" if name == snap.focus else "")]
-        if not narrow:
-            row.append(NA if it is None else str(it))
-        row.append(last_step_cell(j))
-        t.add_row(*row, *_job_cells(snap.summaries.get(name), snap.job_errors.get(name), narrow),
-                  style="dim" if j.get("state") == "ended" else None)
-    return t
-
-
 def _span(a: object, b: object) -> str:
     return f"iteration {a}" if a == b else f"iterations {a}–{b}"
 
@@ -396,21 +325,29 @@ def incidents_text(incidents: object) -> Text:
     return out
 
 
-def render(snap: Snapshot, keys: bool = False, width: int | None = None) -> RenderableType:
+def render(snap: Snapshot, keys: bool = False, width: int | None = None,
+           view: View | None = None) -> RenderableType:
     """The screen; ``width`` (the terminal's columns): each table in its full form where that fits
-    whole, else in its compact one (:func:`~perfd.commands.top_tables.fit`); None: the full forms."""
+    whole, else in its compact one (:func:`~perfd.commands.top_tables.fit`); None: the full forms.
+    ``view``: the order of the jobs' rows and whether the keys' help is shown (top_jobs.View)."""
+    view = view or View()
     when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))
     head = Text(f"perfd top — {snap.base} — {when}", style="bold")
-    if keys and len(snap.jobs) > 1:
-        head.append("   n/p: next/previous job, q: quit", style="dim")
+    if keys:
+        head.append(f"   {HELP_KEY}: keys, q: quit", style="dim")
     parts: list[RenderableType] = [head]
+    if view.help:
+        parts.append(help_panel())
+    if view.sort is not None:
+        parts.append(Text(view.order_text(), style="dim"))
     if snap.error:
         parts.append(Text(snap.error, style="bold red"))
     if not snap.jobs:
         if not snap.error:
             parts.append(Text("no jobs yet"))
         return Group(*parts)
-    parts.append(fit(width, lambda: _jobs_table(snap), lambda: _jobs_table(snap, narrow=True)))
+    parts.append(jobs_panel(JobRows(ordered(snap.jobs, snap.summaries, view), snap.focus, snap.summaries,
+                                    snap.job_errors), width))
     summary = snap.summary
     if snap.focus and summary is not None:
         latest = obj(summary.get("latest"))
@@ -525,10 +462,11 @@ def run(args: argparse.Namespace) -> int:
 
     keys = Keys()
     asked = args.job
+    view = View()
     try:
         with keys.reading() as reading:
             snap = fetch(base, asked, get=get)
-            with Live(render(snap, reading, console.width), console=console, auto_refresh=False,
+            with Live(render(snap, reading, console.width, view), console=console, auto_refresh=False,
                       screen=False) as live:
                 next_at = time.monotonic() + args.interval
                 while True:
@@ -536,15 +474,21 @@ def run(args: argparse.Namespace) -> int:
                     pressed = keys.take()
                     if "q" in pressed:
                         return 0
+                    before = view
+                    for k in pressed:
+                        view = view.press(k)
                     moves = sum(1 if k in ("n", "\t") else -1 if k == "p" else 0 for k in pressed)
-                    if moves:  # a key moves the focus now; it stays where the key put it
-                        asked = step_focus(snap.jobs, snap.focus, moves)
+                    if moves:  # a key moves the focus now, in the rows' order; it stays where the key put it
+                        asked = step_focus(ordered(snap.jobs, snap.summaries, view), snap.focus, moves)
+                    elif view != before:  # the order or the help: shown now, from what was read
+                        live.update(render(snap, reading, console.width, view), refresh=True)
+                        continue
                     elif time.monotonic() < next_at:
                         continue
                     snap = fetch(base, asked, snap.focus, get=get)
                     if snap.error and asked is not None and asked != args.job and snap.focus is None:
                         asked = args.job  # the job moved to went away: back to the default choice
-                    live.update(render(snap, reading, console.width), refresh=True)
+                    live.update(render(snap, reading, console.width, view), refresh=True)
                     next_at = time.monotonic() + args.interval
     except KeyboardInterrupt:
         return 0

@@ -29,8 +29,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from perfd.analytics.breakdown.advice_registry import PART, Grade
+from perfd.analytics.breakdown.job_budget import budget_comm
+from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.run.run_grade import explain_grade
 from perfd.report import render_text
 from perfd.report.training_report import Report
+from perfd.report.units import tflops
 from perfd.typed import obj, objs
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -104,6 +109,11 @@ def _num(v: object, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
+def _tflops(it: Mapping[str, object], key: str) -> str:
+    v = _share(it, key)
+    return "—" if v is None else tflops(v)
+
+
 # Rows of the live table: the newest iterations (every one reaches the plain output and the report).
 TABLE_ROWS = 10
 
@@ -117,10 +127,32 @@ def warmup_note(it: Mapping[str, object]) -> str:
     return "" if it.get("steady_state", True) else "not steady yet: left out of the steady-state figures"
 
 
+def _share(it: Mapping[str, object], key: str) -> float | None:
+    v = it.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def staged(it: Mapping[str, object]) -> bool:
+    """Whether an iteration's job has pipeline stages (its rows time a bubble or p2p waits)."""
+    return bool(_share(it, "pp_bubble_analytic")) or _share(it, "comm_exposed_pp_share") is not None
+
+
+def exposed_comm(it: Mapping[str, object]) -> float | None:
+    """An iteration's exposed communication as the step budget books it (job_budget.budget_comm): with
+    pipeline stages its p2p waits are the pipeline's wait, not communication."""
+    return budget_comm(_share(it, "comm_exposed_share"), _share(it, "comm_exposed_dp_share"),
+                       _share(it, "comm_exposed_pp_share"), staged(it))
+
+
+# The budget's names of its parts, for the same figures an iteration shows
+COMM, PIPELINE = PART[Part.COMM_EXPOSED].name, PART[Part.PIPELINE].name
+
+
 def iteration_line(it: Mapping[str, object]) -> str:
     note = warmup_note(it)
+    pipe = f"{PIPELINE} {_pct(it.get('pp_idle_max'))}, " if staged(it) else ""
     return (f"iteration {it['iteration']}: step {_num(it.get('step_time_ms'))} ms, "
-            f"MFU {_pct(it.get('mfu'))}, exposed comm {_pct(it.get('comm_exposed_share'))}, "
+            f"MFU {_pct(it.get('mfu'))}, {COMM} {_pct(exposed_comm(it))}, {pipe}"
             f"bottleneck {it.get('bottleneck')}"
             + (f"  [{note}]" if note else ""))
 
@@ -137,18 +169,37 @@ def gpu_caption(gpus: list[dict[str, str]], nvml: str) -> str:
     return head + "".join(f"\n  GPU {g['gpu']} {g.get('model', '')}: {g['text']}" for g in gpus)
 
 
+def nvml_used(nvml: str, sources: Sequence[Mapping[str, object]], gpus: Sequence[Mapping[str, str]]) -> str:
+    """What the GPU panel was, for the demo's last line: the recording, off, or with ``--nvml real``
+    what the agent's NVML said in its Hello (the aggregator's ``gpu_sources``): this machine's GPUs, or
+    NVML unavailable (and why), and so no GPU counters at all."""
+    if nvml.startswith("replay:"):
+        return f"a recording of another run ({Path(nvml[7:]).name})"
+    if nvml != "real":
+        return "off"
+    said = [str(x) for src in sources if (x := src.get("nvml"))]
+    down = next((x for x in said if x.startswith("unavailable")), None)
+    if down is not None and not gpus:
+        why = down.removeprefix("unavailable").lstrip(": ")
+        return (f"unavailable ({why or 'no reason given'}): no GPU counters were read, nor a recording "
+                "replayed; the report is from the log alone")
+    if gpus:
+        return "this machine's GPUs, live"
+    return "real asked for, but no GPU series reached the aggregator: the report is from the log alone"
+
+
 def _progress_table(iterations: Sequence[Mapping[str, object]], stats: Mapping[str, object] | None,
                     gpus: list[dict[str, str]], nvml: str) -> Table:
     t = Table(title=f"perfd demo — job {JOB} (REPLAY of a recorded 2×H200 Megatron-LM run; the newest "
               f"{TABLE_ROWS} iterations)", title_justify="left")
-    for col in ("iteration", "step ms", "TFLOP/s/GPU (perfd | logged)", "MFU", "exposed comm",
-                "PP bubble (analytic | idle max)", "data", "bottleneck", "note"):
+    for col in ("iteration", "step ms", "TFLOP/s/GPU (perfd | logged)", "MFU", COMM,
+                f"{PIPELINE} (stage idle max | analytic bubble)", "data wait", "bottleneck", "note"):
         t.add_column(col)
     for it in iterations[-TABLE_ROWS:]:
         t.add_row(str(it.get("iteration")), _num(it.get("step_time_ms")),
-                  f"{_num(it.get('model_tflops_per_gpu'))} | {_num(it.get('logged_tflops_per_gpu'))}",
-                  _pct(it.get("mfu")), _pct(it.get("comm_exposed_share")),
-                  f"{_pct(it.get('pp_bubble_analytic'))} | {_pct(it.get('pp_idle_max'))}",
+                  f"{_tflops(it, 'model_tflops_per_gpu')} | {_tflops(it, 'logged_tflops_per_gpu')}",
+                  _pct(it.get("mfu")), _pct(exposed_comm(it)),
+                  f"{_pct(it.get('pp_idle_max'))} | {_pct(it.get('pp_bubble_analytic'))}",
                   _pct(it.get("data_share")), str(it.get("bottleneck")), warmup_note(it))
     if not iterations:
         t.add_row("waiting for the first iteration…", *[""] * 8)
@@ -162,23 +213,29 @@ def _progress_table(iterations: Sequence[Mapping[str, object]], stats: Mapping[s
 
 
 def reading_notes(summary: Mapping[str, object], nvml: str) -> list[str]:
-    """What a first reader of the demo's report needs beside it: the generic MFU-grade hint set
-    against what this run measured, where the matmul ceiling comes from, what the GPU panel was."""
+    """What a first reader of the demo's report needs beside it, each from what the report printed: its
+    status line's MFU band set against the step budget's data wait and exposed communication, where the
+    matmul ceiling comes from, what the GPU panel was."""
     s = obj(summary.get("summary"))
     med = obj(s.get("medians"))
+    report = obj(summary.get("report"))
+    budget = obj(report.get("step_budget"))
+    status = obj(report.get("summary")).get("status_text")
+    shares = {str(p.get("part")): _share(p, "share") for p in objs(budget.get("parts"))}
+    data, comm = shares.get(Part.DATA.value), shares.get(Part.COMM_EXPOSED.value)
+    said = explain_grade(_share(med, "mfu"), data, comm)
     notes: list[str] = []
-    mfu, data, dp = med.get("mfu"), med.get("data_share"), med.get("comm_exposed_dp_share")
-    if isinstance(mfu, (int, float)) and mfu < 0.30 and isinstance(data, (int, float)) \
-            and isinstance(dp, (int, float)):
+    if status and said.grade is Grade.SEVERE and said.small_data and said.small_comm:
         notes.append(
-            f"The MFU grade's hint (\"usually communication or data loading\") is the general rule for "
-            f"MFU < 30%. This run measured data loading at {_pct(data)} and exposed gradient sync at "
-            f"{_pct(dp)} of the step: neither explains it here. What does: "
-            f"{s.get('bottleneck') or 'unknown'} — {s.get('bottleneck_reason') or 'no reason given'}.")
-    if med.get("mfu_vs_measured_ceiling") is not None:
-        notes.append("The 790 TFLOP/s matmul ceiling is measured, not a datasheet figure: an 8192³ bf16 "
-                     "matmul loop on the H200 and H100 SXM of the machines perfd is tested on "
-                     "(perfd/analytics/steps/gpus.py); MFU itself is against the 989 TFLOP/s datasheet peak.")
+            f"The status line (\"{status}\") grades the MFU by its band. The step budget puts the "
+            f"{PART[Part.DATA].name} at {_pct(data)} and the {COMM} at {_pct(comm)} of the step: neither "
+            f"explains it here. What does: {s.get('bottleneck') or 'unknown'} — "
+            f"{s.get('bottleneck_reason') or 'no reason given'}.")
+    ceiling, peak = _share(budget, "ceiling_tflops"), _share(budget, "peak_tflops")
+    if med.get("mfu_vs_measured_ceiling") is not None and ceiling and peak:
+        notes.append(f"The {ceiling:g} TFLOP/s matmul ceiling is measured, not a datasheet figure: an 8192³ "
+                     "bf16 matmul loop on the H200 and H100 SXM of the machines perfd is tested on "
+                     f"(perfd/analytics/steps/gpus.py); MFU itself is against the {peak:g} TFLOP/s peak.")
     first = s.get("steady_first_iteration")
     if s.get("warmup_records"):
         notes.append(f"Iterations before {first} are warm-up (the first one includes start-up, compilation "
@@ -200,6 +257,12 @@ def _iterations(base: str) -> list[dict[str, object]]:
         if isinstance(code, str) and code in said:  # (a JSON object's keys are strings)
             r["excluded_text"] = said[code]
     return rows
+
+
+def _gpu_sources(gpus_json: Mapping[str, object]) -> list[Mapping[str, object]]:
+    """What each agent's NVML said at start (the aggregator's ``gpu_sources``)."""
+    got = gpus_json.get("gpu_sources")
+    return objs(got) if isinstance(got, list) else []
 
 
 def _gpu_rows(gpus_json: Mapping[str, object]) -> list[dict[str, str]]:
@@ -259,11 +322,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     if nvml is None:
         rec = default_nvml_recording()
         nvml = f"replay:{rec}" if rec else "off"
-    nvml_label = "real GPU" if nvml == "real" else (f"a recording of another run ({Path(nvml[7:]).name})"
-                                                    if nvml.startswith("replay:") else "off")
-    if nvml != "real" and gpu_present():
+    present = gpu_present()
+    if nvml != "real" and present:
         console.print("[cyan]A GPU is present: `perfd demo --nvml real` shows its live NVML/GPM "
                       "counters instead of the recording.[/cyan]")
+    if nvml == "real" and not present:
+        console.print("[yellow]--nvml real: NVML reads no GPU here, so the demo runs without GPU counters "
+                      "(without --nvml it replays a recording of a GPU instead).[/yellow]")
     work = Path(tempfile.mkdtemp(prefix="perfd-demo-"))
     ready = work / "aggregator.ready"
     agg = _spawn(["aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
@@ -307,19 +372,21 @@ def _run_demo(args: argparse.Namespace) -> int:
         summary: Mapping[str, object] | None = None
         stats: Mapping[str, object] | None = None
         gpus: list[dict[str, str]] = []
+        sources: list[Mapping[str, object]] = []
         iterations: list[dict[str, object]] = []
         live_ok = console.is_terminal and not args.plain
         printed = 0  # plain mode: iterations printed so far (every one, in order)
         gpu_said = False
 
         def refresh() -> None:
-            nonlocal summary, stats, gpus, iterations
+            nonlocal summary, stats, gpus, sources, iterations
             with contextlib.suppress(OSError, ValueError):
                 stats = _get_json(f"{base}/api/stats")
                 summary = _get_json(f"{base}/api/jobs/{JOB}/summary")
                 iterations = _iterations(base)
             with contextlib.suppress(OSError, ValueError):
-                gpus = _gpu_rows(_get_json(f"{base}/api/jobs/{JOB}/gpus"))
+                got = _get_json(f"{base}/api/jobs/{JOB}/gpus")
+                gpus, sources = _gpu_rows(got), _gpu_sources(got)
 
         def show(live: Live | None) -> None:
             nonlocal printed, gpu_said
@@ -374,7 +441,8 @@ def _run_demo(args: argparse.Namespace) -> int:
             for n in notes:
                 print(f"- {n}")
         seen_n = obj(summary.get("overview")).get("iterations_seen")
-        print(f"\n(replayed {seen_n} iterations through agent → gRPC → aggregator; NVML: {nvml_label})",
+        print(f"\n(replayed {seen_n} iterations through agent → gRPC → aggregator; NVML: "
+              f"{nvml_used(nvml, sources, gpus)})",
               flush=True)
         if args.keep_running:
             console.print(f"aggregator and agent keep running: perfd top --aggregator {base}   "

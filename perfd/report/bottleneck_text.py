@@ -186,8 +186,8 @@ def vote_detail(v: Vote) -> str:
 
 def too_few(n_steady: int) -> str:
     """Why no grade (and no class) is given from ``n_steady`` steady steps."""
-    return (f"too few steady steps to grade: {n_steady}, at least {int(th.MIN_GRADE_STEPS.value)} needed "
-            "(perfd.analytics.thresholds.MIN_GRADE_STEPS)")
+    return (f"too few steady steps to grade: {n_steady} seen, at least {int(th.MIN_GRADE_STEPS.value)} "
+            "needed")
 
 
 def _voted(b: Bottleneck, missing: tuple[Missing, ...]) -> str:

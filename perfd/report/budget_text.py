@@ -26,6 +26,7 @@ from perfd.report.job_facts_text import (
     made_of_text,
     made_of_title,
 )
+from perfd.report.units import tflops
 
 _COLLECTIVE_OPS = ("nccl", "c10d", "all_reduce", "allreduce", "reduce_scatter", "all_gather")
 
@@ -212,7 +213,7 @@ def _gemm_words(b: StepBudget, p: BudgetPart) -> tuple[str, str]:
     good = of >= th.GEMM_EFFICIENT.value
     what = "linear layers" if p.part is Part.LINEAR else "GEMMs (and fused attention)"
     return (f"{what[0].upper()}{what[1:]} at {of:.0%} of the measured matmul ceiling",
-            f"The {what} take {p.ms:.0f} ms per step and run {flops_basis_text(p)} at {achieved:.0f} "
+            f"The {what} take {p.ms:.0f} ms per step and run {flops_basis_text(p)} at {tflops(achieved, 0)} "
             f"TFLOP/s: {of:.0%} of the {b.ceiling_tflops:g} TFLOP/s a large bf16 matmul reaches on this GPU"
             + (" — efficient: the time to win is outside them." if good
                else " — small or odd-shaped matrices.")

@@ -26,6 +26,7 @@ from perfd.report.budget_text import class_text
 from perfd.report.finding_text import runs_text, span_text, worded_run, worded_run_recommendation
 from perfd.report.provenance_text import line
 from perfd.report.remedy_text import worded_remedies, worded_remedy
+from perfd.report.units import tflops
 
 # A grade's own sentence.
 GRADE_TEXT: dict[Grade, str] = {
@@ -35,6 +36,7 @@ GRADE_TEXT: dict[Grade, str] = {
     Grade.EXCELLENT: "MFU > 50%: excellent",
     Grade.IMPOSSIBLE: "MFU above 100% is impossible: the peak it is measured against is wrong (a --dtype, "
                       "--gpu or --peak-tflops that is not the job's)",
+    Grade.UNGRADED: "MFU not graded: too few steady steps",
     Grade.UNKNOWN: "MFU unknown",
 }
 # A band's MFU range (the registry's bands: GradeEntry.band).
@@ -49,6 +51,7 @@ BAND_TEXT: dict[Grade, str] = {
 LABEL: dict[Grade, str] = {
     Grade.COMMUNICATION_OVERHEAD: "fair",
     Grade.IMPOSSIBLE: "above 100%: the peak is wrong",
+    Grade.UNGRADED: "not graded",
 }
 
 
@@ -65,6 +68,11 @@ def status_label(status: str) -> str:
         return grade_label(Grade(status))
     except ValueError:
         return status
+
+
+def ungraded_text(n_steady: int) -> str:
+    """The status of an MFU from fewer steady steps than th.MIN_GRADE_STEPS (Grade.UNGRADED)."""
+    return f"MFU not graded: {too_few(n_steady)}"
 
 
 def explanation_text(e: GradeExplanation) -> str:
@@ -131,7 +139,7 @@ def convention_text(f: MfuFacts) -> str:
     bits = [MFU_CONVENTION_TEXT[f.convention]] if f.convention is not None else []
     if f.logged_tflops is not None and f.convention is not MfuConvention.LOGGED:
         own = f" ({f.logged_tflops / f.peak_tflops:.1%} of the same peak)" if f.peak_tflops else ""
-        bits.append(f"the log's own throughput {f.logged_tflops:.1f} TFLOP/s per GPU{own}")
+        bits.append(f"the log's own throughput {tflops(f.logged_tflops)} TFLOP/s per GPU{own}")
     text = "; ".join(bits)
     return text[:1].upper() + text[1:]
 
@@ -149,7 +157,7 @@ def mfu_words(f: MfuFacts) -> tuple[str, str]:
         # The title is a headline too: the band's label, never its usual cause as this job's (LABEL).
         how = convention_text(f)
         return (f"MFU {_pct(f.mfu)}: {grade_label(e.grade)}",
-                f"Median MFU {_pct(f.mfu)} = {f.tflops:.1f} TFLOP/s per GPU of {f.peak_tflops:g} peak "
+                f"Median MFU {_pct(f.mfu)} = {tflops(f.tflops)} TFLOP/s per GPU of {f.peak_tflops:g} peak "
                 f"({f.gpu_model} {f.dtype}){ceiling}." + (f" {how}." if how else "")
                 + f" {explanation_text(e)}.")
     return "MFU not available", f"MFU {_absent(f)}"
@@ -168,8 +176,8 @@ def crosscheck_words(c: CrosscheckFacts) -> tuple[str, str]:
     logged = LOGGED_BY.get(c.framework, "the logged throughput")
     return (f"perfd FLOPs agree with {logged}" if c.agrees else f"perfd FLOPs disagree with {logged}",
             f"{c.n_checked - c.n_disagree}/{c.n_checked} steady iterations within max(1%, log rounding); "
-            f"largest gap {_pct(c.max_gap)}; median perfd {c.tflops:.2f} vs logged {c.logged_tflops:.2f} "
-            f"TFLOP/s/GPU ({c.formula}).")
+            f"largest gap {_pct(c.max_gap)}; median perfd {tflops(c.tflops, 2)} vs logged "
+            f"{tflops(c.logged_tflops, 2)} TFLOP/s/GPU ({c.formula}).")
 
 
 def worded(f: Finding) -> Finding:

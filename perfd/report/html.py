@@ -1,7 +1,7 @@
 """The report as one self-contained HTML file: charts (inline SVG) and the four-part report.
 
 ``render_html(page)`` renders a :class:`Page`: the typed Report with what the charts read of the run
-(its iterations, steady state, medians, goodput, incidents, the aggregator's rank placements), typed.
+(its iterations, steady state, steady values, goodput, incidents, the aggregator's rank placements), typed.
 ``Page.of`` makes one from an analysis (offline, from a log); ``page_from_json`` from the JSON of one,
 as the aggregator serves it (``/api/jobs/<job>/summary`` joined with ``/api/jobs/<job>/iterations``):
 the one place here where JSON is read.
@@ -67,7 +67,7 @@ h1{font-size:22px;margin:6px 0 2px} h2{font-size:18px;margin:28px 0 8px;border-b
 h3{font-size:15px;margin:18px 0 4px} .meta{color:#555;font-size:13px}
 .badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
 .severe,.critical{background:#b2182b} .communication-overhead,.warning{background:#c77c00}
-.good{background:#2b8a3e} .excellent{background:#1b6e2e} .unknown,.info,.impossible{background:#777}
+.good{background:#2b8a3e} .excellent{background:#1b6e2e} .unknown,.ungraded,.info,.impossible{background:#777}
 .tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:8px;margin:12px 0}
 .tile{border:1px solid #ddd;border-radius:6px;padding:8px 10px} .tile b{display:block;font-size:20px}
 .tile span{color:#555;font-size:12px}
@@ -135,6 +135,8 @@ class Page:
     # the aggregator's rank placements (heat map rows), as its job summary serves them
     ranks: Sequence[Mapping[str, Any]] = ()
     goodput: Goodput | None = None
+    # the live aggregator the page was read from (its URL); None: made offline, from a log
+    aggregator: str | None = None
 
     @classmethod
     def of(cls, analysis: RunAnalysis, report: Report,
@@ -148,9 +150,10 @@ class Page:
                    goodput=s.goodput)
 
 
-def page_from_json(data: Mapping[str, Any]) -> Page:
+def page_from_json(data: Mapping[str, Any], aggregator: str | None = None) -> Page:
     """The page of an analysis read as JSON: {job, iterations, summary, incidents, report} (+ optional
-    ``ranks`` and ``goodput``, as ``perfd report`` joins the aggregator's answers)."""
+    ``ranks`` and ``goodput``, as ``perfd report`` joins the aggregator's answers; ``aggregator``: the
+    URL of the aggregator that served them)."""
     summary = data.get("summary") or {}
     rep = data.get("report") or {}
     report = (Report.from_json(rep) if rep.get("summary") is not None
@@ -162,7 +165,8 @@ def page_from_json(data: Mapping[str, Any]) -> Page:
                 incidents=[IncidentMark.from_json(d) for d in data.get("incidents") or []
                            if isinstance(d, Mapping)],
                 ranks=list(data.get("ranks") or []),
-                goodput=Goodput.from_json(data.get("goodput") or summary.get("goodput")))
+                goodput=Goodput.from_json(data.get("goodput") or summary.get("goodput")),
+                aggregator=aggregator)
 
 
 def _steady_band(summary: PageSummary) -> tuple[float, float, str] | None:
@@ -263,11 +267,15 @@ def step_distribution(its: Sequence[ChartIteration], summary: PageSummary) -> st
                           f"p99 {dist.p99:.1f} ms, max {dist.max:.1f} ms.")
 
 
-def gpu_table(ranks: Sequence[Mapping[str, Any]]) -> str:
-    """Rank → node/GPU placement with each GPU's latest telemetry (from the live aggregator)."""
+def gpu_table(ranks: Sequence[Mapping[str, Any]], aggregator: str | None = None) -> str:
+    """Rank → node/GPU placement with each GPU's latest telemetry (from the live aggregator at
+    ``aggregator``; None: the page was made offline, and has none)."""
+    if not ranks and aggregator is None:
+        return _note("No rank placement: the report was made offline, from a log; the placement and the "
+                     "GPUs' telemetry come from a live aggregator (perfd report --aggregator URL).")
     if not ranks:
-        return _note("No rank placement: the report was made offline, or the agents sent no GPU process "
-                     "lists (the agent needs NVML and the host pid namespace).")
+        return _note(f"No rank placement: the aggregator at {aggregator} has none for this job: its agents "
+                     "sent no GPU process lists (the agent needs NVML and the host pid namespace).")
     cols = [m for m in catalog.all_metrics() if catalog.WANDB in m.shows and m.name.startswith("perfd_gpu_")]
     head = "".join(f"<th>{escape(m.short or m.name.removeprefix('perfd_gpu_'))}</th>" for m in cols)
     rows = []
@@ -356,7 +364,7 @@ def _tiles(med: Mapping[str, float | None]) -> str:
              "</span></div>" for name, v, unit in tiles if v is not None]
     if not cells:
         return ""
-    return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady-state medians.</p>'
+    return f'<div class="tiles">{"".join(cells)}</div><p class="meta">Steady state: {REDUCTIONS_TEXT}.</p>'
 
 
 def summary_section(report: Report) -> str:
@@ -428,7 +436,7 @@ def render_html(page: Page, *, source: str = "", generated: str = "", version: s
     charts = ['<h3 id="goodput">Where the wall time went</h3>', goodput_bar(page.goodput),
               step_and_mfu_charts(its, summary, page.incidents, framework),
               '<h3 id="distribution">Step time distribution</h3>', step_distribution(its, summary),
-              '<h3 id="gpus">GPUs</h3>', gpu_table(page.ranks),
+              '<h3 id="gpus">GPUs</h3>', gpu_table(page.ranks, page.aggregator),
               '<h3 id="breakdown">Time breakdown</h3>', breakdown_chart(its),
               '<h3 id="heatmap">Per-rank heat map</h3>',
               rank_heatmap(its, page.ranks, job.layout, summary.stretches, page.incidents, framework)]

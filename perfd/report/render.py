@@ -18,6 +18,7 @@ from perfd.analytics.steps.iteration import job_value
 from perfd.report import budget_view, plan_view
 from perfd.report.grade_text import status_label
 from perfd.report.training_report import Report, format_value
+from perfd.report.units import tflops
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 # A grade's style (a grade without one, or a serving status, shows unstyled).
 _STATUS_STYLE = {Grade.SEVERE.value: "bold red", Grade.COMMUNICATION_OVERHEAD.value: "yellow",
-                 Grade.GOOD.value: "green", Grade.EXCELLENT.value: "bold green", Grade.UNKNOWN.value: "dim"}
+                 Grade.GOOD.value: "green", Grade.EXCELLENT.value: "bold green", Grade.UNKNOWN.value: "dim",
+                 Grade.UNGRADED.value: "dim"}
 
 
 def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
@@ -89,7 +91,7 @@ def _cell(value: float | None, unit: str) -> str:
     if unit == "seconds":
         return f"{value * 1e3:.1f}"
     if unit == "tflops":
-        return f"{value:.2f}"
+        return tflops(value, 2)
     return format_value(value, unit)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
-from perfd.analytics.breakdown.advice_registry import data_loading
+from perfd.analytics.breakdown.advice_registry import Grade, data_loading
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.finding_types import Finding, Recommendation, Severity, order_findings
 from perfd.analytics.incidents.host_evidence import CpuUse
@@ -23,19 +23,26 @@ from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_findings import DATA_LOADING_FINDING, QuotingFinding
 from perfd.analytics.run.run_grade import budget_class, explain_grade, grade_mfu
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.analytics.run.run_summary import JobBlock, JobLayout, reduction_of
+from perfd.analytics.run.run_summary import JobBlock, JobLayout, Reduction, reduction
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.model import CPU
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.finding_text import arming_text, span_text
-from perfd.report.grade_text import explanation_text, grade_label, worded, worded_recommendation
+from perfd.report.grade_text import (
+    explanation_text,
+    grade_label,
+    ungraded_text,
+    worded,
+    worded_recommendation,
+)
 from perfd.report.incident_findings import ReportedIncident, incident_findings, is_disturbance
 from perfd.report.incident_text import cause_line, cpu_use_text
 from perfd.report.provenance_text import line, text
 from perfd.report.remedy_text import worded_plan
 from perfd.report.row_json import RowCodes, row_codes, run_json
+from perfd.report.units import tflops
 
 
 @dataclass
@@ -113,7 +120,7 @@ def format_value(value: float | None, unit: str) -> str:
     if unit == "times":
         return f"{value:.2f}×"
     if unit == "tflops":
-        return f"{value:.1f} TFLOP/s"
+        return f"{tflops(value)} TFLOP/s"
     return f"{value:.4g}"
 
 
@@ -127,6 +134,12 @@ def layout_text(lay: JobLayout) -> str:
     micro_text = f"{micro} micro-batch{'es' if micro != 1 else ''}" if micro is not None else ""
     parts = [p for p in (dims, f"world size {world}" if world is not None else "", micro_text) if p]
     return ", ".join(parts) if parts else "layout unknown"
+
+
+# How a summary value was taken over the steady steps, as its source says it.
+REDUCTION_TEXT: dict[Reduction, str] = {
+    Reduction.TIME_WEIGHTED: "time-weighted (Σ over the steps ÷ Σ step time)",
+    Reduction.MEAN: "mean", Reduction.MEDIAN: "median"}
 
 
 def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | None = None,
@@ -160,19 +173,20 @@ def build_report(analysis: RunAnalysis, incidents: Sequence[ReportedIncident] | 
         findings, recs = order_findings([*findings, *inc_f], [*recs, *inc_r])
     incs: list[ReportedIncident] = list(incidents) if incidents is not None else list(analysis.incidents)
     mfu = s.median("mfu")
-    grade = grade_mfu(mfu)
+    grade = grade_mfu(mfu, s.n_steady)
     budget = s.step_budget
     lay = analysis.job.layout
     untimed = untimed_groups(analysis.job.framework, lay.tp, lay.cp, lay.ep)
-    grade_text = explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
-                                                budget_class(budget), untimed, lay.world_size))
+    grade_text = (ungraded_text(s.n_steady) if grade is Grade.UNGRADED else
+                  explanation_text(explain_grade(mfu, s.median("data_share"), s.median("comm_exposed_share"),
+                                                 budget_class(budget), untimed, lay.world_size)))
     span = span_text(analysis.steady.span())
     metrics: list[ReportMetric] = []
     for d in catalog.job_metrics(catalog.REPORT):
         value = catalog.median_value(d, s.medians)
         src = _source_of(analysis, d.attr or "")
         if value is not None:
-            src = f"{reduction_of(d.attr or '')} over {span}; per iteration (last shown): {src}"
+            src = f"{REDUCTION_TEXT[reduction(d.attr or '')]} over {span}; per iteration (last shown): {src}"
         metrics.append(ReportMetric(d.name, value, d.unit, src, d.description))
     job = analysis.job
     gpu = job.gpu

@@ -84,7 +84,7 @@ def test_every_combination_in_use_has_an_entry() -> None:
         assert p.name and (p.holds or not p.finding), p.part
     assert set(budget_mod.CLASS_PARTS) == {c.cls for c in WITH_PARTS}
     assert not {BottleneckClass.MIXED, BottleneckClass.UNKNOWN} & set(budget_mod.CLASS_PARTS)
-    seen = {grade_mfu(m / 100) for m in range(0, 130)} | {grade_mfu(None)}
+    seen = {grade_mfu(m / 100) for m in range(0, 130)} | {grade_mfu(None), grade_mfu(0.2, steady_steps=1)}
     assert seen == set(Grade)
     # each remedy on a budget where every part is large: the part it advises on has an entry
     big = _captured({p: 10.0 for p in Part if p is not Part.COMPUTE})

@@ -155,8 +155,15 @@ def test_a_grade_from_fewer_steady_steps_than_the_minimum_is_not_given() -> None
     ids = {f.id for f in a.findings}
     assert "mfu-grade" not in ids and "mfu-too-few-steps" in ids
     assert s.bottleneck.cls.value == "unknown" and s.bottleneck.reason == TooFewSteps(1)
-    assert class_reason(s.bottleneck).startswith("too few steady steps to grade: 1, at least")
+    assert class_reason(s.bottleneck) == "too few steady steps to grade: 1 seen, at least 5 needed"
     assert s.step_time_cv is None and "step-jitter" not in ids
+    # The report grades no MFU either (its status and headline said "severe"), and says why in words.
+    r = build_report(a)
+    assert r.summary.status == "ungraded" and "(not graded)" in r.summary.headline
+    assert r.summary.status_text == "MFU not graded: too few steady steps to grade: 1 seen, at least 5 needed"
+    said = [r.summary.status_text, r.summary.bottleneck_reason, r.summary.headline,
+            *(f.title + f.observation for f in r.findings)]
+    assert not any("severe" in x or "perfd." in x or "MIN_GRADE_STEPS" in x for x in said), said
 
 
 def test_a_late_record_of_an_ended_hook_run_is_refused() -> None:

@@ -310,3 +310,78 @@ def test_a_job_without_gpu_rows_says_why() -> None:
     # An aggregator of an older version (no gpu_sources): the panel still says something.
     old = _narrow_screen(top.fetch("http://agg", None, get=_gpus_api([], None)), 200)  # type: ignore[arg-type]
     assert "GPUs: – (no GPU series from the agents yet)" in old
+
+
+LONG = "train-llama3-70b-pretrain-bf16-fsdp-tp8-pp4-zero1-run3"
+
+
+def test_a_long_job_name_gives_way_before_any_other_column_at_80_columns() -> None:
+    """A job's name of 54 characters at 80 columns: rich cut every column ("last …", "M…", "4…") and
+    dropped the bottleneck and incidents; the name is cut first now, in its middle (its start and end
+    kept), and every other head and value reads whole; the line of the job in focus names it whole."""
+    assert len(LONG) == 54
+    sums = {LONG: _summary(0.412, 800.0, [CLOSED, OPEN], "communication-bound"), "beta": SUMS["beta"]}
+    out = _narrow_screen(top.fetch("http://agg", None, get=_api({LONG: 1.0, "beta": 3.0}, sums)))
+    lines = out.splitlines()
+    assert max(len(ln) for ln in lines) <= 80, out
+    heads = next(ln for ln in lines if ln.startswith("job "))
+    assert heads.split() == ["job", "last", "step", "MFU", "goodput", "step", "ms", "bound", "by", "inc"]
+    row = next(ln for ln in lines if ln.startswith("train-llama3") and "1s" in ln)
+    name, rest = row.split(" * ")
+    assert name.startswith("train-llama3-70b") and name.endswith("…-run3") and len(name) < len(LONG)
+    assert rest.split() == ["1s", "41.2%", "90.0%", "800/880/1200", "communication", "1"]
+    beta = next(ln for ln in lines if ln.startswith("beta "))
+    assert beta.split() == ["beta", "3s", "8.7%", "90.0%", "380/418/570", "straggler", "1"]
+    assert f"{LONG} *: communication-bound, " in out
+
+
+def test_short_job_keeps_the_start_and_the_end() -> None:
+    from perfd.commands.top_jobs import short_job
+
+    assert short_job("train-llama3-70b-run3", 30) == "train-llama3-70b-run3"
+    assert short_job("train-llama3-70b-pretrain-run3", 17) == "train-llama…-run3"
+    assert len(short_job(LONG, 12)) == 12 and short_job(LONG, 12).startswith("train")
+
+
+def test_sort_keys_and_the_help() -> None:
+    """m / g / i sort the jobs by MFU, goodput, open incidents (worst first, again best first, a third
+    time the aggregator's order, a job without the value last); ? shows the keys and hides them."""
+    from perfd.commands.top_jobs import HELP, SORT_KEYS, SortBy, View, ordered
+
+    assert not set(SORT_KEYS) & {"n", "p", "q", "\t", "?"}
+    sums = {"alpha": SUMS["alpha"], "beta": SUMS["beta"],
+            "gamma": _summary(0.3, 500.0, [OPEN, dict(OPEN, id="i3")], "compute-bound"),
+            "delta": {"summary": {}}}
+    sums["gamma"]["goodput"] = {"ratio": 0.5, "wall_s": 10.0, "parts_s": {"training": 5.0}}
+    ages = {"alpha": 1.0, "beta": 2.0, "gamma": 3.0, "delta": 4.0}
+    snap = top.fetch("http://agg", None, get=_api(ages, sums))
+
+    def order(view: View) -> list[str]:
+        return [str(j["job"]) for j in ordered(snap.jobs, snap.summaries, view)]
+
+    assert order(View()) == ["alpha", "beta", "gamma", "delta"]
+    mfu = View().press("m")
+    assert mfu.sort is SortBy.MFU and order(mfu) == ["beta", "gamma", "alpha", "delta"]
+    assert order(mfu.press("m")) == ["alpha", "gamma", "beta", "delta"]
+    assert mfu.press("m").press("m") == View()
+    assert order(View().press("g")) == ["gamma", "alpha", "beta", "delta"]
+    assert order(View().press("i")) == ["gamma", "beta", "alpha", "delta"]
+    assert order(View().press("i").press("i")) == ["alpha", "beta", "gamma", "delta"]  # delta: none said
+    screen = _screen_of(snap, mfu)
+    rows = [ln.split("│")[1].strip().rstrip(" *") for ln in screen.splitlines()
+            if ln.startswith("│") and ln.split("│")[1].strip().rstrip(" *") in ages]
+    assert rows == ["beta", "gamma", "alpha", "delta"]
+    assert "jobs sorted by MFU, lowest first" in screen
+    assert "keys" not in screen.split("\n", 1)[0]  # no terminal: no keys said
+    helped = _screen_of(snap, mfu.press("?"))
+    for keys, what in HELP:
+        assert keys in helped and what in helped
+    assert "sort by MFU, lowest first" not in _screen_of(snap, mfu.press("?").press("?"))
+
+
+def _screen_of(snap: top.Snapshot, view: Any) -> str:
+    console = Console(width=250, file=io.StringIO(), color_system=None)
+    console.print(top.render(snap, view=view))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out

@@ -1,6 +1,7 @@
 """`perfd demo` as a first-time user runs it (`make demo` runs the same command): every iteration
 shown in order with the warm-up marked, the GPU panel said to be a recording of another run, the
-report followed by notes that do not let the MFU grade's generic hint contradict what was measured,
+report followed by notes that quote only what the report prints and set the MFU grade against what
+was measured, each iteration's exposed communication and pipeline wait named as the step budget names them,
 where the 790 TFLOP/s ceiling comes from, a next-step line, and no folder left behind, also when
 --keep-running is ended by a signal."""
 
@@ -36,8 +37,12 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     assert "warm-up" not in next(ln for ln in out.splitlines() if ln.startswith("iteration 5: "))
     assert "a RECORDING of another run (h100_phases.jsonl" in out and "it is not this job's GPUs" in out
     notes = out[out.index("Reading this report:"):]
-    assert "data loading at 4.0%" in notes and "exposed gradient sync at 0.3%" in notes
+    assert "data wait at 4.0%" in notes and "exposed communication at 0.3%" in notes
     assert "neither explains it here" in notes and "pipeline-bound" in notes
+    assert "usually communication or data loading" not in out  # a hint the report no longer prints
+    tenth = next(ln for ln in out.splitlines() if ln.startswith("iteration 10: "))
+    assert "exposed communication 0.3%" in tenth and "pipeline wait 24.5%" in tenth
+    assert "NVML: a recording of another run (h100_phases.jsonl)" in out
     assert "790 TFLOP/s matmul ceiling is measured" in notes and "8192³ bf16" in notes
     assert "their URLs above are closed" in out and "Next step" in out
     assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())  # no /tmp/perfd-demo-* behind

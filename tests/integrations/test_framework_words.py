@@ -119,3 +119,22 @@ def test_the_throughput_check_and_the_slow_rank_name_the_jobs_own_source() -> No
     for f in (Framework.PYTORCH, Framework.HF_TRAINER, Framework.LIGHTNING, Framework.TORCHTITAN):
         action = recommendation_words(SpreadFacts(fraction=0.5, framework=f))[0]
         assert "step hook on every rank" in action and "--timing-log-option" not in action
+
+
+def test_a_small_throughput_reads_in_significant_digits(plain: RunAnalysis) -> None:
+    """A job well under 1 TFLOP/s per GPU (a CPU job's 0.048) read "0.0 TFLOP/s per GPU" in the headline,
+    the metrics and the MFU finding: two significant digits below 1 TFLOP/s, wherever it is shown."""
+    got = plain.summary.median("model_tflops_per_gpu")
+    assert got is not None and 0.01 < got < 0.1
+    text, page = _text(plain), _html(plain)
+    assert f"{got:.2g} TFLOP/s per GPU" in build_report(plain).summary.headline
+    assert f"= {got:.2g} TFLOP/s per GPU" in text
+    for shown in (text, page):
+        assert "0.0 TFLOP/s" not in shown and "0.00 " not in shown
+
+    from perfd.report.training_report import format_value
+    from perfd.report.units import tflops
+
+    assert format_value(0.048, "tflops") == "0.048 TFLOP/s"
+    assert format_value(82.84, "tflops") == "82.8 TFLOP/s"
+    assert tflops(0.0) == "0.0" and tflops(0.00123) == "0.0012" and tflops(412.3, 0) == "412"

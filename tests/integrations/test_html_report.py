@@ -156,6 +156,30 @@ def test_cli_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert perfd_main(["report", "--aggregator", "http://127.0.0.1:9", "--html", str(out)]) == 2  # no --job
 
 
+def test_the_page_says_where_it_was_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page read from an aggregator said "the report was made offline" where its job had no rank
+    placement: it names the live aggregator it was read from; a page made from a log says so."""
+    from perfd.commands import report as report_cmd
+
+    _, analysis = analyze_megatron_file(str(_pp2_log()), gpu="NVIDIA H200")
+    data = analysis_json(analysis)
+    summary = {"job": data["job"], "summary": data["summary"], "report": data["report"],
+               "incidents": data["incidents"], "ranks": []}
+    served = {"/api/jobs/gpt/summary": summary,
+              "/api/jobs/gpt/iterations?sources=0": {"iterations": data["iterations"]}}
+    monkeypatch.setattr(report_cmd, "_get_json", lambda url, *_: served[url.removeprefix("http://agg:9401")])
+    live, offline = tmp_path / "live.html", tmp_path / "offline.html"
+    assert perfd_main(["report", "--job", "gpt", "--aggregator", "agg:9401", "--html", str(live)]) == 0
+    page = live.read_text()
+    assert "made offline" not in page and "source: live, the aggregator at http://agg:9401, job gpt" in page
+    assert "No rank placement: the aggregator at http://agg:9401 has none for this job" in page
+    args = ["report", "--log", str(_pp2_log()), "--gpu", "NVIDIA H200", "--html", str(offline)]
+    assert perfd_main(args) == 0
+    page = offline.read_text()
+    assert "No rank placement: the report was made offline, from a log" in page
+    assert f"source: offline, log {_pp2_log()}" in page
+
+
 def test_cli_aggregator_unreachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.integrations.integrations_helpers import free_port
 

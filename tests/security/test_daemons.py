@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,50 @@ def test_defaults_listen_on_loopback_only() -> None:
 
     assert AggregatorConfig().grpc_host == "127.0.0.1" and AggregatorConfig().http_host == "127.0.0.1"
     assert AgentConfig().metrics_host == "127.0.0.1"
+
+
+def test_what_listens_beyond_loopback_unauthenticated() -> None:
+    from perfd.aggregator.exposure import Endpoint, unauthenticated
+
+    assert unauthenticated("127.0.0.1", "::1", token=False, client_ca=False) == ()
+    assert unauthenticated("0.0.0.0", "0.0.0.0", token=False, client_ca=False) == (Endpoint.GRPC,
+                                                                                     Endpoint.HTTP_API)
+    assert unauthenticated("0.0.0.0", "0.0.0.0", token=True, client_ca=False) == ()
+    # mutual TLS authenticates the agents, not the HTTP API's readers
+    assert unauthenticated("10.0.0.5", "gpu-head", token=False, client_ca=True) == (Endpoint.HTTP_API,)
+    assert unauthenticated("localhost", "0.0.0.0", token=False, client_ca=False) == (Endpoint.HTTP_API,)
+
+
+@pytest.mark.slow
+def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
+    """`perfd aggregator --listen-all` with no token started without a word on what it opened: it
+    warns on stderr that both ports are open to whoever reaches the host, unauthenticated; with a
+    token, no warning."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-32-characters-at-least\n")
+    token.chmod(0o600)
+    for extra, warned in (((), True), (("--auth-token-file", str(token)), False)):
+        ready = tmp_path / "agg.ready"
+        ready.unlink(missing_ok=True)
+        err = tmp_path / "agg.err"
+        with err.open("wb") as f:
+            argv = [sys.executable, "-m", "perfd.cli", "aggregator", "--listen-all", "--grpc-port", "0",
+                    "--http-port", "0", "--no-rules", "--ready-file", str(ready), *extra]
+            p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                for _ in range(300):
+                    if (ready.exists() and ready.read_text().strip()) or p.poll() is not None:
+                        break
+                    time.sleep(0.1)
+                assert p.poll() is None, err.read_text()
+            finally:
+                p.terminate()
+                p.wait(timeout=30)
+        said = err.read_text()
+        warning = ("WARNING" in said and "listening beyond this host with no authentication" in said
+                   and "the HTTP API on 0.0.0.0:" in said and "the gRPC ingest on 0.0.0.0:" in said)
+        assert warning == warned, said
 
 
 class _Ticker(Collector):

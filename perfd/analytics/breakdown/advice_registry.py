@@ -130,6 +130,7 @@ class Grade(TextEnum):
     GOOD = "good"
     EXCELLENT = "excellent"
     IMPOSSIBLE = "impossible"  # above th.MFU_POSSIBLE: the peak it was divided by is wrong
+    UNGRADED = "ungraded"  # an MFU from fewer steady steps than th.MIN_GRADE_STEPS: no band
     UNKNOWN = "unknown"  # no MFU
 
 
@@ -167,6 +168,7 @@ GRADES: tuple[GradeEntry, ...] = (
     GradeEntry(Grade.GOOD, True, below=th.MFU_EXCELLENT, inclusive=True),
     GradeEntry(Grade.EXCELLENT, True),
     GradeEntry(Grade.IMPOSSIBLE, severity=Severity.WARNING),  # above th.MFU_POSSIBLE: the peak is wrong
+    GradeEntry(Grade.UNGRADED),  # fewer steady steps than th.MIN_GRADE_STEPS
     GradeEntry(Grade.UNKNOWN),
 )
 

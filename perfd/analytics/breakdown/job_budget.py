@@ -50,13 +50,23 @@ def contexts(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
                       split.basis if split is not None else None)
     staged = bool(pp and pp > 1)
     pipe = figure(medians, "pp_idle_max") if staged else 0.0
-    comm = figure(medians, "comm_exposed_dp_share" if staged else "comm_exposed_share")
-    if staged and comm is None and figure(medians, "comm_exposed_share") is not None:
-        comm = max(0.0, (figure(medians, "comm_exposed_share") or 0.0)
-                   - (figure(medians, "comm_exposed_pp_share") or 0.0))
+    comm = budget_comm(figure(medians, "comm_exposed_share"), figure(medians, "comm_exposed_dp_share"),
+                       figure(medians, "comm_exposed_pp_share"), staged)
     t = TimerShares(step, figure(medians, "data_share"), comm, pipe, figure(medians, "optimizer_ms"),
                     figure(medians, "mfu"))
     return fl, t
+
+
+def budget_comm(total: float | None, grad_sync: float | None, pipeline_p2p: float | None,
+                staged: bool) -> float | None:
+    """The share of the step a budget from timers books as exposed communication: all of the timed
+    communication (``total``), but with pipeline stages only its data-parallel part (``grad_sync``, else
+    ``total`` less the ``pipeline_p2p`` waits): those waits are the pipeline's idle, booked as its wait."""
+    if not staged:
+        return total
+    if grad_sync is not None or total is None:
+        return grad_sync
+    return max(0.0, total - (pipeline_p2p or 0.0))
 
 
 def captured_iterations(device: DeviceBreakdown, iterations: int | None, step_ms: float | None

@@ -22,14 +22,17 @@ from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.untimed import Untimed
 
 
-def grade_mfu(mfu: float | None) -> Grade:
+def grade_mfu(mfu: float | None, steady_steps: int | None = None) -> Grade:
     """The first band whose upper bound the MFU is under (GRADES: <0.30 severe, [0.30, 0.40)
     communication-overhead, [0.40, 0.50] good, > 0.50 excellent); None -> unknown; above 100%
-    (th.MFU_POSSIBLE) never graded: the peak is wrong."""
+    (th.MFU_POSSIBLE) never graded: the peak is wrong. An MFU over ``steady_steps`` fewer than
+    th.MIN_GRADE_STEPS is in no band (ungraded): its median is one or two steps' value."""
     if mfu is None:
         return Grade.UNKNOWN
     if mfu > th.MFU_POSSIBLE.value:
         return Grade.IMPOSSIBLE
+    if steady_steps is not None and steady_steps < th.MIN_GRADE_STEPS.value:
+        return Grade.UNGRADED
     for g in BANDS:
         if g.below is None or mfu < g.below.value or (g.inclusive and mfu == g.below.value):
             return g.grade

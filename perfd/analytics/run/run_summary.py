@@ -31,7 +31,7 @@ from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import ExcludedRange, Exclusion, SteadyState, excluded_ranges
 from perfd.analytics.steps.stragglers import PersistentStragglers
-from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout
+from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout, TextEnum
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
@@ -55,11 +55,20 @@ MEAN_TIMES: frozenset[str] = frozenset({"step_time_ms", "in_step_ms"})
 REDUCTIONS_TEXT = "shares and rates time-weighted, step time the mean, the rest medians"
 
 
-def reduction_of(name: str) -> str:
-    """How the summary's value ``name`` was taken over the steady steps, in words."""
+class Reduction(TextEnum):
+    """How the summary took a value over the steady steps (the JSON's ``reductions``): the values are
+    served under the key ``medians``, which only the MEDIAN ones are."""
+
+    TIME_WEIGHTED = "time-weighted"  # Σ over the steps ÷ Σ step time (TIME_WEIGHTED)
+    MEAN = "mean"  # MEAN_TIMES
+    MEDIAN = "median"
+
+
+def reduction(name: str) -> Reduction:
+    """How the summary's value ``name`` was taken over the steady steps."""
     if name in TIME_WEIGHTED:
-        return "time-weighted (Σ over the steps ÷ Σ step time)"
-    return "mean" if name in MEAN_TIMES else "median"
+        return Reduction.TIME_WEIGHTED
+    return Reduction.MEAN if name in MEAN_TIMES else Reduction.MEDIAN
 
 
 def steady_medians(table: Table[IterationResult], steady_rows: Sequence[int],
@@ -325,9 +334,10 @@ class CaptureDisturbances:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSummary:
-    """The whole-run summary of a run analysis: the steady state, its medians (keyed by catalog
-    attribute: ``median``), the class with its votes, stragglers, incidents, goodput and the step
-    budget."""
+    """The whole-run summary of a run analysis: the steady state, its steady values (keyed by catalog
+    attribute: ``median``; each taken as :func:`reduction` says: shares and rates time-weighted, the
+    step time the mean, the rest medians), the class with its votes, stragglers, incidents, goodput and
+    the step budget."""
 
     step_time_distribution: StepTimeDistribution | None
     n_iterations: int
@@ -378,7 +388,9 @@ class RunSummary:
             "steady_last_iteration": self.steady_last_iteration,
             "warmup_records": self.warmup_records,
             "excluded": [r.to_json() for r in self.excluded_ranges],
+            # The key is the API's since its first version; ``reductions`` says how each value was taken.
             "medians": dict(self.medians),
+            "reductions": {k: reduction(k).value for k in self.medians},
             "step_time_cv": self.step_time_cv,
             "slow_steps": self.slow_steps.to_json() if self.slow_steps is not None else None,
             "tflops_check_n": self.tflops_check_n,
