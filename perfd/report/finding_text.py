@@ -169,10 +169,11 @@ def finding_words(f: RunFacts) -> tuple[str, str]:
                     f"step (> {th.GRAD_SYNC_SHARE.value:.0%}).")
         case PpWaitFacts():
             return (f"Exposed p2p wait {_pct(f.pp_share)} is pipeline waiting",
-                    f"Exposed communication {_pct(f.total)} of the step: pipeline send/recv "
+                    f"The communication timers hold {_pct(f.total)} of the step: pipeline send/recv "
                     f"{_pct(f.pp_share)}, gradient sync {_pct(f.dp_share)}. The p2p timers include "
                     f"waiting for the peer stage, the same time as the stage idle "
-                    f"({_pct(f.idle_lighter)}): a pipeline effect, not link bandwidth.")
+                    f"({_pct(f.idle_lighter)}): a pipeline wait, not link bandwidth; the exposed "
+                    f"communication is the gradient sync's {_pct(f.dp_share)}.")
         case ExposedFacts():
             return (f"Exposed communication {_pct(f.total)}",
                     f"Communication the CPU waits on takes {_pct(f.total)} of the step.")
