@@ -159,7 +159,9 @@ CATALOG: tuple[MetricDef, ...] = (
        _ANALYTICS, JOB, attr="outside_share", alias="outside_share", shows=(TABLE,),
        short="outside the step"),
     _m("perfd_job_comm_exposed_ratio", "gauge", "ratio",
-       "Exposed communication ÷ step: Σ max-across-ranks of the comm timers the CPU waits on",
+       "Exposed communication ÷ step as the comm timers hold it: Σ max-across-ranks of the timers the CPU "
+       "waits on, the pipeline's p2p waits included (perfd_job_comm_exposed_pp_ratio, which the step "
+       "budget names pipeline wait; the gradient sync's: perfd_job_comm_exposed_dp_ratio)",
        _ANALYTICS, JOB, attr="comm_exposed_share", alias="comm_exposed", shows=(HTML, TABLE),
        short="exposed comm"),
     _m("perfd_job_comm_exposed_dp_ratio", "gauge", "ratio",
