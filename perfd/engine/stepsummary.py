@@ -1,0 +1,456 @@
+"""One partition's ranks at one iteration of a job, summarised in a size no rank count changes
+(:class:`StepSummary`), what a job's root merges from them (:func:`merge`), and what the merge answers
+(:class:`Answer`). Pure.
+
+A shard's partial carries every rank's timers and end: the root's work and memory grow with the ranks
+(at 100,000 ranks it saturated a core). A summary carries instead what the job's analysis reads of
+the ranks, in two kinds:
+
+- exact: the ranks in and expected; the slowest rank's record (perfd.stepfold's order: step time,
+  then source; a full tie goes to the record whose encoding sorts first, where one aggregator keeps
+  the first arrived); the latest end; each timer's count, sum, min and max (and the max's rank: the
+  lower on a tie); each pipeline stage's compute (forward + backward) count, sum and its
+  limits.RANK_RATIO_TOP_K slowest ranks (the lower rank first on a tie). Sums are kept exactly
+  (:class:`ExactSum`, Shewchuk's partials: math.fsum's), so a sum is the correctly rounded sum of the
+  values, whatever the shards and the order of merging.
+- sketched: each timer's and each stage's values in a log-bucket sketch (:class:`Sketch`), with
+  DDSketch's logarithmic mapping (the ``ddsketch`` package, perfd[engine]): a value is stood for by
+  its bucket's, within SKETCH_ACCURACY of it (relative). A quantile read from it is within that of a
+  value between the two ranks' values the exact quantile lies between (for the median of an even
+  count: within it of the interval of the two middle values). The compute ratio (a rank's compute
+  over its stage's median: perfd.analytics.steps.stragglers) has the median as its divisor, so the
+  ratios, their catalog.RANK_RATIO_BUCKETS histogram and the ranks above the straggler ratio are
+  sketched parts: a rank whose ratio is past a bucket's bound by more than the sketch's error is
+  counted where one aggregator counts it.
+
+Merging is a join over partitions: a summary of a partition replaces the one held of it (the newer
+by its maker's epoch and flush), so a summary delivered twice counts once; summaries of different
+partitions add. Sketches add bucket by bucket (integer counts), so a merge's sketch is the sketch of
+all the values, in any order and grouping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from ddsketch.mapping import LogarithmicMapping
+
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
+from perfd.catalog import RANK_RATIO_BUCKETS
+from perfd.limits import RANK_RATIO_TOP_K
+from perfd.model import StepRecord
+from perfd.stepfold import RankFold
+from perfd.transport.gen import perfd_pb2 as pb
+from perfd.transport.record_codec import step_from_pb, step_to_pb
+
+VERSION: Final = 1  # StepSummary.version this code writes and reads
+SKETCH_ACCURACY: Final = 0.01  # a sketched value's relative error at most
+UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
+_MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
+
+
+class ExactSum:
+    """A sum of floats kept exactly, as non-overlapping partials (Shewchuk; what math.fsum keeps):
+    ``value()`` is the correctly rounded sum whatever the order the values and sums came in."""
+
+    __slots__ = ("partials",)
+
+    def __init__(self, partials: Iterable[float] = ()) -> None:
+        self.partials: list[float] = []
+        for x in partials:
+            self.add(x)
+
+    def add(self, x: float) -> None:
+        i = 0
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                self.partials[i] = lo
+                i += 1
+            x = hi
+        self.partials[i:] = [x]
+
+    def merge(self, other: ExactSum) -> None:
+        for x in other.partials:
+            self.add(x)
+
+    def value(self) -> float:
+        return math.fsum(self.partials)
+
+    def canonical(self) -> list[float]:
+        """The partials of the sum as one list of them (from the sum's value alone: equal sums, equal
+        lists)."""
+        out: list[float] = []
+        rest = ExactSum(self.partials)
+        while rest.partials and any(rest.partials):
+            v = rest.value()
+            out.append(v)
+            rest.add(-v)
+        return out
+
+
+class Sketch:
+    """Counts of values by their DDSketch logarithmic bucket (``_MAPPING``); values at or below zero
+    counted apart (they are read as 0)."""
+
+    __slots__ = ("bins", "zeros")
+
+    def __init__(self) -> None:
+        self.bins: dict[int, int] = {}
+        self.zeros = 0
+
+    def add(self, v: float) -> None:
+        if v <= 0 or v < _MAPPING.min_possible:
+            self.zeros += 1
+        else:
+            k = _MAPPING.key(v)
+            self.bins[k] = self.bins.get(k, 0) + 1
+
+    def merge(self, other: Sketch) -> None:
+        for k, n in other.bins.items():
+            self.bins[k] = self.bins.get(k, 0) + n
+        self.zeros += other.zeros
+
+    @property
+    def count(self) -> int:
+        return self.zeros + sum(self.bins.values())
+
+    def quantile(self, q: float) -> float | None:
+        """The value at rank q·(count-1) (0-based, rounded down), as its bucket stands for it."""
+        n = self.count
+        return self.at_rank(int(q * (n - 1))) if n else None
+
+    def at_rank(self, rank: int) -> float | None:
+        """The value at ``rank`` (0-based, in ascending order), as its bucket stands for it."""
+        seen = self.zeros
+        if rank < seen:
+            return 0.0
+        for k in sorted(self.bins):
+            seen += self.bins[k]
+            if rank < seen:
+                return float(_MAPPING.value(k))
+        return None
+
+    def median(self) -> float | None:
+        """statistics.median's: the middle value, or the mean of the two middle ones (each within the
+        sketch's relative error, so the mean is too)."""
+        n = self.count
+        if not n:
+            return None
+        lo, hi = self.at_rank((n - 1) // 2), self.at_rank(n // 2)
+        return None if lo is None or hi is None else (lo + hi) / 2
+
+    def at_most(self, x: float) -> int:
+        """How many values' buckets stand for at most ``x``."""
+        n = self.zeros if x >= 0 else 0
+        return n + sum(c for k, c in self.bins.items() if _MAPPING.value(k) <= x)
+
+
+@dataclass
+class TimerSummary:
+    count: int = 0
+    sum: ExactSum = field(default_factory=ExactSum)
+    min: float = math.inf
+    max: float = -math.inf
+    max_rank: int = -1
+    sketch: Sketch = field(default_factory=Sketch)
+
+    def add(self, rank: int, v: float) -> None:
+        self.count += 1
+        self.sum.add(v)
+        self.min = min(self.min, v)
+        if v > self.max or (v == self.max and rank < self.max_rank):
+            self.max, self.max_rank = v, rank
+        self.sketch.add(v)
+
+    def merge(self, o: TimerSummary) -> None:
+        self.count += o.count
+        self.sum.merge(o.sum)
+        self.min = min(self.min, o.min)
+        if o.max > self.max or (o.max == self.max and o.max_rank < self.max_rank):
+            self.max, self.max_rank = o.max, o.max_rank
+        self.sketch.merge(o.sketch)
+
+
+@dataclass
+class StageSummary:
+    count: int = 0
+    sum: ExactSum = field(default_factory=ExactSum)
+    top: list[tuple[int, float]] = field(default_factory=list)  # (rank, compute), slowest first
+    sketch: Sketch = field(default_factory=Sketch)
+
+    def add(self, rank: int, v: float) -> None:
+        self.count += 1
+        self.sum.add(v)
+        self.sketch.add(v)
+        self.top = _top([*self.top, (rank, v)])
+
+    def merge(self, o: StageSummary) -> None:
+        self.count += o.count
+        self.sum.merge(o.sum)
+        self.sketch.merge(o.sketch)
+        self.top = _top([*self.top, *o.top])
+
+
+def _top(rows: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The RANK_RATIO_TOP_K slowest, slowest first, the lower rank first on a tie (as
+    perfd.exporters.prometheus.rank_picture_rows orders ratios, which within a stage follow compute)."""
+    return sorted(rows, key=lambda rv: (-rv[1], rv[0]))[:RANK_RATIO_TOP_K]
+
+
+@dataclass
+class StepSummary:
+    job: str
+    iteration: int
+    partition: int = 0
+    epoch: int = 0
+    seq: int = 0
+    ranks_in: int = 0
+    ranks_expected: int = 0
+    slowest: StepRecord | None = None
+    end_time: float | None = None
+    armed: bool = False
+    new_run: bool = False
+    timers: dict[str, TimerSummary] = field(default_factory=dict)
+    stages: dict[int, StageSummary] = field(default_factory=dict)
+    stage_unknown: bool = False
+
+    def merge(self, o: StepSummary) -> None:
+        """``o`` (another partition's) added in."""
+        self.ranks_in += o.ranks_in
+        self.ranks_expected += o.ranks_expected
+        if o.slowest is not None and (self.slowest is None or _slow_key(o.slowest) > _slow_key(self.slowest)):
+            self.slowest = o.slowest
+        if o.end_time is not None and (self.end_time is None or o.end_time > self.end_time):
+            self.end_time = o.end_time
+        self.armed = self.armed or o.armed
+        self.new_run = self.new_run or o.new_run
+        for name, t in o.timers.items():
+            self.timers.setdefault(name, TimerSummary()).merge(t)
+        self.stage_unknown = self.stage_unknown or o.stage_unknown
+        for s, st in o.stages.items():
+            self.stages.setdefault(s, StageSummary()).merge(st)
+
+
+def _slow_key(r: StepRecord) -> tuple[float, str, bytes]:
+    """perfd.stepfold's order of the slowest, a full tie broken by the record's encoding (the same
+    whatever arrived first)."""
+    m = pb.StepRecord()
+    step_to_pb(r, m)
+    return (r.step_time_ms if r.step_time_ms is not None else -1.0,
+            r.source.detail if r.source is not None else "", m.SerializeToString(deterministic=True))
+
+
+def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord,
+              stage_of: Callable[[int], int | None] | None, expected: int = 0, partition: int = 0,
+              epoch: int = 0, seq: int = 0, new_run: bool = False) -> StepSummary:
+    """The summary of one partition's rank records (or their fold, perfd.stepfold: per-rank timers
+    and ends) of one iteration. ``stage_of``: a rank's pipeline stage (None for the rank: not known;
+    ``stage_of`` None: the layout names no pipeline, no per-stage figures, as the straggler analysis
+    then compares none); ``expected``: the partition's ranks."""
+    recs = [ranks] if isinstance(ranks, StepRecord) else list(ranks)
+    fold = RankFold(recs)
+    rec = fold.record()
+    out = StepSummary(job, iteration, partition, epoch, seq, ranks_expected=expected, new_run=new_run)
+    if rec is None:
+        return out
+    # The slowest's own record, without the per-rank maps a fold carries (the summary has them summed)
+    slowest = None
+    for r in recs:
+        bare = dataclasses.replace(r, timers={}, rank_end_times={})
+        if slowest is None or _slow_key(bare) > _slow_key(slowest):
+            slowest = bare
+    out.slowest = slowest
+    out.end_time, out.armed = rec.end_time, rec.armed
+    seen: set[int] = {r.rank for r in recs if isinstance(r.rank, int)} | rec.rank_end_times.keys()
+    for name, tv in rec.timers.items():
+        seen.update(tv.per_rank)
+        t = out.timers[name] = TimerSummary()
+        for rk, v in tv.per_rank.items():
+            t.add(rk, v)
+    out.ranks_in = len(seen)
+    fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
+    if stage_of is not None and fwd is not None and bwd is not None:
+        for rk in sorted(fwd.per_rank.keys() & bwd.per_rank.keys()):
+            s = stage_of(rk)
+            if s is None:
+                out.stage_unknown = True
+                s = UNKNOWN_STAGE
+            out.stages.setdefault(s, StageSummary()).add(rk, fwd.per_rank[rk] + bwd.per_rank[rk])
+    return out
+
+
+class SummaryFold:
+    """What a job's root holds of summaries: per (job, iteration), each partition's newest. Its
+    memory is partitions × (timers + stages) a held iteration, whatever the ranks."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], dict[int, StepSummary]] = {}
+        self.replaced = 0  # summaries of a partition newer than the one held (a shard's next flush)
+        self.stale = 0  # ... not newer (delivered again, or a former holder's): dropped
+
+    def add(self, s: StepSummary) -> bool:
+        """Hold ``s`` in place of its partition's; False: the one held is as new (nothing changed)."""
+        parts = self.held.setdefault((s.job, s.iteration), {})
+        had = parts.get(s.partition)
+        if had is not None and (had.epoch, had.seq) >= (s.epoch, s.seq):
+            self.stale += 1
+            return False
+        self.replaced += had is not None
+        parts[s.partition] = s
+        return True
+
+    def merged(self, job: str, iteration: int) -> StepSummary | None:
+        parts = self.held.get((job, iteration))
+        return merge(parts.values()) if parts else None
+
+
+def merge(summaries: Iterable[StepSummary]) -> StepSummary:
+    """Summaries of different partitions of one (job, iteration) as one (partition 0: theirs all)."""
+    out: StepSummary | None = None
+    for s in sorted(summaries, key=lambda s: s.partition):
+        if out is None:
+            out = StepSummary(s.job, s.iteration)
+        out.merge(s)
+    if out is None:
+        raise ValueError("nothing to merge")
+    return out
+
+
+@dataclass
+class Answer:
+    """What the straggler analysis and /metrics read of an iteration's ranks, from a summary."""
+
+    ranks_in: int
+    ranks_expected: int
+    slowest: StepRecord | None
+    end_time: float | None
+    timer_count: dict[str, int]
+    timer_sum: dict[str, float]
+    timer_min: dict[str, float]
+    timer_max: dict[str, tuple[float, int]]  # (max, its rank)
+    stage_count: dict[int, int]
+    stage_sum: dict[int, float]
+    stage_median: dict[int, float]  # sketched
+    top_ratios: list[tuple[int, float]]  # the RANK_RATIO_TOP_K highest compute ratios (sketched divisor)
+    ratio_buckets: list[tuple[float, int]] | None  # (le, ranks at most le), RANK_RATIO_BUCKETS (sketched)
+    ratio_sum: float | None
+    # The ranks whose ratio passes the straggler ratio, of those named (the top ranks of each stage:
+    # all of them where each stage has fewer flagged), and how many they are (sketched)
+    flagged: list[int]
+    flagged_count: int
+
+
+def answer(s: StepSummary, straggler_ratio: float) -> Answer:
+    """``s``'s answer; the compute ratios as perfd.analytics.steps.stragglers.detect makes them: within
+    each stage of two ranks or more, over its median (> 0)."""
+    medians: dict[int, float] = {}
+    if not s.stage_unknown:
+        for st, g in s.stages.items():
+            m = g.sketch.median()
+            if m is not None and m > 0 and g.count >= 2:
+                medians[st] = m
+    cands = [(r, v / medians[st]) for st, g in s.stages.items() if st in medians for r, v in g.top]
+    top = sorted(cands, key=lambda rv: (-rv[1], rv[0]))[:RANK_RATIO_TOP_K]
+    buckets: list[tuple[float, int]] | None = None
+    ratio_sum: float | None = None
+    if medians:
+        buckets = [(le, sum(s.stages[st].sketch.at_most(le * m) if math.isfinite(le) else s.stages[st].count
+                            for st, m in medians.items())) for le in RANK_RATIO_BUCKETS]
+        ratio_sum = math.fsum(s.stages[st].sum.value() / m for st, m in medians.items())
+    return Answer(
+        s.ranks_in, s.ranks_expected, s.slowest, s.end_time,
+        {n: t.count for n, t in sorted(s.timers.items())},
+        {n: t.sum.value() for n, t in sorted(s.timers.items())},
+        {n: t.min for n, t in sorted(s.timers.items()) if t.count},
+        {n: (t.max, t.max_rank) for n, t in sorted(s.timers.items()) if t.count},
+        {st: g.count for st, g in sorted(s.stages.items())},
+        {st: g.sum.value() for st, g in sorted(s.stages.items())},
+        dict(sorted(medians.items())), top, buckets, ratio_sum,
+        sorted(r for r, v in cands if v > straggler_ratio),
+        sum(g.count - g.sketch.at_most(straggler_ratio * medians[st]) for st, g in s.stages.items()
+            if st in medians))
+
+
+# -- wire form -----------------------------------------------------------------------------------------
+
+def _sum_to_pb(x: ExactSum, m: pb.ExactSum) -> None:
+    m.partials.extend(x.canonical())
+
+
+def _sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
+    m.relative_accuracy = SKETCH_ACCURACY
+    m.zeros = sk.zeros
+    if sk.bins:
+        lo, hi = min(sk.bins), max(sk.bins)
+        m.min_key = lo
+        m.counts.extend(sk.bins.get(k, 0) for k in range(lo, hi + 1))
+
+
+def _sketch_from_pb(m: pb.Sketch) -> Sketch:
+    if m.relative_accuracy != SKETCH_ACCURACY:
+        raise ValueError(f"a sketch of relative accuracy {m.relative_accuracy}, not {SKETCH_ACCURACY}")
+    sk = Sketch()
+    sk.zeros = m.zeros
+    sk.bins = {m.min_key + i: c for i, c in enumerate(m.counts) if c}
+    return sk
+
+
+def to_pb(s: StepSummary, m: pb.StepSummary) -> None:
+    m.version, m.job, m.iteration, m.partition = VERSION, s.job, s.iteration, s.partition
+    m.epoch, m.seq, m.ranks_in, m.ranks_expected = s.epoch, s.seq, s.ranks_in, s.ranks_expected
+    if s.slowest is not None:
+        step_to_pb(s.slowest, m.slowest)
+    if s.end_time is not None:
+        m.end_time, m.has_end = s.end_time, True
+    m.armed, m.new_run, m.stage_unknown = s.armed, s.new_run, s.stage_unknown
+    for name, t in sorted(s.timers.items()):
+        tm = m.timers.add(name=name, count=t.count, min=t.min, max=t.max, max_rank=t.max_rank)
+        _sum_to_pb(t.sum, tm.sum)
+        _sketch_to_pb(t.sketch, tm.sketch)
+    for st, g in sorted(s.stages.items()):
+        gm = m.stages.add(stage=st, count=g.count)
+        _sum_to_pb(g.sum, gm.sum)
+        gm.top_rank.extend(r for r, _ in g.top)
+        gm.top_value.extend(v for _, v in g.top)
+        _sketch_to_pb(g.sketch, gm.sketch)
+
+
+def from_pb(m: pb.StepSummary) -> StepSummary:
+    """ValueError for a summary of another version, or malformed (the caller counts and drops it)."""
+    if m.version != VERSION:
+        raise ValueError(f"a step summary of version {m.version}; this root reads {VERSION}")
+    slowest = step_from_pb(m.slowest) if m.HasField("slowest") else None
+    if slowest is not None and (slowest.job != m.job or slowest.iteration != m.iteration):
+        raise ValueError("a summary's slowest record is of another job or iteration")
+    s = StepSummary(m.job, m.iteration, m.partition, m.epoch, m.seq, m.ranks_in, m.ranks_expected, slowest,
+                    m.end_time if m.has_end else None, m.armed, m.new_run, stage_unknown=m.stage_unknown)
+    for tm in m.timers:
+        s.timers[tm.name] = TimerSummary(tm.count, ExactSum(tm.sum.partials), tm.min, tm.max, tm.max_rank,
+                                         _sketch_from_pb(tm.sketch))
+    for gm in m.stages:
+        if len(gm.top_rank) != len(gm.top_value) or len(gm.top_rank) > RANK_RATIO_TOP_K:
+            raise ValueError("a stage's slowest ranks and values differ in number, or are too many")
+        s.stages[gm.stage] = StageSummary(gm.count, ExactSum(gm.sum.partials),
+                                          list(zip(gm.top_rank, gm.top_value, strict=True)),
+                                          _sketch_from_pb(gm.sketch))
+    return s
+
+
+def encode(s: StepSummary) -> bytes:
+    m = pb.StepSummary()
+    to_pb(s, m)
+    return m.SerializeToString(deterministic=True)
+
+
+def decode(data: bytes) -> StepSummary:
+    m = pb.StepSummary()
+    m.ParseFromString(data)
+    return from_pb(m)
