@@ -1,0 +1,227 @@
+"""The same answer from step summaries (perfd.engine.stepsummary) as one aggregator, on a replay of the
+same records: 125 nodes x 8 ranks (1,000 ranks) and 1,000 x 8 (8,000). Each rank's clock is a real
+recorded H100 loop (tests/engine/records.py), its compute split into Megatron's forward and backward
+timers (what the per-rank straggler analysis reads), with stragglers and exact ties put in. The ranks
+go as their nodes' folds (what an agent sends) to the partition of their node (perfd.engine.subjects),
+are summarised there (a shard's), encoded and decoded, delivered twice and in any order to the root's
+SummaryFold, and merged.
+
+Exact parts are compared for equality with one aggregator's fold (perfd.stepfold) and its straggler
+analysis (perfd.analytics.steps.stragglers.detect) and /metrics' top ranks and ratio histogram
+(perfd.exporters.prometheus): ranks, the slowest rank's record, the latest end, each timer's count,
+min, max and sum (the correctly rounded sum: math.fsum), each stage's count, sum and slowest ranks.
+Sketched parts are held to the sketch's stated error: each stage's median, the compute ratios of the
+top ranks, the histogram (a rank counted where one aggregator counts it unless its ratio is within the
+error of a bound) and the count of ranks past the straggler ratio."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+
+import pytest
+
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
+from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder, detect
+from perfd.engine import stepsummary as ss
+from perfd.engine.partial import Partial
+from perfd.engine.subjects import DEFAULT_PARTITIONS, partition_of
+from perfd.exporters.prometheus import rank_picture_rows, rank_ratio_buckets
+from perfd.limits import RANK_RATIO_TOP_K
+from perfd.model import HOOK_COMPUTE, ParallelLayout, StepRecord, TimerValue
+from perfd.stepfold import fold_ranks
+from tests.engine.records import RANKS_PER_NODE, job_records
+
+JOB = "summary-job"
+ITERATIONS = 3
+PP = 4
+A = ss.SKETCH_ACCURACY
+
+
+def _megatron(nodes: int) -> dict[int, list[list[StepRecord]]]:
+    """The recorded ranks with forward and backward compute timers (a third and two thirds of the
+    hook's compute), a few ranks made slow, and two ranks of one stage tied at its slowest."""
+    out = job_records(JOB, nodes, ITERATIONS)
+    world = nodes * RANKS_PER_NODE
+    slow = {7: 1.4, world // 2 + 3: 1.25, world - 1: 1.12}
+    for node, its in out.items():
+        for k, recs in enumerate(its):
+            fixed = []
+            for r in recs:
+                assert isinstance(r.rank, int)
+                c = r.timers[HOOK_COMPUTE].per_rank[r.rank] * slow.get(r.rank, 1.0)
+                if r.rank in (1, 2):  # a tie at the top of stage 0
+                    c = 500.0 + k
+                f, b = c / 3, c - c / 3
+                timers = {**r.timers, FORWARD_COMPUTE: TimerValue(f, f, {r.rank: f}),
+                          BACKWARD_COMPUTE: TimerValue(b, b, {r.rank: b})}
+                fixed.append(dataclasses.replace(r, timers=timers))
+            its[k] = fixed
+        out[node] = its
+    return out
+
+
+def _layout(world: int) -> RankOrder:
+    return RankOrder(ParallelLayout(world_size=world, tp=1, pp=PP, dp=world // PP, cp=1))
+
+
+def _engine(by_node: dict[int, list[list[StepRecord]]], it: int, order: RankOrder, seed: int
+            ) -> ss.StepSummary:
+    """Iteration ``it`` through the path: node folds -> each partition's summary (encoded) ->
+    delivered twice, shuffled, with an older flush of each partition -> the root's fold, merged."""
+    by_part: dict[int, list[StepRecord]] = {}
+    for node, its in by_node.items():
+        p = Partial(JOB, it)
+        p.add_records(its[it - 1])
+        assert p.fold is not None
+        by_part.setdefault(partition_of(JOB, f"node-{node}", DEFAULT_PARTITIONS), []).append(p.fold)
+    wire = []
+    for part, folds in by_part.items():
+        older = ss.summarize(JOB, it, folds[: len(folds) // 2], order.stage, partition=part, epoch=1, seq=1)
+        newest = ss.summarize(JOB, it, folds, order.stage, partition=part, epoch=1, seq=2)
+        wire += [ss.encode(older), ss.encode(newest), ss.encode(newest)]
+    rng = random.Random(seed)
+    rng.shuffle(wire)
+    fold = ss.SummaryFold()
+    for data in wire:
+        fold.add(ss.decode(data))
+    merged = fold.merged(JOB, it)
+    assert merged is not None
+    return merged
+
+
+def _bracket(value: float, lo: float, hi: float) -> bool:
+    """``value`` within the sketch's error of [lo, hi]."""
+    return lo * (1 - A) <= value <= hi * (1 + A)
+
+
+@pytest.mark.parametrize("nodes", [125, 1000])
+def test_same_answer_as_one_aggregator(nodes: int) -> None:
+    by_node = _megatron(nodes)
+    world = nodes * RANKS_PER_NODE
+    order = _layout(world)
+    for it in range(1, ITERATIONS + 1):
+        ranks = [r for its in by_node.values() for r in its[it - 1]]
+        one = fold_ranks(ranks)  # one aggregator's fold of the ranks' records
+        st = detect(one, order)
+        got = ss.answer(_engine(by_node, it, order, seed=it), STRAGGLER_RATIO)
+
+        # exact
+        assert got.ranks_in == world
+        # the slowest rank's record (a fold's, as one aggregator's: its rank is named by its source)
+        assert got.slowest is not None
+        assert (got.slowest.step_time_ms, got.slowest.source, got.slowest.fields) == (
+            one.step_time_ms, one.source, one.fields)
+        assert got.end_time == one.end_time
+        for name, tv in one.timers.items():
+            assert got.timer_count[name] == len(tv.per_rank)
+            assert got.timer_sum[name] == math.fsum(tv.per_rank.values())
+            assert got.timer_min[name] == tv.min_ms
+            top = max(tv.per_rank.items(), key=lambda rv: (rv[1], -rv[0]))
+            assert got.timer_max[name] == (tv.max_ms, top[0]) == (top[1], top[0])
+        stages: dict[int, dict[int, float]] = {}
+        fwd, bwd = one.timers[FORWARD_COMPUTE].per_rank, one.timers[BACKWARD_COMPUTE].per_rank
+        for r in fwd:
+            s = order.stage(r)
+            assert s is not None
+            stages.setdefault(s, {})[r] = fwd[r] + bwd[r]
+        assert got.stage_count == {s: len(g) for s, g in sorted(stages.items())}
+        assert got.stage_sum == {s: math.fsum(g.values()) for s, g in sorted(stages.items())}
+        want_top = sorted(((r, c) for g in stages.values() for r, c in g.items()),
+                          key=lambda rc: (-st.per_rank_ratio[rc[0]], rc[0]))[:RANK_RATIO_TOP_K]
+        picture = rank_picture_rows(JOB, st.per_rank_ratio)
+        assert [int(lab["rank"]) for lab, _, _ in picture] == [r for r, _ in want_top]
+
+        # sketched: each stage's median, within the error of its middle values
+        for s, g in stages.items():
+            xs = sorted(g.values())
+            assert _bracket(got.stage_median[s], xs[(len(xs) - 1) // 2], xs[len(xs) // 2])
+            assert abs(got.stage_median[s] / statistics.median(xs) - 1) <= A
+        # the top ranks: the same ranks (where their ratios are apart by more than the error), each
+        # ratio within the error of one aggregator's
+        assert len(got.top_ratios) == len(picture)
+        for r, ratio in got.top_ratios:
+            assert abs(ratio / st.per_rank_ratio[r] - 1) <= 2 * A
+        want_ratios = [v for _, _, v in picture]
+        for i in range(len(picture)):  # a cut the error cannot cross: the same ranks above it
+            if i + 1 == len(picture) or want_ratios[i] > want_ratios[i + 1] * (1 + 4 * A):
+                assert ({r for r, _ in got.top_ratios[: i + 1]}
+                        == {int(lab["rank"]) for lab, _, _ in picture[: i + 1]}) or i + 1 == len(picture)
+        # the histogram: each bound's count between one aggregator's at the bound moved by the error
+        want_b = rank_ratio_buckets(st.per_rank_ratio)
+        assert want_b is not None and got.ratio_buckets is not None and got.ratio_sum is not None
+        ratios = list(st.per_rank_ratio.values())
+        e = (1 + A) / (1 - A)
+        for (le, n), (label, wn) in zip(got.ratio_buckets, want_b[0], strict=True):
+            assert label == ("+Inf" if le == math.inf else repr(le))
+            lo = sum(1 for v in ratios if v <= le / e / e)
+            hi = sum(1 for v in ratios if v <= le * e * e)
+            assert lo <= n <= hi and lo <= wn <= hi
+        assert abs(got.ratio_sum / want_b[1] - 1) <= 2 * A
+        flagged = set(st.per_rank_flagged)
+        assert set(got.flagged) <= flagged | {r for r in st.per_rank_ratio
+                                              if st.per_rank_ratio[r] > STRAGGLER_RATIO / e}
+        assert {7, world // 2 + 3} <= set(got.flagged)
+        near = sum(1 for v in ratios if STRAGGLER_RATIO / e / e < v <= STRAGGLER_RATIO * e * e)
+        assert abs(got.flagged_count - len(flagged)) <= near
+
+
+def test_merge_is_a_join() -> None:
+    """Any grouping and order of partitions merges to the same bytes; one summary of all the ranks
+    is that merge (but for who made it); a partition's older flush and a redelivery change nothing."""
+    by_node = _megatron(40)
+    order = _layout(40 * RANKS_PER_NODE)
+    folds = []
+    for its in by_node.values():
+        p = Partial(JOB, 1)
+        p.add_records(its[0])
+        assert p.fold is not None
+        folds.append(p.fold)
+    parts = [ss.summarize(JOB, 1, folds[i::5], order.stage, partition=i) for i in range(5)]
+    want = ss.encode(ss.merge(parts))
+    rng = random.Random(7)
+    for _ in range(5):
+        rng.shuffle(parts)
+        assert ss.encode(ss.merge(parts)) == want
+        left = ss.merge(parts[:2])
+        right = ss.merge(parts[2:])
+        right.partition = 1
+        assert ss.encode(ss.merge([left, right])) == want
+    whole = ss.summarize(JOB, 1, folds, order.stage)
+    assert ss.encode(whole) == want
+
+
+def test_wire_size_is_fixed_in_ranks() -> None:
+    """A summary's size grows with the timers, stages and the spread of the values, not with the
+    ranks: 8x the ranks, within a small factor of the bytes (the sketches' buckets)."""
+    sizes = []
+    for nodes in (25, 200):
+        by_node = _megatron(nodes)
+        order = _layout(nodes * RANKS_PER_NODE)
+        ranks = [r for its in by_node.values() for r in its[0]]
+        sizes.append(len(ss.encode(ss.summarize(JOB, 1, ranks, order.stage))))
+    assert sizes[1] < 2 * sizes[0] and sizes[1] < 8_000
+
+
+def test_wire_versions_and_malformed() -> None:
+    s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None)
+    m = ss.pb.StepSummary()
+    ss.to_pb(s, m)
+    m.version = ss.VERSION + 1
+    with pytest.raises(ValueError, match="version"):
+        ss.from_pb(m)
+    ss.to_pb(s, m)
+    m.slowest.iteration = 9
+    with pytest.raises(ValueError, match="another job or iteration"):
+        ss.from_pb(m)
+
+
+def test_exact_sum_is_order_free() -> None:
+    rng = random.Random(3)
+    xs = [rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8) for _ in range(2000)]
+    a, b = ss.ExactSum(xs[:700]), ss.ExactSum(xs[700:])
+    b.merge(a)
+    assert b.value() == math.fsum(xs)
+    assert b.canonical() == ss.ExactSum(reversed(xs)).canonical()
