@@ -39,7 +39,8 @@ from typing import Final
 
 from ddsketch.mapping import LogarithmicMapping
 
-from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
+from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.catalog import RANK_RATIO_BUCKETS
 from perfd.limits import RANK_RATIO_TOP_K
 from perfd.model import StepRecord
@@ -180,6 +181,43 @@ class TimerSummary:
 
 
 @dataclass
+class Extreme:
+    """A per-rank figure's highest and lowest and their ranks (the lower rank on a tie: the first in
+    rank order, as the analyses' max() and min() over a rank-ordered map take)."""
+
+    count: int = 0
+    max: float = -math.inf
+    max_rank: int = -1
+    min: float = math.inf
+    min_rank: int = -1
+    # A partition could not make it as the analysis would (a rank's figure needs the whole job's):
+    # the merge has none
+    unknown: bool = False
+
+    def add(self, rank: int, v: float) -> None:
+        self.merge(Extreme(1, v, rank, v, rank))
+
+    def merge(self, o: Extreme) -> None:
+        self.unknown = self.unknown or o.unknown
+        if not o.count:
+            return
+        if not self.count or o.max > self.max or (o.max == self.max and o.max_rank < self.max_rank):
+            self.max, self.max_rank = o.max, o.max_rank
+        if not self.count or o.min < self.min or (o.min == self.min and o.min_rank < self.min_rank):
+            self.min, self.min_rank = o.min, o.min_rank
+        self.count += o.count
+
+
+# The per-rank figures the job's analysis takes the extremes of (perfd.analytics.steps): each rank's
+# exposed communication, all of it and its two parts (metrics.exposed_comm: the sum of the rank's
+# timers of each set, the worst rank's share), its idle share of forward-backward
+# (pipeline.stage_idle: the most and least idle ranks) and, of the same ranks, its forward+backward
+# compute (the lighter and heavier stage's).
+COMM, COMM_GRAD_SYNC, COMM_PP = "comm", "comm.grad_sync", "comm.pp"
+IDLE, IDLE_COMPUTE = "idle", "idle.compute"
+
+
+@dataclass
 class StageSummary:
     count: int = 0
     sum: ExactSum = field(default_factory=ExactSum)
@@ -221,6 +259,7 @@ class StepSummary:
     timers: dict[str, TimerSummary] = field(default_factory=dict)
     stages: dict[int, StageSummary] = field(default_factory=dict)
     stage_unknown: bool = False
+    extremes: dict[str, Extreme] = field(default_factory=dict)
 
     def merge(self, o: StepSummary) -> None:
         """``o`` (another partition's) added in."""
@@ -237,6 +276,8 @@ class StepSummary:
         self.stage_unknown = self.stage_unknown or o.stage_unknown
         for s, st in o.stages.items():
             self.stages.setdefault(s, StageSummary()).merge(st)
+        for name, e in o.extremes.items():
+            self.extremes.setdefault(name, Extreme()).merge(e)
 
 
 def _slow_key(r: StepRecord) -> tuple[float, str, bytes]:
@@ -284,7 +325,42 @@ def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord
                 out.stage_unknown = True
                 s = UNKNOWN_STAGE
             out.stages.setdefault(s, StageSummary()).add(rk, fwd.per_rank[rk] + bwd.per_rank[rk])
+    _extremes(rec, out.extremes)
     return out
+
+
+def _extremes(rec: StepRecord, out: dict[str, Extreme]) -> None:
+    """The per-rank figures' extremes, each rank's figure made as the analysis makes it (the same
+    operations in the same order: the same float). A figure is left out where the analysis would not
+    read it per rank."""
+    voc = vocabulary_of(rec)
+    all_names = (*voc.grad_sync, *voc.pp_p2p)
+    for key, names in ((COMM, all_names), (COMM_GRAD_SYNC, voc.grad_sync), (COMM_PP, voc.pp_p2p)):
+        present = [rec.timers[n] for n in names if n in rec.timers]
+        if present and not all(t.per_rank for t in present):
+            out[key] = Extreme(unknown=True)
+        elif present:
+            sums: dict[int, float] = {}
+            for t in present:
+                for rank, v in t.per_rank.items():
+                    sums[rank] = sums.get(rank, 0.0) + v
+            e = out[key] = Extreme()
+            for rank, v in sums.items():
+                e.add(rank, v)
+    fwd, bwd, fb = (rec.timers.get(n) for n in (FORWARD_COMPUTE, BACKWARD_COMPUTE, FORWARD_BACKWARD))
+    if fwd is None or bwd is None or fb is None or not fwd.per_rank or not bwd.per_rank:
+        return
+    comp, idle = Extreme(), Extreme()
+    for rank in sorted(set(fwd.per_rank) & set(bwd.per_rank)):
+        span = fb.per_rank.get(rank)
+        if span is None:  # the analysis takes the job's max: not a partition's to know
+            out[IDLE], out[IDLE_COMPUTE] = Extreme(unknown=True), Extreme(unknown=True)
+            return
+        if span > 0:
+            c = fwd.per_rank[rank] + bwd.per_rank[rank]
+            comp.add(rank, c)
+            idle.add(rank, (span - c) / span)
+    out[IDLE], out[IDLE_COMPUTE] = idle, comp
 
 
 class SummaryFold:
@@ -346,6 +422,7 @@ class Answer:
     # all of them where each stage has fewer flagged), and how many they are (sketched)
     flagged: list[int]
     flagged_count: int
+    extremes: dict[str, Extreme]  # the per-rank figures' (COMM, IDLE, ...), those the partitions could make
 
 
 def answer(s: StepSummary, straggler_ratio: float) -> Answer:
@@ -376,7 +453,8 @@ def answer(s: StepSummary, straggler_ratio: float) -> Answer:
         dict(sorted(medians.items())), top, buckets, ratio_sum,
         sorted(r for r, v in cands if v > straggler_ratio),
         sum(g.count - g.sketch.at_most(straggler_ratio * medians[st]) for st, g in s.stages.items()
-            if st in medians))
+            if st in medians),
+        {n: e for n, e in sorted(s.extremes.items()) if not e.unknown and e.count})
 
 
 # -- wire form -----------------------------------------------------------------------------------------
@@ -421,6 +499,9 @@ def to_pb(s: StepSummary, m: pb.StepSummary) -> None:
         gm.top_rank.extend(r for r, _ in g.top)
         gm.top_value.extend(v for _, v in g.top)
         _sketch_to_pb(g.sketch, gm.sketch)
+    for name, e in sorted(s.extremes.items()):
+        m.extremes.add(name=name, count=e.count, max=e.max, max_rank=e.max_rank, min=e.min,
+                       min_rank=e.min_rank, unknown=e.unknown)
 
 
 def from_pb(m: pb.StepSummary) -> StepSummary:
@@ -441,6 +522,8 @@ def from_pb(m: pb.StepSummary) -> StepSummary:
         s.stages[gm.stage] = StageSummary(gm.count, ExactSum(gm.sum.partials),
                                           list(zip(gm.top_rank, gm.top_value, strict=True)),
                                           _sketch_from_pb(gm.sketch))
+    for em in m.extremes:
+        s.extremes[em.name] = Extreme(em.count, em.max, em.max_rank, em.min, em.min_rank, em.unknown)
     return s
 
 

@@ -23,15 +23,18 @@ import statistics
 
 import pytest
 
-from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
+from perfd.analytics.steps.metrics import exposed_comm
+from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder, detect
 from perfd.engine import stepsummary as ss
 from perfd.engine.partial import Partial
 from perfd.engine.subjects import DEFAULT_PARTITIONS, partition_of
 from perfd.exporters.prometheus import rank_picture_rows, rank_ratio_buckets
 from perfd.limits import RANK_RATIO_TOP_K
-from perfd.model import HOOK_COMPUTE, ParallelLayout, StepRecord, TimerValue
+from perfd.model import HOOK_COMPUTE, ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.stepfold import fold_ranks
+from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.records import RANKS_PER_NODE, job_records
 
 JOB = "summary-job"
@@ -55,9 +58,18 @@ def _megatron(nodes: int) -> dict[int, list[list[StepRecord]]]:
                 if r.rank in (1, 2):  # a tie at the top of stage 0
                     c = 500.0 + k
                 f, b = c / 3, c - c / 3
+                # the step's rest as the span's idle, its gradient sync and pipeline waits
+                span = max(c, r.step_time_ms or c) * 1.05
+                rest = span - c
                 timers = {**r.timers, FORWARD_COMPUTE: TimerValue(f, f, {r.rank: f}),
-                          BACKWARD_COMPUTE: TimerValue(b, b, {r.rank: b})}
-                fixed.append(dataclasses.replace(r, timers=timers))
+                          BACKWARD_COMPUTE: TimerValue(b, b, {r.rank: b}),
+                          FORWARD_BACKWARD: TimerValue(span, span, {r.rank: span}),
+                          "all-grads-sync": TimerValue(rest / 2, rest / 2, {r.rank: rest / 2}),
+                          "forward-recv": TimerValue(rest / 5, rest / 5, {r.rank: rest / 5}),
+                          "backward-send": TimerValue(rest / 7, rest / 7, {r.rank: rest / 7})}
+                assert r.source is not None
+                fixed.append(dataclasses.replace(r, timers=timers,
+                                                 source=Provenance("megatron", r.source.detail)))
             its[k] = fixed
         out[node] = its
     return out
@@ -134,6 +146,21 @@ def test_same_answer_as_one_aggregator(nodes: int) -> None:
         picture = rank_picture_rows(JOB, st.per_rank_ratio)
         assert [int(lab["rank"]) for lab, _, _ in picture] == [r for r, _ in want_top]
 
+        # the per-rank figures other analyses take the extremes of: the same answer from those alone
+        step = one.step_time_ms
+        assert step is not None
+        comm = exposed_comm(one)
+        assert comm.method == "per-rank" and comm.worst_rank == got.extremes[ss.COMM].max_rank
+        for part, key in ((comm.total, ss.COMM), (comm.grad_sync, ss.COMM_GRAD_SYNC), (comm.pp, ss.COMM_PP)):
+            assert part.value == got.extremes[key].max / step
+        idle = stage_idle(one, PP, analytic_bubble(PP, 8, None))
+        assert idle.method == "per-rank"
+        ex, cx = got.extremes[ss.IDLE], got.extremes[ss.IDLE_COMPUTE]
+        assert (idle.idle_max.value, idle.idle_min.value) == (ex.max, ex.min)
+        assert (max(idle.per_rank_idle, key=lambda r: idle.per_rank_idle[r]),
+                min(idle.per_rank_idle, key=lambda r: idle.per_rank_idle[r])) == (ex.max_rank, ex.min_rank)
+        assert (idle.lighter_compute_ms, idle.heavier_compute_ms) == (cx.min, cx.max)
+
         # sketched: each stage's median, within the error of its middle values
         for s, g in stages.items():
             xs = sorted(g.values())
@@ -207,7 +234,7 @@ def test_wire_size_is_fixed_in_ranks() -> None:
 
 def test_wire_versions_and_malformed() -> None:
     s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None)
-    m = ss.pb.StepSummary()
+    m = pb.StepSummary()
     ss.to_pb(s, m)
     m.version = ss.VERSION + 1
     with pytest.raises(ValueError, match="version"):
@@ -225,3 +252,21 @@ def test_exact_sum_is_order_free() -> None:
     b.merge(a)
     assert b.value() == math.fsum(xs)
     assert b.canonical() == ss.ExactSum(reversed(xs)).canonical()
+
+
+def test_a_figure_one_partition_cannot_make_is_none() -> None:
+    """A rank without its own forward-backward has its idle read against the job's longest (one
+    aggregator's pipeline.stage_idle): no partition holds that, so the merge names no idle extremes
+    rather than a wrong one; the other figures stay."""
+    by_node = _megatron(4)
+    order = _layout(4 * RANKS_PER_NODE)
+    parts = []
+    for n, its in by_node.items():
+        recs = its[0]
+        if n == 3:
+            timers = {k: v for k, v in recs[0].timers.items() if k != FORWARD_BACKWARD}
+            recs = [dataclasses.replace(recs[0], timers=timers), *recs[1:]]
+        parts.append(ss.summarize(JOB, 1, recs, order.stage, partition=n))
+    got = ss.answer(ss.merge(parts), STRAGGLER_RATIO)
+    assert ss.IDLE not in got.extremes and ss.IDLE_COMPUTE not in got.extremes
+    assert ss.COMM in got.extremes and got.extremes[ss.COMM].count == 4 * RANKS_PER_NODE

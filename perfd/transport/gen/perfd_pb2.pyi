@@ -459,7 +459,7 @@ class EngineBatch(_message.Message):
     def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown")
+    __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown", "extremes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -476,6 +476,7 @@ class StepSummary(_message.Message):
     TIMERS_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     STAGE_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    EXTREMES_FIELD_NUMBER: _ClassVar[int]
     version: int
     job: str
     iteration: int
@@ -492,7 +493,26 @@ class StepSummary(_message.Message):
     timers: _containers.RepeatedCompositeFieldContainer[TimerSummary]
     stages: _containers.RepeatedCompositeFieldContainer[StageSummary]
     stage_unknown: bool
-    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., iteration: _Optional[int] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks_in: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest: _Optional[_Union[StepRecord, _Mapping]] = ..., end_time: _Optional[float] = ..., has_end: _Optional[bool] = ..., armed: _Optional[bool] = ..., new_run: _Optional[bool] = ..., timers: _Optional[_Iterable[_Union[TimerSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., stage_unknown: _Optional[bool] = ...) -> None: ...
+    extremes: _containers.RepeatedCompositeFieldContainer[Extreme]
+    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., iteration: _Optional[int] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks_in: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest: _Optional[_Union[StepRecord, _Mapping]] = ..., end_time: _Optional[float] = ..., has_end: _Optional[bool] = ..., armed: _Optional[bool] = ..., new_run: _Optional[bool] = ..., timers: _Optional[_Iterable[_Union[TimerSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., stage_unknown: _Optional[bool] = ..., extremes: _Optional[_Iterable[_Union[Extreme, _Mapping]]] = ...) -> None: ...
+
+class Extreme(_message.Message):
+    __slots__ = ("name", "count", "max", "max_rank", "min", "min_rank", "unknown")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MIN_RANK_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    max: float
+    max_rank: int
+    min: float
+    min_rank: int
+    unknown: bool
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., max: _Optional[float] = ..., max_rank: _Optional[int] = ..., min: _Optional[float] = ..., min_rank: _Optional[int] = ..., unknown: _Optional[bool] = ...) -> None: ...
 
 class ExactSum(_message.Message):
     __slots__ = ("partials",)
