@@ -14,9 +14,10 @@ messages spread over an iteration's flushes.
   encodes them as the shard does (perfd.engine.partial.encode_batches); the root's own code folds
   them (perfd.engine.root.Root.handle: decode, RootFold, the fold's record for the store; a sink that
   keeps nothing, so the store's own cost is not in it).
-- summaries: each shard's flush summarises each partition it holds that got nodes in the flush, all
-  that partition's ranks of the iteration so far (a partition's newer summary replaces the one held),
-  in one EngineBatch; the root decodes them, holds each partition's newest (SummaryFold) and merges and
+- summaries: each node's fold is summarised as it comes and merged into its partition's
+  (stepsummary.PartitionSummaries); each shard's flush sends the summaries of the partitions that got
+  nodes in it, of all their ranks of the iteration so far (a partition's newer summary replaces the one
+  held), in one EngineBatch; the root decodes them, holds each partition's newest (SummaryFold) and merges and
   answers each iteration touched (stepsummary.merge, answer).
 
 Reported per iteration (the mean over all but the first ``--warmup``): bytes on the partials stream,
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.engine_bench import RANKS_PER_NODE, _rank_records, node_name
 from perfd.engine import stepsummary as ss
 from perfd.engine import subjects as S
+from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial, encode_batches, partials_of
 from perfd.engine.root import Root
 from perfd.engine.shard import DEFAULT_MAX_PAYLOAD, MAX_PARTIAL_RANKS
@@ -102,7 +104,7 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
     rng = random.Random(1)
     root = Root(S.EngineConfig(servers=("nats://127.0.0.1:4222",)), _Sink(), "bench")
     fold = ss.SummaryFold()
-    held: dict[int, Partial] = {}  # (a shard's) each partition's ranks of the iteration so far
+    held = ss.PartitionSummaries()  # the shards' (each holds its own partitions': one object here)
     seq = 0
     rows: list[dict[str, float]] = []
     for it in range(1, iterations + 1):
@@ -111,7 +113,7 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
         per_flush = [msgs[k::flushes] for k in range(flushes)]
         old = {"bytes": 0.0, "root_cpu_s": 0.0, "shards_cpu_s": 0.0}
         new = dict(old)
-        held.clear()
+        held.drop_before(JOB, it)
         for flush in per_flush:
             seq += 1
             for sh in range(shards):
@@ -133,22 +135,14 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
                 t = time.process_time()
                 root.handle([b for _, b in batches])
                 old["root_cpu_s"] += time.process_time() - t
-                # summaries: each partition touched, all its ranks so far
+                # summaries: each node's fold summarised and merged into its partition's
                 t = time.process_time()
-                touched = set()
                 for n, p in mine:
-                    acc = held.get(part_of[n])
-                    if acc is None:
-                        held[part_of[n]] = _copy(p)
-                    else:
-                        acc.merge(p)
-                    touched.add(part_of[n])
+                    assert p.fold is not None
+                    held.add(part_of[n], p.fold, p.ranks, lambda r: 0)
                 b = pb.EngineBatch(id=f"s{sh}:{seq}", sender=f"s{sh}", created_ns=0)
-                for part in sorted(touched):
-                    fold_rec = held[part].fold
-                    assert fold_rec is not None
-                    ss.to_pb(ss.summarize(JOB, it, fold_rec, lambda r: 0, partition=part, epoch=1, seq=seq),
-                             b.step_summaries.add())
+                for summary in held.take(1, seq):
+                    codec.to_pb(summary, b.step_summaries.add())
                 data = b.SerializeToString()
                 new["shards_cpu_s"] += time.process_time() - t
                 new["bytes"] += len(data)
@@ -157,7 +151,7 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
                 d.ParseFromString(data)
                 keys = set()
                 for m in d.step_summaries:
-                    s = ss.from_pb(m)
+                    s = codec.from_pb(m)
                     fold.add(s)
                     keys.add((s.job, s.iteration))
                 for job, i in keys:

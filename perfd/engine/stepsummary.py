@@ -1,6 +1,6 @@
 """One partition's ranks at one iteration of a job, summarised in a size no rank count changes
 (:class:`StepSummary`), what a job's root merges from them (:func:`merge`), and what the merge answers
-(:class:`Answer`). Pure.
+(:class:`Answer`). Pure; the wire form is perfd.engine.summary_codec.
 
 A shard's partial carries every rank's timers and end: the root's work and memory grow with the ranks
 (at 100,000 ranks it saturated a core). A summary carries instead what the job's analysis reads of
@@ -46,9 +46,8 @@ from perfd.limits import RANK_RATIO_TOP_K
 from perfd.model import StepRecord
 from perfd.stepfold import RankFold
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.transport.record_codec import step_from_pb, step_to_pb
+from perfd.transport.record_codec import step_to_pb
 
-VERSION: Final = 1  # StepSummary.version this code writes and reads
 SKETCH_ACCURACY: Final = 0.01  # a sketched value's relative error at most
 UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
 _MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
@@ -363,6 +362,56 @@ def _extremes(rec: StepRecord, out: dict[str, Extreme]) -> None:
     out[IDLE], out[IDLE_COMPUTE] = idle, comp
 
 
+class PartitionSummaries:
+    """What a shard holds to summarise its partitions: per (job, iteration, partition) the summary of
+    the ranks folded in so far and those ranks, each node's fold summarised once and merged in (a
+    shard's work per node message is its ranks', not its partition's). A node message whose ranks are
+    all in already is a redelivery: nothing changes. One whose ranks are in only in part (a rank sent
+    again with other values: a rank is its node's, so not a redelivery) is not folded, and counted."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int, int], tuple[StepSummary, set[int]]] = {}
+        self.touched: set[tuple[str, int, int]] = set()
+        self.redelivered = 0
+        self.overlapping = 0
+
+    def add(self, partition: int, fold: StepRecord, ranks: set[int],
+            stage_of: Callable[[int], int | None] | None, expected: int = 0, new_run: bool = False) -> None:
+        key = (fold.job, fold.iteration, partition)
+        have = self.held.get(key)
+        if have is not None and ranks <= have[1]:
+            self.redelivered += 1
+            return
+        if have is not None and ranks & have[1]:
+            self.overlapping += 1
+            return
+        one = summarize(fold.job, fold.iteration, fold, stage_of, new_run=new_run)
+        if have is None:
+            have = self.held[key] = (StepSummary(fold.job, fold.iteration, partition,
+                                                 ranks_expected=expected), set())
+        have[0].merge(one)
+        have[1].update(ranks)
+        self.touched.add(key)
+
+    def take(self, epoch: int, seq: int) -> list[StepSummary]:
+        """The summaries of the partitions folded into since the last take, made ``epoch``'s
+        ``seq``-th (what the root holds the newest of): to be encoded before the next ``add``, whose
+        merge they share the parts of."""
+        out = []
+        for key in sorted(self.touched):
+            s = self.held[key][0]
+            s.epoch, s.seq = epoch, seq
+            out.append(dataclasses.replace(s))
+        self.touched.clear()
+        return out
+
+    def drop_before(self, job: str, iteration: int) -> None:
+        """Let go of ``job``'s iterations before ``iteration`` (their summaries went out)."""
+        for key in [k for k in self.held if k[0] == job and k[1] < iteration]:
+            del self.held[key]
+            self.touched.discard(key)
+
+
 class SummaryFold:
     """What a job's root holds of summaries: per (job, iteration), each partition's newest. Its
     memory is partitions × (timers + stages) a held iteration, whatever the ranks."""
@@ -455,85 +504,3 @@ def answer(s: StepSummary, straggler_ratio: float) -> Answer:
         sum(g.count - g.sketch.at_most(straggler_ratio * medians[st]) for st, g in s.stages.items()
             if st in medians),
         {n: e for n, e in sorted(s.extremes.items()) if not e.unknown and e.count})
-
-
-# -- wire form -----------------------------------------------------------------------------------------
-
-def _sum_to_pb(x: ExactSum, m: pb.ExactSum) -> None:
-    m.partials.extend(x.canonical())
-
-
-def _sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
-    m.relative_accuracy = SKETCH_ACCURACY
-    m.zeros = sk.zeros
-    if sk.bins:
-        lo, hi = min(sk.bins), max(sk.bins)
-        m.min_key = lo
-        m.counts.extend(sk.bins.get(k, 0) for k in range(lo, hi + 1))
-
-
-def _sketch_from_pb(m: pb.Sketch) -> Sketch:
-    if m.relative_accuracy != SKETCH_ACCURACY:
-        raise ValueError(f"a sketch of relative accuracy {m.relative_accuracy}, not {SKETCH_ACCURACY}")
-    sk = Sketch()
-    sk.zeros = m.zeros
-    sk.bins = {m.min_key + i: c for i, c in enumerate(m.counts) if c}
-    return sk
-
-
-def to_pb(s: StepSummary, m: pb.StepSummary) -> None:
-    m.version, m.job, m.iteration, m.partition = VERSION, s.job, s.iteration, s.partition
-    m.epoch, m.seq, m.ranks_in, m.ranks_expected = s.epoch, s.seq, s.ranks_in, s.ranks_expected
-    if s.slowest is not None:
-        step_to_pb(s.slowest, m.slowest)
-    if s.end_time is not None:
-        m.end_time, m.has_end = s.end_time, True
-    m.armed, m.new_run, m.stage_unknown = s.armed, s.new_run, s.stage_unknown
-    for name, t in sorted(s.timers.items()):
-        tm = m.timers.add(name=name, count=t.count, min=t.min, max=t.max, max_rank=t.max_rank)
-        _sum_to_pb(t.sum, tm.sum)
-        _sketch_to_pb(t.sketch, tm.sketch)
-    for st, g in sorted(s.stages.items()):
-        gm = m.stages.add(stage=st, count=g.count)
-        _sum_to_pb(g.sum, gm.sum)
-        gm.top_rank.extend(r for r, _ in g.top)
-        gm.top_value.extend(v for _, v in g.top)
-        _sketch_to_pb(g.sketch, gm.sketch)
-    for name, e in sorted(s.extremes.items()):
-        m.extremes.add(name=name, count=e.count, max=e.max, max_rank=e.max_rank, min=e.min,
-                       min_rank=e.min_rank, unknown=e.unknown)
-
-
-def from_pb(m: pb.StepSummary) -> StepSummary:
-    """ValueError for a summary of another version, or malformed (the caller counts and drops it)."""
-    if m.version != VERSION:
-        raise ValueError(f"a step summary of version {m.version}; this root reads {VERSION}")
-    slowest = step_from_pb(m.slowest) if m.HasField("slowest") else None
-    if slowest is not None and (slowest.job != m.job or slowest.iteration != m.iteration):
-        raise ValueError("a summary's slowest record is of another job or iteration")
-    s = StepSummary(m.job, m.iteration, m.partition, m.epoch, m.seq, m.ranks_in, m.ranks_expected, slowest,
-                    m.end_time if m.has_end else None, m.armed, m.new_run, stage_unknown=m.stage_unknown)
-    for tm in m.timers:
-        s.timers[tm.name] = TimerSummary(tm.count, ExactSum(tm.sum.partials), tm.min, tm.max, tm.max_rank,
-                                         _sketch_from_pb(tm.sketch))
-    for gm in m.stages:
-        if len(gm.top_rank) != len(gm.top_value) or len(gm.top_rank) > RANK_RATIO_TOP_K:
-            raise ValueError("a stage's slowest ranks and values differ in number, or are too many")
-        s.stages[gm.stage] = StageSummary(gm.count, ExactSum(gm.sum.partials),
-                                          list(zip(gm.top_rank, gm.top_value, strict=True)),
-                                          _sketch_from_pb(gm.sketch))
-    for em in m.extremes:
-        s.extremes[em.name] = Extreme(em.count, em.max, em.max_rank, em.min, em.min_rank, em.unknown)
-    return s
-
-
-def encode(s: StepSummary) -> bytes:
-    m = pb.StepSummary()
-    to_pb(s, m)
-    return m.SerializeToString(deterministic=True)
-
-
-def decode(data: bytes) -> StepSummary:
-    m = pb.StepSummary()
-    m.ParseFromString(data)
-    return from_pb(m)

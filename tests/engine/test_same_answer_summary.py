@@ -28,6 +28,7 @@ from perfd.analytics.steps.metrics import exposed_comm
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder, detect
 from perfd.engine import stepsummary as ss
+from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial
 from perfd.engine.subjects import DEFAULT_PARTITIONS, partition_of
 from perfd.exporters.prometheus import rank_picture_rows, rank_ratio_buckets
@@ -93,12 +94,12 @@ def _engine(by_node: dict[int, list[list[StepRecord]]], it: int, order: RankOrde
     for part, folds in by_part.items():
         older = ss.summarize(JOB, it, folds[: len(folds) // 2], order.stage, partition=part, epoch=1, seq=1)
         newest = ss.summarize(JOB, it, folds, order.stage, partition=part, epoch=1, seq=2)
-        wire += [ss.encode(older), ss.encode(newest), ss.encode(newest)]
+        wire += [codec.encode(older), codec.encode(newest), codec.encode(newest)]
     rng = random.Random(seed)
     rng.shuffle(wire)
     fold = ss.SummaryFold()
     for data in wire:
-        fold.add(ss.decode(data))
+        fold.add(codec.decode(data))
     merged = fold.merged(JOB, it)
     assert merged is not None
     return merged
@@ -207,17 +208,17 @@ def test_merge_is_a_join() -> None:
         assert p.fold is not None
         folds.append(p.fold)
     parts = [ss.summarize(JOB, 1, folds[i::5], order.stage, partition=i) for i in range(5)]
-    want = ss.encode(ss.merge(parts))
+    want = codec.encode(ss.merge(parts))
     rng = random.Random(7)
     for _ in range(5):
         rng.shuffle(parts)
-        assert ss.encode(ss.merge(parts)) == want
+        assert codec.encode(ss.merge(parts)) == want
         left = ss.merge(parts[:2])
         right = ss.merge(parts[2:])
         right.partition = 1
-        assert ss.encode(ss.merge([left, right])) == want
+        assert codec.encode(ss.merge([left, right])) == want
     whole = ss.summarize(JOB, 1, folds, order.stage)
-    assert ss.encode(whole) == want
+    assert codec.encode(whole) == want
 
 
 def test_wire_size_is_fixed_in_ranks() -> None:
@@ -228,21 +229,21 @@ def test_wire_size_is_fixed_in_ranks() -> None:
         by_node = _megatron(nodes)
         order = _layout(nodes * RANKS_PER_NODE)
         ranks = [r for its in by_node.values() for r in its[0]]
-        sizes.append(len(ss.encode(ss.summarize(JOB, 1, ranks, order.stage))))
+        sizes.append(len(codec.encode(ss.summarize(JOB, 1, ranks, order.stage))))
     assert sizes[1] < 2 * sizes[0] and sizes[1] < 8_000
 
 
 def test_wire_versions_and_malformed() -> None:
     s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None)
     m = pb.StepSummary()
-    ss.to_pb(s, m)
-    m.version = ss.VERSION + 1
+    codec.to_pb(s, m)
+    m.version = codec.VERSION + 1
     with pytest.raises(ValueError, match="version"):
-        ss.from_pb(m)
-    ss.to_pb(s, m)
+        codec.from_pb(m)
+    codec.to_pb(s, m)
     m.slowest.iteration = 9
     with pytest.raises(ValueError, match="another job or iteration"):
-        ss.from_pb(m)
+        codec.from_pb(m)
 
 
 def test_exact_sum_is_order_free() -> None:
@@ -270,3 +271,33 @@ def test_a_figure_one_partition_cannot_make_is_none() -> None:
     got = ss.answer(ss.merge(parts), STRAGGLER_RATIO)
     assert ss.IDLE not in got.extremes and ss.IDLE_COMPUTE not in got.extremes
     assert ss.COMM in got.extremes and got.extremes[ss.COMM].count == 4 * RANKS_PER_NODE
+
+
+def test_a_shard_summarises_node_by_node() -> None:
+    """A shard's partition summary made node message by node message is the summary of all the
+    partition's ranks at once (the same bytes); a node message delivered again changes nothing; one
+    whose ranks are in only in part is not folded, and counted."""
+    by_node = _megatron(12)
+    order = _layout(12 * RANKS_PER_NODE)
+    held = ss.PartitionSummaries()
+    folds = []
+    for n, its in by_node.items():
+        p = Partial(JOB, 1)
+        p.add_records(its[0])
+        assert p.fold is not None
+        folds.append(p.fold)
+        held.add(3, p.fold, p.ranks, order.stage)
+        if n == 5:
+            held.add(3, p.fold, p.ranks, order.stage)  # delivered again
+    (got,) = held.take(epoch=2, seq=9)
+    want = ss.summarize(JOB, 1, folds, order.stage, partition=3, epoch=2, seq=9)
+    assert codec.encode(got) == codec.encode(want)
+    assert held.redelivered == 1 and held.take(2, 10) == []
+    p = Partial(JOB, 1)
+    p.add_records([*by_node[0][0][:2], *by_node[0][0][:1]])
+    p.add_records([dataclasses.replace(by_node[0][0][0], rank=10_000)])
+    assert p.fold is not None
+    held.add(3, p.fold, p.ranks, order.stage)
+    assert held.overlapping == 1 and held.take(2, 11) == []
+    held.drop_before(JOB, 2)
+    assert held.held == {}
