@@ -44,7 +44,7 @@ from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.catalog import RANK_RATIO_BUCKETS
 from perfd.limits import RANK_RATIO_TOP_K
 from perfd.model import StepRecord
-from perfd.stepfold import RankFold
+from perfd.stepfold import ALL_RANKS, RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_to_pb
 
@@ -259,13 +259,21 @@ class StepSummary:
     stages: dict[int, StageSummary] = field(default_factory=dict)
     stage_unknown: bool = False
     extremes: dict[str, Extreme] = field(default_factory=dict)
+    _slow: tuple[float, str, bytes] | None = field(default=None, compare=False, repr=False)
+
+    def slow_key(self) -> tuple[float, str, bytes]:
+        """The slowest's order (:func:`_slow_key`), made once."""
+        if self._slow is None:
+            assert self.slowest is not None
+            self._slow = _slow_key(self.slowest)
+        return self._slow
 
     def merge(self, o: StepSummary) -> None:
         """``o`` (another partition's) added in."""
         self.ranks_in += o.ranks_in
         self.ranks_expected += o.ranks_expected
-        if o.slowest is not None and (self.slowest is None or _slow_key(o.slowest) > _slow_key(self.slowest)):
-            self.slowest = o.slowest
+        if o.slowest is not None and (self.slowest is None or o.slow_key() > self.slow_key()):
+            self.slowest, self._slow = o.slowest, o._slow
         if o.end_time is not None and (self.end_time is None or o.end_time > self.end_time):
             self.end_time = o.end_time
         self.armed = self.armed or o.armed
@@ -296,18 +304,17 @@ def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord
     ``stage_of`` None: the layout names no pipeline, no per-stage figures, as the straggler analysis
     then compares none); ``expected``: the partition's ranks."""
     recs = [ranks] if isinstance(ranks, StepRecord) else list(ranks)
-    fold = RankFold(recs)
-    rec = fold.record()
+    # one fold (a node's, as a shard gets it) is read as it is; rank records are folded first
+    rec = recs[0] if len(recs) == 1 and recs[0].rank == ALL_RANKS else RankFold(recs).record()
     out = StepSummary(job, iteration, partition, epoch, seq, ranks_expected=expected, new_run=new_run)
     if rec is None:
         return out
     # The slowest's own record, without the per-rank maps a fold carries (the summary has them summed)
-    slowest = None
     for r in recs:
         bare = dataclasses.replace(r, timers={}, rank_end_times={})
-        if slowest is None or _slow_key(bare) > _slow_key(slowest):
-            slowest = bare
-    out.slowest = slowest
+        key = _slow_key(bare)
+        if out._slow is None or key > out._slow:
+            out.slowest, out._slow = bare, key
     out.end_time, out.armed = rec.end_time, rec.armed
     seen: set[int] = {r.rank for r in recs if isinstance(r.rank, int)} | rec.rank_end_times.keys()
     for name, tv in rec.timers.items():
