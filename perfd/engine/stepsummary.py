@@ -49,6 +49,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_to_pb
 
 SKETCH_ACCURACY: Final = 0.01  # a sketched value's relative error at most
+QUANTILES: Final = (0.5, 0.99)  # what an answer reads of each timer's sketch
 UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
 _MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
 
@@ -468,6 +469,7 @@ class Answer:
     timer_sum: dict[str, float]
     timer_min: dict[str, float]
     timer_max: dict[str, tuple[float, int]]  # (max, its rank)
+    timer_quantiles: dict[str, dict[float, float]]  # QUANTILES of each timer's ranks (sketched)
     stage_count: dict[int, int]
     stage_sum: dict[int, float]
     stage_median: dict[int, float]  # sketched
@@ -504,6 +506,8 @@ def answer(s: StepSummary, straggler_ratio: float) -> Answer:
         {n: t.sum.value() for n, t in sorted(s.timers.items())},
         {n: t.min for n, t in sorted(s.timers.items()) if t.count},
         {n: (t.max, t.max_rank) for n, t in sorted(s.timers.items()) if t.count},
+        {n: {q: v for q in QUANTILES if (v := t.sketch.quantile(q)) is not None}
+         for n, t in sorted(s.timers.items()) if t.count},
         {st: g.count for st, g in sorted(s.stages.items())},
         {st: g.sum.value() for st, g in sorted(s.stages.items())},
         dict(sorted(medians.items())), top, buckets, ratio_sum,

@@ -134,6 +134,9 @@ def test_same_answer_as_one_aggregator(nodes: int) -> None:
             assert got.timer_min[name] == tv.min_ms
             top = max(tv.per_rank.items(), key=lambda rv: (rv[1], -rv[0]))
             assert got.timer_max[name] == (tv.max_ms, top[0]) == (top[1], top[0])
+            xs = sorted(tv.per_rank.values())
+            for q, v in got.timer_quantiles[name].items():  # the value at rank q·(n-1), within the error
+                assert abs(v - xs[int(q * (len(xs) - 1))]) <= A * xs[int(q * (len(xs) - 1))]
         stages: dict[int, dict[int, float]] = {}
         fwd, bwd = one.timers[FORWARD_COMPUTE].per_rank, one.timers[BACKWARD_COMPUTE].per_rank
         for r in fwd:
@@ -244,6 +247,37 @@ def test_wire_versions_and_malformed() -> None:
     m.slowest.iteration = 9
     with pytest.raises(ValueError, match="another job or iteration"):
         codec.from_pb(m)
+
+
+def test_sketch_and_sums_on_random_values() -> None:
+    """Zeros, ties and values over nine decades: every quantile within the error of the exact value at
+    its rank, the median within it of statistics.median, sums exact, and merging in pieces the same
+    sketch as adding one by one."""
+    rng = random.Random(11)
+    for _ in range(20):
+        xs = [0.0] * rng.randint(0, 5) + [10 ** rng.uniform(-3, 6) for _ in range(rng.randint(1, 400))]
+        xs += xs[: rng.randint(0, 10)]  # ties
+        rng.shuffle(xs)
+        one = ss.Sketch()
+        for x in xs:
+            one.add(x)
+        pieces = []
+        for k in range(0, len(xs), 37):
+            p = ss.Sketch()
+            for x in xs[k:k + 37]:
+                p.add(x)
+            pieces.append(p)
+        merged = ss.Sketch()
+        for p in reversed(pieces):
+            merged.merge(p)
+        assert (merged.bins, merged.zeros) == (one.bins, one.zeros)
+        srt = sorted(xs)
+        for q in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
+            want = srt[int(q * (len(srt) - 1))]
+            got = one.quantile(q)
+            assert got is not None and abs(got - want) <= A * want
+        med = one.median()
+        assert med is not None and abs(med - statistics.median(xs)) <= A * statistics.median(xs)
 
 
 def test_exact_sum_is_order_free() -> None:
