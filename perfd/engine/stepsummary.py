@@ -40,6 +40,7 @@ from typing import Final
 from ddsketch.mapping import LogarithmicMapping
 
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
+from perfd.analytics.steps.stragglers import RankOrder
 from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.catalog import RANK_RATIO_BUCKETS
 from perfd.limits import RANK_RATIO_TOP_K
@@ -295,6 +296,16 @@ def _slow_key(r: StepRecord) -> tuple[float, str, bytes]:
     step_to_pb(r, m)
     return (r.step_time_ms if r.step_time_ms is not None else -1.0,
             r.source.detail if r.source is not None else "", m.SerializeToString(deterministic=True))
+
+
+def stage_function(order: RankOrder) -> Callable[[int], int | None] | None:
+    """What ``summarize`` groups a job's ranks by, as the straggler analysis groups them
+    (perfd.analytics.steps.stragglers.detect): by pipeline stage; all one stage without a pipeline;
+    None where the layout names no pipeline size (the analysis then compares no ranks)."""
+    pp = order.layout.pp
+    if pp is None:
+        return None
+    return order.stage if pp > 1 else (lambda rank: 0)
 
 
 def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord,

@@ -199,6 +199,25 @@ def test_same_answer_as_one_aggregator(nodes: int) -> None:
         assert abs(got.flagged_count - len(flagged)) <= near
 
 
+@pytest.mark.parametrize("pp", [None, 1, 2])
+def test_stages_as_the_straggler_analysis_groups_them(pp: int | None) -> None:
+    """Without a pipeline every rank is one stage's, without a pipeline size none is compared (no
+    ratios), as detect() does: the top ranks and the histogram agree with one aggregator's."""
+    by_node = _megatron(16)
+    world = 16 * RANKS_PER_NODE
+    order = RankOrder(ParallelLayout(world_size=world, tp=1, pp=pp, dp=world // (pp or 1), cp=1))
+    ranks = [r for its in by_node.values() for r in its[0]]
+    st = detect(fold_ranks(ranks), order)
+    got = ss.answer(ss.summarize(JOB, 1, ranks, ss.stage_function(order)), STRAGGLER_RATIO)
+    if pp is None:
+        assert not st.per_rank_ratio and not got.top_ratios and got.ratio_buckets is None
+        return
+    want = rank_picture_rows(JOB, st.per_rank_ratio)
+    assert [r for r, _ in got.top_ratios][:2] == [int(lab["rank"]) for lab, _, _ in want][:2]
+    for r, v in got.top_ratios:
+        assert abs(v / st.per_rank_ratio[r] - 1) <= 2 * A
+
+
 def test_merge_is_a_join() -> None:
     """Any grouping and order of partitions merges to the same bytes; one summary of all the ranks
     is that merge (but for who made it); a partition's older flush and a redelivery change nothing."""
