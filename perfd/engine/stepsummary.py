@@ -10,18 +10,21 @@ the ranks, in two kinds:
   then source; a full tie goes to the record whose encoding sorts first, where one aggregator keeps
   the first arrived); the latest end; each timer's count, sum, min and max (and the max's rank: the
   lower on a tie); each pipeline stage's compute (forward + backward) count, sum and its
-  limits.RANK_RATIO_TOP_K slowest ranks (the lower rank first on a tie). Sums are kept exactly
-  (:class:`ExactSum`, Shewchuk's partials: math.fsum's), so a sum is the correctly rounded sum of the
-  values, whatever the shards and the order of merging.
+  limits.RANK_RATIO_TOP_K slowest ranks (the lower rank first on a tie); the highest and lowest of the
+  per-rank figures the analysis takes the extremes of, and their ranks (:class:`Extreme`: each rank's
+  exposed communication, its idle share of forward-backward, its compute), each made as the analysis
+  makes it. Sums are kept exactly (:class:`ExactSum`, Shewchuk's partials: math.fsum's), so a sum is
+  the correctly rounded sum of the values, whatever the shards and the order of merging.
 - sketched: each timer's and each stage's values in a log-bucket sketch (:class:`Sketch`), with
   DDSketch's logarithmic mapping (the ``ddsketch`` package, perfd[engine]): a value is stood for by
-  its bucket's, within SKETCH_ACCURACY of it (relative). A quantile read from it is within that of a
-  value between the two ranks' values the exact quantile lies between (for the median of an even
-  count: within it of the interval of the two middle values). The compute ratio (a rank's compute
-  over its stage's median: perfd.analytics.steps.stragglers) has the median as its divisor, so the
-  ratios, their catalog.RANK_RATIO_BUCKETS histogram and the ranks above the straggler ratio are
-  sketched parts: a rank whose ratio is past a bucket's bound by more than the sketch's error is
-  counted where one aggregator counts it.
+  its bucket's, within SKETCH_ACCURACY of it (relative), so the value read at a rank (a quantile:
+  the value at rank q·(n-1)) is within SKETCH_ACCURACY of the exact value there, and the median
+  (statistics.median's: the mean of the two middle values of an even count) within it of the exact
+  median. The compute ratio (a rank's compute over its stage's median:
+  perfd.analytics.steps.stragglers) has the median as its divisor, so the ratios (within about twice
+  the error), their catalog.RANK_RATIO_BUCKETS histogram and the ranks above the straggler ratio are
+  sketched parts: a rank whose ratio is further from a bucket's bound than the error is counted where
+  one aggregator counts it.
 
 Merging is a join over partitions: a summary of a partition replaces the one held of it (the newer
 by its maker's epoch and flush), so a summary delivered twice counts once; summaries of different
