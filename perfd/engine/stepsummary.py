@@ -21,10 +21,10 @@ the ranks, in two kinds:
   the value at rank q·(n-1)) is within SKETCH_ACCURACY of the exact value there, and the median
   (statistics.median's: the mean of the two middle values of an even count) within it of the exact
   median. The compute ratio (a rank's compute over its stage's median:
-  perfd.analytics.steps.stragglers) has the median as its divisor, so the ratios (within about twice
-  the error), their catalog.RANK_RATIO_BUCKETS histogram and the ranks above the straggler ratio are
-  sketched parts: a rank whose ratio is further from a bucket's bound than the error is counted where
-  one aggregator counts it.
+  perfd.analytics.steps.stragglers) has the median as its divisor, so the ratios (each within
+  SKETCH_ACCURACY / (1 - SKETCH_ACCURACY) of one aggregator's), their catalog.RANK_RATIO_BUCKETS
+  histogram and the ranks above the straggler ratio are sketched parts: a rank whose ratio is further
+  from a bucket's bound than the error is counted where one aggregator counts it.
 
 Merging is a join over partitions: a summary of a partition replaces the one held of it (the newer
 by its maker's epoch and flush), so a summary delivered twice counts once; summaries of different
