@@ -454,6 +454,13 @@ class SummaryFold:
         parts[s.partition] = s
         return True
 
+    def trim(self, job: str, keep: int) -> None:
+        """Let go of ``job``'s iterations but its newest ``keep`` (perfd.engine.rootfold's
+        KEEP_ITERATIONS): memory bounded by jobs × keep × partitions."""
+        its = sorted(i for j, i in self.held if j == job)
+        for i in its[: max(0, len(its) - keep)]:
+            del self.held[(job, i)]
+
     def merged(self, job: str, iteration: int) -> StepSummary | None:
         parts = self.held.get((job, iteration))
         return merge(parts.values()) if parts else None

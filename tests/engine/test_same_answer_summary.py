@@ -354,3 +354,31 @@ def test_a_shard_summarises_node_by_node() -> None:
     assert held.overlapping == 1 and held.take(2, 11) == []
     held.drop_before(JOB, 2)
     assert held.held == {}
+
+
+def test_the_root_holds_each_partitions_newest_within_its_iterations() -> None:
+    """Per (job, iteration) the newest of each partition (by its maker's epoch, then flush), the
+    older and the same one again counted and dropped; a job's iterations but the newest ``keep`` let go."""
+    recs = [r for its in _megatron(2).values() for r in its[0]]
+    fold = ss.SummaryFold()
+    for it in range(1, 6):
+        for epoch, seq in ((1, 5), (1, 4), (2, 1), (2, 1)):
+            fold.add(ss.summarize(JOB, it, recs, None, partition=0, epoch=epoch, seq=seq))
+    assert (fold.replaced, fold.stale) == (5, 10)
+    assert all(p[0].epoch == 2 for p in fold.held.values())
+    fold.trim(JOB, 3)
+    assert sorted(i for _, i in fold.held) == [3, 4, 5]
+
+
+def test_a_root_that_reads_no_summaries_passes_them_by() -> None:
+    """An EngineBatch carrying summaries decodes as a batch of nothing else to the partials' decoder (a
+    root that does not read them folds nothing and counts nothing undecodable); its summaries read back."""
+    from perfd.engine.partial import decode
+
+    s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None, partition=4)
+    b = pb.EngineBatch(id="s:1:1", sender="s")
+    codec.to_pb(s, b.step_summaries.add())
+    d = decode(b.SerializeToString())
+    assert (d.partials, d.figures, d.job_info_json, d.records) == ([], [], {}, None)
+    (back,) = [codec.from_pb(m) for m in pb.EngineBatch.FromString(b.SerializeToString()).step_summaries]
+    assert codec.encode(back) == codec.encode(s)
