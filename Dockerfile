@@ -20,9 +20,10 @@ COPY pyproject.toml README.md ./
 COPY perfd ./perfd
 COPY collectors ./collectors
 COPY rules ./rules
-# nats-py (pure Python, ~0.1 MB; perfd[engine]'s pin): a job larger than one aggregator (perfd shard, --engine);
+# nats-py and ddsketch (pure Python, ~0.2 MB; perfd[engine]'s pins): a job larger than one aggregator
+# (perfd shard, --engine);
 # cramjam (perfd[remote-write]'s snappy): the aggregator's --remote-write (the chart's aggregator.remoteWrite)
-RUN pip install --no-cache-dir . "nats-py==2.16.0" "cramjam==2.14.0" \
+RUN pip install --no-cache-dir . "nats-py==2.16.0" "ddsketch==3.0.1" "cramjam==2.14.0" \
     && if [ -n "$WITH_WANDB" ]; then pip install --no-cache-dir "wandb==0.31.0"; fi \
     && rm -rf /root/.cache
 

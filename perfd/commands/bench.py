@@ -29,6 +29,8 @@ BENCHES = {
                      "the engine root's analysis refresh of an N-node job, per iteration (in process)"),
     "root-figures": ("benchmarks.root_figures_bench",
                      "the engine root's CPU per window-figure row of an N-rank job's shards (in process)"),
+    "root-summaries": ("benchmarks.root_summary_bench",
+                       "the engine root's CPU and bytes an iteration: shards' partials vs step summaries"),
     "inbox": ("benchmarks.inbox_bench",
               "a stream's messages read beside a busy event loop: a message a turn vs an inbox"),
     "redact": ("benchmarks.redact_bench",

@@ -96,14 +96,17 @@ def test_the_version_is_declared_once_and_repeated_where_it_cannot_be_read() -> 
 
 
 def test_the_image_installs_the_engine_client_perfd_engine_pins():
-    """The Dockerfile names nats-py with a version (hadolint DL3013 wants one for each package): the
-    one perfd[engine] pins, so the image's engine client is the one the tests ran."""
+    """The Dockerfile names each of perfd[engine]'s packages (nats-py, ddsketch) with a version
+    (hadolint DL3013 wants one for each package): the one perfd[engine] pins, so the image's engine is
+    the one the tests ran."""
     import re
 
     m = re.search(r'^engine = \[(.*)\]$', (ROOT / "pyproject.toml").read_text(), re.M)
     assert m, "no engine extra in pyproject.toml"
-    (pin,) = [d.strip().strip('"') for d in m.group(1).split(",") if "nats-py" in d]
-    assert re.search(rf'"{re.escape(pin)}"', (ROOT / "Dockerfile").read_text()), pin
+    pins = [d.strip().strip('"') for d in m.group(1).split(",")]
+    assert any("nats-py" in p for p in pins) and any("ddsketch" in p for p in pins), pins
+    for pin in pins:
+        assert re.search(rf'"{re.escape(pin)}"', (ROOT / "Dockerfile").read_text()), pin
 
 
 def test_the_image_installs_a_remote_write_snappy_perfd_accepts():

@@ -426,7 +426,7 @@ class Partial(_message.Message):
     def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ..., new_run: _Optional[bool] = ...) -> None: ...
 
 class EngineBatch(_message.Message):
-    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials", "window_figures", "collectives_folded", "to_partition")
+    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials", "window_figures", "collectives_folded", "to_partition", "step_summaries")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +444,7 @@ class EngineBatch(_message.Message):
     WINDOW_FIGURES_FIELD_NUMBER: _ClassVar[int]
     COLLECTIVES_FOLDED_FIELD_NUMBER: _ClassVar[int]
     TO_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     id: str
     sender: str
     created_ns: int
@@ -454,7 +455,116 @@ class EngineBatch(_message.Message):
     window_figures: _containers.RepeatedCompositeFieldContainer[WindowFigures]
     collectives_folded: bool
     to_partition: bool
-    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ...) -> None: ...
+    step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
+    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ...) -> None: ...
+
+class StepSummary(_message.Message):
+    __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown", "extremes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANKS_IN_FIELD_NUMBER: _ClassVar[int]
+    RANKS_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    HAS_END_FIELD_NUMBER: _ClassVar[int]
+    ARMED_FIELD_NUMBER: _ClassVar[int]
+    NEW_RUN_FIELD_NUMBER: _ClassVar[int]
+    TIMERS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    STAGE_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    EXTREMES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    job: str
+    iteration: int
+    partition: int
+    epoch: int
+    seq: int
+    ranks_in: int
+    ranks_expected: int
+    slowest: StepRecord
+    end_time: float
+    has_end: bool
+    armed: bool
+    new_run: bool
+    timers: _containers.RepeatedCompositeFieldContainer[TimerSummary]
+    stages: _containers.RepeatedCompositeFieldContainer[StageSummary]
+    stage_unknown: bool
+    extremes: _containers.RepeatedCompositeFieldContainer[Extreme]
+    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., iteration: _Optional[int] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks_in: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest: _Optional[_Union[StepRecord, _Mapping]] = ..., end_time: _Optional[float] = ..., has_end: _Optional[bool] = ..., armed: _Optional[bool] = ..., new_run: _Optional[bool] = ..., timers: _Optional[_Iterable[_Union[TimerSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., stage_unknown: _Optional[bool] = ..., extremes: _Optional[_Iterable[_Union[Extreme, _Mapping]]] = ...) -> None: ...
+
+class Extreme(_message.Message):
+    __slots__ = ("name", "count", "max", "max_rank", "min", "min_rank", "unknown")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MIN_RANK_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    max: float
+    max_rank: int
+    min: float
+    min_rank: int
+    unknown: bool
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., max: _Optional[float] = ..., max_rank: _Optional[int] = ..., min: _Optional[float] = ..., min_rank: _Optional[int] = ..., unknown: _Optional[bool] = ...) -> None: ...
+
+class ExactSum(_message.Message):
+    __slots__ = ("partials",)
+    PARTIALS_FIELD_NUMBER: _ClassVar[int]
+    partials: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, partials: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Sketch(_message.Message):
+    __slots__ = ("relative_accuracy", "min_key", "counts", "zeros")
+    RELATIVE_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    MIN_KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    ZEROS_FIELD_NUMBER: _ClassVar[int]
+    relative_accuracy: float
+    min_key: int
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    zeros: int
+    def __init__(self, relative_accuracy: _Optional[float] = ..., min_key: _Optional[int] = ..., counts: _Optional[_Iterable[int]] = ..., zeros: _Optional[int] = ...) -> None: ...
+
+class TimerSummary(_message.Message):
+    __slots__ = ("name", "count", "sum", "min", "max", "max_rank", "sketch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    MAX_RANK_FIELD_NUMBER: _ClassVar[int]
+    SKETCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    count: int
+    sum: ExactSum
+    min: float
+    max: float
+    max_rank: int
+    sketch: Sketch
+    def __init__(self, name: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[_Union[ExactSum, _Mapping]] = ..., min: _Optional[float] = ..., max: _Optional[float] = ..., max_rank: _Optional[int] = ..., sketch: _Optional[_Union[Sketch, _Mapping]] = ...) -> None: ...
+
+class StageSummary(_message.Message):
+    __slots__ = ("stage", "count", "sum", "top_rank", "top_value", "sketch")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    TOP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TOP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    SKETCH_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    count: int
+    sum: ExactSum
+    top_rank: _containers.RepeatedScalarFieldContainer[int]
+    top_value: _containers.RepeatedScalarFieldContainer[float]
+    sketch: Sketch
+    def __init__(self, stage: _Optional[int] = ..., count: _Optional[int] = ..., sum: _Optional[_Union[ExactSum, _Mapping]] = ..., top_rank: _Optional[_Iterable[int]] = ..., top_value: _Optional[_Iterable[float]] = ..., sketch: _Optional[_Union[Sketch, _Mapping]] = ...) -> None: ...
 
 class WindowFigures(_message.Message):
     __slots__ = ("job", "iteration", "rank", "start_ns", "end_ns", "n_iterations", "comm_ns", "basis", "settled", "excluded_names", "excluded", "by")
