@@ -18,6 +18,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                  "top starts; n / p switch jobs)")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one screen and exit (for scripts)")
+    p.add_argument("--wait-steps", type=int, metavar="N",
+                   help="with --once and --job: first wait until the job has reported its step N (a "
+                        "script that starts a job waits on that, not on a sleep); exit 1 if it has not "
+                        "within --wait-s")
+    p.add_argument("--wait-s", type=float, default=60.0, metavar="S",
+                   help="how long --wait-steps waits (default: %(default)s)")
     p.add_argument("--auth-token-file", metavar="FILE",
                    help="the bearer token the aggregator requires (its --auth-token-file)")
     p.set_defaults(handler=run)

@@ -429,6 +429,33 @@ def step_focus(jobs: Sequence[Mapping[str, object]], focus: str | None, delta: i
     return names[(i + delta) % len(names)]
 
 
+WAIT_POLL_S = 0.25  # how often --wait-steps asks the aggregator
+
+
+def wait_for_step(get: Getter, job: str, step: int, wait_s: float,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                  ) -> str | None:
+    """Ask ``/api/jobs`` until ``job`` has reported step ``step`` (its last iteration at or past it), for
+    at most ``wait_s``: None once it has, else what was seen (for the error line)."""
+    deadline = clock() + wait_s
+    seen = "not listed"
+    while True:
+        try:
+            jobs = objs(_json_object(get("/api/jobs")).get("jobs"))
+            row = next((j for j in jobs if j.get("job") == job), None)
+            last = row.get("last_iteration") if row is not None else None
+            if isinstance(last, int) and last >= step:
+                return None
+            seen = f"its last step {last}" if row is not None else "not listed"
+        except urllib.error.HTTPError as exc:
+            seen = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            seen = f"the aggregator unreachable ({exc})"
+        if clock() >= deadline:
+            return f"job {job!r} did not reach step {step} within {wait_s:g} s: {seen}"
+        sleep(WAIT_POLL_S)
+
+
 def _console(once: bool) -> Console:
     if once and not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         return Console(width=FILE_WIDTH)
@@ -451,6 +478,15 @@ def run(args: argparse.Namespace) -> int:
             return 2
     get = http_getter(base, token)
     console = _console(args.once)
+    wait_steps = getattr(args, "wait_steps", None)
+    if wait_steps is not None:
+        if not args.once or not args.job or wait_steps < 1:
+            print("perfd top: --wait-steps N (N >= 1) goes with --once and --job", file=sys.stderr)
+            return 2
+        late = wait_for_step(get, args.job, wait_steps, args.wait_s)
+        if late is not None:
+            print(f"perfd top: {late}", file=sys.stderr)
+            return 1
     if args.once:
         snap = fetch(base, args.job, get=get)
         if snap.error and not snap.jobs:

@@ -20,6 +20,7 @@ import pytest
 
 from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
+from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.steps.flops import megatron_flops
 from perfd.analytics.steps.provenance import Code
 from perfd.collector import Collected
@@ -171,8 +172,15 @@ def _check(a: Any, own: dict[int, tuple[float, float, float]], trainer: tuple[st
     assert sum(r.data_share * r.step_time_ms for r in rows) / total == pytest.approx(share, abs=0.03)
     report = build_report(a)
     assert "None" not in report.summary.headline
-    (data,) = [r for r in report.recommendations if r.finding_id == "data-loading"]
-    assert trainer[2] in data.detail and "Megatron" not in data.detail
+    # The data-loading recommendation follows the job's measured data share (checked against the loop's
+    # clock above), not the machine's speed: 80 ms of fetch a step is most of a quiet machine's step and
+    # under 10% of one that a loaded machine slowed ten times (seen in CI, load 11 on 2 cores).
+    recs = [r for r in report.recommendations if r.finding_id == "data-loading"]
+    median_share = a.summary.medians.get("data_share")
+    assert median_share is not None
+    assert len(recs) == (1 if median_share > bn.DATA_HEALTHY_SHARE else 0), median_share
+    for data in recs:
+        assert trainer[2] in data.detail and "Megatron" not in data.detail
 
 
 

@@ -178,5 +178,5 @@ def test_iterations_endpoint_and_html_report_from_the_aggregator(live: Live, tmp
     page = out.read_text()
     mfu = summary["summary"]["medians"]["mfu"]
     assert f"{mfu:.1%}" in page and "Step time per iteration" in page and "Time breakdown" in page
-    assert f"aggregator {live.aggregator_url}" in page
+    assert f"source: live, the aggregator at {live.aggregator_url}, job {live.job}" in page
     assert page.count("<svg") >= 4

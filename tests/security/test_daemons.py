@@ -4,12 +4,12 @@ clear message), and the agent's spool-bytes metric reads the spool."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
 from perfd.model import Sample
-from tests.procs import free_port
+from tests.procs import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,10 @@ def test_what_listens_beyond_loopback_unauthenticated() -> None:
 
 
 @pytest.mark.slow
+def _ready_or_gone(ready: Path, p: subprocess.Popen[bytes]) -> bool:
+    return bool(ready.exists() and ready.read_text().strip()) or p.poll() is not None
+
+
 def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
     """`perfd aggregator --listen-all` with no token started without a word on what it opened: it
     warns on stderr that both ports are open to whoever reaches the host, unauthenticated; with a
@@ -99,10 +103,8 @@ def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
             p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:
-                for _ in range(300):
-                    if (ready.exists() and ready.read_text().strip()) or p.poll() is not None:
-                        break
-                    time.sleep(0.1)
+                wait_for(functools.partial(_ready_or_gone, ready, p), 30.0,
+                         "the aggregator's ready file or its exit", interval=0.1)
                 assert p.poll() is None, err.read_text()
             finally:
                 p.terminate()
