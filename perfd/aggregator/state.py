@@ -110,12 +110,12 @@ class AggregatorState:
         changes = Changes()
         jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops, max_bytes_per_job,
                         standing, clock)
-        self.nodes = nodes = NodeView()
+        self.nodes = nodes = NodeView(clock)
         placements = PlacementCache(nodes)  # each job's rank placement (see gpu_views)
         self.collectives = CollectiveStore(config=collectives, job_config=collectives_per_job,
                                            fold_inputs=job_fold_inputs(jobs))  # its fold reads the steps
         self.log = EventLog()
-        self.stats = Stats()
+        self.stats = Stats(started=clock.time())
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator once its server runs.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
