@@ -193,9 +193,6 @@ ALLOWED: dict[str, str] = {
     "tests/security/test_engine_routes.py::_until": POLL,
     "tests/security/test_engine_routes.py::"
     "test_another_users_nats_server_cannot_join_the_cluster_as_a_route": QUIET,
-    "tests/security/test_forged_events.py::"
-    "test_a_stranger_cannot_make_itself_a_node_agent_of_a_job.scenario": TIMER,
-    "tests/security/test_forged_events.py::test_a_stranger_cannot_speak_for_a_job_it_does_not_host": TIMER,
     "tests/security/test_hook_control.py::Rig.step_until": POLL,
     "tests/security/test_hook_control.py::"
     "test_a_flood_of_unique_ids_and_large_datagrams_stays_within_the_caps": QUIET,
