@@ -120,7 +120,7 @@ class AggregatorState:
         # call walks every stream). Set by the aggregator once its server runs.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
         self.engine_stats: Callable[[], dict[str, object]] | None = None  # a job's root (perfd.engine)
-        self.serving = ServingStore()
+        self.serving = ServingStore(clock=clock)
         # Its events go to the log; every call of it comes within a write of the state.
         self.incidents = IncidentTracker(partial(self.log.ingest, "aggregator"))
         self.gpu_baseline = GpuBaseline()
