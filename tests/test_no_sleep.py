@@ -202,9 +202,6 @@ ALLOWED: dict[str, str] = {
     "test_another_user_squatting_ranks_0_to_7_locks_no_real_rank_out": POLL,
     "tests/security/test_hook_senders.py::_collect_until": POLL,
     "tests/security/test_identity_policy.py::_send": SCHEDULE,
-    "tests/security/test_malformed_events.py::test_a_journal_holding_a_malformed_event_restarts": TIMER,
-    "tests/security/test_malformed_events.py::"
-    "test_one_malformed_event_takes_no_endpoint_down_and_no_restart": TIMER,
     "tests/security/test_series_flood.py::"
     "test_figures_rss_of_a_real_aggregator_through_refused_series_floods": QUIET,
     "tests/security/test_step_values.py::"
