@@ -16,23 +16,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from perfd import events
-from perfd.aggregator import class_inputs as class_inputs_mod
-from perfd.aggregator import hosts as hosts_mod
-from perfd.aggregator import job_analyses as job_analyses_mod
-from perfd.aggregator import jobs as jobs_mod
-from perfd.aggregator import sightings as sightings_mod
-from perfd.aggregator import state_ingest as state_ingest_mod
-from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.state import AggregatorState
+from perfd.clock import ManualClock
 from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, Provenance, StepRecord, TimerValue
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,32 +97,19 @@ class Feed:
         self.items.append((t, "job_info", (job, info)))
 
 
-class Clock:
-    """Replay time for the aggregator modules that read the wall clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        fake = types.SimpleNamespace(time=lambda: self.now, monotonic=lambda: self.now)
-        for mod in (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod,
-                    hosts_mod):
-            monkeypatch.setattr(mod, "time", fake)
-
-
-def replay(monkeypatch: pytest.MonkeyPatch, feed: Feed, job: str, every_s: float = 2.0,
-           tail_s: float = 30.0) -> Iterator[tuple[float, AggregatorState]]:
+def replay(feed: Feed, job: str, every_s: float = 2.0, tail_s: float = 30.0
+           ) -> Iterator[tuple[float, AggregatorState]]:
     """Feed everything in time order, analysing the job every ``every_s``; then ``tail_s`` after the
-    last item (the job has ended), once more. Yields (replay time, state) after each analysis."""
-    clock = Clock()
-    clock.install(monkeypatch)
-    st = AggregatorState(min_recompute_s=0.0)
+    last item (the job has ended), once more. Yields (replay time, state) after each analysis. The
+    state's clock is the replay's (perfd.clock.ManualClock)."""
+    clock = ManualClock(0.0)
+    st = AggregatorState(min_recompute_s=0.0, clock=clock)
     st.hello(AGENT, [job])
     items = sorted(feed.items, key=lambda x: x[0])
     defs: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
     next_at = items[0][0]
     for t, what, item in items:
-        clock.now = t
+        clock.set(t)
         if what == "step":
             st.ingest_steps(AGENT, [item])
         elif what == "event":
@@ -153,6 +131,6 @@ def replay(monkeypatch: pytest.MonkeyPatch, feed: Feed, job: str, every_s: float
             st.analysis(job, force=True)
             next_at = t + every_s
             yield t, st
-    clock.now = items[-1][0] + tail_s
+    clock.set(items[-1][0] + tail_s)
     st.analysis(job, force=True)
-    yield clock.now, st
+    yield clock.time(), st

@@ -6,14 +6,13 @@ and the state's change count moves, so the next snapshot shows the silence."""
 
 from __future__ import annotations
 
-import time
-
 from perfd.aggregator.state import AggregatorState
 
 
 def arrived_ago(st: AggregatorState, agent: str, job: str, seconds: float) -> float:
-    """Make ``job``'s newest record (``agent``'s) have arrived ``seconds`` ago; returns now."""
-    now = time.time()
+    """Make ``job``'s newest record (``agent``'s) have arrived ``seconds`` ago; returns now (the state's
+    clock's)."""
+    now = st.clock.time()
     newest = max(st.step_records(job), key=lambda r: r.iteration)
     st.ingest_steps(agent, [newest], now=now - seconds)
     return now

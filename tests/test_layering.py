@@ -186,6 +186,11 @@ def test_the_launcher_imports_no_collector():
     assert not _violations([ROOT / "perfd" / "launcher.py"], ("collectors",))
 
 
+def test_the_clock_is_ground_every_layer_may_take_it():
+    """perfd/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of perfd."""
+    assert not _violations([ROOT / "perfd" / "clock.py"], ("perfd", "collectors"))
+
+
 def test_exporters_know_nothing_of_collectors():
     files = _files("perfd", "exporters")
     assert files

@@ -4,8 +4,8 @@ A sleep in a test waits for real time: under load the time it waits for is not t
 meant, and the test reads the machine, not the code (the alternating-steps hook test read perfd's
 jitter as 0.333 against a bound of 0.255 once, from a step of sleep(10 ms) that wandered). Where the
 code under test reads a clock, the test moves that clock (tests/hook/sim_clock.py for the step hook,
-``KinetoDaemon(clock=...)``, the stall harness's ``now``); where it waits for another thread or process,
-it polls for the state with a deadline that bounds a failure only.
+``KinetoDaemon(clock=...)``, the aggregator's perfd.clock.ManualClock and its tick); where it waits for
+another thread or process, it polls for the state with a deadline that bounds a failure only.
 
 The scan reads every tests/**/*.py (an AST, so code in strings, run by child processes, is not test code
 here) for calls of ``time.sleep`` and ``asyncio.sleep`` (under any name they are imported as). Each site is
@@ -193,9 +193,6 @@ ALLOWED: dict[str, str] = {
     "tests/security/test_engine_routes.py::_until": POLL,
     "tests/security/test_engine_routes.py::"
     "test_another_users_nats_server_cannot_join_the_cluster_as_a_route": QUIET,
-    "tests/security/test_forged_events.py::"
-    "test_a_stranger_cannot_make_itself_a_node_agent_of_a_job.scenario": TIMER,
-    "tests/security/test_forged_events.py::test_a_stranger_cannot_speak_for_a_job_it_does_not_host": TIMER,
     "tests/security/test_hook_control.py::Rig.step_until": POLL,
     "tests/security/test_hook_control.py::"
     "test_a_flood_of_unique_ids_and_large_datagrams_stays_within_the_caps": QUIET,
@@ -205,13 +202,8 @@ ALLOWED: dict[str, str] = {
     "test_another_user_squatting_ranks_0_to_7_locks_no_real_rank_out": POLL,
     "tests/security/test_hook_senders.py::_collect_until": POLL,
     "tests/security/test_identity_policy.py::_send": SCHEDULE,
-    "tests/security/test_malformed_events.py::test_a_journal_holding_a_malformed_event_restarts": TIMER,
-    "tests/security/test_malformed_events.py::"
-    "test_one_malformed_event_takes_no_endpoint_down_and_no_restart": TIMER,
     "tests/security/test_series_flood.py::"
     "test_figures_rss_of_a_real_aggregator_through_refused_series_floods": QUIET,
-    "tests/security/test_stall_holds.py::"
-    "test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended": TIMER,
     "tests/security/test_step_values.py::"
     "test_a_hook_datagram_with_absurd_numbers_is_counted_and_kept_without_them": POLL,
     "tests/test_agent_failures.py::"

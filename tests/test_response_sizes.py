@@ -50,13 +50,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     while t < end:
         feed.host(t, JOB, {**run3_host(), "pid": PID})
         t += 1.0
-    mp = pytest.MonkeyPatch()
-    try:
-        *_, (_, st) = replay(mp, feed, JOB)
-        out = {"summary": job_summary(st, JOB), "iterations": job_iterations(st, JOB)}
-    finally:
-        mp.undo()
-    return out
+    *_, (_, st) = replay(feed, JOB)
+    return {"summary": job_summary(st, JOB), "iterations": job_iterations(st, JOB)}
 
 
 @pytest.mark.slow

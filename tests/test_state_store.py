@@ -99,7 +99,7 @@ def test_the_rules_loop_prunes_the_journal_even_while_ingest_holds_a_transaction
         store.journal(BATCH, "a", bytes([i]))
     assert store.commit()
     store.journal(BATCH, "a", b"\x0a")  # ingest's next transaction is open (the usual case when busy)
-    agg._tick()  # what the rules loop runs every interval
+    agg.tick()  # what the rules loop runs every interval
     assert store.commit()
     assert [b for _, _, b in store.replay()] == [b"\x08", b"\x09", b"\x0a"]
     assert store.stats()["journal_batches"] == 3 and store.pruned == 8

@@ -10,7 +10,6 @@ webhook), so cooldowns, rate limits and "one capture per process" hold whoever a
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -37,6 +36,7 @@ from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.steps.flops import flops_split
 from perfd.analytics.steps.liveness import ENDED, RUNNING
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
 from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
 from perfd.refusals import Refusals
@@ -67,9 +67,10 @@ class CaptureCoordinator:
                  interval_s: float = 5.0, *, limits: L.Limits | None = None,
                  refusals: Refusals | None = None,
                  hosts: Callable[[str], set[str]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = REAL_CLOCK) -> None:
         self.state = state
-        self.clock = clock  # when an agent's report arrived (the rules' retry pauses count from it)
+        # "now" for the rules, a request and an agent's report (the rules' retry pauses count from it)
+        self.clock = clock
         self.limits = limits if limits is not None else L.Limits()
         self.refusals = refusals if refusals is not None else Refusals()
         # The agents hosting a job (perfd.aggregator.guard): the only ones a capture command goes
@@ -183,10 +184,10 @@ class CaptureCoordinator:
                  "cooldown taken", rec.id, rec.job, rec.origin, rec.reason[:200], pause)
 
     # ---- evaluation ------------------------------------------------------------------------
-    def scope_values(self) -> dict[ScopeKey, dict[str, float | None]]:
+    def scope_values(self, now: float | None = None) -> dict[ScopeKey, dict[str, float | None]]:
         """What the rules read: every job series /metrics exports, by scope, for each job that has
         not ended (perfd.aggregator.rule_scopes); GPU series only where some rule reads them."""
-        now = time.time()
+        now = self.clock.time() if now is None else now
         first = [s for j in self.state.job_names() if (s := self.state.snapshot(j)) is not None]
         ended = {s.job for s in first if s.state_at(now)[0] == ENDED}
         for s in first:  # a running job's analysis current before the rules read it (rate-limited)
@@ -209,11 +210,11 @@ class CaptureCoordinator:
     def evaluate(self, now: float | None = None) -> list[Firing]:
         if self.engine is None:
             return []
-        t = time.time() if now is None else now
+        t = self.clock.time() if now is None else now
         self._expire(t)
         # The rules' inputs before the book's lock: they have running jobs analysed (seconds for a big
         # job), which an agent's capture report, taken under the lock, need not wait for.
-        values = self.scope_values()
+        values = self.scope_values()  # as of the clock: a ``now`` given moves the rules' time only
         # The lock alone: a tick that makes no record publishes none (a copy of every record a tick).
         with self.book.lock:
             firings = self.engine.evaluate(t, values, self._disk_used())
@@ -243,7 +244,7 @@ class CaptureCoordinator:
                 now: float | None = None, stack: bool = False) -> CaptureRecord:
         """A capture not from our own rules: still one capture per process at a time. ``ranks`` as the
         request gave them (perfd.aggregator.capture_ranks checks them; None: every rank)."""
-        t = time.time() if now is None else now
+        t = self.clock.time() if now is None else now
         named = capture_tool(tool)
         if named is None:
             raise ValueError(f"tool must be one of {', '.join(CAPTURE_TOOLS)}, got {tool[:40]!r}")
@@ -410,7 +411,7 @@ class CaptureCoordinator:
                 return
             if links.get("capture_id") and links.get("capture_id") != rec.id:
                 rec.agent_capture_ids = sorted({*rec.agent_capture_ids, str(links["capture_id"])})
-            now = time.time()
+            now = self.clock.time()
             t = ev.get("time")
             at = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else now
             rec.updated_at = now
@@ -439,7 +440,7 @@ class CaptureCoordinator:
                 rec.cause = cause if rec.status is not CaptureStatus.FINISHED else None
                 f = self._firing_of.get(rec.id)
                 if cause is CaptureFailure.NOT_READY and rec.status is not CaptureStatus.FINISHED:
-                    self._not_ready(rec, self.clock())
+                    self._not_ready(rec, self.clock.time())
                 elif isinstance(f, Firing):
                     self.ready.ran(f.rule.name, f.job)
             if rec.status.ended:

@@ -13,7 +13,6 @@ over its parts and hands it to the store with each analysis.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +100,7 @@ class ClassInputs:
         running = age is None or age <= stale_after(None, self.stale_after_s())
         if running and self.stepping(job, age, STEPPING_MIN_S):
             gpm = self.nodes.gpm(self.jobs.agents_of(job))
-            now = time.time()
+            now = self.jobs.clock.time()
             # Kept for after the job: at most one reading a second, only while a step came within the
             # last two steps (a job that just stopped shows an idle GPU), and no incident open.
             if gpm is not None and self.steady_gpm.due(job, now) \
@@ -140,5 +139,5 @@ class ClassInputs:
                     and t0 <= ready <= t1:
                 t1 = ready
             if isinstance(t0, (int, float)):
-                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else time.time()))
+                out.append((float(t0), float(t1) if isinstance(t1, (int, float)) else self.jobs.clock.time()))
         return out

@@ -31,6 +31,7 @@ from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTE
 from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.engine.subjects import EngineConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, RemoteWriter, target_name
@@ -110,8 +111,8 @@ class AggregatorConfig:
 
 
 class Aggregator:
-    def __init__(self, cfg: AggregatorConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: AggregatorConfig, clock: Clock = REAL_CLOCK) -> None:
+        self.cfg, self.clock = cfg, clock  # the clock every time-dependent part reads (perfd.clock)
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:
@@ -132,7 +133,7 @@ class Aggregator:
                                      collectives=cfg.collectives, collectives_per_job=cfg.collectives_per_job,
                                      job_stale_after_s=cfg.job_stale_after_s,
                                      stall_phase_max_s=cfg.stall_phase_max_s, standing=self.guard.standing,
-                                     send=self.send_command)
+                                     send=self.send_command, clock=clock)
         self.guard.placed_jobs = self.state.jobs_on  # a node agent reports the jobs on its GPUs
         self.guard.node_of = self._node_of  # ... on a node the jobs' hosts name
         # A job-less event is the job's its sender hosts, never a label's (perfd.aggregator.eventlog).
@@ -152,9 +153,9 @@ class Aggregator:
                                    on_stream_end=lambda agent: self.lifecycle.stream_ended(agent))
         self.http: HttpServer | None = None
         self.grpc_port = 0
-        self.captures = CaptureCoordinator(self.state, self._engine(cfg), self.send_command,
+        self.captures = CaptureCoordinator(self.state, self._engine(cfg, clock), self.send_command,
                                            cfg.rules_interval_s, limits=cfg.limits,
-                                           refusals=self.refusals, hosts=self._hosts)
+                                           refusals=self.refusals, hosts=self._hosts, clock=clock)
         self._rules_task: asyncio.Task[None] | None = None
         self._refresh_task: asyncio.Task[None] | None = None
         self._working: set[asyncio.Future[None]] = set()  # the loops' work on worker threads, in flight
@@ -169,12 +170,12 @@ class Aggregator:
                                      cfg.wandb_dir or default_directory(cfg.state_dir))
             self.wandb = WandbSync(self.state, exporter, self.captures.list, cfg.wandb_interval_s)
         self.remote: RemoteWriter | None = None
-        self.lifecycle = Lifecycle(self)  # what is held now: releases, pruning, forgetting agents
+        self.lifecycle = Lifecycle(self, clock)  # what is held now: releases, pruning, forgetting agents
         self.ticks = 0  # rules ticks completed
         self.restored: dict[str, int] = {}  # what the start-up replay read, and its milliseconds
 
     @staticmethod
-    def _engine(cfg: AggregatorConfig) -> RuleEngine | None:
+    def _engine(cfg: AggregatorConfig, clock: Clock) -> RuleEngine | None:
         if cfg.rules_files is None:
             default = default_pack_path()
             if not default.is_file():  # an install without the shipped packs: say so, run on
@@ -192,7 +193,7 @@ class Aggregator:
             log.warning("%s", w)
         for old, new in rs.replaced:
             log.info("rule %s of %s overrides the one of %s", new.name, new.origin, old.origin)
-        return RuleEngine(rs.rules) if rs.rules else None
+        return RuleEngine(rs.rules, clock) if rs.rules else None
 
     async def _refresh_loop(self) -> None:
         """Analyses of jobs with new data, every refresh interval, on a worker thread: /metrics
@@ -212,7 +213,7 @@ class Aggregator:
             await asyncio.sleep(self.cfg.rules_interval_s)
             try:
                 # Analysis may run here (rate-limited): off the event loop, so ingest never waits.
-                await self._in_worker(asyncio.get_running_loop(), self._tick)
+                await self._in_worker(asyncio.get_running_loop(), self.tick)
             except Exception:  # a rule bug must not stop ingest; it is logged each time
                 log.exception("rule evaluation failed")
 
@@ -229,7 +230,8 @@ class Aggregator:
             else:
                 fut.add_done_callback(self._working.discard)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
+        """The rules loop's work, as of the aggregator's clock (a test moves a ManualClock, then ticks)."""
         # Each part on its own: one that raises (logged each time) does not keep the others from running
         # — the rules from evaluating, jobs from being pruned, the documents from being saved. Once the
         # aggregator stops, the parts left are skipped (stop() saves the documents itself).

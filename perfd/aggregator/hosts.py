@@ -13,12 +13,12 @@ answers per job. One lock.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from perfd import limits as L
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.events import (
     JOB_PHASE,
     PHASES,
@@ -76,7 +76,8 @@ def _observation(r: RankHost, node: str, agent: str, arrived_at: float,
 
 
 class HostView:
-    def __init__(self, max_jobs: int = L.MAX_JOBS) -> None:
+    def __init__(self, max_jobs: int = L.MAX_JOBS, clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock  # when an observation or announcement arrived
         self._lock = threading.Lock()
         self.max_jobs = max_jobs
         # job -> (agent, node) -> (arrived at, payload of its latest rank_processes)
@@ -103,7 +104,7 @@ class HostView:
                  and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int)]
         node = str(obj(ev.get("labels")).get("node") or agent_id)
         job = p["job"]
-        now = time.time()
+        now = self.clock.time()
         launch = p.get("launch") if isinstance(p.get("launch"), Mapping) else None
         kept = RankProcesses(**p)
         kept["ranks"] = ranks
@@ -129,7 +130,7 @@ class HostView:
     def stepped(self, job: str, now: float | None = None) -> None:
         """The job's step records arrived at ``now``: every observation of its processes that arrived
         before them was taken while it stepped (collectors/ranks reports every second)."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         with self._lock:
             pending = self._unconfirmed.get(job)
             if not pending:
@@ -176,12 +177,12 @@ class HostView:
             held = self._phases.setdefault(job, {})
             if p["state"] == "end":
                 if held.pop(key, None) is not None:
-                    self._phase_ended[job] = time.time()
+                    self._phase_ended[job] = self.clock.time()
             elif key in held and held[key].phase == p["phase"]:
                 pass  # announced again: it began when it first did (a re-announcement is no new pause)
             elif key in held or len(held) < MAX_PHASE_KEYS:
                 it = p.get("iteration")
-                held[key] = Announced(p["phase"], time.time(), it if isinstance(it, int) else None)
+                held[key] = Announced(p["phase"], self.clock.time(), it if isinstance(it, int) else None)
         return True
 
     def on_rank_stacks(self, agent_id: str, ev: Mapping[str, object]) -> bool:
@@ -204,7 +205,7 @@ class HostView:
                      ) -> dict[int, HostObservation]:
         """rank -> its newest observation (a RankHost mapping) with ``node``, ``agent`` and
         ``arrived_at``, from reports that arrived within ``max_age_s``."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         with self._lock:
             reports = list((self._ranks.get(job) or {}).items())
         out: dict[int, HostObservation] = {}

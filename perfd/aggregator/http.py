@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -55,7 +54,7 @@ class _StateCollector:
         self.remote_write: Callable[[], Mapping[str, TargetStats]] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        now = time.time()
+        now = self.state.clock.time()
         # Each job's snapshot, its analysis the refresher's last (Aggregator._refresh_loop): a scrape
         # never waits on one. A stalled or ended job's derived gauges leave.
         snaps = [snap for j in self.state.job_names() if (snap := self.state.snapshot(j)) is not None]
@@ -245,7 +244,7 @@ def job_summary(state: HttpState, job: str) -> dict[str, Any] | None:
     snap = state.snapshot(job, Analysed.SERVED)
     if snap is None:
         return None
-    now = time.time()
+    now = snap.clock.time()
     overview = snap.overview_at(now)
     view = state.serving_view(job)
     serving = view.to_json() if view is not None else None
@@ -407,8 +406,7 @@ class _Handler(httpd.BufferedHandler):
             elif path == "/api/events":
                 self._events()
             elif path == "/api/jobs":
-                now = time.time()
-                self._json(200, {"jobs": overviews_of((state.snapshot(j) for j in state.job_names()), now)})
+                self._json(200, {"jobs": overviews_of(state.snapshot(j) for j in state.job_names())})
             elif path.startswith("/api/jobs/") and path.endswith("/iterations"):
                 job = unquote(path[len("/api/jobs/"):-len("/iterations")])
                 its = job_iterations(state, job, parse_qs(urlparse(self.path).query).get(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +40,7 @@ from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.run.arming import ArmingCost, is_the_arming
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.liveness import ENDED
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.exporters.prometheus import Row
 from perfd.model import StepRecord
 
@@ -51,9 +51,11 @@ class JobAnalyses:
     def __init__(self, changes: Changes, jobs: JobStore, nodes: NodeView, collectives: CollectiveStore,
                  incidents: IncidentTracker, hosts: HostView, stalls: StallWatch, placements: PlacementCache,
                  gpu_baseline: GpuBaseline, captures: CaptureBook,
-                 job_stale_after_s: float | None = None) -> None:
+                 job_stale_after_s: float | None = None, clock: Clock = REAL_CLOCK) -> None:
         """``captures``: the capture records the coordinator keeps (read here, never written);
-        ``job_stale_after_s``: --job-stale-after (None: from each job's own steps)."""
+        ``job_stale_after_s``: --job-stale-after (None: from each job's own steps); ``clock``: "now"
+        for the incidents found and the snapshots' liveness."""
+        self.clock = clock
         self.changes = changes
         self.jobs = jobs
         self.nodes = nodes
@@ -152,7 +154,7 @@ class JobAnalyses:
         except Exception:  # counted in the collective store
             coll = None
         last_it = a.iterations[-1].iteration if a.iterations else None
-        now = time.time()
+        now = self.clock.time()
         open_now = self.incidents.has_open(job) or bool(a.incidents and a.incidents[-1].open)
         # Steady sightings only while the newest step is steady too: the seconds a slowdown takes to
         # become an incident (its cost past the floor) must not teach the baseline that its cause is
@@ -200,7 +202,7 @@ class JobAnalyses:
     @writes
     def _close_ended(self, job: str, ended: tuple[float, str]) -> None:
         """The job ended: so did its incidents."""
-        self.incidents.close_open(job, time.time(), f"the job ended: {ended[1]}", ended[0])
+        self.incidents.close_open(job, self.clock.time(), f"the job ended: {ended[1]}", ended[0])
 
     def collective_analysis(self, job: str, force: bool = False, cached: bool = False
                             ) -> CollectiveAnalysis | None:
@@ -340,4 +342,4 @@ class JobAnalyses:
             gpus=lambda names=None, procs=True: self.nodes.gpu_view(agents, names, job=job, procs=procs),
             hosts=lambda now=None: self.hosts.observations(job, now),
             hosts_last_running=lambda: self.hosts.last_running(job), ended=self.hosts.ended(job),
-            mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False)
+            mfu_alert_off=getattr(self.jobs.job_info(job), "mfu_alert", None) is False, clock=self.clock)

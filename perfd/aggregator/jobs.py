@@ -23,7 +23,6 @@ import logging
 import math
 import sys
 import threading
-import time
 from collections.abc import Collection, Sequence
 
 from perfd.aggregator.job_fold import job_info_of, job_level_steps, mark_disturbed
@@ -34,6 +33,7 @@ from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import MAX_DIGESTS
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S, RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.model import JobInfo, ParallelLayout, StepRecord, merge_job_info
 from perfd.stepfold import ALL_RANKS
@@ -90,9 +90,12 @@ def worse_than(new: StepRecord, held: StepRecord) -> bool:
 class JobStore:
     def __init__(self, max_iterations_per_job: int = RETAIN_ITERATIONS, min_recompute_s: float = 0.5,
                  gpu_override: str | None = None, peak_tflops: float | None = None,
-                 max_bytes_per_job: int = RETAIN_BYTES, standing: Standing | None = None) -> None:
+                 max_bytes_per_job: int = RETAIN_BYTES, standing: Standing | None = None,
+                 clock: Clock = REAL_CLOCK) -> None:
         """``standing``: (job, agent) -> its standing as a writer of the job
-        (perfd.aggregator.guard.Guard.standing; none given: every agent's is 0)."""
+        (perfd.aggregator.guard.Guard.standing; none given: every agent's is 0); ``clock``: when
+        records arrive, and how old the last one is."""
+        self.clock = clock
         self._lock = threading.Lock()
         self.max_bytes = max_bytes_per_job
         self.jobs: dict[str, JobState] = {}
@@ -116,7 +119,7 @@ class JobStore:
             for j in jobs:
                 js = self._job(j)
                 js.agents.add(agent_id)
-                js.touched_at = now if now is not None else time.time()
+                js.touched_at = now if now is not None else self.clock.time()
                 self.agent_job[agent_id] = j
 
     def add_agent(self, job: str, agent_id: str) -> None:
@@ -142,7 +145,7 @@ class JobStore:
         with self._lock:
             js = self._job(job)
             js.agents.add(agent_id)
-            js.touched_at = now if now is not None else time.time()
+            js.touched_at = now if now is not None else self.clock.time()
             js.job_info, js.job_info_agent = merge_job_info(js.job_info, info), agent_id
             st = js.job_info.started_at
             if js.run_start is None or st is None or st <= js.run_start:  # not a later run's start-up
@@ -156,7 +159,7 @@ class JobStore:
         and report. ``now``: when they arrived (a replay from the state store gives the time they
         first did)."""
         out = StepConflicts()
-        arrived = now if now is not None else time.time()
+        arrived = now if now is not None else self.clock.time()
         lowest: dict[str, int] = {}  # job -> the lowest iteration of its records in this batch
         for rec in steps:
             if rec.iteration < lowest.get(rec.job, rec.iteration + 1):
@@ -327,7 +330,7 @@ class JobStore:
     def log_retention(self, now: float | None = None, force: bool = False) -> None:
         """One log line per job and REFUSAL_LOG_INTERVAL_S with what retention dropped since the last
         one (records that arrived older than the window at warning level: they are data lost)."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         lines: list[tuple[int, str]] = []
         with self._lock:
             for js in self.jobs.values():
@@ -407,7 +410,7 @@ class JobStore:
             # New records, or what the class reads changed (a capture finished, the job stopped
             # stepping and its last steady window's GPM now stands for it).
             changed = js.dirty or js.class_key != (gpm, timeline, gpm_when)
-            stale = changed and (force or time.time() - js.analysis_time >= self.min_recompute_s)
+            stale = changed and (force or self.clock.time() - js.analysis_time >= self.min_recompute_s)
             if js.analysis is not None and not stale:
                 return js.analysis
             raw = js.held_records()
@@ -433,14 +436,14 @@ class JobStore:
             # stays served; tried again when new data comes, not on every tick.
             with self._lock:
                 self.stats.analysis_errors += 1
-                js.analysis_time, js.class_key = time.time(), (gpm, timeline, gpm_when)
+                js.analysis_time, js.class_key = self.clock.time(), (gpm, timeline, gpm_when)
                 n = js.analysis_failed(exc, js.analysis_time, REFUSAL_LOG_INTERVAL_S)
             if n:
                 log.exception("analysis of job %s failed (%d time(s) since the last line; %d in all); its "
                               "last analysis stays served", job[:80], n, js.analysis_failures)
             return js.analysis
         with self._lock:
-            js.analysis, js.analysis_time, js.class_key = result, time.time(), (gpm, timeline, gpm_when)
+            js.analysis, js.analysis_time, js.class_key = result, self.clock.time(), (gpm, timeline, gpm_when)
             js.analysis_failure = js.analysis_failed_since = None
         return result
 
@@ -586,7 +589,7 @@ class JobStore:
                 job=job, agents=js.agents_sorted, gpu=self.gpu_override or js.gpu_name,
                 iterations_seen=len(js.records), first_iteration=min(its) if its else None,
                 last_iteration=max(its) if its else None, has_job_info=js.job_info is not None,
-                last_step_age_s=(time.time() - js.last_step_time) if js.last_step_time else None,
+                last_step_age_s=(self.clock.time() - js.last_step_time) if js.last_step_time else None,
                 last_step_time=js.last_step_time or None, skipped_iterations_total=js.skipped_total,
                 nan_iterations_total=js.nan_total, analysis_failure=js.analysis_failure,
                 analysis_failed_since=js.analysis_failed_since, analysis_failures=js.analysis_failures)

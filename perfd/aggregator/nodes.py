@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 from perfd.analytics.breakdown.bottleneck import GpmReading
 from perfd.catalog import GPU_THROTTLE_ACTIVE
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.events import GPU_PODS, GPU_PROCESSES, GpuOwner, GpuProcess, payload_of
 from perfd.model import LabelSet
 from perfd.placement import declared_job, declared_jobs
@@ -113,7 +113,8 @@ def _placement_fields(procs: Sequence[Any]) -> list[tuple[Any, ...]]:
 
 
 class NodeView:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = REAL_CLOCK) -> None:
+        self.clock = clock  # when an agent was last heard from
         self._lock = threading.Lock()
         self._agents: dict[str, AgentColumns] = {}
         self.agent_seen: dict[str, float] = {}
@@ -153,7 +154,7 @@ class NodeView:
 
     def seen(self, agent_id: str) -> None:
         with self._lock:
-            self.agent_seen[agent_id] = time.time()
+            self.agent_seen[agent_id] = self.clock.time()
 
     def said_hello(self, agent_id: str, node: str, capabilities: Mapping[str, str]) -> None:
         """The agent's node and its collectors' start-up state, bounded (the network sends them)."""
@@ -195,7 +196,7 @@ class NodeView:
             raise ValueError(f"sample columns differ in length: {len(ids)}, {len(ts)}, {n}")
         with self._lock:
             self.samples += n
-            self.agent_seen[agent_id] = time.time()
+            self.agent_seen[agent_id] = self.clock.time()
             cols = self._agents.get(agent_id)
             if cols is None:
                 cols = self._agents[agent_id] = AgentColumns()

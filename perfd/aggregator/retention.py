@@ -25,11 +25,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 from perfd.aggregator import memory
 from perfd.aggregator.wiring import AggregatorParts
 from perfd.analytics.steps.liveness import ENDED
+from perfd.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,9 @@ TRIM_EVERY_S = 10.0  # the allocator's free memory is given back at most this of
 
 
 class Lifecycle:
-    def __init__(self, agg: AggregatorParts, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, agg: AggregatorParts, clock: Clock = REAL_CLOCK) -> None:
         self.agg = agg
-        self.clock = clock
+        self.clock = clock  # the aggregator's: when a stream ended, how long a job has been ended
         self._lock = threading.Lock()
         self._gone_since: dict[str, float] = {}  # agent -> when its live stream ended
         self._pruned: deque[str] = deque()  # jobs pruned on the event loop, for the rules thread
@@ -65,7 +66,7 @@ class Lifecycle:
         """The aggregator restored its state and listens now: every agent it knows of is gone until
         it connects again, and no job is held by a Hello any more (no stream is open)."""
         self._loop = loop
-        now = self.clock()
+        now = self.clock.time()
         agents = set(self.agg.state.agents_seen()) | {a for j in self.agg.guard.held_jobs()
                                                               for a in self.agg.guard.hosts(j)}
         for agent in agents:
@@ -81,7 +82,7 @@ class Lifecycle:
     def stream_ended(self, agent: str, now: float | None = None) -> None:
         """The agent's live stream ended: the jobs it only named are no longer held by it."""
         with self._lock:
-            self._gone_since.setdefault(agent, self.clock() if now is None else now)
+            self._gone_since.setdefault(agent, self.clock.time() if now is None else now)
         named_only = [j for j in self.agg.guard.jobs_of(agent) if not self._has_data(j)]
         for job in self.agg.guard.release(agent, named_only):
             self.agg.state.forget_job(job)
@@ -91,7 +92,7 @@ class Lifecycle:
         """Prune the job that ended first among ``among`` (the guard asks at a cap or quota): of the
         jobs the last housekeeping found ended, the first one still ended now. Before the first
         housekeeping (a restart's replay) every candidate's state is asked."""
-        now = self.clock()
+        now = self.clock.time()
         known = self._ended
         if known is not None:
             ranked = sorted((t, j) for j in among if (t := known.get(j)) is not None)
@@ -161,7 +162,7 @@ class Lifecycle:
     def housekeeping(self) -> None:
         """Prune jobs ended longer than the retention, drop what a pruned job left with the rules,
         captures and W&B, and forget agents gone longer than theirs. Called every rules tick."""
-        now = self.clock()
+        now = self.clock.time()
         limits = self.agg.cfg.limits
         known = set(self.agg.guard.held_jobs()) | set(self.agg.state.job_names())
         ended: dict[str, float] = {}

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.report.serving_report import build_serving_report
 from perfd.report.training_report import Report
 from perfd.serving_model import ServingModelSpec
@@ -72,7 +72,7 @@ class ServingStore:
     """Per-job serving records and the latest analysis. Thread-safe: ingest runs on the gRPC side,
     views on the HTTP side."""
 
-    def __init__(self, min_recompute_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, min_recompute_s: float = 1.0, clock: Clock = REAL_CLOCK) -> None:
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self.min_recompute_s = min_recompute_s
@@ -92,7 +92,7 @@ class ServingStore:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             self._error("bad-payload", f"{type(exc).__name__}: {exc}")
             return None
-        t = self.clock() if now is None else now
+        t = self.clock.time() if now is None else now
         with self._lock:
             js = self._jobs.get(data.job)
             if js is None or js.config != data.config:
@@ -129,7 +129,7 @@ class ServingStore:
     def _analyse(self, job: str, js: _Job) -> None:
         """Recompute the job's gauges and report if data arrived and the last one is old enough.
         Called with the lock held."""
-        now = self.clock()
+        now = self.clock.time()
         if not js.dirty or (js.computed_at is not None and now - js.computed_at < self.min_recompute_s):
             return
         w = js.window
@@ -155,7 +155,7 @@ class ServingStore:
             metrics, report, at = dict(js.metrics), js.report, js.computed_at
         if not metrics and report is None:
             return None
-        age = round(self.clock() - at, 3) if report is not None and at is not None else None
+        age = round(self.clock.time() - at, 3) if report is not None and at is not None else None
         return ServingView(metrics, report, age)
 
     def rows(self) -> list[Row]:

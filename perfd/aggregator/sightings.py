@@ -9,7 +9,6 @@ cost); the state's incident pass (AggregatorState.track_live_incidents) calls it
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from perfd.aggregator.class_inputs import STEPPING_MIN_S
@@ -72,7 +71,7 @@ class Sightings:
         """The job's GPUs as incident snapshots read them, now."""
         agents, version = self.jobs.agents_of(job), self.nodes.placement_version  # the version first
         procs, values, throttles = self.nodes.gpu_view(agents, SNAPSHOT_READS, job=job)
-        taken_at = time.time()
+        taken_at = self.jobs.clock.time()
         return SnapshotView(taken_at, procs, values, throttles,
                             self.placements.from_view(job, agents, version, procs))
 
@@ -83,7 +82,7 @@ class Sightings:
         its snapshots cost no more than its sightings would; any other job reads it at every pass."""
         held = self._views.get(job)
         keep_s = self.baseline.interval_s(job) - self.baseline.every_s  # 0 up to that size
-        if held is not None and keep_s > 0 and 0.0 <= time.time() - held.taken_at < keep_s:
+        if held is not None and keep_s > 0 and 0.0 <= self.jobs.clock.time() - held.taken_at < keep_s:
             return held
         view = self._views[job] = self.read_view(job)
         return view

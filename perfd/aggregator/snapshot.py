@@ -34,6 +34,7 @@ from perfd.analytics.steps.goodput import Goodput, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.report.incident_text import stall_text
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class JobSnapshot:
     # the job is ended at once, not once its last step is stale (perfd.aggregator.hosts)
     ended: tuple[float, str] | None = None
     mfu_alert_off: bool = False  # the job opted out of the MFU alert (its job info's mfu_alert is False)
+    clock: Clock = REAL_CLOCK  # the state's: "now" for the readings below when none is given
 
     # ---- the analysis ------------------------------------------------------------------------
     @property
@@ -115,7 +117,7 @@ class JobSnapshot:
     def state_at(self, now: float | None = None) -> tuple[str, str]:
         """(state, why): running | stalled | ended, from the last step's age at ``now``; a live stall
         says stalled within seconds."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         if self.ended is not None and self.ended[0] >= self._last_step_end() - 1.0:
             return ENDED, self.ended[1]  # its processes ended after its last step: ended, whatever its age
         med_s = self.median_step_s
@@ -143,7 +145,7 @@ class JobSnapshot:
     def overview_at(self, now: float | None = None) -> dict[str, Any]:
         """The job's overview with its liveness (``state`` running | stalled | ended), as /api/jobs
         serves it."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         ov = self.overview.to_json()
         ov["last_step_age_s"] = self.last_step_age_s(now)  # same place in the JSON as the store's
         state, why = self.state_at(now)
@@ -167,7 +169,7 @@ class JobSnapshot:
 
     def stalled_seconds(self, now: float | None = None) -> float | None:
         """Seconds since the last step while stalled, 0.0 while running, None when ended."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         state, _ = self.state_at(now)
         if state == ENDED:
             return None
@@ -179,7 +181,7 @@ class JobSnapshot:
         source: a hang's time is stall, not incident, and so is a live stall's silence between steps:
         only the part of an incident's cost in its steps' time counts), plus the time since its last
         step while it is stalled."""
-        now = time.time() if now is None else now
+        now = self.clock.time() if now is None else now
         run_gp = self.analysis.summary.goodput if self.analysis is not None else None
         if run_gp is None:
             return None
@@ -214,8 +216,8 @@ def latest_of_running(snapshots: Iterable[JobSnapshot], now: float | None = None
                       ) -> dict[str, Table[IterationResult]]:
     """{job: its analysed iterations, the latest last} of the jobs running at ``now``: the latest is
     what /metrics exports as the job's derived gauges and the rules evaluate (a stalled or ended
-    job's leave both), read from the table's columns (perfd.exporters.prometheus.latest_series)."""
-    now = time.time() if now is None else now
+    job's leave both), read from the table's columns (perfd.exporters.prometheus.latest_series). No
+    ``now``: each snapshot's clock's."""
     out: dict[str, Table[IterationResult]] = {}
     for snap in snapshots:
         its = snap.iterations

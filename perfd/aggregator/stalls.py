@@ -17,7 +17,6 @@ import itertools
 import logging
 import statistics
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from perfd.analytics.incidents.stall import (
     delivery_only,
     job_clock_gap_s,
 )
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.model import CPU
 from perfd.transport.codec import COMMAND_STACKS, Command
 
@@ -137,12 +137,13 @@ def capture_spans(records: Sequence[CaptureRecord]) -> list[CaptureSpan]:
 
 class StallWatch:
     def __init__(self, changes: Changes, send: SendCommand | None = None,
-                 phase_max_s: float = PHASE_MAX_S) -> None:
+                 phase_max_s: float = PHASE_MAX_S, clock: Clock = REAL_CLOCK) -> None:
         """``changes``: the state's change count (a tick is a write: the job's snapshot shows its
         stall); ``send``: how a stall asks the ranks' agents for their stacks (the server's
         send_command; None: it does not ask); ``phase_max_s``: how long after a job's last record its
         announced pauses may hold a stall back (the aggregator's --stall-phase-max-s;
-        perfd.shared_thresholds.STALL_PHASE_MAX_S)."""
+        perfd.shared_thresholds.STALL_PHASE_MAX_S); ``clock``: what "now" is at a tick given none."""
+        self.clock = clock
         self._lock = threading.Lock()
         self._open: dict[str, Stall] = {}
         self.changes = changes
@@ -174,7 +175,7 @@ class StallWatch:
     def tick(self, state: StallSource, job: str, now: float | None = None) -> StallCheck:
         """Check the job now; open, update or close its stall incident. Returns the check. A write
         whatever it found: the job's snapshot is built anew after it."""
-        return self._tick(state, job, time.time() if now is None else now)
+        return self._tick(state, job, self.clock.time() if now is None else now)
 
     def _tick(self, state: StallSource, job: str, now: float) -> StallCheck:
         snap = state.snapshot(job)

@@ -67,6 +67,7 @@ from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.stall import PHASE_MAX_S
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.collfold import CollectivePartial
 from perfd.events import GpuOwner, GpuProcess
 from perfd.exporters.prometheus import Row
@@ -97,42 +98,46 @@ class AggregatorState:
                  max_bytes_per_job: int = RETAIN_BYTES, *, collectives: CollectiveConfig | None = None,
                  collectives_per_job: Mapping[str, CollectiveConfig] | None = None,
                  job_stale_after_s: float | None = None, stall_phase_max_s: float = PHASE_MAX_S,
-                 standing: Standing | None = None, send: SendCommand | None = None) -> None:
+                 standing: Standing | None = None, send: SendCommand | None = None,
+                 clock: Clock = REAL_CLOCK) -> None:
         """The aggregator's settings: retention (--retain-iterations, --retain-mib), the analysis'
         GPU and peak (--gpu, --peak-tflops), link capabilities for the collective analysis (all jobs,
         and per job), --job-stale-after and --stall-phase-max-s; who keeps an iteration two hosts
         wrote (``standing``: the guard's) and how a stall asks its agents for the ranks' stacks
-        (``send``: the server's send_command)."""
+        (``send``: the server's send_command); ``clock``: what every part of it reads as now
+        (perfd.clock: a test's ManualClock moves it)."""
+        self.clock = clock
         changes = Changes()
         jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops, max_bytes_per_job,
-                        standing)
-        self.nodes = nodes = NodeView()
+                        standing, clock)
+        self.nodes = nodes = NodeView(clock)
         placements = PlacementCache(nodes)  # each job's rank placement (see gpu_views)
         self.collectives = CollectiveStore(config=collectives, job_config=collectives_per_job,
                                            fold_inputs=job_fold_inputs(jobs))  # its fold reads the steps
         self.log = EventLog()
-        self.stats = Stats()
+        self.stats = Stats(started=clock.time())
         # The transport's counters, taken when /api/stats or /metrics asks (once per read: each
         # call walks every stream). Set by the aggregator once its server runs.
         self.transport_stats: Callable[[], dict[str, int]] | None = None
         self.engine_stats: Callable[[], dict[str, object]] | None = None  # a job's root (perfd.engine)
-        self.serving = ServingStore()
+        self.serving = ServingStore(clock=clock)
         # Its events go to the log; every call of it comes within a write of the state.
         self.incidents = IncidentTracker(partial(self.log.ingest, "aggregator"))
         self.gpu_baseline = GpuBaseline()
-        self.hosts = HostView()  # the jobs' rank processes on their hosts (collectors/ranks)
-        self.stalls = StallWatch(changes, send, stall_phase_max_s)
+        self.hosts = HostView(clock=clock)  # the jobs' rank processes on their hosts (collectors/ranks)
+        self.stalls = StallWatch(changes, send, stall_phase_max_s, clock)
         # The capture records: the coordinator (perfd.aggregator.captures) writes them, the analyses read
         # them.
         self.capture_book = CaptureBook()
         self._analyses = JobAnalyses(changes, jobs, nodes, self.collectives, self.incidents, self.hosts,
                                      self.stalls, placements, self.gpu_baseline, self.capture_book,
-                                     job_stale_after_s)
+                                     job_stale_after_s, clock)
         self._reads = StateReads(jobs, nodes, self.collectives, self.log, self.serving, self.incidents,
                                  self.hosts, placements)
         self._ingest = StateIngest(changes, jobs, nodes, self.collectives, self.log, self.serving,
                                    self.incidents, self.hosts,
-                                   holders=(self.gpu_baseline, self.stalls, placements, self._analyses))
+                                   holders=(self.gpu_baseline, self.stalls, placements, self._analyses),
+                                   clock=clock)
         self.snapshots = self._analyses.snapshots
         self.sightings = self._analyses.sightings
 

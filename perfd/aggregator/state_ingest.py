@@ -10,7 +10,6 @@ Called from the gRPC event loop (and the replay before it runs); each part has i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -22,6 +21,7 @@ from perfd.aggregator.jobs import JobStore, StepConflicts
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.state_changes import Changes, writes
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.collfold import CollectivePartial
 from perfd.events import (
     GPU_PODS,
@@ -51,8 +51,9 @@ class JobHolder(Protocol):
 class StateIngest:
     def __init__(self, changes: Changes, jobs: JobStore, nodes: NodeView, collectives: CollectiveStore,
                  log: EventLog, serving: ServingStore, incidents: IncidentTracker, hosts: HostView,
-                 holders: Sequence[JobHolder] = ()) -> None:
+                 holders: Sequence[JobHolder] = (), clock: Clock = REAL_CLOCK) -> None:
         """``holders``: the other parts that hold something of a job (:meth:`forget_job`)."""
+        self.clock = clock
         self.changes = changes
         self.jobs = jobs
         self.nodes = nodes
@@ -117,10 +118,10 @@ class StateIngest:
             self.hosts.stepped(job, now)
         for job, runs in out.ended_runs.items():  # a run ended: its incidents end with it
             for run in runs:
-                self.incidents.retire_run(job, run, time.time() if now is None else now)
+                self.incidents.retire_run(job, run, self.clock.time() if now is None else now)
         if not (out.other_agent or out.displaced) or self.replaying:
             return out
-        evs = self._conflict_events(agent_id, out, time.time())
+        evs = self._conflict_events(agent_id, out, self.clock.time())
         if evs:
             self.ingest_events("aggregator", evs)
         return out

@@ -21,6 +21,7 @@ from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.clock import Clock
 from perfd.events import GpuOwner, GpuProcess
 from perfd.model import JobInfo
 
@@ -38,6 +39,9 @@ class JobReader(Protocol):
 class HttpState(JobReader, JobRowSource, Protocol):
     """What /metrics and the JSON API read (perfd.aggregator.http), and the two things they write: a
     job's new normal (POST .../new-normal), and the analysis it asks for at once after it."""
+
+    @property
+    def clock(self) -> Clock: ...  # what "now" is for what they serve (perfd.clock)
 
     @property
     def transport_stats(self) -> Callable[[], dict[str, int]] | None: ...

@@ -16,6 +16,7 @@ from perfd.aggregator.memory import memory_stats
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Snapshots
+from perfd.clock import Clock
 
 
 @dataclass
@@ -44,6 +45,8 @@ class CounterSources(Protocol):
     @property
     def stats(self) -> Stats: ...
     @property
+    def clock(self) -> Clock: ...
+    @property
     def transport_stats(self) -> Callable[[], dict[str, int]] | None: ...
     @property
     def engine_stats(self) -> Callable[[], dict[str, object]] | None: ...
@@ -51,7 +54,7 @@ class CounterSources(Protocol):
 
 def stats_json(state: CounterSources) -> dict[str, object]:
     """The aggregator's counters as /api/stats serves them (the transport's too, when set)."""
-    now = time.time()
+    now = state.clock.time()
     js = state.job_stats
     out: dict[str, object] = {
         "samples_ingested": state.nodes.samples,

@@ -1,10 +1,10 @@
 """Evaluate rules over the current metric values: pending → firing with ``for:``, capture budgets,
 and one capture per process at a time.
 
-All time comes from the ``now`` argument (the clock is only a default), so every behaviour is
-testable without sleeping. Semantics follow Prometheus alerting rules: a condition that holds starts
-*pending* at that evaluation; once it has held for ``for`` seconds it is *firing* and stays so on
-every evaluation while it holds; the first evaluation where it does not hold (or its scope or a
+All time comes from the ``now`` argument (the engine's perfd.clock.Clock is only a default), so every
+behaviour is testable without sleeping. Semantics follow Prometheus alerting rules: a condition that
+holds starts *pending* at that evaluation; once it has held for ``for`` seconds it is *firing* and
+stays so on every evaluation while it holds; the first evaluation where it does not hold (or its scope or a
 value is gone: absent never fires) resolves it and the next episode starts a fresh ``for`` wait.
 
 Scope keys: a job name (``str``) for job scope, ``(job, rank)`` for rank scope, and
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from perfd.clock import REAL_CLOCK, Clock
 from perfd.rules.expr import Values
 from perfd.rules.rule_types import Action, Annotations, CaptureAction, CaptureTargets, Rule, Scope, Severity
 
@@ -206,7 +206,7 @@ def default_targets(job: str, key: ScopeKey, targets: CaptureTargets,
 
 
 class RuleEngine:
-    def __init__(self, rules: Iterable[Rule], clock: Callable[[], float] | None = None,
+    def __init__(self, rules: Iterable[Rule], clock: Clock = REAL_CLOCK,
                  arbiter: CaptureArbiter | None = None,
                  resolve_targets: TargetResolver | None = None, ready: ReadyCheck | None = None) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
@@ -214,7 +214,7 @@ class RuleEngine:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate rule names: {', '.join(dupes)}")
-        self.clock = clock or time.time
+        self.clock = clock
         self.arbiter = arbiter if arbiter is not None else CaptureArbiter()
         self.resolve_targets = resolve_targets or default_targets
         self.ready = ready  # None: every target counts as ready
@@ -230,7 +230,7 @@ class RuleEngine:
     def evaluate(self, now: float | None, scope_values: Mapping[K, Values],
                  disk_used: Mapping[str, int] | None = None) -> list[Firing]:
         """One evaluation round. ``disk_used``: bytes of captures already on disk, per job."""
-        t = self.clock() if now is None else now
+        t = self.clock.time() if now is None else now
         used = disk_used or {}
         by_scope: dict[Scope, list[tuple[ScopeKey, Values]]] = {"job": [], "rank": [], "gpu": []}
         for k, v in scope_values.items():

@@ -5,13 +5,13 @@ rule its budget back, so no cooldown holds the retry, and is asked again after a
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from collectors.megatron import parse_file
 from perfd.aggregator.capture_ready import RETRY_FIRST_S
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
+from perfd.clock import ManualClock
 from perfd.model import CaptureFailure, Provenance, StepRecord
 from perfd.rules.evaluator import NOT_READY, RuleEngine, TargetWait
 from perfd.rules.pack_loader import parse_pack
@@ -37,8 +37,8 @@ rules:
 """
 
 
-def _state(records: int | None = None) -> AggregatorState:
-    st = AggregatorState(gpu_override="NVIDIA H200", min_recompute_s=0.0)
+def _state(clock: ManualClock, records: int | None = None) -> AggregatorState:
+    st = AggregatorState(gpu_override="NVIDIA H200", min_recompute_s=0.0, clock=clock)
     parsed = parse_file(LOG, job="j")
     st.hello("agent-1", ["j"])
     st.ingest_job_info("agent-1", "j", parsed.job_info)
@@ -46,15 +46,9 @@ def _state(records: int | None = None) -> AggregatorState:
     return st
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
 
-    def __call__(self) -> float:
-        return self.t
-
-
-def _coordinator(st: AggregatorState, sent: list[Command], pack: str, clock: Clock) -> CaptureCoordinator:
+def _coordinator(st: AggregatorState, sent: list[Command], pack: str, clock: ManualClock
+                 ) -> CaptureCoordinator:
     rules, errors = parse_pack(pack, "test.yaml")
     assert rules is not None, errors
 
@@ -74,7 +68,8 @@ def _report(st: AggregatorState, cid: str, kind: str, cause: CaptureFailure | No
 
 
 def test_a_capture_whose_target_was_not_ready_takes_no_cooldown_and_is_asked_again():
-    st, clock = _state(), Clock(1000.0)
+    clock = ManualClock(1000.0)
+    st = _state(clock)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack(), clock)
     co.evaluate(now=1000.0)
@@ -95,7 +90,8 @@ def test_a_capture_whose_target_was_not_ready_takes_no_cooldown_and_is_asked_aga
 
 
 def test_a_real_failure_keeps_the_cooldown():
-    st, clock = _state(), Clock(1000.0)
+    clock = ManualClock(1000.0)
+    st = _state(clock)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack(), clock)
     co.evaluate(now=1000.0)
@@ -106,7 +102,8 @@ def test_a_real_failure_keeps_the_cooldown():
 
 
 def test_no_capture_on_warm_up_steps_and_none_of_the_budget_taken():
-    st, clock = _state(records=2), Clock(1000.0)
+    clock = ManualClock(1000.0)
+    st = _state(clock, records=2)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack(), clock)
     (f,) = co.evaluate(now=1000.0)
@@ -128,8 +125,9 @@ def _hook_step(rank: int, pid: str) -> StepRecord:
 
 
 def test_an_ncu_rule_waits_for_the_target_ranks_step_hook():
-    t = time.time()  # the job must look running: its steps arrive now
-    st, clock = _state(), Clock(t)
+    t = 1000.0  # the clock's: the job's steps arrive then, and it runs
+    clock = ManualClock(t)
+    st = _state(clock)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack("ncu", "{ranks: [0]}"), clock)
     (f,) = co.evaluate(now=t)
@@ -144,8 +142,9 @@ def test_an_ncu_rule_waits_for_the_target_ranks_step_hook():
 
 def test_a_hook_silent_since_a_restart_is_not_ready():
     """The old run's hook record is there, but long ago: the rank restarting under ncu has no hook yet."""
-    t = time.time()
-    st, clock = _state(), Clock(t)
+    t = 1000.0
+    clock = ManualClock(t)
+    st = _state(clock)
     sent: list[Command] = []
     co = _coordinator(st, sent, _pack("ncu", "{ranks: [0]}"), clock)
     st.ingest_steps("agent-1", [_hook_step(0, "76")], now=t - 100)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.clock import REAL_CLOCK
 from perfd.limits import Limits
 from perfd.model import Sample, StepRecord
 from perfd.typed import number, obj
@@ -90,10 +91,10 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
         # old cannot be pruned first however slow the machine (a full suite on 2 cores took more than the
         # 3 s of retention this test once waited on; node-b, then holding nothing live, was rightly
         # forgotten). It runs on from then: old is pruned at the next tick.
-        held: list[float] = [time.time() - 60.0]
+        held = _HeldClock(time.time() - 60.0)
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.1,
                                           job_stale_after_s=0.5, limits=Limits(job_retention_s=1.0)))
-        agg.lifecycle.clock = lambda: held[0] if held else time.time()
+        agg.lifecycle.clock = held
         await agg.start()
         try:
             target = f"127.0.0.1:{agg.grpc_port}"
@@ -105,7 +106,7 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "node-b's stream holding job new never opened"
                 await asyncio.sleep(0.05)
             assert agg.lifecycle.jobs_pruned == 0, "old was pruned while the housekeeping's clock stood"
-            held.clear()
+            held.at = None
             await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.jobs_pruned >= 1,
                                     "job old pruned (jobs_pruned >= 1)")
             await asyncio.sleep(0.5)
@@ -115,6 +116,19 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
             await agg.stop()
 
     asyncio.run(main())
+
+
+class _HeldClock:
+    """A perfd.clock.Clock whose wall clock stands at ``at`` until it is set to None, then is the real one."""
+
+    def __init__(self, at: float | None) -> None:
+        self.at = at
+
+    def time(self) -> float:
+        return self.at if self.at is not None else REAL_CLOCK.time()
+
+    def monotonic(self) -> float:
+        return REAL_CLOCK.monotonic()
 
 
 async def _hold(target: str) -> None:

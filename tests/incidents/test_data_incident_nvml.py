@@ -64,10 +64,9 @@ def _feed(capped_s: float) -> tuple[Feed, dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("capped_s", [0.0, 6.0], ids=["gpu-plain", "gpu-capped-during-it"])
-def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(
-        monkeypatch: pytest.MonkeyPatch, capped_s: float) -> None:
+def test_a_data_slowdown_is_named_data_loading_whatever_the_gpu_shows(capped_s: float) -> None:
     feed, truth = _feed(capped_s)
-    *_, (_, st) = replay(monkeypatch, feed, JOB)
+    *_, (_, st) = replay(feed, JOB)
     (inc,) = [i for i in st.incidents.incidents(JOB) if (i["cost_s"] or 0) > 5]
     assert not inc["open"]
     assert abs(inc["first_iteration"] - truth["slow_first"]) <= 20

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import statistics
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,9 @@ import pytest
 
 from collectors.megatron import parse_lines
 from perfd import events
-from perfd.aggregator import class_inputs as class_inputs_mod
-from perfd.aggregator import job_analyses as job_analyses_mod
-from perfd.aggregator import jobs as jobs_mod
-from perfd.aggregator import sightings as sightings_mod
-from perfd.aggregator import state_ingest as state_ingest_mod
-from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
+from perfd.clock import ManualClock
 
 pytestmark = pytest.mark.slow
 
@@ -36,35 +30,20 @@ COTENANT_PID = 932  # README: the foreign process's pid in this recording
 NODE = "h100"
 
 
-class _Clock:
-    """Replay time for the aggregator modules that read the wall clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def module(self) -> types.SimpleNamespace:
-        return types.SimpleNamespace(time=lambda: self.now, monotonic=lambda: self.now)
-
-
 def _frames() -> list[dict[str, Any]]:
     with gzip.open(DATA / "nvml.jsonl.gz", "rt") as f:
         return [d for line in f if (d := json.loads(line))["type"] == "collect"]
 
 
-def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, AggregatorState, str]]:
+def _replay() -> Iterator[tuple[float, AggregatorState, str]]:
     """Yields (replay time, state, what just happened) while feeding log records and NVML frames
-    in the order they happened; the state analyses the job every 2 s of replay time."""
-    clock = _Clock()
-    monkeypatch.setattr(state_ingest_mod, "time", clock.module())
-    monkeypatch.setattr(job_analyses_mod, "time", clock.module())
-    monkeypatch.setattr(jobs_mod, "time", clock.module())
-    # the GPU and host readings an incident keeps, and the class inputs, stamp their time there too
-    monkeypatch.setattr(sightings_mod, "time", clock.module())
-    monkeypatch.setattr(class_inputs_mod, "time", clock.module())
-    monkeypatch.setattr(stats_mod, "time", clock.module())  # /api/stats' uptime and agents' ages
+    in the order they happened; the state analyses the job every 2 s of replay time, its clock the
+    replay's (perfd.clock.ManualClock: the GPU and host readings an incident keeps, the class inputs,
+    /api/stats' uptime and agents' ages are stamped with it too)."""
+    clock = ManualClock(0.0)
     with gzip.open(DATA / "megatron_dp1.log.gz", "rt") as f:
         parsed = parse_lines(f.read().splitlines(), job=JOB)
-    st = AggregatorState(min_recompute_s=0.0)
+    st = AggregatorState(min_recompute_s=0.0, clock=clock)
     st.hello("agent-a", [JOB])
     st.ingest_job_info("agent-a", JOB, parsed.job_info)
     feed: list[tuple[float, str, Any]] = [(float(r.end_time), "step", r) for r in parsed.records
@@ -74,7 +53,7 @@ def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, Aggregator
     defs: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
     next_analysis = feed[0][0]
     for t, what, item in feed:
-        clock.now = t
+        clock.set(t)
         if what == "step":
             st.ingest_steps("agent-a", [item])
         else:
@@ -96,9 +75,9 @@ def _replay(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[float, Aggregator
             st.analysis(JOB, force=True)
             next_analysis = t + 2.0
             yield t, st, what
-    clock.now = feed[-1][0] + 30.0  # the job has ended; the aggregator refreshes once more
+    clock.set(feed[-1][0] + 30.0)  # the job has ended; the aggregator refreshes once more
     st.analysis(JOB, force=True)
-    yield clock.now, st, "end"
+    yield clock.time(), st, "end"
 
 
 def _foreign_present(frames: list[dict[str, Any]]) -> list[tuple[float, bool]]:
@@ -110,12 +89,11 @@ def _foreign_present(frames: list[dict[str, Any]]) -> list[tuple[float, bool]]:
     return out
 
 
-def test_the_co_tenant_stays_the_cause_after_it_left_and_the_incident_closed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_co_tenant_stays_the_cause_after_it_left_and_the_incident_closed() -> None:
     during: list[dict[str, Any]] = []
     st = None
     closed_at = None  # replay time perfd first reported the incident closed
-    for t, st, _what in _replay(monkeypatch):
+    for t, st, _what in _replay():
         for inc in st.incidents.incidents(JOB):
             if inc["open"] and inc["verdict"].get("cause"):
                 during.append(inc)

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from perfd.clock import ManualClock
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, job_of, scope_of
 from perfd.rules.pack_loader import parse_pack
 from perfd.rules.rule_types import Rule
@@ -134,8 +135,8 @@ def test_rules_see_only_keys_of_their_scope() -> None:
 
 
 def test_clock_is_used_when_now_is_none() -> None:
-    t = [100.0]
-    eng = RuleEngine(alert_engine("0s").rules, clock=lambda: t[0])
+    clock = ManualClock(100.0)
+    eng = RuleEngine(alert_engine("0s").rules, clock=clock)
     [f] = eng.evaluate(None, LOW)
     assert f.since == 100.0
 

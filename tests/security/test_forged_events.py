@@ -1,6 +1,7 @@
 """Events about a job only from the agents that host it; capture results only from the agents the
-capture was sent to (issue 43 item 5). A real ``perfd aggregator`` on loopback, two real gRPC agents
-(the transport's own AgentClient): the job's host, and a stranger hosting another job.
+capture was sent to (issue 43 item 5). A real aggregator on loopback (``perfd aggregator``; in process
+where the job's silence matters, on the test's clock: perfd.clock), two real gRPC agents (the
+transport's own AgentClient): the job's host, and a stranger hosting another job.
 
 The issue's probe: a gRPC client that does not host a job sent ``job_phase`` events for it, reported
 one of its ranks "stopped" (the job read stalled in 2 s) and put its forged stack into that job's
@@ -11,20 +12,24 @@ failed to finished with a forged result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perfd import limits as L
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.clock import ManualClock
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.faults.streams import streaming
-from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+from tests.procs import Procs, get_json, run_env, start_aggregator, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
@@ -92,22 +97,52 @@ async def _scenario(target: str, base: str) -> tuple[dict[str, Any], dict[str, i
         return rec, before, after
 
 
-def test_a_stranger_cannot_speak_for_a_job_it_does_not_host(tmp_path: Path) -> None:
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
-        rec, before, after = asyncio.run(_scenario(f"127.0.0.1:{grpc_port}", base))
-        # The job's state: no stall from the forged "stopped" rank. Past the stall limit (5 s of silence:
-        # the forged observation, 15 s fresh, would have corroborated one; the previous build: stalled).
-        time.sleep(8.0)
-        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
-                                    None), 10, "the job", ignore=NOT_YET)
-        incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
-        events = get_json(f"{base}/api/events?limit=1000")["events"]
+@contextlib.asynccontextmanager
+async def _aggregator(clock: ManualClock) -> AsyncIterator[tuple[Aggregator, str, str]]:
+    """An aggregator in process on loopback, as ``perfd aggregator --no-rules --rules-interval 0.5``
+    runs, on the test's clock (perfd.clock): (it, its gRPC target, its HTTP base URL)."""
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.5),
+                     clock=clock)
+    await agg.start()
+    try:
+        assert agg.http is not None
+        yield agg, f"127.0.0.1:{agg.grpc_port}", f"http://127.0.0.1:{agg.http.port}"
+    finally:
+        await agg.stop()
+
+
+async def _past_the_stall_limit(agg: Aggregator, clock: ManualClock) -> None:
+    """The job silent past the stall limit (5 s of silence: 8 s here) on the aggregator's clock, and
+    its tick after: what the stall watch, the job's liveness and its incidents make of the silence."""
+    clock.advance(8.0)
+    await asyncio.to_thread(agg.tick)
+
+
+async def _read(url: str) -> Any:
+    return await asyncio.to_thread(get_json, url)
+
+
+def test_a_stranger_cannot_speak_for_a_job_it_does_not_host() -> None:
+    clock = ManualClock(time.time())
+
+    async def main() -> tuple[Any, ...]:
+        async with _aggregator(clock) as (agg, target, base):
+            rec, before, after = await _scenario(target, base)
+            # The job's state: no stall from the forged "stopped" rank. Past the stall limit (the
+            # forged observation, 15 s fresh, would have corroborated one; the previous build: stalled).
+            await _past_the_stall_limit(agg, clock)
+            jobs = (await _read(f"{base}/api/jobs"))["jobs"]
+            incidents = (await _read(f"{base}/api/jobs/{JOB}/incidents"))["incidents"]
+            events = (await _read(f"{base}/api/events?limit=1000"))["events"]
+        return rec, before, after, next(j for j in jobs if j["job"] == JOB), incidents, events
+
+    rec, before, after, job, incidents, events = asyncio.run(main())
     assert rec["status"] == "failed" and not (rec.get("result") or {}).get("forged"), rec
     assert after.get("not_target", 0) - before.get("not_target", 0) == 1  # the capture result
     # phase, stopped (twice), stacks, the capture under the victim's name
     assert after.get("not_host", 0) - before.get("not_host", 0) == 5
     assert "stall" not in job and job["state"] != "stalled", job
+    assert job["last_step_age_s"] >= 8.0, job  # the clock's silence: past the limit
     assert not any("stall" in i["kinds"] for i in incidents)
     assert not any(e.get("agent") == "stranger" and e.get("job") == JOB for e in events)
 
@@ -129,17 +164,16 @@ def _as_node_agent(now: float) -> list[dict[str, Any]]:
     ]
 
 
-def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> None:
+def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job() -> None:
     """A client hosting another job (on another node) reports the victim's rank on its GPU, then speaks
     for the victim as a node agent would: all four refused (``not_host``), the job never stalled, its
     rank never placed on the stranger's GPU, no command to the stranger. The node's own agent (no job,
     the host's node) still places the job's rank 0 and reports its processes."""
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
-        target = f"127.0.0.1:{grpc_port}"
-        to_stranger: list[Command] = []
+    clock = ManualClock(time.time())
+    to_stranger: list[Command] = []
 
-        async def scenario() -> tuple[dict[str, int], dict[str, int]]:
+    async def main() -> tuple[Any, ...]:
+        async with _aggregator(clock) as (agg, target, base):
             host = AgentClient(target, "host-agent", node="node-a", jobs=[JOB])
             node_agent = AgentClient(target, "node-a/node", node="node-a")
             stranger = AgentClient(target, "stranger", node="node-b", jobs=["theirs"],
@@ -161,16 +195,15 @@ def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> 
                     s.submit(events=batch)
                     assert await s.flush(30)
                 after = await asyncio.to_thread(_refused, base)
-                await asyncio.sleep(8.0)  # past the stall limit with the job silent
-                return before, after
+                await _past_the_stall_limit(agg, clock)  # with the job silent
+            jobs = (await _read(f"{base}/api/jobs"))["jobs"]
+            summary = await _read(f"{base}/api/jobs/{JOB}/summary")
+            incidents = (await _read(f"{base}/api/jobs/{JOB}/incidents"))["incidents"]
+            gpus = await _read(f"{base}/api/jobs/{JOB}/gpus")
+            events = (await _read(f"{base}/api/events?limit=1000"))["events"]
+        return before, after, next(j for j in jobs if j["job"] == JOB), summary, incidents, gpus, events
 
-        before, after = asyncio.run(scenario())
-        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
-                                    None), 10, "the job", ignore=NOT_YET)
-        summary = get_json(f"{base}/api/jobs/{JOB}/summary")
-        incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
-        gpus = get_json(f"{base}/api/jobs/{JOB}/gpus")
-        events = get_json(f"{base}/api/events?limit=1000")["events"]
+    before, after, job, summary, incidents, gpus, events = asyncio.run(main())
     assert after.get("not_host", 0) - before.get("not_host", 0) == 4, (before, after)
     assert "stall" not in job and job["state"] != "stalled", job
     assert not any("stall" in i["kinds"] for i in incidents)

@@ -6,25 +6,30 @@ The issue's attack: any client (its Hello naming a job of its own) sends
 and every job endpoint answered 500, stall checks failed, and since the event was journalled, a
 restart on the same ``--state-dir`` exited 1.
 
-Here: a real ``perfd aggregator`` process with a state dir, the victim's host and the attacker as
-real gRPC agents (the transport's own AgentClient). The malformed entry is refused at the edge and
-counted (``malformed_event``); every endpoint answers 200; a restart on the same state starts. A
-second test writes the event into a journal the way the journal always wrote accepted batches
-(perfd.aggregator.durable.Journal, ``kept=None``) and starts a real aggregator on it.
+Here: an aggregator with a state dir, in process (its rules loop's ticks run by the test, over what
+arrived), the victim's host and the attacker as real gRPC agents (the transport's own AgentClient). The
+malformed entry is refused at the edge and counted (``malformed_event``); every endpoint answers 200; a
+restart on the same state starts. A second test writes the event into a journal the way the journal
+always wrote accepted batches (perfd.aggregator.durable.Journal, ``kept=None``) and starts an aggregator
+on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.durable import Journal
 from perfd.aggregator.state_store import StateStore
 from perfd.model import StepRecord
@@ -32,7 +37,7 @@ from perfd.transport.client import AgentClient
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable
 from tests.faults.streams import streaming
-from tests.procs import NOT_YET, Procs, get_json, http_get, run_env, start_aggregator, wait_for
+from tests.procs import get_json, http_get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
@@ -87,31 +92,63 @@ def _all_ok(base: str) -> dict[str, int]:
     return got
 
 
-def test_one_malformed_event_takes_no_endpoint_down_and_no_restart(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def _aggregator(state: Path) -> AsyncIterator[tuple[Aggregator, str, str]]:
+    """An aggregator in process on loopback, as ``perfd aggregator --no-rules --state-dir STATE`` runs,
+    its rules loop's ticks the test's (:func:`_ticks`): (it, its gRPC target, its HTTP base URL)."""
+    agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=3600.0,
+                                      state_dir=str(state)))
+    await agg.start()
+    try:
+        assert agg.http is not None
+        yield agg, f"127.0.0.1:{agg.grpc_port}", f"http://127.0.0.1:{agg.http.port}"
+    finally:
+        await agg.stop()
+
+
+async def _ticks(agg: Aggregator, n: int = 3) -> None:
+    """Several ticks of the rules loop (analysis, stall checks, rules, housekeeping, the state store) over
+    what arrived: what a tick would have raised on is read by each."""
+    for _ in range(n):
+        await asyncio.to_thread(agg.tick)
+
+
+def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.exc_info is not None]
+
+
+def test_one_malformed_event_takes_no_endpoint_down_and_no_restart(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     state = tmp_path / "state"
-    with Procs(tmp_path, run_env()) as procs:
-        args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
-        grpc_port, _http, base = start_aggregator(procs, *args)
-        asyncio.run(_attack(f"127.0.0.1:{grpc_port}"))
-        time.sleep(2.0)  # several refresh and rules ticks over what arrived
-        _all_ok(base)
-        # The issue's entry, both entries of the second list, the two rank entries, the phase.
-        assert _refused(base, "malformed_event") == 6.0
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
-        assert "Traceback" not in out, out[-3000:]
-        assert "refused (malformed_event)" in out and "pid" in out
+
+    async def main() -> tuple[float, list[dict[str, Any]]]:
+        async with _aggregator(state) as (agg, target, base):
+            await _attack(target)
+            await _ticks(agg)
+            await asyncio.to_thread(_all_ok, base)
+            refused = await asyncio.to_thread(_refused, base, "malformed_event")
         # The same state again: it starts, and answers.
-        _g, _h, base = start_aggregator(procs, *args, name="aggregator2")
-        wait_for(lambda: _all_ok(base), 20, "every endpoint 200 after the restart", ignore=NOT_YET)
-        job = wait_for(lambda: get_json(f"{base}/api/jobs/{JOB}/iterations")["iterations"], 20,
-                       "the victim's iterations back", ignore=NOT_YET)
-        assert len(job) == 30
+        async with _aggregator(state) as (agg, _target, base):
+            await _ticks(agg)
+            await asyncio.to_thread(_all_ok, base)
+            its = (await asyncio.to_thread(get_json, f"{base}/api/jobs/{JOB}/iterations"))["iterations"]
+        return refused, its
+
+    refused, its = asyncio.run(main())
+    # The issue's entry, both entries of the second list, the two rank entries, the phase.
+    assert refused == 6.0
+    assert not _tracebacks(caplog), _tracebacks(caplog)
+    said = [r.getMessage() for r in caplog.records if "refused (malformed_event)" in r.getMessage()]
+    assert said and any("pid" in m for m in said), said
+    assert len(its) == 30
 
 
-def test_a_journal_holding_a_malformed_event_restarts(tmp_path: Path) -> None:
+def test_a_journal_holding_a_malformed_event_restarts(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The journal as the aggregator wrote it before the edge refused such events: a batch kept
     whole (``kept=None``) with the issue's event among good ones. A restart skips and counts it."""
+    caplog.set_level(logging.INFO)
     state = tmp_path / "state"
     store = StateStore(str(state))
     table = SeriesTable()
@@ -124,10 +161,14 @@ def test_a_journal_holding_a_malformed_event_restarts(tmp_path: Path) -> None:
     j.seq("host-agent", "e", 1)
     assert j.commit()
     store.close()
-    with Procs(tmp_path, run_env()) as procs:
-        _g, _h, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5", "--state-dir",
-                                        state)
-        time.sleep(2.0)
-        _all_ok(base)
-        assert [it["iteration"] for it in get_json(f"{base}/api/jobs/{JOB}/iterations")["iterations"]] == [1]
-        assert _refused(base, "malformed_event") == 6.0
+
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        async with _aggregator(state) as (agg, _target, base):
+            await _ticks(agg)
+            await asyncio.to_thread(_all_ok, base)
+            its = (await asyncio.to_thread(get_json, f"{base}/api/jobs/{JOB}/iterations"))["iterations"]
+            return its, await asyncio.to_thread(_refused, base, "malformed_event")
+
+    its, refused = asyncio.run(main())
+    assert [it["iteration"] for it in its] == [1]
+    assert refused == 6.0 and not _tracebacks(caplog), _tracebacks(caplog)

@@ -7,13 +7,17 @@ a root agent, a training loop timed by the step hook, and the announcements made
 - Another local user pulsing phase begin/end through the shared hook socket while the job's rank is
   SIGSTOPped: before, each end restarted the job's silence and the stall never came; now a stopped
   rank is the kernel's word, which no announcement overrides.
+- A SIGSTOPped hook job past its stale limit and its retention: stalled, not ended, not pruned. The
+  aggregator in process on the test's clock (perfd.clock), the rank a real stopped process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +26,12 @@ from typing import Any
 
 import pytest
 
+from collectors.ranks import RanksCollector
+from perfd import limits as L
+from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.aggregator.snapshot import overview_of
+from perfd.clock import ManualClock
+from perfd.model import Provenance, StepRecord
 from tests.procs import Procs, get_json, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
 
@@ -130,24 +140,51 @@ def test_another_users_phase_pulses_do_not_hide_a_stopped_rank(live: tuple[Procs
     assert "was stopped" in inc["cause"]
 
 
-def test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended(shared_tmp: Path,
-                                                                     tmp_path: Path) -> None:
+def test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended() -> None:
     """Issue 43 item 7: a SIGSTOPped hook job (no GPU process lists to say its processes are there)
     read "ended" once its last step was older than the stale limit (60 s), while its own open stall
-    said "stalled", and could be pruned as ended. Here the limit is 8 s, the retention 2 s."""
-    with _running(shared_tmp, tmp_path, "--job-stale-after", "8", "--job-retention", "2") as (
-            procs, base, sock):
-        loop = _loop(procs, sock, "quiet")
-        os.kill(loop.pid, signal.SIGSTOP)
-        try:
-            wait_for(lambda: _stall(base), 90, "the stall of the stopped rank", interval=0.5)
-            job = wait_for(lambda: (j := next(j for j in get_json(f"{base}/api/jobs")["jobs"]
-                                              if j["job"] == JOB))["last_step_age_s"] > 12.0 and j,
-                           60, "past the stale limit and the retention after it", interval=0.5)
-            time.sleep(2.0)  # a housekeeping tick or two at that age
-            job = next(j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB)
-            pruned = get_json(f"{base}/api/stats")["transport"]["jobs_pruned"]
-        finally:
-            os.kill(loop.pid, signal.SIGCONT)
-    assert job["state"] == "stalled" and job["last_step_age_s"] > 12.0, job
-    assert job["stall"]["reasons"] == ["stopped"] and pruned == 0
+    said "stalled", and could be pruned as ended. Here the limit is 8 s, the retention 2 s.
+
+    The aggregator in process, on the test's clock (perfd.clock.ManualClock): its tick (what its rules
+    loop runs: analysis, stall check, housekeeping) at each second of the silence, with the rank a real
+    process, SIGSTOPped, as the real ranks collector sees it."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time\nprint('in', flush=True)\ntime.sleep(600)"],
+                            start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == b"in\n"
+        clock = ManualClock(time.time())  # after the rank's start: its records are of this run
+        limits = dataclasses.replace(L.Limits(), job_retention_s=2.0)
+        agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], job_stale_after_s=8.0,
+                                          limits=limits), clock=clock)
+        agg.on_hello_jobs("agent-a", [JOB])
+        t0 = clock.time()
+        agg.state.ingest_steps("agent-a", [
+            StepRecord(job=JOB, iteration=i, rank=0, end_time=t0 - 4.0 + i * 0.02, step_time_ms=20.0,
+                       source=Provenance("hook", f"rank0:pid{rank.pid}"), fields={"pid": str(rank.pid)})
+            for i in range(1, 201)])
+        ranks = RanksCollector({"job": JOB, "event_every_s": 0})
+        ranks.note(rank.pid, 0, "hook", uid=os.getuid())
+        os.kill(rank.pid, signal.SIGSTOP)
+        wait_for(lambda: _proc_state(rank.pid) == "T", 10, "the rank stopped")
+        for _ in range(14):  # past the stale limit and the retention after it, a tick a second
+            clock.advance(1.0)
+            seen = ranks.collect(clock.time()).events
+            agg.state.ingest_events("agent-a", [{**ev, "labels": {**ev["labels"], "node": "n1"}}
+                                                for ev in seen])
+            agg.tick()
+        job = overview_of(agg.state.snapshot(JOB))
+    finally:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(rank.pid, sig)
+        rank.wait(10)
+        if rank.stdout is not None:
+            rank.stdout.close()
+    assert job is not None and job["state"] == "stalled" and job["last_step_age_s"] > 12.0, job
+    assert job["stall"]["reasons"] == ["stopped"] and agg.lifecycle.jobs_pruned == 0
+    assert JOB in agg.state.job_names()
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter (proc(5) stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -13,6 +13,7 @@ from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.serving.serving_analysis import analyze_serving
+from perfd.clock import ManualClock
 from perfd.events import SERVING_DATA
 from perfd.report.serving_report import build_serving_report
 from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServerInfo, ServingData, ServingRecord
@@ -86,13 +87,13 @@ def test_bad_payloads_are_refused_and_counted() -> None:
 
 
 def test_analysis_is_cached_until_data_arrives() -> None:
-    now = [100.0]
-    store = ServingStore(min_recompute_s=5.0, clock=lambda: now[0])
+    clock = ManualClock(100.0)
+    store = ServingStore(min_recompute_s=5.0, clock=clock)
     rec = ServingRecord("decode", line_no=1, time=10.0, running_req=4)
     store.ingest(ServingData("j", [rec]).to_json())
     assert store.view("j").metrics["perfd_serving_running_requests"] == 4  # type: ignore[union-attr]
     store.ingest(ServingData("j", [ServingRecord("decode", line_no=2, time=11.0, running_req=8)]).to_json())
     assert store.view("j").metrics["perfd_serving_running_requests"] == 4  # type: ignore[union-attr]
-    now[0] += 5.0
+    clock.advance(5.0)
     v = store.view("j")
     assert v is not None and v.metrics["perfd_serving_running_requests"] == 6 and v.report_age_s == 0
