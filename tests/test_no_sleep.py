@@ -208,8 +208,6 @@ ALLOWED: dict[str, str] = {
     "tests/security/test_malformed_events.py::test_a_journal_holding_a_malformed_event_restarts": TIMER,
     "tests/security/test_malformed_events.py::"
     "test_one_malformed_event_takes_no_endpoint_down_and_no_restart": TIMER,
-    "tests/security/test_series_flood.py::"
-    "test_figures_rss_of_a_real_aggregator_through_refused_series_floods": QUIET,
     "tests/security/test_stall_holds.py::"
     "test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended": TIMER,
     "tests/security/test_step_values.py::"
