@@ -18,6 +18,10 @@ real gRPC agents (the transport's AgentClient) from this process:
   pays a fixed cost: the allocator's arenas, gRPC's buffers).
 - ``job-flood``: 50,000 job names from one client (past its quota every name is refused): the RSS
   growth and one ``/metrics`` scrape's size and time.
+- ``trace-bomb``: no aggregator. A 1 GiB trace of JSON whitespace as gzip members and as xz streams
+  (each a few MB), read by ``perfd analyze trace`` and by the trace reader the agent's captures use
+  (``read_chrome_trace``), each in a process of its own: that process's peak RSS (wait4's rusage of it
+  alone) and how the read ended (refused at the inflation cap).
 
 These are the machine's figures (glibc's arenas, the kernel's accounting, the load beside the run),
 printed, never asserted; the tests assert what perfd holds (counts, bytes by its own accounting).
@@ -28,8 +32,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
+import lzma
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +54,8 @@ from perfd.aggregator.retention import TRIM_EVERY_S  # noqa: E402
 from perfd.model import Sample, StepRecord  # noqa: E402
 from perfd.transport.client import AgentClient  # noqa: E402
 
-SCENARIOS = ("retain", "slow-readers", "hang-events", "series-flood", "job-flood")
+SCENARIOS = ("retain", "slow-readers", "hang-events", "series-flood", "job-flood", "trace-bomb")
+BOMB_HEAD, BOMB_TAIL, MIB = b'{"traceEvents": [', b"]}", 1 << 20
 
 
 def _mb(n: float | None) -> float | None:
@@ -192,6 +200,76 @@ def job_flood(agg: Aggregator, n_jobs: int = 50_000) -> dict[str, Any]:
             "rss_mb_growth": _mb(after - before), "metrics_bytes": len(body), "scrape_s": round(scrape_s, 3)}
 
 
+def _bomb(path: Path, kind: str, total: int = 1 << 30) -> Path:
+    """``{"traceEvents": [`` ``total`` bytes of whitespace ``]}``, in 16 MiB members compressed once."""
+    pack: Callable[[bytes], bytes] = ((lambda b: gzip.compress(b, 6)) if kind == "gzip"
+                                      else (lambda b: lzma.compress(b, preset=1)))
+    pad = b" " * (16 * MIB)
+    one = pack(pad)
+    with path.open("wb") as f:
+        f.write(pack(BOMB_HEAD))
+        for _ in range(total // len(pad)):
+            f.write(one)
+        f.write(pack(BOMB_TAIL))
+    return path
+
+
+# Run in the measured process itself and read at its exit: its own peak (VmHWM), not the moments
+# between fork and exec when the child is still a copy of this process.
+MEASURED = """
+import atexit, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+    print(f"PEAK_KB {kb}", file=sys.stderr, flush=True)
+atexit.register(_peak)
+code, sys.argv = sys.argv[1], [sys.argv[0], *sys.argv[2:]]
+exec(compile(code, "<measured>", "exec"), {"__name__": "__main__"})
+"""
+ANALYZE = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+READER = """
+import sys
+from perfd.capture.chrome_trace import read_chrome_trace
+from perfd.capture.trace_input import TraceRefused
+try:
+    read_chrome_trace(sys.argv[1])
+except TraceRefused as e:
+    print(f"refused: {e}")
+    sys.exit(1)
+"""
+
+
+def _peak_of(code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` with ``args`` in a Python process of its own: its exit status, its last line of
+    output and its peak RSS."""
+    p = subprocess.run([sys.executable, "-c", MEASURED, code, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    err = p.stderr.splitlines()
+    peak = next((int(x.split()[1]) for x in reversed(err) if x.startswith("PEAK_KB ")), None)
+    said = [x for x in (p.stdout.splitlines() + err) if not x.startswith("PEAK_KB ")]
+    return {"exit": p.returncode, "said": (said or [""])[-1][:160],
+            "peak_rss_mb": None if peak is None else round(peak / 1024, 1)}
+
+
+def trace_bomb(d: Path) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+    for kind in ("gzip", "xz"):
+        path = _bomb(d / f"bomb.json.{kind}", kind)
+        got[kind] = {"file_mb": _mb(path.stat().st_size), "inflates_to_mb": 1024,
+                     "analyze_trace": _peak_of(ANALYZE, "analyze", "trace", str(path)),
+                     "reader": _peak_of(READER, str(path))}
+        path.unlink()
+    # A 0.2 MB gzip of 3.99 M small objects and one 90 MB ASCII string ending in an escape that widens it
+    # (129.9 MB of text, inside both caps; a build once took 1.53 GB reading it).
+    combo = d / "combo.json.gz"
+    combo.write_bytes(gzip.compress(BOMB_HEAD + b'{"a":1.5},' * 3_990_000 + b'{"name":"' + b"a" * 90_000_000
+                                    + b'\\ud83d\\ude00"}' + BOMB_TAIL, 1))
+    got["widening_escape"] = {"file_mb": _mb(combo.stat().st_size),
+                              "analyze_trace": _peak_of(ANALYZE, "analyze", "trace", str(combo))}
+    combo.unlink()
+    return got
+
+
 def _pid(agg: Aggregator) -> int:
     assert agg.proc is not None
     return agg.proc.pid
@@ -208,9 +286,11 @@ RUNS: dict[str, tuple[Callable[[Aggregator], dict[str, Any]], list[str]]] = {
 
 
 def run(name: str, out: Path) -> dict[str, Any]:
-    fn, args = RUNS[name]
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
+    if name == "trace-bomb":
+        return trace_bomb(d)
+    fn, args = RUNS[name]
     agg = Aggregator(d, ["--no-rules", *(a.replace("{state}", str(d / "state")) for a in args)])
     agg.start()
     try:
@@ -228,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     chosen = [s.strip() for s in a.scenario.split(",") if s.strip()]
-    if not chosen or any(s not in RUNS for s in chosen):
+    if not chosen or any(s not in SCENARIOS for s in chosen):
         ap.error(f"--scenario: of {', '.join(SCENARIOS)}")
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="perfd-memory-"))
     results: dict[str, Any] = {}
