@@ -138,8 +138,9 @@ test-fast: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -m "not slow" -n $(FAST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=10
 
 # The mutation spot-check (tools/mutation_check.py; tests/README.md): a comparison changed in each of the
-# stall watch, incident detection and the record codec, each in a temporary copy of the checkout, must
-# fail the test files that cover that module. Exits non-zero if a mutation survives. About 3 minutes.
+# stall watch (and its limit at the boundary), incident detection and the record codec, each in a
+# temporary copy of the checkout, must fail the test files that cover that module. Exits non-zero if a
+# mutation survives. About 3 minutes on the 2-core machine.
 mutation-check: setup
 	$(BIN)/python tools/mutation_check.py
 

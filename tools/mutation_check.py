@@ -1,5 +1,6 @@
 """The mutation spot-check: one comparison changed in each of the stall watch, incident detection and
-the record codec must fail the tests that cover that module.
+the record codec (and the stall watch's limit at its boundary) must fail the tests that cover that
+module.
 
     python tools/mutation_check.py              # every mutation (make mutation-check)
     python tools/mutation_check.py --only codec --json
@@ -51,6 +52,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/host/test_stall_aggregator.py", "tests/host/test_stall_capture.py",
          "tests/host/test_stall_restart.py", "tests/analytics/test_host_evidence.py",
          "tests/security/test_stall_holds.py"),
+    ),
+    Mutation(
+        "stall-limit",
+        "perfd/analytics/incidents/stall.py",
+        "    if silent <= limit:\n",
+        "    if silent < limit:\n",
+        "a job silent for exactly its limit is taken for stalled (it stalls only past the limit)",
+        ("tests/analytics/test_host_evidence.py",),
     ),
     Mutation(
         "incident",
