@@ -3,6 +3,7 @@
 #   make test   - set up, then lint, type-check and run the tests (what CI runs)
 #   make test-fast - the tests not marked `slow` only, no lint (the loop while editing: < 2 min)
 #   make test-repeat N=10 - the suite as `make test` runs it, N times in a row: which tests failed, how often
+#   make mutation-check - one comparison changed in each of three modules must fail their tests
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The interpreter the venvs are made from: Debian's python3.11 where it is there and can make a venv,
@@ -36,7 +37,7 @@ TEST_WORKERS ?= 8
 # the 2-core machine).
 FAST_WORKERS ?= 2
 
-.PHONY: setup demo test pytest test-repeat test-fast lint typecheck proto docs clean
+.PHONY: setup demo test pytest test-repeat test-fast mutation-check lint typecheck proto docs clean
 setup: $(VENV)/.installed
 
 # --no-compile: pip would compile the bytecode of every module it installs (torch's CPU build among them,
@@ -135,6 +136,13 @@ test-repeat: setup
 # test module again each run (15 s of CPU against 5 s cached), so it is unset here.
 test-fast: setup
 	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -m "not slow" -n $(FAST_WORKERS) --dist loadgroup --max-worker-restart 0 --durations=10
+
+# The mutation spot-check (tools/mutation_check.py; tests/README.md): a comparison changed in each of the
+# stall watch (and its limit at the boundary), incident detection and the record codec, each in a
+# temporary copy of the checkout, must fail the test files that cover that module. Exits non-zero if a
+# mutation survives. About 3 minutes on the 2-core machine.
+mutation-check: setup
+	$(BIN)/python tools/mutation_check.py
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen

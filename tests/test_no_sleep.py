@@ -202,8 +202,6 @@ ALLOWED: dict[str, str] = {
     "test_another_user_squatting_ranks_0_to_7_locks_no_real_rank_out": POLL,
     "tests/security/test_hook_senders.py::_collect_until": POLL,
     "tests/security/test_identity_policy.py::_send": SCHEDULE,
-    "tests/security/test_series_flood.py::"
-    "test_figures_rss_of_a_real_aggregator_through_refused_series_floods": QUIET,
     "tests/security/test_step_values.py::"
     "test_a_hook_datagram_with_absurd_numbers_is_counted_and_kept_without_them": POLL,
     "tests/test_agent_failures.py::"

@@ -37,6 +37,12 @@ BENCHES = {
                "the command-line redaction's scan on words made to backtrack: a scale against 4x it"),
     "switch": ("benchmarks.switch_bench",
                "an event loop's reads beside a CPU-bound thread, per interpreter switch interval"),
+    "memory": ("benchmarks.memory_bench",
+               "a real aggregator's RSS and allocator bytes under the fault and security tests' floods"),
+    "stall": ("benchmarks.stall_bench",
+              "seconds from a SIGSTOP to a real aggregator's stall, and to the rank's state read"),
+    "shutdown": ("benchmarks.shutdown_bench",
+                 "an aggregator's stop while its rules tick is in housekeeping, against its budget"),
 }
 
 

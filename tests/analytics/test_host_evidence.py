@@ -177,6 +177,10 @@ def test_stall_check() -> None:
         return check_stall(StallInputs(now, now - silent, cadence, ranks, **kw))
 
     assert check(4.0, [seen(0, "stopped")]).status is Status.RUNNING  # within the limit
+    # The limit is the silence after which a job stalls: at it, still running; just past it, stalled.
+    limit = stall_limit(cadence)
+    assert check(limit, [seen(0, "stopped")]).status is Status.RUNNING
+    assert check(limit + 0.01, [seen(0, "stopped")]).status is Status.STALLED
     assert check_stall(StallInputs(now, None, None)).status is Status.RUNNING  # no cadence yet
     quiet = check(6.0, [seen(0, "running", 1.0)])
     assert quiet.status is Status.SILENT and quiet.reasons == ()  # busy, nothing corroborates

@@ -159,9 +159,8 @@ def test_a_process_gone_ends_the_wait(tmp_path: Path, folder: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     hooks = StandInHooks(["accepted"], folder)
-    t0 = time.monotonic()
     m = run(manager(tmp_path, hooks, pids={0: dead.pid}), (0,), timeout_s="60")
-    assert time.monotonic() - t0 < 20
+    # Failed, not timed out (status "timeout" at 60 s): the reason is the process's exit.
     assert m["status"] == "failed" and f"rank 0: its process (pid {dead.pid}) exited" in (m["reason"] or "")
 
 

@@ -30,7 +30,7 @@ def test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store(
     caplog.set_level(logging.INFO)
     entered, after_stop = threading.Event(), list[object]()
 
-    async def main() -> float:
+    async def main() -> None:
         agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.05,
                                           state_dir=str(tmp_path / "state")))
         await agg.start()
@@ -48,12 +48,11 @@ def test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store(
 
         agg.lifecycle.housekeeping = slow_housekeeping  # type: ignore[method-assign]
         assert await asyncio.to_thread(entered.wait, 10)
-        t = time.monotonic()
         await agg.stop()
-        return time.monotonic() - t
 
-    took = asyncio.run(main())
+    # How long the stop takes against its budget (SHUTDOWN_BUDGET_S) is the machine's: `perfd bench
+    # shutdown`. Here, the order: the tick ends before the store closes.
+    asyncio.run(main())
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not any("closed" in e or "could not" in e for e in errors), errors
     assert after_stop == [None]  # the tick finished before the store closed, and nothing failed
-    assert took < 4.5  # inside the shutdown budget (perfd.aggregator.daemon.SHUTDOWN_BUDGET_S)

@@ -60,18 +60,15 @@ def run(hook: StepHook, n: int, work_s: float = 0.0, data_s: float = 0.0,
 # --------------------------------------------------------------------------- agent absent / slow / present
 
 
-def test_agent_absent_drops_are_counted_and_cheap(tmp_path: Path) -> None:
+def test_agent_absent_steps_are_counted_as_dropped(tmp_path: Path) -> None:
+    # What a step costs the loop with the agent absent is `perfd bench hook` ("agent absent"): a figure
+    # of the machine. Here: every step is counted as dropped for that reason, and nothing else happens.
     hook = StepHook(str(tmp_path / "nobody.sock"), cuda=False, rank=0)
-    # The loop thread's own CPU clock: what the hook costs it, whatever else the machine runs (a
-    # wall clock on a loaded CI machine counts other processes' time too).
-    t0 = time.thread_time()
     run(hook, 2000)
-    per_step_us = (time.thread_time() - t0) / 2000 * 1e6
     hook.close()
     c = hook.counters()
     assert c["steps_reported"] == 2000 and c["sent"] == 0 and c["internal_errors"] == 0
     assert c["send_drops"] == 2000 and c["send_drop_reasons"] == {"agent_absent": 2000}
-    assert per_step_us < 200  # generous; the benchmark measures the real figure
 
 
 def test_agent_appears_after_backoff(tmp_path: Path) -> None:
@@ -149,16 +146,13 @@ def test_the_backlog_is_bounded_and_what_it_loses_is_counted(tmp_path: Path) -> 
 def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> None:
     path, sock = agent  # bound, never read: its queue fills (net.unix.max_dgram_qlen)
     hook = Hook(path, cuda=False, rank=0)
-    # A blocking send would never return (the agent never reads): that the loop ends is the proof.
-    # Its cost on the loop thread's own CPU clock stays small (a wall bound fails on a loaded machine).
-    t0 = time.thread_time()
+    # A blocking send would never return (the agent never reads): that the loop ends is the proof. Its
+    # cost on the loop's thread is `perfd bench hook` ("agent slow"): a figure, not asserted here.
     run(hook, 3000)
-    cpu_s = time.thread_time() - t0
     c = hook.counters()
     # What the full queue refused is held for later (bounded), past the bound dropped and counted.
     assert c["held"] > 0 and c["held"] + c["send_drop_reasons"].get("agent_busy", 0) > 0
     assert c["sent"] + c["send_drops"] + c["held"] == 3000 and c["internal_errors"] == 0
-    assert cpu_s < 5.0
     got = steps_of(drain(sock))
     assert len(got) == c["sent"] and [m.step for m in got] == list(range(1, len(got) + 1))
 

@@ -79,6 +79,19 @@ def test_unknown_rank_list_index_is_a_decode_error():
         decode_batch(pb.Batch.FromString(b.SerializeToString()), {})
 
 
+def test_the_index_one_past_the_rank_list_table_is_a_decode_error_and_the_last_one_decodes():
+    b = pb.Batch(agent_id="a", seq=1)
+    b.rank_lists.add().ranks.extend([0, 1])
+    b.rank_lists.add().ranks.extend([2, 3])
+    last = b.collectives.add(job="j", source="flight_recorder", op="all_reduce")
+    last.pg_ranks_index = 1
+    assert [r.pg_ranks for r in decode_batch(pb.Batch.FromString(b.SerializeToString()), {}).collectives] \
+        == [[2, 3]]
+    last.pg_ranks_index = 2
+    with pytest.raises(ValueError, match="rank list 2; the batch has 2"):
+        decode_batch(pb.Batch.FromString(b.SerializeToString()), {})
+
+
 def test_batch_without_collectives_decodes_to_an_empty_list():
     b = encode_batch("a", 1, [], [], [{"kind": "x", "time_ns": 1}], SeriesTable())
     assert decode_batch(pb.Batch.FromString(b.SerializeToString()), {}).collectives == []
