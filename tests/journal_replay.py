@@ -41,6 +41,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_schema import HELLO
 from perfd.aggregator.state_store import StateStore
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.clock import ManualClock
 from perfd.jobinfo_json import job_info_from_json
 from perfd.model import StepRecord
 from perfd.transport.codec import DecodedBatch, decode_batch
@@ -66,15 +67,23 @@ def own_clock(name: str) -> dict[int, float]:
     return {int(k): float(v) for k, v in d["per_iter_ms"].items()}
 
 
+class ReplayClock(ManualClock):
+    """The replay's clock: the state's (perfd.clock), and any aggregator module that still reads
+    ``time`` itself (a cost timing, say) set to it too, so nothing in the replay reads the wall clock."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+
 @contextmanager
-def replay_clock() -> Iterator[list[float]]:
-    """The aggregator modules' wall clock set to the replay's (``now[0]``)."""
-    now = [0.0]
-    fake = types.SimpleNamespace(time=lambda: now[0], monotonic=lambda: now[0])
+def replay_clock() -> Iterator[ReplayClock]:
+    clock = ReplayClock()
+    fake = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)
     with pytest.MonkeyPatch.context() as mp:
         for mod in CLOCKED:
-            mp.setattr(mod, "time", fake)
-        yield now
+            if hasattr(mod, "time"):
+                mp.setattr(mod, "time", fake)
+        yield clock
 
 
 @dataclass
@@ -100,8 +109,8 @@ def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | Non
     ``tail_s`` past it), refreshing every ``tick_s``."""
     store = StateStore(state_dir)
     try:
-        with replay_clock() as now:
-            st = AggregatorState(min_recompute_s=0.0)
+        with replay_clock() as clock:
+            st = AggregatorState(min_recompute_s=0.0, clock=clock)
             st.capture_book.restore([CaptureRecord.from_json(edit_capture(dict(d)) if edit_capture else d)
                                      for d in store.get_doc("captures") or []])
             rows: list[tuple[float, int, Any]] = [(t, 0, (kind, agent, body))
@@ -113,10 +122,10 @@ def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | Non
             tick = rows[0][0]
             for t, which, item in rows:
                 while tick <= t:
-                    now[0] = tick
+                    clock.set(tick)
                     st.refresh()
                     tick += tick_s
-                now[0] = t
+                clock.set(t)
                 if which:
                     item(st)
                     continue
@@ -127,10 +136,10 @@ def replay(state_dir: Path, job: str, *, tick_s: float = 0.5, until: float | Non
                 _take(st, agent, decode_batch(pb.Batch.FromString(body), {}), t, job, edit, edit_event)
             end = (until if until is not None else rows[-1][0] + tail_s)
             while tick <= end:
-                now[0] = tick
+                clock.set(tick)
                 st.refresh()
                 tick += tick_s
-            now[0] = end
+            clock.set(end)
             a = st.analysis(job, force=True)
             summary = http.job_summary(st, job)
             assert a is not None and summary is not None

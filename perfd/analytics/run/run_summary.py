@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
-from perfd.analytics.breakdown.budget import StepBudget
+from perfd.analytics.breakdown.budget import StepBudget, classify
 from perfd.analytics.breakdown.diagnosis import StepShares, TimelineClass, classify_job
 from perfd.analytics.common import median
 from perfd.analytics.incidents.cadence import CadencePause
@@ -96,6 +96,20 @@ def _steady_values(table: Table[IterationResult], steady_rows: Sequence[int], na
 NO_SHARES = StepShares()  # nothing beside the numbers: Megatron's names, every collective timed
 
 
+def as_budgeted(timeline: TimelineClass | None, budget: StepBudget | None) -> TimelineClass | None:
+    """The capture's vote as the run's step budget reads the same capture: the budget is brought back to
+    the unprofiled step where the profiler slowed it (its host-side idle rescaled), the capture's own
+    class is not; one set of class shares, so the bottleneck line and the status line never disagree
+    (they once said sync 6% and 5% of one step)."""
+    if timeline is None or budget is None or not isinstance(timeline.reason, bn.ClassBasis) \
+            or timeline.reason.decided is None:
+        return timeline
+    c = classify(budget)
+    if c is None:
+        return timeline
+    return dataclasses.replace(timeline, cls=c.cls, reason=dataclasses.replace(timeline.reason, decided=c))
+
+
 def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady: SteadyState,
               pers: PersistentStragglers, lay: ParallelLayout, gpm: bn.GpmReading | None,
               timeline: TimelineClass | None, gpm_when: bn.GpmWhen, med: Mapping[str, float | None], *,
@@ -129,7 +143,7 @@ def summarize(table: Table[IterationResult], steady_rows: Sequence[int], steady:
     cls = classify_job(step_shares(med["data_share"], med["comm_exposed_share"], med["comm_exposed_dp_share"],
                                    lay.pp, med["pp_idle_max"], med["pp_bubble_analytic"], med["mfu"],
                                    like=shares_of),
-                       gpm, timeline, gpm_when)
+                       gpm, as_budgeted(timeline, step_budget), gpm_when)
     its = steady.iterations
     post = sorted(s for s in itertools.islice(table.column("step_time_ms"), steady.warmup_records, None)
                   if s is not None)
