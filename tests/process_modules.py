@@ -59,8 +59,8 @@ def _fixtures_starting(conftest: Path) -> set[str]:
     tree = ast.parse(conftest.read_text())
     names = set()
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and any("fixture" in _dotted(d.func if isinstance(d, ast.Call) else d)
-                                                     for d in node.decorator_list):
+        if isinstance(node, ast.FunctionDef) and any(
+                "fixture" in _dotted(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list):
             if starts(node) or starts_via_module_helpers(tree, node):
                 names.add(node.name)
     return names
