@@ -77,7 +77,6 @@ ALLOWED: dict[str, str] = {
     "tests/collectives/test_launch.py::test_the_log_grows_while_the_command_runs": POLL,
     "tests/deploy/test_node_and_sidecar_agents.py::test_node_agent_and_sidecar_on_one_node": QUIET,
     "tests/deploy/test_slurm.py::_wait": POLL,
-    "tests/e2e/test_serving_pipeline.py::test_serving_metrics_and_report_reach_the_aggregator": SCHEDULE,
     "tests/engine/engine_driver.py::Load._main": SCHEDULE,
     "tests/engine/engine_driver.py::nc_call.main": POLL,
     "tests/engine/engine_driver.py::until": POLL,
