@@ -237,6 +237,11 @@ class Pipeline:
                                  f"aggregator: {self.seen()}")
         return c
 
+    def call(self, coro: Coroutine[Any, Any, T], what: str, timeout: float = STEP_S) -> T:
+        """Run ``coro`` on the pipeline's loop (clients of a test's own making, streams held open at
+        once), its result returned; ``what`` names it in a timeout's message."""
+        return self._loop.call(coro, what, timeout)
+
     # -- reads -----------------------------------------------------------------------------------
     def get(self, path: str, timeout: float = 10.0) -> bytes:
         return http_get(self.base + path, timeout)
