@@ -1,6 +1,7 @@
 """Events about a job only from the agents that host it; capture results only from the agents the
-capture was sent to (issue 43 item 5). A real ``perfd aggregator`` on loopback, two real gRPC agents
-(the transport's own AgentClient): the job's host, and a stranger hosting another job.
+capture was sent to (issue 43 item 5). The real aggregator on loopback (in the test's process,
+tests/inproc.py), two real gRPC agents (the transport's own AgentClient): the job's host, and a stranger
+hosting another job.
 
 The issue's probe: a gRPC client that does not host a job sent ``job_phase`` events for it, reported
 one of its ranks "stopped" (the job read stalled in 2 s) and put its forged stack into that job's
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import urllib.request
 from pathlib import Path
@@ -24,7 +26,8 @@ from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.faults.streams import streaming
-from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
@@ -93,14 +96,14 @@ async def _scenario(target: str, base: str) -> tuple[dict[str, Any], dict[str, i
 
 
 def test_a_stranger_cannot_speak_for_a_job_it_does_not_host(tmp_path: Path) -> None:
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
-        rec, before, after = asyncio.run(_scenario(f"127.0.0.1:{grpc_port}", base))
+    with pipeline(tmp_path, "--no-rules", "--rules-interval", "0.5") as p:
+        base = p.base
+        rec, before, after = p.call(_scenario(p.target, base), "the host's and the stranger's batches", 120)
         # The job's state: no stall from the forged "stopped" rank. Past the stall limit (5 s of silence:
         # the forged observation, 15 s fresh, would have corroborated one; the previous build: stalled).
         time.sleep(8.0)
-        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
-                                    None), 10, "the job", ignore=NOT_YET)
+        job = p.wait(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
+                                  None), 10, "the job")
         incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
         events = get_json(f"{base}/api/events?limit=1000")["events"]
     assert rec["status"] == "failed" and not (rec.get("result") or {}).get("forged"), rec
@@ -134,9 +137,8 @@ def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> 
     for the victim as a node agent would: all four refused (``not_host``), the job never stalled, its
     rank never placed on the stranger's GPU, no command to the stranger. The node's own agent (no job,
     the host's node) still places the job's rank 0 and reports its processes."""
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
-        target = f"127.0.0.1:{grpc_port}"
+    with pipeline(tmp_path, "--no-rules", "--rules-interval", "0.5") as p:
+        base, target = p.base, p.target
         to_stranger: list[Command] = []
 
         async def scenario() -> tuple[dict[str, int], dict[str, int]]:
@@ -164,9 +166,9 @@ def test_a_stranger_cannot_make_itself_a_node_agent_of_a_job(tmp_path: Path) -> 
                 await asyncio.sleep(8.0)  # past the stall limit with the job silent
                 return before, after
 
-        before, after = asyncio.run(scenario())
-        job = wait_for(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
-                                    None), 10, "the job", ignore=NOT_YET)
+        before, after = p.call(scenario(), "the three agents' batches and the silence after them", 120)
+        job = p.wait(lambda: next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB),
+                                  None), 10, "the job")
         summary = get_json(f"{base}/api/jobs/{JOB}/summary")
         incidents = get_json(f"{base}/api/jobs/{JOB}/incidents")["incidents"]
         gpus = get_json(f"{base}/api/jobs/{JOB}/gpus")
@@ -211,25 +213,27 @@ def _texts_of(base: str, query: str = "") -> dict[str, list[str]]:
     return out
 
 
-def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(tmp_path: Path) -> None:
+def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The issue's probe (item 9, loopback, no token): 1,250 job-less events from an agent whose Hello
     names no job evicted all 20 of the host's, and ``/api/events?job=victim`` then listed the
     stranger's. Now the stranger holds its share (its newest 100; 1,150 counted ``event_share`` under
     it, logged once), the job lists exactly its host's 20, the node agent's 5 stay, and a restart on
     the same state rebuilds the same log."""
     state = tmp_path / "state"
-    with Procs(tmp_path, run_env()) as procs:
-        args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
-        grpc_port, _http, base = start_aggregator(procs, *args)
+    args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
+    caplog.set_level(logging.WARNING, logger="perfd.refused")  # the aggregator's refusal lines
+    with pipeline(tmp_path, *args) as p:
+        base = p.base
         flood_started = time.monotonic()
-        asyncio.run(_flood(f"127.0.0.1:{grpc_port}"))
+        p.call(_flood(p.target), "the flood's batches acknowledged", 180)
         flood_s = time.monotonic() - flood_started
         victim, held = _texts_of(base, f"&job={JOB}"), _texts_of(base)
         refused = _refused(base)
         by_agent = get_json(f"{base}/api/stats")["refused_by_agent"]
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
-        _g, _h, base = start_aggregator(procs, *args, name="aggregator2")
+    out = caplog.text
+    with pipeline(tmp_path, *args) as p:  # started again on the same state: what it restores
+        base = p.base
         victim_again, held_again = _texts_of(base, f"&job={JOB}"), _texts_of(base)
     assert victim == {"host-agent": [f"host {i}" for i in range(20)]}, victim
     assert held["node-a/node"] == [f"node {i}" for i in range(5)]
