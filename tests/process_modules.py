@@ -1,5 +1,6 @@
 """Which test modules start a process, read from their source (an AST scan; nothing is run):
-``python -m tests.process_modules`` prints the count, ``-v`` each module and what it calls.
+``python -m tests.process_modules`` prints the count, ``-v`` each module and what it calls, ``-t`` each
+test function that does (before parametrization).
 
 A module starts a process where it calls subprocess's functions (run, Popen, call, check_call,
 check_output), asyncio's create_subprocess_*, os.fork/system/spawn*/exec*, multiprocessing (a Process,
@@ -73,16 +74,56 @@ def starts_via_module_helpers(tree: ast.Module, fn: ast.FunctionDef) -> bool:
     return any(name in local and local[name] is not fn and starts(local[name]) for name in called)
 
 
+def _local_starters(tree: ast.Module) -> set[str]:
+    """The module's own functions that start a process, directly or through another of them."""
+    local = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for n in tree.body:
+        if isinstance(n, ast.ClassDef):
+            local.update({f"{n.name}.{m.name}": m for m in n.body
+                          if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))})
+    found = {name for name, fn in local.items() if starts(fn)}
+    while True:
+        more = {name for name, fn in local.items() if name not in found and any(
+            _dotted(c.func) in found or _dotted(c.func).split(".")[-1] in found
+            for c in ast.walk(fn) if isinstance(c, ast.Call))}
+        if not more:
+            return found
+        found |= more
+
+
+def starting_tests(path: Path, fixtures: set[str]) -> list[str]:
+    """The test functions of ``path`` that start a process: directly, through a function of their
+    module that does, or through a fixture (of the module or a conftest above it) that does."""
+    tree = ast.parse(path.read_text())
+    local = _local_starters(tree)
+    fixtures = fixtures | {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in local
+                           and any("fixture" in _dotted(d.func if isinstance(d, ast.Call) else d)
+                                   for d in n.decorator_list)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            calls = {_dotted(c.func) for c in ast.walk(node) if isinstance(c, ast.Call)}
+            if (starts(node) or calls & local or {c.split(".")[-1] for c in calls} & local
+                    or any(a.arg in fixtures for a in node.args.args)):
+                out.append(node.name)
+    return out
+
+
 def test_modules() -> list[Path]:
     return sorted(p for top in ("tests", "collectors") for p in (ROOT / top).rglob("test_*.py")
                   if "/gpu/" not in str(p.relative_to(ROOT)) or p.name.startswith("test_"))
 
 
+def conftest_fixtures() -> dict[Path, set[str]]:
+    got = {p.parent: _fixtures_starting(p) for top in ("tests", "collectors")
+           for p in (ROOT / top).rglob("conftest.py")}
+    got[ROOT] = _fixtures_starting(ROOT / "conftest.py")
+    return got
+
+
 def scan() -> dict[Path, set[str]]:
     """Each test module that starts a process -> what it calls (or the fixture it asks for)."""
-    conftests = {p.parent: _fixtures_starting(p) for top in ("tests", "collectors")
-                 for p in (ROOT / top).rglob("conftest.py")}
-    conftests[ROOT] = _fixtures_starting(ROOT / "conftest.py")
+    conftests = conftest_fixtures()
     out: dict[Path, set[str]] = {}
     for path in test_modules():
         tree = ast.parse(path.read_text())
@@ -101,7 +142,15 @@ def main(argv: list[str]) -> int:
     if "-v" in argv:
         for path, what in found.items():
             print(f"{path.relative_to(ROOT)}: {', '.join(sorted(what))}")
-    print(f"{len(found)} of {len(test_modules())} test modules start a process")
+    conftests = conftest_fixtures()
+    tests = {path: starting_tests(path, {f for d, names in conftests.items() if path.is_relative_to(d)
+                                         for f in names}) for path in found}
+    if "-t" in argv:
+        for path, names in tests.items():
+            for name in names:
+                print(f"{path.relative_to(ROOT)}::{name}")
+    print(f"{len(found)} of {len(test_modules())} test modules start a process; "
+          f"{sum(map(len, tests.values()))} test functions in them do")
     return 0
 
 

@@ -42,6 +42,7 @@ def aggregator_pid(procs: Procs) -> int:
 
 
 
+@pytest.mark.e2e  # the aggregator's own resident memory: a process of its own
 def test_retain_mib_counts_the_raw_fields_of_step_records(tmp_path: Path) -> None:
     n, per_batch, field_kb = 1500, 50, 100
     with Procs(tmp_path, run_env()) as procs:
@@ -95,6 +96,7 @@ def _raw_get(port: int, path: str) -> socket.socket:
     return s
 
 
+@pytest.mark.e2e  # the aggregator's own resident memory: a process of its own
 def test_large_events_are_cut_the_log_is_paged_and_slow_readers_hold_little(tmp_path: Path) -> None:
     n, size_kb, per_batch = 2400, 250, 50
     with Procs(tmp_path, run_env()) as procs:
