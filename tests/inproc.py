@@ -70,6 +70,7 @@ class _Loop:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_default_executor()  # its worker threads joined
 
         try:
             self.call(cancel_rest(), "the loop's last tasks to end")
