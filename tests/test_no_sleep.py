@@ -72,7 +72,6 @@ ALLOWED: dict[str, str] = {
     "test_ncu_capture_by_request_through_aggregator_agent_and_hook.body": POLL,
     "tests/captures/test_ready_target_live.py::"
     "test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures.body": POLL,
-    "tests/collectives/test_collectives_e2e.py::test_launch_agent_aggregator_collectives": POLL,
     "tests/collectives/test_launch.py::test_manifest_is_written_while_running": POLL,
     "tests/collectives/test_launch.py::test_the_log_grows_while_the_command_runs": POLL,
     "tests/deploy/test_node_and_sidecar_agents.py::test_node_agent_and_sidecar_on_one_node": QUIET,
