@@ -6,16 +6,17 @@ The issue's attack: any client (its Hello naming a job of its own) sends
 and every job endpoint answered 500, stall checks failed, and since the event was journalled, a
 restart on the same ``--state-dir`` exited 1.
 
-Here: a real ``perfd aggregator`` process with a state dir, the victim's host and the attacker as
+Here: the real aggregator with a state dir (in the test's process, tests/inproc.py; its restart a second
+start on the same state), the victim's host and the attacker as
 real gRPC agents (the transport's own AgentClient). The malformed entry is refused at the edge and
 counted (``malformed_event``); every endpoint answers 200; a restart on the same state starts. A
 second test writes the event into a journal the way the journal always wrote accepted batches
-(perfd.aggregator.durable.Journal, ``kept=None``) and starts a real aggregator on it.
+(perfd.aggregator.durable.Journal, ``kept=None``) and starts the real aggregator on it.
 """
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import re
 import time
 import urllib.error
@@ -32,7 +33,8 @@ from perfd.transport.client import AgentClient
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable
 from tests.faults.streams import streaming
-from tests.procs import NOT_YET, Procs, get_json, http_get, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import get_json, http_get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
@@ -87,25 +89,30 @@ def _all_ok(base: str) -> dict[str, int]:
     return got
 
 
-def test_one_malformed_event_takes_no_endpoint_down_and_no_restart(tmp_path: Path) -> None:
+# An exception no one caught in one of the aggregator's threads fails the test, as it would have been a
+# traceback in the aggregator process' output.
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_one_malformed_event_takes_no_endpoint_down_and_no_restart(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
     state = tmp_path / "state"
-    with Procs(tmp_path, run_env()) as procs:
-        args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
-        grpc_port, _http, base = start_aggregator(procs, *args)
-        asyncio.run(_attack(f"127.0.0.1:{grpc_port}"))
+    args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
+    caplog.set_level(logging.WARNING)  # the aggregator's log, as `perfd aggregator` writes it
+    with pipeline(tmp_path, *args) as p:
+        base = p.base
+        p.call(_attack(p.target), "the host's and the attacker's batches", 120)
         time.sleep(2.0)  # several refresh and rules ticks over what arrived
         _all_ok(base)
         # The issue's entry, both entries of the second list, the two rank entries, the phase.
         assert _refused(base, "malformed_event") == 6.0
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
-        assert "Traceback" not in out, out[-3000:]
-        assert "refused (malformed_event)" in out and "pid" in out
-        # The same state again: it starts, and answers.
-        _g, _h, base = start_aggregator(procs, *args, name="aggregator2")
-        wait_for(lambda: _all_ok(base), 20, "every endpoint 200 after the restart", ignore=NOT_YET)
-        job = wait_for(lambda: get_json(f"{base}/api/jobs/{JOB}/iterations")["iterations"], 20,
-                       "the victim's iterations back", ignore=NOT_YET)
+    out = caplog.text
+    assert "Traceback" not in out, out[-3000:]
+    assert "refused (malformed_event)" in out and "pid" in out
+    # The same state again: it starts, and answers.
+    with pipeline(tmp_path, *args) as p:
+        base = p.base
+        p.wait(lambda: _all_ok(base), 20, "every endpoint 200 after the restart")
+        job = p.wait(lambda: get_json(f"{base}/api/jobs/{JOB}/iterations")["iterations"], 20,
+                     "the victim's iterations back")
         assert len(job) == 30
 
 
@@ -124,9 +131,8 @@ def test_a_journal_holding_a_malformed_event_restarts(tmp_path: Path) -> None:
     j.seq("host-agent", "e", 1)
     assert j.commit()
     store.close()
-    with Procs(tmp_path, run_env()) as procs:
-        _g, _h, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5", "--state-dir",
-                                        state)
+    with pipeline(tmp_path, "--no-rules", "--rules-interval", "0.5", "--state-dir", state) as p:
+        base = p.base
         time.sleep(2.0)
         _all_ok(base)
         assert [it["iteration"] for it in get_json(f"{base}/api/jobs/{JOB}/iterations")["iterations"]] == [1]
