@@ -69,6 +69,7 @@ def _kill9_and_restart(procs: Procs, args: list[str]) -> str:
     return start_aggregator(procs, *args, name="aggregator")[2]
 
 
+@pytest.mark.e2e
 def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> None:
     args = ["--max-jobs", "3", "--job-stale-after", "2", "--no-rules", "--rules-interval", "0.5",
             "--state-dir", str(tmp_path / "state")]
@@ -100,6 +101,7 @@ def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> Non
         assert st.get("refused_jobs_cap", 0) == 0 and len(jobs) <= 3
 
 
+@pytest.mark.e2e
 def test_a_hello_naming_1000_jobs_holds_its_quota_and_only_while_its_stream_is_open(tmp_path: Path) -> None:
     args = ["--no-rules", "--rules-interval", "0.5", "--state-dir", str(tmp_path / "state")]
     with Procs(tmp_path, run_env()) as procs:

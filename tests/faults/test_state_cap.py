@@ -50,6 +50,7 @@ def disk(state: Path) -> int:
     return sum(f.stat().st_size for f in state.iterdir())
 
 
+@pytest.mark.e2e
 def test_refused_hello_names_are_never_stored_and_the_files_stay_under_the_cap(tmp_path: Path) -> None:
     state = tmp_path / "state"
     args = ["--no-rules", "--rules-interval", "0.5", "--state-max-mib", str(CAP_MIB),

@@ -30,6 +30,7 @@ def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
     with socket.socket() as busy:
@@ -81,6 +82,7 @@ def test_what_listens_beyond_loopback_unauthenticated() -> None:
     assert unauthenticated("localhost", "0.0.0.0", token=False, client_ca=False) == (Endpoint.HTTP_API,)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
     """`perfd aggregator --listen-all` with no token started without a word on what it opened: it

@@ -104,6 +104,7 @@ def _rss_mb(pid: int) -> float:
 AGENTS = 2  # flooding agents a round, each defining the per-agent most (L.MAX_SERIES_PER_AGENT)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_figures_rss_of_a_real_aggregator_through_refused_series_floods(tmp_path: Path) -> None:
     """Two rounds of 2 × 50,000 refused series at a real aggregator process: its RSS after each
@@ -136,6 +137,7 @@ def test_figures_rss_of_a_real_aggregator_through_refused_series_floods(tmp_path
         stop(p)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_one_identity_holds_at_most_its_quota_of_series(tmp_path: Path) -> None:
     """The issue's (54 item 8): one client identity held 500,000 series (~940 MB). Three agents of one
