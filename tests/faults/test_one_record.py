@@ -1,6 +1,5 @@
 """What one bad record may cost (issue 43 items 3 and 6), with the real agent and aggregator on loopback
-(in the test's process, tests/inproc.py; the hook's test with `perfd agent` and `perfd aggregator`
-processes, the hook's datagrams checked as another process's) and a short retention window
+(in the test's process, tests/inproc.py) and a short retention window
 (--retain-iterations 50), so the window turns over within seconds.
 
 - One far-future iteration among good ones (a Megatron-LM log line "iteration 999999999999/ 200", a
@@ -28,7 +27,7 @@ import pytest
 from perfd.hook import StepHook, wire
 from tests.faults.test_network_faults import _megatron_lines
 from tests.inproc import pipeline
-from tests.procs import Procs, get_json, http_get, start_agent, start_aggregator, wait_for
+from tests.procs import get_json, http_get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the hook's socket is Linux's")]
@@ -74,15 +73,16 @@ def test_a_far_future_log_line_is_refused_and_every_later_iteration_is_held(
     assert re.search(rf"job {JOB}: \d+ iteration\(s\) \(\d+ record\(s\)\) left its retention window", out)
 
 
-@pytest.mark.e2e
-def test_a_far_future_hook_step_is_refused_and_every_later_step_is_held(tmp_path: Path) -> None:
+def test_a_far_future_hook_step_is_refused_and_every_later_step_is_held(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     sock = str(tmp_path / "hook.sock")
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"batch_interval_s: 0.3\ncollectors:\n  hook: {{socket_path: {sock}}}\n")
-    with Procs(tmp_path) as procs:
-        grpc_port, _, base = start_aggregator(procs, "--no-rules", "--retain-iterations", WINDOW)
-        start_agent(procs, grpc_port, "--job", "hookjob", "--host", "off", nvml="off", config=cfg)
-        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+    caplog.set_level(logging.WARNING, logger="perfd.refused")  # the aggregator's refusal lines
+    with pipeline(tmp_path, "--no-rules", "--retain-iterations", WINDOW) as p:
+        base = p.base
+        p.agent("--job", "hookjob", "--host", "off", "--nvml", "off", "--config", cfg)
+        p.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
         hook = StepHook(sock, cuda=False, rank=0, flush_interval_s=0)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
@@ -97,12 +97,11 @@ def test_a_far_future_hook_step_is_refused_and_every_later_step_is_held(tmp_path
             hook.close()
         finally:
             s.close()
-        held = wait_for(lambda: (h := _held(base, "hookjob")) and h[-1] == 200 and h, 60, "step 200 held",
-                        interval=0.5, ignore=(OSError, KeyError, ValueError))
+        held = p.wait(lambda: (h := _held(base, "hookjob")) and h[-1] == 200 and h, 60, "step 200 held",
+                      interval=0.5)
         assert held == list(range(151, 201))
         assert _refused(base, "iteration_ahead") == 1.0
-        procs.stop()
-        out = (tmp_path / "aggregator.out").read_text()
+    out = caplog.text
     # past the newest held before its batch, or (in the job's first batch) past the batch's lowest
     assert "refused (iteration_ahead)" in out and re.search(r"iterations past the (newest held|lowest)", out)
 
