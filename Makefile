@@ -4,6 +4,8 @@
 #   make test-fast - the tests not marked `slow` only, no lint (the loop while editing: < 2 min)
 #   make test-repeat N=10 - the suite as `make test` runs it, N times in a row: which tests failed, how often
 #   make mutation-check - one comparison changed in each of three modules must fail their tests
+#   make test-e2e - the tests marked e2e only, one at a time: those that start perfd's processes because the
+#     process boundary is what they test (signals, kill -9, exit statuses, start-up, a terminal)
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The interpreter the venvs are made from: Debian's python3.11 where it is there and can make a venv,
@@ -37,7 +39,7 @@ TEST_WORKERS ?= 8
 # the 2-core machine).
 FAST_WORKERS ?= 2
 
-.PHONY: setup demo test pytest test-repeat test-fast mutation-check lint typecheck proto docs clean
+.PHONY: setup demo test pytest test-repeat test-e2e test-fast mutation-check lint typecheck proto docs clean
 setup: $(VENV)/.installed
 
 # --no-compile: pip would compile the bytecode of every module it installs (torch's CPU build among them,
@@ -97,6 +99,15 @@ PYTEST_COLLECT = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --collect-only -p no:
 PYTEST_RUN = PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q -n $(TEST_WORKERS) --durations=25 --dist loadgroup \
 	--max-worker-restart 0 $(PYTEST_ARGS)
 pytest: setup
+	@$(PYTEST_COLLECT)
+	$(PYTEST_RUN)
+
+# The serial lane: the tests marked e2e (pyproject's markers say which), as `make pytest` runs the suite but
+# with no workers (-n 0: one process, one test at a time), so that each one's processes, ports and bounded
+# waits have the machine to themselves. PYTEST_ARGS narrows it further.
+test-e2e: TEST_WORKERS = 0
+test-e2e: PYTEST_ARGS += -m e2e
+test-e2e: setup
 	@$(PYTEST_COLLECT)
 	$(PYTEST_RUN)
 

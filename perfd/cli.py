@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 from perfd import __version__
 from perfd import limits as L
@@ -155,12 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def log_handler(stream: TextIO | None = None) -> logging.Handler:
+    """Where every perfd command logs (stderr unless ``stream``): one line per record, whatever a
+    client put in it (perfd.logline)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    stream = logging.StreamHandler()  # one line per record, whatever a client put in it (perfd.logline)
-    stream.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[stream])
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[log_handler()])
     try:
         if args.command == "analyze":
             from perfd.commands.analyze import run_analyze

@@ -72,13 +72,10 @@ ALLOWED: dict[str, str] = {
     "test_ncu_capture_by_request_through_aggregator_agent_and_hook.body": POLL,
     "tests/captures/test_ready_target_live.py::"
     "test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures.body": POLL,
-    "tests/collectives/test_collectives_e2e.py::test_launch_agent_aggregator_collectives": POLL,
     "tests/collectives/test_launch.py::test_manifest_is_written_while_running": POLL,
     "tests/collectives/test_launch.py::test_the_log_grows_while_the_command_runs": POLL,
     "tests/deploy/test_node_and_sidecar_agents.py::test_node_agent_and_sidecar_on_one_node": QUIET,
     "tests/deploy/test_slurm.py::_wait": POLL,
-    "tests/e2e/test_live_pipeline.py::test_agent_to_aggregator_matches_offline_analysis": SCHEDULE,
-    "tests/e2e/test_serving_pipeline.py::test_serving_metrics_and_report_reach_the_aggregator": SCHEDULE,
     "tests/engine/engine_driver.py::Load._main": SCHEDULE,
     "tests/engine/engine_driver.py::nc_call.main": POLL,
     "tests/engine/engine_driver.py::until": POLL,

@@ -1,15 +1,13 @@
 """Aggregators sharded by job: every agent of a job picks the same aggregator (rendezvous hashing),
-and each aggregator holds only its jobs — two real aggregators, agents from the command line."""
+and each aggregator holds only its jobs — two real aggregators, agents from the command line (in the
+test's process: tests/inproc.py)."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,8 @@ import pytest
 from perfd.agent.config import apply_overrides, load_config
 from perfd.transport.shard_routing import pick_aggregator
 from tests.faults.test_network_faults import _megatron_lines
-from tests.procs import free_port, http_get, wait_for
+from tests.inproc import pipeline
+from tests.procs import http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,48 +43,26 @@ class ShardedPair:
 
     aggs: list[tuple[str, str]]  # (gRPC HOST:PORT, HTTP base URL)
     jobs: list[str]  # jobs[i] lands on aggs[i]
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
-def start_sharded_pair(tmp_path: Path, aggregator_args: tuple[str, ...] = ()) -> ShardedPair:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pair = ShardedPair([], [])
-    try:
-        for i in range(2):
-            g, h = free_port(), free_port()
-            pair.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(g),
-                 "--http-port", str(h), "--no-rules", *aggregator_args], cwd=ROOT, env=env,
-                stdout=(tmp_path / f"agg{i}.out").open("wb"), stderr=subprocess.STDOUT))
-            pair.aggs.append((f"127.0.0.1:{g}", f"http://127.0.0.1:{h}"))
-        for _, base in pair.aggs:
-            wait_for(functools.partial(http_get, f"{base}/healthz"), 30, "aggregator up")
-        addrs = [a for a, _ in pair.aggs]
+@contextlib.contextmanager
+def sharded_pair(tmp_path: Path, aggregator_args: tuple[str, ...] = ()) -> Iterator[ShardedPair]:
+    """The pair in the test's process (tests/inproc.py), each agent as `perfd agent --aggregator A,B`."""
+    with contextlib.ExitStack() as stack:
+        ps = [stack.enter_context(pipeline(tmp_path, "--no-rules", *aggregator_args)) for _ in range(2)]
+        addrs = [p.target for p in ps]
         names = [f"job-{i}" for i in range(50)]
-        pair.jobs = [next(j for j in names if pick_aggregator(j, addrs) == a) for a in addrs]
+        jobs = [next(j for j in names if pick_aggregator(j, addrs) == a) for a in addrs]
         head, lines = _megatron_lines(12)
-        for i, job in enumerate(pair.jobs):
+        for i, job in enumerate(jobs):
             log = tmp_path / f"{job}.log"
             log.write_text(head + "".join(lines))
-            pair.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "perfd.cli", "agent", "--aggregator", ",".join(addrs), "--job", job,
-                 "--megatron-log", str(log), "--nvml", "off", "--host", "off", "--metrics-port", "-1",
-                 "--agent-id", f"node-{i}"], cwd=ROOT, env=env,
-                stdout=(tmp_path / f"agent{i}.out").open("wb"), stderr=subprocess.STDOUT))
-    except BaseException:
-        pair.stop()
-        raise
-    return pair
+            # Run by the pipeline that ends first (the last entered): the agents stop before either
+            # aggregator does.
+            ps[-1].agent("--aggregator", ",".join(addrs), "--job", job, "--megatron-log", log, "--nvml",
+                         "off", "--host", "off", "--metrics-port", "-1", "--agent-id", f"node-{i}",
+                         name=f"agent{i}")
+        yield ShardedPair([(p.target, p.base) for p in ps], jobs)
 
 
 def jobs_at(base: str) -> list[str]:
@@ -95,10 +72,7 @@ def jobs_at(base: str) -> list[str]:
 
 @pytest.mark.slow
 def test_two_aggregators_each_hold_only_their_jobs(tmp_path: Path) -> None:
-    pair = start_sharded_pair(tmp_path)
-    try:
+    with sharded_pair(tmp_path) as pair:
         (_, b0), (_, b1) = pair.aggs
         wait_for(lambda: jobs_at(b0) and jobs_at(b1), 60, "both jobs at their shards")
         assert jobs_at(b0) == [pair.jobs[0]] and jobs_at(b1) == [pair.jobs[1]]
-    finally:
-        pair.stop()

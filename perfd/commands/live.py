@@ -17,12 +17,18 @@ from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Cred
 from perfd.shared_thresholds import STALL_PHASE_MAX_S
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from perfd.agent.config import AgentConfig
+    from perfd.aggregator.daemon import AggregatorConfig
+
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _agent(args: argparse.Namespace) -> int:
+def _agent(args: argparse.Namespace, run: Callable[[AgentConfig, str | None], int] | None = None) -> int:
+    """``run``: what runs the configuration made of ``args`` (run_agent unless given: tests run it in
+    their own process, tests/inproc.py)."""
     from perfd.agent.config import ConfigError, apply_overrides, load_config
-    from perfd.agent.node_agent import run_agent
 
     try:
         cfg = apply_overrides(
@@ -52,15 +58,23 @@ def _agent(args: argparse.Namespace) -> int:
         except SecurityConfigError as exc:
             print(f"perfd agent: {exc}", file=sys.stderr)
             return 2
-    return run_agent(cfg, ready_file=args.ready_file)
+    if run is None:
+        from perfd.agent.node_agent import run_agent
+
+        run = run_agent
+    return run(cfg, args.ready_file)
 
 
-def _aggregator(args: argparse.Namespace) -> int:
+def _aggregator(args: argparse.Namespace,
+                run: Callable[[AggregatorConfig, str | None], int] | None = None) -> int:
+    """``run``: what runs the configuration made of ``args`` (run_aggregator unless given: tests run it
+    in their own process, tests/inproc.py)."""
     from perfd.aggregator.collectives import collective_configs
     from perfd.aggregator.runtime import grpc_experiments
 
     grpc_experiments()  # before grpc is imported (the next line): its core reads it once
     from perfd.aggregator.daemon import AggregatorConfig, run_aggregator
+    run = run if run is not None else run_aggregator
 
     try:
         coll, coll_jobs = collective_configs(args.inter_node_link, args.inter_node_busbw_gbs or (),
@@ -190,7 +204,7 @@ def _aggregator(args: argparse.Namespace) -> int:
     if args.retain_iterations < 1 or not args.retain_mib > 0:
         print("perfd aggregator: --retain-iterations must be >= 1 and --retain-mib > 0", file=sys.stderr)
         return 2
-    return run_aggregator(cfg, ready_file=args.ready_file)
+    return run(cfg, args.ready_file)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ def _post(url: str, body: dict[str, object]) -> dict[str, object]:
         return dict(json.loads(r.read()))
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_sigterm_with_a_kineto_capture_waiting_for_its_poll(tmp_path: Path) -> None:
     sock, kineto, caps = tmp_path / "hook.sock", tmp_path / "kineto", tmp_path / "caps"

@@ -16,6 +16,7 @@ from tests.procs import stop, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_agent_prints_its_listening_line(tmp_path: Path) -> None:
     out = tmp_path / "agent.out"

@@ -40,6 +40,7 @@ def one_line_refusal(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
 @pytest.mark.parametrize("text", ["", LIGHTNING, HF_TRAINER], ids=["empty", "lightning", "hf-trainer"])
@@ -50,6 +51,7 @@ def test_no_iteration_lines_exit_2(tmp_path, what, text):
     assert "train.log" in line and "lines read" in line
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
 def test_directory_is_named_a_directory(tmp_path, what):
@@ -58,6 +60,7 @@ def test_directory_is_named_a_directory(tmp_path, what):
     assert "no such log file" in one_line_refusal(perfd("analyze", what, tmp_path / "missing.log"))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path):
     plain = perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H200", "--json")
@@ -83,6 +86,7 @@ def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path):
         assert a["parse"]["counts"] == b["parse"]["counts"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_zstd_without_the_package_says_what_to_install(tmp_path):
     zstandard = pytest.importorskip("zstandard")
@@ -95,6 +99,7 @@ def test_zstd_without_the_package_says_what_to_install(tmp_path):
     assert "zstandard" in line and "perfd[zstd]" in line
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("pack", [gzip.compress, lzma.compress], ids=["gzip", "xz"])
 def test_truncated_archive_is_refused(tmp_path, pack):
@@ -103,6 +108,7 @@ def test_truncated_archive_is_refused(tmp_path, pack):
     assert "cannot read" in one_line_refusal(perfd("analyze", "megatron", bad))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what,log", [("megatron", MEGATRON), ("sglang", SGLANG)])
 def test_unknown_gpu_lists_the_closest_known_names(what, log):
@@ -112,6 +118,7 @@ def test_unknown_gpu_lists_the_closest_known_names(what, log):
     assert "closest known" in line and "--peak-tflops" in line
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ambiguous_short_name_lists_its_variants():
     line = one_line_refusal(perfd("analyze", "megatron", MEGATRON, "--gpu", "H100"))
@@ -120,12 +127,14 @@ def test_ambiguous_short_name_lists_its_variants():
     assert "'NVIDIA H100 80GB HBM3'" in could_mean and "H200" not in could_mean
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_known_gpu_or_explicit_peak_is_accepted():
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H100 80GB HBM3").returncode == 0
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "RTX 4090", "--peak-tflops", "165").returncode == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_missing_dtype_names_the_flag(tmp_path):
     # The same real log with the lines that name its dtype taken out.
@@ -154,6 +163,7 @@ def test_every_option_has_help_and_shows_its_default_and_every_command_an_exampl
                 assert "default" in (p._get_formatter()._get_help_string(a) or ""), (p.prog, a.option_strings)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_help_of_a_command_shows_example_and_defaults():
     r = perfd("analyze", "sglang", "--help")
@@ -162,6 +172,7 @@ def test_help_of_a_command_shows_example_and_defaults():
     assert "(default 10)" in r.stdout or "(default: 10.0)" in r.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_progress_bar_on_a_terminal_only(tmp_path):
     """A big log shows a bar on stderr when stderr is a terminal (a pty here), nothing otherwise;

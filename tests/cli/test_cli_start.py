@@ -29,10 +29,12 @@ def _loaded(code: str) -> list[str]:
     return list(json.loads(got.stdout.splitlines()[-1]))
 
 
+@pytest.mark.e2e
 def test_the_parser_loads_no_analytics_report_or_screen() -> None:
     assert _loaded("import perfd.cli\nperfd.cli.build_parser()") == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["agent", "nsys-exec", "ncu-exec", "launch", "shard"])
 def test_the_per_node_and_per_rank_commands_start_light(command: str) -> None:
     """Each command's parse, then the modules its handler imports first (the agent's, the wrappers')."""
@@ -47,6 +49,7 @@ def test_the_per_node_and_per_rank_commands_start_light(command: str) -> None:
     assert _loaded(code) == []
 
 
+@pytest.mark.e2e
 def test_perfd_help_still_lists_every_command() -> None:
     """The screen's split left `perfd top` in the list and its --help whole."""
     out = subprocess.run([sys.executable, "-m", "perfd.cli", "--help"], cwd=ROOT, env=run_env(),

@@ -34,6 +34,7 @@ def test_real_names_pass(name: str) -> None:
     assert job_name_problem(name) is None
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["", "$(PERFD_JOB)"])
 def test_perfd_launch_refuses_and_runs_nothing(name: str, tmp_path: Path) -> None:
@@ -46,6 +47,7 @@ def test_perfd_launch_refuses_and_runs_nothing(name: str, tmp_path: Path) -> Non
     assert not marker.exists() and not (tmp_path / "run" / "launch.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["", "$(PERFD_JOB)"])
 def test_perfd_agent_refuses_a_job_flag_that_is_no_name(name: str) -> None:
@@ -54,6 +56,7 @@ def test_perfd_agent_refuses_a_job_flag_that_is_no_name(name: str) -> None:
     assert "configuration error: --job " in r.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_perfd_agent_refuses_a_manifest_whose_job_is_no_name(tmp_path: Path) -> None:
     m = tmp_path / "launch.json"

@@ -48,6 +48,7 @@ def no_ncu_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_analyze_ncu_text_and_json():
     r = perfd("analyze", "ncu", MLP)
@@ -105,12 +106,14 @@ def test_analyze_ncu_joined_to_a_capture():
         (DATA / "ncu" / "h100_workflow_run2_rank0_details.csv.gz").read_bytes()[:100]))[0], 1,
      "Compressed file ended before the end-of-stream marker"),  # a cut archive: gzip's own words
 ])
+@pytest.mark.e2e
 def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why):
     r = perfd("analyze", "ncu", make(tmp_path), env=no_ncu_env(tmp_path))
     assert r.returncode == code and why in r.stderr and r.stdout == ""
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
@@ -124,6 +127,7 @@ def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
     assert bad.returncode == 1 and "cannot read the capture" in bad.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
@@ -150,6 +154,7 @@ def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
     assert r.returncode == 2 and "ncu not found" in r.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
@@ -190,6 +195,7 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
     assert none.returncode == 0 and "no Kineto/nsys capture of job other" in none.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     """Issue 43 item 7: the filter was printed as it is, and ``regex:.*`` under $(...) became the file
@@ -225,12 +231,14 @@ def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     (("--ranks", "a"), "comma-separated integers"),
     (("--kernel-filter", "regex:a b"), "one word"),
 ])
+@pytest.mark.e2e
 def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why):
     exe, _ = make_fake_ncu(tmp_path)
     r = perfd("ncu-prefix", "--job", "j1", *args, PERFD_NCU=str(exe))
     assert r.returncode == 2 and why in r.stderr and r.stdout == ""
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
     exe, state = make_fake_ncu(tmp_path)
@@ -255,6 +263,7 @@ def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
     assert both.returncode == 2 and "one CUPTI client per process" in both.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path):
     """Issue 45 item 2: with no filter given, ncu-prefix takes the job's latest timeline (any rank's)
@@ -288,6 +297,7 @@ def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tm
     assert opt_out.returncode == 0 and "--kernel-filter-hex" not in opt_out.stdout.split()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_path):
     """Issue 51 item 4: with the capture's trace on disk, the filter by time and a launch window (ncu's

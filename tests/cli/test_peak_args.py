@@ -41,6 +41,7 @@ def refused(r: subprocess.CompletedProcess[str], prefix: str = "perfd") -> str:
 @pytest.mark.parametrize("flags", [["--peak-tflops", "0"], ["--peak-tflops", "-5"], ["--peak-tflops", "nan"],
                                    ["--peak-tflops", "inf"], ["--dtype", "int4"]],
                          ids=["peak-0", "peak-neg", "peak-nan", "peak-inf", "dtype-int4"])
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["analyze", "report"])
 def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path, flags: list[str],
                                                                   command: str) -> None:
@@ -57,6 +58,7 @@ def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path
         assert "--peak-tflops must be a positive number" in line
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
     sglang = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
@@ -74,6 +76,7 @@ def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("log", [DATA / "dp2_all_timers.log",
                                  ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"],
                          ids=["dp2", "demo"])
+@pytest.mark.e2e
 def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, log: Path) -> None:
     """fp32 on a bf16 log: the peak (67 TFLOP/s on an H200) is below what the job achieved (72.8
     and 80.9 TFLOP/s per GPU; the issue saw "MFU 132% excellent")."""

@@ -131,6 +131,7 @@ def test_gpu_process_and_host_tables_are_dense() -> None:
     assert "37%" in host and "200.0/2000.0 10%" in host
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_once_to_a_file_is_not_cut_at_80_columns(tmp_path: Path, monkeypatch: Any) -> None:
     """`perfd top --once > file`: rich's default width for a non-terminal is 80; the long command

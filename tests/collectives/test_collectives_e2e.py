@@ -1,8 +1,8 @@
-"""End to end on loopback with real processes: `perfd launch` runs a stand-in training process that
-sends step-hook records and writes Flight Recorder dumps (the recorded H200 ones) where the launch
-told it to; `perfd agent --launch-manifest` picks up the nccl and hook collectors from the manifest;
-`perfd aggregator` serves the collective analysis. What it serves must equal the analysis of the same
-records computed in this process."""
+"""End to end on loopback: `perfd launch` (a process) runs a stand-in training process that sends
+step-hook records and writes Flight Recorder dumps (the recorded H200 ones) where the launch told it
+to; the agent (`perfd agent --launch-manifest`, in the test's process: tests/inproc.py) picks up the
+nccl and hook collectors from the manifest; the aggregator (in the test's process too) serves the
+collective analysis. What it serves must equal the analysis of the same records computed here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,8 @@ import pytest
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.model import StepRecord
 from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
-from tests.procs import free_port, http_get, stop
+from tests.inproc import pipeline
+from tests.procs import stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -72,65 +71,44 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
     child = tmp_path / "child.py"
     child.write_text(CHILD.format(root=str(ROOT), plan=str(plan)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ready = tmp_path / "ready"
-    http = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = {n: (tmp_path / f"{n}.out").open("wb") for n in ("aggregator", "launch", "agent")}
+    launch_log = (tmp_path / "launch.out").open("wb")
+    launch: subprocess.Popen[bytes] | None = None
     try:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0",
-             "--http-host", "127.0.0.1", "--http-port", str(http), "--ready-file", str(ready), "--no-rules"],
-            cwd=ROOT, env=env, stdout=logs["aggregator"], stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text().strip()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        grpc_port = int(ready.read_text().split()[0])
-        manifest = tmp_path / "run" / "launch.json"
-        launch = subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "launch", "--job", "ddp", "--run-dir", str(tmp_path / "run"),
-             "--flight-recorder", str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"), "--",
-             sys.executable, str(child)], cwd=ROOT, env=env, stdout=logs["launch"], stderr=subprocess.STDOUT)
-        procs.append(launch)
-        while not manifest.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        cfg = tmp_path / "agent.yaml"  # tuning from the file, paths from the manifest
-        cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
-                       "      interval_s: 0.5\n      read_existing: true\n")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "agent", "--config", str(cfg), "--launch-manifest",
-             str(manifest), "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "off", "--host", "off",
-             "--metrics-port", "-1", "--node", "n1"], cwd=ROOT, env=env, stdout=logs["agent"],
-            stderr=subprocess.STDOUT))
-        assert launch.wait(timeout=60) == 0
-        url = f"http://127.0.0.1:{http}/api/jobs/ddp/summary"
-        want = _expected(steps)
-        got: dict[str, Any] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                got = json.loads(http_get(url)).get("collectives") or {}
-            except OSError as exc:
-                got = {"http_error": repr(exc)}
-            if got.get("records", 0) >= want["records"] and len(got.get("iterations", [])) >= len(
-                    want["iterations"]):
-                break
-            time.sleep(0.3)
-        else:
-            jobs = json.loads(http_get(f"http://127.0.0.1:{http}/api/jobs"))
-            pytest.fail(f"aggregator never caught up: {json.dumps(got)[:2000]}\n{jobs}\n"
-                        + "\n".join((tmp_path / f"{n}.out").read_text()[-2000:] for n in logs))
-        assert got["method"]["name"] == "step_windows"
-        assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])
-        shares = {it["iteration"]: it["share_by_rank"] for it in got["iterations"]}
-        assert shares == {it["iteration"]: pytest.approx(it["share_by_rank"]) for it in want["iterations"]}
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        assert 'perfd_job_comm_total_ratio{job_name="ddp"}' in metrics
+        with pipeline(tmp_path, "--no-rules") as p:
+            manifest = tmp_path / "run" / "launch.json"
+            launch = subprocess.Popen(
+                [sys.executable, "-m", "perfd.cli", "launch", "--job", "ddp", "--run-dir",
+                 str(tmp_path / "run"),
+                 "--flight-recorder", str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"),
+                 "--", sys.executable, str(child)],
+                cwd=ROOT, env=env, stdout=launch_log, stderr=subprocess.STDOUT)
+            wait_for(manifest.exists, 30, "the launch manifest", interval=0.05)
+            cfg = tmp_path / "agent.yaml"  # tuning from the file, paths from the manifest
+            cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
+                           "      interval_s: 0.5\n      read_existing: true\n")
+            p.agent("--config", cfg, "--launch-manifest", manifest, "--nvml", "off", "--host", "off",
+                    "--metrics-port", "-1", "--node", "n1")
+            assert launch.wait(timeout=60) == 0
+            want = _expected(steps)
+
+            def caught_up() -> dict[str, Any] | None:
+                got: dict[str, Any] = p.json("/api/jobs/ddp/summary").get("collectives") or {}
+                return got if got.get("records", 0) >= want["records"] and len(
+                    got.get("iterations", [])) >= len(want["iterations"]) else None
+
+            got = p.wait(caught_up, 30, "the aggregator's collective analysis caught up with "
+                         f"{want['records']} records, {len(want['iterations'])} iterations")
+            assert got["method"]["name"] == "step_windows"
+            assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])
+            shares = {it["iteration"]: it["share_by_rank"] for it in got["iterations"]}
+            assert shares == {it["iteration"]: pytest.approx(it["share_by_rank"])
+                              for it in want["iterations"]}
+            metrics = p.get("/metrics").decode()
+            assert 'perfd_job_comm_total_ratio{job_name="ddp"}' in metrics
     finally:
-        for p in reversed(procs):
-            stop(p)
-        for f in logs.values():
-            f.close()
+        if launch is not None:
+            stop(launch)
+        launch_log.close()
 
 
 def _expected(steps: list[tuple[int, int, int]]) -> dict[str, Any]:

@@ -3,9 +3,10 @@ come from the job's iteration lines, whose log stamps are whole seconds.
 
 `perfd launch` runs a stand-in Megatron job that replays the recorded 2×H200 Flight Recorder run
 shifted to now: it prints an iteration line at each step boundary of the recording, as it happens,
-then writes the shifted dumps where the launch told it to. `perfd agent --launch-manifest` tails the
-log with the launch's line-times sidecar (perfd.linetimes) and reads the dumps; `perfd aggregator`
-maps the collectives to iterations. Checked: the iteration end times are the lines' print times (not
+then writes the shifted dumps where the launch told it to. The agent (`perfd agent --launch-manifest`)
+tails the log with the launch's line-times sidecar (perfd.linetimes) and reads the dumps; the aggregator
+maps the collectives to iterations (both in the test's process, tests/inproc.py; the launch and its job
+are processes). Checked: the iteration end times are the lines' print times (not
 their one-second stamps), and the aggregator's per-iteration shares equal an in-process analysis of
 the same records and step records.
 """
@@ -28,7 +29,8 @@ from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_byt
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
-from tests.procs import free_port, http_get, stop, wait_for
+from tests.inproc import Pipeline, pipeline
+from tests.procs import http_get, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -87,80 +89,71 @@ def test_megatron_windows_from_line_times(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    http, ready = free_port(), tmp_path / "ready"
-    logs = {n: (tmp_path / f"{n}.out").open("wb") for n in ("aggregator", "launch", "agent")}
-    procs: list[subprocess.Popen[bytes]] = []
+    log = (tmp_path / "launch.out").open("wb")
+    launch: subprocess.Popen[bytes] | None = None
+    try:
+        with pipeline(tmp_path, "--no-rules") as p:
+            run = tmp_path / "run"
+            launch = subprocess.Popen([sys.executable, "-m", "perfd.cli", "launch", "--job", "meg",
+                                       "--run-dir", str(run), "--flight-recorder", str(tmp_path / "fr"),
+                                       "--agent-socket", str(tmp_path / "hook.sock"), "--", sys.executable,
+                                       str(script), str(FIXTURES / "timing"), str(out)],
+                                      cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            wait_for((run / "launch.json").exists, 30, "launch manifest")
+            cfg = tmp_path / "agent.yaml"
+            cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
+                           "      interval_s: 0.5\n      read_existing: true\n"
+                           "  megatron:\n    flush_after_s: 0.5\n")
+            p.agent("--config", cfg, "--launch-manifest", run / "launch.json", "--nvml", "off", "--host",
+                    "off", "--metrics-port", "-1", "--node", "n1")
+            assert launch.wait(timeout=60) == 0, (tmp_path / "launch.out").read_text()[-2000:]
+            _check(p, tmp_path, run, out)
+    finally:
+        if launch is not None:
+            stop(launch)
+        log.close()
 
-    def start(name: str, *args: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env, stdout=logs[name],
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
+
+def _check(p: Pipeline, tmp_path: Path, run: Path, out: Path) -> None:
+    # The step records as the agent makes them: the same collector over the same files.
+    manifest = load_manifest(run / "launch.json")
+    col = MegatronCollector({**manifest["collectors"]["megatron"], "job": "meg"})
+    col.probe()
+    col.start()
+    steps = col.flush(0.0).steps
+    intended = [int(x) / 1e9 for x in (out / "intended.txt").read_text().split()]
+    assert [s.iteration for s in steps] == list(range(1, len(intended) + 1))
+    ends = [s.end_time or 0.0 for s in steps]
+    # Each end time is the line's print time: after the boundary it was printed at, and close
+    # to it (the median lateness allows a loaded machine); the log's own stamps are whole
+    # seconds and would put several iterations in one second.
+    assert all(e >= b for e, b in zip(ends, intended, strict=True))
+    assert statistics.median(e - b for e, b in zip(ends, intended, strict=True)) < 0.05
+    # In order; distinct but for lines a starved reader took in one read (the launch stamps a
+    # read, and a loaded 2-core machine can hold it back past the next boundary).
+    assert all(b >= a for a, b in itertools.pairwise(ends))
+    assert len(set(ends)) >= len(ends) - 2
+    assert len({int(e) for e in ends}) < len(ends)  # several iterations share a second
+
+    want = analyze_collectives("meg", _records(out), steps).to_json()
+    url = f"{p.base}/api/jobs/meg/summary"
+
+    def caught_up() -> Any:
+        c = json.loads(http_get(url)).get("collectives") or {}
+        n = len(c.get("iterations", []))
+        return c if n >= len(want["iterations"]) and c.get("records", 0) >= want["records"] else None
 
     try:
-        start("aggregator", "aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
-              "127.0.0.1", "--http-port", str(http), "--ready-file", str(ready), "--no-rules")
-        wait_for(lambda: ready.exists() and ready.read_text().strip(), 30, "aggregator")
-        grpc_port = int(ready.read_text().split()[0])
-        run = tmp_path / "run"
-        launch = start("launch", "launch", "--job", "meg", "--run-dir", str(run), "--flight-recorder",
-                       str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"), "--",
-                       sys.executable, str(script), str(FIXTURES / "timing"), str(out))
-        wait_for((run / "launch.json").exists, 30, "launch manifest")
-        cfg = tmp_path / "agent.yaml"
-        cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
-                       "      interval_s: 0.5\n      read_existing: true\n"
-                       "  megatron:\n    flush_after_s: 0.5\n")
-        start("agent", "agent", "--config", str(cfg), "--launch-manifest", str(run / "launch.json"),
-              "--aggregator", f"127.0.0.1:{grpc_port}", "--nvml", "off", "--host", "off", "--metrics-port",
-              "-1", "--node", "n1")
-        assert launch.wait(timeout=60) == 0, (tmp_path / "launch.out").read_text()[-2000:]
-
-        # The step records as the agent makes them: the same collector over the same files.
-        manifest = load_manifest(run / "launch.json")
-        col = MegatronCollector({**manifest["collectors"]["megatron"], "job": "meg"})
-        col.probe()
-        col.start()
-        steps = col.flush(0.0).steps
-        intended = [int(x) / 1e9 for x in (out / "intended.txt").read_text().split()]
-        assert [s.iteration for s in steps] == list(range(1, len(intended) + 1))
-        ends = [s.end_time or 0.0 for s in steps]
-        # Each end time is the line's print time: after the boundary it was printed at, and close
-        # to it (the median lateness allows a loaded machine); the log's own stamps are whole
-        # seconds and would put several iterations in one second.
-        assert all(e >= b for e, b in zip(ends, intended, strict=True))
-        assert statistics.median(e - b for e, b in zip(ends, intended, strict=True)) < 0.05
-        # In order; distinct but for lines a starved reader took in one read (the launch stamps a
-        # read, and a loaded 2-core machine can hold it back past the next boundary).
-        assert all(b >= a for a, b in itertools.pairwise(ends))
-        assert len(set(ends)) >= len(ends) - 2
-        assert len({int(e) for e in ends}) < len(ends)  # several iterations share a second
-
-        want = analyze_collectives("meg", _records(out), steps).to_json()
-        url = f"http://127.0.0.1:{http}/api/jobs/meg/summary"
-
-        def caught_up() -> Any:
-            c = json.loads(http_get(url)).get("collectives") or {}
-            n = len(c.get("iterations", []))
-            return c if n >= len(want["iterations"]) and c.get("records", 0) >= want["records"] else None
-
-        try:
-            got = wait_for(caught_up, 30, "the aggregator's collective analysis")
-        except AssertionError:
-            c = json.loads(http_get(url)).get("collectives") or {}
-            pytest.fail(f"aggregator never caught up: want {len(want['iterations'])} iterations, "
-                        f"{want['records']} records; got {len(c.get('iterations', []))}, {c.get('records')}: "
-                        f"{json.dumps(c.get('summary'))}\n" + "\n".join(
-                (tmp_path / f"{n}.out").read_text()[-2000:] for n in logs))
-        assert got["method"]["name"] == want["method"]["name"] == "step_windows"
-        # 12 of the 28 windows: the recording's dumps miss some sequence numbers between them, and a
-        # window with a gap is left out (rather than counted short).
-        assert len(want["iterations"]) >= 10
-        shares = {it["iteration"]: it["share_by_rank"] for it in got["iterations"]}
-        assert shares == {it["iteration"]: pytest.approx(it["share_by_rank"]) for it in want["iterations"]}
-        assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])
-    finally:
-        for p in reversed(procs):
-            stop(p)
-        for f in logs.values():
-            f.close()
+        got = p.wait(caught_up, 30, "the aggregator's collective analysis")
+    except AssertionError:
+        c = json.loads(http_get(url)).get("collectives") or {}
+        pytest.fail(f"aggregator never caught up: want {len(want['iterations'])} iterations, "
+                    f"{want['records']} records; got {len(c.get('iterations', []))}, {c.get('records')}: "
+                    f"{json.dumps(c.get('summary'))}\n" + (tmp_path / "launch.out").read_text()[-2000:])
+    assert got["method"]["name"] == want["method"]["name"] == "step_windows"
+    # 12 of the 28 windows: the recording's dumps miss some sequence numbers between them, and a
+    # window with a gap is left out (rather than counted short).
+    assert len(want["iterations"]) >= 10
+    shares = {it["iteration"]: it["share_by_rank"] for it in got["iterations"]}
+    assert shares == {it["iteration"]: pytest.approx(it["share_by_rank"]) for it in want["iterations"]}
+    assert got["summary"]["comm_total_share"] == pytest.approx(want["summary"]["comm_total_share"])

@@ -5,7 +5,8 @@ for the two, so a sidecar that was down hid behind the node's agent).
 The monitors come from the real renders (`helm template` of the chart under another release and
 namespace, `kubectl kustomize deploy/k8s`), translated into the scrape jobs the Prometheus operator
 makes of them (tests/deploy/podmonitor.py); the pods are the rendered DaemonSet's and the example
-Job's, their ports real perfd agents on loopback streaming to a real aggregator. Prometheus must see
+Job's, their ports real perfd agents on loopback streaming to a real aggregator (both in the test's process:
+tests/inproc.py). Prometheus must see
 two `up` series and two perfd_agent_connected series, the node's agent as instance <node> (what the
 docs' joins keep) and the sidecar as <node>/<pod>; with the sidecar stopped, the shipped
 PerfdTargetDown (its expression as shipped, its `for` shortened to seconds) fires for the sidecar only.
@@ -26,8 +27,9 @@ import yaml
 from tests.deploy.podmonitor import PodPort, scrape_configs
 from tests.deploy.test_helm_chart import _render
 from tests.deploy.test_k8s_secure import EXAMPLE, _kustomize
+from tests.inproc import pipeline
 from tests.integrations.integrations_helpers import need
-from tests.procs import Procs, free_port, http_get, start_agent, start_aggregator, wait_for
+from tests.procs import Procs, free_port, http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "perfd.rules.yml"
@@ -85,14 +87,13 @@ def test_a_sidecar_down_is_seen_beside_its_nodes_agent(
     assert len(monitors) == 2, [m["metadata"]["name"] for m in monitors]  # the agents', the sidecars'
     node_port, sidecar_port, prom_port = free_port(), free_port(), free_port()
     pods = _pods(docs, node_port, sidecar_port)
-    with Procs(tmp_path) as procs:
-        grpc, _, _ = start_aggregator(procs, "--no-rules")
-        start_agent(procs, grpc, "--node", NODE, "--host", "on", "--ranks", "off", nvml="off",
-                    metrics_port=node_port, name="node-agent")
+    with pipeline(tmp_path, "--no-rules") as p, Procs(tmp_path) as procs:
+        p.agent("--node", NODE, "--host", "on", "--ranks", "off", "--nvml", "off",
+                "--metrics-port", str(node_port), name="node-agent")
         log = tmp_path / "train.log"
         shutil.copy(LOG, log)
-        start_agent(procs, grpc, "--node", NODE, "--job", JOB, "--megatron-log", log, "--host", "off",
-                    "--ranks", "off", nvml="off", metrics_port=sidecar_port, name="sidecar")
+        p.agent("--node", NODE, "--job", JOB, "--megatron-log", log, "--host", "off", "--ranks", "off",
+                "--nvml", "off", "--metrics-port", str(sidecar_port), name="sidecar")
         cfg = tmp_path / "prometheus.yml"
         cfg.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -118,7 +119,7 @@ def test_a_sidecar_down_is_seen_beside_its_nodes_agent(
         wait_for(lambda: series('perfd_agent_connected{job="perfd-agent"}') == want, 60,
                  "two perfd_agent_connected series, both connected")
 
-        procs.end("sidecar")
+        p.stop_agent("sidecar")
 
         def firing() -> dict[str, str] | None:
             got = series('ALERTS{alertname="PerfdTargetDown", alertstate="firing"}')

@@ -1,30 +1,23 @@
-"""A real aggregator and a real agent on loopback, fed the demo's kind of inputs (a real Megatron-LM
-log with per-rank timers, half written at start; a real NVML recording replayed)."""
+"""A real aggregator and a real agent on loopback, in the test's process (tests/inproc.py), fed the
+demo's kind of inputs (a real Megatron-LM log with per-rank timers, half written at start; a real NVML
+recording replayed)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.procs import free_port, http_get, stop, wait_for
+from tests.inproc import pipeline
+from tests.procs import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers: a heat line
 NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 JOB = "top-dp2"
-
-
-def _perfd(*args: str, out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
 
 
 def _json(url: str) -> dict[str, Any]:
@@ -56,19 +49,10 @@ def live(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
     cut = iters[len(iters) // 2]
     train_log = tmp_path / "train.log"
     train_log.write_text("".join(lines[:cut]))
-    ready = tmp_path / "ready"
-    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
-                 "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file", str(ready), *extra,
-                 out=tmp_path / "aggregator.out")
-    agent = None
-    try:
-        grpc_port, http_port = map(int, wait_for(lambda: ready.exists() and ready.read_text().split(),
-                                                 30, "aggregator ready"))
-        metrics_port = free_port()
-        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", JOB, "--megatron-log",
-                       str(train_log), "--nvml", f"replay:{NVML}", "--host", "on", "--node", "node-a",
-                       "--metrics-port", str(metrics_port), out=tmp_path / "agent.out")
-        base = f"http://127.0.0.1:{http_port}"
+    with pipeline(tmp_path, "--gpu", "NVIDIA H200", *extra) as p:
+        agent = p.agent("--job", JOB, "--megatron-log", train_log, "--nvml", f"replay:{NVML}", "--host", "on",
+                        "--node", "node-a", "--metrics-port", "0")
+        base = p.base
 
         def has_gpu_and_steps() -> bool:
             gpus = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"]
@@ -77,11 +61,5 @@ def live(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Live]:
             latest = _json(f"{base}/api/jobs/{JOB}/summary").get("latest") if jobs else None
             return bool(gpus) and bool(jobs) and (jobs[0].get("iterations_seen") or 0) >= 5 \
                 and latest is not None
-        wait_for(has_gpu_and_steps, 60, "steps and GPU series at the aggregator")
-        yield Live(base, train_log, lines[cut:], f"http://127.0.0.1:{metrics_port}/metrics")
-    finally:
-        if agent is not None:
-            stop(agent)
-        stop(agg)
-
-
+        p.wait(has_gpu_and_steps, 60, "steps and GPU series at the aggregator")
+        yield Live(base, train_log, lines[cut:], agent.metrics_url)

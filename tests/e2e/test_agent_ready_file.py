@@ -14,6 +14,7 @@ from tests.procs import Procs, http_get, run_env, wait_for
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux"), pytest.mark.slow]
 
 
+@pytest.mark.e2e
 def test_the_agent_writes_the_port_it_bound(tmp_path: Path) -> None:
     ready = tmp_path / "agent.ready"
     with Procs(tmp_path, run_env()) as procs:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.e2e
 def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "20"], cwd=ROOT,
@@ -48,6 +49,7 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())  # no /tmp/perfd-demo-* behind
 
 
+@pytest.mark.e2e
 def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> None:
     """The installed `perfd` run where ``perfd/`` is the clone's root (the folder above a clone named
     perfd): its daemons must still import the package, not that folder (issue 46: `python -m
@@ -66,6 +68,7 @@ def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # the run's folder removed
 
 
+@pytest.mark.e2e
 def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
@@ -84,6 +87,7 @@ def _sigint_default() -> None:
 STOP_WAIT_S = 150
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """`perfd demo --keep-running`, then SIGTERM (a supervisor, `kill`) or SIGINT (Ctrl-C): its
@@ -123,6 +127,7 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
             p.kill()
 
 
+@pytest.mark.e2e
 def test_a_sigterm_while_replaying_stops_everything_too(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "demo.out"

@@ -1,14 +1,10 @@
-"""A job that stops stepping leaves /metrics: real aggregator and agent processes, a Megatron log that
-stops growing. Liveness (perfd.analytics.steps.liveness): running → ended (no GPU processes known) here;
+"""A job that stops stepping leaves /metrics: the real aggregator and agent (in the test's process,
+tests/inproc.py), a Megatron log that stops growing.
+Liveness (perfd.analytics.steps.liveness): running → ended (no GPU processes known) here;
 stalled vs ended from the GPU process lists is checked on the aggregator state below."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +16,7 @@ from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from tests.procs import http_get as _get
-from tests.procs import wait_for as _wait
+from tests.inproc import pipeline
 from tests.silence import arrived_ago
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,51 +71,30 @@ def test_a_hung_job_is_stalled_an_exited_one_ended_and_both_leave_the_derived_ga
 
 
 @pytest.mark.slow
-def test_a_job_that_stops_leaves_metrics_with_real_processes(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ready = tmp_path / "ready"
-    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1",
-                            "--grpc-port", "0", "--http-host", "127.0.0.1", "--http-port", "0", "--gpu",
-                            "NVIDIA H200", "--job-stale-after", "10", "--rules-interval", "0.5",
-                            "--ready-file", str(ready)], cwd=ROOT, env=env,
-                           stdout=(tmp_path / "agg.out").open("wb"), stderr=subprocess.STDOUT)
-    agent = None
-    try:
-        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(), 20,
-                                              "aggregator ready"))
-        base = f"http://127.0.0.1:{http_port}"
+def test_a_job_that_stops_leaves_metrics_through_the_live_pipeline(tmp_path: Path) -> None:
+    with pipeline(tmp_path, "--gpu", "NVIDIA H200", "--job-stale-after", "10",
+                  "--rules-interval", "0.5") as p:
         log = tmp_path / "train.log"
         log.write_text(DP2.read_text())
-        agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--aggregator",
-                                  f"127.0.0.1:{grpc_port}", "--job", "live", "--megatron-log", str(log),
-                                  "--nvml", "off", "--host", "off", "--metrics-port", "-1"],
-                                 cwd=ROOT, env=env,
-                                 stdout=(tmp_path / "agent.out").open("wb"), stderr=subprocess.STDOUT)
+        p.agent("--job", "live", "--megatron-log", log, "--nvml", "off", "--host", "off",
+                "--metrics-port", "-1")
 
         def state(seen: int | None = None) -> str | None:
-            jobs = json.loads(_get(f"{base}/api/jobs"))["jobs"]
+            jobs = p.json("/api/jobs")["jobs"]
             return next((j["state"] for j in jobs if j and j["job"] == "live"
                          and (seen is None or j["iterations_seen"] == seen)), None)
 
         # Running from its first records on, for 10 s after its last (a poll a loaded machine delays
         # by seconds still lands in it); the log's 30 iterations, then ended.
         series = 'perfd_job_step_time_seconds{job_name="live"}'
-        assert _wait(lambda: state() == RUNNING and series in _get(f"{base}/metrics").decode(), 30,
-                     "the running job's step time exported")
+        assert p.wait(lambda: state() == RUNNING and series in p.get("/metrics").decode(), 30,
+                      "the running job's step time exported")
         t0 = time.time()
-        assert _wait(lambda: state(30) == ENDED, 40, "the job ended (no step for 10 s, no NVML)")
+        assert p.wait(lambda: state(30) == ENDED, 40, "the job ended (no step for 10 s, no NVML)")
         assert time.time() - t0 >= 1.0
-        text = _get(f"{base}/metrics").decode()
+        text = p.get("/metrics").decode()
         assert 'perfd_job_step_time_seconds{job_name="live"}' not in text
         assert 'perfd_job_state_info{job_name="live",state="ended"} 1.0' in text
-    finally:
-        for p in (agent, agg):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
 
 
 def test_the_shipped_job_stalled_rule_fires_on_a_hang_and_not_on_an_ended_job() -> None:

@@ -1,16 +1,11 @@
-"""End to end with real processes on loopback: `perfd aggregator` + `perfd agent` tailing a
-Megatron-LM log that grows while the test runs. What the aggregator serves must equal what
-`perfd analyze megatron` computes for the same log."""
+"""End to end in one process (tests/inproc.py): the real aggregator and a real agent on loopback gRPC,
+the agent tailing a Megatron-LM log that grows while the test runs. What the aggregator serves must
+equal what `perfd analyze megatron` computes for the same log."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,38 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfd import catalog
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report.row_json import run_json
-from tests.procs import free_port as _free_port
-from tests.procs import http_get as _get
-from tests.procs import wait_for as _wait
+from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 # The real 2×H200 run's log (Megatron-Core 0.20.0, TP=1 PP=2), as the demo ships it: in every checkout.
 FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DATA = ROOT / "tests" / "data" / "megatron"
 pytestmark = pytest.mark.slow
-
-
-
-
-
-
-
-
-def _perfd(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
-def _stop(p: subprocess.Popen[bytes], name: str, log: Path) -> None:
-    p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError(f"{name} did not stop on SIGTERM:\n{log.read_text()[-3000:]}") from None
-    assert rc == 0, f"{name} exited {rc}:\n{log.read_text()[-3000:]}"
-
 
 @pytest.mark.parametrize(("source", "prewritten"), [
     (FIXTURE, 0.5),
@@ -62,42 +32,33 @@ def _stop(p: subprocess.Popen[bytes], name: str, log: Path) -> None:
 def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Path,
                                                       prewritten: float) -> None:
     lines = source.read_text().splitlines(keepends=True)
-    ready = tmp_path / "ready"
-    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host",
-                 "127.0.0.1", "--http-port", "0", "--gpu", "NVIDIA H200", "--ready-file",
-                 str(ready), log=tmp_path / "aggregator.out")
-    agent = None
-    try:
-        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(),
-                                              20, "aggregator ready"))
-        base = f"http://127.0.0.1:{http_port}"
+    with pipeline(tmp_path, "--gpu", "NVIDIA H200") as p:
         train_log = tmp_path / "train.log"
         half = int(len(lines) * prewritten)
         train_log.write_text("".join(lines[:half]))
-        metrics_port = _free_port()
-        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", "e2e",
-                       "--megatron-log", str(train_log), "--nvml", "off", "--host", "off",
-                       "--metrics-port", str(metrics_port), log=tmp_path / "agent.out")
-        # The log grows while the pipeline runs, in chunks that cut lines in the middle.
+        agent = p.agent("--job", "e2e", "--megatron-log", train_log, "--nvml", "off", "--host", "off",
+                        "--metrics-port", "0")
+        # The log grows while the pipeline runs, in chunks that cut lines in the middle: each chunk read
+        # by the agent's tail before the next is written.
         rest = "".join(lines[half:])
         step = max(1, len(rest) // 7)
         for i in range(0, len(rest), step):
             with train_log.open("a") as f:
                 f.write(rest[i:i + step])
-            time.sleep(0.3)
+            p.collected(agent, "megatron")
 
         offline_parsed, offline = analyze_megatron_file(str(train_log), job="e2e", gpu="NVIDIA H200")
         n = len(offline_parsed.records)
         last_it = offline_parsed.records[-1].iteration
 
         def caught_up():
-            s = json.loads(_get(f"{base}/api/jobs/e2e/summary"))
+            s = p.json("/api/jobs/e2e/summary")
             ov = s["overview"]
             # The summary is the refresher's last analysis (at most one tick behind the data).
             analysed = (s.get("latest") or {}).get("iteration")
             return s if ov["iterations_seen"] == n and ov["last_iteration"] == last_it == analysed else None
 
-        summary = _wait(caught_up, 30, f"aggregator to see {n} iterations")
+        summary = p.wait(caught_up, 30, f"aggregator to see {n} iterations")
         want = run_json(offline)  # the JSON `perfd analyze` writes
         assert summary["summary"] == json.loads(json.dumps(want["summary"]))
         assert summary["latest"] == json.loads(json.dumps(want["iterations"][-1]))
@@ -105,7 +66,7 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
         assert summary["overview"]["has_job_info"] and want["job"]["layout"]["pp"] is not None
 
         # /metrics: each job gauge equals the offline value of the last iteration (absent if None).
-        families = list(text_string_to_metric_families(_get(f"{base}/metrics").decode()))
+        families = list(text_string_to_metric_families(p.get("/metrics").decode()))
         fams = {f.name: f for f in families}
         # By sample name: a counter's family is named without _total, like a gauge of that name
         # (perfd_job_incident_lost_seconds_total, served from 0, beside perfd_job_incident_lost_seconds).
@@ -131,13 +92,12 @@ def test_agent_to_aggregator_matches_offline_analysis(tmp_path: Path, source: Pa
         mfu = fams["perfd_job_mfu_ratio"].samples[0].value
         assert 0 < mfu < 1
 
-        stats = json.loads(_get(f"{base}/api/stats"))
+        stats = p.json("/api/stats")
         assert stats["step_records_ingested"] >= n
         assert stats["transport"]["decode_errors"] == 0
         # The agent's own endpoint answers, with its self-metrics.
-        agent_metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics").decode()
+        agent_metrics = p.get_url(agent.metrics_url).decode()
         assert "perfd_agent_cpu_seconds_total" in agent_metrics
-    finally:
-        if agent is not None:
-            _stop(agent, "agent", tmp_path / "agent.out")
-        _stop(agg, "aggregator", tmp_path / "aggregator.out")
+        # Both stop cleanly (the subprocess test's exit status 0 on SIGTERM): the agent's run ends
+        # without an error, and the aggregator's stop below raises none.
+        p.stop_agent()

@@ -18,7 +18,8 @@ from perfd import catalog
 from perfd.agent.config import ConfigError, apply_overrides, load_config
 from perfd.jobinfo_json import job_info_from_json, job_info_to_json
 from perfd.model import HOOK_FRAMEWORK, JobInfo, merge_job_info
-from tests.procs import ROOT, Procs, http_get, start_agent, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import ROOT
 
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 SERIES = catalog.JOB_MFU_ALERT_OPT_OUT
@@ -26,25 +27,25 @@ SERIES = catalog.JOB_MFU_ALERT_OPT_OUT
 
 @pytest.mark.slow
 def test_the_opt_out_given_at_agent_start_reaches_the_exported_series(tmp_path: Path) -> None:
-    with Procs(tmp_path) as procs:
-        grpc, _, base = start_aggregator(procs, "--no-rules", "--gpu", "NVIDIA H200")
+    with pipeline(tmp_path, "--no-rules", "--gpu", "NVIDIA H200") as p:
         for job, extra in (("debug-run", ("--no-mfu-alert",)), ("pretrain", ())):
             log = tmp_path / f"{job}.log"
             shutil.copy(DEMO_LOG, log)
-            start_agent(procs, grpc, "--job", job, "--megatron-log", log, "--host", "off", "--ranks", "off",
-                        "--node", "n1", *extra, nvml="off", name=f"agent-{job}")
+            p.agent("--job", job, "--megatron-log", log, "--host", "off", "--ranks", "off", "--node", "n1",
+                    *extra, "--nvml", "off", name=f"agent-{job}")
 
         def both_known() -> str | None:
-            text = http_get(f"{base}/metrics").decode()
+            text = p.get("/metrics").decode()
             return text if all(f'perfd_job_mfu_ratio{{job_name="{j}"}}' in text
                                for j in ("debug-run", "pretrain")) else None
 
-        text = wait_for(both_known, 60, "both jobs' MFU on /metrics")
+        text = p.wait(both_known, 60, "both jobs' MFU on /metrics")
     rows = [ln for ln in text.splitlines() if ln.startswith(SERIES + "{")]
     assert rows == [f'{SERIES}{{job_name="debug-run"}} 1.0'], rows
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_perfd_launch_writes_it_in_the_manifest_and_the_agent_reads_it(tmp_path: Path) -> None:
     manifests = {}
     for name, extra in (("quiet", ["--no-mfu-alert"]), ("plain", [])):

@@ -85,6 +85,7 @@ sys.exit(child.wait())
 """
 
 
+@pytest.mark.e2e
 def test_the_gpu_workflow_script_runs_its_phases_and_checks_on_cpu(tmp_path: Path) -> None:
     mega = tmp_path / "megatron-lm"
     (mega / "megatron" / "training").mkdir(parents=True)

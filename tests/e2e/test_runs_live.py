@@ -78,6 +78,7 @@ def _ended_within(base: str, launch: Any, limit_s: float) -> tuple[float, dict[s
     return time.time() - t0, job
 
 
+@pytest.mark.e2e
 def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_path: Path) -> None:
     (tmp_path / "loop.py").write_text(LOOP)
     ncu = tmp_path / "ncu"

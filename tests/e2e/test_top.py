@@ -1,6 +1,7 @@
-"""`perfd top` against a real aggregator and a real agent (the demo's inputs: a real Megatron-LM log
-that grows while the test runs, a real NVML recording replayed): `--once` output checked against
-the aggregator's own API, and the live view in a real terminal (tmux) refreshing in place."""
+"""`perfd top`, the command, against a real aggregator and a real agent (in the test's process: the e2e
+conftest's ``live`` pair; the demo's inputs: a real Megatron-LM log that grows while the test runs, a real
+NVML recording replayed): `--once` output and exit statuses checked against the aggregator's own API, and
+the live view in a real terminal (tmux) refreshing in place."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import JOB, LOG, NVML, Live
 from tests.procs import free_port, http_get, wait_for
@@ -43,6 +43,7 @@ def _recorded(metric: str) -> set[float]:
     return out
 
 
+@pytest.mark.e2e
 def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     # The per-rank timers reach the analysis after the first iterations (later on a loaded machine).
     wait_for(lambda: (_json(f"{live.base}/api/jobs/{JOB}/summary").get("latest") or {})
@@ -103,6 +104,7 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
     assert "hosts" in out and "load1" in out
 
 
+@pytest.mark.e2e
 def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
     r = _top("--aggregator", live.base, "--once", "--job", "nope")
     assert r.returncode == 1 and "no job named 'nope'" in r.stdout
@@ -110,26 +112,7 @@ def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
     assert r.returncode == 2 and r.stderr.startswith("perfd: cannot reach the aggregator")
 
 
-def test_build_info_and_both_straggler_names_on_metrics(live: Live) -> None:
-    import platform
-
-    from perfd import __version__
-
-    agg = {s.name: s for f in text_string_to_metric_families(http_get(f"{live.base}/metrics").decode())
-           for s in f.samples}
-    agent = {s.name: s for f in text_string_to_metric_families(http_get(live.agent_metrics).decode())
-             for s in f.samples}
-    for got in (agg, agent):
-        info = got["perfd_build_info"]
-        assert info.value == 1.0
-        assert info.labels == {"version": __version__, "python": platform.python_version()}
-    old, new = agg.get("perfd_job_straggler_ratio"), agg.get("perfd_job_straggler_rtt_spread_times")
-    if old is None:  # this log's straggler lines may be absent: then both are
-        assert new is None
-    else:
-        assert new is not None and new.value == old.value and new.value >= 1.0
-
-
+@pytest.mark.e2e
 def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
     if shutil.which("tmux") is None:
         if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):
@@ -177,22 +160,3 @@ def _final_iteration() -> int:
     from collectors.megatron import parse_file
 
     return max(r.iteration for r in parse_file(LOG).records)
-
-
-def _node_series(url: str) -> set[str]:
-    text = http_get(url).decode()
-    return {s.name for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith(("perfd_gpu_", "perfd_host_"))}
-
-
-def test_aggregator_leaves_node_series_to_the_agents_by_default(live: Live) -> None:
-    assert not _node_series(f"{live.base}/metrics")
-    assert "perfd_gpu_power_watts" in _node_series(live.agent_metrics)
-    # ... and perfd top / the API still see the GPUs.
-    assert _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"]
-
-
-@pytest.mark.parametrize("live", [["--export-node-series"]], indirect=True)
-def test_export_node_series_puts_them_back(live: Live) -> None:
-    agg = _node_series(f"{live.base}/metrics")
-    assert "perfd_gpu_power_watts" in agg and agg <= _node_series(live.agent_metrics)

@@ -81,6 +81,7 @@ def _rows(screen: str, *marks: str) -> list[str]:
             and all(m in ln for m in marks)]
 
 
+@pytest.mark.e2e
 def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, procs: Procs) -> None:
     if shutil.which("tmux") is None:
         if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):

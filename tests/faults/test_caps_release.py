@@ -24,6 +24,7 @@ from perfd import limits as L
 from perfd.model import Sample, StepRecord
 from perfd.transport.client import AgentClient
 from tests.faults.streams import streaming
+from tests.inproc import pipeline
 from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -69,6 +70,7 @@ def _kill9_and_restart(procs: Procs, args: list[str]) -> str:
     return start_aggregator(procs, *args, name="aggregator")[2]
 
 
+@pytest.mark.e2e
 def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> None:
     args = ["--max-jobs", "3", "--job-stale-after", "2", "--no-rules", "--rules-interval", "0.5",
             "--state-dir", str(tmp_path / "state")]
@@ -100,6 +102,7 @@ def test_the_jobs_cap_frees_as_jobs_end_and_after_a_kill9(tmp_path: Path) -> Non
         assert st.get("refused_jobs_cap", 0) == 0 and len(jobs) <= 3
 
 
+@pytest.mark.e2e
 def test_a_hello_naming_1000_jobs_holds_its_quota_and_only_while_its_stream_is_open(tmp_path: Path) -> None:
     args = ["--no-rules", "--rules-interval", "0.5", "--state-dir", str(tmp_path / "state")]
     with Procs(tmp_path, run_env()) as procs:
@@ -143,9 +146,8 @@ def _series(agent: str, n: int) -> list[Sample]:
 def test_one_agent_cannot_take_the_series_cap_and_a_gone_agent_releases_it(tmp_path: Path) -> None:
     args = ["--max-series", "5000", "--max-series-per-agent", "1000", "--agent-retention", "2",
             "--no-rules", "--rules-interval", "0.5"]
-    with Procs(tmp_path, run_env()) as procs:
-        grpc, _http, base = start_aggregator(procs, *args)
-        target = f"127.0.0.1:{grpc}"
+    with pipeline(tmp_path, *args) as p:  # in the test's process (tests/inproc.py)
+        base, target = p.base, p.target
 
         async def agents() -> dict[str, Any]:
             junk = asyncio.create_task(_send(target, "junk", samples=_series("junk", 5000)))
@@ -168,7 +170,7 @@ def test_one_agent_cannot_take_the_series_cap_and_a_gone_agent_releases_it(tmp_p
             return out
 
         try:
-            st = asyncio.run(agents())
+            st = p.call(agents(), "the three agents' series held and released", 180)
         except asyncio.CancelledError:
             pytest.fail("an agent task was cancelled")
         t = st["transport"]

@@ -44,6 +44,7 @@ asyncio.run(main(sys.argv[1]))
 '''
 
 
+@pytest.mark.e2e
 def test_sigterm_during_a_series_flood_exits_within_5_s(tmp_path: Path) -> None:
     g, h = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

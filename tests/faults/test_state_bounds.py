@@ -67,6 +67,7 @@ def kill9_and_restart(procs: Procs, args: list[str]) -> tuple[int, str]:
     return grpc_port, base
 
 
+@pytest.mark.e2e
 def test_a_hello_storm_keeps_one_hello_per_agent_and_a_restart_replays_that_many(tmp_path: Path) -> None:
     agents, rounds = [f"node-{i:03d}" for i in range(50)], 12
     args = ["--no-rules", "--rules-interval", "0.5", "--state-dir", str(tmp_path / "state")]
@@ -92,6 +93,7 @@ def _steps(job: str, first: int, n: int, t0: float, field_kb: int = 0) -> list[S
                        fields=dict(extra)) for i in range(first, first + n)]
 
 
+@pytest.mark.e2e
 def test_a_pruned_job_stays_pruned_across_a_restart(tmp_path: Path) -> None:
     args = ["--no-rules", "--rules-interval", "0.5", "--job-stale-after", "1", "--job-retention", "2",
             "--state-dir", str(tmp_path / "state")]
@@ -131,6 +133,7 @@ def test_a_pruned_job_stays_pruned_across_a_restart(tmp_path: Path) -> None:
         assert st["jobs_pruned"] == 0  # nothing came back to prune again
 
 
+@pytest.mark.e2e
 def test_the_state_stays_under_state_max_mib_and_a_restart_replays_no_more(tmp_path: Path) -> None:
     args = ["--no-rules", "--rules-interval", "0.5", "--state-max-mib", "4",
             "--state-dir", str(tmp_path / "state")]

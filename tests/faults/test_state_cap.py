@@ -49,6 +49,7 @@ def disk(state: Path) -> int:
     return sum(f.stat().st_size for f in state.iterdir())
 
 
+@pytest.mark.e2e
 def test_refused_hello_names_are_never_stored_and_the_files_stay_under_the_cap(tmp_path: Path) -> None:
     state = tmp_path / "state"
     args = ["--no-rules", "--rules-interval", "0.5", "--state-max-mib", str(CAP_MIB),
@@ -92,6 +93,7 @@ def test_refused_hello_names_are_never_stored_and_the_files_stay_under_the_cap(t
     assert after["state_store_held_bytes"] <= cap
 
 
+@pytest.mark.e2e  # the aggregator's own memory: a process of its own
 def test_whole_kept_hang_events_are_bounded_in_bytes_per_job(tmp_path: Path) -> None:
     n, size_kb, per_batch = 1000, 200, 40
     with Procs(tmp_path, run_env()) as procs:

@@ -184,6 +184,7 @@ def _tmpfs_namespaces() -> bool:
     return p.returncode == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.skipif(not _tmpfs_namespaces(), reason="needs `unshare -rm` to mount a tmpfs")
 def test_a_real_full_tmpfs_loses_no_acknowledged_iteration(tmp_path: Path) -> None:

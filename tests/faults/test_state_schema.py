@@ -46,6 +46,7 @@ def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
+@pytest.mark.e2e
 def test_a_newer_builds_state_is_refused_and_left_untouched(tmp_path: Path) -> None:
     head, lines = _megatron_lines(N)
     log = tmp_path / "train.log"

@@ -1,9 +1,9 @@
-"""A lasting shift seen live (issue 36 item 7): a real ``perfd aggregator`` process fed as the job
-runs, steps 60 → 90 ms from iteration 151 to the end at 300. Before, the incident the shift opened
-closed near iteration 250 as the steady median adapted, and the rest was counted nowhere; now it
-stays open as a change point, its cost (Σ step − 60 ms) counted to the end and in goodput, until
-``POST /api/jobs/<job>/new-normal`` takes 90 ms as the new normal. The figures printed are recorded
-in docs/reliability.md."""
+"""A lasting shift seen live (issue 36 item 7): the real aggregator (in the test's process,
+tests/inproc.py) fed over gRPC as the job runs, steps 60 → 90 ms from iteration 151 to the end at 300.
+Before, the incident the shift opened closed near iteration 250 as the steady median adapted, and the
+rest was counted nowhere; now it stays open as a change point, its cost (Σ step − 60 ms) counted to the
+end and in goodput, until ``POST /api/jobs/<job>/new-normal`` takes 90 ms as the new normal. The figures
+printed are recorded in docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import pytest
 
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
-from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import NOT_YET, get_json, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +56,11 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_lasting_shift_stays_counted_until_taken_as_the_new_normal(tmp_path: Path) -> None:
-    with Procs(tmp_path, run_env()) as procs:
-        grpc, _http, base = start_aggregator(procs, "--no-rules", "--rules-interval", "0.5")
+    with pipeline(tmp_path, "--no-rules", "--rules-interval", "0.5") as p:
+        base = p.base
 
         async def run() -> dict[str, Any]:
-            c = AgentClient(f"127.0.0.1:{grpc}", "node-a", jobs=["shift"])
+            c = AgentClient(p.target, "node-a", jobs=["shift"])
             task = asyncio.create_task(c.run())
             try:
                 now = time.time()
@@ -78,14 +79,14 @@ def test_a_lasting_shift_stays_counted_until_taken_as_the_new_normal(tmp_path: P
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-        first = asyncio.run(run())
-        at_end = wait_for(lambda: (i := incident(base)) is not None and i["last_iteration"] == 300 and i, 30,
-                          "the incident at the end of the run", ignore=NOT_YET)
-        gp = wait_for(lambda: (g := get_json(f"{base}/api/jobs/shift/summary").get("goodput"))
-                      and g["parts_s"]["incident"] > 4.0 and g, 30, "goodput", ignore=NOT_YET)
+        first = p.call(run(), "the run's batches and the analysis following them", 240)
+        at_end = p.wait(lambda: (i := incident(base)) is not None and i["last_iteration"] == 300 and i, 30,
+                        "the incident at the end of the run")
+        gp = p.wait(lambda: (g := get_json(f"{base}/api/jobs/shift/summary").get("goodput"))
+                    and g["parts_s"]["incident"] > 4.0 and g, 30, "goodput")
         got = post(f"{base}/api/jobs/shift/new-normal", {"iteration": 220})
-        closed = wait_for(lambda: (i := incident(base)) is not None and not i["open"] and i, 30,
-                          "the incident closed", ignore=NOT_YET)
+        closed = p.wait(lambda: (i := incident(base)) is not None and not i["open"] and i, 30,
+                        "the incident closed")
         gp2 = get_json(f"{base}/api/jobs/shift/summary")["goodput"]
         events = [e["kind"] for e in get_json(f"{base}/api/events?job=shift")["events"]]
         print(f"FIGURES lasting shift live: opened at iteration {first['first_iteration']}; at the end "

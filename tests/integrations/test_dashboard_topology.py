@@ -27,8 +27,9 @@ import pytest
 from perfd import limits as L
 from perfd.agent.scheduler import RUNNING_ERROR_REASONS
 from perfd.model import CAPTURE_OUTCOMES, CAPTURE_TOOLS
+from tests.inproc import Pipeline, pipeline
 from tests.integrations.integrations_helpers import DEMO_LOG, NVML_REPLAY, ROOT, need
-from tests.procs import Procs, free_port, http_get, placed_recording, start_agent, start_aggregator, wait_for
+from tests.procs import Procs, free_port, http_get, placed_recording, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,21 +82,28 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield p
 
 
+@pytest.fixture
+def pipe(tmp_path: Path) -> Iterator[Pipeline]:
+    """The aggregator and the agents, in the test's process (tests/inproc.py); Prometheus a process."""
+    with pipeline(tmp_path) as p:
+        yield p
+
+
 def test_host_and_capture_panels_fill_for_a_job_with_a_node_agent_without_job(
-        tmp_path: Path, procs: Procs) -> None:
+        tmp_path: Path, procs: Procs, pipe: Pipeline) -> None:
     prometheus = need("prometheus")
-    grpc, _http, agg_url = start_aggregator(procs)
+    agg_url = pipe.base
     node_port, job_port = free_port(), free_port()
     recording = placed_recording(NVML_REPLAY, tmp_path / "node.jsonl", JOB, BUS)
     node_cfg = tmp_path / "node-agent.yaml"  # the DaemonSet's: NVML (its processes declare the job), host
     node_cfg.write_text(f"batch_interval_s: 0.2\naggregator_sample_interval_s: 0.5\n"
                         f"collectors:\n  nvml: {{source: 'replay:{recording}', loop: true}}\n  host: {{}}\n")
-    start_agent(procs, grpc, "--node", NODE, config=node_cfg, nvml=f"replay:{recording}",
-                metrics_port=node_port, name="node-agent")
+    pipe.agent("--node", NODE, "--config", node_cfg, "--nvml", f"replay:{recording}",
+               "--metrics-port", str(node_port), name="node-agent")
     train_log = tmp_path / "train.log"
     shutil.copy(DEMO_LOG, train_log)
-    start_agent(procs, grpc, "--job", JOB, "--megatron-log", str(train_log), "--host", "off", "--node", NODE,
-                nvml="off", metrics_port=job_port, name="job-agent")
+    pipe.agent("--job", JOB, "--megatron-log", str(train_log), "--host", "off", "--node", NODE,
+               "--nvml", "off", "--metrics-port", str(job_port), name="job-agent")
     node_metrics, job_metrics = (f"http://127.0.0.1:{p}/metrics" for p in (node_port, job_port))
 
     # Counters with known label values are there at 0 before their first event (the captures' once

@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from perfd.exporters.prompb.gen import remote_pb2 as pb
 from perfd.exporters.remote_write import RemoteWriter, encode
 from tests.integrations.integrations_helpers import free_port, get, need, stop, wait_for
-from tests.test_sharding import jobs_at, start_sharded_pair
+from tests.test_sharding import ShardedPair, jobs_at, sharded_pair
 
 
 def _families() -> list[Metric]:
@@ -147,29 +147,31 @@ def test_a_sharded_pair_in_prometheus_and_victoriametrics_every_job_once(tmp_pat
                          stdout=(tmp_path / "vm.out").open("wb"), stderr=subprocess.STDOUT),
     ]
     prom_url, vm_url = f"http://127.0.0.1:{pport}", f"http://127.0.0.1:{vport}"
-    pair = None
     try:
         wait_for(lambda: get(f"{prom_url}/-/ready"), 60, "prometheus ready")
         wait_for(lambda: get(f"{vm_url}/health"), 60, "victoria-metrics ready")
-        pair = start_sharded_pair(tmp_path, ("--remote-write", f"{prom_url}/api/v1/write", "--remote-write",
-                                             f"{vm_url}/api/v1/write", "--remote-write-interval", "1"))
-        (_, b0), (_, b1) = pair.aggs
-        wait_for(lambda: jobs_at(b0) and jobs_at(b1), 60, "both jobs at their shards")
-        metric = "perfd_job_step_time_seconds"
-        for name, url in (("prometheus", prom_url), ("victoria-metrics", vm_url)):
-            rows = wait_for(functools.partial(_at_least, 2, url, metric), 60,
-                            f"both jobs' {metric} in {name}")
-            by_job = sorted((r["metric"]["job_name"], r["metric"]["perfd_aggregator"]) for r in rows)
-            assert [j for j, _ in by_job] == sorted(pair.jobs), f"{name}: each job once, got {by_job}"
-            assert len({a for _, a in by_job}) == 2, f"{name}: one job from each shard, got {by_job}"
-            own = _query(url, "perfd_aggregator_step_records_total")
-            assert len(own) == 2, f"{name}: each aggregator's own series apart, got {own}"
-        page = get(f"{b0}/metrics").decode()
-        key = "perfd_aggregator_remote_write_samples_total{"
-        sent = [ln for ln in page.splitlines() if ln.startswith(key)]
-        assert len(sent) == 2 and all(float(ln.rsplit(" ", 1)[1]) > 0 for ln in sent), sent
+        pair_cm = sharded_pair(tmp_path, ("--remote-write", f"{prom_url}/api/v1/write", "--remote-write",
+                                          f"{vm_url}/api/v1/write", "--remote-write-interval", "1"))
+        with pair_cm as pair:
+            _check_remote_write(pair, prom_url, vm_url)
     finally:
-        if pair is not None:
-            pair.stop()
         for p in stores:
             stop(p)
+
+
+def _check_remote_write(pair: ShardedPair, prom_url: str, vm_url: str) -> None:
+    (_, b0), (_, b1) = pair.aggs
+    wait_for(lambda: jobs_at(b0) and jobs_at(b1), 60, "both jobs at their shards")
+    metric = "perfd_job_step_time_seconds"
+    for name, url in (("prometheus", prom_url), ("victoria-metrics", vm_url)):
+        rows = wait_for(functools.partial(_at_least, 2, url, metric), 60,
+                        f"both jobs' {metric} in {name}")
+        by_job = sorted((r["metric"]["job_name"], r["metric"]["perfd_aggregator"]) for r in rows)
+        assert [j for j, _ in by_job] == sorted(pair.jobs), f"{name}: each job once, got {by_job}"
+        assert len({a for _, a in by_job}) == 2, f"{name}: one job from each shard, got {by_job}"
+        own = _query(url, "perfd_aggregator_step_records_total")
+        assert len(own) == 2, f"{name}: each aggregator's own series apart, got {own}"
+    page = get(f"{b0}/metrics").decode()
+    key = "perfd_aggregator_remote_write_samples_total{"
+    sent = [ln for ln in page.splitlines() if ln.startswith(key)]
+    assert len(sent) == 2 and all(float(ln.rsplit(" ", 1)[1]) > 0 for ln in sent), sent

@@ -34,6 +34,7 @@ def perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, cwd=ROOT, env=run_env())
 
 
+@pytest.mark.e2e
 def test_a_user_rule_named_like_a_shipped_one_fails_the_check_as_it_fails_the_aggregator(
         tmp_path: Path) -> None:
     user = tmp_path / "user.yaml"
@@ -56,6 +57,7 @@ def test_a_user_rule_named_like_a_shipped_one_fails_the_check_as_it_fails_the_ag
     assert shipped.returncode == 0 and "perfd aggregator (no --rules) loads" in shipped.stdout
 
 
+@pytest.mark.e2e
 def test_override_true_replaces_the_shipped_rule_in_both(tmp_path: Path) -> None:
     user = tmp_path / "user.yaml"
     user.write_text(textwrap.dedent(USER.format(extra="    override: true")).lstrip("\n"))

@@ -30,6 +30,7 @@ def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
     with socket.socket() as busy:
@@ -81,6 +82,7 @@ def test_what_listens_beyond_loopback_unauthenticated() -> None:
     assert unauthenticated("localhost", "0.0.0.0", token=False, client_ca=False) == (Endpoint.HTTP_API,)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def _ready_or_gone(ready: Path, p: subprocess.Popen[bytes]) -> bool:
     return bool(ready.exists() and ready.read_text().strip()) or p.poll() is not None

@@ -6,15 +6,16 @@ all: the job's 200 held iterations were evicted (the retention window keeps the 
 next 200 were dropped as older than the window, with 0 refusals counted. Plausibility is now judged
 per batch: a record more than MAX_ITERATION_LEAP past what the job held *before* the batch is refused.
 
-Against a real ``perfd aggregator`` process, through real gRPC streams: a job fed as Megatron-LM's log
-is (one record per iteration, rank "last") and a job fed as the step hook is (records per rank, the
-hook's pid in their fields), the ladder sent by a client whose Hello names the job (any client may).
+Against the real aggregator, in the test's process (tests/inproc.py), through real gRPC streams: a job
+fed as Megatron-LM's log is (one record per iteration, rank "last") and a job fed as the step hook is
+(records per rank, the hook's pid in their fields), the ladder sent by a client whose Hello names the job
+(any client may).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ from perfd import limits as L
 from perfd.model import Provenance, StepRecord
 from perfd.transport.client import AgentClient
 from tests.faults.streams import streaming
-from tests.procs import Procs, http_get, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import http_get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 RUNGS = 6_000
@@ -64,15 +66,16 @@ async def _attack(target: str, job: str, hook: bool) -> None:
 
 
 @pytest.mark.parametrize("hook", [False, True], ids=["megatron-shaped", "hook-shaped"])
-def test_a_ladder_in_one_batch_is_refused_and_evicts_nothing(tmp_path: Path, hook: bool) -> None:
+def test_a_ladder_in_one_batch_is_refused_and_evicts_nothing(tmp_path: Path, hook: bool,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     job = "hookjob" if hook else "logjob"
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules")
-        asyncio.run(_attack(f"127.0.0.1:{grpc_port}", job, hook))
-        held = wait_for(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
+    caplog.set_level(logging.WARNING, logger="perfd.refused")  # the aggregator's refusal lines
+    with pipeline(tmp_path, "--no-rules") as p:
+        base = p.base
+        p.call(_attack(p.target, job, hook), "the ladder and the real writer's batches", 120)
+        held = p.wait(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
         refused = _refused(base, "iteration_ahead")
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
+    out = caplog.text
     # Every real iteration held, the 200 before the ladder and the 200 after it.
     assert [i for i in held if i <= 400] == list(range(1, 401))
     # The first rung is one leap past the newest held (a single record within MAX_ITERATION_LEAP is
@@ -106,19 +109,20 @@ async def _ladder_across_batches(target: str, job: str, hook: bool, ladders: int
 
 @pytest.mark.parametrize("hook,ladders", [(False, 1), (True, 1), (False, 2)],
                          ids=["megatron-shaped", "hook-shaped", "two-ladder-agents"])
-def test_a_ladder_across_batches_is_refused_from_its_second_rung(tmp_path: Path, hook: bool,
-                                                                  ladders: int) -> None:
+def test_a_ladder_across_batches_is_refused_from_its_second_rung(tmp_path: Path, hook: bool, ladders: int,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """Each rung is judged against the job's progress as its main writer shows it, never against the
     sender's own uncorroborated rung: the first rung is held (one leap, as any one record), every later
     one refused — by one ladder agent or two taking turns."""
     job = "hookjob" if hook else "logjob"
-    with Procs(tmp_path, run_env()) as procs:
-        grpc_port, _http, base = start_aggregator(procs, "--no-rules", "--retain-iterations", str(WINDOW))
-        asyncio.run(_ladder_across_batches(f"127.0.0.1:{grpc_port}", job, hook, ladders))
-        held = wait_for(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
+    caplog.set_level(logging.WARNING, logger="perfd.refused")  # the aggregator's refusal lines
+    with pipeline(tmp_path, "--no-rules", "--retain-iterations", str(WINDOW)) as p:
+        base = p.base
+        p.call(_ladder_across_batches(p.target, job, hook, ladders),
+               "the rungs and the real writer's batches", 180)
+        held = p.wait(lambda: (h := _held(base, job)) and 400 in h and h, 30, "iteration 400 held")
         refused = _refused(base, "iteration_ahead")
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
+    out = caplog.text
     # The window's newest 300: the first rung (one leap past the 200 held) and the 299 newest real
     # iterations; the other 319 rungs refused (the second agent's first is two leaps past the job's 200).
     assert held == [*range(402 - WINDOW, 401), 200 + STEP]

@@ -1,5 +1,5 @@
-"""A client without credentials cannot squat a job's future iterations (issue 36 item 6): a real
-``perfd aggregator`` process and real gRPC clients on loopback.
+"""A client without credentials cannot squat a job's future iterations (issue 36 item 6): the real
+aggregator and real gRPC clients on loopback, in the test's process (tests/inproc.py).
 
 Before, the first record of an (iteration, rank) won whoever sent it: a client that named the job in
 its Hello (anyone can) and wrote iterations the job had not reached yet had the real records
@@ -11,7 +11,6 @@ in docs/reliability.md.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 import pytest
 
 from perfd.model import StepRecord
-from perfd.transport.client import AgentClient
-from tests.procs import NOT_YET, Procs, get_json, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import get_json
 
 pytestmark = pytest.mark.slow
 
@@ -31,17 +30,6 @@ T0 = time.time()
 def steps(job: str, its: range, step_ms: float) -> list[StepRecord]:
     return [StepRecord(job=job, iteration=i, rank="last", end_time=T0 + i * 0.1, step_time_ms=step_ms,
                        lm_loss=5.0) for i in its]
-
-
-async def write(target: str, agent: str, recs: list[StepRecord], jobs: list[str]) -> None:
-    c = AgentClient(target, agent, jobs=jobs)
-    c.submit(steps=recs)
-    task = asyncio.create_task(c.run())
-    try:
-        assert await c.flush(30)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def held(base: str, job: str) -> dict[int, float]:
@@ -56,22 +44,19 @@ def real_at(base: str, job: str, it: int) -> dict[int, float] | None:
 
 
 def test_a_stranger_cannot_squat_a_jobs_future_iterations(tmp_path: Path) -> None:
-    with Procs(tmp_path, run_env()) as procs:
-        grpc, _http, base = start_aggregator(procs, "--no-rules")
-        target = f"127.0.0.1:{grpc}"
+    with pipeline(tmp_path, "--no-rules") as p:
+        base = p.base
         # The real job's agent writes 1-50; a stranger names the job in its Hello too and writes
         # 51-200 ahead of it (1 ms steps); the real agent goes on with 51-120.
-        asyncio.run(write(target, "node-a", steps("train", range(1, 51), 100.0), ["train"]))
-        asyncio.run(write(target, "stranger", steps("train", range(51, 201), 1.0), ["train"]))
-        asyncio.run(write(target, "node-a", steps("train", range(51, 121), 100.0), ["train"]))
-        got = wait_for(lambda: real_at(base, "train", 120), 30, "the real records of 51-120 held",
-                       ignore=NOT_YET)
+        p.send("node-a", [{"steps": steps("train", range(1, 51), 100.0)}], ["train"])
+        p.send("stranger", [{"steps": steps("train", range(51, 201), 1.0)}], ["train"])
+        p.send("node-a", [{"steps": steps("train", range(51, 121), 100.0)}], ["train"])
+        got = p.wait(lambda: real_at(base, "train", 120), 30, "the real records of 51-120 held")
         # A job nobody's Hello named yet: the stranger writes first (a first writer is a host), then
         # the job's agent, whose Hello names it, writes the same iterations.
-        asyncio.run(write(target, "stranger", steps("early", range(100, 151), 1.0), []))
-        asyncio.run(write(target, "node-b", steps("early", range(1, 151), 100.0), ["early"]))
-        early = wait_for(lambda: real_at(base, "early", 150), 30, "the Hello-named host's records held",
-                         ignore=NOT_YET)
+        p.send("stranger", [{"steps": steps("early", range(100, 151), 1.0)}], [])
+        p.send("node-b", [{"steps": steps("early", range(1, 151), 100.0)}], ["early"])
+        early = p.wait(lambda: real_at(base, "early", 150), 30, "the Hello-named host's records held")
         st: dict[str, Any] = get_json(base + "/api/stats")
         evs = json.dumps(get_json(f"{base}/api/events?job=train")["events"])
         real = sum(1 for i in range(51, 121) if got.get(i) == 100.0)

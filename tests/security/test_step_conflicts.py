@@ -2,19 +2,15 @@
 
 The attack of the issue: a gRPC client says ``Hello(jobs=["victim"])`` — which makes it a host of
 the job — and sends step records for iterations of the running job (it replaced 50 of 50, and
-``not_host`` refused none). Here against a real ``perfd aggregator`` process on loopback; what the
-job holds is read back through the HTTP API, the refusals through /metrics. The figures printed are
-recorded in docs/reliability.md.
+``not_host`` refused none). Here against the real aggregator on loopback (in the test's process,
+tests/inproc.py); what the job holds is read back through the HTTP API, the refusals through /metrics.
+The figures printed are recorded in docs/reliability.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +21,8 @@ from perfd import events
 from perfd import limits as L
 from perfd.aggregator.state import AggregatorState
 from perfd.model import StepRecord
-from perfd.transport.client import AgentClient
-from tests.procs import free_port, http_get, stop, wait_for
+from tests.inproc import Pipeline, pipeline
+from tests.procs import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
@@ -34,30 +30,13 @@ N = 50
 
 
 @pytest.fixture
-def aggregator(tmp_path: Path) -> Iterator[tuple[int, str]]:
-    grpc_port, http_port = free_port(), free_port()
-    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
-                          "--http-port", str(http_port), "--no-rules"], cwd=ROOT,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                         stdout=(tmp_path / "agg.out").open("wb"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{http_port}"
-    try:
-        wait_for(lambda: http_get(f"{base}/healthz"), 30, "aggregator up")
-        yield grpc_port, base
-    finally:
-        stop(p)
+def aggregator(tmp_path: Path) -> Iterator[Pipeline]:
+    with pipeline(tmp_path, "--no-rules") as p:
+        yield p
 
 
-def _send(target: str, agent: str, job: str, steps: list[StepRecord]) -> None:
-    async def main() -> None:
-        c = AgentClient(target, agent, jobs=[job])
-        c.submit(steps=steps)
-        t = asyncio.create_task(c.run())
-        try:
-            assert await c.flush(30)
-        finally:
-            t.cancel()
-    asyncio.run(main())
+def _send(p: Pipeline, agent: str, job: str, steps: list[StepRecord]) -> None:
+    p.send(agent, [{"steps": steps}], [job])
 
 
 def _held(base: str, job: str) -> dict[int, float | None]:
@@ -72,17 +51,17 @@ def _refused(base: str, reason: str) -> float | None:
 
 
 @pytest.mark.slow
-def test_a_peer_saying_it_hosts_the_job_cannot_overwrite_its_iterations(aggregator: tuple[int, str]) -> None:
-    port, base = aggregator
-    target = f"127.0.0.1:{port}"
-    _send(target, "node-a", "victim", [StepRecord(job="victim", iteration=i, step_time_ms=100.0)
+def test_a_peer_saying_it_hosts_the_job_cannot_overwrite_its_iterations(aggregator: Pipeline) -> None:
+    p = aggregator
+    base = p.base
+    _send(p, "node-a", "victim", [StepRecord(job="victim", iteration=i, step_time_ms=100.0)
                                        for i in range(1, N + 1)])
-    before = wait_for(lambda: len(_held(base, "victim")) == N and _held(base, "victim"), 30, "job held")
+    before = p.wait(lambda: len(_held(base, "victim")) == N and _held(base, "victim"), 30, "job held")
     # The intruder: another agent id, a Hello naming the victim's job, records for its iterations
     # (and for new ones: a host named in a Hello may add iterations, never replace them).
-    _send(target, "intruder", "victim", [StepRecord(job="victim", iteration=i, step_time_ms=1e6)
+    _send(p, "intruder", "victim", [StepRecord(job="victim", iteration=i, step_time_ms=1e6)
                                          for i in range(1, N + 11)])
-    wait_for(lambda: _refused(base, L.REFUSED_STEP_CONFLICT) == N, 30, "conflicts counted")
+    p.wait(lambda: _refused(base, L.REFUSED_STEP_CONFLICT) == N, 30, "conflicts counted")
     after = _held(base, "victim")
     replaced = sum(after[i] != before[i] for i in before)
     evs = [e for e in json.loads(http_get(f"{base}/api/events?job=victim"))["events"]
@@ -94,8 +73,8 @@ def test_a_peer_saying_it_hosts_the_job_cannot_overwrite_its_iterations(aggregat
     assert len(evs) == 1 and evs[0]["labels"] == {"holder": "node-a", "sender": "intruder"}
     assert "node-a" in evs[0]["text"] and "intruder" in evs[0]["text"]
     # The host itself still corrects its own records (a resend or a fuller copy replaces).
-    _send(target, "node-a", "victim", [StepRecord(job="victim", iteration=1, step_time_ms=101.0)])
-    wait_for(lambda: _held(base, "victim")[1] == 101.0, 30, "the host's correction")
+    _send(p, "node-a", "victim", [StepRecord(job="victim", iteration=1, step_time_ms=101.0)])
+    p.wait(lambda: _held(base, "victim")[1] == 101.0, 30, "the host's correction")
 
 
 def test_a_bit_flipped_copy_of_an_iteration_line_never_replaces_the_good_record(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """A rotated bearer token closes the streams that authenticated with the old one (issue 36 item 6):
-a real ``perfd aggregator`` and a real ``perfd agent`` sharing the token file, and a client that
-kept a copy of the old token. The aggregator re-reads the file when it changes; before, it let every
-open stream run on with the old token for as long as it lasted. The figures printed are recorded in
-docs/reliability.md."""
+the real aggregator and a real agent sharing the token file (in the test's process: tests/inproc.py),
+and a client that kept a copy of the old token. The aggregator re-reads the file when it changes;
+before, it let every open stream run on with the old token for as long as it lasted. The figures printed
+are recorded in docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 
 from perfd.transport.client import AgentClient
 from perfd.transport.security import TokenFile
-from tests.procs import NOT_YET, Procs, free_port, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import NOT_YET, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +45,13 @@ def test_a_rotated_token_closes_the_streams_that_used_the_old_one(tmp_path: Path
     stale = tmp_path / "stale-token"
     stale.write_text(OLD + "\n")  # a client that kept the old token
     stale.chmod(0o600)
-    with Procs(tmp_path, run_env()) as procs:
-        grpc, _http, base = start_aggregator(procs, "--auth-token-file", str(token), "--no-rules")
-        procs.perfd("agent", "agent", "--aggregator", f"127.0.0.1:{grpc}", "--job", "j",
-                    "--agent-id", "node-a", "--nvml", "off", "--host", "off", "--metrics-port",
-                    str(free_port()), "--auth-token-file", str(token), role="agent")
+    with pipeline(tmp_path, "--auth-token-file", token, "--no-rules") as p:
+        base = p.base
+        p.agent("--job", "j", "--agent-id", "node-a", "--nvml", "off", "--host", "off", "--metrics-port", "0",
+                "--auth-token-file", token)
 
         async def scenario() -> dict[str, Any]:
-            c = AgentClient(f"127.0.0.1:{grpc}", "stale", jobs=["k"], token=TokenFile(str(stale)),
+            c = AgentClient(p.target, "stale", jobs=["k"], token=TokenFile(str(stale)),
                             backoff_initial_s=0.1, backoff_max_s=0.5)
             task = asyncio.create_task(c.run())
             try:
@@ -71,7 +71,7 @@ def test_a_rotated_token_closes_the_streams_that_used_the_old_one(tmp_path: Path
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
-        got = asyncio.run(scenario())
+        got = p.call(scenario(), "the stale client's stream and the rotation", 120)
         a = got["after"]
         print(f"FIGURES token rotation: {a['streams_closed_token_rotated']} streams on the old token closed "
               f"within a liveness tick; the agent reading the token file reconnected "
