@@ -165,8 +165,11 @@ def run_block(block: Block, tmp: Path) -> Ran:
     _wrapper(demo_venv / "bin" / "perfd", f'exec {py} -m perfd.cli "$@"')
     (demo_venv / ".installed").touch()
     marker = uuid.uuid4().hex
+    # COLUMNS/LINES: a runner's terminal size would make `perfd top --once` print its compact form (no
+    # iterations column) where a reader's redirected output gets the full one; the blocks run as read.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PERFD_", "XDG_", "KINETO_", "MAKE", "PYTEST_")) and k != "MFLAGS"}
+           if not k.startswith(("PERFD_", "XDG_", "KINETO_", "MAKE", "PYTEST_"))
+           and k not in ("MFLAGS", "COLUMNS", "LINES")}
     env.update({"HOME": str(home), "XDG_STATE_HOME": str(home / ".local" / "state"),
                 "XDG_RUNTIME_DIR": str(run), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                 "PYTHONPATH": str(ROOT), "DEMO_VENV": str(demo_venv), MARK: marker})

@@ -39,6 +39,7 @@ from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
+from perfd.clock import ManualClock
 from perfd.collector import Collected
 from tests.gpu.frameworks_live import check, own_steps
 
@@ -51,12 +52,23 @@ ANALYSE_EVERY_S = 2.0
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("frameworks_replay")]
 
 
-class _Clock:
+class _Clock(ManualClock):
+    """The replay's clock: the state's (perfd.clock), and that of any of the aggregator's modules that
+    still reads ``time`` itself."""
+
     def __init__(self) -> None:
-        self.now = 0.0
+        super().__init__(0.0)
+
+    @property
+    def now(self) -> float:
+        return self.time()
+
+    @now.setter
+    def now(self, t: float) -> None:
+        self.set(t)
 
     def module(self) -> types.SimpleNamespace:
-        return types.SimpleNamespace(time=lambda: self.now, monotonic=lambda: self.now)
+        return types.SimpleNamespace(time=self.time, monotonic=self.monotonic)
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -79,10 +91,11 @@ def replay(job_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> di
     job = meta["job"]
     clock = _Clock()
     for mod in (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod):
-        monkeypatch.setattr(mod, "time", clock.module())
+        if hasattr(mod, "time"):
+            monkeypatch.setattr(mod, "time", clock.module())
     collector = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": job})  # decodes only
     hook_gpus = HookGpus(job)
-    st = AggregatorState(min_recompute_s=0.0, peak_tflops=meta.get("peak_tflops"))
+    st = AggregatorState(min_recompute_s=0.0, peak_tflops=meta.get("peak_tflops"), clock=clock)
     feed: list[tuple[float, str, Any]] = [(float(d["t"]), "hook", base64.b64decode(d["d"]))
                                           for d in _lines(job_dir / "hook.jsonl.gz")]
     frames = [fr for fr in _lines(job_dir / "nvml.jsonl.gz") if fr.get("type") == "collect"]
