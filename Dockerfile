@@ -18,7 +18,6 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin perf
 WORKDIR /opt/perfd
 COPY pyproject.toml README.md ./
 COPY perfd ./perfd
-COPY collectors ./collectors
 COPY rules ./rules
 # nats-py and ddsketch (pure Python, ~0.2 MB; perfd[engine]'s pins): a job larger than one aggregator
 # (perfd shard, --engine);

@@ -157,7 +157,7 @@ mutation-check: setup
 
 proto: setup
 	$(BIN)/python -m perfd.transport.regen
-	$(BIN)/python -m collectors.k8s.regen_podresources
+	$(BIN)/python -m perfd.collectors.k8s.regen_podresources
 
 docs: setup
 	$(BIN)/perfd catalog --doc > docs/metrics.md

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tail_bench import write_log
-from collectors.megatron import parse_lines
 from perfd.analytics.run.run_analysis import AnalysisMemo, analyze_run
+from perfd.collectors.megatron import parse_lines
 
 
 def _cpu(fn: Any) -> float:

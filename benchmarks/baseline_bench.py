@@ -51,8 +51,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.nvml.collector import THROTTLE_REASONS
-from collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.gpu_views import SIGHTING_SERIES as _SIGHTING_SERIES
 from perfd.aggregator.incidents import BASELINE_EVERY_S
@@ -60,6 +58,8 @@ from perfd.aggregator.runtime import GC_THRESHOLDS
 from perfd.aggregator.snapshot import overview_of
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents.detect import Incident
+from perfd.collectors.nvml.collector import THROTTLE_REASONS
+from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.model import StepRecord
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb

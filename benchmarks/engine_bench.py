@@ -291,7 +291,7 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
 
 def _megatron_log(job: str) -> Any:
     """The recorded Megatron-LM log the ``--log`` job replays (perfd's demo data: 2 H200s, PP=2)."""
-    from collectors.megatron import parse_file
+    from perfd.collectors.megatron import parse_file
 
     return parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
                       "megatron_h200x2_tp1_pp2.log", job=job)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors.megatron import MegatronLogParser
+from perfd.collectors.megatron import MegatronLogParser
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

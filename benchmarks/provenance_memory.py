@@ -22,8 +22,8 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-from collectors.megatron import parse_lines
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.collectors.megatron import parse_lines
 from perfd.model import Provenance, StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]

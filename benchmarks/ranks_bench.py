@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.ranks import RanksCollector
+from perfd.collectors.ranks import RanksCollector
 
 RANK = ("import sys, threading, time\n"
         "for _ in range(int(sys.argv[1])):\n"

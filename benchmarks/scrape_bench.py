@@ -26,10 +26,10 @@ time.time = lambda: NOW  # before perfd is imported: every reader of the clock s
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from collectors.megatron import parse_file  # noqa: E402
 from perfd.aggregator.http import _StateCollector  # noqa: E402
 from perfd.aggregator.snapshot import latest_of_running  # noqa: E402
 from perfd.aggregator.state import AggregatorState  # noqa: E402
+from perfd.collectors.megatron import parse_file  # noqa: E402
 from perfd.exporters.prometheus import job_families  # noqa: E402
 from perfd.transport.gen import perfd_pb2 as pb  # noqa: E402
 from perfd.transport.record_codec import step_from_pb, step_to_pb  # noqa: E402

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors.megatron.collector import MegatronCollector
+from perfd.collectors.megatron.collector import MegatronCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

@@ -71,8 +71,8 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
 def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None = None) -> dict[str, Any]:
     """The serving analysis of an SGLang server log (no /metrics, no model spec): records, summary,
     report, as `perfd analyze sglang PATH --json` gives them without those options."""
-    from collectors.sglang.parser import parse_file
     from perfd.analytics.serving.serving_analysis import analyze_serving
+    from perfd.collectors.sglang.parser import parse_file
     from perfd.commands.input_checks import check_gpu, check_log
     from perfd.logfiles import LogFileError
     from perfd.report.serving_report import build_serving_report, serving_json

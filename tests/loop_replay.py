@@ -29,7 +29,7 @@ from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, Provenance, StepR
 ROOT = Path(__file__).resolve().parents[1]
 LOOPS = ROOT / "tests" / "data" / "hook" / "plain_loop_h100"
 TRAINING_NVML = ROOT / "tests" / "data" / "incidents" / "cotenant_h100" / "nvml.jsonl.gz"
-PHASES_NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+PHASES_NVML = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 RUN3 = ROOT / "docs" / "evidence" / "plain_loop_h100" / "run3_after_issue47.json"
 NODE = "h100"
 AGENT = "agent-a"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import collectors.megatron
+import perfd.collectors.megatron
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
@@ -52,7 +52,7 @@ def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
     reg = Registry()
     reg.register("exploding", Exploding)
     reg.register("healthy", Healthy)
-    collectors.megatron.register(reg)
+    perfd.collectors.megatron.register(reg)
     reg.register("bad-config", lambda cfg: (_ for _ in ()).throw(ValueError("path is required")))
     cfg = AgentConfig(job="j", metrics_port=0, metrics_host="127.0.0.1", collectors={
         "exploding": {}, "healthy": {}, "bad-config": {},

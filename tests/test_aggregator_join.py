@@ -4,9 +4,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collectors.megatron import parse_file
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

@@ -121,7 +121,7 @@ def test_what_the_producers_send_is_of_its_declared_type() -> None:
     import subprocess
     import sys
 
-    from collectors.ranks import RanksCollector
+    from perfd.collectors.ranks import RanksCollector
 
     if not sys.platform.startswith("linux"):
         return
@@ -170,7 +170,7 @@ def test_a_recorded_rank_processes_payload_round_trips_as_declared(name: str) ->
 
 def test_a_launch_without_an_exit_code_round_trips_as_declared(tmp_path: Path) -> None:
     """The ranks collector's launch end from a manifest that gives no code and no end time (None)."""
-    from collectors.ranks import RanksCollector
+    from perfd.collectors.ranks import RanksCollector
     from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, write_manifest
 
     manifest = tmp_path / "launch.json"

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_no_event_kind_is_spelled_outside_the_catalog() -> None:
     spelled = re.compile(r'["\']kind["\']\s*:\s*["\'](\w+)["\']|kind\s*==\s*["\'](\w+)["\']')
     bad = []
-    for f in [*ROOT.joinpath("perfd").rglob("*.py"), *ROOT.joinpath("collectors").rglob("*.py")]:
+    for f in [*ROOT.joinpath("perfd").rglob("*.py"), *ROOT.joinpath("perfd", "collectors").rglob("*.py")]:
         if "tests" in f.relative_to(ROOT).parts or f.name == "events.py" or "gen" in f.parts:
             continue
         for m in spelled.finditer(f.read_text()):

@@ -21,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from collectors.megatron import parse_lines as parse_megatron
-from collectors.nccl.flight_recorder import DumpError, load_dump_bytes, parse_dump
-from collectors.nccl.inspector import InspectorLineError, parse_line
-from collectors.sglang.parser import parse_lines as parse_sglang
 from perfd import bounds, finite_json
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.serving_analysis import analyze_serving
+from perfd.collectors.megatron import parse_lines as parse_megatron
+from perfd.collectors.nccl.flight_recorder import DumpError, load_dump_bytes, parse_dump
+from perfd.collectors.nccl.inspector import InspectorLineError, parse_line
+from perfd.collectors.sglang.parser import parse_lines as parse_sglang
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.report.row_json import run_json
 from perfd.report.serving_report import build_serving_report, serving_json
@@ -36,8 +36,9 @@ from perfd.rules.pack_loader import parse_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON = (ROOT / "tests" / "data" / "megatron" / "tp2_swiglu_gqa_untied.log").read_text().splitlines()
-SGLANG = (ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log").read_text().splitlines()
-FR_DUMP = (ROOT / "collectors" / "nccl" / "tests" / "data" / "nccl_fixtures" / "timing"
+SGLANG = (ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data"
+          / "sglang_0_5_5_dp2.log").read_text().splitlines()
+FR_DUMP = (ROOT / "perfd" / "collectors" / "nccl" / "tests" / "data" / "nccl_fixtures" / "timing"
            / "dump00_rank0").read_bytes()
 INSPECTOR = json.dumps({
     "header": {"id": "0xabc", "comm_name": "DP Group 0", "rank": 0, "n_ranks": 2, "nnodes": 1},

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file, parse_lines
 from perfd import bounds, finite_json
 from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
@@ -27,6 +26,7 @@ from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.cli import main as cli_main
+from perfd.collectors.megatron import parse_file, parse_lines
 from perfd.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.model import JobInfo
 from perfd.rules.expr import MAX_EXPR_DEPTH, ExprError, compile_expr
@@ -165,7 +165,7 @@ def test_finite_json_drops_inf_and_nan_and_names_them() -> None:
 def test_analyze_sglang_json_never_carries_inf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A recorded log whose throughputs are 1.7e308 (finite, but their sum overflowed: fsum raised
     OverflowError): refused by the parser with a counted reason, and the JSON parses strictly."""
-    src = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+    src = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
     lines = [re.sub(r"(gen throughput \(token/s\): )[0-9.]+", r"\g<1>1.7e308", ln)
              for ln in src.read_text().splitlines()]
     n = sum("1.7e308" in ln for ln in lines)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.aggregator import rule_scopes, stalls
 from perfd.aggregator.snapshot import Analysed, JobSnapshot, latest_of_running, overview_of, overviews_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
+from perfd.collectors.megatron import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"

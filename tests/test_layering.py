@@ -72,7 +72,7 @@ def _violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
 
 
 _IO = ("os", "io", "socket", "subprocess", "pathlib", "time", "grpc", "prometheus_client")
-_LIVE = ("collectors", "perfd.transport", "perfd.aggregator", "perfd.agent", "perfd.exporters")
+_LIVE = ("perfd.collectors", "perfd.transport", "perfd.aggregator", "perfd.agent", "perfd.exporters")
 
 
 @pytest.mark.slow
@@ -89,16 +89,16 @@ def test_report_is_pure():
 
 
 def _package(module: str) -> str | None:
-    """The unit the cycle check works on: perfd.<subpackage or module>, collectors.<name>."""
+    """The unit the cycle check works on: perfd.<subpackage or module>, perfd.collectors.<name>."""
     parts = module.split(".")
-    if parts[0] not in ("perfd", "collectors") or len(parts) < 2:
+    if parts[0] != "perfd" or len(parts) < 2:
         return None
-    return ".".join(parts[:2])
+    return ".".join(parts[:3] if parts[1] == "collectors" and len(parts) > 2 else parts[:2])
 
 
 def _package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for f in _files("perfd") + _files("collectors"):
+    for f in _files("perfd"):
         src = _package(".".join(f.relative_to(ROOT).with_suffix("").parts))
         if src is None:
             continue
@@ -164,7 +164,7 @@ def test_the_cycle_check_sees_a_function_level_cycle(tmp_path: Path):
 
 @pytest.mark.slow
 def test_collectors_know_nothing_of_transport_or_exporters():
-    files = _files("collectors")
+    files = _files("perfd", "collectors")
     assert files
     assert not _violations(files, ("perfd.transport", "perfd.aggregator", "perfd.agent",
                                    "perfd.exporters"))
@@ -176,25 +176,25 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
     # perfd.serving_model).
     assert not _violations(files, ("perfd.analytics",))
-    k8s = ROOT / "collectors" / "k8s"
+    k8s = ROOT / "perfd" / "collectors" / "k8s"
     assert not _violations([f for f in files if k8s not in f.parents], ("grpc",))
 
 
 def test_the_launcher_imports_no_collector():
     """`perfd launch` sets up what collectors read (the manifest, the Flight Recorder's environment)
     through modules below both (perfd.manifest, perfd.flight_recorder_env)."""
-    assert not _violations([ROOT / "perfd" / "launcher.py"], ("collectors",))
+    assert not _violations([ROOT / "perfd" / "launcher.py"], ("perfd.collectors",))
 
 
 def test_the_clock_is_ground_every_layer_may_take_it():
     """perfd/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of perfd."""
-    assert not _violations([ROOT / "perfd" / "clock.py"], ("perfd", "collectors"))
+    assert not _violations([ROOT / "perfd" / "clock.py"], ("perfd",))
 
 
 def test_exporters_know_nothing_of_collectors():
     files = _files("perfd", "exporters")
     assert files
-    assert not _violations(files, ("collectors", "perfd.transport", "perfd.agent"))
+    assert not _violations(files, ("perfd.collectors", "perfd.transport", "perfd.agent"))
 
 
 # The analytics the shards' step summaries reduce with (perfd/engine/stepsummary.py): the step's timer
@@ -211,7 +211,7 @@ def test_the_engine_knows_nothing_of_the_aggregator_agent_or_analytics():
     the pure definitions the step summaries reduce with (ENGINE_ANALYTICS), and only there."""
     files = _files("perfd", "engine")
     assert files
-    bad = _violations(files, ("perfd.aggregator", "perfd.agent", "perfd.analytics", "collectors",
+    bad = _violations(files, ("perfd.aggregator", "perfd.agent", "perfd.analytics", "perfd.collectors",
                               "perfd.exporters", "perfd.report", "perfd.commands"))
     bad = [b for b in bad if not (b.startswith("perfd/engine/stepsummary.py imports ")
                                   and b.split(" imports ")[1].startswith(ENGINE_ANALYTICS))]
@@ -229,7 +229,7 @@ def test_transport_knows_nothing_of_collectors_or_analytics():
     files = _files("perfd", "transport")
     if not files:
         return
-    assert not _violations(files, ("collectors", "perfd.analytics", "perfd.aggregator"))
+    assert not _violations(files, ("perfd.collectors", "perfd.analytics", "perfd.aggregator"))
 
 
 @pytest.mark.slow
@@ -237,10 +237,10 @@ def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (
         "import sys, importlib\n"
-        "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'collectors.megatron']\n"
+        "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'perfd.collectors.megatron']\n"
         "import pkgutil\n"
-        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.daemon', 'collectors.nvml',\n"
-        "          'collectors.host'):\n"
+        "for m in ('perfd.agent.node_agent', 'perfd.aggregator.daemon', 'perfd.collectors.nvml',\n"
+        "          'perfd.collectors.host'):\n"
         "    try:\n"
         "        importlib.util.find_spec(m) and mods.append(m)\n"
         "    except ModuleNotFoundError:\n"
@@ -251,7 +251,7 @@ def test_agent_and_aggregator_never_import_torch():
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "collectors.megatron" in res.stdout
+    assert "perfd.collectors.megatron" in res.stdout
 
 
 # perfd.analytics, bottom to top: each package imports only those before it (perfd/analytics/__init__.py

@@ -27,11 +27,11 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from collectors.megatron.parser import parse_lines
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
+from perfd.collectors.megatron.parser import parse_lines
 from perfd.model import StepRecord
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
@@ -42,7 +42,7 @@ H200 = "NVIDIA H200"
 MFU_SERIES = "perfd_job_mfu_ratio"
 # The code whose frames the watch looks into: the project's, not prometheus_client's (whose family
 # holds its samples as it likes) nor the tests'.
-WATCHED = (str(ROOT / "perfd") + "/", str(ROOT / "collectors") + "/")
+WATCHED = (str(ROOT / "perfd") + "/", str(ROOT / "perfd" / "collectors") + "/")
 
 # The log line's inputs of MFU (step time, the job's spec) on their way to the analysis: the agent
 # parses the line, the transport carries the record as a protobuf message (serialized to bytes on the

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd import events
 from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
@@ -20,6 +19,7 @@ from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.stall import Status
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
 from perfd.clock import REAL_CLOCK, ManualClock
+from perfd.collectors.megatron import parse_file
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import load_pack
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collectors.megatron import parse_file
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 
 DP2 = Path(__file__).resolve().parents[1] / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 

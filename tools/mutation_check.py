@@ -163,8 +163,9 @@ def failed_tests(output: str) -> list[str]:
 def check_imports_copy(tree: Path, python: str) -> None:
     """The tests' perfd must be the copy's, not the checkout an editable install points at."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    got = subprocess.run([python, "-c", "import perfd, collectors; print(perfd.__file__); "
-                          "print(collectors.__file__)"], cwd=tree, env=env, capture_output=True, text=True)
+    got = subprocess.run([python, "-c", "import perfd, perfd.collectors; print(perfd.__file__); "
+                          "print(perfd.collectors.__file__)"],
+                         cwd=tree, env=env, capture_output=True, text=True)
     files = got.stdout.split()
     if got.returncode != 0 or len(files) != 2 or not all(Path(f).resolve().is_relative_to(tree.resolve())
                                                          for f in files):

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from collectors.config_values import as_float
 from perfd import catalog
 from perfd import limits as L
 from perfd.agent.agent_http import AgentMetrics, LatestSeries, MetricsHandler
@@ -35,6 +34,7 @@ from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Sche
 from perfd.agent.stacks import StackDumper
 from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
+from perfd.collectors.config_values import as_float
 from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, payload_of
 from perfd.exporters import httpd
 from perfd.jobinfo_json import job_info_to_json
@@ -70,18 +70,19 @@ JOB_USER_COLLECTORS = frozenset({"hook", "nvml"})
 
 def default_registry() -> Registry:
     """Every collector shipped with perfd, by name."""
-    import collectors.dcgm
-    import collectors.host
-    import collectors.k8s
-    import collectors.megatron
-    import collectors.nvml
-    import collectors.ranks
-    import collectors.sglang
-    import collectors.torchtitan
+    import perfd.collectors.dcgm
+    import perfd.collectors.host
+    import perfd.collectors.k8s
+    import perfd.collectors.megatron
+    import perfd.collectors.nvml
+    import perfd.collectors.ranks
+    import perfd.collectors.sglang
+    import perfd.collectors.torchtitan
 
     reg = Registry()
-    for mod in (collectors.megatron, collectors.nvml, collectors.host, collectors.k8s, collectors.sglang,
-                collectors.dcgm, collectors.torchtitan, collectors.ranks):
+    for mod in (perfd.collectors.megatron, perfd.collectors.nvml, perfd.collectors.host, perfd.collectors.k8s,
+                perfd.collectors.sglang, perfd.collectors.dcgm, perfd.collectors.torchtitan,
+                perfd.collectors.ranks):
         mod.register(reg)
     reg.register("nccl", _nccl_collector)
     reg.register("hook", _hook_collector)
@@ -89,14 +90,14 @@ def default_registry() -> Registry:
 
 
 def _nccl_collector(cfg: Mapping[str, object]) -> Collector:
-    from collectors.nccl import NcclCollector  # imported when configured: the agent stays lean
+    from perfd.collectors.nccl import NcclCollector  # imported when configured: the agent stays lean
 
     # interval_s is the scheduler's (Agent.build reads it); the collector's own keys are stricter.
     return NcclCollector({k: v for k, v in cfg.items() if k != "interval_s"})
 
 
 def _hook_collector(cfg: Mapping[str, object]) -> Collector:
-    from collectors.hook import HookCollector
+    from perfd.collectors.hook import HookCollector
 
     return HookCollector({k: v for k, v in cfg.items() if k != "interval_s"})
 

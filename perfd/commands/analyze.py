@@ -13,8 +13,8 @@ from perfd import finite_json
 from perfd.commands.input_checks import check_gpu, check_log, refuse
 
 if TYPE_CHECKING:
-    from collectors.megatron.parser import ParsedLog
     from perfd.analytics.run.run_result import RunAnalysis
+    from perfd.collectors.megatron.parser import ParsedLog
     from perfd.serving_model import ServingModelSpec
     from perfd.serving_records import MetricsSnapshot
 
@@ -73,8 +73,8 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
                           progress: bool = False) -> tuple[ParsedLog, RunAnalysis]:
     """Parse and analyse one log (plain, gzip, xz or zstd); returns (parsed, RunAnalysis) (also used by
     the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
-    from collectors.megatron import parse_lines
     from perfd.analytics.run.run_analysis import analyze_run
+    from perfd.collectors.megatron import parse_lines
 
     name = job or (Path(path).stem if path != "-" else "stdin")
     if path == "-":
@@ -243,7 +243,7 @@ def _read_metrics(sources: list[str], interval_s: float
     """(previous, current) snapshots and problems, from URLs (scraped twice) or saved files."""
     import time
 
-    from collectors.sglang.metrics import read_file, scrape
+    from perfd.collectors.sglang.metrics import read_file, scrape
 
     snaps: list[MetricsSnapshot] = []
     problems: list[str] = []
@@ -281,8 +281,8 @@ def _read_metrics(sources: list[str], interval_s: float
 
 def run_sglang(args: argparse.Namespace) -> int:
     """`perfd analyze sglang LOG [--metrics URL|FILE]... [--json]`."""
-    from collectors.sglang.parser import parse_file, parse_lines
     from perfd.analytics.serving.serving_analysis import analyze_serving
+    from perfd.collectors.sglang.parser import parse_file, parse_lines
     from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
     from perfd.report.serving_report import build_serving_report, serving_json

@@ -42,9 +42,9 @@ def _model(path: str | None) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from collectors.torchtitan.collector import model_spec
-    from collectors.torchtitan.parser import TorchtitanLogParser
     from perfd.analytics.run.run_analysis import analyze_run
+    from perfd.collectors.torchtitan.collector import model_spec
+    from perfd.collectors.torchtitan.parser import TorchtitanLogParser
     from perfd.commands.input_checks import check_gpu, check_log, refuse
     from perfd.commands.peak_args import check_mfu_possible, check_peak_args
     from perfd.logfiles import LogFileError, iter_text_lines

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.megatron.parser import MegatronLogParser
 from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.run.run_analysis import RunBuilder
 from perfd.analytics.run.run_result import RunAnalysis, digest
 from perfd.analytics.run.runs import RunDigest
+from perfd.collectors.megatron.parser import MegatronLogParser
 from perfd.model import JobInfo, ParseIssue, StepRecord
 
 

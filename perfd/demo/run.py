@@ -46,9 +46,9 @@ _TS = re.compile(r"^ \[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\] iteration")
 
 def default_nvml_recording() -> Path | None:
     """The real NVML recording shipped with the nvml collector (package data)."""
-    import collectors.nvml
+    import perfd.collectors.nvml
 
-    rec_dir = Path(collectors.nvml.__file__).resolve().parent / "data"
+    rec_dir = Path(perfd.collectors.nvml.__file__).resolve().parent / "data"
     found = sorted(rec_dir.glob("*.jsonl")) if rec_dir.is_dir() else []
     return found[0] if found else None
 

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collectors.hook.model_record import take_model
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.durable import restore
 from perfd.aggregator.job_fold import job_info_of, mark_disturbed
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.flops import read_spec
+from perfd.collectors.hook.model_record import take_model
 from perfd.hook import wire
 from perfd.model import JobInfo, StepRecord
 from tests.trace_cache import cached, timeline_class

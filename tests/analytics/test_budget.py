@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import Advice, Framework
@@ -37,6 +36,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_facts import Divider, NextStepFacts, RunRecommendation
+from perfd.collectors.megatron import parse_file
 from perfd.report.grade_text import worded, worded_recommendation
 from perfd.report.remedy_text import worded_remedies, worded_remedy
 from tests.trace_cache import analyze_chrome_trace, timeline_class

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.analytics.breakdown.capture_match import Check, JobFacts, check, job_facts
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.run.run_analysis import analyze_run
+from perfd.collectors.megatron import parse_file
 from tests.trace_cache import analyze_chrome_trace, perfd_cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-megatron = pytest.importorskip("collectors.megatron")
+megatron = pytest.importorskip("perfd.collectors.megatron")
 if not hasattr(megatron, "parse_file"):  # the parser is being written beside this
-    pytest.skip("collectors.megatron.parse_file not available yet", allow_module_level=True)
+    pytest.skip("perfd.collectors.megatron.parse_file not available yet", allow_module_level=True)
 
 from perfd.analytics.run.run_analysis import analyze_run  # noqa: E402
 from perfd.analytics.steps.provenance import Code, cite  # noqa: E402

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron.parser import parse_lines
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps import goodput as gpm
 from perfd.analytics.steps.goodput import StepSpan, job_goodput, with_stall
+from perfd.collectors.megatron.parser import parse_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests/data/incidents/costraggler_dp2/dp2_cotenant.log"
@@ -203,11 +203,11 @@ def test_restart_and_stall_kinds_on_spans() -> None:
 def test_torchtitan_log_and_step_hook_records() -> None:
     """Any job perfd analyses: a real torchtitan log (start-up from its first line), and step-hook
     records (one per rank, folded per iteration; no start-up stamp, the wall starts at the first step)."""
-    from collectors.torchtitan.parser import TorchtitanLogParser
     from perfd.aggregator.jobs import job_level_steps
+    from perfd.collectors.torchtitan.parser import TorchtitanLogParser
     from perfd.model import JobInfo, StepRecord
 
-    log = ROOT / "collectors/torchtitan/tests/data/llama3_debugmodel_1gpu.log"
+    log = ROOT / "perfd/collectors/torchtitan/tests/data/llama3_debugmodel_1gpu.log"
     parser = TorchtitanLogParser("titan", log.name)
     records = [r for line in log.read_text().splitlines() for r in parser.feed(line)]
     assert [r.iteration for r in records if r.first_of_run] == [1]  # after "Training starts at step 1"

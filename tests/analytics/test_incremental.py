@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_lines
 from perfd.aggregator.jobs import job_level_steps, mark_disturbed
 from perfd.analytics.run import run_analysis
 from perfd.analytics.run.run_analysis import AnalysisMemo, analyze_run
+from perfd.collectors.megatron import parse_lines
 from perfd.model import TimerValue
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -363,8 +363,8 @@ def test_the_mfu_convention_of_each_count() -> None:
 def test_a_megatron_log_says_its_convention_and_its_own_throughput_beside_perfds() -> None:
     """A Megatron-LM log (--log-throughput, 2 H200s): perfd counts its FLOPs by its formula for the
     job's release (causal attention at half) and shows the log's own TFLOP/s beside its MFU."""
-    from collectors.megatron.parser import parse_file
     from perfd.analytics.steps.flops import MfuConvention
+    from perfd.collectors.megatron.parser import parse_file
     from tests.analytics.loop_recordings import LOOPS
 
     parsed = parse_file(LOOPS.parent / "megatron" / "dp2_all_timers.log")

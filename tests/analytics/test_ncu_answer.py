@@ -188,7 +188,7 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     its budget's undivided compute part, and the report says what they call for: the GEMMs at 50% of
     the compute ceiling get the shape advice, the elementwise kernels that ncu's rule calls
     compute-bound with the tensor pipes at 2% are issue-slot work, for fusion."""
-    from collectors.megatron import parse_file
+    from perfd.collectors.megatron import parse_file
 
     # The job's steps: a real Megatron-LM log with its timers (the budget's data and communication
     # shares; tests/data/megatron/dp2_all_timers.log), its last steps taken as the profiled one's time.

@@ -70,7 +70,7 @@ def recorded(name_part: str, grid: str | None = None) -> dict[str, Any]:
 def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     """A real Megatron-LM log's steps (the timers' budget: compute not divided) and the ncu capture's
     result, through the aggregator, as in test_ncu_answer."""
-    from collectors.megatron import parse_file
+    from perfd.collectors.megatron import parse_file
 
     parsed = parse_file(ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log", job=JOB)
     end = max(r.end_time or 0.0 for r in parsed.records)

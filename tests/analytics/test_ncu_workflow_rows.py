@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_lines
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.kernel_rows import RowVerdict
 from perfd.analytics.breakdown.ncu_kernels import KernelBound
@@ -37,6 +36,7 @@ from perfd.analytics.breakdown.ncu_rows import JoinedKernel, NcuCategory
 from perfd.analytics.ncu.ncu_verdicts import NcuFinding
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.collectors.megatron import parse_lines
 from perfd.report.grade_text import worded
 from perfd.report.remedy_text import worded_remedies
 from tests.analytics.ncu_workflow_data import GPU, JOB, KINETO, NCU, RANGE2, RANGE3, log_text, manifests

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_lines
 from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
+from perfd.collectors.megatron import parse_lines
 from perfd.model import CaptureStatus, JobInfo, StepRecord
 from perfd.report.grade_text import worded
 from tests.analytics.ncu_workflow_data import (

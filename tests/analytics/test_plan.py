@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.analytics.advice.plan import Plan, Presence, Relation, combined, make_plan
 from perfd.analytics.advice.remedies import (
     GAIN_MODEL,
@@ -33,6 +32,7 @@ from perfd.analytics.breakdown.replay_table import Change, ReplayTable
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.collectors.megatron import parse_file
 from perfd.report.budget_text import part_title
 from perfd.report.plan_view import compact, text_lines
 from perfd.report.remedy_text import worded_plan

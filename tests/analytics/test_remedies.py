@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.budget_findings import RemedyRecommendation
 from perfd.analytics.advice.remedies import (
@@ -30,6 +29,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import Recommendation
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
+from perfd.collectors.megatron import parse_file
 from perfd.report.remedy_text import worded_remedy
 from tests.trace_cache import timeline_class
 

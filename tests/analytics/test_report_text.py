@@ -17,7 +17,7 @@ from perfd.report.training_report import analysis_json, build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = sorted([*ROOT.glob("tests/data/**/*.log"), *ROOT.glob("tests/data/**/*.log.gz"),
-               *ROOT.glob("collectors/megatron/tests/data/*.log"), *ROOT.glob("perfd/demo/data/*.log")])
+               *ROOT.glob("perfd/collectors/megatron/tests/data/*.log"), *ROOT.glob("perfd/demo/data/*.log")])
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])

@@ -9,7 +9,6 @@ import dataclasses
 
 import pytest
 
-from collectors.megatron import parse_lines
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import TooFewSteps
 from perfd.analytics.run.arming import ArmingBasis
@@ -17,6 +16,7 @@ from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
 from perfd.armed import armed_line
+from perfd.collectors.megatron import parse_lines
 from perfd.commands.megatron_offline import analyze_stream
 from perfd.model import StepRecord
 from perfd.report import build_report

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 from perfd.commands.capture import run_capture
 from perfd.transport.codec import Command
 from tests.captures.test_coordinator import LOG

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.bookkeeping import device_summary
+from perfd.collectors.megatron import parse_file
 from perfd.jobinfo_json import job_info_to_json
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command

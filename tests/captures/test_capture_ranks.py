@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd import limits as L
 from perfd.aggregator.capture_ranks import MAX_RANK, RanksRefused, checked_ranks
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 from perfd.commands.capture import run_capture
 from perfd.refusals import Refusals
 from perfd.transport.codec import Command, command_to_pb

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen, Decided
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.capture.bookkeeping import device_summary
+from perfd.collectors.megatron import parse_file
 from perfd.model import CaptureFailure, CaptureStatus
 from perfd.report.capture_text import class_reason
 from perfd.transport.codec import Command

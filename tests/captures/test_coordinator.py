@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.megatron import parse_file
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command

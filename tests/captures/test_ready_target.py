@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collectors.megatron import parse_file
 from perfd.aggregator.capture_ready import RETRY_FIRST_S
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
 from perfd.clock import ManualClock
+from perfd.collectors.megatron import parse_file
 from perfd.model import CaptureFailure, Provenance, StepRecord
 from perfd.rules.evaluator import NOT_READY, RuleEngine, TargetWait
 from perfd.rules.pack_loader import parse_pack

@@ -57,7 +57,7 @@ def test_json_rows_follow_the_option_and_the_summary_does_not() -> None:
 
 def test_all_rows_are_the_analysis_of_the_records() -> None:
     """--iterations all prints what the analysis of the parsed records (the API's path) gives."""
-    from collectors.megatron import parse_lines
+    from perfd.collectors.megatron import parse_lines
 
     with LOG.open() as f:
         parsed = parse_lines(f, job=LOG.stem, source_name=LOG.name)
@@ -147,7 +147,7 @@ def test_memory_per_iteration_is_bounded(tmp_path: Path) -> None:
 
 def test_a_job_fact_after_the_first_iteration_reads_the_log_twice(tmp_path: Path) -> None:
     """The analysis uses the job as the whole log states it, as when the records were kept."""
-    from collectors.megatron import parse_lines
+    from perfd.collectors.megatron import parse_lines
     from perfd.commands.megatron_offline import analyze_stream
     from perfd.logfiles import iter_text_lines
 

@@ -15,7 +15,7 @@ from perfd.cli import _subparsers, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 MEGATRON = ROOT / "tests" / "data" / "megatron" / "tp2_mha_gelu.log"
-SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+SGLANG = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 
 # What other frameworks print (formats of PyTorch Lightning's progress bar and HF Trainer's log dict).
 LIGHTNING = ("GPU available: True (cuda), used: True\n"

@@ -61,7 +61,7 @@ def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
-    sglang = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+    sglang = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
     assert "--peak-tflops" in refused(perfd("analyze", "sglang", sglang, "--peak-tflops", "-1"))
     assert "'int4'" in refused(perfd("analyze", "sglang", sglang, "--dtype", "int4"))
     assert "--peak-bandwidth-tbs" in refused(perfd("analyze", "sglang", sglang, "--peak-bandwidth-tbs", "0"))

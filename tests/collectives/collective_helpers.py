@@ -7,7 +7,7 @@ from pathlib import Path
 from perfd.model import CollectiveRecord, RankScope, StepRecord
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "collectors" / "nccl" / "tests" / "data" / "nccl_fixtures"
+FIXTURES = ROOT / "perfd" / "collectors" / "nccl" / "tests" / "data" / "nccl_fixtures"
 MS = 1_000_000  # ns
 T0 = 1_795_000_000_000_000_000
 
@@ -33,7 +33,7 @@ def step(rank: RankScope, it: int, end_ms: float, job: str = "j", step_time_ms: 
 
 def load_fixture_records(mode: str = "timing", job: str = "j") -> list[CollectiveRecord]:
     """Every record of a recorded run, as the agent's tracker emits them from its dumps."""
-    from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
+    from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
 
     tr = FlightRecorderTracker(job)
     out: list[CollectiveRecord] = []

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collectors.nccl import NcclCollector
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent, default_registry
 from perfd.aggregator.collectives import CollectiveStore
@@ -20,6 +19,7 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collectives.collective_hangs import merge_hangs
+from perfd.collectors.nccl import NcclCollector
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue

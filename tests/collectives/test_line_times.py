@@ -11,8 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from collectors.megatron.collector import MegatronCollector
-from collectors.megatron.tail import LogTail
+from perfd.collectors.megatron.collector import MegatronCollector
+from perfd.collectors.megatron.tail import LogTail
 from perfd.launcher import LaunchOptions, run_launch
 from perfd.linetimes import LineTimes, format_record, sidecar_path
 from perfd.manifest import load_manifest

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron.collector import MegatronCollector
-from collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
+from perfd.collectors.megatron.collector import MegatronCollector
+from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
 from perfd.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
 from tests.inproc import Pipeline, pipeline

@@ -56,7 +56,7 @@ def test_9400_appears_only_where_dcgm_exporter_is_meant() -> None:
     files = [ROOT / "README.md", ROOT / "Dockerfile",
              *(p for p in (ROOT / "docs").glob("*.md")),
              *(p for p in (ROOT / "deploy").rglob("*") if p.is_file() and not p.is_symlink()),
-             *(p for p in (ROOT / "collectors").rglob("*") if p.suffix in (".md", ".yaml", ".py"))]
+             *(p for p in (ROOT / "perfd" / "collectors").rglob("*") if p.suffix in (".md", ".yaml", ".py"))]
     stray = []
     for f in files:
         for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):

@@ -134,7 +134,7 @@ class _RecordingExporter:
 
 
 def test_wandb_sync_sends_only_new_iterations_and_finished_captures_once():
-    from collectors.megatron import parse_file
+    from perfd.collectors.megatron import parse_file
 
     parsed = parse_file(DEMO_LOG, job="j")
     state = AggregatorState(min_recompute_s=0.0)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
-NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+NVML = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 JOB = "gpt-pair"
 NODE = "gpu-node-7"
 BUS = "00000000:18:00.0"

@@ -28,7 +28,7 @@ def _source_tree(dest: Path) -> Path:
     dest.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
-    for name in ("perfd", "collectors", "rules"):
+    for name in ("perfd", "rules"):
         shutil.copytree(ROOT / name, dest / name, ignore=skip)
     (dest / "deploy" / "slurm").mkdir(parents=True)
     shutil.copy2(ROOT / "deploy" / "slurm" / "perfd-slurm-run", dest / "deploy" / "slurm")
@@ -39,15 +39,16 @@ def _source_tree(dest: Path) -> Path:
     return dest
 
 
-def test_the_packages_are_perfd_and_collectors_without_their_tests() -> None:
+def test_the_packages_are_perfd_with_its_collectors_without_their_tests() -> None:
     """setuptools' discovery as pyproject.toml configures it: no ``tests`` or ``benchmarks`` package
-    (collectors/<name>/tests are packages, for the suite); the license file named."""
+    (perfd/collectors/<name>/tests are packages, for the suite); the license file named."""
     from setuptools.config.pyprojecttoml import read_configuration  # type: ignore[import-untyped]
 
     cfg = read_configuration(ROOT / "pyproject.toml")
     packages = cfg["tool"]["setuptools"]["packages"]
-    assert "perfd" in packages and "collectors.megatron" in packages, packages
-    assert (ROOT / "collectors" / "megatron" / "tests" / "__init__.py").is_file()  # what is left out
+    assert "perfd" in packages and "perfd.collectors.megatron" in packages, packages
+    # what is left out
+    assert (ROOT / "perfd" / "collectors" / "megatron" / "tests" / "__init__.py").is_file()
     assert not [p for p in packages if {"tests", "benchmarks", "examples"} & set(p.split("."))], packages
     assert cfg["project"]["license-files"] == ["LICENSE"]
     assert (ROOT / "LICENSE").read_text().split()[:6] == ["Apache", "License", "Version", "2.0,",
@@ -63,10 +64,10 @@ def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None
     (wheel,) = wheels.glob("perfd-*.whl")
     assert wheel.name.startswith(f"perfd-{__version__}-"), (wheel.name, __version__)  # one declaration
     names = zipfile.ZipFile(wheel).namelist()
-    # No tests, no benchmarks: neither the top-level folders nor collectors/<name>/tests and their data
+    # No tests, no benchmarks: neither the top-level folders nor perfd/collectors/<name>/tests and their data
     assert not [n for n in names if {"tests", "benchmarks"} & set(n.split("/")[:-1])], \
         [n for n in names if "tests" in n][:10]
-    assert "perfd/cli.py" in names and "collectors/megatron/collector.py" in names
+    assert "perfd/cli.py" in names and "perfd/collectors/megatron/collector.py" in names
     info = f"perfd-{__version__}.dist-info"
     assert zipfile.ZipFile(wheel).read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
     metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()

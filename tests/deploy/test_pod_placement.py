@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 import pytest
 
-from collectors.nvml.processes import GpuProcess, ProcessTracker
+from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.procinfo import PodJobs, pid_namespace
 from tests.procs import Procs, free_port, get_json, run_env, start_aggregator, wait_for
 

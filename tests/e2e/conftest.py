@@ -16,7 +16,7 @@ from tests.procs import http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers: a heat line
-NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+NVML = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 JOB = "top-dp2"
 
 

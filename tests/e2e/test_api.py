@@ -14,7 +14,7 @@ from perfd.cli import main
 from tests.e2e.conftest import JOB, LOG, Live
 
 ROOT = Path(__file__).resolve().parents[2]
-SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+SGLANG = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 
 
 @pytest.mark.slow

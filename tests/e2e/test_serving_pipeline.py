@@ -16,7 +16,7 @@ from perfd.report.training_report import Report
 from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+LOG = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 pytestmark = pytest.mark.slow
 
 

@@ -157,6 +157,6 @@ def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
 
 
 def _final_iteration() -> int:
-    from collectors.megatron import parse_file
+    from perfd.collectors.megatron import parse_file
 
     return max(r.iteration for r in parse_file(LOG).records)

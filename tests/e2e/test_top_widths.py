@@ -32,7 +32,7 @@ from tests.procs import (
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
-NVML = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+NVML = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 JOB, NODE = "top-widths", "gpu-node-017"
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import ParsedLog, parse_file
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import ParsedLog, parse_file
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient

@@ -7,7 +7,7 @@ The plain PyTorch loop of tests/gpu/plain_loop_live.py ("data": a decoder stack 
 with 2 workers whose samples cost CPU; SLOW_AT s in, for SLOW_S s, they cost SLOW_X times as much),
 started as ``python3 train.py`` under ``perfd launch`` with a real agent (``--nvml real``) and a real
 aggregator holding the shipped rule pack (its ``incident_capture`` among them). Beside it,
-``python -m collectors.nvml.record`` records the GPU's NVML stream at 0.5 s. After the job exits the
+``python -m perfd.collectors.nvml.record`` records the GPU's NVML stream at 0.5 s. After the job exits the
 script reads the aggregator's summary, incidents, iterations and captures and checks
 (OUT_DIR/data_incident.json; each check ``ok_*``):
 
@@ -60,7 +60,8 @@ def run(out: Path) -> dict[str, Any]:
         grpc_port, _, url = start_aggregator(procs, "--rules", ROOT / "rules" / "default.yaml",
                                              "--rules-interval", "1")
         base = f"{url}/api"
-        procs.start("nvml_record", [sys.executable, "-m", "collectors.nvml.record", str(raw / "nvml.jsonl"),
+        procs.start("nvml_record", [sys.executable, "-m", "perfd.collectors.nvml.record",
+                                    str(raw / "nvml.jsonl"),
                                     "--duration", str(int(RUN_S + 200)), "--interval", "0.5",
                                     "--devices", "0"])
         run_dir = raw / "run"

@@ -220,7 +220,8 @@ def run_job(out: Path, kind: str, params: dict[str, Any], smoke: bool, budget_s:
         grpc_port, _, url = start_aggregator(procs, *agg_args)
         base = f"{url}/api"
         if not smoke:  # the rank's GPU, recorded beside the agent (NVML allows both)
-            procs.start("nvml", [sys.executable, "-m", "collectors.nvml.record", str(raw / "nvml.jsonl"),
+            procs.start("nvml", [sys.executable, "-m", "perfd.collectors.nvml.record",
+                                 str(raw / "nvml.jsonl"),
                                  "--duration", str(int(params["run_s"]) + 90), "--interval", "0.5",
                                  "--devices", "0"])
         launch = procs.perfd("launch", "launch", "--job", job, "--run-dir", str(raw / "run"), "--",

@@ -39,8 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from collectors.nccl.flight_recorder import DumpError, load_dump_bytes  # noqa: E402
-from collectors.nccl.trigger import find_pipes, trigger_dump  # noqa: E402
+from perfd.collectors.nccl.flight_recorder import DumpError, load_dump_bytes  # noqa: E402
+from perfd.collectors.nccl.trigger import find_pipes, trigger_dump  # noqa: E402
 from perfd.flight_recorder_env import env_for_flight_recorder  # noqa: E402
 
 RING = 50

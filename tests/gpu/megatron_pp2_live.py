@@ -171,7 +171,7 @@ def keep_last_dumps(fr_dir: Path, dest: Path, entries: int = 400) -> dict[str, A
     20,000 with stacks: tens of MB), for the test data; the full dumps are removed."""
     import pickle
 
-    from collectors.nccl.flight_recorder import DumpError, load_dump_bytes
+    from perfd.collectors.nccl.flight_recorder import DumpError, load_dump_bytes
 
     kept: dict[str, Any] = {}
     dest.mkdir(parents=True, exist_ok=True)

@@ -329,8 +329,8 @@ def plan_from(trace: Path, log: Path, gpu: str, name: str,
     ``clock_ms``: the plan read at this steady step instead (the job re-measured before any change: the
     replayed gains move with the job's step, perfd.analytics.advice.replay_gains); ``remedies``: the set
     to combine (else the plan's promised items)."""
-    from collectors.megatron import parse_file
     from perfd.analytics.run.run_analysis import analyze_run
+    from perfd.collectors.megatron import parse_file
     from tests.trace_cache import timeline_class  # once per test session (the A/B tests read each twice)
 
     parsed = parse_file(log, job=name)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from collectors.nvml import NvmlCollector
+from perfd.collectors.nvml import NvmlCollector
 
 pytestmark = pytest.mark.gpu
 

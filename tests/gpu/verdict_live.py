@@ -6,7 +6,7 @@ Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (c
 `perfd aggregator` with a rule that captures rank 0 with Kineto for 3 steps once the job has stepped
 for CAPTURE_AFTER_S seconds (a steady-state capture), `perfd launch --kineto` around `torchrun
 pretrain_gpt.py` (DP=1, one GPU), `perfd agent --launch-manifest --nvml real`, and beside them the
-NVML recorder (`python -m collectors.nvml.record`) so the run's GPU stream can be replayed in tests.
+NVML recorder (`python -m perfd.collectors.nvml.record`) so the run's GPU stream can be replayed in tests.
 ``--cotenant-at S``: S seconds after the first iteration a foreign bf16 matmul process runs on the
 same GPU for COTENANT_S seconds.
 
@@ -221,7 +221,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
             [
                 sys.executable,
                 "-m",
-                "collectors.nvml.record",
+                "perfd.collectors.nvml.record",
                 str(raw / "nvml.jsonl"),
                 "--duration",
                 "600",

@@ -300,7 +300,7 @@ def part_nsys(out: Path, ngpu: int) -> dict[str, Any]:
 
 # --- (c) step-aligned range through the hook ---------------------------------------------------
 def part_range(out: Path, ngpu: int) -> dict[str, Any]:
-    from collectors.hook.collector import HookCollector
+    from perfd.collectors.hook.collector import HookCollector
 
     work = out / "range"
     work.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Verify the nvml collector on a real GPU against nvidia-smi and docs/design.md §2's GPM table.
 
 Runs tests/gpu/nvml_phases.py (known loads, one phase after another) in a subprocess, records NVML
-with collectors.nvml.record at 0.5 s meanwhile, and polls nvidia-smi in parallel. Then writes, under
+with perfd.collectors.nvml.record at 0.5 s meanwhile, and polls nvidia-smi in parallel. Then writes, under
 the output directory:
 
   summary.json, summary.md   per phase: perfd medians vs nvidia-smi at the nearest time (memory 1 %,
@@ -37,12 +37,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collectors.nvml.collector import NvmlCollector  # noqa: E402
-from collectors.nvml.expectations import evaluate  # noqa: E402
-from collectors.nvml.gpm import GpmSampler  # noqa: E402
-from collectors.nvml.record import read_phase, record, trim_recording  # noqa: E402
-from collectors.nvml.replay import ReplaySource  # noqa: E402
-from collectors.nvml.wrapper import Nvml  # noqa: E402
+from perfd.collectors.nvml.collector import NvmlCollector  # noqa: E402
+from perfd.collectors.nvml.expectations import evaluate  # noqa: E402
+from perfd.collectors.nvml.gpm import GpmSampler  # noqa: E402
+from perfd.collectors.nvml.record import read_phase, record, trim_recording  # noqa: E402
+from perfd.collectors.nvml.replay import ReplaySource  # noqa: E402
+from perfd.collectors.nvml.wrapper import Nvml  # noqa: E402
 
 LOAD_PHASES = ("idle", "matmul", "copy", "launch", "h2d", "second_process")
 SETTLE_S = 1.0  # ignore the first second of each phase: NVML and GPM average over windows

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.analytics.steps.provenance import Code
 from perfd.analytics.steps.vocabulary import HOOK_VOCABULARY
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook
 from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.report import build_report

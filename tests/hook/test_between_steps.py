@@ -24,9 +24,9 @@ from typing import Any, cast
 
 import pytest
 
-from collectors.hook import HookCollector
 from perfd.aggregator.jobs import JobStore
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook
 from perfd.report import build_report
 from tests.hook.sim_clock import SimClock

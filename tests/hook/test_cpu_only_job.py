@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from perfd.model import CPU, CUDA, StepRecord
 from perfd.report import build_report, render_text

@@ -27,8 +27,6 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
-from collectors.hook.peers import Sender
 from perfd import events
 from perfd.agent.hook_gpus import HookGpus, hook_ranks
 from perfd.aggregator import class_inputs as class_inputs_mod
@@ -41,6 +39,8 @@ from perfd.aggregator.http import job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.clock import ManualClock
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.hook.peers import Sender
 from tests.gpu.frameworks_live import check, own_steps
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hook" / "frameworks"

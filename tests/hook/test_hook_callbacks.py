@@ -33,7 +33,7 @@ def received(sock: socket.socket) -> list[wire.StepMsg]:
 
 
 def test_importing_the_hook_imports_no_framework_and_no_torch() -> None:
-    code = ("import sys, perfd.hook, perfd.hook.hf, perfd.hook.lightning, collectors.hook; "
+    code = ("import sys, perfd.hook, perfd.hook.hf, perfd.hook.lightning, perfd.collectors.hook; "
             "bad = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning') "
             "if m in sys.modules]; "
             "assert not bad, bad")
@@ -166,9 +166,9 @@ def test_a_trainers_callback_names_its_trainer_to_the_aggregator(
     """The callback marks its hook (the trainer and the version it imported): the hook's job record names
     it (wire.KIND_FRAMEWORK, after the steps), the agent's collector makes it the job's framework, and
     the aggregator's job info keeps it across the wire (its JSON) and beside a plain hook's word."""
-    from collectors.hook import HookCollector
     from perfd.aggregator.jobs import JobStore
     from perfd.collector import Collected
+    from perfd.collectors.hook import HookCollector
     from perfd.jobinfo_json import job_info_from_json, job_info_to_json
 
     make = _fake_trainer(monkeypatch, framework)

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors.hook import HookCollector
 from perfd import events
 from perfd.agent.hook_gpus import FROM_DEVICE, FROM_PID, HookGpus, HookRankInfo, attribute, hook_ranks
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import Missing
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook
 from perfd.model import Provenance, StepRecord, TimerValue
 from perfd.report.incident_text import missing_text

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from collectors.hook import HookCollector
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from perfd.hook.jobinfo import job_msg, mesh_sizes
 from perfd.hook.sender import DatagramSender
@@ -124,8 +124,8 @@ def test_the_collector_takes_a_known_trainer_and_counts_anything_else(tmp_path: 
 def test_model_record_round_trip_and_bounds() -> None:
     """The model the hook counts with goes whole (a size the record cannot hold goes absent), after the
     step records of its datagram; the collector takes what perfd.bounds admits into the job's spec."""
-    from collectors.hook.model_record import take_model
     from perfd.analytics.steps.flops import read_spec
+    from perfd.collectors.hook.model_record import take_model
 
     spec = read_spec({"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
                       "vocab_size": 50304}).spec

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import perfd.hook.step
-from collectors.hook.collector import HookCollector
 from perfd.capture.hook_ranges import next_range_start
 from perfd.collector import Collected
+from perfd.collectors.hook.collector import HookCollector
 from perfd.hook import megatron as hm
 from perfd.hook.step import StepHook
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from collectors.ranks import procfs
+from perfd.collectors.ranks import procfs
 
 PERIOD_US = 100_000
 

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
-from collectors.megatron import parse_file
-from collectors.ranks import RanksCollector
 from perfd import events
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.agent.stacks import StackDumper, dump_stack, find_py_spy
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.megatron import parse_file
+from perfd.collectors.ranks import RanksCollector
 from perfd.hook import StepHook
 from perfd.model import Provenance, StepRecord
 from perfd.transport.codec import COMMAND_STACKS, Command

@@ -19,8 +19,6 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_file, parse_lines
-from collectors.ranks import RanksCollector
 from perfd import events
 from perfd.agent.stacks import StackDumper
 from perfd.aggregator.job_rows import liveness_rows
@@ -29,6 +27,8 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.stall import IDLE_CPU_CORES, StallCheck
 from perfd.analytics.steps.liveness import RUNNING, STALLED
+from perfd.collectors.megatron import parse_file, parse_lines
+from perfd.collectors.ranks import RanksCollector
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
 from tests.silence import arrived_ago

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collectors.megatron import parse_file
 from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
@@ -17,6 +16,7 @@ from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import ClassSource
 from perfd.analytics.steps.provenance import Code
+from perfd.collectors.megatron import parse_file
 from perfd.model import StepRecord, TimerValue
 from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
 
@@ -183,7 +183,7 @@ def test_the_html_report_marks_incidents_on_the_step_time_chart() -> None:
     assert page.count('class="incident"') == 1 and "s lost" in page and "rank 1 computed" in page
 
 
-NVML_REC = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+NVML_REC = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 
 
 def _recorded_gpu(phase: str, t_min: float) -> list[dict[str, Any]]:

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from collectors.megatron import parse_lines
 from perfd import events
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.clock import ManualClock
+from perfd.collectors.megatron import parse_lines
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ get = http_get  # the integration tests import get and free_port from here
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
-NVML_REPLAY = ROOT / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
+NVML_REPLAY = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "perfd.rules.yml"
 

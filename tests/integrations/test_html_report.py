@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collectors.megatron import parse_file
 from perfd.aggregator.http import _StateCollector, job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.cli import main as perfd_main
+from perfd.collectors.megatron import parse_file
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
 from perfd.report.html import page_from_json, render_html

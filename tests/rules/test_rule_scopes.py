@@ -23,10 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from collectors.hook import HookCollector
-from collectors.hook.peers import Sender
-from collectors.megatron import parse_file
-from collectors.sglang import parse_file as parse_sglang
 from perfd import catalog
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
@@ -34,6 +30,10 @@ from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
 from perfd.catalog import RANK_HOST_SERIES
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.hook.peers import Sender
+from perfd.collectors.megatron import parse_file
+from perfd.collectors.sglang import parse_file as parse_sglang
 from perfd.events import SERVING_DATA
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
@@ -46,7 +46,7 @@ from tests.collectives.collective_helpers import MS, T0, load_fixture_records, s
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 PP2 = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
-SGLANG = ROOT / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
+SGLANG = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 # The loop as people write it (the batch fetched before the step), its step hook's datagrams as sent.
 LOOP = ROOT / "tests" / "data" / "hook" / "frameworks" / "readme" / "hook.jsonl.gz"
 

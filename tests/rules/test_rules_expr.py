@@ -87,7 +87,7 @@ def test_every_alias_points_at_a_catalog_metric_with_valid_labels() -> None:
 
 
 def test_throttle_reasons_match_the_nvml_collector() -> None:
-    mod = pytest.importorskip("collectors.nvml.collector")
+    mod = pytest.importorskip("perfd.collectors.nvml.collector")
     assert tuple(name for name, _ in mod.THROTTLE_REASONS) == THROTTLE_REASONS
 
 

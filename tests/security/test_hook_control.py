@@ -30,12 +30,12 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
 from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from tests.hook.test_step_hook import drain, records
 from tests.security.other_user import OtherUser, other_user

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
-from collectors.hook import peers as P
 from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.hook import peers as P
 from perfd.hook import StepHook, wire
 from perfd.limits import HOOK_QUEUE_SHARES
 from tests.procs import Procs, WaitTimeout, get_json, http_get, start_agent, start_aggregator, wait_for

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import perfd.privdir
-from collectors.hook.collector import HookCollector
 from perfd.agent.capture_executor import KINETO_SQUATTED, AgentCaptures
 from perfd.capture.dynolog import socket_holders
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, pack_request, unpack_message
+from perfd.collectors.hook.collector import HookCollector
 from perfd.hook import wire
 from perfd.hook.sender import DatagramSender
 from tests.procs import wait_for

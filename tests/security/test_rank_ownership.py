@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.agent.capture_executor import AgentCaptures
+from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from tests.procs import wait_for
 from tests.security.other_user import OtherUser, other_user, system_python
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nvml.processes import GpuProcess, ProcessTracker
+from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.procinfo import CMDLINE_MAX, REDACTED, redact_cmdline, shown_cmdline
 from perfd.redact import scrub as secret_scrub
 from tests.procs import Procs, http_get, start_agent, start_aggregator, wait_for

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from collectors.ranks import RanksCollector
 from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
 from perfd.clock import ManualClock
+from perfd.collectors.ranks import RanksCollector
 from perfd.model import Provenance, StepRecord
 from tests.procs import Procs, get_json, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.megatron import parse_file
 from perfd import events
 from perfd import limits as L
 from perfd.aggregator.state import AggregatorState
+from perfd.collectors.megatron import parse_file
 from perfd.model import StepRecord
 from tests.inproc import Pipeline, pipeline
 from tests.procs import http_get

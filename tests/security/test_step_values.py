@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from collectors.hook import HookCollector
-from collectors.megatron import parse_file
 from perfd import bounds
 from perfd import limits as L
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.cli import main as cli_main
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.megatron import parse_file
 from perfd.hook import wire
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient

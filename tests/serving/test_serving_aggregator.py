@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collectors.sglang import parse_file
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.clock import ManualClock
+from perfd.collectors.sglang import parse_file
 from perfd.events import SERVING_DATA
 from perfd.report.serving_report import build_serving_report
 from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServerInfo, ServingData, ServingRecord
@@ -21,7 +21,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb
 from perfd.typed import obj
 
-LOG = Path(__file__).resolve().parents[2] / "collectors/sglang/tests/data/sglang_0_5_5_dp2.log"
+LOG = Path(__file__).resolve().parents[2] / "perfd/collectors/sglang/tests/data/sglang_0_5_5_dp2.log"
 CFG = {"window_s": 1e9, "gpu": "NVIDIA H100 80GB HBM3", "model": {"params": 8.03e9, "dtype": "bf16"}}
 
 

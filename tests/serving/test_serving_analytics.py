@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from collectors.sglang import ParsedServingLog, parse_file, parse_lines
 from perfd.analytics.serving.serving_analysis import (
     CATALOG_NAMES,
     ServingWindow,
@@ -20,12 +19,13 @@ from perfd.analytics.serving.serving_facts import QueueFacts
 from perfd.analytics.serving.serving_findings import ServingFinding
 from perfd.analytics.serving.spec import decode_step_rate, resolve
 from perfd.analytics.steps.provenance import Cited, Code, cite
+from perfd.collectors.sglang import ParsedServingLog, parse_file, parse_lines
 from perfd.report.provenance_text import text
 from perfd.report.serving_report import build_serving_report, serving_json
 from perfd.serving_model import ServingModelSpec
 from perfd.serving_records import ServerInfo, ServingRecord
 
-DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
+DATA = Path(__file__).resolve().parents[2] / "perfd" / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"
 GIB = 2**30
 

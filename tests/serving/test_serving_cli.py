@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from collectors.sglang.tests.test_metrics import Server
 from perfd.cli import main
+from perfd.collectors.sglang.tests.test_metrics import Server
 from perfd.report import Report, render_text
 
-DATA = Path(__file__).resolve().parents[2] / "collectors" / "sglang" / "tests" / "data"
+DATA = Path(__file__).resolve().parents[2] / "perfd" / "collectors" / "sglang" / "tests" / "data"
 LOG = str(DATA / "sglang_0_5_5_dp2.log")
 
 

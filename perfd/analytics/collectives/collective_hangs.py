@@ -1,6 +1,6 @@
 """The job-wide hang report, merged from every agent's ``nccl_hang`` events (pure).
 
-Each agent runs :func:`collectors.nccl.hangs.detect_hangs` over the Flight Recorder dumps of the
+Each agent runs :func:`perfd.collectors.nccl.hangs.detect_hangs` over the Flight Recorder dumps of the
 ranks on its node (an op enqueued, not finished, older than the agent's ``hang_threshold_s``) and
 sends an ``nccl_hang`` event naming the stuck ranks, the ranks that never reached the op
 (``ranks_not_joined``) and the group members it has no dump of (other nodes: ``unknown_ranks``),

@@ -1,0 +1,120 @@
+"""A pause a rank announces through its step hook (``with hook.phase("checkpoint")``) is timed by
+the hook's clock and reaches goodput as a checkpoint save or an evaluation, not as a gap: real
+StepHooks on the same machine, the real collector, the aggregator's fold per iteration."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from perfd.aggregator.jobs import job_level_steps
+from perfd.analytics.run.run_analysis import analyze_run
+from perfd.analytics.steps.goodput import StepSpan, job_goodput
+from perfd.collector import Collected
+from perfd.collectors.hook import HookCollector
+from perfd.collectors.hook.peers import Sender
+from perfd.collectors.hook.tests.test_hook_collector import collect_until
+from perfd.hook import StepHook, wire
+from perfd.model import HOOK_PAUSE_TIMERS, JobInfo
+
+Hook = functools.partial(StepHook, flush_interval_s=0, cuda=False)
+SAVE, EVAL = HOOK_PAUSE_TIMERS["checkpoint"], HOOK_PAUSE_TIMERS["evaluation"]
+
+
+def test_an_announced_save_and_evaluation_are_timed_onto_the_next_record(tmp_path: Path) -> None:
+    c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
+    c.start()
+    try:
+        outer: dict[tuple[int, str], float] = {}  # the test's own clock around each pause
+        # Two ranks, each on its own thread as each is a process of its own in a job, meeting in every
+        # step as a data-parallel job's all-reduce makes them: the rank done pausing first waits there.
+        meet = threading.Barrier(2)
+
+        def pause(h: StepHook, rank: int, phase: str, s: float) -> None:
+            t0 = time.monotonic()
+            with h.phase(phase):
+                time.sleep(s)
+            outer[(rank, phase)] = time.monotonic() - t0
+
+        def run_rank(r: int) -> None:
+            h = Hook(c.config.socket_path, rank=r)
+            for step in range(1, 11):
+                with h.step():
+                    time.sleep(0.002)
+                    meet.wait(timeout=10)
+                if step == 5:  # a save after step 5 on both ranks, rank 1's longer; an evaluation on rank 0
+                    pause(h, r, "checkpoint", 0.15 if r == 0 else 0.3)
+                    if r == 0:
+                        pause(h, 0, "evaluation", 0.1)
+            h.close()
+
+        ranks = [threading.Thread(target=run_rank, args=(r,)) for r in (0, 1)]
+        for t in ranks:
+            t.start()
+        for t in ranks:
+            t.join(timeout=30)
+        out = collect_until(c, 20, n_events=6)
+    finally:
+        c.stop()
+    by = {(s.rank, s.iteration): s for s in out.steps}
+    assert len(by) == 20 and c.errors == {}
+    slept = {(0, "checkpoint"): 0.15, (1, "checkpoint"): 0.3, (0, "evaluation"): 0.1}
+    for (rank, phase), sleep_s in slept.items():
+        tv = by[(rank, 6)].timers[HOOK_PAUSE_TIMERS[phase]]
+        assert tv.per_rank == {rank: tv.max_ms}
+        # The hook's begin -> end lies between the sleep and the test's own clock around the block.
+        assert sleep_s <= (tv.max_ms or 0) / 1e3 <= outer[(rank, phase)]
+    assert EVAL not in by[(1, 6)].timers
+    assert not any(n in s.timers for s in out.steps if s.iteration != 6 for n in (SAVE, EVAL))
+
+    # Each rank's step 6 period holds its own pauses no more (the hook took them out): rank 1's is a
+    # step's work, rank 0's that and its wait in the step for rank 1, still saving.
+    save1 = (by[(1, 6)].timers[SAVE].max_ms or 0) / 1e3
+    paused0 = sum((by[(0, 6)].timers[n].max_ms or 0) / 1e3 for n in (SAVE, EVAL))
+    assert (by[(1, 6)].step_time_ms or 0) / 1e3 < 0.1
+    assert (by[(0, 6)].step_time_ms or 0) / 1e3 == pytest.approx(save1 - paused0, abs=0.05)
+    summary = analyze_run(JobInfo(framework="pytorch"), job_level_steps(out.steps)).summary
+    gp = summary.to_json()["goodput"]
+    # The job waited for the slowest rank's save (0.3 s), while rank 0 saved and evaluated (0.25 s):
+    # the time between steps 5 and 6 is the pauses', none of it a gap (a stall or "other"); of it, the
+    # part rank 0 waited for rank 1 is the slowest step's, so checkpoint and evaluation together take
+    # what rank 0 paused, and the save at least the shorter of the two saves.
+    assert gp["parts_s"]["stall"] == 0 and gp["parts_s"]["other"] < 0.02
+    assert gp["parts_s"]["checkpoint"] + gp["parts_s"]["evaluation"] == pytest.approx(paused0, abs=0.02)
+    assert gp["parts_s"]["checkpoint"] >= (by[(0, 6)].timers[SAVE].max_ms or 0) / 1e3 - 0.02
+
+
+def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:
+    c = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j"})
+    me = os.getpid()
+    msg = wire.PhaseMsg(rank=0, pid=me, phase=wire.PHASE_CODES["checkpoint"], state=wire.PHASE_END, step=3,
+                        time_ns=time.time_ns())
+    out = Collected()
+    c._handle(wire.pack_phase(msg), "addr", Sender(me, os.getuid(), os.getgid()), time.time(), out)
+    assert c.counts["pause_end_unmatched"] == 1 and len(out.events) == 1  # the event still goes
+    assert c.pauses.held == {}
+
+
+def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -> None:
+    # Step records 1 s apart; 30 s between records 5 and 6, of which the hook timed a 29 s save.
+    def spans(before: dict[str, float]) -> list[StepSpan]:
+        ends = [float(i) for i in range(1, 6)] + [35.0 + i for i in range(5)]
+        return [StepSpan(i + 1, e, 1.0, before_s=before if i == 5 else {}) for i, e in enumerate(ends)]
+
+    without = job_goodput(spans({}))
+    with_save = job_goodput(spans({"checkpoint": 29.0}))
+    assert without is not None and with_save is not None
+    assert without.parts["stall"] == pytest.approx(29.0) and without.parts["checkpoint"] == 0
+    assert with_save.parts["checkpoint"] == pytest.approx(29.0) and with_save.parts["stall"] == 0
+    assert with_save.wall_s == without.wall_s
+
+
+def test_every_hook_phase_has_a_pause_timer_and_is_a_goodput_kind() -> None:
+    from perfd.analytics.steps.goodput import KINDS
+
+    assert set(HOOK_PAUSE_TIMERS) == set(wire.PHASES.values()) and set(HOOK_PAUSE_TIMERS) <= set(KINDS)
