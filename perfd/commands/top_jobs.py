@@ -213,7 +213,9 @@ class JobRows:
 
 def jobs_table(rows: JobRows, narrow: bool = False, name_width: int | None = None) -> Table:
     """``name_width``: the most characters a name and its focus mark take (:func:`short_job`)."""
-    title = "jobs (step ms: p50/p90/max after warm-up)" if narrow else "jobs (step times after warm-up)"
+    # what the compact form leaves out, and the mark, said where they are missing
+    title = ("jobs (step ms: p50/p90/max after warm-up; iter, cv when wider; * in focus)" if narrow
+             else "jobs (step times after warm-up; * the job in focus)")
     t = Table(title=title, title_justify="left", expand=False, **COMPACT if narrow else {})
     heads = (("job", "last step", "MFU", "goodput", "step ms", "bound by", "inc") if narrow else
              ("job", "iter", "last step", "MFU", "goodput", "step p50", "p90", "max", "cv", "bottleneck",
