@@ -31,6 +31,11 @@ def _start(env: dict[str, str], who: OtherUser | None = None, *args: str) -> sub
     return subprocess.Popen(who.argv(system_python(), "-c", SLEEP, *args), env={**base, **env}, cwd="/")
 
 
+def _execd(pid: int) -> bool:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return Path(argv[0].decode()).name != "setpriv" and SLEEP.encode() in argv
+
+
 @pytest.fixture
 def procs() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     other = other_user()
@@ -38,9 +43,10 @@ def procs() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
            "squatter": _start({"RANK": "3"}, other, "--db-password=hunter2"),
            "claims_job": _start({"RANK": "1", "PERFD_JOB": "j"}, other),
            "other_job": _start({"RANK": "2", "PERFD_JOB": "theirs"}, other, "--lr", "5")}
-    # each has exec'd its Python (setpriv execs in place): its environment is the one given, there to read
-    wait_for(lambda: all(SLEEP.encode() in Path(f"/proc/{q.pid}/cmdline").read_bytes() for q in out.values()),
-             30, "the processes started", interval=0.02)
+    # each has exec'd its Python (setpriv execs in place): its environment is the one given, there to read.
+    # Not "the code is in its command line": setpriv's own carries it, as root, until it execs.
+    wait_for(lambda: all(_execd(q.pid) for q in out.values()), 30, "the processes exec'd their Python",
+             interval=0.02)
     try:
         yield out
     finally:
