@@ -26,6 +26,7 @@ import contextlib
 import io
 import json
 import threading
+import time
 from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,5 +310,21 @@ def pipeline(tmp: Path, *aggregator_args: str | Path) -> Iterator[Pipeline]:
         try:
             if agg is not None:
                 loop.call(agg.stop(), "the aggregator to stop")
+                _join_http_workers(agg)
         finally:
             loop.close()
+
+
+HTTP_WORKERS_END_S = 10.0
+
+
+def _join_http_workers(agg: Aggregator) -> None:
+    """The HTTP server's workers end once each has taken its stop sentinel, after the server's stop
+    returns (by design: a SIGTERM never waits on a slow API call); a test's process waits for them, so
+    that what one test started is gone before the next begins."""
+    deadline = time.monotonic() + HTTP_WORKERS_END_S
+    for t in agg.http.threads() if agg.http is not None else ():
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            raise WaitTimeout(f"the aggregator's HTTP worker {t.name} still running "
+                              f"{HTTP_WORKERS_END_S:g} s after its stop")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -594,3 +595,6 @@ class HttpServer:
 
     def stop(self) -> None:
         self._srv.stop()
+
+    def threads(self) -> tuple[threading.Thread, ...]:
+        return self._srv.threads()

@@ -225,6 +225,11 @@ class HttpServer:
         for t in self._threads:
             t.start()
 
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The server's threads (the front, each lane's workers): what a caller that must see them end
+        (a test's process, between tests) joins after :meth:`stop`."""
+        return tuple(self._threads)
+
     def stop(self, timeout: float = 1.0) -> None:
         """Close the listener and every connection (the front thread ends within ``timeout``).
         Workers end once their current request is answered; they are daemon threads and are not
