@@ -74,15 +74,19 @@ class ReplayClock(ManualClock):
     def __init__(self) -> None:
         super().__init__(0.0)
 
+    def patch(self, mp: pytest.MonkeyPatch, modules: Sequence[types.ModuleType] = CLOCKED) -> None:
+        """Set to this clock the ``time`` of each of ``modules`` that still reads it itself."""
+        fake = types.SimpleNamespace(time=self.time, monotonic=self.monotonic)
+        for mod in modules:
+            if hasattr(mod, "time"):
+                mp.setattr(mod, "time", fake)
+
 
 @contextmanager
 def replay_clock() -> Iterator[ReplayClock]:
     clock = ReplayClock()
-    fake = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)
     with pytest.MonkeyPatch.context() as mp:
-        for mod in CLOCKED:
-            if hasattr(mod, "time"):
-                mp.setattr(mod, "time", fake)
+        clock.patch(mp)
         yield clock
 
 

@@ -20,7 +20,6 @@ import gzip
 import json
 import os
 import struct
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,11 @@ from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.clock import ManualClock
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from tests.gpu.frameworks_live import check, own_steps
+from tests.journal_replay import ReplayClock
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hook" / "frameworks"
 JOBS = sorted(p.name for p in DATA.iterdir() if (p / "meta.json").exists())
@@ -50,25 +49,6 @@ ANALYSE_EVERY_S = 2.0
 
 # up to a thousand steps each, analysed every 2 s of their time, once for every test of the module
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("frameworks_replay")]
-
-
-class _Clock(ManualClock):
-    """The replay's clock: the state's (perfd.clock), and that of any of the aggregator's modules that
-    still reads ``time`` itself."""
-
-    def __init__(self) -> None:
-        super().__init__(0.0)
-
-    @property
-    def now(self) -> float:
-        return self.time()
-
-    @now.setter
-    def now(self, t: float) -> None:
-        self.set(t)
-
-    def module(self) -> types.SimpleNamespace:
-        return types.SimpleNamespace(time=self.time, monotonic=self.monotonic)
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -89,10 +69,9 @@ def _sender(datagram: bytes) -> Sender:
 def replay(job_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
     meta = json.loads((job_dir / "meta.json").read_text())
     job = meta["job"]
-    clock = _Clock()
-    for mod in (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod, stats_mod):
-        if hasattr(mod, "time"):
-            monkeypatch.setattr(mod, "time", clock.module())
+    clock = ReplayClock()
+    clock.patch(monkeypatch, (state_ingest_mod, job_analyses_mod, jobs_mod, sightings_mod, class_inputs_mod,
+                              stats_mod))
     collector = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": job})  # decodes only
     hook_gpus = HookGpus(job)
     st = AggregatorState(min_recompute_s=0.0, peak_tflops=meta.get("peak_tflops"), clock=clock)
@@ -102,12 +81,12 @@ def replay(job_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> di
     feed += [(float(fr["time"]), "nvml", fr) for fr in frames]
     feed.sort(key=lambda x: x[0])
     assert feed, f"{job_dir}: nothing recorded"
-    clock.now = feed[0][0]
+    clock.set(feed[0][0])
     st.hello("agent-a", [job])
     defs: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
     next_analysis = feed[0][0]
     for t, what, item in feed:
-        clock.now = t
+        clock.set(t)
         if what == "hook":
             out = Collected()
             collector._handle(item, "replay", _sender(item), t, out)
@@ -135,7 +114,7 @@ def replay(job_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> di
         if t >= next_analysis:
             st.analysis(job, force=True)
             next_analysis = t + ANALYSE_EVERY_S
-    clock.now = feed[-1][0] + 30.0  # the job has ended; the aggregator refreshes once more
+    clock.set(feed[-1][0] + 30.0)  # the job has ended; the aggregator refreshes once more
     st.analysis(job, force=True)
     full = job_summary(st, job)
     its = job_iterations(st, job, sources=False)
