@@ -51,6 +51,7 @@ from perfd.analytics.breakdown.device_breakdown import (
 )
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
+from perfd.analytics.breakdown.splitk_seen import SplitKSeen, is_splitk_reduce
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.job_scan import scan, with_syncs
 from perfd.capture.op_kinds import kernel_kinds
@@ -251,6 +252,15 @@ def _casts(kernels: Sequence[KernelEvent], ops: OpAttribution | None, window: In
                            for (name, back, linked), (n, ns) in kept))
 
 
+def _splitk(kernels: Sequence[KernelEvent], window: Interval | None, steps: int) -> SplitKSeen | None:
+    """The GEMM library's split-K reductions in the complete steps, per step (None: no complete step)."""
+    if window is None or steps < 1:
+        return None
+    lo, hi = window
+    found = [k for k in kernels if lo <= k.start_ns < hi and is_splitk_reduce(k.name)]
+    return SplitKSeen(len(found) / steps, _ms(sum(max(k.end_ns - k.start_ns, 0.0) for k in found)) / steps)
+
+
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                    nvtx: Iterable[NvtxRange] = (), top_n: int = 10,
                    ops: OpAttribution | None = None, host: HostSide | None = None) -> DeviceBreakdown:
@@ -315,6 +325,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         made_of={k.value: _ms(v) for k, v in swept.made_of.items() if v > 0},
         optimizer=ops.optimizer if ops is not None else None,
         casts=_casts(kernels, ops, swept.window, swept.steps),
+        splitk=_splitk(kernels, swept.window, swept.steps),
     )
 
 

@@ -35,6 +35,10 @@ def add_arguments(asub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         p.add_argument("--job-step-ms", type=float, metavar="MS",
                        help="the job's steady step time without the profiler (its own clock): a "
                             "budget the profiler slowed is brought back to it before any gain is modelled")
+        p.add_argument("--job-step-sd-ms", type=float, metavar="MS",
+                       help="the robust deviation of the job's steady steps on its own clock (1.4826 x "
+                            "their median absolute deviation, as the aggregator reads it live): each "
+                            "range is widened by how far a rerun of such a job moves")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     step_ms = getattr(args, "job_step_ms", None)
     if step_ms is not None and not 0 < step_ms < 3_600_000:
         print(f"perfd: --job-step-ms {step_ms}: a step time in milliseconds, above 0", file=sys.stderr)
+        return 2
+    sd_ms = getattr(args, "job_step_sd_ms", None)
+    if sd_ms is not None and not 0 <= sd_ms < 3_600_000:
+        print(f"perfd: --job-step-sd-ms {sd_ms}: a deviation in milliseconds, 0 or above", file=sys.stderr)
         return 2
     if not path.is_file():
         print(f"perfd: no such file: {path}", file=sys.stderr)
@@ -71,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from perfd.report.job_facts_text import facts_text
 
     diag = diagnose_capture(analysis.devices, label=path.name, framework=Framework.of(args.framework),
-                            timers=TimerShares(step_ms=step_ms))
+                            timers=TimerShares(step_ms=step_ms, step_sd_ms=sd_ms))
     diag.findings = [worded(f) for f in diag.findings]  # as they read, printed and in the JSON
     diag.recommendations = [worded_recommendation(r) for r in diag.recommendations]
     out.update(diagnosis_json(diag))  # findings, recommendations, bottleneck, bottleneck_reason

@@ -226,13 +226,17 @@ TEMPLATE: dict[Say, str] = {
                                  "kernel) go with the absorbed micro-batches' kernels (× {3:.2f}), the "
                                  "forward-backward gaps where the host launched late ({4:.1f} ms) mostly go "
                                  "(× {5:g}–{6:g}: the host launches half as many kernels for the same "
-                                 "work){7}{8}; the other kernels grow with the rows and are not counted",
+                                 "work){7}{8}{9}; the other kernels grow with the rows and are not counted",
     Say.ACCUMULATE_GOES: ", and of autograd's AccumulateGrad adds ({0:.1f} ms, a parameter's gradient added "
                          "to the one before each micro-batch after the first) those of the absorbed "
                          "micro-batches go (× {1:.2f}–{2:.2f})",
     Say.WEIGHT_CASTS_GO: ", and autocast's casts of the fp32 weights to the compute dtype and of their "
                          "gradients back ({0:g} kernels a micro-batch, {1:.1f} ms a step, each a weight's "
                          "size whatever the rows) go with the absorbed micro-batches (× {2:.2f})",
+    Say.SPLITK_GO: ", and of cuBLAS's split-K reductions of the weights' gradients ({0:g} a micro-batch, "
+                   "{1:.1f} ms a step, each a weight's size whatever the rows) none to those of the absorbed "
+                   "micro-batches go (× 0–{2:.2f}: none if cuBLAS splits the doubled rows twice as far, "
+                   "those if it keeps its split)",
     Say.MICRO_BATCH_TORCH_REPLAYED: "with {0} micro-batches a step for {1} (each kernel of the "
                                     "forward-backward phase {2:g}–{3:g}× as long, the gradient "
                                     "accumulation's the same)",

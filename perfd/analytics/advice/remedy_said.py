@@ -106,10 +106,11 @@ class Say(enum.Enum):
     MICRO_BATCH_REPLAYED = 6  # m/2, new size, m, size, kernels' low, high factor
     MICRO_BATCH = 2  # the flag, the global batch
     # ... in a plain PyTorch loop (its micro-batches counted in the trace)
-    # m, m/2, tiny gaps ms, their share, longer ms, low, high, ACCUMULATE_GOES, WEIGHT_CASTS_GO
-    MICRO_BATCH_TORCH_BASIS = 9
+    # m, m/2, tiny gaps ms, their share, longer ms, low, high, ACCUMULATE_GOES, WEIGHT_CASTS_GO, SPLITK_GO
+    MICRO_BATCH_TORCH_BASIS = 10
     ACCUMULATE_GOES = 3  # AccumulateGrad ms, low, high share
     WEIGHT_CASTS_GO = 3  # the weights' and gradients' cast kernels a micro-batch, their ms a step, share
+    SPLITK_GO = 3  # the split-K reductions a micro-batch, their ms a step, the share that may go
     MICRO_BATCH_TORCH_REPLAYED = 4  # m/2, m, kernels' low, high factor
     MICRO_BATCH_TORCH = 3
     MICRO_BATCH_HF = 3

@@ -140,6 +140,7 @@ _MICRO_BATCH_WORDS: dict[Framework, Say] = {Framework.PYTORCH: Say.MICRO_BATCH_T
                                             Framework.LIGHTNING: Say.MICRO_BATCH_LIGHTNING}
 ACCUMULATE_GRADS = "grad_reduce:accumulate"  # autograd's AccumulateGrad adds, one per parameter a micro-batch
 WEIGHT_CASTS = "casts:weights"  # autocast's casts of the weights and of their gradients, a set a micro-batch
+SPLITK_REDUCES = "gemm:splitk_reduce"  # cuBLAS's split-K reductions of the weights' gradients
 
 
 def micro_batch(c: FitContext) -> Advice | None:
@@ -226,17 +227,24 @@ def loop_micro_batch(c: FitContext) -> Advice | None:
     # the weights' casts and their gradients': one set a micro-batch, those of the absorbed ones go
     casts = weight_casts(b.casts, m)
     cast_ms, cast_n = sum(g.ms for g in casts), sum(g.count for g in casts) / m
+    # cuBLAS's split-K reductions, a weight's size each (perfd.analytics.breakdown.splitk_seen): those
+    # of the absorbed micro-batches go where cuBLAS keeps its split at twice the rows, none where it
+    # splits twice as far; which it picks no trace of the current size says, so both ends
+    splitk_n = b.splitk.per_microbatch(m) if b.splitk is not None else None
+    splitk_ms = b.splitk.ms if b.splitk is not None and splitk_n else 0.0
     removes = (
         Removal(SWITCH_GAPS, switch * absorbed, switch * absorbed),
         Removal(LAUNCH_GAPS, host * HALF_MICROBATCH_LAUNCHES[0], host * HALF_MICROBATCH_LAUNCHES[1]),
         removal(ACCUMULATE_GRADS, acc, acc_share),
         Removal(WEIGHT_CASTS, cast_ms * absorbed, cast_ms * absorbed),
+        Removal(SPLITK_REDUCES, 0.0, splitk_ms * absorbed),
     )
     if not named(b, sum(r.low_ms + r.high_ms for r in removes) / 2):
         return None
     basis = say(Say.MICRO_BATCH_TORCH_BASIS, m, kept, switch, absorbed, host, *HALF_MICROBATCH_LAUNCHES,
                 say(Say.ACCUMULATE_GOES, acc, *acc_share) if acc else None,
-                say(Say.WEIGHT_CASTS_GO, cast_n, cast_ms, absorbed) if cast_ms else None)
+                say(Say.WEIGHT_CASTS_GO, cast_n, cast_ms, absorbed) if cast_ms else None,
+                say(Say.SPLITK_GO, splitk_n, splitk_ms, absorbed) if splitk_ms else None)
     gaps_gain = gain_of(removes, basis)
     what = say(Say.MICRO_BATCH_TORCH_REPLAYED, kept, m, MICROBATCH_DEVICE[1], MICROBATCH_DEVICE[0])
     replayed = c.replayed(Change.MICROBATCH, what, gaps_gain)

@@ -38,6 +38,7 @@ from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
+from perfd.analytics.breakdown.splitk_seen import SplitKSeen
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
@@ -289,6 +290,7 @@ class StepBudget:
     unprofiled: Unprofiled | None = None
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation a capture shows
     casts: CastsSeen | None = None  # a capture's cast kernels a step (perfd.analytics.breakdown.casts_seen)
+    splitk: SplitKSeen | None = None  # a capture's split-K reductions a step (.splitk_seen)
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -330,7 +332,8 @@ class StepBudget:
                 "facts": self.facts.to_json() if self.facts is not None else None,
                 "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
                 "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
-                "casts": self.casts.to_json() if self.casts is not None else None}
+                "casts": self.casts.to_json() if self.casts is not None else None,
+                "splitk": self.splitk.to_json() if self.splitk is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -362,7 +365,8 @@ class StepBudget:
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
                           JobFacts.from_json(d.get("facts")),
                           Unprofiled.from_json(d.get("unprofiled")),
-                          OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")))
+                          OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")),
+                          SplitKSeen.from_json(d.get("splitk")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:
@@ -420,6 +424,8 @@ class TimerShares:
     pipeline_idle: float | None = None  # the pipeline wait: the stage's idle (its p2p waits are in it)
     optimizer_ms: float | None = None  # the framework's optimizer timer, when it has one
     mfu: float | None = None
+    # the robust deviation of the job's steady steps on its own clock (StepBudget.step_sd_ms)
+    step_sd_ms: float | None = None
 
 
 NO_FLOPS = FlopsContext()

@@ -156,6 +156,7 @@ def from_capture(
         basis=basis,
         attribution=how,
         steady_step_ms=timers.step_ms,
+        step_sd_ms=timers.step_sd_ms,
         mfu=timers.mfu,
         steps_from=steps_from,
         host=host,
@@ -166,6 +167,7 @@ def from_capture(
         facts=device.facts,
         optimizer=device.optimizer,
         casts=device.casts,
+        splitk=device.splitk,
     )
     return unprofiled(b) if rescale else b
 

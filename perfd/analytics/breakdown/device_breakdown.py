@@ -24,6 +24,7 @@ from perfd.analytics.breakdown.casts_seen import CastsSeen
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
+from perfd.analytics.breakdown.splitk_seen import SplitKSeen
 from perfd.typed import obj, objs
 
 
@@ -194,6 +195,7 @@ class DeviceBreakdown:
     made_of: dict[str, float] = field(default_factory=dict)
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation the trace shows
     casts: CastsSeen | None = None  # the complete steps' cast kernels, per step (None: not counted)
+    splitk: SplitKSeen | None = None  # the complete steps' split-K reductions, per step (None: not counted)
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -228,6 +230,7 @@ class DeviceBreakdown:
             "made_of": dict(self.made_of),
             "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
             "casts": self.casts.to_json() if self.casts is not None else None,
+            "splitk": self.splitk.to_json() if self.splitk is not None else None,
         }
 
     @classmethod
@@ -269,6 +272,7 @@ class DeviceBreakdown:
             replay=ReplayTable.from_json(d.get("replay")),
             facts=JobFacts.from_json(d.get("facts")), made_of=_ms_map(d.get("made_of")),
             optimizer=OptimizerSeen.from_json(d.get("optimizer")), casts=CastsSeen.from_json(d.get("casts")),
+            splitk=SplitKSeen.from_json(d.get("splitk")),
         )
 
     def ratio(self, part_ms: float) -> float | None:
