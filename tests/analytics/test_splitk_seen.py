@@ -24,6 +24,7 @@ def test_per_microbatch_only_for_one_set_a_micro_batch() -> None:
 def test_read_back_and_refused() -> None:
     s = SplitKSeen(144.0, 1.15)
     assert SplitKSeen.from_json(s.to_json()) == s
+    bad: object
     for bad in (None, [], {"count": "144", "ms": 1.0}, {"count": True, "ms": 1.0}, {"count": 1.0},
                 {"count": -1.0, "ms": 1.0}, {"count": 1.0, "ms": -0.5}):
         assert SplitKSeen.from_json(bad) is None, bad
