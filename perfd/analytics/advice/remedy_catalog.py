@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from perfd.analytics import thresholds as th
 from perfd.analytics.advice import megatron_options as mo
 from perfd.analytics.advice.remedies import (
+    COMPILE_GPU_SHARE,
     COMPILED_SAVES,
     FUSED_ATTENTION_OF_CEILING,
     FUSED_POINTWISE,
@@ -30,6 +31,7 @@ from perfd.analytics.advice.remedies import (
     NoGain,
     RemedyId,
     Removal,
+    Risk,
     flags_for,
     gain_of,
     idle_ms,
@@ -318,6 +320,9 @@ def compiled_layers(c: FitContext, parts: list[BudgetPart]) -> Advice | None:
     gain = replayed or gpu
     if gain is None or not (named(b, ms) or (replayed is not None and named(b, replayed.mid_ms))):
         return None
+    gpu_side = gpu.high_ms if gpu is not None else 0.0
+    if replayed is not None and gpu_side < COMPILE_GPU_SHARE * replayed.low_ms:
+        gain = dataclasses.replace(gain, risk=Risk.COMPILE_HOST_SIDE)  # the host's gain: not promised
     sw = in_terms(RemedyId.FUSED_LAYERS, cfg.framework, Say.FUSED_LAYERS_COMPILE)
     return Advice(RemedyId.FUSED_LAYERS, Part.POINTWISE, sw.action, gain, sw.flags, removes=removes,
                   replay=Change.FUSED if replayed else None)
