@@ -6,10 +6,13 @@ SystemExit argparse and the commands raise), without starting an interpreter for
 pytest the root logger already holds pytest's handlers, which would make that a no-op and send the
 command's log lines to caplog instead of stderr. So the root logger's handlers and level are emptied for
 the call (the command's own handler then writes to capsys's stderr, as it writes to the process's) and
-put back after it, whatever happened: nothing the command installs outlives the call."""
+put back after it, whatever happened. So are the interpreter's settings the daemons tune for their own
+process (perfd.aggregator.runtime: tune_gc's thresholds, freeze and timer callback, the switch interval):
+nothing the command installs outlives the call."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from collections.abc import Iterator
@@ -47,6 +50,21 @@ def command_logging() -> Iterator[None]:
         root.setLevel(level)
 
 
+@contextmanager
+def process_settings() -> Iterator[None]:
+    """The collector's and the interpreter's settings a command may tune for its process, restored."""
+    threshold, callbacks, frozen = gc.get_threshold(), gc.callbacks[:], gc.get_freeze_count()
+    interval = sys.getswitchinterval()
+    try:
+        yield
+    finally:
+        if gc.get_freeze_count() > frozen:
+            gc.unfreeze()
+        gc.set_threshold(*threshold)
+        gc.callbacks[:] = callbacks
+        sys.setswitchinterval(interval)
+
+
 def exit_status(e: SystemExit) -> int:
     """The status a process ending by ``e`` exits with (None 0; a message 1, as the interpreter does)."""
     if e.code is None:
@@ -58,7 +76,7 @@ def perfd(capsys: pytest.CaptureFixture[str], *args: str | Path) -> Ran:
     """``perfd ARGS``: main() in this process, its output from ``capsys`` (anything printed before is
     read off first, so it is this run's only)."""
     capsys.readouterr()
-    with command_logging():
+    with command_logging(), process_settings():
         try:
             rc = main([str(a) for a in args])
         except SystemExit as e:
