@@ -7,8 +7,9 @@ pytest the root logger already holds pytest's handlers, which would make that a 
 command's log lines to caplog instead of stderr. So the root logger's handlers and level are emptied for
 the call (the command's own handler then writes to capsys's stderr, as it writes to the process's) and
 put back after it, whatever happened. So are the interpreter's settings the daemons tune for their own
-process (perfd.aggregator.runtime: tune_gc's thresholds, freeze and timer callback, the switch interval):
-nothing the command installs outlives the call."""
+process (perfd.aggregator.runtime: tune_gc's thresholds, freeze and timer callback, the switch interval)
+and sys.argv (`perfd bench` hands a benchmark reading it its arguments there): nothing the command
+installs outlives the call."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def command_logging() -> Iterator[None]:
 def process_settings() -> Iterator[None]:
     """The collector's and the interpreter's settings a command may tune for its process, restored."""
     threshold, callbacks, frozen = gc.get_threshold(), gc.callbacks[:], gc.get_freeze_count()
-    interval = sys.getswitchinterval()
+    interval, argv, argv_items = sys.getswitchinterval(), sys.argv, sys.argv[:]
     try:
         yield
     finally:
@@ -63,6 +64,8 @@ def process_settings() -> Iterator[None]:
         gc.set_threshold(*threshold)
         gc.callbacks[:] = callbacks
         sys.setswitchinterval(interval)
+        argv[:] = argv_items  # the same list, as it was
+        sys.argv = argv
 
 
 def exit_status(e: SystemExit) -> int:
