@@ -1,12 +1,13 @@
 """`perfd bench engine` end to end, small: a real nats-server, two real `perfd shard` processes, a real
-root (`perfd aggregator --engine`) and two load processes publishing real EngineBatch messages."""
+root (`perfd aggregator --engine`) and two load processes publishing real EngineBatch messages, all the
+bench's own processes; the command itself by the CLI's main() in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import engine_bench  # noqa: E402
-from tests.procs import run_group  # noqa: E402
+from tests.cli_main import perfd  # noqa: E402
+
+
+def _tmpdir(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    """TMPDIR as the command was given it: tempfile reads it once a process and keeps the answer in
+    tempfile.tempdir, so that is set too (monkeypatch puts both back)."""
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
 
 # The keys the bench's docstring documents.
 KEYS = ("machine", "config", "message_bytes", "offered_msgs_per_s", "nominal_msgs_per_s", "published",
@@ -39,11 +47,12 @@ def _need_nats_server() -> None:
         pytest.skip(why)
 
 
-def _bench(tmp_path: Path) -> dict[str, Any]:
+def _bench(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+           monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     argv = ["--nodes", "20", "--shards", "2", "--procs", "2", "--seconds", "6", "--warmup", "3",
             "--drain", "20", "--json"]
-    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine", *argv], cwd=ROOT, timeout=240,
-                     env={**os.environ, "TMPDIR": str(tmp_path)})
+    _tmpdir(monkeypatch, tmp_path)
+    proc = perfd(capsys, "bench", "engine", *argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not list(tmp_path.glob("perfd-engine-bench-*"))  # a run that worked leaves no folder
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -63,9 +72,10 @@ def _slowest_rank(nodes: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_engine_every_message_reaches_the_root_and_every_iteration_completes(tmp_path: Path) -> None:
+def test_bench_engine_every_message_reaches_the_root_and_every_iteration_completes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     _need_nats_server()
-    res = _bench(tmp_path)
+    res = _bench(tmp_path, capsys, monkeypatch)
     assert all(k in res for k in KEYS), sorted(set(KEYS) - set(res))
     assert all(k in res["root"] for k in ROOT_KEYS)
     assert res["config"]["nodes"] == 20 and res["config"]["ranks"] == 160 and res["config"]["auth"] is True
@@ -158,26 +168,26 @@ def test_a_logged_jobs_node_0_message_carries_the_logs_record_of_its_iteration()
 
 
 @pytest.mark.slow
-def test_bench_engine_refuses_nonsense() -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine", "--nodes", "0"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+def test_bench_engine_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = perfd(capsys, "bench", "engine", "--nodes", "0")
     assert proc.returncode == 2 and "must be positive" in proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubled(tmp_path: Path) -> None:
+def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """`perfd bench engine-storm`, small: 30 real EngineClients in 2 processes, one burner, the
     nats-server killed for 3 s mid-run: every agent reconnects by itself, every message is folded once.
     The burner stays: under it, with the suite's other tests beside, the agents' connection close
     bounded by ``asyncio.wait_for`` left every agent unconnected for good (perfd.engine.connect.
     close_bounded says how it was found); a run that works takes ~25 s, the burner's core with it."""
     _need_nats_server()
-    # --budget-s under the subprocess's bound: a wait that runs out is named in the JSON (ran_out_in)
+    # --budget-s under the test's timeout: a wait that runs out is named in the JSON (ran_out_in)
     argv = ["--agents", "30", "--procs", "2", "--burners", "1", "--down-s", "3", "--before-s", "6",
             "--after-s", "8", "--budget-s", "220", "--json"]
-    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", *argv], cwd=ROOT,
-                     timeout=280, env={**os.environ, "TMPDIR": str(tmp_path)})
+    _tmpdir(monkeypatch, tmp_path)
+    proc = perfd(capsys, "bench", "engine-storm", *argv)
     # the bench's JSON (stdout) says which count fell short; its stderr is mostly the reconnects' noise
     assert proc.returncode == 0, (proc.stdout[-2500:], proc.stderr[-800:])
     assert not list(tmp_path.glob("perfd-engine-storm-*"))  # a run that worked leaves no folder
@@ -192,9 +202,8 @@ def test_bench_engine_storm_agents_come_back_by_themselves_nothing_lost_or_doubl
 
 
 @pytest.mark.slow
-def test_bench_engine_storm_refuses_nonsense() -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "engine-storm", "--agents", "0"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_bench_engine_storm_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = perfd(capsys, "bench", "engine-storm", "--agents", "0")
     assert proc.returncode == 2 and "--agents and --procs >= 1" in proc.stderr
 
 

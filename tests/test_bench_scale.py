@@ -1,29 +1,30 @@
-"""`perfd bench scale` runs end to end, small: a real aggregator process, agents in a separate process."""
+"""`perfd bench scale` runs end to end, small: a real aggregator process, agents in a separate process
+(the bench's own). The command by the CLI's main() in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.procs import run_group
+from tests.cli_main import perfd
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("agents", "agents_connected", "samples_per_s", "aggregator_cpu_cores", "aggregator_rss_bytes",
         "metrics_scrape_s", "latency_p99_s")
 
 
 @pytest.mark.slow
-def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path) -> None:
-    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
-                      "--seconds", "5", "--procs", "2", "--json"],
-                     cwd=ROOT, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # TMPDIR as the command was given it: tempfile reads it once a process and keeps the answer in
+    # tempfile.tempdir, so that is set too (monkeypatch puts both back).
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    proc = perfd(capsys, "bench", "scale", "--agents", "12", "--seconds", "5", "--procs", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not list(tmp_path.glob("perfd-scale-*"))  # a run that worked leaves no folder (issue 37)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -38,19 +39,17 @@ def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path
     assert sum(threads.values()) <= res["aggregator_cpu_cores"] + 0.05  # the same CPU, sliced
 
 
-def test_bench_scale_refuses_nonsense() -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "0"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+def test_bench_scale_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = perfd(capsys, "bench", "scale", "--agents", "0")
     assert proc.returncode == 2 and "must be positive" in proc.stderr
 
 
 @pytest.mark.slow
-def test_bench_scale_step_agents_only_those_send_step_records() -> None:
+def test_bench_scale_step_agents_only_those_send_step_records(capsys: pytest.CaptureFixture[str]) -> None:
     """`--step-agents 1`: a Megatron log's shape — one node sends the job's step records, the rest only
     their reduced samples (every 2 s) — and every agent still stays connected."""
-    proc = run_group([sys.executable, "-m", "perfd.cli", "bench", "scale", "--agents", "12",
-                      "--seconds", "6", "--procs", "1", "--step-agents", "1", "--json"],
-                     cwd=ROOT, timeout=120)
+    proc = perfd(capsys, "bench", "scale", "--agents", "12", "--seconds", "6", "--procs", "1",
+                 "--step-agents", "1", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["step_agents"] == 1 and res["agents_connected"] == 12
@@ -59,7 +58,6 @@ def test_bench_scale_step_agents_only_those_send_step_records() -> None:
     assert res["samples_per_s"] > 0 and res["latency_p99_s"] is not None
 
 
-def test_bench_scale_refuses_negative_step_agents() -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "scale", "--step-agents", "-1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_bench_scale_refuses_negative_step_agents(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = perfd(capsys, "bench", "scale", "--step-agents", "-1")
     assert proc.returncode == 2 and "--step-agents must be >= 0" in proc.stderr

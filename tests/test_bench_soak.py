@@ -1,27 +1,25 @@
 """`perfd bench soak` runs end to end, small: a real aggregator process restarted on its state dir
-while real agent streams send short jobs."""
+while real agent streams send short jobs. The command by the CLI's main() in the test's process
+(tests/cli_main.py); the aggregator the bench restarts is its own process."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.procs import run_group
+from tests.cli_main import perfd
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.slow
-def test_bench_soak_reports_each_quarter_and_each_restart(tmp_path: Path) -> None:
+def test_bench_soak_reports_each_quarter_and_each_restart(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "soak", "--jobs", "80", "--agents", "8", "--steps", "5", "--restarts", "1", "--sample-s",
             "0.5", "--json", "--out", str(tmp_path)]
-    proc = run_group([sys.executable, "-m", "perfd.cli", *argv], cwd=ROOT, timeout=300)
+    proc = perfd(capsys, *argv)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads(proc.stdout)
     assert res["jobs_not_acknowledged"] == 0 and not res["refused_at_the_end"]
@@ -33,7 +31,6 @@ def test_bench_soak_reports_each_quarter_and_each_restart(tmp_path: Path) -> Non
                                                                      "admit_p50_ms"}
 
 
-def test_bench_soak_refuses_nonsense() -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "bench", "soak", "--jobs", "0"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+def test_bench_soak_refuses_nonsense(capsys: pytest.CaptureFixture[str]) -> None:
+    proc = perfd(capsys, "bench", "soak", "--jobs", "0")
     assert proc.returncode == 2 and "must be positive" in proc.stderr

@@ -9,8 +9,9 @@ file. Values the page quotes as ```NAME` = value`` must be the ones the code dec
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
-import subprocess
 from functools import cache
 from pathlib import Path
 
@@ -32,20 +33,45 @@ _MD_FILE = re.compile(r"[\w./-]+\.md\b")
 _QUOTED_PART = re.compile(r'\s+"([^"\n]+)"')
 _NAMED_PART = re.compile(r" ([A-Z][\w-]*(?: [a-z][\w-]*)*)")
 _QUOTED_VALUE = re.compile(r"`([A-Z][A-Z0-9_]*)` = (-?\d+(?:\.\d+)?)(\s*%)?")
-_SKIP_DIRS = {".git", ".venv", ".venv-demo", "node_modules", "__pycache__", "build", "dist"}
+def _gitignore_rules(text: str) -> list[tuple[bool, bool, str]]:
+    """The root .gitignore's patterns as (anchored, folders only, name glob). Its lines are of the forms
+    read here (``NAME/``, ``/NAME/``, ``*.ext/``, ``NAME``: one path component, no negation, no ``**``);
+    another form fails the test, naming the line, rather than being read wrong."""
+    rules = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        anchored, body = line.startswith("/"), line.lstrip("/")
+        folders, body = body.endswith("/"), body.rstrip("/")
+        assert body and "/" not in body and not line.startswith("!") and "**" not in body, \
+            f".gitignore line {line!r}: a form _candidate_paths does not read (one path component only)"
+        rules.append((anchored, folders, body))
+    return rules
+
+
+def _ignored(rules: list[tuple[bool, bool, str]], name: str, top: bool, folder: bool) -> bool:
+    return any((top or not anchored) and (folder or not folders) and fnmatch.fnmatchcase(name, glob)
+               for anchored, folders, glob in rules)
 
 
 def _candidate_paths() -> list[Path]:
-    """Tracked files and new files git does not ignore; without git, every file outside the usual
-    build and tool folders."""
-    try:
-        out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard"], capture_output=True, check=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return [p for p in ROOT.rglob("*")
-                if p.is_file() and not _SKIP_DIRS & set(p.relative_to(ROOT).parts)
-                and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
-    return [ROOT / name for name in out.decode().split("\0") if name]
+    """The files `git ls-files --cached --others --exclude-standard` lists, read from the work tree in
+    this process: every file but .git and what the repository's .gitignore ignores (a folder ignored is
+    not entered). A .gitignore below the root (none is) would fail the test: the walk reads the root's."""
+    rules = _gitignore_rules((ROOT / ".gitignore").read_text())
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        top = Path(folder) == ROOT
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not _ignored(rules, d, top, True))
+        for f in sorted(files):
+            if top and f == ".git":  # a worktree's .git is a file naming its repository
+                continue
+            if _ignored(rules, f, top, False):
+                continue
+            assert f != ".gitignore" or top, f"{folder}/.gitignore: _candidate_paths reads the root's only"
+            found.append(Path(folder) / f)
+    return found
 
 
 @cache

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from perfd.aggregator.http import job_iterations, job_summary
+from tests.cli_main import perfd
 from tests.loop_replay import TRAINING_NVML, Feed, loop, nvml_frames, replay, run3_host
 
 # Its tests share what the module computes once: one xdist worker runs them (conftest.py)
@@ -93,14 +91,14 @@ INCIDENT_LOGS = ROOT / "tests" / "data" / "incidents"
 @pytest.mark.parametrize("log", [INCIDENT_LOGS / "costraggler_dp2" / "dp2_cotenant.log",
                                  INCIDENT_LOGS / "cotenant_h100" / "megatron_dp1.log.gz"],
                          ids=["dp2-170-iterations", "dp1-150-iterations"])
-def test_iterations_all_is_under_half_the_log(log: Path, tmp_path: Path) -> None:
+def test_iterations_all_is_under_half_the_log(log: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     if log.suffix == ".gz":  # the size of the log as Megatron wrote it
         plain = tmp_path / log.stem
         plain.write_bytes(gzip.decompress(log.read_bytes()))
         log = plain
-    out = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(log), "--gpu",
-                          "NVIDIA H200", "--json", "--iterations", "all"], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT, env={**os.environ})
+    # The command by the CLI's main() in this process (tests/cli_main.py): what it prints, as it prints it.
+    out = perfd(capsys, "analyze", "megatron", log, "--gpu", "NVIDIA H200", "--json", "--iterations", "all")
     assert out.returncode == 0, out.stderr[-500:]
     doc = json.loads(out.stdout)
     assert len(doc["iterations"]) >= 150

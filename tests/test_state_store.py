@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import random
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from perfd.aggregator.state_schema import BATCH, HELLO, SCHEMA_VERSION, StateTooNew, StoreError, schema_of
 from perfd.aggregator.state_store import StateStore
+from tests.cli_main import Ran, perfd
+
+
+def _aggregator(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, state_dir: Path) -> Ran:
+    """`perfd aggregator ... --state-dir DIR` by the CLI's main() in this process, for a state dir it
+    must refuse: the store is opened (and refused) as the Aggregator is made, before it starts, listens
+    or takes a signal. Were it not refused, the start raises here instead of serving in the test."""
+    from perfd.aggregator.daemon import Aggregator
+
+    async def no_start(self: Aggregator) -> None:
+        raise AssertionError(f"the aggregator started on {state_dir}: no refusal")
+
+    monkeypatch.setattr(Aggregator, "start", no_start)
+    return perfd(capsys, "aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules",
+                 "--state-dir", state_dir)
 
 
 def test_journal_job_info_seqs_and_documents_come_back_after_reopening(tmp_path: Path) -> None:
@@ -53,19 +66,19 @@ def test_a_failed_commit_is_reported_not_raised_and_nothing_of_it_is_kept(tmp_pa
 
 
 @pytest.mark.slow
-def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "a-file"
     f.write_text("")
     with pytest.raises(StoreError, match="--state-dir"):
         StateStore(f)
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port",
-                           "0", "--no-rules", "--state-dir", str(f / "sub")],
-                          capture_output=True, text=True, timeout=60)
+    proc = _aggregator(capsys, monkeypatch, f / "sub")
     assert proc.returncode == 2 and "--state-dir" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
-def test_a_damaged_state_file_stops_start_up_with_one_clear_line(tmp_path: Path) -> None:
+def test_a_damaged_state_file_stops_start_up_with_one_clear_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """4 KB of random bytes in the middle of the file (the issue's build died in the replay with an
     uncaught sqlite3.DatabaseError traceback)."""
     s = StateStore(tmp_path)
@@ -80,9 +93,7 @@ def test_a_damaged_state_file_stops_start_up_with_one_clear_line(tmp_path: Path)
         fh.write(random.Random(1).randbytes(4096))
     with pytest.raises(StoreError, match="is damaged"):
         StateStore(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port",
-                           "0", "--no-rules", "--state-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = _aggregator(capsys, monkeypatch, tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "is damaged" in lines[0] and "move it away" in lines[0], proc.stderr

@@ -1,34 +1,38 @@
 """`perfd analyze trace FILE --framework F --job-step-ms MS`: a trace read offline as a live capture of
 that job is (the remedies in its framework's words, the profiler's slowdown brought back to the job's
-own step before any gain is modelled), on the recorded Hugging Face Trainer run."""
+own step before any gain is modelled), on the recorded Hugging Face Trainer run. The command by the CLI's
+own entry point, in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from tests.cli_main import Ran, perfd
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPS = ROOT / "tests" / "data" / "loops"
 HF = LOOPS / "hf_clm_h200"
 
 
-def _analyze(*args: str, trace: Path = HF) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "trace",
-                           str(trace / "trace.json.xz"), *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+@pytest.fixture
+def _analyze(capsys: pytest.CaptureFixture[str]):
+    def run(*args: str, trace: Path = HF) -> Ran:
+        return perfd(capsys, "analyze", "trace", trace / "trace.json.xz", *args)
+    return run
 
 
-def _remedies(name: str, framework: str, step_ms: str) -> dict[str, dict[str, Any]]:
+def _remedies(_analyze, name: str, framework: str, step_ms: str) -> dict[str, dict[str, Any]]:
     """The recommendations of `perfd analyze trace` of one recording as its job, by remedy."""
     out = json.loads(_analyze("--json", "--framework", framework, "--job-step-ms", step_ms,
                               trace=LOOPS / name).stdout)
     return {str(r["remedy"]): r for r in out["recommendations"]}
 
 
-def test_the_trace_read_as_the_trainers_job_at_its_own_step() -> None:
+def test_the_trace_read_as_the_trainers_job_at_its_own_step(_analyze) -> None:
     own = json.loads((HF / "meta.json").read_text())["own_clock_median_ms"]
     plain = json.loads(_analyze("--json").stdout)
     job = json.loads(_analyze("--json", "--framework", "hf_trainer", "--job-step-ms", str(own)).stdout)
@@ -42,25 +46,25 @@ def test_the_trace_read_as_the_trainers_job_at_its_own_step() -> None:
     assert mb["effort"] == "flag"
 
 
-def test_a_step_time_that_is_no_step_time_is_refused() -> None:
+def test_a_step_time_that_is_no_step_time_is_refused(_analyze) -> None:
     got = _analyze("--job-step-ms", "-5")
     assert got.returncode == 2 and "--job-step-ms" in got.stderr and not got.stdout
 
 
-def test_the_remedies_that_failed_as_said_are_said_with_what_they_need() -> None:
+def test_the_remedies_that_failed_as_said_are_said_with_what_they_need(_analyze) -> None:
     """The remedies that failed or slowed the job when applied as said (docs/evidence/loops_ab_h200,
     loops_ab2_h200), as the command that makes the predictions shows them: CUDA graphs are no promised
     gain on any of the three (no impact: ordered after every promised one), each saying why and where the
     mark goes; nanoGPT, compiled, is offered no fused loss (59 ms slower outside its graph)."""
-    hf = _remedies("hf_clm_h200", "hf_trainer", "293.18")
+    hf = _remedies(_analyze, "hf_clm_h200", "hf_trainer", "293.18")
     graphs = hf["cuda_graphs"]
     assert graphs["impact"] is None and graphs["flags"] == ["--torch_compile_mode reduce-overhead"]
     assert "not promised" in graphs["detail"]
     assert "torch.compiler.cudagraph_mark_step_begin()" in graphs["detail"]
     assert all(r["impact"] is not None for r in hf.values() if r["priority"] < graphs["priority"])
-    nano = _remedies("nanogpt_h200", "pytorch", "133.46")
+    nano = _remedies(_analyze, "nanogpt_h200", "pytorch", "133.46")
     assert "cross_entropy_fusion" not in nano and "loss_only" in nano
-    lit = _remedies("lightning_h200", "lightning", "23.2")
+    lit = _remedies(_analyze, "lightning_h200", "lightning", "23.2")
     graphs = lit["cuda_graphs"]
     assert graphs["impact"] is None and "not promised" in graphs["detail"]
     assert "cudagraph_mark_step_begin() before each forward" in graphs["detail"]

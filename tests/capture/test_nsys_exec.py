@@ -246,39 +246,53 @@ def test_the_agent_hands_its_manager_nsys_only_when_nsys_can_run(tmp_path: Path,
         caps.close()
 
 
+class _Exec(Exception):
+    """Raised by the stand-in for os.execv: the argv perfd nsys-exec would have become."""
+
+    def __init__(self, argv: list[str]) -> None:
+        super().__init__(argv)
+        self.argv = argv
+
+
+def _execv(path: str, argv: list[str]) -> None:
+    raise _Exec([path, *argv[1:]])
+
+
 @pytest.mark.slow
 def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """The default prefix: the printed words, run as torchrun --no-python runs them (RANK set),
     become ``nsys launch --session-new=perfd-<job>-r<RANK> CMD`` — the session name the capture
-    manager looks for."""
+    manager looks for. The words are this Python's ``-m perfd.cli nsys-exec ...``: run here by the
+    CLI's main() with the rank's environment, os.execv (which makes the rank's process nsys) replaced
+    by a stand-in that stops the command with the argv nsys would have been started with."""
     import os
-    import subprocess
 
     from perfd.capture.nsys_exec import rank_session_prefix
     from perfd.cli import main
 
-    argv_file = tmp_path / "argv.json"
     nsys = tmp_path / "nsys"
-    nsys.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                    f"open({str(argv_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    nsys.write_text(f"#!{sys.executable}\n")
     nsys.chmod(0o755)
     monkeypatch.setenv("PERFD_NSYS", str(nsys))
     assert main(["nsys-prefix", "--job", "gpt 8b"]) == 0
     words = capsys.readouterr().out.split()
     assert words == rank_session_prefix("gpt 8b")
-    env = {**os.environ, "RANK": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    res = subprocess.run([*words, "python", "train.py", "--lr", "1"], env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    got = json.loads(argv_file.read_text())
+    assert words[:3] == [sys.executable, "-m", "perfd.cli"]
+    monkeypatch.setattr(os, "execv", _execv)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(_Exec) as became:
+        main([*words[3:], "python", "train.py", "--lr", "1"])
+    assert became.value.argv[0] == str(nsys)
+    got = became.value.argv[1:]
     assert got == ["launch", f"--session-new={session_name('gpt 8b', 3)}", "--trace=cuda,nvtx,osrt",
                    "python", "train.py", "--lr", "1"]
     assert session_name("gpt 8b", 3).startswith("perfd-gpt_8b-") and session_name("gpt 8b", 3).endswith("-r3")
     # Refusals: no RANK (not under torchrun), no command.
-    env.pop("RANK")
-    res = subprocess.run([*words, "python", "train.py"], env=env, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "RANK is unset" in res.stderr
+    monkeypatch.delenv("RANK")
+    capsys.readouterr()
+    assert main([*words[3:], "python", "train.py"]) == 2
+    assert "RANK is unset" in capsys.readouterr().err
     assert main(["nsys-exec", "--job", "j", "--"]) == 2
     assert "no command" in capsys.readouterr().err
 

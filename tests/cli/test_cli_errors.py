@@ -1,17 +1,21 @@
-"""Bad input to `perfd analyze` as a person meets it: the real CLI in a subprocess, exit status 2 and
-one line on stderr, never a page of n/a with status 0."""
+"""Bad input to `perfd analyze` as a person meets it: the CLI's own entry point (in the test's process,
+tests/cli_main.py), exit status 2 and one line on stderr, never a page of n/a with status 0."""
 
 from __future__ import annotations
 
 import gzip
 import lzma
-import subprocess
+import os
+import pty
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from perfd.cli import _subparsers, build_parser
+from tests.cli_main import Ran
+from tests.cli_main import perfd as run_perfd
 
 ROOT = Path(__file__).resolve().parents[2]
 MEGATRON = ROOT / "tests" / "data" / "megatron" / "tp2_mha_gelu.log"
@@ -27,12 +31,14 @@ HF_TRAINER = ("***** Running training *****\n  Num examples = 1,000\n  Num Epoch
               "{'train_runtime': 12.3, 'train_samples_per_second': 81.2, 'epoch': 1.0}\n")
 
 
-def perfd(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+@pytest.fixture
+def perfd(capsys: pytest.CaptureFixture[str]):
+    def run(*args: str | Path) -> Ran:
+        return run_perfd(capsys, *args)
+    return run
 
 
-def one_line_refusal(r: subprocess.CompletedProcess[str]) -> str:
+def one_line_refusal(r: Ran) -> str:
     assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-500:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("perfd: "), r.stderr
@@ -40,29 +46,26 @@ def one_line_refusal(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
 @pytest.mark.parametrize("text", ["", LIGHTNING, HF_TRAINER], ids=["empty", "lightning", "hf-trainer"])
-def test_no_iteration_lines_exit_2(tmp_path, what, text):
+def test_no_iteration_lines_exit_2(tmp_path, what, text, perfd):
     log = tmp_path / "train.log"
     log.write_text(text)
     line = one_line_refusal(perfd("analyze", what, log))
     assert "train.log" in line and "lines read" in line
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["megatron", "sglang"])
-def test_directory_is_named_a_directory(tmp_path, what):
+def test_directory_is_named_a_directory(tmp_path, what, perfd):
     line = one_line_refusal(perfd("analyze", what, tmp_path))
     assert "is a directory" in line and "no such" not in line
     assert "no such log file" in one_line_refusal(perfd("analyze", what, tmp_path / "missing.log"))
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path):
+def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path, perfd):
     plain = perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H200", "--json")
     assert plain.returncode == 0, plain.stderr
     gz = tmp_path / "train.log.gz"
@@ -86,57 +89,51 @@ def test_gzip_xz_and_zstd_logs_read_as_text(tmp_path):
         assert a["parse"]["counts"] == b["parse"]["counts"]
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_zstd_without_the_package_says_what_to_install(tmp_path):
+def test_zstd_without_the_package_says_what_to_install(tmp_path, perfd, monkeypatch):
     zstandard = pytest.importorskip("zstandard")
     zst = tmp_path / "train.log.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(b"hello\n"))
-    code = ("import sys; sys.modules['zstandard'] = None; from perfd.cli import main; "
-            f"sys.exit(main(['analyze', 'megatron', {str(zst)!r}]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    line = one_line_refusal(r)
+    # perfd imports zstandard where it reads a .zst (perfd.logfiles): None in sys.modules makes that
+    # import fail as it does where the package is not installed; monkeypatch puts the module back.
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    line = one_line_refusal(perfd("analyze", "megatron", zst))
     assert "zstandard" in line and "perfd[zstd]" in line
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("pack", [gzip.compress, lzma.compress], ids=["gzip", "xz"])
-def test_truncated_archive_is_refused(tmp_path, pack):
+def test_truncated_archive_is_refused(tmp_path, pack, perfd):
     bad = tmp_path / "train.log"  # the bytes say what it is
     bad.write_bytes(pack(MEGATRON.read_bytes())[:4000])  # truncated archive
     assert "cannot read" in one_line_refusal(perfd("analyze", "megatron", bad))
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("what,log", [("megatron", MEGATRON), ("sglang", SGLANG)])
-def test_unknown_gpu_lists_the_closest_known_names(what, log):
+def test_unknown_gpu_lists_the_closest_known_names(what, log, perfd):
     line = one_line_refusal(perfd("analyze", what, log, "--gpu", "NVIDIA H2000"))
     assert "unknown GPU 'NVIDIA H2000'" in line and "'NVIDIA H200'" in line
     line = one_line_refusal(perfd("analyze", what, log, "--gpu", "RTX 4090"))
     assert "closest known" in line and "--peak-tflops" in line
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_ambiguous_short_name_lists_its_variants():
+def test_ambiguous_short_name_lists_its_variants(perfd):
     line = one_line_refusal(perfd("analyze", "megatron", MEGATRON, "--gpu", "H100"))
     could_mean = line.split("it could mean: ")[1].split(";")[0]
     assert "'NVIDIA H100 PCIe'" in could_mean and "'NVIDIA H100 NVL'" in could_mean
     assert "'NVIDIA H100 80GB HBM3'" in could_mean and "H200" not in could_mean
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_known_gpu_or_explicit_peak_is_accepted():
+def test_known_gpu_or_explicit_peak_is_accepted(perfd):
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "NVIDIA H100 80GB HBM3").returncode == 0
     assert perfd("analyze", "megatron", MEGATRON, "--gpu", "RTX 4090", "--peak-tflops", "165").returncode == 0
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_missing_dtype_names_the_flag(tmp_path):
+def test_missing_dtype_names_the_flag(tmp_path, perfd):
     # The same real log with the lines that name its dtype taken out.
     lines = [ln for ln in MEGATRON.read_text().splitlines(keepends=True)
              if not any(k in ln for k in (" bf16 ", " fp16 ", " params_dtype ", " fp8 "))]
@@ -163,39 +160,33 @@ def test_every_option_has_help_and_shows_its_default_and_every_command_an_exampl
                 assert "default" in (p._get_formatter()._get_help_string(a) or ""), (p.prog, a.option_strings)
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_help_of_a_command_shows_example_and_defaults():
+def test_help_of_a_command_shows_example_and_defaults(perfd):
     r = perfd("analyze", "sglang", "--help")
     assert r.returncode == 0
     assert "example:\n  perfd analyze sglang" in r.stdout
     assert "(default 10)" in r.stdout or "(default: 10.0)" in r.stdout
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_progress_bar_on_a_terminal_only(tmp_path):
+def test_progress_bar_on_a_terminal_only(tmp_path, perfd, monkeypatch):
     """A big log shows a bar on stderr when stderr is a terminal (a pty here), nothing otherwise;
     stdout (the report) is the same either way."""
-    import os
-    import pty
-
     log = tmp_path / "big.log"
     noise = "WARNING: a line another component printed between iterations\n" * 150_000  # ~9.5 MB
     log.write_text(noise + MEGATRON.read_text())
-    args = [sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(log), "--gpu", "NVIDIA H200"]
-    plain = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    args = ["analyze", "megatron", log, "--gpu", "NVIDIA H200"]
+    plain = perfd(*args)
     assert plain.returncode == 0 and plain.stderr == ""
-    import threading
 
     master, slave = pty.openpty()
     chunks: list[bytes] = []
 
-    def drain() -> None:  # read while it runs: a full pty buffer would block the child
+    def drain() -> None:  # read while it runs: a full pty buffer would block the writer
         while True:
             try:
                 chunk = os.read(master, 65536)
-            except OSError:  # EIO once the child and our copy of the slave are closed
+            except OSError:  # EIO once the slave is closed
                 return
             if not chunk:
                 return
@@ -203,14 +194,20 @@ def test_progress_bar_on_a_terminal_only(tmp_path):
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
+    tty = open(slave, "w", encoding="utf-8", closefd=True)  # closed in finally
     try:
-        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=slave, timeout=120, cwd=ROOT,
-                           env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+        # The command's stderr the pty's slave, as a terminal it was started in (sys.stderr back after).
+        with monkeypatch.context() as m:
+            m.setattr(sys, "stderr", tty)
+            m.setenv("COLUMNS", "120")
+            m.setenv("TERM", "xterm")
+            r = perfd(*args)
+            tty.flush()
     finally:
-        os.close(slave)
+        tty.close()
         reader.join(timeout=10)
         os.close(master)
     seen = b"".join(chunks)
     assert r.returncode == 0
-    assert r.stdout.decode() == plain.stdout
+    assert r.stdout == plain.stdout
     assert b"reading big.log" in seen

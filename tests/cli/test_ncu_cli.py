@@ -1,9 +1,14 @@
-"""The ncu commands as a person runs them (the real CLI in a subprocess): `perfd analyze ncu` on the
-recorded exports (tests/data/ncu), `perfd ncu-prefix` / `perfd ncu-exec` putting only the chosen
-rank under ncu (a stand-in ncu binary that records its argv and runs the command, as ncu does while
-profiling is off), and `perfd launch --ncu`. A command that reads a recorded Kineto trace runs in the
-test's process, the trace read and analysed once a session (tests/trace_cache.perfd_cli): what it
-concludes from the trace is the same, 5-10 s of CPU a run less."""
+"""The ncu commands as a person runs them: `perfd analyze ncu` on the recorded exports (tests/data/ncu),
+`perfd ncu-prefix` / `perfd ncu-exec` putting only the chosen rank under ncu (a stand-in ncu binary that
+records its argv and runs the command, as ncu does while profiling is off), and `perfd launch --ncu`.
+
+What a command prints and its exit status come from the CLI's main() in the test's process
+(tests/cli_main.py; the environment it is given set by monkeypatch). A command that reads a recorded
+Kineto trace runs in the test's process too, the trace read and analysed once a session
+(tests/trace_cache.perfd_cli): what it concludes from the trace is the same, 5-10 s of CPU a run less.
+Processes stay where the process is the subject: `perfd ncu-exec` execs ncu (the rank's process becomes
+ncu, then the command: the pid said is the command's), what ncu-prefix printed run as torchrun runs it,
+a real shell's splitting and globbing of it, and `perfd launch --ncu` starting its job."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from perfd.armed import ARMED_ENV
 from perfd.capture.ncu_exec import (
     NCU_ARMED_US_PER_LAUNCH,
     NCU_ARMED_US_PER_LAUNCH_HIGH,
@@ -23,6 +29,8 @@ from perfd.capture.ncu_exec import (
 )
 from perfd.capture.store import CaptureStore
 from tests.capture.test_ncu_capture import calls, make_fake_ncu, megatron_device
+from tests.cli_main import Ran
+from tests.cli_main import perfd as run_perfd
 from tests.trace_cache import perfd_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,11 +41,24 @@ PP2 = DATA / "captures" / "megatron_pp2_nsys_h200x2.analysis.json"
 PY_PID = [sys.executable, "-c", "import os; print('pid', os.getpid())"]
 
 
-def perfd(*args: str | Path, env: dict[str, str] | None = None,
-          **extra: str) -> subprocess.CompletedProcess[str]:
+def perfd_process(*args: str | Path, env: dict[str, str] | None = None,
+                  **extra: str) -> subprocess.CompletedProcess[str]:
+    """``perfd ARGS`` as a process of its own: for the commands that exec or start one."""
     e = {**(env if env is not None else os.environ), "PYTHONPATH": str(ROOT), **extra}
     return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env=e)
+
+
+@pytest.fixture
+def perfd(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """``perfd ARGS`` by the CLI's main() in this process, ``extra`` set in its environment for the run
+    (monkeypatch's context puts the environment back after it)."""
+    def run(*args: str | Path, **extra: str) -> Ran:
+        with monkeypatch.context() as m:
+            for k, v in extra.items():
+                m.setenv(k, v)
+            return run_perfd(capsys, *args)
+    return run
 
 
 def no_ncu_env(tmp: Path) -> dict[str, str]:
@@ -48,9 +69,14 @@ def no_ncu_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-@pytest.mark.e2e
+def no_ncu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's environment as no_ncu_env makes one, until the test ends."""
+    monkeypatch.delenv("PERFD_NCU", raising=False)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+
+
 @pytest.mark.slow
-def test_analyze_ncu_text_and_json():
+def test_analyze_ncu_text_and_json(perfd):
     r = perfd("analyze", "ncu", MLP)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("5 kernels, 5 launches profiled (pages: details); SM clock while profiled "
@@ -106,16 +132,15 @@ def test_analyze_ncu_joined_to_a_capture():
         (DATA / "ncu" / "h100_workflow_run2_rank0_details.csv.gz").read_bytes()[:100]))[0], 1,
      "Compressed file ended before the end-of-stream marker"),  # a cut archive: gzip's own words
 ])
-@pytest.mark.e2e
-def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why):
-    r = perfd("analyze", "ncu", make(tmp_path), env=no_ncu_env(tmp_path))
+def test_analyze_ncu_refuses_what_it_cannot_read(tmp_path, make, code, why, perfd, monkeypatch):
+    no_ncu(monkeypatch)
+    r = perfd("analyze", "ncu", make(tmp_path))
     assert r.returncode == code and why in r.stderr and r.stdout == ""
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
+def test_analyze_ncu_report_through_the_ncu_binary(tmp_path, perfd):
     exe, state = make_fake_ncu(tmp_path)
     rep = tmp_path / "rank0.ncu-rep"
     rep.write_text(json.dumps({"details": str(MLP), "raw": str(MLP)}))  # the stand-in report
@@ -129,11 +154,11 @@ def test_analyze_ncu_report_through_the_ncu_binary(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
+def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path, perfd, monkeypatch):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
     args = ("ncu-exec", "--job", "j1", "--ranks", "1,3", "--capture-dir", caps, "--", *PY_PID)
-    r = perfd(*args, RANK="1", PERFD_NCU=str(exe))
+    r = perfd_process(*args, RANK="1", PERFD_NCU=str(exe))
     assert r.returncode == 0, r.stderr
     pid = int(r.stdout.split()[-1])
     t = read_target(caps, "j1", 1)
@@ -145,18 +170,23 @@ def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path):
     assert argv[argv.index("--clock-control") + 1] == "none"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--section"] == list(SECTIONS)
     assert argv[argv.index("-o") + 1] == str(caps / "ncu" / "perfd-j1" / "rank1") and argv[-3:] == PY_PID
-    r = perfd(*args, RANK="2", PERFD_NCU=str(exe))  # not chosen: the command itself, nothing recorded
+    # not chosen: the command itself, nothing recorded
+    r = perfd_process(*args, RANK="2", PERFD_NCU=str(exe))
     assert r.returncode == 0 and len(calls(state)) == 1 and read_target(caps, "j1", 2) is None
+    # The refusals come before any exec: in this process. The chosen rank's run sets the armed variable
+    # in the environment it execs with; monkeypatch takes it back should a refusal come after it.
+    monkeypatch.delenv(ARMED_ENV, raising=False)
     assert perfd(*args, RANK="x", PERFD_NCU=str(exe)).returncode == 2
     r = perfd("ncu-exec", "--job", "j1", "--ranks", "1", RANK="1", PERFD_NCU=str(exe))
     assert r.returncode == 2 and "no command" in r.stderr
-    r = perfd(*args, RANK="1", env=no_ncu_env(tmp_path))
+    no_ncu(monkeypatch)
+    r = perfd(*args, RANK="1")
     assert r.returncode == 2 and "ncu not found" in r.stderr
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path):
+def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path, perfd):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
     plain = perfd("ncu-prefix", "--job", "j1", "--ranks", "1", "--capture-dir", caps, PERFD_NCU=str(exe))
@@ -231,8 +261,7 @@ def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     (("--ranks", "a"), "comma-separated integers"),
     (("--kernel-filter", "regex:a b"), "one word"),
 ])
-@pytest.mark.e2e
-def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why):
+def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why, perfd):
     exe, _ = make_fake_ncu(tmp_path)
     r = perfd("ncu-prefix", "--job", "j1", *args, PERFD_NCU=str(exe))
     assert r.returncode == 2 and why in r.stderr and r.stdout == ""
@@ -240,12 +269,12 @@ def test_ncu_prefix_refuses_a_budget_out_of_bounds(tmp_path, args, why):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
+def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path, perfd):
     exe, state = make_fake_ncu(tmp_path)
     caps = tmp_path / "caps"
-    r = perfd("launch", "--job", "j1", "--run-dir", tmp_path / "run", "--agent-socket", tmp_path / "h.sock",
-              "--ncu", "0", "--ncu-launch-count", "12", "--ncu-capture-dir", caps, "--", *PY_PID,
-              PERFD_NCU=str(exe))
+    r = perfd_process("launch", "--job", "j1", "--run-dir", tmp_path / "run", "--agent-socket",
+                      tmp_path / "h.sock", "--ncu", "0", "--ncu-launch-count", "12", "--ncu-capture-dir",
+                      caps, "--", *PY_PID, PERFD_NCU=str(exe))
     assert r.returncode == 0, r.stderr
     manifest = json.loads((tmp_path / "run" / "launch.json").read_text())
     assert manifest["ncu"]["ranks"] == [0] and manifest["ncu"]["launch_count"] == 12
@@ -265,7 +294,7 @@ def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path):
+def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path, perfd):
     """Issue 45 item 2: with no filter given, ncu-prefix takes the job's latest timeline (any rank's)
     and names the top kernels by time; the chosen rank's target and its captures say how they were
     chosen. Without a timeline it says the kernels are the first launched, not chosen by time."""

@@ -1,12 +1,11 @@
 """Absurd `--dtype` / `--peak-tflops`, as a person types them: refused with one line and exit status 2
 by every command that takes them, never an "MFU unknown" with status 0 or an MFU above 100% graded
 "excellent" (issue 52). And the report names the collectives its timers do not see (TP, CP, EP)
-instead of calling communication small. Real logs: tests/data/megatron and the shared fixture."""
+instead of calling communication small. Real logs: tests/data/megatron and the shared fixture. The
+commands by the CLI's own entry point, in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,8 @@ from perfd.analytics.run.run_grade import grade_mfu
 from perfd.commands.analyze import analyze_megatron_file
 from perfd.report import build_report, render_text
 from perfd.report.bottleneck_text import class_reason
+from tests.cli_main import Ran
+from tests.cli_main import perfd as run_perfd
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "megatron"
@@ -25,12 +26,14 @@ EP2 = DATA / "dp2_ep2_moe_top2.log"
 H200 = "NVIDIA H200"
 
 
-def perfd(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+@pytest.fixture
+def perfd(capsys: pytest.CaptureFixture[str]):
+    def run(*args: str | Path) -> Ran:
+        return run_perfd(capsys, *args)
+    return run
 
 
-def refused(r: subprocess.CompletedProcess[str], prefix: str = "perfd") -> str:
+def refused(r: Ran, prefix: str = "perfd") -> str:
     assert r.returncode == 2, (r.returncode, r.stdout[-400:], r.stderr[-400:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(prefix), r.stderr
@@ -41,10 +44,9 @@ def refused(r: subprocess.CompletedProcess[str], prefix: str = "perfd") -> str:
 @pytest.mark.parametrize("flags", [["--peak-tflops", "0"], ["--peak-tflops", "-5"], ["--peak-tflops", "nan"],
                                    ["--peak-tflops", "inf"], ["--dtype", "int4"]],
                          ids=["peak-0", "peak-neg", "peak-nan", "peak-inf", "dtype-int4"])
-@pytest.mark.e2e
 @pytest.mark.parametrize("command", ["analyze", "report"])
 def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path, flags: list[str],
-                                                                  command: str) -> None:
+                                                                  command: str, perfd) -> None:
     if command == "analyze":
         line = refused(perfd("analyze", "megatron", BF16_PP2, "--gpu", H200, *flags))
     else:
@@ -58,9 +60,8 @@ def test_a_peak_or_dtype_that_cannot_be_is_refused_before_reading(tmp_path: Path
         assert "--peak-tflops must be a positive number" in line
 
 
-@pytest.mark.e2e
 @pytest.mark.slow
-def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
+def test_the_other_commands_refuse_them_too(tmp_path: Path, perfd) -> None:
     sglang = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
     assert "--peak-tflops" in refused(perfd("analyze", "sglang", sglang, "--peak-tflops", "-1"))
     assert "'int4'" in refused(perfd("analyze", "sglang", sglang, "--dtype", "int4"))
@@ -76,8 +77,7 @@ def test_the_other_commands_refuse_them_too(tmp_path: Path) -> None:
 @pytest.mark.parametrize("log", [DATA / "dp2_all_timers.log",
                                  ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"],
                          ids=["dp2", "demo"])
-@pytest.mark.e2e
-def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, log: Path) -> None:
+def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, log: Path, perfd) -> None:
     """fp32 on a bf16 log: the peak (67 TFLOP/s on an H200) is below what the job achieved (72.8
     and 80.9 TFLOP/s per GPU; the issue saw "MFU 132% excellent")."""
     line = refused(perfd("analyze", "megatron", log, "--gpu", H200, "--dtype", "fp32"))

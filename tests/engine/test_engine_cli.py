@@ -1,21 +1,23 @@
 """The engine's flags refuse what cannot work, with a reason and exit 2 (a wrong URL scheme, an
 unreadable or empty token file, --engine beside --aggregator, a shard with no engine), and a shard
 that cannot reach its engine exits 1 saying where it tried, within seconds, instead of retrying
-silently for ever."""
+silently for ever. Each command by the CLI's own entry point, in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-PERFD = [sys.executable, "-m", "perfd.cli"]
+from tests.cli_main import Ran
+from tests.cli_main import perfd as run_perfd
 
 
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PERFD, *args], capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def _run(capsys: pytest.CaptureFixture[str]):
+    def run(*args: str) -> Ran:
+        return run_perfd(capsys, *args)
+    return run
 
 
 @pytest.mark.slow
@@ -39,14 +41,14 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-advertise-http", "10.0.0.7:8080"],
      "takes http(s)://HOST:PORT"),
 ])
-def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says):
+def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says, _run):
     res = _run(*args)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert says in res.stderr
 
 
 @pytest.mark.slow
-def test_an_empty_token_file_is_refused(tmp_path: Path):
+def test_an_empty_token_file_is_refused(tmp_path: Path, _run):
     empty = tmp_path / "token"
     empty.write_text("\n")
     empty.chmod(0o600)
@@ -56,7 +58,8 @@ def test_an_empty_token_file_is_refused(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("role", ["shard", "agent"])
-def test_an_engine_token_file_others_may_read_is_refused_before_anything_starts(tmp_path: Path, role: str):
+def test_an_engine_token_file_others_may_read_is_refused_before_anything_starts(tmp_path: Path, role: str,
+                                                                                       _run):
     """The engine's token lets its holder publish commands to agents and take the root's lease: a
     copy other users can read is refused, naming the file, its mode and the fix (the agent reads it
     only once its run starts, so its command line checks it first)."""
@@ -71,8 +74,8 @@ def test_an_engine_token_file_others_may_read_is_refused_before_anything_starts(
 
 
 @pytest.mark.slow
-def test_a_shard_that_cannot_reach_its_engine_exits_1_naming_it():
-    res = _run("shard", "--engine", "nats://127.0.0.1:1", "--id", "s", timeout=60)
+def test_a_shard_that_cannot_reach_its_engine_exits_1_naming_it(_run):
+    res = _run("shard", "--engine", "nats://127.0.0.1:1", "--id", "s")
     assert res.returncode == 1, res.stderr
     assert "the engine at nats://127.0.0.1:1" in res.stderr and "NoServersError" in res.stderr
     assert "Traceback" not in res.stderr  # one line per attempt, not nats-py's tracebacks

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -61,13 +59,27 @@ def test_torch_dataloader_fetches_are_stamped_once_per_process() -> None:
 
 
 @pytest.mark.slow
-def test_the_environment_leaves_torch_alone() -> None:
-    code = ("import os; os.environ['PERFD_HOOK_DATALOADER'] = '0'; import torch.utils.data; "
-            "from perfd.hook.loader import watch_dataloader, dataloader_watched; "
-            "from perfd.hook import StepHook; h = StepHook('/nonexistent.sock', cuda=False); "
-            "assert not watch_dataloader() and not dataloader_watched() and not h.watch_dataloader")
+def test_the_environment_leaves_torch_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PERFD_HOOK_DATALOADER=0 set before the hook is made: torch's DataLoader left as torch has it.
+    In this process another test may have stamped the iterator class already (the wrap is once per
+    process): its own __next__ is put back for this test (monkeypatch restores the class after), so the
+    class is as a fresh process imports it."""
     pytest.importorskip("torch")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    import torch.utils.data.dataloader as torch_loader
+
+    from perfd.hook import StepHook
+
+    cls = torch_loader._BaseDataLoaderIter
+    nxt = cls.__dict__["__next__"]
+    if dataloader_watched():
+        monkeypatch.setattr(cls, "__next__", nxt.__wrapped__)
+    assert not dataloader_watched()
+    monkeypatch.setenv("PERFD_HOOK_DATALOADER", "0")
+    h = StepHook("/nonexistent.sock", cuda=False)
+    try:
+        assert not watch_dataloader() and not dataloader_watched() and not h.watch_dataloader
+    finally:
+        h.close()  # its socket: the subprocess this was closed it by ending
 
 
 def test_a_raising_fetch_is_timed_and_raises(sim_clock: SimClock) -> None:

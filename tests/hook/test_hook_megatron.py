@@ -3,7 +3,6 @@ profile range opening at the step the agent asks for."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import types
@@ -219,16 +218,33 @@ def test_a_profile_range_opens_at_the_step_the_agent_asks_for(
     assert [s.iteration for s in collected.steps if s.disturbed_by_capture] == [11, 12, 13]
 
 
-def test_without_megatron_the_script_runs_unhooked_and_says_so(tmp_path: Path) -> None:
+def _run_module(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                *argv: str) -> tuple[int, str, str]:
+    """``python -m perfd.hook.megatron ARGV``: its main() in this process (return value, stdout, stderr).
+    main() puts the script's folder on sys.path and the script's arguments in sys.argv, as the command
+    does for the script it runs: both are this process's, so monkeypatch puts them back after."""
+    monkeypatch.setattr(sys, "path", sys.path[:])
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    capsys.readouterr()
+    rc = hm.main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_without_megatron_the_script_runs_unhooked_and_says_so(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "train.py"
     script.write_text("import sys\nprint('trained', sys.argv[1:])\n")
-    proc = subprocess.run([sys.executable, "-m", "perfd.hook.megatron", str(script), "--lr", "1"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and "trained ['--lr', '1']" in proc.stdout
-    assert "running without the step hook" in proc.stderr
+    # Megatron-LM is not installed here; None in sys.modules makes its import fail so in this process
+    # too, whatever stand-in another test of the worker imported.
+    monkeypatch.setitem(sys.modules, hm._TARGET[0], None)
+    rc, out, err = _run_module(capsys, monkeypatch, str(script), "--lr", "1")
+    assert rc == 0 and "trained ['--lr', '1']" in out
+    assert "running without the step hook" in err
 
 
-def test_a_missing_script_is_a_clear_error(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "perfd.hook.megatron", str(tmp_path / "nope.py")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no such training script" in proc.stderr
+def test_a_missing_script_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    rc, _, err = _run_module(capsys, monkeypatch, str(tmp_path / "nope.py"))
+    assert rc == 2 and "no such training script" in err

@@ -1,15 +1,16 @@
 """Offline, on the recorded real co-tenant run (tests/data/incidents/costraggler_dp2): the
-incident names rank 1 and its iterations, and its cost is Σ(step − steady median) within 10%."""
+incident names rank 1 and its iterations, and its cost is Σ(step − steady median) within 10%.
+`perfd analyze` by the CLI's main() in the test's process (tests/cli_main.py)."""
 
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli_main import perfd
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +18,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 
 
-def test_analyze_megatron_names_the_slow_rank_its_iterations_and_the_cost() -> None:
-    res = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
-                          "NVIDIA H200", "--json",
-                          "--iterations", "all"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def test_analyze_megatron_names_the_slow_rank_its_iterations_and_the_cost(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    res = perfd(capsys, "analyze", "megatron", LOG, "--gpu", "NVIDIA H200", "--json", "--iterations", "all")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     main = max(doc["incidents"], key=lambda i: i["cost_s"])
@@ -40,6 +40,5 @@ def test_analyze_megatron_names_the_slow_rank_its_iterations_and_the_cost() -> N
     assert doc["summary"]["bottleneck"] == "unknown"
     assert "slow kernels or slow launches" in doc["summary"]["bottleneck_reason"]
     assert "a capture or GPM can" in doc["summary"]["bottleneck_reason"]
-    text = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "megatron", str(LOG), "--gpu",
-                           "NVIDIA H200"], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    text = perfd(capsys, "analyze", "megatron", LOG, "--gpu", "NVIDIA H200").stdout
     assert "Largest loss: rank 1" in text.replace("\n", " ").replace("  ", " ")
