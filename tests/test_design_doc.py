@@ -55,22 +55,44 @@ def _ignored(rules: list[tuple[bool, bool, str]], name: str, top: bool, folder: 
                for anchored, folders, glob in rules)
 
 
+def _ignore_files() -> list[Path]:
+    """The root .gitignore and the repository's own info/exclude (git's --exclude-standard reads both:
+    a checkout's local scratch folders are listed there). In a worktree .git is a file naming its git
+    dir, whose commondir is the repository's."""
+    git = ROOT / ".git"
+    if git.is_file():
+        gitdir = Path(git.read_text().split("gitdir:", 1)[1].strip())
+        common = gitdir / "commondir"
+        git = (gitdir / common.read_text().strip()).resolve() if common.is_file() else gitdir
+    return [f for f in (ROOT / ".gitignore", git / "info" / "exclude") if f.is_file()]
+
+
 def _candidate_paths() -> list[Path]:
     """The files `git ls-files --cached --others --exclude-standard` lists, read from the work tree in
-    this process: every file but .git and what the repository's .gitignore ignores (a folder ignored is
-    not entered). A .gitignore below the root (none is) would fail the test: the walk reads the root's."""
-    rules = _gitignore_rules((ROOT / ".gitignore").read_text())
+    this process: every file but .git and what the ignore files say (a folder ignored is not entered).
+    A .gitignore below the root applies to its own folder and below (a tool's cache writes one of
+    ``*``), each pattern anchored there, as git reads it."""
+    base = [r for f in _ignore_files() for r in _gitignore_rules(f.read_text())]
+    scoped: dict[Path, list[tuple[Path, list[tuple[bool, bool, str]]]]] = {ROOT: [(ROOT, base)]}
     found = []
     for folder, dirs, files in os.walk(ROOT):
-        top = Path(folder) == ROOT
-        dirs[:] = sorted(d for d in dirs if d != ".git" and not _ignored(rules, d, top, True))
+        here = Path(folder)
+        scopes = scoped.pop(here)
+        if here != ROOT and ".gitignore" in files:
+            scopes = [*scopes, (here, _gitignore_rules((here / ".gitignore").read_text()))]
+
+        def ignored(name: str, is_dir: bool, scopes: list[tuple[Path, list[tuple[bool, bool, str]]]] = scopes,
+                    here: Path = here) -> bool:
+            return any(_ignored(rules, name, here == at, is_dir) for at, rules in scopes)
+
+        dirs[:] = sorted(d for d in dirs if d != ".git" and not ignored(d, True))
+        for d in dirs:
+            scoped[here / d] = scopes
         for f in sorted(files):
-            if top and f == ".git":  # a worktree's .git is a file naming its repository
+            if here == ROOT and f == ".git":  # a worktree's .git is a file naming its repository
                 continue
-            if _ignored(rules, f, top, False):
-                continue
-            assert f != ".gitignore" or top, f"{folder}/.gitignore: _candidate_paths reads the root's only"
-            found.append(Path(folder) / f)
+            if not ignored(f, False):
+                found.append(here / f)
     return found
 
 
