@@ -63,6 +63,13 @@ def _ref(remedy: str, ids: Mapping[str, str]) -> str:
 
 def item_text(i: PlanItem, ids: Mapping[str, str]) -> str:
     """One remedy of the plan: its action, its gain alone, and how it stands to the others."""
+    head = ids.get(i.remedy)
+    return (f"{head} " if head else "") + f"{i.action} — " + item_standing(i, ids)
+
+
+def item_standing(i: PlanItem, ids: Mapping[str, str]) -> str:
+    """An item's gain alone and how it stands to the others, without its action: the text line puts
+    the two together, the HTML row in columns of their own (the action is the item's own field)."""
     bits = [f"{_ms(i.gain_ms)} alone" if i.gain_ms else "gain not estimated"]
     if i.risk is not None:
         bits.append(f"not promised: {RISK_TEXT[i.risk]}")
@@ -76,8 +83,7 @@ def item_text(i: PlanItem, ids: Mapping[str, str]) -> str:
             bits.append(f"overlaps {_ref(k.target, ids)} ({_ms(k.shared_ms)} counted once)")
     if i.prerequisites:
         bits.append(prerequisites_text(i))
-    head = ids.get(i.remedy)
-    return (f"{head} " if head else "") + f"{i.action} — " + "; ".join(bits)
+    return "; ".join(bits)
 
 
 _SHOWN = {
@@ -184,10 +190,9 @@ def html_section(plan_in: PlanIn, ids: Mapping[str, str]) -> str:
 
 
 def _row(i: PlanItem, ids: Mapping[str, str]) -> str:
-    text = item_text(i, {k: v for k, v in ids.items() if k != i.remedy})
-    action, _, rest = text.partition(" — ")
+    rest = item_standing(i, {k: v for k, v in ids.items() if k != i.remedy})
     return (
-        f"<tr><td>{escape((ids.get(i.remedy, '') + ' ' + action).strip())}</td>"
+        f"<tr><td>{escape((ids.get(i.remedy, '') + ' ' + i.action).strip())}</td>"
         f"<td>{escape(i.effort.value)}</td>"
         f"<td>{escape(rest)}</td></tr>"
     )
