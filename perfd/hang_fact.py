@@ -7,7 +7,9 @@ the event arrives (:meth:`HangEvent.from_event`), and the analysis merges the ty
 
 An agent older than the payload sent the ranks only as comma-separated labels and the age only in
 the event's text ("... stuck 7s on rank(s) ..."): :meth:`HangEvent.from_event` still reads that
-form, in this one place.
+form, in this one place. The text's age is a declared format, not prose: the collector writes it with
+:func:`age_words` and this module reads it with :func:`age_in_words`, both from ``_AGE_HEAD`` and
+``_AGE_TAIL`` (a change to them is a change to what an older agent's event is read as).
 """
 
 from __future__ import annotations
@@ -19,8 +21,21 @@ from typing import TypedDict
 
 from perfd.events import NCCL_HANG
 
-# The age in an older agent's text: collectors/nccl/hangs.HangReport.text writes "stuck {age:.0f}s".
-_LEGACY_AGE = re.compile(r"stuck (\d+(?:\.\d+)?)s")
+# The age in the event's text (collectors/nccl/hangs.HangReport.text): "stuck 7s". An older agent's
+# event carries its age only there; a current one's in its payload too (HangFact.age_s, a number).
+_AGE_HEAD, _AGE_TAIL = "stuck ", "s"
+_AGE = re.compile(re.escape(_AGE_HEAD) + r"(\d+(?:\.\d+)?)" + re.escape(_AGE_TAIL))
+
+
+def age_words(age_s: float) -> str:
+    """The age as the event's text says it ("stuck 7s")."""
+    return f"{_AGE_HEAD}{age_s:.0f}{_AGE_TAIL}"
+
+
+def age_in_words(text: str) -> float | None:
+    """The age an older agent's event text says (:func:`age_words`), or None where it says none."""
+    m = _AGE.search(text)
+    return float(m.group(1)) if m else None
 
 
 def _csv(ranks: Sequence[int]) -> str:
@@ -122,8 +137,7 @@ class HangEvent:
         if isinstance(age, int | float) and not isinstance(age, bool):
             age_s: float | None = float(age)
         else:
-            m = _LEGACY_AGE.search(text)
-            age_s = float(m.group(1)) if m else None
+            age_s = age_in_words(text)
         frame = payload.get("user_frame")
         fact = HangFact(
             process_group=str(pg), op=str(labels["op"]) if "op" in labels else None, seq=seq,

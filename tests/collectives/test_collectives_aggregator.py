@@ -20,6 +20,7 @@ from perfd.aggregator.http import _StateCollector, job_summary
 from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collectors.nccl import NcclCollector
+from perfd.collectors.nccl.hangs import HangReport
 from perfd.collfold import Progress
 from perfd.hang_fact import HangEvent, HangFact
 from perfd.model import StepRecord, TimerValue
@@ -75,6 +76,23 @@ def test_a_hang_fact_reads_back_from_its_event_as_it_was_written():
     got = HangEvent.from_event(ev, "a")
     assert got == HangEvent(fact, "a", 3.0, "t")
     assert HangEvent.from_event({**ev, "kind": "xid"}) is None
+
+
+def test_a_hangs_age_travels_as_a_number_and_an_older_agents_text_reads_by_the_writers_format():
+    """The collector's event carries the age in its payload, a number: the aggregator takes it from there
+    whatever the text says. An older agent's event, with no payload, said it only in the text the
+    collector writes (HangReport.text, through hang_fact.age_words): read by the same declaration."""
+    report = HangReport(pg_name="0", pg_desc=None, pg_id=0, op="all_reduce", seq=5, is_p2p=False, age_s=42.4,
+                        stuck_ranks=[0, 1], missing_ranks=[2], unknown_ranks=[], last_seq_by_rank={})
+    fact = HangFact(process_group="0", op="all_reduce", seq=5, stuck_ranks=(0, 1), ranks_not_joined=(2,),
+                    unknown_ranks=(), age_s=report.age_s)
+    ev = {"kind": "nccl_hang", "time": 3.0, "text": "no age in these words", "labels": fact.labels(),
+          "payload": fact.payload()}
+    got = HangEvent.from_event(ev)
+    assert got is not None and got.fact.age_s == 42.4
+    older = HangEvent.from_event({**ev, "text": report.text(), "payload": None})
+    assert older is not None and older.fact.age_s == 42.0  # the text's whole seconds
+    assert HangEvent.from_event({**ev, "payload": None}).fact.age_s is None  # type: ignore[union-attr]
 
 
 def test_hang_merged_across_two_nodes():

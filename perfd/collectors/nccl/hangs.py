@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from perfd.collectors.nccl.flight_recorder import FlightRecorderDump, FrEntry
+from perfd.hang_fact import age_words
 from perfd.model import CollectiveRecord
 
 
@@ -33,7 +34,7 @@ class HangReport:
         what = f"{self.op} #{self.seq} on process group {self.pg_name}"
         if self.pg_desc:
             what += f" ({self.pg_desc})"
-        head = f"{what} stuck {self.age_s:.0f}s on rank(s) {_ranks(self.stuck_ranks)}"
+        head = f"{what} {age_words(self.age_s)} on rank(s) {_ranks(self.stuck_ranks)}"
         if self.missing_ranks:
             tail = f"; rank(s) {_ranks(self.missing_ranks)} never reached it"
         elif self.is_p2p and self.peer_ranks:
