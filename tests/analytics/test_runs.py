@@ -15,7 +15,7 @@ from perfd.analytics.run.arming import ArmingBasis
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
-from perfd.armed import armed_line
+from perfd.armed import armed_line, armed_rank
 from perfd.collectors.megatron import parse_lines
 from perfd.commands.megatron_offline import analyze_stream
 from perfd.model import StepRecord
@@ -143,6 +143,15 @@ def test_armed_lines_arm_the_run_that_follows_them_only() -> None:
         runs = [[r for r in recs[i * 20:(i + 1) * 20]] for i in range(3)]
         assert [all(r.armed for r in run) for run in runs] == [False, True, False]
         assert [any(r.armed for r in run) for run in runs] == [False, True, False]
+
+
+def test_the_armed_line_reads_back_as_the_rank_it_was_written_for() -> None:
+    """perfd ncu-exec's line is a declared format (perfd.armed): written and read from one head, behind
+    whatever prefix a launcher puts before the rank's output; ncu's banner names no rank."""
+    assert armed_rank(armed_line(3, "j")) == 3
+    assert armed_rank("[default3]:" + armed_line(12, "job a")) == 12
+    assert armed_rank("==PROF== Connected to process 4242 (/usr/bin/python3.12)") == -1
+    assert armed_rank("the armed rank refuses it") is None
 
 
 def test_a_grade_from_fewer_steady_steps_than_the_minimum_is_not_given() -> None:

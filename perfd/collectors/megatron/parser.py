@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfd.armed import armed_rank
+from perfd.armed import ARMED_MARK, BANNER_MARK, armed_rank
 from perfd.bounds import REASON as BOUND_REASON
 from perfd.bounds import STEP_REASON, check_job_info, check_step_record
 from perfd.collectors.megatron import args as margs
@@ -268,7 +268,7 @@ class MegatronLogParser:
         })
 
     def _dispatch(self, line: str, out: list[StepRecord]) -> None:
-        if ("armed rank" in line or "==PROF==" in line) and armed_rank(line) is not None:
+        if (ARMED_MARK in line or BANNER_MARK in line) and armed_rank(line) is not None:
             self._armed_seen = True
             self._count("armed_lines")
             return
