@@ -9,7 +9,8 @@ turn, as the root's fold is), the messages read a second:
   is ready;
 - ``inbox``: a callback filling a queue (:class:`Inbox`, here only), taken 256 at most at a time.
 
-Why the root does not read so (docs/scale.md, "The store's share held at the agents"): with its
+Why the root does not read so (docs/evidence/entries/48-scale-history.md, "The store's share held at the
+agents"): with its
 records stream read through an inbox, a 4,000-node job on the 2-core VM had every records message
 read and its partials then fell behind, the root's core not full.
 

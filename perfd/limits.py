@@ -113,7 +113,8 @@ JOB_RETENTION_S = 24 * 3600.0
 # Per-window communication figures (perfd.winfigures rows, a rank a window) a job's collective fold holds
 # for its analysis: the newest iterations, whole, up to this many rows, before its iterations' own cap
 # (CollectiveConfig: the newest 100). At 100,000 ranks 100 iterations were ~10 million rows and most of
-# the engine root's 7.1 GiB (docs/scale.md); this keeps 40 iterations there (~0.5 KB a row), and every
+# the engine root's 7.1 GiB (docs/evidence/entries/48-scale-history.md); this keeps 40 iterations there (~0.5
+# KB a row), and every
 # one of them up to 40,000 ranks. The iterations let go for it are counted (``evicted_for_rows``).
 MAX_FIGURE_ROWS_PER_JOB = 4_000_000
 # Retention of each job's step records (issue 15; perfd.aggregator.jobs keeps the window): the newest

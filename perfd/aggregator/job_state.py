@@ -42,7 +42,7 @@ class JobState:
     agents: set[str] = field(default_factory=set)  # only ever added to (the job's state goes whole)
     # ``agents`` sorted, as the overview lists them, made again when their number changed (exact:
     # they only grow): every snapshot of a job reads its overview, and a 100,000-GPU job's 12,500
-    # node agents sorted at each was 6% of its root's CPU (py-spy, docs/scale.md)
+    # node agents sorted at each was 6% of its root's CPU (py-spy, docs/evidence/entries/48-scale-history.md)
     agents_sorted: tuple[str, ...] = ()
     gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
     analysis: RunAnalysis | None = None

@@ -338,7 +338,8 @@ class NodeView:
         agents' series name. What joins a node agent's host series (no job_name) to the job.
         Kept while neither those inputs nor the job's agents change: every snapshot of a job reads
         it, and at 100,000 GPUs (12,500 agents) walking them was 25% of the engine root's samples
-        (py-spy, perfd bench engine --nodes 12500 --iteration-s 20; docs/scale.md)."""
+        (py-spy, perfd bench engine --nodes 12500 --iteration-s 20;
+        docs/evidence/entries/48-scale-history.md)."""
         agents = job_agents if isinstance(job_agents, frozenset) else frozenset(job_agents)
         with self._lock:
             held = self._job_nodes.get(job)

@@ -20,7 +20,8 @@ switch interval, 5 ms by default. An asyncio loop reading a socket beside one CP
 thread doing 97.5, 100 and 80 rounds a second (``perfd bench switch``, this 2-core VM, 2026-11-27:
 benchmarks/results/switch_2core.json). So the loop is served first, and the analyses take what is
 left. ``--gil-switch-ms`` sets it. What it changed end to end is within the noise so far: the engine
-root of a 100,000-rank job with collective records, saturated at one core either way (docs/scale.md).
+root of a 100,000-rank job with collective records, saturated at one core either way
+(docs/evidence/entries/48-scale-history.md).
 
 gRPC core. By default gRPC 1.85 accepts and serves server connections on its EventEngine thread
 pool; with the experiment ``event_engine_listener`` off, on the poller the Python binding drives.

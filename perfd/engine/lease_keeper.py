@@ -5,7 +5,8 @@ Why a thread, not the shard's event loop. A shard folds its node messages on its
 of them with their collective operations took seconds to fold, and the renewals, each a request and
 its reply waiting their turn behind it (with the member count's reads, a few dozen of them a round),
 came after the lease's TTL: the shard lost its partitions 5-13 times a run at 100,000 ranks
-(docs/scale.md), each then waiting out the ack wait at its next holder. Yielding more often only
+(docs/evidence/entries/48-scale-history.md), each then waiting out the ack wait at its next holder. Yielding
+more often only
 shortens the turns; it bounds nothing (a message's fold is as long as its operations make it). Here
 the renewals run where nothing else does: the fold holds the interpreter's lock, which a waiting
 thread gets within its switch interval (5 ms), so a lease is renewed on time however busy the fold.

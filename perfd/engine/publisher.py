@@ -23,7 +23,8 @@ most SHARD_ROWS a message; ``perfd shard`` folds what its nodes send). Both fold
 same way: a rank's windows are its own step ends, which the node's fold of its ranks' records carries
 to either. Here it costs a node ~20 µs of CPU an operation (a 100,000-rank job: 48 a node an
 iteration, ~1 ms a node every 2 s), where at the shards it cost each shard 35-46 µs an operation of a
-quarter of the job's nodes, 2-3x the cores of 4 shards at 100,000 ranks (docs/scale.md). What it
+quarter of the job's nodes, 2-3x the cores of 4 shards at 100,000 ranks
+(docs/evidence/entries/48-scale-history.md). What it
 changes: the operations still waiting for their window to settle (about three iterations) are in
 this process only, so an agent killed loses them, and its ranks' latest windows keep the provisional
 figures it sent (a shard's fold holds its messages unacknowledged until they settle, so that a shard

@@ -5,7 +5,8 @@ each rank's newest operations, SENT_RETENTION) where the job's windows were fold
 
 Why held: a node's agent sends what its collector read, one records message a job a Flight Recorder
 dump (collectors/nccl: every 10 s by default, every 0.5 s at the most). Each message costs the root
-~0.15-0.4 ms of its one interpreter's CPU whatever it holds (perfd bench root-figures, docs/scale.md),
+~0.15-0.4 ms of its one interpreter's CPU whatever it holds (perfd bench root-figures,
+docs/evidence/entries/48-scale-history.md),
 so 12,500 nodes dumping every 2 s would ask ~2.5 cores of it, where the root also folds the job's
 steps and figures; and what it keeps of a rank is its newest few operations (2 a rank at 100,000
 ranks), so most of those messages only replace the previous one's rows. Held, a node's dumps are

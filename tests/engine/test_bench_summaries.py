@@ -1,4 +1,5 @@
-"""`perfd bench root-summaries` runs and reports what docs/scale.md quotes: per iteration, the
+"""`perfd bench root-summaries` runs and reports what docs/evidence/entries/48-scale-history.md quotes: per
+iteration, the
 partials stream's bytes and the root's CPU for the shards' partials and for their step summaries;
 the summaries' bytes do not grow with the ranks (one per partition and flush)."""
 

@@ -139,7 +139,8 @@ def test_four_shards_give_one_aggregators_analysis_byte_for_byte_at_scale(tmp_pa
     info = _info(world)
     # Both hold every iteration of the replay (``perfd aggregator --retain-mib 1024``): with the default
     # 256 MiB, one aggregator holding 8,000 ranks' records with their timers keeps ~15 iterations (its
-    # byte bound: docs/scale.md), where the root's folds take a few hundred KB an iteration.
+    # byte bound: docs/evidence/entries/48-scale-history.md), where the root's folds take a few hundred KB an
+    # iteration.
     single, rooted = (AggregatorState(gpu_override=GPU, max_bytes_per_job=RETAIN_MIB << 20) for _ in range(2))
     single.ingest_job_info(_agent(0), JOB, info)
     for it in range(iterations):  # one aggregator: each node's agent sends its ranks' records

@@ -452,7 +452,8 @@ class WindowFold:
                 block.add(rank, w, comm, by_)
                 self.counts.windows += 1
                 # Settled as handed on provisional: the join keeps that row (only this fold's own later
-                # rows could replace it: none after its settling), so no settled copy (docs/scale.md)
+                # rows could replace it: none after its settling), so no settled copy
+                # (docs/evidence/entries/48-scale-history.md)
                 sent = st.sent.get(w.iteration) if self.hands_on else None
                 if sent is not None and sent == _figure(w, comm, by_):
                     block.handed.add(len(block) - 1)
