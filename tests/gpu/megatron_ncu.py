@@ -119,9 +119,8 @@ def cut_launch_trace(src: Path, dst: Path) -> dict[str, Any]:
     GPU activity; the runtime and driver calls that launched it or waited for the device; the CPU ops
     that enclose a launch, begin a forward->backward flow or carry an autograd sequence number;
     annotations; the flows; of the args only correlation, device, stream, grid, block and the sequence
-    number. On the ncu workflow's H100 trace (69 MB) ``perfd analyze ncu
-    --capture`` and ``perfd analyze megatron --capture`` give the same JSON from the cut (1.7 MB) as from the
-    whole trace."""
+    number. On the ncu workflow's H100 trace (69 MB) ``perfd analyze ncu --capture`` and ``perfd analyze
+    megatron --capture`` give the same JSON from the cut (1.7 MB) as from the whole trace."""
     import bisect
     import gzip
     import json
