@@ -1,4 +1,4 @@
-"""How a rank armed for a capture is known, from its first step (issue 51 item 2).
+"""How a rank armed for a capture is known, from its first step.
 
 A rank under ``ncu --profile-from-start off`` pays on every kernel launch for the life of its process
 (perfd.capture.ncu_exec): its steps are the profiler's, never the job's steady state. ``perfd

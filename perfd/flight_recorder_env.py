@@ -54,8 +54,8 @@ def env_for_flight_recorder(directory: str | Path, buffer_entries: int = 2000,
     ``timing`` (``TORCH_NCCL_ENABLE_TIMING=1``) is opt-in: it fills ``duration_ms`` by recording a
     CUDA start event before every collective, and with ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron's
     setting for TP/SP overlap) that extra event can serialize communication behind compute and
-    break the overlap (PyTorch issue 143890). Never switch it on silently for Megatron jobs, and
-    measure its cost on the job before leaving it on.
+    break the overlap (https://github.com/pytorch/pytorch/issues/143890). Never switch it on
+    silently for Megatron jobs, and measure its cost on the job before leaving it on.
     """
     if buffer_entries <= 0:
         raise ValueError("buffer_entries must be > 0 (0 disables Flight Recorder and the pipe)")

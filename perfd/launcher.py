@@ -13,7 +13,7 @@
   ``TORCH_NCCL_ENABLE_TIMING=1`` (fills ``duration_ms``, which the communication share needs).
   Timing is opt-in: it records a CUDA event before every collective, and under
   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron's setting for TP/SP overlap) that can serialize
-  communication behind compute (PyTorch issue 143890). Measure its cost on the job
+  communication behind compute (https://github.com/pytorch/pytorch/issues/143890). Measure its cost on the job
   (``tests/gpu/verify_nccl_live.py`` does, paired runs) before leaving it on;
   with ``--kineto``: ``KINETO_USE_DAEMON=1`` and ``KINETO_CONFIG`` naming a base config that makes
   PyTorch ask perfd's Kineto daemon for a trace config every second, and ``TEARDOWN_CUPTI=1`` unless

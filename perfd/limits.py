@@ -55,7 +55,7 @@ MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events documen
 EVENT_LOG_SHARES = 10
 # Events kept whole for a consumer that reads their payload (a job's NCCL hang events, merged by the
 # collective analysis): at most this many bytes of them per job, the oldest going first. 2,000 hang
-# events of 250 KB once took the aggregator's RSS from 66 to 547 MB (issue 43 item 4).
+# events of 250 KB once took the aggregator's RSS from 66 to 547 MB.
 MAX_WHOLE_EVENT_BYTES_PER_JOB = 4 << 20
 
 # Liveness (measured in tests/faults: a half-open link is noticed within LIVENESS_BUDGET_S).
@@ -79,7 +79,7 @@ MAX_LOOP_LAG_S = ACK_TIMEOUT_S / 4
 # answers in half that at the rate it answers now (at least MAX_OPENING_STREAMS: a Hello of 200 series
 # costs ~2.6 ms, 512 of them ~1.3 s of work). The event loop's lag alone never said no: 4,500 agents
 # connecting at once left it under 5 s late while Hellos queued, 1,259 connected, p50 34 s, 0
-# refusals (issue 54 item 8).
+# refusals.
 MAX_FIRST_ACK_WAIT_S = ACK_TIMEOUT_S / 2
 MAX_OPENING_STREAMS = 512
 # ... or while the event loop's thread has been on a CPU, or waiting for one, this share of the time for
@@ -117,7 +117,7 @@ JOB_RETENTION_S = 24 * 3600.0
 # KB a row), and every
 # one of them up to 40,000 ranks. The iterations let go for it are counted (``evicted_for_rows``).
 MAX_FIGURE_ROWS_PER_JOB = 4_000_000
-# Retention of each job's step records (issue 15; perfd.aggregator.jobs keeps the window): the newest
+# Retention of each job's step records (perfd.aggregator.jobs keeps the window): the newest
 # RETAIN_ITERATIONS iterations, and no more than RETAIN_BYTES of them (estimated by record_bytes): with
 # per-rank timers a record of a 1,000-rank job holds ~1.3 MB, so iterations alone would let one job
 # take gigabytes. `perfd aggregator --retain-iterations / --retain-mib` set them.
@@ -130,7 +130,7 @@ RANK_RATIO_TOP_K = 8  # slowest ranks per job always on /metrics (perfd_job_slow
 MAX_SERIES = 1_000_000  # node series held, all agents together
 # ... of one identity (as MAX_JOBS_PER_IDENTITY; --max-series-per-identity): a tenth of the cap, two
 # agents' worth (a node's agents define a few hundred each). At 500,000 one client held ~940 MB of
-# series (issue 54 item 8). Many agents behind one address without credentials (a load generator,
+# series. Many agents behind one address without credentials (a load generator,
 # NAT) need it raised; the shared bearer token names every agent alike and has no quota of its own.
 MAX_SERIES_PER_IDENTITY = 100_000
 MAX_LABELS_PER_SERIES = 16
@@ -138,8 +138,8 @@ MAX_LABEL_VALUE_BYTES = 256
 MAX_JOB_NAME_BYTES = 256
 # A step record more than this many iterations ahead of the newest its job holds is implausible
 # (refused, reason iteration_ahead), as is one beyond its run's train-iters: one far-future iteration
-# among good ones once became a retention watermark that dropped every later record (issue 43 item
-# 3). Far above any real gap between two records of a job (a log interval of 1,000, hours of lost
+# among good ones once became a retention watermark that dropped every later record.
+# Far above any real gap between two records of a job (a log interval of 1,000, hours of lost
 # records); a run that restarts from a checkpoint ahead is a new run and its first record says so.
 MAX_ITERATION_LEAP = 100_000
 
@@ -230,7 +230,7 @@ HOOK_TRACE_PATH_MAX_BYTES = 1024  # the path of a written trace a hook reports (
 HOOK_MAX_RANKS = 4096  # ranks one hook collector keeps peers, devices and job flags of (far above a node's)
 # Steps one profiler range or Kineto trace may cover, as the hook checks a request: four times the
 # aggregator's default MAX_CAPTURE_STEPS (an operator may raise that). A 10^6-step trace once slowed
-# a job's steps from 81 to 534 ms and grew its RSS 33 MB in 90 s (issue 54 item 3).
+# a job's steps from 81 to 534 ms and grew its RSS 33 MB in 90 s.
 HOOK_MAX_STEPS = 200
 # A Kineto trace the hook opened is stopped at the next step boundary once it has run this long, or
 # once the process's resident memory grew this much since it began (what it traced is kept); a

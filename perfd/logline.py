@@ -2,7 +2,7 @@
 
 Agent ids, job names, event kinds and texts come from the network and go into log messages (a refusal
 names the agent it turned away). An agent id holding a newline once wrote a forged line into the
-aggregator's log (issue 54 item 8). Escaping happens here, once, at the log's edge — the formatter of
+aggregator's log. Escaping happens here, once, at the log's edge — the formatter of
 every perfd daemon's handler (perfd.cli) — and not at each call: a call site that forgets cannot
 reopen the hole. Every character Python does not call printable (control characters, line and
 paragraph separators, bidirectional overrides, NUL) is written as its escape (``\\n``, ``\\x1b``,

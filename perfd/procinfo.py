@@ -226,7 +226,7 @@ def shown_cmdline(cmd: str | None, own: bool, cut: int = CMDLINE_MAX) -> str | N
 # trainer's ranks and the job's sidecar agent, whose PERFD_JOB comes from the pod's perfd.dev/job label.
 # A GPU process that declares no job of its own belongs to the job a process of its pid namespace
 # declares, when that namespace is not the node agent's own (hostPID: the node's, where processes of
-# every job and of none live side by side). So the trainer needs no PERFD_JOB (issue 46).
+# every job and of none live side by side). So the trainer needs no PERFD_JOB.
 POD_JOB_TTL_S = 30.0  # a pod's job is looked up again this often (a pod's label does not change)
 MAX_POD_NAMESPACES = 4096  # pid namespaces whose job is remembered (pods on one node)
 

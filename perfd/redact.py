@@ -2,7 +2,7 @@
 and nothing else (docs/security.md, "Command lines and stacks").
 
 Why an allow-list: a deny-list names the forms of secrets it knows, and a command line holds the
-forms it does not. Issue 54 found 22 of 35 forms passing the old one (``PGPASSWORD=``,
+forms it does not. A review found 22 of 35 forms passing the old one (``PGPASSWORD=``,
 ``--dbpassword=``, ``--db_pass=``, ``mysql -pX``, ``curl -u u:p``, ``Authorization: Bearer``,
 ``--wandb-key``, ``glpat-``, ``sk_live_``, ``AIza``, ...). So every word is masked unless it is one
 of these:

@@ -41,7 +41,7 @@ class Threshold:
 
 # --- host evidence of a rank process (perfd.analytics.incidents.host_evidence, collectors/ranks)
 # ------------------
-_HOST = "docs/design.md §2 Who is to blame (host evidence of the rank's process: issue 35)"
+_HOST = "docs/design.md §2 Who is to blame (host evidence of the rank's process)"
 PAUSE_WRITES_BPS = Threshold(
     20e6, "a rank process writing 20 MB/s or more to disk (proc(5) io write_bytes) while its steps wait is "
     "saving a checkpoint (the model's state: hundreds of MB in seconds; a logger writes kilobytes); the "
@@ -75,7 +75,7 @@ IO_PRESSURE_SHARE = Threshold(
 
 # --- a stall seen live (perfd.analytics.incidents.stall)
 # -----------------------------------------------------------
-_STALL = "docs/design.md §2 Diagnosis playbook (hangs); issue 35 item 3"
+_STALL = "docs/design.md §2 Diagnosis playbook (hangs)"
 STALL_CADENCE_FACTOR = Threshold(
     4.0, "no step record for four of the job's usual intervals between records (its log interval's "
     "cadence, not the step time) is a stop, not jitter", _STALL)

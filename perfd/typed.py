@@ -3,7 +3,7 @@
 What an event's payload must be is declared once, as a TypedDict in perfd.events (the keys that must
 be there marked ``Required``); :func:`fit` turns a payload into a value of that type or says why not,
 so that what a consumer reads is what the declaration says — never a ``KeyError`` or a ``TypeError``
-three calls later, on every tick (issue 54 item 1: one process entry without a ``pid`` took every
+three calls later, on every tick (one process entry without a ``pid`` once took every
 endpoint of the aggregator down). Each declaration is compiled once into checks (the aggregator checks
 every event it receives).
 

@@ -125,7 +125,7 @@ def wait_for(
 
     ``progress``: a reading of what the awaited thing moves through (a job's iteration count). While
     it changes the wait goes on, and ``timeout`` is the longest time without a change: on a loaded
-    machine a job steps slower but steps, and a wait on it must not run out for that (issue 37). It
+    machine a job steps slower but steps, and a wait on it must not run out for that. It
     ends anyway ``PROGRESS_CAP`` × ``timeout`` after it began (a job that steps but never shows the
     awaited thing fails with the reason, not at the test runner's timeout)."""
     deadline = time.monotonic() + timeout

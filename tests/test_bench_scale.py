@@ -26,7 +26,7 @@ def test_bench_scale_reports_every_key_with_every_agent_connected(tmp_path: Path
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     proc = perfd(capsys, "bench", "scale", "--agents", "12", "--seconds", "5", "--procs", "2", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not list(tmp_path.glob("perfd-scale-*"))  # a run that worked leaves no folder (issue 37)
+    assert not list(tmp_path.glob("perfd-scale-*"))  # a run that worked leaves no folder
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(k in res for k in KEYS)
     assert res["agents"] == 12 and res["agents_connected"] == 12

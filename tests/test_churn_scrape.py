@@ -1,4 +1,4 @@
-"""Issue 15: no shared structure read by one thread while another changes it. A real aggregator
+"""No shared structure read by one thread while another changes it. A real aggregator
 process while 2,000 agent streams connect, send a batch and drop (waves of 250 from a separate load
 process, real AgentClients), and this test scrapes /metrics, /api/stats and /api/jobs the whole
 time: every scrape answers 200 with a whole body, every stream's batch is counted once, and the

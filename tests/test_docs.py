@@ -36,7 +36,7 @@ def test_readme_shows_the_two_commands():
 
 
 def test_readme_and_makefile_agree_on_the_test_workers():
-    """The README said TEST_WORKERS=4 while the Makefile ran 6 (issue 37): the number is the
+    """The README said TEST_WORKERS=4 while the Makefile ran 6: the number is the
     Makefile's, and the README repeats it."""
     import re
 

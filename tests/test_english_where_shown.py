@@ -1,4 +1,4 @@
-"""English only where it is shown (issue 57): the sentences perfd/report declares for the analytics' codes
+"""English only where it is shown: the sentences perfd/report declares for the analytics' codes
 (perfd.report.provenance_text: metric sources, absence reasons, caveats, straggler notes, a row's
 exclusion; the JSON legend's exclusion kinds, perfd.report.row_json; an incident's sentences, its line and
 its action, perfd.report.incident_text and incident_findings) are in no analytics source again. Checked on
@@ -66,7 +66,7 @@ def test_no_analytics_module_words_a_code_again() -> None:
     assert not found, found
 
 
-# The modules that word incidents and the MFU grades and finding (issue 57): their sentences are
+# The modules that word incidents and the MFU grades and finding: their sentences are
 # f-strings and literals, not a table, cut by their fields into pieces; a piece is a sentence from
 # INCIDENT_WORDS words ("of the step", "in steady state" are said of other things too).
 INCIDENT_TEXT = ("incident_text.py", "incident_findings.py", "grade_text.py")

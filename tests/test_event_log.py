@@ -1,5 +1,5 @@
 """perfd.aggregator.eventlog: bounded by count and bytes, each event kept cut to its size cap (its
-listeners get it whole), numbered, and paged (issue 36 item 4); divided into pools (a job's events, each
+listeners get it whole), numbered, and paged; divided into pools (a job's events, each
 sender's job-less ones) of one share each, every event attributed by the aggregator, never by its
 labels."""
 

@@ -1,6 +1,6 @@
 """Events typed where they enter the aggregator (perfd.events.checked over perfd.typed), and no payload
-of any shape raising past that edge: the issue-54 item 1 class of bug (one process entry without a
-``pid`` took every endpoint down) fuzzed over every kind whose payload a consumer reads."""
+of any shape raising past that edge: the class of bug where one process entry without a
+``pid`` once took every endpoint down, fuzzed over every kind whose payload a consumer reads."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_answers_waiting_to_be_read_are_bounded_per_connection_and_in_all(
         server: tuple[httpd.HttpServer, _App]) -> None:
     """Clients that ask for a large answer and never read it hold at most the server's output bound:
     those that have read nothing for longest are closed when a new answer needs room; an answer over
-    the per-connection bound is not sent at all (issue 36 item 4: 30 such clients held 2 GB)."""
+    the per-connection bound is not sent at all (30 such clients once held 2 GB)."""
     srv, _ = server
     srv.max_answer_bytes, srv.max_output_bytes = 4_000_000, 8_000_000
     with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:

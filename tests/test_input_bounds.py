@@ -1,4 +1,4 @@
-"""Never stuck (issue 12 item 4): absurd values from a log or from the network are removed with a
+"""Never stuck: absurd values from a log or from the network are removed with a
 counted reason before any analysis sees them; analyses bound their loops; JSON never carries
 inf/NaN; rule expressions and rule YAML have depth limits with a clear error.
 

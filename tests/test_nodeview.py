@@ -169,7 +169,7 @@ def test_a_repeated_batch_shape_is_learnt_then_copied_as_slices() -> None:
 
 
 def test_job_nodes_are_where_its_processes_or_its_agents_are() -> None:
-    """perfd_job_node_info's nodes (issue 37: what joins a node agent's host series to a job): the
+    """perfd_job_node_info's nodes (what joins a node agent's host series to a job): the
     node of a GPU whose processes declare the job, whoever reports it; of the job's own agents' GPUs
     that no other job declares; and the nodes its own agents' series name. Not a node where only
     another job runs."""

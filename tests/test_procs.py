@@ -51,7 +51,7 @@ def test_procs_start_query_and_stop_in_order(tmp_path: Path) -> None:
         )
         assert jobs[0]["job"] == JOB
         # Wait for the line itself (the log exists, then grows): a loaded machine may take a while
-        # to start the job and write it (issue 37: a 10 s wait that returned at the first line).
+        # to start the job and write it (a 10 s wait once returned at the first line).
         wait_for(lambda: "step 5" in (run_dir / "output.log").read_text(), 60, "step 5 in the job's log")
         assert launch.poll() is None  # still running: stop() ends it
     gone = {name: p.poll() for name, _, p in procs.procs}

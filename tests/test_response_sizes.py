@@ -1,4 +1,4 @@
-"""Issue 52: responses sized for their readers — each fact once, per-iteration provenance as codes
+"""Responses sized for their readers — each fact once, per-iteration provenance as codes
 (the English once, in a legend), ranges instead of per-iteration lists. Measured on recorded real
 data:
 

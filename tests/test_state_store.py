@@ -203,7 +203,7 @@ def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_se
 
 
 def test_what_the_aggregator_refused_is_never_journalled(tmp_path: Path) -> None:
-    """Issue 43 item 4: the journal stores what the aggregator kept of a batch and the jobs a Hello
+    """The journal stores what the aggregator kept of a batch and the jobs a Hello
     was given — not a stranger's step records or events for a job it does not host, nor Hello names
     the guard refused."""
     from perfd.aggregator.daemon import Aggregator, AggregatorConfig

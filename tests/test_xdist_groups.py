@@ -1,8 +1,8 @@
 """The suite's xdist groups hold: under ``--dist loadgroup`` every test of one ``xdist_group`` runs on
 one worker (conftest.py says why the suite needs it). On pytest 9.2 with pytest-xdist 3.8 the grouping
-silently stopped (pytest-xdist issue 1386): each module fixture was built again in every worker that
-took a test of it — the hook's real training loops 14 times for 5 — and the real torch processes that
-must run one at a time ran side by side. Nothing failed; this test does."""
+silently stopped (https://github.com/pytest-dev/pytest-xdist/issues/1386): each module fixture was built again
+in every worker that took a test of it — the hook's real training loops 14 times for 5 — and the real torch
+processes that must run one at a time ran side by side. Nothing failed; this test does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recorded Kineto traces read and analysed once per test session, not once per test (issue 57).
+"""The recorded Kineto traces read and analysed once per test session, not once per test.
 
 Several modules read the same recordings (tests/data/captures/kineto_h100_megatron/ops_*_rank0.json.gz,
 1.7-2.2 MB gzipped each) through perfd.capture.chrome_trace and perfd.commands.analyze_capture: a few

@@ -7,7 +7,7 @@ past its time budget), and for a Kineto trace of its own process when the job po
 capture_failed) through the same stream as the data. Ranks under ncu are found where ``perfd
 ncu-exec`` records them, under this agent's capture directory (``<capture_dir>/ncu``).
 
-Whose process a rank is (issue 54 item 7): a GPU process's ``RANK`` is its own word. With a job user
+Whose process a rank is: a GPU process's ``RANK`` is its own word. With a job user
 (AgentConfig.job_uid: ``job_user``, the launch manifest's, or the agent's own), a process is taken for
 a rank only when it runs as that uid alone, checked when it is learnt and again right before a capture
 names it (a pid reused by another user's process is not armed); the step hook's senders are the job
@@ -200,7 +200,7 @@ class AgentCaptures:
     def close(self, timeout_s: float = 5.0) -> None:
         """End every capture and the Kineto daemon within ``timeout_s``: the captures are told first,
         then the daemon stops, which cancels its armings (a capture waiting for a rank's poll ends at
-        once instead of at its arming's end, 5 s at least: issue 54 item 8), then the capture threads
+        once instead of at its arming's end, 5 s at least), then the capture threads
         are waited for."""
         self.manager.stop()
         if self.kineto is not None:

@@ -1,5 +1,5 @@
-"""A rank whose process declares no RANK, placed on its GPU by what its step hook says (issue 44
-item 3, "any process is a rank").
+"""A rank whose process declares no RANK, placed on its GPU by what its step hook says ("any
+process is a rank").
 
 The aggregator places a rank on a GPU from the GPU process lists (collectors/nvml reads RANK from each
 process's environment). A job of one process (``python3 train.py``, no torchrun) or a launcher that

@@ -247,7 +247,7 @@ class Agent:
         node = {"node": self.cfg.node}
         rows: list[tuple[Mapping[str, str], str, float]] = []
         # Counters with known label values are served from 0: increase() needs a sample before the
-        # first event to see it (issue 37: the first capture, the first collector error were missed).
+        # first event to see it (else the first capture, the first collector error are missed).
         for name, st in self.scheduler.states.items():
             errors = {**dict.fromkeys(RUNNING_ERROR_REASONS, 0), **st.collector.errors}
             for reason, n in errors.items():

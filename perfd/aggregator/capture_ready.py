@@ -1,4 +1,4 @@
-"""Whether a firing capture rule's target can take the capture now (issue 51 item 3), for the capture
+"""Whether a firing capture rule's target can take the capture now, for the capture
 coordinator (perfd.aggregator.captures): on the H100 a rule fired 34 s after a job restarted under ncu,
 on its warm-up steps and before the rank's step hook had sent a record; the capture failed ("the step
 hook is unreachable"), took the rule's one-hour cooldown, and the next firing was suppressed.

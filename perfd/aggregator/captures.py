@@ -310,7 +310,7 @@ class CaptureCoordinator:
         """A rule's ``tool: auto`` capture of a CPU-only job, not sent: perfd picks the tool, and none
         fits — each times GPU work (the step budget divides the GPU's timeline), a CPU-only job has
         none, so the trace would cost the job its profiler's overhead and give ``budget: null``
-        (issue 52: the default incident_capture rule ran torch.profiler inside such jobs). Its host
+        (the default incident_capture rule once ran torch.profiler inside such jobs). Its host
         side is the rank's host evidence (collectors/ranks) and its stacks. A rule or a person naming
         a tool still gets it (its CPU ops are a trace to read, not a budget)."""
         rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t,
@@ -372,7 +372,7 @@ class CaptureCoordinator:
         """Agents whose node hosts a target rank; every host of the job when placement is unknown
         (each agent captures only the ranks it hosts). Never an agent that does not host the job.
         An agent's node: where the GPU processes it reports run, else the node its Hello named (a
-        job's sidecar reads no GPU: its ranks are placed by the node's agent, issue 46)."""
+        job's sidecar reads no GPU: its ranks are placed by the node's agent)."""
         snap = self.state.snapshot(job)
         placed = snap.placed_ranks if snap is not None else {}
         if self.hosts is not None:

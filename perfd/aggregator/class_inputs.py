@@ -63,7 +63,7 @@ class ClassInputs:
         stepped with no incident open: its last steady window), the class its latest capture within
         ``span`` supports, and which GPM window that is. ``span``: (from, to) epoch s of the run whose
         figures the analysis reports (perfd.analytics.run.runs): a capture of another run of the job
-        never informs them (issue 51: run 1's Kineto steps were read against run 2's armed steps). A
+        never informs them (once run 1's Kineto steps were read against run 2's armed steps). A
         capture is left out when it ran during a real incident (it shows the incident, not the job);
         its own disturbance does not count. A capture taken with Python stacks informs the job only
         when none without them does: its idle parts hold more of the profiler's own cost (+16% against
@@ -84,7 +84,7 @@ class ClassInputs:
             if got is not None:
                 timeline = got
         # An Nsight Compute capture's kernel figures join the budget's parts; with no timeline, the
-        # timers' budget (a class of its own they do not vote: issue 45 item 3).
+        # timers' budget (a class of its own they do not vote).
         ncu = ncu_of(self.captures_of(job))
         if ncu.categories:
             if timeline is not None:

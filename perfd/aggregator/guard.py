@@ -267,7 +267,7 @@ class Guard:
         reads them: (index in the batch, the event, whether entries of its payload were left out). An
         event, or an entry of its payload, that is not of its declared type is refused and counted
         (``malformed_event``, one per event or entry) with what was wrong — never read further, so
-        never raised in a tick (issue 54 item 1)."""
+        never raised in a tick."""
         out = []
         for i, e in enumerate(evs):
             ev, problems = E.checked(e)
@@ -283,10 +283,10 @@ class Guard:
     def events(self, agent: str, events: Sequence[Mapping[str, object]]) -> list[int]:
         """The indices of ``events`` the agent may send. An event is about every job it names: its
         ``job``, its payload's (which must agree), and each job the entries of a list payload declare
-        (the processes of a GPU: a job-less event is no exception, issue 54 item 2). It is taken only
+        (the processes of a GPU: a job-less event is no exception). It is taken only
         when the agent may speak for each of them (:meth:`_speaks_for`); otherwise refused and counted
-        (``not_host``: issue 43 item 5, a stranger's phases, stopped ranks and stacks once went into
-        another job's stall; issue 54, a stranger made itself a node agent of the job by reporting
+        (``not_host``: a stranger's phases, stopped ranks and stacks once went into
+        another job's stall, and a stranger once made itself a node agent of the job by reporting
         its rank on a GPU of its own)."""
         out: list[int] = []
         refused: dict[str, int] = {}
@@ -322,7 +322,7 @@ class Guard:
         no job of its own) is one whose Hello names a node a host of the job named in its own Hello;
         the GPU processes it reports are of that node (``gpu_node``: their GPU's node label), and its
         other events only of a job its GPUs run (``placed_jobs``). What the agent itself says about
-        its GPUs no longer makes it the node agent of whatever job it names (issue 54 item 2).
+        its GPUs no longer makes it the node agent of whatever job it names.
         While the state store is replayed (no Hello is live: no node is known) what was journalled
         passed this check when it arrived. None: the identity policy refuses it (counted)."""
         if self.job_allowed is not None and not self.job_allowed(agent, job):

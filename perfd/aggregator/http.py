@@ -231,7 +231,7 @@ def job_cpu(snap: JobSnapshot, now: float) -> CpuUse | None:
     """How the job's ranks use their CPUs, for its data-loading action: as last observed while it
     stepped (a step record came after the observation: not its teardown, not its exit), else as its
     agents see it now (no step since the first observation yet). A job no longer running says when
-    (issue 52: after exit the advice read "its 0 child process(es)", or "CPUs are full")."""
+    (else after exit the advice read "its 0 child process(es)", or "CPUs are full")."""
     use = job_cpu_use(snap.hosts_last_running())
     now_seen = snap.hosts(now)
     if use is None:

@@ -425,7 +425,7 @@ class IncidentTracker:
 
     def metric_rows(self, jobs: Iterable[str] = ()) -> list[tuple[Mapping[str, str], str, float]]:
         """The incident counters of every job that had one, and of ``jobs`` (those holding data) at 0:
-        increase() needs a sample before a counter's first rise to count it (issue 46: it read 2.03
+        increase() needs a sample before a counter's first rise to count it (without it one read 2.03
         for three incidents when the counter appeared at 1 with the first). Then one cause series per
         cause among each job's open incidents (none once they closed)."""
         with self._lock:

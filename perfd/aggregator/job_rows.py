@@ -41,7 +41,7 @@ def liveness_rows(snaps: Sequence[JobSnapshot], now: float, node_info: bool = Fa
     ``node_info`` (/metrics, not the rules): the nodes each job that has not ended runs on,
     perfd_job_node_info, in the same pass over the jobs. Bounded by nodes, so exported under
     --no-rank-series too: the join of a node agent's host series, which carry no job_name, to
-    the job on(node) (issue 37: blank host panels). A join key, not a value: no rule scope holds
+    the job on(node) (without it, blank host panels). A join key, not a value: no rule scope holds
     it (perfd.rules.rule_types.carrying_scopes). State, stalled seconds and goodput are computed from
     the snapshot at ``now`` (they change with the clock between refreshes)."""
     rows: list[Row] = []

@@ -1,4 +1,4 @@
-"""A job's runs as the job store keeps them (issue 51 item 1; perfd.analytics.run.runs): the records
+"""A job's runs as the job store keeps them (perfd.analytics.run.runs): the records
 of a run a new one replaced, held until the next analysis digests them, and which run's span the
 captures informing the job's figures are taken from.
 

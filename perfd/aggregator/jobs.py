@@ -5,7 +5,7 @@ access goes through one lock. Ingest does no analysis: a job is marked dirty and
 recomputed on the next read, at most every ``min_recompute_s`` (a busy job is not re-analysed once
 per batch), and outside the lock so that ingest never waits for it.
 
-What one record may cost (issue 43 items 3 and 6): a record implausibly ahead — beyond its run's
+What one record may cost: a record implausibly ahead — beyond its run's
 train-iters, or more than perfd.limits.MAX_ITERATION_LEAP past the newest iteration held — is refused
 (the caller counts and logs it), never held; retention drops the *lowest* iterations held, so no
 record, however far ahead, sets a watermark below which later ones are dropped. A restarted run is a
@@ -60,7 +60,7 @@ def record_bytes(rec: StepRecord) -> int:
     """Estimated memory of a held record: measured with tracemalloc on parsed Megatron-LM records
     (~83 bytes per per-rank timer value, ~1 KB for the rest), plus what its strings hold — the raw
     key/value fields, the timer names — by ``sys.getsizeof`` (1,500 records with one 100 KB field
-    each held 150 MB that the estimate once did not see: issue 36 item 3). Cheap at ingest: no
+    each held 150 MB that the estimate once did not see). Cheap at ingest: no
     string is walked."""
     per_rank = sum(len(tv.per_rank) for tv in rec.timers.values())
     fields = sum(sys.getsizeof(k) + sys.getsizeof(v) + _ENTRY_BYTES for k, v in rec.fields.items())
@@ -169,8 +169,8 @@ class JobStore:
             # Plausibility per batch: each job's records are judged against what it held *before* the
             # batch (its progress: JobState.progress_of; for a job holding none, the batch's lowest),
             # never against each other — a ladder of records each MAX_ITERATION_LEAP past the one before,
-            # in one batch, once evicted a job's every iteration and dropped its next ones (issue 54 item
-            # 6); one rung a batch, from a sender no other record corroborates, did too.
+            # in one batch, once evicted a job's every iteration and dropped its next ones;
+            # one rung a batch, from a sender no other record corroborates, did too.
             anchors: dict[str, tuple[int, str]] = {}
             for job, low in lowest.items():
                 held = self.jobs[job].progress_of(agent_id) if job in self.jobs else None

@@ -187,7 +187,7 @@ class Lifecycle:
     def _trim(self, now: float) -> None:
         """Give the memory freed by jobs pruned, agents forgotten and iterations evicted for the byte
         bound back to the system, at most every TRIM_EVERY_S (memory.trim: glibc keeps freed blocks in
-        its arenas, and a churn of jobs left RSS growing with the Python heap flat, issue 54 item 8;
+        its arenas, and a churn of jobs left RSS growing with the Python heap flat;
         1,500 records of 100 KB under ``--retain-mib 16`` left 16 MiB held but 56 MB free in the
         arenas). Evictions by count are not a reason: a steady job evicts one iteration per step."""
         freed = self.jobs_pruned + self.agents_forgotten + self.agg.state.job_stats.evicted_iterations_bytes

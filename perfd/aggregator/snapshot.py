@@ -126,7 +126,7 @@ class JobSnapshot:
         live = self.stall
         if live is not None and state in (RUNNING, ENDED):
             # An open stall has seen its rank processes there (stopped, idle): not ended, whatever the
-            # age of its last step says (issue 43 item 7: a SIGSTOPped hook job read "ended" after
+            # age of its last step says (a SIGSTOPped hook job once read "ended" after
             # 60 s while its own stall said "stalled", and could be pruned as ended).
             state, why = STALLED, stall_text(live.silent_s, live.cadence_s, live.reasons)
         return state, why
@@ -241,7 +241,7 @@ class Snapshots:
 
     A build that raises (a bug, or a value no check foresaw) is counted in ``errors`` and logged at
     most once a minute per job, and the job's last snapshot is served meanwhile: one job's bad value
-    never answers 500 for /metrics and every other job's endpoints (issue 54 item 1)."""
+    never answers 500 for /metrics and every other job's endpoints."""
 
     def __init__(self, build: Callable[[str, Hashable], JobSnapshot | None],
                  version: Callable[[str], Hashable]) -> None:

@@ -343,7 +343,7 @@ class StallWatch:
                 for r in h.ranks_not_joined:
                     st.collectives.setdefault(r, {})["not_joined"] = op
         # Only the answers of the agents the request went to: another's "stacks" for the command are
-        # not the job's (issue 43 item 5: a forged stack once went into another job's incident).
+        # not the job's (a forged stack once went into another job's incident).
         stacks = state.hosts.stacks(job, st.command_id, st.agents_asked) if st.command_id else {}
         extra = {"stacks": stacks, "stacks_asked": {"command_id": st.command_id, "agents": st.agents_asked},
                  "collectives": {str(r): c for r, c in sorted(st.collectives.items())}}

@@ -16,7 +16,7 @@ Durability: the ingest server acknowledges a batch only after :meth:`StateStore.
 commit survives a power cut, not only a killed process). A failed write is never acknowledged:
 the server closes the stream, the agent keeps the batches in its spool and resends them.
 
-Bounded on disk (issue 36 item 2, issue 43 item 4: a Hello per row once grew the file by 36 MB/s; a Hello
+Bounded on disk (a Hello per row once grew the file by 36 MB/s; a Hello
 of 100 refused 100 KB names was stored whole, 1 GB in 40 s; a pruned file never shrank, 49.7 MB under an 8
 MiB cap): what is stored is only what the aggregator took (the jobs a Hello was given, the parts of a
 batch it kept: perfd.transport.delivery.Kept); the journal keeps its newest ``max_batches`` batches and
@@ -33,7 +33,7 @@ it from being replayed — a tombstone goes once no journal row older than it is
 Versioned (``SCHEMA_VERSION``, in the file's user_version; the tables, the checks and the upgrade are
 perfd/aggregator/state_schema.py's): a newer build reads the files of older ones (upgraded once, at
 open); an older build stops at start-up on a file of a newer schema, with one line and exit 2, and
-leaves it untouched, rather than read it lossy (issue 56: a downgrade once read 29 of 40 iterations
+leaves it untouched, rather than read it lossy (a downgrade once read 29 of 40 iterations
 and said nothing).
 
 Why SQLite and not a file of our own: the stdlib has it, WAL gives one writer with readers beside

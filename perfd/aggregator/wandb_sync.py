@@ -10,7 +10,7 @@ GPU values per row: the aggregator holds only each GPU series' latest value, and
 (--wandb-interval, 10 s) covers many iterations. Between rounds the task samples each job's GPU
 values whenever the job has stepped (every GPU_SAMPLE_S, as often as the agents forward them), and
 each exported iteration carries the sample taken once it had arrived: every row of a job with GPU
-data has its GPU keys (issue 37: only the newest row of each round had them, 3 of 40 steps).
+data has its GPU keys (once only the newest row of each round had them, 3 of 40 steps).
 
 The task reads each job's snapshot (perfd.aggregator.snapshot) and publishes it to its sink
 (:class:`WandbSink`, a SnapshotSink): the snapshot's placement names each rank's GPU, and the sink

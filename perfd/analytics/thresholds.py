@@ -262,11 +262,11 @@ MIN_GRADE_STEPS = Threshold(
     "the warm-up takes the first 3 of a short log, and a median or a coefficient of variation over fewer "
     "than 5 steps is one step's value (a 4-iteration log was graded from 1 steady step); fewer, and the "
     "figure is shown with its count but not graded",
-    "perfd/analytics/run/run_figures.py (issue 51 item 6; docs/design.md has none; ARMING_MIN_STEPS's count)")
+    "perfd/analytics/run/run_figures.py (docs/design.md has none; ARMING_MIN_STEPS's count)")
 ARMING_MIN_STEPS = Threshold(
     5, "the cost of arming ncu on a rank is a median of at least 5 armed steps against at least 5 of the "
     "reference (its unarmed ranks, its own steps before it was armed): fewer, and one slow step decides it",
-    "perfd/analytics/run/arming.py (issue 45 item 4; docs/design.md has none)")
+    "perfd/analytics/run/arming.py (docs/design.md has none)")
 NCU_FUSION_DRAM = Threshold(
     0.60, "a pointwise or normalisation kernel moving DRAM at 60% of its peak or more is near what such a "
     "kernel reaches (NVIDIA's latency bar, SOL_LATENCY): a faster kernel gains little, only fewer bytes "

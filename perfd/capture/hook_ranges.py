@@ -4,7 +4,7 @@
 started, stopped, rejected, failed, cancelled), and cancel a range that must end early. Apart from
 the tools' runs so that nsys and ncu open and watch ranges the same way.
 
-Whose answers count (issue 54 item 4): a request is (the process it went to, its rank, its id), and
+Whose answers count: a request is (the process it went to, its rank, its id), and
 an answer is kept under the (verified pid, rank, id) it came with (collectors/hook): another process's
 status for the same id is another key, never this request's. Only the answers of requests a capture
 is waiting for are kept (``expect`` before the request goes out, ``forget`` when the capture is

@@ -1,4 +1,4 @@
-"""A Kineto capture through the step hook (issue 44 item 4, "captures without flags"): each rank's
+"""A Kineto capture through the step hook ("captures without flags"): each rank's
 hook opens torch's Kineto profiler in its own process for the steps asked (perfd.hook.trace) and
 writes the Chrome trace where the agent says; the trace is then kept and analysed exactly as one the
 Kineto daemon got (:mod:`perfd.capture.kineto_capture`). The manifest's ``mode`` says which:
@@ -11,8 +11,8 @@ and whether it can trace (wire.JOB_FLAG_KINETO_DAEMON, JOB_FLAG_CAN_TRACE), so t
 run up front for such ranks instead of arming the daemon and waiting for polls that never come.
 
 Where the hook writes: where the hook chooses, never where a request says (a request naming the path
-once had a job write its trace, stack frames and tensor shapes, 0644 into a folder its sender chose:
-issue 54 item 3). The hook writes into its own private folder (0700, the file 0600: perfd.hook.trace)
+once had a job write its trace, stack frames and tensor shapes, 0644 into a folder its sender
+chose). The hook writes into its own private folder (0700, the file 0600: perfd.hook.trace)
 and names the file in its ``written`` answer; :func:`_take` copies it into the store only when it is
 a plain file of the uid the kernel gave for that answer's sender, with one link, at most
 HOOK_TRACE_MAX_BYTES, in a folder of that uid closed to others (opened without following a link,

@@ -1,4 +1,4 @@
-"""The agent's capture executor (docs/design.md §3 "Captures", issue 5 item 3): ``capture`` commands in;
+"""The agent's capture executor (docs/design.md §3 "Captures"): ``capture`` commands in;
 Kineto, nsys or ncu captures of the targeted ranks, analysed and kept in the
 :class:`~perfd.capture.store.CaptureStore`, and events out.
 

@@ -179,7 +179,7 @@ class NcuCapture:
             if isinstance(opened, int | float):
                 # How long the range held the step it profiled (ncu replays every kernel on the training
                 # thread: the step ends only then): the job's steps stop for this long, by design, and
-                # the aggregator reads it as this capture's, never as a stall (issue 45 item 1).
+                # the aggregator reads it as this capture's, never as a stall.
                 m["range_held_s"] = round(max(0.0, max(times) - float(opened)), 3)
         self.ctx.store.write(m)
         return closed

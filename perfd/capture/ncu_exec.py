@@ -1,4 +1,4 @@
-"""Nsight Compute (ncu) for a running job (issue 34 item 5): the chosen ranks start under ncu with
+"""Nsight Compute (ncu) for a running job: the chosen ranks start under ncu with
 profiling off, and a capture opens one step's range through the step hook.
 
 Facts this rests on (measured on the H100, ncu 2025.3.1: docs/design.md §3 "Nsight Compute"):
@@ -22,8 +22,9 @@ Facts this rests on (measured on the H100, ncu 2025.3.1: docs/design.md §3 "Nsi
   ``--clock-control none`` unless asked for ``base``; each kernel's "SM Frequency" shows which.
 - ncu writes the report while it profiles (3.6 MB within the profiled step of a probe, the process
   ran on for 15 s): the agent imports a copy once its size settles.
-- A profiled NCCL kernel never finishes its replays (its peers do not replay with it: NVIDIA/nccl
-  issues 466, 536): the kernel filter never names one, and without a list of names it excludes them.
+- A profiled NCCL kernel never finishes its replays (its peers do not replay with it:
+  https://github.com/NVIDIA/nccl/issues/466, https://github.com/NVIDIA/nccl/issues/536): the kernel
+  filter never names one, and without a list of names it excludes them.
 
 How a rank comes under ncu: ``perfd ncu-exec`` (what ``perfd ncu-prefix`` prints for ``torchrun
 --no-python``, and what ``perfd launch --ncu`` wraps a one-process command in) reads RANK; a chosen
@@ -120,7 +121,7 @@ def default_time_budget_s(launches: int) -> float:
 
 
 class KernelChoice(str, enum.Enum):
-    """How the kernels a rank under ncu profiles were chosen (issue 45 item 2: said with every capture)."""
+    """How the kernels a rank under ncu profiles were chosen (said with every capture)."""
 
     TIMELINE = "timeline"  # by their time in a capture of the job (a Kineto/nsys timeline's top kernels)
     GIVEN = "given"  # a name filter the user gave

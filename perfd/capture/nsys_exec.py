@@ -68,7 +68,7 @@ def _session_base(job: str) -> str:
     """The job's part of its session names and ncu target paths: letters, digits, _ . - only (so
     also one shell word). A name that is not such a word already, or is longer than 40 characters,
     or looks like a hashed base, keeps a hash of itself: ``team/a``, ``team a`` and ``team_a`` (and
-    names sharing their first 40 characters) are three sessions, not one (issue 43 item 7)."""
+    names sharing their first 40 characters) are three sessions, not one."""
     clean = re.sub(r"[^A-Za-z0-9_.-]+", "_", job).strip("._-") or "job"
     if clean == job and len(job) <= _BASE_MAX and not _HASHED.fullmatch(job):
         return job

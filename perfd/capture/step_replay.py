@@ -1,6 +1,6 @@
-"""Replay a captured step launch by launch, with changes applied (issue 53: what a remedy that acts
-on the host side saves depends on whether the host or the GPU sets the pace, which no sum of gaps
-says). Pure.
+"""Replay a captured step launch by launch, with changes applied: what a remedy that acts on the
+host side saves depends on whether the host or the GPU sets the pace, which no sum of gaps says
+(measured: docs/evidence/entries/33-issue-53-third-h200-a-b-the-launch-by-launch-replay-plan-h20.md). Pure.
 
 Why by hand: no profiler or library simulates a CUDA host/stream timeline from a trace (HTA and
 nsys report what happened; neither answers "what if this synchronisation were not there").

@@ -123,7 +123,7 @@ def _aggregator(args: argparse.Namespace,
     wandb_dir = args.wandb_dir
     if args.wandb_project:
         # Checked here too: a directory W&B cannot write (a read-only root filesystem under a
-        # relative default) failed at every export round, with a traceback each time (issue 37).
+        # relative default) failed at every export round, with a traceback each time.
         from perfd.exporters.wandb import default_directory, directory_problem
 
         wandb_dir = wandb_dir or default_directory(args.state_dir)

@@ -269,7 +269,7 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
         ranks = _ranks(args.ranks)
         flt, chosen, window = None, None, None
         if not args.kernel_filter and args.kernels_from != "none":
-            # By time whenever the job has a timeline (issue 45 item 2: without one the budget went to
+            # By time whenever the job has a timeline (without one the budget went to
             # the first kernels of the step, 11 of 15 rows elementwise or normalisation)
             args.kernels_from = args.kernels_from or "latest"
             flt, where, chosen, window = _filter_from(args)

@@ -95,7 +95,7 @@ def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
     """A daemon of the demo, run in the demo's own folder: ``python -m`` puts its working directory
     first on sys.path, and a folder holding a ``perfd/`` directory that is not the package (the
     folder above a clone named perfd: the clone's root) made ``import perfd`` find that instead
-    (issue 46: an ImportError traceback, and no demo). Every path in ``args`` is absolute."""
+    (an ImportError traceback, and no demo). Every path in ``args`` is absolute."""
     return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=out.parent,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -285,7 +285,7 @@ REPORT_CAP_S = 120.0  # ... or this long in all
 
 class Stopped(Exception):
     """SIGTERM or SIGHUP reached the demo: stop its aggregator and agent and remove its folder, as
-    Ctrl-C does (issue 37: `perfd demo --keep-running` killed by SIGTERM left both running and its
+    Ctrl-C does (without it `perfd demo --keep-running` killed by SIGTERM left both running and its
     /tmp folder behind: Python's default for SIGTERM ends the process without a `finally`)."""
 
     def __init__(self, signum: int) -> None:

@@ -17,7 +17,8 @@ from perfd.engine.nats_api import NatsClient
 RECONNECT_ATTEMPTS = 5
 # How long closing a connection may take before its owner lets it go and connects afresh. nats-py's
 # close (and its own reconnect) awaits the old socket's transport closing, which can wait for good on
-# a socket the server dropped (nats.py issues 671 and 718): an agent stuck there never published
+# a socket the server dropped (https://github.com/nats-io/nats.py/issues/671 and
+# https://github.com/nats-io/nats.py/issues/718): an agent stuck there never published
 # again (a CI run of `perfd bench engine-storm`: an agent still not connected minutes after its
 # nats-server came back). A clean close takes milliseconds.
 CLOSE_TIMEOUT_S = 5.0

@@ -1,4 +1,4 @@
-"""A Kineto trace opened by the step hook in its own process, when the agent asks (issue 44 item 4).
+"""A Kineto trace opened by the step hook in its own process, when the agent asks.
 
 Why: Kineto on demand needs the job started with ``KINETO_USE_DAEMON=1`` (docs/design.md §3
 "Captures"); a job that runs the hook but was started without it could not be captured at all. The

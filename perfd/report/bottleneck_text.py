@@ -1,4 +1,4 @@
-"""The job's bottleneck class as it reads (issue 57): why each source votes for its class (the timers'
+"""The job's bottleneck class as it reads: why each source votes for its class (the timers'
 shares and compute, GPM's counters, a capture's timeline), why the winner decides, what is missing where
 none can, and where each of its numbers comes from, from the codes and figures of
 perfd.analytics.breakdown.bottleneck and diagnosis; and the summary's keys that serve them

@@ -1,4 +1,4 @@
-"""The step budget's findings as they read (issue 57): what each part holds, by the ops that issued its
+"""The step budget's findings as they read: what each part holds, by the ops that issued its
 kernels (its name for what it is in this job, the synchronisations the GPU waits after, what Nsight Compute
 measured of its kernels), the GEMMs' efficiency against the measured ceiling, the capture's own cost, and
 the class the budget supports with where the step goes; worded from the typed facts the analytics give

@@ -1,4 +1,4 @@
-"""A capture as it reads (issue 57): what each check of a capture against the job found
+"""A capture as it reads: what each check of a capture against the job found
 (perfd.analytics.breakdown.capture_match), the finding that a capture is not of the job, the line a
 command refuses it with; the reason of the class a capture's timeline supports
 (perfd.analytics.advice.capture_findings.ClassBasis) and the diagnosis' JSON with it. Pure."""

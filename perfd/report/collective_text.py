@@ -1,4 +1,4 @@
-"""The collective findings and recommendations as they read (issue 57): each one's title and
+"""The collective findings and recommendations as they read: each one's title and
 observation, action and detail, from their kind and numbers (perfd.analytics.collectives
 .collective_facts), and the collective analysis as JSON with them worded (what the aggregator serves).
 Pure."""

@@ -1,4 +1,4 @@
-"""The one action for slow data as it reads (issue 57): whether an incident's verdict, the run's data
+"""The one action for slow data as it reads: whether an incident's verdict, the run's data
 share or the data-loader remedy asks for it, by what the rank's CPUs allow
 (perfd.analytics.breakdown.advice_registry.data_loading: a DataLoading). The words carry no numbers (the
 numbers go in the detail: perfd.report.incident_text.cpu_use_text). And the data loader's knobs by the

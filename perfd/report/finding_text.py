@@ -1,4 +1,4 @@
-"""The findings and recommendations as they read (issue 57): the title and observation of each finding
+"""The findings and recommendations as they read: the title and observation of each finding
 of perfd.analytics.run.run_findings, the action and detail of each recommendation, from their kind and
 numbers (perfd.analytics.run.run_facts); a capture's slower-than-steady finding
 (perfd.analytics.advice.capture_findings.SlowerFinding). Pure."""

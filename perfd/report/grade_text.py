@@ -1,4 +1,4 @@
-"""The MFU grades' words and the run's MFU finding as it reads (issue 57): each grade's sentence, its
+"""The MFU grades' words and the run's MFU finding as it reads: each grade's sentence, its
 band's range and how a headline shows it, declared once here for the registry's grades
 (perfd.analytics.breakdown.advice_registry.GRADES); a grade explained with the job's own measurements
 (perfd.analytics.run.run_grade.GradeExplanation); the MFU finding's title and observation from its

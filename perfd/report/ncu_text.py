@@ -1,4 +1,4 @@
-"""The Nsight Compute verdicts and coverage as they read (issue 57): what the profiled launches were
+"""The Nsight Compute verdicts and coverage as they read: what the profiled launches were
 (perfd.analytics.breakdown.ncu_rows.Coverage, in a sentence), and each verdict's finding and recommendation
 (perfd.analytics.ncu.ncu_verdicts.NcuFinding, NcuRecommendation: the PartVerdict) with its title,
 observation, action, detail and its evidence's coverage sentence. Pure."""

@@ -1,4 +1,4 @@
-"""The top Nsight Compute kernels of each step-budget part as people read them (issue 45 item 3), in text
+"""The top Nsight Compute kernels of each step-budget part as people read them, in text
 (the report, under the part) and as an HTML table (beside the budget's waterfall). The rows are typed
 (perfd.analytics.breakdown.kernel_rows.KernelRow, each part's ``ncu_kernels`` in the typed budget,
 perfd.analytics.breakdown.job_budget.with_ncu); the English is

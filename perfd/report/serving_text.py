@@ -1,4 +1,4 @@
-"""The serving findings and recommendations as they read (issue 57): each finding's title and
+"""The serving findings and recommendations as they read: each finding's title and
 observation and each recommendation's action and detail, from their kind and numbers
 (perfd.analytics.serving.serving_facts), and the report's status sentence. Pure."""
 

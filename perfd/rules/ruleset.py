@@ -1,7 +1,7 @@
 """The rules an aggregator evaluates: its packs, in order, made one set with one rule per name.
 ``perfd aggregator`` (``--rules FILE``..., else the shipped ``rules/default.yaml``) and ``perfd rules
 check`` both load it here, so a pack the check passes is one the aggregator starts with, and a
-rule named like one of an earlier pack is handled the same way in both (issue 36 item 7: the check
+rule named like one of an earlier pack is handled the same way in both (the check once
 passed a user rule named like a shipped one, and the aggregator given both packs refused to start
 on "duplicate rule names").
 

@@ -19,7 +19,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 @dataclass(frozen=True)
 class Kept:
     """What the receiver of a batch (the aggregator's ``on_batch``) kept of it, for the journal: a
-    durable aggregator stores nothing it refused (issue 43 item 4: a job's refused step records, a
+    durable aggregator stores nothing it refused (a job's refused step records, a
     stranger's events). Indices into the batch's steps, events and collectives, its job info's job
     names; None: all of that part."""
 

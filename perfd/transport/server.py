@@ -495,7 +495,7 @@ class IngestServer:
             except Exception:
                 log.exception("on_hello failed for agent %s", info.agent_id)
                 admitted = ()
-        if self.journal is not None:  # what the Hello was given, not what it asked (issue 43 item 4)
+        if self.journal is not None:  # what the Hello was given, not what it asked
             self.journal.hello(info.agent_id, list(hello.jobs) if admitted is None else list(admitted))
 
     def _batch(self, conn: AgentStream, b: pb.Batch) -> None:

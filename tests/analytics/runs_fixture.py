@@ -4,7 +4,9 @@ the unarmed run; the second run is either run 1's lines again (a restart from it
 recording's own run 2 (a resume from the checkpoint of iteration 20, iterations 21-40), shifted in
 time after the first. An armed second run has ``perfd ncu-exec``'s line before its start-up (as the job's
 log has it: perfd.armed) and its steps ARMED_FACTOR times as long (the H100 measured 544 -> 790 ms
-armed on a 12-layer Megatron-LM job: issue 51), its logged throughput and timestamps made to agree.
+armed on a 12-layer Megatron-LM job:
+docs/evidence/entries/29-the-documented-ncu-workflow-both-ways-each-figure-from-its-r.md), its logged
+throughput and timestamps made to agree.
 Derived, not recorded: what the GPU script tests/gpu/ncu_workflow_live.py records is the real one."""
 
 from __future__ import annotations

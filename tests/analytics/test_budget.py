@@ -1,4 +1,4 @@
-"""The step budget on recorded real captures (issue 34): the parts add up, agree with an independent
+"""The step budget on recorded real captures: the parts add up, agree with an independent
 breakdown of the same trace (HolisticTraceAnalysis' kernel and temporal breakdowns, within 2 points),
 and each recorded job gets its class and its own remedies — the big H100 Megatron job memory-bound
 with R1 fused attention and its expected gain, the tiny one launch-bound with CUDA graphs, the
@@ -116,7 +116,7 @@ def test_budget_parts_agree_with_hta_within_two_points(trace: Path, tmp_path: Pa
 
 
 # --- the recorded jobs read end to end ----------------------------------------------------------------
-OPS = KINETO / "ops_default_rank0.json.gz"  # the same job, its trace with CPU ops (issue 42)
+OPS = KINETO / "ops_default_rank0.json.gz"  # the same job, its trace with CPU ops
 OPS_LOG = KINETO / "ops_megatron.log.gz"
 
 
@@ -128,11 +128,13 @@ def _big(trace: Path = OPS, log: Path = OPS_LOG) -> Any:
 
 @pytest.mark.slow
 def test_the_big_h100_job_is_memory_bound_in_attention_and_r1_is_fused_attention() -> None:
-    """Issue 34's job (h=2048, 12 layers, seq 2048, mbs 4, local transformer, no TE, no Apex, 1× H100),
-    captured with its CPU ops (issue 42): every kernel charged to the op that launched it. Attention —
-    its matmuls, mask fill, softmax, dropout and the copies autograd makes of the score matrix — is about
-    half the step; the linear layers run at the matmul ceiling; the "memory copies" of a by-name reading
-    (90 ms) are a few ms."""
+    """The budget's H100 job
+    (docs/evidence/entries/22-why-not-closer-to-the-limit-the-step-budget-on-the-issue-s-h.md; h=2048, 12
+    layers, seq 2048, mbs 4, local transformer, no TE, no Apex, 1× H100), captured with its CPU ops
+    (docs/evidence/entries/25-remedies-applied-one-at-a-time-on-the-issue-s-h100-job-attri.md): every kernel
+    charged to the op that launched it. Attention — its matmuls, mask fill, softmax, dropout and the copies
+    autograd makes of the score matrix — is about half the step; the linear layers run at the matmul ceiling;
+    the "memory copies" of a by-name reading (90 ms) are a few ms."""
     a = _big()
     s = a.summary.to_json()
     assert s["bottleneck"] == "memory-bound" and a.summary.bottleneck.winner == "capture"

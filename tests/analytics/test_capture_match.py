@@ -1,4 +1,4 @@
-"""Captures that are not of the job (issue 51 item 5), on real traces and logs of different jobs: the
+"""Captures that are not of the job, on real traces and logs of different jobs: the
 PP=2 Megatron-LM run on 2×H200 (perfd/demo/data) and the one-GPU H100 runs of tests/data/captures
 (12 layers, h=2048, seq 2048, mbs 4: ``big2048``/``ops_*``; seq 1024: ``big``; h=256: ``tiny``), each
 with the log of its own run where one was recorded. A capture of another job is refused with its

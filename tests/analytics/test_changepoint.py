@@ -1,4 +1,4 @@
-"""Lasting shifts of the step time (issue 36 item 7): a change point with before/after levels whose
+"""Lasting shifts of the step time: a change point with before/after levels whose
 cost runs to the end (or to where the user took the new level as the new normal), and goodput's
 incident part equal to the cost of the incidents the job lists, whatever the source.
 

@@ -1,4 +1,4 @@
-"""English only where it is shown (issue 57), for the findings made outside the advice package: the
+"""English only where it is shown, for the findings made outside the advice package: the
 sentences perfd/report declares for the run's findings and recommendations (perfd.report.finding_text,
 from perfd.analytics.run.run_facts; a capture's slower-than-steady finding), the serving ones
 (perfd.report.serving_text, from perfd.analytics.serving.serving_facts), the collective ones

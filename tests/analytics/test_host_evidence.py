@@ -208,7 +208,7 @@ def test_stall_check() -> None:
     old = ("checkpoint", now - cap - 1)
     assert check(cap + 1, [seen(0, "sleeping", 0.0)], phase=old).status is Status.STALLED
     # Announcements hold a stall for at most the cap after the last record, whatever they say: a save
-    # announced again just now (its begin new), or pulses of begin and end, do not (issue 43 item 5).
+    # announced again just now (its begin new), or pulses of begin and end, do not.
     assert check(cap + 1, sleeping, phase=("checkpoint", now - 1)).status is Status.STALLED
     pulsed = check_stall(StallInputs(now, now - cap - 10, cadence, sleeping, phase_ended_at=now - 1))
     assert pulsed.status is Status.STALLED and pulsed.silent_s == 10.0  # counted from the cap, not the pulse

@@ -1,4 +1,4 @@
-"""An incident's line is worded where it is shown (perfd.report.incident_text, issue 57): analytics keeps
+"""An incident's line is worded where it is shown (perfd.report.incident_text): analytics keeps
 typed values only; a line an older perfd recorded is shown as written."""
 
 from __future__ import annotations

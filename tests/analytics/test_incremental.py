@@ -1,4 +1,4 @@
-"""Incremental analysis (issue 15): with an AnalysisMemo, re-analysing a grown run recomputes only
+"""Incremental analysis: with an AnalysisMemo, re-analysing a grown run recomputes only
 the iterations whose records are new or changed, and the result is exactly the analysis from
 scratch. Real Megatron-LM logs (per-rank timers, and the co-tenant straggler run with an incident)."""
 

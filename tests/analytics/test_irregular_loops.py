@@ -1,5 +1,6 @@
-"""Issue 44 on CPU: a plain PyTorch loop's real step clock, replayed through the aggregator as the
-step hook sends it (one record per step: data wait, then compute).
+"""The plain loops of docs/evidence/entries/26-plain-pytorch-loops-no-rank-irregular-steps-a-data-bound-loa.md
+on CPU: a plain PyTorch loop's real step clock, replayed through the aggregator as the step hook sends it (one
+record per step: data wait, then compute).
 
 The recording (tests/data/hook/plain_loop_h100/data_steps.json.gz, from tests/gpu/plain_loop_live.py
 on an H100): a decoder stack fed by a DataLoader with 2 workers whose samples cost CPU; the GPU waits
@@ -180,7 +181,7 @@ def test_varlen_steps_sizes_are_not_jitter_and_the_cotenant_is_one_incident(varl
     assert abs(inc["first_iteration"] - min(slowed)) <= 20 and abs(inc["last_iteration"] - max(slowed)) <= 20
 
 
-# ---- slow steps on a timer (issue 44's open question) ---------------------------------------------
+# ---- slow steps on a timer (the open question of the plain loops' evidence) ---------------------
 # varlen_steps_run3.json.gz: the same loop on the H100 on another day (run 3 of plain_loop_live.py):
 # outside the co-tenant, 45 of its steps ran 10-45 ms long, every ~1.5 s. varlen_steps_stack_clean:
 # the same loop 30 s under the same perfd stack (launch, agent with real NVML, aggregator), no

@@ -1,4 +1,4 @@
-"""English only where it is shown (issue 57), for the sentences analytics built outside the findings: a
+"""English only where it is shown, for the sentences analytics built outside the findings: a
 capture's checks against the job and the class its timeline supports (perfd.report.capture_text, from
 perfd.analytics.breakdown.capture_match and perfd.analytics.advice.capture_findings); why the collective
 analysis has no communication share, its method's detail, how a group's link was chosen and where its

@@ -1,5 +1,5 @@
-"""Nsight Compute in the answer (issue 45): what arming ncu costs, measured from the job's own steps
-(item 4), the ncu rows joined to the budget, the class and the remedies (item 3), on the H100 recording of
+"""Nsight Compute in the answer: what arming ncu costs, measured from the job's own steps,
+the ncu rows joined to the budget, the class and the remedies, on the H100 recording of
 tests/gpu/ncu_megatron_rule.py (docs/evidence/ncu_h100/ncu_megatron_rule.json): a small Megatron-LM job
 run once without ncu (its logged steps, the baseline) and then again under ``perfd ncu-prefix`` with rank
 0 armed (its logged steps, the ncu target's start time, the range's capture timings). Replayed through
@@ -183,7 +183,7 @@ def test_through_the_aggregator_the_report_states_the_arming_cost() -> None:
 
 
 def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
-    """Issue 45 item 3 with the H100 rows: a job with no timeline (a real Megatron-LM log's steps), yet the
+    """The H100 rows: a job with no timeline (a real Megatron-LM log's steps), yet the
     capture's rows (the H100's per-category summaries, docs/evidence/ncu_h100/ncu_kernels.json) sit on
     its budget's undivided compute part, and the report says what they call for: the GEMMs at 50% of
     the compute ceiling get the shape advice, the elementwise kernels that ncu's rule calls
@@ -233,7 +233,7 @@ def test_the_ncu_rows_join_the_budget_and_say_what_helps() -> None:
     assert "multiples of the kernel's tile" in recs["ncu-compute-gemm"]["action"]
     assert "integer index arithmetic" in recs["ncu-compute-elementwise"]["action"]
     assert "compute SOL 50%" in recs["ncu-compute-gemm"]["detail"]
-    # and how the profiled kernels were chosen (issue 45 item 2): here not by time, said
+    # and how the profiled kernels were chosen: here not by time, said
     assert "kernels chosen not by time" in recs["ncu-compute-gemm"]["detail"]
 
 

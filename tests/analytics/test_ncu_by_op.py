@@ -1,4 +1,4 @@
-"""ncu rows by the op that launched them (issue 51 item 4), on the real H100 range of Megatron-LM
+"""ncu rows by the op that launched them, on the real H100 range of Megatron-LM
 (tests/data/ncu/h100_megatron_rank0_*.csv: 40 launches from the step's start, 4 layers, h=1024, local
 transformer). Each launch's op is given here as Megatron-LM's local layer launches them (IDs 6-16 one
 layer: QKV GEMM, Q·Kᵀ, mask, softmax, dropout, ·V, the context copy, projection GEMM, fc1 GEMM, GELU,

@@ -1,4 +1,4 @@
-"""The top Nsight Compute kernels beside the budget part they explain (issue 45 item 3), on recorded H100
+"""The top Nsight Compute kernels beside the budget part they explain, on recorded H100
 data: the capture perfd took by rule on real Megatron-LM (docs/evidence/ncu_h100/ncu_megatron_rule.json,
 its ``capture.result``: the rows as the agent's event carried them, joined to the job's Kineto capture of
 3 steps), the same range's exports (tests/data/ncu/h100_megatron_rank0_*.csv) and the MLP loop's
@@ -323,9 +323,10 @@ def test_short_names(name: str, short: str) -> None:
 
 
 def test_a_kernel_whose_time_by_name_exceeds_the_part_by_op_has_no_share_and_says_so() -> None:
-    """On the H100 (issue 45's run) the dropout kernel held 12.9 ms a step by name under "other
-    pointwise", a part of 8.5 ms by op (attention's dropout is attention's): "152% of the part" was
-    printed. The share goes; the row says its launches serve other parts too."""
+    """On the H100 (docs/evidence/entries/28-nsight-compute-by-rule-in-the-answer-2026-11-24-1-h100.md) the
+    dropout kernel held 12.9 ms a step by name under "other pointwise", a part of 8.5 ms by op (attention's
+    dropout is attention's): "152% of the part" was printed. The share goes; the row says its launches serve
+    other parts too."""
     rec = recorded(MASKED_FILL)
     step_ms = rec["captured_ms"] / TIMELINE_STEPS
     (row,) = kernel_rows(typed([rec]), part_ms=0.66 * step_ms, joined_to="c-timeline")

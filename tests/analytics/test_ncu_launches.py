@@ -1,4 +1,4 @@
-"""ncu rows by launch (issue 51 item 4), on real data.
+"""ncu rows by launch, on real data.
 
 - The layers perfd finds by repetition agree with the ``nn.Module: TransformerLayer_N`` frames of the
   H100 Megatron-LM trace recorded with Python stacks (tests/capture/op_reference.py reads them, apart

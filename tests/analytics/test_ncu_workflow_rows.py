@@ -1,4 +1,4 @@
-"""ncu rows by launch on the same run (issue 51 item 4), on the H100 recording of the ncu workflow
+"""ncu rows by launch on the same run, on the H100 recording of the ncu workflow
 (tests/analytics/ncu_workflow_data.py; the files in tests/data/ncu/README.md): run 2's range (72
 launches, ncu 2025.3.1, the details and raw pages) and the Kineto trace of run 1 that chose its kernels
 and its launch window, both of the same job.

@@ -1,5 +1,7 @@
-"""Issue 51 on the real H100 recording of the ncu workflow (tests/analytics/ncu_workflow_data.py): the
-job's three runs replayed through the aggregator as its agent sent them, each figure from its run.
+"""The real H100 recording of the ncu workflow
+(docs/evidence/entries/29-the-documented-ncu-workflow-both-ways-each-figure-from-its-r.md;
+tests/analytics/ncu_workflow_data.py): the job's three runs replayed through the aggregator as its agent sent
+them, each figure from its run.
 
 - An aggregator restarted over its state directory (one per run, as the GPU script ran it) keeps the
   job's GPU model: run 1, digested when the resumed run 3 replaced run 2's records, keeps its MFU, and

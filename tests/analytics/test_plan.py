@@ -109,7 +109,8 @@ def test_fused_attention_replaces_the_remedies_acting_on_attentions_kernels(job:
 def test_the_timers_host_jitter_is_given_back_only_where_the_host_sets_the_pace(job: RunAnalysis) -> None:
     """Gain model 7: the timers' range reaches up by the job's host jitter (SYNC_EXPOSED_JITTER robust
     deviations of its steady steps) where the replayed step follows the host's speed, not where the GPU
-    hides the host (ReplayGains.host_hidden; the six GPU-bound A/Bs of issue 53 held without it). The
+    hides the host (ReplayGains.host_hidden; the six GPU-bound A/Bs held without it:
+    docs/evidence/entries/40-issue-53-the-micro-batch-factor-and-the-timers-jitter-re-rea.md). The
     same job, the same timers' gap, two replays: one whose step moves with the host, one whose does not."""
     b, cfg = _budget(job), job.config
     assert cfg is not None and b.step_sd_ms and b.steady_step_ms
@@ -512,9 +513,11 @@ def test_the_ab_script_runs_the_changes_in_turn_with_bases_between() -> None:
 @pytest.mark.parametrize("trace", ["ops_default_rank0.json.gz", "ops_live_rank0.json.gz",
                                    "ops_stack_rank0.json.gz"])
 def test_each_recorded_window_is_checked_for_a_cut_step(trace: str) -> None:
-    """Issue 42's other captures of the job (the on-demand default, the live rule's, the one with Python
-    stacks): three marks, two complete steps, and the last step's optimizer phase cut by the window in
-    each (Kineto stops once the third optimizer.step returns on the host)."""
+    """The other captures of the remedies' H100 job
+    (docs/evidence/entries/25-remedies-applied-one-at-a-time-on-the-issue-s-h100-job-attri.md; the on-demand
+    default, the live rule's, the one with Python stacks): three marks, two complete steps, and the last
+    step's optimizer phase cut by the window in each (Kineto stops once the third optimizer.step returns on
+    the host)."""
     from perfd.analytics.breakdown.capture_budget import window_of
 
     d = analyze_chrome_trace(KINETO / trace).devices[0]

@@ -1,4 +1,4 @@
-"""English only where it is shown (issue 57), the remedies: a remedy's action, cost, notes and the basis of
+"""English only where it is shown, the remedies: a remedy's action, cost, notes and the basis of
 its gain are codes with arguments (perfd.analytics.advice.remedy_said), their sentences declared once in
 perfd.report.remedy_text (TEMPLATE, and the recommendation's, the smaller remedies' finding's and the plan
 item's words made there), the step budget's findings are worded in perfd.report.budget_text, and neither's

@@ -1,4 +1,4 @@
-"""Runs of a job (issue 51 items 1, 2, 6): a restart from iteration 1 or a resume from a checkpoint
+"""Runs of a job: a restart from iteration 1 or a resume from a checkpoint
 begins a new run; every figure is one run's; an armed run's steps are the profiler's; the same answer
 offline and live; no grade from too few steady steps. On logs cut from a real H100 recording
 (tests/analytics/runs_fixture.py says how)."""

@@ -1,4 +1,4 @@
-"""The capture manager's hook traces (issue 44 item 4) against a stand-in hook that answers as the
+"""The capture manager's hook traces against a stand-in hook that answers as the
 step hook does (accepted, started, stopped, written, or a refusal), with the real store and the real
 Chrome trace analysis: which ranks take this path, what is kept, and each failure with its reason
 (a hook that cannot be reached, a rejection, silence, a process gone), and what the agent takes of

@@ -166,7 +166,7 @@ def test_one_step_range_imported_parsed_and_joined(tmp_path):
     assert m["range"]["1"]["state"] == "stopped"
     started = m["timings"]["started_at"]
     assert started is not None and m["timings"]["range_closed_at"] >= started
-    # How long the range held the step: from the hook's start to its stop (issue 45 item 1)
+    # How long the range held the step: from the hook's start to its stop
     assert m["range_held_s"] == round(m["timings"]["range_closed_at"] - started, 3)
     assert [a["name"] for a in m["artifacts"]] == ["rank1.ncu-rep", "rank1_details.csv", "rank1_raw.csv"]
     copy = str(job.store.capture_dir(m["id"]) / "rank1.ncu-rep")  # imported from the copy, not ncu's file

@@ -299,7 +299,7 @@ def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypat
 
 def test_job_names_the_shell_or_the_cut_would_merge_get_sessions_and_ncu_paths_of_their_own(
         tmp_path: Path) -> None:
-    """Issue 43 item 7: ``team/a``, ``team a`` and ``team_a`` (and names sharing 40 characters) were one
+    """``team/a``, ``team a`` and ``team_a`` (and names sharing 40 characters) were once one
     nsys session and one ncu target path: a capture of one job could take another's session."""
     from perfd.capture.ncu_exec import rank_paths
     from perfd.capture.nsys_exec import SHELL_WORD, session_from_base, session_name

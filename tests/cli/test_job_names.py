@@ -1,4 +1,4 @@
-"""A job name that cannot be one, refused where it is given (issue 56 item 5): ``--job ""`` had become
+"""A job name that cannot be one, refused where it is given: ``--job ""`` had become
 the job "default" and a literal ``$(PERFD_JOB)`` a job of that name, each merging unrelated pods into
 one job. The CLI's own entry point, in the test's process (tests/cli_main.py): exit 2 and the reason,
 nothing started."""

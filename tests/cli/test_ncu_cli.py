@@ -230,7 +230,7 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path, perfd):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
-    """Issue 43 item 7: the filter was printed as it is, and ``regex:.*`` under $(...) became the file
+    """The filter was once printed as it is, and ``regex:.*`` under $(...) became the file
     names of the folder the job started in. A real shell runs what ncu-prefix printed, in a folder of
     files, for a job whose name has a space and a slash: the chosen rank gets the filter and the name
     as they were given."""
@@ -297,7 +297,7 @@ def test_launch_ncu_wraps_one_process_and_refuses_torchrun(tmp_path, perfd):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tmp_path, perfd):
-    """Issue 45 item 2: with no filter given, ncu-prefix takes the job's latest timeline (any rank's)
+    """With no filter given, ncu-prefix takes the job's latest timeline (any rank's)
     and names the top kernels by time; the chosen rank's target and its captures say how they were
     chosen. Without a timeline it says the kernels are the first launched, not chosen by time."""
     exe, _ = make_fake_ncu(tmp_path)
@@ -331,7 +331,7 @@ def test_ncu_prefix_chooses_the_kernels_by_time_by_default_and_says_which_way(tm
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_ncu_prefix_chooses_a_window_over_one_layers_forward_and_backward(tmp_path):
-    """Issue 51 item 4: with the capture's trace on disk, the filter by time and a launch window (ncu's
+    """With the capture's trace on disk, the filter by time and a launch window (ncu's
     --launch-skip and --launch-count) that covers the forward and backward of the stage's last layer
     (they run back to back around the loss), said on stderr and carried to ncu and the target."""
     import shutil

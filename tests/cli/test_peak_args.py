@@ -1,6 +1,6 @@
 """Absurd `--dtype` / `--peak-tflops`, as a person types them: refused with one line and exit status 2
 by every command that takes them, never an "MFU unknown" with status 0 or an MFU above 100% graded
-"excellent" (issue 52). And the report names the collectives its timers do not see (TP, CP, EP)
+"excellent". And the report names the collectives its timers do not see (TP, CP, EP)
 instead of calling communication small. Real logs: tests/data/megatron and the shared fixture. The
 commands by the CLI's own entry point, in the test's process (tests/cli_main.py)."""
 

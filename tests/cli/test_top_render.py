@@ -164,7 +164,7 @@ def _narrow_screen(snap: top.Snapshot, width: int = 80) -> str:
 
 
 def test_80_columns_read_whole_and_an_ended_job_is_marked() -> None:
-    """A terminal of 80 columns (issue 37: the job's name read "dem…", the bottleneck head "bott…",
+    """A terminal of 80 columns (the job's name once read "dem…", the bottleneck head "bott…",
     and nothing said a job had ended): the compact tables keep every job name, head and value whole,
     within 80 columns; the last-step column says ended / stalled (the aggregator's liveness), and the
     job in focus says it too."""
@@ -203,7 +203,7 @@ def test_80_columns_read_whole_and_an_ended_job_is_marked() -> None:
 
 
 def test_a_hook_job_is_told_in_its_own_terms() -> None:
-    """Issue 44: a step-hook job's screen named a Megatron flag and "no timed step yet" after 85 steps."""
+    """A step-hook job's screen once named a Megatron flag and "no timed step yet" after 85 steps."""
     def text(t: Any) -> str:
         return str(t.plain)
 
@@ -222,7 +222,7 @@ def test_a_hook_job_is_told_in_its_own_terms() -> None:
 
 
 # What GET /api/jobs/<job>/gpus answers for a rank process (collectors/ranks, as rank_hosts): the shape
-# issue 46 saw cut at 80 columns ("268…" for its pid, "sta…" for the state's head).
+# once seen cut at 80 columns ("268…" for its pid, "sta…" for the state's head).
 RANK_HOSTS = [{"rank": r, "node": "gpu-node-017", "pid": 2681234 + r, "state": "disk_sleep",
                "cpu_cores": 1.234, "wait_ratio": 0.81, "allowed_cpus": [0, 1, 2, 3, 8, 9],
                "allowed_busy_ratio": 0.97, "others_ratio": 0.62, "throttled_ratio": 0.25,
@@ -264,7 +264,7 @@ def _tables(out: str) -> list[str]:
 
 
 def test_rank_processes_and_gpu_rows_whole_at_80_and_120_columns() -> None:
-    """Issue 46: at 80 columns the rank processes table cut its pid and state, at 120 a GPU row
+    """At 80 columns the rank processes table once cut its pid and state, at 120 a GPU row
     wrapped onto three lines. Every table now takes the widest form that fits whole."""
     snap = top.fetch("http://agg", None, get=_gpus_api([H100, {**H100, "gpu": "1"}], []))
     for width in (80, 120):
@@ -290,7 +290,7 @@ def test_rank_processes_and_gpu_rows_whole_at_80_and_120_columns() -> None:
 
 
 def test_a_job_without_gpu_rows_says_why() -> None:
-    """Issue 46: with no NVML on the job's agent the GPU panel was empty, the reason only in that
+    """With no NVML on the job's agent the GPU panel was once empty, the reason only in that
     agent's log. The aggregator keeps what each agent's Hello said of its collectors."""
     why = "unavailable: NVML not found: libnvidia-ml.so.1 could not be loaded (no NVIDIA driver?)"
     sources: list[dict[str, Any]] = [{"agent": "n7/gpt", "node": "n7", "nvml": why},

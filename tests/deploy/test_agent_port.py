@@ -1,7 +1,7 @@
 """The agent's default /metrics port is declared once (perfd.limits.AGENT_METRICS_PORT) and every file
 that cannot import it (Dockerfile, manifests, the chart, the scrape config, the docs) repeats the same
 number; 9400, dcgm-exporter's default on the same GPU nodes, appears only where dcgm-exporter is
-meant (issue 37: the agent and dcgm-exporter both took 9400 and one of them could not start)."""
+meant (the agent and dcgm-exporter once both took 9400 and one of them could not start)."""
 
 from __future__ import annotations
 

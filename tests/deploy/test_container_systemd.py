@@ -110,7 +110,7 @@ def test_unit_command_lines_and_agent_config_are_valid(tmp_path: Path):
 
 
 def test_units_that_listen_beyond_loopback_authenticate_and_keep_state() -> None:
-    """Bare metal as shipped (issue 56 item 3): a unit that listens on every interface passes a token,
+    """Bare metal as shipped: a unit that listens on every interface passes a token,
     taken from a systemd credential so that the unit cannot start open; the aggregator keeps its state
     (a restart or an upgrade keeps every job's history)."""
     parser = build_parser()

@@ -1,4 +1,4 @@
-"""The Helm chart's pods run for real, exactly as rendered (issue 37: the rendered agent listened on
+"""The Helm chart's pods run for real, exactly as rendered (a rendered agent once listened on
 127.0.0.1 only, so neither the PodMonitor nor the liveness probe could reach it).
 
 `helm template` renders the chart (default values, and a realistic set: another release and

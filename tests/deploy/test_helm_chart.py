@@ -351,7 +351,7 @@ def test_auth_is_on_by_default_with_a_secret_that_every_render_keeps() -> None:
     assert r.returncode != 0 and "existingSecret or token, not both" in r.stderr, r.stderr
     r = _run("template", "perfd", str(CHART), "--set", "auth.token=short")
     assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, r.stderr
-    # Job namespaces (issue 46: the example job's sidecar could not mount the release's Secret): the
+    # Job namespaces (else the example job's sidecar cannot mount the release's Secret): the
     # same Secret, same name and key, in each one but the release's own; none without a token given.
     docs = _render(f"auth.token={token}", "auth.jobNamespaces={ml,research,perfd}")
     made = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Secret"}

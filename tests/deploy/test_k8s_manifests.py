@@ -262,14 +262,14 @@ def test_example_job_has_the_agent_as_a_sidecar_sharing_the_log():
     assert f"chmod 0700 {ns.capture_dir}" in " ".join(owner["command"])
     assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
     assert {m["mountPath"] for m in owner["volumeMounts"]} == {ns.capture_dir}
-    assert trainer["env"] == [{"name": "KINETO_USE_DAEMON", "value": "1"}]  # no PERFD_JOB (issue 46)
+    assert trainer["env"] == [{"name": "KINETO_USE_DAEMON", "value": "1"}]  # no PERFD_JOB
 
 
 def test_the_daemonset_agent_and_the_sidecar_pair_up_on_one_node(tmp_path: Path) -> None:
     """Both given --node $(NODE_NAME): distinct agent ids, the DaemonSet's in no job; the trainer's
     GPUs placed in the job through the pod it shares with the sidecar (one pid namespace, where the
     sidecar's PERFD_JOB comes from the same pod label its --job reads): the trainer declares nothing
-    (issue 46; tests/deploy/test_pod_placement.py runs it), and the sidecar follows the pod's ranks."""
+    (tests/deploy/test_pod_placement.py runs it), and the sidecar follows the pod's ranks."""
     ds = _find("DaemonSet", "perfd-agent")
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     node_ns = _parses(c["args"])

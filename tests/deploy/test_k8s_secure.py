@@ -1,5 +1,5 @@
 """The shipped Kubernetes deployments are secure by default and their example job connects under those
-defaults (issue 46, tried as a platform engineer would):
+defaults (tried as a platform engineer would):
 
 - `kubectl apply -k deploy/k8s` ran the aggregator with --listen-all, no token and no NetworkPolicy:
   an unauthenticated POST /api/captures got 202. Rendered by the real kustomize (`kubectl kustomize`)
@@ -241,7 +241,7 @@ def test_plain_manifests_refuse_an_unauthenticated_capture_request(
     base = f"http://{ip}:{aggregator.ports['metrics']}"
     wait_for(lambda: _serves(f"{base}/healthz", running), 60, "the aggregator's probe")
     capture = {"job": "any-job", "ranks": [0], "steps": 1, "tool": "kineto"}
-    assert _post(f"{base}/api/captures", capture) == 401  # issue 46: 202
+    assert _post(f"{base}/api/captures", capture) == 401  # was once 202
     assert _post(f"{base}/api/captures", capture, b"not-the-token-0123456789") == 401
     assert _post(f"{base}/api/captures", capture, TOKEN) == 202  # taken (no agent hosts that job)
     assert b"perfd_build_info" in http_get(f"{base}/metrics")  # Prometheus needs no token
@@ -317,7 +317,7 @@ def test_the_example_job_connects_under_the_charts_defaults_from_another_namespa
 @pytest.mark.slow
 def test_the_chart_runs_the_example_job_in_a_third_namespace_with_no_step_by_hand(
         tmp_path: Path, running: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
-    """Issue 56 item 4: the example hardcoded perfd-aggregator.perfd.svc and Secret perfd-auth, so it
+    """The example once hardcoded perfd-aggregator.perfd.svc and Secret perfd-auth, so it
     worked only for release perfd in namespace perfd, and waited for someone to copy the Secret. Here
     the release is gpu-perf in namespace monitoring and the job runs in research: the chart renders
     the Job with this release's address and Secret, the Secret's copy in research, and a NetworkPolicy

@@ -1,5 +1,5 @@
 """A node's agent and a job's sidecar agent on one node, scraped by a real Prometheus under the
-shipped PodMonitors (issue 56 item 1: both were labelled job=perfd-agent, instance=<node>, one series
+shipped PodMonitors (both were once labelled job=perfd-agent, instance=<node>, one series
 for the two, so a sidecar that was down hid behind the node's agent).
 
 The monitors come from the real renders (`helm template` of the chart under another release and

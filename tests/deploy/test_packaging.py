@@ -1,5 +1,5 @@
-"""What `pip install` puts on a machine (issue 56 item 7: `perfd-slurm-run`, which example.sbatch calls,
-was not installed by pip). The real wheel is built from the checkout's files and installed into a folder;
+"""What `pip install` puts on a machine (`perfd-slurm-run`, which example.sbatch calls,
+was once not installed by pip). The real wheel is built from the checkout's files and installed into a folder;
 it carries the license and none of the tests."""
 
 from __future__ import annotations

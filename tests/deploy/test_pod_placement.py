@@ -1,4 +1,4 @@
-"""The sidecar topology with a trainer that declares no PERFD_JOB (issue 46: without it the node
+"""The sidecar topology with a trainer that declares no PERFD_JOB (without it the node
 agent placed none of the job's GPUs, and a rule's capture reached only the sidecar, which knew no
 process for the rank), with real processes in a real pid namespace (`unshare --pid`): the pod of a
 Kubernetes job with shareProcessNamespace: true, its sidecar agent and its trainer inside, the node
@@ -185,7 +185,7 @@ def test_the_sidecar_follows_its_pods_ranks_and_captures_them(
             return caps[-1] if caps and caps[-1]["status"] in ("finished", "failed") else None
 
         cap = wait_for(ended, 120, "the capture to end")
-        assert "no process known" not in cap["reason"], cap  # issue 46's answer
+        assert "no process known" not in cap["reason"], cap  # the answer when no rank was placed
         assert cap["agents"] == [f"{NODE}/{JOB}"], cap
         (manifest,) = (tmp_path / "captures").rglob("manifest.json")
         m = json.loads(manifest.read_text())

@@ -325,7 +325,7 @@ def test_attaches_to_the_training_scripts_own_run(wandb_env: Path) -> None:
 # ---- in the aggregator ---------------------------------------------------------------------------
 
 def test_every_row_carries_the_gpu_values_of_when_its_iteration_arrived() -> None:
-    """The aggregator's W&B task (issue 37: GPU keys on 3 of 40 rows, the newest of each round): the
+    """The aggregator's W&B task (once GPU keys on 3 of 40 rows, the newest of each round): the
     job steps in three stretches, its GPU's power differs in each, the task samples between them as
     its run loop does, and one export round then writes every iteration with the power of its own
     stretch; iterations that arrived after the last sample get the values of the round."""

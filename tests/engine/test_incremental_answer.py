@@ -1,4 +1,4 @@
-"""The engine root's per-iteration answer is made incrementally (issue 55): at each refresh only the
+"""The engine root's per-iteration answer is made incrementally: at each refresh only the
 iterations whose fold changed are computed again (perfd.analytics.run.run_analysis.AnalysisMemo, keyed
 by the fold record the root handed on and the job's context), and a costly collective analysis is made
 off the refresh that renews that answer (perfd.aggregator.job_analyses: its worker). What is served

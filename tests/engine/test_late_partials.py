@@ -1,4 +1,4 @@
-"""Partials that reach a job's root late on purpose (issue 55): one shard's partials of some
+"""Partials that reach a job's root late on purpose: one shard's partials of some
 iterations held back while the job goes on — within the iterations the root keeps in memory
 (perfd.engine.rootfold.KEEP_ITERATIONS), past them (it folds them with the store's record, counted
 against what it kept of the iteration: rootfold.Gone), and past that too (GONE_ITERATIONS: it knows

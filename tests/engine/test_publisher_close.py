@@ -1,8 +1,9 @@
 """An agent's engine connection whose close never returns is let go, and the agent connects afresh
 (perfd.engine.connect.close_bounded). nats-py awaits the old socket's transport closing both in its
 own reconnect and in ``close()``, and that wait can last for good on a socket the server dropped
-(nats.py issues 671 and 718); a CI run of ``perfd bench engine-storm`` had an agent still not
-connected minutes after its nats-server came back. Here nats-py's TCP transport is made to hang
+(https://github.com/nats-io/nats.py/issues/671 and
+https://github.com/nats-io/nats.py/issues/718); a CI run of ``perfd bench engine-storm`` had an agent
+still not connected minutes after its nats-server came back. Here nats-py's TCP transport is made to hang
 exactly there (its ``wait_closed``), against a real nats-server killed and started again."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def test_an_agent_whose_close_hangs_connects_afresh_and_publishes_what_waited(
             client.submit(steps=[_step(1)])
             await until("the first message published", lambda: client.published == 1, 30)
 
-            async def never(self: TcpTransport) -> None:  # nats.py issues 671/718: waits for good
+            async def never(self: TcpTransport) -> None:  # the nats.py bug above: waits for good
                 await asyncio.Event().wait()
 
             monkeypatch.setattr(TcpTransport, "wait_closed", never)

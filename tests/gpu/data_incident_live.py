@@ -1,4 +1,4 @@
-"""On 1 GPU: issue 52's data side of an incident, a finished job's advice and the job's device, live,
+"""On 1 GPU: the data side of an incident, a finished job's advice and the job's device, live,
 with the rank's GPU's NVML recorded for the CPU suite.
 
     python3 tests/gpu/data_incident_live.py OUT_DIR

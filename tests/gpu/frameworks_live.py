@@ -1,4 +1,5 @@
-"""On 1 GPU (H100): any PyTorch job as people write it, each against its own clock (issue 52).
+"""On 1 GPU (H100): any PyTorch job as people write it, each against its own clock
+(docs/evidence/entries/30-any-pytorch-job-as-people-write-it-against-each-loop-s-own-c.md).
 
     python3 tests/gpu/frameworks_live.py OUT_DIR [--jobs readme,loader,hf,lightning,incident]
     python3 tests/gpu/frameworks_live.py OUT_DIR --cpu-smoke      # the same pipeline, CPU torch, short

@@ -2,11 +2,11 @@
 
     python3 tests/gpu/hook_ddp_live.py OUT_DIR
 
-The job of issue 26: 8 TransformerEncoder layers, h=2048, bf16, DDP over NCCL (torchrun, one rank),
-``StepHook(tokens_per_step=..., flops_per_step=..., warmup_steps=5, dtype="bf16")`` and
-``data_ready()`` after the batch; steps 80-159 wait for data several times longer (a slow input
-pipeline). It runs under ``perfd launch --kineto --flight-recorder DIR --fr-timing`` with ``perfd
-agent --launch-manifest --nvml real`` streaming to ``perfd aggregator`` holding one rule,
+The job (docs/evidence/entries/18-a-hook-only-pytorch-ddp-job-live-2026-11-23-1-h100.md): 8 TransformerEncoder
+layers, h=2048, bf16, DDP over NCCL (torchrun, one rank), ``StepHook(tokens_per_step=..., flops_per_step=...,
+warmup_steps=5, dtype="bf16")`` and ``data_ready()`` after the batch; steps 80-159 wait for data several times
+longer (a slow input pipeline). It runs under ``perfd launch --kineto --flight-recorder DIR --fr-timing`` with
+``perfd agent --launch-manifest --nvml real`` streaming to ``perfd aggregator`` holding one rule,
 ``data_share > 20%`` for 5 s. The training script times every step itself (host clock, a device
 sync at the step's end) and writes those times; after the job the script reads what the aggregator
 kept (/api/jobs/<job>/summary, /incidents, /api/events, /metrics) and checks:

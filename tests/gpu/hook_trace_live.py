@@ -1,5 +1,5 @@
 """On 1 GPU: a hook job started without ``--kineto`` and without RANK, captured by a perfd rule through
-the step hook's own trace (issue 44 item 4, "captures without flags").
+the step hook's own trace ("captures without flags").
 
     python3 tests/gpu/hook_trace_live.py OUT_DIR
 
@@ -13,8 +13,8 @@ OUT_DIR/hook_trace.json:
 - the trace marks exactly 3 steps (``ProfilerStep#N``) and holds CUDA kernels, with kernels inside the
   last traced step's GPU span (the profiler was stopped only once that step's end marker completed);
 - the analysis of the trace has the rank's device with a busy time and a top kernel;
-- the hook wrote the trace into its own private folder (PERFD_HOOK_TRACE_DIR: mode 0700, issue 54 item
-  3), named it to the agent, and the agent took it from there (the folder is empty afterwards);
+- the hook wrote the trace into its own private folder (PERFD_HOOK_TRACE_DIR: mode 0700), named
+  it to the agent, and the agent took it from there (the folder is empty afterwards);
 - reported, not checked: the loop's own times of the traced steps against the others (the profiler's
   overhead; the hook itself never synchronizes, its stop waits on the end marker with ``query()``).
 

@@ -1,4 +1,5 @@
-"""Issue 35 live, on 1 GPU: the host and the hang in ONE Megatron-LM run (about 5 minutes).
+"""Live, on 1 GPU (docs/evidence/entries/24-the-host-and-the-hang-on-real-megatron-lm-2026-11-24-1-h100.md):
+the host and the hang in ONE Megatron-LM run (about 5 minutes).
 
     MEGATRON_DIR=... python3 tests/gpu/host_stall_live.py OUT_DIR            # the H100 run (16 CPUs)
     python3 tests/gpu/host_stall_live.py OUT_DIR --cpu-smoke                 # the same plumbing on CPU

@@ -57,11 +57,13 @@ def stats(values: list[float]) -> dict[str, Any]:
 
 
 def issue_args(megatron: Path, train_iters: int, extra: Sequence[str] = ()) -> list[str]:
-    """pretrain_gpt.py with issue 45/51's config: 12 layers, hidden 1024, seq 2048, mbs 1, gbs 8 (DP=1:
-    8 micro-batches a step), the local transformer implementation and mock data (flags that work on the
-    GPU machines here, without Transformer Engine or Apex). One ``--train-iters`` for every run of a
-    job: a checkpoint's scheduler holds it, and a resumed run that asks another is refused ("total
-    number of iterations do not match", seen on the H100)."""
+    """pretrain_gpt.py with the ncu evidence's config
+    (docs/evidence/entries/28-nsight-compute-by-rule-in-the-answer-2026-11-24-1-h100.md,
+    docs/evidence/entries/29-the-documented-ncu-workflow-both-ways-each-figure-from-its-r.md): 12 layers,
+    hidden 1024, seq 2048, mbs 1, gbs 8 (DP=1: 8 micro-batches a step), the local transformer implementation
+    and mock data (flags that work on the GPU machines here, without Transformer Engine or Apex). One
+    ``--train-iters`` for every run of a job: a checkpoint's scheduler holds it, and a resumed run that asks
+    another is refused ("total number of iterations do not match", seen on the H100)."""
     return [
         str(megatron / "pretrain_gpt.py"),
         *f"""
@@ -117,7 +119,7 @@ def cut_launch_trace(src: Path, dst: Path) -> dict[str, Any]:
     GPU activity; the runtime and driver calls that launched it or waited for the device; the CPU ops
     that enclose a launch, begin a forward->backward flow or carry an autograd sequence number;
     annotations; the flows; of the args only correlation, device, stream, grid, block and the sequence
-    number. On the issue-51 H100 trace (69 MB) ``perfd analyze ncu --capture`` and ``perfd analyze
+    number. On the ncu workflow's H100 trace (69 MB) ``perfd analyze ncu --capture`` and ``perfd analyze
     megatron --capture`` give the same JSON from the cut (1.7 MB) as from the whole trace."""
     import bisect
     import gzip

@@ -1,6 +1,7 @@
-"""On 1 GPU, issue 45's done-when: an Nsight Compute capture by rule on real Megatron-LM, with one rank
-armed, in the answer — no stall or incident over the range, the top kernels by time profiled, the job's
-budget, class and remedies with the rows, the arming cost in the job's report.
+"""On 1 GPU (docs/evidence/entries/28-nsight-compute-by-rule-in-the-answer-2026-11-24-1-h100.md): an Nsight
+Compute capture by rule on real Megatron-LM, with one rank armed, in the answer — no stall or incident over
+the range, the top kernels by time profiled, the job's budget, class and remedies with the rows, the arming
+cost in the job's report.
 
     PYTHONPATH=. python3 tests/gpu/ncu_megatron_answer.py OUT --megatron DIR
 

@@ -1,5 +1,6 @@
-"""On 1 GPU, issue 51's done-when: the documented Nsight Compute workflow on real Megatron-LM, both ways
-(a fresh restart and a checkpoint resume), every figure from the run it describes.
+"""On 1 GPU (docs/evidence/entries/29-the-documented-ncu-workflow-both-ways-each-figure-from-its-r.md): the
+documented Nsight Compute workflow on real Megatron-LM, both ways (a fresh restart and a checkpoint resume),
+every figure from the run it describes.
 
     PYTHONPATH=. python3 tests/gpu/ncu_workflow_live.py OUT --megatron DIR
 

@@ -1,5 +1,5 @@
-"""On 1 GPU: issue 44's two plain-PyTorch loops (no Megatron, no torchrun, no RANK), checked against
-their own clocks.
+"""On 1 GPU (docs/evidence/entries/26-plain-pytorch-loops-no-rank-irregular-steps-a-data-bound-loa.md): two
+plain-PyTorch loops (no Megatron, no torchrun, no RANK), checked against their own clocks.
 
     python3 tests/gpu/plain_loop_live.py OUT_DIR [--jobs data,varlen]
 

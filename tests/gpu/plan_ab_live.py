@@ -7,8 +7,9 @@ that can run here applied alone and the plan's set together (issue "the plan an 
 
 Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20), run beside the
 project (`--transformer-impl local`, no Transformer Engine, Apex or flash-attn on the GPU machine). Per
-configuration (:data:`CONFIGS`, two beyond issue 42's: a GQA + SwiGLU + RoPE model at micro-batch 2, and a
-4096-token sequence at micro-batch 1):
+configuration (:data:`CONFIGS`, two beyond the remedies' H100 job of
+docs/evidence/entries/25-remedies-applied-one-at-a-time-on-the-issue-s-h100-job-attri.md: a GQA + SwiGLU +
+RoPE model at micro-batch 2, and a 4096-token sequence at micro-batch 1):
 
 1. ``capture``: the job with ``KINETO_USE_DAEMON=1`` beside perfd's own Kineto daemon; one steady 3-step
    capture (Kineto's on-demand default: CPU ops, no stacks), cut to what the attribution reads
@@ -78,7 +79,7 @@ REPEAT = 1  # set by --repeat: how many times the changes run, in turn (a base-b
 ESTIMATE = ESTIMATES[0]  # set by --estimate: a change's saving over its runs (plan_ab_table), fixed first
 START_S = 45.0  # a run's start-up and teardown, before its first measurement (Megatron-LM, torch)
 
-# Beyond issue 42's big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
+# Beyond the remedies' H100 job, big2048 (MHA, GELU, seq 2048, micro-batch 4) and the h=1024 job.
 CONFIGS: dict[str, dict[str, Any]] = {
     # GQA (4 groups of 16 heads), SwiGLU, RoPE, micro-batch 2 (4 micro-batches a step)
     "gqa_swiglu": {

@@ -1,4 +1,5 @@
-"""The predicted-vs-measured table of a plan A/B (tests/gpu/plan_ab_live.py), held to issue 53's bar.
+"""The predicted-vs-measured table of a plan A/B (tests/gpu/plan_ab_live.py), held to the plan's bar
+(COMBINED_WITHIN and INSIDE_SHARE below).
 
     python3 tests/gpu/plan_ab_table.py DIR [DIR ...] [--json]   # the ab_<config>.json files in them
 
@@ -61,8 +62,8 @@ def repeats_of(runs: dict[str, Any], change: str) -> list[str]:
     return [repeat_key(change, k) for k in ks]
 
 ESTIMATES = ("mean", "median")  # how a change's runs' savings become its measured saving (the first: default)
-COMBINED_WITHIN = 0.2  # issue 53: the combined gain within 20% of the measured one
-INSIDE_SHARE = 0.9  # issue 53: at least 90% of single changes inside their predicted range
+COMBINED_WITHIN = 0.2  # the bar: the combined gain within 20% of the measured one
+INSIDE_SHARE = 0.9  # the bar: at least 90% of single changes inside their predicted range
 
 
 def _median(run: dict[str, Any] | None) -> float | None:

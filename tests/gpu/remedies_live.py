@@ -5,8 +5,10 @@
     MEGATRON_DIR=... python3 tests/gpu/remedies_live.py OUT_DIR measure --plan PLAN.json [--variants a,b]
 
 Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (core 0.20), run beside
-the project. The job is issue 34's "simply slow" H100 job (tests/gpu/verdict_live.py ``big2048``:
-12 layers, h=2048, seq 2048, mbs 4, gbs 16, local transformer, no Transformer Engine, no Apex).
+the project. The job is the "simply slow" H100 job of
+docs/evidence/entries/22-why-not-closer-to-the-limit-the-step-budget-on-the-issue-s-h.md
+(tests/gpu/verdict_live.py ``big2048``: 12 layers, h=2048, seq 2048, mbs 4, gbs 16, local transformer, no
+Transformer Engine, no Apex).
 
 ``gather``: the job started with ``KINETO_USE_DAEMON=1`` beside perfd's own Kineto daemon
 (perfd.capture.kineto_daemon), two steady 3-step captures of its rank (the on-demand default, then
@@ -15,13 +17,13 @@ traces cut to what an op-level attribution reads (:func:`cut_trace`), then each 
 :data:`VARIANTS` run on its own for ``ITERS`` iterations, its steady step time read from its log.
 Everything is written to OUT_DIR as it happens (``gather.json`` after every run).
 
-``verify`` (issue 42's check): the live path — ``perfd aggregator`` with a rule that captures rank 0
-with Kineto for 3 steps once the job steps, ``perfd launch --kineto`` around the job, ``perfd agent
---launch-manifest --nvml real`` — then a second capture of the same rank with Python stacks
-(``POST /api/captures {"stack": true}``). After the job: the live summary (budget, class,
-recommendations with their typed ``flags``, ``needs`` and ``gain_ms``), the offline report of the log
-with the default trace, perfd's parts of the stack trace (by op, and by module frames) beside the
-independent count (tests/capture/op_reference.py), and the plan: every recommendation whose flags
+``verify`` (docs/evidence/entries/25-remedies-applied-one-at-a-time-on-the-issue-s-h100-job-attri.md): the
+live path — ``perfd aggregator`` with a rule that captures rank 0 with Kineto for 3 steps once the job steps,
+``perfd launch --kineto`` around the job, ``perfd agent --launch-manifest --nvml real`` — then a second
+capture of the same rank with Python stacks (``POST /api/captures {"stack": true}``). After the job: the live
+summary (budget, class, recommendations with their typed ``flags``, ``needs`` and ``gain_ms``), the offline
+report of the log with the default trace, perfd's parts of the stack trace (by op, and by module frames)
+beside the independent count (tests/capture/op_reference.py), and the plan: every recommendation whose flags
 can be applied here (nothing missing to install), applied one at a time against the job as it ran
 (``plan.json``; the first ``--measure`` of them run at once, the rest by ``measure``). CUDA graphs are
 measured too when perfd did not recommend them (the check that they would not have paid).

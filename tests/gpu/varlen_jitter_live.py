@@ -1,4 +1,5 @@
-"""On 1 GPU: where the variable-length loop's periodic slow steps come from (issue 44's open question).
+"""On 1 GPU: where the variable-length loop's periodic slow steps come from (the open
+question of docs/evidence/entries/26-plain-pytorch-loops-no-rank-irregular-steps-a-data-bound-loa.md).
 
     python3 tests/gpu/varlen_jitter_live.py OUT_DIR [--seconds 30] [--configs bare,hook,stack,stack_nonvml]
 

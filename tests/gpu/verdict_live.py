@@ -41,8 +41,10 @@ CAPTURE_AFTER_S = float(os.environ.get("CAPTURE_AFTER_S", "15"))
 CONFIGS: dict[str, dict[str, Any]] = {
     # ~715 ms steps on an H100: the co-tenant and capture-truth case
     "big": {"layers": 12, "hidden": 2048, "heads": 16, "seq": 1024, "mbs": 4, "gbs": 32, "iters": 150},
-    # issue 34's "simply slow" job: compute fills the step, the GPU busy ~92%, most of its time in
-    # bandwidth-bound kernels (optimizer, elementwise, copies, unfused softmax)
+    # the "simply slow" job
+    # (docs/evidence/entries/22-why-not-closer-to-the-limit-the-step-budget-on-the-issue-s-h.md): compute
+    # fills the step, the GPU busy ~92%, most of its time in bandwidth-bound kernels (optimizer, elementwise,
+    # copies, unfused softmax)
     "big2048": {"layers": 12, "hidden": 2048, "heads": 16, "seq": 2048, "mbs": 4, "gbs": 16, "iters": 70},
     # ~41 ms steps, MFU ~0.1%: the launch-bound case
     "tiny": {"layers": 4, "hidden": 256, "heads": 4, "seq": 256, "mbs": 1, "gbs": 1, "iters": 700},

@@ -1,5 +1,5 @@
-"""On a real GPU machine: the Kubernetes sidecar topology with a trainer that declares NO PERFD_JOB
-(issue 46). A node agent (`--nvml real`, no job, the node's pid namespace, as the DaemonSet's with
+"""On a real GPU machine: the Kubernetes sidecar topology with a trainer that declares NO PERFD_JOB.
+A node agent (`--nvml real`, no job, the node's pid namespace, as the DaemonSet's with
 hostPID), an aggregator, and a "pod": one pid namespace of its own (`unshare --pid`, the pod of a
 job with shareProcessNamespace: true) holding the job's sidecar agent (`--job`, PERFD_JOB from the
 pod's label, `--nvml off --ranks pod`) and its trainer (a CUDA PyTorch loop, RANK=0, no PERFD_JOB,

@@ -225,7 +225,7 @@ def test_the_slow_data_stretch_is_one_incident_with_its_cost(run: dict[str, Any]
     # over one interval agree to ~0.01 ms a step). That median is the analysis' own: the median of
     # the run's calm steps, all of them, below a cut it takes from the run; on a loaded machine the
     # steps spread (19-43 ms seen) and a median the test re-took its own way (iterations 10-79 alone)
-    # missed by 10% (issue 37: 5.39 s against 4.89 s). So the test asks of it only what it must be:
+    # missed by 10% (5.39 s against 4.89 s once). So the test asks of it only what it must be:
     # a central value of the loop's calm steps (between their first and ninth deciles: with two suites
     # at once its median stood 0.1 ms above the upper quartile of a calm set that held the blips too).
     ref = inc.steady_step_ms

@@ -1,4 +1,4 @@
-"""The loop as people write it: the batch is fetched between two steps (issue 52).
+"""The loop as people write it: the batch is fetched between two steps.
 
 ``for i, batch in enumerate(loader, 1): with hook.step(step=i): ...`` fetches before the step
 begins. A real ``torch.utils.data.DataLoader`` with two worker processes whose samples cost a known

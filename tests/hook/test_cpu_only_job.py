@@ -1,4 +1,4 @@
-"""Issue 52: a job without CUDA is described as one. A real PyTorch loop on this machine's CPUs (torch
+"""A job without CUDA is described as one. A real PyTorch loop on this machine's CPUs (torch
 has no CUDA here) under the step hook with its defaults: the hook's job record says it has no CUDA
 (wire.JOB_FLAG_NO_CUDA), the agent's hook collector makes that the job's typed attribute
 (JobInfo.device "cpu"), and the aggregator speaks of it in its own words: the hook's data wait (not

@@ -1,4 +1,5 @@
-"""Issue 52's jobs replayed from their recordings, as the agent and the aggregator took them live
+"""The jobs of docs/evidence/entries/30-any-pytorch-job-as-people-write-it-against-each-loop-s-own-c.md
+replayed from their recordings, as the agent and the aggregator took them live
 (tests/data/hook/frameworks/<job>/, made by tests/gpu/frameworks_live.py: see the README there).
 
 For each job: the step hook's datagrams, byte for byte as the training process sent them, go through

@@ -1,4 +1,4 @@
-"""Any process is a rank (issue 44 item 3): a job without RANK (``python3 train.py``) placed on its GPU
+"""Any process is a rank: a job without RANK (``python3 train.py``) placed on its GPU
 by what its step hook says (its verified pid, the CUDA device UUID it sends), so that the aggregator's
 placement, GPU hints and incidents work: a co-tenant on its GPU is named with its pid instead of "the
 rank's GPU is unknown". The hook's side is real (a StepHook sending to a real HookCollector, its device

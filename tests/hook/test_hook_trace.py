@@ -1,8 +1,8 @@
-"""A Kineto trace the hook opens in its own process when the agent asks (issue 44 item 4), with a
+"""A Kineto trace the hook opens in its own process when the agent asks, with a
 real CPU torch loop and real torch.profiler: the request over the hook's datagram protocol, the
 steps asked traced exactly (``ProfilerStep#N``), CPU ops in the trace that perfd's Chrome trace
 reader takes, the file written off the training thread into the hook's own private folder (0700, the
-file 0600: issue 54 item 3) and named in its ``written`` record; requests of too many steps or of an
+file 0600) and named in its ``written`` record; requests of too many steps or of an
 older agent's form (naming a path) refused, one trace at a time, a trace past its budget cut short and
 one past its size deleted. On a GPU the trace stops only once the last traced step's end marker
 completes (no device sync): checked here with fake markers, on the GPU by tests/gpu/hook_trace_live.py.

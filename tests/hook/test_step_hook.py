@@ -73,7 +73,7 @@ def test_agent_absent_steps_are_counted_as_dropped(tmp_path: Path) -> None:
 
 def test_agent_appears_after_backoff(tmp_path: Path) -> None:
     """Steps sent before the agent listens are held and delivered, oldest first, once it does (a job
-    started before its agent lost its first 35 steps silently: issue 44)."""
+    started before its agent once lost its first 35 steps silently)."""
     path = str(tmp_path / "late.sock")
     hook = Hook(path, cuda=False, rank=0)
     hook.sender.retry_ns = 0  # retry at once, for the test

@@ -1,4 +1,4 @@
-"""Steps of different sizes and the model's shape (issue 44 items 5 and 6): ``step_end(tokens=,
+"""Steps of different sizes and the model's shape: ``step_end(tokens=,
 flops=, seq_len=)`` puts each step's own work on the wire, ``model=`` derives what its other fields
 define (kv_channels, the vocabulary), and a value the hook cannot read without a device sync is
 refused and counted, never guessed. A real CPU torch loop over variable-length batches, its truth

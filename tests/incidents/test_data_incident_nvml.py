@@ -1,4 +1,4 @@
-"""Issue 52: the data side of an incident, with real NVML samples of the rank's GPU.
+"""The data side of an incident, with real NVML samples of the rank's GPU.
 
 A plain PyTorch loop on an H100 whose DataLoader's samples cost three times as much for ~50 s
 (tests/data/hook/plain_loop_h100/data_steps.json.gz: the loop's own clock) replayed through the

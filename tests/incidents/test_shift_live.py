@@ -1,4 +1,4 @@
-"""A lasting shift seen live (issue 36 item 7): the real aggregator (in the test's process,
+"""A lasting shift seen live: the real aggregator (in the test's process,
 tests/inproc.py) fed over gRPC as the job runs, steps 60 → 90 ms from iteration 151 to the end at 300.
 Before, the incident the shift opened closed near iteration 250 as the steady median adapted, and the
 rest was counted nowhere; now it stays open as a change point, its cost (Σ step − 60 ms) counted to the

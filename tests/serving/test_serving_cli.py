@@ -95,7 +95,7 @@ def test_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["analyze", "sglang", str(tmp_path / "missing.log")]) == 2
     assert main(["analyze", "sglang", LOG, "--model-params", "lots"]) == 2
     assert "not a number" in capsys.readouterr().err
-    # Neither batch lines nor usable /metrics: refused with one line naming both (issue 13; it
+    # Neither batch lines nor usable /metrics: refused with one line naming both (it
     # used to exit 0 with an 'unknown' report).
     empty = tmp_path / "empty.log"
     empty.write_text("hello\n")

@@ -1,5 +1,5 @@
 """Admission says no while the aggregator cannot answer new streams in time, and says when to come back
-(issue 54 item 8: 4,500 agents connecting at once got 1,259 connected, p50 34 s, and 0 overload
+(without it, 4,500 agents connecting at once got 1,259 connected, p50 34 s, and 0 overload
 refusals — the event loop's lag, all admission read, stayed under its 5 s while Hellos queued).
 
 A real grpc.aio ingest server in a process of its own, each Hello costing its loop 25 ms on a CPU (a big

@@ -247,8 +247,11 @@ class FitContext:
     def replayed(self, change: Change, what: Said, gaps: Gain | None) -> Gain | None:
         """The gain of ``change`` alone: the span of what the replay gives and what the trace's own
         slices give (``gaps``), the basis saying both (None: no replay). Neither model holds every
-        measurement (docs/evidence/README.md, issue 53: the replay on the H200's host-bound jobs, the
-        slices on the H100's busy GPU), so the range is what both allow; but where the captured step ran
+        measurement (the replay on the H200's host-bound jobs:
+        docs/evidence/entries/33-issue-53-third-h200-a-b-the-launch-by-launch-replay-plan-h20.md; the
+        slices on the H100's busy GPU:
+        docs/evidence/entries/35-issue-53-fifth-a-b-on-an-h100-gain-model-4-unchanged-every-r.md), so the
+        range is what both allow; but where the captured step ran
         longer than the job's (ReplayGains.slices_hold), the replay alone."""
         r = self.replay
         g = r.of((change,)) if r is not None else None
@@ -266,9 +269,12 @@ def replay_basis(r: ReplayGains, what: Said, traced_ms: float) -> Said:
 
 
 # --- model constants: why each range is as wide as it is -------------------------------------------
-# Fitted on issue 42's H100 job (three runs, each predicted from its own capture and measured against
-# the job as it ran: docs/evidence/remedies_h100) and held to issue 53's A/B on two other
-# configurations (docs/evidence/plan_h100). Every range also carries the run-to-run spread of a steady
+# Fitted on a Megatron-LM job on an H100 (three runs, each predicted from its own capture and measured
+# against the job as it ran:
+# docs/evidence/entries/25-remedies-applied-one-at-a-time-on-the-issue-s-h100-job-attri.md,
+# docs/evidence/remedies_h100) and held to the plan's A/Bs on two other configurations
+# (docs/evidence/entries/31-the-plan-s-a-b-on-a-long-sequence-job-v1-model-predictions-w.md and the
+# entries after it). Every range also carries the run-to-run spread of a steady
 # step: the same job measured twice on one H100 ran 693.2 and 698.2 ms (0.7%), 693.3 and 693.5 ms in
 # another pair; a change is told apart from a rerun only beyond it.
 RUN_SPREAD_OF_STEP = 0.005

@@ -1,4 +1,4 @@
-"""What a remedy says, as a code and its arguments (issue 57): its action, what it costs, its notes and the
+"""What a remedy says, as a code and its arguments: its action, what it costs, its notes and the
 basis of its gain (perfd.analytics.advice.remedies: Advice, Gain) are :class:`Said` values, each a
 :class:`Say` code and the job's own numbers and names (an option as the release spells it, the ops that
 own a sync). No English here: each code's sentence is declared once where it is shown

@@ -1,5 +1,6 @@
 """What the launch-by-launch replay of a capture (perfd.capture.step_replay) says a change saves, on the
-job's own clock (issue 53). Pure.
+job's own clock (docs/evidence/entries/33-issue-53-third-h200-a-b-the-launch-by-launch-replay-plan-h20.md).
+Pure.
 
 The trace's host is the profiled one: it records every op, so it runs slower than the job does (on
 the H200 runs the captured step was 233 and 537 ms where the job stepped at 204-230 and 400-414 ms).

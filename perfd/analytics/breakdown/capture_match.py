@@ -1,4 +1,4 @@
-"""Whether a capture is of the job it is read against (issue 51 item 5): ``perfd analyze megatron
+"""Whether a capture is of the job it is read against: ``perfd analyze megatron
 LOG --capture TRACE`` with a trace of another job once gave a full budget and remedies, the only hint
 "the capture slowed its steps by +143%" read as the profiler's own cost. Each check compares a figure
 of the capture with the job's own, from what every timeline holds:

@@ -97,7 +97,7 @@ def job_budget(medians: Mapping[str, object], peak: PeakResult, pp: int | None,
         if b is not None:
             return with_ncu(b, timeline.ncu, timeline.ncu_id, timeline.ncu_kernels, timeline.ncu_joined_to)
     b = from_timers(timers, fl)
-    # No timeline, an ncu capture: its rows still say what the step's kernels do (issue 45 item 3: they
+    # No timeline, an ncu capture: its rows still say what the step's kernels do (they once
     # lived only in /api/captures), on the undivided compute part.
     if b is None or timeline is None:
         return b

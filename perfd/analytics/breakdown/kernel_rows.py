@@ -1,5 +1,5 @@
-"""The top Nsight Compute kernels of each step-budget part (issue 45 item 3: "the report and HTML show
-the top rows beside the budget part they explain").
+"""The top Nsight Compute kernels of each step-budget part ("the report and HTML show the
+top rows beside the budget part they explain").
 
 An ncu capture's joined rows (perfd.analytics.breakdown.ncu_rows.JoinedKernel, read from the capture's
 event: ``ncu_kernels``) go to the part their category's time is in

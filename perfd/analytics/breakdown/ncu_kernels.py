@@ -1,4 +1,4 @@
-"""Nsight Compute (ncu) kernels as perfd reads them (issue 34 item 5: the kernel deep dive): the
+"""Nsight Compute (ncu) kernels as perfd reads them (the kernel deep dive): the
 typed per-kernel row and its class. Pure data and one rule.
 
 The rows come from ncu's CSV export, parsed by :mod:`perfd.capture.ncu_report` beside the other

@@ -19,8 +19,9 @@ LAUNCH_LATENCY_NS = 4000.0
 PROFILED_HOST = 1.0
 SCALES: tuple[float, ...] = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, PROFILED_HOST, 1.1)
 # Twice the micro-batch: a kernel of the forward-backward phase takes this many times longer (work
-# scales with the rows; GEMMs on more rows gain a little efficiency). The two H200 jobs of issue 53
-# (4k to 8k rows a micro-batch) stepped as the replay at 1.9-2.0 says.
+# scales with the rows; GEMMs on more rows gain a little efficiency). The two H200 jobs of the third plan
+# A/B (4k to 8k rows a micro-batch) stepped as the replay at 1.9-2.0 says:
+# docs/evidence/entries/33-issue-53-third-h200-a-b-the-launch-by-launch-replay-plan-h20.md.
 MICROBATCH_DEVICE = (2.0, 1.9)  # (lo: saves less, hi: saves more)
 # CUDA graphs: the host time of a graphed launch that remains (one graph launch a layer replaces a
 # layer's launches; the replay's input copies and the graph breaks keep some of it).

@@ -1,4 +1,4 @@
-"""What the collective findings and recommendations say, as typed facts (issue 57): each question of
+"""What the collective findings and recommendations say, as typed facts: each question of
 perfd.analytics.collectives.collective_analysis gives its finding and recommendation a kind and their
 numbers; the words are made where they are served (perfd.report.collective_text). Pure."""
 

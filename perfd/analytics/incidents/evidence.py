@@ -281,7 +281,7 @@ def decide(items: Sequence[Evidence], ranks: Sequence[int] = (), missing: Sequen
     ordered = sorted(items, key=key)
     if any(e.kind is EvidenceKind.DATA_WAIT for e in ordered):
         # The data wait grew by most of the slowdown: the GPU waited on data, so what the GPU shows of
-        # itself (a power cap, a clock, another process on it) is listed, never the cause (issue 52:
+        # itself (a power cap, a clock, another process on it) is listed, never the cause (once,
         # with the rank's NVML samples a data-loader slowdown read "not explained").
         ordered = sorted(ordered, key=lambda e: (e.spec.gpu_side, key(e)))
     if stalled and not any(e.spec.halts for e in ordered):

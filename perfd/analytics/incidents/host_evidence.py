@@ -54,7 +54,7 @@ class CpuUse:
     node: str | None = None
     observed_at: float | None = None  # epoch s, when its agent observed it
     # A finished (or stalled) job's: the last observation taken while it stepped, said as such (after
-    # its exit its process shows no workers and no load: issue 52, "its 0 child process(es)").
+    # its exit its process shows no workers and no load: "its 0 child process(es)").
     while_running: bool = False
 
     def to_json(self) -> dict[str, object]:

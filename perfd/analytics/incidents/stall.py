@@ -9,13 +9,13 @@ process stopped (SIGSTOP, a debugger), gone or blocked in disk sleep, every rank
 CPU, and no GPU where the GPU is known), or a collective the Flight Recorder shows stuck. A
 checkpoint save or an evaluation that the log or the step hook announced holds the stall back (the
 loop pauses on purpose), and the silence after it counts from its end — but for at most
-STALL_PHASE_MAX_S after the job's last record, whatever is announced (issue 43 item 5: a hook
+STALL_PHASE_MAX_S after the job's last record, whatever is announced (a hook
 re-announcing a save every 300 s, or any sender pulsing begin and end, held a hang back for good). A
 rank stopped or gone is the kernel's word: no announcement holds it back or restarts its silence (a
 stopped process is not saving). The check is pure: the aggregator hands in what it holds
 (perfd/aggregator/stalls.py keeps the stall open, asks for stacks, and closes it when steps resume).
 
-perfd's own capture holds a stall back the same way (issue 45 item 1): an ncu range replays every
+perfd's own capture holds a stall back the same way: an ncu range replays every
 kernel of the step it profiles, holding that step for tens of seconds (38 s on the H100 for a
 Megatron-LM step of 548 ms), and a Kineto or nsys capture slows its steps too. A capture asked for
 before the silence became a stall (requested by the time the limit would have passed) holds it while
@@ -197,8 +197,8 @@ def check_stall(inp: StallInputs) -> StallCheck:
     began = _new_run(ranks, inp.last_record_at)
     if began is not None and not (stopped or gone) and inp.now <= began + inp.phase_max_s:
         # Every rank process started after the job's last step: a new run (a restart from a
-        # checkpoint, a resumed job) loading before its first step, not a stall. Seen on the H100
-        # (issue 45): Megatron-LM resumed under ncu took 42 s to its first step.
+        # checkpoint, a resumed job) loading before its first step, not a stall. Seen on the H100:
+        # Megatron-LM resumed under ncu took 42 s to its first step.
         return StallCheck(Status.HELD, silent, limit, inp.cadence_s, stuck_ranks=tuple(r.rank for r in ranks),
                           phase=(STARTING, began), ranks=ranks)
     blocked = [r for r in ranks if r.state == "disk_sleep"]

@@ -1,5 +1,5 @@
 """Nsight Compute rows joined to a capture's timeline: each profiled kernel with its category and its
-share of the captured GPU time, and per-category summaries (issue 34 item 5; the step budget reads
+share of the captured GPU time, and per-category summaries (the step budget reads
 them: "the GEMMs reach 80% of memory SOL and 45% of compute SOL").
 
 The join is by kernel name, and the names differ between the tools for the same kernel:

@@ -1,4 +1,4 @@
-"""Each launch ncu profiled, matched to the timeline launch it was (issue 51 item 4).
+"""Each launch ncu profiled, matched to the timeline launch it was.
 
 By kernel name alone a row cannot say which op launched it: on the H100 the same
 ``nvjet_sm90_tst_256x128`` kernel ran Megatron-LM's linear GEMMs *and* attention's Q·Kᵀ, and attention's

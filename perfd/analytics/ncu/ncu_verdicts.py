@@ -1,4 +1,4 @@
-"""What an Nsight Compute capture's rows say to do, per budget part (issue 45 item 3).
+"""What an Nsight Compute capture's rows say to do, per budget part.
 
 The step budget carries, on each part (BudgetPart.ncu), the per-category summaries of the job's latest
 ncu capture (perfd.analytics.breakdown.ncu_rows.CategorySummary: compute and memory speed of light weighted
@@ -8,7 +8,7 @@ that part's kernels — which is not always a faster kernel:
 - GEMMs near the compute ceiling (compute SOL at NVIDIA's high bar): the kernel is as fast as the GPU
   goes; only fewer FLOPs help (less recomputation, a smaller model, a shorter sequence), never a kernel.
   Where the timeline measured the linear layers' FLOP rate against the matmul ceiling, that decides
-  (issue 51: the budget's "98% of the ceiling" beside ncu's "far below" on the same GEMMs); attention's
+  (once the budget's "98% of the ceiling" stood beside ncu's "far below" on the same GEMMs); attention's
   batched matmuls, the same kernels by name, are attention's (rows joined launch by launch) and get no
   GEMM verdict.
 - GEMMs far below it (under NVIDIA's latency bar): the shape starves the GPU (tiles half-empty, a grid

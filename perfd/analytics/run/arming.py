@@ -1,4 +1,4 @@
-"""What arming Nsight Compute costs a rank, measured (issue 45 item 4).
+"""What arming Nsight Compute costs a rank, measured.
 
 A rank under ``ncu --profile-from-start off`` pays on every kernel launch for the life of its process,
 profiled or not (perfd.capture.ncu_exec: ~80 µs a launch on the H100; a 12-layer Megatron-LM step went

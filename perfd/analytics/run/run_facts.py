@@ -1,4 +1,4 @@
-"""What the run's findings and recommendations say, as typed facts (issue 57): each analyzer of
+"""What the run's findings and recommendations say, as typed facts: each analyzer of
 perfd.analytics.run.run_findings gives its finding a kind and its numbers (:class:`RunFinding`), its
 recommendation the same (:class:`RunRecommendation`); the words are made where they are shown
 (perfd.report.finding_text). Pure."""

@@ -1,4 +1,4 @@
-"""Whose steps a run analysis' figures are, and what the current run adds (issue 51 items 1, 2, 6): the
+"""Whose steps a run analysis' figures are, and what the current run adds: the
 run they come from (perfd.analytics.run.runs), the arming's cost measured against the job's previous
 run, and no grade from too few steady steps. Split from perfd.analytics.run.run_analysis; pure.
 

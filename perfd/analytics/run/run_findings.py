@@ -139,7 +139,7 @@ def mfu_grade(c: RunContext) -> Out:
             facts = MfuFacts(said=MfuSaid.QUOTED, quoted=quoted)
         return [MfuFinding("mfu-absent", Severity.INFO, "", "", {}, "", steps=span, facts=facts)], []
     n = a.summary.n_steady
-    if n < MIN_GRADE_STEPS:  # one steady step is no grade (issue 51 item 6)
+    if n < MIN_GRADE_STEPS:  # one steady step is no grade
         return [MfuFinding("mfu-too-few-steps", Severity.INFO, "", "",
                            {"mfu": mfu, "n_steady": n, "min_steps": MIN_GRADE_STEPS}, "",
                            steps=span, facts=MfuFacts(said=MfuSaid.TOO_FEW_STEPS, mfu=mfu, n_steady=n))], []

@@ -1,4 +1,4 @@
-"""Runs of a job (issue 51 item 1): a restart — from iteration 1, or resumed from a checkpoint —
+"""Runs of a job: a restart — from iteration 1, or resumed from a checkpoint —
 begins a new run, and every figure belongs to one run.
 
 A job's analysis is the analysis of its current run; each earlier run leaves a compact, typed

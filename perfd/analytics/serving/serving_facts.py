@@ -1,4 +1,4 @@
-"""What the serving findings and recommendations say, as typed facts (issue 57): each condition of the
+"""What the serving findings and recommendations say, as typed facts: each condition of the
 serving playbook (perfd.analytics.serving.serving_findings) gives its finding and its recommendation a
 kind and their numbers; the words are made where they are shown (perfd.report.serving_text). Pure."""
 

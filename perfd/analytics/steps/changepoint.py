@@ -2,7 +2,7 @@
 
 Why not an incident: an incident is measured against the steady median, and a slowdown that lasts
 (steps 60 → 90 ms from iteration 151 to the end at 300) becomes the median once it covers half of
-the window — the incident then ended as the median adapted (near iteration 250 in issue 36's probe)
+the window — the incident then ended as the median adapted (near iteration 250 in a probe)
 and the rest of the shift was counted nowhere. A change point keeps the level from before the shift
 as the reference: its cost is Σ(step − level before) over every iteration after it, to the end of
 the run — or until the user says the new level is the new normal (``new_normal_at``: the

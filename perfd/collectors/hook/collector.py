@@ -24,7 +24,7 @@ and a record naming a pid that is neither the sender's nor a descendant of it ru
 user is refused (``sender:<reason>``, one log line per reason and minute with the count): the agent
 acts only on processes the kernel says the sender may name.
 
-Whose ranks (issue 54 item 5): the job's user's only. ``job_user`` names it (a user name or uid;
+Whose ranks: the job's user's only. ``job_user`` names it (a user name or uid;
 ``perfd launch`` records the launching user in its manifest, which the agent passes on); without it,
 the agent's own user. A record from any other uid is refused (``sender:not_job_user``) whatever rank
 it names and whenever it comes: a rank is never held first-come, so another user who sends step

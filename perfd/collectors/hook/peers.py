@@ -1,4 +1,4 @@
-"""Who sent a hook datagram: the kernel's word, not the datagram's (docs/security.md, issue 43 item 1).
+"""Who sent a hook datagram: the kernel's word, not the datagram's (docs/security.md).
 
 The hook socket may be open to the job's user or group, or to everyone (mode 0666, for a job of
 another user): any process that may write it could put any pid and rank into a record, and the agent

@@ -4,7 +4,7 @@ A status is taken only for a request this agent sent to that process: keyed by (
 the process the request went to (its kernel-verified pid) must be the one answering. Any other status
 (another process's, a request never sent, one already ended) is refused by the collector and counted
 (``sender:unsolicited_status``): ids 1..5,000 pre-marked "rejected" by another sender once failed the
-next real capture (issue 54 item 4). Bounded: at most HOOK_MAX_OUTSTANDING requests are remembered,
+next real capture. Bounded: at most HOOK_MAX_OUTSTANDING requests are remembered,
 the oldest forgotten first; a request is forgotten when its last answer arrives.
 """
 

@@ -1,6 +1,6 @@
 """Log lost before it was read, as LOG_GAP events: for every collector that tails a log with
 collectors.megatron.tail.LogTail (Megatron-LM, torchtitan, SGLang), so that a lost stretch is always
-counted and raised, never silent (issue 36 item 5).
+counted and raised, never silent.
 
 What the tail counts and this turns into one event per change:
 - a truncation or a rewrite (a new run writing the same start-up block) whose unread part no

@@ -40,11 +40,11 @@ Falling behind (``max_lag_bytes``): when more than that many unread bytes wait, 
 (counts["skips"], counts["skipped_bytes"]); the caller turns that into an event. A tail far behind
 a fast log would otherwise report an hour-old job as current; a gap that says so is better.
 
-Resuming (issue 12 item 3): :meth:`LogTail.position_at` names a point in the open file by the
+Resuming: :meth:`LogTail.position_at` names a point in the open file by the
 file's identity — device, inode, a hash of its head up to that point and of the bytes just before
 it — and ``LogTail(..., resume=pos)`` starts there only when the path still names that file with
 that content (counts["resumed"]): a job restarted with the same start-up block, its log rewritten
-from the start, is a new run and is read from its start (issue 36: the old check, device, inode and
+from the start, is a new run and is read from its start (an older check, device, inode and
 head, resumed in the middle of the new run's lines). When the path names another file (rotated or
 truncated while the agent was down), ``<name>.1`` is read from the position when it is the file the
 position names (the same content: a renamed file or copytruncate's copy), then the new log from its

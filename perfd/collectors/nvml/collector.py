@@ -192,7 +192,7 @@ class RealNvml:
         self.devices: list[DeviceState] = []
         self.caps: Capabilities | None = None
         self._gpm: dict[int, GpmSampler] = {}
-        # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology, issue 46)
+        # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology)
         self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup,
                                      pod_job=PodJobs().job_of, job=config.job, job_uid=config.job_uid)
         self._last_slow: float | None = None

@@ -12,7 +12,7 @@ a rank or a job (RANK, PERFD_JOB: a job's ranks) — redacted by allow-list
 (perfd.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
 named without its arguments: they may hold its passwords and tokens.
 
-Whose a declaration is (issue 54 item 7): a variable in a process's environment is the process's
+Whose a declaration is: a variable in a process's environment is the process's
 word, and any user may set ``RANK=3``. An agent that serves a job knows the job's user (``job_user``:
 AgentConfig.job_uid); a process is the job's own only when it runs as that uid alone (real,
 effective, saved and filesystem: a setuid program is not). A process of another user that claims

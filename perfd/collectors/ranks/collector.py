@@ -73,7 +73,7 @@ class RanksConfig:
     scan: bool = True  # name the other processes on a waiting rank's CPUs
     # A job's sidecar in the job's pod (shareProcessNamespace: true): follow the processes of its pid
     # namespace that declare a rank (perfd.procinfo.pod_ranks). Their pids are the pod's, as the
-    # ranks' own Kineto requests carry them: the sidecar can capture them (issue 46).
+    # ranks' own Kineto requests carry them: the sidecar can capture them.
     pod: bool = False
     proc: str = procfs.PROC
     # A job's rank_processes event at least this often when nothing notable changes (every collect
@@ -334,7 +334,7 @@ class RanksCollector(Collector):
         """The process that runs the rank under ``pid``: past the wrappers (WRAPPERS, by command name)
         whose child declares the same rank. Under ``perfd ncu-prefix`` the topmost process declaring
         RANK is ncu, asleep while its child runs: taken for the rank, it made a start-up read as a
-        stall on the H100 (issue 45: "every rank process idle" while the rank loaded its checkpoint)."""
+        stall on the H100 ("every rank process idle" while the rank loaded its checkpoint)."""
         seen = {pid}
         while (st := procfs.read_stat(pid, self.config.proc)) is not None and st.comm in WRAPPERS:
             inner = [c for c, (r, parent) in ranks.items() if parent == pid and r == rank and c not in seen]

@@ -90,8 +90,8 @@ def test_eight_ranks_unbatched_are_not_lost_to_the_datagram_queue_limit(collecto
     # 8 processes x 200 steps, one datagram per step, ~8,000 datagrams/s together, collected
     # at the end only: far beyond the ~10 datagrams a Unix socket queues. Everything a hook sent
     # arrives and what it could not send is counted; the share dropped depends on how often this
-    # machine runs the receiver thread (none on an idle machine, 151 of 1,600 on a loaded CI one,
-    # issue 37), so the bound says only that a thread drains the socket: without one, all but the
+    # machine runs the receiver thread (none on an idle machine, 151 of 1,600 on a loaded CI
+    # one), so the bound says only that a thread drains the socket: without one, all but the
     # ~10 datagrams a socket queues would drop. That it drains at all is shown exactly below.
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, collector.config.socket_path, str(r)],
                               stdout=subprocess.PIPE, text=True) for r in range(8)]

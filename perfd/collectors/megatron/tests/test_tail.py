@@ -137,7 +137,7 @@ def test_unreadable_path_never_raises(tmp_path: Path) -> None:
     assert gone.errors == {"missing": 2}
 
 
-# --- resuming at a saved position (issue 12 item 3) ---------------------------------------
+# --- resuming at a saved position -------------------------------------------------------------
 
 
 def _consumed(tail: LogTail, n: int) -> tuple[list[str], int]:

@@ -1,4 +1,4 @@
-"""LogTail on real files (issue 36 items 5 and 6): a new run rewriting the log with the same start-up
+"""LogTail on real files: a new run rewriting the log with the same start-up
 block is told from a resume and from more lines; two rotations between two reads count what can be
 known; a log replaced by a FIFO (or any non-regular file) is refused, never a blocked collector."""
 

@@ -44,7 +44,7 @@ def spawn() -> Iterator[Any]:
 
     for p in procs:
         # coreutils' timeout moves itself and its command into a process group of their own (and
-        # any descendant may): the whole tree goes, then the group (issue 56 item 8: leftovers)
+        # any descendant may): the whole tree goes, then the group (no leftovers)
         try:
             tree = psutil.Process(p.pid).children(recursive=True)
         except psutil.NoSuchProcess:
