@@ -278,6 +278,7 @@ def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Pa
         yield procs, base, sock, tmp_path
 
 
+@pytest.mark.e2e  # the aggregator a root process apart from the agent: what the attacker names
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, str, str, Path],
