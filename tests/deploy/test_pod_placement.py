@@ -106,6 +106,10 @@ def test_a_gpu_process_without_perfd_job_takes_its_pods_job(pods: list[subproces
     lonely = _in_pod(pods[-1], "sleep 304")  # a pod where nothing declares a job
     host = subprocess.Popen(["sleep", "305"], env={**env, "RANK": "0"})  # the node's own namespace
     try:
+        # Until it has exec'd sleep its environment is still this process's (no RANK): a reading then was
+        # (None, None) under load, as the pods' processes are waited for by their command lines.
+        wait_for(lambda: psutil.Process(host.pid).cmdline() == ["sleep", "305"], 30,
+                 "the host process's exec", interval=0.02)
         assert pid_namespace(rank0) == pid_namespace(sidecar) != pid_namespace("self")
         jobs = PodJobs()
         assert jobs.job_of(rank0) == "gpt-pod"
