@@ -1,10 +1,12 @@
 """`perfd aggregator --event-loop`: a real aggregator process ingests a real agent's batch and
-acknowledges it under either loop, and says which one it runs; a loop it cannot have is refused
-with exit 2."""
+acknowledges it under either loop, and says which one it runs (the loop, the gRPC experiments and the
+switch interval are the process's, chosen as it starts: a process of its own); a loop it cannot have is
+refused with exit 2 (through the CLI's main(), in the test's process)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from perfd.aggregator import runtime
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS, SWITCH_INTERVAL_S
+from perfd.cli import main
 from perfd.model import StepRecord
 from perfd.transport import AgentClient
 from tests.procs import free_port, http_get, stop, wait_for
@@ -37,6 +41,7 @@ def test_uvloop_asked_for_but_missing(monkeypatch: pytest.MonkeyPatch) -> None:
         event_loop_runner("uvloop")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("loop", [k for k in EVENT_LOOPS if k != "auto"])
@@ -80,14 +85,22 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
 
 
 def test_tune_gc_sets_the_thresholds_and_times_collections() -> None:
-    """In a process of its own (the test process keeps its collector as it is)."""
-    code = ("import gc, json; from perfd.aggregator import runtime as g; "
-            "before = g.gc_seconds(); g.tune_gc(); x = [[] for _ in range(100000)]; gc.collect(); "
-            "print(json.dumps([before, g.gc_seconds(), list(gc.get_threshold()), "
-            "gc.get_freeze_count() > 0]))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    before, after, thresholds, frozen = json.loads(r.stdout)
-    assert before is None and after > 0 and thresholds == list(GC_THRESHOLDS) and frozen
+    """In the test's process, its collector's settings put back after (thresholds, frozen objects,
+    callbacks): the test process keeps its collector as it was."""
+    thresholds, callbacks, frozen_before = gc.get_threshold(), list(gc.callbacks), gc.get_freeze_count()
+    try:
+        before = runtime.gc_seconds()
+        runtime.tune_gc()
+        x: list[list[int]] = [[] for _ in range(100000)]
+        gc.collect()
+        after, tuned, frozen = runtime.gc_seconds(), list(gc.get_threshold()), gc.get_freeze_count() > 0
+        del x
+    finally:
+        gc.callbacks[:] = callbacks
+        gc.set_threshold(*thresholds)
+        if not frozen_before:
+            gc.unfreeze()
+    assert before is None and after is not None and after > 0 and tuned == list(GC_THRESHOLDS) and frozen
 
 
 @pytest.mark.parametrize("preset", [None, "-some_experiment"])
@@ -104,30 +117,34 @@ def test_grpc_experiments_chosen_before_grpc_loads_and_an_operators_setting_kept
     assert json.loads(r.stdout) == [chosen, chosen, None]  # None: grpc loaded, too late to choose
 
 
-@pytest.mark.slow
-def test_an_unavailable_loop_is_refused_with_exit_2(tmp_path: Path) -> None:
-    env_code = ("import sys; sys.modules['uvloop'] = None; from perfd.cli import main; "
-                "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', "
-                "'--event-loop', 'uvloop']))")
-    r = subprocess.run([sys.executable, "-c", env_code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert "uvloop is not installed" in r.stderr
+@pytest.mark.timeout(60)  # an aggregator that took the loop would run on, in process
+def test_an_unavailable_loop_is_refused_with_exit_2(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop now raises ImportError
+    rc = main(["aggregator", "--grpc-port", "0", "--http-port", "0", "--event-loop", "uvloop"])
+    assert rc == 2
+    assert "uvloop is not installed" in capsys.readouterr().err
 
 
 def test_tune_switch_interval_sets_the_interpreters_in_its_own_process() -> None:
-    code = ("import json, sys; from perfd.aggregator import runtime as r; a = sys.getswitchinterval(); "
-            "r.tune_switch_interval(); b = sys.getswitchinterval(); r.tune_switch_interval(0.002); "
-            "print(json.dumps([a, b, sys.getswitchinterval()]))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    before, tuned, set_to = json.loads(r.stdout)
+    """In the test's process, its interval put back after (nothing in a test's process tunes it: only
+    run_aggregator, the daemon's own start)."""
+    before = sys.getswitchinterval()
+    try:
+        runtime.tune_switch_interval()
+        tuned = sys.getswitchinterval()
+        runtime.tune_switch_interval(0.002)
+        set_to = sys.getswitchinterval()
+    finally:
+        sys.setswitchinterval(before)
     assert before == pytest.approx(0.005) and tuned == pytest.approx(SWITCH_INTERVAL_S)
     assert set_to == pytest.approx(0.002)
 
 
+@pytest.mark.timeout(60)  # an aggregator that took the interval would run on, in process
 @pytest.mark.parametrize("ms", ["0", "-1", "5000"])
-def test_a_switch_interval_out_of_range_is_refused_with_exit_2(ms: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0",
-                        "--http-port", "0", "--gil-switch-ms", ms],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert "--gil-switch-ms must be > 0 and at most 1000" in r.stderr
+def test_a_switch_interval_out_of_range_is_refused_with_exit_2(ms: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["aggregator", "--grpc-port", "0", "--http-port", "0", "--gil-switch-ms", ms])
+    assert rc == 2
+    assert "--gil-switch-ms must be > 0 and at most 1000" in capsys.readouterr().err

@@ -45,7 +45,6 @@ TIMER = ("lets a real component's own timer pass (a tick, a lease or TTL, the st
 QUIET = ("a fixed wait before a reading that has no event to wait for: something must not happen (a "
          "redelivery, a double, a late write, a command to the wrong agent) or a process must settle (RSS)")
 POLL_AND_QUIET = f"{POLL}; and {QUIET}"
-TIMER_AND_QUIET = f"{TIMER}; and {QUIET}"
 WINDOW = ("the process boundary under test: a collector reads real processes' (or a GPU's) counters over a "
           "window of real time")
 LAG_PROBE = "a probe ticking on the event loop to time its lag: the lag is what is measured"
@@ -127,8 +126,6 @@ ALLOWED: dict[str, str] = {
     "test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store.main.slow_housekeeping": HOLD,
     "tests/faults/test_log_rotation.py::test_copytruncate_while_running_loses_nothing": SCHEDULE,
     "tests/faults/test_log_rotation.py::test_copytruncate_while_the_agent_is_down_loses_nothing": TIMER,
-    "tests/faults/test_memory_bounds.py::"
-    "test_large_events_are_cut_the_log_is_paged_and_slow_readers_hold_little": TIMER_AND_QUIET,
     "tests/faults/test_network_faults.py::Writer.run": SCHEDULE,
     "tests/faults/test_network_faults.py::test_blackhole_loses_nothing_and_doubles_nothing": SCHEDULE,
     "tests/faults/test_one_record.py::"

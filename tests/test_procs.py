@@ -26,6 +26,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.e2e  # tests/procs.py's helpers themselves: they start the daemons' processes
 def test_procs_start_query_and_stop_in_order(tmp_path: Path) -> None:
     (tmp_path / "tiny.py").write_text(TINY)
     with Procs(tmp_path, run_env()) as procs:
@@ -66,6 +67,7 @@ def test_procs_start_query_and_stop_in_order(tmp_path: Path) -> None:
     assert "ended (" not in logs["agent"], logs["agent"]
 
 
+@pytest.mark.e2e
 def test_start_aggregator_fails_fast_when_it_exits(tmp_path: Path) -> None:
     with Procs(tmp_path, run_env()) as procs, pytest.raises(RuntimeError, match="exited"):
         start_aggregator(procs, "--rules", str(tmp_path / "missing.yaml"), timeout=30)

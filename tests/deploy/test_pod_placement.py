@@ -30,9 +30,11 @@ from typing import Any
 import psutil
 import pytest
 
+from perfd.cli import main
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.procinfo import PodJobs, pid_namespace
-from tests.procs import Procs, free_port, get_json, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import free_port, get_json, run_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
@@ -104,6 +106,10 @@ def test_a_gpu_process_without_perfd_job_takes_its_pods_job(pods: list[subproces
     lonely = _in_pod(pods[-1], "sleep 304")  # a pod where nothing declares a job
     host = subprocess.Popen(["sleep", "305"], env={**env, "RANK": "0"})  # the node's own namespace
     try:
+        # Until it has exec'd sleep its environment is still this process's (no RANK): a reading then was
+        # (None, None) under load, as the pods' processes are waited for by their command lines.
+        wait_for(lambda: psutil.Process(host.pid).cmdline() == ["sleep", "305"], 30,
+                 "the host process's exec", interval=0.02)
         assert pid_namespace(rank0) == pid_namespace(sidecar) != pid_namespace("self")
         jobs = PodJobs()
         assert jobs.job_of(rank0) == "gpt-pod"
@@ -139,10 +145,11 @@ TRAINER = textwrap.dedent("""
 
 @pytest.mark.xdist_group("torch_processes")  # one real torch process at a time (test_kineto_daemon)
 def test_the_sidecar_follows_its_pods_ranks_and_captures_them(
-        tmp_path: Path, pods: list[subprocess.Popen[bytes]]) -> None:
+        tmp_path: Path, pods: list[subprocess.Popen[bytes]], capfd: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch", reason="CPU torch (the dev extra) runs the rank")
-    with Procs(tmp_path) as procs:
-        grpc, _http, base = start_aggregator(procs, "--no-rules")
+    # The aggregator in the test's process (tests/inproc.py); the sidecar agent runs in the pod.
+    with pipeline(tmp_path, "--no-rules") as agg:
+        grpc, base = agg.agg.grpc_port, agg.base
         # Kineto's socket in a folder of the pod's (the abstract name is one per network namespace;
         # this test's pod shares the machine's); short: a Unix address holds 107 bytes.
         sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))
@@ -175,10 +182,11 @@ def test_the_sidecar_follows_its_pods_ranks_and_captures_them(
         (row,) = wait_for(followed, 90, "the sidecar following rank 0 of its pod")
         assert (row["rank"], row["pid"], row["node"]) == (0, inside, NODE)
 
-        r = subprocess.run([sys.executable, "-m", "perfd.cli", "capture", "--aggregator", base, "--job", JOB,
-                            "--ranks", "0", "--steps", "3", "--tool", "kineto"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stdout + r.stderr
+        capfd.readouterr()  # `perfd capture` through the CLI's main(): its exit status, what it printed
+        rc = main(["capture", "--aggregator", base, "--job", JOB, "--ranks", "0", "--steps", "3",
+                   "--tool", "kineto"])
+        out = capfd.readouterr()
+        assert rc == 0, out.out + out.err
 
         def ended() -> dict[str, Any] | None:
             caps = [c for c in get_json(f"{base}/api/captures")["captures"] if c["job"] == JOB]

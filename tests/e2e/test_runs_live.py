@@ -1,5 +1,6 @@
 """Runs and armed ranks through every real piece but the GPU (issue 51): a real aggregator, ``perfd
-launch`` and agents, a training loop with the step hook; run 1 plain, then the same job restarted with
+launch`` and agents (the aggregator and the agents in the test's process: tests/inproc.py; each launch
+and its job processes), a training loop with the step hook; run 1 plain, then the same job restarted with
 its rank under ``perfd ncu-exec`` and a stand-in ncu that runs its command as a child (as ncu does),
 each step 1.5x as long. The job ends at once when its launch exits; the armed run's steps are
 labelled from the first; the job's figures stay run 1's; the arming is measured against run 1;
@@ -16,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_for, wait_manifest
+from tests.inproc import pipeline
+from tests.procs import Procs, get_json, run_env, wait_for, wait_manifest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -86,25 +88,25 @@ def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_p
     ncu.chmod(ncu.stat().st_mode | stat.S_IXUSR)
     caps = tmp_path / "captures"
     env = run_env(PERFD_NCU=str(ncu))
-    with Procs(tmp_path, env) as procs:
-        grpc_port, _, base = start_aggregator(procs, "--no-rules")
+    with Procs(tmp_path, env) as procs, pipeline(tmp_path, "--no-rules") as p:
+        base = p.base
         # run 1: the loop as it is
         launch, manifest = _launch(procs, tmp_path, "1", [sys.executable, str(tmp_path / "loop.py"), "0.02",
                                                          str(STEPS), str(tmp_path / "own_1.txt")])
-        start_agent(procs, grpc_port, "--host", "off", manifest=manifest, nvml="off", name="agent_1")
+        p.agent("--launch-manifest", manifest, "--nvml", "off", "--host", "off", name="agent_1")
         took, job = _ended_within(base, launch, 30)
         assert took < 30 and "exited" in job["state_reason"], job  # at once, not after 60 s of "running"
         wait_for(lambda: (j := _job(base)) is not None and j.get("last_iteration") == STEPS, 60,
                  "run 1's last step", ignore=(OSError, KeyError, ValueError),
                  progress=lambda: (_job(base) or {}).get("iterations_seen"))
-        procs.end("agent_1")
+        p.stop_agent("agent_1")
         # run 2: the same job restarted, its rank under ncu (perfd ncu-exec, the stand-in), each step
         # 1.5x as long (what arming costs a launch-heavy step is the job's business here: the sleep)
         launch, manifest = _launch(procs, tmp_path, "2", [
             sys.executable, "-m", "perfd.cli", "ncu-exec", "--job", JOB, "--ranks", "0", "--capture-dir",
             str(caps), "--", sys.executable, str(tmp_path / "loop.py"), "0.03", str(STEPS),
             str(tmp_path / "own_2.txt")])
-        start_agent(procs, grpc_port, "--host", "off", manifest=manifest, nvml="off", name="agent_2")
+        p.agent("--launch-manifest", manifest, "--nvml", "off", "--host", "off", name="agent_2")
         took, job = _ended_within(base, launch, 30)
         summary = wait_for(lambda: (s := get_json(f"{base}/api/jobs/{JOB}/summary"))["summary"]["runs"]
                            ["armed_iterations"] >= STEPS - 2 and s, 30, "run 2's armed steps",

@@ -3,7 +3,8 @@ by `perfd launch` (a real rank process, printing a real Megatron-LM log), its ag
 with the NVML collector as shipped (`--nvml real`: no NVIDIA driver here, so unavailable), then a
 node agent whose replayed NVML recording places a GPU in the job. Before any GPU row the GPU panel
 says why (the agent's NVML unavailable, and its reason); then the GPU row and the rank process row
-are each one line, every value whole, at both widths."""
+are each one line, every value whole, at both widths. The aggregator and both agents run in the test's
+process (tests/inproc.py); `perfd launch`, its rank and `perfd top` in its terminal are processes."""
 
 from __future__ import annotations
 
@@ -19,16 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.procs import (
-    PERFD,
-    Procs,
-    get_json,
-    placed_recording,
-    start_agent,
-    start_aggregator,
-    wait_for,
-    wait_manifest,
-)
+from tests.inproc import Pipeline, pipeline
+from tests.procs import PERFD, Procs, get_json, placed_recording, wait_for, wait_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
@@ -46,6 +39,13 @@ RANK = ("import sys, time\n"
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:
     with Procs(tmp_path) as p:
+        yield p
+
+
+@pytest.fixture
+def pipe(tmp_path: Path, procs: Procs) -> Iterator[Pipeline]:
+    """The aggregator; stopped (its agents first) before the processes."""
+    with pipeline(tmp_path, "--gpu", "NVIDIA H200") as p:
         yield p
 
 
@@ -82,19 +82,20 @@ def _rows(screen: str, *marks: str) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, procs: Procs) -> None:
+def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, procs: Procs,
+                                                             pipe: Pipeline) -> None:
     if shutil.which("tmux") is None:
         if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):
             pytest.fail("tmux missing: ci/install-system-deps.sh installs it")
         pytest.skip("tmux not installed (ci/install-system-deps.sh)")
-    grpc, _http, base = start_aggregator(procs, "--gpu", "NVIDIA H200")
+    base = pipe.base
     run = tmp_path / "run"
     rank = tmp_path / "rank.py"
     rank.write_text(RANK)
     launch = procs.perfd("launch", "launch", "--job", JOB, "--run-dir", str(run), "--log",
                          str(run / "train.log"), "--", sys.executable, str(rank), str(LOG))
     manifest = wait_manifest(run / "launch.json", launch)
-    start_agent(procs, grpc, "--node", NODE, manifest=manifest, nvml="real", metrics_port=0)
+    pipe.agent("--launch-manifest", manifest, "--nvml", "real", "--metrics-port", "0", "--node", NODE)
 
     def placed() -> dict[str, Any] | None:
         got: dict[str, Any] = get_json(f"{base}/api/jobs/{JOB}/gpus")
@@ -124,8 +125,8 @@ def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, pro
         node_cfg = tmp_path / "node-agent.yaml"
         nvml_cfg = {"source": f"replay:{recording}", "loop": True}
         node_cfg.write_text(json.dumps({"collectors": {"nvml": nvml_cfg}}))
-        start_agent(procs, grpc, "--node", NODE, "--host", "off", config=node_cfg, nvml=f"replay:{recording}",
-                    name="node-agent")
+        pipe.agent("--nvml", f"replay:{recording}", "--config", node_cfg, "--node", NODE, "--host", "off",
+                   name="node-agent")
         for width, term in terminals.items():
             screen = wait_for(partial(_showing, term, "°C"), 60, f"the GPU row at {width} columns")
             (gpu_row,) = _rows(screen, "°C")

@@ -1,8 +1,9 @@
-"""Network faults between a real `perfd agent` and a real `perfd aggregator`, on loopback, through
-tests/faults/proxy.py. Each run writes a Megatron-LM log iteration by iteration while the fault is
-on, then compares what the agent read with `/api/jobs/<job>/iterations`: every iteration there
-once (nothing lost), and the aggregator's step-record count equal to the iterations written
-(nothing delivered twice; resends after a reconnect are deduplicated and counted as duplicates).
+"""Network faults between a real `perfd agent` and a real `perfd aggregator` (their commands'
+configurations, run in the test's process: tests/inproc.py), on loopback, through tests/faults/proxy.py.
+Each run writes a Megatron-LM log iteration by iteration while the fault is on, then compares what the
+agent read with `/api/jobs/<job>/iterations`: every iteration there once (nothing lost), and the
+aggregator's step-record count equal to the iterations written (nothing delivered twice; resends after a
+reconnect are deduplicated and counted as duplicates).
 
 The detection times printed here are recorded in docs/reliability.md.
 """
@@ -12,9 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +23,8 @@ import pytest
 
 from perfd import limits as L
 from tests.faults.proxy import FaultProxy
-from tests.procs import free_port, http_get, wait_for
+from tests.inproc import AgentHandle, Pipeline, pipeline
+from tests.procs import http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -48,12 +47,6 @@ def _megatron_lines(n: int) -> tuple[str, list[str]]:
     return "".join(lines[:first]), its
 
 
-def _perfd(args: list[str], out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
-
-
 def _metric(text: str, name: str) -> float | None:
     m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
     return float(m.group(1)) if m else None
@@ -66,8 +59,8 @@ class Rig:
     base: str  # aggregator HTTP
     agent_metrics: str
     log: Path
-    agg: subprocess.Popen[bytes]
-    agent: subprocess.Popen[bytes]
+    p: Pipeline
+    agent: AgentHandle
 
     def stats(self) -> dict[str, int]:
         return dict(json.loads(http_get(f"{self.base}/api/stats"))["transport"])
@@ -78,41 +71,22 @@ class Rig:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    ready = tmp_path / "ready"
-    agg = _perfd(["aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules",
-                  "--ready-file", str(ready)], tmp_path / "aggregator.out")
-    proxy = None
-    agent = None
-    try:
-        grpc_port, http_port = map(int, wait_for(lambda: ready.exists() and ready.read_text().split(),
-                                                 30, "aggregator ready"))
-        proxy = FaultProxy("127.0.0.1", grpc_port).start()
-        log = tmp_path / "train.log"
-        head, _ = _megatron_lines(1)
-        log.write_text(head)
-        mport = free_port()
-        agent = _perfd(["agent", "--aggregator", f"127.0.0.1:{proxy.port}", "--job", JOB,
-                        "--megatron-log", str(log), "--nvml", "off", "--host", "off",
-                        "--metrics-port", str(mport), "--spool-dir", str(tmp_path / "spool")],
-                       tmp_path / "agent.out")
-        r = Rig(tmp_path, proxy, f"http://127.0.0.1:{http_port}", f"http://127.0.0.1:{mport}/metrics",
-                log, agg, agent)
-        wait_for(lambda: r.agent_value("perfd_agent_connected") == 1.0, 30, "agent connected")
-        yield r
-    finally:
-        for p in (agent, agg):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if proxy is not None:
+    with pipeline(tmp_path, "--no-rules") as p:
+        proxy = FaultProxy("127.0.0.1", p.agg.grpc_port).start()
+        try:
+            log = tmp_path / "train.log"
+            head, _ = _megatron_lines(1)
+            log.write_text(head)
+            # The agent streams through the proxy: the last --aggregator given is the one it takes.
+            agent = p.agent("--aggregator", f"127.0.0.1:{proxy.port}", "--job", JOB, "--megatron-log", log,
+                            "--nvml", "off", "--host", "off", "--metrics-port", "0",
+                            "--spool-dir", tmp_path / "spool")
+            r = Rig(tmp_path, proxy, p.base, agent.metrics_url, log, p, agent)
+            p.wait(lambda: r.agent_value("perfd_agent_connected") == 1.0, 30, "agent connected")
+            yield r
+            p.stop_agent()  # as SIGTERM stops it, while the proxy still carries its last words
+        finally:
             proxy.close()
-        for name in ("agent.out", "aggregator.out"):
-            f = tmp_path / name
-            if f.exists():
-                print(f"---- {name}\n{f.read_text()[-4000:]}")
 
 
 class Writer(threading.Thread):

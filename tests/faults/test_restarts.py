@@ -28,7 +28,7 @@ from tests.faults.test_network_faults import JOB, Writer, _megatron_lines, _metr
 from tests.procs import free_port, http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # kill -9, SIGTERM and restarts of the daemons' processes
 N = 120
 
 

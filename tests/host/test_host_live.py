@@ -1,7 +1,8 @@
-"""Issue 35's CPU criteria with real processes: a real aggregator and agent on loopback, a plain Python
-loop timed by the step hook (tests/host/hook_loop.py), and what disturbs it done for real — CPU
-burners pinned to its CPU, SIGSTOP, a long checkpoint save it announces (and one it does not), a
-cgroup CPU quota where this machine lets the test set one.
+"""Issue 35's CPU criteria with real processes: a real aggregator and agent on loopback (in the test's
+process: tests/inproc.py), a plain Python loop timed by the step hook (tests/host/hook_loop.py), and
+what disturbs it done for real — CPU burners pinned to its CPU, SIGSTOP, a long checkpoint save it
+announces (and one it does not), a cgroup CPU quota where this machine lets the test set one: the loop
+and the burners are processes.
 
 Deterministic under load: every wait is on what the aggregator answers (polled), with generous
 timeouts, and no wall-clock time is asserted. The issue's criterion — a stall seen within 10 s of the
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.host.cgroups import CpuQuota, cpu_quota_cgroup
+from tests.inproc import Pipeline, pipeline
 from tests.procs import (
     BUSY_LOAD_PER_CPU,
     STEADY_WAIT_TOO_HIGH,
@@ -31,8 +33,6 @@ from tests.procs import (
     WaitTimeout,
     get_json,
     load_per_cpu,
-    start_agent,
-    start_aggregator,
     wait_for,
 )
 
@@ -53,8 +53,8 @@ BURN = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
 
 
 class Live:
-    def __init__(self, procs: Procs, base: str, sock: str) -> None:
-        self.procs, self.base, self.sock = procs, base, sock
+    def __init__(self, procs: Procs, pipe: Pipeline, sock: str) -> None:
+        self.procs, self.pipe, self.base, self.sock = procs, pipe, pipe.base, sock
 
     def loop(self, *args: str) -> Any:
         return self.procs.start("loop", [sys.executable, str(LOOP), *args],
@@ -93,12 +93,11 @@ def live(tmp_path: Path) -> Iterator[Live]:
     (tmp_path / "agent.yaml").write_text(
         "batch_interval_s: 0.5\ncollectors:\n"
         f"  hook: {{socket_path: {sock}}}\n  ranks: {{interval_s: 1.0}}\n")
-    with Procs(tmp_path) as procs:
-        grpc_port, _, base = start_aggregator(procs, "--rules-interval", "1")
-        start_agent(procs, grpc_port, "--job", JOB, "--host", "off", "--node", "node-a",
-                    nvml="off", config=tmp_path / "agent.yaml")
-        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
-        yield Live(procs, base, sock)
+    with Procs(tmp_path) as procs, pipeline(tmp_path, "--rules-interval", "1") as p:
+        p.agent("--job", JOB, "--host", "off", "--node", "node-a", "--nvml", "off",
+                "--config", tmp_path / "agent.yaml")
+        p.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+        yield Live(procs, p, sock)
 
 
 def _brief(incs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,7 +169,7 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
                          "incidents:", *map(str, _brief(live.incidents())),
                          "rank 0's sightings (the first 4, the last 50; * a burner):",
                          *(trace if len(trace) <= 54 else [*trace[:4], "...", *trace[-50:]]),
-                         "agent log:", *live.procs.tails(("agent",), 1500).get("agent", "").splitlines()])
+                         f"agent: {live.pipe.agents['agent'].seen()}"])
         steady = statistics.median(steady_waits) if steady_waits else None
         load = max(load, load_per_cpu())
         if load >= BUSY_LOAD_PER_CPU or (steady or 0.0) >= STEADY_WAIT_TOO_HIGH:

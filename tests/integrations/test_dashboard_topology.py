@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ import pytest
 
 from perfd import limits as L
 from perfd.agent.scheduler import RUNNING_ERROR_REASONS
+from perfd.cli import main
 from perfd.model import CAPTURE_OUTCOMES, CAPTURE_TOOLS
 from tests.inproc import Pipeline, pipeline
 from tests.integrations.integrations_helpers import DEMO_LOG, NVML_REPLAY, ROOT, need
@@ -90,7 +89,7 @@ def pipe(tmp_path: Path) -> Iterator[Pipeline]:
 
 
 def test_host_and_capture_panels_fill_for_a_job_with_a_node_agent_without_job(
-        tmp_path: Path, procs: Procs, pipe: Pipeline) -> None:
+        tmp_path: Path, procs: Procs, pipe: Pipeline, capfd: pytest.CaptureFixture[str]) -> None:
     prometheus = need("prometheus")
     agg_url = pipe.base
     node_port, job_port = free_port(), free_port()
@@ -169,10 +168,12 @@ scrape_configs:
     # The first capture of the job: a request by hand (the same path as a rule); the job's agent
     # cannot find rank 0's process on this machine and skips it, counted. increase() sees it because
     # the counter was served at 0 before.
-    r = subprocess.run([sys.executable, "-m", "perfd.cli", "capture", "--aggregator", agg_url, "--job", JOB,
-                        "--ranks", "0", "--steps", "1", "--tool", "kineto"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
+    # `perfd capture` through the CLI's main() in this process: its exit status, what it printed.
+    capfd.readouterr()
+    rc = main(["capture", "--aggregator", agg_url, "--job", JOB, "--ranks", "0", "--steps", "1",
+               "--tool", "kineto"])
+    out = capfd.readouterr()
+    assert rc == 0, out.out + out.err
     (captures,) = _panel("Captures")
 
     def captured() -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ import functools
 import json
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -33,9 +32,9 @@ from urllib.parse import quote
 import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from perfd.cli import main
 from perfd.exporters.remote_write import TENANT_HEADER, Credentials, CredentialsError, RemoteWriter
 from tests.integrations.integrations_helpers import free_port, need, stop, wait_for
-from tests.procs import ROOT
 from tests.security.certs import CA
 
 USER, PASSWORD = "perfd", "perfd-remote-write-pw-7"
@@ -72,8 +71,11 @@ def test_an_option_the_writer_cannot_use_is_refused_with_the_reason(kwargs: dict
     assert says in str(e.value)
 
 
-@pytest.mark.slow
-def test_the_aggregator_refuses_them_before_starting(tmp_path: Path) -> None:
+@pytest.mark.timeout(60)  # an aggregator that took them would run on, in process
+def test_the_aggregator_refuses_them_before_starting(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Each `perfd aggregator` through the CLI's main() in this process: its return value the exit
+    status, its stderr capsys's."""
     token = tmp_path / "token"
     token.write_text("\n")
     cases = [
@@ -85,9 +87,10 @@ def test_the_aggregator_refuses_them_before_starting(tmp_path: Path) -> None:
          "writer's own"),
     ]
     for extra, says in cases:
-        r = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0",
-                            "--http-port", "0", *extra], cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 2 and says in r.stderr, (extra, r.returncode, r.stderr[-600:])
+        capsys.readouterr()
+        rc = main(["aggregator", "--grpc-port", "0", "--http-port", "0", *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and says in err, (extra, rc, err[-600:])
 
 
 # ---- a recording receiver -------------------------------------------------------------------------

@@ -17,8 +17,9 @@ CI has neither (it cannot fetch the source): each case skips there, saying so; t
 project's machine are kept in docs/evidence/remote_write_tenants/. What each real store is held to:
 
 - a write without a tenant is refused (401, "no org id") and counted, nothing of it stored;
-- ``perfd aggregator --remote-write URL --remote-write-tenant team-a`` pushes its /metrics on its own
-  interval; a second writer, tenant ``team-b``, pushes other series;
+- ``perfd aggregator --remote-write URL --remote-write-tenant team-a`` (its configuration, run in the
+  test's process: tests/inproc.py) pushes its /metrics on its own interval; a second writer, tenant
+  ``team-b``, pushes other series;
 - read back through the store's Prometheus API, each tenant sees its own series and none of the other's,
   and a read without a tenant is refused.
 """
@@ -39,8 +40,8 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from perfd.exporters.remote_write import Credentials, RemoteWriter
+from tests.inproc import pipeline
 from tests.integrations.integrations_helpers import free_port, stop, wait_for
-from tests.procs import Procs, start_aggregator
 
 pytestmark = pytest.mark.slow
 
@@ -197,9 +198,8 @@ def test_each_tenant_reads_only_its_own_series(store: Store, tmp_path: Path) -> 
         wait_for(lambda: _sent(team_b), 60, "team-b's write taken")
         (s,) = team_b.stats().values()
         assert s.samples_dropped == 0, s
-        with Procs(tmp_path) as procs:
-            start_aggregator(procs, "--no-rules", "--remote-write", push, "--remote-write-tenant", "team-a",
-                             "--remote-write-interval", "1")
+        with pipeline(tmp_path, "--no-rules", "--remote-write", push, "--remote-write-tenant", "team-a",
+                      "--remote-write-interval", "1"):
             a_rows = wait_for(lambda: _query(base, "team-a", TEAM_A_METRIC) or None, 60,
                               "the aggregator's series under team-a")
         b_rows = wait_for(lambda: _query(base, "team-b", TEAM_B_METRIC) or None, 60, "team-b's series")

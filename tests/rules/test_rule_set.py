@@ -1,6 +1,7 @@
 """``perfd rules check`` checks the set the aggregator will load, and a rule named like a shipped one
-is handled the same way by both (issue 36 item 7): real ``perfd rules check`` and ``perfd
-aggregator`` processes on the same files.
+is handled the same way by both (issue 36 item 7): ``perfd rules check`` and ``perfd aggregator``
+on the same files, each through the CLI's own ``main()`` (its output, its return value the exit status),
+and the aggregator that loads the set run in the test's process (tests/inproc.py).
 
 The issue's probe: ``perfd rules check user.yaml`` passed a user rule named like a shipped one, and
 the aggregator given the shipped pack and the user's refused to start ("duplicate rule names"), with
@@ -8,16 +9,17 @@ nothing to say how to override the shipped rule."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import logging
 import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, Procs, run_env, start_aggregator
-
-pytestmark = pytest.mark.slow
+from perfd.cli import main
+from tests.inproc import pipeline
+from tests.procs import ROOT
 
 SHIPPED = ROOT / "rules" / "default.yaml"
 USER = """
@@ -29,14 +31,28 @@ rules:
 """
 
 
-def perfd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env=run_env())
+@dataclass
+class Ran:
+    """What a command run by ``main()`` gave: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-@pytest.mark.e2e
+@pytest.fixture
+def perfd(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    def run(*args: str) -> Ran:
+        capsys.readouterr()  # what came before is not this command's
+        rc = main(list(args))
+        out = capsys.readouterr()
+        return Ran(rc, out.out, out.err)
+
+    return run
+
+
 def test_a_user_rule_named_like_a_shipped_one_fails_the_check_as_it_fails_the_aggregator(
-        tmp_path: Path) -> None:
+        tmp_path: Path, perfd: Callable[..., Ran]) -> None:
     user = tmp_path / "user.yaml"
     user.write_text(textwrap.dedent(USER.format(extra="")).lstrip("\n"))
     check = perfd("rules", "check", str(SHIPPED), str(user))
@@ -57,8 +73,8 @@ def test_a_user_rule_named_like_a_shipped_one_fails_the_check_as_it_fails_the_ag
     assert shipped.returncode == 0 and "perfd aggregator (no --rules) loads" in shipped.stdout
 
 
-@pytest.mark.e2e
-def test_override_true_replaces_the_shipped_rule_in_both(tmp_path: Path) -> None:
+def test_override_true_replaces_the_shipped_rule_in_both(tmp_path: Path, perfd: Callable[..., Ran],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     user = tmp_path / "user.yaml"
     user.write_text(textwrap.dedent(USER.format(extra="    override: true")).lstrip("\n"))
     check = perfd("rules", "check", str(SHIPPED), str(user))
@@ -66,9 +82,9 @@ def test_override_true_replaces_the_shipped_rule_in_both(tmp_path: Path) -> None
     assert f"{user}:2: rule mfu_severe: overrides the rule of {SHIPPED}:" in check.stdout
     n = int(check.stdout.split(" loads ")[1].split()[0])
     assert ", 1 replaced by override" in check.stdout
-    with Procs(tmp_path, run_env()) as procs:
-        start_aggregator(procs, "--rules", str(SHIPPED), "--rules", str(user), verbose=True)
-        log = (tmp_path / "aggregator.out").read_text()
+    caplog.set_level(logging.INFO, logger="perfd")  # the aggregator's log, as `perfd -v` writes it
+    with pipeline(tmp_path, "--rules", SHIPPED, "--rules", user):
+        log = caplog.text
     assert f"rule mfu_severe of {user}:2 overrides the one of {SHIPPED}:" in log
     nothing = tmp_path / "nothing.yaml"
     text = textwrap.dedent(USER.format(extra="    override: true")).lstrip("\n")

@@ -1,16 +1,21 @@
 """The daemons themselves: loopback by default, a port in use refuses to start (non-zero exit, a
-clear message), and the agent's spool-bytes metric reads the spool."""
+clear message), and the agent's spool-bytes metric reads the spool.
+
+Each command runs in the test's process: a refusal through the CLI's main() (its return value the exit
+status; what reaches the process's stderr, gRPC's C core included, capfd's, and its log lines of WARNING
+and above, which the command's log handler writes there), the aggregator that warns at start on
+``pipeline()`` (tests/inproc.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
+import logging
 import re
 import socket
-import subprocess
-import sys
+import threading
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +23,50 @@ import pytest
 
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
+from perfd.cli import main
 from perfd.collector import Capabilities, Collected, Collector, Registry
 from perfd.model import Sample
-from tests.procs import free_port, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+from tests.inproc import pipeline
+from tests.procs import free_port
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
+@dataclass
+class _Ran:
+    returncode: int
+    stderr: str
+
+
+@pytest.fixture
+def perfd(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> Callable[..., _Ran]:
+    """``perfd ARGS`` by the CLI's main(): its exit status, and what the process would have written to
+    stderr. Every thread it started is gone when it returns (a refusal leaves nothing running)."""
+
+    def run(*args: str) -> _Ran:
+        capfd.readouterr()
+        caplog.clear()
+        threads = set(threading.enumerate())
+        with caplog.at_level(logging.WARNING, logger="perfd"):
+            rc = main(list(args))
+        # Not gRPC's poller: one thread for the process, started by its first grpc.aio server or channel.
+        left = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()
+                and "_poll_wrapper" not in t.name]
+        assert not left, f"perfd {' '.join(args)} left threads running: {left}"
+        logged = "".join(f"{caplog.handler.format(r)}\n" for r in caplog.records
+                         if r.levelno >= logging.WARNING)
+        return _Ran(rc, capfd.readouterr().err + logged)
+
+    return run
+
+
+@pytest.mark.timeout(120)  # a daemon that took the port would run on, in process
+def test_a_port_in_use_refuses_to_start(tmp_path: Path, perfd: Callable[..., _Ran]) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         # Each message names the address and the flag that moves it (issue 37: the agent said only
         # "[Errno 98] Address already in use" when dcgm-exporter held its port).
-        r = _perfd("aggregator", "--grpc-port", str(port), "--http-port", str(free_port()), "--no-rules")
+        r = perfd("aggregator", "--grpc-port", str(port), "--http-port", str(free_port()), "--no-rules")
         assert r.returncode == 2, r.stderr
         assert f"cannot listen for gRPC on 127.0.0.1:{port}: the port is already in use" in r.stderr
         assert "another port with --grpc-port" in r.stderr
@@ -47,11 +74,11 @@ def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
         # port to server ..." before it, and its advice to set GRPC_VERBOSITY after it).
         assert r.stderr.splitlines() == [next(ln for ln in r.stderr.splitlines() if "gRPC" in ln)], r.stderr
         assert r.stderr.startswith("perfd aggregator: ") and "GRPC_VERBOSITY" not in r.stderr, r.stderr
-        r = _perfd("aggregator", "--grpc-port", str(free_port()), "--http-port", str(port), "--no-rules")
+        r = perfd("aggregator", "--grpc-port", str(free_port()), "--http-port", str(port), "--no-rules")
         assert r.returncode == 2, r.stderr
         assert f"cannot listen for HTTP on 127.0.0.1:{port}: the port is already in use" in r.stderr
         assert "another port with --http-port" in r.stderr
-        r = _perfd("agent", "--metrics-port", str(port), "--nvml", "off", "--host", "off")
+        r = perfd("agent", "--metrics-port", str(port), "--nvml", "off", "--host", "off")
         assert r.returncode == 2, r.stderr
         assert f"cannot listen for /metrics on 127.0.0.1:{port}: the port is already in use" in r.stderr
         assert "another port with --metrics-port N (metrics_port: in the config file)" in r.stderr
@@ -59,7 +86,7 @@ def test_a_port_in_use_refuses_to_start(tmp_path: Path) -> None:
         # The same when the port comes from the config file.
         cfg = tmp_path / "agent.yaml"
         cfg.write_text(f"metrics_port: {port}\n")
-        r = _perfd("agent", "--config", str(cfg), "--nvml", "off", "--host", "off")
+        r = perfd("agent", "--config", str(cfg), "--nvml", "off", "--host", "off")
         assert r.returncode == 2 and f"127.0.0.1:{port}: the port is already in use" in r.stderr, r.stderr
 
 
@@ -82,13 +109,7 @@ def test_what_listens_beyond_loopback_unauthenticated() -> None:
     assert unauthenticated("localhost", "0.0.0.0", token=False, client_ca=False) == (Endpoint.HTTP_API,)
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def _ready_or_gone(ready: Path, p: subprocess.Popen[bytes]) -> bool:
-    return bool(ready.exists() and ready.read_text().strip()) or p.poll() is not None
-
-
-def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
+def test_listen_all_without_a_token_warns_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """`perfd aggregator --listen-all` with no token started without a word on what it opened: it
     warns on stderr that both ports are open to whoever reaches the host, unauthenticated; with a
     token, no warning."""
@@ -96,22 +117,13 @@ def test_listen_all_without_a_token_warns_at_start(tmp_path: Path) -> None:
     token.write_text("s3cret-token-of-32-characters-at-least\n")
     token.chmod(0o600)
     for extra, warned in (((), True), (("--auth-token-file", str(token)), False)):
-        ready = tmp_path / "agg.ready"
-        ready.unlink(missing_ok=True)
-        err = tmp_path / "agg.err"
-        with err.open("wb") as f:
-            argv = [sys.executable, "-m", "perfd.cli", "aggregator", "--listen-all", "--grpc-port", "0",
-                    "--http-port", "0", "--no-rules", "--ready-file", str(ready), *extra]
-            p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            try:
-                wait_for(functools.partial(_ready_or_gone, ready, p), 30.0,
-                         "the aggregator's ready file or its exit", interval=0.1)
-                assert p.poll() is None, err.read_text()
-            finally:
-                p.terminate()
-                p.wait(timeout=30)
-        said = err.read_text()
+        caplog.clear()
+        # The command's own hosts under --listen-all: an empty --grpc-host/--http-host is what none gives
+        # (the harness's loopback ones set aside).
+        args = ("--listen-all", "--grpc-host", "", "--http-host", "", "--no-rules", *extra)
+        with caplog.at_level(logging.WARNING, logger="perfd"), pipeline(tmp_path, *args):
+            pass
+        said = "".join(f"{caplog.handler.format(r)}\n" for r in caplog.records)
         warning = ("WARNING" in said and "listening beyond this host with no authentication" in said
                    and "the HTTP API on 0.0.0.0:" in said and "the gRPC ingest on 0.0.0.0:" in said)
         assert warning == warned, said

@@ -39,6 +39,7 @@ def _token_file(tmp_path: Path) -> Path:
     return f
 
 
+@pytest.mark.e2e  # another user against a running `perfd engine serve` process
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_another_user_gets_nothing_of_a_running_engine_nor_its_token(shared_tmp: Path,
@@ -81,6 +82,7 @@ def test_another_user_gets_nothing_of_a_running_engine_nor_its_token(shared_tmp:
     assert serve.returncode == 0
 
 
+@pytest.mark.e2e  # `perfd engine serve`'s refusal at start, its exit status
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("whose", ["another user's", "a shared one"])

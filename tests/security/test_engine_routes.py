@@ -111,6 +111,7 @@ async def _publish_across(urls: list[str]) -> None:
             await w(nc.close())
 
 
+@pytest.mark.e2e  # another user's NATS server against a running `perfd engine serve` process
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_another_users_nats_server_cannot_join_the_cluster_as_a_route(shared_tmp: Path,

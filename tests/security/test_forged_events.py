@@ -1,7 +1,8 @@
 """Events about a job only from the agents that host it; capture results only from the agents the
-capture was sent to (issue 43 item 5). A real aggregator on loopback (``perfd aggregator``; in process
-where the job's silence matters, on the test's clock: perfd.clock), two real gRPC agents (the
-transport's own AgentClient): the job's host, and a stranger hosting another job.
+capture was sent to (issue 43 item 5). A real aggregator on loopback, in the test's process
+(``perfd aggregator``'s configuration: tests/inproc.py; on the test's clock where the job's silence
+matters: perfd.clock), two real gRPC agents (the transport's own AgentClient): the job's host, and a
+stranger hosting another job.
 
 The issue's probe: a gRPC client that does not host a job sent ``job_phase`` events for it, reported
 one of its ranks "stopped" (the job read stalled in 2 s) and put its forged stack into that job's
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -29,7 +31,8 @@ from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.faults.streams import streaming
-from tests.procs import Procs, get_json, run_env, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 JOB = "victim"
@@ -244,25 +247,27 @@ def _texts_of(base: str, query: str = "") -> dict[str, list[str]]:
     return out
 
 
-def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(tmp_path: Path) -> None:
+def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The issue's probe (item 9, loopback, no token): 1,250 job-less events from an agent whose Hello
     names no job evicted all 20 of the host's, and ``/api/events?job=victim`` then listed the
     stranger's. Now the stranger holds its share (its newest 100; 1,150 counted ``event_share`` under
     it, logged once), the job lists exactly its host's 20, the node agent's 5 stay, and a restart on
-    the same state rebuilds the same log."""
+    the same state (a second aggregator on it: its own restore) rebuilds the same log."""
     state = tmp_path / "state"
-    with Procs(tmp_path, run_env()) as procs:
-        args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
-        grpc_port, _http, base = start_aggregator(procs, *args)
+    caplog.set_level(logging.WARNING, logger="perfd")  # the aggregator's log, as `perfd aggregator` writes it
+    args = ("--no-rules", "--rules-interval", "0.5", "--state-dir", state)
+    with pipeline(tmp_path, *args) as p:
+        base = p.base
         flood_started = time.monotonic()
-        asyncio.run(_flood(f"127.0.0.1:{grpc_port}"))
+        p.call(_flood(p.target), "the three agents' events acknowledged", 120)
         flood_s = time.monotonic() - flood_started
         victim, held = _texts_of(base, f"&job={JOB}"), _texts_of(base)
         refused = _refused(base)
         by_agent = get_json(f"{base}/api/stats")["refused_by_agent"]
-        procs.end("aggregator")
-        out = (tmp_path / "aggregator.out").read_text()
-        _g, _h, base = start_aggregator(procs, *args, name="aggregator2")
+    out = "".join(f"{caplog.handler.format(r)}\n" for r in caplog.records)
+    with pipeline(tmp_path, *args) as p:
+        base = p.base
         victim_again, held_again = _texts_of(base, f"&job={JOB}"), _texts_of(base)
     assert victim == {"host-agent": [f"host {i}" for i in range(20)]}, victim
     assert held["node-a/node"] == [f"node {i}" for i in range(5)]

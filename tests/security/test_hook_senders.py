@@ -32,6 +32,7 @@ from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook import peers as P
 from perfd.hook import StepHook, wire
 from perfd.limits import HOOK_QUEUE_SHARES
+from tests.inproc import pipeline
 from tests.procs import Procs, WaitTimeout, get_json, http_get, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
 
@@ -277,6 +278,7 @@ def live(shared_tmp: Path, tmp_path: Path) -> Iterator[tuple[Procs, str, str, Pa
         yield procs, base, sock, tmp_path
 
 
+@pytest.mark.e2e  # the aggregator a root process apart from the agent: what the attacker names
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, str, str, Path],
@@ -338,12 +340,13 @@ def test_stacks_and_command_lines_are_served_to_token_holders_only_and_redacted(
     cfg.write_text(f"batch_interval_s: 0.5\ncollectors:\n  hook: {{socket_path: {sock}}}\n"
                    "  ranks: {interval_s: 1.0}\n")
     auth = {"Authorization": f"Bearer {token}"}
-    with Procs(tmp_path) as procs:
-        grpc_port, _, base = start_aggregator(procs, "--rules-interval", "1", "--auth-token-file",
-                                              tmp_path / "token")
-        start_agent(procs, grpc_port, "--job", "own", "--host", "off", "--node", "n1",
-                    "--auth-token-file", tmp_path / "token", nvml="off", config=cfg)
-        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+    # The aggregator and the agent in the test's process (tests/inproc.py); the job a process (stopped).
+    with Procs(tmp_path) as procs, pipeline(tmp_path, "--rules-interval", "1", "--auth-token-file",
+                                            tmp_path / "token") as pipe:
+        base = pipe.base
+        pipe.agent("--job", "own", "--host", "off", "--node", "n1", "--auth-token-file", tmp_path / "token",
+                   "--nvml", "off", "--config", cfg)
+        pipe.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
         (tmp_path / "loop.py").write_text(JOB_LOOP)
         job = procs.start("job", [sys.executable, str(tmp_path / "loop.py"), f"--api-key={SECRET}"],
                           env={"PERFD_HOOK_SOCKET": sock})

@@ -1,4 +1,6 @@
-"""HTTP under attack, against real daemons on loopback (docs/reliability.md "HTTP under attack").
+"""HTTP under attack, against real daemons on loopback (docs/reliability.md "HTTP under attack"), run in
+the test's process (tests/inproc.py): the attackers' sockets and the daemons' both count in its
+descriptors, and its threads are the daemons' plus the test's own.
 
 Before perfd.exporters.httpd each connection held a thread: 64 clients trickling their headers held
 every slot of the aggregator and /metrics answered 503 for as long as they lasted; its listen
@@ -9,27 +11,25 @@ bounded, and the assertions count answers, not seconds.
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import resource
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from perfd import limits as L
-from tests.procs import free_port, stop, wait_for
+from tests.inproc import Pipeline, pipeline
+from tests.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parents[2]
 SLOW_CLIENTS = 64
 IDLE = 2000
 THREAD_SLACK = 4
@@ -38,27 +38,51 @@ THREAD_SLACK = 4
 @pytest.fixture(autouse=True)
 def _enough_descriptors() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < IDLE + 200:
+    if soft < 2 * IDLE + 200:  # both ends of each connection are this process's
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * IDLE), hard))
 
 
-def _spawn(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
+def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the daemon's log would have shown as a traceback: perfd's records with one."""
+    return [r.getMessage() for r in caplog.records if r.exc_info is not None and r.name.startswith("perfd")]
+
+
+class _Backlogs:
+    """The backlog each listening socket made meanwhile was given, by its port: what ``ss -ltn`` shows
+    as a listening socket's Send-Q, the kernel's net.core.somaxconn bounding it."""
+
+    def __init__(self) -> None:
+        self.of: dict[int, int] = {}
+        cap = Path("/proc/sys/net/core/somaxconn")
+        self.somaxconn = int(cap.read_text()) if cap.exists() else None
+
+    def socket_class(self) -> type[socket.socket]:
+        backlogs = self
+
+        class Recording(socket.socket):
+            def listen(self, backlog: int = 128, /) -> None:
+                super().listen(backlog)
+                cap = backlogs.somaxconn
+                backlogs.of[self.getsockname()[1]] = backlog if cap is None else min(backlog, cap)
+
+        return Recording
 
 
 @pytest.fixture
-def aggregator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    h = free_port()
-    p = _spawn("aggregator", "--grpc-port", str(free_port()), "--http-port", str(h), "--no-rules",
-               log=tmp_path / "agg.log")
+def aggregator(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Pipeline, int, _Backlogs]]:
+    caplog.set_level(logging.INFO, logger="perfd")  # the aggregator's log, as `perfd -v` writes it
+    backlogs = _Backlogs()
+    with monkeypatch.context() as m:  # only while the aggregator binds
+        m.setattr(socket, "socket", backlogs.socket_class())
+        agg = pipeline(tmp_path, "--no-rules")
+        p = agg.__enter__()
     try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{h}/healthz") == 200, 60, "aggregator up")
-        yield p, h
+        assert p.agg.http is not None
+        yield p, p.agg.http.port, backlogs
     finally:
-        stop(p)
-    assert "Traceback" not in (tmp_path / "agg.log").read_text(errors="replace")
+        agg.__exit__(None, None, None)
+    assert not _tracebacks(caplog), _tracebacks(caplog)[:5]
 
 
 def _get(url: str, timeout: float = 10.0) -> int:
@@ -72,8 +96,9 @@ def _get(url: str, timeout: float = 10.0) -> int:
         return 0
 
 
-def _threads(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def _threads() -> int:
+    """This process's threads, as the kernel counts them (the daemons' and the test's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("Threads:"):
             return int(line.split()[1])
     raise AssertionError("no Threads line")
@@ -83,11 +108,11 @@ def _open_idle(port: int, n: int) -> list[socket.socket]:
     return [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
 
 
-def test_slow_header_clients_do_not_starve_metrics(aggregator: tuple[subprocess.Popen[bytes], int]) -> None:
+def test_slow_header_clients_do_not_starve_metrics(aggregator: tuple[Pipeline, int, Any]) -> None:
     """64 clients send a request line and then one header line a second (inside the idle
     deadline, so only the header deadline ends them) and reconnect as soon as they are closed;
     meanwhile every /metrics probe answers 200, over more than one header deadline."""
-    _, port = aggregator
+    _, port, _ = aggregator
     stop_ev = threading.Event()
     reconnects = [0]
 
@@ -138,42 +163,40 @@ def test_slow_header_clients_do_not_starve_metrics(aggregator: tuple[subprocess.
 
 
 def test_two_thousand_idle_connections_open_and_metrics_still_answers(
-        aggregator: tuple[subprocess.Popen[bytes], int]) -> None:
-    proc, port = aggregator
-    if shutil.which("ss"):  # the listen backlog (Send-Q of a listening socket); it was 5
-        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout
-        assert int(out.split()[2]) >= min(L.HTTP_LISTEN_BACKLOG, 4096), out
-    threads = _threads(proc.pid)
+        aggregator: tuple[Pipeline, int, _Backlogs]) -> None:
+    _, port, backlogs = aggregator
+    # the listen backlog (Send-Q of a listening socket); it was 5
+    assert backlogs.of[port] >= min(L.HTTP_LISTEN_BACKLOG, 4096), backlogs.of
+    threads = _threads()
     socks = _open_idle(port, IDLE)  # each connect within its 10 s timeout
     try:
         assert _get(f"http://127.0.0.1:{port}/metrics") == 200
         # A connection costs a buffer, never a thread (the slack: the daemon's executor may start
         # a worker meanwhile; a thread per connection would add hundreds).
-        assert _threads(proc.pid) <= threads + THREAD_SLACK
+        assert _threads() <= threads + THREAD_SLACK
     finally:
         for s in socks:
             s.close()
 
 
-def test_agent_metrics_with_two_thousand_idle_connections(tmp_path: Path) -> None:
-    m = free_port()
-    agent = _spawn("agent", "--metrics-port", str(m), "--nvml", "off", "--host", "off",
-                   log=tmp_path / "agent.log")
-    try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{m}/metrics") == 200, 60, "agent up")
-        threads = _threads(agent.pid)
+def test_agent_metrics_with_two_thousand_idle_connections(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="perfd")  # the agent's log, as `perfd -v` writes it
+    with pipeline(tmp_path, "--no-rules") as p:
+        url = p.agent("--metrics-port", "0", "--nvml", "off", "--host", "off").metrics_url
+        wait_for(lambda: _get(url) == 200, 60, "agent up")
+        threads = _threads()
+        m = int(url.rsplit(":", 1)[1].split("/")[0])
         socks = _open_idle(m, IDLE)
         try:
-            assert _get(f"http://127.0.0.1:{m}/metrics") == 200
-            assert _threads(agent.pid) <= threads + THREAD_SLACK, (threads, _threads(agent.pid))
+            assert _get(url) == 200
+            assert _threads() <= threads + THREAD_SLACK, (threads, _threads())
         finally:
             for s in socks:
                 s.close()
-        with urllib.request.urlopen(f"http://127.0.0.1:{m}/metrics", timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()
         # The connections beyond the cap made room by closing the oldest idle ones, counted.
         row = rf'^perfd_agent_http_refused_total{{node="[^"]*",reason="{L.REFUSED_HTTP_CONNECTIONS}"}} [1-9]'
         assert re.search(row, text, re.M), text
-    finally:
-        stop(agent)
-    assert "Traceback" not in (tmp_path / "agent.log").read_text(errors="replace")
+    assert not _tracebacks(caplog), _tracebacks(caplog)[:5]

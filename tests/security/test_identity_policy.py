@@ -6,8 +6,6 @@ certificates made in the test."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
+from perfd.cli import main
 from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.security import ClientTls, IdentityPolicy
@@ -104,7 +103,8 @@ def test_identity_policy_binds_certificates_to_agent_ids_and_jobs(tmp_path: Path
     asyncio.run(main())
 
 
-def test_identity_policy_file_errors_are_clear(tmp_path: Path) -> None:
+@pytest.mark.timeout(60)  # an aggregator that took the policy would run on, in process
+def test_identity_policy_file_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     for text in ("identities: []", "identities:\n  a: {agents: node-1}", "identities:\n  a: {hosts: [x]}"):
         bad.write_text(text)
@@ -116,7 +116,10 @@ def test_identity_policy_file_errors_are_clear(tmp_path: Path) -> None:
             raise AssertionError(f"accepted {text!r}")
     ok = tmp_path / "ok.yaml"
     ok.write_text(POLICY)
-    proc = subprocess.run([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port",
-                           "0", "--no-rules", "--identity-policy", str(ok)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--tls-client-ca" in proc.stderr and "Traceback" not in proc.stderr
+    # `perfd aggregator` through the CLI's main() in this process: its return value the exit status,
+    # what it printed capsys's (a traceback an exception here).
+    capsys.readouterr()
+    rc = main(["aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules",
+               "--identity-policy", str(ok)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--tls-client-ca" in err and "Traceback" not in err

@@ -9,8 +9,6 @@ import errno
 import logging
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -22,7 +20,6 @@ from perfd.transport.security import ClientTls, SecurityConfigError, TokenFile
 from tests.procs import free_port
 from tests.security.certs import CA
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)  # an aggregator that took a bad file would run on, in process
 TOKEN = "a-token-of-enough-length-0123"
 
@@ -87,25 +84,21 @@ def _token(tmp_path: Path, mode: int, name: str = "token") -> Path:
     return p
 
 
-def _perfd(*args: str) -> subprocess.CompletedProcess[str]:
-    """A real `perfd` command (a daemon that took the file would run on: the timeout ends it)."""
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=30)
-
-
-@pytest.mark.slow
-def test_the_daemons_refuse_a_token_file_others_may_read(tmp_path: Path) -> None:
+def test_the_daemons_refuse_a_token_file_others_may_read(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """`perfd aggregator` and `perfd agent` with ``--auth-token-file`` of mode 0644: exit 2, one line
-    naming the file, its mode and the fix (the issue: accepted without a word)."""
+    naming the file, its mode and the fix (the issue: accepted without a word). Each command through the
+    CLI's main() in this process: its return value the exit status (a daemon that took the file would run
+    on: the module's timeout ends it), an exception a failure of its own."""
     tok = _token(tmp_path, 0o644)
     said = f"token file {tok} may be read or written by other users (mode 0644): chmod 600 {tok}"
-    r = _perfd("aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules",
-               "--auth-token-file", str(tok))
-    assert r.returncode == 2 and r.stderr.strip() == f"perfd aggregator: {said}", r.stderr
-    r = _perfd("agent", "--aggregator", f"127.0.0.1:{free_port()}", "--auth-token-file", str(tok),
+    rc, err = _aggregator(capsys, "--auth-token-file", str(tok))
+    assert rc == 2 and err.strip() == f"perfd aggregator: {said}", err
+    rc = main(["agent", "--aggregator", f"127.0.0.1:{free_port()}", "--auth-token-file", str(tok),
                "--nvml", "off", "--host", "off", "--metrics-port", "0",
-               "--spool-dir", str(tmp_path / "spool"), "--state-dir", str(tmp_path / "state"))
-    assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+               "--spool-dir", str(tmp_path / "spool"), "--state-dir", str(tmp_path / "state")])
+    err = capsys.readouterr().err
+    assert rc == 2 and said in err and "Traceback" not in err, err
 
 
 def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:

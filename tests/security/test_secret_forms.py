@@ -12,19 +12,21 @@ line), and every endpoint of the real aggregator, every log and every file the r
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from perfd.cli import main
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
 from perfd.procinfo import CMDLINE_MAX, REDACTED, redact_cmdline, shown_cmdline
 from perfd.redact import scrub as secret_scrub
-from tests.procs import Procs, http_get, start_agent, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import Procs, http_get, wait_for
 
 
 def _tok(prefix: str, n: int, i: int, alphabet: str = "A") -> str:
@@ -353,22 +355,26 @@ while True:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_stalled_job_with_every_form_on_its_command_line_leaks_none(tmp_path: Path) -> None:
+def test_a_stalled_job_with_every_form_on_its_command_line_leaks_none(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
     """The issue's run: secrets on a rank's command line, a stall, the stacks in the incident's
     evidence. Every endpoint of the aggregator, the agent's and the aggregator's logs, and every file
-    under the run's folder (the agent's spool and state included) are searched for each marker."""
+    under the run's folder (the agent's spool and state included) are searched for each marker. The
+    aggregator and the agent run in the test's process (tests/inproc.py; their log caplog's, at INFO),
+    `perfd report` through the CLI's main(); the job is a process (stopped, its stack dumped)."""
+    caplog.set_level(logging.INFO, logger="perfd")
     sock = str(tmp_path / "hook.sock")
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"batch_interval_s: 0.5\nstate_dir: {tmp_path / 'agent-state'}\ncollectors:\n"
                    f"  hook: {{socket_path: {sock}}}\n  ranks: {{interval_s: 1.0}}\n")
     (tmp_path / "loop.py").write_text(LOOP)
     argv = [sys.executable, str(tmp_path / "loop.py"), *" ".join(f for f, _ in FORMS).split(" ")]
-    with Procs(tmp_path) as procs:
-        grpc_port, _, base = start_aggregator(procs, "--rules-interval", "1", "--state-dir",
-                                              str(tmp_path / "agg-state"))
-        start_agent(procs, grpc_port, "--job", "own", "--host", "off", "--node", "n1", "--spool-dir",
-                    str(tmp_path / "spool"), nvml="off", config=cfg)
-        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+    with Procs(tmp_path) as procs, pipeline(tmp_path, "--rules-interval", "1", "--state-dir",
+                                            tmp_path / "agg-state") as pipe:
+        base = pipe.base
+        pipe.agent("--job", "own", "--host", "off", "--node", "n1", "--spool-dir", tmp_path / "spool",
+                   "--nvml", "off", "--config", cfg)
+        pipe.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
         job = procs.start("job", argv, env={"PERFD_HOOK_SOCKET": sock})
         wait_for(lambda: ((json.loads(http_get(f"{base}/api/jobs"))["jobs"] or [{}])[0]
                           .get("iterations_seen") or 0) >= 30, 60, "the job's steps at the aggregator",
@@ -387,10 +393,15 @@ def test_a_stalled_job_with_every_form_on_its_command_line_leaks_none(tmp_path: 
             served["/api/events"] = _every_event(base)
         finally:
             os.kill(job.pid, signal.SIGCONT)
-        report = subprocess.run([sys.executable, "-m", "perfd.cli", "report", "--aggregator", base,
-                                 "--job", "own", "--html", "-"], capture_output=True, text=True, timeout=120)
-        assert report.returncode == 0 and "<html" in report.stdout, report.stderr[-2000:]
-        served["perfd report"] = report.stdout + report.stderr
+        capfd.readouterr()
+        rc = main(["report", "--aggregator", base, "--job", "own", "--html", "-"])
+        report = capfd.readouterr()
+        assert rc == 0 and "<html" in report.out, report.err[-2000:]
+        served["perfd report"] = report.out + report.err
+    # The daemons' logs: what their log files held.
+    logged = [caplog.handler.format(r) for r in caplog.records]
+    assert logged, "no line of the daemons' log"
+    served["the agent's and the aggregator's log"] = "\n".join(logged)
     leaks = {where: [s for s in MARKERS if s in text] for where, text in served.items()}
     assert not any(leaks.values()), leaks
     # Every file the run wrote: logs, the agent's spool and state, the aggregator's state store.
@@ -402,4 +413,3 @@ def test_a_stalled_job_with_every_form_on_its_command_line_leaks_none(tmp_path: 
             if hit:
                 found[str(p.relative_to(tmp_path))] = hit
     assert not found, found
-    assert (tmp_path / "agent.out").exists() and (tmp_path / "aggregator.out").exists()

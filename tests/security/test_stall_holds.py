@@ -1,5 +1,6 @@
 """Announced pauses cannot hide a stall (issue 43 item 5), with real processes: a real aggregator and
-a root agent, a training loop timed by the step hook, and the announcements made for real.
+a root agent (both in the test's process: tests/inproc.py), a training loop timed by the step hook (a
+process: it is stopped), and the announcements made for real.
 
 - The job's own hook re-announcing ``phase_begin("checkpoint")`` while its loop hangs: before, each
   announcement restarted the hold (no stall after 1,940 s in the issue's run); now announcements hold
@@ -32,7 +33,8 @@ from perfd.aggregator.snapshot import overview_of
 from perfd.clock import ManualClock
 from perfd.collectors.ranks import RanksCollector
 from perfd.model import Provenance, StepRecord
-from tests.procs import Procs, get_json, start_agent, start_aggregator, wait_for
+from tests.inproc import pipeline
+from tests.procs import Procs, get_json, wait_for
 from tests.security.other_user import OtherUser, other_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
@@ -78,11 +80,10 @@ def _running(shared: Path, out: Path, *aggregator_args: str) -> Iterator[tuple[P
     cfg = out / "agent.yaml"
     cfg.write_text("batch_interval_s: 0.3\ncollectors:\n"
                    f"  hook: {{socket_path: {sock}, mode: '0666'}}\n  ranks: {{interval_s: 1.0}}\n")
-    with Procs(out) as procs:
-        _grpc, _http, base = start_aggregator(procs, "--rules-interval", "1", *aggregator_args)
-        start_agent(procs, _grpc, "--job", JOB, "--host", "off", "--node", "n1", nvml="off", config=cfg)
-        wait_for(lambda: os.path.exists(sock), 30, "the agent's hook socket")
-        yield procs, base, sock
+    with Procs(out) as procs, pipeline(out, "--rules-interval", "1", *aggregator_args) as p:
+        p.agent("--job", JOB, "--host", "off", "--node", "n1", "--nvml", "off", "--config", cfg)
+        p.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
+        yield procs, p.base, sock
 
 
 @pytest.fixture
