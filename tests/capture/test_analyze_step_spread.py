@@ -25,7 +25,7 @@ STEP_MS = 225.0
 
 @pytest.fixture(scope="module")
 def trainer() -> list[DeviceBreakdown]:
-    return analyze_chrome_trace(LOOPS / "hf_clm_h200" / "trace.json.xz").devices
+    return list(analyze_chrome_trace(LOOPS / "hf_clm_h200" / "trace.json.xz").devices)
 
 
 def _gains(devices: list[DeviceBreakdown], sd_ms: float | None = None) -> dict[str, tuple[float, float]]:
