@@ -1,5 +1,5 @@
 """SIGTERM with a Kineto capture in flight stops the agent within its captures' share of the stop
-budget (issue 54 item 8: it took 5.1 s, past the 4 s the agent promises). The real thing: an
+budget (it had taken 5.1 s, past the 4 s the agent promises). The real thing: an
 aggregator, an agent serving the Kineto on-demand protocol on a file socket, a job whose step hook
 reports its rank (no torch in it: the hook cannot trace itself, so the capture is the Kineto daemon's)
 and which never polls the daemon, so the capture waits for a poll when the signal comes. The agent's

@@ -1,4 +1,4 @@
-"""A steady capture informs the job within one rules tick (issue 34, item 4): class, findings, report
+"""A steady capture informs the job within one rules tick: class, findings, report
 and API. A real aggregator (gRPC and HTTP on loopback) holds the recorded H100 Megatron job's step
 records (tests/data/captures/kineto_h100_megatron/big2048_megatron.log) sent by a real gRPC agent
 client; a capture is asked for through the HTTP API; the agent answers the command the way perfd's

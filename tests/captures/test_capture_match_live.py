@@ -1,10 +1,10 @@
-"""Live, the check of issue 51 item 5 on the captures the aggregator attaches: a real aggregator (gRPC
-and HTTP on loopback) holds the PP=2 Megatron-LM job's records (perfd/demo/data, 2×H200) sent by a
+"""Live, the check that a capture is of the job, on the captures the aggregator attaches: a real aggregator
+(gRPC and HTTP on loopback) holds the PP=2 Megatron-LM job's records (perfd/demo/data, 2×H200) sent by a
 real gRPC agent client; a capture is asked for through the HTTP API and its agent answers with the
-breakdown perfd.capture computes of a trace of another job (the one-GPU H100 run of
-tests/data/captures). The capture record says it is not of the job, with its numbers, and the job's
-budget and class never read it; the same exchange with the job's own trace (tests/captures/
-test_capture_budget_live.py) does inform the job."""
+breakdown perfd.capture computes of a trace of another job (the one-GPU H100 run of tests/data/captures).
+The capture record says it is not of the job, with its numbers, and the job's budget and class never read
+it; the same exchange with the job's own trace (tests/captures/test_capture_budget_live.py) does inform the
+job."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """perfd.aggregator.capture_records: a capture record is typed inside the aggregator, its JSON the same
-keys as ever, and the state store's JSON reads back into the same record (issue 57)."""
+keys as ever, and the state store's JSON reads back into the same record."""
 
 from __future__ import annotations
 

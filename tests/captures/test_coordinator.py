@@ -134,7 +134,7 @@ def test_gpu_rules_see_only_the_series_they_read_and_fire_on_a_throttled_gpu():
 
 
 def test_a_capture_reaches_the_sidecar_on_the_ranks_node_not_the_others() -> None:
-    """The sidecar topology on two nodes (issue 46): the node agents report the GPU processes (each
+    """The sidecar topology on two nodes: the node agents report the GPU processes (each
     placed in the job through its pod), the job's sidecars read no GPU and name their node in their
     Hello. A capture of rank 1 goes to the sidecar of rank 1's node only: the other would answer "no
     process known for rank(s) [1]", and a node agent hosts no job."""

@@ -1,4 +1,4 @@
-"""A hook job started with no launch flag is captured (issue 44 item 4): a real CPU torch loop with the
+"""A hook job started with no launch flag is captured: a real CPU torch loop with the
 step hook, no RANK and no KINETO_USE_DAEMON in its environment, a real agent (its hook socket, its
 capture manager; the Kineto daemon off, as it would be useless here) and a real aggregator. Asked by
 hand and by a rule, the agent asks the rank's hook for a trace of the steps, the hook traces them

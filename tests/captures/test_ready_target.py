@@ -1,4 +1,4 @@
-"""Rules wait for a ready target (issue 51 item 3): a firing capture rule sends nothing, and takes no
+"""Rules wait for a ready target: a firing capture rule sends nothing, and takes no
 budget, while the job's latest steps are warm-up or (for ncu) the target rank's step hook has sent no
 record lately; a capture its agent reports as not ready (a typed cause, never a sentence) gives the
 rule its budget back, so no cooldown holds the retry, and is asked again after a pause."""

@@ -1,4 +1,4 @@
-"""A capture rule firing on a restarted job before its target can take the capture (issue 51 item 3),
+"""A capture rule firing on a restarted job before its target can take the capture,
 through every real piece but the GPU: a real aggregator with a rule pack (``for:`` short, an hour's
 cooldown, tool ncu), a real agent with the step-hook collector, and a job's two runs as real processes
 under ``perfd ncu-exec`` (the stand-in ncu of tests/capture, as tests/captures/test_ncu_live_loop.py).

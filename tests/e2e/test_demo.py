@@ -52,7 +52,7 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> None:
     """The installed `perfd` run where ``perfd/`` is the clone's root (the folder above a clone named
-    perfd): its daemons must still import the package, not that folder (issue 46: `python -m
+    perfd): its daemons must still import the package, not that folder (before, `python -m
     perfd.cli` from there failed with an ImportError traceback and the demo never started)."""
     script = Path(sys.executable).parent / "perfd"  # the console script pip made (make test's venv)
     assert script.is_file(), script
@@ -91,7 +91,7 @@ STOP_WAIT_S = 150
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """`perfd demo --keep-running`, then SIGTERM (a supervisor, `kill`) or SIGINT (Ctrl-C): its
-    aggregator and agent stop and its folder goes (issue 37: SIGTERM left both running and the
+    aggregator and agent stop and its folder goes (before, SIGTERM left both running and the
     /tmp/perfd-demo-* folder behind)."""
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "demo.out"

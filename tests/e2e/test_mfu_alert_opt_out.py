@@ -1,4 +1,4 @@
-"""A job's opt-out of the MFU alert travels with the job (issue 56 item 3): given where the job is
+"""A job's opt-out of the MFU alert travels with the job: given where the job is
 started (`perfd agent --no-mfu-alert`, `mfu_alert: false` in its config, `perfd launch --no-mfu-alert`
 in its manifest), it rides in the job's info to the aggregator, which exports
 perfd_job_mfu_alert_opt_out_info for that job only; PerfdJobMFULow leaves such jobs out

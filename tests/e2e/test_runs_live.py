@@ -1,4 +1,4 @@
-"""Runs and armed ranks through every real piece but the GPU (issue 51): a real aggregator, ``perfd
+"""Runs and armed ranks through every real piece but the GPU: a real aggregator, ``perfd
 launch`` and agents (the aggregator and the agents in the test's process: tests/inproc.py; each launch
 and its job processes), a training loop with the step hook; run 1 plain, then the same job restarted with
 its rank under ``perfd ncu-exec`` and a stand-in ncu that runs its command as a child (as ncu does),

@@ -1,4 +1,4 @@
-"""`perfd top` in real terminals of 80 and 120 columns (tmux), as issue 46 found it: a job started
+"""`perfd top` in real terminals of 80 and 120 columns (tmux), where its rows were found cut: a job started
 by `perfd launch` (a real rank process, printing a real Megatron-LM log), its agent on this machine
 with the NVML collector as shipped (`--nvml real`: no NVIDIA driver here, so unavailable), then a
 node agent whose replayed NVML recording places a GPU in the job. Before any GPU row the GPU panel

@@ -1,4 +1,4 @@
-"""What a churn of jobs leaves behind (issue 54 item 8: RSS 280 -> 387 MB in a 10-minute churn of 1,904
+"""What a churn of jobs leaves behind (it was RSS 280 -> 387 MB in a 10-minute churn of 1,904
 jobs once the held jobs hit their quota, the Python heap nearly flat). The figures over 30 minutes are
 `perfd bench soak --churn` (benchmarks/README.md); here, with a real aggregator and real gRPC agents,
 the mechanisms: a job's sidecar agent is forgotten as soon as its only job is pruned (not an agent

@@ -1,6 +1,6 @@
-"""A clean stop touches nothing after the state store is closed (issue 54 item 8).
+"""A clean stop touches nothing after the state store is closed.
 
-The issue's finding: a SIGTERM logged "tombstones could not be pruned (Cannot operate on a closed
+What was seen: a SIGTERM logged "tombstones could not be pruned (Cannot operate on a closed
 database)". The stop cancelled the rules loop's task, but the tick it had handed to a worker thread
 ran on — past the gRPC server's grace second, into the closed store (a tick over 1,904 jobs takes
 longer than that). Here an aggregator with a ``--state-dir`` (its real store, gRPC server and rules

@@ -1,5 +1,5 @@
 """A job that restarts and writes its log again with the same start-up block is a new run, not a
-resume (issue 36 item 5): real ``perfd agent`` and ``perfd aggregator`` processes, a real Megatron-LM
+resume: real ``perfd agent`` and ``perfd aggregator`` processes, a real Megatron-LM
 log file rewritten in place.
 
 The issue's probe: the agent killed, the log rewritten with the same start-up block and a new run's

@@ -1,4 +1,4 @@
-"""What one client can make a long-lived aggregator hold in memory (issue 36 items 3 and 4): a real
+"""What one client can make a long-lived aggregator hold in memory: a real
 ``perfd aggregator`` process, real gRPC agents (the transport's own AgentClient) and real HTTP
 clients on loopback, the aggregator run in the test's process (tests/inproc.py). Each figure printed
 (``FIGURES``) is recorded in docs/reliability.md.

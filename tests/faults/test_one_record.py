@@ -1,4 +1,4 @@
-"""What one bad record may cost (issue 43 items 3 and 6), with the real agent and aggregator on loopback
+"""What one bad record may cost, with the real agent and aggregator on loopback
 (in the test's process, tests/inproc.py) and a short retention window
 (--retain-iterations 50), so the window turns over within seconds.
 

@@ -167,7 +167,7 @@ def test_sigterm_is_honoured_within_5_s_under_load(tmp_path: Path) -> None:
     """Both daemons busy — a 3,000-iteration log being ingested and analysed, the shipped rule pack
     evaluated every second — then SIGTERM: each exits cleanly within the 5 s promised, by its own
     clock (each logs how long its shutdown took, -v): on a loaded 2-CPU machine a process can get the
-    CPU to act on the signal seconds late, which is the machine's time, not the shutdown's (issue 37)."""
+    CPU to act on the signal seconds late, which is the machine's time, not the shutdown's."""
     head, lines = _megatron_lines(3000)
     log = tmp_path / "train.log"
     log.write_text(head + "".join(lines))

@@ -1,7 +1,7 @@
-"""The aggregator's --state-dir stays bounded over a long life (issue 36 item 2): a real
+"""The aggregator's --state-dir stays bounded over a long life: a real
 ``perfd aggregator`` process with a state dir, real gRPC clients, kill -9 and restarts.
 
-- Hellos: each agent's latest Hello is kept, not every one (the issue's probe: 4,232 Hellos in 30 s
+- Hellos: each agent's latest Hello is kept, not every one (a probe's: 4,232 Hellos in 30 s
   grew the state from 0.1 to 1,078 MB, and a restart replayed every one, 4.9 s);
 - a pruned job stays pruned: its batches and job info leave the state, so a restart neither replays
   nor brings it back;

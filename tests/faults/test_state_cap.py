@@ -1,4 +1,4 @@
-"""The state store's cap is on disk, and what a client sends cannot grow it (issue 43 item 4): a real
+"""The state store's cap is on disk, and what a client sends cannot grow it: a real
 ``perfd aggregator`` with ``--state-dir`` and ``--state-max-mib``, real gRPC clients on loopback,
 kill -9 and a restart.
 

@@ -143,7 +143,7 @@ def test_disk_full_while_two_agents_stream_loses_no_acknowledged_iteration(tmp_p
                 if i == n // 3:
                     # Every batch so far acknowledged first (an event, not a pause): an ack of a batch
                     # committed before the disk filled may otherwise arrive after, and count as one
-                    # "acknowledged while full" on a loaded machine (issue 37 saw 5).
+                    # "acknowledged while full" on a loaded machine (5 were seen once).
                     for c in clients:
                         assert await c.flush(60)
                     disk.full = True  # the disk fills: every commit fails, whoever makes it

@@ -1,4 +1,4 @@
-"""State written by one build and read by another (issue 56: a downgrade read 29 of 40 iterations of
+"""State written by one build and read by another (a downgrade once read 29 of 40 iterations of
 a newer build's state and said nothing; an old agent logged ``resume:unreadable 'position'`` and read
 its log again from the start).
 

@@ -1,6 +1,6 @@
-"""The agent's side of issue 35: the step hook's checkpoint/evaluation announcements through a real
-socket to the hook collector, the Megatron parser's save and evaluation lines of a real log, the
-agent handing the other collectors' pids to the ranks collector, and the py-spy stack dumps (a real
+"""The agent's side of watching the host and a hang: the step hook's checkpoint/evaluation announcements
+through a real socket to the hook collector, the Megatron parser's save and evaluation lines of a real log,
+the agent handing the other collectors' pids to the ranks collector, and the py-spy stack dumps (a real
 stopped process; a py-spy that fails, hangs or talks too much, each answered, never raised)."""
 
 from __future__ import annotations

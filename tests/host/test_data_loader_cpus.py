@@ -1,4 +1,4 @@
-"""DataLoader workers are the job's own children (issue 44 item 3): the ranks collector counts the
+"""DataLoader workers are the job's own children: the ranks collector counts the
 CPU of a rank process's descendants as the job's (``children_cpu_cores``, never "other processes on
 its CPUs"), the host evidence says typed whether the rank's CPUs are full or have room
 (:class:`~perfd.analytics.incidents.host_evidence.CpuUse`), and the data-loading remedy follows: "more
@@ -179,7 +179,7 @@ def test_the_aggregator_report_says_more_workers_only_with_room() -> None:
 
 def test_a_finished_jobs_report_keeps_the_cpus_it_ran_with() -> None:
     """On the H100 the run-level R1 of a finished data-bound job fell back to the general action: the
-    agents' last report had the rank gone, and older ones were stale; then (issue 52) it read "its 0
+    agents' last report had the rank gone, and older ones were stale; then, in a later run, it read "its 0
     child process(es)", once "CPUs are full": the observation taken after its last step. The last
     observation a step came after (taken while it stepped) is the one kept, and said as such."""
     st = AggregatorState(min_recompute_s=0.0)

@@ -1,4 +1,4 @@
-"""Issue 35's CPU criteria with real processes: a real aggregator and agent on loopback (in the test's
+"""The host's CPU criteria with real processes: a real aggregator and agent on loopback (in the test's
 process: tests/inproc.py), a plain Python loop timed by the step hook (tests/host/hook_loop.py), and
 what disturbs it done for real — CPU burners pinned to its CPU, SIGSTOP, a long checkpoint save it
 announces (and one it does not), a cgroup CPU quota where this machine lets the test set one: the loop
@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
 LOOP = Path(__file__).with_name("hook_loop.py")
 JOB = "hostjob"
 # The loop's --duration: a cap only (each test ends it at its teardown), never a budget that a loaded
-# machine's slower steps overrun before the test has seen what it waits for (issue 37).
+# machine's slower steps overrun before the test has seen what it waits for.
 LOOP_CAP_S = "600"
 BURN_CAP_S = "300"  # a burner's own end, should the test that started it not stop it
 SETTLE_S = 30.0  # how long closed incidents may take to show their verdict once the first has closed

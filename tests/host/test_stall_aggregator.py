@@ -475,8 +475,10 @@ def _end_job(h: Harness, ranks: Any) -> None:
 
 @pytest.mark.slow
 def test_the_silence_of_a_jobs_exit_is_taken_back_not_an_incident(ranks: Any) -> None:
-    """A plain PyTorch job on the H100 (issue 44) spent 16 s after its last step tearing down its
-    loader and CUDA: a stall opened 5 s in and closed at its exit, listed as 'stalled ... 0.0 s lost'.
+    """A plain PyTorch job on the H100
+    (docs/evidence/entries/26-plain-pytorch-loops-no-rank-irregular-steps-a-data-bound-loa.md) spent 16 s
+    after its last step tearing down its loader and CUDA: a stall opened 5 s in and closed at its exit,
+    listed as 'stalled ... 0.0 s lost'.
     The exit within STALL_EXIT_GRACE_S of the last step is not a stall: the incident is taken back."""
     h = Harness(ranks)
     h.records(20)

@@ -1,4 +1,4 @@
-"""perfd's own capture is never a stall (issue 45 item 1), through the aggregator's state in process: a
+"""perfd's own capture is never a stall, through the aggregator's state in process: a
 real Megatron-LM DP=2 log's records (tests/data/megatron/dp2_all_timers.log), two real idle processes
 standing for the ranks as the real ranks collector reports them (idle: the stall watch's corroboration,
 as a rank blocked on ncu's kernel replay reads), a capture asked for through the real capture

@@ -1,6 +1,7 @@
-"""Two silences that are not the job's stall, seen on the H100 (issue 45's run of Megatron-LM resumed
-under ncu), through the aggregator's state in process with the real ranks collector's readings of real
-idle processes (tests/host/test_stall_aggregator.py's harness, whose clock is the test's):
+"""Two silences that are not the job's stall, seen on the H100 (Megatron-LM resumed under ncu:
+docs/evidence/entries/28-nsight-compute-by-rule-in-the-answer-2026-11-24-1-h100.md), through the
+aggregator's state in process with the real ranks collector's readings of real idle processes
+(tests/host/test_stall_aggregator.py's harness, whose clock is the test's):
 
 - a new run starting: the job's last step was before its rank processes began (a restart from a
   checkpoint that loads for 42 s before its first step, on the H100) — held, never opened;

@@ -52,11 +52,12 @@ def test_the_host_panel_shows_the_jobs_ranks_not_only_the_node() -> None:
     cells = rows["0"]
     burner = max((o for o in cont["others"] if not o["own"]), key=lambda o: o["cpu_ratio"])
     assert cells[:4] == ["0", "node-a", str(cont["pid"]), "running"]
-    assert cells[5] == "–"  # its workers' CPU: not in this recording (collectors/ranks before issue 44)
+    # its workers' CPU: not in this recording (made before collectors/ranks counted a rank's children)
+    assert cells[5] == "–"
     assert cells[6] == f"{100 * cont['wait_ratio']:.0f}%"  # CPU wait
     assert cells[7] == f"{cont['allowed_cpus'][0]}" and cells[8] == "100%"
     assert cells[9] == f"{100 * cont['others_ratio']:.0f}%"
-    # Who took them: under the table, one line a rank (issue 46: in the table it was cut at 80 columns).
+    # Who took them: under the table, one line a rank (in the table it was cut at 80 columns).
     took = next(ln for ln in out.splitlines() if ln.startswith("  rank 0: "))
     share = f"{100 * burner['cpu_ratio']:.0f}%"
     assert took.startswith(f"  rank 0: pid {burner['pid']} (root) took {share} of its CPUs: "), took
@@ -70,7 +71,7 @@ def test_without_rank_processes_the_panel_is_the_node_table_alone() -> None:
 
 
 def test_a_ranks_workers_cpu_is_shown_as_the_jobs() -> None:
-    """Issue 44: a rank's DataLoader workers are its own children; their CPU has a column of its own,
+    """A rank's DataLoader workers are its own children; their CPU has a column of its own,
     never the "others" column."""
     row = {**REC["contention"]["ranks"][0], "node": "node-a", "children": 2, "children_cpu_cores": 1.85,
            "others": [], "others_ratio": 0.0}

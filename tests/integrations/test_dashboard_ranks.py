@@ -1,5 +1,5 @@
 """The dashboard's rank-host, stall and incident panels against a real Prometheus, and the job's
-counters present at 0 from its first record (issue 46: no panel showed perfd_host_rank_* nor stalls,
+counters present at 0 from its first record (before, no panel showed perfd_host_rank_* nor stalls,
 and perfd_job_incidents_total appeared with the first incident, so increase() read 2.03 where 3
 happened).
 

@@ -1,4 +1,4 @@
-"""The dashboard in the recommended topology, against a real Prometheus (issue 37: its Host panels
+"""The dashboard in the recommended topology, against a real Prometheus (before, its Host panels
 were blank for a selected job and the first capture never showed).
 
 The topology deploy/k8s and the Helm chart recommend, on one node: a node agent WITHOUT --job (NVML,

@@ -1,6 +1,6 @@
 """A real Prometheus joins perfd's GPU series with DCGM-exporter's: it scrapes a real node agent
 (an NVML recording of an H100 whose process declares its job), the aggregator it streams to with
---export-node-series (the same GPU series a second time, issue 46), and a DCGM-exporter-shaped
+--export-node-series (the same GPU series a second time), and a DCGM-exporter-shaped
 exposition of the same GPU (served by a small local HTTP server), and evaluates deploy/prometheus/
 perfd-dcgm.rules.yml. The joins documented in docs/prometheus.md, read from it, return the GPU once;
 the unit rules turn DCGM-exporter's MiB, MHz, mJ and percent into perfd's bytes, hertz, joules and
@@ -171,7 +171,7 @@ scrape_configs:
         # The GPU's series twice: from the agent and from the aggregator (--export-node-series).
         wait_for(lambda: len(_query(base, f'perfd_gpu_sm_util_ratio{{UUID="{UUID}"}}')) == 2 or None, 60,
                  "the GPU's SM series from both scrape jobs")
-        # The plain join of the two fails then (issue 46); the one docs/prometheus.md gives does not.
+        # The plain join of the two fails then; the one docs/prometheus.md gives does not.
         plain = "perfd_gpu_sm_util_ratio - on(UUID) gpu:perfd_gpu_utilization_ratio:dcgm"
         wait_for(lambda: _query(base, "gpu:perfd_gpu_utilization_ratio:dcgm"), 30, "the DCGM unit rules")
         body = json.loads(_get_error(f"{base}/api/v1/query?query={urllib.parse.quote(plain)}"))

@@ -92,7 +92,7 @@ def test_dashboard_has_the_views_the_issue_asks_for() -> None:
                  # GPU: GPM utilisations, power, clocks, throttling
                  "perfd_gpu_sm_util_ratio", "perfd_gpu_tensor_util_ratio", "perfd_gpu_dram_bw_util_ratio",
                  "perfd_gpu_power_watts", "perfd_gpu_sm_clock_hertz", "perfd_gpu_throttle_active",
-                 # Ranks on their hosts, stalls and incidents (issue 46; test_dashboard_ranks fills them)
+                 # Ranks on their hosts, stalls and incidents (test_dashboard_ranks fills them)
                  "perfd_host_rank_state_info", "perfd_host_rank_cpu_wait_ratio", "perfd_host_rank_cpu_cores",
                  "perfd_host_rank_others_cpu_ratio", "perfd_host_rank_cpu_throttled_ratio",
                  "perfd_job_state_info", "perfd_job_stalled_seconds", "perfd_job_incidents_total",

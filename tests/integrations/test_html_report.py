@@ -288,7 +288,7 @@ def test_heat_map_groups_ranks_by_pipeline_stage_and_marks_captures() -> None:
 @pytest.mark.slow
 def test_cli_offline_with_a_capture_puts_the_budget_and_its_remedies_in_the_html(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`perfd report --html --capture` (issue 42): the same analysis as `perfd analyze megatron LOG
+    """`perfd report --html --capture`: the same analysis as `perfd analyze megatron LOG
     --capture TRACE` — the step budget by op and the remedies fitted to the job — in the HTML."""
     k = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"
     out = tmp_path / "r.html"

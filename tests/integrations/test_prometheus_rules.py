@@ -117,7 +117,7 @@ def test_dcgm_join_rules_check_and_unit_tests() -> None:
         if op == "dcgm":  # DCGM-exporter's field in, perfd's unit out
             assert "DCGM_FI_" in str(r["expr"]) and not promql_metric_names(str(r["expr"])), r["record"]
     # Only fields dcgm-exporter serves by default (its default-counters.csv): FB_TOTAL is not one
-    # (issue 37: the memory-total rule was empty on a stock dcgm-exporter).
+    # (with it, the memory-total rule was empty on a stock dcgm-exporter).
     assert "DCGM_FI_DEV_FB_TOTAL" not in DCGM_RULES.read_text().split("groups:", 1)[1]
 
 
@@ -131,7 +131,7 @@ def test_dcgm_join_rules_check_and_unit_tests() -> None:
 def test_alertmanager_routes_a_capture_alert_to_the_team_too(labels: tuple[str, ...], receivers: str) -> None:
     """alertmanager.yml as Alertmanager's own router reads it (`amtool config routes test`): an alert
     labelled for capture reaches the aggregator's webhook and the team's receiver it would reach
-    without the label (issue 37: a capture-labelled warning reached only the webhook)."""
+    without the label (before, a capture-labelled warning reached only the webhook)."""
     out = subprocess.run([need("amtool"), "config", "routes", "test", "--config.file=alertmanager.yml",
                           *labels], capture_output=True, text=True, timeout=60, cwd=PROM_DIR)
     assert out.returncode == 0, out.stderr

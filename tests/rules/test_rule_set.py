@@ -1,5 +1,5 @@
 """``perfd rules check`` checks the set the aggregator will load, and a rule named like a shipped one
-is handled the same way by both (issue 36 item 7): ``perfd rules check`` and ``perfd aggregator``
+is handled the same way by both: ``perfd rules check`` and ``perfd aggregator``
 on the same files, each through the CLI's own ``main()`` (its output, its return value the exit status),
 and the aggregator that loads the set run in the test's process (tests/inproc.py).
 

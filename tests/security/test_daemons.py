@@ -64,13 +64,13 @@ def test_a_port_in_use_refuses_to_start(tmp_path: Path, perfd: Callable[..., _Ra
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        # Each message names the address and the flag that moves it (issue 37: the agent said only
+        # Each message names the address and the flag that moves it (before, the agent said only
         # "[Errno 98] Address already in use" when dcgm-exporter held its port).
         r = perfd("aggregator", "--grpc-port", str(port), "--http-port", str(free_port()), "--no-rules")
         assert r.returncode == 2, r.stderr
         assert f"cannot listen for gRPC on 127.0.0.1:{port}: the port is already in use" in r.stderr
         assert "another port with --grpc-port" in r.stderr
-        # perfd's line alone (issue 46: gRPC's C core printed "E1124 ... add_port.cc:83] Failed to add
+        # perfd's line alone (before, gRPC's C core printed "E1124 ... add_port.cc:83] Failed to add
         # port to server ..." before it, and its advice to set GRPC_VERBOSITY after it).
         assert r.stderr.splitlines() == [next(ln for ln in r.stderr.splitlines() if "gRPC" in ln)], r.stderr
         assert r.stderr.startswith("perfd aggregator: ") and "GRPC_VERBOSITY" not in r.stderr, r.stderr

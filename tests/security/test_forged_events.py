@@ -1,5 +1,5 @@
 """Events about a job only from the agents that host it; capture results only from the agents the
-capture was sent to (issue 43 item 5). A real aggregator on loopback, in the test's process
+capture was sent to. A real aggregator on loopback, in the test's process
 (``perfd aggregator``'s configuration: tests/inproc.py; on the test's clock where the job's silence
 matters: perfd.clock), two real gRPC agents (the transport's own AgentClient): the job's host, and a
 stranger hosting another job.
@@ -151,7 +151,7 @@ def test_a_stranger_cannot_speak_for_a_job_it_does_not_host() -> None:
 
 
 def _as_node_agent(now: float) -> list[dict[str, Any]]:
-    """The issue's sequence (54 item 2): the victim's rank 1 on one of the stranger's GPUs (with a pid),
+    """The attack's sequence: the victim's rank 1 on one of the stranger's GPUs (with a pid),
     then a save announcement, the rank "stopped" and a stack, as a node agent of the job would send."""
     stopped = {"rank": 1, "pid": 4243, "source": "gpu", "state": "stopped", "state_since": now - 60,
                "observed_at": now, "cpu_cores": 0.0}
@@ -249,7 +249,7 @@ def _texts_of(base: str, query: str = "") -> dict[str, list[str]]:
 
 def test_a_strangers_job_less_flood_evicts_no_jobs_events_and_is_never_the_jobs(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The issue's probe (item 9, loopback, no token): 1,250 job-less events from an agent whose Hello
+    """The issue's probe (loopback, no token): 1,250 job-less events from an agent whose Hello
     names no job evicted all 20 of the host's, and ``/api/events?job=victim`` then listed the
     stranger's. Now the stranger holds its share (its newest 100; 1,150 counted ``event_share`` under
     it, logged once), the job lists exactly its host's 20, the node agent's 5 stay, and a restart on

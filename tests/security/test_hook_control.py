@@ -1,5 +1,5 @@
-"""The hook's control channel answers only to its agent, and the agent only to its hooks (issue 54
-items 3, 4 and 5), each attack run as the issue ran it:
+"""The hook's control channel answers only to its agent, and the agent only to its hooks, each
+attack run as it was first run:
 
 - a datagram from another socket cancels a running capture (another user's process, and another socket
   of the same user), or asks for a range: the kernel refuses it (EPERM at the sender), the range runs on;
@@ -232,7 +232,7 @@ def test_a_range_or_trace_of_a_million_steps_is_rejected(agent: tuple[str, socke
     assert [s[:2] for s in _states(msgs)] == [("rejected", 1), ("rejected", 2)]
 
 
-# ------------------------------------------------------------------------ the agent's side (items 4, 5)
+# ------------------------------------------------------------------------------------- the agent's side
 
 FORGE = r"""
 import os, socket, struct, sys

@@ -1,4 +1,4 @@
-"""A hook sender is who the kernel says it is (issue 43 item 1): another local user who may write the
+"""A hook sender is who the kernel says it is: another local user who may write the
 hook socket (mode 0666, as documented for jobs of other users) names other processes in step records,
 and the root agent must neither follow nor dump them.
 

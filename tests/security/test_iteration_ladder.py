@@ -1,6 +1,6 @@
-"""A ladder of far-future iterations in one batch (issue 54 item 6).
+"""A ladder of far-future iterations in one batch.
 
-The issue's attack: 6,000 step records of one job, each 99,999 iterations past the one before, in one
+The attack: 6,000 step records of one job, each 99,999 iterations past the one before, in one
 batch — every one within MAX_ITERATION_LEAP of the record before it, so the per-record check took them
 all: the job's 200 held iterations were evicted (the retention window keeps the newest 5,000) and its
 next 200 were dropped as older than the window, with 0 refusals counted. Plausibility is now judged

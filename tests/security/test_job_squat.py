@@ -1,4 +1,4 @@
-"""A client without credentials cannot squat a job's future iterations (issue 36 item 6): the real
+"""A client without credentials cannot squat a job's future iterations: the real
 aggregator and real gRPC clients on loopback, in the test's process (tests/inproc.py).
 
 Before, the first record of an (iteration, rank) won whoever sent it: a client that named the job in

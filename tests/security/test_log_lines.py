@@ -1,6 +1,6 @@
-"""What a client sends never writes a log line of its own (issue 54 item 8).
+"""What a client sends never writes a log line of its own.
 
-The issue's finding: an agent id holding a newline wrote a forged line into the aggregator's log. Here the
+What was seen: an agent id holding a newline wrote a forged line into the aggregator's log. Here the
 real aggregator (in the test's process, tests/inproc.py, its log written as every perfd command writes
 it: perfd.cli.log_handler) and a real gRPC client whose agent id carries a newline, a carriage
 return, an ANSI escape and a right-to-left override, and a line the aggregator's own would look like:

@@ -1,6 +1,6 @@
-"""One malformed event must not take the aggregator down, now or at its next start (issue 54 item 1).
+"""One malformed event must not take the aggregator down, now or at its next start.
 
-The issue's attack: any client (its Hello naming a job of its own) sends
+The attack: any client (its Hello naming a job of its own) sends
 ``{"kind": "gpu_processes", "labels": {"node": "n", "gpu": "0"}, "payload": [{"rank": 0, "job": "victim"}]}``
 — a process entry without a ``pid``. Rank placement raised ``KeyError: 'pid'`` on every tick: /metrics
 and every job endpoint answered 500, stall checks failed, and since the event was journalled, a

@@ -1,5 +1,5 @@
-"""A process is the job's rank by its uid and the declared job, never by ``RANK`` alone (issue 54 item
-7): ``collectors/nvml/processes.py`` took any process with RANK in its environment as the job's own
+"""A process is the job's rank by its uid and the declared job, never by ``RANK`` alone: before,
+``collectors/nvml/processes.py`` took any process with RANK in its environment as the job's own
 whatever its user, and ``perfd/agent/capture_executor.py`` then made another user's ``RANK=3`` process the
 capture target for rank 3. Real processes: the job's (this uid) and another user's (tests/security/
 other_user.py), each with RANK in its environment; a setuid program with RANK for the node agent."""

@@ -1,4 +1,4 @@
-"""No secret on a command line reaches what perfd serves (issue 54 item 7): 9 of 12 planted secrets
+"""No secret on a command line reaches what perfd serves: before, 9 of 12 planted secrets
 were served in stall evidence, and 22 of 35 forms passed the old deny-list. The redaction is now an
 allow-list (perfd/redact.py), and what it keeps is scanned by shape (perfd/secret_shapes.py: an attack
 found 16 of 53 forms passing in kept values, a review 19 more). Here a fixed list of 130 forms — every
@@ -196,7 +196,7 @@ FORMS: list[tuple[str, str]] = [
     ("--report-to https://relay.example.com/services/T000/B000/Q129Zxxxx", "Q129Z"),
     ('--config {"cfg":"{\\"password\\":\\"Q130Zpw\\"}"}', "Q130Z"),
 ]
-ISSUE_77 = 25  # the forms the issue names, after issue 54's 55; the rest are this list's own
+ISSUE_77 = 25  # the forms a later review named, after the first one's 55; the rest are this list's own
 MARKERS = [secret for _, secret in FORMS]
 
 

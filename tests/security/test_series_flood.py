@@ -94,7 +94,7 @@ def test_refused_series_are_held_nowhere_and_admitted_ones_keep_their_samples() 
 @pytest.mark.slow
 def test_one_identity_holds_at_most_its_quota_of_series(tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    """The issue's (54 item 8): one client identity held 500,000 series (~940 MB). Three agents of one
+    """Before, one client identity held 500,000 series (~940 MB). Three agents of one
     address (loopback: one identity without credentials) each defining the per-agent most, 50,000, at
     a real aggregator (`perfd aggregator`'s configuration, in the test's process) with the default
     quota: 100,000 held, the rest refused (``series_quota``)."""

@@ -1,4 +1,4 @@
-"""Announced pauses cannot hide a stall (issue 43 item 5), with real processes: a real aggregator and
+"""Announced pauses cannot hide a stall, with real processes: a real aggregator and
 a root agent (both in the test's process: tests/inproc.py), a training loop timed by the step hook (a
 process: it is stopped), and the announcements made for real.
 
@@ -142,7 +142,7 @@ def test_another_users_phase_pulses_do_not_hide_a_stopped_rank(live: tuple[Procs
 
 
 def test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended() -> None:
-    """Issue 43 item 7: a SIGSTOPped hook job (no GPU process lists to say its processes are there)
+    """Before, a SIGSTOPped hook job (no GPU process lists to say its processes are there)
     read "ended" once its last step was older than the stale limit (60 s), while its own open stall
     said "stalled", and could be pruned as ended. Here the limit is 8 s, the retention 2 s.
 

@@ -1,4 +1,4 @@
-"""A rotated bearer token closes the streams that authenticated with the old one (issue 36 item 6):
+"""A rotated bearer token closes the streams that authenticated with the old one:
 the real aggregator and a real agent sharing the token file (in the test's process: tests/inproc.py),
 and a client that kept a copy of the old token. The aggregator re-reads the file when it changes;
 before, it let every open stream run on with the old token for as long as it lasted. The figures printed
