@@ -196,7 +196,7 @@ FORMS: list[tuple[str, str]] = [
     ("--report-to https://relay.example.com/services/T000/B000/Q129Zxxxx", "Q129Z"),
     ('--config {"cfg":"{\\"password\\":\\"Q130Zpw\\"}"}', "Q130Z"),
 ]
-ISSUE_77 = 25  # the forms a later review named, after the first one's 55; the rest are this list's own
+LATER_REVIEW = 25  # the forms a later review named, after the first one's 55; the rest are this list's own
 MARKERS = [secret for _, secret in FORMS]
 
 
@@ -206,13 +206,13 @@ def test_the_list_holds_the_issues_forms_and_more() -> None:
              "Authorization: Bearer", "--passphrase", "--wandb-key", "--hmac-key", "glpat-", "sk_live_",
              "AIza", "npm_")
     assert all(any(form.startswith(f) or f in form for form, _ in FORMS) for f in issue)
-    issue_77 = ("X-Amz-Signature=", "sig=", "?token=", "?password=", "Signature=", "X-Goog-Signature=",
+    later_review = ("X-Amz-Signature=", "sig=", "?token=", "?password=", "Signature=", "X-Goog-Signature=",
                 "X-Amz-Credential=", "X-Amz-Security-Token=", "access_token=", "key=", "hooks.slack.com/",
                 "discord.com/api/webhooks/", "api.telegram.org/bot", "--master-addr admin:",
                 "--rdzv-endpoint admin:", "--model-name-or-path svc:", '"api_key":', '"password":', "\t",
                 "\n", "\x0b", "\x0c", "\r", "\u00a0")
-    assert all(any(f in form for form, _ in FORMS[55:55 + ISSUE_77]) for f in issue_77)
-    assert len(FORMS) - 55 - ISSUE_77 >= 16  # as many of this list's own as the attacker's realistic ones
+    assert all(any(f in form for form, _ in FORMS[55:55 + LATER_REVIEW]) for f in later_review)
+    assert len(FORMS) - 55 - LATER_REVIEW >= 16  # as many of this list's own as the attacker's realistic ones
 
 
 @pytest.mark.parametrize(("form", "secret"), FORMS, ids=[s for _, s in FORMS])
