@@ -171,8 +171,8 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
     assert not _violations(files, ("perfd.launcher", "perfd.commands", "perfd.aggregator", "perfd.cli"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
-    # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
-    # perfd.serving_model).
+    # model's spec) lives below both (perfd.core.shared_thresholds, perfd.core.dtypes, perfd.core.model,
+    # perfd.core.serving_model).
     assert not _violations(files, ("perfd.analytics",))
     k8s = ROOT / "perfd" / "collectors" / "k8s"
     assert not _violations([f for f in files if k8s not in f.parents], ("grpc",))
@@ -185,8 +185,9 @@ def test_the_launcher_imports_no_collector():
 
 
 def test_the_clock_is_ground_every_layer_may_take_it():
-    """perfd/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of perfd."""
-    assert not _violations([ROOT / "perfd" / "clock.py"], ("perfd",))
+    """perfd/core/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of
+    perfd."""
+    assert not _violations([ROOT / "perfd" / "core" / "clock.py"], ("perfd",))
 
 
 def test_exporters_know_nothing_of_collectors():
