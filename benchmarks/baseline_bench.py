@@ -60,7 +60,7 @@ from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents.detect import Incident
 from perfd.collectors.nvml.collector import THROTTLE_REASONS
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable

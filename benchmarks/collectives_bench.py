@@ -29,8 +29,8 @@ from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
 from perfd.collfold import REDUCED_RETENTION, SENT_RETENTION, Retention, for_sending, reduce
+from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.engine.partial import decode, encode
-from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.scale_bench import GPUS, SERIES_PER_GPU
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.codec import decode_batch, encode_batch, sample_columns
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable

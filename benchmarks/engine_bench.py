@@ -113,7 +113,14 @@ COLLECTIVE_OPS = 4
 
 def _rank_records(job: str, node: int, world: int, iteration: int, end: float) -> list[Any]:
     """The step hook's records of one node's 8 ranks (collectors/hook's shape)."""
-    from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_OUTSIDE, Provenance, StepRecord, TimerValue
+    from perfd.core.model import (
+        HOOK_COMPUTE,
+        HOOK_DATA_WAIT,
+        HOOK_OUTSIDE,
+        Provenance,
+        StepRecord,
+        TimerValue,
+    )
 
     out = []
     for lr in range(RANKS_PER_NODE):
@@ -259,9 +266,9 @@ def start_messages(job: str, first: int, n: int, world: int, epoch: str, partiti
     """(subject, message id, bytes) of what each node's agent sends once as the job starts: its 8 GPUs'
     process lists (each GPU's rank attributed by the step hook, perfd.agent.hook_gpus) on the records
     stream, and from the job's first node its job info (the hook's: the dtype MFU needs)."""
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
     from perfd.engine.partial import encode
-    from perfd.jobinfo_json import job_info_to_json
-    from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
     from perfd.transport.codec import encode_batch
     from perfd.transport.series import SeriesTable
 
@@ -386,7 +393,7 @@ def _agent_folds(world: int, n: int) -> list[Any]:
     """``--fold-at-agents``: each node's window fold, as ``perfd agent`` holds it (its EngineClient's
     window_fold), with the job's layout (the hook job's: a node's 8 ranks its tensor-parallel group)."""
     from perfd.analytics.collectives.shardfold import ShardCollectives
-    from perfd.model import ParallelLayout
+    from perfd.core.model import ParallelLayout
 
     out = []
     for _ in range(n):

@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.scale_bench import free_port
-from perfd import limits as L
+from perfd.core import limits as L
 
 
 def _server(port: int, loop: str, ack_interval: float) -> None:

@@ -49,9 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.soak_bench import Aggregator, rss_bytes, stats  # noqa: E402
-from perfd import limits as L  # noqa: E402
 from perfd.aggregator.retention import TRIM_EVERY_S  # noqa: E402
-from perfd.model import Sample, StepRecord  # noqa: E402
+from perfd.core import limits as L  # noqa: E402
+from perfd.core.model import Sample, StepRecord  # noqa: E402
 from perfd.transport.client import AgentClient  # noqa: E402
 
 SCENARIOS = ("retain", "slow-readers", "hang-events", "series-flood", "job-flood", "trace-bomb")

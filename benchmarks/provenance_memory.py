@@ -24,7 +24,7 @@ from pathlib import Path
 
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.collectors.megatron import parse_lines
-from perfd.model import Provenance, StepRecord
+from perfd.core.model import Provenance, StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = [*sorted((ROOT / "tests" / "data" / "megatron").glob("*.log")),

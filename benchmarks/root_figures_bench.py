@@ -1,5 +1,5 @@
 """The engine root's CPU per window-figure row: what ``perfd aggregator --engine`` spends merging the
-shards' per-window figures (perfd.winfigures) of a big job into its store, as the job's iterations
+shards' per-window figures (perfd.core.winfigures) of a big job into its store, as the job's iterations
 accumulate. One process, no engine: the shards' messages as perfd's encoder makes them (rows of
 ``figures_codec.MAX_ROWS`` a message), each rank's window of each iteration handed on twice as a
 shard does (provisional, then settled), folded by the root's own code (perfd.engine.root.Root.handle:
@@ -45,10 +45,10 @@ def _templates(ranks: int) -> list[Any]:
     """Every rank's figures of iteration 0, provisional then settled, as shards hand them on: cut into
     messages of figures_codec.MAX_ROWS rows (EngineBatch messages, made once: :func:`_messages`
     moves them to an iteration)."""
+    from perfd.core.winfigures import RankWindow, WindowFigures
     from perfd.engine.figures_codec import chunks
     from perfd.engine.partial import encode
     from perfd.transport.gen import perfd_pb2 as pb
-    from perfd.winfigures import RankWindow, WindowFigures
 
     out = []
     for settled in (False, True):
@@ -90,8 +90,8 @@ def _records_message(node: int, it: int) -> bytes:
     """A node's records message of iteration ``it``: its ranks' collectives, reduced, folded at the
     shards (each rank 2 operations of its node's tensor-parallel group)."""
     from perfd.collfold import reduce
+    from perfd.core.model import CollectiveRecord
     from perfd.engine.partial import encode
-    from perfd.model import CollectiveRecord
 
     tp = [node * PER_NODE + i for i in range(PER_NODE)]
     recs = [CollectiveRecord(job=JOB, source="flight_recorder", op="all_reduce", rank=r, pg_id=1 + node,
@@ -108,7 +108,7 @@ def _records_message(node: int, it: int) -> bytes:
 def _fold(ranks: int, it: int, part: int) -> Any:
     """Iteration ``it``'s fold as the root hands it to the store with the first ``part`` quarters of
     the ranks in (every rank's own end)."""
-    from perfd.model import StepRecord
+    from perfd.core.model import StepRecord
 
     end = (T0_NS + it * ITERATION_NS) / 1e9
     n = ranks * part // FOLD_VERSIONS
@@ -121,10 +121,10 @@ def run(ranks: int, iterations: int, timed: int) -> dict[str, Any]:
     from perfd.aggregator.engine_sink import EngineSink
     from perfd.aggregator.guard import Guard
     from perfd.aggregator.state import AggregatorState
+    from perfd.core.limits import Limits
+    from perfd.core.refusals import Refusals
     from perfd.engine import subjects as S
     from perfd.engine.root import ENGINE_AGENT, Root
-    from perfd.limits import Limits
-    from perfd.refusals import Refusals
     from perfd.report.collective_text import collectives_json
 
     state = AggregatorState()

@@ -45,13 +45,13 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.limits import Limits
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.partial import encode, partials_of
 from perfd.engine.root import Root
-from perfd.jobinfo_json import job_info_to_json
-from perfd.limits import Limits
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
-from perfd.refusals import Refusals
 
 GPU = "NVIDIA H100 80GB HBM3"
 ITERATION_S = 2.0

@@ -41,13 +41,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.engine_bench import RANKS_PER_NODE, _rank_records, node_name
+from perfd.core.model import JobInfo, StepRecord
 from perfd.engine import stepsummary as ss
 from perfd.engine import subjects as S
 from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial, encode_batches, partials_of
 from perfd.engine.root import Root
 from perfd.engine.shard import DEFAULT_MAX_PAYLOAD, MAX_PARTIAL_RANKS
-from perfd.model import JobInfo, StepRecord
 from perfd.transport.gen import perfd_pb2 as pb
 
 JOB = "bench-summaries"

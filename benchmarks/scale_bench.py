@@ -43,10 +43,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfd import limits as L  # noqa: E402
 from perfd.agent.config import AgentConfig  # noqa: E402
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner  # noqa: E402
 from perfd.aggregator.runtime import tune_gc  # noqa: E402
+from perfd.core import limits as L  # noqa: E402
 
 GPUS, SERIES_PER_GPU = 8, 25
 PROBE_JOB = "scale-probe"
@@ -55,7 +55,7 @@ PROBE_JOB = "scale-probe"
 def _load(port: int, first: int, n: int, stop: MpEvent, marks: Any, cpu: Any, sample_every: float,
           step_agents: int | None) -> None:
     """One load process: agents ``first`` .. ``first + n - 1``, each a real AgentClient stream."""
-    from perfd.model import StepRecord
+    from perfd.core.model import StepRecord
     from perfd.transport import AgentClient
 
     # 2,000 clients in one process keep as many reads pending as the aggregator does: the same

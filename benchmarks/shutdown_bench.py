@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfd.aggregator.daemon import SHUTDOWN_BUDGET_S, Aggregator, AggregatorConfig  # noqa: E402
-from perfd.model import StepRecord  # noqa: E402
+from perfd.core.model import StepRecord  # noqa: E402
 from perfd.transport.client import AgentClient  # noqa: E402
 
 

@@ -138,7 +138,7 @@ class Shape:
 async def agent(k: int, n_jobs: int, shape: Shape, agg: Aggregator, load: Load, gate: asyncio.Event,
                 agents: int = 1) -> None:
     """One node: its jobs one after another, each a new stream (a Hello naming it)."""
-    from perfd.model import Sample, StepRecord
+    from perfd.core.model import Sample, StepRecord
     from perfd.transport import AgentClient
 
     steps = shape.steps

@@ -74,9 +74,9 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.collectors.sglang.parser import parse_file
     from perfd.commands.input_checks import check_gpu, check_log
+    from perfd.core.serving_model import ServingModelSpec
     from perfd.logfiles import LogFileError
     from perfd.report.serving_report import build_serving_report, serving_json
-    from perfd.serving_model import ServingModelSpec
 
     why = check_log(str(path)) or check_gpu(gpu, None)
     if why:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from perfd import __version__
-from perfd import limits as L
-from perfd.logline import OneLineFormatter
+from perfd.core import limits as L
+from perfd.core.logline import OneLineFormatter
 
 
 def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def log_handler(stream: TextIO | None = None) -> logging.Handler:
     """Where every perfd command logs (stderr unless ``stream``): one line per record, whatever a
-    client put in it (perfd.logline)."""
+    client put in it (perfd.core.logline)."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     return handler

@@ -1,7 +1,7 @@
 """The contract every collector implements, and the registry that names them.
 
 A collector knows its source (NVML, a log file, psutil, ...) and nothing of the transport: it
-returns plain records (perfd.model) and the agent decides where they go. Capabilities are probed
+returns plain records (perfd.core.model) and the agent decides where they go. Capabilities are probed
 once, at start; ``collect`` must be cheap, never block for long, and never raise for a bad input
 (it counts the problem in ``errors`` and returns what it could read).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd.model import CollectiveRecord, JobInfo, Sample, StepRecord
+from perfd.core.model import CollectiveRecord, JobInfo, Sample, StepRecord
 
 log = logging.getLogger(__name__)
 

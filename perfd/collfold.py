@@ -30,7 +30,7 @@ window fold (perfd.analytics.collectives.winfold), which has the layout and the 
 keeps per window and rank the unions per class the analysis reads, for as many iterations back as it
 keeps. The agents send the store's share (``SENT_RETENTION``): what the root can read in time.
 
-It sits beside perfd.stepfold, below both analytics and the engine: the engine's agents reduce and
+It sits beside perfd.core.stepfold, below both analytics and the engine: the engine's agents reduce and
 its root merges, and the engine imports nothing of analytics (tests/test_layering.py); the
 analysis (perfd.analytics.collectives) finishes what it folds.
 """
@@ -41,7 +41,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from perfd.model import CollectiveRecord
+from perfd.core.model import CollectiveRecord
 
 
 @dataclass
@@ -110,7 +110,7 @@ class GroupRef:
 
 
 class OpRow(NamedTuple):
-    """One operation on one rank: the fields of its :class:`perfd.model.CollectiveRecord` that the
+    """One operation on one rank: the fields of its :class:`perfd.core.model.CollectiveRecord` that the
     analysis reads, under the same names. A named tuple, not a frozen dataclass: a shard makes one a
     rank an operation (600,000 an iteration at 100,000 ranks), and a frozen dataclass's ``__init__``
     (one ``object.__setattr__`` a field) cost 5.5 us of the ~11 us a row took to decode, a tuple's

@@ -81,7 +81,7 @@ RANK_ENV = {
 # the pod's perfd.dev/job label through the downward API). It places a GPU in a job whatever agent
 # reports the GPU (a node DaemonSet's agent serves no job); see docs/prometheus.md.
 JOB_ENV = "PERFD_JOB"
-JOB_NAME_MAX = 256  # bytes, as the aggregator's cap on job names (perfd.limits.MAX_JOB_NAME_BYTES)
+JOB_NAME_MAX = 256  # bytes, as the aggregator's cap on job names (perfd.core.limits.MAX_JOB_NAME_BYTES)
 EnvLookup = Callable[[int], "Mapping[str, int | str]"]
 
 

@@ -41,9 +41,9 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_schema import HELLO
 from perfd.aggregator.state_store import StateStore
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.clock import ManualClock
-from perfd.jobinfo_json import job_info_from_json
-from perfd.model import StepRecord
+from perfd.core.clock import ManualClock
+from perfd.core.jobinfo_json import job_info_from_json
+from perfd.core.model import StepRecord
 from perfd.transport.codec import DecodedBatch, decode_batch
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -68,7 +68,7 @@ def own_clock(name: str) -> dict[int, float]:
 
 
 class ReplayClock(ManualClock):
-    """The replay's clock: the state's (perfd.clock), and any aggregator module that still reads
+    """The replay's clock: the state's (perfd.core.clock), and any aggregator module that still reads
     ``time`` itself (a cost timing, say) set to it too, so nothing in the replay reads the wall clock."""
 
     def __init__(self) -> None:

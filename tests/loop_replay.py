@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfd import events
 from perfd.aggregator.state import AggregatorState
-from perfd.clock import ManualClock
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, Provenance, StepRecord, TimerValue
+from perfd.core import events
+from perfd.core.clock import ManualClock
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, Provenance, StepRecord, TimerValue
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPS = ROOT / "tests" / "data" / "hook" / "plain_loop_h100"
@@ -101,7 +101,7 @@ def replay(feed: Feed, job: str, every_s: float = 2.0, tail_s: float = 30.0
            ) -> Iterator[tuple[float, AggregatorState]]:
     """Feed everything in time order, analysing the job every ``every_s``; then ``tail_s`` after the
     last item (the job has ended), once more. Yields (replay time, state) after each analysis. The
-    state's clock is the replay's (perfd.clock.ManualClock)."""
+    state's clock is the replay's (perfd.core.clock.ManualClock)."""
     clock = ManualClock(0.0)
     st = AggregatorState(min_recompute_s=0.0, clock=clock)
     st.hello(AGENT, [job])

@@ -14,7 +14,7 @@ import perfd.collectors.megatron
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.collector import Capabilities, Collected, Collector, Registry
-from perfd.model import Sample
+from perfd.core.model import Sample
 
 
 class Exploding(Collector):

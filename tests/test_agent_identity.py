@@ -8,9 +8,9 @@ from typing import Any
 from perfd.agent.config import apply_overrides, load_config
 from perfd.agent.node_agent import Agent
 from perfd.collector import Collected
-from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES
-from perfd.model import Sample
-from perfd.placement import declared_job, gpu_job
+from perfd.core.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES
+from perfd.core.model import Sample
+from perfd.core.placement import declared_job, gpu_job
 
 
 def test_default_agent_ids_differ_for_the_node_agent_and_a_job_sidecar() -> None:

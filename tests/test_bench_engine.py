@@ -60,8 +60,8 @@ def _bench(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 def _slowest_rank(nodes: int) -> int:
     """The rank whose step the job's fold takes, from the nodes' messages as the load makes them."""
+    from perfd.core.stepfold import fold_ranks
     from perfd.engine.partial import decode
-    from perfd.stepfold import fold_ranks
 
     folds = [decode(engine_bench.message_of(b, n, "ep", 1, 0.0, 0)[1]).partials[0].fold
              for n, (_s, b, _o) in enumerate(engine_bench.node_templates("j", 0, nodes, nodes * 8, 4, "ep"))]
@@ -266,8 +266,8 @@ def test_with_the_fold_at_agents_a_node_message_carries_its_ranks_figures_not_th
     where that changed them), the partial beside them; what the shard's fold makes of the same messages,
     row for row."""
     from perfd.analytics.collectives.shardfold import ShardCollectives
+    from perfd.core.model import ParallelLayout
     from perfd.engine.partial import decode
-    from perfd.model import ParallelLayout
 
     tm = engine_bench.node_templates("bench", 0, 2, 16, 16, "ep", collectives=True)
     [agent] = engine_bench._agent_folds(16, 1)

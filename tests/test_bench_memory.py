@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
+from perfd.core import limits as L
 from tests.cli_main import Ran, perfd
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from perfd.aggregator.capture_book import CaptureBook
 from perfd.aggregator.capture_records import CaptureRecord
-from perfd.model import CaptureTool
+from perfd.core.model import CaptureTool
 
 
 def _rec(cid: str, job: str, tool: CaptureTool, at: float) -> CaptureRecord:

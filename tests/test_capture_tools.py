@@ -1,4 +1,4 @@
-"""The capture tool list is declared once (perfd.model.CaptureTool); everyone else derives from it."""
+"""The capture tool list is declared once (perfd.core.model.CaptureTool); everyone else derives from it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from perfd.capture import request as capture_request
 from perfd.commands import capture as capture_cmd
-from perfd.model import CAPTURE_TOOLS
+from perfd.core.model import CAPTURE_TOOLS
 from perfd.rules import rule_types as rules_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,8 @@ def test_tool_list_written_only_in_model():
     found = {str(p.relative_to(ROOT)): lines
              for d in ("perfd", "collectors") for p in (ROOT / d).rglob("*.py")
              if "tests" not in p.parts and (lines := _tool_literals(p))}
-    assert found == {"perfd/model.py": found.get("perfd/model.py", [])}, found
-    assert "perfd/model.py" in found
+    assert found == {"perfd/core/model.py": found.get("perfd/core/model.py", [])}, found
+    assert "perfd/core/model.py" in found
 
 
 def test_consumers_use_the_declaration():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.model import Sample
+from perfd.core.model import Sample
 from perfd.transport import AgentClient
 from tests.inproc import pipeline
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from perfd import catalog
 from perfd.commands.catalog_docs import doc_text, render_markdown
+from perfd.core import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 

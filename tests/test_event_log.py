@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfd import events
-from perfd import limits as L
 from perfd.aggregator.eventlog import MAX_EVENTS, EventLog
-from perfd.refusals import Refusals
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 
 
 def _ev(i: int, kind: str = "xid", payload_kb: int = 0, job: str = "j", **more: Any) -> dict[str, Any]:

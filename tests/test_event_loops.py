@@ -19,7 +19,7 @@ from perfd.aggregator import runtime
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS, SWITCH_INTERVAL_S
 from perfd.cli import main
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport import AgentClient
 from tests.procs import free_port, http_get, stop, wait_for
 

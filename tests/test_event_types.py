@@ -1,5 +1,5 @@
-"""Events typed where they enter the aggregator (perfd.events.checked over perfd.typed), and no payload
-of any shape raising past that edge: the class of bug where one process entry without a
+"""Events typed where they enter the aggregator (perfd.core.events.checked over perfd.core.typed), and no
+payload of any shape raising past that edge: the class of bug where one process entry without a
 ``pid`` once took every endpoint down, fuzzed over every kind whose payload a consumer reads."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from perfd import events
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_gpus, job_summary
-from perfd.model import StepRecord
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from perfd.transport.codec import F64, I64, U32, DecodedBatch
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb

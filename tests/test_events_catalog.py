@@ -1,4 +1,4 @@
-"""The event-kind catalog (perfd/events.py) is the one place a kind is spelled, and the aggregator
+"""The event-kind catalog (perfd/core/events.py) is the one place a kind is spelled, and the aggregator
 routes each kind by it."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from perfd import events
 from perfd.aggregator.state import AggregatorState
+from perfd.core import events
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_no_event_kind_is_spelled_outside_the_catalog() -> None:
             name = m.group(1) or m.group(2)
             if name in events.KINDS:
                 bad.append(f"{f.relative_to(ROOT)}: {name}")
-    assert not bad, "spell the kind through perfd.events: " + ", ".join(bad)
+    assert not bad, "spell the kind through perfd.core.events: " + ", ".join(bad)
 
 
 def test_every_kind_names_its_producer_and_consumers() -> None:

@@ -21,14 +21,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from perfd import bounds, finite_json
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.serving.serving_analysis import analyze_serving
 from perfd.collectors.megatron import parse_lines as parse_megatron
 from perfd.collectors.nccl.flight_recorder import DumpError, load_dump_bytes, parse_dump
 from perfd.collectors.nccl.inspector import InspectorLineError, parse_line
 from perfd.collectors.sglang.parser import parse_lines as parse_sglang
-from perfd.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.core import bounds, finite_json
+from perfd.core.jobinfo_json import decode_job_info, job_info_to_json
 from perfd.report.row_json import run_json
 from perfd.report.serving_report import build_serving_report, serving_json
 from perfd.rules.expr import ExprError, compile_expr
@@ -189,7 +189,7 @@ JOB_INFO_KEYS = st.sampled_from(["layout", "spec", "startup_timers", "log_interv
                     max_leaves=30))
 def test_job_info_from_the_network_is_decoded_or_refused(obj: object) -> None:
     """What the aggregator's on_batch does with job info: ValueError/TypeError (counted as
-    job_info_errors) or a JobInfo within perfd.bounds, never another exception."""
+    job_info_errors) or a JobInfo within perfd.core.bounds, never another exception."""
     try:
         info, _ = decode_job_info(json.dumps(obj))
     except (ValueError, TypeError):

@@ -11,7 +11,7 @@ from perfd.aggregator.http import _StateCollector, job_gpus
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import place_ranks
-from perfd.events import GPU_PROCESSES
+from perfd.core.events import GPU_PROCESSES
 
 NODE = "n7"
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from perfd import limits as L
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 from perfd.exporters import httpd
-from perfd.refusals import Refusals
 
 
 class _App:

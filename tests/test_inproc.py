@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from tests.inproc import agent_config, aggregator_config, pipeline
 from tests.procs import WaitTimeout
 

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from perfd import bounds, finite_json
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
@@ -27,8 +25,10 @@ from perfd.analytics.steps.pipeline import rebalance_estimate
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.cli import main as cli_main
 from perfd.collectors.megatron import parse_file, parse_lines
-from perfd.jobinfo_json import decode_job_info, job_info_to_json
-from perfd.model import JobInfo
+from perfd.core import bounds, finite_json
+from perfd.core import limits as L
+from perfd.core.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.core.model import JobInfo
 from perfd.rules.expr import MAX_EXPR_DEPTH, ExprError, compile_expr
 from perfd.rules.pack_loader import MAX_YAML_DEPTH, parse_pack
 
@@ -206,8 +206,8 @@ def test_series_label_caps_count_bytes_of_utf8_not_characters() -> None:
     characters or a value over as many bytes of UTF-8 is refused and counted; at the cap it is
     admitted (the fast path that skips encoding short values must not change the answer)."""
     from perfd.aggregator.guard import Guard
-    from perfd.model import label_set
-    from perfd.refusals import Refusals
+    from perfd.core.model import label_set
+    from perfd.core.refusals import Refusals
 
     m = L.MAX_LABEL_VALUE_BYTES
     refusals = Refusals()

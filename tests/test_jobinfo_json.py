@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from perfd.collectors.megatron import parse_file
-from perfd.jobinfo_json import job_info_from_json, job_info_to_json
+from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
 
 DATA = Path(__file__).resolve().parent / "data" / "megatron"
 

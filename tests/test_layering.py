@@ -171,8 +171,8 @@ def test_collectors_know_nothing_of_transport_or_exporters():
     # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
     assert not _violations(files, ("perfd.launcher", "perfd.commands", "perfd.aggregator", "perfd.cli"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
-    # model's spec) lives below both (perfd.shared_thresholds, perfd.dtypes, perfd.model,
-    # perfd.serving_model).
+    # model's spec) lives below both, on the ground floor (perfd.core: shared_thresholds, dtypes, model,
+    # serving_model).
     assert not _violations(files, ("perfd.analytics",))
     k8s = ROOT / "perfd" / "collectors" / "k8s"
     assert not _violations([f for f in files if k8s not in f.parents], ("grpc",))
@@ -184,9 +184,33 @@ def test_the_launcher_imports_no_collector():
     assert not _violations([ROOT / "perfd" / "launcher.py"], ("perfd.collectors",))
 
 
+def test_the_core_is_the_ground_floor():
+    """perfd/core holds what every layer shares (the data model, the catalogs, the limits, the clock):
+    it imports the standard library, third-party packages and itself, nothing else of perfd, not even
+    for the type checker; its __init__ imports nothing (importing one module loads no other)."""
+    files = sorted((ROOT / "perfd" / "core").rglob("*.py"))
+    assert {"model.py", "events.py", "catalog.py", "limits.py", "clock.py"} <= {f.name for f in files}
+    bad = [f"{f.relative_to(ROOT)} imports {mod}" for f in files
+           for mod in _imports(f, type_only=True)
+           if (mod == "perfd" or mod.startswith("perfd.")) and mod != "perfd.core"
+           and not mod.startswith("perfd.core.")]
+    assert not bad, bad
+    init = _tree(ROOT / "perfd" / "core" / "__init__.py")
+    assert not [n for n in init.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_the_ground_floor_check_sees_an_import_from_above(tmp_path: Path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from typing import TYPE_CHECKING\nfrom . import model\n"
+                     "if TYPE_CHECKING:\n    from perfd import collector\n")
+    mods = _imports(probe, package="perfd.core", type_only=True)
+    assert "perfd.core.model" in mods and "perfd.collector" in mods
+
+
 def test_the_clock_is_ground_every_layer_may_take_it():
-    """perfd/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of perfd."""
-    assert not _violations([ROOT / "perfd" / "clock.py"], ("perfd",))
+    """perfd/core/clock.py (the one Clock of the aggregator's time-dependent parts) imports nothing of
+    perfd, not even of the ground floor it sits on."""
+    assert not _violations([ROOT / "perfd" / "core" / "clock.py"], ("perfd",))
 
 
 def test_exporters_know_nothing_of_collectors():

@@ -10,7 +10,7 @@ import pytest
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator.http import _StateCollector, job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 
 def _steps(n: int) -> list[StepRecord]:

@@ -32,7 +32,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.collectors.megatron.parser import parse_lines
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
 

@@ -4,7 +4,7 @@ A sleep in a test waits for real time: under load the time it waits for is not t
 meant, and the test reads the machine, not the code (the alternating-steps hook test read perfd's
 jitter as 0.333 against a bound of 0.255 once, from a step of sleep(10 ms) that wandered). Where the
 code under test reads a clock, the test moves that clock (tests/hook/sim_clock.py for the step hook,
-``KinetoDaemon(clock=...)``, the aggregator's perfd.clock.ManualClock and its tick); where it waits for
+``KinetoDaemon(clock=...)``, the aggregator's perfd.core.clock.ManualClock and its tick); where it waits for
 another thread or process, it polls for the state with a deadline that bounds a failure only.
 
 The scan reads every tests/**/*.py (an AST, so code in strings, run by child processes, is not test code

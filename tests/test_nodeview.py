@@ -73,7 +73,7 @@ def test_a_restarted_agent_numbering_its_series_anew_updates_the_right_series() 
     """Through the aggregator: a new stream's batch defines id 0 as another series; its values
     land there and the series id 0 meant before keeps its value."""
     from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-    from perfd.model import Sample
+    from perfd.core.model import Sample
     from perfd.transport.codec import DecodedBatch, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb
     from perfd.transport.series import Series, SeriesTable

@@ -1,6 +1,6 @@
-"""The aggregator's time-dependent parts on one clock (perfd.clock): a test moves a ManualClock and ticks,
-and what each part decides changes exactly when the clock passes its threshold, not before. No test here
-waits for real time: the job's steps arrive at the clock's time, and every reading is the clock's."""
+"""The aggregator's time-dependent parts on one clock (perfd.core.clock): a test moves a ManualClock and
+ticks, and what each part decides changes exactly when the clock passes its threshold, not before. No test
+here waits for real time: the job's steps arrive at the clock's time, and every reading is the clock's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from perfd import events
-from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
@@ -18,8 +16,10 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.stall import Status
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
-from perfd.clock import REAL_CLOCK, ManualClock
 from perfd.collectors.megatron import parse_file
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.clock import REAL_CLOCK, ManualClock
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import load_pack
 

@@ -18,7 +18,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import place_ranks
 from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.steps import liveness
-from perfd.events import GPU_PROCESSES
+from perfd.core.events import GPU_PROCESSES
 
 NODE = "n1"
 

@@ -4,7 +4,7 @@ per-rank records, the window still holds the configured number of iterations."""
 from __future__ import annotations
 
 from perfd.aggregator.jobs import JobStore
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 
 def _iteration(it: int, ranks: int) -> list[StepRecord]:
@@ -38,7 +38,7 @@ def test_a_resent_iteration_replaces_and_an_older_one_is_refused_and_counted() -
 
 def _timed(it: int, ranks: int) -> StepRecord:
     """One job-level record with per-rank timers, as Megatron-LM's --timing-log-option all gives."""
-    from perfd.model import TimerValue
+    from perfd.core.model import TimerValue
 
     timers = {name: TimerValue(per_rank={r: 10.0 + r for r in range(ranks)}) for name in ("fwd", "bwd")}
     return StepRecord(job="big", iteration=it, rank="last", end_time=1e9 + it, step_time_ms=500.0,
@@ -74,7 +74,7 @@ def test_the_aggregator_takes_retention_from_its_flags() -> None:
 def test_goodput_after_eviction_covers_the_held_iterations_only() -> None:
     """A job whose first iterations left the window: the time from its start-up stamp to the first
     step held is not start-up (it trained then); goodput covers what is held, and says so."""
-    from perfd.model import JobInfo
+    from perfd.core.model import JobInfo
 
     store = JobStore(max_iterations_per_job=5, min_recompute_s=0.0)
     for it in range(1, 11):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfd.agent.reduce import SampleReducer
-from perfd.model import Sample
+from perfd.core.model import Sample
 
 
 def _s(name: str, v: float, t: float, gpu: str = "0") -> Sample:

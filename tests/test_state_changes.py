@@ -14,7 +14,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.state_changes import is_write
 from perfd.aggregator.state_ingest import StateIngest
 from perfd.aggregator.state_reads import StateReads
-from perfd.model import CollectiveRecord, StepRecord
+from perfd.core.model import CollectiveRecord, StepRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 READS_OF_THE_INGEST_SIDE = {"held_fold"}  # the engine's root reads what it folds into

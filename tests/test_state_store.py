@@ -168,7 +168,7 @@ def test_the_state_is_pruned_by_bytes_oldest_batches_first(tmp_path: Path) -> No
 def test_a_pruned_job_leaves_the_state_and_a_tombstone_hides_it_in_batches_of_several_jobs(
         tmp_path: Path) -> None:
     from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-    from perfd.model import StepRecord
+    from perfd.core.model import StepRecord
     from perfd.transport.codec import encode_batch
     from perfd.transport.series import SeriesTable
 
@@ -207,7 +207,7 @@ def test_what_the_aggregator_refused_is_never_journalled(tmp_path: Path) -> None
     was given — not a stranger's step records or events for a job it does not host, nor Hello names
     the guard refused."""
     from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-    from perfd.model import StepRecord
+    from perfd.core.model import StepRecord
     from perfd.transport.codec import HelloInfo, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb
     from perfd.transport.series import SeriesTable

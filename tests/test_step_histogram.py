@@ -67,8 +67,8 @@ def test_a_fold_that_grows_is_counted_once_with_what_the_iteration_took() -> Non
     copy holds one shard's ranks (a faster step than the iteration's). Counted once, at its last."""
     from dataclasses import replace
 
-    from perfd.model import StepRecord
-    from perfd.stepfold import ALL_RANKS
+    from perfd.core.model import StepRecord
+    from perfd.core.stepfold import ALL_RANKS
 
     st = AggregatorState(min_recompute_s=0.0)
     first = StepRecord(job="eng", iteration=1, rank=ALL_RANKS, end_time=1000.0, step_time_ms=900.0)
@@ -82,7 +82,7 @@ def test_a_logged_job_with_the_step_hook_counts_each_iteration_once_from_its_log
     """A Megatron-LM job whose ranks run the step hook too: its iterations are the log's (as its
     analysis reads them), each counted once, at the log's step time; the hook's records counted as
     well made every iteration two."""
-    from perfd.model import HOOK_COMPUTE, Provenance, StepRecord, TimerValue
+    from perfd.core.model import HOOK_COMPUTE, Provenance, StepRecord, TimerValue
 
     log = parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
                      "megatron_h200x2_tp1_pp2.log", job="mixed").records[:10]

@@ -1,5 +1,5 @@
 """The rule packs hold the playbook's thresholds of perfd/analytics/thresholds.py and
-perfd/shared_thresholds.py
+perfd/core/shared_thresholds.py
 (declared once).
 
 Each RuleRef names a rule (rules/default.yaml, rules/serving.yaml) or an alert
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from perfd.analytics import thresholds as th
-from perfd.shared_thresholds import RuleRef, Threshold
+from perfd.core.shared_thresholds import RuleRef, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKS = {"default": ROOT / "rules" / "default.yaml", "serving": ROOT / "rules" / "serving.yaml",

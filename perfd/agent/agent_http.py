@@ -12,9 +12,9 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from perfd.core.model import Sample, label_set
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, series_families
-from perfd.model import Sample, label_set
 
 
 class MetricSource(Protocol):

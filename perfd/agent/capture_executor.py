@@ -39,7 +39,7 @@ from perfd.capture.ncu_exec import NcuExecutor
 from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
 from perfd.collector import Collector
-from perfd.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
+from perfd.core.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
 from perfd.procinfo import uid_alone
 
 if TYPE_CHECKING:

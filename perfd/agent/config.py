@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from perfd import limits as L
+from perfd.core import limits as L
+from perfd.core.jobname import job_name_problem
 from perfd.engine.subjects import COLLECTIVES_FOLDED_AT, DEFAULT_PARTITIONS
-from perfd.jobname import job_name_problem
 from perfd.procinfo import user_id
 from perfd.transport.shard_routing import pick_aggregator
 
@@ -76,7 +76,7 @@ class AgentConfig:
     tls_key: str | None = None
     auth_token_file: str | None = None
     # False: the jobs this agent describes opted out of the MFU alert (PerfdJobMFULow); the opt-out
-    # travels in their job info (perfd.model.JobInfo.mfu_alert). --no-mfu-alert, or a launch manifest's.
+    # travels in their job info (perfd.core.model.JobInfo.mfu_alert). --no-mfu-alert, or a launch manifest's.
     mfu_alert: bool = True
 
     @property

@@ -25,7 +25,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from perfd.events import GPU_PROCESSES, payload_of
+from perfd.core.events import GPU_PROCESSES, payload_of
 from perfd.hook.wire import normalize_uuid
 
 FROM_PID = "hook pid"  # the hook's verified pid is a process NVML lists on the GPU

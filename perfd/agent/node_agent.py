@@ -23,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from perfd import catalog
-from perfd import limits as L
 from perfd.agent.agent_http import AgentMetrics, LatestSeries, MetricsHandler
 from perfd.agent.checkpoints import Checkpoints
 from perfd.agent.config import DEFAULT_JOB, AgentConfig
@@ -32,13 +30,14 @@ from perfd.agent.hook_gpus import HookGpus, hook_ranks, label_of
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.agent.stacks import StackDumper
-from perfd.catalog import GPU_INFO
 from perfd.collector import Collected, Collector, Registry
 from perfd.collectors.config_values import as_float
-from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, payload_of
-from perfd.exporters import httpd
-from perfd.jobinfo_json import job_info_to_json
-from perfd.model import (
+from perfd.core import catalog
+from perfd.core import limits as L
+from perfd.core.catalog import GPU_INFO
+from perfd.core.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES, payload_of
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.model import (
     CAPTURE_OUTCOMES,
     CAPTURE_TOOLS,
     CollectiveRecord,
@@ -47,8 +46,9 @@ from perfd.model import (
     StepRecord,
     merge_job_info,
 )
-from perfd.placement import declared_job
-from perfd.refusals import Refusals
+from perfd.core.placement import declared_job
+from perfd.core.refusals import Refusals
+from perfd.exporters import httpd
 from perfd.transport.codec import COMMAND_STACKS, Command
 from perfd.transport.spool import Spool
 
@@ -132,7 +132,7 @@ class Agent:
         self.reducer = SampleReducer(cfg.aggregator_sample_interval_s)
         self.captures: AgentCaptures | None = None  # when the aggregator can ask for captures
         self.stacks: StackDumper | None = None  # answers the aggregator's stacks requests (a stall)
-        # GPU index -> the job its processes declare (perfd.placement), from the NVML collector's
+        # GPU index -> the job its processes declare (perfd.core.placement), from the NVML collector's
         # latest process list of each GPU; None: none declared. Read by the /metrics thread.
         self.gpu_jobs: dict[str, str | None] = {}
         self.hook_gpus = HookGpus(cfg.job)  # ranks without RANK placed on their GPUs by their hooks
@@ -186,7 +186,7 @@ class Agent:
 
     # ---- /metrics -----------------------------------------------------------------------------
     def node_rows(self) -> list[tuple[Mapping[str, str], str, float]]:
-        """The node series, each GPU series in the job that runs on its GPU (perfd.placement), the
+        """The node series, each GPU series in the job that runs on its GPU (perfd.core.placement), the
         others in the agent's own job; without a job, no ``job_name`` label at all (a node agent
         must not invent a job "default" for every GPU it watches)."""
         jobs = dict(self.gpu_jobs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from perfd.model import LabelSet, Sample, label_set
+from perfd.core.model import LabelSet, Sample, label_set
 
 _Key = tuple[str, LabelSet]
 

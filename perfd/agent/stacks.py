@@ -2,10 +2,10 @@
 
 ``py-spy dump --pid PID --nonblocking`` reads the interpreter's memory without pausing the process,
 so it never makes a hang worse, and it reads a stopped (SIGSTOP) process too (checked with py-spy
-0.4.3). Each dump is bounded in time (perfd.limits.STACK_TIMEOUT_S) and output
+0.4.3). Each dump is bounded in time (perfd.core.limits.STACK_TIMEOUT_S) and output
 (STACK_BYTES_PER_RANK; the rest is cut and said), at most MAX_STACK_RANKS ranks a request, in a
 thread of its own: the agent's loop never waits for it. The answer goes back as one ``rank_stacks``
-event (perfd.events) naming the command it answers.
+event (perfd.core.events) naming the command it answers.
 
 py-spy's dump starts with the process's command line ("Process PID: ..."): that line goes through
 perfd.redact's allow-list (only known-safe options keep their values), and the whole text through its
@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from perfd import limits as L
-from perfd.events import RANK_STACKS, RankStack
+from perfd.core import limits as L
+from perfd.core.events import RANK_STACKS, RankStack
 from perfd.redact import redact_stack
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class StackDumper:
                 ranks[str(r)] = dump_stack(self.binary, pid) if pid is not None else {
                     "error": "no process of this rank is known on this node"}
             note = None if len(wanted) <= L.MAX_STACK_RANKS else \
-                f"{len(wanted) - L.MAX_STACK_RANKS} rank(s) not dumped (perfd.limits.MAX_STACK_RANKS)"
+                f"{len(wanted) - L.MAX_STACK_RANKS} rank(s) not dumped (perfd.core.limits.MAX_STACK_RANKS)"
             self._answer(cmd, ranks, note)
         except Exception as exc:  # a bug must not kill the agent's thread silently
             log.exception("stacks request failed")

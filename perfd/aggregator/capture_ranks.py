@@ -3,7 +3,7 @@
 
 Each rank is an integer with 0 <= rank < the job's world size when the job states one, and always
 below MAX_RANK, well inside the int32 the protocol's Command carries (perfd/transport/perfd.proto);
-a rank named twice counts once; at most perfd.limits.MAX_CAPTURE_RANKS of them. None named (or an
+a rank named twice counts once; at most perfd.core.limits.MAX_CAPTURE_RANKS of them. None named (or an
 empty list) asks for every rank of the job, as the command's empty rank list says to the agents.
 
 Unchecked: a rank past int32 was answered 202, failed to encode in the
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import re
 
-from perfd import limits as L
-from perfd.bounds import LAYOUT_BOUNDS
+from perfd.core import limits as L
+from perfd.core.bounds import LAYOUT_BOUNDS
 
-# The largest world size a job may state (perfd.bounds): no rank is at or past it. 2^22, far inside
+# The largest world size a job may state (perfd.core.bounds): no rank is at or past it. 2^22, far inside
 # int32, so a checked rank always encodes.
 MAX_RANK = LAYOUT_BOUNDS["world_size"][1]
 # A rank as a label writes it ("0,3"): at most 12 digits. Longer is no rank, and is not handed to

@@ -6,7 +6,7 @@ hook is unreachable"), took the rule's one-hour cooldown, and the next firing wa
 So a rule's capture waits, sending nothing and taking none of its budget, while the job's latest steps
 are its run's warm-up, or while the tool opens its range through the step hook (ncu) and a target
 rank's hook has sent no record lately; and a capture its agent reports as not ready (the typed cause
-perfd.model.CaptureFailure.NOT_READY) gives the rule its budget back and is asked again after a pause
+perfd.core.model.CaptureFailure.NOT_READY) gives the rule its budget back and is asked again after a pause
 that doubles from RETRY_FIRST_S to RETRY_MAX_S (a rank restarting under ncu loads for ~40 s on the
 H100 here).
 """

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import limits as L
 from perfd.aggregator.jobs import RecordsLayout
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.analytics.breakdown.budget import StepBudget
@@ -36,9 +35,10 @@ from perfd.analytics.breakdown.ncu_rows import (
 )
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
-from perfd.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.core import limits as L
+from perfd.core.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.core.typed import obj, objs
 from perfd.report.bottleneck_text import vote_reason
-from perfd.typed import obj, objs
 
 
 def findings_of(got: object) -> list[Finding]:
@@ -84,7 +84,8 @@ def _when(v: object) -> float | None:
 
 
 def _json_bytes(value: object) -> int:
-    """``value``'s size as JSON (an event's payload: at most perfd.limits.MAX_EVENT_BYTES on the wire)."""
+    """``value``'s size as JSON (an event's payload: at most perfd.core.limits.MAX_EVENT_BYTES on the
+    wire)."""
     try:
         return len(json.dumps(value, default=str))
     except (TypeError, ValueError, RecursionError):  # not JSON after all: counted as the cap's worth
@@ -93,7 +94,7 @@ def _json_bytes(value: object) -> int:
 
 def record_bytes(rec: CaptureRecord) -> int:
     """About what a record holds beyond its fixed fields: its names, texts, ranks and reported result
-    (what the records' byte cap, perfd.limits.MAX_CAPTURE_RECORD_BYTES, counts)."""
+    (what the records' byte cap, perfd.core.limits.MAX_CAPTURE_RECORD_BYTES, counts)."""
     result = rec.result.raw_bytes if rec.result is not None else 0
     return len(rec.job) + len(rec.origin) + len(rec.reason) + 8 * len(rec.ranks or ()) + result
 
@@ -207,7 +208,7 @@ class CaptureRecord:
     # What arming ncu costs the captured ranks, measured from the job's steps when the capture ended
     # (perfd.analytics.run.arming; the job's report measures it again over the steps it then holds).
     arming: ArmingCost | None = None
-    # Why it did not run, as its agent typed it (perfd.model.CaptureFailure value): "not_ready" is asked
+    # Why it did not run, as its agent typed it (perfd.core.model.CaptureFailure value): "not_ready" is asked
     # again when the target is, with no rule cooldown taken; None: it ran, or an agent that says nothing.
     cause: CaptureFailure | None = None
     # Whether it is of the job's run as the job's analysis has it when it finished (perfd.analytics.

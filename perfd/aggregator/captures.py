@@ -15,8 +15,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from perfd import catalog
-from perfd import limits as L
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.capture_ranks import RanksRefused, checked_ranks, ranks_of_label
 from perfd.aggregator.capture_ready import ReadyGate
@@ -36,15 +34,17 @@ from perfd.analytics.breakdown.job_budget import contexts
 from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.steps.flops import flops_split
 from perfd.analytics.steps.liveness import ENDED, RUNNING
-from perfd.clock import REAL_CLOCK, Clock
-from perfd.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
-from perfd.refusals import Refusals
+from perfd.core import catalog
+from perfd.core import limits as L
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.events import CAPTURE_PROGRESS, RULE_FIRING
+from perfd.core.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.core.refusals import Refusals
+from perfd.core.typed import obj
 from perfd.report.grade_text import worded, worded_recommendation
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, TargetWait, job_of
 from perfd.rules.rule_types import CaptureAction, CaptureTargets, Rule
 from perfd.transport.codec import Command
-from perfd.typed import obj
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ STALE_CAPTURE_S = 600.0  # a capture nobody reported on releases its processes a
 
 
 class CaptureRateLimited(Exception):
-    """Too many capture requests for one job (perfd.limits.CAPTURE_REQUESTS_PER_JOB)."""
+    """Too many capture requests for one job (perfd.core.limits.CAPTURE_REQUESTS_PER_JOB)."""
 
 
 MAX_INCIDENT_RANKS = 4  # ranks one incident capture takes at most
@@ -294,13 +294,13 @@ class CaptureCoordinator:
             return rec
 
     def _world_size(self, job: str) -> int | None:
-        """The world size the job states (its job info, within perfd.bounds), else None."""
+        """The world size the job states (its job info, within perfd.core.bounds), else None."""
         info = self.state.job_info(job)
         return info.layout.world_size if info is not None else None
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _cpu_only(self, job: str) -> bool:
-        """The job computes on CPUs (perfd.model.JobInfo.device, from its step hook)."""
+        """The job computes on CPUs (perfd.core.model.JobInfo.device, from its step hook)."""
         snap = self._snapshot(job)
         a = snap.analysis if snap is not None else None
         return a is not None and a.job.device == CPU

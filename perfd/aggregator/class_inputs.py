@@ -26,7 +26,7 @@ from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.steps.liveness import stale_after
-from perfd.model import CaptureStatus
+from perfd.core.model import CaptureStatus
 
 STEPPING_MIN_S = 5.0  # a job whose last step is this recent (or STEPPING_STEPS steps) is stepping
 STEPPING_STEPS = 3

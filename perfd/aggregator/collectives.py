@@ -10,7 +10,7 @@ record it repeats: Flight Recorder records are keyed by (rank, process group, se
 p2p), Inspector records by (host, pid, communicator, rank in it, sequence number, p2p).
 Retention: the newest ``max_records_per_job`` records per job (oldest dropped first, counted); a
 job's hang events, kept whole for the analysis, the newest ``max_hang_events`` within
-perfd.limits.MAX_WHOLE_EVENT_BYTES_PER_JOB (oldest dropped first, counted in ``hang_events_dropped``).
+perfd.core.limits.MAX_WHOLE_EVENT_BYTES_PER_JOB (oldest dropped first, counted in ``hang_events_dropped``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import limits as L
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.fold_counts import FoldCounts
@@ -42,10 +41,11 @@ from perfd.collfold import (
     reduce,
     sort_key,
 )
-from perfd.hang_fact import HangEvent
-from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
-from perfd.typed import obj
-from perfd.winfigures import WindowFigures
+from perfd.core import limits as L
+from perfd.core.hang_fact import HangEvent
+from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.core.typed import obj
+from perfd.core.winfigures import WindowFigures
 
 Row = tuple[Mapping[str, str], str, float]
 # What the window fold is told of a job (the aggregator's jobs store has it): a key that changes with

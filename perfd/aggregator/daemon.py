@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from perfd import limits as L
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.durable import Journal, restore, save_documents
 from perfd.aggregator.exposure import exposure_warning, unauthenticated
@@ -31,18 +30,19 @@ from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTE
 from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
 from perfd.analytics.collectives.collective_config import CollectiveConfig
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core import limits as L
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.jobinfo_json import decode_job_info
+from perfd.core.limits import REFUSED_JOB_INFO_VALUE
+from perfd.core.refusals import Refusals
+from perfd.core.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.engine.subjects import EngineConfig
 from perfd.exporters.httpd import bind_error
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, Credentials, RemoteWriter, target_name
-from perfd.jobinfo_json import decode_job_info
-from perfd.limits import REFUSED_JOB_INFO_VALUE
-from perfd.refusals import Refusals
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import default_pack_path
 from perfd.rules.rule_types import RulePackError
 from perfd.rules.ruleset import load_rule_set
-from perfd.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.transport.codec import Command, DecodedBatch, HelloInfo
 from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
@@ -94,7 +94,7 @@ class AggregatorConfig:
     # steps, at least 60 s; perfd.analytics.steps.liveness).
     job_stale_after_s: float | None = None
     # How long after a job's last record its announced pauses may hold a live stall back
-    # (perfd.shared_thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
+    # (perfd.core.shared_thresholds.STALL_PHASE_MAX_S unless given: --stall-phase-max).
     stall_phase_max_s: float = STALL_PHASE_MAX_S.value
     # Prometheus remote-write of what /metrics shows (perfd.exporters.remote_write); [] = off.
     remote_write: list[str] = field(default_factory=list)
@@ -112,7 +112,7 @@ class AggregatorConfig:
 
 class Aggregator:
     def __init__(self, cfg: AggregatorConfig, clock: Clock = REAL_CLOCK) -> None:
-        self.cfg, self.clock = cfg, clock  # the clock every time-dependent part reads (perfd.clock)
+        self.cfg, self.clock = cfg, clock  # the clock every time-dependent part reads (perfd.core.clock)
         self.refusals = Refusals()
         tls = None
         if cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca:

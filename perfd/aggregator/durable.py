@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from perfd import limits as L
 from perfd.aggregator.state_schema import BATCH, HELLO, StoreError
 from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wiring import AggregatorParts
+from perfd.core import limits as L
 from perfd.transport.codec import SAMPLE_FIELDS, DecodedBatch
 from perfd.transport.delivery import Kept
 from perfd.transport.gen import perfd_pb2 as pb
@@ -34,7 +34,7 @@ AGGREGATOR_AGENT = "aggregator"  # the agent id the aggregator's own events carr
 
 class Journal:
     """perfd.transport.delivery.IngestJournal over a :class:`StateStore`. ``max_hello_jobs``: the
-    jobs of a Hello kept (the guard admits no more per agent: perfd.limits.MAX_JOBS_PER_AGENT)."""
+    jobs of a Hello kept (the guard admits no more per agent: perfd.core.limits.MAX_JOBS_PER_AGENT)."""
 
     def __init__(self, store: StateStore, max_hello_jobs: int = L.MAX_JOBS_PER_AGENT) -> None:
         self.store = store

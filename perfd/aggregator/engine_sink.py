@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.jobs import StepConflicts
 from perfd.collfold import CollectivePartial
-from perfd.model import CollectiveRecord, JobInfo, StepRecord
-from perfd.winfigures import WindowFigures
+from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.winfigures import WindowFigures
 
 
 class StateSink(Protocol):
@@ -54,7 +54,7 @@ class EngineSink:
         self.state, self.guard = state, guard
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any:
-        self.guard.bounded(agent_id, steps)  # the values as a batch's are (perfd.bounds)
+        self.guard.bounded(agent_id, steps)  # the values as a batch's are (perfd.core.bounds)
         return self.state.ingest_steps(agent_id, steps, now)
 
     def ingest_job_info(self, agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The aggregator's event log and the routing of events by kind (perfd.events).
+"""The aggregator's event log and the routing of events by kind (perfd.core.events).
 
 A state event goes to the handler its kind registered (the node view for process lists, the
 serving view for serving reports, ...) and not into the log; a history event goes into the
@@ -14,18 +14,18 @@ leaves it job-less. A label the sender wrote (``labels.job``) attributes nothing
 only the events attributed to X (a stranger's job-less events, some labelled with a
 job, were listed as that job's).
 
-Bounded by count (``max_events``) and by bytes (perfd.limits.MAX_EVENT_LOG_BYTES), and divided into
+Bounded by count (``max_events``) and by bytes (perfd.core.limits.MAX_EVENT_LOG_BYTES), and divided into
 pools so that no sender's flood evicts another's events: a job's events are one pool (its hosts and
 node agents write it), each sender's job-less events another. A pool holds at most one share of the
-log's count and bytes (perfd.limits.EVENT_LOG_SHARES); past it the pool's own oldest go, each counted
-(``event_share``, perfd.refusals: logged at most once a REFUSAL_LOG_INTERVAL_S). Its own oldest rather
+log's count and bytes (perfd.core.limits.EVENT_LOG_SHARES); past it the pool's own oldest go, each counted
+(``event_share``, perfd.core.refusals: logged at most once a REFUSAL_LOG_INTERVAL_S). Its own oldest rather
 than the newcomer: the newest events are what an operator reads, and a refused newcomer would freeze
 a pool at its first burst; the journal and the replay see every event as before, so a restart rebuilds
 the same pools. When the log as a whole is full, the pool holding the most events gives its oldest
 (ties: the pool with the oldest event), so a pool never loses an event while a larger one exists.
 
 What the log keeps of one event is at most MAX_KEPT_EVENT_BYTES of text and payload
-(perfd.events.cut; handlers and listeners got it whole), counted in ``cut`` and ``cut_bytes``. Each
+(perfd.core.events.cut; handlers and listeners got it whole), counted in ``cut`` and ``cut_bytes``. Each
 event kept gets a sequence number (``seq``, increasing), which /api/events pages by.
 """
 
@@ -38,10 +38,10 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from perfd import events
-from perfd import limits as L
-from perfd.refusals import Refusals
-from perfd.typed import obj
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
+from perfd.core.typed import obj
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ PoolKey = tuple[str, str]  # ("job", the job) or ("agent", the sender of job-les
 
 def kept(ev: Mapping[str, object]) -> tuple[dict[str, object], int, int]:
     """(what the log keeps of ``ev``, the bytes cut, its size as kept): text and payload within
-    MAX_KEPT_EVENT_BYTES (perfd.events.cut). The payload is kept as it came, or replaced by
+    MAX_KEPT_EVENT_BYTES (perfd.core.events.cut). The payload is kept as it came, or replaced by
     ``{"cut_bytes": N}`` when it does not fit; its JSON text is only its measure (the cap counts the
     bytes it takes as JSON) and is never decoded."""
     out = dict(ev)
@@ -140,7 +140,8 @@ class EventLog:
     def _refuse(self, what: str, name: str, n: int, sender: str) -> None:
         whose = f"job {name[:64]!r}" if what == "job" else f"agent {name[:64]} (its job-less events)"
         text = (f"{n} event(s) of {whose} let go, the oldest first: past its share of the event log "
-                f"({self.share_events} events, {self.share_bytes >> 10} KiB; perfd.limits.EVENT_LOG_SHARES), "
+                f"({self.share_events} events, {self.share_bytes >> 10} KiB; "
+                "perfd.core.limits.EVENT_LOG_SHARES), "
                 f"the newest from agent {sender[:64]}")
         if self.refusals is not None:
             self.refusals.refuse(L.REFUSED_EVENT_SHARE, text, n, agent=sender)

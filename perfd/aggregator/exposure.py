@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from perfd.model import TextEnum
+from perfd.core.model import TextEnum
 
 
 class Endpoint(TextEnum):

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from perfd import catalog
 from perfd.aggregator.nodes import GpuKey, NodeView
 from perfd.analytics.incidents.attribution import HINT_SERIES, RankPlacement, gpu_hints, gpu_seen, place_ranks
 from perfd.analytics.incidents.evidence import Evidence, causal_key
 from perfd.analytics.incidents.host_evidence import host_items
 from perfd.analytics.incidents.incident_evidence import RankSnapshot
-from perfd.events import GpuProcess
+from perfd.core import catalog
+from perfd.core.events import GpuProcess
 
 # The GPU series an incident keeps as evidence of the time (besides gpu_hints' comparison).
 SNAPSHOT_SERIES = frozenset({

@@ -14,7 +14,7 @@ With an identity policy (``--identity-policy``, mutual TLS; perfd.transport.secu
 name, host and write only the jobs its certificate's entry gives it (``identity_policy``), whether
 or not it is a host: a Hello naming another's job makes nobody its host.
 
-Caps (perfd.limits) count what is held *now*. A job is held by the agents that name it in a Hello
+Caps (perfd.core.limits) count what is held *now*. A job is held by the agents that name it in a Hello
 or write it; the lifecycle (perfd.aggregator.retention) releases an agent's hold when its stream
 ends on a job it only named, and a job whole when it is pruned — so the jobs cap frees as jobs end,
 also across a restart. Each agent id and each identity (a certificate, or the address of a client
@@ -22,7 +22,7 @@ without credentials) holds at most its quota of the cap, so no one client takes 
 cap (or a quota) the lifecycle is asked to make room by pruning the job that ended first
 (``make_room``), and only then is the newcomer refused. Series are counted per agent and identity
 and released when the lifecycle forgets an agent. Refusals carry the agent, so they are counted
-per reason and per agent (perfd.refusals).
+per reason and per agent (perfd.core.refusals).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from perfd import events as E
-from perfd import limits as L
-from perfd.bounds import check_step_record
-from perfd.limits import Limits
-from perfd.model import CollectiveRecord, LabelSet, StepRecord
-from perfd.refusals import Refusals
+from perfd.core import events as E
+from perfd.core import limits as L
+from perfd.core.bounds import check_step_record
+from perfd.core.limits import Limits
+from perfd.core.model import CollectiveRecord, LabelSet, StepRecord
+from perfd.core.refusals import Refusals
 from perfd.transport.security import SHARED_TOKEN_IDENTITY
 
 # Asked at the cap or a quota, with the jobs room may be made among: True when one was pruned.
@@ -235,7 +235,8 @@ class Guard:
             self._agent_identity.pop(agent, None)
 
     def steps(self, agent: str, steps: Sequence[StepRecord]) -> list[StepRecord]:
-        """The records of the jobs ``agent`` may write, their values within perfd.bounds (:meth:`bounded`)."""
+        """The records of the jobs ``agent`` may write, their values within perfd.core.bounds
+        (:meth:`bounded`)."""
         by_job: dict[str, list[StepRecord]] = {}
         for r in steps:
             by_job.setdefault(r.job, []).append(r)
@@ -247,14 +248,14 @@ class Guard:
         return out
 
     def bounded(self, agent: str, recs: Sequence[StepRecord]) -> None:
-        """Remove each value of ``recs`` outside perfd.bounds (check_step_record) before anything sums
+        """Remove each value of ``recs`` outside perfd.core.bounds (check_step_record) before anything sums
         it — two step times of 1e308 overflowed a job's analysis on every tick: it
         becomes absent, the record is kept; counted (``step_value``) and logged with what it was."""
         removed = [f"job {r.job[:64]!r} iteration {r.iteration}: {why}"
                    for r in recs for why in check_step_record(r)]
         if removed:
             self.refusals.refuse(L.REFUSED_STEP_VALUE, f"{len(removed)} value(s) of step records from agent "
-                                 f"{agent[:64]} outside perfd.bounds left out (absent), e.g. "
+                                 f"{agent[:64]} outside perfd.core.bounds left out (absent), e.g. "
                                  f"{removed[0][:300]}", len(removed), agent=agent)
 
     def collectives(self, agent: str, recs: Sequence[CollectiveRecord]) -> list[CollectiveRecord]:
@@ -263,7 +264,7 @@ class Guard:
 
     def typed_events(self, agent: str, evs: Sequence[Mapping[str, object]]
                      ) -> list[tuple[int, dict[str, Any], bool]]:
-        """A batch's events as their kinds declare them (perfd.events.checked), before anything else
+        """A batch's events as their kinds declare them (perfd.core.events.checked), before anything else
         reads them: (index in the batch, the event, whether entries of its payload were left out). An
         event, or an entry of its payload, that is not of its declared type is refused and counted
         (``malformed_event``, one per event or entry) with what was wrong — never read further, so

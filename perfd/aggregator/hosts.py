@@ -1,12 +1,12 @@
 """The aggregator's view of each job's rank processes on their hosts, and of the pauses it announced.
 
-Fed by three state events (perfd.events): ``rank_processes`` (collectors/ranks: each rank process's
+Fed by three state events (perfd.core.events): ``rank_processes`` (collectors/ranks: each rank process's
 state, CPU, run-queue wait, the processes on its CPUs, its cgroup's throttling, pressure and OOM
 kills), ``job_phase`` (a checkpoint save or an evaluation begins or ends: the Megatron log, the step
 hook) and ``rank_stacks`` (the Python stacks the agent took when asked). Read by the incident
 snapshots (host evidence of the time, perfd.analytics.incidents.host_evidence), the live stall detector
 (perfd/aggregator/stalls.py) and the host panel (/api/jobs/<job>/gpus, `perfd top`). Latest values
-only, bounded: jobs (perfd.limits.MAX_JOBS), ranks per report (MAX_RANKS_PER_AGENT), phases and stack
+only, bounded: jobs (perfd.core.limits.MAX_JOBS), ranks per report (MAX_RANKS_PER_AGENT), phases and stack
 answers per job. One lock.
 """
 
@@ -17,9 +17,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from perfd import limits as L
-from perfd.clock import REAL_CLOCK, Clock
-from perfd.events import (
+from perfd.core import limits as L
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.events import (
     JOB_PHASE,
     PHASES,
     RANK_PROCESSES,
@@ -32,7 +32,7 @@ from perfd.events import (
     RankStacks,
     payload_of,
 )
-from perfd.typed import obj
+from perfd.core.typed import obj
 
 MAX_PHASE_KEYS = 4096  # announcing sources per job (a rank's hook, the log)
 MAX_STACK_ANSWERS = 8  # stacks answers kept per job (the newest)
@@ -62,7 +62,7 @@ class HeldStacks(RankStacks, total=False):
 
 @dataclass(frozen=True)
 class Announced:
-    """A pause a job announced and has not ended (perfd.events.JobPhase)."""
+    """A pause a job announced and has not ended (perfd.core.events.JobPhase)."""
 
     phase: Phase
     since: float  # when it arrived (the aggregator's clock)

@@ -18,8 +18,6 @@ from urllib.parse import parse_qs, unquote, urlparse
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from perfd import finite_json
-from perfd import limits as L
 from perfd.aggregator import forward as fwd
 from perfd.aggregator.captures import CaptureCoordinator, CaptureRateLimited
 from perfd.aggregator.job_rows import job_row_groups
@@ -29,10 +27,12 @@ from perfd.analytics.incidents.attribution import foreign_processes, gpu_hints, 
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.liveness import RUNNING
+from perfd.core import finite_json
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 from perfd.exporters import httpd
 from perfd.exporters.prometheus import build_info_families, histogram_families, job_families, series_families
 from perfd.exporters.remote_write import TargetStats
-from perfd.refusals import Refusals
 from perfd.report import analysis_json, collective_text, incident_text
 from perfd.report.row_json import iteration_rows, row_codes
 from perfd.transport.security import TokenFile
@@ -114,7 +114,7 @@ _GPU_ROW_LABELS = frozenset({"node", "gpu", "uuid", "model", "pci_bus_id", "repl
 
 
 def job_gpus(state: HttpState, job: str) -> dict[str, Any] | None:
-    """The latest GPU series of the job's GPUs (whichever agent reports them: perfd.placement), one
+    """The latest GPU series of the job's GPUs (whichever agent reports them: perfd.core.placement), one
     row per (node, gpu) with the catalog names as keys and the GPU's compute processes as its agent
     last reported them (pid, user, name, command line, GPU memory, rank); and the host series (CPU,
     memory) of the nodes the job's agents run on. What `perfd top` shows, independent of what
@@ -160,7 +160,7 @@ def gpu_sources(state: HttpState, snap: JobSnapshot) -> list[dict[str, Any]]:
     return state.gpu_sources(snap.agents, snap.nodes)
 
 
-# What the host panel shows of each rank process (perfd.events.RankHost; absent keys stay absent).
+# What the host panel shows of each rank process (perfd.core.events.RankHost; absent keys stay absent).
 RANK_HOST_FIELDS = ("pid", "node", "state", "state_since", "cpu_cores", "wait_ratio", "cpu_demand_cores",
                     "allowed_cpus", "allowed_busy_ratio", "others_ratio", "own_ratio", "others", "children",
                     "children_cpu_cores", "cgroup", "throttled_ratio", "cpu_quota_cores", "pressure",

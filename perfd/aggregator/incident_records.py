@@ -19,7 +19,7 @@ from perfd.analytics.incidents.detect import CAPTURE, STALL, Incident
 from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
 from perfd.analytics.incidents.stall import silence_cost_s
-from perfd.events import INCIDENT_OPENED
+from perfd.core.events import INCIDENT_OPENED
 from perfd.report.incident_text import cause_line, unworded_evidence, worded_evidence
 
 
@@ -128,7 +128,7 @@ def tracked_from_json(d: Mapping[str, Any]) -> TrackedIncident:
 
 def incident_event(kind: str, job: str, rec: TrackedIncident, withdrawn: Withdrawal | None = None
                    ) -> dict[str, object]:
-    """The event of an incident opening (a warning) or closing (perfd.events), as it goes on the wire;
+    """The event of an incident opening (a warning) or closing (perfd.core.events), as it goes on the wire;
     one withdrawn (it was not one) says why in its text and payload."""
     inc = rec.incident
     opened = kind == INCIDENT_OPENED.name

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from perfd import catalog
 from perfd.aggregator.capture_records import CaptureRecord, CaptureSeen
 from perfd.aggregator.incident_records import (
     TrackedIncident,
@@ -33,7 +32,8 @@ from perfd.analytics.incidents.detect import MAX_INCIDENTS, STALL, Incident
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind, Missing, cause_label, decide, merge
 from perfd.analytics.incidents.host_evidence import oom_evidence
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot, Withdrawal, as_kept
-from perfd.events import INCIDENT_CLOSED, INCIDENT_OPENED
+from perfd.core import catalog
+from perfd.core.events import INCIDENT_CLOSED, INCIDENT_OPENED
 
 log = logging.getLogger(__name__)
 

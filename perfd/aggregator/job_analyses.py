@@ -40,9 +40,9 @@ from perfd.analytics.incidents.incident_evidence import RankSnapshot, Withdrawal
 from perfd.analytics.run.arming import ArmingCost, is_the_arming
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.liveness import ENDED
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.model import StepRecord
 from perfd.exporters.prometheus import Row
-from perfd.model import StepRecord
 
 log = logging.getLogger(__name__)
 

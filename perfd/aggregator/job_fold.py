@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Sequence
 
-from perfd.model import HOOK_FRAMEWORK, JobInfo, StepRecord
-from perfd.stepfold import ALL_RANKS, fold_ranks
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, StepRecord
+from perfd.core.stepfold import ALL_RANKS, fold_ranks
 
 
 def job_info_of(info: JobInfo | None, records: Sequence[StepRecord],

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.steps.goodput import metric_rows as goodput_rows
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, STALLED
+from perfd.core import catalog
 from perfd.exporters.prometheus import Row, iteration_rows
 
 

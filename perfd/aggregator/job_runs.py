@@ -21,8 +21,8 @@ from perfd.analytics.breakdown.diagnosis import TimelineClass
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import digest
 from perfd.analytics.run.runs import RunDigest, last_unarmed
-from perfd.model import StepRecord
-from perfd.stepfold import ALL_RANKS, FIRST_RUN, RUN_FIELD
+from perfd.core.model import StepRecord
+from perfd.core.stepfold import ALL_RANKS, FIRST_RUN, RUN_FIELD
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def digest_runs(job: str, closed: Sequence[ClosedRun], done: list[RunDigest],
 
 def run_mark(rec: StepRecord) -> str | None:
     """What tells a record's run from another's: a step hook's rank record, its process's pid; a fold
-    the engine's root handed on, the run that root counted (perfd.stepfold.RUN_FIELD). A fold carries
+    the engine's root handed on, the run that root counted (perfd.core.stepfold.RUN_FIELD). A fold carries
     its slowest rank's pid too, which changes with the slowest rank, not with a restart: not read."""
     if isinstance(rec.rank, int):
         return rec.fields.get("pid") if rec.source is not None and rec.source.collector == "hook" else None

@@ -16,7 +16,7 @@ from perfd.aggregator.step_histogram import StepHistogram
 from perfd.analytics.run.run_analysis import AnalysisMemo
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import RunDigest
-from perfd.model import JobInfo, StepRecord
+from perfd.core.model import JobInfo, StepRecord
 
 
 @dataclass

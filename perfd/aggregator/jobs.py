@@ -6,7 +6,7 @@ recomputed on the next read, at most every ``min_recompute_s`` (a busy job is no
 per batch), and outside the lock so that ingest never waits for it.
 
 What one record may cost: a record implausibly ahead — beyond its run's
-train-iters, or more than perfd.limits.MAX_ITERATION_LEAP past the newest iteration held — is refused
+train-iters, or more than perfd.core.limits.MAX_ITERATION_LEAP past the newest iteration held — is refused
 (the caller counts and logs it), never held; retention drops the *lowest* iterations held, so no
 record, however far ahead, sets a watermark below which later ones are dropped. A restarted run is a
 new run: its first record (``first_of_run``, or a rank whose hook now reports from another process)
@@ -33,10 +33,10 @@ from perfd.aggregator.step_histogram import STEP_BUCKETS_S, slowest_step_s
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import MAX_DIGESTS
-from perfd.clock import REAL_CLOCK, Clock
-from perfd.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S, RETAIN_BYTES, RETAIN_ITERATIONS
-from perfd.model import JobInfo, ParallelLayout, StepRecord, merge_job_info
-from perfd.stepfold import ALL_RANKS
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.limits import MAX_ITERATION_LEAP, REFUSAL_LOG_INTERVAL_S, RETAIN_BYTES, RETAIN_ITERATIONS
+from perfd.core.model import JobInfo, ParallelLayout, StepRecord, merge_job_info
+from perfd.core.stepfold import ALL_RANKS
 
 __all__ = ["NO_INPUTS", "AnalysisInputs", "JobState", "JobStats", "JobStore", "Standing", "StepConflicts",
            "job_info_of", "job_level_steps", "mark_disturbed", "record_bytes", "worse_than"]
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # A job's step records, its parallel layout (None: no job info yet) and its GPU's name
 RecordsLayout = tuple[list[StepRecord], ParallelLayout | None, str | None]
 
-# Retention of each job's step records: perfd.limits (RETAIN_ITERATIONS, RETAIN_BYTES). The oldest
+# Retention of each job's step records: perfd.core.limits (RETAIN_ITERATIONS, RETAIN_BYTES). The oldest
 # iteration goes first, in O(1); the newest is always kept.
 
 
@@ -134,7 +134,7 @@ class JobStore:
                 self._job(job).gpu_name = model
 
     def set_gpu_model(self, job: str, model: str) -> None:
-        """The GPU model of a job's GPUs as another agent reports them (perfd.placement); only for a
+        """The GPU model of a job's GPUs as another agent reports them (perfd.core.placement); only for a
         job that exists (placement never creates one)."""
         with self._lock:
             js = self.jobs.get(job)
@@ -269,7 +269,7 @@ class JobStore:
         base, what = anchor
         if rec.iteration > base + MAX_ITERATION_LEAP:
             return (f"{rec.iteration - base} iterations past {what} ({base}; "
-                    f"perfd.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
+                    f"perfd.core.limits.MAX_ITERATION_LEAP {MAX_ITERATION_LEAP})")
         return None
 
     @staticmethod

@@ -1,6 +1,6 @@
 """The node/GPU view: the latest value of every node series, each GPU's process list and pod.
 
-Fed by the agents' samples and by two state events (perfd.events GPU_PROCESSES, GPU_PODS); read to
+Fed by the agents' samples and by two state events (perfd.core.events GPU_PROCESSES, GPU_PODS); read to
 place ranks on GPUs, to explain a slow rank by its GPU's state, and for /metrics. One lock.
 
 An agent's latest values live in columns (:class:`AgentColumns`: an array of values and one of
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfd.analytics.breakdown.bottleneck import GpmReading
-from perfd.catalog import GPU_THROTTLE_ACTIVE
-from perfd.clock import REAL_CLOCK, Clock
-from perfd.events import GPU_PODS, GPU_PROCESSES, GpuOwner, GpuProcess, payload_of
-from perfd.model import LabelSet
-from perfd.placement import declared_job, declared_jobs
+from perfd.core.catalog import GPU_THROTTLE_ACTIVE
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.events import GPU_PODS, GPU_PROCESSES, GpuOwner, GpuProcess, payload_of
+from perfd.core.model import LabelSet
+from perfd.core.placement import declared_job, declared_jobs
+from perfd.core.typed import obj
 from perfd.transport.codec import F64, I64, U32
 from perfd.transport.series import SeriesKey
-from perfd.typed import obj
 
 GpuKey = tuple[str, str]  # (node, gpu index)
 # A view of GPUs: their process lists, latest values and active throttle reasons (NodeView.gpu_view)
@@ -105,7 +105,7 @@ def _column(code: str, seq: Sequence[Any]) -> array[Any]:
 
 
 def _placement_fields(procs: Sequence[Any]) -> list[tuple[Any, ...]]:
-    """What of a process list rank placement and a job's GPUs depend on (perfd.placement,
+    """What of a process list rank placement and a job's GPUs depend on (perfd.core.placement,
     perfd.analytics.incidents.attribution.place_ranks): per process its pid, rank, local_rank,
     world_size, job."""
     return [(p.get("pid"), p.get("rank"), p.get("local_rank"), p.get("world_size"), p.get("job"))
@@ -127,7 +127,7 @@ class NodeView:
         self.gpu_procs: dict[GpuKey, tuple[str, list[GpuProcess]]] = {}
         # node -> latest GPU -> pod allocation from the k8s collector (kubelet pod-resources)
         self.gpu_pods: dict[str, list[GpuOwner]] = {}
-        # Placement (perfd.placement), kept as process lists arrive so a job's GPUs are found
+        # Placement (perfd.core.placement), kept as process lists arrive so a job's GPUs are found
         # without walking every GPU: the job a GPU's series are labelled with, and the inverse of
         # every job its processes declare (a job's view takes each GPU where it runs).
         self._declared: dict[GpuKey, str] = {}
@@ -304,7 +304,7 @@ class NodeView:
         """The agents that report ``job``'s GPUs, and whether one agent's GPU is the job's (lock
         held): a GPU whose processes declare the job, whoever reports it; a GPU of the job's own
         agents whose processes declare no job. A GPU another job's processes declare is not this
-        job's, even on this job's agent (perfd.placement)."""
+        job's, even on this job's agent (perfd.core.placement)."""
         placed = self._placed.get(job, set())
         agents = set(job_agents) | self._placed_of(job)[0]
         declared = self._declared

@@ -30,7 +30,7 @@ from collections.abc import Collection
 from perfd.aggregator import memory
 from perfd.aggregator.wiring import AggregatorParts
 from perfd.analytics.steps.liveness import ENDED
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 

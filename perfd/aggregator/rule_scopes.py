@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from perfd import catalog
 from perfd.aggregator.snapshot import JobSnapshot
-from perfd.catalog import RANK_HOST_SERIES
+from perfd.core import catalog
+from perfd.core.catalog import RANK_HOST_SERIES
 from perfd.exporters.prometheus import Row
 from perfd.rules.evaluator import ScopeKey, job_of
 from perfd.rules.expr import SCOPE_LABELS, base_name, series_key

@@ -1,8 +1,8 @@
 """The aggregator's serving view: per-job SGLang records and scrapes, and their latest analysis.
 
-The SGLang collector sends plain records (``perfd.serving_records.ServingData`` in ``serving_data`` events);
-here they feed one ``ServingWindow`` per job, and ``perfd.analytics.serving.serving_analysis.analyze_window``
-plus
+The SGLang collector sends plain records (``perfd.core.serving_records.ServingData`` in ``serving_data``
+events); here they feed one ``ServingWindow`` per job, and
+``perfd.analytics.serving.serving_analysis.analyze_window`` plus
 ``perfd.report.serving_report.build_serving_report`` turn the window into the job's serving gauges (catalog
 names, label ``job_name``) and its four-part report: the same functions ``perfd analyze sglang`` runs
 offline. The analysis is recomputed at most every ``min_recompute_s`` and only when data arrived.
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.serving_model import ServingModelSpec
+from perfd.core.serving_records import ServingData
 from perfd.report.serving_report import build_serving_report
 from perfd.report.training_report import Report
-from perfd.serving_model import ServingModelSpec
-from perfd.serving_records import ServingData
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from perfd.analytics.steps.goodput import Goodput, with_incidents, with_stall
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core.clock import REAL_CLOCK, Clock
 from perfd.report.incident_text import stall_text
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from perfd import shared_thresholds as th
 from perfd.aggregator.capture_records import CaptureRecord
 from perfd.aggregator.state_changes import Changes, writes
 from perfd.analytics.incidents.cadence import PauseSighting
@@ -40,8 +39,9 @@ from perfd.analytics.incidents.stall import (
     delivery_only,
     job_clock_gap_s,
 )
-from perfd.clock import REAL_CLOCK, Clock
-from perfd.model import CPU
+from perfd.core import shared_thresholds as th
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.model import CPU
 from perfd.transport.codec import COMMAND_STACKS, Command
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class StallWatch:
         stall); ``send``: how a stall asks the ranks' agents for their stacks (the server's
         send_command; None: it does not ask); ``phase_max_s``: how long after a job's last record its
         announced pauses may hold a stall back (the aggregator's --stall-phase-max-s;
-        perfd.shared_thresholds.STALL_PHASE_MAX_S); ``clock``: what "now" is at a tick given none."""
+        perfd.core.shared_thresholds.STALL_PHASE_MAX_S); ``clock``: what "now" is at a tick given none."""
         self.clock = clock
         self._lock = threading.Lock()
         self._open: dict[str, Stall] = {}

@@ -6,7 +6,7 @@ The parts, split by concern:
 - perfd/aggregator/jobs.py — job store: job info, step records, agents, the cached run analysis;
 - perfd/aggregator/nodes.py — node/GPU view: latest node series, process lists, GPU -> pod;
 - perfd/aggregator/collectives.py — NCCL collective records and hangs;
-- perfd/aggregator/eventlog.py — the event log, and the routing of events by kind (perfd.events);
+- perfd/aggregator/eventlog.py — the event log, and the routing of events by kind (perfd.core.events);
 - perfd/aggregator/incidents.py — each job's incidents with the GPU evidence of the time;
 - perfd/aggregator/hosts.py — each job's rank processes on their hosts, announced pauses, stacks;
 - perfd/aggregator/stalls.py — each job's live stall (opened within seconds, closed when steps resume);
@@ -67,14 +67,14 @@ from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.stall import PHASE_MAX_S
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.clock import REAL_CLOCK, Clock
 from perfd.collfold import CollectivePartial
-from perfd.events import GpuOwner, GpuProcess
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.events import GpuOwner, GpuProcess
+from perfd.core.limits import RETAIN_BYTES, RETAIN_ITERATIONS
+from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.exporters.prometheus import Row
-from perfd.limits import RETAIN_BYTES, RETAIN_ITERATIONS
-from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.series import SeriesKey
-from perfd.winfigures import WindowFigures
 
 __all__ = ["AggregatorState", "GpuKey", "JobState", "NodeSeries", "job_level_steps"]
 
@@ -105,7 +105,7 @@ class AggregatorState:
         and per job), --job-stale-after and --stall-phase-max-s; who keeps an iteration two hosts
         wrote (``standing``: the guard's) and how a stall asks its agents for the ranks' stacks
         (``send``: the server's send_command); ``clock``: what every part of it reads as now
-        (perfd.clock: a test's ManualClock moves it)."""
+        (perfd.core.clock: a test's ManualClock moves it)."""
         self.clock = clock
         changes = Changes()
         jobs = JobStore(max_iterations_per_job, min_recompute_s, gpu_override, peak_tflops, max_bytes_per_job,

@@ -21,9 +21,9 @@ from perfd.aggregator.jobs import JobStore, StepConflicts
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.state_changes import Changes, writes
-from perfd.clock import REAL_CLOCK, Clock
 from perfd.collfold import CollectivePartial
-from perfd.events import (
+from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.events import (
     GPU_PODS,
     GPU_PROCESSES,
     JOB_PHASE,
@@ -33,10 +33,10 @@ from perfd.events import (
     SERVING_DATA,
     STEP_CONFLICT,
 )
-from perfd.limits import REFUSAL_LOG_INTERVAL_S
-from perfd.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.limits import REFUSAL_LOG_INTERVAL_S
+from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.transport.series import SeriesKey
-from perfd.winfigures import WindowFigures
 
 MAX_CONFLICT_KEYS = 10_000  # (job, holder, sender) whose last conflict event is remembered
 

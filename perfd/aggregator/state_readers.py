@@ -21,9 +21,9 @@ from perfd.aggregator.snapshot import Analysed, JobSnapshot
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.clock import Clock
-from perfd.events import GpuOwner, GpuProcess
-from perfd.model import JobInfo
+from perfd.core.clock import Clock
+from perfd.core.events import GpuOwner, GpuProcess
+from perfd.core.model import JobInfo
 
 
 class JobReader(Protocol):
@@ -41,7 +41,7 @@ class HttpState(JobReader, JobRowSource, Protocol):
     job's new normal (POST .../new-normal), and the analysis it asks for at once after it."""
 
     @property
-    def clock(self) -> Clock: ...  # what "now" is for what they serve (perfd.clock)
+    def clock(self) -> Clock: ...  # what "now" is for what they serve (perfd.core.clock)
 
     @property
     def transport_stats(self) -> Callable[[], dict[str, int]] | None: ...

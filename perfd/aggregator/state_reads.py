@@ -18,9 +18,9 @@ from perfd.aggregator.nodes import GpuKey, GpuView, NodeSeries, NodeView
 from perfd.aggregator.serving import ServingStore, ServingView
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.events import GpuOwner, GpuProcess
+from perfd.core.events import GpuOwner, GpuProcess
+from perfd.core.model import JobInfo, StepRecord
 from perfd.exporters.prometheus import Row
-from perfd.model import JobInfo, StepRecord
 
 
 class StateReads:
@@ -125,7 +125,7 @@ class StateReads:
         """For the job's agents: process lists, latest GPU values and active throttle reasons,
         each keyed by (node, gpu); ``names``: only these GPU series. The job's GPUs are those its
         processes declare, whatever agent reports them, and its own agents' others
-        (perfd.placement): a node agent's GPUs join the job that runs on them."""
+        (perfd.core.placement): a node agent's GPUs join the job that runs on them."""
         return self.nodes.gpu_view(self.jobs.agents_of(job), names, job=job)
 
     def gpu_procs(self, job: str) -> dict[GpuKey, list[GpuProcess]]:

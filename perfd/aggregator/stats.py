@@ -16,7 +16,7 @@ from perfd.aggregator.memory import memory_stats
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import Snapshots
-from perfd.clock import Clock
+from perfd.core.clock import Clock
 
 
 @dataclass

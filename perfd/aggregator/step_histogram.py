@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 # Bucket upper bounds (s) of the step-time histogram: 50 ms to 2 min, about ×1.5 apart.
 STEP_BUCKETS_S: tuple[float, ...] = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.45, 0.7, 1.0, 1.5, 2.25, 3.5, 5.0,

@@ -31,8 +31,8 @@ from perfd.aggregator.snapshot import Analysed, JobSnapshot, SnapshotSink
 from perfd.aggregator.state_readers import JobReader
 from perfd.analytics.incidents.attribution import RankPlacement
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.core.model import CaptureStatus
 from perfd.exporters.wandb import WandbExporter, node_metrics
-from perfd.model import CaptureStatus
 
 log = logging.getLogger(__name__)
 

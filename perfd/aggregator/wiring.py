@@ -16,7 +16,7 @@ from perfd.aggregator.job_state import JobStats
 from perfd.aggregator.state_readers import JobReader
 from perfd.aggregator.state_store import StateStore
 from perfd.aggregator.wandb_sync import WandbSync
-from perfd.limits import Limits
+from perfd.core.limits import Limits
 from perfd.transport.codec import DecodedBatch
 from perfd.transport.delivery import Kept
 from perfd.transport.server import IngestServer

@@ -6,12 +6,14 @@ import math
 import statistics
 from collections.abc import Iterable
 
-from perfd.model import (
+from perfd.core.model import (
     Provenance,
     StepRecord,
     TimerValue,
 )
-from perfd.model import TextEnum as TextEnum  # declared below analytics (perfd.model's enums use it too)
+from perfd.core.model import (
+    TextEnum as TextEnum,  # declared below analytics (perfd.core.model's enums use it too)
+)
 
 # Megatron timers that the CPU timeline blocks on while gradients are synchronised after the
 # backward pass (finalize_model_grads and the distributed optimizer): DP grad reduce / param

@@ -15,8 +15,8 @@ difference is written next to the value (``RuleRef.note``).
 
 from __future__ import annotations
 
-from perfd import shared_thresholds as _shared
-from perfd.shared_thresholds import RuleRef, Threshold
+from perfd.core import shared_thresholds as _shared
+from perfd.core.shared_thresholds import RuleRef, Threshold
 
 # Why perfd's own rules wait 5 minutes and most Alertmanager alerts 10-15 (data loading's 2: its note
 # says why): a perfd rule's action is a capture, which must catch the problem while it happens (its
@@ -382,6 +382,6 @@ STATE_NEAR_CAP = Threshold(
 
 
 def all_thresholds() -> dict[str, Threshold]:
-    """Every threshold of perfd by name, this module's and perfd.shared_thresholds' (for the consistency test
-    and the docs)."""
+    """Every threshold of perfd by name, this module's and perfd.core.shared_thresholds' (for the consistency
+    test and the docs)."""
     return {**{k: v for k, v in globals().items() if isinstance(v, Threshold)}, **_shared.all_thresholds()}

@@ -66,7 +66,7 @@ NS_PER_MS = 1e6
 SHORT_GAP_US = th.SHORT_GAP_S.value * 1e6  # shorter idle gaps: launch overhead
 PART_TOP_N = 3  # kernels named per budget part
 # ops kept per part with their time (the remedies' models read them): the largest; a capture's record
-# travels to the aggregator in one event of at most perfd.limits.MAX_EVENT_BYTES for all its ranks
+# travels to the aggregator in one event of at most perfd.core.limits.MAX_EVENT_BYTES for all its ranks
 PART_OPS_N = 25
 CAST_GROUPS_N = 16  # kinds of cast kernel kept (the weights' casts, perfd.analytics.breakdown.casts_seen)
 IDLE_ROWS_N = 24  # idle rows (cause, phase, owner) kept, the largest

@@ -20,8 +20,8 @@ from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore, Manifest
 from perfd.capture.trace_input import TraceRefused
-from perfd.events import CAPTURE_STARTED
-from perfd.model import CaptureFailure
+from perfd.core.events import CAPTURE_STARTED
+from perfd.core.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _uncounted(reason: str, detail: str) -> None:
 class CaptureFailed(Exception):
     """Ends a capture's run with a status (``failed``, ``timeout``, ``skipped``), its reason (for
     people) and its typed cause (for the aggregator: a target not ready yet is retried when it is,
-    with no rule cooldown taken; perfd.model.CaptureFailure)."""
+    with no rule cooldown taken; perfd.core.model.CaptureFailure)."""
 
     def __init__(self, status: str, reason: str, cause: CaptureFailure = CaptureFailure.FAILED) -> None:
         super().__init__(reason)
@@ -53,7 +53,8 @@ class CaptureFailed(Exception):
 
 
 def not_ready(reason: str, status: str = "failed") -> CaptureFailed:
-    """The failure of a capture whose target cannot take it yet (perfd.model.CaptureFailure.NOT_READY)."""
+    """The failure of a capture whose target cannot take it yet
+    (perfd.core.model.CaptureFailure.NOT_READY)."""
     return CaptureFailed(status, reason, CaptureFailure.NOT_READY)
 
 
@@ -111,7 +112,7 @@ def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis],
         m.setdefault("analysis", {})[str(rank)] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
-# One trace read at a time in this process: what a read may take is bounded per trace (perfd.limits
+# One trace read at a time in this process: what a read may take is bounded per trace (perfd.core.limits
 # MAX_TRACE_*: up to ~1.6 GB for the worst JSON accepted), and the captures of a node's ranks run in
 # threads of their own, so concurrent reads would multiply it.
 _TRACE_READS = threading.Lock()

@@ -25,8 +25,8 @@ from typing import SupportsInt
 from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, not_ready
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import Manifest
-from perfd.events import HOOK_PROFILE
-from perfd.limits import HOOK_MAX_OUTSTANDING, HOOK_MAX_STATUSES_PER_REQUEST
+from perfd.core.events import HOOK_PROFILE
+from perfd.core.limits import HOOK_MAX_OUTSTANDING, HOOK_MAX_STATUSES_PER_REQUEST
 
 # A request as sent: (the pid it went to, its request id); None when it could not be sent.
 HookTicket = tuple[int, int]

@@ -48,7 +48,7 @@ from perfd.capture.hook_ranges import (
 )
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import Manifest
-from perfd.limits import HOOK_TRACE_MAX_BYTES
+from perfd.core.limits import HOOK_TRACE_MAX_BYTES
 
 # (rank, start_step, num_steps, stack) -> the request as sent, None when it could not be sent
 HookTracer = Callable[[int, int, int, bool], "HookTicket | None"]

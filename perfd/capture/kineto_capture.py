@@ -18,7 +18,7 @@ from perfd.capture.kineto_daemon import Arming, KinetoDaemon, build_config, trac
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import BUSY_REASON, CaptureRequest
 from perfd.capture.store import Manifest
-from perfd.model import CaptureFailure
+from perfd.core.model import CaptureFailure
 
 # A process this young that never polled the daemon may not have reached its first poll: a training
 # script imports and initialises for tens of seconds (Megatron-LM on the H100 here: 20-40 s; under ncu

@@ -40,8 +40,8 @@ from perfd.capture.nsys_capture import NsysCapture
 from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, CaptureArgError, CaptureRequest, parse_command
 from perfd.capture.store import CaptureStore, Manifest
-from perfd.events import CAPTURE_FAILED, CAPTURE_FINISHED
-from perfd.model import CaptureFailure, CaptureTool
+from perfd.core.events import CAPTURE_FAILED, CAPTURE_FINISHED
+from perfd.core.model import CaptureFailure, CaptureTool
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command
@@ -71,7 +71,7 @@ class CaptureManager:
         self._threads: dict[str, threading.Thread] = {}
         self._closing = threading.Event()
         self.refused = 0
-        # reason -> count of what a run refused (a rank's trace past its caps: perfd.limits
+        # reason -> count of what a run refused (a rank's trace past its caps: perfd.core.limits
         # TRACE_REFUSED_REASONS); the agent serves them as perfd_agent_collector_errors_total{collector=
         # "captures"}. Each reason is logged once: a job writing such traces must not flood the log.
         self.errors: dict[str, int] = {}

@@ -46,12 +46,12 @@ from perfd.capture.ncu_exec import (
 from perfd.capture.nsys_exec import wait_stable
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import Manifest
-from perfd.model import CaptureFailure
+from perfd.core.model import CaptureFailure
 
 log = logging.getLogger(__name__)
 
 # Per-kernel rows one capture's event carries, all ranks together (the manifest keeps every one): a
-# row is ~1 KB, and an event must stay well under perfd.limits.MAX_EVENT_BYTES (256 KiB).
+# row is ~1 KB, and an event must stay well under perfd.core.limits.MAX_EVENT_BYTES (256 KiB).
 EVENT_KERNELS = 60
 EVENT_NAME_CHARS = 200
 

@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from perfd import limits as L
 from perfd.capture.binaries import find_binary
 from perfd.capture.nsys_exec import session_name, shell_arg
+from perfd.core import limits as L
 
 if TYPE_CHECKING:  # the analytics load where a timeline is read, not where the agent or the parser starts
     from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
@@ -110,7 +110,7 @@ def _version_key(path: str) -> tuple[int, ...]:
 
 def range_estimate_s(launches: int) -> float:
     """Seconds a range profiling ``launches`` kernels takes: ncu's set-up of its first profile and
-    each kernel's replay (perfd.limits, measured on the H100)."""
+    each kernel's replay (perfd.core.limits, measured on the H100)."""
     return L.NCU_RANGE_SETUP_S + launches * L.NCU_REPLAY_S_PER_KERNEL
 
 

@@ -28,7 +28,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from perfd import limits as L
 from perfd.analytics.breakdown import op_parts as rules
 from perfd.analytics.breakdown import optimizer_seen as optim
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
@@ -37,6 +36,7 @@ from perfd.analytics.common import TextEnum
 from perfd.capture import step_marks as marks_of
 from perfd.capture.op_kinds import range_kinds, weight_cast_ranges
 from perfd.capture.trace_input import TraceRefused
+from perfd.core import limits as L
 
 
 class RangeKind(TextEnum):
@@ -401,7 +401,7 @@ class _Attributor:
         followed on a stack of this method's own, not Python's: a chain of backward units each linked
         to the next is as long as the trace makes it. A link back to a range being decided (a cycle
         no autograd graph has) reads as unplaced. A part found through more than
-        perfd.limits.MAX_TRACE_AUTOGRAD_LINKS links refuses the trace (TraceRefused, trace_nesting)."""
+        perfd.core.limits.MAX_TRACE_AUTOGRAD_LINKS links refuses the trace (TraceRefused, trace_nesting)."""
         if i in self._memo:
             return self._memo[i]
         path, open_ = [i], {i}

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
 
-from perfd.model import CAPTURE_TOOLS, CaptureTool, capture_tool
+from perfd.core.model import CAPTURE_TOOLS, CaptureTool, capture_tool
 
 if TYPE_CHECKING:  # the agent passes perfd.transport.codec.Command; anything with these fields will do
     from perfd.transport.codec import Command

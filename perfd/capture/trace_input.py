@@ -20,7 +20,7 @@ enforced while the file streams in, never after the whole of it is inflated:
   (each character of its half as many may parse to 4 bytes), all checked a chunk at a time;
 - nesting deeper than the JSON parser recurses is refused (its RecursionError, named).
 
-A refusal is :class:`TraceRefused`: its ``reason`` (perfd.limits.TRACE_REFUSED_REASONS) is what the
+A refusal is :class:`TraceRefused`: its ``reason`` (perfd.core.limits.TRACE_REFUSED_REASONS) is what the
 agent counts, its message one line naming the cap. A truncated archive still raises EOFError.
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from perfd import limits as L
+from perfd.core import limits as L
 from perfd.logfiles import XZ_MAGIC, Compression, compression_of_bytes
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ _STRADDLE = 3  # bytes of the text before a chunk searched with it: an escape sp
 
 
 class TraceRefused(ValueError):
-    """A trace past one of its caps; ``reason`` is one of perfd.limits.TRACE_REFUSED_REASONS."""
+    """A trace past one of its caps; ``reason`` is one of perfd.core.limits.TRACE_REFUSED_REASONS."""
 
     def __init__(self, reason: str, text: str) -> None:
         super().__init__(f"refused ({reason}): {text}")
@@ -66,7 +66,7 @@ class TraceRefused(ValueError):
 
 @dataclass(frozen=True)
 class TraceCaps:
-    """The caps one read is held to (perfd.limits by default; tests pass smaller ones)."""
+    """The caps one read is held to (perfd.core.limits by default; tests pass smaller ones)."""
 
     file_bytes: int = L.MAX_TRACE_FILE_BYTES
     inflated_bytes: int = L.MAX_TRACE_INFLATED_BYTES
@@ -129,9 +129,10 @@ def read_trace_bytes(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> bytearra
             raise TraceRefused(L.TRACE_REFUSED_FILE, "not a regular file (a FIFO, a device or a socket is "
                                                      "never read as a trace)")
         kind = compression_of_bytes(os.pread(fd, len(XZ_MAGIC), 0))
-        cap, what = ((caps.file_bytes, "a compressed trace may be (perfd.limits.MAX_TRACE_FILE_BYTES)")
+        cap, what = ((caps.file_bytes, "a compressed trace may be (perfd.core.limits.MAX_TRACE_FILE_BYTES)")
                      if kind is not None else
-                     (caps.inflated_bytes, "a plain trace may be (perfd.limits.MAX_TRACE_INFLATED_BYTES)"))
+                     (caps.inflated_bytes,
+                      "a plain trace may be (perfd.core.limits.MAX_TRACE_INFLATED_BYTES)"))
         if st.st_size > cap:
             raise TraceRefused(L.TRACE_REFUSED_FILE, f"{st.st_size:,} bytes on disk, more than {_size(cap)}, "
                                                      f"the most {what}")
@@ -139,7 +140,7 @@ def read_trace_bytes(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> bytearra
 
 
 def _past(reason: str, what: str, cap: str, name: str) -> TraceRefused:
-    return TraceRefused(reason, f"{what} past {cap}, the most a trace may hold (perfd.limits.{name})")
+    return TraceRefused(reason, f"{what} past {cap}, the most a trace may hold (perfd.core.limits.{name})")
 
 
 def _inflate(stream: _Readable, caps: TraceCaps) -> bytearray:

@@ -9,14 +9,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd import finite_json
 from perfd.commands.input_checks import check_gpu, check_log, refuse
+from perfd.core import finite_json
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
     from perfd.collectors.megatron.parser import ParsedLog
-    from perfd.serving_model import ServingModelSpec
-    from perfd.serving_records import MetricsSnapshot
+    from perfd.core.serving_model import ServingModelSpec
+    from perfd.core.serving_records import MetricsSnapshot
 
 
 def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
@@ -226,7 +226,7 @@ def _count(text: str | None, what: str) -> float | None:
 
 
 def _spec_from_args(args: argparse.Namespace) -> ServingModelSpec:
-    from perfd.serving_model import ServingModelSpec
+    from perfd.core.serving_model import ServingModelSpec
 
     return ServingModelSpec(
         params=_count(args.model_params, "--model-params"),

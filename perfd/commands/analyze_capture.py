@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd import finite_json
-from perfd.typed import obj, objs
+from perfd.core import finite_json
+from perfd.core.typed import obj, objs
 
 # Framework's values (perfd.analytics.advice.remedies), named here so the parser loads no analytics.
 FRAMEWORKS = ("pytorch", "hf_trainer", "lightning", "torchtitan", "megatron")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from perfd import finite_json
+from perfd.core import finite_json
 
 
 def add_arguments(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,8 +11,8 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from perfd.model import CAPTURE_TOOLS
-from perfd.typed import obj, objs
+from perfd.core.model import CAPTURE_TOOLS
+from perfd.core.typed import obj, objs
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,7 +14,7 @@ def _launch(args: argparse.Namespace) -> int:
 
     from perfd.capture.ncu_exec import NcuOptions
     from perfd.commands.ncu import time_budget
-    from perfd.jobname import job_name_problem
+    from perfd.core.jobname import job_name_problem
     from perfd.launcher import LaunchOptions, run_launch
 
     ncu_ranks = None

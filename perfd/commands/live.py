@@ -8,13 +8,13 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from perfd import limits as L
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.runtime import SWITCH_INTERVAL_S
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
 from perfd.commands.engine import add_engine_arguments
+from perfd.core import limits as L
+from perfd.core.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
-from perfd.shared_thresholds import STALL_PHASE_MAX_S
 
 if TYPE_CHECKING:
     from collections.abc import Callable

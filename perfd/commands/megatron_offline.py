@@ -24,7 +24,7 @@ from perfd.analytics.run.run_analysis import RunBuilder
 from perfd.analytics.run.run_result import RunAnalysis, digest
 from perfd.analytics.run.runs import RunDigest
 from perfd.collectors.megatron.parser import MegatronLogParser
-from perfd.model import JobInfo, ParseIssue, StepRecord
+from perfd.core.model import JobInfo, ParseIssue, StepRecord
 
 
 @dataclass

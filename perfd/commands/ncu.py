@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd import finite_json
-from perfd import limits as L
+from perfd.core import finite_json
+from perfd.core import limits as L
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
@@ -294,8 +294,8 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
 def run_ncu_exec(args: argparse.Namespace) -> int:
     """Become ``ncu ... CMD`` for a chosen rank (after recording the target the agent reads), else
     ``CMD`` itself. exec: the rank's process keeps this pid, nothing of perfd stays between."""
-    from perfd.armed import ARMED_ENV, armed_line
     from perfd.capture.ncu_exec import NcuNotFoundError, find_ncu, ncu_argv, rank_paths, write_target
+    from perfd.core.armed import ARMED_ENV, armed_line
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -324,7 +324,7 @@ def run_ncu_exec(args: argparse.Namespace) -> int:
             argv = ncu_argv(ncu, base, cmd, opts)
             write_target(root, args.job, rank, opts, ncu)
             # Armed from its first step: the hook reads the variable (ncu passes the environment to
-            # the rank's process), the log's reader the line (perfd.armed).
+            # the rank's process), the log's reader the line (perfd.core.armed).
             os.environ[ARMED_ENV] = "ncu"
             print(armed_line(rank, args.job), file=sys.stderr, flush=True)
     except (NcuNotFoundError, ValueError, OSError) as exc:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from perfd.dtypes import DTYPES, normalize_dtype
+from perfd.core.dtypes import DTYPES, normalize_dtype
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
-    from perfd.model import JobInfo
+    from perfd.core.model import JobInfo
 
 
 def check_peak_tflops(peak: float | None, flag: str = "--peak-tflops", unit: str = "TFLOP/s per GPU",

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from perfd.analytics.breakdown.advice_registry import short_name
 from perfd.commands.top_tables import COMPACT, NA, ms, natural_width, num, pct
-from perfd.typed import obj, objs
+from perfd.core.typed import obj, objs
 
 # The fewest characters a job's name is cut to: below it the name would say too little to tell jobs
 # apart, and the other columns give way as rich makes them (the screen is narrower than ~67 columns).

@@ -55,9 +55,9 @@ from perfd.commands.top_jobs import (
     ordered,
 )
 from perfd.commands.top_tables import NA, fit, gpu_table, host_table, num, pct, process_table
-from perfd.model import HOOK_FRAMEWORKS
+from perfd.core.model import HOOK_FRAMEWORKS
+from perfd.core.typed import obj, objs
 from perfd.report import budget_view, plan_view
-from perfd.typed import obj, objs
 
 # Heat levels for a rank's compute ratio: below 1.0 is a fast rank, 1.1 marks a straggler candidate
 # (perfd.analytics.thresholds), each level ~0.05 wider.
@@ -79,7 +79,7 @@ class Snapshot:
     """What one refresh read from the aggregator."""
 
     base: str
-    # The JSON objects of the aggregator's API, each read where it is shown (perfd.typed.obj, num)
+    # The JSON objects of the aggregator's API, each read where it is shown (perfd.core.typed.obj, num)
     jobs: list[Mapping[str, object]] = field(default_factory=list)
     focus: str | None = None
     summaries: dict[str, Mapping[str, object]] = field(default_factory=dict)  # job -> its /summary

@@ -13,8 +13,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from perfd.core.typed import obj, objs
 from perfd.report.incident_text import cpus_text
-from perfd.typed import obj, objs
 
 NA = "–"
 GIB = float(1 << 30)

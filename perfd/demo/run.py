@@ -33,10 +33,10 @@ from perfd.analytics.breakdown.advice_registry import PART, Grade
 from perfd.analytics.breakdown.job_budget import budget_comm
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.run.run_grade import explain_grade
+from perfd.core.typed import obj, objs
 from perfd.report import render_text
 from perfd.report.training_report import Report
 from perfd.report.units import tflops
-from perfd.typed import obj, objs
 
 DATA = Path(__file__).resolve().parent / "data"
 DEMO_LOG = DATA / "megatron_h200x2_tp1_pp2.log"

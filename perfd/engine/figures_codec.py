@@ -1,4 +1,4 @@
-"""Per-window communication figures (perfd.winfigures.WindowFigures) on the wire: columns of a
+"""Per-window communication figures (perfd.core.winfigures.WindowFigures) on the wire: columns of a
 ``WindowFigures`` message (perfd.proto), a row per (iteration, rank), and how a shard's figures are
 cut into messages the engine takes (a shard of a 100,000-rank job hands on ~25,000 rows an
 iteration: ~1.5 MB, over nats-server's 1 MiB message). Pure.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from perfd.core.winfigures import ABSENT, RankWindow, WindowFigures
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.winfigures import ABSENT, RankWindow, WindowFigures
 
 # Rows a message carries at most: ~60-100 bytes a row (ten varint columns, a few classes), so
 # ~400 KB, well under the engine's 1 MiB with the batch's other room.

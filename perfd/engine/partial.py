@@ -2,7 +2,7 @@
 
 A node's agent turns what its ranks sent into one Partial per (job, iteration) — a 100,000-rank
 iteration is then one message per node, not one per rank — a shard folds its nodes' into one, and the
-job's root folds the shards'. Rank records fold with :func:`perfd.stepfold.fold_ranks` (a join:
+job's root folds the shards'. Rank records fold with :func:`perfd.core.stepfold.fold_ranks` (a join:
 associative, commutative, idempotent); job-level records (a Megatron log's ``last``) are kept as sent,
 one per scope, the newest copy winning. The ranks and the node messages folded in travel with it:
 the root knows the world it saw and counts a message folded twice. Pure.
@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from perfd.collfold import CollectivePartial
+from perfd.core.model import StepRecord
+from perfd.core.stepfold import RankFold
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import collective_codec, figures_codec
-from perfd.model import StepRecord
-from perfd.stepfold import RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
-from perfd.winfigures import WindowFigures
 
 
 class Partial:
-    """``fold`` is built from the rank records folded in when read (perfd.stepfold.RankFold):
+    """``fold`` is built from the rank records folded in when read (perfd.core.stepfold.RankFold):
     merging is linear in what is merged, whatever was folded before."""
 
     def __init__(self, job: str, iteration: int, fold: StepRecord | None = None, ranks: Iterable[int] = (),
@@ -159,7 +159,7 @@ def encode(batch_id: str, sender: str, created_ns: int, partials: Sequence[Parti
     records); ``collectives``: its collective records reduced: on a records message (without partials
     beside) the store's share, ``collectives_folded`` when every operation also went to the shards; on
     a node message (beside its partials) every operation, for its shard's window fold. ``figures``:
-    a shard's window figures (perfd.winfigures), to the job's root. ``to_partition``: a node message
+    a shard's window figures (perfd.core.winfigures), to the job's root. ``to_partition``: a node message
     (what routes it; partials or job info say so too)."""
     b = pb.EngineBatch(id=batch_id, sender=sender, created_ns=created_ns,
                        collectives_folded=collectives_folded, to_partition=to_partition)

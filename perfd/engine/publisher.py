@@ -14,7 +14,7 @@ SHARE_EVERY_S, its dumps merged (perfd.engine.shares: what a fast dump cadence w
 
 Where the per-window figures are folded: a job whose ranks' step records this agent sends (the step
 hook: each rank's own ends, its windows) has its ranks' every collective operation folded into
-per-window figures (perfd.winfigures: a row a rank a window) where they are, and the records message
+per-window figures (perfd.core.winfigures: a row a rank a window) where they are, and the records message
 says so (``collectives_folded``): the root keeps its rows without folding them. Either here, with a
 ``window_fold`` (perfd.analytics.collectives.shardfold.ShardCollectives, handed in by the agent: the
 engine imports no analytics): the figures go on the node's partition beside the step partials and
@@ -45,6 +45,8 @@ from typing import TypedDict
 from google.protobuf.message import DecodeError
 
 from perfd.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
+from perfd.core.model import CollectiveRecord, Sample, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect
 from perfd.engine.figures_codec import chunks as figure_chunks
@@ -52,14 +54,12 @@ from perfd.engine.nats_api import JetStream, Msg, NatsClient
 from perfd.engine.partial import Partial, RunMarks, decode, encode, partials_of
 from perfd.engine.shard_windows import CollectiveFold, JobLayouts
 from perfd.engine.shares import SHARE_EVERY_S, Held, HeldShares
-from perfd.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import Command, command_from_pb, encode_batch
 from perfd.transport.dispatch import CommandTarget
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.series import SeriesTable
 from perfd.transport.spool import Spool
 from perfd.transport.wakeup import wake
-from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
 

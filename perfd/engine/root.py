@@ -32,17 +32,17 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
 from perfd.collfold import CollectivePartial
+from perfd.core.jobinfo_json import job_info_from_json
+from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
 from perfd.engine.rootfold import RootFold, RootStats, stream_gap
-from perfd.jobinfo_json import job_info_from_json
-from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 from perfd.transport.record_codec import DecodedEvent
-from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
 T = TypeVar("T")

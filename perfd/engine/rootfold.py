@@ -14,9 +14,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from perfd.core.model import StepRecord
+from perfd.core.stepfold import RUN_FIELD
 from perfd.engine.partial import Partial
-from perfd.model import StepRecord
-from perfd.stepfold import RUN_FIELD
 
 log = logging.getLogger("perfd.engine")
 

@@ -11,7 +11,7 @@ partials subject, in as few messages as the engine's largest message allows; onl
 acknowledged that does it acknowledge the node messages folded in. A shard killed at any point leaves
 its unacknowledged messages to the engine, which delivers them again (after the ack wait) to whoever
 holds the partition next; a message that reached the root twice that way is folded once
-(perfd.stepfold) and counted.
+(perfd.core.stepfold) and counted.
 
 Given a collective fold (``perfd shard`` wires perfd.analytics.collectives.shardfold's in), the shard
 also folds the operations its nodes' agents send beside their step partials into per-window figures,
@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
@@ -42,7 +43,6 @@ from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.winfigures import WindowFigures
 
 log = logging.getLogger("perfd.engine")
 

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from perfd.collfold import CollectivePartial
+from perfd.core.jobinfo_json import job_info_from_json
+from perfd.core.model import ParallelLayout, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.engine.nats_api import Msg
 from perfd.engine.partial import Decoded
-from perfd.jobinfo_json import job_info_from_json
-from perfd.model import ParallelLayout, StepRecord
-from perfd.winfigures import WindowFigures
 
 # A message is acknowledged within the hold (Holds.hold_s: EngineConfig.hold_s, 7 s by default) of its
 # delivery even if its windows have not settled (under the engine's ack wait, 10 s from the delivery:

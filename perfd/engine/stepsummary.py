@@ -6,7 +6,7 @@ A shard's partial carries every rank's timers and end: the root's work and memor
 (at 100,000 ranks it saturated a core). A summary carries instead what the job's analysis reads of
 the ranks, in two kinds:
 
-- exact: the ranks in and expected; the slowest rank's record (perfd.stepfold's order: step time,
+- exact: the ranks in and expected; the slowest rank's record (perfd.core.stepfold's order: step time,
   then source; a full tie goes to the record whose encoding sorts first, where one aggregator keeps
   the first arrived); the latest end; each timer's count, sum, min and max (and the max's rank: the
   lower on a tie); each pipeline stage's compute (forward + backward) count, sum and its
@@ -45,10 +45,10 @@ from ddsketch.mapping import LogarithmicMapping
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
 from perfd.analytics.steps.stragglers import RankOrder
 from perfd.analytics.steps.vocabulary import vocabulary_of
-from perfd.catalog import RANK_RATIO_BUCKETS
-from perfd.limits import RANK_RATIO_TOP_K
-from perfd.model import StepRecord
-from perfd.stepfold import ALL_RANKS, RankFold
+from perfd.core.catalog import RANK_RATIO_BUCKETS
+from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.model import StepRecord
+from perfd.core.stepfold import ALL_RANKS, RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_to_pb
 
@@ -293,7 +293,7 @@ class StepSummary:
 
 
 def _slow_key(r: StepRecord) -> tuple[float, str, bytes]:
-    """perfd.stepfold's order of the slowest, a full tie broken by the record's encoding (the same
+    """perfd.core.stepfold's order of the slowest, a full tie broken by the record's encoding (the same
     whatever arrived first)."""
     m = pb.StepRecord()
     step_to_pb(r, m)
@@ -314,7 +314,7 @@ def stage_function(order: RankOrder) -> Callable[[int], int | None] | None:
 def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord,
               stage_of: Callable[[int], int | None] | None, expected: int = 0, partition: int = 0,
               epoch: int = 0, seq: int = 0, new_run: bool = False) -> StepSummary:
-    """The summary of one partition's rank records (or their fold, perfd.stepfold: per-rank timers
+    """The summary of one partition's rank records (or their fold, perfd.core.stepfold: per-rank timers
     and ends) of one iteration. ``stage_of``: a rank's pipeline stage (None for the rank: not known;
     ``stage_of`` None: the layout names no pipeline, no per-stage figures, as the straggler analysis
     then compares none); ``expected``: the partition's ranks."""

@@ -23,7 +23,7 @@ LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"
-EVENTS_PREFIX = "perfd.events"
+EVENTS_PREFIX = "perfd.core.events"
 # Commands to one agent (a capture, a stall's stacks): core NATS request/reply, not a stream — a
 # command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
 COMMANDS_PREFIX = "perfd.commands"

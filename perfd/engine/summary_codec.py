@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.engine.stepsummary import (
     SKETCH_ACCURACY,
     ExactSum,
@@ -17,7 +18,6 @@ from perfd.engine.stepsummary import (
     StepSummary,
     TimerSummary,
 )
-from perfd.limits import RANK_RATIO_TOP_K
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
 

@@ -8,7 +8,7 @@ holds its thread for as long as it likes. 64 such clients held every slot of the
 /metrics answered 503 for as long as they lasted; 2,000 idle connections gave the agent 1,503
 threads. Here a connection costs a buffer, never a thread.
 
-- deadlines (perfd.limits): the head within HTTP_HEADER_TIMEOUT_S of the accept, the whole request
+- deadlines (perfd.core.limits): the head within HTTP_HEADER_TIMEOUT_S of the accept, the whole request
   within HTTP_REQUEST_TIMEOUT_S, no silence longer than HTTP_IDLE_TIMEOUT_S while reading or
   writing, the response written within HTTP_WRITE_TIMEOUT_S; a head over MAX_HTTP_HEAD_BYTES is
   refused (431). Each is counted (reasons ``http_deadline``, ``http_head``);
@@ -49,8 +49,8 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from perfd import limits as L
-from perfd.refusals import Refusals
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 
 log = logging.getLogger(__name__)
 

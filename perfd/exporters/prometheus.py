@@ -18,8 +18,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from perfd import catalog
-from perfd.limits import RANK_RATIO_TOP_K
+from perfd.core import catalog
+from perfd.core.limits import RANK_RATIO_TOP_K
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
@@ -47,7 +47,7 @@ def latest_series(job: str, iterations: Table[IterationResult], per_rank: bool, 
                   ) -> dict[int, float]:
     """The series of a job's latest analysed iteration (the last row of its run's table), read from
     the table's columns without building the row, each handed to ``emit``: every catalog job metric
-    present (its ``attr``'s column in the catalog unit: perfd.catalog.in_unit), the bottleneck class
+    present (its ``attr``'s column in the catalog unit: perfd.core.catalog.in_unit), the bottleneck class
     and, unless ``per_rank`` is False, each rank's compute ratio; then the slowest ranks. Returns the
     ranks' compute ratios. /metrics (:func:`job_families`) and the rules (:func:`iteration_rows`) both
     read these, one listing; a job metric's value goes from its column to ``emit`` as it is read, no

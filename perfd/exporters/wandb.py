@@ -37,12 +37,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import catalog
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.budget import metric_rows as budget_rows
 from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.iteration import IterationResult, job_values
+from perfd.core import catalog
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.row_json import job_json
 

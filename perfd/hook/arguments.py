@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from perfd.core.model import ModelSpec
 from perfd.hook.jobinfo import LAYOUT_KEYS, check_layout
-from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.flops import TokenFlops

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
+    from perfd.core.model import ModelSpec
     from perfd.hook.jobinfo import DeviceMesh
     from perfd.hook.profile import ProfilerControl
     from perfd.hook.timing import MarkerFactory
-    from perfd.model import ModelSpec
 
 
 class StepHookOptions(TypedDict, total=False):

@@ -29,12 +29,12 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
+from perfd.core.limits import HOOK_MAX_STEPS
 from perfd.hook import wire
 from perfd.hook.arguments import PREFIX, log
 from perfd.hook.hook_state import HookState
 from perfd.hook.timing import MarkerFactory
 from perfd.hook.trace import KinetoTrace, TraceFolder, can_trace
-from perfd.limits import HOOK_MAX_STEPS
 
 ProfilerControl = tuple[Callable[[], object], Callable[[], object]]  # (start, stop): see _check
 # Longer than any request: a longer datagram comes back cut, its size then refuses it.

@@ -31,7 +31,7 @@ can say that a datagram came from exactly that socket.
 
 Step records sent while the agent is absent or busy are kept (``keep=True``): a job started before
 its agent listens, or an agent stalled for a moment, loses none of its first steps. The backlog is
-bounded in records and bytes (perfd.limits.HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_BYTES); past it the
+bounded in records and bytes (perfd.core.limits.HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_BYTES); past it the
 oldest are dropped and counted, and whatever is still held when the hook closes is counted as
 dropped too. Held datagrams go out, oldest first, before the next one kept (at most
 HOOK_BACKLOG_SENDS per call: the agent queues ~10).
@@ -46,7 +46,7 @@ import struct
 import time
 from collections import deque
 
-from perfd.limits import HOOK_BACKLOG_BYTES, HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_SENDS
+from perfd.core.limits import HOOK_BACKLOG_BYTES, HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_SENDS
 
 # errno -> drop reason. ENOENT/ECONNREFUSED: no agent (no socket file, or nobody bound to it).
 _ABSENT = {errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR}

@@ -45,7 +45,9 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from perfd.armed import ARMED_ENV
+from perfd.core.armed import ARMED_ENV
+from perfd.core.limits import HOOK_OUTBOX_MAX
+from perfd.core.model import ModelSpec
 from perfd.hook import arguments as A
 from perfd.hook import lifecycle, wire
 from perfd.hook import loader as fetches
@@ -65,8 +67,6 @@ from perfd.hook.timing import (
     cuda_marker_factory,
 )
 from perfd.hook.trace import KinetoTrace, TraceFolder
-from perfd.limits import HOOK_OUTBOX_MAX
-from perfd.model import ModelSpec
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.flops import TokenFlops
@@ -122,7 +122,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
     counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Steps of different
     sizes (variable-length batches) say their own at their end: ``step_end(tokens=..., flops=...,
     seq_len=...)`` (Python numbers, the same units; the constructor's values are the default). Without
-    ``flops_per_step``, ``model=`` (a :class:`perfd.model.ModelSpec` or a mapping of its fields:
+    ``flops_per_step``, ``model=`` (a :class:`perfd.core.model.ModelSpec` or a mapping of its fields:
     num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
     vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent; a Hugging Face
     ``config.to_dict()`` is taken as it is, its unused fields listed in ``model_notes`` and a debug log

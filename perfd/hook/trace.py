@@ -47,7 +47,7 @@ from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
-from perfd.limits import (
+from perfd.core.limits import (
     HOOK_TRACE_FILES_KEPT,
     HOOK_TRACE_MAX_BYTES,
     HOOK_TRACE_MAX_S,

@@ -16,8 +16,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-from perfd.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
-from perfd.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK, ModelSpec
+from perfd.core.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
+from perfd.core.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK, ModelSpec
 
 VERSION = 1
 SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
@@ -68,7 +68,7 @@ FLAG_PROFILING = 1 << 2  # a cudaProfilerStart/Stop range covered this step
 FLAG_HAS_DATA = 1 << 3  # data_wait is set: data_ready() was called, or the fetches are stamped
 FLAG_DATA_READY = 1 << 4  # data_ready() was called in the step
 FLAG_FETCH = 1 << 5  # the data wait counts stamped fetches (perfd.hook.loader)
-FLAG_ARMED = 1 << 6  # the process runs under a profiler armed for a capture (perfd.armed.ARMED_ENV)
+FLAG_ARMED = 1 << 6  # the process runs under a profiler armed for a capture (perfd.core.armed.ARMED_ENV)
 
 # version, kind, flags, rank, pid, step, end_time_ns, step_ns, data_wait_ns, compute_ns,
 # p50_ns, p90_ns, p99_ns, window_n, send_drops, harvest_drops, tokens_per_step, flops_per_step

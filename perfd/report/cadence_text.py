@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from perfd.analytics.incidents.cadence import CadencePause, PausePart, PauseSeen, SeenKind
 from perfd.analytics.run.run_facts import CadenceFacts
-from perfd.model import HOOK_OUTSIDE
+from perfd.core.model import HOOK_OUTSIDE
 
 # What the pause is, as far as what was seen tells.
 WHAT: dict[PausePart, str] = {

@@ -20,7 +20,7 @@ DATA_MORE_WORKERS_ACTION = ("Speed up data loading: more data-loader workers (th
 DATA_CPU_BOUND_ACTION = ("Make each batch cheaper to load: the rank's CPUs are full, so more data-loader "
                          "workers would only share them; cheaper transforms (decode and augment once, "
                          "offline, or on the GPU) or more CPUs for the job")
-# A CPU-only job's (perfd.model.JobInfo.device): pinned memory only speeds copies to a GPU, and there
+# A CPU-only job's (perfd.core.model.JobInfo.device): pinned memory only speeds copies to a GPU, and there
 # is no GPU to move transforms to.
 DATA_LOADING_ACTION_CPU = ("Speed up data loading: more data-loader workers, prefetch; check the storage the "
                            "data comes from")

@@ -40,7 +40,7 @@ from perfd.analytics.run.run_facts import (
 )
 from perfd.analytics.run.runs import FiguresFrom, RunDigest, Runs
 from perfd.analytics.steps.untimed import names
-from perfd.model import HOOK_OUTSIDE
+from perfd.core.model import HOOK_OUTSIDE
 from perfd.report.bottleneck_text import class_reason, untimed_text
 from perfd.report.cadence_text import cadence_recommendation, cadence_source, cadence_words
 from perfd.report.capture_text import worded_match

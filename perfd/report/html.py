@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from perfd import catalog
 from perfd.analytics.advice.remedies import Framework
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import (
@@ -28,6 +27,7 @@ from perfd.analytics.run.run_summary import (
     StepTimeDistribution,
 )
 from perfd.analytics.steps.goodput import Goodput
+from perfd.core import catalog
 from perfd.report import budget_view, plan_view
 from perfd.report.grade_text import status_label
 from perfd.report.incident_findings import ReportedIncident

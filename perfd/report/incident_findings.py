@@ -17,9 +17,9 @@ from perfd.analytics.finding_types import Finding, FindingOrigin, Recommendation
 from perfd.analytics.incidents.detect import CAPTURE, HANG, CaptureDuring, Incident
 from perfd.analytics.incidents.evidence import EvidenceKind, Missing, Verdict
 from perfd.analytics.incidents.host_evidence import CpuUse, job_cpu_use
+from perfd.core.typed import objs
 from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.incident_text import EVIDENCE_SOURCE_TEXT, cause_line, cpu_use_text, cpus_text
-from perfd.typed import objs
 
 K = EvidenceKind
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from perfd.analytics.steps.provenance import Arg, Cited, Code
-from perfd.model import Provenance
+from perfd.core.model import Provenance
 
 TEMPLATE: dict[Code, str] = {
     # The record itself, the log's own figures.

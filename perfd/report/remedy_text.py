@@ -22,7 +22,7 @@ from perfd.analytics.advice.plan import PACKAGE_NAMES, Plan, PlanItem
 from perfd.analytics.advice.remedies import Advice, Effort, Framework, NoGain, Risk
 from perfd.analytics.advice.remedy_said import Arg, Said, Say
 from perfd.analytics.finding_types import Finding, Recommendation
-from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
+from perfd.core.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN
 from perfd.report.budget_text import worded_budget
 from perfd.report.data_text import DATA_LOADING_ACTION, knobs_text
 

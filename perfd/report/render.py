@@ -11,10 +11,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from perfd import catalog
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_summary import REDUCTIONS_TEXT
 from perfd.analytics.steps.iteration import job_value
+from perfd.core import catalog
 from perfd.report import budget_view, plan_view
 from perfd.report.grade_text import status_label
 from perfd.report.training_report import Report, format_value

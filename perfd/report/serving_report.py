@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from perfd import catalog
 from perfd.analytics.finding_types import Finding
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingAnalysis
 from perfd.analytics.serving.serving_findings import ServingFinding, serving_status
 from perfd.analytics.steps.provenance import Cited
+from perfd.core import catalog
 from perfd.report.provenance_text import text
 from perfd.report.serving_text import STATUS_TEXT, finding_words, worded_serving_recommendation
 from perfd.report.training_report import Report, ReportMetric, ReportSummary, format_value

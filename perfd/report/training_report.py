@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perfd import catalog, finite_json
 from perfd.analytics.advice.plan import Plan
 from perfd.analytics.advice.remedies import RemedyId
 from perfd.analytics.breakdown.advice_registry import Grade, data_loading
@@ -26,7 +25,8 @@ from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, Reduction, reduction
 from perfd.analytics.steps.goodput import headline_text
 from perfd.analytics.steps.untimed import untimed_groups
-from perfd.model import CPU
+from perfd.core import catalog, finite_json
+from perfd.core.model import CPU
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.data_text import DATA_ACTIONS
 from perfd.report.finding_text import arming_text, span_text

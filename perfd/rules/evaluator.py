@@ -1,7 +1,7 @@
 """Evaluate rules over the current metric values: pending → firing with ``for:``, capture budgets,
 and one capture per process at a time.
 
-All time comes from the ``now`` argument (the engine's perfd.clock.Clock is only a default), so every
+All time comes from the ``now`` argument (the engine's perfd.core.clock.Clock is only a default), so every
 behaviour is testable without sleeping. Semantics follow Prometheus alerting rules: a condition that
 holds starts *pending* at that evaluation; once it has held for ``for`` seconds it is *firing* and
 stays so on every evaluation while it holds; the first evaluation where it does not hold (or its scope or a
@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from perfd.clock import REAL_CLOCK, Clock
+from perfd.core.clock import REAL_CLOCK, Clock
 from perfd.rules.expr import Values
 from perfd.rules.rule_types import Action, Annotations, CaptureAction, CaptureTargets, Rule, Scope, Severity
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from perfd import catalog
+from perfd.core import catalog
 
 Values = Mapping[str, float | None]
 Tri = bool | None  # three-valued truth: None = unknown (an absent input)

@@ -18,7 +18,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from perfd import catalog
+from perfd.core import catalog
 from perfd.rules.expr import Expr, ExprError, compile_expr
 from perfd.rules.rule_types import (
     DEFAULT_COOLDOWN_S,

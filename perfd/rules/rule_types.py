@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from perfd.catalog import MetricDef
-from perfd.model import CAPTURE_TOOLS, CaptureTool
+from perfd.core.catalog import MetricDef
+from perfd.core.model import CAPTURE_TOOLS, CaptureTool
 from perfd.rules.expr import BYTE_UNITS, TIME_UNITS, Expr
 
 Severity = Literal["info", "warning", "critical"]

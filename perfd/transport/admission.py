@@ -13,9 +13,9 @@ from collections.abc import MutableMapping
 
 import grpc
 
-from perfd import events
-from perfd import limits as L
-from perfd.refusals import Refusals
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 from perfd.transport.codec import sample_count
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.grpc_api import ServicerContext
@@ -210,7 +210,7 @@ def trim_batch(agent: str, conn: AgentStream, b: pb.Batch, limits: L.Limits,
     """Apply the per-message caps; None when the whole batch is refused (it is acknowledged all the
     same: resending it would be refused again), else the bytes cut from its events. An event over
     the wire cap is refused whole; one of a kind only the event log reads is cut to what the log
-    keeps (perfd.events.cut), before it is journalled or delivered."""
+    keeps (perfd.core.events.cut), before it is journalled or delivered."""
     if b.series and len(conn.series) + len(b.series) > limits.max_series_per_agent:
         refusals.refuse(L.REFUSED_SERIES, f"batch {b.seq} of agent {agent} would define "
                         f"{len(conn.series) + len(b.series)} series (cap "

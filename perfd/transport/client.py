@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import grpc
 
 from perfd import __version__
-from perfd import limits as L
-from perfd.model import CollectiveRecord, Sample, StepRecord
+from perfd.core import limits as L
+from perfd.core.model import CollectiveRecord, Sample, StepRecord
 from perfd.transport.codec import (
     Command,
     command_from_pb,
@@ -90,7 +90,7 @@ class StreamEnded(Exception):
 
 
 def retry_after(e: BaseException) -> float | None:
-    """When the aggregator that refused a stream said to come back (seconds; perfd.limits.RETRY_AFTER_KEY
+    """When the aggregator that refused a stream said to come back (seconds; perfd.core.limits.RETRY_AFTER_KEY
     in the trailing metadata), within MAX_RETRY_AFTER_S; None when it did not say."""
     if isinstance(e, grpc.aio.AioRpcError):
         meta = e.trailing_metadata()

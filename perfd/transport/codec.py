@@ -1,4 +1,4 @@
-"""Pure conversions between perfd.model values and the wire messages of ``perfd.proto``.
+"""Pure conversions between perfd.core.model values and the wire messages of ``perfd.proto``.
 
 Samples travel columnar (three fixed-width little-endian arrays in bytes fields: series id,
 timestamp, value) and stay columnar on the receiving side: :func:`decode_batch` hands back
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from perfd.model import CollectiveRecord, Provenance, Sample, StepRecord, label_set
+from perfd.core.model import CollectiveRecord, Provenance, Sample, StepRecord, label_set
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import (
     DecodedEvent,

@@ -27,7 +27,7 @@ class Kept:
     events: Sequence[int] | None = None
     collectives: Sequence[int] | None = None
     job_info: Collection[str] | None = None
-    # Events kept with part of their payload left out (entries refused, perfd.events.checked): index
+    # Events kept with part of their payload left out (entries refused, perfd.core.events.checked): index
     # into the batch's events -> the payload kept, as JSON. The journal stores that, not what was sent.
     payloads: Mapping[int, str] | None = None
 

@@ -10,7 +10,7 @@ import socket
 
 import grpc
 
-from perfd import limits as L
+from perfd.core import limits as L
 from perfd.transport.security import ServerTls
 
 

@@ -1,4 +1,4 @@
-"""Per-record-kind conversions between perfd.model records and their wire messages: step
+"""Per-record-kind conversions between perfd.core.model records and their wire messages: step
 records, events and collective records, each filled into (or read from) its message in a Batch.
 
 Apart from the batch codec (perfd.transport.codec), which frames these records with the columnar
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, SupportsFloat, SupportsInt, TypedDict
 
-from perfd.model import (
+from perfd.core.model import (
     CollectiveRecord,
     Provenance,
     RankScope,
@@ -23,8 +23,8 @@ from perfd.model import (
     StragglerLine,
     TimerValue,
 )
+from perfd.core.typed import JSON
 from perfd.transport.gen import perfd_pb2 as pb
-from perfd.typed import JSON
 
 # StepRecord fields that are `optional` scalars on the wire: absent stays absent (None), never 0.
 _OPT_FLOAT = ("end_time", "step_time_ms", "logged_tflops_per_gpu", "learning_rate", "lm_loss",

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from perfd.model import LabelSet, label_set
+from perfd.core.model import LabelSet, label_set
 from perfd.transport.gen import perfd_pb2 as pb
 
 log = logging.getLogger(__name__)

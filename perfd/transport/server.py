@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
-from perfd import limits as L
-from perfd.refusals import Refusals
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 from perfd.transport.admission import (
     Backlog,
     StreamRefused,
@@ -74,7 +74,7 @@ async def _drain_refused(request_iterator: AsyncIterator[pb.AgentMessage]) -> No
     """Take what an unauthenticated agent is already writing (its Hello, then the batches a reconnect
     resends at once) before its stream is ended: ended under one of those writes, the agent's call
     finishes "INTERNAL: Internal error from Core" (gRPC core loses the status in the race) and the
-    agent never learns why. Bounded in time and count (perfd.limits); nothing read is used."""
+    agent never learns why. Bounded in time and count (perfd.core.limits); nothing read is used."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + L.REFUSAL_DRAIN_S
     wait = L.REFUSAL_DRAIN_S
@@ -161,7 +161,7 @@ class IngestServer:
         self.samples = 0
         self.steps = 0
         self.events = 0
-        self.event_bytes_cut = 0  # of events kept cut (perfd.events.cut), before they were journalled
+        self.event_bytes_cut = 0  # of events kept cut (perfd.core.events.cut), before they were journalled
         self.duplicates = 0
         self.gaps = 0
         self.gap_batches = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfd.model import (
+from perfd.core.model import (
     JobInfo,
     ModelSpec,
     ParallelLayout,

@@ -25,8 +25,8 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.steps.flops import read_spec
 from perfd.collectors.hook.model_record import take_model
+from perfd.core.model import JobInfo, StepRecord
 from perfd.hook import wire
-from perfd.model import JobInfo, StepRecord
 from tests.trace_cache import cached, timeline_class
 
 LOOPS = Path(__file__).resolve().parents[1] / "data" / "loops"

@@ -3,7 +3,7 @@ h100_resume_save_eval.log (README there): its run 1 (iterations 1-20, a checkpoi
 the unarmed run; the second run is either run 1's lines again (a restart from iteration 1) or the
 recording's own run 2 (a resume from the checkpoint of iteration 20, iterations 21-40), shifted in
 time after the first. An armed second run has ``perfd ncu-exec``'s line before its start-up (as the job's
-log has it: perfd.armed) and its steps ARMED_FACTOR times as long (the H100 measured 544 -> 790 ms
+log has it: perfd.core.armed) and its steps ARMED_FACTOR times as long (the H100 measured 544 -> 790 ms
 armed on a 12-layer Megatron-LM job:
 docs/evidence/entries/29-the-documented-ncu-workflow-both-ways-each-figure-from-its-r.md), its logged
 throughput and timestamps made to agree.
@@ -15,7 +15,7 @@ import datetime
 import re
 from pathlib import Path
 
-from perfd.armed import armed_line
+from perfd.core.armed import armed_line
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "megatron"
 SOURCE = DATA / "h100_resume_save_eval.log"

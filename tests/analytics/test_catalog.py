@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from perfd import catalog, catalog_labels
 from perfd.commands.catalog_docs import render_markdown
+from perfd.core import catalog, catalog_labels
 
 REQUIRED = [
     "perfd_job_mfu_ratio", "perfd_job_step_time_seconds", "perfd_job_model_tflops_per_gpu",

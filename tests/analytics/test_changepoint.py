@@ -16,7 +16,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.changepoint import find_change_point
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, JobInfo, StepRecord, TimerValue
 from perfd.report.incident_text import cause_line
 
 

@@ -15,7 +15,7 @@ from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, devices_of
 from perfd.analytics.breakdown.ncu_kernels import MatchKind
 from perfd.capture.bookkeeping import device_summary
-from perfd.model import CaptureFailure
+from perfd.core.model import CaptureFailure
 from tests.trace_cache import analyze_chrome_trace
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_h100_megatron"

@@ -12,7 +12,7 @@ if not hasattr(megatron, "parse_file"):  # the parser is being written beside th
 
 from perfd.analytics.run.run_analysis import analyze_run  # noqa: E402
 from perfd.analytics.steps.provenance import Code, cite  # noqa: E402
-from perfd.model import Provenance  # noqa: E402
+from perfd.core.model import Provenance  # noqa: E402
 from perfd.report import build_report, render_text  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]

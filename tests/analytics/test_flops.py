@@ -18,7 +18,7 @@ from perfd.analytics.steps.flops import (
     six_n_flops,
 )
 from perfd.analytics.steps.provenance import Code, cite
-from perfd.model import ModelSpec
+from perfd.core.model import ModelSpec
 from tests.analytics.analytics_helpers import fixture_job
 
 FIXTURE_FLOPS = 55_765_855_371_264  # T·[6hfE·L + 6L(h(q+2kv)+qh) + 6hV] + T·s·L·6q, below

@@ -205,7 +205,7 @@ def test_torchtitan_log_and_step_hook_records() -> None:
     records (one per rank, folded per iteration; no start-up stamp, the wall starts at the first step)."""
     from perfd.aggregator.jobs import job_level_steps
     from perfd.collectors.torchtitan.parser import TorchtitanLogParser
-    from perfd.model import JobInfo, StepRecord
+    from perfd.core.model import JobInfo, StepRecord
 
     log = ROOT / "perfd/collectors/torchtitan/tests/data/llama3_debugmodel_1gpu.log"
     parser = TorchtitanLogParser("titan", log.name)

@@ -6,7 +6,7 @@ import pytest
 
 from perfd.analytics.steps.gpus import lookup_gpu, peak_tflops
 from perfd.analytics.steps.provenance import Code, cite
-from perfd.dtypes import DTYPES, normalize_dtype
+from perfd.core.dtypes import DTYPES, normalize_dtype
 from perfd.report.provenance_text import text
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from perfd import shared_thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import KIND_SPECS, Evidence, EvidenceKind, StallReason, Tier, decide
 from perfd.analytics.incidents.host_evidence import foreign_others, host_items, oom_evidence
 from perfd.analytics.incidents.stall import RankSeen, StallInputs, Status, check_stall, stall_limit
+from perfd.core import shared_thresholds as shared
 from perfd.report.incident_findings import action_text
 from perfd.report.incident_text import cause_text, cpus_text, sentence
 

@@ -14,7 +14,7 @@ from perfd.aggregator.jobs import job_level_steps, mark_disturbed
 from perfd.analytics.run import run_analysis
 from perfd.analytics.run.run_analysis import AnalysisMemo, analyze_run
 from perfd.collectors.megatron import parse_lines
-from perfd.model import TimerValue
+from perfd.core.model import TimerValue
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LOGS = [DATA / "megatron" / "dp2_all_timers.log", DATA / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"]
@@ -63,7 +63,7 @@ def test_a_grown_run_recomputes_only_its_new_iterations_and_matches_a_fresh_anal
 
 
 def test_per_rank_folds_and_capture_marks_keep_their_identity_while_unchanged() -> None:
-    from perfd.model import StepRecord
+    from perfd.core.model import StepRecord
 
     def rec(it: int, rank: int, ms: float) -> StepRecord:
         return StepRecord(job="j", iteration=it, rank=rank, step_time_ms=ms, end_time=100.0 + it,

@@ -32,7 +32,7 @@ import pytest
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps import beat as beat_mod
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
 from tests.gpu.plain_loop_live import WARMUP, clean_steps, truth_data
 
 # Its tests share what the module computes once: one xdist worker runs them (conftest.py)

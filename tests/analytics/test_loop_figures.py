@@ -97,7 +97,7 @@ def test_a_count_stated_whole_gives_the_linear_layers_no_speed_without_its_split
         model_flops,
         six_n_flops,
     )
-    from perfd.model import ModelSpec
+    from perfd.core.model import ModelSpec
 
     whole = FlopsContext(flops_per_gpu_step=52.3e12, peak_tflops=989.0, ceiling_tflops=790.0)
     assert math_detail(Part.LINEAR, 68.3, whole) == {}
@@ -348,7 +348,7 @@ def test_the_mfu_convention_of_each_count() -> None:
         mfu_convention,
         read_spec,
     )
-    from perfd.model import ModelSpec
+    from perfd.core.model import ModelSpec
     from tests.analytics.loop_recordings import MODELS
 
     spec = read_spec(MODELS[NANOGPT]).spec

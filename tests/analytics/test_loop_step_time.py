@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from perfd.model import HOOK_PAUSE_TIMERS
+from perfd.core.model import HOOK_PAUSE_TIMERS
 from tests.journal_replay import LOOPS, Replayed, own_clock, replay, unpack
 
 NANO, HF = "nanogpt_h200", "hf_clm_h200"

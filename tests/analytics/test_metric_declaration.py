@@ -1,4 +1,4 @@
-"""Each job metric is declared once (perfd/catalog.py) and every consumer derives from it."""
+"""Each job metric is declared once (perfd/core/catalog.py) and every consumer derives from it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 import types
 import typing
 
-from perfd import catalog
 from perfd.analytics.run.run_analysis import SUMMARY_METRICS
 from perfd.analytics.steps.iteration import IterationResult, job_values
+from perfd.core import catalog
 from perfd.rules.expr import ALIASES
 
 _NUMERIC = (int, float)
@@ -30,7 +30,7 @@ def test_every_numeric_iteration_field_is_a_catalog_metric_or_marked_internal() 
     declared = {m.attr for m in catalog.job_metrics()}
     internal = {f.name for f in dataclasses.fields(IterationResult) if f.metadata.get("internal")}
     stray = [n for n in _numeric_fields() if n not in declared and n not in internal]
-    assert not stray, (f"IterationResult fields {stray} are neither in perfd/catalog.py (attr=...) nor "
+    assert not stray, (f"IterationResult fields {stray} are neither in perfd/core/catalog.py (attr=...) nor "
                        "marked internal (_internal(why))")
     assert not declared & internal
 

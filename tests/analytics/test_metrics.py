@@ -10,7 +10,7 @@ from perfd.analytics.common import GRAD_SYNC_TIMERS, PP_P2P_TIMERS
 from perfd.analytics.steps.gpus import peak_tflops
 from perfd.analytics.steps.metrics import crosscheck_tflops, data_share, exposed_comm, mfu, throughput_per_gpu
 from perfd.analytics.steps.provenance import Code
-from perfd.model import Provenance, StepRecord, TimerValue
+from perfd.core.model import Provenance, StepRecord, TimerValue
 from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 

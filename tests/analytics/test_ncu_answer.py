@@ -24,7 +24,7 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.ncu_kernels import KernelBound
 from perfd.analytics.incidents.detect import LEVEL_SHIFT
 from perfd.analytics.run.arming import MIN_STEPS, ArmingBasis, ArmingCost, measure_arming
-from perfd.model import JobInfo, StepRecord
+from perfd.core.model import JobInfo, StepRecord
 from perfd.report.finding_text import arming_text
 from perfd.transport.codec import Command
 

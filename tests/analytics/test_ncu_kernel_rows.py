@@ -32,7 +32,7 @@ from perfd.analytics.breakdown.ncu_rows import JoinedKernel
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.join import join, short_name
 from perfd.capture.ncu_report import parse_csv, parse_exports
-from perfd.model import CaptureStatus
+from perfd.core.model import CaptureStatus
 from perfd.report import budget_view, ncu_view
 from perfd.transport.codec import Command
 

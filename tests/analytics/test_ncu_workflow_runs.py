@@ -26,7 +26,7 @@ from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.collectors.megatron import parse_lines
-from perfd.model import CaptureStatus, JobInfo, StepRecord
+from perfd.core.model import CaptureStatus, JobInfo, StepRecord
 from perfd.report.grade_text import worded
 from tests.analytics.ncu_workflow_data import (
     GPU,
@@ -155,8 +155,8 @@ def test_a_restarted_aggregator_keeps_the_jobs_gpu_and_run_1s_mfu(tmp_path: Path
     comes back with the documents, before the first analysis digests the runs the replay closed."""
     from perfd.aggregator.daemon import Aggregator, AggregatorConfig
     from perfd.aggregator.durable import restore, save_documents
-    from perfd.jobinfo_json import job_info_to_json
-    from perfd.model import Sample
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.model import Sample
     from perfd.transport.codec import HelloInfo, decode_batch, encode_batch
     from perfd.transport.gen import perfd_pb2 as pb
     from perfd.transport.series import SeriesTable

@@ -11,7 +11,7 @@ from perfd.analytics.steps.pipeline import (
     stage_idle,
 )
 from perfd.analytics.steps.provenance import Code
-from perfd.model import StepRecord, TimerValue
+from perfd.core.model import StepRecord, TimerValue
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 
 

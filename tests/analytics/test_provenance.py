@@ -11,7 +11,7 @@ from perfd.analytics.run.run_grade import MfuFacts, MfuFinding, MfuSaid
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table, _Cites
 from perfd.analytics.steps.provenance import Code, Kind, cite
-from perfd.model import Provenance
+from perfd.core.model import Provenance
 from perfd.report import build_report
 from perfd.report.provenance_text import TEMPLATE, line, text
 from tests.analytics.analytics_helpers import fixture_job, fixture_records

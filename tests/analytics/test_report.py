@@ -9,7 +9,6 @@ import json
 import pytest
 from rich.console import Console
 
-from perfd import catalog
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_facts import DataShareFacts, RunFinding
@@ -21,6 +20,7 @@ from perfd.analytics.run.run_grade import (
     MfuFinding,
     grade_mfu,
 )
+from perfd.core import catalog
 from perfd.report import Report, build_report, render_rich, render_text
 from perfd.report.grade_text import worded
 from tests.analytics.analytics_helpers import fixture_job, fixture_records
@@ -152,7 +152,7 @@ def test_the_same_action_is_recommended_once_and_a_hook_jobs_data_finding_names_
     run's data share), in two wordings, and its data finding read "batch-generator … megatron
     timer": one action now, said once; the finding names the timer the hook measured."""
     from perfd.analytics.finding_types import DataAction, DataLoading, Recommendation, order_findings
-    from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
+    from perfd.core.model import JobInfo, Provenance, StepRecord, TimerValue
     from perfd.report.data_text import DATA_LOADING_ACTION
 
     load = DataLoading(DataAction.LOAD_FASTER)

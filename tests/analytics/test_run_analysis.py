@@ -19,7 +19,7 @@ from perfd.analytics.run.run_facts import (
     StragglerFacts,
 )
 from perfd.analytics.steps.provenance import Code, cite
-from perfd.model import ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.core.model import ParallelLayout, Provenance, StepRecord, TimerValue
 from perfd.report import analysis_json
 from perfd.report.grade_text import worded, worded_recommendation
 from perfd.report.provenance_text import line

@@ -15,10 +15,10 @@ from perfd.analytics.run.arming import ArmingBasis
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
-from perfd.armed import armed_line, armed_rank
 from perfd.collectors.megatron import parse_lines
 from perfd.commands.megatron_offline import analyze_stream
-from perfd.model import StepRecord
+from perfd.core.armed import armed_line, armed_rank
+from perfd.core.model import StepRecord
 from perfd.report import build_report
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.grade_text import worded
@@ -146,7 +146,7 @@ def test_armed_lines_arm_the_run_that_follows_them_only() -> None:
 
 
 def test_the_armed_line_reads_back_as_the_rank_it_was_written_for() -> None:
-    """perfd ncu-exec's line is a declared format (perfd.armed): written and read from one head, behind
+    """perfd ncu-exec's line is a declared format (perfd.core.armed): written and read from one head, behind
     whatever prefix a launcher puts before the rank's output; ncu's banner names no rank."""
     assert armed_rank(armed_line(3, "j")) == 3
     assert armed_rank("[default3]:" + armed_line(12, "job a")) == 12
@@ -179,7 +179,7 @@ def test_a_late_record_of_an_ended_hook_run_is_refused() -> None:
     state = AggregatorState()
 
     def rec(it: int, pid: int, t: float) -> StepRecord:
-        from perfd.model import Provenance
+        from perfd.core.model import Provenance
         return StepRecord("h", it, rank=0, end_time=t, step_time_ms=100.0, interval=1,
                           fields={"pid": str(pid)}, source=Provenance("hook", f"rank0:pid{pid}"))
 
@@ -214,7 +214,7 @@ def test_a_runs_incidents_close_with_it_and_are_never_merged_into_the_next_runs(
 def test_one_restart_seen_by_the_hook_and_the_log_is_one_new_run(hook_first: bool) -> None:
     """perfd.hook.megatron's per-rank records (a new pid) and the log's start-up marked record both say
     the job restarted: whichever comes first begins run 2, the other is its first record, not run 3."""
-    from perfd.model import Provenance
+    from perfd.core.model import Provenance
 
     state = AggregatorState()
 

@@ -9,7 +9,7 @@ import pytest
 
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.analytics.steps.steady import OUTLIER_FACTOR, steady_state, steady_state_of, warmup_count
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_records
 

@@ -13,7 +13,7 @@ from perfd.analytics.steps.stragglers import (
     persistent,
     rank_order,
 )
-from perfd.model import ParallelLayout, RankValue, StepRecord, StragglerLine, TimerValue
+from perfd.core.model import ParallelLayout, RankValue, StepRecord, StragglerLine, TimerValue
 from perfd.report.provenance_text import text
 from tests.analytics.analytics_helpers import fixture_record, fixture_row
 

@@ -13,7 +13,7 @@ from perfd.analytics.advice.remedy_said import Say
 from perfd.analytics.advice.trainer_switches import SWITCHES
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, IdleShare, Phase, Source, StepBudget
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK
+from perfd.core.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK
 from perfd.report.data_text import knobs_text
 from perfd.report.remedy_text import detail_text, text
 

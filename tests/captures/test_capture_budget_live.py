@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.capture.bookkeeping import device_summary
 from perfd.collectors.megatron import parse_file
-from perfd.jobinfo_json import job_info_to_json
+from perfd.core import events
+from perfd.core.jobinfo_json import job_info_to_json
 from perfd.report.remedy_text import worded_plan, worded_remedy
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.capture.bookkeeping import device_summary
 from perfd.collectors.megatron import parse_file
-from perfd.jobinfo_json import job_info_to_json
+from perfd.core import events
+from perfd.core.jobinfo_json import job_info_to_json
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.captures.test_capture_budget_live import _get, _post, _until

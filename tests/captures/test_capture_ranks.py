@@ -1,6 +1,6 @@
 """The ranks of a requested capture, checked where the request enters: each an
 integer 0 <= rank < the job's world size (else below perfd.aggregator.capture_ranks.MAX_RANK, inside
-the protocol's int32), each once, at most perfd.limits.MAX_CAPTURE_RANKS; a refusal is counted
+the protocol's int32), each once, at most perfd.core.limits.MAX_CAPTURE_RANKS; a refusal is counted
 (``capture_ranks``) and makes no record. A command the sender cannot send ends its record failed with
 its ranks free; the records kept are bounded in count and bytes.
 
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.capture_ranks import MAX_RANK, RanksRefused, checked_ranks
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState
 from perfd.collectors.megatron import parse_file
 from perfd.commands.capture import run_capture
-from perfd.refusals import Refusals
+from perfd.core import limits as L
+from perfd.core.refusals import Refusals
 from perfd.transport.codec import Command, command_to_pb
 
 ROOT = Path(__file__).resolve().parents[2]

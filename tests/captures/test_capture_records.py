@@ -14,7 +14,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import BottleneckClass, ClassBasis, Quoted
 from perfd.capture.bookkeeping import device_summary
 from perfd.collectors.megatron import parse_file
-from perfd.model import CaptureFailure, CaptureStatus
+from perfd.core.model import CaptureFailure, CaptureStatus
 from perfd.report.capture_text import class_reason
 from perfd.transport.codec import Command
 from tests.trace_cache import analyze_chrome_trace

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.analytics.advice.capture_findings import steady_compute_ms
 from perfd.collectors.megatron import parse_file
+from perfd.core import events
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import default_pack_path, load_pack
 from perfd.transport.codec import Command

@@ -10,9 +10,9 @@ from pathlib import Path
 from perfd.aggregator.capture_ready import RETRY_FIRST_S
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.state import AggregatorState
-from perfd.clock import ManualClock
 from perfd.collectors.megatron import parse_file
-from perfd.model import CaptureFailure, Provenance, StepRecord
+from perfd.core.clock import ManualClock
+from perfd.core.model import CaptureFailure, Provenance, StepRecord
 from perfd.rules.evaluator import NOT_READY, RuleEngine, TargetWait
 from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command

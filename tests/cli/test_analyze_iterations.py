@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from benchmarks.megatron_log_gen import write as write_log
-from perfd import finite_json
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.cli import main
 from perfd.commands.analyze import ITERATIONS_DEFAULT
+from perfd.core import finite_json
 from perfd.report import analysis_json
 
 ROOT = Path(__file__).resolve().parents[2]

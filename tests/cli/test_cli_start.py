@@ -47,7 +47,7 @@ def test_the_per_node_and_per_rank_commands_start_light(command: str) -> None:
     """Each command's parse, then the modules its handler imports first (the agent's, the wrappers')."""
     handler = {"agent": "import perfd.agent.node_agent",
                "nsys-exec": "import perfd.capture.nsys_exec, perfd.capture.binaries",
-               "ncu-exec": "import perfd.capture.ncu_exec, perfd.armed",
+               "ncu-exec": "import perfd.capture.ncu_exec, perfd.core.armed",
                "launch": "import perfd.launcher",
                "shard": "import perfd.engine.shard"}[command]
     argv = [command, "--job", "j", "--", "python", "train.py"] if command.endswith("-exec") else [command]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.jobname import MAX_JOB_NAME, job_name_problem
+from perfd.core.jobname import MAX_JOB_NAME, job_name_problem
 from tests.cli_main import Ran
 from tests.cli_main import perfd as run_perfd
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from perfd.armed import ARMED_ENV, armed_rank
 from perfd.capture.ncu_exec import (
     NCU_ARMED_US_PER_LAUNCH,
     NCU_ARMED_US_PER_LAUNCH_HIGH,
@@ -28,6 +27,7 @@ from perfd.capture.ncu_exec import (
     read_target,
 )
 from perfd.capture.store import CaptureStore
+from perfd.core.armed import ARMED_ENV, armed_rank
 from tests.capture.test_ncu_capture import calls, make_fake_ncu, megatron_device
 from tests.cli_main import Ran
 from tests.cli_main import perfd as run_perfd
@@ -163,7 +163,7 @@ def test_ncu_exec_puts_only_the_chosen_rank_under_ncu(tmp_path, perfd, monkeypat
     pid = int(r.stdout.split()[-1])
     t = read_target(caps, "j1", 1)
     assert t is not None and t.pid == pid  # exec: the command is the process ncu-exec was
-    # the line it leaves on the job's standard error reads back as the rank it armed (perfd.armed)
+    # the line it leaves on the job's standard error reads back as the rank it armed (perfd.core.armed)
     assert [n for n in map(armed_rank, r.stderr.splitlines()) if n is not None] == [1]
     (argv,) = calls(state)
     assert argv[:4] == ["--profile-from-start", "off", "--target-processes", "all"]

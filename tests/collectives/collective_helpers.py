@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perfd.model import CollectiveRecord, RankScope, StepRecord
+from perfd.core.model import CollectiveRecord, RankScope, StepRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "perfd" / "collectors" / "nccl" / "tests" / "data" / "nccl_fixtures"

@@ -28,9 +28,9 @@ from perfd.collfold import (
     merge_all,
     reduce,
 )
-from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.core.stepfold import fold_ranks
 from perfd.report.collective_text import collectives_json, hang_text
-from perfd.stepfold import fold_ranks
 from tests.collectives.collective_helpers import fr, load_fixture_records, step
 
 NODES, PER_NODE, ITERATIONS, TP_OPS = 8, 8, 8, 6

@@ -22,8 +22,8 @@ from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collectors.nccl import NcclCollector
 from perfd.collectors.nccl.hangs import HangReport
 from perfd.collfold import Progress
-from perfd.hang_fact import HangEvent, HangFact
-from perfd.model import StepRecord, TimerValue
+from perfd.core.hang_fact import HangEvent, HangFact
+from perfd.core.model import StepRecord, TimerValue
 from perfd.report.collective_text import hang_text, resolution_text
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb

@@ -15,7 +15,7 @@ from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.collectives.collective_facts import CollectiveFinding, DpShareFacts, ShareAbsent
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.groups import Capability, classify_group, link_for_group
-from perfd.model import CollectiveRecord, ParallelLayout
+from perfd.core.model import CollectiveRecord, ParallelLayout
 from perfd.report.collective_text import ABSENT_TEXT, collectives_json, link_how_text, method_text
 from tests.collectives.collective_helpers import MS, T0, fr, load_fixture_records, step
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
 from tests.inproc import pipeline
 from tests.procs import stop, wait_for

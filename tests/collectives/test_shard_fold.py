@@ -1,6 +1,6 @@
 """The window fold at the shards (perfd.analytics.collectives.shardfold): each shard folds every
 operation of its nodes' ranks against their own step ends and hands the root per-window figures
-(perfd.winfigures); the root's store merges them (a join) beside the store's share of the rows. The
+(perfd.core.winfigures); the root's store merges them (a join) beside the store's share of the rows. The
 per-iteration shares, and with every row held the whole analysis, are one aggregator's, byte for
 byte — figures delivered twice and in any order merging once."""
 
@@ -16,9 +16,9 @@ from perfd.analytics.collectives import shardfold
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import Retention, for_sending, reduce
-from perfd.model import CollectiveRecord, StepRecord
+from perfd.core.model import CollectiveRecord, StepRecord
+from perfd.core.winfigures import RankWindow, WindowFigures
 from perfd.report.collective_text import collectives_json
-from perfd.winfigures import RankWindow, WindowFigures
 from tests.collectives.test_collective_partial import (
     ITERATIONS,
     LAYOUT,

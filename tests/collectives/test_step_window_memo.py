@@ -8,7 +8,7 @@ import random
 
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.step_window_memo import StepWindowMemo
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 RANKS = 16
 

@@ -1,4 +1,4 @@
-"""The agent's default /metrics port is declared once (perfd.limits.AGENT_METRICS_PORT) and every file
+"""The agent's default /metrics port is declared once (perfd.core.limits.AGENT_METRICS_PORT) and every file
 that cannot import it (Dockerfile, manifests, the chart, the scrape config, the docs) repeats the same
 number; 9400, dcgm-exporter's default on the same GPU nodes, appears only where dcgm-exporter is
 meant (the agent and dcgm-exporter once both took 9400 and one of them could not start)."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from perfd import limits as L
 from perfd.agent.config import AgentConfig
 from perfd.cli import build_parser
+from perfd.core import limits as L
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = L.AGENT_METRICS_PORT

@@ -17,7 +17,7 @@ import yaml
 
 from perfd.agent.config import apply_overrides, load_config
 from perfd.cli import build_parser
-from perfd.placement import gpu_job
+from perfd.core.placement import gpu_job
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

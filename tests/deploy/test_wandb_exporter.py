@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from perfd import catalog
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.run_summary import JobBlock, JobLayout, RunSummary
 from perfd.analytics.steps.goodput import Goodput
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.collectors.megatron import parse_file
+from perfd.core import catalog
 from perfd.exporters.wandb import (
     WandbExporter,
     budget_metrics,

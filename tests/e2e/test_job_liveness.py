@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED, job_state, stale_after
 from perfd.collectors.megatron import parse_file
+from perfd.core import events
 from tests.inproc import pipeline
 from tests.silence import arrived_ago
 

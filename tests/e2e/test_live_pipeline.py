@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd import catalog
 from perfd.commands.analyze import analyze_megatron_file
+from perfd.core import catalog
 from perfd.report.row_json import run_json
 from tests.inproc import pipeline
 

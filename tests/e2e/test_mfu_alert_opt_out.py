@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from perfd import catalog
 from perfd.agent.config import ConfigError, apply_overrides, load_config
-from perfd.jobinfo_json import job_info_from_json, job_info_to_json
-from perfd.model import HOOK_FRAMEWORK, JobInfo, merge_job_info
+from perfd.core import catalog
+from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, merge_job_info
 from tests.inproc import pipeline
 from tests.procs import ROOT
 

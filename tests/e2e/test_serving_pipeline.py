@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd import catalog
+from perfd.core import catalog
 from perfd.report.training_report import Report
 from tests.inproc import pipeline
 

@@ -31,10 +31,10 @@ from typing import Any, TypeVar
 
 import pytest
 
+from perfd.core.model import HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient, PublisherStats
-from perfd.model import HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
 from tests.engine.test_natsd import _need_nats_server
 from tests.procs import NOT_YET, Procs, WaitTimeout, get_json, run_env, start_aggregator, tail, wait_for
 

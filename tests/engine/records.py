@@ -9,7 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, Provenance, StepRecord, TimerValue
 
 LOOPS = Path(__file__).resolve().parents[1] / "data" / "hook" / "plain_loop_h100"
 RECORDINGS = ("data_steps.json.gz", "data_steps_run2.json.gz", "varlen_steps.json.gz",

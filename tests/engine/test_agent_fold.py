@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
+from perfd.core.model import CollectiveRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import publisher
 from perfd.engine import subjects as S
 from perfd.engine.figures_codec import chunks
 from perfd.engine.partial import decode
 from perfd.engine.publisher import EngineClient
-from perfd.model import CollectiveRecord
-from perfd.winfigures import WindowFigures
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import PER_NODE, synthetic_job
 

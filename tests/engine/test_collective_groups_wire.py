@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import pytest
 
 from perfd.collfold import GroupRef, reduce
+from perfd.core.model import CollectiveRecord
 from perfd.engine import collective_codec as cc
-from perfd.model import CollectiveRecord
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.collectives.test_collective_partial import synthetic_job
 

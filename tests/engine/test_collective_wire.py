@@ -17,11 +17,11 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.state import AggregatorState
 from perfd.collfold import CollectivePartial, reduce
+from perfd.core.model import CollectiveRecord
 from perfd.engine import collective_codec as cc
 from perfd.engine import subjects as S
 from perfd.engine.partial import decode, encode
 from perfd.engine.root import Root
-from perfd.model import CollectiveRecord
 from perfd.report.collective_text import collectives_json
 from perfd.transport.codec import encode_batch
 from perfd.transport.gen import perfd_pb2 as pb

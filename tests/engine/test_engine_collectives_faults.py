@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from perfd.aggregator.state import AggregatorState
-from perfd.model import CollectiveRecord, StepRecord
+from perfd.core.model import CollectiveRecord, StepRecord
 from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import (
     RANKS_PER_NODE,

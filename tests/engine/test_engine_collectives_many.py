@@ -22,11 +22,11 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.commands.engine import make_shard
+from perfd.core.model import CollectiveRecord
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.engine.rootfold import RootStats
-from perfd.model import CollectiveRecord
 from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job

@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from perfd import events as E
 from perfd.aggregator import forward as fwd
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.state import AggregatorState
+from perfd.core import events as E
+from perfd.core.model import CollectiveRecord
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
-from perfd.model import CollectiveRecord
 from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import load_fixture_records
 from tests.engine.test_natsd import _need_nats_server
@@ -302,11 +302,11 @@ def _port(out: dict[str, Any]) -> str:
 def test_jobs_past_the_aggregators_cap_are_refused_on_the_engine_path_too() -> None:
     """The jobs cap holds for what the engine brings: a third job's partials, job info and collectives
     are refused and counted (the root folds nothing of it), the two held go on."""
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.limits import Limits
+    from perfd.core.model import JobInfo
     from perfd.engine.partial import encode, partials_of
     from perfd.engine.root import Root
-    from perfd.jobinfo_json import job_info_to_json
-    from perfd.limits import Limits
-    from perfd.model import JobInfo
     from tests.engine.records import job_records
 
     agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[],

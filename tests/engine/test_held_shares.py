@@ -16,12 +16,12 @@ from perfd.collfold import (
     merge_all,
     reduce,
 )
+from perfd.core.model import CollectiveRecord, StepRecord
 from perfd.engine import shares
 from perfd.engine import subjects as S
 from perfd.engine.partial import Decoded, decode
 from perfd.engine.publisher import EngineClient
 from perfd.engine.shares import HeldShares
-from perfd.model import CollectiveRecord, StepRecord
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import PER_NODE, synthetic_job
 

@@ -22,13 +22,13 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.limits import Limits
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.partial import encode, partials_of
 from perfd.engine.root import Root
-from perfd.jobinfo_json import job_info_to_json
-from perfd.limits import Limits
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
-from perfd.refusals import Refusals
 from perfd.report import analysis_json
 from tests.collectives.collective_helpers import fr
 from tests.engine.records import job_records

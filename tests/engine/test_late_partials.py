@@ -27,6 +27,10 @@ from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
 from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.limits import Limits
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.partial import Partial, encode, partials_of
@@ -34,10 +38,6 @@ from perfd.engine.publisher import EngineClient
 from perfd.engine.root import Root
 from perfd.engine.rootfold import GONE_ITERATIONS, KEEP_ITERATIONS
 from perfd.engine.shard import Shard
-from perfd.jobinfo_json import job_info_to_json
-from perfd.limits import Limits
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
-from perfd.refusals import Refusals
 from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import Plan
 from tests.engine.records import RANKS_PER_NODE, job_records

@@ -1,4 +1,4 @@
-"""The engine's fold (perfd.stepfold, perfd.engine.partial, perfd.engine.rootfold.RootFold) on real
+"""The engine's fold (perfd.core.stepfold, perfd.engine.partial, perfd.engine.rootfold.RootFold) on real
 recorded clocks: any grouping, any order, any number of deliveries gives the one-aggregator fold;
 the wire form round-trips; malformed input is refused with a reason."""
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from perfd.core.model import StepRecord
+from perfd.core.stepfold import RUN_FIELD, fold_ranks
 from perfd.engine.partial import Partial, RunMarks, decode, encode, from_pb, partials_of
 from perfd.engine.rootfold import IDLE_FORGET_S, RootFold
-from perfd.model import StepRecord
-from perfd.stepfold import RUN_FIELD, fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.records import job_records
 
@@ -319,12 +319,12 @@ def test_the_root_holds_a_job_to_the_world_its_info_names():
     from perfd.aggregator.engine_sink import EngineSink
     from perfd.aggregator.guard import Guard
     from perfd.aggregator.state import AggregatorState
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.limits import Limits
+    from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ParallelLayout
+    from perfd.core.refusals import Refusals
     from perfd.engine import subjects as S
     from perfd.engine.root import Root
-    from perfd.jobinfo_json import job_info_to_json
-    from perfd.limits import Limits
-    from perfd.model import HOOK_FRAMEWORK, JobInfo, ParallelLayout
-    from perfd.refusals import Refusals
 
     sink = EngineSink(AggregatorState(), Guard(Limits(), Refusals()))
     root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "root-a")

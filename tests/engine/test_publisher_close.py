@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from perfd.core.model import StepRecord
 from perfd.engine import connect as engine_connect
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
-from perfd.model import StepRecord
 from tests.engine.engine_driver import need_nats_server, until
 
 

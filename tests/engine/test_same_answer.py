@@ -21,15 +21,15 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.http import job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.collectors.megatron import ParsedLog, parse_file
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.limits import Limits
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, Provenance, StepRecord
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.engine.root import Root
 from perfd.engine.shard import Shard
-from perfd.jobinfo_json import job_info_to_json
-from perfd.limits import Limits
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, Provenance, StepRecord
-from perfd.refusals import Refusals
 from perfd.report import analysis_json
 from tests.engine.records import T0, job_records
 from tests.engine.test_natsd import _need_nats_server
@@ -230,7 +230,7 @@ def _hooked(log: list[StepRecord], world: int) -> dict[int, list[list[StepRecord
     """Each rank's step-hook record of each logged iteration, one node a rank: rank r's step ends r ms
     after the log's and lasts r ms longer (the recorded log's clocks; the hook's shape as
     tests/engine/records.py makes it)."""
-    from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, TimerValue
+    from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, TimerValue
 
     out: dict[int, list[list[StepRecord]]] = {r: [] for r in range(world)}
     for rec in log:

@@ -22,16 +22,16 @@ import pytest
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
+from perfd.core.jobinfo_json import job_info_to_json
+from perfd.core.limits import Limits
+from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.connect import connect, ensure_streams
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.partial import encode, partials_of
 from perfd.engine.root import Root
 from perfd.engine.shard import Shard
-from perfd.jobinfo_json import job_info_to_json
-from perfd.limits import Limits
-from perfd.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
-from perfd.refusals import Refusals
 from tests.engine.records import RANKS_PER_NODE, job_records
 from tests.engine.test_natsd import _need_nats_server
 from tests.engine.test_same_answer import AHEAD, GPU, JOB, _answer

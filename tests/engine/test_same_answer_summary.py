@@ -6,7 +6,7 @@ go as their nodes' folds (what an agent sends) to the partition of their node (p
 are summarised there (a shard's), encoded and decoded, delivered twice and in any order to the root's
 SummaryFold, and merged.
 
-Exact parts are compared for equality with one aggregator's fold (perfd.stepfold) and its straggler
+Exact parts are compared for equality with one aggregator's fold (perfd.core.stepfold) and its straggler
 analysis (perfd.analytics.steps.stragglers.detect) and /metrics' top ranks and ratio histogram
 (perfd.exporters.prometheus): ranks, the slowest rank's record, the latest end, each timer's count,
 min, max and sum (the correctly rounded sum: math.fsum), each stage's count, sum and slowest ranks.
@@ -27,14 +27,14 @@ from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_C
 from perfd.analytics.steps.metrics import exposed_comm
 from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder, detect
+from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.model import HOOK_COMPUTE, ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.core.stepfold import fold_ranks
 from perfd.engine import stepsummary as ss
 from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial
 from perfd.engine.subjects import DEFAULT_PARTITIONS, partition_of
 from perfd.exporters.prometheus import rank_picture_rows, rank_ratio_buckets
-from perfd.limits import RANK_RATIO_TOP_K
-from perfd.model import HOOK_COMPUTE, ParallelLayout, Provenance, StepRecord, TimerValue
-from perfd.stepfold import fold_ranks
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.records import RANKS_PER_NODE, job_records
 

@@ -23,11 +23,11 @@ import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import CollectivePartial
+from perfd.core.model import ParallelLayout, StepRecord
+from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
 from perfd.engine.shard import Shard
-from perfd.model import ParallelLayout, StepRecord
-from perfd.winfigures import WindowFigures
 from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, rig_under, stream_state
 from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_shard_lease_busy import _ShardThread

@@ -18,13 +18,13 @@ import pytest
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
+from perfd.core.model import JobInfo, ParallelLayout
 from perfd.engine import shard_windows
 from perfd.engine import subjects as S
 from perfd.engine.nats_api import MsgMetadata
 from perfd.engine.partial import decode, encode, partials_of
 from perfd.engine.shard_windows import Holds
-from perfd.jobinfo_json import job_info_from_json, job_info_to_json
-from perfd.model import JobInfo, ParallelLayout
 from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import Plan
 from tests.engine.test_engine_collectives_faults import Job
@@ -123,9 +123,9 @@ def test_acknowledged_as_soon_as_folded_the_same_kills_lose_windows() -> None:
 def test_window_figures_cross_the_wire_whole_and_in_pieces() -> None:
     """perfd.engine.figures_codec: rows with and without classes, excluded or not, settled or not,
     uncovered (ABSENT) come back equal; cut in pieces, they merge back to the same rows."""
+    from perfd.core.winfigures import ABSENT, RankWindow, WindowFigures
     from perfd.engine import figures_codec
     from perfd.transport.gen import perfd_pb2 as pb
-    from perfd.winfigures import ABSENT, RankWindow, WindowFigures
 
     figs = WindowFigures("a job")
     figs.add(3, RankWindow(0, 10, 20, 1, None, 5, (("dp", 2), ("tp", 4)), True, 19))
@@ -150,9 +150,9 @@ def test_window_figures_a_message_naming_a_row_twice_decodes_to_their_join() -> 
     """A message whose columns hold one (iteration, rank) twice (a provisional row and the settled
     one): the settled stays whichever comes first in the columns; an excluded name past the
     message's list is refused."""
+    from perfd.core.winfigures import RankWindow, WindowFigures
     from perfd.engine import figures_codec
     from perfd.transport.gen import perfd_pb2 as pb
-    from perfd.winfigures import RankWindow, WindowFigures
 
     provisional = RankWindow(2, 10, 20, 1, None, 5, (("dp", 2),), False, 15)
     settled = RankWindow(2, 10, 20, 1, None, 6, (("dp", 3),), True, 19)
@@ -226,10 +226,10 @@ def test_an_agents_figures_go_on_as_they_came_and_malformed_ones_are_refused_wit
     """A shard hands a folding agent's figures on undecoded (perfd.engine.shard: _forward): their rows
     checked (figures_codec.check), a node message whose figures do not hold together terminated and
     counted, as one that is not an EngineBatch."""
+    from perfd.core.winfigures import RankWindow, WindowFigures
     from perfd.engine.figures_codec import to_pb
     from perfd.engine.shard import Shard
     from perfd.transport.gen import perfd_pb2 as pb
-    from perfd.winfigures import RankWindow, WindowFigures
 
     figs = WindowFigures("j")
     for r in range(3):

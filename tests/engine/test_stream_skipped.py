@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from perfd import events as E
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
 from perfd.collfold import reduce
+from perfd.core import events as E
+from perfd.core.limits import Limits
+from perfd.core.model import CollectiveRecord
+from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.partial import encode
 from perfd.engine.root import Root
 from perfd.engine.rootfold import stream_gap
-from perfd.limits import Limits
-from perfd.model import CollectiveRecord
-from perfd.refusals import Refusals
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable
 from tests.engine.test_natsd import _need_nats_server

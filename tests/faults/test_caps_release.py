@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
-from perfd.model import Sample, StepRecord
+from perfd.core import limits as L
+from perfd.core.model import Sample, StepRecord
 from perfd.transport.client import AgentClient
 from tests.faults.streams import streaming
 from tests.inproc import pipeline

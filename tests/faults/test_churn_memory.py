@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.clock import REAL_CLOCK
-from perfd.limits import Limits
-from perfd.model import Sample, StepRecord
-from perfd.typed import number, obj
+from perfd.core.clock import REAL_CLOCK
+from perfd.core.limits import Limits
+from perfd.core.model import Sample, StepRecord
+from perfd.core.typed import number, obj
 from tests.faults.streams import send_batches
 from tests.procs import wait_for
 
@@ -119,7 +119,8 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
 
 
 class _HeldClock:
-    """A perfd.clock.Clock whose wall clock stands at ``at`` until it is set to None, then is the real one."""
+    """A perfd.core.clock.Clock whose wall clock stands at ``at`` until it is set to None, then is the real
+    one."""
 
     def __init__(self, at: float | None) -> None:
         self.at = at

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from tests.faults.streams import send_batches
 
 pytestmark = pytest.mark.slow

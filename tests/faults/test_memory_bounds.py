@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.retention import TRIM_EVERY_S
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from tests.faults.streams import send_batches
 from tests.inproc import pipeline
 

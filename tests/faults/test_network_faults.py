@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
+from perfd.core import limits as L
 from tests.faults.proxy import FaultProxy
 from tests.inproc import AgentHandle, Pipeline, pipeline
 from tests.procs import http_get, wait_for

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # 20 agents, each defining 2,500 new series per batch, 20 batches each: a million series.
 FLOOD = r'''
 import asyncio, sys
-from perfd.model import Sample
+from perfd.core.model import Sample
 from perfd.transport import AgentClient
 
 async def one(addr, i):

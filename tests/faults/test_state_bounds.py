@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.client import STREAM_METHOD
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.faults.streams import send_batches

@@ -24,7 +24,7 @@ import pytest
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state_schema import BATCH
 from perfd.aggregator.state_store import StateStore
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.procs import free_port, http_get, stop, wait_for

@@ -27,8 +27,8 @@ from perfd.analytics.steps.provenance import Code
 from perfd.analytics.steps.vocabulary import HOOK_VOCABULARY
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
+from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.hook import StepHook
-from perfd.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.report import build_report
 from perfd.report.incident_text import cause_line
 from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu
@@ -273,7 +273,7 @@ def test_a_model_spec_counts_the_flops_from_tokens(tmp_path: Path) -> None:
             "kv_channels": 128, "seq_length": 1024, "padded_vocab_size": 32000}
     h = StepHook(str(tmp_path / "none.sock"), tokens_per_step=8 * 1024, model=spec, cuda=False, enabled=False)
     from perfd.analytics.steps.flops import megatron_flops
-    from perfd.model import ModelSpec
+    from perfd.core.model import ModelSpec
     assert h.flops_per_step == pytest.approx(megatron_flops(ModelSpec(**spec), 8).flops_per_iteration)  # type: ignore[arg-type]
     # What it cannot count is said once and left absent: nothing raises in the user's script.
     typo = StepHook(str(tmp_path / "none.sock"), tokens_per_step=1, model={"layers": 8}, enabled=False)

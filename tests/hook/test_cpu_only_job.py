@@ -29,8 +29,8 @@ from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
+from perfd.core.model import CPU, CUDA, StepRecord
 from perfd.hook import StepHook, wire
-from perfd.model import CPU, CUDA, StepRecord
 from perfd.report import build_report, render_text
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import default_pack_path, load_pack

@@ -24,7 +24,7 @@ from perfd.analytics.steps.flops import megatron_flops
 from perfd.analytics.steps.provenance import Code
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
-from perfd.model import (
+from perfd.core.model import (
     HOOK_DATA_WAIT_FROM_FIELD,
     HOOK_IN_STEP_FIELD,
     HOOK_OUTSIDE,

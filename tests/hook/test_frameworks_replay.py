@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.agent.hook_gpus import HookGpus, hook_ranks
 from perfd.aggregator import class_inputs as class_inputs_mod
 from perfd.aggregator import job_analyses as job_analyses_mod
@@ -40,6 +39,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
+from perfd.core import events
 from tests.gpu.frameworks_live import check, own_steps
 from tests.journal_replay import ReplayClock
 

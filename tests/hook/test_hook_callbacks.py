@@ -14,8 +14,8 @@ import pytest
 
 import perfd.hook.hf as hf
 import perfd.hook.lightning as lightning
+from perfd.core.model import JobInfo
 from perfd.hook import StepHook, wire
-from perfd.model import JobInfo
 from tests.hook.sim_clock import SimClock
 
 
@@ -160,7 +160,7 @@ def test_a_trainers_callback_names_its_trainer_to_the_aggregator(
     from perfd.aggregator.jobs import JobStore
     from perfd.collector import Collected
     from perfd.collectors.hook import HookCollector
-    from perfd.jobinfo_json import job_info_from_json, job_info_to_json
+    from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
 
     make = _fake_trainer(monkeypatch, framework)
     sock = str(tmp_path / "hook.sock")

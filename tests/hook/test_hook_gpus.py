@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfd import events
 from perfd.agent.hook_gpus import FROM_DEVICE, FROM_PID, HookGpus, HookRankInfo, attribute, hook_ranks
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.evidence import Missing
 from perfd.collectors.hook import HookCollector
+from perfd.core import events
+from perfd.core.model import Provenance, StepRecord, TimerValue
 from perfd.hook import StepHook
-from perfd.model import Provenance, StepRecord, TimerValue
 from perfd.report.incident_text import missing_text
 
 UUID = "GPU-8b7c1e2a-0d3f-4c55-9a1e-55aa66bb77cc"

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from perfd.collectors.hook import HookCollector
+from perfd.core.model import JobInfo, ModelSpec, ParallelLayout, merge_job_info
 from perfd.hook import StepHook, wire
 from perfd.hook.jobinfo import job_msg, mesh_sizes
 from perfd.hook.sender import DatagramSender
-from perfd.model import JobInfo, ModelSpec, ParallelLayout, merge_job_info
 
 
 def test_job_record_round_trip() -> None:
@@ -123,7 +123,7 @@ def test_the_collector_takes_a_known_trainer_and_counts_anything_else(tmp_path: 
 
 def test_model_record_round_trip_and_bounds() -> None:
     """The model the hook counts with goes whole (a size the record cannot hold goes absent), after the
-    step records of its datagram; the collector takes what perfd.bounds admits into the job's spec."""
+    step records of its datagram; the collector takes what perfd.core.bounds admits into the job's spec."""
     from perfd.analytics.steps.flops import read_spec
     from perfd.collectors.hook.model_record import take_model
 

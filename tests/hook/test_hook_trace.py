@@ -24,8 +24,8 @@ import pytest
 
 import perfd.hook.trace
 from perfd.capture.chrome_trace import read_chrome_trace
+from perfd.core.limits import HOOK_MAX_STEPS
 from perfd.hook import StepHook, wire
-from perfd.limits import HOOK_MAX_STEPS
 from tests.hook.test_step_hook import FakeGpu, drain, records, steps_of
 from tests.torch_tests import needs_torch
 

@@ -124,7 +124,7 @@ def test_the_backlog_is_bounded_and_what_it_loses_is_counted(tmp_path: Path) -> 
     path = str(tmp_path / "late.sock")
     hook = Hook(path, cuda=False, rank=0)
     hook.sender.retry_ns = 0
-    hook.sender.backlog_max = 5  # perfd.limits.HOOK_BACKLOG_RECORDS, small for the test
+    hook.sender.backlog_max = 5  # perfd.core.limits.HOOK_BACKLOG_RECORDS, small for the test
     run(hook, 8)
     assert hook.counters()["held"] == 5 and hook.sender.drops == {"agent_absent": 3}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

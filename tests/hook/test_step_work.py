@@ -22,8 +22,8 @@ from perfd.analytics.steps.flops import (
     read_spec,
     token_flops,
 )
+from perfd.core.model import ModelSpec
 from perfd.hook import StepHook, wire
-from perfd.model import ModelSpec
 
 Hook = functools.partial(StepHook, flush_interval_s=0, cuda=False, rank=0, warmup_steps=0)
 GPT = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256,

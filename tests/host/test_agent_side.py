@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.agent.stacks import StackDumper, dump_stack, find_py_spy
@@ -25,8 +24,9 @@ from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.megatron import parse_file
 from perfd.collectors.ranks import RanksCollector
+from perfd.core import events
+from perfd.core.model import Provenance, StepRecord
 from perfd.hook import StepHook
-from perfd.model import Provenance, StepRecord
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.hook.sim_clock import SimClock
 
@@ -148,7 +148,7 @@ def test_a_stopped_process_stack_and_the_answers_when_py_spy_fails(tmp_path: Pat
     binary = find_py_spy()
     assert binary is not None  # a pinned dependency of perfd (pyproject.toml)
     got = dump_stack(binary, stopped_python.pid)
-    # A stack comes back only within the dump's timeout (perfd.limits.STACK_TIMEOUT_S): how long py-spy
+    # A stack comes back only within the dump's timeout (perfd.core.limits.STACK_TIMEOUT_S): how long py-spy
     # took is the machine's, reported, not bounded here.
     assert "train_step (<string>:" in got["stack"] and got["took_s"] >= 0
 

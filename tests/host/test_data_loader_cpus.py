@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.attribution import GpuSeen
@@ -29,7 +28,8 @@ from perfd.analytics.incidents.host_evidence import CpuRoom, cpu_use, host_items
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, RankSnapshot
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.collectors.ranks import RanksCollector, procfs
-from perfd.model import JobInfo, Provenance, StepRecord, TimerValue
+from perfd.core import events
+from perfd.core.model import JobInfo, Provenance, StepRecord, TimerValue
 from perfd.report.data_text import DATA_CPU_BOUND_ACTION, DATA_LOADING_ACTION, DATA_MORE_WORKERS_ACTION
 from perfd.report.incident_findings import incident_findings
 from perfd.report.training_report import build_report

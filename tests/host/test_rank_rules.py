@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.collectors.megatron import parse_file
+from perfd.core import events
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import parse_pack_checked
 from tests.silence import arrived_ago

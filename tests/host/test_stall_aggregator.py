@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.agent.stacks import StackDumper
 from perfd.aggregator.job_rows import liveness_rows
 from perfd.aggregator.snapshot import overview_of
@@ -29,6 +28,7 @@ from perfd.analytics.incidents.stall import IDLE_CPU_CORES, StallCheck
 from perfd.analytics.steps.liveness import RUNNING, STALLED
 from perfd.collectors.megatron import parse_file, parse_lines
 from perfd.collectors.ranks import RanksCollector
+from perfd.core import events
 from perfd.transport.codec import COMMAND_STACKS, Command
 from tests.procs import wait_for
 from tests.silence import arrived_ago

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import Withdrawal
 from perfd.analytics.incidents.stall import (
@@ -31,7 +30,8 @@ from perfd.analytics.incidents.stall import (
     delivery_only,
     job_clock_gap_s,
 )
-from perfd.typed import obj
+from perfd.core import events
+from perfd.core.typed import obj
 from tests.host.test_stall_aggregator import JOB, Harness
 from tests.host.test_stall_aggregator import ranks as ranks  # the fixture, re-exported
 

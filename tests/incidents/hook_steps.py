@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from perfd.aggregator.state import AggregatorState
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, StepRecord, TimerValue
 
 
 def jitter(i: int) -> float:

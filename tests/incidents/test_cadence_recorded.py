@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.incidents.cadence import PausePart, SeenKind
-from perfd.model import HOOK_OUTSIDE, StepRecord, TimerValue
+from perfd.core import events
+from perfd.core.model import HOOK_OUTSIDE, StepRecord, TimerValue
 from tests.journal_replay import Extra, Replayed, replay, samples, unpack
 
 NANO, HF = "nanogpt_h200", "hf_clm_h200"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfd import catalog
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.analytics.incidents.detect import Incident, detect_incidents
 from perfd.analytics.incidents.evidence import (
@@ -16,6 +15,7 @@ from perfd.analytics.incidents.evidence import (
     cause_label,
 )
 from perfd.analytics.steps.iteration import IterationResult
+from perfd.core import catalog
 from perfd.exporters.prometheus import series_families
 from tests.incidents.test_tracked_records import _snapshot, _stall
 

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfd import events
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.http import _StateCollector, job_summary
@@ -17,7 +16,8 @@ from perfd.aggregator.state import AggregatorState
 from perfd.analytics.breakdown.bottleneck import ClassSource
 from perfd.analytics.steps.provenance import Code
 from perfd.collectors.megatron import parse_file
-from perfd.model import StepRecord, TimerValue
+from perfd.core import events
+from perfd.core.model import StepRecord, TimerValue
 from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_hang_collected, _through_wire
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from perfd import events
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.clock import ManualClock
 from perfd.collectors.megatron import parse_lines
+from perfd.core import events
+from perfd.core.clock import ManualClock
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def _frames() -> list[dict[str, Any]]:
 def _replay() -> Iterator[tuple[float, AggregatorState, str]]:
     """Yields (replay time, state, what just happened) while feeding log records and NVML frames
     in the order they happened; the state analyses the job every 2 s of replay time, its clock the
-    replay's (perfd.clock.ManualClock: the GPU and host readings an incident keeps, the class inputs,
+    replay's (perfd.core.clock.ManualClock: the GPU and host readings an incident keeps, the class inputs,
     /api/stats' uptime and agents' ages are stamped with it too)."""
     clock = ManualClock(0.0)
     with gzip.open(DATA / "megatron_dp1.log.gz", "rt") as f:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from tests.inproc import pipeline
 from tests.procs import NOT_YET, get_json, wait_for

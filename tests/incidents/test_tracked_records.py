@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from perfd import finite_json
 from perfd.aggregator.gpu_views import SnapshotView, rank_snapshots
 from perfd.aggregator.incidents import IncidentTracker
 from perfd.analytics.collectives.collective_hangs import HangView
@@ -17,7 +16,8 @@ from perfd.analytics.incidents.evidence import StallReason
 from perfd.analytics.incidents.incident_evidence import EvidenceSource, Withdrawal
 from perfd.analytics.incidents.stall import RankSeen, StallCheck, Status
 from perfd.analytics.steps.iteration import IterationResult
-from perfd.events import GpuProcess
+from perfd.core import finite_json
+from perfd.core.events import GpuProcess
 
 GPU = ("n0", "0")
 STEP_KEYS = ["named_by_iterations", "rank_compute_ratio_max", "straggler_line_max_rank",

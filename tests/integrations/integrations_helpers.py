@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from perfd import catalog, catalog_labels
+from perfd.core import catalog, catalog_labels
 from tests.procs import free_port as free_port
 from tests.procs import http_get
 
@@ -172,7 +172,7 @@ def catalog_problems(names: set[str]) -> list[str]:
         if n + "_total" in kinds:
             problems.append(f"{n}: a counter; its samples are named {n}_total")
         else:
-            problems.append(f"{n}: not in perfd.catalog")
+            problems.append(f"{n}: not in perfd.core.catalog")
     return problems
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from perfd import catalog
+from perfd.core import catalog
 from tests.inproc import pipeline
 from tests.integrations.integrations_helpers import need
 from tests.integrations.test_dashboard_topology import _dashboard, _fill, _query

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.agent.scheduler import RUNNING_ERROR_REASONS
 from perfd.cli import main
-from perfd.model import CAPTURE_OUTCOMES, CAPTURE_TOOLS
+from perfd.core import limits as L
+from perfd.core.model import CAPTURE_OUTCOMES, CAPTURE_TOOLS
 from tests.inproc import Pipeline, pipeline
 from tests.integrations.integrations_helpers import DEMO_LOG, NVML_REPLAY, ROOT, need
 from tests.procs import Procs, free_port, http_get, placed_recording, wait_for

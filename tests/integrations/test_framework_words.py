@@ -15,7 +15,7 @@ import pytest
 
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.model import (
+from perfd.core.model import (
     HOOK_COMPUTE,
     HOOK_DATA_WAIT,
     JobInfo,

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from perfd import catalog
+from perfd.core import catalog
 from tests.integrations.integrations_helpers import (
     KNOWN_LABELS,
     ROOT,

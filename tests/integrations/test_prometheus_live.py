@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd import catalog
 from perfd.cli import main as perfd_main
+from perfd.core import catalog
 from tests.integrations.integrations_helpers import (
     RULES,
     Live,

@@ -84,7 +84,7 @@ def test_name_checks_catch_mistakes() -> None:
         "perfd_gpu_xid_errors_total", "perfd_job_mfu_ratio"}
     assert catalog_problems({"perfd_gpu_xid_errors"}) == [
         "perfd_gpu_xid_errors: a counter; its samples are named perfd_gpu_xid_errors_total"]
-    assert catalog_problems({"perfd_job_mfu"}) == ["perfd_job_mfu: not in perfd.catalog"]
+    assert catalog_problems({"perfd_job_mfu"}) == ["perfd_job_mfu: not in perfd.core.catalog"]
     assert promql_label_names('max by (node, gpu) (x{job_name=~"$job_name", reason!="a"})') == {
         "node", "gpu", "job_name", "reason"}
 

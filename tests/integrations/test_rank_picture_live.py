@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd import catalog
 from perfd.analytics.steps.goodput import KINDS
-from perfd.limits import RANK_RATIO_TOP_K
+from perfd.core import catalog
+from perfd.core.limits import RANK_RATIO_TOP_K
 from tests.integrations.integrations_helpers import (
     ROOT,
     Live,

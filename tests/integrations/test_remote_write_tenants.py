@@ -46,7 +46,7 @@ from tests.integrations.integrations_helpers import free_port, stop, wait_for
 pytestmark = pytest.mark.slow
 
 TEAM_B_METRIC = "perfd_job_step_time_seconds"
-# what the aggregator's own /metrics always has (perfd/catalog.py): its build info
+# what the aggregator's own /metrics always has (perfd/core/catalog.py): its build info
 TEAM_A_METRIC = "perfd_build_info"
 
 

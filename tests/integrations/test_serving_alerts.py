@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from perfd import catalog
 from perfd.analytics.serving import serving_findings as sf
+from perfd.core import catalog
 from tests.integrations.integrations_helpers import (
     KNOWN_LABELS,
     PROM_DIR,

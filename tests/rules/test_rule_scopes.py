@@ -23,24 +23,24 @@ from pathlib import Path
 
 import pytest
 
-from perfd import catalog
 from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
-from perfd.catalog import RANK_HOST_SERIES
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from perfd.collectors.megatron import parse_file
 from perfd.collectors.sglang import parse_file as parse_sglang
-from perfd.events import SERVING_DATA
+from perfd.core import catalog
+from perfd.core.catalog import RANK_HOST_SERIES
+from perfd.core.events import SERVING_DATA
+from perfd.core.serving_records import HistogramSeries, MetricsSnapshot, ServingData
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine, ScopeKey, scope_of
 from perfd.rules.expr import SCOPE_LABELS, series_key
 from perfd.rules.pack_loader import check_files_warned, parse_pack
 from perfd.rules.rule_types import carrying_scopes
-from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServingData
 from tests.collectives.collective_helpers import MS, T0, load_fixture_records, step
 
 ROOT = Path(__file__).resolve().parents[2]

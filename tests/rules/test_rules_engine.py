@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from perfd.clock import ManualClock
+from perfd.core.clock import ManualClock
 from perfd.rules.evaluator import CaptureArbiter, Firing, RuleEngine, ScopeKey, job_of, scope_of
 from perfd.rules.pack_loader import parse_pack
 from perfd.rules.rule_types import Rule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfd import catalog
+from perfd.core import catalog
 from perfd.rules.expr import (
     ALIASES,
     THROTTLE_REASONS,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.model import CAPTURE_TOOLS
+from perfd.core.model import CAPTURE_TOOLS
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.pack_loader import check_files, default_pack_path, load_pack, parse_pack
 from perfd.rules.rule_types import (

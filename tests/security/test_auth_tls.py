@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
-from perfd.model import StepRecord
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from perfd.transport.gen import perfd_pb2 as pb

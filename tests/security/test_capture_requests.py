@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
+from perfd.core import limits as L
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 

@@ -25,7 +25,7 @@ from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.cli import main
 from perfd.collector import Capabilities, Collected, Collector, Registry
-from perfd.model import Sample
+from perfd.core.model import Sample
 from tests.inproc import pipeline
 from tests.procs import free_port
 

@@ -1,7 +1,7 @@
 """Events about a job only from the agents that host it; capture results only from the agents the
 capture was sent to. A real aggregator on loopback, in the test's process
 (``perfd aggregator``'s configuration: tests/inproc.py; on the test's clock where the job's silence
-matters: perfd.clock), two real gRPC agents (the transport's own AgentClient): the job's host, and a
+matters: perfd.core.clock), two real gRPC agents (the transport's own AgentClient): the job's host, and a
 stranger hosting another job.
 
 The issue's probe: a gRPC client that does not host a job sent ``job_phase`` events for it, reported
@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.clock import ManualClock
-from perfd.model import StepRecord
+from perfd.core import limits as L
+from perfd.core.clock import ManualClock
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import Command
 from tests.faults.streams import streaming
@@ -103,7 +103,7 @@ async def _scenario(target: str, base: str) -> tuple[dict[str, Any], dict[str, i
 @contextlib.asynccontextmanager
 async def _aggregator(clock: ManualClock) -> AsyncIterator[tuple[Aggregator, str, str]]:
     """An aggregator in process on loopback, as ``perfd aggregator --no-rules --rules-interval 0.5``
-    runs, on the test's clock (perfd.clock): (it, its gRPC target, its HTTP base URL)."""
+    runs, on the test's clock (perfd.core.clock): (it, its gRPC target, its HTTP base URL)."""
     agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], rules_interval_s=0.5),
                      clock=clock)
     await agg.start()

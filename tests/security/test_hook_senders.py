@@ -30,8 +30,8 @@ import pytest
 from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook import peers as P
+from perfd.core.limits import HOOK_QUEUE_SHARES
 from perfd.hook import StepHook, wire
-from perfd.limits import HOOK_QUEUE_SHARES
 from tests.inproc import pipeline
 from tests.procs import Procs, WaitTimeout, get_json, http_get, start_agent, start_aggregator, wait_for
 from tests.security.other_user import OtherUser, other_user
@@ -320,7 +320,7 @@ def test_the_root_agent_dumps_only_the_senders_own_process(live: tuple[Procs, st
 JOB_LOOP = """
 import sys, time
 from perfd.hook import StepHook, wire
-from perfd.limits import HOOK_QUEUE_SHARES
+from perfd.core.limits import HOOK_QUEUE_SHARES
 hook = StepHook(cuda=False, rank=0, flush_interval_s=0.05)
 while True:
     with hook.step():

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
+from perfd.core import limits as L
 from tests.inproc import Pipeline, pipeline
 from tests.procs import wait_for
 

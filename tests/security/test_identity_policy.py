@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
 from perfd.cli import main
-from perfd.model import StepRecord
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.security import ClientTls, IdentityPolicy
 from tests.security.certs import CA

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
-from perfd.model import Provenance, StepRecord
+from perfd.core import limits as L
+from perfd.core.model import Provenance, StepRecord
 from perfd.transport.client import AgentClient
 from tests.faults.streams import streaming
 from tests.inproc import pipeline

@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.model import StepRecord
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from tests.inproc import pipeline
 from tests.procs import get_json
 

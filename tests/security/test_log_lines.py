@@ -5,7 +5,7 @@ real aggregator (in the test's process, tests/inproc.py, its log written as ever
 it: perfd.cli.log_handler) and a real gRPC client whose agent id carries a newline, a carriage
 return, an ANSI escape and a right-to-left override, and a line the aggregator's own would look like:
 the client's step records for a job another agent hosts are refused, and the refusal names the agent.
-Every line of the log is then one of the aggregator's own, the agent id in it escaped (perfd.logline).
+Every line of the log is then one of the aggregator's own, the agent id in it escaped (perfd.core.logline).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from perfd.cli import log_handler
-from perfd.logline import escaped
-from perfd.model import StepRecord
+from perfd.core.logline import escaped
+from perfd.core.model import StepRecord
 from tests.inproc import pipeline
 from tests.procs import get_json
 

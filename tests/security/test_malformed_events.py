@@ -32,7 +32,7 @@ import pytest
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.durable import Journal
 from perfd.aggregator.state_store import StateStore
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient
 from perfd.transport.codec import encode_batch
 from perfd.transport.series import SeriesTable

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.model import Sample
+from perfd.core import limits as L
+from perfd.core.model import Sample
 from perfd.transport.client import AgentClient
 from perfd.transport.series import Series
 from tests.inproc import pipeline

@@ -9,7 +9,7 @@ process: it is stopped), and the announcements made for real.
   SIGSTOPped: before, each end restarted the job's silence and the stall never came; now a stopped
   rank is the kernel's word, which no announcement overrides.
 - A SIGSTOPped hook job past its stale limit and its retention: stalled, not ended, not pruned. The
-  aggregator in process on the test's clock (perfd.clock), the rank a real stopped process.
+  aggregator in process on the test's clock (perfd.core.clock), the rank a real stopped process.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
-from perfd.clock import ManualClock
 from perfd.collectors.ranks import RanksCollector
-from perfd.model import Provenance, StepRecord
+from perfd.core import limits as L
+from perfd.core.clock import ManualClock
+from perfd.core.model import Provenance, StepRecord
 from tests.inproc import pipeline
 from tests.procs import Procs, get_json, wait_for
 from tests.security.other_user import OtherUser, other_user
@@ -146,7 +146,7 @@ def test_a_stopped_hook_job_stays_stalled_and_is_not_pruned_as_ended() -> None:
     read "ended" once its last step was older than the stale limit (60 s), while its own open stall
     said "stalled", and could be pruned as ended. Here the limit is 8 s, the retention 2 s.
 
-    The aggregator in process, on the test's clock (perfd.clock.ManualClock): its tick (what its rules
+    The aggregator in process, on the test's clock (perfd.core.clock.ManualClock): its tick (what its rules
     loop runs: analysis, stall check, housekeeping) at each second of the silence, with the rank a real
     process, SIGSTOPped, as the real ranks collector sees it."""
     rank = subprocess.Popen([sys.executable, "-c", "import time\nprint('in', flush=True)\ntime.sleep(600)"],

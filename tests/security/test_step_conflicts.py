@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from perfd import events
-from perfd import limits as L
 from perfd.aggregator.state import AggregatorState
 from perfd.collectors.megatron import parse_file
-from perfd.model import StepRecord
+from perfd.core import events
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from tests.inproc import Pipeline, pipeline
 from tests.procs import http_get
 

@@ -4,7 +4,7 @@ The issue's probe: two step times of 1e308 (finite floats) in a Megatron-LM log 
 megatron`` die with ``OverflowError: intermediate overflow in fsum``; live, "analysis of job failed"
 twice a second and ``/api/jobs/<job>/iterations`` served ``[]``: a stranger naming the job in its Hello
 needed two records to freeze what the aggregator served for it. Every number of a step record is now
-checked against perfd.bounds where it enters (the parsers, the hook's collector, the aggregator's
+checked against perfd.core.bounds where it enters (the parsers, the hook's collector, the aggregator's
 batches), before any sum: out of bounds, it is absent (never 0) and counted. And a job whose analysis
 fails anyway says so in what it serves, counted, its last analysis kept.
 """
@@ -24,15 +24,15 @@ from typing import Any
 
 import pytest
 
-from perfd import bounds
-from perfd import limits as L
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.cli import main as cli_main
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.megatron import parse_file
+from perfd.core import bounds
+from perfd.core import limits as L
+from perfd.core.model import StepRecord
 from perfd.hook import wire
-from perfd.model import StepRecord
 from perfd.transport.client import AgentClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,6 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from perfd import limits as L
 from perfd.agent.capture_executor import AgentCaptures
 from perfd.agent.config import apply_overrides, load_config
 from perfd.agent.node_agent import Agent
@@ -42,6 +41,7 @@ from perfd.capture.chrome_trace import read_chrome_trace
 from perfd.capture.kineto_daemon import trace_complete
 from perfd.capture.store import CaptureStore
 from perfd.capture.trace_input import TraceCaps, TraceRefused, read_trace_bytes
+from perfd.core import limits as L
 from tests.capture.test_hook_trace_run import StandInHooks, manager, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +188,8 @@ def test_offline_analyze_refuses_a_bomb_in_one_line_with_bounded_memory(bombs: d
     print(f"FIGURES perfd analyze trace of a 1 GiB {kind} bomb peaked at {peak:.0f} MB")
     assert code != 0 and out == ""
     assert err.splitlines() == [f"perfd: cannot analyse {path}: refused (trace_inflated): it inflates past "
-                                "128 MiB, the most a trace may hold (perfd.limits.MAX_TRACE_INFLATED_BYTES)"]
+                                "128 MiB, the most a trace may hold "
+                                "(perfd.core.limits.MAX_TRACE_INFLATED_BYTES)"]
 
 
 @pytest.mark.slow
@@ -352,7 +353,7 @@ def test_offline_analyze_refuses_a_small_gzip_whose_escape_widens_a_huge_string(
     print(f"FIGURES perfd analyze trace of the widening escape peaked at {peak:.0f} MB")
     assert err.splitlines() == [f"perfd: cannot analyse {path}: refused (trace_inflated): its 129,900,042 "
                                 "bytes read decode to 4 bytes a character, past 128 MiB, the most a trace "
-                                "may hold (perfd.limits.MAX_TRACE_INFLATED_BYTES)"]
+                                "may hold (perfd.core.limits.MAX_TRACE_INFLATED_BYTES)"]
 
 
 # ---- the defaults ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ N ``cudaLaunchKernel`` calls inside the innermost and their N kernels, N ``Profi
 attribution walked every launch's ancestors), under the agent's one-trace-at-a-time lock
 (perfd.capture.bookkeeping) that stalls every job's captures. Backward units nested the same way,
 each linked by autograd's flow to the next one in, took the analysis past Python's recursion limit;
-past perfd.limits.MAX_TRACE_AUTOGRAD_LINKS links they are refused (trace_nesting).
+past perfd.core.limits.MAX_TRACE_AUTOGRAD_LINKS links they are refused (trace_nesting).
 
 The work is measured, not timed: the lines perfd.capture.ops executes (a trace function counting
 them, in that module's frames only) at N and 4N grow as N does, not as N²; and the review's N=30000
@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.capture import ops
 from perfd.capture.analysis import TraceData
 from perfd.capture.chrome_trace import analyze_chrome_trace, read_chrome_trace
 from perfd.capture.ops import OpAttribution, attribute
 from perfd.capture.trace_input import TraceRefused
+from perfd.core import limits as L
 
 UNIT = "autograd::engine::evaluate_function: "
 # Nested op names that reach every rule: batched matmuls and softmaxes around each other (the core
@@ -161,7 +161,7 @@ def test_the_reviews_30000_deep_trace_is_analysed_to_its_answer(tmp_path: Path, 
 def test_backward_units_linked_each_to_the_next_are_followed_to_a_bound_then_refused(tmp_path: Path) -> None:
     """The links are followed on a stack of the attribution's own: 30,000 of them took the analysis
     past Python's recursion limit. Each link adds " (backward)" to the label (n links nested n deep:
-    n² of text), so past perfd.limits.MAX_TRACE_AUTOGRAD_LINKS the trace is refused, with its reason."""
+    n² of text), so past perfd.core.limits.MAX_TRACE_AUTOGRAD_LINKS the trace is refused, with its reason."""
     n = L.MAX_TRACE_AUTOGRAD_LINKS
     got = run(read_chrome_trace(load(tmp_path, units(n))))
     assert got is not None

@@ -1,5 +1,6 @@
-"""Serving is analysed on the aggregator from the records the agent sends (perfd.serving_records.ServingData
-through the transport's event codec), with the same numbers as ``perfd analyze sglang`` offline."""
+"""Serving is analysed on the aggregator from the records the agent sends
+(perfd.core.serving_records.ServingData through the transport's event codec), with the same numbers as
+``perfd analyze sglang`` offline."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.snapshot import overview_of
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.serving.serving_analysis import analyze_serving
-from perfd.clock import ManualClock
 from perfd.collectors.sglang import parse_file
-from perfd.events import SERVING_DATA
+from perfd.core.clock import ManualClock
+from perfd.core.events import SERVING_DATA
+from perfd.core.serving_records import (
+    HistogramSeries,
+    MetricsSnapshot,
+    ServerInfo,
+    ServingData,
+    ServingRecord,
+)
+from perfd.core.typed import obj
 from perfd.report.serving_report import build_serving_report
-from perfd.serving_records import HistogramSeries, MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import event_from_pb, event_to_pb
-from perfd.typed import obj
 
 LOG = Path(__file__).resolve().parents[2] / "perfd/collectors/sglang/tests/data/sglang_0_5_5_dp2.log"
 CFG = {"window_s": 1e9, "gpu": "NVIDIA H100 80GB HBM3", "model": {"params": 8.03e9, "dtype": "bf16"}}

@@ -20,10 +20,10 @@ from perfd.analytics.serving.serving_findings import ServingFinding
 from perfd.analytics.serving.spec import decode_step_rate, resolve
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.collectors.sglang import ParsedServingLog, parse_file, parse_lines
+from perfd.core.serving_model import ServingModelSpec
+from perfd.core.serving_records import ServerInfo, ServingRecord
 from perfd.report.provenance_text import text
 from perfd.report.serving_report import build_serving_report, serving_json
-from perfd.serving_model import ServingModelSpec
-from perfd.serving_records import ServerInfo, ServingRecord
 
 DATA = Path(__file__).resolve().parents[2] / "perfd" / "collectors" / "sglang" / "tests" / "data"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -175,7 +175,7 @@ def test_window_drops_old_records_and_keeps_a_scrape_baseline() -> None:
     assert len(w.records()) == 3
     w.add_records([rec("decode", 75.0 + i) for i in range(4)], now=0.0)
     assert len(w.records()) == 5 and w.dropped == 2
-    from perfd.serving_records import MetricsSnapshot
+    from perfd.core.serving_records import MetricsSnapshot
 
     for t in (0.0, 30.0, 61.0, 95.0):
         w.add_scrape(MetricsSnapshot(time=t, source="x"))

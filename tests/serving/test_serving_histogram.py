@@ -16,8 +16,8 @@ from perfd.analytics.serving.histogram import (
     window_quantile,
 )
 from perfd.analytics.steps.provenance import Code, cite
+from perfd.core.serving_records import HistogramSeries, MetricsSnapshot
 from perfd.report.provenance_text import text
-from perfd.serving_records import HistogramSeries, MetricsSnapshot
 
 INF = math.inf
 

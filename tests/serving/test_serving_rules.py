@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from perfd import catalog
 from perfd.analytics.serving.serving_analysis import CATALOG_NAMES, ServingSummary
 from perfd.analytics.serving.serving_findings import derive_serving_findings
 from perfd.analytics.serving.spec import MetricValue
 from perfd.analytics.steps.provenance import Code, cite
+from perfd.core import catalog
+from perfd.core.serving_records import ServerInfo
 from perfd.rules.check_command import run_rules_check
 from perfd.rules.evaluator import RuleEngine
 from perfd.rules.pack_loader import load_pack
-from perfd.serving_records import ServerInfo
 
 PACK = Path(__file__).resolve().parents[2] / "rules" / "serving.yaml"
 RULE_TO_FINDING = {

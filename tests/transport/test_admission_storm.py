@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
-from perfd import limits as L
+from perfd.core import limits as L
 from perfd.transport import AgentClient, IngestServer
 from perfd.transport.admission import StreamRefused, admit_stream
 from perfd.transport.client import retry_after

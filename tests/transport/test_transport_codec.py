@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from perfd.model import Provenance, RankValue, Sample, StepRecord, StragglerLine, TimerValue
+from perfd.core.model import Provenance, RankValue, Sample, StepRecord, StragglerLine, TimerValue
 from perfd.transport.codec import (
     Command,
     command_from_pb,

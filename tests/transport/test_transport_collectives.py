@@ -9,7 +9,7 @@ from dataclasses import fields
 
 import pytest
 
-from perfd.model import CollectiveRecord, Provenance
+from perfd.core.model import CollectiveRecord, Provenance
 from perfd.transport import AgentClient, DecodedBatch, IngestServer
 from perfd.transport.codec import decode_batch, encode_batch
 from perfd.transport.gen import perfd_pb2 as pb

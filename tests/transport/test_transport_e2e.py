@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from perfd.model import Sample, StepRecord, TimerValue
+from perfd.core.model import Sample, StepRecord, TimerValue
 from perfd.transport import AgentClient, Command, DecodedBatch, IngestServer, SeqTracker, Spool
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -528,7 +528,7 @@ def test_new_streams_are_refused_while_the_event_loop_lags_and_let_in_after():
     Acks; once the loop catches up the refused agent gets in on its own (backoff)."""
     import threading
 
-    from perfd import limits as L
+    from perfd.core import limits as L
 
     srv_loop = asyncio.new_event_loop()
     started = threading.Event()

@@ -35,7 +35,7 @@ from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 SLOWER_THAN_STEADY = 1.3  # kernel time per captured iteration ÷ the job's steady compute
 

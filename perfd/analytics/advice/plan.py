@@ -33,7 +33,7 @@ from perfd.analytics.advice.remedy_said import Said
 from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
-from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
 class Relation(TextEnum):

@@ -34,7 +34,13 @@ from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase, StepB
 from perfd.analytics.breakdown.replay_table import FUSED_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
-from perfd.model import ABSENT, HF_TRAINER_FRAMEWORK, HOOK_FRAMEWORK, HOOK_FRAMEWORKS, LIGHTNING_FRAMEWORK
+from perfd.core.model import (
+    ABSENT,
+    HF_TRAINER_FRAMEWORK,
+    HOOK_FRAMEWORK,
+    HOOK_FRAMEWORKS,
+    LIGHTNING_FRAMEWORK,
+)
 
 
 class Framework(TextEnum):
@@ -464,7 +470,7 @@ def flags_for(cfg: JobConfig, *wanted: tuple[str, str | None]) -> tuple[tuple[Fl
 
 
 # Packages a remedy for a plain PyTorch loop installs (pip install liger-kernel, cut-cross-entropy); the
-# step hook does not report them (perfd.model.PACKAGES), so a remedy names them in ``installs``.
+# step hook does not report them (perfd.core.model.PACKAGES), so a remedy names them in ``installs``.
 PACKAGE_LIGER = "liger_kernel"
 PACKAGE_CCE = "cut_cross_entropy"
 # torch.compile runs each compiled region as one op, its backward as another (op names, lower case)

@@ -60,7 +60,7 @@ from perfd.analytics.advice.trainer_switches import in_terms
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, Phase
 from perfd.analytics.breakdown.replay_table import DROPOUT_HOST, FUSED_DEVICE, FUSED_LAUNCHES, Change
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+from perfd.core.model import PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 # --- attention: its ops in three slices that the remedies acting on it share -----------------------------
 DROPOUT_OPS = ("dropout",)

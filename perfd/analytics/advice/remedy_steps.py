@@ -51,7 +51,7 @@ from perfd.analytics.breakdown.casts_seen import weight_casts
 from perfd.analytics.breakdown.optimizer_seen import ADAM_CLASSES, OptimizerImpl, OptimizerSeen
 from perfd.analytics.breakdown.replay_table import MICROBATCH_DEVICE, Change
 from perfd.analytics.breakdown.step_parts import Part
-from perfd.model import PACKAGE_APEX, PACKAGE_TE
+from perfd.core.model import PACKAGE_APEX, PACKAGE_TE
 
 LAYERS, OPT = Phase.LAYERS, Phase.OPTIMIZER
 

@@ -26,7 +26,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import DataAction, DataLoading, Severity
 from perfd.analytics.incidents.host_evidence import CpuRoom, CpuUse
-from perfd.shared_thresholds import Threshold
+from perfd.core.shared_thresholds import Threshold
 
 B = BottleneckClass
 

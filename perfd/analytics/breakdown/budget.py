@@ -43,7 +43,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.flops import FlopsBasis
-from perfd.typed import fit, number, obj, objs
+from perfd.core.typed import fit, number, obj, objs
 
 
 class IdleCause(TextEnum):

@@ -31,7 +31,7 @@ from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
-from perfd.model import JobInfo
+from perfd.core.model import JobInfo
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's

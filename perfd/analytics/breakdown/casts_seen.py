@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind, is_fused_kernel, kernel_kind
-from perfd.typed import obj, objs
+from perfd.core.typed import obj, objs
 
 # A weight's cast and its gradient's move the same elements at 6 bytes each (fp32 read and bf16 written
 # in the forward, bf16 read and fp32 written in the backward): their times a kernel agree but for the

@@ -25,7 +25,7 @@ from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen
-from perfd.typed import obj, objs
+from perfd.core.typed import obj, objs
 
 
 def _num(v: object) -> float | None:

@@ -97,7 +97,7 @@ class StepShares:
     # share is the timed ones' only, never "communication is small".
     untimed: Untimed = ()
     data_timer: str = BATCH_GENERATOR  # what the job's source calls its data wait (its vocabulary)
-    cpu_only: bool = False  # the job computes on CPUs (perfd.model.JobInfo.device): no GPU to ask about
+    cpu_only: bool = False  # the job computes on CPUs (perfd.core.model.JobInfo.device): no GPU to ask about
 
     def compute_share(self) -> float | None:
         """1 − data − exposed comm − pipeline idle, when the timers give each part."""

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from perfd.analytics.breakdown.step_parts import Phase
 from perfd.analytics.common import TextEnum
-from perfd.typed import obj, objs
+from perfd.core.typed import obj, objs
 
 E = TypeVar("E", bound=TextEnum)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel
 from perfd.analytics.common import TextEnum
-from perfd.typed import obj, objs
+from perfd.core.typed import obj, objs
 
 
 def _num(v: object) -> float | None:

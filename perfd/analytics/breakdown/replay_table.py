@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum
-from perfd.typed import numbers, obj
+from perfd.core.typed import numbers, obj
 
 # --- the replay's model (perfd.capture.step_replay): why each constant is what it is ---------------------
 # a launch's host call to its kernel's earliest start (H100/H200 traces: 3-6 µs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from perfd.typed import obj
+from perfd.core.typed import obj
 
 # cuBLAS / cuBLASLt's reduction of a split-K GEMM's partial outputs (the name the trace keeps)
 SPLITK_REDUCE = re.compile(r"splitKreduce")

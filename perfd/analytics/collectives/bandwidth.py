@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from perfd.analytics.collectives.collective_config import FR, INSPECTOR, CollectiveConfig
 from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, LinkHow, link_for_group
-from perfd.model import CollectiveRecord
+from perfd.core.model import CollectiveRecord
 
 
 @dataclass

@@ -56,8 +56,8 @@ from perfd.analytics.collectives.groups import classify_group
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.collfold import CollectivePartial, reduce, world_size_from
-from perfd.hang_fact import HangEvent
-from perfd.model import CollectiveRecord, ParallelLayout, StepRecord
+from perfd.core.hang_fact import HangEvent
+from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 
 DP_SHARE_HIGH = 0.2  # docs/design.md §2 playbook: DP all-reduce > 20% of the step
 

@@ -4,7 +4,7 @@ Each agent runs :func:`perfd.collectors.nccl.hangs.detect_hangs` over the Flight
 ranks on its node (an op enqueued, not finished, older than the agent's ``hang_threshold_s``) and
 sends an ``nccl_hang`` event naming the stuck ranks, the ranks that never reached the op
 (``ranks_not_joined``) and the group members it has no dump of (other nodes: ``unknown_ranks``),
-read once where it arrives (perfd.hang_fact.HangEvent). Here the events of all agents are merged per
+read once where it arrives (perfd.core.hang_fact.HangEvent). Here the events of all agents are merged per
 (process group, op kind, sequence number), and the collective records the aggregator holds settle
 what one node could not see:
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from perfd.collfold import Progress
-from perfd.hang_fact import HangEvent
+from perfd.core.hang_fact import HangEvent
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ Windows = tuple[Mapping[int, list[StepWindow]], list[StepWindow]]
 
 def step_windows(steps: Iterable[StepRecord]) -> tuple[dict[int, list[StepWindow]], list[StepWindow]]:
     """(per-rank windows from records of one rank, job windows from "last"/"all" records). A fold's
-    ranks' own ends (``rank_end_times``: perfd.stepfold, the engine's root holds only folds) give those
+    ranks' own ends (``rank_end_times``: perfd.core.stepfold, the engine's root holds only folds) give those
     ranks their windows as their own records would, the fold's flags (warm-up, capture) for all of
     them; a rank's own record of an iteration wins over a fold's end for it. Such a fold is not a job
     window: the ranks' records held as they came make none either, so a rank whose records have not
@@ -107,7 +107,7 @@ SeqKey = tuple[int | None, bool]  # (process group id, p2p): what a sequence num
 
 
 class TimedOp(Protocol):
-    """What a timeline reads of an operation: a :class:`perfd.model.CollectiveRecord` or a
+    """What a timeline reads of an operation: a :class:`perfd.core.model.CollectiveRecord` or a
     :class:`perfd.collfold.OpRow` (the same names)."""
 
     @property

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.gpus import lookup_gpu
-from perfd.model import ParallelLayout
+from perfd.core.model import ParallelLayout
 
 GROUP_CLASSES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp", "world", "other")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"

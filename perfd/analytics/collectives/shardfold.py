@@ -2,7 +2,7 @@
 partitions' nodes' step records (each rank's own ends: its windows) and, sent beside them, those
 nodes' collective operations, so it can fold every operation of its ranks into per-window figures
 (perfd.analytics.collectives.winfold, the same code the root's store runs) and hand the root the
-figures (perfd.winfigures: one row a rank a window) instead of the operations. The root merges the
+figures (perfd.core.winfigures: one row a rank a window) instead of the operations. The root merges the
 shards' figures (a join) into its store's fold, which the analysis reads as it reads its own.
 
 What the root's analysis then gives is the one aggregator's: a rank's windows are its own step ends,
@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from perfd import limits as L
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.winfold import PENDING, WindowFold
 from perfd.collfold import CollectivePartial
-from perfd.model import ParallelLayout, StepRecord
-from perfd.winfigures import WindowFigures
+from perfd.core import limits as L
+from perfd.core.model import ParallelLayout, StepRecord
+from perfd.core.winfigures import WindowFigures
 
 # Iterations of step records a shard keeps of each rank (its windows): the newest operations settle
 # within a few windows of their step records (the waiting ones are bounded at ~3 iterations a rank at

@@ -22,7 +22,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 
 from perfd.analytics.collectives.collective_windows import IterationEnd, StepWindow, iteration_windows
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 
 class StepWindowMemo:

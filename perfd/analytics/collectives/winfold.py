@@ -48,7 +48,6 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from perfd import limits as L
 from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.collective_windows import (
     RankTimeline,
@@ -60,8 +59,9 @@ from perfd.analytics.collectives.collective_windows import (
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.groups import classify_group
 from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
-from perfd.model import ParallelLayout, StepRecord
-from perfd.winfigures import ABSENT, RankWindow, WindowFigures
+from perfd.core import limits as L
+from perfd.core.model import ParallelLayout, StepRecord
+from perfd.core.winfigures import ABSENT, RankWindow, WindowFigures
 
 # A window's figures are made once the rank's operations reach this many windows past it.
 SETTLE_WINDOWS = 1

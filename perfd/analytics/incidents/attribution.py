@@ -78,7 +78,7 @@ def place_ranks(processes: Mapping[GpuKey, Sequence[Mapping[str, object]]],
     (with ``world_size`` given) or another job (``job`` given; PERFD_JOB in their environment) belong
     to another job and are not placed: on a shared GPU they stay foreign processes. A process
     without an int ``pid`` and ``rank`` is not placed (the aggregator refuses such entries where
-    they arrive, perfd.events.checked; a list from anywhere else must not raise here either)."""
+    they arrive, perfd.core.events.checked; a list from anywhere else must not raise here either)."""
     out: dict[int, RankPlacement] = {}
     for (node, gpu), procs in sorted(processes.items()):
         for p in procs:

@@ -124,7 +124,7 @@ class Incident:
     verdict: Verdict | None = None  # None: not decided yet (a hang's or a stall's, before the tracker)
     capture_cost_s: float | None = None  # what captured iterations took beyond the incident's own level
     single_rank: bool = False  # the job has one rank: it is the one
-    cpu_only: bool = False  # the job computes on CPUs (perfd.model.JobInfo.device): no GPU is missing
+    cpu_only: bool = False  # the job computes on CPUs (perfd.core.model.JobInfo.device): no GPU is missing
 
     @property
     def duration_s(self) -> float | None:

@@ -1,9 +1,9 @@
 """Typed evidence from a rank process's host state (collectors/ranks, the ``rank_processes`` event):
 stopped, gone, OOM-killed, CPU contention with the processes that caused it, CPU-quota throttling,
-memory pressure or swap, blocked in I/O. Pure: a rank's observation (perfd.events.RankHost, as the
+memory pressure or swap, blocked in I/O. Pure: a rank's observation (perfd.core.events.RankHost, as the
 agent reported it) in, :class:`perfd.analytics.incidents.evidence.Evidence` out, with the numbers the verdict
 renderer (perfd.report.incident_text) puts in its sentences. The thresholds are
-perfd.shared_thresholds' (each says why).
+perfd.core.shared_thresholds' (each says why).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from perfd import shared_thresholds as th
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
-from perfd.typed import obj, objs
+from perfd.core import shared_thresholds as th
+from perfd.core.typed import obj, objs
 
 K = EvidenceKind
 

@@ -23,7 +23,7 @@ from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint
-from perfd.typed import objs
+from perfd.core.typed import objs
 
 
 class Withdrawal(str, enum.Enum):

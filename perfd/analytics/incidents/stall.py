@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import shared_thresholds as shared
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.evidence import StallReason
+from perfd.core import shared_thresholds as shared
 
 STALL_CADENCE_FACTOR = shared.STALL_CADENCE_FACTOR.value
 STALL_FLOOR_S = shared.STALL_FLOOR_S.value
@@ -60,7 +60,7 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class RankSeen:
-    """One rank process as its node's agent last reported it (perfd.events.RankHost), with its GPU's
+    """One rank process as its node's agent last reported it (perfd.core.events.RankHost), with its GPU's
     utilisation where the rank is placed on one."""
 
     rank: int

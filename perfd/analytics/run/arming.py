@@ -28,7 +28,7 @@ from typing import Any
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.detect import CAPTURE, LEVEL_SHIFT, SLOW, Incident
 from perfd.analytics.run.runs import RunDigest
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 MIN_STEPS = int(th.ARMING_MIN_STEPS.value)
 

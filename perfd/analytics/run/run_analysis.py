@@ -15,7 +15,6 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from perfd import catalog
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING, CaptureMatch, finding, job_facts
 from perfd.analytics.breakdown.capture_match import check as check_capture
@@ -76,8 +75,9 @@ from perfd.analytics.steps.stragglers import (
 from perfd.analytics.steps.untimed import untimed_groups
 from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY, vocabulary_of
 from perfd.analytics.steps.windows import robust_sd
-from perfd.dtypes import normalize_dtype
-from perfd.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, StepRecord
+from perfd.core import catalog
+from perfd.core.dtypes import normalize_dtype
+from perfd.core.model import CPU, HOOK_IN_STEP_FIELD, JobInfo, ParallelLayout, StepRecord
 
 # The values of Megatron-LM's memory report (``[Rank r] (after N iterations) memory (MB) | ...``) the
 # analysis keeps the largest of: what a remedy that costs memory (a larger micro-batch) is read against
@@ -368,7 +368,7 @@ class RunBuilder:
         # With a memo the rows' objects are held by it anyway: no compression, it only costs time.
         self.table: Table[IterationResult] = Table(IterationResult, key="iteration", pack=memo is None)
         self.disturbed = array("b")  # per row: a perfd capture touched the iteration
-        self.armed = array("b")  # per row: its rank ran armed for a capture (perfd.armed)
+        self.armed = array("b")  # per row: its rank ran armed for a capture (perfd.core.armed)
         self.first: tuple[int, str] | None = None  # (iteration, job) of the earliest record
         self.in_order = True
         self.present: set[int] = set()  # iterations seen, kept only to evict a memo's stale entries

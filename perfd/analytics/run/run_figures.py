@@ -2,7 +2,7 @@
 run they come from (perfd.analytics.run.runs), the arming's cost measured against the job's previous
 run, and no grade from too few steady steps. Split from perfd.analytics.run.run_analysis; pure.
 
-- An armed step (its rank under ncu: perfd.armed) is never steady: the job's MFU, step time, jitter and
+- An armed step (its rank under ncu: perfd.core.armed) is never steady: the job's MFU, step time, jitter and
   class are its unarmed steps'. When every step of the current run is armed, they are those of the
   job's last run without an armed rank — said so (``Runs.figures``), never mixed with the armed run's.
 - ``arming``: the armed steps (those that would be steady) against that earlier run's steady steps (or

@@ -74,7 +74,7 @@ from perfd.analytics.steps.steady import Exclusion
 from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups
 from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
-from perfd.model import CPU, JobInfo
+from perfd.core.model import CPU, JobInfo
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis

@@ -31,7 +31,7 @@ from perfd.analytics.steps.iteration_table import Table
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import ExcludedRange, Exclusion, SteadyState, excluded_ranges
 from perfd.analytics.steps.stragglers import PersistentStragglers
-from perfd.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout, TextEnum
+from perfd.core.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout, TextEnum
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
@@ -432,7 +432,7 @@ class RunSummary:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobLayout:
-    """The job's parallel layout as its sources stated it (perfd.model.ParallelLayout, in its field
+    """The job's parallel layout as its sources stated it (perfd.core.model.ParallelLayout, in its field
     order), the world size resolved and the micro-batches per iteration derived."""
 
     world_size: int | None = None
@@ -520,7 +520,8 @@ class JobBlock:
     name: str | None = None
     framework: str | None = None
     framework_version: str | None = None
-    device: Device | None = None  # where it computes (perfd.model.JobInfo.device): "cpu", "cuda", unknown
+    device: Device | None = None  # where it computes (perfd.core.model.JobInfo.device): "cpu", "cuda",
+                                  # unknown
     torch_version: str | None = None
     timing_log_option: str | None = None
     log_interval: int | None = None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.budget import StepBudget
@@ -57,7 +57,7 @@ class RunDigest:
     start_time: float | None  # its first step's start, epoch s
     end_time: float | None  # its last step's end (and its final save)
     resumed: bool  # it began past iteration 1: resumed from a checkpoint
-    armed: bool  # its steps ran on a rank armed for a capture (perfd.armed)
+    armed: bool  # its steps ran on a rank armed for a capture (perfd.core.armed)
     n_iterations: int
     n_steady: int
     step_time_ms: float | None  # the steady steps' mean (the summary's step time)

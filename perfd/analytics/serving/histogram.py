@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perfd.analytics.steps.provenance import Cited, Code, cite
-from perfd.model import LabelSet
-from perfd.serving_records import HistogramSeries, MetricsSnapshot
+from perfd.core.model import LabelSet
+from perfd.core.serving_records import HistogramSeries, MetricsSnapshot
 
 # Labels that name a replica of the same process group's numbers (TP/PP ranks report the same
 # requests): for gauges perfd keeps the lowest rank of each and sums the rest (dp_rank, priority).

@@ -39,10 +39,10 @@ from perfd.analytics.serving.spec import (
     resolve,
 )
 from perfd.analytics.steps.provenance import Arg, Cited, Code, cite
-from perfd.serving_model import ServingModelSpec
-from perfd.serving_records import MetricsSnapshot, ServerInfo, ServingRecord
+from perfd.core.serving_model import ServingModelSpec
+from perfd.core.serving_records import MetricsSnapshot, ServerInfo, ServingRecord
 
-# summary key -> catalog name (perfd/catalog.py, "serving" section)
+# summary key -> catalog name (perfd/core/catalog.py, "serving" section)
 CATALOG_NAMES: dict[str, str] = {
     "input_throughput": "perfd_serving_input_throughput_tokens_per_second",
     "gen_throughput": "perfd_serving_gen_throughput_tokens_per_second",
@@ -99,7 +99,7 @@ def _mean(xs: Iterable[float | None]) -> float | None:
     v = [x for x in xs if x is not None and math.isfinite(x)]
     try:
         return statistics.fmean(v) if v else None
-    except OverflowError:  # finite values whose sum is not (a scrape past perfd.bounds): no mean
+    except OverflowError:  # finite values whose sum is not (a scrape past perfd.core.bounds): no mean
         return None
 
 

@@ -30,7 +30,7 @@ from perfd.analytics.serving.serving_facts import (
 )
 from perfd.analytics.serving.spec import MetricValue
 from perfd.analytics.steps.provenance import Cited
-from perfd.serving_records import ServerInfo
+from perfd.core.serving_records import ServerInfo
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
 ITL_TAIL_RATIO = th.ITL_TAIL_RATIO.value

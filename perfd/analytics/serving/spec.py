@@ -1,4 +1,4 @@
-"""What serving MBU and MFU need: the model (perfd.serving_model.ServingModelSpec), the hardware peaks,
+"""What serving MBU and MFU need: the model (perfd.core.serving_model.ServingModelSpec), the hardware peaks,
 and the formulas.
 
 Definitions (per GPU, over wall-clock time of the window):
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 from perfd.analytics.steps.gpus import peak_memory_bandwidth, peak_tflops
 from perfd.analytics.steps.provenance import Arg, Cited, Code, cite
-from perfd.dtypes import normalize_dtype
-from perfd.serving_model import ServingModelSpec
-from perfd.serving_records import ServerInfo
+from perfd.core.dtypes import normalize_dtype
+from perfd.core.serving_model import ServingModelSpec
+from perfd.core.serving_records import ServerInfo
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # SGLang --kv-cache-dtype values

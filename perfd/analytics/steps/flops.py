@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.steps.hf_spec import SpecReading, is_hf_config, read_hf_config
 from perfd.analytics.steps.provenance import Cited, Code, cite
-from perfd.bounds import SPEC_BOUNDS, in_bounds
-from perfd.model import ModelSpec, Provenance, TextEnum
+from perfd.core.bounds import SPEC_BOUNDS, in_bounds
+from perfd.core.model import ModelSpec, Provenance, TextEnum
 
 FORMULA_CURRENT = "megatron-core>=0.12"
 FORMULA_LEGACY = "megatron-core<=0.11"

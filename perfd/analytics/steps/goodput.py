@@ -26,7 +26,7 @@ split, in this order of precedence:
   perfd.analytics.incidents.detect) is *incident*, perfd's own captures' excess is *profiling*, and
   iterations a new run trains again (numbers at or below what an earlier run reached) are *redone*.
   A step is booked at the job's own speed first: up to the steady step it is training (or redone),
-  its excess is the incident's or perfd's. So a step on a rank armed for a capture (perfd.armed: it
+  its excess is the incident's or perfd's. So a step on a rank armed for a capture (perfd.core.armed: it
   runs under ncu for its process's life) is profiling for its excess over ``armed_step_s`` (the
   reference the arming cost is measured against: the job's last unarmed run's steady median,
   perfd.analytics.run.arming) and training or redone for the rest; and the incidents' and the
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
-from perfd.model import HOOK_PAUSE_TIMERS, TimerValue
+from perfd.core.model import HOOK_PAUSE_TIMERS, TimerValue
 
 TRAINING = "training"
 INCIDENT = "incident"
@@ -105,7 +105,7 @@ class StepSpan:
     after_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused after it
     new_run: bool = False  # the framework's start-up output came before it (StepRecord.first_of_run)
     before_s: Mapping[str, float] = field(default_factory=dict)  # kind -> seconds paused before it
-    armed: bool = False  # its rank ran armed for a capture (perfd.armed): its excess is perfd's
+    armed: bool = False  # its rank ran armed for a capture (perfd.core.armed): its excess is perfd's
 
 
 class GoodputJSON(TypedDict):

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from perfd.analytics.steps.provenance import Cited, Code, cite
-from perfd.dtypes import DTYPES, normalize_dtype
+from perfd.core.dtypes import DTYPES, normalize_dtype
 
 
 @dataclass(frozen=True)

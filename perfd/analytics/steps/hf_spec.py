@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfd.model import ModelSpec
+from perfd.core.model import ModelSpec
 
 # model_type -> whether the MLP is gated (a gate projection beside the up projection).
 FAMILIES: dict[str, bool] = {

@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfd import catalog
 from perfd.analytics.steps.iteration_table import CITED
 from perfd.analytics.steps.provenance import Cited
+from perfd.core import catalog
 
 
 def json_value(v: object) -> object:
@@ -79,7 +79,8 @@ class IterationResult:
     incident_lost_ms: float | None = None  # step − steady median, inside an incident only
     steady_state: bool = False
     excluded_reason: Cited | None = None  # why it is out of the steady state: a code (Kind.EXCLUDED)
-    armed: bool = False  # its rank ran armed for a capture (perfd.armed): the profiler's step, never steady
+    armed: bool = False  # its rank ran armed for a capture (perfd.core.armed): the profiler's step, never
+                         # steady
     # metric -> its source, or why it is absent, as a code and the iteration's numbers (shown as
     # English by perfd.report.provenance_text.line); a run's table keeps the codes and numbers
     sources: dict[str, Cited] = field(default_factory=dict, metadata={CITED: True})

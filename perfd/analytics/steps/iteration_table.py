@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from perfd.analytics.steps.provenance import Cited
-from perfd.model import Provenance
+from perfd.core.model import Provenance
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from perfd.analytics.common import finite, record_source, timer_max
 from perfd.analytics.steps.gpus import PeakResult
 from perfd.analytics.steps.provenance import Code, Measured, cite
 from perfd.analytics.steps.vocabulary import vocabulary_of
-from perfd.model import Provenance, StepRecord
+from perfd.core.model import Provenance, StepRecord
 
 # Megatron prints its throughput with one decimal: allow for that rounding in the cross-check.
 LOGGED_TFLOPS_RESOLUTION = 0.05

@@ -22,8 +22,8 @@ from perfd.analytics.common import (
     timer_min,
 )
 from perfd.analytics.steps.provenance import Code, Measured, cite
-from perfd.bounds import LAYOUT_BOUNDS, SPEC_BOUNDS, in_bounds
-from perfd.model import StepRecord
+from perfd.core.bounds import LAYOUT_BOUNDS, SPEC_BOUNDS, in_bounds
+from perfd.core.model import StepRecord
 
 
 def analytic_bubble(pp: int | None, microbatches: int | None, vpp: int | None = None) -> Measured:
@@ -161,7 +161,7 @@ def rebalance_estimate(num_layers: int | None, pp: int | None, lighter_ms: float
     """Best whole-layer move between the heaviest and the lightest stage, or None if unknowable."""
     if not num_layers or not pp or pp < 2 or num_layers % pp or lighter_ms is None or heavier_ms is None:
         return None
-    # The loop below runs once per layer of a stage: a value from input past perfd.bounds would
+    # The loop below runs once per layer of a stage: a value from input past perfd.core.bounds would
     # make it unbounded (num_layers 10^29 ran forever), so it is no estimate at all.
     if not in_bounds(num_layers, *SPEC_BOUNDS["num_layers"]) or not in_bounds(pp, *LAYOUT_BOUNDS["pp"]):
         return None

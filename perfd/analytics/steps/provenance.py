@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import Union
 
-from perfd.model import Provenance
+from perfd.core.model import Provenance
 
 
 class Kind(enum.Enum):

@@ -18,7 +18,7 @@ from perfd.analytics.common import TextEnum, finite
 from perfd.analytics.finding_types import StepSpan
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.provenance import Cited, Code, cite
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 WARMUP_MIN_ITERATIONS = 3
 WARMUP_FRACTION = 0.10
@@ -39,7 +39,7 @@ class Exclusion(TextEnum):
     OUTLIER = "outlier"  # slower than OUTLIER_FACTOR × the steady step, in a window slower than that too
     INCIDENT = "incident"  # part of an incident (perfd.analytics.incidents.detect)
     PAUSE = "pause"  # the loop's own pause at a cadence (perfd.analytics.incidents.cadence)
-    # its rank ran armed for a capture (perfd.armed): the profiler's step, not the job's; an armed step
+    # its rank ran armed for a capture (perfd.core.armed): the profiler's step, not the job's; an armed step
     # that would otherwise be steady (what the arming's cost is measured over)
     ARMED = "armed"
 
@@ -84,7 +84,7 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
     """steady_state over columns already in iteration order, step times finite or None (a long
     run's offline analysis keeps its records as columns, not objects); ``work``: each step's size
     (its FLOPs), where steps differ (windows.per_work); ``armed``: each step's rank ran armed for a
-    capture (perfd.armed): never steady, marked ARMED where it would be (the steady level is the
+    capture (perfd.core.armed): never steady, marked ARMED where it would be (the steady level is the
     unarmed steps' where there are some, else the armed ones': outliers among them stay outliers)."""
     w = warmup_count(len(iterations))
     sized = windows.per_work(steps, work)

@@ -21,7 +21,7 @@ from typing import Protocol
 from perfd.analytics import thresholds as th
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE, median, pp_stage_of_rank
 from perfd.analytics.steps.provenance import Cited, Code, cite
-from perfd.model import ParallelLayout, StepRecord, TimerValue
+from perfd.core.model import ParallelLayout, StepRecord, TimerValue
 
 STRAGGLER_RATIO = th.STRAGGLER_RATIO.value
 PERSISTENT_FRACTION = th.STRAGGLER_PERSISTENT_FRACTION.value

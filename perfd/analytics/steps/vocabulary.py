@@ -17,7 +17,7 @@ from perfd.analytics.common import (
     PP_P2P_TIMERS,
 )
 from perfd.analytics.steps.provenance import Code
-from perfd.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_FRAMEWORKS, HOOK_OUTSIDE, StepRecord
+from perfd.core.model import HOOK_COMPUTE, HOOK_DATA_WAIT, HOOK_FRAMEWORKS, HOOK_OUTSIDE, StepRecord
 
 
 @dataclass(frozen=True)

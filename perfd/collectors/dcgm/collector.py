@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
-from perfd.model import Sample
+from perfd.core.model import Sample
 
 SOURCE = "dcgm-exporter"
 # dcgm-exporter field name -> perfd catalog name (both in their base units).

@@ -2,7 +2,7 @@
 
 Binds a Unix datagram socket (the path the hooks send to) and turns each record into a
 ``StepRecord`` for the rank the hook reports: step time, data wait and compute as the timers
-``data-wait`` and ``compute`` (the hook's timer names, perfd.model), and the hook's
+``data-wait`` and ``compute`` (the hook's timer names, perfd.core.model), and the hook's
 rolling percentiles as fields, ``tokens_per_step`` and ``flops_per_step`` as the record's numbers
 (:mod:`perfd.collectors.hook.step_records`, with the pauses a rank announced before its step).
 It also sends profile requests back to a rank's hook (``request_profile``), to the address its
@@ -63,7 +63,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfd.bounds import LAYOUT_BOUNDS, STEP_REASON, check_step_record, in_bounds
 from perfd.collector import Capabilities, Collected
 from perfd.collectors.hook import peers as P
 from perfd.collectors.hook.config import HookConfig
@@ -71,11 +70,12 @@ from perfd.collectors.hook.inbox import Inbox
 from perfd.collectors.hook.model_record import take_model
 from perfd.collectors.hook.requests import Requests, RequestSender
 from perfd.collectors.hook.step_records import MAX_PAUSE_RANKS, Pauses, step_record
-from perfd.dtypes import normalize_dtype
-from perfd.events import HOOK_PROFILE, JOB_PHASE
+from perfd.core.bounds import LAYOUT_BOUNDS, STEP_REASON, check_step_record, in_bounds
+from perfd.core.dtypes import normalize_dtype
+from perfd.core.events import HOOK_PROFILE, JOB_PHASE
+from perfd.core.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
+from perfd.core.model import CPU, CUDA, HOOK_FRAMEWORK, Device, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.hook import wire
-from perfd.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
-from perfd.model import CPU, CUDA, HOOK_FRAMEWORK, Device, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.privdir import UnsafeDirError, private_dir
 
 log = logging.getLogger(__name__)
@@ -559,6 +559,6 @@ class HookCollector(RequestSender):
             self._lost(m)
         self._c("records")
         rec = step_record(m, kind, self.config.job, paused)
-        for reason in check_step_record(rec):  # perfd.bounds, before anything sums it: absent, never 0
+        for reason in check_step_record(rec):  # perfd.core.bounds, before anything sums it: absent, never 0
             self.count_error(f"malformed:{STEP_REASON}", f"rank {m.rank} step {m.step}: {reason}")
         return rec

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.collectors.config_values import as_int
+from perfd.core.limits import HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES
 from perfd.hook import wire
-from perfd.limits import HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES
 from perfd.procinfo import user_id
 
 

@@ -23,7 +23,7 @@ import threading
 from collections import deque
 
 from perfd.collectors.hook import peers as P
-from perfd.limits import HOOK_QUEUE_ITEM_OVERHEAD, HOOK_QUEUE_SHARES
+from perfd.core.limits import HOOK_QUEUE_ITEM_OVERHEAD, HOOK_QUEUE_SHARES
 
 Item = tuple[bytes, str | bytes, P.Sender]  # (datagram, the address it came from, its sender)
 

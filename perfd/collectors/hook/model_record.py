@@ -1,12 +1,12 @@
 """A hook's model record (perfd.hook.wire.KIND_MODEL) taken into the job's spec: each size the record
-states and perfd.bounds admits replaces the spec's; one out of bounds is left out and said. The spec is
+states and perfd.core.bounds admits replaces the spec's; one out of bounds is left out and said. The spec is
 what the analysis divides the hook's stated FLOPs by (perfd.analytics.steps.flops.flops_split)."""
 
 from __future__ import annotations
 
-from perfd.bounds import SPEC_BOUNDS, in_bounds
+from perfd.core.bounds import SPEC_BOUNDS, in_bounds
+from perfd.core.model import ModelSpec
 from perfd.hook import wire
-from perfd.model import ModelSpec
 
 
 def take_model(spec: ModelSpec, m: wire.ModelMsg) -> list[str]:

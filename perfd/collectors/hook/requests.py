@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from perfd.collector import Collector
+from perfd.core.limits import HOOK_MAX_OUTSTANDING
 from perfd.hook import wire
-from perfd.limits import HOOK_MAX_OUTSTANDING
 
 if TYPE_CHECKING:
     from perfd.collectors.hook.peers import HookPeer

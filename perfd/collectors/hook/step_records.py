@@ -1,6 +1,6 @@
 """A hook's step message as a StepRecord, and the pauses its rank announced before it.
 
-The wire's numbers under the names perfd.model declares (the step time, its period or the time inside
+The wire's numbers under the names perfd.core.model declares (the step time, its period or the time inside
 the step, the data wait, compute and the time outside the step as timers, the rolling percentiles as
 fields), and each announced checkpoint save or evaluation (``with hook.phase(...)``) timed by the
 hook's own clock and put on the rank's next record (``HOOK_PAUSE_TIMERS``): goodput counts it as the
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from perfd.hook import wire
-from perfd.model import (
+from perfd.core.model import (
     HOOK_COMPUTE,
     HOOK_DATA_WAIT,
     HOOK_DATA_WAIT_FROM_FIELD,
@@ -30,6 +29,7 @@ from perfd.model import (
     StepRecord,
     TimerValue,
 )
+from perfd.hook import wire
 
 # Ranks of one node whose announced pauses are held at once (open, or ended and waiting for the
 # rank's next record): far above a node's GPUs; past it a pause is counted, not timed.
@@ -109,7 +109,7 @@ def step_record(m: wire.StepMsg, kind: int, job: str, paused: dict[str, float] |
         fields["hook_send_drops"] = str(m.send_drops)
         fields["hook_harvest_drops"] = str(m.harvest_drops)
     timers: dict[str, TimerValue] = {}
-    # The hook's phases under the timer names perfd.model declares.
+    # The hook's phases under the timer names perfd.core.model declares.
     for name, ns in ((HOOK_DATA_WAIT, m.data_wait_ns), (HOOK_COMPUTE, m.compute_ns),
                      (HOOK_OUTSIDE, m.outside_ns)):
         ms = _ms(ns)

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
-from perfd.model import Sample
+from perfd.core.model import Sample
 
 # Interfaces that only duplicate traffic already counted elsewhere (container veth pairs, bridges)
 # or never leave the node (lo).

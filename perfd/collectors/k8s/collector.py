@@ -22,7 +22,7 @@ from perfd.collectors.k8s.podresources import (
     gpu_owners,
     owners_json,
 )
-from perfd.events import GPU_PODS, GpuOwner
+from perfd.core.events import GPU_PODS, GpuOwner
 
 EVENT_KIND = GPU_PODS.name
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from perfd import events
+from perfd.core import events
 
 if TYPE_CHECKING:
     from perfd.collectors.k8s.gen import podresources_v1_pb2 as pb

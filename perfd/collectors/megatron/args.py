@@ -19,10 +19,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from perfd.bounds import REASON as BOUNDS_REASON
-from perfd.bounds import check_job_info
 from perfd.collectors.megatron.lines import to_int
-from perfd.model import ABSENT, PACKAGE_APEX, PACKAGE_TE, JobInfo
+from perfd.core.bounds import REASON as BOUNDS_REASON
+from perfd.core.bounds import check_job_info
+from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_TE, JobInfo
 
 ARGS_HEADER_RE = re.compile(r"-{3,}\s*arguments\s*-{3,}")
 ARGS_END_RE = re.compile(r"-{3,}\s*end of arguments\s*-{3,}")
@@ -324,7 +324,7 @@ def apply_facts(info: JobInfo, facts: StartupFacts, issue: IssueSink) -> None:
     if facts.virtual_stages_seen and lay.vpp is None and facts.virtual_stages and facts.virtual_stages > 1:
         lay.vpp = facts.virtual_stages
     # A size no GPU could hold is corrupt input: it becomes absent, with a counted reason, before
-    # any analysis can spend unbounded time on it (perfd.bounds).
+    # any analysis can spend unbounded time on it (perfd.core.bounds).
     for reason in check_job_info(info):
         issue(BOUNDS_REASON, reason)
 

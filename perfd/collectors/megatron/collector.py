@@ -14,11 +14,11 @@ from perfd.collectors.config_values import as_float, as_int
 from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.parser import MegatronLogParser
 from perfd.collectors.megatron.tail import LogTail, TailPosition
-from perfd.events import LOG_GAP
-from perfd.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.core.events import LOG_GAP
+from perfd.core.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.core.model import JobInfo
+from perfd.core.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.linetimes import LineTimes
-from perfd.model import JobInfo
-from perfd.shared_thresholds import STALL_PHASE_MAX_S
 
 log = logging.getLogger(__name__)
 

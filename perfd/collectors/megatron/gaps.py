@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfd.collectors.megatron.tail import LogTail
-from perfd.events import LOG_GAP
+from perfd.core.events import LOG_GAP
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ those cannot say, the next record's own numbers.
 
 from __future__ import annotations
 
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 
 class RunIntervals:

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from perfd.model import RankValue, TimerValue
+from perfd.core.model import RankValue, TimerValue
 
 # A number as Megatron formats it ({:.1f}, {:.6E}, {:d}, torch's nan/inf).
 _NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|infinity)", re.I)

@@ -15,9 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfd.armed import ARMED_MARK, BANNER_MARK, armed_rank
-from perfd.bounds import REASON as BOUND_REASON
-from perfd.bounds import STEP_REASON, check_job_info, check_step_record
 from perfd.collectors.megatron import args as margs
 from perfd.collectors.megatron.intervals import RunIntervals
 from perfd.collectors.megatron.lines import (
@@ -38,9 +35,12 @@ from perfd.collectors.megatron.lines import (
     to_float,
     to_int,
 )
-from perfd.events import JOB_PHASE, VALIDATION
+from perfd.core.armed import ARMED_MARK, BANNER_MARK, armed_rank
+from perfd.core.bounds import REASON as BOUND_REASON
+from perfd.core.bounds import STEP_REASON, check_job_info, check_step_record
+from perfd.core.events import JOB_PHASE, VALIDATION
+from perfd.core.model import ABSENT, JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 from perfd.logfiles import iter_text_lines
-from perfd.model import ABSENT, JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
 
 COLLECTOR = "megatron"
 MAX_LINE_CHARS = 65_536  # longer lines are cut before parsing (an iteration line is ~500)
@@ -108,7 +108,7 @@ class MegatronLogParser:
         # live reader holds that record while the phase is open (collector.py) rather than emit it
         # on the log's quiet. Cleared by the phase's end or by the next iteration line.
         self._phase_open: str | None = None
-        # A rank armed for a capture (perfd.armed: perfd ncu-exec's line, ncu's banner) since the last
+        # A rank armed for a capture (perfd.core.armed: perfd ncu-exec's line, ncu's banner) since the last
         # record, and whether the current run's records are armed: from its first step to its end.
         self._armed_seen = False
         self._run_armed = False
@@ -471,7 +471,7 @@ class MegatronLogParser:
 
     def _close_timers(self) -> None:
         if self._timer_target is not None and self._timer_target is self.job_info.startup_timers:
-            # Start-up timers are job info: the same bounds as the rest of it (perfd.bounds).
+            # Start-up timers are job info: the same bounds as the rest of it (perfd.core.bounds).
             for reason in check_job_info(self.job_info):
                 self._issue(BOUND_REASON, reason)
         self._timer_mode = None
@@ -496,7 +496,7 @@ class MegatronLogParser:
                     tv.max_ms = None if tv.max_ms is None else tv.max_ms * scale
                     tv.per_rank = {r: v * scale for r, v in tv.per_rank.items()}
             self._count("records_timers_rescaled")
-        # Every number of the record within perfd.bounds before anything sums it (two step times of
+        # Every number of the record within perfd.core.bounds before anything sums it (two step times of
         # 1e308 overflowed the analysis' sums): one out of bounds is absent, never 0, and counted.
         for reason in check_step_record(rec):
             self._issue(STEP_REASON, f"iteration {rec.iteration}: {reason}", self._pending_line)

@@ -24,8 +24,8 @@ from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker
 from perfd.collectors.nccl.hangs import HangReport, detect_hangs
 from perfd.collectors.nccl.inspector import InspectorReader
 from perfd.collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
-from perfd.events import NCCL_HANG
-from perfd.hang_fact import HangFact
+from perfd.core.events import NCCL_HANG
+from perfd.core.hang_fact import HangFact
 
 MIN_DUMP_INTERVAL_S = 0.5  # a dump pickles the ring on the training process: not more often than this
 

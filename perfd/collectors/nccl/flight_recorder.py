@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from perfd.collectors.nccl.inspector import bus_bw_factor
-from perfd.model import CollectiveRecord, Provenance
+from perfd.core.model import CollectiveRecord, Provenance
 
 MAX_DUMP_BYTES = 256 << 20  # 2,000 entries with Python stacks are a few MB; refuse absurd files
 

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from perfd.collectors.nccl.flight_recorder import FlightRecorderDump, FrEntry
-from perfd.hang_fact import age_words
-from perfd.model import CollectiveRecord
+from perfd.core.hang_fact import age_words
+from perfd.core.model import CollectiveRecord
 
 
 @dataclass

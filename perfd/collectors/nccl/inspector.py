@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfd.collectors.megatron.tail import LogTail
-from perfd.model import CollectiveRecord, ParseIssue, Provenance
+from perfd.core.model import CollectiveRecord, ParseIssue, Provenance
 
 # NCCL function names (ncclFuncToString) -> canonical op names shared with Flight Recorder.
 INSPECTOR_OPS: dict[str, str] = {

@@ -31,8 +31,8 @@ from perfd.collectors.nvml.processes import (
 )
 from perfd.collectors.nvml.replay import NvmlReplay
 from perfd.collectors.nvml.wrapper import Nvml
-from perfd.events import GPU_LOST, XID
-from perfd.model import Sample
+from perfd.core.events import GPU_LOST, XID
+from perfd.core.model import Sample
 from perfd.procinfo import PodJobs, user_id
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from perfd import events
-from perfd.events import GPU_PROCESSES
+from perfd.core import events
+from perfd.core.events import GPU_PROCESSES
 from perfd.procinfo import (  # shared with collectors/ranks: which rank and job a process is
     CMDLINE_MAX,
     JOB_ENV,
@@ -66,7 +66,7 @@ def _int(v: object) -> int | None:
 
 
 class ProcessesEvent(TypedDict):
-    """The ``gpu_processes`` event of one GPU (perfd.events.GPU_PROCESSES)."""
+    """The ``gpu_processes`` event of one GPU (perfd.core.events.GPU_PROCESSES)."""
 
     kind: str
     severity: Literal["info"]

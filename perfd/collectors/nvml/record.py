@@ -27,7 +27,7 @@ from perfd.collectors.config_values import as_float
 from perfd.collectors.nvml.collector import NvmlCollector
 from perfd.collectors.nvml.replay import FORMAT_VERSION, entries
 from perfd.collectors.nvml.wrapper import Nvml
-from perfd.events import GPU_PROCESSES
+from perfd.core.events import GPU_PROCESSES
 
 _PHASE_MAX = 64
 

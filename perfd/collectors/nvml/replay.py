@@ -23,8 +23,8 @@ from pathlib import Path
 
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
-from perfd.events import REPLAY_FINISHED
-from perfd.model import Sample
+from perfd.core.events import REPLAY_FINISHED
+from perfd.core.model import Sample
 
 REPLAY_LABEL = ("replay", "1")
 FORMAT_VERSION = 1

@@ -22,9 +22,9 @@ again, when asked, that each pid is still the process it was and still that user
 another user's process is never handed out.
 
 Samples carry the labels job_name and rank only (and node, added by the agent); pids, states and
-named processes travel in one ``rank_processes`` event per job and collect (perfd.events), never in
+named processes travel in one ``rank_processes`` event per job and collect (perfd.core.events), never in
 labels. Whatever the platform does not provide (no schedstats, no PSI, no cgroup quota) is absent,
-never 0. Bounded: perfd.limits MAX_RANKS_PER_AGENT, MAX_RANK_THREADS, MAX_SCAN_PIDS, RANK_OTHERS_TOP_N.
+never 0. Bounded: perfd.core.limits MAX_RANKS_PER_AGENT, MAX_RANK_THREADS, MAX_SCAN_PIDS, RANK_OTHERS_TOP_N.
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from perfd import limits as L
-from perfd.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
 from perfd.collectors.ranks import procfs
 from perfd.collectors.ranks.contention import ContentionScan, waits
-from perfd.events import RANK_PROCESSES, LaunchExit, RankHost
+from perfd.core import limits as L
+from perfd.core.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
+from perfd.core.events import RANK_PROCESSES, LaunchExit, RankHost
+from perfd.core.model import Sample
+from perfd.core.shared_thresholds import CPU_THROTTLED_SHARE, PAUSE_WRITES_BPS, STALL_IDLE_CPU_CORES
 from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
-from perfd.model import Sample
 from perfd.procinfo import (
     pod_ranks,
     psutil_rank_env,
     read_identity,
     same_process,
 )
-from perfd.shared_thresholds import CPU_THROTTLED_SHARE, PAUSE_WRITES_BPS, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the

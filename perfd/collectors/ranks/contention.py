@@ -5,7 +5,7 @@ data loader worker: a descendant of a rank) told apart from the others.
 
 Apart from the collector (collectors/ranks/collector.py: following each rank process and reading its
 own files) because it reads every process of the node, not the ranks', and only while one waits:
-its own state (the previous scan, the names it looked up) and its own bounds (perfd.limits
+its own state (the previous scan, the names it looked up) and its own bounds (perfd.core.limits
 MAX_SCAN_PIDS, RANK_OTHERS_TOP_N).
 """
 
@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from perfd import limits as L
 from perfd.collectors.ranks import procfs
-from perfd.events import RankHost
+from perfd.core import limits as L
+from perfd.core.events import RankHost
+from perfd.core.shared_thresholds import CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 from perfd.procinfo import psutil_lookup, psutil_user, shown_cmdline
-from perfd.shared_thresholds import CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
 
 # CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
 # idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).

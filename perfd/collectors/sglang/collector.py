@@ -1,6 +1,6 @@
 """The agent-side SGLang collector: tails the server log, scrapes ``/metrics``, and sends what it read
-as plain records (``perfd.serving_records.ServingData`` in ``serving_data`` events). The aggregator analyses
-them (perfd/aggregator/serving.py), as it does Megatron's step records: the job's serving gauges and
+as plain records (``perfd.core.serving_records.ServingData`` in ``serving_data`` events). The aggregator
+analyses them (perfd/aggregator/serving.py), as it does Megatron's step records: the job's serving gauges and
 report are computed there, by the same functions ``perfd analyze sglang`` uses offline."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.tail import LogTail
 from perfd.collectors.sglang.metrics import scrape
 from perfd.collectors.sglang.parser import SglangLogParser
-from perfd.events import SERVING_DATA
-from perfd.serving_model import ServingModelSpec
-from perfd.serving_records import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
+from perfd.core.events import SERVING_DATA
+from perfd.core.serving_model import ServingModelSpec
+from perfd.core.serving_records import MetricsSnapshot, ServerInfo, ServingData, ServingRecord
 
 CONFIG_KEYS = frozenset({"log_path", "metrics_url", "interval_s", "job", "window_s", "from_start",
                          "scrape_interval_s", "scrape_timeout_s", "model", "gpu", "peak_tflops",

@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from perfd.bounds import MAX_SERVING_VALUE
-from perfd.serving_records import BatchKind, ServerInfo, ServingRecord
+from perfd.core.bounds import MAX_SERVING_VALUE
+from perfd.core.serving_records import BatchKind, ServerInfo, ServingRecord
 
 MAX_LINE = 64 * 1024
 
@@ -169,7 +169,7 @@ def _convert(raw: str, kind: str) -> float | int | bool | None:
     if not _NUMBER_RE.fullmatch(raw):
         return None
     x = float(raw)
-    if not math.isfinite(x) or abs(x) > MAX_SERVING_VALUE:  # perfd.bounds: a corrupt value
+    if not math.isfinite(x) or abs(x) > MAX_SERVING_VALUE:  # perfd.core.bounds: a corrupt value
         return None
     if kind == "int":
         return int(x) if x == int(x) else None

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd.model import LabelSet
-from perfd.serving_records import HistogramSeries, MetricsSnapshot
+from perfd.core.model import LabelSet
+from perfd.core.serving_records import HistogramSeries, MetricsSnapshot
 
 MAX_BYTES = 16 << 20  # an exposition larger than this is not SGLang's
 

@@ -19,9 +19,9 @@ from perfd.collectors.sglang.lines import (
     parse_startup_line,
     split_prefix,
 )
+from perfd.core.model import ParseIssue, Provenance
+from perfd.core.serving_records import ServerInfo, ServingRecord
 from perfd.logfiles import iter_text_lines
-from perfd.model import ParseIssue, Provenance
-from perfd.serving_records import ServerInfo, ServingRecord
 
 MAX_ISSUES = 10_000
 DAY_S = 86400.0

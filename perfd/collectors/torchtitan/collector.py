@@ -12,9 +12,9 @@ from perfd.collectors.config_values import as_int
 from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.tail import LogTail
 from perfd.collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.dtypes import normalize_dtype
+from perfd.core.dtypes import normalize_dtype
+from perfd.core.model import JobInfo, ModelSpec
 from perfd.linetimes import LineTimes
-from perfd.model import JobInfo, ModelSpec
 
 _KNOWN = {"path", "job", "from_start", "line_times", "model", "dtype", "max_bytes_per_collect"}
 

@@ -37,8 +37,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from perfd.bounds import LAYOUT_BOUNDS, in_bounds
-from perfd.model import JobInfo, ModelSpec, ParseIssue, Provenance, RankScope, StepRecord
+from perfd.core.bounds import LAYOUT_BOUNDS, in_bounds
+from perfd.core.model import JobInfo, ModelSpec, ParseIssue, Provenance, RankScope, StepRecord
 
 COLLECTOR = "torchtitan"
 FRAMEWORK = "torchtitan"

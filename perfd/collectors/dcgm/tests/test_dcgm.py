@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from perfd import catalog, catalog_labels
 from perfd.agent.node_agent import default_registry
 from perfd.collectors.dcgm import SOURCE, DcgmCollector
+from perfd.core import catalog, catalog_labels
 
 LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 A100 = {"modelName": "NVIDIA A100-SXM4-80GB", "Hostname": "node-7", "DCGM_FI_DRIVER_VERSION": "550.54.15"}

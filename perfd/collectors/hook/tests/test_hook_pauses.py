@@ -19,8 +19,8 @@ from perfd.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from perfd.collectors.hook.tests.test_hook_collector import collect_until
+from perfd.core.model import HOOK_PAUSE_TIMERS, JobInfo
 from perfd.hook import StepHook, wire
-from perfd.model import HOOK_PAUSE_TIMERS, JobInfo
 
 Hook = functools.partial(StepHook, flush_interval_s=0, cuda=False)
 SAVE, EVAL = HOOK_PAUSE_TIMERS["checkpoint"], HOOK_PAUSE_TIMERS["evaluation"]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from perfd import catalog
 from perfd.collector import Collected, Registry
 from perfd.collectors.host import METRIC_NAMES, HostCollector, register
 from perfd.collectors.host.collector import Deltas, cpu_busy_total
+from perfd.core import catalog
 
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 Mem = namedtuple("Mem", "total available")

@@ -9,7 +9,7 @@ import pytest
 
 from perfd.collectors.megatron import parse_file, parse_lines
 from perfd.collectors.megatron.args import parse_argument_line, parse_layer_freq
-from perfd.model import JobInfo
+from perfd.core.model import JobInfo
 
 DATA = Path(__file__).resolve().parent / "data"
 HEADER = "------------------------ arguments ------------------------"

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from perfd.collectors.megatron.collector import MegatronCollector
-from perfd.model import JobInfo, StepRecord
+from perfd.core.model import JobInfo, StepRecord
 
 ROOT = Path(__file__).resolve().parents[4]
 LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -38,7 +38,7 @@ def test_sample_config_builds_a_collector() -> None:
 def test_a_tail_far_behind_skips_ahead_with_an_event_and_a_count(tmp_path: Path) -> None:
     import re
 
-    from perfd.events import LOG_GAP
+    from perfd.core.events import LOG_GAP
 
     text = LOG.read_text()
     log = tmp_path / "train.log"

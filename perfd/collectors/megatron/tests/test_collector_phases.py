@@ -16,7 +16,7 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.collectors.megatron import collector as collector_module
 from perfd.collectors.megatron.collector import MegatronCollector
 from perfd.collectors.megatron.parser import parse_file
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 ROOT = Path(__file__).resolve().parents[4]
 LOG = ROOT / "tests" / "data" / "megatron" / "h100_resume_save_eval.log"

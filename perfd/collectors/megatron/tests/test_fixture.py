@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfd.collectors.megatron import LogTail, MegatronLogParser, parse_file
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 
 DATA = Path(__file__).resolve().parent / "data"
 _REPO = Path(__file__).resolve().parents[4]

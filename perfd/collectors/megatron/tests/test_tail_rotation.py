@@ -169,7 +169,7 @@ def test_resume_with_the_old_file_gone_is_counted(tmp_path: Path) -> None:
 
 def test_the_collector_reports_an_unreadable_rotation_as_a_log_gap(tmp_path: Path) -> None:
     from perfd.collectors.megatron.collector import MegatronCollector
-    from perfd.events import LOG_GAP
+    from perfd.core.events import LOG_GAP
 
     demo = Path(__file__).resolve().parents[4] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
     text = demo.read_text()

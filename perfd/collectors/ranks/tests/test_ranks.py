@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from perfd import limits as L
 from perfd.collectors.ranks import RanksCollector, procfs
-from perfd.events import RANK_PROCESSES
+from perfd.core import limits as L
+from perfd.core.events import RANK_PROCESSES
 from tests.procs import BUSY_LOAD_PER_CPU, load_per_cpu, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from perfd import catalog
 from perfd.aggregator.serving import ServingStore
 from perfd.collector import Collected, Registry
 from perfd.collectors.sglang import register
 from perfd.collectors.sglang.collector import SglangCollector
 from perfd.collectors.sglang.tests.test_metrics import Server
-from perfd.events import SERVING_DATA
-from perfd.serving_records import ServingData
+from perfd.core import catalog
+from perfd.core.events import SERVING_DATA
+from perfd.core.serving_records import ServingData
 
 DATA = Path(__file__).parent / "data"
 

@@ -25,7 +25,7 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.provenance import Code, cite
 from perfd.collectors.torchtitan.collector import TorchtitanCollector, model_spec
 from perfd.collectors.torchtitan.parser import TorchtitanLogParser
-from perfd.model import StepRecord
+from perfd.core.model import StepRecord
 from perfd.report import build_report
 
 DATA = Path(__file__).parent / "data"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-from perfd.model import (
+from perfd.core.model import (
     DEVICES,
     HOOK_IN_STEP_FIELD,
     PACKAGES,
@@ -131,7 +131,7 @@ def check_job_info(info: JobInfo) -> list[str]:
 # overflowed the analysis' float sums (fsum: OverflowError), and the job's analysis failed on every
 # tick. Every source passes its records through :func:`check_step_record` before
 # any sum: a value outside these bounds becomes absent (never 0) and is counted as
-# malformed:<STEP_REASON> (parser, hook) or step_value (aggregator, perfd.limits.REFUSED_STEP_VALUE).
+# malformed:<STEP_REASON> (parser, hook) or step_value (aggregator, perfd.core.limits.REFUSED_STEP_VALUE).
 STEP_REASON = "step-value-out-of-range"
 MAX_STEP_MS = 86_400_000.0  # a day: no step, and no timed part of one, lasts longer
 MAX_EPOCH_S = 1e10  # the year 2286: an end time past it (or before 1970) is no clock's

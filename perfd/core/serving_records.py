@@ -2,7 +2,7 @@
 ``/metrics`` scrape, and the ``serving_data`` event's payload that carries them.
 
 Produced by collectors/sglang, analysed by perfd.analytics.serving.serving_analysis on the aggregator
-(and offline by ``perfd analyze sglang``). Apart from perfd.model because only the serving path reads
+(and offline by ``perfd analyze sglang``). Apart from perfd.core.model because only the serving path reads
 them (collectors/sglang, the aggregator's serving window, the serving analysis and report): the training
 path never does. Each carries its own JSON form, the event's.
 """
@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from perfd.model import LabelSet, Provenance
+from perfd.core.model import LabelSet, Provenance
 
 BatchKind = Literal["prefill", "decode"]
 
@@ -226,7 +226,7 @@ class MetricsSnapshot:
 
 @dataclass
 class ServingData:
-    """The payload of the perfd.events SERVING_DATA event. What the SGLang collector sends: batch
+    """The payload of the perfd.core.events SERVING_DATA event. What the SGLang collector sends: batch
     records new since its last send, the server's start-up
     facts (when they changed, and again now and then so a restarted aggregator has them), the latest
     ``/metrics`` scrape, and the analysis settings of its config (``window_s``, ``model``, ``gpu``,

@@ -21,9 +21,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
-from perfd.model import StepRecord, TimerValue
+from perfd.core.model import StepRecord, TimerValue
 
-ALL_RANKS: Final = "all"  # the rank scope of a fold (perfd.model.RankScope)
+ALL_RANKS: Final = "all"  # the rank scope of a fold (perfd.core.model.RankScope)
 # A fold the engine's root hands on names the job's run as that root counts them (a rank's step hook
 # began a new process: perfd.engine.root), from the second on: a fold without it is of the first.
 RUN_FIELD: Final = "perfd_run"
@@ -70,7 +70,8 @@ class RankFold:
                 self._end = r.end_time
             if self._keep_ends:
                 self._add_end(r)
-            # a rank under ncu paces every rank it synchronises with (perfd.armed): the iteration is armed
+            # a rank under ncu paces every rank it synchronises with (perfd.core.armed): the iteration is
+            # armed
             self._armed = self._armed or r.armed
 
     def _add_end(self, r: StepRecord) -> None:

@@ -6,8 +6,8 @@ import dataclasses
 import json
 from typing import Any
 
-from perfd.bounds import check_job_info
-from perfd.model import JobInfo, ModelSpec, ParallelLayout, TimerValue
+from perfd.core.bounds import check_job_info
+from perfd.core.model import JobInfo, ModelSpec, ParallelLayout, TimerValue
 
 
 def job_info_to_json(info: JobInfo) -> str:
@@ -29,13 +29,13 @@ def _fields(cls: type, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_info_from_json(text: str) -> JobInfo:
-    """Raises ValueError on text that is not a JobInfo object; values outside perfd.bounds are
+    """Raises ValueError on text that is not a JobInfo object; values outside perfd.core.bounds are
     removed silently (use :func:`decode_job_info` to count them)."""
     return decode_job_info(text)[0]
 
 
 def decode_job_info(text: str) -> tuple[JobInfo, list[str]]:
-    """The JobInfo of ``text`` with every value outside perfd.bounds removed (absent), and one
+    """The JobInfo of ``text`` with every value outside perfd.core.bounds removed (absent), and one
     reason per value removed. Raises ValueError (or TypeError) on text that is not a JobInfo."""
     d = json.loads(text)
     if not isinstance(d, dict):

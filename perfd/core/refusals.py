@@ -1,7 +1,7 @@
 """Counted, rate-limited-logged refusals: what a cap or a credential check turned away.
 
 One instance per aggregator, shared by the gRPC server, the HTTP server and the capture
-coordinator; exported as ``perfd_aggregator_refused_total{reason}`` (reasons: perfd.limits). A
+coordinator; exported as ``perfd_aggregator_refused_total{reason}`` (reasons: perfd.core.limits). A
 refusal that names the agent it turned away is also counted per agent (``by_agent``, in
 /api/stats): agent ids come from the network, so that table keeps the MAX_AGENTS agents refused
 most, and not a label on /metrics.
@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 
-from perfd.limits import REFUSAL_LOG_INTERVAL_S
+from perfd.core.limits import REFUSAL_LOG_INTERVAL_S
 
 log = logging.getLogger("perfd.refused")
 

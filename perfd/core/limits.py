@@ -44,7 +44,7 @@ MAX_SERIES_PER_AGENT = 50_000  # series definitions one agent may hold at the ag
 MAX_EVENT_BYTES = 256 << 10  # one event on the wire (text + labels + payload)
 # What the aggregator keeps of one history event (in its event log, its journal and its documents):
 # its text and payload within this many bytes, the rest cut and counted (reason event_cut). Kinds
-# whose payload another part reads whole (perfd.events: EventKind.whole) are journalled whole, and
+# whose payload another part reads whole (perfd.core.events: EventKind.whole) are journalled whole, and
 # only the event log's copy is cut. 2,400 events of 250 KB once grew the state file by 390 MB.
 MAX_KEPT_EVENT_BYTES = 16 << 10
 MAX_EVENT_LOG_BYTES = 16 << 20  # the event log (/api/events, the events document), all events together
@@ -110,7 +110,7 @@ MAX_JOBS_PER_IDENTITY = 500
 # An ended job (perfd.analytics.steps.liveness) is kept this long for its report and API, then pruned; a
 # new job arriving at the cap prunes the job that ended first, sooner.
 JOB_RETENTION_S = 24 * 3600.0
-# Per-window communication figures (perfd.winfigures rows, a rank a window) a job's collective fold holds
+# Per-window communication figures (perfd.core.winfigures rows, a rank a window) a job's collective fold holds
 # for its analysis: the newest iterations, whole, up to this many rows, before its iterations' own cap
 # (CollectiveConfig: the newest 100). At 100,000 ranks 100 iterations were ~10 million rows and most of
 # the engine root's 7.1 GiB (docs/evidence/entries/48-scale-history.md); this keeps 40 iterations there (~0.5
@@ -320,11 +320,12 @@ REFUSED_HTTP_DEADLINE = "http_deadline"  # a request (or the reading of its answ
 REFUSED_HTTP_HEAD = "http_head"  # a head over MAX_HTTP_HEAD_BYTES
 # An answer over MAX_HTTP_ANSWER_BYTES, or a connection closed to keep MAX_HTTP_OUTPUT_BYTES.
 REFUSED_HTTP_ANSWER = "http_answer"
-REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.bounds (it becomes absent)
-# A value of a step record outside perfd.bounds (check_step_record): it becomes absent, the record is kept.
+REFUSED_JOB_INFO_VALUE = "job_info_value"  # a value outside perfd.core.bounds (it becomes absent)
+# A value of a step record outside perfd.core.bounds (check_step_record): it becomes absent, the record is
+# kept.
 REFUSED_STEP_VALUE = "step_value"
 # A step record for an (iteration, rank) of a job already held from another agent: the held one stays
-# (event perfd.events.STEP_CONFLICT names both agents).
+# (event perfd.core.events.STEP_CONFLICT names both agents).
 REFUSED_STEP_CONFLICT = "step_conflict"
 REFUSED_WORSE_DUPLICATE = "worse_duplicate"  # a copy of a held step record lacking some of its values
 # Held step records of an agent that wrote a job's iterations ahead of it, replaced by the records of
@@ -333,7 +334,7 @@ REFUSED_STEP_AHEAD = "step_ahead"
 # A step record whose iteration is implausibly ahead (MAX_ITERATION_LEAP, the run's train-iters).
 REFUSED_ITERATION_AHEAD = "iteration_ahead"
 REFUSED_NOT_TARGET = "not_target"  # a capture's progress from an agent the capture was not sent to
-# An event, or an entry of its payload, that is not of the type its kind declares (perfd.events.checked):
+# An event, or an entry of its payload, that is not of the type its kind declares (perfd.core.events.checked):
 # refused where it enters the aggregator (live or replayed from the state store), never read further.
 REFUSED_MALFORMED_EVENT = "malformed_event"
 # What perfd.exporters.httpd counts (the agent's /metrics and the aggregator's HTTP alike): the

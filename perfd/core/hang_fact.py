@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from perfd.events import NCCL_HANG
+from perfd.core.events import NCCL_HANG
 
 # The age in the event's text (collectors/nccl/hangs.HangReport.text): "stuck 7s". An older agent's
 # event carries its age only there; a current one's in its payload too (HangFact.age_s, a number).

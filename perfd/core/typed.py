@@ -1,6 +1,6 @@
 """A JSON value from the network checked against the TypedDict that declares it (pure).
 
-What an event's payload must be is declared once, as a TypedDict in perfd.events (the keys that must
+What an event's payload must be is declared once, as a TypedDict in perfd.core.events (the keys that must
 be there marked ``Required``); :func:`fit` turns a payload into a value of that type or says why not,
 so that what a consumer reads is what the declaration says — never a ``KeyError`` or a ``TypeError``
 three calls later, on every tick (one process entry without a ``pid`` once took every
@@ -127,7 +127,7 @@ def _compile(tp: object) -> Check:
         return lambda v: isinstance(v, Mapping) and all(k(a) and val(b) for a, b in v.items())
     if isinstance(tp, type):
         return lambda v: isinstance(v, tp)
-    raise TypeError(f"perfd.typed cannot check {tp!r}")
+    raise TypeError(f"perfd.core.typed cannot check {tp!r}")
 
 
 @functools.cache

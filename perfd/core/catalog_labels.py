@@ -1,4 +1,4 @@
-"""The labels of perfd's metrics: every label a metric of the catalog (perfd/catalog.py) may carry,
+"""The labels of perfd's metrics: every label a metric of the catalog (perfd/core/catalog.py) may carry,
 with what bounds it, and where the values of a closed set are declared.
 
 Apart from the catalog because they are the labels' own words, read where the catalog is checked and
@@ -7,7 +7,7 @@ written down (its tests, ``perfd catalog --doc``), while the exporters read the 
 
 from __future__ import annotations
 
-from perfd.model import CAPTURE_TOOLS
+from perfd.core.model import CAPTURE_TOOLS
 
 # Every label any metric may carry, with what bounds it.
 LABELS: dict[str, str] = {
@@ -15,7 +15,7 @@ LABELS: dict[str, str] = {
     "node": "host name",
     "gpu": "GPU index on the node",
     "rank": "global rank of a training process",
-    "reason": "small enum: throttle reason, error reason or refusal reason (perfd.limits)",
+    "reason": "small enum: throttle reason, error reason or refusal reason (perfd.core.limits)",
     "type": "small enum: ECC error type (corrected, uncorrected)",
     "class": "bottleneck class (a closed set)",
     "collector": "collector name",
@@ -52,7 +52,7 @@ LABELS: dict[str, str] = {
 # --doc` resolves them, so the values and their count in docs/metrics.md come from the declaration.
 LABEL_SETS: dict[str, str] = {
     "class": "perfd.analytics.breakdown.bottleneck:BottleneckClass",
-    "process_state": "perfd.events:PROCESS_STATES",
+    "process_state": "perfd.core.events:PROCESS_STATES",
     "kind": "perfd.analytics.steps.goodput:KINDS",
     "part": "perfd.analytics.breakdown.step_parts:Part",
     "cause": "perfd.analytics.incidents.evidence:CAUSE_LABEL_VALUES",

@@ -12,7 +12,7 @@ XID); *state* events replace the previous value for their key (the latest proces
 and never enter the log. Each payload a consumer reads has its type declared here (a TypedDict;
 ``Required`` marks what must be there): :func:`checked` turns an event that arrives into a value of
 that type, or says why not, where events enter the aggregator. Pure data: imports nothing of perfd
-but plain types and the checker of them (perfd.typed).
+but plain types and the checker of them (perfd.core.typed).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Required, TypedDict
 
-from perfd.model import CaptureStatus
-from perfd.typed import fit, fit_entries
+from perfd.core.model import CaptureStatus
+from perfd.core.typed import fit, fit_entries
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -158,7 +158,7 @@ class EventKind:
     description: str
     # A consumer besides the event log reads the whole payload (a state kind, the capture records, the
     # hang merge): the event is kept whole up to the wire cap. Any other kind is only read in the log,
-    # and is kept there (and journalled) cut to perfd.limits.MAX_KEPT_EVENT_BYTES (:func:`cut`).
+    # and is kept there (and journalled) cut to perfd.core.limits.MAX_KEPT_EVENT_BYTES (:func:`cut`).
     whole: bool = False
 
 
@@ -178,7 +178,7 @@ GPU_PODS = _k("gpu_pods", "list", True, "collectors/k8s",
 SERVING_DATA = _k("serving_data", "mapping", True, "collectors/sglang",
                   ("perfd/aggregator/serving.py: the job's serving window and analysis",),
                   "SGLang log records, server facts and a /metrics scrape "
-                  "(perfd.serving_records.ServingData)")
+                  "(perfd.core.serving_records.ServingData)")
 NCCL_HANG = _k("nccl_hang", "mapping", False, "collectors/nccl (Flight Recorder hang detector)",
                ("perfd/aggregator/collectives.py: hangs merged across agents", _AGG_LOG),
                "A collective stuck past the hang threshold (and its resolution)", whole=True)
@@ -204,7 +204,7 @@ CAPTURE_FINISHED = _k("capture_finished", "any", False, "perfd/capture/manager.p
                       "A capture finished; payload: its analysis and artifacts", whole=True)
 CAPTURE_FAILED = _k("capture_failed", "any", False, "perfd/capture/manager.py (agent)",
                     ("perfd/aggregator/captures.py: capture records", _AGG_LOG),
-                    "A capture failed; payload: status, reason, and cause (perfd.model.CaptureFailure: "
+                    "A capture failed; payload: status, reason, and cause (perfd.core.model.CaptureFailure: "
                     "not_ready is asked again when the target is ready, with no rule cooldown taken)",
                     whole=True)
 

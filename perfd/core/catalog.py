@@ -4,7 +4,7 @@ Names: ``perfd_<domain>_<what>_<unit>``; counters end in ``_total``; ratios are 
 ``_ratio``; quotients that can exceed 1 (unit "times") end in ``_times`` (older ones still end in
 ``_ratio``); base units (seconds, bytes, watts, joules, celsius, hertz). Labels are bounded: the job
 label is ``job_name`` (Prometheus reserves ``job`` for the scrape job), then ``node``, ``gpu``
-(device index), ``rank`` and a few small enums (each label and what bounds it: perfd/catalog_labels.py).
+(device index), ``rank`` and a few small enums (each label and what bounds it: perfd/core/catalog_labels.py).
 Pure data: exporters, docs and tests read it.
 """
 
@@ -85,13 +85,13 @@ RANK_RATIO_BUCKETS: tuple[float, ...] = (0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.5, 2.
 GPU_INFO = "perfd_gpu_info"
 # One info series per (job, node): where the job runs, what host series join the job on.
 JOB_NODE_INFO = "perfd_job_node_info"
-# Present (1) for a job that opted out of the MFU alert (perfd.model.JobInfo.mfu_alert is False).
+# Present (1) for a job that opted out of the MFU alert (perfd.core.model.JobInfo.mfu_alert is False).
 # One info series per cause among a job's open incidents: what the alert on an open incident names.
 JOB_INCIDENT_CAUSE_INFO = "perfd_job_incident_cause_info"
 JOB_MFU_ALERT_OPT_OUT = "perfd_job_mfu_alert_opt_out_info"
 
 # A rank process's series (collectors/ranks). The plain ones each carry one field of the rank's
-# observation (perfd.events.RankHost): series -> field, what the collector emits and what the rules read
+# observation (perfd.core.events.RankHost): series -> field, what the collector emits and what the rules read
 # at rank scope (perfd.aggregator.rule_scopes). The three after it are read otherwise.
 RANK_HOST_SERIES: dict[str, str] = {
     "perfd_host_rank_cpu_cores": "cpu_cores", "perfd_host_rank_cpu_wait_ratio": "wait_ratio",
@@ -355,7 +355,7 @@ CATALOG: tuple[MetricDef, ...] = (
        "1 per GPU, labelled with its identity (DCGM-exporter's UUID, modelName, Hostname, pci_bus_id "
        "too) and job_name, the job whose processes run on it (absent when none): join DCGM-exporter "
        "series on(UUID) to put them in jobs (docs/prometheus.md)",
-       _AGENT + " (perfd.placement over collectors/nvml)", (*GPU, *JOB, *DCGM_INFO_IDENTITY)),
+       _AGENT + " (perfd.core.placement over collectors/nvml)", (*GPU, *JOB, *DCGM_INFO_IDENTITY)),
     _m("perfd_gpu_utilization_ratio", "gauge", "ratio",
        "NVML utilisation: share of time a kernel was resident (not SM busy)", _NVML, GPU,
        alias="gpu_util", shows=(WANDB,)),
@@ -471,7 +471,7 @@ CATALOG: tuple[MetricDef, ...] = (
     _m("perfd_agent_ack_timeouts_total", "counter", "count",
        "Streams the agent dropped for want of an acknowledgement (a dead or half-open link)", _AGENT, AGENT),
     _m("perfd_agent_http_refused_total", "counter", "count",
-       "Connections and requests the agent's /metrics server turned away, by reason (perfd.limits "
+       "Connections and requests the agent's /metrics server turned away, by reason (perfd.core.limits "
        "REFUSED_HTTP_*: a deadline missed, a head too large, connections over the cap)", _AGENT,
        (*AGENT, "reason")),
     # --- aggregator self-metrics ----------------------------------------------------------
@@ -489,13 +489,13 @@ CATALOG: tuple[MetricDef, ...] = (
        _AGGREGATOR, ()),
     _m("perfd_aggregator_event_loop_lag_seconds", "gauge", "seconds",
        "How late the aggregator's event loop ran at its last one-second tick; new agent streams are "
-       "refused (reason overloaded) while it exceeds perfd.limits.MAX_LOOP_LAG_S, or while the loop is "
+       "refused (reason overloaded) while it exceeds perfd.core.limits.MAX_LOOP_LAG_S, or while the loop is "
        "saturated otherwise (perfd.transport.admission.admit_stream)", _AGGREGATOR, ()),
     _m("perfd_aggregator_gc_seconds_total", "counter", "seconds",
        "Time the aggregator process spent in Python's garbage collector (its event loop stalled "
        "meanwhile); perfd.aggregator.runtime", _AGGREGATOR, ()),
     _m("perfd_aggregator_refused_total", "counter", "count",
-       "What a credential check or a cap turned away, by reason (perfd.limits REFUSED_*)", _AGGREGATOR,
+       "What a credential check or a cap turned away, by reason (perfd.core.limits REFUSED_*)", _AGGREGATOR,
        ("reason",)),
     _m("perfd_aggregator_jobs_held", "gauge", "count",
        "Jobs held now (what --max-jobs counts: named by an open stream's Hello, or holding data not yet "

@@ -235,10 +235,10 @@ class StepRecord:
     tokens_per_step: float | None = None
     flops_per_step: float | None = None
     # The rank that took this step runs under a profiler armed for a capture (``perfd ncu-exec``'s
-    # target, perfd.armed): armed from its process's first step, its steps are the profiler's, not
+    # target, perfd.core.armed): armed from its process's first step, its steps are the profiler's, not
     # the job's (kept out of its MFU, step time, jitter and class).
     armed: bool = False
-    # An ``"all"`` fold's ranks' own end times (perfd.stepfold): each rank's iteration ends when its own
+    # An ``"all"`` fold's ranks' own end times (perfd.core.stepfold): each rank's iteration ends when its own
     # record did, so the communication share's per-rank windows
     # (perfd.analytics.collectives.collective_windows)
     # read the fold as they read the ranks' records. Empty on a rank's own record and a log's.
