@@ -20,6 +20,9 @@ from perfd.transport.gen import perfd_pb2 as pb
 # node message of an older one is not summarised (counted), since a summary of it made afresh from that
 # message alone would stand, at the root, for the partition's whole iteration.
 SUMMARY_ITERATIONS = 16
+# A job no node message came for this long is let go of here (the root's IDLE_FORGET_S): what the
+# shard holds is then its live jobs', not every job it ever saw
+IDLE_FORGET_S = 600.0
 BATCH_ROOM = 512  # bytes of a summaries message kept for its id, sender and time
 Key = tuple[str, int, int]  # (job, iteration, partition)
 
@@ -35,12 +38,14 @@ class ShardSummaries:
         self._newest: dict[str, int] = {}  # job -> its newest iteration summarised
         self._floor: dict[str, int] = {}  # job -> its oldest iteration still summarised
         self._run_began: dict[str, int] = {}  # job -> the iteration its newest run began at (new_run)
+        self._seen: dict[str, float] = {}  # job -> when a node message of it was last summarised
 
     @property
     def touched(self) -> bool:
         return bool(self.held.touched)
 
-    def fold_in(self, infos: dict[str, str], parts: Sequence[Partial], partition: int) -> int:
+    def fold_in(self, infos: dict[str, str], parts: Sequence[Partial], partition: int,
+                now: float | None = None) -> int:
         """Each partial's ranks into its partition's summary, grouped by stage as the job's info (the
         latest this shard read: a hook job's node messages carry it) lays its ranks out. Returns the
         partials not summarised (of an iteration let go)."""
@@ -51,6 +56,7 @@ class ShardSummaries:
                 except ValueError:  # the root counts it undecodable; the ranks go ungrouped here
                     self._stages[job] = (text, None)
         too_old = 0
+        now = time.monotonic() if now is None else now
         for part in parts:
             fold = part.fold
             if fold is None:  # a log's job-level records alone: no rank's
@@ -66,14 +72,15 @@ class ShardSummaries:
                 too_old += 1
                 continue
             self._newest[job] = max(it, self._newest.get(job, it))
+            self._seen[job] = now
             self.held.add(partition, fold, part.ranks, self._stages.get(job, ("", None))[1],
                           new_run=part.new_run)
         return too_old
 
-    def take(self) -> tuple[dict[str, list[pb.StepSummary]], list[Key]]:
+    def take(self, now: float | None = None) -> tuple[dict[str, list[pb.StepSummary]], list[Key]]:
         """The summaries touched since the last take, encoded now (they share their parts with what
         the next node message folds in), by job, and their keys; a job's iterations past the newest
-        SUMMARY_ITERATIONS let go."""
+        SUMMARY_ITERATIONS let go, and jobs idle IDLE_FORGET_S."""
         self.seq += 1
         by_job: dict[str, list[pb.StepSummary]] = {}
         keys = []
@@ -87,6 +94,11 @@ class ShardSummaries:
             if floor > self._floor.get(job, floor - 1):
                 self._floor[job] = floor
                 self.held.drop_before(job, floor)
+        now = time.monotonic() if now is None else now
+        for job in [j for j, t in self._seen.items() if now - t > IDLE_FORGET_S]:
+            self.held.drop_before(job, 1 << 62)
+            for d in (self._stages, self._newest, self._floor, self._run_began, self._seen):
+                d.pop(job, None)
         return by_job, keys
 
     def give_back(self, keys: Sequence[Key]) -> None:

@@ -15,7 +15,7 @@ from perfd.engine.partial import Partial
 from perfd.engine.root import Root
 from perfd.engine.root_summaries import ANSWERS_KEPT, RootSummaries
 from perfd.engine.rootfold import RootStats
-from perfd.engine.shard_summaries import SUMMARY_ITERATIONS, ShardSummaries, batches
+from perfd.engine.shard_summaries import IDLE_FORGET_S, SUMMARY_ITERATIONS, ShardSummaries, batches
 from perfd.limits import Limits
 from perfd.refusals import Refusals
 from perfd.transport.gen import perfd_pb2 as pb
@@ -51,6 +51,15 @@ def test_a_shard_sends_each_touched_partition_again_after_a_failed_send_and_lets
     held.fold_in({}, [_partial(0, last)], 3)
     held.take()
     assert held.fold_in({}, [_partial(1, 1)], 3) == 1 and not held.touched
+
+
+def test_a_job_idle_long_enough_is_let_go() -> None:
+    held = ShardSummaries()
+    held.fold_in({}, [_partial(0, 1)], 0, now=0.0)
+    held.take(now=1.0)
+    assert held.held.held
+    held.take(now=1.0 + IDLE_FORGET_S)
+    assert held.held.held == {}
 
 
 def test_a_resumed_job_is_summarised_afresh() -> None:
