@@ -120,8 +120,9 @@ async def _through_the_engine(urls: list[str], by_node: dict[int, list[list[Step
                     lambda: root.stats.node_messages >= NODES * ITERATIONS, 180)
         await until("every kept iteration's summaries whole at the root",
                     lambda: all(summaries_whole(it) for it in range(1, ITERATIONS + 1)), 60)
-        await until("nothing left to send at the shards",
-                    lambda: not any(s.summaries.touched for s in shards), 30)
+        await until("every summary the shards sent read at the root, none left to send",
+                    lambda: not any(s.summaries.touched for s in shards)
+                    and root.stats.summaries == sum(s.stats.summaries_published for s in shards), 30)
         before = {k: getattr(root.stats, k) for k in ("summaries", "summaries_replaced", "summaries_stale")}
         # One partition's summary of the last iteration, as the root holds it: delivered again, then
         # as a newer flush of the same partition (the shard's next, with nothing new folded in)
