@@ -467,7 +467,7 @@ class Aggregator:
         if self.http is not None:
             root = self.engine_root
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
-        self.state.engine_stats = self.engine_root.stats.to_json
+        self.state.engine_stats = self.engine_root.stats_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))
         log.info("engine root %s on %s (%d partitions)", root_id, ",".join(engine.servers), engine.partitions)

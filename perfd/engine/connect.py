@@ -115,7 +115,7 @@ async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) 
 
 
 async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1) -> None:
-    """The three streams and the lease bucket (its keys expiring after ``cfg.lease_ttl_s``), made if
+    """The streams and the lease bucket (its keys expiring after ``cfg.lease_ttl_s``), made if
     missing (the same call from every process that starts: JetStream's add is idempotent for an
     identical config, and refuses another: a process given another --engine-replicas or
     --engine-lease-ttl than the bucket was made with). ``replicas``: 3 on a cluster of three servers
@@ -140,6 +140,10 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1)
         name=S.EVENTS_STREAM, subjects=[f"{S.EVENTS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
         max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.EVENTS_MAX_BYTES))
+    await js.add_stream(StreamConfig(
+        name=S.SUMMARIES_STREAM, subjects=[f"{S.SUMMARIES_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+        max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.SUMMARIES_MAX_BYTES))
     try:
         await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=cfg.lease_ttl_s, replicas=replicas, history=1)
     except Exception as exc:

@@ -18,7 +18,9 @@ to the store's join, ``ingest_window_figures``), and here otherwise: an agent of
 windows its node does not have (a Megatron-LM log's), or one older than the shards' fold.
 What the root pays is linear in what arrives: 0.37 ms of CPU a node message of a 100,000-rank job
 (decode and a keyed insert per row; ``perfd bench collectives``). Everything goes to a
-:class:`RootSink` — the aggregator — so nothing here knows the aggregator.
+:class:`RootSink` — the aggregator — so nothing here knows the aggregator. The shards' step summaries
+are read beside the partials, on a stream of their own, and answered per whole iteration
+(perfd.engine.root_summaries): shown in the root's stats, never handed to the store.
 """
 
 from __future__ import annotations
@@ -31,17 +33,23 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
+from google.protobuf.message import DecodeError
+
 from perfd.collfold import CollectivePartial
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
+from perfd.engine import summary_codec
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
+from perfd.engine.root_summaries import RootSummaries
 from perfd.engine.rootfold import RootFold, RootStats, stream_gap
+from perfd.engine.stepsummary import StepSummary
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
+from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import DecodedEvent
 
 log = logging.getLogger("perfd.engine")
@@ -76,10 +84,13 @@ class Root:
         self.advertise_http = advertise_http
         self.leader_http: str | None = None
         self.fold = RootFold()
+        self.summaries = RootSummaries(self.fold.stats)
+        # what the summaries were last checked against: jobs the fold forgot, and each job's run
+        self._forgotten, self._runs = 0, dict(self.fold.runs)
         self._read_to = 0  # the partials stream's sequence read and folded up to
         self._nc: NatsClient | None = None  # the session's connection: what commands go out on
         self._loop: asyncio.AbstractEventLoop | None = None
-        # the records and events streams' ("records", "events"), handed on up to
+        # the records, events and summaries streams' ("records", "events", "summaries"), read up to
         self._records_read_to: dict[str, int] = {}
         self._pending: set[asyncio.Future[None]] = set()  # commands in flight from the loop itself
         self._pending_calls: set[concurrent.futures.Future[None]] = set()  # ... from other threads
@@ -89,6 +100,10 @@ class Root:
     @property
     def stats(self) -> RootStats:
         return self.fold.stats
+
+    def stats_json(self) -> dict[str, object]:
+        """The counters, and the newest answers from the summaries of each job (/api/stats ``engine``)."""
+        return {**self.stats.to_json(), "summary_answers": self.summaries.to_json()}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when the lease is free, follow otherwise; reconnects; never raises but CancelledError."""
@@ -153,6 +168,8 @@ class Root:
             self.stats.records_skipped += gap
         elif stream == "events":
             self.stats.events_skipped += gap
+        elif stream == "summaries":
+            self.stats.summaries_skipped += gap
         else:
             self.stats.partials_skipped += gap
         # one line a stream a minute at most, with what was let go since the last (a root this far
@@ -165,7 +182,8 @@ class Root:
         log.warning("engine root %s: %d message(s) of the %s stream were let go by the engine (its limits: "
                     "%d MiB, %.0f s) before this root read them, since the last such line: lost to the "
                     "jobs' analysis (counted, /api/stats engine.%s_skipped)", self.id, unsaid, stream,
-                    {"records": S.RECORDS_MAX_BYTES, "events": S.EVENTS_MAX_BYTES}.get(
+                    {"records": S.RECORDS_MAX_BYTES, "events": S.EVENTS_MAX_BYTES,
+                     "summaries": S.SUMMARIES_MAX_BYTES}.get(
                         stream, S.PARTIALS_MAX_BYTES) >> 20,
                     S.PARTIALS_MAX_AGE_S, stream)
 
@@ -194,19 +212,21 @@ class Root:
             return msgs
 
         async def read_records(stream: str, rsub: Subscription) -> None:
-            """The records or the events stream (``stream``: its key in ``_records_read_to``)."""
+            """The records, events or summaries stream (``stream``: its key in ``_records_read_to``)."""
+            handle = self.handle_summaries if stream == "summaries" else self.handle_records
             while True:
                 msgs = await batch(rsub, 0.5)
                 if msgs:
                     read_to = self._records_read_to.get(stream, 0)
                     self._skipped(stream, read_to, msgs)
-                    self.handle_records([m.data for m in msgs])
+                    handle([m.data for m in msgs])
                     self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
         sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
         rsubs = {name: await subscribe(stream, prefix, self._records_read_to.get(name, 0))
                  for name, stream, prefix in (("records", S.RECORDS_STREAM, S.RECORDS_PREFIX),
-                                              ("events", S.EVENTS_STREAM, S.EVENTS_PREFIX))}
+                                              ("events", S.EVENTS_STREAM, S.EVENTS_PREFIX),
+                                              ("summaries", S.SUMMARIES_STREAM, S.SUMMARIES_PREFIX))}
         readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
         await self._advertise(kv)
         loop = asyncio.get_running_loop()
@@ -317,6 +337,38 @@ class Root:
         # After the records: a restart's first fold ends the store's run, and with it that run's ranks
         for job, ranks in new_ranks.items():
             self.sink.note_folded_ranks(job, ranks)
+        self._summaries_follow()
+
+    def _summaries_follow(self) -> None:
+        """The summaries follow the fold: jobs it let go of, or that began a new run (whose iterations
+        may bear the last run's numbers), let go of; iterations it made whole answered."""
+        if self.stats.jobs_forgotten != self._forgotten or self.fold.runs != self._runs:
+            for job in list(self.summaries.answers.keys() | self.summaries.fold_jobs()):
+                if job not in self.fold.jobs or self.fold.runs.get(job) != self._runs.get(job):
+                    self.summaries.forget(job)
+            self._forgotten, self._runs = self.stats.jobs_forgotten, dict(self.fold.runs)
+        while self.fold.completed:
+            self.summaries.whole(*self.fold.completed.popleft())
+
+    def handle_summaries(self, batch: Sequence[bytes]) -> None:
+        """The shards' step summaries (EngineBatch ``step_summaries``), held beside the partials' folds."""
+        got: list[StepSummary] = []
+        for data in batch:
+            try:
+                ms = pb.EngineBatch.FromString(data).step_summaries
+            except DecodeError as exc:
+                self.stats.undecodable += 1
+                log.warning("engine root %s: a summaries message that does not decode (%s): skipped",
+                            self.id, exc)
+                continue
+            for m in ms:
+                try:
+                    got.append(summary_codec.from_pb(m))
+                except ValueError as exc:  # another version, or malformed
+                    self.stats.undecodable += 1
+                    log.warning("engine root %s: a step summary that does not read (%s): skipped",
+                                self.id, exc)
+        self.summaries.add(got, lambda job: job in self.fold.jobs or self.sink.admit_job(job))
 
     def flush(self, every: bool = False) -> None:
         """Hand the store what the fold held back (perfd.engine.rootfold.HAND_ON_S) and is now due;

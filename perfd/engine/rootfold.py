@@ -86,6 +86,15 @@ class RootStats:
     partials_skipped: int = 0
     records_skipped: int = 0
     events_skipped: int = 0
+    summaries_skipped: int = 0
+    # The shards' step summaries (perfd.engine.root_summaries), beside the partials: read; of those, held
+    # in place of an older one of their partition's iteration (replaced); not newer than the one held,
+    # a copy delivered again or a former holder's (stale: dropped); of an iteration no longer held (late:
+    # dropped)
+    summaries: int = 0
+    summaries_replaced: int = 0
+    summaries_stale: int = 0
+    summaries_late: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, bool | int | dict[str, float] | None]:
@@ -184,6 +193,8 @@ class RootFold:
         self.seen: dict[str, float] = {}  # job -> when its last partial came (add's ``now``)
         self.refused_until: dict[str, float] = {}  # job -> until when it is refused without asking
         self.stats = RootStats()
+        # (job, iteration)s made whole, the newest, for the root's answers from the summaries
+        self.completed: deque[tuple[str, int]] = deque(maxlen=1024)
 
     def add(self, parts: Sequence[Partial],
             held_fold: Callable[[str, int], StepRecord | None] = lambda j, i: None,
@@ -237,6 +248,7 @@ class RootFold:
                 if n is not None and n >= world:
                     gone.complete, gone.ranks = True, None
                     self.stats.complete += 1
+                    self.completed.append((part.job, part.iteration))
                     end = acc.fold.end_time if acc.fold is not None else None
                     if end is not None:
                         self.stats.lag_s.append(max(0.0, now - end))
@@ -389,6 +401,7 @@ class RootFold:
             return False  # held to no more than the ranks it has shown, in its first iteration
         acc.complete = True
         self.stats.complete += 1
+        self.completed.append((acc.job, acc.iteration))
         end = acc.fold_end()
         if end is not None:
             self.stats.lag_s.append(max(0.0, now - end))

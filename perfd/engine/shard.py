@@ -20,6 +20,8 @@ windows it fed to settle (perfd.engine.shard_windows says why). Figures an agent
 ``window_fold``: perfd.engine.publisher says when) come in place of those operations and are handed
 on as they came, fold or none, with the partials of the same flush; their messages are acknowledged
 once they are out, as the partials' are (a message delivered again hands the same rows on: a join).
+Each partition's step summaries (perfd.engine.shard_summaries) go out beside the partials, after them
+in the same flush: a node message is acknowledged once what it fed of both is out.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from perfd.engine.lease_keeper import LeaseKeeper
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Partial, decode, encode, encode_batches
+from perfd.engine.shard_summaries import ShardSummaries, batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -82,6 +85,8 @@ class ShardStats:
     takeover_waits: int = 0  # partitions taken with messages of a previous holder due again first
     # window figures its nodes' agents folded themselves (perfd.engine.publisher's window_fold), handed on
     figure_rows_forwarded: int = 0
+    summaries_published: int = 0  # partition summaries sent (each a partition's iteration so far)
+    summaries_too_old: int = 0  # node partials of an iteration whose summaries were let go: not summarised
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -114,6 +119,7 @@ class Shard:
         self._flushing = 0  # flushes publishing now
         self._flushed = asyncio.Event()  # set while none is
         self._flushed.set()
+        self.summaries = ShardSummaries()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -360,6 +366,7 @@ class Shard:
             log.warning("shard %s: a node message that is not an EngineBatch (%s): terminated", self.id, exc)
             self._to_term.append(m)  # never delivered again: it would fail the same way
             return
+        self.stats.summaries_too_old += self.summaries.fold_in(d.job_info_json, d.partials, partition)
         for part in d.partials:
             held = self._pending.setdefault((part.job, part.iteration), [])
             if held and len(held[-1].ranks) + len(part.ranks) <= MAX_PARTIAL_RANKS:
@@ -390,7 +397,7 @@ class Shard:
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
         forward, self._forward = self._forward, {}
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released
-                or forward):
+                or forward or self.summaries.touched):
             return
         self._flushing += 1
         self._flushed.clear()
@@ -407,6 +414,7 @@ class Shard:
         then what it fed acknowledged."""
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
+        summaries, summary_keys = self.summaries.take()
         by_job: dict[str, list[Partial]] = {}
         for (job, _), parts in pending.items():
             by_job.setdefault(job, []).extend(parts)
@@ -437,6 +445,11 @@ class Shard:
                     await js.publish(S.partials_subject(job), b.SerializeToString(), timeout=5.0,
                                      headers={"Nats-Msg-Id": bid})
             self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
+            for job, ms in summaries.items():  # after the partials they summarise
+                for bid, data in batches(ms, self._next_batch_id, self.id, self._max_bytes):
+                    await js.publish(S.summaries_subject(job), data, timeout=5.0,
+                                     headers={"Nats-Msg-Id": bid})
+                self.stats.summaries_published += len(ms)
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
@@ -449,6 +462,7 @@ class Shard:
                 self.windows.hold_again(released, time.monotonic())
             for job, raw in forward.items():
                 self._forward[job] = raw + self._forward.get(job, [])
+            self.summaries.give_back(summary_keys)
             return
         terms, self._to_term = self._to_term, []
         for m in terms:

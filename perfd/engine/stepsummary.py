@@ -43,11 +43,11 @@ from typing import Final
 from ddsketch.mapping import LogarithmicMapping
 
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
-from perfd.analytics.steps.stragglers import RankOrder
+from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder
 from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.core.catalog import RANK_RATIO_BUCKETS
 from perfd.core.limits import RANK_RATIO_TOP_K
-from perfd.core.model import StepRecord
+from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.stepfold import ALL_RANKS, RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_to_pb
@@ -311,6 +311,11 @@ def stage_function(order: RankOrder) -> Callable[[int], int | None] | None:
     return order.stage if pp > 1 else (lambda rank: 0)
 
 
+def stages_of(layout: ParallelLayout) -> Callable[[int], int | None] | None:
+    """:func:`stage_function` of a job's layout as its info names it (what a shard has of the job)."""
+    return stage_function(RankOrder(layout))
+
+
 def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord,
               stage_of: Callable[[int], int | None] | None, expected: int = 0, partition: int = 0,
               epoch: int = 0, seq: int = 0, new_run: bool = False) -> StepSummary:
@@ -504,7 +509,7 @@ class Answer:
     extremes: dict[str, Extreme]  # the per-rank figures' (COMM, IDLE, ...), those the partitions could make
 
 
-def answer(s: StepSummary, straggler_ratio: float) -> Answer:
+def answer(s: StepSummary, straggler_ratio: float = STRAGGLER_RATIO) -> Answer:
     """``s``'s answer; the compute ratios as perfd.analytics.steps.stragglers.detect makes them: within
     each stage of two ranks or more, over its median (> 0)."""
     medians: dict[int, float] = {}
@@ -536,3 +541,23 @@ def answer(s: StepSummary, straggler_ratio: float) -> Answer:
         sum(g.count - g.sketch.at_most(straggler_ratio * medians[st]) for st, g in s.stages.items()
             if st in medians),
         {n: e for n, e in sorted(s.extremes.items()) if not e.unknown and e.count})
+
+
+def answer_json(a: Answer) -> dict[str, object]:
+    """``a`` as JSON (the root's /api/stats): the slowest rank's step, not its whole record."""
+    slow = a.slowest
+    return {
+        "ranks_in": a.ranks_in, "ranks_expected": a.ranks_expected, "end_time": a.end_time,
+        "slowest": None if slow is None else {
+            "step_time_ms": slow.step_time_ms, "source": slow.source.detail if slow.source else None},
+        "timer_count": a.timer_count, "timer_sum": a.timer_sum, "timer_min": a.timer_min,
+        "timer_max": {n: {"value": v, "rank": r} for n, (v, r) in a.timer_max.items()},
+        "timer_quantiles": {n: {str(q): v for q, v in qs.items()} for n, qs in a.timer_quantiles.items()},
+        "stage_count": {str(k): v for k, v in a.stage_count.items()},
+        "stage_sum": {str(k): v for k, v in a.stage_sum.items()},
+        "stage_median": {str(k): v for k, v in a.stage_median.items()},
+        "top_ratios": [[r, v] for r, v in a.top_ratios],
+        "ratio_buckets": None if a.ratio_buckets is None else [[str(le), n] for le, n in a.ratio_buckets],
+        "ratio_sum": a.ratio_sum, "flagged": a.flagged, "flagged_count": a.flagged_count,
+        "extremes": {n: dataclasses.asdict(e) for n, e in a.extremes.items()},
+    }

@@ -19,11 +19,16 @@ RECORDS_STREAM = "PERFD_RECORDS"  # nodes' collective records (the store's share
 # so that the collective records' volume, which a root behind lets the engine drop (RECORDS_MAX_BYTES),
 # never takes them with it (perfd.engine.root counts what a stream let go unread)
 EVENTS_STREAM = "PERFD_EVENTS"
+# Shards' step summaries (perfd.engine.stepsummary: a size no rank count changes), beside the partials
+# they summarise, read by the job's root: a stream of their own, so that an engine made before them
+# takes them without its partials stream's subjects changing (JetStream refuses another config).
+SUMMARIES_STREAM = "PERFD_SUMMARIES"
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"
-EVENTS_PREFIX = "perfd.core.events"
+EVENTS_PREFIX = "perfd.events"  # a subject on the wire, not a module path
+SUMMARIES_PREFIX = "perfd.summaries"
 # Commands to one agent (a capture, a stall's stacks): core NATS request/reply, not a stream — a
 # command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
 COMMANDS_PREFIX = "perfd.commands"
@@ -75,6 +80,11 @@ def partition_filter(partition: int) -> str:
 
 def partials_subject(job: str) -> str:
     return f"{PARTIALS_PREFIX}.{job_token(job)}"
+
+
+def summaries_subject(job: str) -> str:
+    """A shard's summaries of ``job``'s partitions (perfd.engine.summary_codec, in an EngineBatch)."""
+    return f"{SUMMARIES_PREFIX}.{job_token(job)}"
 
 
 def records_subject(job: str) -> str:
@@ -146,3 +156,5 @@ PARTIALS_MAX_AGE_S = 3600.0
 RECORDS_MAX_BYTES = 1 << 30
 # Events are few (a node's hang events, XIDs, process lists: KBs a minute) and each may matter alone
 EVENTS_MAX_BYTES = 256 << 20
+# A summary is a few KB whatever the ranks, one a partition and iteration a flush touched
+SUMMARIES_MAX_BYTES = 256 << 20

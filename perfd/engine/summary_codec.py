@@ -1,6 +1,6 @@
 """The wire form of a step summary (perfd.engine.stepsummary): protobuf's StepSummary, versioned
 (``VERSION``: a root reads the version it knows and counts and drops another), in an EngineBatch's
-``step_summaries`` on a job's partials subject (perfd.engine.subjects.partials_subject). Sums travel as
+``step_summaries`` on a job's summaries subject (perfd.engine.subjects.summaries_subject). Sums travel as
 the canonical partials of their exact value and sketches as their buckets' counts, so that one summary
 encodes to the same bytes however it was merged."""
 

@@ -44,10 +44,10 @@ PP = 4
 A = ss.SKETCH_ACCURACY
 
 
-def _megatron(nodes: int) -> dict[int, list[list[StepRecord]]]:
+def megatron(nodes: int, iterations: int = ITERATIONS, job: str = JOB) -> dict[int, list[list[StepRecord]]]:
     """The recorded ranks with forward and backward compute timers (a third and two thirds of the
     hook's compute), a few ranks made slow, and two ranks of one stage tied at its slowest."""
-    out = job_records(JOB, nodes, ITERATIONS)
+    out = job_records(job, nodes, iterations)
     world = nodes * RANKS_PER_NODE
     slow = {7: 1.4, world // 2 + 3: 1.25, world - 1: 1.12}
     for node, its in out.items():
@@ -112,7 +112,7 @@ def _bracket(value: float, lo: float, hi: float) -> bool:
 
 @pytest.mark.parametrize("nodes", [125, 1000])
 def test_same_answer_as_one_aggregator(nodes: int) -> None:
-    by_node = _megatron(nodes)
+    by_node = megatron(nodes)
     world = nodes * RANKS_PER_NODE
     order = _layout(world)
     for it in range(1, ITERATIONS + 1):
@@ -203,7 +203,7 @@ def test_same_answer_as_one_aggregator(nodes: int) -> None:
 def test_stages_as_the_straggler_analysis_groups_them(pp: int | None) -> None:
     """Without a pipeline every rank is one stage's, without a pipeline size none is compared (no
     ratios), as detect() does: the top ranks and the histogram agree with one aggregator's."""
-    by_node = _megatron(16)
+    by_node = megatron(16)
     world = 16 * RANKS_PER_NODE
     order = RankOrder(ParallelLayout(world_size=world, tp=1, pp=pp, dp=world // (pp or 1), cp=1))
     ranks = [r for its in by_node.values() for r in its[0]]
@@ -221,7 +221,7 @@ def test_stages_as_the_straggler_analysis_groups_them(pp: int | None) -> None:
 def test_merge_is_a_join() -> None:
     """Any grouping and order of partitions merges to the same bytes; one summary of all the ranks
     is that merge (but for who made it); a partition's older flush and a redelivery change nothing."""
-    by_node = _megatron(40)
+    by_node = megatron(40)
     order = _layout(40 * RANKS_PER_NODE)
     folds = []
     for its in by_node.values():
@@ -248,7 +248,7 @@ def test_wire_size_is_fixed_in_ranks() -> None:
     ranks: 8x the ranks, within a small factor of the bytes (the sketches' buckets)."""
     sizes = []
     for nodes in (25, 200):
-        by_node = _megatron(nodes)
+        by_node = megatron(nodes)
         order = _layout(nodes * RANKS_PER_NODE)
         ranks = [r for its in by_node.values() for r in its[0]]
         sizes.append(len(codec.encode(ss.summarize(JOB, 1, ranks, order.stage))))
@@ -256,7 +256,7 @@ def test_wire_size_is_fixed_in_ranks() -> None:
 
 
 def test_wire_versions_and_malformed() -> None:
-    s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None)
+    s = ss.summarize(JOB, 1, [r for its in megatron(2).values() for r in its[0]], None)
     m = pb.StepSummary()
     codec.to_pb(s, m)
     m.version = codec.VERSION + 1
@@ -312,7 +312,7 @@ def test_a_figure_one_partition_cannot_make_is_none() -> None:
     """A rank without its own forward-backward has its idle read against the job's longest (one
     aggregator's pipeline.stage_idle): no partition holds that, so the merge names no idle extremes
     rather than a wrong one; the other figures stay."""
-    by_node = _megatron(4)
+    by_node = megatron(4)
     order = _layout(4 * RANKS_PER_NODE)
     parts = []
     for n, its in by_node.items():
@@ -330,7 +330,7 @@ def test_a_shard_summarises_node_by_node() -> None:
     """A shard's partition summary made node message by node message is the summary of all the
     partition's ranks at once (the same bytes); a node message delivered again changes nothing; one
     whose ranks are in only in part is not folded, and counted."""
-    by_node = _megatron(12)
+    by_node = megatron(12)
     order = _layout(12 * RANKS_PER_NODE)
     held = ss.PartitionSummaries()
     folds = []
@@ -359,7 +359,7 @@ def test_a_shard_summarises_node_by_node() -> None:
 def test_the_root_holds_each_partitions_newest_within_its_iterations() -> None:
     """Per (job, iteration) the newest of each partition (by its maker's epoch, then flush), the
     older and the same one again counted and dropped; a job's iterations but the newest ``keep`` let go."""
-    recs = [r for its in _megatron(2).values() for r in its[0]]
+    recs = [r for its in megatron(2).values() for r in its[0]]
     fold = ss.SummaryFold()
     for it in range(1, 6):
         for epoch, seq in ((1, 5), (1, 4), (2, 1), (2, 1)):
@@ -375,7 +375,7 @@ def test_a_root_that_reads_no_summaries_passes_them_by() -> None:
     root that does not read them folds nothing and counts nothing undecodable); its summaries read back."""
     from perfd.engine.partial import decode
 
-    s = ss.summarize(JOB, 1, [r for its in _megatron(2).values() for r in its[0]], None, partition=4)
+    s = ss.summarize(JOB, 1, [r for its in megatron(2).values() for r in its[0]], None, partition=4)
     b = pb.EngineBatch(id="s:1:1", sender="s")
     codec.to_pb(s, b.step_summaries.add())
     d = decode(b.SerializeToString())

@@ -1,0 +1,117 @@
+"""What a shard keeps and sends of its partitions' step summaries (perfd.engine.shard_summaries) and
+what the root holds and answers of them (perfd.engine.root_summaries), without an engine: a summary
+of an iteration let go is counted and dropped, a failed send is sent again, a resumed job's iterations
+are not the last run's, an iteration made whole before its summaries came is answered when they do."""
+
+from __future__ import annotations
+
+from perfd.aggregator.engine_sink import EngineSink
+from perfd.aggregator.guard import Guard
+from perfd.aggregator.state import AggregatorState
+from perfd.core.limits import Limits
+from perfd.core.refusals import Refusals
+from perfd.engine import stepsummary as ss
+from perfd.engine import subjects as S
+from perfd.engine import summary_codec as codec
+from perfd.engine.partial import Partial
+from perfd.engine.root import Root
+from perfd.engine.root_summaries import ANSWERS_KEPT, RootSummaries
+from perfd.engine.rootfold import RootStats
+from perfd.engine.shard_summaries import IDLE_FORGET_S, SUMMARY_ITERATIONS, ShardSummaries, batches
+from perfd.transport.gen import perfd_pb2 as pb
+from tests.engine.records import job_records
+
+JOB = "fold-job"
+
+
+def _partial(node: int, it: int, new_run: bool = False) -> Partial:
+    recs = job_records(JOB, node + 1, it)[node][it - 1]
+    p = Partial(JOB, it, new_run=new_run)
+    p.add_records(recs)
+    return p
+
+
+def test_a_shard_sends_each_touched_partition_again_after_a_failed_send_and_lets_old_ones_go() -> None:
+    held = ShardSummaries()
+    assert held.fold_in({}, [_partial(0, 1), _partial(1, 1)], 3) == 0
+    by_job, keys = held.take()
+    assert keys == [(JOB, 1, 3)] and [m.ranks_in for m in by_job[JOB]] == [16]
+    assert by_job[JOB][0].seq == held.seq == 1 and by_job[JOB][0].epoch == held.epoch
+    held.give_back(keys)  # the send failed: the next take sends it again, a newer flush
+    again, _ = held.take()
+    assert again[JOB][0].seq == 2 and again[JOB][0].ranks_in == 16
+    assert held.take() == ({}, [])
+    # One message per job's summaries while they fit the engine's largest message, more past it
+    ms = by_job[JOB] * 3
+    ids = iter(range(100))
+    assert len(list(batches(ms, lambda: str(next(ids)), "s", 1 << 20))) == 1
+    assert len(list(batches(ms, lambda: str(next(ids)), "s", ms[0].ByteSize() + 600))) == 3
+    # Past SUMMARY_ITERATIONS newer ones, an iteration is let go: a node message of it is not summarised
+    last = 1 + SUMMARY_ITERATIONS
+    held.fold_in({}, [_partial(0, last)], 3)
+    held.take()
+    assert held.fold_in({}, [_partial(1, 1)], 3) == 1 and not held.touched
+
+
+def test_a_job_idle_long_enough_is_let_go() -> None:
+    held = ShardSummaries()
+    held.fold_in({}, [_partial(0, 1)], 0, now=0.0)
+    held.take(now=1.0)
+    assert held.held.held
+    held.take(now=1.0 + IDLE_FORGET_S)
+    assert held.held.held == {}
+
+
+def test_a_resumed_job_is_summarised_afresh() -> None:
+    held = ShardSummaries()
+    held.fold_in({}, [_partial(0, 2)], 0)
+    held.take()
+    # A redelivered node message changes nothing; the same ranks from a new run (a resume that numbers
+    # iterations again) are its own
+    held.fold_in({}, [_partial(0, 2)], 0)
+    assert not held.touched
+    held.fold_in({}, [_partial(0, 2, new_run=True)], 0)
+    by_job, _ = held.take()
+    (m,) = by_job[JOB]
+    assert m.ranks_in == 8 and m.new_run
+
+
+def _summary(it: int, partition: int, seq: int = 1) -> ss.StepSummary:
+    p = _partial(partition, it)
+    assert p.fold is not None
+    return ss.summarize(JOB, it, p.fold, None, partition=partition, epoch=1, seq=seq)
+
+
+def test_the_root_answers_whole_iterations_keeps_the_newest_and_counts_the_late() -> None:
+    stats = RootStats()
+    rs = RootSummaries(stats, keep=4)
+    rs.whole(JOB, 1)  # whole by the partials before any summary of it: answered when one comes
+    assert rs.to_json() == {}
+    rs.add([_summary(1, 0), _summary(1, 1)], lambda job: True)
+    (row,) = rs.to_json()[JOB]
+    assert row["iteration"] == 1 and row["ranks_in"] == 16
+    rs.add([_summary(1, 1)], lambda job: True)  # delivered again
+    rs.add([_summary(1, 1, seq=2)], lambda job: True)  # a newer flush of the same partition
+    assert (stats.summaries, stats.summaries_stale, stats.summaries_replaced) == (4, 1, 1)
+    assert rs.to_json()[JOB][0]["ranks_in"] == 16
+    for it in range(2, 9):
+        rs.add([_summary(it, 0)], lambda job: True)
+        rs.whole(JOB, it)
+    assert [r["iteration"] for r in rs.to_json()[JOB]] == list(range(9 - ANSWERS_KEPT, 9))
+    rs.add([_summary(2, 0)], lambda job: True)  # older than the 4 iterations held
+    assert stats.summaries_late == 1
+    rs.add([ss.summarize("other", 1, [], None)], lambda job: False)
+    assert stats.refused == 1 and "other" not in rs.fold_jobs()
+    rs.forget(JOB)
+    assert rs.to_json() == {} and rs.fold.held == {}
+
+
+def test_the_root_counts_a_summary_it_cannot_read() -> None:
+    sink = EngineSink(AggregatorState(), Guard(Limits(), Refusals()))
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "r")
+    b = pb.EngineBatch(id="x")
+    codec.to_pb(_summary(1, 0), b.step_summaries.add())
+    b.step_summaries[0].version = codec.VERSION + 1
+    root.handle_summaries([b"\xff\xff", b.SerializeToString()])
+    assert root.stats.undecodable == 2 and root.stats.summaries == 0
+    assert root.stats_json()["summary_answers"] == {}
