@@ -59,7 +59,9 @@ def process_settings() -> Iterator[None]:
     try:
         yield
     finally:
-        if gc.get_freeze_count() > frozen:
+        # gc can only unfreeze everything: where something was frozen before the call (conftest.py
+        # freezes what collection made), what the command froze stays frozen with it; else it is thawed
+        if not frozen and gc.get_freeze_count():
             gc.unfreeze()
         gc.set_threshold(*threshold)
         gc.callbacks[:] = callbacks

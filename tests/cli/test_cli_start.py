@@ -53,7 +53,11 @@ def test_the_per_node_and_per_rank_commands_start_light(command: str) -> None:
     argv = [command, "--job", "j", "--", "python", "train.py"] if command.endswith("-exec") else [command]
     code = (f"import perfd.cli\np = perfd.cli.build_parser()\n"
             f"assert p.parse_known_args({argv!r})[0].command == {command!r}\n{handler}")
-    assert _loaded(code) == []
+    # a shard summarises each partition's ranks with the few pure analytics its step summaries reduce
+    # with (tests/test_layering.py's ENGINE_ANALYTICS, and what they import): those and nothing more
+    allowed = _loaded("import perfd.engine.stepsummary") if command == "shard" else []
+    assert not any(m.startswith(("perfd.report", "rich", "torch")) for m in allowed)
+    assert _loaded(code) == allowed
 
 
 def test_perfd_help_still_lists_every_command(capsys: pytest.CaptureFixture[str],
