@@ -149,6 +149,9 @@ TEMPLATE: dict[Say, str] = {
     # Fused layers.
     Say.FUSED_LAYERS_BASIS: "normalisation, activation and other pointwise work: {0:.0f} ms per step, each "
                             "activation written once instead of once per op (× {1:g}–{2:g})",
+    Say.HOST_SIDE_UNMODELLED: "{0}; of it the host's part is between none and the replay's (a compiled "
+                              "program's own host time, its guards and graph breaks, is in no eager trace): "
+                              "the low end is the GPU's fused kernels alone, {1:.1f} ms",
     Say.FUSED_REPLAYED: "with the forward-backward phase's {1:,.0f} elementwise launches of its {0:,.0f} a "
                         "step ({2:.0f} ms of kernels) fused into × {3:g}–{4:g} as many, × {5:g}–{6:g} of "
                         "their time, and the host's launching there scaled by the launches left",
@@ -414,7 +417,8 @@ def gain_text(a: Advice, step_ms: float, mfu: float | None) -> str:
     if hi <= 0:  # a cost, not a gain (a remedy for memory)
         return f"step +{-hi:.0f} to +{-lo:.0f} ms ({_share(-hi / step_ms)}–{_share(-lo / step_ms)} slower)"
     if g.risk is not None:  # modelled, but the remedy as said failed on such a job
-        span = (f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / step_ms)}–{_share(hi / step_ms)}) once it runs"
+        runs = " once it runs" if g.risk.fails_as_said else ""
+        span = (f"step −{lo:.0f} to −{hi:.0f} ms ({_share(lo / step_ms)}–{_share(hi / step_ms)}){runs}"
                 if lo > 0 else f"between {abs(lo):.0f} ms slower and {hi:.0f} ms faster per step")
         return f"{span}, not promised: {RISK_TEXT[g.risk]}: measure before keeping it"
     if not g.promised:

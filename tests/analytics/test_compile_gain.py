@@ -25,6 +25,7 @@ from perfd.capture import step_replay
 from perfd.capture.analysis import analyze_trace
 from perfd.capture.chrome_trace import read_chrome_trace
 from perfd.capture.step_replay import HostTrace
+from perfd.report.remedy_text import text
 from tests.trace_cache import analyze_chrome_trace
 
 LOOPS = Path(__file__).resolve().parents[1] / "data" / "loops"
@@ -118,10 +119,12 @@ def test_torch_compile_in_the_lightning_loop(monkeypatch: pytest.MonkeyPatch) ->
     got = {a.remedy: a for a in fit(FitContext(b, JobConfig(framework=Framework.LIGHTNING)))}
     fl = got[RemedyId.FUSED_LAYERS]
     assert fl.replay is Change.FUSED and fl.gain is not None and fl.action.code is Say.FUSED_LAYERS_LIGHTNING
-    assert 6.5 <= fl.gain.low_ms <= 8.5 and 10.5 <= fl.gain.high_ms <= 13.0
-    # all but ~1 ms of it the host's: not promised (the demo measured -0.9 and +1.9 ms with its network
-    # compiled, 28-39% slower with the LightningModule compiled: docs/evidence/loops_ab3_h200)
+    # the replay's 6.5-8.5 to 10.5-13 ms is all but ~1 ms the host's: not promised (the demo measured
+    # -0.9 and +1.9 ms with its network compiled, 28-39% slower with the LightningModule compiled:
+    # docs/evidence/loops_ab3_h200), and the range reaches down to what the GPU's fused kernels give alone
     assert fl.gain.risk is Risk.COMPILE_HOST_SIDE and not fl.gain.promised
+    assert 0 < fl.gain.low_ms < 1.0 and 10.5 <= fl.gain.high_ms <= 13.0
+    assert "between none and the replay's" in text(fl.gain.basis)
 
 
 def test_the_compiled_job_has_next_to_nothing_left_to_fuse() -> None:

@@ -147,6 +147,12 @@ class Risk(TextEnum):
     # docs/evidence/loops_ab3_h200)
     COMPILE_HOST_SIDE = "compile_host_side"
 
+    @property
+    def fails_as_said(self) -> bool:
+        """The remedy as said was measured failing on such a job (its range is what it gives once it
+        runs); else it runs and its gain is what is not known."""
+        return self is not Risk.COMPILE_HOST_SIDE
+
 
 @dataclass(frozen=True)
 class Gain:

@@ -322,7 +322,11 @@ def compiled_layers(c: FitContext, parts: list[BudgetPart]) -> Advice | None:
         return None
     gpu_side = gpu.high_ms if gpu is not None else 0.0
     if replayed is not None and gpu_side < COMPILE_GPU_SHARE * replayed.low_ms:
-        gain = dataclasses.replace(gain, risk=Risk.COMPILE_HOST_SIDE)  # the host's gain: not promised
+        # the host's gain: not promised, and its low end what the GPU's fused kernels give alone (the
+        # compiled program's own host time, which no eager trace shows, may take all of the rest)
+        low = gpu.low_ms if gpu is not None else 0.0
+        gain = Gain(low, replayed.high_ms, say(Say.HOST_SIDE_UNMODELLED, replayed.basis, low),
+                    Risk.COMPILE_HOST_SIDE)
     sw = in_terms(RemedyId.FUSED_LAYERS, cfg.framework, Say.FUSED_LAYERS_COMPILE)
     return Advice(RemedyId.FUSED_LAYERS, Part.POINTWISE, sw.action, gain, sw.flags, removes=removes,
                   replay=Change.FUSED if replayed else None)

@@ -72,6 +72,7 @@ class Say(enum.Enum):
     # Fused layers.
     FUSED_LAYERS_BASIS = 3  # pointwise ms, low, high factor
     FUSED_REPLAYED = 7  # launches, fusable launches, their ms, launches' low, high, kernels' low, high factor
+    HOST_SIDE_UNMODELLED = 2  # the replay's basis, the GPU's side alone (the range's low end)
     TE_LAYERS_INSTALL = 1  # the flags
     TE_LAYERS = 1  # the flags
     TE_UNSHOWN = 0
