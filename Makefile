@@ -77,7 +77,7 @@ typecheck: setup
 # PYTHONDONTWRITEBYTECODE unset, as for test-fast below, and for more than the workers' assertion
 # rewriting: the suite starts many Python processes (perfd's CLI, agents, aggregators, shards,
 # hooked loops), and where none may write bytecode each compiles every perfd module it imports again
-# (perfd.cli + the aggregator + the agent: 0.84 s of CPU a start, 0.43 s with __pycache__; 2-core
+# (perfd.app.cli + the aggregator + the agent: 0.84 s of CPU a start, 0.43 s with __pycache__; 2-core
 # machine, 2026-11-26).
 #
 # mypy runs beside the tests, not before them: from a fresh cache (CI's) it takes one core for about a

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for cond in ("off", "on") if pair % 2 == 0 else ("on", "off"):
             agent = None
             if cond == "on":
-                agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--config", str(cfg)],
+                agent = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "agent", "--config",
+                                          str(cfg)],
                                          cwd=ROOT, stdout=(out / "agent.out").open("a"),
                                          stderr=subprocess.STDOUT)
                 time.sleep(2.0)  # start-up (imports, NVML init, first GPM window) outside the block

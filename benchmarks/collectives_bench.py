@@ -1,4 +1,4 @@
-"""The collective records of an N-node job on the engine path, reduced (perfd.collfold):
+"""The collective records of an N-node job on the engine path, reduced (perfd.core.collfold):
 what a node's message costs (bytes, the agent's CPU to reduce and encode it, against its records as
 sent), what the root spends reading it and merging it into its store (the keyed union, and the
 per-window fold of every operation it newly merged: perfd.analytics.collectives.winfold), what the
@@ -11,7 +11,7 @@ records once it ended, node after node, and the job's step record of the iterati
     perfd bench collectives [--nodes 12500] [--ranks-per-node 8] [--iterations 4] [--ops 4]
                             [--every-operation] [--json]
 
-The agents send what an engine agent sends (perfd.collfold.SENT_RETENTION: the store's share), or with
+The agents send what an engine agent sends (perfd.core.collfold.SENT_RETENTION: the store's share), or with
 ``--every-operation`` each rank's newest 512 (every operation here): what the root would spend to fold
 them all.
 """
@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from perfd.aggregator.collectives import CollectiveStore
-from perfd.collfold import REDUCED_RETENTION, SENT_RETENTION, Retention, for_sending, reduce
+from perfd.core.collfold import REDUCED_RETENTION, SENT_RETENTION, Retention, for_sending, reduce
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.engine.partial import decode, encode
 from perfd.transport.codec import encode_batch

@@ -188,7 +188,7 @@ def node_templates(job: str, first: int, n: int, world: int, partitions: int, ep
     import random
 
     from benchmarks.collectives_bench import _node_records
-    from perfd.collfold import SENT_RETENTION, Retention, reduce
+    from perfd.core.collfold import SENT_RETENTION, Retention, reduce
     from perfd.engine.partial import encode, partials_of
     from perfd.transport.gen import perfd_pb2 as pb
 
@@ -300,7 +300,7 @@ def _megatron_log(job: str) -> Any:
     """The recorded Megatron-LM log the ``--log`` job replays (perfd's demo data: 2 H200s, PP=2)."""
     from perfd.collectors.megatron import parse_file
 
-    return parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
+    return parse_file(Path(__file__).resolve().parents[1] / "perfd" / "app" / "demo" / "data" /
                       "megatron_h200x2_tp1_pp2.log", job=job)
 
 
@@ -681,7 +681,7 @@ def _read_json(path: Path) -> Any:
 
 
 class Children:
-    """The perfd processes of a bench run (``python -m perfd.cli ...``), each one's output in
+    """The perfd processes of a bench run (``python -m perfd.app.cli ...``), each one's output in
     DIR/<name>.log; ``close()`` ends them (SIGTERM, then SIGKILL after 15 s) and closes the logs."""
 
     def __init__(self, tmp: Path) -> None:
@@ -695,7 +695,8 @@ class Children:
         out = open(self.tmp / f"{name}.log", "wb")
         self._logs.append(out)
         via = ["-m", "benchmarks.frame_sampler", str(sampled)] if sampled is not None else ["-m"]
-        p = subprocess.Popen([sys.executable, *via, "perfd.cli", *argv], cwd=ROOT, env=self._env, stdout=out,
+        p = subprocess.Popen([sys.executable, *via, "perfd.app.cli", *argv], cwd=ROOT, env=self._env,
+                             stdout=out,
                              stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p

@@ -142,7 +142,7 @@ def open_idle(port: int, n: int, budget_s: float) -> tuple[list[socket.socket], 
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 # The fixture's first iterations are its warm-up (compilation, first-step allocations): repeating
 # them would put a slow step in every cycle.
 FIRST_REPEATED_ITERATION = 5

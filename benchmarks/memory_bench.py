@@ -226,7 +226,7 @@ atexit.register(_peak)
 code, sys.argv = sys.argv[1], [sys.argv[0], *sys.argv[2:]]
 exec(compile(code, "<measured>", "exec"), {"__name__": "__main__"})
 """
-ANALYZE = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+ANALYZE = "import sys; from perfd.app.cli import main; sys.exit(main(sys.argv[1:]))"
 READER = """
 import sys
 from perfd.capture.chrome_trace import read_chrome_trace

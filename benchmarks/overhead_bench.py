@@ -101,7 +101,7 @@ class Runner:
 
     def aggregator(self) -> None:
         ready = self.out / "aggregator.ready"
-        self.start("aggregator", [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0",
+        self.start("aggregator", [sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port", "0",
                                   "--http-port", str(free_port()), "--ready-file", str(ready), "--no-rules"])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (ready.exists() and ready.read_text().strip()):
@@ -114,7 +114,7 @@ class Runner:
         collectors: dict[str, Any] = {"nvml": {"source": "real", "interval_s": interval_s, "gpm": "auto",
                                                "devices": devices if devices is not None else "all"}}
         cfg.write_text(json.dumps({"batch_interval_s": 0.5, "collectors": collectors}))  # JSON is YAML
-        argv = [sys.executable, "-m", "perfd.cli", "agent", "--config", str(cfg), "--aggregator",
+        argv = [sys.executable, "-m", "perfd.app.cli", "agent", "--config", str(cfg), "--aggregator",
                 f"127.0.0.1:{self.grpc_port}", "--host", "on" if host else "off", "--metrics-port", "-1"]
         if manifest is not None:
             argv += ["--launch-manifest", str(manifest)]
@@ -137,7 +137,7 @@ class Runner:
         else:
             flags = ["--fr-timing"] if variant in ("fr_timing", "hook") else []
             job = self.start(f"{tag}.launch", [
-                sys.executable, "-m", "perfd.cli", "launch", "--job", tag, "--run-dir", str(run_dir),
+                sys.executable, "-m", "perfd.app.cli", "launch", "--job", tag, "--run-dir", str(run_dir),
                 "--flight-recorder", str(run_dir / "fr"), "--fr-buffer", "20000",
                 "--agent-socket", str(run_dir / "hook.sock"), *flags, "--", *cmd])
             manifest = run_dir / "launch.json"

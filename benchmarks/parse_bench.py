@@ -17,7 +17,7 @@ from typing import Any
 from perfd.collectors.megatron import MegatronLogParser
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEFAULT_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
 def run_parse_bench(log: Path = DEFAULT_LOG, repeat: int = 20, rounds: int = 5) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from perfd.core.model import Provenance, StepRecord
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = [*sorted((ROOT / "tests" / "data" / "megatron").glob("*.log")),
         *sorted((ROOT / "tests" / "data" / "megatron").glob("*.log.gz")),
-        ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"]
+        ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"]
 
 
 def deep_size(obj: object, seen: set[int]) -> int:

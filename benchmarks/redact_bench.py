@@ -1,4 +1,4 @@
-"""How the command-line redaction's shape scan (perfd.secret_shapes.scrub) grows with a word's length,
+"""How the command-line redaction's shape scan (perfd.core.secret_shapes.scrub) grows with a word's length,
 on words made to make a backtracking pattern rescan from each character: the time at a scale and at
 four times it, and their ratio (about 4 where the scan is linear, 16 where it is quadratic). A
 command line can be megabytes long and is redacted each time it is shown; the URL rule of an earlier
@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from perfd.secret_shapes import scrub
+from perfd.core.secret_shapes import scrub
 
 
 def hostile_words(scale: float = 1.0) -> list[str]:

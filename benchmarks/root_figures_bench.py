@@ -89,7 +89,7 @@ def _messages(templates: list[Any], it: int) -> list[bytes]:
 def _records_message(node: int, it: int) -> bytes:
     """A node's records message of iteration ``it``: its ranks' collectives, reduced, folded at the
     shards (each rank 2 operations of its node's tensor-parallel group)."""
-    from perfd.collfold import reduce
+    from perfd.core.collfold import reduce
     from perfd.core.model import CollectiveRecord
     from perfd.engine.partial import encode
 

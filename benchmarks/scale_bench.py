@@ -157,7 +157,8 @@ def run_scale(agents: int, seconds: float, procs: int, warmup_s: float = 5.0,
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     import subprocess
 
-    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(grpc_port),
+    agg = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port",
+                            str(grpc_port),
                             "--http-port", str(http_port), "--gpu", "NVIDIA H100 80GB HBM3",
                             "--event-loop", event_loop,
                             # every simulated agent comes from this one address: one identity

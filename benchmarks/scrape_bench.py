@@ -1,6 +1,6 @@
 """What the aggregator's /metrics scrape costs with ``--jobs`` running jobs, and the text it serves.
 
-Each job is a recorded 2-GPU Megatron-LM run, in turn the demo's (perfd/demo/data, 2×H200, pipeline
+Each job is a recorded 2-GPU Megatron-LM run, in turn the demo's (perfd/app/demo/data, 2×H200, pipeline
 parallel) and tests/data/megatron/dp2_all_timers.log (data parallel, with per-rank compute ratios),
 its step records through the wire form (protobuf bytes) into one ``AggregatorState`` with its two
 ranks placed on two GPUs, analysed once (``refresh``). Then a scrape, as /metrics makes it
@@ -35,7 +35,7 @@ from perfd.transport.gen import perfd_pb2 as pb  # noqa: E402
 from perfd.transport.record_codec import step_from_pb, step_to_pb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LOGS = (ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log",
+LOGS = (ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log",
         ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log")
 GPU = "NVIDIA H200"
 

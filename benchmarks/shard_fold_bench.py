@@ -43,7 +43,7 @@ import time
 from benchmarks.collectives_bench import ITERATION_NS, T0, _node_records
 from perfd.aggregator.runtime import tune_gc
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.collfold import reduce
+from perfd.core.collfold import reduce
 from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine.partial import Partial, decode, encode

@@ -64,7 +64,8 @@ class Aggregator:
         log = (self.out / f"aggregator.{self.starts}.out").open("wb")
         ports = ["--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port)]
         t0 = time.monotonic()
-        argv = [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-host", "127.0.0.1", "--http-host",
+        argv = [sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-host", "127.0.0.1",
+                "--http-host",
                 "127.0.0.1", *ports, *self.args, "--ready-file", str(ready)]
         self.proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
                                      stderr=subprocess.STDOUT)

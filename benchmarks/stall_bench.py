@@ -88,7 +88,7 @@ def one_round(d: Path, steady: int) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "perfd.cli", "agent", "--aggregator", f"127.0.0.1:{agg.grpc_port}",
+            [sys.executable, "-m", "perfd.app.cli", "agent", "--aggregator", f"127.0.0.1:{agg.grpc_port}",
              "--nvml", "off", "--metrics-port", "-1", "--config", str(cfg), "--job", JOB, "--host", "off",
              "--node", "node-a"], cwd=ROOT, env=env, stdout=(d / "agent.out").open("wb"),
             stderr=subprocess.STDOUT))

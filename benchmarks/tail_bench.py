@@ -23,7 +23,7 @@ from typing import Any
 from perfd.collectors.megatron.collector import MegatronCollector
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 TIMERS = ("forward-backward", "forward-compute", "backward-compute", "batch-generator",
           "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "all-grads-sync",
           "params-all-gather", "optimizer-copy-to-main-grad", "optimizer-clip-main-grad",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ says what each side held, not the tail of two logs.
 
 Both daemons are configured as their commands configure them: ``pipeline(tmp, *ARGS)`` takes
 ``perfd aggregator``'s arguments and ``Pipeline.agent(*ARGS)`` ``perfd agent``'s, parsed by perfd's own
-parser and turned into the configuration by the commands' own code (perfd/commands/live.py), then
+parser and turned into the configuration by the commands' own code (perfd/app/commands/live.py), then
 ``Aggregator(cfg).start()`` and ``Agent(cfg).run(stop)`` run on one event loop in a thread of the test.
 Shutdown is the daemons' own, in the order tests/procs.py stops processes: the agents first (each
 flushes what it holds, as on SIGTERM), then the aggregator; every wait on the loop is bounded and names
@@ -37,8 +37,8 @@ from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
-from perfd.cli import build_parser
-from perfd.commands.live import _agent, _aggregator
+from perfd.app.cli import build_parser
+from perfd.app.commands.live import _agent, _aggregator
 from perfd.transport.client import AgentClient
 from tests.procs import NOT_YET, WaitTimeout, get_json, http_get, wait_for
 

@@ -21,7 +21,7 @@ from typing import IO, Any
 from perfd.analytics import thresholds as th
 
 ROOT = Path(__file__).resolve().parents[1]
-PERFD = [sys.executable, "-m", "perfd.cli"]
+PERFD = [sys.executable, "-m", "perfd.app.cli"]
 # What a poll of a process still starting may raise: no answer yet, a half-written file, a key that
 # is not there yet. ``wait_for(..., ignore=NOT_YET)`` counts them as "not yet".
 NOT_YET: tuple[type[Exception], ...] = (OSError, ValueError, KeyError)
@@ -217,7 +217,7 @@ class Procs:
         env: Mapping[str, str] | None = None,
         role: str = "job",
     ) -> subprocess.Popen[bytes]:
-        """``python -m perfd.cli ARGS`` as ``name``."""
+        """``python -m perfd.app.cli ARGS`` as ``name``."""
         return self.start(name, [*PERFD, *args], cwd=cwd, env=env, role=role)
 
     def end(self, name: str, grace_s: float = 15.0) -> None:

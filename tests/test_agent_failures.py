@@ -13,7 +13,7 @@ import pytest
 import perfd.collectors.megatron
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
-from perfd.collector import Capabilities, Collected, Collector, Registry
+from perfd.collectors.collector import Capabilities, Collected, Collector, Registry
 from perfd.core.model import Sample
 
 

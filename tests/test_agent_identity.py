@@ -7,7 +7,7 @@ from typing import Any
 
 from perfd.agent.config import apply_overrides, load_config
 from perfd.agent.node_agent import Agent
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.core.events import CAPTURE_FAILED, CAPTURE_FINISHED, GPU_PROCESSES
 from perfd.core.model import Sample
 from perfd.core.placement import declared_job, gpu_job

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 
 
 def test_bench_analysis_reports_scratch_and_incremental(capsys: pytest.CaptureFixture[str]) -> None:

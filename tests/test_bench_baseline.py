@@ -16,7 +16,7 @@ from perfd.aggregator.incidents import BASELINE_EVERY_S, BASELINE_RANKS_PER_EVER
 from perfd.aggregator.nodes import GpuView
 from perfd.analytics.incidents.attribution import gpu_hints, place_ranks
 from perfd.analytics.incidents.detect import Incident
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.report.incident_text import hint_json
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 
 
 def test_bench_decode_reports_both_wire_forms_and_the_step_batch(capsys: pytest.CaptureFixture[str]) -> None:

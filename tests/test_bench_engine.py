@@ -240,7 +240,7 @@ def test_with_collectives_a_node_message_carries_its_ranks_operations_of_that_it
 def test_the_store_share_a_node_sends_is_its_ranks_newest_operations_as_an_agent_bounds_them() -> None:
     """At 100,000 ranks an agent sends each rank's newest 2 operations (collfold.for_sending): the
     bench's records message is those rows of the node message's, moved to each iteration with them."""
-    from perfd.collfold import SENT_RETENTION, for_sending
+    from perfd.core.collfold import SENT_RETENTION, for_sending
     from perfd.engine.partial import decode
 
     world = 100_000

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from perfd.app.commands import capture as capture_cmd
 from perfd.capture import request as capture_request
-from perfd.commands import capture as capture_cmd
 from perfd.core.model import CAPTURE_TOOLS
 from perfd.rules import rule_types as rules_model
 

@@ -104,7 +104,7 @@ def test_every_closed_label_set_resolves_and_the_doc_counts_its_values() -> None
     """A label whose values are a closed set names its declaration (catalog_labels.LABEL_SETS); the doc's
     count and values come from it, so a ninth bottleneck class shows up without editing the catalog."""
     from perfd.analytics.breakdown.bottleneck import BottleneckClass
-    from perfd.commands.catalog_docs import label_text, label_values
+    from perfd.app.commands.catalog_docs import label_text, label_values
 
     assert set(catalog_labels.LABEL_SETS) <= set(catalog_labels.LABELS)
     for name, ref in catalog_labels.LABEL_SETS.items():

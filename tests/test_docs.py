@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from perfd.commands.catalog_docs import doc_text, render_markdown
+from perfd.app.commands.catalog_docs import doc_text, render_markdown
 from perfd.core import catalog
 
 ROOT = Path(__file__).resolve().parents[1]

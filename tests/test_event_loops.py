@@ -18,7 +18,7 @@ import pytest
 from perfd.aggregator import runtime
 from perfd.aggregator.loops import EVENT_LOOPS, event_loop_runner
 from perfd.aggregator.runtime import GC_THRESHOLDS, GRPC_EXPERIMENTS, SWITCH_INTERVAL_S
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.core.model import StepRecord
 from perfd.transport import AgentClient
 from tests.procs import free_port, http_get, stop, wait_for
@@ -50,7 +50,7 @@ def test_aggregator_ingests_and_acks_under_each_loop(loop: str, tmp_path: Path) 
         pytest.importorskip("uvloop")
     g, h = free_port(), free_port()
     out = tmp_path / "agg.out"
-    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(g),
+    agg = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port", str(g),
                             "--http-port", str(h), "--no-rules", "--event-loop", loop], cwd=ROOT,
                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
     try:

@@ -171,7 +171,7 @@ def test_a_recorded_rank_processes_payload_round_trips_as_declared(name: str) ->
 def test_a_launch_without_an_exit_code_round_trips_as_declared(tmp_path: Path) -> None:
     """The ranks collector's launch end from a manifest that gives no code and no end time (None)."""
     from perfd.collectors.ranks import RanksCollector
-    from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, write_manifest
+    from perfd.core.manifest import MANIFEST_VERSION, STATUS_EXITED, write_manifest
 
     manifest = tmp_path / "launch.json"
     write_manifest(manifest, {"version": MANIFEST_VERSION, "job": "j", "status": STATUS_EXITED, "pid": None,

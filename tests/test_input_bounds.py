@@ -23,7 +23,7 @@ from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.flops import moe_layer_pattern
 from perfd.analytics.steps.pipeline import rebalance_estimate
 from perfd.analytics.steps.provenance import Code, cite
-from perfd.cli import main as cli_main
+from perfd.app.cli import main as cli_main
 from perfd.collectors.megatron import parse_file, parse_lines
 from perfd.core import bounds, finite_json
 from perfd.core import limits as L

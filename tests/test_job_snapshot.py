@@ -19,7 +19,7 @@ from perfd.analytics.steps.liveness import ENDED, RUNNING, STALLED
 from perfd.collectors.megatron import parse_file
 
 ROOT = Path(__file__).resolve().parents[1]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
 def _state() -> AggregatorState:

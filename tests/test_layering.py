@@ -77,13 +77,13 @@ _LIVE = ("perfd.collectors", "perfd.transport", "perfd.aggregator", "perfd.agent
 def test_analytics_are_pure_and_below_the_report():
     files = _files("perfd", "analytics")
     assert files, "no analytics sources found"
-    assert not _violations(files, (*_IO, *_LIVE, "perfd.report", "perfd.commands", "perfd.cli"))
+    assert not _violations(files, (*_IO, *_LIVE, "perfd.report", "perfd.app"))
 
 
 def test_report_is_pure():
     files = _files("perfd", "report")
     assert files, "no report sources found"
-    assert not _violations(files, (*_IO, *_LIVE, "perfd.commands", "perfd.cli"))
+    assert not _violations(files, (*_IO, *_LIVE, "perfd.app"))
 
 
 def _package(module: str) -> str | None:
@@ -144,7 +144,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycle_between_packages():
     """Function-level imports count: a cycle hidden inside a function is still a cycle."""
     graph = _package_graph()
-    assert "perfd.report" in graph["perfd.aggregator"] | graph["perfd.commands"]  # the graph is real
+    assert "perfd.report" in graph["perfd.aggregator"] | graph["perfd.app"]  # the graph is real
     assert not _cycles(graph), f"import cycles between packages: {_cycles(graph)}"
 
 
@@ -168,8 +168,8 @@ def test_collectors_know_nothing_of_transport_or_exporters():
                                    "perfd.exporters"))
     # gRPC is perfd's transport: no collector may use it, except collectors/k8s, whose source (the
     # kubelet's pod-resources API) is itself a gRPC service.
-    # Nor of what runs them: the launcher, the commands, the aggregator, the command line.
-    assert not _violations(files, ("perfd.launcher", "perfd.commands", "perfd.aggregator", "perfd.cli"))
+    # Nor of what runs them: the aggregator, the launcher, the commands, the command line (perfd.app).
+    assert not _violations(files, ("perfd.app", "perfd.aggregator"))
     # Nor of the analysis above them: what both need (thresholds, dtypes, timer names, the served
     # model's spec) lives below both, on the ground floor (perfd.core: shared_thresholds, dtypes, model,
     # serving_model).
@@ -180,8 +180,25 @@ def test_collectors_know_nothing_of_transport_or_exporters():
 
 def test_the_launcher_imports_no_collector():
     """`perfd launch` sets up what collectors read (the manifest, the Flight Recorder's environment)
-    through modules below both (perfd.manifest, perfd.flight_recorder_env)."""
-    assert not _violations([ROOT / "perfd" / "launcher.py"], ("perfd.collectors",))
+    through modules below both (perfd.core.manifest, perfd.core.flight_recorder_env)."""
+    assert not _violations([ROOT / "perfd" / "app" / "launcher.py"], ("perfd.collectors",))
+
+
+def test_no_module_is_loose_at_the_root():
+    """perfd/ holds packages (one a layer or a part); at its root only the package's own __init__.py
+    and __main__.py (`python -m perfd`). A new module goes into the package its meaning puts it in."""
+    loose = sorted(p.name for p in (ROOT / "perfd").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py"], loose
+
+
+def test_nothing_imports_the_entry_points():
+    """perfd/app (the command line, its commands, the notebook API, the launcher, the demo) is the top:
+    no other package of perfd imports it, not even for the type checker."""
+    files = [f for f in _files("perfd") if (ROOT / "perfd" / "app") not in f.parents
+             and f != ROOT / "perfd" / "__main__.py"]
+    bad = [f"{f.relative_to(ROOT)} imports {mod}" for f in files for mod in _imports(f, type_only=True)
+           if mod == "perfd.app" or mod.startswith("perfd.app.")]
+    assert not bad, bad
 
 
 def test_the_core_is_the_ground_floor():
@@ -202,9 +219,9 @@ def test_the_core_is_the_ground_floor():
 def test_the_ground_floor_check_sees_an_import_from_above(tmp_path: Path):
     probe = tmp_path / "probe.py"
     probe.write_text("from typing import TYPE_CHECKING\nfrom . import model\n"
-                     "if TYPE_CHECKING:\n    from perfd import collector\n")
+                     "if TYPE_CHECKING:\n    from perfd.collectors import collector\n")
     mods = _imports(probe, package="perfd.core", type_only=True)
-    assert "perfd.core.model" in mods and "perfd.collector" in mods
+    assert "perfd.core.model" in mods and "perfd.collectors.collector" in mods
 
 
 def test_the_clock_is_ground_every_layer_may_take_it():
@@ -234,7 +251,7 @@ def test_the_engine_knows_nothing_of_the_aggregator_agent_or_analytics():
     files = _files("perfd", "engine")
     assert files
     bad = _violations(files, ("perfd.aggregator", "perfd.agent", "perfd.analytics", "perfd.collectors",
-                              "perfd.exporters", "perfd.report", "perfd.commands"))
+                              "perfd.exporters", "perfd.report", "perfd.app"))
     bad = [b for b in bad if not (b.startswith("perfd/engine/stepsummary.py imports ")
                                   and b.split(" imports ")[1].startswith(ENGINE_ANALYTICS))]
     assert not bad, bad

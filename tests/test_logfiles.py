@@ -1,4 +1,4 @@
-"""perfd.logfiles: a compressed log is told by its first bytes and reads as the plain one; a cut
+"""perfd.core.logfiles: a compressed log is told by its first bytes and reads as the plain one; a cut
 archive raises what the commands refuse with one line ("cannot read"), whichever its format."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.logfiles import Compression, LogFileError, compression_of, iter_text_lines
+from perfd.core.logfiles import Compression, LogFileError, compression_of, iter_text_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON = ROOT / "tests" / "data" / "megatron" / "tp2_mha_gelu.log"

@@ -37,7 +37,7 @@ from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_from_pb, step_to_pb
 
 ROOT = Path(__file__).resolve().parents[1]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 H200 = "NVIDIA H200"
 MFU_SERIES = "perfd_job_mfu_ratio"
 # The code whose frames the watch looks into: the project's, not prometheus_client's (whose family

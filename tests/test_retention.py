@@ -65,7 +65,7 @@ def test_retention_is_bounded_by_bytes_too_and_the_newest_iteration_stays() -> N
 
 
 def test_the_aggregator_takes_retention_from_its_flags() -> None:
-    from perfd.cli import main
+    from perfd.app.cli import main
 
     assert main(["aggregator", "--retain-iterations", "0"]) == 2
     assert main(["aggregator", "--retain-mib", "0"]) == 2

@@ -84,7 +84,7 @@ def test_a_logged_job_with_the_step_hook_counts_each_iteration_once_from_its_log
     well made every iteration two."""
     from perfd.core.model import HOOK_COMPUTE, Provenance, StepRecord, TimerValue
 
-    log = parse_file(Path(__file__).resolve().parents[1] / "perfd" / "demo" / "data" /
+    log = parse_file(Path(__file__).resolve().parents[1] / "perfd" / "app" / "demo" / "data" /
                      "megatron_h200x2_tp1_pp2.log", job="mixed").records[:10]
     st = AggregatorState(min_recompute_s=0.0)
     for rec in log:

@@ -1,7 +1,7 @@
 """The recorded Kineto traces read and analysed once per test session, not once per test.
 
 Several modules read the same recordings (tests/data/captures/kineto_h100_megatron/ops_*_rank0.json.gz,
-1.7-2.2 MB gzipped each) through perfd.capture.chrome_trace and perfd.commands.analyze_capture: a few
+1.7-2.2 MB gzipped each) through perfd.capture.chrome_trace and perfd.app.commands.analyze_capture: a few
 seconds of CPU each time, the same result each time. Here each result is computed by perfd's own code
 the first time a session asks for it and kept on disk, pickled, keyed by what it is a function of: the
 function, its arguments and the SHA-256 of the file's bytes (the path perfd writes into the result is
@@ -153,7 +153,7 @@ def perfd_cli(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]
     the session's: its exit status, stdout and stderr as a subprocess's would be."""
     import pytest
 
-    from perfd.cli import main
+    from perfd.app.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
@@ -173,9 +173,9 @@ def perfd_cli(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]
 
 
 def timeline_class(path: str, steps: int | None = None, forced: bool = False) -> TimelineClass:
-    """perfd.commands.analyze_capture.timeline_class, its analysis (the cost) the session's: the one
+    """perfd.app.commands.analyze_capture.timeline_class, its analysis (the cost) the session's: the one
     analyze_chrome_trace here gives (an nsys capture's is not kept)."""
-    from perfd.commands import analyze_capture
+    from perfd.app.commands import analyze_capture
 
     if Path(path).suffix in (".nsys-rep", ".sqlite"):
         return analyze_capture.timeline_class(path, steps, forced)

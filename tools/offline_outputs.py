@@ -50,7 +50,7 @@ for csv in sorted((D / "ncu").glob("*details*.csv*")):
 def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, args in RUNS:
-        p = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", *args], cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "perfd.app.cli", "analyze", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=600)
         (out / f"{name}.out").write_text(p.stdout)
         (out / f"{name}.err").write_text(p.stderr)

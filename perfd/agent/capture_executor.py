@@ -38,9 +38,9 @@ from perfd.capture.manager import CaptureManager
 from perfd.capture.ncu_exec import NcuExecutor
 from perfd.capture.nsys_exec import RANGE_SUBDIR, NsysExecutor, default_capture_root
 from perfd.capture.store import CaptureStore
-from perfd.collector import Collector
+from perfd.collectors.collector import Collector
 from perfd.core.events import GPU_PROCESSES, HOOK_PROFILE, payload_of
-from perfd.procinfo import uid_alone
+from perfd.core.procinfo import uid_alone
 
 if TYPE_CHECKING:
     from perfd.transport.codec import Command

@@ -1,7 +1,7 @@
 """The agent's --state-dir: one small JSON file per collector with where it can resume.
 
 A collector puts a checkpoint (its position: a log tail's offset, say) in its output
-(perfd.collector.Collected.checkpoint). A restarted agent must resume after the data it had made
+(perfd.collectors.collector.Collected.checkpoint). A restarted agent must resume after the data it had made
 safe and before the data it had not: resuming too early sends records again, too late loses them.
 "Safe" is the spool's word (``Spool.settled``): the batch is on disk in a segment, acknowledged by
 the aggregator, or dropped by the spool's cap (counted there).
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfd import __version__
-from perfd.privdir import private_dir
+from perfd.core.privdir import private_dir
 
 log = logging.getLogger(__name__)
 

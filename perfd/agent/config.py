@@ -11,8 +11,8 @@ import yaml
 
 from perfd.core import limits as L
 from perfd.core.jobname import job_name_problem
+from perfd.core.procinfo import user_id
 from perfd.engine.subjects import COLLECTIVES_FOLDED_AT, DEFAULT_PARTITIONS
-from perfd.procinfo import user_id
 from perfd.transport.shard_routing import pick_aggregator
 
 
@@ -285,7 +285,7 @@ def apply_overrides(cfg: AgentConfig, *, aggregator: str | None = None, job: str
 
 
 def _apply_manifest(cfg: AgentConfig, path: str) -> None:
-    from perfd.manifest import load_manifest
+    from perfd.core.manifest import load_manifest
 
     try:
         m = load_manifest(path)

@@ -30,7 +30,7 @@ from perfd.agent.hook_gpus import HookGpus, hook_ranks, label_of
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.agent.stacks import StackDumper
-from perfd.collector import Collected, Collector, Registry
+from perfd.collectors.collector import Collected, Collector, Registry
 from perfd.collectors.config_values import as_float
 from perfd.core import catalog
 from perfd.core import limits as L

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 
 log = logging.getLogger(__name__)
 

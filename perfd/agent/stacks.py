@@ -8,7 +8,7 @@ thread of its own: the agent's loop never waits for it. The answer goes back as 
 event (perfd.core.events) naming the command it answers.
 
 py-spy's dump starts with the process's command line ("Process PID: ..."): that line goes through
-perfd.redact's allow-list (only known-safe options keep their values), and the whole text through its
+perfd.core.redact's allow-list (only known-safe options keep their values), and the whole text through its
 scan for token formats, so a password on it is not served with the stack (docs/security.md).
 The pids come from the ranks collector, which re-checks each one when asked (still the process it
 followed, still running as the user who vouched for it).
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from perfd.core import limits as L
 from perfd.core.events import RANK_STACKS, RankStack
-from perfd.redact import redact_stack
+from perfd.core.redact import redact_stack
 
 if TYPE_CHECKING:
     from perfd.transport.codec import Command

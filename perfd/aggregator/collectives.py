@@ -30,7 +30,8 @@ from perfd.analytics.collectives.collective_config import FR, CollectiveConfig
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.step_window_memo import StepWindowMemo
 from perfd.analytics.collectives.winfold import WindowFold
-from perfd.collfold import (
+from perfd.core import limits as L
+from perfd.core.collfold import (
     REDUCED_RETENTION,
     CollectivePartial,
     OpKey,
@@ -41,7 +42,6 @@ from perfd.collfold import (
     reduce,
     sort_key,
 )
-from perfd.core import limits as L
 from perfd.core.hang_fact import HangEvent
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.core.typed import obj

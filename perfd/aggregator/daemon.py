@@ -452,7 +452,7 @@ class Aggregator:
                  self.cfg.grpc_host, self.grpc_port, grpc_sec, auth, self.cfg.http_host, self.http.port, auth)
         exposed = unauthenticated(self.cfg.grpc_host, self.cfg.http_host, self.token is not None,
                                   bool(self.cfg.tls_client_ca))
-        if exposed:  # on stderr too (perfd.cli's log handler), at start
+        if exposed:  # on stderr too (perfd.app.cli's log handler), at start
             log.warning("aggregator %s", exposure_warning(exposed, f"{self.cfg.grpc_host}:{self.grpc_port}",
                                                            f"{self.cfg.http_host}:{self.http.port}"))
 

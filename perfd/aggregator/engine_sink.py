@@ -1,6 +1,6 @@
 """What the jobs' root on the distributed path (perfd.engine.root) hands the aggregator: the folded
 iterations and job info, which go to the state as one agent's (``ENGINE_AGENT``), and the nodes'
-events and collective records (reduced, perfd.collfold, or as sent by an older
+events and collective records (reduced, perfd.core.collfold, or as sent by an older
 agent), which go to it as the agent's that sent each.
 
 The engine's credentials are the boundary on this path: an agent id in a records message is taken as
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.jobs import StepConflicts
-from perfd.collfold import CollectivePartial
+from perfd.core.collfold import CollectivePartial
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.core.winfigures import WindowFigures
 

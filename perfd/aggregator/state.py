@@ -67,8 +67,8 @@ from perfd.analytics.incidents.detect import Incident
 from perfd.analytics.incidents.stall import PHASE_MAX_S
 from perfd.analytics.run.arming import ArmingCost
 from perfd.analytics.run.run_result import RunAnalysis
-from perfd.collfold import CollectivePartial
 from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.collfold import CollectivePartial
 from perfd.core.events import GpuOwner, GpuProcess
 from perfd.core.limits import RETAIN_BYTES, RETAIN_ITERATIONS
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord

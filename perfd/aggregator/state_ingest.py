@@ -21,8 +21,8 @@ from perfd.aggregator.jobs import JobStore, StepConflicts
 from perfd.aggregator.nodes import NodeView
 from perfd.aggregator.serving import ServingStore
 from perfd.aggregator.state_changes import Changes, writes
-from perfd.collfold import CollectivePartial
 from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.collfold import CollectivePartial
 from perfd.core.events import (
     GPU_PODS,
     GPU_PROCESSES,

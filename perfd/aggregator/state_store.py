@@ -61,7 +61,7 @@ from perfd.aggregator.state_schema import (
     refuse_newer,
     settle_version,
 )
-from perfd.privdir import private_dir
+from perfd.core.privdir import private_dir
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 
 from perfd.capture.kineto_daemon import DEFAULT_SOCKET_NAME, PidState, socket_address
 from perfd.core.limits import MAX_SCAN_PIDS
+from perfd.core.procinfo import read_identity
 from perfd.core.typed import JSON
-from perfd.procinfo import read_identity
 
 DYNOLOG_PORT = 1778  # dynolog's --port default (cli/src/main.rs DYNO_PORT)
 _LEN = struct.Struct("=i")  # native-endian int32, as dynolog reads and writes it

@@ -68,7 +68,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfd.logfiles import XZ_MAGIC, compression_of_bytes
+from perfd.core.logfiles import XZ_MAGIC, compression_of_bytes
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def kineto_env(poll_s: int = 1, config_dir: str | Path | None = None, socket_dir
         cdir = Path(config_dir)
         cdir.mkdir(parents=True, exist_ok=True)
     else:  # this user's own folder, never a shared /tmp name (the file below is written through it)
-        from perfd.privdir import private_dir, user_dir
+        from perfd.core.privdir import private_dir, user_dir
 
         cdir = private_dir(user_dir("kineto"))
     conf = cdir / "kineto-base.conf"

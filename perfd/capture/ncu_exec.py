@@ -294,7 +294,7 @@ def rank_prefix(job: str, ranks: Sequence[int], opts: NcuOptions, capture_dir: s
     under ncu (``perfd ncu-exec`` reads RANK); the others run the command as it is."""
     import sys
 
-    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
+    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.app.cli"]
     opts.check()
     # Printed for $(...): a job name or filter the shell would split or expand (regex:.*gemm.* would
     # become the file names of the folder) goes as hex (nsys_exec.shell_arg).

@@ -145,10 +145,10 @@ def rank_session_prefix(job: str, trace: str = DEFAULT_TRACE,
     """What goes between ``torchrun --no-python`` and ``python train.py`` so that each rank runs under
     its own nsys session ``perfd-<job>-r<RANK>`` (``perfd nsys-exec`` reads ``RANK`` from torchrun's
     environment and becomes ``nsys launch``). ``perfd``: how to run perfd (default: this Python with
-    ``-m perfd.cli``, which works wherever perfd is importable)."""
+    ``-m perfd.app.cli``, which works wherever perfd is importable)."""
     import sys
 
-    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.cli"]
+    head = list(perfd) if perfd is not None else [sys.executable, "-m", "perfd.app.cli"]
     # The job's session base, not its name: the same sessions, and one word for $(...).
     return [*head, "nsys-exec", "--session-base", _session_base(job), *shell_arg("--trace", trace), "--"]
 
@@ -171,9 +171,9 @@ RANGE_SUBDIR = "nsys-ranges"  # under the agent's capture directory
 
 def default_capture_root() -> Path:
     """The agent's capture directory when neither ``capture_dir`` nor ``--state-dir`` is configured:
-    per user (``~/.local/state/perfd/captures``, :func:`perfd.privdir.user_dir`), never a shared
+    per user (``~/.local/state/perfd/captures``, :func:`perfd.core.privdir.user_dir`), never a shared
     ``/tmp`` name that another user could make first."""
-    from perfd.privdir import user_dir
+    from perfd.core.privdir import user_dir
 
     return user_dir("captures")
 

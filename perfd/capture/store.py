@@ -15,7 +15,7 @@ The quota counts artifact bytes (manifests are small and always kept). Before a 
 :meth:`CaptureStore.prune` deletes the artifacts of the oldest finished captures (their manifests
 stay, the artifacts marked ``pruned``) until the total is within the quota again.
 
-The root is a private directory (:mod:`perfd.privdir`): owned by the agent's user, mode 0700, not a
+The root is a private directory (:mod:`perfd.core.privdir`): owned by the agent's user, mode 0700, not a
 symbolic link, made race-free; another user's folder is refused. Pruning works through directory
 descriptors and never follows a link: a capture folder that is a link, or a link inside one, is
 removed as a link (what it points to is left alone).
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Required, TypedDict, cast
 
-from perfd.privdir import open_private_dir, private_dir, rmtree_at
+from perfd.core.privdir import open_private_dir, private_dir, rmtree_at
 
 log = logging.getLogger(__name__)
 

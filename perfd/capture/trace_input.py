@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from perfd.core import limits as L
-from perfd.logfiles import XZ_MAGIC, Compression, compression_of_bytes
+from perfd.core.logfiles import XZ_MAGIC, Compression, compression_of_bytes
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer

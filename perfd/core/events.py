@@ -97,7 +97,7 @@ class LaunchExit(TypedDict, total=False):
     """How a job's ``perfd launch`` ended, from its manifest (collectors/ranks). None: the manifest
     gives no integer code or no time (one written by an older or a killed launcher)."""
 
-    status: str  # perfd.manifest.STATUS_EXITED
+    status: str  # perfd.core.manifest.STATUS_EXITED
     exit_code: int | None
     ended: float | None
 

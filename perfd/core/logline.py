@@ -3,7 +3,7 @@
 Agent ids, job names, event kinds and texts come from the network and go into log messages (a refusal
 names the agent it turned away). An agent id holding a newline once wrote a forged line into the
 aggregator's log. Escaping happens here, once, at the log's edge — the formatter of
-every perfd daemon's handler (perfd.cli) — and not at each call: a call site that forgets cannot
+every perfd daemon's handler (perfd.app.cli) — and not at each call: a call site that forgets cannot
 reopen the hole. Every character Python does not call printable (control characters, line and
 paragraph separators, bidirectional overrides, NUL) is written as its escape (``\\n``, ``\\x1b``,
 ``\\u202e``). A traceback after the message keeps its frames' lines (perfd's own code), and its

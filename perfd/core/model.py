@@ -319,7 +319,7 @@ class JobInfo:
     # WANDB_RUN_ID): perfd's W&B export attaches to it instead of making a run of its own.
     wandb_run_id: str | None = None
     # The job's first start-up timestamp (epoch s): the earliest ``[...] datetime:`` line Megatron-LM
-    # prints while it starts, or the first line's arrival time (perfd.linetimes). Goodput's start-up
+    # prints while it starts, or the first line's arrival time (perfd.core.linetimes). Goodput's start-up
     # part runs from here to the first step.
     started_at: float | None = None
     # Packages the job's remedies may need, as its start-up says (PACKAGES): name -> version, or

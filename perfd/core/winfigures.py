@@ -15,7 +15,7 @@ under :func:`_order` stays — a *settled* row (the fold let its operations go: 
 *provisional* one (computed from operations still waiting, as the analysis reads a rank's newest
 windows), then the one computed from the newer operations (``basis``: the newest enqueue time the
 rank's fold had taken), then every field, so that any order and any number of deliveries give the
-same rows. It sits beside perfd.collfold, below both analytics and the engine.
+same rows. It sits beside perfd.core.collfold, below both analytics and the engine.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A :class:`perfd.collfold.CollectivePartial` on the wire (perfd.proto's
+"""A :class:`perfd.core.collfold.CollectivePartial` on the wire (perfd.proto's
 ``CollectivePartial``): columns, strings and process groups listed once, a nullable column only where
 set, enqueue times as differences, float32 durations where exact. What a row costs there is measured
 in tests/engine/test_collective_wire.py against the ``CollectiveRecord`` it reduces."""
@@ -9,7 +9,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from perfd.collfold import CollectivePartial, GroupRef, OpKey, OpRow, op_key
+from perfd.core.collfold import CollectivePartial, GroupRef, OpKey, OpRow, op_key
 from perfd.transport.gen import perfd_pb2 as pb
 
 # The nullable columns, each a bit of a row's ``unset`` mask (the wire's order: never reorder).

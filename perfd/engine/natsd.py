@@ -8,7 +8,7 @@ the cluster's directory, so a failing test can show what the server said.
 
 The cluster's directory is private (a 0644 config held the token, and with it anyone
 on the host could command agents or squat the root's lease): made 0700 through
-:mod:`perfd.privdir` (another user's folder, a link, or a folder others may write in is refused),
+:mod:`perfd.core.privdir` (another user's folder, a link, or a folder others may write in is refused),
 every file in it made 0600 without following a link, and the token in no file at all: the config
 names the variable ``$PERFD_NATS_TOKEN``, which nats-server resolves from its own environment
 (readable by its uid and root only, ``/proc/PID/environ``; checked on nats-server 2.15.1).
@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perfd.privdir import UnsafeDirError, open_own_file, opened_private_dir, private_dir
+from perfd.core.privdir import UnsafeDirError, open_own_file, opened_private_dir, private_dir
 
 HOST = "127.0.0.1"  # loopback only: these servers are for one machine's tests and benchmarks
 PORT_TRIES = 3  # starts of a cluster on freshly chosen ports while a server finds one of its ports taken

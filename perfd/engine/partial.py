@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from perfd.collfold import CollectivePartial
+from perfd.core.collfold import CollectivePartial
 from perfd.core.model import StepRecord
 from perfd.core.stepfold import RankFold
 from perfd.core.winfigures import WindowFigures

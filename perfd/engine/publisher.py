@@ -6,7 +6,7 @@ Nothing is lost while the engine is away: each message waits in the agent's spoo
 disk-backed where the agent has a spool dir) until the engine acknowledged it; one published twice
 (its acknowledgement lost) is dropped by the engine within its duplicate window, and is harmless
 after it (a fold is idempotent). Node series stay on the agent's /metrics for Prometheus and are not
-published. Events go as sent, and collective records reduced to one partial (perfd.collfold:
+published. Events go as sent, and collective records reduced to one partial (perfd.core.collfold:
 compact rows, one per operation, a rank's newest SENT_RETENTION, the store's share), one message per
 job, to the records stream (perfd.engine.subjects), which the jobs' root reads beside the partials;
 a job whose windows were folded below the root has its share held and sent at most every
@@ -44,7 +44,7 @@ from typing import TypedDict
 
 from google.protobuf.message import DecodeError
 
-from perfd.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
+from perfd.core.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
 from perfd.core.model import CollectiveRecord, Sample, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S

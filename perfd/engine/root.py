@@ -7,7 +7,7 @@ takes over when the leader stops renewing. The leader reads the partials stream 
 message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
 what it holds from it, and a partial read twice folds once. The nodes' events come as their agents
 sent them, and their collective records as each agent reduced them
-(perfd.collfold), on the records stream, read the same way beside the partials
+(perfd.core.collfold), on the records stream, read the same way beside the partials
 (the engine drops a message published twice within its duplicate window; a reduced one read twice
 merges once: the merge is a join). The reduced collective records (the store's share of each rank's)
 are merged here, in the store the root hands them to: what the analysis reads of whole operations
@@ -35,7 +35,7 @@ from typing import Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from perfd.collfold import CollectivePartial
+from perfd.core.collfold import CollectivePartial
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.core.winfigures import WindowFigures

@@ -2,7 +2,7 @@
 messages that fed it.
 
 The fold itself is the analytics' (perfd.analytics.collectives.shardfold.ShardCollectives): the
-engine imports nothing of the analytics (tests/test_layering.py), so ``perfd shard`` (perfd.commands,
+engine imports nothing of the analytics (tests/test_layering.py), so ``perfd shard`` (perfd.app.commands,
 which sees every layer) hands it to the shard as a :class:`CollectiveFold`, as the aggregator hands
 the root its sink. Without one a shard folds step partials only, as before; node messages' operations
 are then left unread (an agent sends them only to shards of this version or later).
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from perfd.collfold import CollectivePartial
+from perfd.core.collfold import CollectivePartial
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import WindowFigures

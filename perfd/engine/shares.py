@@ -1,5 +1,5 @@
 """An agent's store share of a job's collective operations, held and sent at most every
-``every_s`` (:class:`HeldShares`): the share the jobs' root merges into its store (perfd.collfold:
+``every_s`` (:class:`HeldShares`): the share the jobs' root merges into its store (perfd.core.collfold:
 each rank's newest operations, SENT_RETENTION) where the job's windows were folded below the root
 (at the agent, or at the shards), so that the root folds none of its rows.
 
@@ -10,7 +10,7 @@ docs/evidence/entries/48-scale-history.md),
 so 12,500 nodes dumping every 2 s would ask ~2.5 cores of it, where the root also folds the job's
 steps and figures; and what it keeps of a rank is its newest few operations (2 a rank at 100,000
 ranks), so most of those messages only replace the previous one's rows. Held, a node's dumps are
-merged (a keyed union: perfd.collfold's join) and sent as one, whatever the dump cadence: the root's
+merged (a keyed union: perfd.core.collfold's join) and sent as one, whatever the dump cadence: the root's
 store ends with the same rows as if each dump had been sent (the newest k of a union is the newest k
 of the newest k of its parts), up to ``every_s`` later.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from perfd.collfold import SENT_RETENTION, CollectivePartial, Retention
+from perfd.core.collfold import SENT_RETENTION, CollectivePartial, Retention
 
 # How often at most a node's agent sends a job's held share: the collector's default dump round
 # (collectors/nccl FlightRecorderConfig.interval_s), so that a default deployment sends what it

@@ -25,7 +25,7 @@ How it keeps the hook's contract (docs/design.md §4):
 Where (:class:`TraceFolder`): the hook's own private folder, never a path from the request (one
 request once had a job write its trace, 0644, into a 0777 folder of the requester's choosing):
 ``$PERFD_HOOK_TRACE_DIR`` if the job sets it, else ``<state dir>/hook-traces``
-(:func:`perfd.privdir.user_dir`), made and checked by :func:`perfd.privdir.open_private_dir` (0700,
+(:func:`perfd.core.privdir.user_dir`), made and checked by :func:`perfd.core.privdir.open_private_dir` (0700,
 ours, no ancestor another user could swap). The file is made exclusively there as ``.NAME.tmp``,
 mode 0600, written, then hard-linked to ``NAME.json`` (never overwriting), and reported to the agent
 in a ``wire.TraceWritten`` record; the agent takes it only if it is a plain file of the sender's
@@ -53,7 +53,7 @@ from perfd.core.limits import (
     HOOK_TRACE_MAX_S,
     HOOK_TRACE_RSS_GROWTH_MAX,
 )
-from perfd.privdir import UnsafeDirError, open_private_dir, user_dir
+from perfd.core.privdir import UnsafeDirError, open_private_dir, user_dir
 
 if TYPE_CHECKING:
     from perfd.hook.timing import Marker

@@ -20,7 +20,7 @@ from perfd.core.limits import HOOK_TRACE_PATH_MAX_BYTES as TRACE_PATH_MAX_BYTES
 from perfd.core.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK, ModelSpec
 
 VERSION = 1
-SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.privdir.runtime_dir)
+SOCKET_NAME = "hook.sock"  # in this user's perfd runtime folder (perfd.core.privdir.runtime_dir)
 SOCKET_ENV = "PERFD_HOOK_SOCKET"
 
 KIND_STEP = 1
@@ -514,7 +514,7 @@ def default_socket_path() -> str:
     only this user may enter — not a shared ``/tmp`` name another user could bind first. The agent
     and a training process of the same user compute the same path; a job of another user is given
     the agent's socket explicitly (``PERFD_HOOK_SOCKET``, ``perfd launch --agent-socket``)."""
-    from perfd.privdir import runtime_dir
+    from perfd.core.privdir import runtime_dir
 
     return str(runtime_dir() / SOCKET_NAME)
 

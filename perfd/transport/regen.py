@@ -1,6 +1,6 @@
 """Regenerate ``perfd/transport/gen/`` from ``perfd.proto``: ``python -m perfd.transport.regen``.
 
-See perfd/protogen.py for the method. ``tests/transport/test_transport_regen.py`` fails when the
+See perfd/core/protogen.py for the method. ``tests/transport/test_transport_regen.py`` fails when the
 committed files are stale.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from perfd.protogen import ProtoPackage, regen_main
+from perfd.core.protogen import ProtoPackage, regen_main
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = ProtoPackage(HERE / "perfd.proto", HERE / "gen", "python -m perfd.transport.regen")

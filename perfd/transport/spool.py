@@ -37,7 +37,7 @@ from array import array
 from collections.abc import Iterator
 from pathlib import Path
 
-from perfd.privdir import private_dir
+from perfd.core.privdir import private_dir
 
 log = logging.getLogger(__name__)
 

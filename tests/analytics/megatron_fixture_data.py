@@ -1,4 +1,4 @@
-"""Real numbers from perfd/demo/data/megatron_h200x2_tp1_pp2.log (Megatron-Core 0.20.0,
+"""Real numbers from perfd/app/demo/data/megatron_h200x2_tp1_pp2.log (Megatron-Core 0.20.0,
 2×H200, TP=1 PP=2 DP=1): every iteration line, its (min, max) timers and its straggler-detector rtt,
 copied verbatim so the analytics tests run on real values without reading the log."""
 

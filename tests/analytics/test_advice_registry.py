@@ -41,7 +41,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Severity
 from perfd.analytics.ncu.ncu_verdicts import rows_class
 from perfd.analytics.run.run_grade import explain_grade, grade_mfu
-from perfd.commands.catalog_docs import registry_text
+from perfd.app.commands.catalog_docs import registry_text
 from perfd.report import budget_text
 from perfd.report.budget_text import class_shares_text, worded_budget
 from perfd.report.grade_text import BAND_TEXT, GRADE_TEXT, grade_label

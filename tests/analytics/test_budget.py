@@ -234,7 +234,8 @@ def test_the_data_bound_hook_job_gets_the_data_loader_remedy() -> None:
 def test_the_pp2_job_gets_the_pipeline_remedies_from_its_timers() -> None:
     """The shared real PP=2 log (2× H200, m=16): no capture, so the budget is the timers'; the pipeline
     is its measured loss and its remedies lead (imbalance first: it is the larger part)."""
-    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    fixture = (Path(__file__).resolve().parents[2] / "perfd" / "app" / "demo" / "data"
+               / "megatron_h200x2_tp1_pp2.log")
     parsed = parse_file(fixture, job="pp2")
     a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
     assert a.summary.bottleneck.cls.value == "pipeline-bound"
@@ -303,7 +304,8 @@ def test_the_pp_budget_counts_each_millisecond_once() -> None:
     the stage idle. Before, both were in the budget (exposed communication 84.8 ms with pipeline
     send/recv, and pipeline wait 80.8 ms) and compute came out at 118 ms, where the run's own imbalance
     finding puts the stages' forward+backward compute at 247–301 ms."""
-    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    fixture = (Path(__file__).resolve().parents[2] / "perfd" / "app" / "demo" / "data"
+               / "megatron_h200x2_tp1_pp2.log")
     parsed = parse_file(fixture, job="pp2")
     a = analyze_run(parsed.job_info, parsed.records, gpu_name="NVIDIA H200", job_name="pp2")
     b = a.summary.step_budget
@@ -319,7 +321,8 @@ def test_the_pp_budget_counts_each_millisecond_once() -> None:
 
 
 def test_a_finished_logs_report_says_how_to_take_a_capture_next_time() -> None:
-    fixture = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    fixture = (Path(__file__).resolve().parents[2] / "perfd" / "app" / "demo" / "data"
+               / "megatron_h200x2_tp1_pp2.log")
     parsed = parse_file(fixture, job="pp2")
     for live, how, want in ((False, Divider.NEXT_RUN, "--capture TRACE"),
                             (True, Divider.TIMELINE, "perfd capture --job pp2")):

@@ -1,5 +1,5 @@
 """Captures that are not of the job, on real traces and logs of different jobs: the
-PP=2 Megatron-LM run on 2×H200 (perfd/demo/data) and the one-GPU H100 runs of tests/data/captures
+PP=2 Megatron-LM run on 2×H200 (perfd/app/demo/data) and the one-GPU H100 runs of tests/data/captures
 (12 layers, h=2048, seq 2048, mbs 4: ``big2048``/``ops_*``; seq 1024: ``big``; h=256: ``tiny``), each
 with the log of its own run where one was recorded. A capture of another job is refused with its
 numbers (exit 2, one line, offline; never attached live); a capture of the job matches; --capture-force
@@ -25,7 +25,7 @@ from tests.trace_cache import analyze_chrome_trace, perfd_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 K = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron"
-PP2 = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+PP2 = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 PP2_NSYS = ROOT / "tests" / "data" / "captures" / "megatron_pp2_nsys_h200x2.analysis.json"
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from perfd.commands.catalog_docs import render_markdown
+from perfd.app.commands.catalog_docs import render_markdown
 from perfd.core import catalog, catalog_labels
 
 REQUIRED = [

@@ -17,7 +17,7 @@ from perfd.report import build_report, render_text  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]
 # The real 2×H200 log as the demo ships it: in every checkout.
-FIXTURE = _REPO / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = _REPO / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 pytestmark = pytest.mark.skipif(not FIXTURE.exists(), reason=f"fixture missing: {FIXTURE}")
 
 

@@ -11,7 +11,7 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from perfd.commands.analyze import analyze_megatron_file
+from perfd.app.commands.analyze import analyze_megatron_file
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "megatron"
 LOG = DATA / "h100_resume_save_eval.log"

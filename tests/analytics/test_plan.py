@@ -382,7 +382,7 @@ def test_the_plan_travels_as_json_and_reads_in_one_line(job: RunAnalysis) -> Non
 
 def test_perfd_top_shows_the_plan_in_one_line(job: RunAnalysis) -> None:
     """The aggregator's summary carries the report's plan; `perfd top` reads it as one line."""
-    from perfd.commands import top_screen as top
+    from perfd.app.commands import top_screen as top
     from perfd.report.training_report import analysis_json
 
     summary = json.loads(json.dumps({**analysis_json(job, rows=iter(())), "iterations": []}))

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from perfd.commands.analyze import analyze_megatron_file
+from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.report.incident_text import cause_line
 from perfd.report.render import render_text
 from perfd.report.training_report import analysis_json, build_report
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = sorted([*ROOT.glob("tests/data/**/*.log"), *ROOT.glob("tests/data/**/*.log.gz"),
-               *ROOT.glob("perfd/collectors/megatron/tests/data/*.log"), *ROOT.glob("perfd/demo/data/*.log")])
+               *ROOT.glob("perfd/collectors/megatron/tests/data/*.log"),
+               *ROOT.glob("perfd/app/demo/data/*.log")])
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])

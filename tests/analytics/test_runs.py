@@ -15,8 +15,8 @@ from perfd.analytics.run.arming import ArmingBasis
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import FiguresFrom
 from perfd.analytics.steps.steady import Exclusion
+from perfd.app.commands.megatron_offline import analyze_stream
 from perfd.collectors.megatron import parse_lines
-from perfd.commands.megatron_offline import analyze_stream
 from perfd.core.armed import armed_line, armed_rank
 from perfd.core.model import StepRecord
 from perfd.report import build_report

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from perfd.api import analyze_megatron_log
-from perfd.demo.run import DEMO_LOG
+from perfd.app.api import analyze_megatron_log
+from perfd.app.demo.run import DEMO_LOG
 from perfd.report.html import _tiles
 
 

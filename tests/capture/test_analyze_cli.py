@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from perfd.app.cli import main
 from perfd.capture.nsys_sqlite import analyze_nsys, direct_sql_check
-from perfd.cli import main
 from tests.capture.test_capture_nsys import build_capture
 
 

@@ -16,8 +16,8 @@ from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.remedies import MEDIAN_SE_OF_SD, RUN_SPREAD_OF_STEP, RUN_SPREAD_STEPS, Framework
 from perfd.analytics.breakdown.budget import TimerShares
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
+from perfd.app.cli import main
 from perfd.capture.chrome_trace import analyze_chrome_trace
-from perfd.cli import main
 
 LOOPS = Path(__file__).resolve().parents[2] / "tests" / "data" / "loops"
 STEP_MS = 225.0

@@ -194,8 +194,8 @@ def test_range_reports_and_wait_stable(tmp_path):
 
 def test_rank_range_prefix_writes_where_the_agent_looks(tmp_path, monkeypatch, capsys):
     from perfd.agent.capture_executor import AgentCaptures
+    from perfd.app.cli import main
     from perfd.capture.nsys_exec import rank_range_prefix
-    from perfd.cli import main
 
     words = rank_range_prefix("/opt/nsys", "gpt 8b", tmp_path / "caps")
     assert words[:4] == ["/opt/nsys", "profile", "-c", "cudaProfilerApi"]
@@ -263,13 +263,13 @@ def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypat
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """The default prefix: the printed words, run as torchrun --no-python runs them (RANK set),
     become ``nsys launch --session-new=perfd-<job>-r<RANK> CMD`` — the session name the capture
-    manager looks for. The words are this Python's ``-m perfd.cli nsys-exec ...``: run here by the
+    manager looks for. The words are this Python's ``-m perfd.app.cli nsys-exec ...``: run here by the
     CLI's main() with the rank's environment, os.execv (which makes the rank's process nsys) replaced
     by a stand-in that stops the command with the argv nsys would have been started with."""
     import os
 
+    from perfd.app.cli import main
     from perfd.capture.nsys_exec import rank_session_prefix
-    from perfd.cli import main
 
     nsys = tmp_path / "nsys"
     nsys.write_text(f"#!{sys.executable}\n")
@@ -278,7 +278,7 @@ def test_nsys_prefix_runs_each_rank_in_its_own_session(tmp_path: Path, monkeypat
     assert main(["nsys-prefix", "--job", "gpt 8b"]) == 0
     words = capsys.readouterr().out.split()
     assert words == rank_session_prefix("gpt 8b")
-    assert words[:3] == [sys.executable, "-m", "perfd.cli"]
+    assert words[:3] == [sys.executable, "-m", "perfd.app.cli"]
     monkeypatch.setattr(os, "execv", _execv)
     monkeypatch.setenv("RANK", "3")
     with pytest.raises(_Exec) as became:

@@ -9,7 +9,7 @@ from pathlib import Path
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 
 
 def test_capture_request_reaches_the_agent_and_its_outcome_comes_back(tmp_path: Path) -> None:

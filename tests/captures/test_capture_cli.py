@@ -10,8 +10,8 @@ import pytest
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState
+from perfd.app.commands.capture import run_capture
 from perfd.collectors.megatron import parse_file
-from perfd.commands.capture import run_capture
 from perfd.transport.codec import Command
 from tests.captures.test_coordinator import LOG
 

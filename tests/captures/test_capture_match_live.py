@@ -1,5 +1,5 @@
 """Live, the check that a capture is of the job, on the captures the aggregator attaches: a real aggregator
-(gRPC and HTTP on loopback) holds the PP=2 Megatron-LM job's records (perfd/demo/data, 2×H200) sent by a
+(gRPC and HTTP on loopback) holds the PP=2 Megatron-LM job's records (perfd/app/demo/data, 2×H200) sent by a
 real gRPC agent client; a capture is asked for through the HTTP API and its agent answers with the
 breakdown perfd.capture computes of a trace of another job (the one-GPU H100 run of tests/data/captures).
 The capture record says it is not of the job, with its numbers, and the job's budget and class never read
@@ -26,7 +26,7 @@ from tests.trace_cache import analyze_chrome_trace
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 OTHER = ROOT / "tests" / "data" / "captures" / "kineto_h100_megatron" / "big2048_rank0.json.gz"
 JOB = "pp2"
 

@@ -20,14 +20,14 @@ from perfd.aggregator.capture_ranks import MAX_RANK, RanksRefused, checked_ranks
 from perfd.aggregator.captures import CaptureCoordinator, alertmanager_requests
 from perfd.aggregator.http import HttpServer
 from perfd.aggregator.state import AggregatorState
+from perfd.app.commands.capture import run_capture
 from perfd.collectors.megatron import parse_file
-from perfd.commands.capture import run_capture
 from perfd.core import limits as L
 from perfd.core.refusals import Refusals
 from perfd.transport.codec import Command, command_to_pb
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"  # world size 2
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"  # world size 2
 
 
 def _state(world_known: bool = True) -> AggregatorState:

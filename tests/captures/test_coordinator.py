@@ -14,7 +14,7 @@ from perfd.rules.pack_loader import parse_pack
 from perfd.transport.codec import Command
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 PACK = """
 rules:
   - name: mfu_forced

@@ -80,7 +80,8 @@ def test_ncu_capture_by_request_through_aggregator_agent_and_hook(tmp_path: Path
         task = asyncio.create_task(agent.run(stop))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "PERFD_NCU": str(exe),
                "PERFD_HOOK_SOCKET": str(sock), "PERFD_JOB": "j"}
-        argv = [sys.executable, "-m", "perfd.cli", "ncu-exec", "--job", "j", "--ranks", "0", "--capture-dir",
+        argv = [sys.executable, "-m", "perfd.app.cli", "ncu-exec", "--job", "j", "--ranks", "0",
+                "--capture-dir",
                 str(caps), "--", sys.executable, str(tmp_path / "train.py"), str(DETAILS), "60"]
         jobs.append(subprocess.Popen(argv, env=env, cwd=ROOT))
         try:

@@ -85,7 +85,8 @@ def test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures(
            "PERFD_HOOK_SOCKET": str(sock), "PERFD_JOB": "j"}
 
     def run(seconds: float, load_s: float) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "perfd.cli", "ncu-exec", "--job", "j", "--ranks", "0", "--capture-dir",
+        argv = [sys.executable, "-m", "perfd.app.cli", "ncu-exec", "--job", "j", "--ranks", "0",
+                "--capture-dir",
                 str(caps), "--", sys.executable, str(tmp_path / "train.py"), str(DETAILS), str(seconds),
                 str(load_s)]
         p = subprocess.Popen(argv, env=env, cwd=ROOT)

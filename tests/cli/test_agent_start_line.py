@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_agent_prints_its_listening_line(tmp_path: Path) -> None:
     out = tmp_path / "agent.out"
-    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--job", "j", "--nvml", "off",
+    p = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "agent", "--job", "j", "--nvml", "off",
                           "--host", "off", "--metrics-port", "0"], cwd=ROOT, stdout=out.open("wb"),
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:

@@ -15,13 +15,14 @@ import pytest
 
 from benchmarks.megatron_log_gen import write as write_log
 from perfd.analytics.run.run_analysis import analyze_run
-from perfd.cli import main
-from perfd.commands.analyze import ITERATIONS_DEFAULT
+from perfd.app.cli import main
+from perfd.app.commands.analyze import ITERATIONS_DEFAULT
 from perfd.core import finite_json
 from perfd.report import analysis_json
 
 ROOT = Path(__file__).resolve().parents[2]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"  # a real H200 run, 40 iterations
+# a real H200 run, 40 iterations
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
 def analyze(*args: str, log: Path = LOG) -> str:
@@ -147,9 +148,9 @@ def test_memory_per_iteration_is_bounded(tmp_path: Path) -> None:
 
 def test_a_job_fact_after_the_first_iteration_reads_the_log_twice(tmp_path: Path) -> None:
     """The analysis uses the job as the whole log states it, as when the records were kept."""
+    from perfd.app.commands.megatron_offline import analyze_stream
     from perfd.collectors.megatron import parse_lines
-    from perfd.commands.megatron_offline import analyze_stream
-    from perfd.logfiles import iter_text_lines
+    from perfd.core.logfiles import iter_text_lines
 
     lines = LOG.read_text().splitlines(keepends=True)
     late = next(i for i, ln in enumerate(lines) if ln.startswith("> Megatron-Core version"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import _subparsers, build_parser
+from perfd.app.cli import _subparsers, build_parser
 from tests.cli_main import Ran
 from tests.cli_main import perfd as run_perfd
 
@@ -94,7 +94,7 @@ def test_zstd_without_the_package_says_what_to_install(tmp_path, perfd, monkeypa
     zstandard = pytest.importorskip("zstandard")
     zst = tmp_path / "train.log.zst"
     zst.write_bytes(zstandard.ZstdCompressor().compress(b"hello\n"))
-    # perfd imports zstandard where it reads a .zst (perfd.logfiles): None in sys.modules makes that
+    # perfd imports zstandard where it reads a .zst (perfd.core.logfiles): None in sys.modules makes that
     # import fail as it does where the package is not installed; monkeypatch puts the module back.
     monkeypatch.setitem(sys.modules, "zstandard", None)
     line = one_line_refusal(perfd("analyze", "megatron", zst))

@@ -23,7 +23,7 @@ from tests.procs import ROOT, run_env
 
 # What only the aggregator, `perfd top`, the offline analyses and the captures' readers need.
 HEAVY = ("perfd.analytics", "perfd.report", "perfd.capture.analysis", "perfd.capture.nsys_sqlite",
-         "perfd.aggregator.jobs", "perfd.aggregator.state", "perfd.commands.top_screen", "rich", "torch")
+         "perfd.aggregator.jobs", "perfd.aggregator.state", "perfd.app.commands.top_screen", "rich", "torch")
 
 
 def _loaded(code: str) -> list[str]:
@@ -38,7 +38,7 @@ def _loaded(code: str) -> list[str]:
 
 @pytest.mark.e2e
 def test_the_parser_loads_no_analytics_report_or_screen() -> None:
-    assert _loaded("import perfd.cli\nperfd.cli.build_parser()") == []
+    assert _loaded("import perfd.app.cli\nperfd.app.cli.build_parser()") == []
 
 
 @pytest.mark.e2e
@@ -48,10 +48,10 @@ def test_the_per_node_and_per_rank_commands_start_light(command: str) -> None:
     handler = {"agent": "import perfd.agent.node_agent",
                "nsys-exec": "import perfd.capture.nsys_exec, perfd.capture.binaries",
                "ncu-exec": "import perfd.capture.ncu_exec, perfd.core.armed",
-               "launch": "import perfd.launcher",
+               "launch": "import perfd.app.launcher",
                "shard": "import perfd.engine.shard"}[command]
     argv = [command, "--job", "j", "--", "python", "train.py"] if command.endswith("-exec") else [command]
-    code = (f"import perfd.cli\np = perfd.cli.build_parser()\n"
+    code = (f"import perfd.app.cli\np = perfd.app.cli.build_parser()\n"
             f"assert p.parse_known_args({argv!r})[0].command == {command!r}\n{handler}")
     # a shard summarises each partition's ranks with the few pure analytics its step summaries reduce
     # with (tests/test_layering.py's ENGINE_ANALYTICS, and what they import): those and nothing more
@@ -91,7 +91,7 @@ def test_agent_and_aggregator_never_import_torch():
     """Run in a fresh interpreter: importing the agent, aggregator and collectors loads no torch."""
     code = (
         "import sys, importlib\n"
-        "mods = ['perfd.cli', 'perfd.analytics.run.run_analysis', 'perfd.collectors.megatron']\n"
+        "mods = ['perfd.app.cli', 'perfd.analytics.run.run_analysis', 'perfd.collectors.megatron']\n"
         "import pkgutil\n"
         "for m in ('perfd.agent.node_agent', 'perfd.aggregator.daemon', 'perfd.collectors.nvml',\n"
         "          'perfd.collectors.host'):\n"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from perfd.api import analyze_megatron_log
-from perfd.demo import run as demo
+from perfd.app.api import analyze_megatron_log
+from perfd.app.demo import run as demo
 from perfd.report import render_text
 from perfd.report.training_report import Report
 

@@ -45,7 +45,7 @@ def perfd_process(*args: str | Path, env: dict[str, str] | None = None,
                   **extra: str) -> subprocess.CompletedProcess[str]:
     """``perfd ARGS`` as a process of its own: for the commands that exec or start one."""
     e = {**(env if env is not None else os.environ), "PYTHONPATH": str(ROOT), **extra}
-    return subprocess.run([sys.executable, "-m", "perfd.cli", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "perfd.app.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=120, cwd=ROOT, env=e)
 
 
@@ -240,7 +240,7 @@ def test_ncu_prefix_output_is_neither_split_nor_globbed_by_the_shell(tmp_path):
     for name in ("a.txt", "regex:.my_gemm.cu"):  # what regex:.*gemm.* globs to, unquoted
         (work / name).write_text("")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "PERFD_NCU": str(exe)}
-    prefix = (f'$({sys.executable} -m perfd.cli ncu-prefix --job "team a/b" --ranks 1 '
+    prefix = (f'$({sys.executable} -m perfd.app.cli ncu-prefix --job "team a/b" --ranks 1 '
               f'--kernel-filter "regex:.*gemm.*" --capture-dir {caps})')
     shown = subprocess.run(["sh", "-c", f'cd {work} && for w in {prefix}; do echo "$w"; done'],
                            capture_output=True, text=True, timeout=120, env=env)
@@ -380,8 +380,8 @@ def test_a_trace_given_is_read_once_for_its_kernels_and_its_launches(tmp_path, m
     """`ncu-prefix --kernels-from TRACE` chooses the kernels from the trace's analysis and the launch
     window from its launches; `analyze ncu --capture TRACE` joins by time and by launch: each reads (and
     parses) the trace once. Run in this process on a small recorded trace, the reads counted."""
+    from perfd.app.cli import main
     from perfd.capture import chrome_trace
-    from perfd.cli import main
 
     parsed: list[str] = []
     parse = chrome_trace.parse_chrome_trace

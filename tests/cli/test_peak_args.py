@@ -12,7 +12,7 @@ import pytest
 
 from perfd.analytics.breakdown.advice_registry import Grade
 from perfd.analytics.run.run_grade import grade_mfu
-from perfd.commands.analyze import analyze_megatron_file
+from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.report import build_report, render_text
 from perfd.report.bottleneck_text import class_reason
 from tests.cli_main import Ran
@@ -75,7 +75,7 @@ def test_the_other_commands_refuse_them_too(tmp_path: Path, perfd) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("log", [DATA / "dp2_all_timers.log",
-                                 ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"],
+                                 ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"],
                          ids=["dp2", "demo"])
 def test_a_dtype_the_job_beats_is_refused_naming_the_logs_own(tmp_path: Path, log: Path, perfd) -> None:
     """fp32 on a bf16 log: the peak (67 TFLOP/s on an H200) is below what the job achieved (72.8
@@ -121,7 +121,7 @@ def test_tp2_report_names_the_untimed_all_reduces_not_small_communication() -> N
 
 
 def test_the_python_api_refuses_them_with_the_same_line() -> None:
-    import perfd.api as pa
+    import perfd.app.api as pa
 
     for kw, said in (({"dtype": "int4"}, "'int4'"),
                      ({"peak_tflops": 0.0}, "--peak-tflops must be a positive"),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from perfd.commands import top_screen as top
+from perfd.app.commands import top_screen as top
 
 
 def _summary(mfu: float, p50: float, incidents: list[dict[str, Any]], bottleneck: str) -> dict[str, Any]:
@@ -331,7 +331,7 @@ def test_a_long_job_name_gives_way_before_any_other_column_at_80_columns() -> No
 
 
 def test_short_job_keeps_the_start_and_the_end() -> None:
-    from perfd.commands.top_jobs import short_job
+    from perfd.app.commands.top_jobs import short_job
 
     assert short_job("train-llama3-70b-run3", 30) == "train-llama3-70b-run3"
     assert short_job("train-llama3-70b-pretrain-run3", 17) == "train-llama…-run3"
@@ -341,7 +341,7 @@ def test_short_job_keeps_the_start_and_the_end() -> None:
 def test_sort_keys_and_the_help() -> None:
     """m / g / i sort the jobs by MFU, goodput, open incidents (worst first, again best first, a third
     time the aggregator's order, a job without the value last); ? shows the keys and hides them."""
-    from perfd.commands.top_jobs import HELP, SORT_KEYS, SortBy, View, ordered
+    from perfd.app.commands.top_jobs import HELP, SORT_KEYS, SortBy, View, ordered
 
     assert not set(SORT_KEYS) & {"n", "p", "q", "\t", "?"}
     sums = {"alpha": SUMS["alpha"], "beta": SUMS["beta"],

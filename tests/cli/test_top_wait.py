@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from perfd.commands import top_screen
-from perfd.commands.top_screen import wait_for_step
+from perfd.app.commands import top_screen
+from perfd.app.commands.top_screen import wait_for_step
 
 
 class Clock:

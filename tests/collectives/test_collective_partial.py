@@ -1,4 +1,4 @@
-"""The collective analysis in phases (perfd.collfold): reduce, merge, finish.
+"""The collective analysis in phases (perfd.core.collfold): reduce, merge, finish.
 A merge is a join (associative, commutative, idempotent, with or without the per-rank bound), and
 the analysis of partials merged in any order and grouping is byte for byte the one-aggregator
 analysis of all their records: the recorded H200 Flight Recorder dumps and a synthetic 64-rank job
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfd import collfold
 from perfd.analytics.collectives.collective_analysis import analyze_collectives, finish
-from perfd.collfold import (
+from perfd.core import collfold
+from perfd.core.collfold import (
     CollectivePartial,
     GroupRef,
     OpKey,

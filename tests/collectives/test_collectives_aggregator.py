@@ -21,7 +21,7 @@ from perfd.aggregator.state import AggregatorState, job_level_steps
 from perfd.analytics.collectives.collective_hangs import merge_hangs
 from perfd.collectors.nccl import NcclCollector
 from perfd.collectors.nccl.hangs import HangReport
-from perfd.collfold import Progress
+from perfd.core.collfold import Progress
 from perfd.core.hang_fact import HangEvent, HangFact
 from perfd.core.model import StepRecord, TimerValue
 from perfd.report.collective_text import hang_text, resolution_text
@@ -244,7 +244,7 @@ def test_default_registry_has_nccl_and_hook():
 
 def test_agent_forwards_collectives_in_bounded_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     import perfd.agent.node_agent as am
-    from perfd.collector import Collected
+    from perfd.collectors.collector import Collected
 
     monkeypatch.setattr(am, "MAX_COLLECTIVES_PER_BATCH", 3)
     agent = Agent(AgentConfig(job="j", node="n1", metrics_port=None))

@@ -77,7 +77,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
         with pipeline(tmp_path, "--no-rules") as p:
             manifest = tmp_path / "run" / "launch.json"
             launch = subprocess.Popen(
-                [sys.executable, "-m", "perfd.cli", "launch", "--job", "ddp", "--run-dir",
+                [sys.executable, "-m", "perfd.app.cli", "launch", "--job", "ddp", "--run-dir",
                  str(tmp_path / "run"),
                  "--flight-recorder", str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"),
                  "--", sys.executable, str(child)],

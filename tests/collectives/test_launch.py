@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.config import AgentConfig, ConfigError, apply_overrides
-from perfd.launcher import LaunchError, LaunchOptions, plan_launch, run_launch
-from perfd.manifest import load_manifest
+from perfd.app.launcher import LaunchError, LaunchOptions, plan_launch, run_launch
+from perfd.core.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -122,8 +122,8 @@ def test_torchtitan_flags_the_user_gave_are_kept(tmp_path: Path) -> None:
 def test_agent_reads_a_torchtitan_launch(tmp_path: Path) -> None:
     """The manifest of a torchtitan launch configures the agent's torchtitan collector; the model
     and dtype still come from the agent's own config."""
-    from perfd.launcher import manifest_data
-    from perfd.manifest import write_manifest
+    from perfd.app.launcher import manifest_data
+    from perfd.core.manifest import write_manifest
 
     opts = LaunchOptions(TITAN, job="tt", flight_recorder=str(tmp_path / "fr"), run_dir=str(tmp_path / "r"))
     plan = plan_launch(opts)
@@ -166,7 +166,8 @@ def test_tee_keeps_partial_lines_and_order(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_log_grows_while_the_command_runs(tmp_path: Path) -> None:
     log = tmp_path / "live.log"
-    p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--job", "t2", "--run-dir", str(tmp_path / "r"),
+    p = subprocess.Popen([PY, "-m", "perfd.app.cli", "launch", "--job", "t2", "--run-dir",
+                          str(tmp_path / "r"),
                           "--log", str(log), "--", PY, "-c",
                           "import time,sys\nprint('first', flush=True)\ntime.sleep(3)\nprint('second')"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -204,7 +205,8 @@ def test_signals_reach_the_command_and_its_process_group(tmp_path: Path) -> None
         print("ready", flush=True)
         time.sleep(60)
         """)
-    p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--job", "t3", "--run-dir", str(tmp_path / "r"),
+    p = subprocess.Popen([PY, "-m", "perfd.app.cli", "launch", "--job", "t3", "--run-dir",
+                          str(tmp_path / "r"),
                           "--", PY, "-c", child], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert p.stdout is not None
@@ -236,7 +238,8 @@ def test_sigint_is_passed_once_to_the_command(tmp_path: Path) -> None:
             time.sleep(0.05)
         sys.exit(0 if n == 1 else 10 + n)
         """)
-    p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--run-dir", str(tmp_path / "r"), "--", PY, "-c",
+    p = subprocess.Popen([PY, "-m", "perfd.app.cli", "launch", "--run-dir", str(tmp_path / "r"), "--", PY,
+                          "-c",
                           child], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     p.send_signal(signal.SIGINT)
@@ -327,7 +330,7 @@ def test_agent_configured_from_the_manifest(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_manifest_is_written_while_running(tmp_path: Path) -> None:
     man = tmp_path / "m.json"
-    p = subprocess.Popen([PY, "-m", "perfd.cli", "launch", "--job", "t4", "--manifest", str(man),
+    p = subprocess.Popen([PY, "-m", "perfd.app.cli", "launch", "--job", "t4", "--manifest", str(man),
                           "--run-dir", str(tmp_path / "r"), "--", PY, "-c", "import time; time.sleep(2)"],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ})
     try:

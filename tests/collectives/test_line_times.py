@@ -1,5 +1,5 @@
 """Step boundaries finer than the log's stamps: `perfd launch` notes when each line arrived
-(perfd.linetimes), LogTail reports each line's newline offset, and the Megatron collector takes an
+(perfd.core.linetimes), LogTail reports each line's newline offset, and the Megatron collector takes an
 iteration's end time from there."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import textwrap
 import time
 from pathlib import Path
 
+from perfd.app.launcher import LaunchOptions, run_launch
 from perfd.collectors.megatron.collector import MegatronCollector
 from perfd.collectors.megatron.tail import LogTail
-from perfd.launcher import LaunchOptions, run_launch
-from perfd.linetimes import LineTimes, format_record, sidecar_path
-from perfd.manifest import load_manifest
+from perfd.core.linetimes import LineTimes, format_record, sidecar_path
+from perfd.core.manifest import load_manifest
 
 PY = sys.executable
 

@@ -4,7 +4,7 @@ come from the job's iteration lines, whose log stamps are whole seconds.
 `perfd launch` runs a stand-in Megatron job that replays the recorded 2×H200 Flight Recorder run
 shifted to now: it prints an iteration line at each step boundary of the recording, as it happens,
 then writes the shifted dumps where the launch told it to. The agent (`perfd agent --launch-manifest`)
-tails the log with the launch's line-times sidecar (perfd.linetimes) and reads the dumps; the aggregator
+tails the log with the launch's line-times sidecar (perfd.core.linetimes) and reads the dumps; the aggregator
 maps the collectives to iterations (both in the test's process, tests/inproc.py; the launch and its job
 are processes). Checked: the iteration end times are the lines' print times (not
 their one-second stamps), and the aggregator's per-iteration shares equal an in-process analysis of
@@ -27,7 +27,7 @@ import pytest
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.collectors.megatron.collector import MegatronCollector
 from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
-from perfd.manifest import load_manifest
+from perfd.core.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
 from tests.inproc import Pipeline, pipeline
 from tests.procs import http_get, stop, wait_for
@@ -94,7 +94,7 @@ def test_megatron_windows_from_line_times(tmp_path: Path) -> None:
     try:
         with pipeline(tmp_path, "--no-rules") as p:
             run = tmp_path / "run"
-            launch = subprocess.Popen([sys.executable, "-m", "perfd.cli", "launch", "--job", "meg",
+            launch = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "launch", "--job", "meg",
                                        "--run-dir", str(run), "--flight-recorder", str(tmp_path / "fr"),
                                        "--agent-socket", str(tmp_path / "hook.sock"), "--", sys.executable,
                                        str(script), str(FIXTURES / "timing"), str(out)],

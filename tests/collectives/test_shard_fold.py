@@ -15,7 +15,7 @@ from perfd.aggregator.collectives import CollectiveStore
 from perfd.analytics.collectives import shardfold
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.collfold import Retention, for_sending, reduce
+from perfd.core.collfold import Retention, for_sending, reduce
 from perfd.core.model import CollectiveRecord, StepRecord
 from perfd.core.winfigures import RankWindow, WindowFigures
 from perfd.report.collective_text import collectives_json

@@ -18,7 +18,7 @@ from perfd.analytics.collectives import winfold
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, analyze_collectives
 from perfd.analytics.collectives.collective_windows import step_windows
 from perfd.analytics.collectives.winfold import WindowFold
-from perfd.collfold import SENT_RETENTION, Retention, for_sending, reduce
+from perfd.core.collfold import SENT_RETENTION, Retention, for_sending, reduce
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import T0, load_fixture_records, step

@@ -60,7 +60,7 @@ class Pod:
 
     def start(self, out: Path) -> subprocess.Popen[bytes]:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-        return subprocess.Popen([sys.executable, "-m", "perfd.cli", *self.args], cwd=self.cwd, env=env,
+        return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *self.args], cwd=self.cwd, env=env,
                                 stdout=out.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from perfd.agent.config import AgentConfig
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 from perfd.core import limits as L
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,18 +21,18 @@ from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
 from perfd.analytics.incidents.attribution import place_ranks
 from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.iteration import IterationResult
-from perfd.commands.analyze import analyze_megatron_file
+from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.procs import wait_for as _wait
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
 
 
 def _perfd(*args: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -179,7 +179,7 @@ def test_wandb_project_without_wandb_is_refused_at_start(tmp_path: Path) -> None
     """Without the wandb package (hidden here as an absent module) the aggregator refuses to start
     with one line and exit 2, instead of starting and logging a traceback every export round."""
     code = ("import sys; sys.modules['wandb'] = None\n"
-            "from perfd.cli import main\n"
+            "from perfd.app.cli import main\n"
             "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', '--no-rules', "
             f"'--ready-file', {str(tmp_path / 'ready')!r}, '--wandb-project', 'p']))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,

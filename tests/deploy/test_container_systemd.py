@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from perfd.agent.config import load_config
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 from tests.deploy.test_k8s_manifests import CRDS, K8S_VERSIONS, _strict
 
 pytestmark = pytest.mark.slow

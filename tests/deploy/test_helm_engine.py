@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from perfd.agent.config import apply_overrides, load_config
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 from tests.deploy.netpol import selects
 from tests.deploy.test_helm_agent_runs import procs  # noqa: F401  (the fixture: every process stopped)
 from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm, validate_rendered

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 from perfd.exporters.remote_write import TENANT_HEADER, Credentials
 from tests.deploy.test_helm_chart import CHART, _args, _pod, _render, _run, validate_rendered
 

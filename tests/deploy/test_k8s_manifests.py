@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from perfd.agent.config import apply_overrides, load_config
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 from perfd.core.placement import gpu_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -32,7 +32,7 @@ BUS = "00000000:18:00.0"
 
 def _perfd(*args: str, out: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT)
 
 

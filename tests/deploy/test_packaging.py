@@ -67,7 +67,7 @@ def test_pip_installs_perfd_slurm_run_and_the_rule_packs(tmp_path: Path) -> None
     # No tests, no benchmarks: neither the top-level folders nor perfd/collectors/<name>/tests and their data
     assert not [n for n in names if {"tests", "benchmarks"} & set(n.split("/")[:-1])], \
         [n for n in names if "tests" in n][:10]
-    assert "perfd/cli.py" in names and "perfd/collectors/megatron/collector.py" in names
+    assert "perfd/app/cli.py" in names and "perfd/collectors/megatron/collector.py" in names
     info = f"perfd-{__version__}.dist-info"
     assert zipfile.ZipFile(wheel).read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
     metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()

@@ -4,7 +4,7 @@ process for the rank), with real processes in a real pid namespace (`unshare --p
 Kubernetes job with shareProcessNamespace: true, its sidecar agent and its trainer inside, the node
 agent and the aggregator on the host.
 
-- The node agent's view (perfd.procinfo.PodJobs, as collectors/nvml uses it for every GPU process):
+- The node agent's view (perfd.core.procinfo.PodJobs, as collectors/nvml uses it for every GPU process):
   a process that declares no job takes the job its pod declares (the sidecar's PERFD_JOB); one that
   declares its own keeps it; a process of the node's own pid namespace takes none.
 - The sidecar (`--ranks pod`) follows the ranks of its pod, and a capture asked of the aggregator for
@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
-from perfd.procinfo import PodJobs, pid_namespace
+from perfd.core.procinfo import PodJobs, pid_namespace
 from tests.inproc import pipeline
 from tests.procs import free_port, get_json, run_env, wait_for
 
@@ -161,7 +161,7 @@ def test_the_sidecar_follows_its_pods_ranks_and_captures_them(
         log = tmp_path / "train.log"
         log.write_text(LOG.read_text())
         env = run_env(drop=("PERFD_JOB", "RANK", "LOCAL_RANK", "WORLD_SIZE"))
-        sidecar = (f"{sys.executable} -m perfd.cli agent --config {cfg} --job {JOB} --node {NODE} "
+        sidecar = (f"{sys.executable} -m perfd.app.cli agent --config {cfg} --job {JOB} --node {NODE} "
                    f"--aggregator 127.0.0.1:{grpc} --megatron-log {log} --nvml off --host off --ranks pod "
                    f"--metrics-port {free_port()} >{tmp_path / 'sidecar.out'} 2>&1")
         trainer = (f"env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 KINETO_USE_DAEMON=1 KINETO_CONFIG={kineto_cfg} "

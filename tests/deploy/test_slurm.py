@@ -32,7 +32,7 @@ from tests.procs import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = ROOT / "deploy" / "slurm"
-MEGATRON_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+MEGATRON_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 NVML_RECORDING = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 PROGRAMS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel",
             "sinfo")

@@ -40,7 +40,7 @@ from perfd.report.row_json import run_json
 from tests.procs import stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DP2_LOG = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"  # per-rank timers, no PP
 
 
@@ -375,7 +375,7 @@ def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path) -> No
     --state-dir the runs go under it, and the aggregator starts."""
     pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
     (tmp_path / "perfd-wandb").write_text("in the way\n")
-    args = [sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", "0", "--http-port", "0",
+    args = [sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port", "0", "--http-port", "0",
             "--no-rules", "--wandb-project", "p"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)

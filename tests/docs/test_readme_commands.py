@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from perfd.cli import build_parser
+from perfd.app.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -157,12 +157,12 @@ def run_block(block: Block, tmp: Path) -> Ran:
                 and not entry.name.endswith(".egg-info"):
             (clone / entry.name).symlink_to(entry)
     py = shlex.quote(sys.executable)
-    _wrapper(bin_dir / "perfd", f'exec {py} -m perfd.cli "$@"')
+    _wrapper(bin_dir / "perfd", f'exec {py} -m perfd.app.cli "$@"')
     for name in ("python3", "python"):
         _wrapper(bin_dir / name, f'exec {py} "$@"')
     demo_venv = tmp / "demo-venv"  # what `make demo` would make: a venv with perfd in it
     (demo_venv / "bin").mkdir(parents=True)
-    _wrapper(demo_venv / "bin" / "perfd", f'exec {py} -m perfd.cli "$@"')
+    _wrapper(demo_venv / "bin" / "perfd", f'exec {py} -m perfd.app.cli "$@"')
     (demo_venv / ".installed").touch()
     marker = uuid.uuid4().hex
     # COLUMNS/LINES: a runner's terminal size would make `perfd top --once` print its compact form (no

@@ -1,4 +1,4 @@
-"""perfd.api as a notebook uses it: the same numbers as the CLI's --json, the same one-line
+"""perfd.app.api as a notebook uses it: the same numbers as the CLI's --json, the same one-line
 refusals, and a real aggregator queried through its HTTP API."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import perfd.api as pa
-from perfd.cli import main
+import perfd.app.api as pa
+from perfd.app.cli import main
 from tests.e2e.conftest import JOB, LOG, Live
 
 ROOT = Path(__file__).resolve().parents[2]

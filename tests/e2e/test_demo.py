@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.e2e
 def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "20"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "20"], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=180)
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
@@ -53,7 +53,7 @@ def test_demo_plain_output_a_first_user_can_read(tmp_path: Path) -> None:
 def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> None:
     """The installed `perfd` run where ``perfd/`` is the clone's root (the folder above a clone named
     perfd): its daemons must still import the package, not that folder (before, `python -m
-    perfd.cli` from there failed with an ImportError traceback and the demo never started)."""
+    perfd.app.cli` from there failed with an ImportError traceback and the demo never started)."""
     script = Path(sys.executable).parent / "perfd"  # the console script pip made (make test's venv)
     assert script.is_file(), script
     here = tmp_path / "src"
@@ -71,7 +71,7 @@ def test_demo_runs_from_a_folder_holding_the_clone_as_perfd(tmp_path: Path) -> N
 @pytest.mark.e2e
 def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
+    r = subprocess.run([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "40",
                         "--keep-files"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-3000:]
     (kept,) = tmp_path.glob("perfd-demo-*")
@@ -99,7 +99,7 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
     # process can hold it ignored (a library's shutdown path sets SIG_IGN for SIGINT), and Python then
     # installs no KeyboardInterrupt: the demo would be right to ignore the signal.
     worker_sigint = signal.getsignal(signal.SIGINT)
-    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "40",
+    p = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "40",
                           "--keep-running"], cwd=ROOT, env=env, stdout=out.open("wb"),
                          stderr=subprocess.STDOUT, preexec_fn=_sigint_default)
     try:
@@ -131,7 +131,7 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
 def test_a_sigterm_while_replaying_stops_everything_too(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "demo.out"
-    p = subprocess.Popen([sys.executable, "-m", "perfd.cli", "demo", "--plain", "--speed", "1"], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "1"], cwd=ROOT,
                          env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: "iteration 1:" in out.read_text() or p.poll() is not None, 120,

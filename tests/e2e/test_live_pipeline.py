@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd.commands.analyze import analyze_megatron_file
+from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.core import catalog
 from perfd.report.row_json import run_json
 from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 # The real 2×H200 run's log (Megatron-Core 0.20.0, TP=1 PP=2), as the demo ships it: in every checkout.
-FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DATA = ROOT / "tests" / "data" / "megatron"
 pytestmark = pytest.mark.slow
 

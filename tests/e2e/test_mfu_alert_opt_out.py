@@ -21,7 +21,7 @@ from perfd.core.model import HOOK_FRAMEWORK, JobInfo, merge_job_info
 from tests.inproc import pipeline
 from tests.procs import ROOT
 
-DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 SERIES = catalog.JOB_MFU_ALERT_OPT_OUT
 
 
@@ -50,7 +50,7 @@ def test_perfd_launch_writes_it_in_the_manifest_and_the_agent_reads_it(tmp_path:
     manifests = {}
     for name, extra in (("quiet", ["--no-mfu-alert"]), ("plain", [])):
         manifest = tmp_path / f"{name}.json"
-        r = subprocess.run([sys.executable, "-m", "perfd.cli", "launch", "--job", name, *extra,
+        r = subprocess.run([sys.executable, "-m", "perfd.app.cli", "launch", "--job", name, *extra,
                             "--manifest", str(manifest), "--run-dir", str(tmp_path / name), "--", "true"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr

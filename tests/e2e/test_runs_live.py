@@ -103,7 +103,7 @@ def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_p
         # run 2: the same job restarted, its rank under ncu (perfd ncu-exec, the stand-in), each step
         # 1.5x as long (what arming costs a launch-heavy step is the job's business here: the sleep)
         launch, manifest = _launch(procs, tmp_path, "2", [
-            sys.executable, "-m", "perfd.cli", "ncu-exec", "--job", JOB, "--ranks", "0", "--capture-dir",
+            sys.executable, "-m", "perfd.app.cli", "ncu-exec", "--job", JOB, "--ranks", "0", "--capture-dir",
             str(caps), "--", sys.executable, str(tmp_path / "loop.py"), "0.03", str(STEPS),
             str(tmp_path / "own_2.txt")])
         p.agent("--launch-manifest", manifest, "--nvml", "off", "--host", "off", name="agent_2")

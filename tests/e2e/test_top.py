@@ -30,7 +30,7 @@ def _json(url: str) -> dict[str, Any]:
 
 def _top(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "perfd.cli", "top", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "perfd.app.cli", "top", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -119,7 +119,7 @@ def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
             pytest.fail("tmux missing: ci/install-system-deps.sh installs it")
         pytest.skip("tmux not installed (ci/install-system-deps.sh)")
     name = f"perfd-top-{os.getpid()}"
-    cmd = f"{sys.executable} -m perfd.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
+    cmd = f"{sys.executable} -m perfd.app.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
     # The terminal decides the size: COLUMNS/LINES inherited from the runner (pytest-xdist's workers
     # set 80x24) would make rich draw for them, not for the 160-column pane.
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TMUX": ""}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from perfd.collfold import GroupRef, reduce
+from perfd.core.collfold import GroupRef, reduce
 from perfd.core.model import CollectiveRecord
 from perfd.engine import collective_codec as cc
 from perfd.transport.gen import perfd_pb2 as pb

@@ -1,4 +1,4 @@
-"""A node's collective records reduced (perfd.collfold) on the engine's wire
+"""A node's collective records reduced (perfd.core.collfold) on the engine's wire
 (perfd.engine.collective_codec): read back equal, malformed ones refused, what a row costs, and the
 root reading a reduced message, an older agent's records as sent, and a redelivery, into the same
 analysis one aggregator gives."""
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.state import AggregatorState
-from perfd.collfold import CollectivePartial, reduce
+from perfd.core.collfold import CollectivePartial, reduce
 from perfd.core.model import CollectiveRecord
 from perfd.engine import collective_codec as cc
 from perfd.engine import subjects as S
@@ -167,7 +167,7 @@ def test_the_root_reads_reduced_and_as_sent_records_into_the_one_aggregator_answ
 
 def test_the_store_counts_what_its_retention_drops_and_what_came_again() -> None:
     from perfd.aggregator.collectives import CollectiveStore
-    from perfd.collfold import Retention
+    from perfd.core.collfold import Retention
 
     recs = load_fixture_records("timing")
     store = CollectiveStore(reduced_retention=Retention(per_rank=10))
@@ -276,7 +276,7 @@ def _colliding(draw: st.DrawFn) -> CollectiveRecord:
 @given(*(st.lists(_colliding(), max_size=8) for _ in range(3)))
 def test_merge_is_a_join_whatever_two_records_of_one_operation_differ_in(
         ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord]) -> None:
-    from perfd.collfold import merge
+    from perfd.core.collfold import merge
 
     a, b, c = (reduce("j", r) for r in (ra, rb, rc))
     assert merge(a, b) == merge(b, a) and merge(a, a) == a

@@ -1,5 +1,5 @@
 """Many nodes' collective records through a real nats-server, reduced by their agents
-(perfd.collfold) and merged by the root's store in whatever order the engine
+(perfd.core.collfold) and merged by the root's store in whatever order the engine
 hands them over: the synthetic 64-rank job of tests/collectives/test_collective_partial.py (TP groups
 in a node, DP groups across nodes, the world group, a slow rank), each node's records submitted in
 pieces, one node's twice (a redelivery after the engine's duplicate window: merged once), gives the
@@ -21,7 +21,7 @@ import pytest
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.commands.engine import make_shard
+from perfd.app.commands.engine import make_shard
 from perfd.core.model import CollectiveRecord
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster

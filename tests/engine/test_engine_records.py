@@ -1,6 +1,6 @@
 """A node's events and collective records on the distributed path: published by the agent's
 :class:`EngineClient` (the events as sent, the collective records reduced to a partial:
-perfd.collfold), read by the root beside the partials, and held by a real
+perfd.core.collfold), read by the root beside the partials, and held by a real
 ``Aggregator --engine`` as one aggregator holds them — the job's collective analysis (the recorded
 H200 Flight Recorder dumps of collectors/nccl) byte for byte the analysis of one aggregator fed the
 records as sent, the events under the agent that sent each, a malformed one refused and counted. A

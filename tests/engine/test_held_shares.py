@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.collfold import (
+from perfd.core.collfold import (
     REDUCED_RETENTION,
     SENT_RETENTION,
     CollectivePartial,

@@ -26,7 +26,7 @@ import pytest
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
-from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.core.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.core.jobinfo_json import job_info_to_json
 from perfd.core.limits import Limits
 from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord

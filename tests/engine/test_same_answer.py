@@ -251,7 +251,8 @@ def logged_job() -> tuple[ParsedLog, dict[int, list[list[StepRecord]]], Aggregat
     """The recorded H200 Megatron-LM log (2 ranks, pipeline-parallel) with the step hook on each rank,
     one node a rank: the parsed log, each node's records an iteration (node 0's: the log's and rank
     0's), and one aggregator that took them in order."""
-    log = Path(__file__).resolve().parents[2] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    log = (Path(__file__).resolve().parents[2] / "perfd" / "app" / "demo" / "data"
+           / "megatron_h200x2_tp1_pp2.log")
     parsed = parse_file(log, job=JOB)
     hooked = _hooked(parsed.records, 2)
     by_node = {0: [[lr, *h] for lr, h in zip(parsed.records, hooked[0], strict=True)], 1: hooked[1]}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.collfold import CollectivePartial
+from perfd.core.collfold import CollectivePartial
 from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S

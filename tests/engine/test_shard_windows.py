@@ -17,7 +17,7 @@ import pytest
 
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
-from perfd.collfold import SENT_RETENTION, for_sending, reduce
+from perfd.core.collfold import SENT_RETENTION, for_sending, reduce
 from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
 from perfd.core.model import JobInfo, ParallelLayout
 from perfd.engine import shard_windows

@@ -16,8 +16,8 @@ import pytest
 from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
-from perfd.collfold import reduce
 from perfd.core import events as E
+from perfd.core.collfold import reduce
 from perfd.core.limits import Limits
 from perfd.core.model import CollectiveRecord
 from perfd.core.refusals import Refusals

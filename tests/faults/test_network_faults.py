@@ -27,7 +27,7 @@ from tests.inproc import AgentHandle, Pipeline, pipeline
 from tests.procs import http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-FIXTURE = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 pytestmark = pytest.mark.slow
 JOB = "faults"
 

@@ -49,7 +49,7 @@ class Rig:
     def _start(self, name: str, args: list[str]) -> None:
         n = self.starts[name] = self.starts.get(name, 0) + 1
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
                                             stdout=(self.tmp / f"{name}.{n}.out").open("wb"),
                                             stderr=subprocess.STDOUT)
 

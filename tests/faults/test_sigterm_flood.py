@@ -49,7 +49,7 @@ def test_sigterm_during_a_series_flood_exits_within_5_s(tmp_path: Path) -> None:
     g, h = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "agg.out"
-    agg = subprocess.Popen([sys.executable, "-m", "perfd.cli", "aggregator", "--grpc-port", str(g),
+    agg = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port", str(g),
                             "--http-port", str(h)], cwd=ROOT, env=env, stdout=out.open("wb"),
                            stderr=subprocess.STDOUT)
     flood = None

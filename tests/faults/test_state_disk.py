@@ -194,7 +194,7 @@ def test_a_real_full_tmpfs_loses_no_acknowledged_iteration(tmp_path: Path) -> No
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     grpc_port, http_port = free_port(), free_port()
-    agg_cmd = (f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {sys.executable} -m perfd.cli aggregator "
+    agg_cmd = (f"mount -t tmpfs -o size=3m tmpfs {mnt} && exec {sys.executable} -m perfd.app.cli aggregator "
                f"--grpc-port {grpc_port} --http-port {http_port} --no-rules --rules-interval 0.2 "
                f"--state-dir {mnt}/state")
     p = subprocess.Popen(["unshare", "-rm", "sh", "-c", agg_cmd], cwd=ROOT,

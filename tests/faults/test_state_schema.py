@@ -22,7 +22,7 @@ import pytest
 
 from perfd.agent.checkpoints import FORMAT
 from perfd.aggregator.state_schema import SCHEMA_VERSION, schema_of
-from perfd.cli import main
+from perfd.app.cli import main
 from tests.faults.test_network_faults import JOB, _megatron_lines
 from tests.inproc import pipeline
 from tests.procs import free_port, http_get

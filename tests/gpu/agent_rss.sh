@@ -28,18 +28,18 @@ while time.time() - t0 < float(os.environ["RSS_SECONDS"]):
     time.sleep(0.05)
 dist.destroy_process_group()
 PY
-python3 -m perfd.cli aggregator --grpc-port 0 --http-port 0 --no-rules --ready-file "$OUT/agg.ready" > "$OUT/agg.out" 2>&1 &
+python3 -m perfd.app.cli aggregator --grpc-port 0 --http-port 0 --no-rules --ready-file "$OUT/agg.ready" > "$OUT/agg.out" 2>&1 &
 AGG=$!
 for i in $(seq 200); do [ -s "$OUT/agg.ready" ] && break; sleep 0.1; done
 GP=$(cut -d' ' -f1 "$OUT/agg.ready")
-RSS_SECONDS=150 python3 -m perfd.cli launch --job rss --kineto --flight-recorder "$OUT/fr" --agent-socket "$OUT/hook.sock" \
+RSS_SECONDS=150 python3 -m perfd.app.cli launch --job rss --kineto --flight-recorder "$OUT/fr" --agent-socket "$OUT/hook.sock" \
   --manifest "$OUT/launch.json" --log "$OUT/job.log" -- python3 -m torch.distributed.run --standalone --nproc_per_node 1 "$OUT/train.py" > "$OUT/launch.out" 2>&1 &
 JOB=$!
 for i in $(seq 300); do [ -s "$OUT/launch.json" ] && break; sleep 0.1; done
 echo '{"batch_interval_s": 0.5, "collectors": {"nvml": {"source": "real", "interval_s": 0.1, "gpm": "auto", "devices": "all"}}}' > "$OUT/agent.json"
 probe() {  # name, env..., -- agent extra args
   local name=$1; shift
-  env "$@" python3 -m perfd.cli agent --config "$OUT/agent.json" --aggregator 127.0.0.1:$GP --launch-manifest "$OUT/launch.json" \
+  env "$@" python3 -m perfd.app.cli agent --config "$OUT/agent.json" --aggregator 127.0.0.1:$GP --launch-manifest "$OUT/launch.json" \
      --host on --metrics-port -1 ${AGENT_EXTRA:-} > "$OUT/$name.agent.out" 2>&1 &
   local pid=$!
   sleep 40

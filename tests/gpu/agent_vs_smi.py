@@ -134,7 +134,7 @@ def main() -> int:
         return 0 if ok else 1
     port = free_port()
     marker = out / "agent_phase_marker"
-    agent = subprocess.Popen([sys.executable, "-m", "perfd.cli", "agent", "--nvml", "real", "--host",
+    agent = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "agent", "--nvml", "real", "--host",
                               "off", "--job", "gpu-check", "--metrics-port", str(port)], cwd=ROOT,
                              stdout=(out / "agent_vs_smi_agent.log").open("w"), stderr=subprocess.STDOUT)
     load = subprocess.Popen([sys.executable, str(ROOT / "tests/gpu/nvml_phases.py"), "--marker",

@@ -48,7 +48,7 @@ for p in "${points[@]}"; do
   [ -n "${SHARE_EVERY_S:-}" ] && { sw+=(--share-every-s "$SHARE_EVERY_S"); tag="${tag}_share${SHARE_EVERY_S}"; }
   name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
   prof=(); [ "${PROFILE_ROOT:-}" = 1 ] && prof=(--profile-root "${name}_root_profile.json")
-  timeout 540 python3 -m perfd.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
+  timeout 540 python3 -m perfd.app.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
       --seconds "${RUN_S:-30}" --warmup 10 --tls ${LOG---log} "${coll[@]}" "${prof[@]}" "${sw[@]}" --json > "$name.json" \
       2> >(grep -v eof_received > "$name.err")
   [ ${#prof[@]} -gt 0 ] && python3 -m benchmarks.frame_sampler --show "${name}_root_profile.json" \

@@ -105,7 +105,7 @@ def run(out: Path) -> dict[str, Any]:
         res["traces"] = [str(t.relative_to(raw)) for t in traces]
         for i, t in enumerate(traces[:1]):
             cut_trace(t, raw / f"trace_hook_data_{i}.json.gz")
-            ac = subprocess.run([sys.executable, "-m", "perfd.cli", "analyze", "trace", str(t), "--json"],
+            ac = subprocess.run([sys.executable, "-m", "perfd.app.cli", "analyze", "trace", str(t), "--json"],
                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
             got = json.loads(ac.stdout) if ac.returncode == 0 else {"error": ac.stderr[-2000:]}
             got["union_check"] = union_idle(t)

@@ -76,7 +76,7 @@ def rank_pid(manifest: Path) -> int | None:
     worker), else the command itself (one process, as the step hook numbers it)."""
     import psutil
 
-    from perfd.procinfo import psutil_rank_env
+    from perfd.core.procinfo import psutil_rank_env
 
     try:
         pid = json.loads(manifest.read_text()).get("pid")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfd.collectors.nccl.flight_recorder import DumpError, load_dump_bytes  # noqa: E402
 from perfd.collectors.nccl.trigger import find_pipes, trigger_dump  # noqa: E402
-from perfd.flight_recorder_env import env_for_flight_recorder  # noqa: E402
+from perfd.core.flight_recorder_env import env_for_flight_recorder  # noqa: E402
 
 RING = 50
 MODES = ("normal", "timing", "hang", "batch_p2p", "only_active")

@@ -82,7 +82,8 @@ def ncu_prefix(job: str, captures: Path, env: Mapping[str, str], launch_count: s
     """``perfd ncu-prefix --job J --ranks 0 ...``: {rc, stdout (the words for torchrun --no-python),
     stderr (its estimate of the arming's cost)}. ``time_budget_s`` None: the prefix's own (a launch
     window chosen on the timeline gets a budget that fits it)."""
-    argv = [sys.executable, "-m", "perfd.cli", "ncu-prefix", "--job", job, "--ranks", "0", "--capture-dir",
+    argv = [sys.executable, "-m", "perfd.app.cli", "ncu-prefix", "--job", job, "--ranks", "0",
+            "--capture-dir",
             str(captures), "--launch-count", launch_count]
     argv += ["--time-budget", time_budget_s] if time_budget_s else []
     argv += ["--kernels-from", kernels_from] if kernels_from else []

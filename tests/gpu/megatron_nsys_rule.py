@@ -117,7 +117,8 @@ class Run:
     # ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         out, res = self.out, self.res
-        nsys_ok = subprocess.run([sys.executable, "-m", "perfd.cli", "nsys-prefix", "--job", JOB], cwd=ROOT,
+        nsys_ok = subprocess.run([sys.executable, "-m", "perfd.app.cli", "nsys-prefix", "--job", JOB],
+                                 cwd=ROOT,
                                  env=self.env, capture_output=True, text=True, timeout=60)
         if nsys_ok.returncode != 0:
             res["setup_error"] = f"perfd nsys-prefix: {nsys_ok.stderr.strip()} (source .gpu-libs/nsys-env.sh)"

@@ -7,7 +7,7 @@ Megatron-LM is not part of this repository: MEGATRON_DIR points at a checkout (c
 used). The job is the shared fixture's configuration (TP=1 PP=2, 8 layers, hidden 1024, gbs 64,
 mbs 4, bf16, mock data) run by ``perfd launch --flight-recorder DIR --fr-timing -- torchrun ...``
 with `perfd aggregator` and ``perfd agent --launch-manifest`` (megatron + nccl collectors; step
-windows from the iteration lines' arrival times, perfd.linetimes). Megatron's own PyTorch
+windows from the iteration lines' arrival times, perfd.core.linetimes). Megatron's own PyTorch
 profiler (``--profile --use-pytorch-profiler --profile-ranks 0 1``) records iterations
 PROFILE_START..PROFILE_END-1 on both ranks. Compared: perfd's share of those iterations
 (/api/jobs/<job>/summary, per-iteration shares weighted by window) with comm_ms / span_ms of each

@@ -22,7 +22,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
   --disable-bias-linear) > "$OUT/megatron_nsys.log" 2>&1
 echo "nsys profile exit $?"
 ls -la "$WORK"
-python3 -m perfd.cli analyze nsys "$WORK/pp2.nsys-rep" --json --check-sql > "$OUT/pp2_analysis.json"
+python3 -m perfd.app.cli analyze nsys "$WORK/pp2.nsys-rep" --json --check-sql > "$OUT/pp2_analysis.json"
 echo "analyze exit $?"
 python3 - "$OUT/pp2_analysis.json" <<'PY'
 import json, sys

@@ -11,7 +11,7 @@ NSYS=${PERFD_NSYS:?source .gpu-libs/nsys-env.sh first}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH=$ROOT:$MEGATRON_DIR:${PYTHONPATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=1
-PREFIX=$(python3 -m perfd.cli nsys-prefix --job pp2)
+PREFIX=$(python3 -m perfd.app.cli nsys-prefix --job pp2)
 echo "prefix: $PREFIX" | tee "$OUT/driver.log"
 (cd "$MEGATRON_DIR" && timeout 260 python3 -m torch.distributed.run --nproc_per_node 2 --no-python $PREFIX \
   python3 pretrain_gpt.py --tensor-model-parallel-size 1 \
@@ -34,7 +34,7 @@ for r in 0 1; do "$NSYS" stop --session=perfd-pp2-r$r 2>&1 | grep -v "^\[" | tee
 echo "window stopped $(date +%s.%N)" | tee -a "$OUT/driver.log"
 kill -TERM $JOB 2>/dev/null; sleep 5; pkill -f pretrain_gpt.py; wait $JOB 2>/dev/null
 for r in 0 1; do
-  python3 -m perfd.cli analyze nsys "$OUT/rank$r.nsys-rep" --json --check-sql > "$OUT/rank${r}_analysis.json" 2> "$OUT/rank${r}_analysis.err"
+  python3 -m perfd.app.cli analyze nsys "$OUT/rank$r.nsys-rep" --json --check-sql > "$OUT/rank${r}_analysis.json" 2> "$OUT/rank${r}_analysis.err"
   echo "analyze rank $r exit $?"
   python3 - "$OUT/rank${r}_analysis.json" "$r" <<'PY'
 import json, sys

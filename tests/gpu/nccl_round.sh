@@ -32,7 +32,7 @@ if has nsys; then
   ( source .gpu-libs/nsys-env.sh && timeout 200 python3 tests/gpu/verify_rule_capture.py "$OUT/rule_nsys" --tool nsys ) 2>&1 | tail -60 | tee "$OUT/rule_nsys.log"; pack
 fi
 if has overhead; then
-  timeout 560 python3 -m perfd.cli bench overhead "$OUT/overhead" ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.log"; pack
+  timeout 560 python3 -m perfd.app.cli bench overhead "$OUT/overhead" ${OVERHEAD_ARGS:-} 2>&1 | tee "$OUT/overhead.log"; pack
 fi
 pack
 ls -la "$DEST"

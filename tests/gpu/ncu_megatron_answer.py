@@ -178,7 +178,8 @@ class Run:
 
     def armed(self) -> None:
         self.res["stage"] = "armed"
-        pre = subprocess.run([sys.executable, "-m", "perfd.cli", "ncu-prefix", "--job", JOB, "--ranks", "0",
+        pre = subprocess.run([sys.executable, "-m", "perfd.app.cli", "ncu-prefix", "--job", JOB, "--ranks",
+                              "0",
                               "--capture-dir", str(self.captures), "--launch-count", LAUNCH_COUNT,
                               "--time-budget", TIME_BUDGET_S], cwd=ROOT, env=self.env, capture_output=True,
                              text=True, timeout=120)

@@ -240,7 +240,7 @@ class Run:
             [
                 sys.executable,
                 "-m",
-                "perfd.cli",
+                "perfd.app.cli",
                 "ncu-prefix",
                 "--job",
                 JOB,

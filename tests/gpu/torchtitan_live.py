@@ -291,7 +291,7 @@ def run(out: Path) -> dict[str, Any]:
             [
                 py,
                 "-m",
-                "perfd.cli",
+                "perfd.app.cli",
                 "analyze",
                 "torchtitan",
                 str(log),

@@ -303,7 +303,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
             [
                 sys.executable,
                 "-m",
-                "perfd.cli",
+                "perfd.app.cli",
                 "analyze",
                 "megatron",
                 str(log),
@@ -330,7 +330,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
         for i, t in enumerate(traces[:3]):
             cut_trace(t, raw / f"trace_{config}_{i}.json.gz")
             ac = subprocess.run(
-                [sys.executable, "-m", "perfd.cli", "analyze", "trace", str(t), "--json"],
+                [sys.executable, "-m", "perfd.app.cli", "analyze", "trace", str(t), "--json"],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,
@@ -345,7 +345,7 @@ def run(out: Path, megatron: Path, config: str, cotenant_at: float | None) -> di
                 [
                     sys.executable,
                     "-m",
-                    "perfd.cli",
+                    "perfd.app.cli",
                     "analyze",
                     "megatron",
                     str(log),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 
 from tests.procs import ROOT, Procs, free_port, get_json, http_get, start_agent, start_aggregator
 
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 JOB, NODE = "pair", "gpu-node"
 FOREIGN_CODE = """
 import time, torch

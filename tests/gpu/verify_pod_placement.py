@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 
 from tests.procs import ROOT, Procs, free_port, get_json, http_get, start_agent, start_aggregator
 
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 JOB, NODE = "pod-job", "gpu-node"
 TRAINER = """
 import sys, time, torch
@@ -65,7 +65,7 @@ def main() -> int:
         (out / "trainer.py").write_text(TRAINER)
         (out / "kineto.conf").write_text("ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS=1\n")
         (out / "sidecar.yaml").write_text(f"kineto_socket_dir: {sdir}\ncapture_dir: {out / 'captures'}\n")
-        sidecar = (f"{sys.executable} -m perfd.cli agent --config {out / 'sidecar.yaml'} --job {JOB} "
+        sidecar = (f"{sys.executable} -m perfd.app.cli agent --config {out / 'sidecar.yaml'} --job {JOB} "
                    f"--node {NODE} --aggregator 127.0.0.1:{grpc} --megatron-log {log} --nvml off --host off "
                    f"--ranks pod --metrics-port {free_port()} >{out / 'sidecar.out'} 2>&1")
         trainer = (f"env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 KINETO_USE_DAEMON=1 "
@@ -90,7 +90,8 @@ def main() -> int:
         node_metrics = f"http://127.0.0.1:{node_port}/metrics"
         result["node_agent_gpu_info"] = _gpu_series(node_metrics, "perfd_gpu_info")
         result["node_agent_rank_state"] = _gpu_series(node_metrics, "perfd_host_rank_state_info")
-        r = subprocess.run([sys.executable, "-m", "perfd.cli", "capture", "--aggregator", base, "--job", JOB,
+        r = subprocess.run([sys.executable, "-m", "perfd.app.cli", "capture", "--aggregator", base, "--job",
+                            JOB,
                             "--ranks", "0", "--steps", "3", "--tool", "kineto"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
         result["capture_cli"] = r.stdout[-500:] + r.stderr[-500:]

@@ -92,7 +92,7 @@ def job_argv(tool: str, out: Path, capture_dir: Path, nsys_mode: str, env: dict[
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     if tool != "nsys":
         return [*run, str(out / "train.py")]
-    res = subprocess.run([sys.executable, "-m", "perfd.cli", "nsys-prefix", "--job", "rc", "--mode",
+    res = subprocess.run([sys.executable, "-m", "perfd.app.cli", "nsys-prefix", "--job", "rc", "--mode",
                           nsys_mode, "--capture-dir", str(capture_dir)], cwd=ROOT, env=env,
                          capture_output=True, text=True, check=True, timeout=60)
     return [*run, "--no-python", *res.stdout.split(), sys.executable, str(out / "train.py")]

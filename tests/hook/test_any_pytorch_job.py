@@ -25,7 +25,7 @@ from perfd.aggregator.jobs import JobStore
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
 from perfd.analytics.steps.provenance import Code
 from perfd.analytics.steps.vocabulary import HOOK_VOCABULARY
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.hook import StepHook

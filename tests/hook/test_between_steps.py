@@ -25,7 +25,7 @@ from typing import Any, cast
 import pytest
 
 from perfd.aggregator.jobs import JobStore
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook
 from perfd.report import build_report

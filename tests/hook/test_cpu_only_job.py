@@ -27,7 +27,7 @@ import pytest
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.core.model import CPU, CUDA, StepRecord
 from perfd.hook import StepHook, wire

@@ -22,7 +22,7 @@ from perfd.aggregator.jobs import JobStore
 from perfd.analytics.breakdown import bottleneck as bn
 from perfd.analytics.steps.flops import megatron_flops
 from perfd.analytics.steps.provenance import Code
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.core.model import (
     HOOK_DATA_WAIT_FROM_FIELD,

@@ -36,7 +36,7 @@ from perfd.aggregator import state_ingest as state_ingest_mod
 from perfd.aggregator import stats as stats_mod
 from perfd.aggregator.http import job_iterations, job_summary
 from perfd.aggregator.state import AggregatorState
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from perfd.core import events

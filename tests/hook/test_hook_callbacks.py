@@ -158,7 +158,7 @@ def test_a_trainers_callback_names_its_trainer_to_the_aggregator(
     it (wire.KIND_FRAMEWORK, after the steps), the agent's collector makes it the job's framework, and
     the aggregator's job info keeps it across the wire (its JSON) and beside a plain hook's word."""
     from perfd.aggregator.jobs import JobStore
-    from perfd.collector import Collected
+    from perfd.collectors.collector import Collected
     from perfd.collectors.hook import HookCollector
     from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
 

@@ -106,7 +106,7 @@ def test_a_trainers_hooks_are_still_the_hooks_beside_a_log() -> None:
 
 
 def test_the_collector_takes_a_known_trainer_and_counts_anything_else(tmp_path: Path) -> None:
-    from perfd.collector import Collected
+    from perfd.collectors.collector import Collected
 
     c = HookCollector({"socket_path": str(tmp_path / "h.sock"), "job": "j"})
     out = Collected()

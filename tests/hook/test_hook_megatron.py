@@ -14,7 +14,7 @@ import pytest
 
 import perfd.hook.step
 from perfd.capture.hook_ranges import next_range_start
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook.collector import HookCollector
 from perfd.hook import megatron as hm
 from perfd.hook.step import StepHook

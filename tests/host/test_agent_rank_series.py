@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfd.core.catalog import RANK_STATE_INFO
-from perfd.manifest import MANIFEST_VERSION
+from perfd.core.manifest import MANIFEST_VERSION
 from tests.inproc import pipeline
 from tests.procs import Procs, http_get
 

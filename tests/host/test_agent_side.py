@@ -20,7 +20,7 @@ import pytest
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
 from perfd.agent.stacks import StackDumper, dump_stack, find_py_spy
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.megatron import parse_file
 from perfd.collectors.ranks import RanksCollector

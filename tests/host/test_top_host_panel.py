@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from perfd.commands import top_screen as top
+from perfd.app.commands import top_screen as top
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "host" / "rank_observations.json"
 REC = json.loads(DATA.read_text())

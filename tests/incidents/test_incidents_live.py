@@ -22,7 +22,7 @@ from tests.collectives.test_collectives_aggregator import FakeClient, _recorded_
 
 ROOT = Path(__file__).resolve().parents[2]
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
-PP2 = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+PP2 = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 PP2_CAPTURE = json.loads((ROOT / "tests" / "data" / "captures" / "megatron_pp2_nsys_h200x2.analysis.json")
                          .read_text())
 

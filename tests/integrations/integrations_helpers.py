@@ -28,7 +28,7 @@ from tests.procs import http_get
 get = http_get  # the integration tests import get and free_port from here
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 NVML_REPLAY = ROOT / "perfd" / "collectors" / "nvml" / "data" / "h100_phases.jsonl"
 PROM_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROM_DIR / "perfd.rules.yml"
@@ -84,7 +84,7 @@ def stop(p: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
 
 def perfd(*args: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from perfd.agent.scheduler import RUNNING_ERROR_REASONS
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.core import limits as L
 from perfd.core.model import CAPTURE_OUTCOMES, CAPTURE_TOOLS
 from tests.inproc import Pipeline, pipeline

@@ -14,16 +14,16 @@ from perfd.aggregator.http import _StateCollector, job_iterations
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.analytics.steps.iteration_table import Table
-from perfd.cli import main as perfd_main
+from perfd.app.cli import main as perfd_main
+from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.collectors.megatron import parse_file
-from perfd.commands.analyze import analyze_megatron_file
 from perfd.exporters.prometheus import job_families
 from perfd.report.html import page_from_json, render_html
 from perfd.report.svg import diverging_color, nice_ticks
 from perfd.report.training_report import analysis_json, format_value
 from tests.integrations.integrations_helpers import ROOT
 
-DEMO_LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 DP2 = ROOT / "tests" / "data" / "megatron" / "dp2_all_timers.log"
 COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -159,7 +159,7 @@ def test_cli_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_the_page_says_where_it_was_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A page read from an aggregator said "the report was made offline" where its job had no rank
     placement: it names the live aggregator it was read from; a page made from a log says so."""
-    from perfd.commands import report as report_cmd
+    from perfd.app.commands import report as report_cmd
 
     _, analysis = analyze_megatron_file(str(_pp2_log()), gpu="NVIDIA H200")
     data = analysis_json(analysis)
@@ -226,7 +226,7 @@ def test_per_rank_series_switch_and_iterations_api() -> None:
 
 
 def test_no_rank_series_flag() -> None:
-    from perfd.cli import build_parser
+    from perfd.app.cli import build_parser
 
     args = build_parser().parse_args(["aggregator", "--no-rank-series"])
     assert args.no_rank_series is True

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from perfd.cli import main as perfd_main
+from perfd.app.cli import main as perfd_main
 from perfd.core import catalog
 from tests.integrations.integrations_helpers import (
     RULES,

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import pytest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.exporters.remote_write import TENANT_HEADER, Credentials, CredentialsError, RemoteWriter
 from tests.integrations.integrations_helpers import free_port, need, stop, wait_for
 from tests.security.certs import CA

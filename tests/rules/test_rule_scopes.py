@@ -27,7 +27,7 @@ from perfd.aggregator import rule_scopes
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.http import _StateCollector
 from perfd.aggregator.state import AggregatorState
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from perfd.collectors.megatron import parse_file
@@ -45,7 +45,7 @@ from tests.collectives.collective_helpers import MS, T0, load_fixture_records, s
 
 ROOT = Path(__file__).resolve().parents[2]
 COTENANT = ROOT / "tests" / "data" / "incidents" / "costraggler_dp2" / "dp2_cotenant.log"
-PP2 = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+PP2 = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 SGLANG = ROOT / "perfd" / "collectors" / "sglang" / "tests" / "data" / "sglang_0_5_5_dp2.log"
 # The loop as people write it (the batch fetched before the step), its step hook's datagrams as sent.
 LOOP = ROOT / "tests" / "data" / "hook" / "frameworks" / "readme" / "hook.jsonl.gz"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 from tests.inproc import pipeline
 from tests.procs import ROOT
 

@@ -23,8 +23,8 @@ import pytest
 
 from perfd.agent.config import AgentConfig
 from perfd.agent.node_agent import Agent
-from perfd.cli import main
-from perfd.collector import Capabilities, Collected, Collector, Registry
+from perfd.app.cli import main
+from perfd.collectors.collector import Capabilities, Collected, Collector, Registry
 from perfd.core.model import Sample
 from tests.inproc import pipeline
 from tests.procs import free_port

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from perfd.core.privdir import UnsafeDirError
 from perfd.engine.natsd import TOKEN_ENV, NatsCluster
-from perfd.privdir import UnsafeDirError
 from tests.engine.test_natsd import _need_nats_server
 from tests.security.other_user import other_user
 
@@ -47,7 +47,7 @@ def test_another_user_gets_nothing_of_a_running_engine_nor_its_token(shared_tmp:
     _need_nats_server()
     other = other_user()
     base = shared_tmp / "engine"  # a folder /tmp-like: every user reaches what it holds, unless private
-    serve = subprocess.Popen([sys.executable, "-m", "perfd.cli", "engine", "serve", "--dir", str(base),
+    serve = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "engine", "serve", "--dir", str(base),
                               "--token-file", str(_token_file(tmp_path))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -93,7 +93,7 @@ def test_serve_refuses_a_folder_it_cannot_keep_private(shared_tmp: Path, tmp_pat
         other.run('mkdir -m 777 "$1"', str(base))
     else:  # /tmp itself, say: narrowing it to 0700 would shut every other user out of it
         base, says = shared_tmp, "other users may write in (mode 1777)"
-    res = subprocess.run([sys.executable, "-m", "perfd.cli", "engine", "serve", "--dir", str(base),
+    res = subprocess.run([sys.executable, "-m", "perfd.app.cli", "engine", "serve", "--dir", str(base),
                           "--token-file", str(_token_file(tmp_path))],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2, res

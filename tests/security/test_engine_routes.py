@@ -119,7 +119,7 @@ def test_another_users_nats_server_cannot_join_the_cluster_as_a_route(shared_tmp
     binary = _need_nats_server()
     other = other_user()
     base = shared_tmp / "engine"
-    serve = subprocess.Popen([sys.executable, "-m", "perfd.cli", "engine", "serve", "--dir", str(base),
+    serve = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "engine", "serve", "--dir", str(base),
                               "--servers", "3", "--token-file", str(_token_file(tmp_path))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     intruders: list[subprocess.Popen[bytes]] = []

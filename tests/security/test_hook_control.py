@@ -34,7 +34,7 @@ from perfd.capture.bookkeeping import CaptureFailed, RunContext
 from perfd.capture.hook_ranges import HookRanges
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from tests.hook.test_step_hook import drain, records
@@ -425,7 +425,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
     """``perfd launch`` records its user; ``perfd agent --launch-manifest`` makes it the job's user for
     the hook (and the GPU process lists and captures)."""
     from perfd.agent.config import AgentConfig, apply_overrides
-    from perfd.manifest import MANIFEST_VERSION, write_manifest
+    from perfd.core.manifest import MANIFEST_VERSION, write_manifest
 
     path = tmp_path / "manifest.json"
     write_manifest(path, {"version": MANIFEST_VERSION, "job": "j", "uid": 4321,
@@ -433,7 +433,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
     cfg = apply_overrides(AgentConfig(), launch_manifest=str(path), nvml="off")
     assert cfg.job_uid == 4321
     from perfd.agent.node_agent import Agent
-    from perfd.collector import Registry
+    from perfd.collectors.collector import Registry
 
     made: list[HookCollector] = []
 
@@ -446,7 +446,7 @@ def test_the_job_user_comes_from_the_launch_manifest(tmp_path: Path) -> None:
     Agent(cfg, reg).build()
     assert made[0].job_uid == 4321
     # What perfd launch writes: its own user.
-    from perfd.launcher import LaunchOptions, manifest_data, plan_launch
+    from perfd.app.launcher import LaunchOptions, manifest_data, plan_launch
 
     plan = plan_launch(LaunchOptions(job="j", command=["true"], run_dir=str(tmp_path / "run"),
                                      agent_socket=str(tmp_path / "h.sock")), {})

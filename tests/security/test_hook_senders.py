@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook import peers as P
 from perfd.core.limits import HOOK_QUEUE_SHARES

@@ -12,7 +12,7 @@ import pytest
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.snapshot import overview_of
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.core import limits as L
 from perfd.core.model import StepRecord
 from perfd.transport.client import AgentClient

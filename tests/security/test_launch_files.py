@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import main
-from perfd.launcher import LaunchOptions, run_launch
+from perfd.app.cli import main
+from perfd.app.launcher import LaunchOptions, run_launch
 from tests.security.other_user import OtherUser, other_user
 
 pytestmark = pytest.mark.timeout(60)

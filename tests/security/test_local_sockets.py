@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import perfd.privdir
+import perfd.core.privdir
 from perfd.agent.capture_executor import KINETO_SQUATTED, AgentCaptures
 from perfd.capture.dynolog import socket_holders
 from perfd.capture.kineto_daemon import KinetoDaemon, build_config, pack_request, unpack_message
@@ -55,7 +55,7 @@ def _python() -> str:
 def test_default_hook_socket_is_private_to_its_user() -> None:
     path = Path(wire.default_socket_path())
     assert path.name == "hook.sock" and str(path) != "/tmp/perfd-hook.sock"
-    assert path.parent == perfd.privdir.runtime_dir()
+    assert path.parent == perfd.core.privdir.runtime_dir()
     # Never a name every user shares: /run/perfd for root, the user's runtime dir, or <tmp>/perfd-<uid>.
     assert (os.geteuid() == 0 and str(path.parent) == "/run/perfd") or str(os.geteuid()) in str(path) \
         or "XDG_RUNTIME_DIR" in os.environ
@@ -64,7 +64,7 @@ def test_default_hook_socket_is_private_to_its_user() -> None:
 def test_default_hook_socket_folder_is_made_private(shared_tmp: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     other = other_user()
-    monkeypatch.setattr(perfd.privdir, "runtime_dir", lambda: shared_tmp / "rt")
+    monkeypatch.setattr(perfd.core.privdir, "runtime_dir", lambda: shared_tmp / "rt")
     col = HookCollector({"job": "j"})
     assert col.config.socket_path == str(shared_tmp / "rt" / "hook.sock")
     assert col.probe().available

@@ -2,7 +2,7 @@
 
 What was seen: an agent id holding a newline wrote a forged line into the aggregator's log. Here the
 real aggregator (in the test's process, tests/inproc.py, its log written as every perfd command writes
-it: perfd.cli.log_handler) and a real gRPC client whose agent id carries a newline, a carriage
+it: perfd.app.cli.log_handler) and a real gRPC client whose agent id carries a newline, a carriage
 return, an ANSI escape and a right-to-left override, and a line the aggregator's own would look like:
 the client's step records for a job another agent hosts are refused, and the refusal names the agent.
 Every line of the log is then one of the aggregator's own, the agent id in it escaped (perfd.core.logline).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import log_handler
+from perfd.app.cli import log_handler
 from perfd.core.logline import escaped
 from perfd.core.model import StepRecord
 from tests.inproc import pipeline

@@ -16,7 +16,7 @@ from perfd.aggregator.state_schema import StoreError
 from perfd.aggregator.state_store import StateStore
 from perfd.capture.nsys_exec import default_capture_root
 from perfd.capture.store import MANIFEST, CaptureStore
-from perfd.privdir import UnsafeDirError, private_dir, rmtree_at
+from perfd.core.privdir import UnsafeDirError, private_dir, rmtree_at
 from perfd.transport.spool import Spool
 from tests.security.other_user import other_user
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.transport import grpc_bind
 from perfd.transport.security import ClientTls, SecurityConfigError, TokenFile
 from tests.procs import free_port

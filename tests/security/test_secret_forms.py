@@ -1,10 +1,10 @@
-"""No secret on a command line reaches what perfd serves: before, 9 of 12 planted secrets
-were served in stall evidence, and 22 of 35 forms passed the old deny-list. The redaction is now an
-allow-list (perfd/redact.py), and what it keeps is scanned by shape (perfd/secret_shapes.py: an attack
+"""No secret on a command line reaches what perfd serves: before, 9 of 12 planted secrets were served in
+stall evidence, and 22 of 35 forms passed the old deny-list. The redaction is now an allow-list
+(perfd/core/redact.py), and what it keeps is scanned by shape (perfd/core/secret_shapes.py: an attack
 found 16 of 53 forms passing in kept values, a review 19 more). Here a fixed list of 130 forms — every
-one the issues name, env-style KEY=VALUE, URLs with user information, headers, the token formats of major
-providers, signed URLs, webhooks, ``user:pw@host``, inline JSON, whitespace other than a space — each
-checked alone, all together on one command line, through the GPU process list, and live: a real job
+one the issues name, env-style KEY=VALUE, URLs with user information, headers, the token formats of
+major providers, signed URLs, webhooks, ``user:pw@host``, inline JSON, whitespace other than a space —
+each checked alone, all together on one command line, through the GPU process list, and live: a real job
 whose command line holds all of them stalls, the real agent dumps its stack (py-spy prints the command
 line), and every endpoint of the real aggregator, every log and every file the run wrote is searched.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker
-from perfd.procinfo import CMDLINE_MAX, REDACTED, redact_cmdline, shown_cmdline
-from perfd.redact import scrub as secret_scrub
+from perfd.core.procinfo import CMDLINE_MAX, REDACTED, redact_cmdline, shown_cmdline
+from perfd.core.redact import scrub as secret_scrub
 from tests.inproc import pipeline
 from tests.procs import Procs, http_get, wait_for
 
@@ -278,7 +278,7 @@ def test_what_is_kept_beside_the_reviews_shapes() -> None:
 def test_a_stack_keeps_its_frames_and_masks_a_command_line_over_lines() -> None:
     """A command line with a newline in a word spans lines of py-spy's dump: all of it up to py-spy's
     "Python v" line is the command line. Frames in files named like secrets stay."""
-    from perfd.redact import redact_stack
+    from perfd.core.redact import redact_stack
 
     frames = ("Thread 7 (idle): \"MainThread\"\n    get (auth.py:12)\n    encode (tokenizer.py:120)\n"
               "    <module> (token.py:3)\n")
@@ -302,8 +302,8 @@ def test_words_made_to_backtrack_are_scanned_whole() -> None:
 
 def test_no_safe_name_is_a_secrets() -> None:
     """The allow-list itself: no option or variable on it has a secret word among its parts."""
-    from perfd.redact import SAFE_OPTIONS, SAFE_VARIABLES, SECRET_PARTS
-    from perfd.secret_shapes import SAFE_QUERY_KEYS, secret_name
+    from perfd.core.redact import SAFE_OPTIONS, SAFE_VARIABLES, SECRET_PARTS
+    from perfd.core.secret_shapes import SAFE_QUERY_KEYS, secret_name
 
     for name in SAFE_OPTIONS | SAFE_VARIABLES | SAFE_QUERY_KEYS:
         assert not set(re.split(r"[-.]", name)) & SECRET_PARTS and not secret_name(name), name

@@ -26,7 +26,7 @@ import pytest
 
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
-from perfd.cli import main as cli_main
+from perfd.app.cli import main as cli_main
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.megatron import parse_file
 from perfd.core import bounds

@@ -183,7 +183,7 @@ def test_the_root_agent_reading_a_1gb_gzip_bomb_stays_small_and_fails_the_captur
 def test_offline_analyze_refuses_a_bomb_in_one_line_with_bounded_memory(bombs: dict[str, Path],
                                                                          kind: str) -> None:
     path = bombs[kind]
-    cli = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from perfd.app.cli import main; sys.exit(main(sys.argv[1:]))"
     code, out, err, peak = run_measured(cli, "analyze", "trace", str(path))
     print(f"FIGURES perfd analyze trace of a 1 GiB {kind} bomb peaked at {peak:.0f} MB")
     assert code != 0 and out == ""
@@ -347,7 +347,7 @@ def test_offline_analyze_refuses_a_small_gzip_whose_escape_widens_a_huge_string(
     path = tmp_path / "combo.json.gz"
     body = HEAD + b'{"a":1.5},' * 3_990_000 + b'{"name":"' + b"a" * 90_000_000 + b'\\ud83d\\ude00"}' + TAIL
     path.write_bytes(gzip.compress(body, 1))
-    cli = "import sys; from perfd.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from perfd.app.cli import main; sys.exit(main(sys.argv[1:]))"
     code, out, err, peak = run_measured(cli, "analyze", "trace", str(path))
     assert code != 0 and out == "", (code, peak, err[-500:])
     print(f"FIGURES perfd analyze trace of the widening escape peaked at {peak:.0f} MB")

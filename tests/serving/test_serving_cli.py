@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from perfd.cli import main
+from perfd.app.cli import main
 from perfd.collectors.sglang.tests.test_metrics import Server
 from perfd.report import Report, render_text
 

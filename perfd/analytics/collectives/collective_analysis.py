@@ -19,7 +19,7 @@ shortest duration arrived last: the others waited for it. Per rank: how often it
 (:mod:`perfd.analytics.collectives.collective_config`).
 
 **Phases**: :func:`analyze_collectives` is :func:`finish` of
-:func:`perfd.collfold.reduce`; on the engine path the nodes' agents reduce, the
+:func:`perfd.core.collfold.reduce`; on the engine path the nodes' agents reduce, the
 root's store merges (a join), and :func:`finish` runs on the merged partial.
 """
 
@@ -55,7 +55,7 @@ from perfd.analytics.collectives.collective_windows import (
 from perfd.analytics.collectives.groups import classify_group
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
-from perfd.collfold import CollectivePartial, reduce, world_size_from
+from perfd.core.collfold import CollectivePartial, reduce, world_size_from
 from perfd.core.hang_fact import HangEvent
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 
@@ -174,7 +174,7 @@ def analyze_collectives(job: str, records: Sequence[CollectiveRecord], steps: Se
                         config: CollectiveConfig | None = None) -> CollectiveAnalysis:
     """Everything above for one job: ``finish(reduce(job, records), ...)``. ``rank_nodes``: rank ->
     node name (where known). An operation two records show (two dumps) counts once, as the
-    aggregator's store keeps it (perfd.collfold.op_key)."""
+    aggregator's store keeps it (perfd.core.collfold.op_key)."""
     return finish(reduce(job, records), steps, layout=layout, rank_nodes=rank_nodes, gpu_name=gpu_name,
                   hang_events=hang_events, config=config)
 
@@ -184,7 +184,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
            gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
            config: CollectiveConfig | None = None, fold: FoldView | None = None,
            windows: Windows | None = None) -> CollectiveAnalysis:
-    """The analysis of a partial (perfd.collfold: one node's, or all nodes'
+    """The analysis of a partial (perfd.core.collfold: one node's, or all nodes'
     merged) with the job's step records, layout and placement: its operations are read in the
     partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
     hold the same operations give the same analysis whatever order they were merged in. ``fold``: the

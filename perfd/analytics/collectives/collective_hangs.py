@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from perfd.collfold import Progress
+from perfd.core.collfold import Progress
 from perfd.core.hang_fact import HangEvent
 
 

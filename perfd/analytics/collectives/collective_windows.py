@@ -108,7 +108,7 @@ SeqKey = tuple[int | None, bool]  # (process group id, p2p): what a sequence num
 
 class TimedOp(Protocol):
     """What a timeline reads of an operation: a :class:`perfd.core.model.CollectiveRecord` or a
-    :class:`perfd.collfold.OpRow` (the same names)."""
+    :class:`perfd.core.collfold.OpRow` (the same names)."""
 
     @property
     def pg_id(self) -> int | None: ...

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.winfold import PENDING, WindowFold
-from perfd.collfold import CollectivePartial
 from perfd.core import limits as L
+from perfd.core.collfold import CollectivePartial
 from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import WindowFigures
 

@@ -1,11 +1,11 @@
 """Per-window communication figures folded as the operations come (pure): what lets the root of a
 100,000-rank job keep every rank's per-iteration communication share while it holds 2 of its
-operations (perfd.collfold.REDUCED_RETENTION).
+operations (perfd.core.collfold.REDUCED_RETENTION).
 
 Why here, and why at the root: a rank's share of an iteration is the union of its collectives'
 intervals per group *class* in a step window, and both the class (the job's layout and world size)
 and the windows (the job's step records) are the root's; the rows a node's agent sends carry neither
-(perfd/collfold.py says why the partials keep rows). So the aggregator's store hands each operation
+(perfd/core/collfold.py says why the partials keep rows). So the aggregator's store hands each operation
 it newly merged (the keyed union tells a new one from one it holds: a redelivery or a second dump)
 to the job's :class:`WindowFold`, which:
 
@@ -58,8 +58,8 @@ from perfd.analytics.collectives.collective_windows import (
 )
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.groups import classify_group
-from perfd.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.core import limits as L
+from perfd.core.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import ABSENT, RankWindow, WindowFigures
 

@@ -5,7 +5,7 @@ See README.md in this folder for the fields, labels, config keys and failure beh
 
 from __future__ import annotations
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.dcgm.collector import FIELDS, SOURCE, DcgmCollector, DcgmConfig, samples_from_exposition
 
 __all__ = ["FIELDS", "SOURCE", "DcgmCollector", "DcgmConfig", "register", "samples_from_exposition"]

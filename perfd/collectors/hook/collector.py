@@ -42,7 +42,7 @@ own, or the Kineto daemon: perfd.agent.capture_executor). Step records a hook co
 overflowed while the agent was away) are counted here when a later record says so (``records_lost``).
 
 Where it listens: by default ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`),
-in a folder made private to this user (0700, :mod:`perfd.privdir`), so another local user can neither
+in a folder made private to this user (0700, :mod:`perfd.core.privdir`), so another local user can neither
 bind the name first (which disabled the collector when the default was ``/tmp/perfd-hook.sock``) nor
 send records into it. A socket path given in the config is used as given; a socket already there
 that belongs to another user is refused (counted as ``bind_failed`` with the owner), never removed.
@@ -63,7 +63,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfd.collector import Capabilities, Collected
+from perfd.collectors.collector import Capabilities, Collected
 from perfd.collectors.hook import peers as P
 from perfd.collectors.hook.config import HookConfig
 from perfd.collectors.hook.inbox import Inbox
@@ -75,8 +75,8 @@ from perfd.core.dtypes import normalize_dtype
 from perfd.core.events import HOOK_PROFILE, JOB_PHASE
 from perfd.core.limits import HOOK_MAX_RANKS, REFUSAL_LOG_INTERVAL_S
 from perfd.core.model import CPU, CUDA, HOOK_FRAMEWORK, Device, JobInfo, ModelSpec, ParallelLayout, StepRecord
+from perfd.core.privdir import UnsafeDirError, private_dir
 from perfd.hook import wire
-from perfd.privdir import UnsafeDirError, private_dir
 
 log = logging.getLogger(__name__)
 

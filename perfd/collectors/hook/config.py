@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from perfd.collectors.config_values import as_int
 from perfd.core.limits import HOOK_QUEUE_MAX, HOOK_QUEUE_MAX_BYTES
+from perfd.core.procinfo import user_id
 from perfd.hook import wire
-from perfd.procinfo import user_id
 
 
 @dataclass

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from perfd.procinfo import JOB_ENV, PROC, is_descendant, job_from_env, read_identity
+from perfd.core.procinfo import JOB_ENV, PROC, is_descendant, job_from_env, read_identity
 
 UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 ANCILLARY_BYTES = socket.CMSG_SPACE(UCRED.size) if hasattr(socket, "CMSG_SPACE") else 64

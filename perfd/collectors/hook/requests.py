@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perfd.collector import Collector
+from perfd.collectors.collector import Collector
 from perfd.core.limits import HOOK_MAX_OUTSTANDING
 from perfd.hook import wire
 

@@ -5,7 +5,7 @@ See README.md in this folder for each metric, costs, config keys and failure beh
 
 from __future__ import annotations
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.host.collector import METRIC_NAMES, HostCollector, HostConfig
 
 __all__ = ["METRIC_NAMES", "HostCollector", "HostConfig", "register"]

@@ -6,7 +6,7 @@ behaviour. The gRPC code in ``gen/`` is generated (``python -m perfd.collectors.
 
 from __future__ import annotations
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.k8s.collector import EVENT_KIND, K8sCollector, K8sConfig
 from perfd.collectors.k8s.podresources import DEFAULT_SOCKET, GpuOwner, PodResourcesClient, gpu_owners
 

@@ -14,7 +14,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.k8s.podresources import (
     DEFAULT_RESOURCES,
     DEFAULT_SOCKET,

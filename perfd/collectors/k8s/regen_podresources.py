@@ -1,7 +1,7 @@
 """Regenerate ``collectors/k8s/gen/`` from ``podresources_v1.proto``:
 ``python -m perfd.collectors.k8s.regen_podresources``.
 
-See perfd/protogen.py for the method. ``collectors/k8s/tests/test_podresources.py`` fails when the
+See perfd/core/protogen.py for the method. ``collectors/k8s/tests/test_podresources.py`` fails when the
 committed files are stale.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from perfd.protogen import ProtoPackage, regen_main
+from perfd.core.protogen import ProtoPackage, regen_main
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = ProtoPackage(HERE / "podresources_v1.proto", HERE / "gen",

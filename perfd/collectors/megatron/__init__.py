@@ -3,7 +3,7 @@
 See README.md in this folder for the formats, the Megatron flags that produce them, and limits.
 """
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.megatron.parser import MegatronLogParser, ParsedLog, parse_file, parse_lines
 from perfd.collectors.megatron.tail import LogTail
 

@@ -9,16 +9,16 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float, as_int
 from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.parser import MegatronLogParser
 from perfd.collectors.megatron.tail import LogTail, TailPosition
 from perfd.core.events import LOG_GAP
 from perfd.core.jobinfo_json import decode_job_info, job_info_to_json
+from perfd.core.linetimes import LineTimes
 from perfd.core.model import JobInfo
 from perfd.core.shared_thresholds import STALL_PHASE_MAX_S
-from perfd.linetimes import LineTimes
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ PHASE_MAX_S = STALL_PHASE_MAX_S.value
 class MegatronCollector(Collector):
     """Config: ``path`` (required), ``job`` (default: the agent's job), ``from_start`` (default
     true), ``line_times`` (the ``.times`` sidecar `perfd launch` writes beside the log, see
-    perfd.linetimes; an iteration's end time then comes from when its line was printed, not from
+    perfd.core.linetimes; an iteration's end time then comes from when its line was printed, not from
     the log's one-second stamp), ``flush_after_s`` (default 2): when the log has been quiet
     that long, the pending iteration is emitted without waiting for the next iteration line
     (Megatron prints the iteration line, its timers and the straggler line within milliseconds;

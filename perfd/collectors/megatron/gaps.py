@@ -29,7 +29,7 @@ _WATCHED = ("truncations_unread", "missed_generations")
 
 
 class TailGaps:
-    """``count_error(reason, detail)``: the collector's own error counter (perfd.collector)."""
+    """``count_error(reason, detail)``: the collector's own error counter (perfd.collectors.collector)."""
 
     def __init__(self, name: str, path: str, job: str, count_error: Callable[[str, str], None]) -> None:
         self.name, self.path, self.job = name, path, job

@@ -39,8 +39,8 @@ from perfd.core.armed import ARMED_MARK, BANNER_MARK, armed_rank
 from perfd.core.bounds import REASON as BOUND_REASON
 from perfd.core.bounds import STEP_REASON, check_job_info, check_step_record
 from perfd.core.events import JOB_PHASE, VALIDATION
+from perfd.core.logfiles import iter_text_lines
 from perfd.core.model import ABSENT, JobInfo, ParseIssue, Provenance, StepRecord, StragglerLine, TimerValue
-from perfd.logfiles import iter_text_lines
 
 COLLECTOR = "megatron"
 MAX_LINE_CHARS = 65_536  # longer lines are cut before parsing (an iteration line is ~500)
@@ -129,7 +129,7 @@ class MegatronLogParser:
 
     def feed(self, line: str, arrived: float | None = None) -> list[StepRecord]:
         """Parse one raw line (trailing newline optional); return the records it completed.
-        ``arrived``: when the line was printed (epoch seconds, perfd.linetimes), finer than the
+        ``arrived``: when the line was printed (epoch seconds, perfd.core.linetimes), finer than the
         log's own one-second stamp; it becomes an iteration line's end time."""
         out: list[StepRecord] = []
         self._arrived = arrived
@@ -553,7 +553,7 @@ def parse_lines(lines: Iterable[str], job: str = "megatron", source_name: str = 
 
 
 def parse_file(path: str | Path, job: str = "megatron") -> ParsedLog:
-    """Parse a whole log file, plain, gzip, xz or zstd (perfd.logfiles). Bytes that are not UTF-8 are
+    """Parse a whole log file, plain, gzip, xz or zstd (perfd.core.logfiles). Bytes that are not UTF-8 are
     replaced; only OSError (an unreadable path, a corrupt archive), EOFError (a truncated one) and
     LogFileError are raised. Lines are split on b"\\n" alone, as LogTail does, so both see the same
     lines."""

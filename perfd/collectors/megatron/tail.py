@@ -199,7 +199,7 @@ class LogTail:
 
     def read_lines_at(self, max_bytes: int = 1 << 20) -> list[tuple[str, int | None]]:
         """As :meth:`read_lines`, each line with the file offset of its newline (None for a line
-        handed over without one: cut at a rotation, or over-long); see perfd.linetimes."""
+        handed over without one: cut at a rotation, or over-long); see perfd.core.linetimes."""
         out: list[bytes] = []
         self._offsets = []
         try:

@@ -14,7 +14,7 @@ from perfd.collectors.nccl.flight_recorder import (
 from perfd.collectors.nccl.hangs import HangReport, detect_hangs
 from perfd.collectors.nccl.inspector import InspectorReader, bus_bw_factor, check_busbw, parse_line
 from perfd.collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
-from perfd.flight_recorder_env import env_for_flight_recorder
+from perfd.core.flight_recorder_env import env_for_flight_recorder
 
 __all__ = [
     "DumpReader", "FlightRecorderDump", "FlightRecorderTracker", "HangReport", "InspectorReader",

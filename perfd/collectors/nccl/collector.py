@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
 from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker
 from perfd.collectors.nccl.hangs import HangReport, detect_hangs

@@ -6,7 +6,7 @@ behaviour.
 
 from __future__ import annotations
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.nvml.collector import (
     METRIC_NAMES,
     THROTTLE_REASONS,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
 from perfd.collectors.nvml.gpm import GPM_METRICS, GpmSampler
 from perfd.collectors.nvml.probe import DeviceState, MemoryInfo, Utilization, is_permanent, probe_device
@@ -33,7 +33,7 @@ from perfd.collectors.nvml.replay import NvmlReplay
 from perfd.collectors.nvml.wrapper import Nvml
 from perfd.core.events import GPU_LOST, XID
 from perfd.core.model import Sample
-from perfd.procinfo import PodJobs, user_id
+from perfd.core.procinfo import PodJobs, user_id
 
 # Clock event ("throttle") reasons, bit -> label value. A fixed, bounded set: bits outside it
 # (board limit, reliability, future ones) still show in the bitmask sample.
@@ -192,7 +192,7 @@ class RealNvml:
         self.devices: list[DeviceState] = []
         self.caps: Capabilities | None = None
         self._gpm: dict[int, GpmSampler] = {}
-        # A process without PERFD_JOB: its pod's (perfd.procinfo.PodJobs; the sidecar topology)
+        # A process without PERFD_JOB: its pod's (perfd.core.procinfo.PodJobs; the sidecar topology)
         self._procs = ProcessTracker(config.process_event_interval_s, lookup, env_lookup, user_lookup,
                                      pod_job=PodJobs().job_of, job=config.job, job_uid=config.job_uid)
         self._last_slow: float | None = None

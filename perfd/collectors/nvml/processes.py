@@ -9,7 +9,7 @@ the count goes out every collect as ``perfd_gpu_processes``.
 What is shown of each process (docs/security.md "Command lines and stacks"): pid, name, user and GPU
 memory always; the command line only of the job's own processes — those whose environment declares
 a rank or a job (RANK, PERFD_JOB: a job's ranks) — redacted by allow-list
-(perfd.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
+(perfd.core.procinfo.shown_cmdline). Another process on the GPU (a co-tenant, another user's notebook) is
 named without its arguments: they may hold its passwords and tokens.
 
 Whose a declaration is: a variable in a process's environment is the process's
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from perfd.core import events
 from perfd.core.events import GPU_PROCESSES
-from perfd.procinfo import (  # shared with collectors/ranks: which rank and job a process is
+from perfd.core.procinfo import (  # shared with collectors/ranks: which rank and job a process is
     CMDLINE_MAX,
     JOB_ENV,
     JOB_NAME_MAX,
@@ -103,7 +103,7 @@ class ProcessTracker:
         self._lookup = lookup
         self._env_lookup = env_lookup
         self._user_lookup = user_lookup
-        # A process that declares no job: the job its pod declares (perfd.procinfo.PodJobs), looked up
+        # A process that declares no job: the job its pod declares (perfd.core.procinfo.PodJobs), looked up
         # at every event (the pod's sidecar may start after the process), cached there per pod.
         self._pod_job = pod_job
         self._users: dict[int, str | None] = {}

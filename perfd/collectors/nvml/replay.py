@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
 from perfd.core.events import REPLAY_FINISHED
 from perfd.core.model import Sample

@@ -6,7 +6,7 @@ See README.md in this folder for what it reads, each metric, costs, config keys 
 
 from __future__ import annotations
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.ranks.collector import SOURCES, RanksCollector, RanksConfig
 
 __all__ = ["SOURCES", "RanksCollector", "RanksConfig", "register"]

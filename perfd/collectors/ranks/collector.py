@@ -35,22 +35,22 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float
 from perfd.collectors.ranks import procfs
 from perfd.collectors.ranks.contention import ContentionScan, waits
 from perfd.core import limits as L
 from perfd.core.catalog import RANK_ALLOWED_CPUS, RANK_HOST_SERIES, RANK_PRESSURE, RANK_STATE_INFO
 from perfd.core.events import RANK_PROCESSES, LaunchExit, RankHost
+from perfd.core.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
 from perfd.core.model import Sample
-from perfd.core.shared_thresholds import CPU_THROTTLED_SHARE, PAUSE_WRITES_BPS, STALL_IDLE_CPU_CORES
-from perfd.manifest import STATUS_EXITED, STATUS_RUNNING, load_manifest
-from perfd.procinfo import (
+from perfd.core.procinfo import (
     pod_ranks,
     psutil_rank_env,
     read_identity,
     same_process,
 )
+from perfd.core.shared_thresholds import CPU_THROTTLED_SHARE, PAUSE_WRITES_BPS, STALL_IDLE_CPU_CORES
 
 # Programs that run a rank's command as their child (a profiler, a time limit): a process of these
 # names whose child declares its rank is not the rank (perfd ncu-exec execs ncu; nsys launches the
@@ -72,7 +72,7 @@ class RanksConfig:
     launch_manifest: str | None = None
     scan: bool = True  # name the other processes on a waiting rank's CPUs
     # A job's sidecar in the job's pod (shareProcessNamespace: true): follow the processes of its pid
-    # namespace that declare a rank (perfd.procinfo.pod_ranks). Their pids are the pod's, as the
+    # namespace that declare a rank (perfd.core.procinfo.pod_ranks). Their pids are the pod's, as the
     # ranks' own Kineto requests carry them: the sidecar can capture them.
     pod: bool = False
     proc: str = procfs.PROC

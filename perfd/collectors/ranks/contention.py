@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from perfd.collectors.ranks import procfs
 from perfd.core import limits as L
 from perfd.core.events import RankHost
+from perfd.core.procinfo import psutil_lookup, psutil_user, shown_cmdline
 from perfd.core.shared_thresholds import CPU_WAIT_SCAN, STALL_IDLE_CPU_CORES
-from perfd.procinfo import psutil_lookup, psutil_user, shown_cmdline
 
 # CPU a rank's threads must want (run + wait, in cores) for its wait share to mean contention: the
 # idle threshold of a stall (under it a rank makes no progress, and its few µs of wait say nothing).
@@ -111,7 +111,7 @@ class ContentionScan:
             self._names[key] = got
         name, cmd, user = got
         # Another process is named by pid, user and command name only; the job's own (a rank's
-        # descendant) keeps its command line, redacted (perfd.procinfo.shown_cmdline).
+        # descendant) keeps its command line, redacted (perfd.core.procinfo.shown_cmdline).
         return {"pid": pid, "name": name, "user": user,
                 "cmdline": shown_cmdline(cmd, own, L.MAX_RANK_PAYLOAD_CMDLINE),
                 "cpu_ratio": round(share, 4), "cpu": st.processor, "own": own}

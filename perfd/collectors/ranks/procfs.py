@@ -7,7 +7,7 @@ Why by hand and not psutil: psutil has no reader for a thread's run-queue wait
 and the contention scan reads every process's CPU time and last CPU, which through
 ``psutil.process_iter`` cost ~85 µs a process here against ~38 µs for one read of
 ``/proc/<pid>/stat`` (2-core VM, 73 processes). psutil still names the few processes reported
-(user, command line: perfd.procinfo).
+(user, command line: perfd.core.procinfo).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ MAX_FILE_BYTES = 64 << 10  # every file read here is a few lines; a bigger one i
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
-# /proc/<pid>/stat state letters -> perfd.procinfo.STATES (proc(5)).
+# /proc/<pid>/stat state letters -> perfd.core.procinfo.STATES (proc(5)).
 STATE_LETTERS = {"R": "running", "S": "sleeping", "D": "disk_sleep", "T": "stopped", "t": "stopped",
                  "Z": "zombie", "X": "gone", "I": "sleeping", "P": "sleeping", "W": "sleeping",
                  "K": "disk_sleep"}

@@ -5,7 +5,7 @@ See README.md in this folder for the formats (per SGLang release), the metrics a
 connect to the analytics and the aggregator.
 """
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.sglang.metrics import parse_exposition, read_file, scrape
 from perfd.collectors.sglang.parser import ParsedServingLog, SglangLogParser, parse_file, parse_lines
 

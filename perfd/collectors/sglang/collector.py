@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_float, as_int
 from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.tail import LogTail

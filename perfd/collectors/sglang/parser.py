@@ -19,9 +19,9 @@ from perfd.collectors.sglang.lines import (
     parse_startup_line,
     split_prefix,
 )
+from perfd.core.logfiles import iter_text_lines
 from perfd.core.model import ParseIssue, Provenance
 from perfd.core.serving_records import ServerInfo, ServingRecord
-from perfd.logfiles import iter_text_lines
 
 MAX_ISSUES = 10_000
 DAY_S = 86400.0
@@ -116,6 +116,6 @@ def parse_lines(lines: Iterable[str], source_name: str = "sglang.log") -> Parsed
 
 
 def parse_file(path: str | Path) -> ParsedServingLog:
-    """Parse a whole log file, plain, gzip, xz or zstd (perfd.logfiles)."""
+    """Parse a whole log file, plain, gzip, xz or zstd (perfd.core.logfiles)."""
     p = Path(path)
     return parse_lines(iter_text_lines(p), source_name=p.name)

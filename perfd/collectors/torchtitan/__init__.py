@@ -3,7 +3,7 @@
 See README.md in this folder for the format (read from torchtitan 0.3.0's source) and limits.
 """
 
-from perfd.collector import Registry
+from perfd.collectors.collector import Registry
 from perfd.collectors.torchtitan.parser import TorchtitanLogParser
 
 __all__ = ["TorchtitanLogParser", "register"]

@@ -7,14 +7,14 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from perfd.collector import Capabilities, Collected, Collector
+from perfd.collectors.collector import Capabilities, Collected, Collector
 from perfd.collectors.config_values import as_int
 from perfd.collectors.megatron.gaps import TailGaps
 from perfd.collectors.megatron.tail import LogTail
 from perfd.collectors.torchtitan.parser import TorchtitanLogParser
 from perfd.core.dtypes import normalize_dtype
+from perfd.core.linetimes import LineTimes
 from perfd.core.model import JobInfo, ModelSpec
-from perfd.linetimes import LineTimes
 
 _KNOWN = {"path", "job", "from_start", "line_times", "model", "dtype", "max_bytes_per_collect"}
 

@@ -2,7 +2,7 @@
 
 ``python -m perfd.exporters.prompb.regen_remote``.
 
-See perfd/protogen.py for the method. ``tests/test_remote_write.py`` fails when the committed files
+See perfd/core/protogen.py for the method. ``tests/test_remote_write.py`` fails when the committed files
 are stale.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from perfd.protogen import ProtoPackage, regen_main
+from perfd.core.protogen import ProtoPackage, regen_main
 
 HERE = Path(__file__).resolve().parent
 PACKAGE = ProtoPackage(HERE / "remote.proto", HERE / "gen", "python -m perfd.exporters.prompb.regen_remote",

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook import peers as P
 

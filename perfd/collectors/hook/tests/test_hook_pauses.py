@@ -15,7 +15,7 @@ import pytest
 from perfd.aggregator.jobs import job_level_steps
 from perfd.analytics.run.run_analysis import analyze_run
 from perfd.analytics.steps.goodput import StepSpan, job_goodput
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.collectors.hook.peers import Sender
 from perfd.collectors.hook.tests.test_hook_collector import collect_until

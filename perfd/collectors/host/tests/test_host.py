@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from perfd.collector import Collected, Registry
+from perfd.collectors.collector import Collected, Registry
 from perfd.collectors.host import METRIC_NAMES, HostCollector, register
 from perfd.collectors.host.collector import Deltas, cpu_busy_total
 from perfd.core import catalog

@@ -18,7 +18,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from perfd.collector import Registry  # noqa: E402
+from perfd.collectors.collector import Registry  # noqa: E402
 from perfd.collectors.k8s import K8sCollector, K8sConfig, gpu_owners  # noqa: E402
 from perfd.collectors.k8s.gen import podresources_v1_pb2 as pb  # noqa: E402
 from perfd.collectors.k8s.gen import podresources_v1_pb2_grpc as pb_grpc  # noqa: E402

@@ -7,7 +7,7 @@ from perfd.collectors.megatron.collector import MegatronCollector
 from perfd.core.model import JobInfo, StepRecord
 
 ROOT = Path(__file__).resolve().parents[4]
-LOG = ROOT / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
 def test_last_iteration_is_flushed_at_stop(tmp_path: Path) -> None:

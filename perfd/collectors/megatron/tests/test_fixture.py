@@ -1,4 +1,4 @@
-"""The real Megatron-LM log (perfd/demo/data, core 0.20.0, 2x H200, TP=1 PP=2 DP=1), its trimmed
+"""The real Megatron-LM log (perfd/app/demo/data, core 0.20.0, 2x H200, TP=1 PP=2 DP=1), its trimmed
 copy in tests/data, the hand-written logs of other eras and options, and streaming == whole-file."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from perfd.core.model import StepRecord
 
 DATA = Path(__file__).resolve().parent / "data"
 _REPO = Path(__file__).resolve().parents[4]
-# The real 2×H200 log as the demo ships it (perfd/demo/data): in every checkout, so these tests
+# The real 2×H200 log as the demo ships it (perfd/app/demo/data): in every checkout, so these tests
 # never skip for want of a file outside the repository.
-FIXTURE = _REPO / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+FIXTURE = _REPO / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 TRIMMED = DATA / "h200x2_tp1_pp2_trimmed.log"
 STEP_TIMERS = {
     "forward-backward", "embedding-grads-all-reduce", "all-grads-sync", "optimizer-copy-to-main-grad",

@@ -171,7 +171,8 @@ def test_the_collector_reports_an_unreadable_rotation_as_a_log_gap(tmp_path: Pat
     from perfd.collectors.megatron.collector import MegatronCollector
     from perfd.core.events import LOG_GAP
 
-    demo = Path(__file__).resolve().parents[4] / "perfd" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
+    demo = (Path(__file__).resolve().parents[4] / "perfd" / "app" / "demo" / "data"
+            / "megatron_h200x2_tp1_pp2.log")
     text = demo.read_text()
     log = tmp_path / "train.log"
     log.write_text(text)

@@ -14,7 +14,7 @@ import pytest
 
 from perfd.collectors.nccl.tests.synth import dump, entry, pickled
 from perfd.collectors.nccl.trigger import DumpReader, find_pipes, trigger_dump
-from perfd.flight_recorder_env import env_for_flight_recorder
+from perfd.core.flight_recorder_env import env_for_flight_recorder
 
 
 def test_env_sets_old_and_new_names_and_timing_only_on_request(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from perfd.collector import Collected, Registry
+from perfd.collectors.collector import Collected, Registry
 from perfd.collectors.nvml import METRIC_NAMES, NvmlCollector, decode_throttle, register
 from perfd.collectors.nvml.tests.fake_nvml import (
     FakeDevice,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from perfd.collector import Collected
+from perfd.collectors.collector import Collected
 from perfd.collectors.nvml import NvmlCollector, ReplaySource
 from perfd.collectors.nvml.expectations import evaluate
 from perfd.collectors.nvml.record import read_phase, record

@@ -209,7 +209,7 @@ def test_the_jobs_own_children_are_told_apart(spawn: Any) -> None:
 def test_the_launch_manifests_tree_gives_the_ranks(spawn: Any, tmp_path: Path) -> None:
     import psutil
 
-    from perfd.manifest import MANIFEST_VERSION
+    from perfd.core.manifest import MANIFEST_VERSION
 
     # A launcher-like parent whose child declares RANK=3 (as torchrun's workers do); the worker starts
     # a helper of its own (a data-loader worker, a multiprocessing manager), which inherits RANK=3.
@@ -251,7 +251,7 @@ def test_a_wrapper_declaring_the_rank_is_not_the_rank(spawn: Any, tmp_path: Path
     rank is the worker, and the sleeping wrapper is not followed, nor the worker's own child."""
     import psutil
 
-    from perfd.manifest import MANIFEST_VERSION
+    from perfd.core.manifest import MANIFEST_VERSION
 
     worker = ("import subprocess, sys, time\n"
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
@@ -283,7 +283,7 @@ def test_a_wrapper_declaring_the_rank_is_not_the_rank(spawn: Any, tmp_path: Path
 
 
 def test_a_manifest_job_without_rank_variables_is_rank_0(spawn: Any, tmp_path: Path) -> None:
-    from perfd.manifest import MANIFEST_VERSION
+    from perfd.core.manifest import MANIFEST_VERSION
 
     one = spawn(SLEEP)
     manifest = tmp_path / "launch.json"

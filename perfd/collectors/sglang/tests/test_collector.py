@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfd.aggregator.serving import ServingStore
-from perfd.collector import Collected, Registry
+from perfd.collectors.collector import Collected, Registry
 from perfd.collectors.sglang import register
 from perfd.collectors.sglang.collector import SglangCollector
 from perfd.collectors.sglang.tests.test_metrics import Server

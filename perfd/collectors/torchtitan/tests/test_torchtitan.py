@@ -165,7 +165,7 @@ def test_the_agent_knows_the_collector() -> None:
 def test_perfd_analyze_torchtitan_offline(tmp_path: Path) -> None:
     model = tmp_path / "model.yaml"
     model.write_text(yaml.safe_dump(yaml.safe_load(SAMPLE.read_text())["model"]))
-    cmd = [sys.executable, "-m", "perfd.cli"]
+    cmd = [sys.executable, "-m", "perfd.app.cli"]
     out = subprocess.run([*cmd, "analyze", "torchtitan", str(LOG), "--model", str(model), "--dtype", "bf16",
                           "--gpu", H100, "--json"], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).parents[4])

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfd.commands.input_checks import check_gpu, check_log, refuse
+from perfd.app.commands.input_checks import check_gpu, check_log, refuse
 from perfd.core import finite_json
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def add_sglang_arguments(p: argparse.ArgumentParser) -> None:
-    """The `perfd analyze sglang` arguments (the parser is built in perfd/cli.py)."""
+    """The `perfd analyze sglang` arguments (the parser is built in perfd/app/cli.py)."""
     p.add_argument("log", help="SGLang server log ('-' for stdin)")
     p.add_argument("--metrics", action="append", default=[], metavar="URL|FILE",
                    help="SGLang /metrics (--enable-metrics): a URL is scraped twice --scrape-interval apart; "
@@ -58,7 +58,8 @@ ITERATIONS_DEFAULT = ITERATIONS_NONE
 
 
 def add_iterations_argument(p: argparse.ArgumentParser) -> None:
-    """`--iterations [all|steady|none]` of `perfd analyze megatron` (the parser is built in perfd/cli.py)."""
+    """`--iterations [all|steady|none]` of `perfd analyze megatron` (the parser is built in
+    perfd/app/cli.py)."""
     choices = (ITERATIONS_ALL, ITERATIONS_STEADY, ITERATIONS_NONE)
     p.add_argument("--iterations", nargs="?", choices=choices, const=ITERATIONS_ALL,
                    default=ITERATIONS_DEFAULT, metavar="|".join(choices),
@@ -72,7 +73,7 @@ def analyze_megatron_file(path: str, job: str | None = None, gpu: str | None = N
                           peak_tflops: float | None = None, dtype: str | None = None,
                           progress: bool = False) -> tuple[ParsedLog, RunAnalysis]:
     """Parse and analyse one log (plain, gzip, xz or zstd); returns (parsed, RunAnalysis) (also used by
-    the demo, perfd.api and tests). ``progress`` shows a bar on stderr while the file is read."""
+    the demo, perfd.app.api and tests). ``progress`` shows a bar on stderr while the file is read."""
     from perfd.analytics.run.run_analysis import analyze_run
     from perfd.collectors.megatron import parse_lines
 
@@ -93,7 +94,7 @@ _PROGRESS_MIN_BYTES = 8 << 20
 def _read_lines(path: str, progress: bool) -> Iterator[str]:
     """The log's lines; with ``progress`` and a big file, a transient bar on stderr counted in bytes
     read (a compressed log has no known total: the bar then only shows bytes and speed)."""
-    from perfd.logfiles import compression_of, iter_text_lines, open_log
+    from perfd.core.logfiles import compression_of, iter_text_lines, open_log
 
     size = Path(path).stat().st_size
     if not progress or size < _PROGRESS_MIN_BYTES:
@@ -119,21 +120,21 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.what == "sglang":
         return run_sglang(args)
     if args.what == "torchtitan":
-        from perfd.commands import analyze_torchtitan
+        from perfd.app.commands import analyze_torchtitan
 
         return analyze_torchtitan.run(args)
     if args.what in ("nsys", "trace"):
-        from perfd.commands import analyze_capture
+        from perfd.app.commands import analyze_capture
 
         return analyze_capture.run(args)
     if args.what == "ncu":
-        from perfd.commands.ncu import run_analyze_ncu
+        from perfd.app.commands.ncu import run_analyze_ncu
 
         return run_analyze_ncu(args)
     if args.what != "megatron":  # argparse enforces the choices; kept for new analysers
         print(f"perfd: unknown analyser {args.what}", file=sys.stderr)
         return 2
-    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
+    from perfd.app.commands.peak_args import check_mfu_possible, check_peak_args
 
     why = check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops) or \
         check_gpu(args.gpu, args.peak_tflops)
@@ -141,7 +142,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         return refuse(why)
     timeline = None
     if getattr(args, "capture", None):
-        from perfd.commands.analyze_capture import timeline_class
+        from perfd.app.commands.analyze_capture import timeline_class
 
         try:
             steps = getattr(args, "capture_steps", None)
@@ -150,8 +151,8 @@ def run_analyze(args: argparse.Namespace) -> int:
             timeline = timeline_class(args.capture, steps, bool(getattr(args, "capture_force", False)))
         except Exception as exc:  # unreadable capture: say what and where, no traceback
             return refuse(f"cannot analyse the capture {args.capture}: {exc}")
-    from perfd.commands import megatron_offline
-    from perfd.logfiles import LogFileError
+    from perfd.app.commands import megatron_offline
+    from perfd.core.logfiles import LogFileError
 
     try:
         with megatron_offline.temporary_directory() as tmp:
@@ -282,8 +283,8 @@ def _read_metrics(sources: list[str], interval_s: float
 def run_sglang(args: argparse.Namespace) -> int:
     """`perfd analyze sglang LOG [--metrics URL|FILE]... [--json]`."""
     from perfd.analytics.serving.serving_analysis import analyze_serving
+    from perfd.app.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.collectors.sglang.parser import parse_file, parse_lines
-    from perfd.commands.peak_args import check_peak_args, check_peak_tflops
     from perfd.report import render_text
     from perfd.report.serving_report import build_serving_report, serving_json
 
@@ -298,7 +299,7 @@ def run_sglang(args: argparse.Namespace) -> int:
         spec = _spec_from_args(args)
     except ValueError as exc:
         return refuse(str(exc))
-    from perfd.logfiles import LogFileError
+    from perfd.core.logfiles import LogFileError
 
     try:
         parsed = parse_lines(sys.stdin, source_name="stdin") if args.log == "-" else parse_file(args.log)

@@ -1,4 +1,4 @@
-"""`perfd launch [options] -- CMD ...`: argument parsing; the work is in perfd/launcher.py."""
+"""`perfd launch [options] -- CMD ...`: argument parsing; the work is in perfd/app/launcher.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ if TYPE_CHECKING:
 def _launch(args: argparse.Namespace) -> int:
     import sys
 
+    from perfd.app.commands.ncu import time_budget
+    from perfd.app.launcher import LaunchOptions, run_launch
     from perfd.capture.ncu_exec import NcuOptions
-    from perfd.commands.ncu import time_budget
     from perfd.core.jobname import job_name_problem
-    from perfd.launcher import LaunchOptions, run_launch
 
     ncu_ranks = None
     if args.ncu is not None:
@@ -79,7 +79,7 @@ def register(sub: SubParsers) -> None:
                    "profiling off when its rank (RANK, else 0) is one of RANKS (comma-separated); an ncu "
                    "capture then profiles one step within the budgets below (torchrun: use "
                    "$(perfd ncu-prefix ...) after torchrun --no-python)")
-    from perfd.commands.ncu import add_budget_arguments
+    from perfd.app.commands.ncu import add_budget_arguments
 
     add_budget_arguments(p, prefix="ncu-")
     p.add_argument("--log", help="copy of the command's output (default: <run dir>/output.log); never "

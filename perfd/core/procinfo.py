@@ -12,7 +12,7 @@ namespace, start time), is what the agent checks before it acts on a process ano
 saved and filesystem uids are that user's (a setuid child of a job is not the job's user's).
 
 Command lines (docs/security.md "Command lines and stacks"): only the job's own processes carry
-theirs, every value not known to be safe masked (:func:`perfd.redact.redact_cmdline`, an allow-list);
+theirs, every value not known to be safe masked (:func:`perfd.core.redact.redact_cmdline`, an allow-list);
 another process is named by pid, user and command name only.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 # Where perfd's collectors have always found them (re-exported).
-from perfd.redact import REDACTED as REDACTED
-from perfd.redact import redact_cmdline as redact_cmdline
+from perfd.core.redact import REDACTED as REDACTED
+from perfd.core.redact import redact_cmdline as redact_cmdline
 
 CMDLINE_MAX = 200
 PROC = "/proc"

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfd.analytics.breakdown.advice_registry import short_name
-from perfd.commands.top_tables import COMPACT, NA, ms, natural_width, num, pct
+from perfd.app.commands.top_tables import COMPACT, NA, ms, natural_width, num, pct
 from perfd.core.typed import obj, objs
 
 # The fewest characters a job's name is cut to: below it the name would say too little to tell jobs

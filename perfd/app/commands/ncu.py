@@ -282,7 +282,7 @@ def run_ncu_prefix(args: argparse.Namespace) -> int:
     except (NcuNotFoundError, ValueError) as exc:
         print(f"perfd ncu-prefix: {exc}", file=sys.stderr)
         return 2
-    from perfd.commands.capture import _words_for_shell
+    from perfd.app.commands.capture import _words_for_shell
 
     line = _words_for_shell(words, "ncu-prefix")
     if line is None:
@@ -358,7 +358,7 @@ def _csv_text(path: Path) -> str:
     """An ncu CSV export's text, gzip/xz/zstd-compressed or plain (told by its first bytes: exports are
     kept compressed, as tests/data/ncu's are). Raises OSError, EOFError (a cut archive) or
     LogFileError."""
-    from perfd.logfiles import open_log
+    from perfd.core.logfiles import open_log
 
     with open_log(path) as f:
         return f.read().decode(errors="replace")

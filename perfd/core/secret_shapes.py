@@ -1,5 +1,5 @@
 """What in a word perfd keeps is a secret by its shape, wherever in the word it sits (docs/security.md,
-"Command lines and stacks"). perfd.redact keeps only the known-safe words of a command line, and
+"Command lines and stacks"). perfd.core.redact keeps only the known-safe words of a command line, and
 every word it keeps goes through :func:`scrub`, as does a whole py-spy dump.
 
 Why shapes as well as the allow-list: a safe option's value is free text (``--data-path``,

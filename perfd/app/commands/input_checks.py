@@ -32,7 +32,7 @@ def check_gpu(gpu: str | None, peak_override: float | None) -> str | None:
 
 def check_log(path: str) -> str | None:
     """Why the log cannot be read (a directory, missing, not a file), or None."""
-    from perfd.logfiles import LogFileError, check_log_path
+    from perfd.core.logfiles import LogFileError, check_log_path
 
     if path == "-":
         return None

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 from perfd.aggregator.loops import EVENT_LOOPS
 from perfd.aggregator.runtime import SWITCH_INTERVAL_S
 from perfd.aggregator.state_store import DEFAULT_MAX_BYTES as DEFAULT_STATE_BYTES
-from perfd.commands.engine import add_engine_arguments
+from perfd.app.commands.engine import add_engine_arguments
 from perfd.core import limits as L
 from perfd.core.shared_thresholds import STALL_PHASE_MAX_S
 from perfd.exporters.remote_write import DEFAULT_INTERVAL_S, TENANT_HEADER, Credentials, CredentialsError
@@ -133,7 +133,7 @@ def _aggregator(args: argparse.Namespace,
             print(f"perfd aggregator: cannot write W&B runs under {wandb_dir}{given}: {problem}; "
                   "give a writable directory with --wandb-dir DIR", file=sys.stderr)
             return 2
-    from perfd.commands.peak_args import check_peak_tflops
+    from perfd.app.commands.peak_args import check_peak_tflops
 
     why = check_peak_tflops(args.peak_tflops)
     if why:
@@ -152,7 +152,7 @@ def _aggregator(args: argparse.Namespace,
                       max_series=args.max_series, max_series_per_identity=args.max_series_per_identity,
                       max_capture_steps=args.max_capture_steps,
                       capture_requests_per_job=args.capture_requests_per_job)
-    from perfd.commands.engine import engine_config
+    from perfd.app.commands.engine import engine_config
 
     engine = engine_config(args, "perfd aggregator")
     if engine is not None:
@@ -208,7 +208,7 @@ def _aggregator(args: argparse.Namespace,
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from perfd.demo.run import run_demo
+    from perfd.app.demo.run import run_demo
 
     return run_demo(args)
 

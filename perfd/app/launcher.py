@@ -9,7 +9,7 @@
   sends, :mod:`perfd.hook`), ``PYTHONUNBUFFERED=1`` unless already set (log lines reach the agent
   as they are printed, not when a 8 KiB buffer fills);
   with ``--flight-recorder DIR``: the FIFO and dump paths of PyTorch's Flight Recorder
-  (:func:`perfd.flight_recorder_env.env_for_flight_recorder`); ``--fr-timing`` adds
+  (:func:`perfd.core.flight_recorder_env.env_for_flight_recorder`); ``--fr-timing`` adds
   ``TORCH_NCCL_ENABLE_TIMING=1`` (fills ``duration_ms``, which the communication share needs).
   Timing is opt-in: it records a CUDA event before every collective, and under
   ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (Megatron's setting for TP/SP overlap) that can serialize
@@ -37,7 +37,7 @@
 - The command's stdout and stderr (one pipe, so their interleaving is kept) are copied to this
   terminal and to ``--log`` (default ``<run dir>/output.log``) as they arrive, byte for byte,
   partial lines included: the agent's log collectors tail that file. Beside it,
-  ``<log>.times`` (:mod:`perfd.linetimes`) says when each line arrived, to the microsecond: the
+  ``<log>.times`` (:mod:`perfd.core.linetimes`) says when each line arrived, to the microsecond: the
   agent takes an iteration's end time from there rather than from the log's one-second stamps.
   Both are opened without following a link and reused only when they are this user's own regular
   files, in a folder of root's or this user's (sticky if others may write in it); ``--run-dir`` and
@@ -68,14 +68,20 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
-from perfd import linetimes
-from perfd.flight_recorder_env import (
+from perfd.core import linetimes
+from perfd.core.flight_recorder_env import (
     DUMP_STEM,
     FRAMEWORK_DEFAULTS,
     env_for_flight_recorder,
     framework_defaults,
 )
-from perfd.manifest import MANIFEST_VERSION, STATUS_EXITED, STATUS_RUNNING, LaunchManifest, write_manifest
+from perfd.core.manifest import (
+    MANIFEST_VERSION,
+    STATUS_EXITED,
+    STATUS_RUNNING,
+    LaunchManifest,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from perfd.capture.ncu_exec import NcuOptions
@@ -203,7 +209,7 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
     else:
         # This user's own folder (0700, made race-free), never a shared /tmp name: another user who
         # made /tmp/perfd-launch/<job> first could point output.log at any file of ours.
-        from perfd.privdir import UnsafeDirError, private_dir, user_dir
+        from perfd.core.privdir import UnsafeDirError, private_dir, user_dir
 
         try:
             run_dir = private_dir(user_dir("launch", _safe(opts.job)))
@@ -216,7 +222,7 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
         _check_dir(manifest.parent, "--manifest", own=True)
     hook_socket = opts.agent_socket or environ.get(wire.SOCKET_ENV) or wire.default_socket_path()
     if hook_socket == wire.default_socket_path():
-        from perfd.privdir import UnsafeDirError, private_dir
+        from perfd.core.privdir import UnsafeDirError, private_dir
 
         try:  # the agent of this user binds there; made private now so nobody else takes the name
             private_dir(os.path.dirname(hook_socket))
@@ -279,10 +285,10 @@ def plan_launch(opts: LaunchOptions, environ: Mapping[str, str] | None = None) -
 
 
 def _check_dir(path: Path, flag: str, own: bool) -> None:
-    """Make and check a folder perfd launch writes in (perfd.privdir.open_safe_dir): ``own``, this
+    """Make and check a folder perfd launch writes in (perfd.core.privdir.open_safe_dir): ``own``, this
     user's and writable by nobody else; else root's or ours, sticky if others may write in it. Root
     writing a log in another user's 1777 folder would follow the links that user planted there."""
-    from perfd.privdir import OWN, SHARED, UnsafeDirError, open_safe_dir
+    from perfd.core.privdir import OWN, SHARED, UnsafeDirError, open_safe_dir
 
     try:
         os.close(open_safe_dir(path, what=OWN if own else SHARED))
@@ -373,7 +379,7 @@ class Tee:
                  times: IO[bytes] | None = None, times_for: int = 1) -> None:
         self.fd = fd
         self.outputs = list(outputs)
-        # ``times``: the ``.times`` sidecar (perfd.linetimes) of output ``times_for`` (the log):
+        # ``times``: the ``.times`` sidecar (perfd.core.linetimes) of output ``times_for`` (the log):
         # when each read that carried a newline arrived, for step boundaries finer than the
         # log's own one-second stamps.
         self.times = times
@@ -452,7 +458,7 @@ def run_launch(opts: LaunchOptions, terminal: IO[bytes] | None = None, err: IO[s
         print(f"perfd launch: note: {note}", file=err)
     started = time.time()
     stdin = subprocess.DEVNULL if sys.stdin is None or _isatty(sys.stdin) else None
-    from perfd.privdir import UnsafeDirError
+    from perfd.core.privdir import UnsafeDirError
 
     try:  # never through a link, nor over a file not ours: refused before the job starts
         log, times, why = linetimes.open_for_writing(plan.log_path)

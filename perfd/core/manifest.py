@@ -2,7 +2,7 @@
 (``perfd agent --launch-manifest``: its ``job`` and ``collectors``) and by collectors/ranks (the
 launched process: ``pid`` while ``status`` is running).
 
-Written by perfd.launcher (``manifest_data`` fills the keys), read here: a plain module below both
+Written by perfd.app.launcher (``manifest_data`` fills the keys), read here: a plain module below both
 the launcher and the collectors, so a collector never imports the launcher.
 """
 
@@ -21,7 +21,7 @@ STATUS_EXITED = "exited"
 
 
 class FlightRecorderSetup(TypedDict):
-    """Where the launched job's Flight Recorder dumps (perfd.flight_recorder_env)."""
+    """Where the launched job's Flight Recorder dumps (perfd.core.flight_recorder_env)."""
 
     dir: str
     pipe_prefix: str
@@ -31,7 +31,7 @@ class FlightRecorderSetup(TypedDict):
 
 
 class LaunchManifest(TypedDict):
-    """What ``perfd launch`` writes (perfd.launcher.manifest_data)."""
+    """What ``perfd launch`` writes (perfd.app.launcher.manifest_data)."""
 
     version: int
     job: str

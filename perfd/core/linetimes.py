@@ -12,7 +12,7 @@ arrival is the print time plus the pipe's latency (microseconds).
 The sidecar is append-only and written by one process; this reader follows it as it grows and
 never raises (a torn last line is read again at the next call). :func:`open_for_writing` opens the
 log and its sidecar for `perfd launch`, which often runs as root: never through a link another user
-planted, nor over a file that is not the launching user's own (perfd.privdir.open_own_file).
+planted, nor over a file that is not the launching user's own (perfd.core.privdir.open_own_file).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def format_record(end_offset: int, time_ns: int) -> bytes:
 
 def open_for_writing(log_path: Path) -> tuple[BinaryIO, BinaryIO | None, str | None]:
     """(the log, its sidecar or None, why the sidecar is None), both opened in the log's folder (made
-    if missing, checked: perfd.privdir.open_safe_dir) and checked before either is truncated, so a
+    if missing, checked: perfd.core.privdir.open_safe_dir) and checked before either is truncated, so a
     refusal leaves both as they were. Raises UnsafeDirError (refused: a link, another user's file or
     folder) or OSError (the log cannot be written); a sidecar that merely cannot be written is None."""
-    from perfd.privdir import UnsafeDirError, open_own_file, open_safe_dir
+    from perfd.core.privdir import UnsafeDirError, open_own_file, open_safe_dir
 
     log_path = Path(os.path.abspath(log_path))
     times_path = sidecar_path(log_path)

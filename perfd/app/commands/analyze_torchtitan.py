@@ -43,11 +43,11 @@ def _model(path: str | None) -> dict[str, object]:
 
 def run(args: argparse.Namespace) -> int:
     from perfd.analytics.run.run_analysis import analyze_run
+    from perfd.app.commands.input_checks import check_gpu, check_log, refuse
+    from perfd.app.commands.peak_args import check_mfu_possible, check_peak_args
     from perfd.collectors.torchtitan.collector import model_spec
     from perfd.collectors.torchtitan.parser import TorchtitanLogParser
-    from perfd.commands.input_checks import check_gpu, check_log, refuse
-    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
-    from perfd.logfiles import LogFileError, iter_text_lines
+    from perfd.core.logfiles import LogFileError, iter_text_lines
     from perfd.report import analysis_json, build_report, render_text
 
     why = check_log(args.log) or check_peak_args(args.dtype, args.peak_tflops) or \

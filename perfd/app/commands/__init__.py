@@ -7,7 +7,7 @@ import argparse
 
 def register_live_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the sub-commands of the live pipeline (agent, aggregator, demo, record, ...)."""
-    from perfd.commands import bench, capture, engine, launch, live, ncu, report, top
+    from perfd.app.commands import bench, capture, engine, launch, live, ncu, report, top
 
     live.register(sub)
     bench.register(sub)

@@ -4,7 +4,7 @@ The same functions the CLI runs, returning the same JSON-shaped dicts that ``--j
 notebook and ``perfd analyze ... --json`` cannot disagree. Input that cannot be used raises
 ``PerfdInputError`` with the one line the CLI prints (never a page of absent values)::
 
-    import perfd.api as pa
+    import perfd.app.api as pa
     run = pa.analyze_megatron_log("train.log.gz", gpu="NVIDIA H200")
     run["summary"]["medians"]["mfu"]
     pa.read_capture("trace_1234.json.gz")["devices"][0]["comm_exposed_ms"]
@@ -42,10 +42,10 @@ class AggregatorUnavailable(ConnectionError):
 def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | None = None,
                          peak_tflops: float | None = None, job: str | None = None) -> dict[str, Any]:
     """`perfd analyze megatron PATH --json` as a dict: job, iterations, summary, report, parse."""
-    from perfd.commands.analyze import analyze_megatron_file
-    from perfd.commands.input_checks import check_gpu, check_log
-    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
-    from perfd.logfiles import LogFileError
+    from perfd.app.commands.analyze import analyze_megatron_file
+    from perfd.app.commands.input_checks import check_gpu, check_log
+    from perfd.app.commands.peak_args import check_mfu_possible, check_peak_args
+    from perfd.core.logfiles import LogFileError
 
     why = check_log(str(path)) or check_peak_args(dtype, peak_tflops) or check_gpu(gpu, peak_tflops)
     if why:
@@ -72,10 +72,10 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
     """The serving analysis of an SGLang server log (no /metrics, no model spec): records, summary,
     report, as `perfd analyze sglang PATH --json` gives them without those options."""
     from perfd.analytics.serving.serving_analysis import analyze_serving
+    from perfd.app.commands.input_checks import check_gpu, check_log
     from perfd.collectors.sglang.parser import parse_file
-    from perfd.commands.input_checks import check_gpu, check_log
+    from perfd.core.logfiles import LogFileError
     from perfd.core.serving_model import ServingModelSpec
-    from perfd.logfiles import LogFileError
     from perfd.report.serving_report import build_serving_report, serving_json
 
     why = check_log(str(path)) or check_gpu(gpu, None)

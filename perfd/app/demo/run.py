@@ -96,7 +96,7 @@ def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
     first on sys.path, and a folder holding a ``perfd/`` directory that is not the package (the
     folder above a clone named perfd: the clone's root) made ``import perfd`` find that instead
     (an ImportError traceback, and no demo). Every path in ``args`` is absolute."""
-    return subprocess.Popen([sys.executable, "-m", "perfd.cli", *args], cwd=out.parent,
+    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=out.parent,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

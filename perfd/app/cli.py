@@ -1,4 +1,4 @@
-"""`perfd` command line. Sub-commands live in perfd/commands/; this file only wires arguments.
+"""`perfd` command line. Sub-commands live in perfd/app/commands/; this file only wires arguments.
 
 Heavy imports (grpc, pynvml, analytics) happen inside the sub-command so that `perfd --help`
 stays fast and a missing optional dependency only breaks the command that needs it.
@@ -37,19 +37,19 @@ def _add_analyze(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "match the log's job (the tokens of its layer norms, its pipeline SendRecv, its NCCL "
                    "kernels or its kernel time for the job's FLOPs are another job's: refused without this, "
                    "exit 2); the report states the mismatch")
-    from perfd.commands.analyze import add_iterations_argument
+    from perfd.app.commands.analyze import add_iterations_argument
 
     add_iterations_argument(m)
-    from perfd.commands.analyze import add_sglang_arguments
+    from perfd.app.commands.analyze import add_sglang_arguments
 
     add_sglang_arguments(asub.add_parser("sglang", help="analyse an SGLang server log (and its /metrics)"))
-    from perfd.commands.analyze_capture import add_arguments as add_capture_arguments
+    from perfd.app.commands.analyze_capture import add_arguments as add_capture_arguments
 
     add_capture_arguments(asub)
-    from perfd.commands.analyze_torchtitan import add_arguments as add_torchtitan_arguments
+    from perfd.app.commands.analyze_torchtitan import add_arguments as add_torchtitan_arguments
 
     add_torchtitan_arguments(asub)
-    from perfd.commands.ncu import add_analyze_arguments as add_ncu_arguments
+    from perfd.app.commands.ncu import add_analyze_arguments as add_ncu_arguments
 
     add_ncu_arguments(asub)
 
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_analyze(sub)
     _add_catalog(sub)
-    from perfd.commands import register_live_commands
+    from perfd.app.commands import register_live_commands
 
     register_live_commands(sub)
     _finish(parser)
@@ -170,11 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), handlers=[log_handler()])
     try:
         if args.command == "analyze":
-            from perfd.commands.analyze import run_analyze
+            from perfd.app.commands.analyze import run_analyze
 
             return run_analyze(args)
         if args.command == "catalog":
-            from perfd.commands.catalog_docs import run_catalog
+            from perfd.app.commands.catalog_docs import run_catalog
 
             return run_catalog(args)
         handler = getattr(args, "handler", None)

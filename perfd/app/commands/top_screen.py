@@ -1,4 +1,4 @@
-"""`perfd top`'s screen (the command's parser is perfd.commands.top): a terminal view of a running
+"""`perfd top`'s screen (the command's parser is perfd.app.commands.top): a terminal view of a running
 aggregator, over its HTTP API only (no /metrics parsing, so it shows the same whatever /metrics
 exports).
 
@@ -12,7 +12,7 @@ open incidents (cause, kinds, ranks, iterations, time lost). A value the aggrega
 
 The focus stays on the job it was given or first chose (the job with the newest step) until that
 job is gone; in a terminal, n / Tab and p move it to the next / previous job, m / g / i sort the
-jobs by MFU / goodput / open incidents, ? shows the keys, q quits (perfd.commands.top_jobs). `--once`
+jobs by MFU / goodput / open incidents, ? shows the keys, q quits (perfd.app.commands.top_jobs). `--once`
 prints one screen and exits (scripts, tests), as wide as the content (never cut at 80 columns when
 written to a file); otherwise the screen refreshes in place (rich.live) every --interval seconds.
 Each table takes its full form where that fits the terminal whole, else its compact one (step
@@ -44,7 +44,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from perfd.analytics.breakdown.budget import StepBudget
-from perfd.commands.top_jobs import (
+from perfd.app.commands.top_jobs import (
     HELP_KEY,
     JobRows,
     View,
@@ -54,7 +54,7 @@ from perfd.commands.top_jobs import (
     open_incidents,
     ordered,
 )
-from perfd.commands.top_tables import NA, fit, gpu_table, host_table, num, pct, process_table
+from perfd.app.commands.top_tables import NA, fit, gpu_table, host_table, num, pct, process_table
 from perfd.core.model import HOOK_FRAMEWORKS
 from perfd.core.typed import obj, objs
 from perfd.report import budget_view, plan_view
@@ -328,7 +328,7 @@ def incidents_text(incidents: object) -> Text:
 def render(snap: Snapshot, keys: bool = False, width: int | None = None,
            view: View | None = None) -> RenderableType:
     """The screen; ``width`` (the terminal's columns): each table in its full form where that fits
-    whole, else in its compact one (:func:`~perfd.commands.top_tables.fit`); None: the full forms.
+    whole, else in its compact one (:func:`~perfd.app.commands.top_tables.fit`); None: the full forms.
     ``view``: the order of the jobs' rows and whether the keys' help is shown (top_jobs.View)."""
     view = view or View()
     when = time.strftime("%H:%M:%S", time.localtime(snap.taken_at))

@@ -72,9 +72,9 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
              capture_steps: int | None = None, capture_force: bool = False) -> Page:
     """The offline analysis of a log, with a capture of the job when given (its step budget and
     remedies in the report: the same as ``perfd analyze megatron LOG --capture TRACE``)."""
-    from perfd.commands import megatron_offline
-    from perfd.commands.analyze import _read_lines
-    from perfd.commands.peak_args import check_mfu_possible, check_peak_args
+    from perfd.app.commands import megatron_offline
+    from perfd.app.commands.analyze import _read_lines
+    from perfd.app.commands.peak_args import check_mfu_possible, check_peak_args
 
     if not Path(log).is_file():
         raise ReportError(f"no such log file: {log}")
@@ -83,7 +83,7 @@ def from_log(log: str, job: str | None, gpu: str | None, peak_tflops: float | No
         raise ReportError(why)
     timeline = None
     if capture:
-        from perfd.commands.analyze_capture import timeline_class
+        from perfd.app.commands.analyze_capture import timeline_class
 
         if capture_steps is not None and capture_steps < 1:
             raise ReportError(f"--capture-steps must be >= 1 (got {capture_steps})")

@@ -1,4 +1,4 @@
-"""`perfd top`: its parser, and the screen (perfd.commands.top_screen) loaded only when it runs.
+"""`perfd top`: its parser, and the screen (perfd.app.commands.top_screen) loaded only when it runs.
 
 Apart because every `perfd` command builds the whole parser at its start: the screen's imports (rich,
 the budget and plan views, the advice registry) cost 0.35 s of CPU and ~12 MB a process, which
@@ -30,6 +30,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfd.commands.top_screen import run as show
+    from perfd.app.commands.top_screen import run as show
 
     return show(args)

@@ -20,7 +20,7 @@ of these:
   follows an option's name that is not part of a name goes too (``--token:<redacted>``).
 
 Words are split at any whitespace or invisible character, not only at spaces (:data:`SEPARATOR`). Every
-word kept is also scanned for what is a secret wherever it is, by its shape (perfd.secret_shapes: a
+word kept is also scanned for what is a secret wherever it is, by its shape (perfd.core.secret_shapes: a
 URL's query values and user information, a webhook's path, ``user:pw@host``, a pair with a secret's
 name, the token formats of major providers), as is a whole text by :func:`redact_text` (py-spy's
 output, whose first line is the command line: :func:`redact_stack`).
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import re
 
-from perfd.secret_shapes import REDACTED as REDACTED
-from perfd.secret_shapes import SECRET_PARTS as SECRET_PARTS
-from perfd.secret_shapes import scrub as scrub
+from perfd.core.secret_shapes import REDACTED as REDACTED
+from perfd.core.secret_shapes import SECRET_PARTS as SECRET_PARTS
+from perfd.core.secret_shapes import scrub as scrub
 
 # What separates a command line's words: any whitespace (tabs, newlines, \x0b, \x0c, \r, unicode
 # spaces), a control character, and the invisible format characters (zero-width spaces, bidi marks). A
