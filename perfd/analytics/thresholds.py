@@ -387,7 +387,7 @@ ENGINE_ROOT_LAG_P99_S = Threshold(
     "partitions' iterations wait the lease TTL and the ack wait, 16 s, for a few iterations)",
     "docs/scale.md Sizing (lag p50 / p99)",
     (RuleRef("prometheus", "PerfdEngineRootLagHigh",
-             'perfd_engine_root_completion_lag_seconds{quantile="0.99"}', ">", "10m"),))
+             'perfd_engine_root_completion_lag_p99_seconds', ">", "10m"),))
 
 
 def all_thresholds() -> dict[str, Threshold]:

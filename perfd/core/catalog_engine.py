@@ -37,9 +37,14 @@ ROOT: tuple[Row, ...] = (
      "Iterations made whole (every rank of the job folded in)", ()),
     ("perfd_engine_root_held_back", "gauge", "count",
      "Iterations folded into since they last went to the store (0: the store holds all the root read)", ()),
-    ("perfd_engine_root_completion_lag_seconds", "gauge", "seconds",
-     "Seconds from an iteration's last rank step end to its being whole at the root: the quantile over "
-     "the newest iterations the root keeps the lag of (perfd.engine.rootfold.LAG_SAMPLES)", ("quantile",)),
+    # The lag's quantiles as gauges, not a histogram or summary: the root keeps the newest lags only
+    # (perfd.engine.rootfold.LAG_SAMPLES), no running count or sum to make one of.
+    ("perfd_engine_root_completion_lag_p50_seconds", "gauge", "seconds",
+     "Seconds from an iteration's last rank step end to its being whole at the root: the median over the "
+     "newest iterations the root keeps the lag of (perfd.engine.rootfold.LAG_SAMPLES)", ()),
+    ("perfd_engine_root_completion_lag_p99_seconds", "gauge", "seconds",
+     "Seconds from an iteration's last rank step end to its being whole at the root: the 99th percentile "
+     "over the newest iterations the root keeps the lag of", ()),
     ("perfd_engine_root_summaries_total", "counter", "count", "Shard step summaries the root read", ()),
     ("perfd_engine_root_summaries_dropped_total", "counter", "count",
      "Shard step summaries dropped, by reason: stale (delivered again, or older than the one held), late "

@@ -45,7 +45,6 @@ LABELS: dict[str, str] = {
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
     "target": "remote-write URL, scheme, host and path only (one per --remote-write)",
     "stream": "an engine stream the root reads (partials, records, events, summaries)",
-    "quantile": "the quantile a gauge over recent samples gives (0.5, 0.99)",
 }
 
 

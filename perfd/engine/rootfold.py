@@ -111,7 +111,7 @@ class RootStats:
 
     def lag_quantiles(self) -> dict[float, float]:
         """{quantile: seconds} of the kept lags (LAG_QUANTILES), empty before an iteration is whole: what
-        /api/stats shows as ``lag_s`` and /metrics as perfd_engine_root_completion_lag_seconds."""
+        /api/stats shows as ``lag_s`` and /metrics as perfd_engine_root_completion_lag_p50_seconds, _p99_."""
         lags = sorted(self.lag_s)
         n = len(lags)
         return {q: lags[min(n - 1, int(q * n))] for q in LAG_QUANTILES.values()} if lags else {}

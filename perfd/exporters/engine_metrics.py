@@ -32,6 +32,9 @@ _ROOT_COUNTERS = {
 # The streams whose skipped messages RootStats counts (``<stream>_skipped``)
 _STREAMS = ("partials", "records", "events", "summaries")
 _SUMMARIES_DROPPED = ("stale", "late")  # RootStats ``summaries_<reason>``
+# RootStats.lag_quantiles' quantile -> its gauge
+_LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
+        0.99: "perfd_engine_root_completion_lag_p99_seconds"}
 
 _SHARD_COUNTERS = {
     "perfd_engine_shard_node_messages_total": "node_messages",
@@ -56,8 +59,7 @@ def root_rows(stats: RootStats) -> list[Row]:
     rows += [({"reason": r}, "perfd_engine_root_summaries_dropped_total",
               float(getattr(stats, f"summaries_{r}"))) for r in _SUMMARIES_DROPPED]
     # No iteration whole yet: no lag series (absent, not 0 s)
-    rows += [({"quantile": repr(q)}, "perfd_engine_root_completion_lag_seconds", v)
-             for q, v in stats.lag_quantiles().items()]
+    rows += [({}, _LAG[q], v) for q, v in stats.lag_quantiles().items()]
     return rows
 
 
