@@ -19,6 +19,8 @@ from perfd.core import catalog, catalog_labels
 from perfd.exporters.prometheus import job_families
 
 ROOT = Path(__file__).resolve().parents[1]
+# The catalog's own files: a name declared there is not emitted by being declared
+_CATALOG_FILES = ("catalog.py", "catalog_engine.py")
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -54,7 +56,9 @@ def named_in_code() -> dict[str, set[str]]:
     for top in ("perfd", "collectors"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT)
-            if path == ROOT / "perfd" / "core" / "catalog.py" or "tests" in rel.parts or "gen" in rel.parts:
+            if path.parent == ROOT / "perfd" / "core" and path.name in _CATALOG_FILES:
+                continue
+            if "tests" in rel.parts or "gen" in rel.parts:
                 continue
             tree = ast.parse(path.read_text(), str(rel))
             docs = _docstrings(tree)

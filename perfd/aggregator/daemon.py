@@ -431,8 +431,7 @@ class Aggregator:
         try:
             self.http = HttpServer(self.state, self.cfg.http_host, self.cfg.http_port, self.captures,
                                    per_rank_series=self.cfg.per_rank_series, token=self.token,
-                                   refusals=self.refusals,
-                                   export_node_series=self.cfg.export_node_series)
+                                   refusals=self.refusals, export_node_series=self.cfg.export_node_series)
         except OSError as exc:
             await self.server.stop(None)
             raise bind_error(exc, self.cfg.http_host, self.cfg.http_port, "HTTP", "--http-port N",
@@ -459,6 +458,7 @@ class Aggregator:
     def _start_engine_root(self, engine: EngineConfig) -> None:
         from perfd.aggregator.engine_sink import EngineSink
         from perfd.engine.root import Root
+        from perfd.exporters.engine_metrics import RootMetrics
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
         self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id,
@@ -467,6 +467,7 @@ class Aggregator:
         if self.http is not None:
             root = self.engine_root
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
+            self.http.app.registry.register(RootMetrics(root.stats))  # on /metrics with --engine only
         self.state.engine_stats = self.engine_root.stats_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))

@@ -380,6 +380,15 @@ STATE_NEAR_CAP = Threshold(
     (RuleRef("prometheus", "PerfdAggregatorStateNearCap",
              "perfd_aggregator_state_held_bytes / perfd_aggregator_state_max_bytes", ">", "15m"),))
 
+ENGINE_ROOT_LAG_P99_S = Threshold(
+    10.0, "the engine's root making iterations whole over 10 s after their last rank's step ended (p99 of "
+    "the newest 1,000), for 10 minutes: four times the worst p99 measured (2.5 s, 100k ranks on a "
+    "saturated 2-core VM), so only a root or shards falling behind, not a shard's takeover (its "
+    "partitions' iterations wait the lease TTL and the ack wait, 16 s, for a few iterations)",
+    "docs/scale.md Sizing (lag p50 / p99)",
+    (RuleRef("prometheus", "PerfdEngineRootLagHigh",
+             'perfd_engine_root_completion_lag_p99_seconds', ">", "10m"),))
+
 
 def all_thresholds() -> dict[str, Threshold]:
     """Every threshold of perfd by name, this module's and perfd.core.shared_thresholds' (for the consistency

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from perfd.core import catalog_engine as _engine
+
 Kind = Literal["gauge", "counter", "histogram"]
 
 JOB = ("job_name",)
@@ -533,8 +535,11 @@ CATALOG: tuple[MetricDef, ...] = (
        "bound while it was unreachable", _AGGREGATOR, ("target",)),
     _m("perfd_agent_captures_total", "counter", "count", "Captures run, by tool and outcome", _AGENT,
        (*AGENT, "tool", "status")),
+    # --- the engine: a job's root (perfd aggregator --engine), perfd shard (perfd/core/catalog_engine.py)
+    *(MetricDef(n, k, u, d, _engine.ROOT_SOURCE, lbl) for n, k, u, d, lbl in _engine.ROOT),
+    *(MetricDef(n, k, u, d, _engine.SHARD_SOURCE, lbl) for n, k, u, d, lbl in _engine.SHARD),
     _m("perfd_build_info", "gauge", "info", "1, labelled with perfd's version and the Python it runs on",
-       "perfd agent and perfd aggregator", ("version", "python")),
+       "perfd agent, perfd aggregator and perfd shard", ("version", "python")),
 )
 
 _BY_NAME: dict[str, MetricDef] = {m.name: m for m in CATALOG}

@@ -39,6 +39,7 @@ IDLE_FORGET_S = 600.0
 # partial of it would otherwise ask, and making room prunes (perfd.aggregator.guard), per message.
 REFUSED_RETRY_S = 10.0
 LAG_SAMPLES = 1000  # the newest iterations' lags kept for the quantiles
+LAG_QUANTILES = {"p50": 0.5, "p99": 0.99}  # the quantiles of those the root reports
 # An iteration not yet whole goes to the store at most this often (and at once when it is whole, brings
 # a log's record, or leaves memory): building a fold's record copies its per-rank maps, and at 100,000
 # ranks a shard's every flush touching every iteration made that a third of the root's CPU and held its
@@ -101,14 +102,19 @@ class RootStats:
         """The counters; ``lag_s``: its p50, p99, max and n (None: no iteration complete yet)."""
         out: dict[str, bool | int | dict[str, float] | None] = {
             k: v for k, v in self.__dict__.items() if k != "lag_s"}
-        lags = sorted(self.lag_s)
         lag: dict[str, float] | None = None
-        if lags:
-            lag = {q: round(lags[min(len(lags) - 1, int(p * len(lags)))], 4)
-                   for q, p in (("p50", 0.5), ("p99", 0.99))}
-            lag.update(max=round(lags[-1], 4), n=len(lags))
+        if quantiles := self.lag_quantiles():
+            lag = {name: round(quantiles[q], 4) for name, q in LAG_QUANTILES.items()}
+            lag.update(max=round(max(self.lag_s), 4), n=len(self.lag_s))
         out["lag_s"] = lag
         return out
+
+    def lag_quantiles(self) -> dict[float, float]:
+        """{quantile: seconds} of the kept lags (LAG_QUANTILES), empty before an iteration is whole: what
+        /api/stats shows as ``lag_s`` and /metrics as perfd_engine_root_completion_lag_p50_seconds, _p99_."""
+        lags = sorted(self.lag_s)
+        n = len(lags)
+        return {q: lags[min(n - 1, int(q * n))] for q in LAG_QUANTILES.values()} if lags else {}
 
 
 def stream_gap(read_to: int, seqs: Sequence[int]) -> int:

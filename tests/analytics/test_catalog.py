@@ -49,7 +49,7 @@ def test_names_follow_conventions() -> None:
     names = catalog.names()
     assert len(names) == len(set(names)), "duplicate metric names"
     for m in catalog.CATALOG:
-        domain = r"perfd_(job|serving|gpu|host|agent|aggregator)_"
+        domain = r"perfd_(job|serving|gpu|host|agent|aggregator|engine)_"
         # perfd_build_info is the Prometheus convention for a build's info metric (<namespace>_build_info)
         pattern = domain + r"[a-z0-9]+(_[a-z0-9]+)*"
         assert m.name == "perfd_build_info" or re.fullmatch(pattern, m.name), m.name

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from perfd.core import limits as L
 from perfd.engine.subjects import (
     ACK_WAIT_S,
     COLLECTIVES_FOLDED_AT,
@@ -26,6 +27,7 @@ from perfd.engine.subjects import (
 
 if TYPE_CHECKING:
     from perfd.engine.shard import Shard
+    from perfd.exporters.httpd import HttpServer
 
     SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -133,6 +135,11 @@ def _shard(args: argparse.Namespace) -> int:
     from perfd.aggregator.runtime import tune_gc
 
     shard = make_shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", args.engine_replicas)
+    try:
+        http = _shard_metrics(shard, args.metrics_host, args.metrics_port)
+    except OSError as exc:
+        print(f"perfd shard: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -159,7 +166,32 @@ def _shard(args: argparse.Namespace) -> int:
         where = ",".join(cfg.servers)
         print(f"perfd shard: the engine at {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if http is not None:
+            http.stop()
     return 0
+
+
+def _shard_metrics(shard: Shard, host: str, port: int | None) -> HttpServer | None:
+    """The shard's /metrics (and /healthz) on ``host:port``, the agent's server and handler (None: no
+    --metrics-port, the default). The address is printed: with port 0 it is the one way to learn it."""
+    if port is None:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from perfd.agent.agent_http import MetricsHandler
+    from perfd.exporters import httpd
+    from perfd.exporters.engine_metrics import ShardMetrics
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ShardMetrics(lambda: shard.stats))
+    try:
+        http = httpd.HttpServer(host, port, MetricsHandler, reg, api_threads=1, name="shard-http")
+    except OSError as exc:
+        raise httpd.bind_error(exc, host, port, "/metrics", "--metrics-port N", "--metrics-host") from exc
+    http.start()
+    print(f"perfd shard: listening on http://{host}:{http.port}/metrics", flush=True)
+    return http
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -191,6 +223,11 @@ def register(sub: SubParsers) -> None:
     s.add_argument("--stats-file", metavar="FILE", help="write the shard's counters here (JSON) as it runs")
     s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between writes of --stats-file")
+    s.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the shard's counters on /metrics at this port (0: any free port, printed; "
+                        "default: no /metrics)")
+    s.add_argument("--metrics-host", default=L.LOOPBACK,
+                   help=f"address of the shard's /metrics (default {L.LOOPBACK}: this machine only)")
     add_engine_arguments(s)
     s.set_defaults(handler=_shard)
     e = sub.add_parser("engine", help="the distributed path's engine, locally")

@@ -1,0 +1,73 @@
+"""The engine's metrics (perfd/engine: a job's root inside ``perfd aggregator --engine``, the
+``perfd shard`` processes): part of the ONE catalog, perfd/core/catalog.py, which makes each row here a
+MetricDef of its CATALOG. Apart only because catalog.py stands at the module size limit; pure data, read
+through the catalog (catalog.get, catalog.names), never on its own.
+
+Each is a counter or gauge of perfd.engine.rootfold.RootStats or perfd.engine.shard.ShardStats, derived
+at scrape time by perfd.exporters.engine_metrics; absent where no root (an aggregator without --engine)
+or no shard runs, never 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Row = tuple[str, Literal["gauge", "counter"], str, str, tuple[str, ...]]  # name, kind, unit, help, labels
+
+ROOT_SOURCE = "perfd aggregator --engine (perfd.engine.rootfold.RootStats)"
+SHARD_SOURCE = "perfd shard --metrics-port (perfd.engine.shard.ShardStats)"
+
+ROOT: tuple[Row, ...] = (
+    ("perfd_engine_root_leader", "gauge", "count",
+     "1 while this aggregator leads as the jobs' root (holds the root lease), 0 while it stands by", ()),
+    ("perfd_engine_root_partials_total", "counter", "count", "Shard partials the root read and folded", ()),
+    ("perfd_engine_root_node_messages_total", "counter", "count",
+     "Distinct node messages folded in through the partials", ()),
+    ("perfd_engine_root_redelivered_total", "counter", "count",
+     "Node messages that arrived again (a shard's redelivery): folded once, counted here", ()),
+    ("perfd_engine_root_late_total", "counter", "count",
+     "Partials of an iteration no longer in the root's memory, folded with the store's record", ()),
+    ("perfd_engine_root_refused_total", "counter", "count",
+     "Partials and job infos of a job the aggregator held no room for (its jobs cap)", ()),
+    ("perfd_engine_root_undecodable_total", "counter", "count", "Messages the root could not decode", ()),
+    ("perfd_engine_root_skipped_total", "counter", "count",
+     "Messages the engine let go before the root read them (the stream's limits: size, age), by stream; "
+     "lost to the job's analysis", ("stream",)),
+    ("perfd_engine_root_iterations_complete_total", "counter", "count",
+     "Iterations made whole (every rank of the job folded in)", ()),
+    ("perfd_engine_root_held_back", "gauge", "count",
+     "Iterations folded into since they last went to the store (0: the store holds all the root read)", ()),
+    # The lag's quantiles as gauges, not a histogram or summary: the root keeps the newest lags only
+    # (perfd.engine.rootfold.LAG_SAMPLES), no running count or sum to make one of.
+    ("perfd_engine_root_completion_lag_p50_seconds", "gauge", "seconds",
+     "Seconds from an iteration's last rank step end to its being whole at the root: the median over the "
+     "newest iterations the root keeps the lag of (perfd.engine.rootfold.LAG_SAMPLES)", ()),
+    ("perfd_engine_root_completion_lag_p99_seconds", "gauge", "seconds",
+     "Seconds from an iteration's last rank step end to its being whole at the root: the 99th percentile "
+     "over the newest iterations the root keeps the lag of", ()),
+    ("perfd_engine_root_summaries_total", "counter", "count", "Shard step summaries the root read", ()),
+    ("perfd_engine_root_summaries_dropped_total", "counter", "count",
+     "Shard step summaries dropped, by reason: stale (delivered again, or older than the one held), late "
+     "(of an iteration no longer held)", ("reason",)),
+)
+
+SHARD: tuple[Row, ...] = (
+    ("perfd_engine_shard_node_messages_total", "counter", "count", "Node messages the shard folded", ()),
+    ("perfd_engine_shard_undecodable_total", "counter", "count", "Node messages the shard could not decode",
+     ()),
+    ("perfd_engine_shard_partials_published_total", "counter", "count",
+     "Partials the shard published to the jobs' roots", ()),
+    ("perfd_engine_shard_batches_published_total", "counter", "count",
+     "Messages those partials went out in", ()),
+    ("perfd_engine_shard_summaries_published_total", "counter", "count",
+     "Partition step summaries the shard published", ()),
+    ("perfd_engine_shard_publish_errors_total", "counter", "count",
+     "Publishes the engine did not acknowledge (their node messages left unacknowledged: delivered again)",
+     ()),
+    ("perfd_engine_shard_partitions_held", "gauge", "count", "Partitions of the node stream held now", ()),
+    ("perfd_engine_shard_leases_taken_total", "counter", "count", "Partition leases taken", ()),
+    ("perfd_engine_shard_leases_lost_total", "counter", "count", "Partition leases lost", ()),
+    ("perfd_engine_shard_takeover_waits_total", "counter", "count",
+     "Partitions taken with a previous holder's messages due again first (redeliveries waited for)", ()),
+    ("perfd_engine_shard_consumer_restarts_total", "counter", "count", "Partition consumers restarted", ()),
+)

@@ -1,0 +1,91 @@
+"""The engine's counters as Prometheus families (catalog names: perfd/core/catalog_engine.py): a job's
+root's (perfd.engine.rootfold.RootStats, on the aggregator's /metrics with --engine) and a shard's
+(perfd.engine.shard.ShardStats, on ``perfd shard --metrics-port``). Read from the stats objects at
+scrape time, each value where the engine counts it: nothing here counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import Metric
+
+from perfd.exporters.prometheus import Row, build_info_families, series_families
+
+if TYPE_CHECKING:
+    from perfd.engine.rootfold import RootStats
+    from perfd.engine.shard import ShardStats
+
+# catalog name -> the RootStats counter it is
+_ROOT_COUNTERS = {
+    "perfd_engine_root_partials_total": "partials",
+    "perfd_engine_root_node_messages_total": "node_messages",
+    "perfd_engine_root_redelivered_total": "redelivered",
+    "perfd_engine_root_late_total": "late",
+    "perfd_engine_root_refused_total": "refused",
+    "perfd_engine_root_undecodable_total": "undecodable",
+    "perfd_engine_root_iterations_complete_total": "complete",
+    "perfd_engine_root_held_back": "held_back",
+    "perfd_engine_root_summaries_total": "summaries",
+}
+# The streams whose skipped messages RootStats counts (``<stream>_skipped``)
+_STREAMS = ("partials", "records", "events", "summaries")
+_SUMMARIES_DROPPED = ("stale", "late")  # RootStats ``summaries_<reason>``
+# RootStats.lag_quantiles' quantile -> its gauge
+_LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
+        0.99: "perfd_engine_root_completion_lag_p99_seconds"}
+
+_SHARD_COUNTERS = {
+    "perfd_engine_shard_node_messages_total": "node_messages",
+    "perfd_engine_shard_undecodable_total": "undecodable",
+    "perfd_engine_shard_partials_published_total": "partials_published",
+    "perfd_engine_shard_batches_published_total": "batches_published",
+    "perfd_engine_shard_summaries_published_total": "summaries_published",
+    "perfd_engine_shard_publish_errors_total": "publish_errors",
+    "perfd_engine_shard_leases_taken_total": "leases_taken",
+    "perfd_engine_shard_leases_lost_total": "leases_lost",
+    "perfd_engine_shard_takeover_waits_total": "takeover_waits",
+    "perfd_engine_shard_consumer_restarts_total": "consumer_restarts",
+}
+
+
+def root_rows(stats: RootStats) -> list[Row]:
+    """The root's series: (labels, catalog name, value)."""
+    rows: list[Row] = [({}, "perfd_engine_root_leader", float(stats.leader))]
+    rows += [({}, name, float(getattr(stats, attr))) for name, attr in _ROOT_COUNTERS.items()]
+    rows += [({"stream": s}, "perfd_engine_root_skipped_total", float(getattr(stats, f"{s}_skipped")))
+             for s in _STREAMS]
+    rows += [({"reason": r}, "perfd_engine_root_summaries_dropped_total",
+              float(getattr(stats, f"summaries_{r}"))) for r in _SUMMARIES_DROPPED]
+    # No iteration whole yet: no lag series (absent, not 0 s)
+    rows += [({}, _LAG[q], v) for q, v in stats.lag_quantiles().items()]
+    return rows
+
+
+class RootMetrics:
+    """A prometheus_client collector: the root's counters at scrape time (registered by the aggregator
+    that runs one: without --engine none of its series exist)."""
+
+    def __init__(self, stats: RootStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from series_families(root_rows(self.stats))
+
+
+def shard_rows(stats: ShardStats) -> list[Row]:
+    rows: list[Row] = [({}, name, float(getattr(stats, attr))) for name, attr in _SHARD_COUNTERS.items()]
+    rows.append(({}, "perfd_engine_shard_partitions_held", float(len(stats.partitions))))
+    return rows
+
+
+class ShardMetrics:
+    """A prometheus_client collector: the shard's counters at scrape time, and perfd_build_info."""
+
+    def __init__(self, stats: Callable[[], ShardStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from series_families(shard_rows(self.stats()))
+        yield from build_info_families()

@@ -1,0 +1,154 @@
+"""The engine on /metrics: the root's RootStats on the aggregator's /metrics (absent without --engine),
+a shard's ShardStats on ``perfd shard --metrics-port`` (loopback, off unless asked), each value read
+back through prometheus_client's own parser, as Prometheus reads it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from perfd.core import catalog, catalog_engine
+from perfd.engine.rootfold import RootStats
+from perfd.engine.shard import ShardStats
+from perfd.exporters.engine_metrics import RootMetrics, ShardMetrics
+from tests.engine.engine_driver import Rig
+from tests.procs import NOT_YET, wait_for
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _exposed(collector: object) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)  # type: ignore[arg-type]
+    return _samples(generate_latest(reg).decode())
+
+
+def test_the_root_exports_its_stats_exactly() -> None:
+    st = RootStats(leader=True, partials=7, node_messages=41, redelivered=3, late=2, refused=1, undecodable=4,
+                   complete=9, held_back=5, partials_skipped=11, records_skipped=12, events_skipped=13,
+                   summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8)
+    st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
+    got = _exposed(RootMetrics(st))
+    want = {
+        ("perfd_engine_root_leader", ()): 1.0,
+        ("perfd_engine_root_partials_total", ()): 7.0,
+        ("perfd_engine_root_node_messages_total", ()): 41.0,
+        ("perfd_engine_root_redelivered_total", ()): 3.0,
+        ("perfd_engine_root_late_total", ()): 2.0,
+        ("perfd_engine_root_refused_total", ()): 1.0,
+        ("perfd_engine_root_undecodable_total", ()): 4.0,
+        ("perfd_engine_root_iterations_complete_total", ()): 9.0,
+        ("perfd_engine_root_held_back", ()): 5.0,
+        ("perfd_engine_root_summaries_total", ()): 21.0,
+        ("perfd_engine_root_skipped_total", (("stream", "partials"),)): 11.0,
+        ("perfd_engine_root_skipped_total", (("stream", "records"),)): 12.0,
+        ("perfd_engine_root_skipped_total", (("stream", "events"),)): 13.0,
+        ("perfd_engine_root_skipped_total", (("stream", "summaries"),)): 14.0,
+        ("perfd_engine_root_summaries_dropped_total", (("reason", "stale"),)): 6.0,
+        ("perfd_engine_root_summaries_dropped_total", (("reason", "late"),)): 8.0,
+    }
+    lag = {k: v for k, v in got.items() if k[0].startswith("perfd_engine_root_completion_lag_")}
+    assert {k: v for k, v in got.items() if k not in lag and not k[0].endswith("_created")} == want
+    # the same quantiles /api/stats shows (rounded there)
+    assert lag == {("perfd_engine_root_completion_lag_p50_seconds", ()): pytest.approx(5.1),
+                   ("perfd_engine_root_completion_lag_p99_seconds", ()): pytest.approx(10.0)}
+    assert st.to_json()["lag_s"] == {"p50": 5.1, "p99": 10.0, "max": 10.0, "n": 100}
+    # every root metric of the catalog comes out, and nothing outside it
+    assert {n.removesuffix("_total") for n, _ in got if not n.endswith("_created")} == {
+        n.removesuffix("_total") for n, *_ in catalog_engine.ROOT}
+
+
+def test_promtool_finds_nothing_to_say_of_the_exposition() -> None:
+    """``promtool check metrics``: the names, types and labels as Prometheus' own lint wants them."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed")
+    st = RootStats(leader=True, complete=3)
+    st.lag_s.extend([0.5, 1.5])
+    text = b""
+    for collector in (RootMetrics(st), ShardMetrics(ShardStats)):
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(collector)
+        text += generate_latest(reg)
+    res = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_no_lag_series_before_an_iteration_is_whole() -> None:
+    got = _exposed(RootMetrics(RootStats()))
+    assert not [k for k in got if k[0].startswith("perfd_engine_root_completion_lag_")]
+    assert got[("perfd_engine_root_leader", ())] == 0.0
+
+
+def test_the_shard_exports_its_stats_exactly() -> None:
+    st = ShardStats(node_messages=50, undecodable=1, partials_published=20, batches_published=6,
+                    publish_errors=2, leases_taken=4, leases_lost=1, consumer_restarts=3, takeover_waits=2,
+                    summaries_published=17, partitions=[0, 3, 5])
+    got = {k: v for k, v in _exposed(ShardMetrics(lambda: st)).items()
+           if k[0].startswith("perfd_engine_") and not k[0].endswith("_created")}
+    assert got == {
+        ("perfd_engine_shard_node_messages_total", ()): 50.0,
+        ("perfd_engine_shard_undecodable_total", ()): 1.0,
+        ("perfd_engine_shard_partials_published_total", ()): 20.0,
+        ("perfd_engine_shard_batches_published_total", ()): 6.0,
+        ("perfd_engine_shard_publish_errors_total", ()): 2.0,
+        ("perfd_engine_shard_leases_taken_total", ()): 4.0,
+        ("perfd_engine_shard_leases_lost_total", ()): 1.0,
+        ("perfd_engine_shard_consumer_restarts_total", ()): 3.0,
+        ("perfd_engine_shard_takeover_waits_total", ()): 2.0,
+        ("perfd_engine_shard_summaries_published_total", ()): 17.0,
+        ("perfd_engine_shard_partitions_held", ()): 3.0,
+    }
+    assert {n for n, _ in got} == {n for n, *_ in catalog_engine.SHARD}
+    assert all(catalog.get(n).source == catalog_engine.SHARD_SOURCE for n, *_ in catalog_engine.SHARD)
+
+
+def test_an_aggregator_without_engine_serves_no_engine_series(tmp_path: Path) -> None:
+    from tests.inproc import pipeline
+
+    with pipeline(tmp_path) as p:
+        text = p.get("/metrics").decode()
+    assert "perfd_aggregator_" in text  # its own series are there
+    assert "perfd_engine_" not in text
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return str(r.read().decode())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_shard_and_a_root_serve_their_counters(rig: Rig) -> None:
+    """Real nats-server, ``perfd aggregator --engine`` and ``perfd shard --metrics-port 0``: the shard
+    says where it listens (loopback), and its /metrics shows every shard counter, holding every partition
+    once its leases are in; the root's /metrics shows it leads."""
+    rig.start_cluster()
+    base = rig.start_root()
+    log = rig.tmp / "shard-m.out"
+    rig.procs.perfd("shard-m", "shard", "--id", "shard-m", "--metrics-port", "0", *rig.engine_args())
+
+    def address() -> str | None:
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+/metrics)", log.read_text())
+        return m.group(1) if m else None
+
+    url = wait_for(address, 60, "the shard's /metrics address", ignore=NOT_YET)
+    held = ("perfd_engine_shard_partitions_held", ())
+    got = wait_for(lambda: (s := _samples(_get(url))).get(held) == rig.partitions and s, 60,
+                   "the shard holding every partition on its /metrics", ignore=NOT_YET)
+    assert {n for n, *_ in catalog_engine.SHARD} <= {n for n, _ in got}
+    assert got[("perfd_engine_shard_leases_taken_total", ())] >= rig.partitions
+    assert got[("perfd_engine_shard_publish_errors_total", ())] == 0.0
+    leader = ("perfd_engine_root_leader", ())
+    root = wait_for(lambda: (s := _samples(_get(base + "/metrics"))).get(leader) == 1.0 and s, 60,
+                    "the root leading on /metrics", ignore=NOT_YET)
+    assert root[("perfd_engine_root_skipped_total", (("stream", "partials"),))] == 0.0
