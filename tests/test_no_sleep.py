@@ -121,7 +121,7 @@ ALLOWED: dict[str, str] = {
     "test_records_the_stream_let_go_while_the_root_was_away_are_counted_and_said.lead_until": POLL,
     "tests/faults/test_caps_release.py::_send": SCHEDULE,
     "tests/faults/test_churn_memory.py::_hold": SCHEDULE,
-    "tests/faults/test_churn_memory.py::test_an_agent_holding_another_job_stays.main": POLL_AND_QUIET,
+    "tests/faults/test_churn_memory.py::test_an_agent_holding_another_job_stays.main": POLL,
     "tests/faults/test_clean_stop.py::"
     "test_stop_while_a_tick_runs_waits_for_it_before_closing_the_store.main.slow_housekeeping": HOLD,
     "tests/faults/test_log_rotation.py::test_copytruncate_while_running_loses_nothing": SCHEDULE,
@@ -170,15 +170,11 @@ ALLOWED: dict[str, str] = {
     "test_a_pending_collective_corroborates_a_stall_of_busy_ranks.busy_reading": WINDOW,
     "tests/host/test_stall_restart.py::_observe_as_started": WINDOW,
     "tests/integrations/integrations_helpers.py::wait_for": POLL,
-    "tests/integrations/test_remote_write_auth.py::"
-    "test_an_authenticated_store_over_tls_takes_only_the_authenticated_write": QUIET,
     "tests/leftover_procs.py::LeftoverGuard.finish": GUARD,
     "tests/leftover_procs.py::LeftoverGuard.leftovers": GUARD,
     "tests/procs.py::wait_for": POLL,
     "tests/security/test_auth_tls.py::_client_run": SCHEDULE,
     "tests/security/test_auth_tls.py::_until": POLL,
-    "tests/security/test_auth_tls.py::"
-    "test_agent_id_is_bound_to_its_certificate_and_commands_go_to_its_holder.body": QUIET,
     "tests/security/test_capture_requests.py::"
     "test_hostile_ranks_are_refused_at_the_api_and_the_webhook_and_hold_no_rank.body": POLL,
     "tests/security/test_engine_routes.py::_until": POLL,
