@@ -73,7 +73,6 @@ ALLOWED: dict[str, str] = {
     "test_a_rule_firing_before_the_restarted_ranks_hook_is_up_still_captures.body": POLL,
     "tests/collectives/test_launch.py::test_manifest_is_written_while_running": POLL,
     "tests/collectives/test_launch.py::test_the_log_grows_while_the_command_runs": POLL,
-    "tests/deploy/test_node_and_sidecar_agents.py::test_node_agent_and_sidecar_on_one_node": QUIET,
     "tests/deploy/test_slurm.py::_wait": POLL,
     "tests/engine/engine_driver.py::Load._main": SCHEDULE,
     "tests/engine/engine_driver.py::nc_call.main": POLL,
@@ -86,8 +85,6 @@ ALLOWED: dict[str, str] = {
     "test_a_shard_cut_off_from_the_engine_loses_and_doubles_nothing": SCHEDULE,
     "tests/engine/test_engine_faults.py::test_a_shard_killed_mid_run_loses_and_doubles_nothing": SCHEDULE,
     "tests/engine/test_engine_records.py::_until": POLL,
-    "tests/engine/test_engine_records.py::"
-    "test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them.main": QUIET,
     "tests/engine/test_engine_stall.py::"
     "test_a_stopped_rank_is_a_stall_through_the_engine_its_cause_the_stopped_process": SCHEDULE,
     "tests/engine/test_engine_timers.py::"
@@ -108,8 +105,6 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_same_answer.py::_through_the_engine": POLL_AND_SCHEDULE,
     "tests/engine/test_same_answer_scale.py::_through_the_engine": POLL_AND_QUIET,
     "tests/engine/test_shard_hold_redelivery.py::_SlowFold.add": HOLD,
-    "tests/engine/test_shard_hold_redelivery.py::"
-    "test_a_held_message_is_not_delivered_twice_however_slow_the_fold": QUIET,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_ShardThread._probe": LAG_PROBE,
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
