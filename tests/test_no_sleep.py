@@ -44,7 +44,6 @@ TIMER = ("lets a real component's own timer pass (a tick, a lease or TTL, the st
          "interval) in a process or server that has no injected clock")
 QUIET = ("a fixed wait before a reading that has no event to wait for: something must not happen (a "
          "redelivery, a double, a late write, a command to the wrong agent) or a process must settle (RSS)")
-POLL_AND_QUIET = f"{POLL}; and {QUIET}"
 WINDOW = ("the process boundary under test: a collector reads real processes' (or a GPU's) counters over a "
           "window of real time")
 LAG_PROBE = "a probe ticking on the event loop to time its lag: the lag is what is measured"
@@ -103,15 +102,13 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_publisher_close.py::"
     "test_an_agent_whose_close_hangs_connects_afresh_and_publishes_what_waited.main": SCHEDULE,
     "tests/engine/test_same_answer.py::_through_the_engine": POLL_AND_SCHEDULE,
-    "tests/engine/test_same_answer_scale.py::_through_the_engine": POLL_AND_QUIET,
+    "tests/engine/test_same_answer_scale.py::_through_the_engine": POLL,
     "tests/engine/test_shard_hold_redelivery.py::_SlowFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_ShardThread._probe": LAG_PROBE,
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
     "tests/engine/test_shard_lease_busy.py::"
     "test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go.main": TIMER,
-    "tests/engine/test_shard_lease_busy.py::"
-    "test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases": TIMER,
     "tests/engine/test_stream_skipped.py::"
     "test_records_the_stream_let_go_while_the_root_was_away_are_counted_and_said.lead_until": POLL,
     "tests/faults/test_caps_release.py::_send": SCHEDULE,
