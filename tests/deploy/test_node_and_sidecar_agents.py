@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +79,16 @@ def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
         stats = wait_for(both_in, 60, "both agents seen and the job's GPU placed")
         assert set(stats["agents_seen"]) == {f"{NODE}/node", f"{NODE}/{JOB}"}
 
-        # For a while (the old code flipped within a second or two): both connected every time
-        # asked, and no stream of one agent ever superseded the other's.
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
+        # Both connected every time asked while 25 more batches come in (5 s of the node agent's at
+        # 0.2 s: the old code flipped within a second or two), and no stream of one agent ever
+        # superseded the other's.
+        batches = _json(f"{base}/api/stats")["transport"]["batches"]
+
+        def batches_in() -> bool:
             assert _connected(node_metrics) == 1.0 and _connected(side_metrics) == 1.0
-            time.sleep(0.5)
+            return bool(_json(f"{base}/api/stats")["transport"]["batches"] >= batches + 25)
+
+        wait_for(batches_in, 60, "25 more batches at the aggregator")
         transport = _json(f"{base}/api/stats")["transport"]
         assert transport["streams_superseded"] == 0, transport
         for p in agents:

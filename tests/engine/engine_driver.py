@@ -331,7 +331,8 @@ def stream_state(urls: Sequence[str], stream: str) -> dict[str, Any]:
 
 def consumers(urls: Sequence[str], partitions: Sequence[int]) -> dict[int, dict[str, Any]]:
     """Each partition's durable consumer: ack_pending (delivered, not acknowledged), redelivered,
-    pending (not delivered yet). Absent when the consumer does not exist yet."""
+    pending (not delivered yet), deliveries made (each redelivery one more). Absent when the consumer
+    does not exist yet."""
     import nats.js.errors
 
     async def fn(js: Any) -> dict[int, dict[str, Any]]:
@@ -344,6 +345,7 @@ def consumers(urls: Sequence[str], partitions: Sequence[int]) -> dict[int, dict[
             out[p] = {"ack_pending": ci.num_ack_pending, "redelivered": ci.num_redelivered,
                       "pending": ci.num_pending, "waiting": ci.num_waiting,
                       "delivered": ci.delivered.stream_seq if ci.delivered else None,
+                      "deliveries": ci.delivered.consumer_seq if ci.delivered else None,  # redeliveries too
                       "ack_floor": ci.ack_floor.stream_seq if ci.ack_floor else None,
                       "leader": ci.cluster.leader if ci.cluster else None}
         return out

@@ -27,6 +27,7 @@ from perfd.aggregator.state import AggregatorState
 from perfd.core import events as E
 from perfd.core.model import CollectiveRecord
 from perfd.engine import subjects as S
+from perfd.engine.connect import connect
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
 from perfd.report.collective_text import collectives_json
@@ -114,7 +115,17 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
             broot = b.engine_root
             await _until(lambda: broot.stats.leader and broot.stats.collectives == len(recs)
                          and broot.stats.events == 3 * NODES, 40, lambda: broot.stats.to_json())
-            await asyncio.sleep(1.0)  # anything more it would read (a double) has come by now
+            # ... and it has read each stream to its last message: its counts are of every message
+            # once (a double of one would be counted above them), and none is left to come
+            nc = await connect(cfg, "check")
+            try:
+                js: Any = nc.jetstream()  # nats-py's, beyond the engine's own calls (perfd.engine.nats_api)
+                last = {name: (await js.stream_info(stream)).state.last_seq
+                        for name, stream in (("records", S.RECORDS_STREAM), ("events", S.EVENTS_STREAM))}
+            finally:
+                await nc.close()
+            await _until(lambda: all(broot._records_read_to.get(k, 0) >= seq for k, seq in last.items()),
+                         30, lambda: (broot._records_read_to, last))
             out.update(b=_collective_answer(b.state), b_events=_held_events(b.state),
                        b_stats=broot.stats.to_json())
             return out

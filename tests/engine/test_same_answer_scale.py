@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,7 +121,21 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
         deadline = time.monotonic() + 180
         while root.stats.node_messages < nodes * iterations and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await asyncio.sleep(1.0)  # a redelivery, were there one, would come within the shards' flushes
+
+        async def settled() -> bool:
+            """Every node message acknowledged at the shards (a shard acknowledges once it has sent its
+            partials: none left for the engine to deliver again and a shard to send twice), and the
+            partials stream read by the root to its last message: a redelivery would be counted by now."""
+            api: Any = js  # nats-py's, beyond the engine's own calls (perfd.engine.nats_api)
+            for p in range(cfg.partitions):
+                ci = await api.consumer_info(S.NODES_STREAM, S.shard_consumer(p))
+                if ci.num_ack_pending or ci.num_pending:
+                    return False
+            return bool(root._read_to >= (await api.stream_info(S.PARTIALS_STREAM)).state.last_seq)
+
+        deadline = time.monotonic() + 60
+        while not await settled() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)

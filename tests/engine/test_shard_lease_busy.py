@@ -138,11 +138,19 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
 
     fold = _BusyFold()
     shard = Shard(rig.cfg(), "busy", collectives=fold)
+    balanced = _count_balances(shard)
     st = _ShardThread(shard).start()
     try:
         wait_for(lambda: shard.stats.node_messages >= total or st.error, 120, "every message folded")
-        # then a balance round past the fold, which would find a lease lost by then
-        time.sleep(RENEW_S + 1.0)
+        # then a renewal round of the keeper's past the fold, which would find a lease lost by then, and a
+        # balance round begun after it, which would drop the lease found lost (each: two begun since
+        # read, so one begun after the reading has ended)
+        keeper = shard._keeper
+        assert keeper is not None
+        renewals = keeper.renewals
+        wait_for(lambda: keeper.renewals >= renewals + 2 or st.error, 60, "a renewal round after the fold")
+        rounds = balanced[0]
+        wait_for(lambda: balanced[0] >= rounds + 2 or st.error, 60, "a balance round after that renewal")
         stats: dict[str, Any] = shard.stats.to_json()
     finally:
         st.stop()
@@ -154,6 +162,19 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
     assert stats["leases_lost"] == 0
     assert stats["leases_taken"] == rig.partitions
     assert stats["partitions"] == list(range(rig.partitions))
+
+
+def _count_balances(shard: Shard) -> list[int]:
+    """The shard's balance rounds ended, counted in the list's one item."""
+    ended = [0]
+    balance = shard._balance
+
+    async def counted(*args: Any) -> None:
+        await balance(*args)
+        ended[0] += 1
+
+    setattr(shard, "_balance", counted)  # noqa: B010  (an instance's method replaced: mypy refuses the =)
+    return ended
 
 
 def test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go(rig: Rig) -> None:

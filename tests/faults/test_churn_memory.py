@@ -109,7 +109,11 @@ def test_an_agent_holding_another_job_stays(tmp_path: Path) -> None:
             held.at = None
             await asyncio.to_thread(_wait, agg, lambda: agg.lifecycle.jobs_pruned >= 1,
                                     "job old pruned (jobs_pruned >= 1)")
-            await asyncio.sleep(0.5)
+            # Two housekeepings begun since (each reads its clock first): the one after the prune's
+            # has ended, and the agents it would forget were handed to the loop before the wait's end
+            reads = held.reads
+            await asyncio.to_thread(_wait, agg, lambda: held.reads >= reads + 2,
+                                    "two housekeepings after the prune")
             assert agg.lifecycle.agents_forgotten == 0 and "node-b" in agg.state.agents_seen()
             client_task.cancel()
         finally:
@@ -124,8 +128,10 @@ class _HeldClock:
 
     def __init__(self, at: float | None) -> None:
         self.at = at
+        self.reads = 0  # of time(): one at the start of each housekeeping
 
     def time(self) -> float:
+        self.reads += 1
         return self.at if self.at is not None else REAL_CLOCK.time()
 
     def monotonic(self) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import checkpoint_file
 from tests.faults.test_network_faults import _megatron_lines
 from tests.faults.test_restarts import N, Rig, _all_iterations_once, rig  # noqa: F401  (a fixture)
 from tests.procs import wait_for
@@ -73,7 +74,11 @@ def test_copytruncate_while_the_agent_is_down_loses_nothing(rig: Rig) -> None:  
     _, lines = _megatron_lines(N)
     _append(rig.log, lines[:40])
     _written_to_the_agent(rig, 40)
-    time.sleep(1.0)  # its checkpoint is on disk
+    head, _ = _megatron_lines(1)
+    ck = rig.tmp / "agent-state" / "megatron.checkpoint.json"
+    min_offset = len(head.encode()) + sum(len(x.encode()) for x in lines[:39])
+    wait_for(lambda: ck.exists() and checkpoint_file.offsets(ck)[0] >= min_offset, 60,
+             "the agent's checkpoint past iteration 39", ignore=(OSError, ValueError, KeyError, IndexError))
     rig.kill9("agent")
     _append(rig.log, lines[40:65])  # 25 iterations written while the agent is down, then rotated
     _copytruncate(rig.log)

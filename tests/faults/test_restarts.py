@@ -146,11 +146,16 @@ def test_agent_kill9_resumes_where_it_was(rig: Rig) -> None:
     w = Writer(rig.log, lines, 0.04)
     w.start()
     wait_for(lambda: w.written >= 60, 30, "60 iterations written")
-    time.sleep(1.0)  # the agent has read and spooled most of them; its checkpoint is on disk
+    # The agent has read and spooled most of them: its checkpoint on disk is past iteration 50.
+    head, _ = _megatron_lines(1)
+    ck = rig.tmp / "agent-state" / "megatron.checkpoint.json"
+    min_offset = len(head.encode()) + sum(len(x.encode()) for x in lines[:50])
+    wait_for(lambda: ck.exists() and checkpoint_file.offsets(ck)[0] >= min_offset, 60,
+             "the agent's checkpoint past iteration 50", ignore=(OSError, ValueError, KeyError, IndexError))
     rig.kill9("agent")
     # The base position and those pending on spool batches: the restarted agent resumes at the last
     # whose batch the spool holds (a kill between the file and the spool: the one before it).
-    saved = checkpoint_file.offsets(rig.tmp / "agent-state" / "megatron.checkpoint.json")
+    saved = checkpoint_file.offsets(ck)
     rig.start_agent()
     w.join(30)
     _all_iterations_once(rig)

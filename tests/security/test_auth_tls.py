@@ -279,8 +279,11 @@ def test_agent_id_is_bound_to_its_certificate_and_commands_go_to_its_holder(tmp_
         assert await _until(lambda: agg.refusals.get(L.REFUSED_IDENTITY) >= 1)
         assert b.batches_acked == 0
         assert agg.server.send_command("node-1", Command(kind="capture", job="train", id="c1"))
+        refused = agg.refusals.get(L.REFUSED_IDENTITY)
         assert await _until(lambda: bool(got_a))
-        await asyncio.sleep(0.3)
+        # b refused once more since: any session of its that was open when c1 went out has ended, and
+        # a command on it would have been read first
+        assert await _until(lambda: agg.refusals.get(L.REFUSED_IDENTITY) > refused)
         assert [c.id for c in got_a] == ["c1"] and got_b == []
         for t in (ta, tb):
             t.cancel()

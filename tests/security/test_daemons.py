@@ -27,7 +27,7 @@ from perfd.app.cli import main
 from perfd.collectors.collector import Capabilities, Collected, Collector, Registry
 from perfd.core.model import Sample
 from tests.inproc import pipeline
-from tests.procs import free_port
+from tests.procs import free_port, wait_for
 
 
 @dataclass
@@ -143,6 +143,9 @@ class _Ticker(Collector):
         return Collected(samples=[Sample("perfd_host_load1", 1.0, now)])
 
 
+SPOOL_BYTES = r'^perfd_agent_spool_bytes\{node="[^"]*"\} ([0-9.e+]+)$'
+
+
 @pytest.mark.slow
 def test_spool_bytes_metric_reads_the_spool(tmp_path: Path) -> None:
     reg = Registry()
@@ -156,16 +159,23 @@ def test_spool_bytes_metric_reads_the_spool(tmp_path: Path) -> None:
     async def body() -> tuple[str, int]:
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
-        await asyncio.sleep(1.5)
-        with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as r:
-            text: str = r.read().decode()
-        held = agent.client.counters()["spool_bytes"]
+
+        def spooled() -> tuple[str, int] | None:  # batches in the spool, and the metric saying so
+            if agent.metrics_port is None or agent.client is None:
+                return None
+            with urllib.request.urlopen(f"http://127.0.0.1:{agent.metrics_port}/metrics") as r:
+                text: str = r.read().decode()
+            held = agent.client.counters()["spool_bytes"]
+            m = re.search(SPOOL_BYTES, text, re.M)
+            return (text, held) if m is not None and float(m.group(1)) > 0 and held > 0 else None
+
+        text, held = await asyncio.to_thread(wait_for, spooled, 60, "batches in the spool, on the metric")
         stop.set()
         await task
         return text, held
 
     text, held = asyncio.run(body())
-    m = re.search(r'^perfd_agent_spool_bytes\{node="[^"]*"\} ([0-9.e+]+)$', text, re.M)
+    m = re.search(SPOOL_BYTES, text, re.M)
     assert m is not None and float(m.group(1)) > 0
     assert held > 0
     assert re.search(r"^perfd_agent_connected\{.*\} 0\.0$", text, re.M)  # never acknowledged

@@ -38,6 +38,7 @@ from perfd.collectors.collector import Collected
 from perfd.collectors.hook import HookCollector
 from perfd.hook import StepHook, wire
 from tests.hook.test_step_hook import drain, records
+from tests.procs import wait_for
 from tests.security.other_user import OtherUser, other_user
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's Unix sockets")
@@ -360,12 +361,21 @@ def test_a_flood_of_unique_ids_and_large_datagrams_stays_within_the_caps(tmp_pat
         rig.ranges.forget([waiting])
         assert rig.ranges.held == 0
         # Large datagrams: the receiver queues them, nobody collects; bounded in bytes.
+        inbox = rig.col.inbox
+        _, _, dropped0, over0, _ = inbox.counters()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         blob = bytes([1, 99]) + b"x" * 60_000
         for _ in range(300):
             s.sendto(blob, rig.col.config.socket_path)
         s.close()
-        time.sleep(0.5)
+
+        def all_received() -> bool:  # each of the 300 queued, or dropped and counted
+            _, _, dropped, over, _ = inbox.counters()
+            mine = sum(1 for _, _, sender in list(inbox.items)
+                       if sender is not None and sender.pid == os.getpid())
+            return mine + (over - over0) + (dropped - dropped0) >= 300
+
+        wait_for(all_received, 60, "the receiver took in each of the 300 large datagrams", interval=0.05)
         held = sum(len(d) for d, _, _ in list(rig.col.inbox.items))
         assert held <= 8 << 20, f"{held >> 20} MiB queued"
         # One sender: held to its share of the queue, its excess dropped and counted.
