@@ -28,7 +28,7 @@ from perfd.agent.config import apply_overrides, load_config
 from perfd.app.cli import build_parser
 from tests.deploy.netpol import selects
 from tests.deploy.test_helm_agent_runs import procs  # noqa: F401  (the fixture: every process stopped)
-from tests.deploy.test_helm_chart import CHART, REALISTIC, _helm, validate_rendered
+from tests.deploy.test_helm_chart import CHART, OPERATOR, REALISTIC, _helm, validate_rendered
 
 pytestmark = pytest.mark.slow
 
@@ -37,21 +37,24 @@ TOKEN_SECRET = "perfd-engine-token"
 ENGINE = ("engine.enabled=true", f"engine.tokenSecret={TOKEN_SECRET}")
 
 
-def _template(*sets: str, release: str = "perfd",
-              namespace: str = "perfd") -> subprocess.CompletedProcess[str]:
+def _template(*sets: str, release: str = "perfd", namespace: str = "perfd",
+              operator: bool = False) -> subprocess.CompletedProcess[str]:
     flags = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([_helm(), "template", release, str(CHART), "--namespace", namespace, *flags],
+    api = OPERATOR if operator else ()
+    return subprocess.run([_helm(), "template", release, str(CHART), "--namespace", namespace, *flags, *api],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def _text(*sets: str, release: str = "perfd", namespace: str = "perfd") -> str:
-    r = _template(*sets, release=release, namespace=namespace)
+def _text(*sets: str, release: str = "perfd", namespace: str = "perfd", operator: bool = False) -> str:
+    r = _template(*sets, release=release, namespace=namespace, operator=operator)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-def _render(*sets: str, release: str = "perfd", namespace: str = "perfd") -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(_text(*sets, release=release, namespace=namespace)) if d]
+def _render(*sets: str, release: str = "perfd", namespace: str = "perfd",
+            operator: bool = False) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(_text(*sets, release=release, namespace=namespace,
+                                                operator=operator)) if d]
 
 
 def _refused(*sets: str) -> str:
@@ -86,7 +89,7 @@ def _flag(args: list[str], flag: str) -> str:
 ENGINE_VALUES_OFF = ("engine.enabled=false", "engine.urls={nats://elsewhere.svc:5222}",
                      f"engine.tokenSecret={TOKEN_SECRET}", "engine.partitions=64", "engine.replicas=1",
                      "engine.leaseTTLSeconds=3", "engine.ackWaitSeconds=5", "engine.shards.replicas=9",
-                     "engine.root.standby=false",
+                     "engine.shards.metricsPort=15555", "engine.root.standby=false",
                      "engine.namespaceSelector.matchLabels.team=nats",
                      "engine.extraEgress[0].ports[0].port=443")
 
@@ -100,6 +103,8 @@ def test_off_by_default_and_inert_when_off(sets: tuple[str, ...]) -> None:
     default = _text(*sets)
     assert _text(*sets, "engine.enabled=false") == default
     assert _text(*sets, *ENGINE_VALUES_OFF) == default
+    # With the operator's API too: no shards' PodMonitor without the engine.
+    assert _text(*sets, operator=True) == _text(*sets, *ENGINE_VALUES_OFF, operator=True)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["engine"]["enabled"] is False
     docs = [d for d in yaml.safe_load_all(default) if d]
@@ -113,8 +118,8 @@ def test_the_values_keys_and_defaults() -> None:
         "enabled": False, "urls": ["nats://nats.nats.svc:4222"], "tokenSecret": "", "partitions": 16,
         "replicas": 3, "leaseTTLSeconds": 6, "ackWaitSeconds": 10,
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}}, "extraEgress": [],
-        "shards": {"replicas": 4, "resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
-                                                "limits": {"memory": "1Gi"}},
+        "shards": {"replicas": 4, "metricsPort": 14401,
+                   "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
                    "nodeSelector": {}, "tolerations": [], "affinity": {}, "priorityClassName": ""},
         "root": {"standby": True}}
 
@@ -140,7 +145,8 @@ def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
 
 def test_the_shards(tmp_path: Path) -> None:
     docs = _render(*ENGINE, "engine.shards.replicas=6", "engine.partitions=32", "image.tag=9.9",
-                   "engine.ackWaitSeconds=5", "engine.shards.nodeSelector.pool=cpu", release="gpu-perf",
+                   "engine.ackWaitSeconds=5", "engine.shards.nodeSelector.pool=cpu",
+                   "engine.shards.metricsPort=15555", release="gpu-perf",
                    namespace="monitoring")
     shard, agg = _one(docs, "Deployment", "gpu-perf-shard"), _one(docs, "Deployment", "gpu-perf-aggregator")
     assert shard["metadata"]["namespace"] == "monitoring"
@@ -165,8 +171,11 @@ def test_the_shards(tmp_path: Path) -> None:
     assert sa["automountServiceAccountToken"] is False
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
     assert _pod(shard)["nodeSelector"] == {"pool": "cpu"}
-    # No port: the probes read the stats file the shard rewrites (fresh: alive, its loop turning).
-    assert "ports" not in c
+    # Its counters on /metrics at the pod's address (downward API), the port named for the PodMonitor.
+    assert (ns.metrics_port, ns.metrics_host) == (15555, "$(POD_IP)")
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 15555, "protocol": "TCP"}]
+    # The probes read the stats file the shard rewrites (fresh: alive, its loop turning), not /metrics.
     stats = _flag(args, "--stats-file")
     for probe in ("readinessProbe", "livenessProbe"):
         cmd = c[probe]["exec"]["command"]
@@ -192,6 +201,30 @@ def test_the_shards(tmp_path: Path) -> None:
     labels = shard["spec"]["template"]["metadata"]["labels"]
     assert sel.items() <= labels.items()
     assert not sel.items() <= agg["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_shards_pod_monitor() -> None:
+    """With the operator's API, the engine's shards get a PodMonitor like the agents': their port named
+    metrics, the job relabelled to perfd-shard (deploy/prometheus's name), gated by podMonitor.enabled."""
+    docs = _render(*ENGINE, release="gpu-perf", namespace="monitoring", operator=True)
+    pm = _one(docs, "PodMonitor", "gpu-perf-shard")
+    assert pm["metadata"]["namespace"] == "monitoring"
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    shard = _one(docs, "Deployment", "gpu-perf-shard")
+    assert selects(pm["spec"]["selector"], shard["spec"]["template"]["metadata"]["labels"])
+    agg = _one(docs, "Deployment", "gpu-perf-aggregator")
+    assert not selects(pm["spec"]["selector"], agg["spec"]["template"]["metadata"]["labels"])
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] in {p["name"] for p in _container(shard)["ports"]} and ep["path"] == "/metrics"
+    assert [r["replacement"] for r in ep["relabelings"] if r.get("targetLabel") == "job"] == ["perfd-shard"]
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert "perfd-shard" in {j["job_name"] for j in prom["scrape_configs"]}
+    validate_rendered(docs)
+    # Not without the operator's API, nor with the pods' monitors off.
+    for sets, operator in ((ENGINE, False), ((*ENGINE, "podMonitor.enabled=false"), True),
+                           ((*ENGINE, "monitoring.podMonitor=false"), True)):
+        docs = _render(*sets, operator=operator)
+        assert "perfd-shard" not in {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}, sets
 
 
 def test_the_shards_disruption_budget() -> None:
@@ -408,7 +441,8 @@ def test_rendered_engine_pods_run_against_a_real_nats_cluster(
         def render(grpc: int, http: int) -> list[dict[str, Any]]:
             return _render(*ENGINE, f"engine.urls={{{urls}}}", "engine.shards.replicas=2",
                            f"aggregator.grpcPort={grpc}", f"aggregator.httpPort={http}",
-                           f"agent.metricsPort={free_port()}", release=release, namespace=namespace)
+                           f"agent.metricsPort={free_port()}", f"engine.shards.metricsPort={free_port()}",
+                           release=release, namespace=namespace)
 
         ports = [(free_port(), free_port()) for _ in range(2)]
         docs = [render(*p) for p in ports]  # two aggregator pods: the same render but for their ports
@@ -452,8 +486,9 @@ def test_rendered_engine_pods_run_against_a_real_nats_cluster(
             assert http_get(f"http://{pod_ip}:{a.ports['metrics']}/healthz")
         # The shards, once the root has made the streams (three servers electing each stream's
         # leader): their start is then the same every run.
-        shard_obj = _one(docs[0], "Deployment", f"{release}-shard")
-        shards = [pod(shard_obj, f"{release}-shard-7d9f-{s}", docs[0]) for s in ("abcde", "fghij")]
+        # Each from its own render: the pods share this machine's addresses, so each its own metrics port.
+        shards = [pod(_one(d, "Deployment", f"{release}-shard"), f"{release}-shard-7d9f-{s}", d)
+                  for d, s in zip(docs, ("abcde", "fghij"), strict=True)]
         for i, s in enumerate(shards):
             start(s, f"shard{i}")
         # The shards split the partitions between them; their probes (the stats file fresh) pass.
@@ -467,6 +502,10 @@ def test_rendered_engine_pods_run_against_a_real_nats_cluster(
         assert wait_for(split, 60, "two shards holding the 16 partitions between them")
         assert {json.loads(f.read_text())["id"] for f in stats_files} == \
             {"perfd-shard-7d9f-abcde", "perfd-shard-7d9f-fghij"}
+        # Their /metrics at the pod's address and the rendered port, where the PodMonitor scrapes.
+        for s in shards:
+            body = http_get(f"http://127.0.0.1:{s.ports['metrics']}/metrics")
+            assert "perfd_engine_shard_node_messages_total" in body.decode()
         for s in shards:
             for probe in ("readinessProbe", "livenessProbe"):
                 cmd = [c.replace("/tmp/", f"{s.volumes['tmp']}/")

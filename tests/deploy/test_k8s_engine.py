@@ -104,6 +104,12 @@ def test_renders_and_validates() -> None:
             ("Deployment", "perfd-shard"), ("PodDisruptionBudget", "perfd-shard"),
             ("PodDisruptionBudget", "nats"), ("NetworkPolicy", "nats"),
             ("NetworkPolicy", "perfd-engine-egress"), ("Namespace", "nats")} <= kinds
+    # The shards' PodMonitor, as deploy/k8s's agents': their port named metrics, job perfd-shard.
+    pm, shard = _one(docs, "PodMonitor", "perfd-shard"), _one(docs, "Deployment", "perfd-shard")
+    assert selects(pm["spec"]["selector"], shard["spec"]["template"]["metadata"]["labels"])
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert ep["port"] in {p["name"] for p in _container(shard)["ports"]}
+    assert [r["replacement"] for r in ep["relabelings"] if r.get("targetLabel") == "job"] == ["perfd-shard"]
 
 
 def test_the_base_is_kept_but_for_what_the_engine_changes() -> None:
@@ -348,7 +354,7 @@ def test_the_rendered_engine_and_shard_run(tmp_path: Path,
     pytest.importorskip("nats")
     from perfd.engine.natsd import nats_server_binary
     from tests.deploy.kubelet import configmaps_of, kubelet
-    from tests.procs import tail, wait_for
+    from tests.procs import free_port, http_get, tail, wait_for
 
     binary = nats_server_binary()
     if binary is None:
@@ -402,6 +408,12 @@ def test_the_rendered_engine_and_shard_run(tmp_path: Path,
     # The rendered shard pod against them, through the client Service's name.
     shard_obj = copy.deepcopy(_one(docs, "Deployment", "perfd-shard"))
     shard_obj["spec"]["template"]["metadata"]["name"] = "perfd-shard-7d9f-abcde"
+    # Its metrics port one free here (a pod's port is its own; this machine's are shared).
+    c = _container(shard_obj)
+    port = free_port()
+    c["args"] = [str(port) if a == str(c["ports"][0]["containerPort"]) else a for a in c["args"]]
+    c["ports"][0]["containerPort"] = port
+    shard_obj["spec"]["template"]["spec"]["containers"] = [c]
     secrets = {(PERFD_NS, TOKEN_SECRET): {"token": token.encode()}}
     shard = kubelet(shard_obj, tmp_path / "shard", secrets, {"nats.nats.svc": addresses[1]},
                     configmaps_of(docs, PERFD_NS))
@@ -416,6 +428,9 @@ def test_the_rendered_engine_and_shard_run(tmp_path: Path,
             list(range(S.DEFAULT_PARTITIONS))
 
     assert wait_for(holds_all, 60, "the shard holding every partition")
+    # Its /metrics at the pod's address and the rendered port, where the PodMonitor perfd-shard scrapes.
+    assert "perfd_engine_shard_node_messages_total" in \
+        http_get(f"http://127.0.0.1:{shard.ports['metrics']}/metrics").decode()
     # perfd's streams made on the three servers, a replica on each.
     def replicated() -> bool:
         with urllib.request.urlopen(f"http://{addresses[0]}:8222/jsz?streams=true", timeout=5) as r:

@@ -16,7 +16,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* Which of the Prometheus operator's objects the values ask for, as YAML (fromYaml): each its own
-switch (serviceMonitor.enabled, podMonitor.enabled and .sidecars, prometheusRule.enabled and .dcgm),
+switch (serviceMonitor.enabled, podMonitor.enabled and .sidecars, prometheusRule.enabled and .dcgm;
+podMonitor.enabled covers the shards too, where engine.enabled renders them),
 or the older boolean under monitoring (monitoring.serviceMonitor, ...) where a values file still sets
 it. Whether the cluster serves their API is the templates' to check. */}}
 {{- define "perfd.monitors" -}}
@@ -24,6 +25,7 @@ it. Whether the cluster serves their API is the templates' to check. */}}
 {{- $agents := ternary $m.podMonitor .Values.podMonitor.enabled (kindIs "bool" $m.podMonitor) -}}
 serviceMonitor: {{ ternary $m.serviceMonitor .Values.serviceMonitor.enabled (kindIs "bool" $m.serviceMonitor) }}
 podMonitor: {{ and $agents .Values.agent.enabled }}
+shardPodMonitor: {{ and $agents .Values.engine.enabled }}
 sidecarPodMonitor: {{ ternary $m.sidecarPodMonitor (and .Values.podMonitor.enabled .Values.podMonitor.sidecars) (kindIs "bool" $m.sidecarPodMonitor) }}
 prometheusRule: {{ ternary $m.prometheusRule .Values.prometheusRule.enabled (kindIs "bool" $m.prometheusRule) }}
 dcgmRules: {{ ternary $m.dcgmRules (and .Values.prometheusRule.enabled .Values.prometheusRule.dcgm) (kindIs "bool" $m.dcgmRules) }}
