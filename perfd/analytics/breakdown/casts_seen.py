@@ -90,7 +90,8 @@ def _pure_compiled(g: CastGroup) -> bool:
     return not g.linked and is_fused_kernel(g.name) and kernel_kind(g.name) is PointwiseKind.CAST
 
 
-def _per_microbatch(count: float, microbatches: int) -> bool:
+def per_microbatch(count: float, microbatches: int) -> bool:
+    """A count a step that is one set a micro-batch: a whole multiple of ``microbatches``."""
     k = count / microbatches
     return k >= 1 - _SAME_COUNT and abs(k - round(k)) <= _SAME_COUNT * max(k, 1.0)
 
@@ -114,4 +115,4 @@ def weight_casts(seen: CastsSeen | None, microbatches: int) -> tuple[CastGroup, 
             took_f.add(i)
             took_b.add(j)
     found = [g for g in seen.groups if g.linked] + fwd + [bwd[j] for j in sorted(took_b)]
-    return tuple(g for g in found if _per_microbatch(g.count, microbatches))
+    return tuple(g for g in found if per_microbatch(g.count, microbatches))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from perfd.analytics.breakdown.casts_seen import per_microbatch
 from perfd.core.typed import obj
 
 # cuBLAS / cuBLASLt's reduction of a split-K GEMM's partial outputs (the name the trace keeps)
@@ -45,7 +46,6 @@ class SplitKSeen:
     def per_microbatch(self, microbatches: int) -> float | None:
         """Reductions a micro-batch where the step's count is a whole multiple of ``microbatches``
         (one set a micro-batch); None otherwise (some other GEMM's, not the weights' gradients)."""
-        if microbatches < 1 or self.count <= 0:
+        if microbatches < 1 or self.count <= 0 or not per_microbatch(self.count, microbatches):
             return None
-        k = self.count / microbatches
-        return float(round(k)) if k >= 1 and abs(k - round(k)) <= 1e-6 * max(k, 1.0) else None
+        return float(round(self.count / microbatches))
