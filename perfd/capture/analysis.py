@@ -49,13 +49,15 @@ from perfd.analytics.breakdown.device_breakdown import (
     NvtxStat,
     Stretch,
 )
-from perfd.analytics.breakdown.op_parts import is_data_annotation, is_step_mark
+from perfd.analytics.breakdown.op_parts import is_data_annotation, is_profiler_step
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
+from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen, is_splitk_reduce
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.job_scan import scan, with_syncs
 from perfd.capture.op_kinds import kernel_kinds
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
+from perfd.capture.step_marks import optimizer_marks
 from perfd.capture.step_replay import HostTrace, replay_device
 from perfd.capture.sweep import HostSide, Tally, sweep
 from perfd.capture.timeline_events import KernelEvent, MemEvent
@@ -261,6 +263,24 @@ def _splitk(kernels: Sequence[KernelEvent], window: Interval | None, steps: int)
     return SplitKSeen(len(found) / steps, _ms(sum(max(k.end_ns - k.start_ns, 0.0) for k in found)) / steps)
 
 
+def _recompute(kernels: Sequence[KernelEvent], ops: OpAttribution | None, window: Interval | None,
+               steps: int) -> RecomputeSeen | None:
+    """The forward recomputed inside the backward in the complete steps, per step (None: no complete
+    step, or no host side to tell); zero launches where the backward recomputes nothing."""
+    if window is None or steps < 1 or ops is None:
+        return None
+    lo, hi = window
+    by: dict[str, float] = defaultdict(float)
+    n = 0
+    for k in kernels:
+        if k.corr is not None and k.corr in ops.recomputed and lo <= k.start_ns < hi:
+            n += 1
+            part = ops.parts.get(k.corr)
+            by[part.value if part is not None else "other"] += max(k.end_ns - k.start_ns, 0.0)
+    rows = tuple(sorted(((p, _ms(ns) / steps) for p, ns in by.items()), key=lambda x: -x[1]))
+    return RecomputeSeen(n / steps, sum(ms for _p, ms in rows), rows)
+
+
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
                    nvtx: Iterable[NvtxRange] = (), top_n: int = 10,
                    ops: OpAttribution | None = None, host: HostSide | None = None) -> DeviceBreakdown:
@@ -326,6 +346,7 @@ def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequenc
         optimizer=ops.optimizer if ops is not None else None,
         casts=_casts(kernels, ops, swept.window, swept.steps),
         splitk=_splitk(kernels, swept.window, swept.steps),
+        recompute=_recompute(kernels, ops, swept.window, swept.steps),
     )
 
 
@@ -395,7 +416,7 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     if ops is None or len(host.marks) < 2:
         return out
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
-                      ops.tails, [a for a, _b in host.data], ops.backward)
+                      ops.tails, [a for a, _b in host.data], ops.backward, recomputed=ops.recomputed)
     return dataclasses.replace(out, devices=tuple(
         dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, trace))
         for d in out.devices))
@@ -405,5 +426,5 @@ def step_marks(ranges: Sequence[HostRange]) -> list[float]:
     """Where each step the trace marks begins on the host: the profiler's ``ProfilerStep#`` ranges
     where the loop has them (each spans its step), else torch.optim's ``Optimizer.step#`` (one a step,
     in its optimizer phase) — the kind that counts the trace's steps (perfd.capture.chrome_trace)."""
-    prof = [r.start_ns for r in ranges if r.name.lower().startswith("profilerstep#")]
-    return prof or [r.start_ns for r in ranges if is_step_mark(r.name)]
+    prof = [r.start_ns for r in ranges if is_profiler_step(r.name)]
+    return prof or [r.start_ns for r in optimizer_marks(ranges)]

@@ -27,6 +27,7 @@ from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
 from perfd.analytics.breakdown.op_parts import is_step_annotation
 from perfd.capture.analysis import NvtxRange, TraceData, analyze_trace
 from perfd.capture.ops import Flow, HostRange, Launch, RangeKind
+from perfd.capture.step_marks import optimizer_marks
 from perfd.capture.timeline_events import KernelEvent, MemEvent
 from perfd.capture.trace_input import TRACE_CAPS, TraceCaps, load_trace_json
 
@@ -163,7 +164,7 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
     # One kind counts the steps: a torch.profiler trace marks each with ProfilerStep# and, when the
     # loop runs a torch optimizer, Optimizer.step# too (counting both doubled them); the profiler's
     # marks, which the trace's owner placed, first.
-    data.steps = steps.get("profilerstep") or steps.get("optimizer.step") or None
+    data.steps = steps.get("profilerstep") or len(optimizer_marks(data.ranges)) or None
     return data
 
 

@@ -22,6 +22,7 @@ from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown, IdleRow
 from perfd.analytics.breakdown.op_parts import BACKWARD_UNIT, is_batched_matmul, is_softmax
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.capture.ops import HostRange, Launch, OpAttribution, RangeKind
+from perfd.capture.step_marks import innermost, optimizer_marks
 from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 Interval = tuple[float, float]
@@ -141,7 +142,8 @@ def _optimizer(ranges: Sequence[HostRange], by_name: Mapping[str, Sequence[HostR
              if r.kind is RangeKind.ANNOTATION]
     if not steps:
         return None, None
-    cls = jf.optimizer_class(steps[0].name)
+    # the optimizer that updates the weights, not a container stepping it (torchtitan's OptimizersContainer)
+    cls = jf.optimizer_class(optimizer_marks(steps, innermost)[0].name)
     inside = _Within(steps)
     kinds = {k for n in by_name if (k := jf.optimizer_kind(n)) is not None
              and any(inside.has(r.tid, r.start_ns) for r in _ops(by_name, n))}

@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from perfd.analytics.breakdown.ncu_rows import Phase
+from perfd.analytics.breakdown.op_parts import is_profiler_step
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.ncu.launches import LaunchTimeline, StepMarks, TimelineLaunch, assign_layers
 from perfd.capture.analysis import TraceData
 from perfd.capture.ops import RangeKind, attribute
+from perfd.capture.step_marks import optimizer_marks
 from perfd.capture.timeline_events import KernelEvent
 
 # Parts whose launches belong to neither pass: the optimizer's step and zeroing, the gradients'
@@ -30,16 +32,9 @@ _OTHER = frozenset({Part.OPTIMIZER, Part.GRAD_REDUCE, Part.MEMCPY})
 
 def _step_of(data: TraceData) -> tuple[list[tuple[float, float]], list[float]]:
     """(ProfilerStep ranges, Optimizer.step end times), host ns, sorted."""
-    prof, opt = [], []
-    for r in data.ranges:
-        if r.kind is not RangeKind.ANNOTATION:
-            continue
-        low = r.name.lower()
-        if low.startswith("profilerstep#"):
-            prof.append((r.start_ns, r.end_ns))
-        elif low.startswith("optimizer.step#"):
-            opt.append(r.end_ns)
-    return sorted(prof), sorted(opt)
+    anns = [r for r in data.ranges if r.kind is RangeKind.ANNOTATION]
+    prof = [(r.start_ns, r.end_ns) for r in anns if is_profiler_step(r.name)]
+    return sorted(prof), sorted(r.end_ns for r in optimizer_marks(anns))
 
 
 def timeline_launches(data: TraceData, device: int | None = None) -> LaunchTimeline:

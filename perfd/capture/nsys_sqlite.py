@@ -27,11 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
-from perfd.analytics.breakdown.op_parts import is_step_annotation
+from perfd.analytics.breakdown.op_parts import is_profiler_step
 from perfd.capture.analysis import NvtxRange, TraceData, analyze_trace
 from perfd.capture.binaries import find_nsys
 from perfd.capture.chrome_trace import SYNC_CALLS
 from perfd.capture.ops import HostRange, Launch, RangeKind
+from perfd.capture.step_marks import optimizer_marks
 from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -156,7 +157,9 @@ def read_nsys_sqlite(path: str | Path) -> TraceData:
         if NVTX in tables:
             data.nvtx = _read_nvtx(con, has_strings)
             data.ranges = _host_ranges(con, has_strings)
-            data.steps = sum(1 for r in data.ranges if is_step_annotation(r.name)) or None
+            # one kind counts the steps, as in a Kineto trace: the profiler's, else torch.optim's outermost
+            data.steps = (sum(1 for r in data.ranges if is_profiler_step(r.name))
+                          or len(optimizer_marks(data.ranges)) or None)
         if RUNTIME in tables:
             data.launches, data.syncs = _runtime_calls(con, has_strings)
         return data

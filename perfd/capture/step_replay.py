@@ -41,6 +41,7 @@ from perfd.analytics.breakdown.replay_table import (
     GRAPHED_HOST,
     LAUNCH_LATENCY_NS,
     MICROBATCH_DEVICE,
+    RECOMPUTE_HOST,
     SCALES,
     Change,
     ReplayTable,
@@ -73,6 +74,7 @@ _DISPATCH_NS = th.SHORT_GAP_S.value * 1e9
 _PARAMS: Mapping[Change, tuple[float, float]] = {
     Change.MICROBATCH: MICROBATCH_DEVICE, Change.GRAPHS: GRAPHED_HOST, Change.DROPOUT: DROPOUT_HOST,
     Change.FUSED: FUSED_DEVICE,  # and FUSED_LAUNCHES, at the same end
+    Change.RECOMPUTE: RECOMPUTE_HOST,
 }
 
 # The changes the fused layers' (torch.compile's, outside Megatron-LM) are replayed together with: those a
@@ -82,8 +84,8 @@ _PARAMS: Mapping[Change, tuple[float, float]] = {
 _FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS})
 
 # event flags
-_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE = (
-    1 << i for i in range(8))
+_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE, _RECOMPUTED = (
+    1 << i for i in range(9))
 
 
 def fusable(part: Part | None, kernel: str, op: str) -> bool:
@@ -132,6 +134,8 @@ class Timeline:
             return self.microbatches is not None and self.microbatches >= 2
         if change is Change.DROPOUT:
             return any(e.flags & _DROPOUT for e in self.events)
+        if change is Change.RECOMPUTE:
+            return any(e.flags & _RECOMPUTED for e in self.events)
         return any(e.flags & _GRAPHABLE for e in self.events)
 
 
@@ -151,6 +155,7 @@ class HostTrace:
     data_starts: Sequence[float] = ()
     backward: frozenset[int] = frozenset()  # the launches the autograd engine made (the backward pass)
     kernels: Mapping[int, str] = field(default_factory=dict)  # corr -> its kernel's name on this device
+    recomputed: frozenset[int] = frozenset()  # the launches of the forward the backward ran again
 
 
 def timeline(h: HostTrace) -> Timeline | None:
@@ -182,6 +187,8 @@ def timeline(h: HostTrace) -> Timeline | None:
             flags |= _FUSABLE
         if part in _PER_MICROBATCH_FIXED:
             flags |= _FIXED
+        if x.corr in h.recomputed:
+            flags |= _RECOMPUTED
         raw.append((x.ns, x.ns, stream, max(b - a, 0.0), flags, x.corr))
     for i, s in enumerate(h.syncs):
         t0 = starts.get((s.corr, s.name), s.ns)
@@ -272,6 +279,7 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
     graphs, dropout, timers = Change.GRAPHS in changes, Change.DROPOUT in changes, Change.TIMERS in changes
     p_graphs, p_dropout, p_mb = p[Change.GRAPHS], p[Change.DROPOUT], p[Change.MICROBATCH]
     fused, p_fused = Change.FUSED in changes, p[Change.FUSED]
+    recompute, p_recompute = Change.RECOMPUTE in changes, p[Change.RECOMPUTE]
     host_left = _launches_left(t, hi) if fused else 1.0
     keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
     streams: dict[int, int] = {}
@@ -289,6 +297,8 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
         m2 = host_left if fused and stream >= 0 and flags & _LAYERS and _dispatch(gap_ns, flags) else 1.0
         if dropout and flags & _DROPOUT:
             rows.append((gap_ns, m1, p_dropout * m2, _WORK, 0, 0.0))
+        elif recompute and flags & _RECOMPUTED:
+            rows.append((gap_ns, m1, p_recompute * m2, _WORK, 0, 0.0))
         elif flags & _SYNC:
             rows.append((gap_ns, m1, 1.0, _WORK if timers and flags & _BARE_LAYERS_SYNC else _WAIT, 0, 0.0))
         else:
@@ -361,6 +371,8 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
         for combo in itertools.combinations(have, n):
             cs = frozenset(combo)
             if Change.FUSED in cs and not cs - {Change.FUSED} <= _FUSED_WITH:
+                continue
+            if Change.RECOMPUTE in cs and len(cs) > 1:  # read alone (remedy_recompute): one replay more
                 continue
             lo = _scales(t, scales, cs, hi=False)
             hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo

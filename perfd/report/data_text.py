@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from perfd.analytics.advice.remedies import Framework
-from perfd.analytics.advice.trainer_switches import HF_DATA_FLAGS, HF_PIN_MEMORY
+from perfd.analytics.advice.trainer_switches import HF_DATA_FLAGS, HF_PIN_MEMORY, TITAN_DATA_FLAGS
 from perfd.analytics.finding_types import DataAction, DataLoading
 
 DATA_LOADING_ACTION = ("Speed up data loading: more data-loader workers, pinned memory, prefetch; check "
@@ -50,7 +50,7 @@ _HF_KNOBS = "Trainer: " + " ".join(f.text() for f in HF_DATA_FLAGS)
 DATA_KNOBS: Mapping[Framework, str] = {
     Framework.MEGATRON: "Megatron-LM: --num-workers",
     Framework.PYTORCH: _LOADER,
-    Framework.TORCHTITAN: "torchtitan: more data-loader workers",
+    Framework.TORCHTITAN: "torchtitan: " + " ".join(f.text() for f in TITAN_DATA_FLAGS),
     Framework.HF_TRAINER: f"{_HF_KNOBS} ({HF_PIN_MEMORY} is on by default: keep it)",
     Framework.LIGHTNING: _LOADER + _IN_LIGHTNING,
 }

@@ -143,6 +143,21 @@ TEMPLATE: dict[Say, str] = {
     Say.PEAK_ROOM: "; the log's peak is {0:.1f} GiB of {1:.0f} GiB",
     Say.FREE_MEMORY: "Free memory: --recompute-granularity selective (core attention's s×s activations "
                      "recomputed, not kept)",
+    Say.RECOMPUTE_OFF: "Activation checkpointing off: call the layers without torch.utils.checkpoint, or "
+                       "checkpoint fewer of them (the memory allowing)",
+    Say.RECOMPUTE_OFF_TORCHTITAN: "Activation checkpointing off: {0} (the memory allowing)",
+    Say.RECOMPUTE_OFF_HF: "Gradient checkpointing off: {0} (the memory allowing)",
+    Say.RECOMPUTE_OFF_LIGHTNING: "Activation checkpointing off: the network the LightningModule holds called "
+                                 "without torch.utils.checkpoint, or fewer of its layers checkpointed (the "
+                                 "memory allowing)",
+    Say.RECOMPUTE_OFF_COST: "memory: the activations the recompute spared are kept from the forward to the "
+                            "backward; read the job's peak (its log, or perfd's GPU memory) against the "
+                            "GPU's before turning it off, and keep it where it is the room that lets the job "
+                            "run",
+    Say.RECOMPUTE_BASIS: "{0:,.0f} forward launches a step run again in the backward ({1:.1f} ms of "
+                         "kernels), none without the checkpointing (× {2:g}–{3:g} of that time back)",
+    Say.RECOMPUTE_REPLAYED: "without the {0:,.0f} recomputed launches a step ({1:.1f} ms of kernels), and "
+                            "× {2:g}–{3:g} of the host's time before each",
     Say.FREE_MEMORY_BASIS: "attention's forward ({0:.0f} ms of its {1:.0f} ms) runs again in the backward",
     Say.FREE_MEMORY_COST: "the step runs longer; the log's peak {0:.1f} GiB of {1:.0f} GiB comes down (room "
                           "for a larger micro-batch)",
@@ -158,7 +173,8 @@ TEMPLATE: dict[Say, str] = {
     Say.TE_LAYERS_INSTALL: "Transformer Engine layers: install Transformer Engine, then {0}" + _TE_LAYERS,
     Say.TE_LAYERS: "Transformer Engine layers: {0}" + _TE_LAYERS,
     Say.TE_UNSHOWN: "needs Transformer Engine (the log does not say whether it is installed)",
-    Say.FUSED_LAYERS_TORCHTITAN: "Fused layers: --compile.enable (torch.compile)",
+    Say.FUSED_LAYERS_TORCHTITAN: "Fused layers: {0} (torch.compile of each TransformerBlock and of the loss: "
+                                 "compile.components)",
     Say.FUSED_LAYERS_COMPILE: "Fused layers: torch.compile(model)",
     Say.FUSED_LAYERS_HF: "Fused layers: {0} (torch.compile), or {1} where Liger patches the model (its fused "
                          "RMSNorm, RoPE, SwiGLU and cross-entropy kernels; needs liger-kernel installed)",

@@ -12,6 +12,7 @@ from perfd.analytics.advice.remedy_catalog import fit
 from perfd.analytics.advice.remedy_said import Say
 from perfd.analytics.advice.trainer_switches import SWITCHES
 from perfd.analytics.breakdown.budget import BudgetPart, IdleCause, IdleShare, Phase, Source, StepBudget
+from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.core.model import HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK
 from perfd.report.data_text import knobs_text
@@ -33,7 +34,9 @@ def _budget() -> StepBudget:
     )
     idle = (IdleShare(IdleCause.LAUNCH, Phase.LAYERS, "", 20.0, 400.0),
             IdleShare(IdleCause.SYNC, Phase.LAYERS, "aten::item", 10.0, 4.0))
-    return StepBudget(100.0, parts, (Source.CAPTURE,), iterations=3.0, idle=idle)
+    # and a forward recomputed in the backward (activation checkpointing): 8 ms of norm kernels a step
+    return StepBudget(100.0, parts, (Source.CAPTURE,), iterations=3.0, idle=idle,
+                      recompute=RecomputeSeen(200.0, 8.0, (("norm", 8.0),)))
 
 
 def _fitted(framework: Framework) -> dict[RemedyId, Advice]:
@@ -109,3 +112,27 @@ def test_megatron_keeps_its_options() -> None:
     assert got[RemedyId.BIGGER_GEMMS].action.code is Say.BIGGER_GEMMS_MEGATRON
     assert all(f.option.startswith("--") and "_" not in f.option
                for a in got.values() for f in a.flags)
+
+
+def test_torchtitans_words_are_its_config_keys_each_a_flag() -> None:
+    got = _fitted(Framework.TORCHTITAN)
+    said = {r: text(a.action) for r, a in got.items()}
+    assert said[RemedyId.FUSED_LAYERS].startswith("Fused layers: --compile.enable")
+    off = "Activation checkpointing off: --activation_checkpoint.mode none"
+    assert said[RemedyId.RECOMPUTE].startswith(off)
+    assert next(f.text() for f in got[RemedyId.DATA_LOADER].flags) == "--training.dataloader.num_workers N"
+    for r in (RemedyId.FUSED_LAYERS, RemedyId.RECOMPUTE, RemedyId.DATA_LOADER):
+        assert got[r].effort is Effort.FLAG, r
+    # the recompute's gain is its kernels' time (no replay here): all of it at most, 0.8 of it at least
+    g = got[RemedyId.RECOMPUTE].gain
+    assert g is not None and g.low_ms <= 6.4 and g.high_ms >= 8.0
+    assert "memory" in text(got[RemedyId.RECOMPUTE].cost)
+    assert knobs_text(Framework.TORCHTITAN).startswith("torchtitan: --training.dataloader.num_workers N")
+
+
+def test_a_budget_without_recompute_offers_no_checkpointing_remedy() -> None:
+    import dataclasses
+
+    b = dataclasses.replace(_budget(), recompute=RecomputeSeen(0.0, 0.0))
+    got = {a.remedy for a in fit(FitContext(b, JobConfig(framework=Framework.TORCHTITAN)))}
+    assert RemedyId.RECOMPUTE not in got

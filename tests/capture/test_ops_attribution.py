@@ -185,7 +185,10 @@ def test_backward_work_goes_where_its_forward_op_is() -> None:
 
 def test_without_flows_the_sequence_number_links_a_node_to_its_forward_op() -> None:
     fwd = _attention_forward()
-    bwd = [_op(2, 100, 110, UNIT + "MaskedFillBackward0"), _op(2, 101, 109, "aten::masked_fill", seq=102)]
+    # as Kineto records it: the node carries its forward op's number; the ops it runs carry none (the
+    # backward runs with grad mode off: an op with a number of its own there is a recomputed forward's)
+    bwd = [_op(2, 100, 110, UNIT + "MaskedFillBackward0"),
+           _op(2, 100.5, 109.5, "MaskedFillBackward0", seq=102), _op(2, 101, 109, "aten::masked_fill")]
     assert _parts(fwd + bwd, [(10, 2, 105)]) == {10: Part.ATTENTION}
 
 
@@ -237,3 +240,29 @@ def test_nsys_and_kineto_divide_the_same_loop_alike() -> None:
     assert ks["attention"] > 0.5 and ks["linear"] > 0.1 and ks["loss"] > 0.03
     for part in set(ks) | set(ns):
         assert ks.get(part, 0.0) == pytest.approx(ns.get(part, 0.0), abs=0.01), part
+
+
+def test_a_forward_op_run_again_inside_a_backward_node_is_recomputed_and_named_for_what_it_computes() -> None:
+    # activation checkpointing, as torchtitan's trace shows it: MmBackward0 unpacks a saved tensor and the
+    # checkpoint runs the norm's forward again (grad mode on: its ops carry sequence numbers of their own)
+    fwd = [_op(1, 0, 10, "aten::rms_norm", seq=5), _op(1, 1, 9, "aten::mul", seq=6),
+           _op(1, 20, 30, "aten::mm", seq=7)]
+    bwd = [_op(2, 100, 140, UNIT + "MmBackward0"), _op(2, 100.5, 139.5, "MmBackward0", seq=7),
+           _op(2, 101, 110, "aten::rms_norm", seq=900), _op(2, 102, 108, "aten::mul", seq=901),
+           _op(2, 120, 130, "aten::mm")]
+    att = attribute(fwd + bwd, [Launch(c, tid, t) for c, tid, t in
+                                [(1, 1, 5), (2, 1, 25), (3, 2, 105), (4, 2, 125)]], [Flow(1, 20.0, 2, 100.6)])
+    assert att is not None
+    assert att.recomputed == frozenset({3})  # the backward's own GEMM (no number) is not
+    assert att.parts[3] is Part.NORM and "recomputed" in att.labels[3]
+    assert att.parts[4] is Part.LINEAR
+    assert 3 in att.backward and 4 in att.backward
+
+
+def test_an_autograd_node_inside_another_is_not_a_recompute() -> None:
+    # CopySlices runs the node of the in-place op it wraps: both carry numbers, neither is a forward op
+    bwd = [_op(2, 100, 110, UNIT + "torch::autograd::CopySlices"),
+           _op(2, 100.5, 109.5, "torch::autograd::CopySlices", seq=30),
+           _op(2, 101, 109, "MaskedFillBackward0", seq=29), _op(2, 102, 108, "aten::masked_fill")]
+    att = attribute([_op(1, 0, 10, "aten::masked_fill_", seq=29), *bwd], [Launch(1, 2, 105)], [])
+    assert att is not None and att.recomputed == frozenset()

@@ -44,6 +44,7 @@ from perfd.analytics.advice.remedies import (
 )
 from perfd.analytics.advice.remedy_graphs import cuda_graphs
 from perfd.analytics.advice.remedy_loss import LOSS_PASSES, fused_linear_ce, loss_only
+from perfd.analytics.advice.remedy_recompute import loop_recompute
 from perfd.analytics.advice.remedy_said import Say, say
 from perfd.analytics.advice.remedy_steps import (
     LAUNCH_GAPS,
@@ -223,7 +224,9 @@ def recompute(c: FitContext) -> Advice | None:
     activations are the large ones) and wins the rest of the repeated forward back; a job short of
     memory that recomputes nothing frees attention's activations for the price of its forward."""
     b, cfg = c.budget, c.config
-    if cfg.framework is not Framework.MEGATRON or not b.has_kernels:
+    if cfg.framework is not Framework.MEGATRON:
+        return loop_recompute(c)  # what a capture shows the backward run again
+    if not b.has_kernels:
         return None
     gran = cfg.arg("recompute_granularity")
     layers = sum(b.ms(p) for p in _LAYER_PARTS)

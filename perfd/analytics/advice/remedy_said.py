@@ -69,6 +69,13 @@ class Say(enum.Enum):
     FREE_MEMORY = 0
     FREE_MEMORY_BASIS = 2  # attention's forward ms, attention ms
     FREE_MEMORY_COST = 2  # peak GiB, GPU GiB
+    RECOMPUTE_OFF = 0  # a plain loop's: activation checkpointing off
+    RECOMPUTE_OFF_TORCHTITAN = 1  # the flag
+    RECOMPUTE_OFF_HF = 1  # the flag
+    RECOMPUTE_OFF_LIGHTNING = 0
+    RECOMPUTE_OFF_COST = 0
+    RECOMPUTE_BASIS = 4  # recomputed launches a step, their ms, the kernels' low, high factor
+    RECOMPUTE_REPLAYED = 4  # launches, their ms, the host time's low, high factor
     # Fused layers.
     FUSED_LAYERS_BASIS = 3  # pointwise ms, low, high factor
     FUSED_REPLAYED = 7  # launches, fusable launches, their ms, launches' low, high, kernels' low, high factor
@@ -76,7 +83,7 @@ class Say(enum.Enum):
     TE_LAYERS_INSTALL = 1  # the flags
     TE_LAYERS = 1  # the flags
     TE_UNSHOWN = 0
-    FUSED_LAYERS_TORCHTITAN = 0
+    FUSED_LAYERS_TORCHTITAN = 1  # the flag
     FUSED_LAYERS_COMPILE = 0
     FUSED_LAYERS_HF = 2  # the flags, the Liger option
     FUSED_LAYERS_LIGHTNING = 0

@@ -39,10 +39,18 @@ HF_FIND_UNUSED_OFF = Flag("--ddp_find_unused_parameters", "false")
 HF_BUCKET_CAP = Flag("--ddp_bucket_cap_mb", "N")
 # Lightning's Trainer arguments (what its documentation calls Trainer flags).
 LIGHTNING_LOG_EVERY = Flag("log_every_n_steps", "N", "=")
-# torchtitan's config keys on its command line.
+# Hugging Face's gradient checkpointing (off by default: a job with it on passes the flag)
+HF_CHECKPOINTING_OFF = Flag("--gradient_checkpointing", "false")
+# torchtitan's config keys on its command line (torchtitan 0.2.2's job_config.py; tyro's bool flags).
 TITAN_LOG_FREQ = Flag("--metrics.log_freq", "N")
 TITAN_LOCAL_BATCH = Flag("--training.local_batch_size")
 TITAN_GLOBAL_BATCH = "--training.global_batch_size"
+TITAN_COMPILE = Flag("--compile.enable")  # compiles each TransformerBlock and the loss (compile.components)
+TITAN_CHECKPOINTING_OFF = Flag("--activation_checkpoint.mode", "none")  # its default is "selective"
+TITAN_DATA_FLAGS = (Flag("--training.dataloader.num_workers", "N"),
+                    Flag("--training.dataloader.persistent_workers"),
+                    Flag("--training.dataloader.prefetch_factor", "4"),
+                    Flag("--training.dataloader.pin_memory"))
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
         Framework.HF_TRAINER: S(Say.FUSED_ATTENTION_HF),
     },
     RemedyId.FUSED_LAYERS: {
-        Framework.TORCHTITAN: S(Say.FUSED_LAYERS_TORCHTITAN),
+        Framework.TORCHTITAN: S(Say.FUSED_LAYERS_TORCHTITAN, (TITAN_COMPILE,)),
         Framework.HF_TRAINER: S(Say.FUSED_LAYERS_HF, (HF_TORCH_COMPILE,), (HF_LIGER,)),
         Framework.LIGHTNING: S(Say.FUSED_LAYERS_LIGHTNING),
     },
@@ -113,6 +121,13 @@ SWITCHES: Mapping[RemedyId, Mapping[Framework, Switch]] = {
     },
     RemedyId.DATA_LOADER: {  # the action is the data-loading one; the knobs are the note's (DATA_KNOBS)
         Framework.HF_TRAINER: S(Say.DATA_LOADER, HF_DATA_FLAGS),
+        Framework.TORCHTITAN: S(Say.DATA_LOADER, TITAN_DATA_FLAGS),
+    },
+    RemedyId.RECOMPUTE: {  # outside Megatron-LM (whose recompute options are the remedies' own)
+        Framework.TORCHTITAN: S(Say.RECOMPUTE_OFF_TORCHTITAN, (TITAN_CHECKPOINTING_OFF,),
+                                cost=Say.RECOMPUTE_OFF_COST),
+        Framework.HF_TRAINER: S(Say.RECOMPUTE_OFF_HF, (HF_CHECKPOINTING_OFF,), cost=Say.RECOMPUTE_OFF_COST),
+        Framework.LIGHTNING: S(Say.RECOMPUTE_OFF_LIGHTNING, cost=Say.RECOMPUTE_OFF_COST),
     },
 }
 

@@ -37,6 +37,7 @@ from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.kernel_rows import KernelRow
 from perfd.analytics.breakdown.ncu_rows import NcuCategory, categories_of
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
+from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen
 from perfd.analytics.breakdown.step_parts import Part
@@ -291,6 +292,7 @@ class StepBudget:
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation a capture shows
     casts: CastsSeen | None = None  # a capture's cast kernels a step (perfd.analytics.breakdown.casts_seen)
     splitk: SplitKSeen | None = None  # a capture's split-K reductions a step (.splitk_seen)
+    recompute: RecomputeSeen | None = None  # a capture's forward run again in its backward (.recompute_seen)
 
     def ms(self, part: Part) -> float:
         return sum(p.ms for p in self.parts if p.part is part)
@@ -333,7 +335,8 @@ class StepBudget:
                 "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
                 "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
                 "casts": self.casts.to_json() if self.casts is not None else None,
-                "splitk": self.splitk.to_json() if self.splitk is not None else None}
+                "splitk": self.splitk.to_json() if self.splitk is not None else None,
+                "recompute": self.recompute.to_json() if self.recompute is not None else None}
 
     @staticmethod
     def from_json(d: object) -> StepBudget | None:
@@ -366,7 +369,7 @@ class StepBudget:
                           JobFacts.from_json(d.get("facts")),
                           Unprofiled.from_json(d.get("unprofiled")),
                           OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")),
-                          SplitKSeen.from_json(d.get("splitk")))
+                          SplitKSeen.from_json(d.get("splitk")), RecomputeSeen.from_json(d.get("recompute")))
 
 
 def _mapping(v: object) -> Mapping[str, object]:

@@ -168,6 +168,7 @@ def from_capture(
         optimizer=device.optimizer,
         casts=device.casts,
         splitk=device.splitk,
+        recompute=device.recompute,
     )
     return unprofiled(b) if rescale else b
 

@@ -23,6 +23,7 @@ from perfd.analytics.breakdown.budget import IdleCause, Phase
 from perfd.analytics.breakdown.casts_seen import CastsSeen
 from perfd.analytics.breakdown.job_facts import JobFacts
 from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
+from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen
 from perfd.core.typed import obj, objs
@@ -196,6 +197,7 @@ class DeviceBreakdown:
     optimizer: OptimizerSeen | None = None  # the optimizer's class and implementation the trace shows
     casts: CastsSeen | None = None  # the complete steps' cast kernels, per step (None: not counted)
     splitk: SplitKSeen | None = None  # the complete steps' split-K reductions, per step (None: not counted)
+    recompute: RecomputeSeen | None = None  # the forward run again in its backward, per step
 
     def categories(self) -> dict[str, float]:
         """category -> share of the summed kernel (and copy) time, largest first."""
@@ -231,6 +233,7 @@ class DeviceBreakdown:
             "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
             "casts": self.casts.to_json() if self.casts is not None else None,
             "splitk": self.splitk.to_json() if self.splitk is not None else None,
+            "recompute": self.recompute.to_json() if self.recompute is not None else None,
         }
 
     @classmethod
@@ -273,6 +276,7 @@ class DeviceBreakdown:
             facts=JobFacts.from_json(d.get("facts")), made_of=_ms_map(d.get("made_of")),
             optimizer=OptimizerSeen.from_json(d.get("optimizer")), casts=CastsSeen.from_json(d.get("casts")),
             splitk=SplitKSeen.from_json(d.get("splitk")),
+            recompute=RecomputeSeen.from_json(d.get("recompute")),
         )
 
     def ratio(self, part_ms: float) -> float | None:

@@ -142,6 +142,11 @@ def is_step_annotation(name: str) -> bool:
     return name.lower().startswith(STEP_ANNOTATIONS)
 
 
+def is_profiler_step(name: str) -> bool:
+    """torch.profiler's ``ProfilerStep#N``, around each step of a loop that calls ``prof.step()``."""
+    return name.lower().startswith(STEP_ANNOTATIONS[1])
+
+
 def is_step_mark(name: str) -> bool:
     """torch.optim's step annotation: the optimizer phase of a training step is around it."""
     return name.lower().startswith(OPTIMIZER_ANNOTATIONS[0])

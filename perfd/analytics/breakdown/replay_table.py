@@ -29,6 +29,11 @@ GRAPHED_HOST = (0.35, 0.1)
 # No attention dropout: its kernels go; of the host time before each, this much stays (the op's
 # dispatch runs and returns its input).
 DROPOUT_HOST = (1.0, 0.3)
+# No activation checkpointing: the forward's ops the backward ran again (perfd.analytics.breakdown
+# .recompute_seen) do not run, their kernels nor their dispatch. Of the host time before each, the low end
+# keeps all (the GPU's side alone: what else the backward's host does in their place no trace shows), the
+# high end none.
+RECOMPUTE_HOST = (1.0, 0.0)
 # torch.compile fuses an eager model's elementwise kernels (perfd.capture.step_replay.fusable): of their
 # launches this many remain, and of their device time this much. nanoGPT's compiled H200 recording
 # (tests/data/loops) launches 913 elementwise kernels a step in its forward-backward phase (Inductor's,
@@ -57,6 +62,7 @@ class Change(TextEnum):
     GRAPHS = "graphs"  # the layers' launches replayed from CUDA graphs
     DROPOUT = "dropout"  # attention dropout off: its kernels go
     FUSED = "fused"  # torch.compile: the elementwise kernels fused, fewer launches and less device time
+    RECOMPUTE = "recompute"  # no activation checkpointing: the recomputed forward's launches go
 
 
 @dataclass(frozen=True)
