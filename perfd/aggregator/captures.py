@@ -38,7 +38,15 @@ from perfd.core import catalog
 from perfd.core import limits as L
 from perfd.core.clock import REAL_CLOCK, Clock
 from perfd.core.events import CAPTURE_PROGRESS, RULE_FIRING
-from perfd.core.model import CAPTURE_TOOLS, CPU, CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.core.model import (
+    CAPTURE_TOOLS,
+    CPU,
+    CaptureFailure,
+    CaptureStatus,
+    CaptureTool,
+    capture_tool,
+    kineto_iterations_per_step,
+)
 from perfd.core.refusals import Refusals
 from perfd.core.typed import obj
 from perfd.report.grade_text import worded, worded_recommendation
@@ -324,9 +332,12 @@ class CaptureCoordinator:
         rec = CaptureRecord(uuid.uuid4().hex[:12], job, ranks, tool, steps, origin, t, updated_at=t,
                             stack=stack)
         agents = self._agents_for(job, ranks)
+        # Kineto counts optimizer steps; how many make a training step is the job's framework's to say
+        info = self.state.job_info(job)
+        per_step = {"iterations_per_step": str(kineto_iterations_per_step(info))} if info is not None else {}
         cmd = Command(kind="capture", job=job, ranks=tuple(ranks or ()), id=rec.id,
                       args={"tool": tool, "steps": str(steps), "start_iteration": "next",
-                            "origin": origin, **({"stack": "1"} if stack else {})})
+                            "origin": origin, **({"stack": "1"} if stack else {}), **per_step})
         failed: list[str] = []
         for agent in agents:
             try:

@@ -68,14 +68,25 @@ class KinetoCapture:
             raise CaptureFailed("failed", "Kineto captures need the ranks' process ids (no process finder)")
         d = self.ctx.store.capture_dir(m["id"])
         by_pid = {pids[r]: r for r in req.ranks}
-        iterations = None if req.duration_ms is not None and req.start_iteration is None else req.steps
+        # Kineto counts every optimizer step, a nested one too: where the job's training step holds k
+        # of them (perfd.core.model.kineto_iterations_per_step), N steps are k*N of Kineto's
+        # iterations, and a start and round-up in steps k times theirs; a round-up of a multiple of k
+        # starts every rank's trace at the same point of a training step.
+        k = req.iterations_per_step or 1
+        iterations = None if req.duration_ms is not None and req.start_iteration is None else req.steps * k
+        start = None if req.start_iteration is None else req.start_iteration * k
+        roundup = req.roundup * k
         # A window starting now needs no warm-up wait (Kineto's default is seconds of it).
         warmup = 0 if iterations is None and req.start_time_ms is None else None
-        configs = {pid: build_config(d / f"rank{r}.json", iterations, req.start_iteration, req.roundup,
+        configs = {pid: build_config(d / f"rank{r}.json", iterations, start, roundup,
                                      req.duration_ms, req.start_time_ms,
                                      req.warmup_s if req.warmup_s is not None else warmup, req.stack)
                    for pid, r in by_pid.items()}
         m["config"] = next(iter(configs.values()))
+        if iterations is not None and req.iterations_per_step is not None:  # both units, for a reader
+            span = m.setdefault("steps", {"start": req.start_iteration, "count": req.steps})
+            span["kineto"] = {"iterations_per_step": k, "start": start, "roundup": roundup,
+                              "count": iterations}
         poll_s = max([self.poll_s, *(daemon.intervals.get(p, 0.0) for p in by_pid)])  # as seen
         arm_for = min(max(3 * poll_s + 2.0, 5.0), deadline - time.monotonic())
         try:

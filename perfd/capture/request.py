@@ -9,6 +9,11 @@ set when the rank started, :mod:`perfd.capture.ncu_exec`); ``steps`` (3; ncu: al
 ``start_iteration`` ``next`` or N (Kineto counts optimizer steps from the process start, the hook
 the steps it is given; for the same iteration on every rank give N, or
 ``roundup=R``: Kineto starts at the next multiple of R, so pick R above the poll period in steps);
+``iterations_per_step`` (the aggregator's, from the job's framework:
+perfd.core.model.kineto_iterations_per_step): the optimizer steps Kineto counts in one training step
+(more than one where an optimizer steps others inside its own step, as torchtitan's does); given,
+``steps``, ``start_iteration`` and ``roundup`` are training steps and a Kineto config asks for them
+times this many; absent (the job's framework unknown), a config asks for them as given;
 ``duration_ms`` (a time window instead; nsys sessions always use one, 3000 by default);
 ``start_time_ms`` (epoch ms, the same start on every node, Kineto); ``warmup_s``; ``mode`` session |
 range (nsys); ``timeout_s`` (120); ``stack`` 1 (Kineto: Python stacks and input shapes too, so the
@@ -40,6 +45,10 @@ NSYS_MODES: tuple[NsysMode, ...] = get_args(NsysMode)
 _MODE_OF: dict[str, NsysMode] = {m: m for m in NSYS_MODES}
 INFO_KEYS = ("rule", "firing", "fired_at", "reason", "requested_by", "source")
 BUSY_REASON = "busy: one CUPTI client per process"
+MAX_ITERATION = 2**31 - 1  # a start iteration, in Kineto's count (what the config may say)
+# A training step's Kineto iterations at most: torchtitan's are 1 + its model parts on the rank (a few);
+# the bound keeps the products a config says (steps, round-up) far inside Kineto's integers.
+MAX_ITERATIONS_PER_STEP = 64
 
 
 class CaptureArgError(ValueError):
@@ -62,6 +71,8 @@ class CaptureRequest:
     mode: NsysMode | None = None
     timeout_s: float = 120.0
     stack: bool = False  # Kineto: Python stacks and input shapes too (module names; a slower capture)
+    # Kineto iterations in one training step (None: the job's framework unknown, counted as 1)
+    iterations_per_step: int | None = None
     command_id: str = ""
     context: dict[str, str] = field(default_factory=dict)
     ignored_args: list[str] = field(default_factory=list)
@@ -103,7 +114,7 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
     if any(r < 0 for r in ranks):
         raise CaptureArgError("ranks must be >= 0")
     start_raw = args.get("start_iteration", "next").strip().lower()
-    start = None if start_raw in ("", "next") else _int(args, "start_iteration", 0, 2**31 - 1)
+    start = None if start_raw in ("", "next") else _int(args, "start_iteration", 0, MAX_ITERATION)
     mode_raw = args.get("mode", "").strip().lower() or None
     mode = _MODE_OF.get(mode_raw) if mode_raw is not None else None
     if mode_raw is not None and mode is None:
@@ -121,12 +132,17 @@ def parse_command(cmd: Command, now: float) -> CaptureRequest:
     stack_raw = args.get("stack", "0").strip().lower()
     if stack_raw not in ("0", "1", "true", "false", ""):
         raise CaptureArgError(f"stack={stack_raw!r}: 1 or 0")
+    per_step = _int(args, "iterations_per_step", 1, MAX_ITERATIONS_PER_STEP)
+    if start is not None and start * (per_step or 1) > MAX_ITERATION:
+        raise CaptureArgError(f"start_iteration={start} is past Kineto's count at {per_step} iterations a "
+                              f"step (at most {MAX_ITERATION})")
     known = {"tool", "steps", "start_iteration", "roundup", "duration_ms", "start_time_ms", "warmup_s",
-             "mode", "timeout_s", "stack", *INFO_KEYS}
+             "mode", "timeout_s", "stack", "iterations_per_step", *INFO_KEYS}
     return CaptureRequest(
         job=cmd.job, ranks=ranks, tool=tool, steps=_int(args, "steps", 1, 1000) or 3, start_iteration=start,
         roundup=_int(args, "roundup", 1, 1_000_000) or 1, duration_ms=_int(args, "duration_ms", 1, 600_000),
         start_time_ms=start_time, warmup_s=_int(args, "warmup_s", 0, 600), mode=mode, timeout_s=timeout_s,
         command_id=cmd.id, context={k: args[k][:500] for k in INFO_KEYS if k in args},
-        ignored_args=sorted(set(args) - known), stack=stack_raw in ("1", "true"))
+        ignored_args=sorted(set(args) - known), stack=stack_raw in ("1", "true"),
+        iterations_per_step=per_step)
 

@@ -3,7 +3,8 @@
 Layout: ``<root>/<capture id>/manifest.json`` plus the capture's artifacts (traces, reports,
 exports) in the same folder. The manifest (docs/design.md §5 "Capture") holds::
 
-    id, job, ranks, tool, mode, steps {start, count} or window {start_ms, duration_ms},
+    id, job, ranks, tool, mode, steps {start, count[, kineto {iterations_per_step, start, roundup,
+    count}]} or window {start_ms, duration_ms},
     status ok | failed | timeout | skipped | running, reason,
     artifacts [{name, path, bytes, kind, rank, pid, pruned}],
     analysis {rank: CaptureAnalysis JSON},
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Required, TypedDict, cast
+from typing import Any, NotRequired, Required, TypedDict, cast
 
 from perfd.core.privdir import open_private_dir, private_dir, rmtree_at
 
@@ -71,9 +72,21 @@ class Artifact(TypedDict):
     pruned: bool  # deleted to keep the store within its quota (the entry stays)
 
 
+class KinetoSpan(TypedDict):
+    """What a Kineto on-demand config asked for, in Kineto's iterations (optimizer steps it counts)."""
+
+    iterations_per_step: int  # in one training step (perfd.core.model.kineto_iterations_per_step)
+    start: int | None  # PROFILE_START_ITERATION (None: the next one)
+    roundup: int  # PROFILE_START_ITERATION_ROUNDUP
+    count: int  # ACTIVITIES_ITERATIONS
+
+
 class StepSpan(TypedDict):
     start: int | None  # None: the next iteration
     count: int
+    # A Kineto capture of a job whose framework says how many iterations Kineto counts in a training
+    # step: the span in Kineto's units as the config asked (start and count above are training steps)
+    kineto: NotRequired[KinetoSpan]
 
 
 class Manifest(TypedDict, total=False):

@@ -411,6 +411,29 @@ HOOK_FRAMEWORK = "pytorch"  # the framework of the JobInfo the step hook's job r
 HF_TRAINER_FRAMEWORK = "hf_trainer"
 LIGHTNING_FRAMEWORK = "lightning"
 HOOK_FRAMEWORKS: tuple[str, ...] = (HOOK_FRAMEWORK, HF_TRAINER_FRAMEWORK, LIGHTNING_FRAMEWORK)
+TORCHTITAN_FRAMEWORK = "torchtitan"  # the JobInfo its log makes (perfd.collectors.torchtitan)
+
+
+def kineto_iterations_per_step(info: JobInfo) -> int:
+    """The iterations libkineto's on-demand counter counts in one training step of the job: a Kineto
+    capture of N steps asks for N times this many (perfd.capture.kineto_capture), and its start and
+    round-up in the same units.
+
+    libkineto counts every ``torch.optim.Optimizer.step()`` call, a nested one too (PyTorch's global
+    optimizer post-hook, registered when the process runs with KINETO_USE_DAEMON). torchtitan's
+    OptimizersContainer is itself an Optimizer whose step() steps one optimizer per model part: 1 +
+    the rank's model parts a step. With pipeline parallelism off there is one part, so 2: on an H200 a
+    capture asked for 3 iterations held one training step, ``Optimizer.step#AdamW.step`` inside
+    ``Optimizer.step#OptimizersContainer.step`` on one thread. Under pipeline parallelism a part is a
+    stage of the rank: one for torchtitan's single-stage schedules (1F1B, GPipe), ``layout.vpp`` where
+    a source states it; an interleaved schedule the log does not state has more, and the capture then
+    holds fewer steps than asked. Any other job: 1 (one torch.optim step a training step; the HF
+    Trainer's AcceleratedOptimizer wraps its optimizer without counting itself)."""
+    if info.framework != TORCHTITAN_FRAMEWORK:
+        return 1
+    lay = info.layout
+    parts = lay.vpp if lay.pp is not None and lay.pp > 1 and lay.vpp is not None and lay.vpp > 0 else 1
+    return 1 + parts
 
 
 def merge_job_info(held: JobInfo | None, new: JobInfo) -> JobInfo:

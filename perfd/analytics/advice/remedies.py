@@ -40,13 +40,14 @@ from perfd.core.model import (
     HOOK_FRAMEWORK,
     HOOK_FRAMEWORKS,
     LIGHTNING_FRAMEWORK,
+    TORCHTITAN_FRAMEWORK,
 )
 
 
 class Framework(TextEnum):
     MEGATRON = "megatron"
     PYTORCH = HOOK_FRAMEWORK  # the step hook in a plain loop
-    TORCHTITAN = "torchtitan"
+    TORCHTITAN = TORCHTITAN_FRAMEWORK
     # The step hook driven by a trainer's callback (perfd.hook.hf, perfd.hook.lightning): the same loop
     # seen, advice in the trainer's own switches (perfd.analytics.advice.trainer_switches).
     HF_TRAINER = HF_TRAINER_FRAMEWORK

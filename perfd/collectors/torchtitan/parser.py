@@ -38,10 +38,18 @@ import time
 from dataclasses import dataclass, field
 
 from perfd.core.bounds import LAYOUT_BOUNDS, in_bounds
-from perfd.core.model import JobInfo, ModelSpec, ParseIssue, Provenance, RankScope, StepRecord
+from perfd.core.model import (
+    TORCHTITAN_FRAMEWORK,
+    JobInfo,
+    ModelSpec,
+    ParseIssue,
+    Provenance,
+    RankScope,
+    StepRecord,
+)
 
 COLLECTOR = "torchtitan"
-FRAMEWORK = "torchtitan"
+FRAMEWORK = TORCHTITAN_FRAMEWORK
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:")
