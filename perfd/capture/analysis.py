@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from perfd.analytics.breakdown.op_parts import is_data_annotation, is_profiler_s
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen, is_splitk_reduce
-from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.breakdown.step_parts import LAYER_PARTS, Part
 from perfd.capture.job_scan import scan, with_syncs
 from perfd.capture.op_kinds import kernel_kinds
 from perfd.capture.ops import Flow, HostRange, Launch, Method, OpAttribution, attribute
@@ -278,7 +279,34 @@ def _recompute(kernels: Sequence[KernelEvent], ops: OpAttribution | None, window
             part = ops.parts.get(k.corr)
             by[part.value if part is not None else "other"] += max(k.end_ns - k.start_ns, 0.0)
     rows = tuple(sorted(((p, _ms(ns) / steps) for p, ns in by.items()), key=lambda x: -x[1]))
-    return RecomputeSeen(n / steps, sum(ms for _p, ms in rows), rows)
+    fwd, bwd = _launch_host_us(kernels, ops, window) if n else (None, None)
+    return RecomputeSeen(n / steps, sum(ms for _p, ms in rows), rows, fwd, bwd)
+
+
+def _launch_host_us(kernels: Sequence[KernelEvent], ops: OpAttribution, window: Interval
+                    ) -> tuple[float | None, float | None]:
+    """The host's time a kernel launch (µs, median, each launch's distance from the one before it on its
+    thread, pauses of SHORT_GAP or more left out) in the layers' forward, and in the backward's own work
+    (the recomputed launches left out)."""
+    lo, hi = window
+    mine = {k.corr for k in kernels if k.corr is not None and lo <= k.start_ns < hi}
+    by_tid: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for corr, ns in ops.launch_ns.items():
+        if corr in mine:
+            by_tid[ops.launch_tid.get(corr, 0)].append((ns, corr))
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for seq in by_tid.values():
+        seq.sort()
+        for (a, _c), (b, corr) in itertools.pairwise(seq):
+            gap = b - a
+            if gap >= SHORT_GAP_US * 1e3 or ops.parts.get(corr) not in LAYER_PARTS:
+                continue
+            if corr not in ops.backward:
+                fwd.append(gap)
+            elif corr not in ops.recomputed:
+                bwd.append(gap)
+    return (statistics.median(fwd) / 1e3 if fwd else None, statistics.median(bwd) / 1e3 if bwd else None)
 
 
 def analyze_device(device: int, kernels: Sequence[KernelEvent], memcpys: Sequence[MemEvent],
@@ -418,7 +446,8 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
                       ops.tails, [a for a, _b in host.data], ops.backward, recomputed=ops.recomputed)
     return dataclasses.replace(out, devices=tuple(
-        dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, trace))
+        dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, dataclasses.replace(
+            trace, checkpoint_host=d.recompute.forward_host if d.recompute is not None else 1.0)))
         for d in out.devices))
 
 

@@ -105,6 +105,7 @@ class OpAttribution:
     # host: from the end of its last backward work to the first forward launch after its step mark (a
     # step mark around a closure: from the closure's last backward work to the mark's end)
     launch_ns: dict[int, float] = field(default_factory=dict)
+    launch_tid: dict[int, int] = field(default_factory=dict)  # the thread of each launch
     tails: tuple[tuple[float, float], ...] = ()
     # index in the capture's synchronising calls -> the op that made it (the outermost op around the call:
     # "aten::item", "c10d::barrier"; "" for a bare torch.cuda.synchronize())
@@ -542,7 +543,7 @@ def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Se
     weights = weight_cast_ranges([x.name for x in rs], [x.start_ns for x in rs], [x.end_ns for x in rs],
                                  att.tree.parent, att.tree.order, att.unit, att.units, att.unit_fwd)
     return OpAttribution(Method.MODULES if frames else Method.OPS, parts, labels, names,
-                         {ln.corr: ln.ns for ln in launches}, tails,
+                         {ln.corr: ln.ns for ln in launches}, {ln.corr: ln.tid for ln in launches}, tails,
                          {k: att.owner(i) for k, i in owners.items()}, frozenset(backward),
                          {corr: k for corr, i in where.items() if (k := kinds[i]) is not None},
                          {ln.corr: ln.end_ns for ln in launches if ln.end_ns is not None},

@@ -46,13 +46,12 @@ from perfd.analytics.breakdown.replay_table import (
     Change,
     ReplayTable,
 )
-from perfd.analytics.breakdown.step_parts import Part
+from perfd.analytics.breakdown.step_parts import LAYER_PARTS, Part
 from perfd.capture.ops import Launch
 from perfd.capture.timeline_events import KernelEvent, MemEvent
 
 # Launches in the layers, graphed under CUDA graphs (Megatron-LM's local graphs: each transformer
 # layer's forward and backward)
-_LAYER_PARTS = frozenset({Part.ATTENTION, Part.LINEAR, Part.NORM, Part.ACTIVATION, Part.POINTWISE})
 _PER_MICROBATCH_FIXED = frozenset({Part.GRAD_REDUCE})  # weight-sized: not more work for more rows
 _DEVICE_SYNCS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
 # What torch.compile fuses: the kernels elementwise by their name (a norm's, an activation's, a cast's, a
@@ -84,8 +83,8 @@ _PARAMS: Mapping[Change, tuple[float, float]] = {
 _FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS})
 
 # event flags
-_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE, _RECOMPUTED = (
-    1 << i for i in range(9))
+(_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE, _RECOMPUTED,
+ _FWD_LAYER) = (1 << i for i in range(10))
 
 
 def fusable(part: Part | None, kernel: str, op: str) -> bool:
@@ -109,6 +108,7 @@ class Timeline:
     events: tuple[Event, ...]
     steps: int
     microbatches: int | None  # micro-batches a step, when every step shows the same count
+    checkpoint_host: float = 1.0  # HostTrace.checkpoint_host
 
     @functools.cached_property
     def rows(self) -> tuple[tuple[float, int, float, int, int], ...]:
@@ -156,6 +156,9 @@ class HostTrace:
     backward: frozenset[int] = frozenset()  # the launches the autograd engine made (the backward pass)
     kernels: Mapping[int, str] = field(default_factory=dict)  # corr -> its kernel's name on this device
     recomputed: frozenset[int] = frozenset()  # the launches of the forward the backward ran again
+    # what a layer's forward launch costs the host without the checkpoint, of what it costs under it, at
+    # most (RecomputeSeen.forward_host): the high end of Change.RECOMPUTE
+    checkpoint_host: float = 1.0
 
 
 def timeline(h: HostTrace) -> Timeline | None:
@@ -179,7 +182,7 @@ def timeline(h: HostTrace) -> Timeline | None:
         part = h.parts.get(x.corr)
         op = h.op_names.get(x.corr, "")
         flags = 0 if in_optimizer(x.ns) else _LAYERS
-        if flags & _LAYERS and part in _LAYER_PARTS:
+        if flags & _LAYERS and part in LAYER_PARTS:
             flags |= _GRAPHABLE
         if part is Part.ATTENTION and "dropout" in op.lower():
             flags |= _DROPOUT
@@ -189,6 +192,8 @@ def timeline(h: HostTrace) -> Timeline | None:
             flags |= _FIXED
         if x.corr in h.recomputed:
             flags |= _RECOMPUTED
+        elif flags & _LAYERS and part in LAYER_PARTS and x.corr not in h.backward:
+            flags |= _FWD_LAYER
         raw.append((x.ns, x.ns, stream, max(b - a, 0.0), flags, x.corr))
     for i, s in enumerate(h.syncs):
         t0 = starts.get((s.corr, s.name), s.ns)
@@ -223,7 +228,7 @@ def timeline(h: HostTrace) -> Timeline | None:
     else:
         per_step = [sum(1 for e in events if e.step == k and e.flags & _MB_START) for k in range(steps)]
     mb = per_step[0] if per_step and len(set(per_step)) == 1 and per_step[0] > 0 else None
-    return Timeline(tuple(events), steps, mb)
+    return Timeline(tuple(events), steps, mb, h.checkpoint_host)
 
 
 def forward_starts(h: HostTrace, in_optimizer: Callable[[float], bool]) -> list[float]:
@@ -280,6 +285,8 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
     p_graphs, p_dropout, p_mb = p[Change.GRAPHS], p[Change.DROPOUT], p[Change.MICROBATCH]
     fused, p_fused = Change.FUSED in changes, p[Change.FUSED]
     recompute, p_recompute = Change.RECOMPUTE in changes, p[Change.RECOMPUTE]
+    # without the checkpoint, the forward's launches at the high end at what the backward's own cost
+    fwd_host = t.checkpoint_host if recompute and hi else 1.0
     host_left = _launches_left(t, hi) if fused else 1.0
     keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
     streams: dict[int, int] = {}
@@ -295,6 +302,8 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
         m1 = p_graphs if graphs and flags & _GRAPHABLE else 1.0
         # fused, a launch's dispatch costs the host what the launches left cost it (_launches_left)
         m2 = host_left if fused and stream >= 0 and flags & _LAYERS and _dispatch(gap_ns, flags) else 1.0
+        if flags & _FWD_LAYER and _dispatch(gap_ns, flags):
+            m2 *= fwd_host
         if dropout and flags & _DROPOUT:
             rows.append((gap_ns, m1, p_dropout * m2, _WORK, 0, 0.0))
         elif recompute and flags & _RECOMPUTED:

@@ -158,6 +158,10 @@ TEMPLATE: dict[Say, str] = {
                          "kernels), none without the checkpointing (× {2:g}–{3:g} of that time back)",
     Say.RECOMPUTE_REPLAYED: "without the {0:,.0f} recomputed launches a step ({1:.1f} ms of kernels), and "
                             "× {2:g}–{3:g} of the host's time before each",
+    Say.CHECKPOINT_FORWARD: "{0}, and the layers' forward launches, {1:.0f} µs of the profiled host's each "
+                            "under the checkpoint, at 1× to the backward's own {2:.0f} µs a launch (the "
+                            "checkpoint's hooks and selective checkpointing's per-op policy, which the "
+                            "backward's own ops do not pass through, gone)",
     Say.FREE_MEMORY_BASIS: "attention's forward ({0:.0f} ms of its {1:.0f} ms) runs again in the backward",
     Say.FREE_MEMORY_COST: "the step runs longer; the log's peak {0:.1f} GiB of {1:.0f} GiB comes down (room "
                           "for a larger micro-batch)",

@@ -29,6 +29,8 @@ def loop_recompute(c: FitContext) -> Advice | None:
     lo, hi = (r.ms * f for f in RECOMPUTED_GONE)
     gpu = Gain(lo, hi, say(Say.RECOMPUTE_BASIS, r.launches, r.ms, *RECOMPUTED_GONE))
     what = say(Say.RECOMPUTE_REPLAYED, r.launches, r.ms, RECOMPUTE_HOST[0], RECOMPUTE_HOST[1])
+    if r.forward_host < 1.0 and r.forward_us is not None and r.backward_us is not None:
+        what = say(Say.CHECKPOINT_FORWARD, what, r.forward_us, r.backward_us)
     replayed = c.replayed(Change.RECOMPUTE, what, gpu)
     sw = in_terms(RemedyId.RECOMPUTE, c.config.framework, Say.RECOMPUTE_OFF, cost=Say.RECOMPUTE_OFF_COST)
     known = [Part(p) for p, _ms in r.by_part if p in Part._value2member_map_]

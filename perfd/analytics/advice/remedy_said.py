@@ -76,6 +76,7 @@ class Say(enum.Enum):
     RECOMPUTE_OFF_COST = 0
     RECOMPUTE_BASIS = 4  # recomputed launches a step, their ms, the kernels' low, high factor
     RECOMPUTE_REPLAYED = 4  # launches, their ms, the host time's low, high factor
+    CHECKPOINT_FORWARD = 3  # RECOMPUTE_REPLAYED, a forward launch's host µs, a backward launch's
     # Fused layers.
     FUSED_LAYERS_BASIS = 3  # pointwise ms, low, high factor
     FUSED_REPLAYED = 7  # launches, fusable launches, their ms, launches' low, high, kernels' low, high factor

@@ -36,6 +36,10 @@ class Part(TextEnum):
     COMPUTE = "compute"  # the timers' compute, not divided (no capture)
 
 
+# The parts a layer's own kernels are in (not the loss, the embedding, the optimizer, copies of the batch)
+LAYER_PARTS = frozenset({Part.ATTENTION, Part.LINEAR, Part.NORM, Part.ACTIVATION, Part.POINTWISE})
+
+
 class Phase(TextEnum):
     """Where in the step a kernel or a gap is: its launch's place on the host (perfd.capture.ops tails)."""
 
