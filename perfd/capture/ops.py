@@ -234,7 +234,7 @@ class _Attributor:
         self._link_units(flows)
         self._find_regions()
         # What forward_part reads, each range's answer inside its innermost backward unit (the unit cuts)
-        self.op_part, self.frame_part = _cached(rules.op_part), _cached(_frame_part)
+        self.op_part, self.frame_part = _cached(rules.op_part), _cached(rules.frame_part)
         cut = self.is_unit
         self.seg_op = tree.innermost(is_op, cut)
         # A step mark around a closure holds the step's forward and backward: only the ops its thread
@@ -481,29 +481,6 @@ def _cached(fn: Callable[[str], Part | None]) -> Callable[[str], Part | None]:
             seen[name] = fn(name)
         return seen[name]
     return get
-
-
-def _frame_part(name: str) -> Part | None:
-    """A Python frame's part: a module class this table knows, or a function of the loss, the
-    optimizer or the data-parallel gradient machinery."""
-    cls = rules.module_class(name)
-    if cls is not None:
-        part = rules.module_part(cls)
-        if part is None and rules.is_mlp_module(cls):
-            return Part.ACTIVATION
-        return part
-    path, _, func = name.partition("): ")
-    low_path, low_func = path.lower(), func.lower()
-    if "loss" in low_func or "cross_entropy" in low_func:
-        return Part.LOSS
-    if "/optimizer/" in low_path or "torch/optim/" in low_path:
-        return Part.OPTIMIZER
-    # the data-parallel gradient machinery (Megatron's hooks, finalize_model_grads, zero_grad_buffer),
-    # not the wrapper's forward, which holds the whole model
-    if ("/distributed/" in low_path or "param_and_grad_buffer" in low_path) and (
-            "grad" in low_func or "hook" in low_func):
-        return Part.GRAD_REDUCE
-    return None
 
 
 def attribute(ranges: Sequence[HostRange], launches: Sequence[Launch], flows: Sequence[Flow],

@@ -216,3 +216,26 @@ def kernel_part(name: str, unfused_attention: bool) -> Part:
     if "embedding" in low:
         return Part.EMBEDDING
     return Part.POINTWISE
+
+
+def frame_part(name: str) -> Part | None:
+    """A Python frame's part: a module class this table knows, or a function of the loss, the
+    optimizer or the data-parallel gradient machinery."""
+    cls = module_class(name)
+    if cls is not None:
+        part = module_part(cls)
+        if part is None and is_mlp_module(cls):
+            return Part.ACTIVATION
+        return part
+    path, _, func = name.partition("): ")
+    low_path, low_func = path.lower(), func.lower()
+    if "loss" in low_func or "cross_entropy" in low_func:
+        return Part.LOSS
+    if "/optimizer/" in low_path or "torch/optim/" in low_path:
+        return Part.OPTIMIZER
+    # the data-parallel gradient machinery (Megatron's hooks, finalize_model_grads, zero_grad_buffer),
+    # not the wrapper's forward, which holds the whole model
+    if ("/distributed/" in low_path or "param_and_grad_buffer" in low_path) and (
+            "grad" in low_func or "hook" in low_func):
+        return Part.GRAD_REDUCE
+    return None
