@@ -147,7 +147,7 @@ class CaptureCoordinator:
                     out.append(r)
         return tuple(out[:MAX_INCIDENT_RANKS])
 
-    def _resolve_targets(self, job: str, key: Any, targets: CaptureTargets,
+    def _resolve_targets(self, job: str, key: object, targets: CaptureTargets,
                          values: Mapping[str, float | None]) -> tuple[int, ...] | None:
         if targets.ranks is not None:
             return tuple(targets.ranks)

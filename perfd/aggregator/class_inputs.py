@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from perfd.aggregator.capture_records import CaptureRecord, ncu_of
 from perfd.aggregator.incidents import IncidentTracker
@@ -34,7 +33,7 @@ STEPPING_STEPS = 3
 CapturesOf = Callable[[str], list[CaptureRecord]]
 
 
-def in_span(t: Any, lo: float | None, hi: float | None, slack_s: float = 1.0) -> bool:
+def in_span(t: object, lo: float | None, hi: float | None, slack_s: float = 1.0) -> bool:
     """Whether a capture that started at ``t`` lies in a run's span (an unknown start: in every run)."""
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         return True

@@ -346,7 +346,7 @@ class _Handler(httpd.BufferedHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _json(self, code: int, obj: Any) -> None:
+    def _json(self, code: int, obj: object) -> None:
         self._send(code, finite_json.dumps(obj, indent=2).encode(),
                    "application/json")
 

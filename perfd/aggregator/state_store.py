@@ -519,7 +519,7 @@ class StateStore:
             self._hello_bytes.pop(agent, None)
 
     # ---- documents (rules thread) ---------------------------------------------------------------
-    def put_doc(self, name: str, obj: Any) -> bool:
+    def put_doc(self, name: str, obj: object) -> bool:
         text = json.dumps(obj, allow_nan=False, default=str)
         with self._lock:
             if self.closed:  # a late caller after close(): nothing to write to

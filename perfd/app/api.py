@@ -41,7 +41,25 @@ class AggregatorUnavailable(ConnectionError):
 
 def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | None = None,
                          peak_tflops: float | None = None, job: str | None = None) -> dict[str, Any]:
-    """`perfd analyze megatron PATH --json` as a dict: job, iterations, summary, report, parse."""
+    """`perfd analyze megatron PATH --json` as a dict.
+
+    Args:
+        path: a Megatron-LM training log (plain, .gz or .xz).
+        gpu: the GPU's name as nvidia-smi gives it ("NVIDIA H200"), for its peak; None: no MFU unless
+            ``peak_tflops`` is given.
+        dtype: the training dtype (bf16, fp16, fp8, fp32, or torch's names), which picks the peak;
+            perfd never guesses one.
+        peak_tflops: the GPU's peak in TFLOP/s, instead of the one perfd knows for ``gpu``.
+        job: the job's name in the output; None: from the file's name.
+
+    Returns:
+        ``job``, ``iterations``, ``summary``, ``report`` (as the CLI's --json) and ``parse`` (the
+        parser's line counts, and how many issues it met).
+
+    Raises:
+        PerfdInputError: the file is missing or unreadable, holds no iteration lines, or the GPU, the
+            dtype or the peak cannot be used.
+    """
     from perfd.app.commands.analyze import analyze_megatron_file
     from perfd.app.commands.input_checks import check_gpu, check_log
     from perfd.app.commands.peak_args import check_mfu_possible, check_peak_args
@@ -69,8 +87,20 @@ def analyze_megatron_log(path: str | Path, gpu: str | None = None, dtype: str | 
 
 
 def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None = None) -> dict[str, Any]:
-    """The serving analysis of an SGLang server log (no /metrics, no model spec): records, summary,
-    report, as `perfd analyze sglang PATH --json` gives them without those options."""
+    """The serving analysis of an SGLang server log (no /metrics, no model spec), as
+    `perfd analyze sglang PATH --json` gives it without those options.
+
+    Args:
+        path: an SGLang server log (plain, .gz or .xz).
+        gpu: the GPU's name as nvidia-smi gives it ("NVIDIA H200"); None: not named.
+        job: the job's name in the output; None: the file's name without its suffix.
+
+    Returns:
+        ``records`` (one per prefill or decode batch line), ``summary`` and ``report``.
+
+    Raises:
+        PerfdInputError: the file is missing or unreadable, holds no batch lines, or ``gpu`` is unknown.
+    """
     from perfd.analytics.serving.serving_analysis import analyze_serving
     from perfd.app.commands.input_checks import check_gpu, check_log
     from perfd.collectors.sglang.parser import parse_file
@@ -94,8 +124,18 @@ def analyze_sglang_log(path: str | Path, gpu: str | None = None, job: str | None
 
 
 def read_capture(path: str | Path) -> dict[str, Any]:
-    """Per-device breakdown (busy, idle, compute, NCCL, exposed communication, top kernels) of a
-    Kineto/Chrome trace (.json, .json.gz, .json.xz) or an nsys capture (.nsys-rep, .sqlite)."""
+    """Per-device breakdown of a Kineto/Chrome trace or an nsys capture.
+
+    Args:
+        path: a trace (.json, .json.gz, .json.xz) or an nsys capture (.nsys-rep, .qdrep, .sqlite).
+
+    Returns:
+        The capture's analysis; under ``devices``, per device: busy, idle, compute, NCCL and exposed
+        communication time (ms) and the top kernels.
+
+    Raises:
+        PerfdInputError: the file is missing, a directory, or not a capture perfd can read.
+    """
     p = Path(path)
     if not p.is_file():
         raise PerfdInputError(f"{path} is a directory" if p.is_dir() else f"no such capture file: {path}")
@@ -120,8 +160,17 @@ class Aggregator:
 
     def __init__(self, url: str = "http://127.0.0.1:9401", timeout: float = 10.0,
                  auth_token_file: str | Path | None = None) -> None:
-        """``auth_token_file``: the bearer token of an aggregator started with --auth-token-file
-        (re-read when the file changes, as the daemons do)."""
+        """Nothing is asked of the aggregator until a method is called.
+
+        Args:
+            url: the aggregator's address; ``http://`` is assumed without a scheme.
+            timeout: seconds each request may take.
+            auth_token_file: the bearer token of an aggregator started with --auth-token-file
+                (re-read when the file changes, as the daemons do); None: no token.
+
+        Raises:
+            PerfdInputError: the token file cannot be used.
+        """
         self.url = (url if "://" in url else f"http://{url}").rstrip("/")
         self.timeout = timeout
         self._token: TokenFile | None = None
@@ -154,36 +203,85 @@ class Aggregator:
         return self._get(f"/api/jobs/{urllib.parse.quote(job, safe='')}/{what}")
 
     def jobs(self) -> list[dict[str, Any]]:
-        """Every job the aggregator knows, with its agents, iterations seen and last step's age."""
+        """Every job the aggregator knows.
+
+        Returns:
+            One dict per job: its name (``job``), its agents, iterations seen and its last step's age.
+        """
         return list(self._get("/api/jobs")["jobs"])
 
     def summary(self, job: str) -> dict[str, Any]:
-        """Latest values, steady-state values, the report, rank placement, collectives, serving."""
+        """One job's summary.
+
+        Args:
+            job: the job's name, as :meth:`jobs` gives it.
+
+        Returns:
+            Latest values, steady-state values, the report, rank placement, collectives, serving.
+        """
         return dict(self._job(job, "summary"))
 
     def iterations(self, job: str, sources: bool = False) -> list[dict[str, Any]]:
-        """Every retained iteration's analysis (as `perfd analyze megatron --json` 'iterations')."""
+        """Every retained iteration's analysis.
+
+        Args:
+            job: the job's name, as :meth:`jobs` gives it.
+            sources: include each iteration's provenance (where each value came from); heavier.
+
+        Returns:
+            One dict per iteration, as `perfd analyze megatron --json` gives ``iterations``.
+        """
         return list(self._job(job, "iterations" + ("" if sources else "?sources=0"))["iterations"])
 
     def gpus(self, job: str) -> list[dict[str, Any]]:
-        """The latest GPU series of the job's agents, one row per GPU (catalog names as keys under
-        ``values``) with its compute processes (pid, user, rank, GPU memory, command line)."""
+        """The latest GPU series of the job's agents.
+
+        Args:
+            job: the job's name, as :meth:`jobs` gives it.
+
+        Returns:
+            One row per GPU (catalog names as keys under ``values``) with its compute processes
+            (pid, user, rank, GPU memory, command line).
+        """
         return list(self._job(job, "gpus")["gpus"])
 
     def hosts(self, job: str) -> list[dict[str, Any]]:
-        """The latest host series (CPU, load, memory, ...) of the job's nodes, one row per node."""
+        """The latest host series of the job's nodes.
+
+        Args:
+            job: the job's name, as :meth:`jobs` gives it.
+
+        Returns:
+            One row per node: CPU, load, memory, ...; empty where no agent sent host series.
+        """
         return list(self._job(job, "gpus").get("hosts") or [])
 
     def rank_hosts(self, job: str) -> list[dict[str, Any]]:
-        """Each rank process of the job as its node's agent last saw it (collectors/ranks): state,
-        CPU used, run-queue wait, allowed CPUs and how busy, the processes that took them."""
+        """Each rank process of the job as its node's agent last saw it (collectors/ranks).
+
+        Args:
+            job: the job's name, as :meth:`jobs` gives it.
+
+        Returns:
+            One row per rank: state, CPU used, run-queue wait, allowed CPUs and how busy, the
+            processes that took them; empty where no agent watched the ranks.
+        """
         return list(self._job(job, "gpus").get("rank_hosts") or [])
 
     def stats(self) -> dict[str, Any]:
+        """The aggregator's own health.
+
+        Returns:
+            Its ``/api/stats`` document (perfd.aggregator.stats), with what the agents refused.
+        """
         return dict(self._get("/api/stats"))
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        """/metrics parsed: {sample name: [(labels, value), ...]}."""
+        """The aggregator's Prometheus exposition, parsed.
+
+        Returns:
+            ``{sample name: [(labels, value), ...]}``, in the order /metrics lists them.
+        """
         from prometheus_client.parser import text_string_to_metric_families
 
         text = self._read("/metrics").decode("utf-8")

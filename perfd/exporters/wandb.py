@@ -78,7 +78,7 @@ def directory_problem(path: str) -> str | None:
     return None
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     f = float(v)

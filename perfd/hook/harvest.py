@@ -5,7 +5,7 @@ or inline in ``step_end()``.
 Separate from ``perfd.hook.step`` because it is the other thread's half: the training thread's
 step path only appends slots to the pending deque; everything here reads them off it, under the
 lock. The thread itself is started in ``perfd.hook.step`` (at the first step) and run by
-``perfd.hook.lifecycle``.
+``perfd.hook.lifecycle``; in a forked child it is gone, and this half is set right here.
 
 The harvester, a daemon thread (``perfd-hook-harvest``), wakes every ``harvest_interval_s`` (50 ms)
 or when the deque is half full. Events on one stream complete in order: one ``query()`` on the
@@ -31,6 +31,7 @@ by the ``step_end()`` that recorded it (it cannot be done): step N is reported a
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING
 from perfd.hook import wire
 from perfd.hook.hook_state import HookState, Slot
 from perfd.hook.jobinfo import DeviceMesh, job_msg
+from perfd.hook.sender import DatagramSender
 from perfd.hook.timing import CudaApi, RollingPercentiles
 
 if TYPE_CHECKING:
@@ -98,6 +100,13 @@ class Harvester(HookState):
     device_uuid: str | None
     device_index: int
     _bound: bool
+    _wake: threading.Event
+    _thread: threading.Thread | None
+    _ready: bool
+    _closed: bool
+    enabled: bool
+    steps_begun: int
+    _cur: Slot | None
     _final_deadline: float
     # The trainer whose callback drives the hook (wire.FRAMEWORK_*) and its version: None for a plain
     # StepHook, whose job is "pytorch" (:meth:`driven_by`).
@@ -106,14 +115,23 @@ class Harvester(HookState):
     def driven_by(self, framework: int, version: str | None) -> None:
         """Say which trainer's callback drives this hook (wire.FRAMEWORK_*) and the version of it the
         process imported: the job record names it from the next one on, so that the job's advice is in
-        the trainer's own terms (its flags, not a bare DataLoader's)."""
+        the trainer's own terms (its flags, not a bare DataLoader's).
+
+        Args:
+            framework: the trainer, as a ``wire.FRAMEWORK_*`` code.
+            version: the trainer package's version text, None where it has none.
+        """
         self.trainer = (framework, version)
         self._job_due_ns = 0  # with the next datagram, not a minute later
 
     def harvest(self) -> int:
-        """Report every finished step, oldest first, without waiting for the GPU. Returns how many.
-        The harvester thread does this by itself. Safe from any thread that has the training
-        thread's CUDA context current (the training thread has)."""
+        """Report every finished step, oldest first, without waiting for the GPU. The harvester
+        thread does this by itself. Safe from any thread that has the training thread's CUDA context
+        current (the training thread has).
+
+        Returns:
+            How many steps were reported (0 when a harvester pass held the lock past its wait).
+        """
         return self._harvest(0)
 
     def _harvest(self, keep: int) -> int:
@@ -296,6 +314,30 @@ class Harvester(HookState):
             base = self.tokens_per_step
             flops = flops * own_tokens / base if base else None
         return tokens, flops
+
+    def _after_fork_in_child(self) -> None:
+        """In a forked child: the harvester thread is gone and the lock may have been held."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self.pid = os.getpid()
+        if not self.enabled or self._closed:
+            return
+        if self._ready or self.steps_begun:
+            # A worker forked from the training process (a DataLoader worker, say): the parent owns
+            # the measurements, and CUDA cannot be used in a forked child. Every call becomes a
+            # no-op; nothing batched is sent twice; exit does nothing.
+            self.enabled = False
+            self._closed = True
+            self._cur = None
+            self._pending.clear()
+            self._outbox.clear()
+            self._batch.clear()
+            self._batch_n = 0
+        else:  # created, never used: the child may be the one that trains; its own reply address
+            old = self.sender
+            self.sender = DatagramSender(old.path, retry_s=old.retry_ns / 1e9)
+            old.close()
 
     def flush(self) -> None:
         """Send the batched records now (one datagram). Never raises; waits at most for the end of

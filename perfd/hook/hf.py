@@ -105,7 +105,19 @@ def _make_class() -> type[HFCallback]:
 
 
 def hf_callback(hook: StepHook | None = None, **hook_kwargs: Unpack[StepHookOptions]) -> HFCallback:
-    """A ``TrainerCallback`` instance around ``hook`` (or a new ``StepHook(**hook_kwargs)``)."""
+    """A ``TrainerCallback`` that times the Trainer's optimizer steps with a :class:`StepHook`.
+
+    Args:
+        hook: the hook to drive; None: a new ``StepHook(**hook_kwargs)``.
+        **hook_kwargs: :class:`StepHook`'s arguments (``tokens_per_step=``, ``model=``, ...), when
+            ``hook`` is None.
+
+    Returns:
+        The callback, for ``Trainer(callbacks=[...])``; it closes the hook at ``on_train_end``.
+
+    Raises:
+        ImportError: transformers is not installed.
+    """
     global _CLASS
     if _CLASS is None:
         _CLASS = _make_class()

@@ -83,6 +83,7 @@ class HookState:
 
     @property
     def internal_errors(self) -> int:
+        """Exceptions the hook caught instead of letting them reach the loop (``last_error``: the last)."""
         return self._step_errors + self._harvest_errors
 
     def _internal(self, exc: BaseException, harvester: bool = False) -> None:

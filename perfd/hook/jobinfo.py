@@ -158,6 +158,18 @@ def env_rank() -> int | None:
     return None
 
 
+def dist_rank() -> int:
+    """The rank ``torch.distributed`` gives once its process group is initialised (a distributed job
+    has, by its first step: the model is wrapped before the loop), else 0: a single process."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    return 0
+
+
 def module_version(module: object) -> str | None:
     """A module's ``__version__`` where it has a text one (a trainer's, for the job record), else None."""
     version = getattr(module, "__version__", None)

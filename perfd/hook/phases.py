@@ -62,14 +62,26 @@ class PhaseControl(HookState):
     def phase(self, phase: str, step: int | None = None) -> PhaseContext:
         """``with hook.phase("checkpoint"): ...`` around a checkpoint save (or ``"evaluation"``
         around an evaluation pass): the agent hears at once that the loop pauses on purpose, and
-        perfd does not call the pause a stall (perfd.analytics.incidents.stall)."""
+        perfd does not call the pause a stall (perfd.analytics.incidents.stall).
+
+        Args:
+            phase: ``"checkpoint"`` or ``"evaluation"``.
+            step: the step the pause follows; None: the last one begun.
+
+        Returns:
+            The context manager: begins the phase on enter, ends it on exit (raised or not).
+        """
         return PhaseContext(self, phase, step)
 
     def phase_begin(self, phase: str, step: int | None = None) -> None:
-        """A checkpoint save or an evaluation begins (``phase``: ``checkpoint`` or ``evaluation``;
-        ``step``: the step it follows, by default the last one begun). Sent at once, after the
-        records batched so far; never blocks the loop for long nor raises (an unknown phase name
-        is counted in ``counters()["internal_errors"]`` and ignored)."""
+        """A checkpoint save or an evaluation begins. Sent at once, after the records batched so far;
+        never blocks the loop for long nor raises (an unknown phase name is counted in
+        ``counters()["internal_errors"]`` and ignored).
+
+        Args:
+            phase: ``"checkpoint"`` or ``"evaluation"``.
+            step: the step the pause follows; None: the last one begun.
+        """
         self._phase(phase, wire.PHASE_BEGIN, step)
 
     def phase_end(self) -> None:

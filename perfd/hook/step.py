@@ -36,7 +36,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -54,7 +53,7 @@ from perfd.hook import loader as fetches
 from perfd.hook.harvest import Harvester
 from perfd.hook.hook_state import Slot
 from perfd.hook.hook_types import HookCounters
-from perfd.hook.jobinfo import DeviceMesh, current_device, env_rank, hook_flags
+from perfd.hook.jobinfo import DeviceMesh, current_device, dist_rank, env_rank, hook_flags
 from perfd.hook.phases import PhaseControl
 from perfd.hook.profile import ProfileControl, ProfilerControl
 from perfd.hook.sender import DatagramSender
@@ -107,32 +106,39 @@ class _StepContext:
 
 
 class StepHook(PhaseControl, ProfileControl, Harvester):
-    """Use as ``with hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``.
+    """Step times from inside the training loop, sent to the local perfd agent: use as ``with
+    hook.step(): ...`` or ``step_begin()`` / ``data_ready()`` / ``step_end()``. No argument raises: a
+    value the hook cannot use is said once and left absent (``argument_problems``).
 
-    Step numbers: pass ``step=`` (e.g. the optimizer step count, to join with other sources), or let
-    the hook count from 1. ``socket_path`` defaults to ``$PERFD_HOOK_SOCKET`` or
-    ``<runtime dir>/hook.sock`` (:func:`perfd.hook.wire.default_socket_path`).
-    ``rank`` defaults to ``$RANK``, then ``torch.distributed.get_rank()``
-    once initialised, else 0. ``marker_factory`` and ``profiler`` replace the CUDA events and the
-    CUDA profiler API (tests, other accelerators). ``pool_size``: steps that may wait to be
-    harvested. ``harvest_interval_s``: see ``perfd.hook.harvest`` (None: the thread with CUDA
-    events and batching, else inline).
-
-    ``tokens_per_step`` and ``flops_per_step`` are the whole job's per step (all ranks, as Megatron
-    counts an iteration): MFU = flops_per_step ÷ (step time · world size · peak). Steps of different
-    sizes (variable-length batches) say their own at their end: ``step_end(tokens=..., flops=...,
-    seq_len=...)`` (Python numbers, the same units; the constructor's values are the default). Without
-    ``flops_per_step``, ``model=`` (a :class:`perfd.core.model.ModelSpec` or a mapping of its fields:
-    num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, seq_length,
-    vocab_size, swiglu, ...; kv_channels and padded_vocab_size are derived when absent; a Hugging Face
-    ``config.to_dict()`` is taken as it is, its unused fields listed in ``model_notes`` and a debug log
-    line: perfd.analytics.steps.hf_spec) counts each step's FLOPs from its tokens
-    and sequence length with perfd's formula (the one used for Megatron-LM, docs/design.md §2). ``dtype``
-    (the training dtype: bf16, fp16, fp8, fp32; it picks the peak), ``layout`` (named sizes:
-    world_size, tp, pp, dp, cp, ep) and ``mesh`` (a DeviceMesh) tell the agent about the job:
-    perfd.hook.jobinfo. ``device_uuid``: the device's UUID where the hook cannot read it from torch
-    (another accelerator, a test); by default the current CUDA device's, sent so the agent finds the
-    rank's GPU without RANK in its environment.
+    Args:
+        socket_path: the agent's hook socket; default ``$PERFD_HOOK_SOCKET`` or ``<runtime dir>/hook.sock``.
+        warmup_steps: the first steps, reported but flagged and left out of the rolling percentiles.
+        tokens_per_step: tokens per step for the whole job (all ranks, as Megatron counts an iteration).
+        flops_per_step: FLOPs per step for the whole job (all ranks): MFU = flops_per_step ÷ (step time
+            · world size · peak). Steps of different sizes say their own: ``step_end(tokens=, flops=)``.
+        cuda: time the steps with CUDA events (GPU time); without CUDA the hook times on the host.
+        rank: this process's rank; default ``$RANK``, then ``torch.distributed.get_rank()`` once
+            initialised, else 0.
+        window: how many recent steps the rolling p50/p90/p99 (``stats``) cover.
+        pool_size: steps that may wait to be harvested; past it the oldest is dropped and counted.
+        marker_factory: makes the step markers instead of CUDA events (tests, other accelerators).
+        profiler: ``(start, stop)`` callables instead of ``cudaProfilerStart``/``cudaProfilerStop``.
+        enabled: False makes every call a no-op; default True unless ``$PERFD_HOOK_DISABLE`` is 1 or true.
+        flush_interval_s: seconds a finished step may wait in the batch before it is sent; 0: at once.
+        batch_records: step records per datagram, at most.
+        cuda_data_event: a CUDA event at every ``data_ready()`` (~3.4 µs each), not only after a host
+            wait of ``DATA_MARK_MIN_NS`` in the step.
+        harvest_interval_s: seconds between harvester passes; None: a thread with CUDA events and
+            batching, else inline in ``step_end()``; 0 forces inline (perfd.hook.harvest).
+        model: without ``flops_per_step``, the model whose per-step FLOPs perfd counts from each step's
+            tokens and sequence length: a :class:`perfd.core.model.ModelSpec` or a mapping of its fields
+            (a Hugging Face ``config.to_dict()`` as it is; what was left unused goes in ``model_notes``).
+        dtype: the training dtype (bf16, fp16, fp8, fp32); it picks the GPU's peak.
+        layout: named parallel sizes: world_size, tp, pp, dp, cp, ep (perfd.hook.jobinfo).
+        mesh: the job's torch ``DeviceMesh``, read for the same sizes.
+        device_uuid: this rank's GPU UUID where torch cannot say it (another accelerator, a test);
+            by default the current CUDA device's, so the agent finds the rank's GPU without ``$RANK``.
+        watch_dataloader: stamp torch DataLoader fetches, so that their time is the data wait.
     """
 
     def __init__(self, socket_path: str | None = None, warmup_steps: int = 5,
@@ -273,7 +279,14 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
     # ------------------------------------------------------------------------------- the step path
 
     def step(self, step: int | None = None) -> _StepContext:
-        """``with hook.step(): ...``: begin on enter, end on exit (abandoned if the body raises)."""
+        """``with hook.step(): ...``: begin on enter, end on exit (abandoned if the body raises).
+
+        Args:
+            step: the step's number (the optimizer step count, say); None: the last one plus 1.
+
+        Returns:
+            The context manager; entering it gives this hook.
+        """
         self._ctx._step = step
         return self._ctx
 
@@ -282,10 +295,22 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         the loop waits for them is its data wait wherever the fetch happens (between the steps or
         inside one). Any iterable; torch DataLoaders are stamped without it unless
         ``watch_dataloader=False`` (perfd.hook.loader). Only the training thread's fetches count: the
-        thread that made the hook, then the one that runs its first step."""
+        thread that made the hook, then the one that runs its first step.
+
+        Args:
+            iterable: the batches (a DataLoader, a generator, any iterable).
+
+        Returns:
+            An iterable of the same batches, in the same order.
+        """
         return fetches.Loader(iterable, self._fetch)
 
     def step_begin(self, step: int | None = None) -> None:
+        """A step begins; never raises, never waits (a step left open is abandoned and counted).
+
+        Args:
+            step: the step's number (the optimizer step count, say); None: the last one plus 1.
+        """
         if not self.enabled:
             return
         try:
@@ -386,10 +411,15 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
 
     def step_end(self, tokens: float | None = None, flops: float | None = None,
                  seq_len: float | None = None) -> None:
-        """The step's work is enqueued. ``tokens``, ``flops``, ``seq_len``: this step's own (the whole
-        job's tokens and FLOPs, as ``tokens_per_step``/``flops_per_step``; ``seq_len`` for
-        ``model=``), when steps differ in size; Python numbers (a tensor is refused and counted: reading
-        it would synchronize the device)."""
+        """The step's work is enqueued; never raises, never waits for the GPU.
+
+        Args:
+            tokens: this step's tokens for the whole job, where steps differ; default ``tokens_per_step``.
+            flops: this step's FLOPs for the whole job; default ``flops_per_step`` (or from ``model``).
+            seq_len: this step's sequence length in tokens, for ``model``'s FLOPs.
+
+        Each a Python number: a tensor is refused and counted (reading it would sync the device).
+        """
         if not self.enabled:
             return
         slot = self._cur
@@ -493,7 +523,11 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
     def close(self, timeout_s: float = 0.0) -> None:
         """End of training: stop the harvester, report what is done (waiting up to ``timeout_s``
         by polling, never a device sync), stop a running profile range, send what is batched,
-        close the socket. Idempotent; run for every open hook at interpreter exit."""
+        close the socket. Idempotent; run for every open hook at interpreter exit.
+
+        Args:
+            timeout_s: seconds to wait for the GPU to finish the steps still pending.
+        """
         if self._closed:
             return
         self._closed = True
@@ -527,31 +561,12 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
         self.sender.drop_backlog()  # never sent now: counted as dropped
         self.sender.close()
 
-    def _after_fork_in_child(self) -> None:
-        """In a forked child: the harvester thread is gone and the lock may have been held."""
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
-        self.pid = os.getpid()
-        if not self.enabled or self._closed:
-            return
-        if self._ready or self.steps_begun:
-            # A worker forked from the training process (a DataLoader worker, say): the parent owns
-            # the measurements, and CUDA cannot be used in a forked child. Every call becomes a
-            # no-op; nothing batched is sent twice; exit does nothing.
-            self.enabled = False
-            self._closed = True
-            self._cur = None
-            self._pending.clear()
-            self._outbox.clear()
-            self._batch.clear()
-            self._batch_n = 0
-        else:  # created, never used: the child may be the one that trains; its own reply address
-            old = self.sender
-            self.sender = DatagramSender(old.path, retry_s=old.retry_ns / 1e9)
-            old.close()
-
     def counters(self) -> HookCounters:
+        """The hook's health, for a job's logs and tests.
+
+        Returns:
+            Steps begun, reported and dropped, internal errors, datagrams sent and dropped, the harvester.
+        """
         return {"steps_begun": self.steps_begun, "steps_reported": self.steps_reported,
                 "pending": len(self._pending), "batched": self._batch_n, "harvest_drops": self.harvest_drops,
                 "unpaired": self.unpaired, "internal_errors": self.internal_errors,
@@ -570,16 +585,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
     # ------------------------------------------------------------------------------- internals
 
     def _resolve_rank(self) -> None:
-        # At the first step: by then a distributed job has initialised its process group (the
-        # model is wrapped before the loop). Without one and without $RANK: a single process, 0.
-        dist = sys.modules.get("torch.distributed")
-        try:
-            if dist is not None and dist.is_available() and dist.is_initialized():
-                self._rank = int(dist.get_rank())
-        except Exception:
-            pass
-        if self._rank is None:
-            self._rank = 0
+        self._rank = dist_rank()  # called at the first step: a process group is set up by then
 
 
 def _import_torch() -> ModuleType | None:

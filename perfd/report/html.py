@@ -82,7 +82,7 @@ ol li,ul li{margin-bottom:6px} @media print{body{background:#fff} main{max-width
 """
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -353,7 +353,7 @@ def pipeline_chart(its: Sequence[ChartIteration], summary: PageSummary) -> str:
                    "stage; the gap between them is stage imbalance.")
 
 
-def _e(v: Any) -> str:
+def _e(v: object) -> str:
     return escape(str(v))
 
 

@@ -43,11 +43,11 @@ KIND_COLORS: dict[str, str] = {"training": GREEN, "incident": VERMILLION, "profi
                                "restart": "#000000", "stall": YELLOW, "startup": GREY, "other": "#dddddd"}
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _finite(v: Any) -> float | None:
+def _finite(v: object) -> float | None:
     """A number as the API's JSON carries it: a non-finite one is absent."""
     f = _num(v)
     return f if f is not None and math.isfinite(f) else None
@@ -166,7 +166,7 @@ def _marks(groups: Sequence[Sequence[ChartIteration]], incidents: Sequence[Incid
     """Incidents and perfd's captures as column ranges of the heat map's bins."""
     spans = [(g[0].iteration, g[-1].iteration) for g in groups]
 
-    def cols(first: Any, last: Any) -> tuple[int, int] | None:
+    def cols(first: object, last: object) -> tuple[int, int] | None:
         if not isinstance(first, int) or not isinstance(last, int):
             return None
         hit = [i for i, (a, b) in enumerate(spans) if a <= last and b >= first]

@@ -143,7 +143,7 @@ def _kinds(kinds: tuple[type, ...]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def _describe(node: Node, value: Any) -> str:
+def _describe(node: Node, value: object) -> str:
     if isinstance(node, MappingNode):
         return "a mapping"
     if isinstance(node, SequenceNode):

@@ -157,7 +157,7 @@ class Goodput:
                    [str(n) for n in d.get("notes") or []], reached if isinstance(reached, int) else None)
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 

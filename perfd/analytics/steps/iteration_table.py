@@ -19,10 +19,10 @@ import math
 from array import array
 from bisect import bisect_right
 from collections import namedtuple
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar, cast, overload
 
-from perfd.analytics.steps.provenance import Cited
+from perfd.analytics.steps.provenance import Arg, Cited, Code
 from perfd.core.model import Provenance
 
 T = TypeVar("T")
@@ -38,22 +38,22 @@ class _Column:
     def __init__(self, store: Any) -> None:
         self.store = store
 
-    def append(self, v: Any) -> None:
+    def append(self, v: object) -> None:
         self.store.append(self.encode(v))
 
-    def put(self, i: int, v: Any) -> None:
+    def put(self, i: int, v: object) -> None:
         self.store[i] = self.encode(v)
 
-    def get(self, i: int) -> Any:
+    def get(self, i: int) -> object:
         return self.decode(self.store[i])
 
-    def values(self) -> Iterator[Any]:
+    def values(self) -> Iterator[object]:
         return map(self.decode, self.store)
 
-    def encode(self, v: Any) -> Any:
+    def encode(self, v: object) -> object:
         return v
 
-    def decode(self, x: Any) -> Any:
+    def decode(self, x: object) -> object:
         return x
 
     def taken(self, order: Sequence[int]) -> _Column:
@@ -77,10 +77,10 @@ class _Floats(_Column):
     def __init__(self) -> None:
         super().__init__(array("d"))
 
-    def encode(self, v: Any) -> Any:
+    def encode(self, v: object) -> object:
         return math.nan if v is None else v
 
-    def decode(self, x: Any) -> Any:
+    def decode(self, x: object) -> object:
         return None if x != x else x  # NaN is the only value unequal to itself
 
 
@@ -89,10 +89,10 @@ class _Ints(_Column):
         super().__init__(array("q"))
         self.optional = optional
 
-    def encode(self, v: Any) -> Any:
+    def encode(self, v: object) -> object:
         return _NO_INT if v is None else v
 
-    def decode(self, x: Any) -> Any:
+    def decode(self, x: object) -> object:
         return None if self.optional and x == _NO_INT else x
 
 
@@ -100,10 +100,10 @@ class _Bools(_Column):
     def __init__(self) -> None:
         super().__init__(array("b"))
 
-    def encode(self, v: Any) -> Any:
-        return _NO_BOOL if v is None else int(v)
+    def encode(self, v: object) -> object:
+        return _NO_BOOL if v is None else int(cast(bool, v))  # a bool field's value
 
-    def decode(self, x: Any) -> Any:
+    def decode(self, x: object) -> object:
         return None if x == _NO_BOOL else bool(x)
 
 
@@ -113,11 +113,11 @@ class _Shared(_Column):
 
     def __init__(self) -> None:
         super().__init__([])
-        self.seen: dict[Any, Any] = {}
+        self.seen: dict[object, object] = {}
 
-    def encode(self, v: Any) -> Any:
+    def encode(self, v: object) -> object:
         if isinstance(v, list):
-            key: Any = (list, tuple(v))
+            key: object = (list, tuple(v))
         elif isinstance(v, dict):
             key = (dict, tuple(v.items()))
         else:
@@ -127,7 +127,7 @@ class _Shared(_Column):
         except TypeError:  # an unhashable value (none of IterationResult's): kept as it is, unshared
             return v
 
-    def decode(self, x: Any) -> Any:
+    def decode(self, x: Any) -> object:
         if isinstance(x, tuple) and len(x) == 2 and x[0] in (list, dict):
             return x[0](x[1])
         return type(x)(x) if isinstance(x, list | dict) else x  # unshared, but still a copy
@@ -150,29 +150,30 @@ class _Cites(_Column):
         super().__init__(array("I"))  # per row: its shape's number
         self.starts = array("I")  # per row: where its numbers begin in ``nums``
         self.nums = array("d")
-        self.shapes: list[Any] = []
+        self.shapes: list[_RowShape] = []
         self.widths: list[int] = []  # per shape: how many numbers a row of it holds
-        self.shape_ids: dict[Any, int] = {}
+        self.shape_ids: dict[_RowShape, int] = {}
 
-    def append(self, v: Any) -> None:
+    def append(self, v: object) -> None:
         shape, start = self.encode(v)
         self.store.append(shape)
         self.starts.append(start)
 
-    def put(self, i: int, v: Any) -> None:
+    def put(self, i: int, v: object) -> None:
         self.store[i], self.starts[i] = self.encode(v)  # the old numbers stay, unread
 
-    def get(self, i: int) -> Any:
+    def get(self, i: int) -> dict[str, Cited]:
         nums, j = self.nums, self.starts[i]
         return {key: _cited(cs, nums, j) for key, cs in self.shapes[self.store[i]]}
 
-    def values(self) -> Iterator[Any]:
+    def values(self) -> Iterator[dict[str, Cited]]:
         return (self.get(i) for i in range(len(self.store)))
 
-    def encode(self, v: Any) -> Any:
-        slots: dict[Any, int] = {}
+    def encode(self, v: object) -> tuple[int, int]:
+        cites = cast("Mapping[str, Cited]", v)  # a CITED field's value: its provenance
+        slots: _Slots = {}
         numbers: list[float] = []
-        shape = tuple((key, _shape_of(c, slots, numbers)) for key, c in v.items())
+        shape = tuple((key, _shape_of(c, slots, numbers)) for key, c in cites.items())
         sid = self.shape_ids.get(shape)
         if sid is None:
             sid = self.shape_ids[shape] = len(self.shapes)
@@ -202,12 +203,18 @@ class _Cites(_Column):
 # a run repeats, where a slot would cost every row 8 bytes).
 _FLOAT, _LINE, _CITE, _SAME = range(4)
 _EXACT_INT = 2**53  # the largest int a double holds exactly
+# A float's or a line number's key (value, sign) -> its slot among a row's numbers (_slot).
+_Slots = dict[tuple[float, ...], int]
+# A Cited's shape: (code, caveat, its arguments' parts as above).
+_CiteShape = tuple[Code, "Code | None", tuple[tuple[object, ...], ...]]
+# A row's provenance as shapes: ((metric, its Cited's shape), ...), shared by the rows that have it.
+_RowShape = tuple[tuple[str, _CiteShape], ...]
 
 
-def _slot(x: float, slots: dict[Any, int], numbers: list[float]) -> int:
+def _slot(x: float, slots: _Slots, numbers: list[float]) -> int:
     # -0.0 == 0.0: kept apart by sign, so that a row reads back the zero it had; a line number (an
     # int) is kept apart from a float of the same value
-    key = (x, math.copysign(1.0, x)) if isinstance(x, float) else (x,)
+    key: tuple[float, ...] = (x, math.copysign(1.0, x)) if isinstance(x, float) else (x,)
     i = slots.get(key)
     if i is None:
         i = slots[key] = len(numbers)
@@ -215,7 +222,7 @@ def _slot(x: float, slots: dict[Any, int], numbers: list[float]) -> int:
     return i
 
 
-def _arg_shape(a: Any, slots: dict[Any, int], numbers: list[float]) -> Any:
+def _arg_shape(a: Arg, slots: _Slots, numbers: list[float]) -> tuple[object, ...]:
     if isinstance(a, float) and a == a:  # NaN: never equal to itself, kept as it is
         return (_FLOAT, _slot(a, slots, numbers))
     if isinstance(a, Provenance):
@@ -239,7 +246,7 @@ def _split_line(detail: str) -> tuple[str, int | None]:
     return detail[:k], int(digits)
 
 
-def _shape_of(c: Cited, slots: dict[Any, int], numbers: list[float]) -> Any:
+def _shape_of(c: Cited, slots: _Slots, numbers: list[float]) -> _CiteShape:
     return (c.code, c.caveat, tuple(_arg_shape(a, slots, numbers) for a in c.args))
 
 
@@ -254,7 +261,7 @@ def _arg(part: Any, nums: array[float], j: int) -> Any:
     return part[1]
 
 
-def _cited(shape: Any, nums: array[float], j: int) -> Cited:
+def _cited(shape: _CiteShape, nums: array[float], j: int) -> Cited:
     code, caveat, args = shape
     return Cited(code, tuple(_arg(p, nums, j) for p in args), caveat)
 
@@ -347,7 +354,7 @@ class Table(Sequence[T], Generic[T]):
         """One field's values in row order, without building rows."""
         return self._cols[name].values()
 
-    def put(self, i: int, **values: Any) -> None:
+    def put(self, i: int, **values: object) -> None:
         """Set fields of row ``i``."""
         for name, v in values.items():
             self._cols[name].put(i, v)
@@ -390,7 +397,7 @@ class _Projection(Sequence[Any]):
                  row: Callable[..., Any] | None = None) -> None:
         self.cols = [table._cols[n] for n in names]
         self.names, self.indexes = names, indexes
-        self.row = row if row is not None else namedtuple("Row", names)
+        self.row: Callable[..., object] = row if row is not None else namedtuple("Row", names)
 
     def __len__(self) -> int:
         return len(self.indexes)
