@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,6 +25,8 @@ from perfd.capture.store import CaptureStore, Manifest
 from perfd.transport.codec import Command
 from tests.capture.test_manager import TRACE
 from tests.security.other_user import OtherUser, other_user
+
+PID_MAX_LIMIT = 4 * 1024 * 1024  # the kernel's bound on /proc/sys/kernel/pid_max (64-bit)
 
 Answer = Callable[[int, Path], None]  # (rank, where the hook writes): the stand-in's part
 
@@ -154,14 +154,14 @@ def test_silence_times_out_and_cancels_the_trace(tmp_path: Path, folder: Path) -
 
 
 def test_a_process_gone_ends_the_wait(tmp_path: Path, folder: Path) -> None:
-    """The rank's process exits after its hook accepted: the capture fails at once with that reason,
-    not at its timeout."""
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    """The rank's process is gone once its hook accepted: the capture fails at once with that reason,
+    not at its timeout. The rank's pid is one no process can have (past Linux's largest pid_max), so
+    no process is started to have exited, and no other one can take its pid meanwhile."""
+    gone = PID_MAX_LIMIT + 1
     hooks = StandInHooks(["accepted"], folder)
-    m = run(manager(tmp_path, hooks, pids={0: dead.pid}), (0,), timeout_s="60")
+    m = run(manager(tmp_path, hooks, pids={0: gone}), (0,), timeout_s="60")
     # Failed, not timed out (status "timeout" at 60 s): the reason is the process's exit.
-    assert m["status"] == "failed" and f"rank 0: its process (pid {dead.pid}) exited" in (m["reason"] or "")
+    assert m["status"] == "failed" and f"rank 0: its process (pid {gone}) exited" in (m["reason"] or "")
 
 
 def test_a_time_window_is_not_a_hook_trace(tmp_path: Path, folder: Path) -> None:

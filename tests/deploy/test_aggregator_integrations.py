@@ -1,15 +1,14 @@
 """The aggregator's side of the integrations: `perfd aggregator --wandb-project` writes each job's
-iterations to an offline W&B run (real processes on loopback, read back with W&B's own reader), and
-the k8s collector's GPU -> pod events are joined with the NVML series by GPU UUID."""
+iterations to an offline W&B run (the aggregator and an agent in the test's process, tests/inproc.py;
+read back with W&B's own reader, a process), and the k8s collector's GPU -> pod events are joined with
+the NVML series by GPU UUID."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,29 +22,13 @@ from perfd.analytics.run.run_summary import JobBlock, RunSummary
 from perfd.analytics.steps.iteration import IterationResult
 from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
-from tests.procs import wait_for as _wait
+from tests.cli_main import perfd
+from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
 
 
-
-
-def _perfd(*args: str, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _stop(p: subprocess.Popen[bytes], log: Path) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
-            raise AssertionError(f"did not stop on SIGTERM:\n{log.read_text()[-3000:]}") from None
-    assert p.returncode == 0, log.read_text()[-3000:]
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:
@@ -60,38 +43,31 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_aggregator_logs_each_job_to_an_offline_wandb_run(tmp_path: Path):
-    pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_SILENT": "true"}
+def test_aggregator_logs_each_job_to_an_offline_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    wandb = pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR", "WANDB_MODE"):
-        env.pop(var, None)  # the exporter puts them under --wandb-dir
-    ready = tmp_path / "ready"
+        # the exporter puts them under --wandb-dir, in this process's environment: set first so that
+        # monkeypatch puts back what was there (or nothing) after the test, then unset
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     wandb_dir = tmp_path / "wandb-runs"
-    agg_log, agent_log = tmp_path / "aggregator.out", tmp_path / "agent.out"
-    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
-                 "--http-port", "0", "--no-rules", "--ready-file", str(ready), "--wandb-project", "perfd-e2e",
-                 "--wandb-dir", str(wandb_dir), "--wandb-interval", "1", log=agg_log, env=env)
-    agent = None
     try:
-        grpc_port, http_port = map(int, _wait(lambda: ready.exists() and ready.read_text().split(), 30,
-                                              "aggregator ready"))
-        agent = _perfd("agent", "--aggregator", f"127.0.0.1:{grpc_port}", "--job", "wb-job",
-                       "--megatron-log", str(DEMO_LOG), "--nvml", "off", "--host", "off",
-                       "--metrics-port", "-1", log=agent_log, env=env)
+        with pipeline(tmp_path, "--no-rules", "--wandb-project", "perfd-e2e", "--wandb-dir", wandb_dir,
+                      "--wandb-interval", "1") as p:
+            p.agent("--job", "wb-job", "--megatron-log", DEMO_LOG, "--nvml", "off", "--host", "off")
 
-        def seen() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/jobs", timeout=5) as r:
-                jobs = json.load(r)["jobs"]
-            return bool(jobs) and jobs[0]["iterations_seen"] == 40
-        _wait(seen, 60, "the aggregator to see 40 iterations")
-        # A round of the W&B task has run once the offline run exists (the rest comes at stop).
-        _wait(lambda: list(wandb_dir.glob("wandb/offline-run-*/run-*.wandb")), 30, "the offline run")
-        _stop(agent, agent_log)
-        agent = None
+            def seen() -> bool:
+                jobs = p.json("/api/jobs")["jobs"]
+                return bool(jobs) and jobs[0]["iterations_seen"] == 40
+            p.wait(seen, 60, "the aggregator to see 40 iterations")
+            # A round of the W&B task has run once the offline run exists (the rest comes at stop).
+            p.wait(lambda: list(wandb_dir.glob("wandb/offline-run-*/run-*.wandb")), 30, "the offline run")
+            p.stop_agent()
+        # the aggregator's stop (the pipeline's end) made the last W&B round and run.finish()
     finally:
-        if agent is not None:
-            _stop(agent, agent_log)
-        _stop(agg, agg_log)  # the last W&B round and run.finish() happen here
+        # the exporter's wandb.init started W&B's service in this process: ended with the test
+        wandb.teardown()
 
     (run_dir,) = (p for p in (wandb_dir / "wandb").glob("offline-run-*") if p.is_dir())
     history = _history(run_dir)
@@ -174,16 +150,21 @@ def test_gpu_pods_join_nvml_series_by_uuid():
     assert state.pods_by_gpu() == {("n2", "0"): by_index}
 
 
-@pytest.mark.slow
-def test_wandb_project_without_wandb_is_refused_at_start(tmp_path: Path) -> None:
+def test_wandb_project_without_wandb_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the wandb package (hidden here as an absent module) the aggregator refuses to start
-    with one line and exit 2, instead of starting and logging a traceback every export round."""
-    code = ("import sys; sys.modules['wandb'] = None\n"
-            "from perfd.app.cli import main\n"
-            "sys.exit(main(['aggregator', '--grpc-port', '0', '--http-port', '0', '--no-rules', "
-            f"'--ready-file', {str(tmp_path / 'ready')!r}, '--wandb-project', 'p']))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                       stdin=subprocess.DEVNULL)
+    with one line and exit 2, instead of starting and logging a traceback every export round. The
+    command runs by the CLI's main() in the test's process; were it not refused, its start raises
+    instead of serving."""
+    from perfd.aggregator.daemon import Aggregator
+
+    async def no_start(self: Aggregator) -> None:
+        raise AssertionError("the aggregator started: no refusal")
+
+    monkeypatch.setattr(Aggregator, "start", no_start)
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    r = perfd(capsys, "aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules",
+              "--ready-file", tmp_path / "ready", "--wandb-project", "p")
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("perfd aggregator: --wandb-project needs the wandb package, which is not "
                                 "installed: pip install 'perfd[wandb]' (or drop --wandb-project)")

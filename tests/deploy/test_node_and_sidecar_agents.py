@@ -1,23 +1,21 @@
-"""The documented Kubernetes pairing with real processes: a node agent (the DaemonSet's: NVML, no
-job) and a job's sidecar agent (its log, --nvml off) on one node, both given the same --node, one
-real aggregator. Their default agent ids differ (no stream supersedes the other, both stay
-connected), no job "default" appears, and the node agent's GPU lands in the job whose processes run
-on it: in /api/jobs/<job>/gpus, in rank placement and in job_name on the node agent's /metrics."""
+"""The documented Kubernetes pairing: a node agent (the DaemonSet's: NVML, no job) and a job's sidecar
+agent (its log, --nvml off) on one node, both given the same --node, one real aggregator (the three
+in the test's process: tests/inproc.py). Their default agent ids differ (no stream supersedes the
+other, both stay connected), no job "default" appears, and the node agent's GPU lands in the job whose
+processes run on it: in /api/jobs/<job>/gpus, in rank placement and in job_name on the node agent's
+/metrics."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.procs import free_port, http_get, placed_recording, stop, wait_for
+from tests.inproc import Pipeline, pipeline
+from tests.procs import http_get, placed_recording
 
 pytestmark = pytest.mark.slow
 
@@ -29,16 +27,6 @@ NODE = "gpu-node-7"
 BUS = "00000000:18:00.0"
 
 
-def _perfd(*args: str, out: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "perfd.app.cli", *args], cwd=ROOT, env=env,
-                            stdout=out.open("wb"), stderr=subprocess.STDOUT)
-
-
-def _json(url: str) -> Any:
-    return json.loads(http_get(url))
-
-
 def _connected(metrics_url: str) -> float | None:
     for fam in text_string_to_metric_families(http_get(metrics_url).decode()):
         if fam.name == "perfd_agent_connected":
@@ -47,60 +35,48 @@ def _connected(metrics_url: str) -> float | None:
 
 
 def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    agg = _perfd("aggregator", "--grpc-host", "127.0.0.1", "--grpc-port", "0", "--http-host", "127.0.0.1",
-                 "--http-port", "0", "--gpu", "NVIDIA H100 80GB HBM3", "--ready-file", str(ready),
-                 out=tmp_path / "aggregator.out")
-    agents: list[subprocess.Popen[bytes]] = []
-    try:
-        grpc_port, http_port = map(int, wait_for(lambda: ready.exists() and ready.read_text().split(), 30,
-                                                 "aggregator ready"))
-        base = f"http://127.0.0.1:{http_port}"
+    with pipeline(tmp_path, "--gpu", "NVIDIA H100 80GB HBM3") as p:
         recording = placed_recording(NVML, tmp_path / "node.jsonl", JOB, BUS)
         node_cfg = tmp_path / "node-agent.yaml"  # the DaemonSet's: NVML (looping), no job
         node_cfg.write_text(f"batch_interval_s: 0.2\naggregator_sample_interval_s: 0.5\n"
                             f"collectors:\n  nvml: {{source: 'replay:{recording}', loop: true}}\n")
         train_log = tmp_path / "train.log"
         train_log.write_text(LOG.read_text())
-        node_port, side_port = free_port(), free_port()
-        common = ("--aggregator", f"127.0.0.1:{grpc_port}", "--node", NODE, "--host", "off")
-        agents.append(_perfd("agent", "--config", str(node_cfg), *common, "--metrics-port", str(node_port),
-                             out=tmp_path / "node-agent.out"))
-        agents.append(_perfd("agent", "--job", JOB, "--megatron-log", str(train_log), "--nvml", "off",
-                             *common, "--metrics-port", str(side_port), out=tmp_path / "sidecar.out"))
-        node_metrics = f"http://127.0.0.1:{node_port}/metrics"
-        side_metrics = f"http://127.0.0.1:{side_port}/metrics"
+        common = ("--node", NODE, "--host", "off", "--metrics-port", "0")
+        node = p.agent("--config", node_cfg, *common, name="node-agent")
+        side = p.agent("--job", JOB, "--megatron-log", train_log, "--nvml", "off", *common, name="sidecar")
+        node_metrics, side_metrics = node.metrics_url, side.metrics_url
 
         def both_in() -> dict[str, Any] | None:
-            stats = _json(f"{base}/api/stats")
-            gpus = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"] if JOB in _jobs(base) else []
+            stats = p.json("/api/stats")
+            gpus = p.json(f"/api/jobs/{JOB}/gpus")["gpus"] if JOB in _jobs(p) else []
             return stats if len(stats["agents_seen"]) == 2 and gpus else None
 
-        stats = wait_for(both_in, 60, "both agents seen and the job's GPU placed")
+        stats = p.wait(both_in, 60, "both agents seen and the job's GPU placed")
         assert set(stats["agents_seen"]) == {f"{NODE}/node", f"{NODE}/{JOB}"}
 
         # Both connected every time asked while 25 more batches come in (5 s of the node agent's at
         # 0.2 s: the old code flipped within a second or two), and no stream of one agent ever
         # superseded the other's.
-        batches = _json(f"{base}/api/stats")["transport"]["batches"]
+        batches = p.json("/api/stats")["transport"]["batches"]
 
         def batches_in() -> bool:
             assert _connected(node_metrics) == 1.0 and _connected(side_metrics) == 1.0
-            return bool(_json(f"{base}/api/stats")["transport"]["batches"] >= batches + 25)
+            return bool(p.json("/api/stats")["transport"]["batches"] >= batches + 25)
 
-        wait_for(batches_in, 60, "25 more batches at the aggregator")
-        transport = _json(f"{base}/api/stats")["transport"]
+        p.wait(batches_in, 60, "25 more batches at the aggregator")
+        transport = p.json("/api/stats")["transport"]
         assert transport["streams_superseded"] == 0, transport
-        for p in agents:
-            assert p.poll() is None
+        for h in (node, side):
+            assert not h.task.done(), h.seen()  # both still running
 
         # No phantom job: only the sidecar's job exists, and it holds the node agent's GPU.
-        assert _jobs(base) == [JOB]
-        (gpu,) = _json(f"{base}/api/jobs/{JOB}/gpus")["gpus"]
+        assert _jobs(p) == [JOB]
+        (gpu,) = p.json(f"/api/jobs/{JOB}/gpus")["gpus"]
         assert (gpu["node"], gpu["gpu"], gpu["model"]) == (NODE, "0", "NVIDIA H100 80GB HBM3")
         assert gpu["values"]["perfd_gpu_memory_total_bytes"] > 0
         # Rank placement sees the job's rank 0 on it (the node agent reported the process list).
-        summary = _json(f"{base}/api/jobs/{JOB}/summary")
+        summary = p.json(f"/api/jobs/{JOB}/summary")
         assert [(r["rank"], r["node"], r["gpu"]) for r in summary["ranks"]] == [(0, NODE, "0")]
 
         # The node agent's own /metrics: GPU series in the job, with DCGM-exporter's identity labels.
@@ -118,11 +94,7 @@ def test_node_agent_and_sidecar_on_one_node(tmp_path: Path) -> None:
             [(JOB, lab["UUID"], lab["model"], 1.0)]
         # --host off; the ranks collector follows no rank here: nothing perfd_host_*
         assert not re.search(r'^perfd_host_', text, re.M), re.findall(r'^perfd_host_.*', text, re.M)
-    finally:
-        for p in agents:
-            stop(p)
-        stop(agg)
 
 
-def _jobs(base: str) -> list[str]:
-    return sorted(j["job"] for j in _json(f"{base}/api/jobs")["jobs"])
+def _jobs(p: Pipeline) -> list[str]:
+    return sorted(j["job"] for j in p.json("/api/jobs")["jobs"])

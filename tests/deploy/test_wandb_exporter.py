@@ -37,7 +37,8 @@ from perfd.exporters.wandb import (
 )
 from perfd.report.bottleneck_text import class_reason
 from perfd.report.row_json import run_json
-from tests.procs import stop, wait_for
+from tests.cli_main import perfd
+from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_LOG = ROOT / "perfd" / "app" / "demo" / "data" / "megatron_h200x2_tp1_pp2.log"
@@ -367,30 +368,30 @@ def test_every_row_carries_the_gpu_values_of_when_its_iteration_arrived() -> Non
     assert [v[key] for _s, v in fake.runs[0].rows[-2:]] == [900.0, 900.0]
 
 
-@pytest.mark.slow
-def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path) -> None:
+def test_an_unwritable_wandb_directory_is_refused_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """--wandb-project under a working directory W&B cannot write (the chart's read-only root
     filesystem; here a file where the runs' folder would go, which stops root too): exit 2 at start
     with one line naming the directory and --wandb-dir, never a traceback per export round. With
-    --state-dir the runs go under it, and the aggregator starts."""
+    --state-dir the runs go under it, and the aggregator starts. The refusals by the CLI's main() in
+    the test's process (were one not refused, its start raises instead of serving); the start a
+    pipeline() (tests/inproc.py) with the same arguments."""
     pytest.importorskip("wandb", reason="wandb is the optional extra perfd[wandb] (in the dev extra)")
+    from perfd.aggregator.daemon import Aggregator
+
     (tmp_path / "perfd-wandb").write_text("in the way\n")
-    args = [sys.executable, "-m", "perfd.app.cli", "aggregator", "--grpc-port", "0", "--http-port", "0",
-            "--no-rules", "--wandb-project", "p"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2, r.stderr
-    assert f"cannot write W&B runs under {tmp_path / 'perfd-wandb'}" in r.stderr
-    assert "--wandb-dir DIR" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([*args, "--wandb-dir", str(tmp_path / "perfd-wandb" / "sub")], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    ready = tmp_path / "ready"
-    p = subprocess.Popen([*args, "--state-dir", str(tmp_path / "state"), "--ready-file", str(ready)],
-                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: (ready.exists() and ready.read_text().strip()) or p.poll() is not None, 60,
-                 "the aggregator ready")
-        assert p.poll() is None and (tmp_path / "state" / "wandb").is_dir()
-    finally:
-        stop(p)
+    monkeypatch.chdir(tmp_path)
+    args = ("aggregator", "--grpc-port", "0", "--http-port", "0", "--no-rules", "--wandb-project", "p")
+    with monkeypatch.context() as m:
+        async def no_start(self: Aggregator) -> None:
+            raise AssertionError("the aggregator started: no refusal")
+
+        m.setattr(Aggregator, "start", no_start)
+        r = perfd(capsys, *args)
+        assert r.returncode == 2, r.stderr
+        assert f"cannot write W&B runs under {tmp_path / 'perfd-wandb'}" in r.stderr
+        assert "--wandb-dir DIR" in r.stderr and "Traceback" not in r.stderr
+        r = perfd(capsys, *args, "--wandb-dir", tmp_path / "perfd-wandb" / "sub")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    with pipeline(tmp_path, *args[1:], "--state-dir", tmp_path / "state") as p:
+        assert p.json("/api/jobs")["jobs"] == [] and (tmp_path / "state" / "wandb").is_dir()
