@@ -72,7 +72,8 @@ def _recomputed_by_hand() -> tuple[int, float]:
     n, us = 0, 0.0
     for tid, points in wanted.items():
         # one sweep a thread: the ops open at each launch (a stack of the ops that began before it)
-        spans, j, stack = sorted(ops[tid], key=lambda o: (o[0], -o[1])), 0, []
+        spans, j = sorted(ops[tid], key=lambda o: (o[0], -o[1])), 0
+        stack: list[tuple[float, float, str, object]] = []
         for ts, corr in sorted(points):
             while j < len(spans) and spans[j][0] <= ts:
                 while stack and stack[-1][1] < spans[j][0]:
