@@ -45,6 +45,8 @@ class AgentConfig:
     engine: str | None = None
     engine_token_file: str | None = None
     engine_tls_ca: str | None = None
+    engine_tls_cert: str | None = None  # a client certificate and its key: mutual TLS to the engine
+    engine_tls_key: str | None = None
     engine_partitions: int = DEFAULT_PARTITIONS
     engine_collectives: str = COLLECTIVES_FOLDED_AT[0]  # where a hook job's operations are folded
     metrics_port: int | None = L.AGENT_METRICS_PORT  # None = no HTTP endpoint; 0 = ephemeral (tests)
@@ -134,6 +136,11 @@ class AgentConfig:
                 raise ConfigError(f"engine must be nats://HOST:PORT[,...], got {self.engine!r}")
             if self.engine_partitions < 1:
                 raise ConfigError(f"engine_partitions must be >= 1, got {self.engine_partitions}")
+        if (self.engine_tls_cert is None) != (self.engine_tls_key is None):
+            raise ConfigError("engine_tls_cert and engine_tls_key go together")
+        if self.engine_tls_cert is not None and self.engine_tls_ca is None:
+            raise ConfigError("engine_tls_cert needs engine_tls_ca (the CA that signed the engine's "
+                              "certificates)")
         if self.engine_collectives not in COLLECTIVES_FOLDED_AT:
             raise ConfigError(f"engine_collectives must be one of {', '.join(COLLECTIVES_FOLDED_AT)}, got "
                               f"{self.engine_collectives!r}")
@@ -152,9 +159,9 @@ class AgentConfig:
 
 
 _TOP_KEYS = {f for f in AgentConfig.__dataclass_fields__}
-_OPTIONAL_KEYS = ("aggregator", "engine", "engine_token_file", "engine_tls_ca",
-                  "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca", "tls_cert",
-                  "tls_key", "auth_token_file", "kineto_socket_dir", "job_user")
+_OPTIONAL_KEYS = ("aggregator", "engine", "engine_token_file", "engine_tls_ca", "engine_tls_cert",
+                  "engine_tls_key", "metrics_port", "spool_dir", "state_dir", "capture_dir", "tls_ca",
+                  "tls_cert", "tls_key", "auth_token_file", "kineto_socket_dir", "job_user")
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:

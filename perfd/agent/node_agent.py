@@ -439,7 +439,8 @@ class Agent:
 
         token = Path(self.cfg.engine_token_file).read_text().strip() if self.cfg.engine_token_file else None
         ecfg = EngineConfig(tuple(u.strip() for u in (self.cfg.engine or "").split(",") if u.strip()),
-                            token=token, tls_ca=self.cfg.engine_tls_ca, partitions=self.cfg.engine_partitions)
+                            token=token, tls_ca=self.cfg.engine_tls_ca, tls_cert=self.cfg.engine_tls_cert,
+                            tls_key=self.cfg.engine_tls_key, partitions=self.cfg.engine_partitions)
         fold = None
         if self.cfg.engine_collectives == "agent":  # its ranks' windows folded here (the analytics: only now)
             from perfd.analytics.collectives.shardfold import ShardCollectives

@@ -91,7 +91,8 @@ ENGINE_VALUES_OFF = ("engine.enabled=false", "engine.urls={nats://elsewhere.svc:
                      "engine.leaseTTLSeconds=3", "engine.ackWaitSeconds=5", "engine.shards.replicas=9",
                      "engine.shards.metricsPort=15555", "engine.root.standby=false",
                      "engine.namespaceSelector.matchLabels.team=nats",
-                     "engine.extraEgress[0].ports[0].port=443")
+                     "engine.extraEgress[0].ports[0].port=443", "engine.tls.enabled=true",
+                     "engine.tls.secret=other-tls", "engine.tls.mutual=false")
 
 
 @pytest.mark.parametrize("sets", [(), REALISTIC, ("networkPolicy.enabled=false", "auth.enabled=false",
@@ -115,7 +116,8 @@ def test_off_by_default_and_inert_when_off(sets: tuple[str, ...]) -> None:
 def test_the_values_keys_and_defaults() -> None:
     engine = yaml.safe_load((CHART / "values.yaml").read_text())["engine"]
     assert engine == {
-        "enabled": False, "urls": ["nats://nats.nats.svc:4222"], "tokenSecret": "", "partitions": 16,
+        "enabled": False, "urls": ["nats://nats.nats.svc:4222"], "tokenSecret": "",
+        "tls": {"enabled": False, "secret": "perfd-engine-tls", "mutual": True}, "partitions": 16,
         "replicas": 3, "leaseTTLSeconds": 6, "ackWaitSeconds": 10,
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "nats"}}, "extraEgress": [],
         "shards": {"replicas": 4, "metricsPort": 14401,
@@ -131,8 +133,9 @@ def test_helm_lint_strict_with_the_engine() -> None:
 
 
 @pytest.mark.parametrize("sets", [ENGINE, (*REALISTIC, *ENGINE, "engine.extraEgress[0].ports[0].port=443"),
-                                  ("engine.enabled=true", "engine.root.standby=false", "engine.replicas=1")],
-                         ids=["engine", "realistic", "one-root"])
+                                  ("engine.enabled=true", "engine.root.standby=false", "engine.replicas=1"),
+                                  (*ENGINE, "engine.tls.enabled=true")],
+                         ids=["engine", "realistic", "one-root", "tls"])
 def test_rendered_objects_validate(sets: tuple[str, ...]) -> None:
     docs = _render(*sets, release="gpu-perf", namespace="monitoring")
     kinds = sorted(d["kind"] for d in docs)
@@ -401,7 +404,9 @@ def test_values_schema_refuses_bad_engine_values() -> None:
                 "engine.leaseTTLSeconds=0", "engine.ackWaitSeconds=-1",
                 "engine.urls={http://nats:4222}", "engine.urls={nats://nats:4222/}",
                 "engine.root.standby=yes", "engine.tokenSecret=Not_A_Name",
-                "engine.shards.resources.requests.gpu=1"):
+                "engine.shards.resources.requests.gpu=1", "engine.tls.enabled=yes",
+                "engine.tls.secret=Not_A_Name", "engine.tls.secret=", "engine.tls.mutual=no",
+                "engine.tls.caKey=ca.pem"):
         assert "values don't meet the specifications" in _refused("engine.enabled=true", bad), bad
 
 

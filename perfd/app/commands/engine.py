@@ -39,6 +39,10 @@ def add_engine_arguments(p: argparse.ArgumentParser, streams: bool = True) -> No
     g.add_argument("--engine", metavar="URLS", help="the engine's servers, nats://HOST:PORT[,...]")
     g.add_argument("--engine-token-file", metavar="FILE", help="the engine's token (a file: not in ps)")
     g.add_argument("--engine-tls-ca", metavar="FILE", help="CA of the engine's certificates: TLS")
+    g.add_argument("--engine-tls-cert", metavar="FILE",
+                   help="this process's client certificate, for a server that verifies clients (mutual "
+                   "TLS); with --engine-tls-key and --engine-tls-ca")
+    g.add_argument("--engine-tls-key", metavar="FILE", help="the key of --engine-tls-cert")
     g.add_argument("--engine-partitions", type=int, default=DEFAULT_PARTITIONS, metavar="N",
                    help="partitions of the node stream (the same on every agent, shard and root)")
     if streams:
@@ -99,11 +103,27 @@ def engine_config(args: argparse.Namespace, prog: str) -> EngineConfig | None:
         if not 0 < value < math.inf:  # (0 is the engine's own default: a lease that never expires)
             print(f"{prog}: {flag} must be > 0 seconds", file=sys.stderr)
             raise SystemExit(2)
+    problem = engine_tls_problem(args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     token = None
     if args.engine_token_file:
         token = read_token(args.engine_token_file, "--engine-token-file", prog)
-    return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, partitions=args.engine_partitions,
+    return EngineConfig(urls, token=token, tls_ca=args.engine_tls_ca, tls_cert=args.engine_tls_cert,
+                        tls_key=args.engine_tls_key, partitions=args.engine_partitions,
                         lease_ttl_s=lease_ttl, ack_wait_s=ack_wait)
+
+
+def engine_tls_problem(ca: str | None, cert: str | None, key: str | None) -> str | None:
+    """Why the engine's TLS files do not go together (None when they do): a client certificate comes
+    with its key, and both with the CA that verifies the servers (the engine's client makes its TLS
+    context from the CA: a certificate without one would be dropped unsaid)."""
+    if (cert is None) != (key is None):
+        return "--engine-tls-cert and --engine-tls-key go together"
+    if cert is not None and ca is None:
+        return "--engine-tls-cert needs --engine-tls-ca (the CA that signed the engine's certificates)"
+    return None
 
 
 def _nats_missing(prog: str) -> bool:

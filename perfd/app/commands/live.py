@@ -44,8 +44,9 @@ def _agent(args: argparse.Namespace, run: Callable[[AgentConfig, str | None], in
             engine_token_file=args.engine_token_file,
             engine_partitions=args.engine_partitions if args.engine else None,
             engine_collectives=args.engine_collectives)
-        if args.engine_tls_ca:
-            cfg.engine_tls_ca = args.engine_tls_ca
+        for key in ("engine_tls_ca", "engine_tls_cert", "engine_tls_key"):
+            if getattr(args, key):
+                setattr(cfg, key, getattr(args, key))
         cfg.finish()
     except ConfigError as exc:
         print(f"perfd agent: configuration error: {exc}", file=sys.stderr)

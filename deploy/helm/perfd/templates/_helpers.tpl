@@ -94,6 +94,16 @@ agent. The token is a mounted file. */}}
 - --engine-token-file
 - /etc/perfd/engine/token
 {{- end }}
+{{- if $e.tls.enabled }}
+- --engine-tls-ca
+- /etc/perfd/engine-tls/ca.crt
+{{- if $e.tls.mutual }}
+- --engine-tls-cert
+- /etc/perfd/engine-tls/tls.crt
+- --engine-tls-key
+- /etc/perfd/engine-tls/tls.key
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The engine token's mount and volume (engine.tokenSecret, key `token`; include them only when it
@@ -111,6 +121,32 @@ is set): a file, read-only, never an environment variable or an argument. */}}
     items:
       - key: token
         path: token
+    defaultMode: {{ .mode }}
+{{- end -}}
+
+{{/* The engine's TLS files' mount and volume (engine.tls.secret: ca.crt, and with engine.tls.mutual
+tls.crt and tls.key; include them only when engine.tls.enabled): read-only, the key readable by the
+container's user and the pod's fsGroup only (`mode`), and only the keys the flags name. */}}
+{{- define "perfd.engineTlsMount" -}}
+- name: engine-tls
+  mountPath: /etc/perfd/engine-tls
+  readOnly: true
+{{- end -}}
+
+{{- define "perfd.engineTlsVolume" -}}
+{{- $t := .root.Values.engine.tls -}}
+- name: engine-tls
+  secret:
+    secretName: {{ $t.secret }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+      {{- if $t.mutual }}
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      {{- end }}
     defaultMode: {{ .mode }}
 {{- end -}}
 
