@@ -20,6 +20,7 @@ from perfd.analytics.breakdown.step_parts import Part
 # the recomputed ones they read just after they were made.
 RECOMPUTED_GONE = (0.8, 1.0)
 RECOMPUTED = "recompute:forward"  # the atom: the forward run again in the backward
+_PARTS = frozenset(p.value for p in Part)
 
 
 def loop_recompute(c: FitContext) -> Advice | None:
@@ -33,8 +34,8 @@ def loop_recompute(c: FitContext) -> Advice | None:
         what = say(Say.CHECKPOINT_FORWARD, what, r.forward_us, r.backward_us)
     replayed = c.replayed(Change.RECOMPUTE, what, gpu)
     sw = in_terms(RemedyId.RECOMPUTE, c.config.framework, Say.RECOMPUTE_OFF, cost=Say.RECOMPUTE_OFF_COST)
-    known = [Part(p) for p, _ms in r.by_part if p in Part._value2member_map_]
-    part = known[0] if known else Part.POINTWISE  # the part most of it computes
+    # the part most of it computes (by_part is largest first; "other": no part said what)
+    part = next((Part(p) for p, _ms in r.by_part if p in _PARTS), Part.POINTWISE)
     gain = replayed or gpu
     return Advice(RemedyId.RECOMPUTE, part, sw.action, gain, sw.flags, cost=sw.cost_said,
                   removes=(Removal(RECOMPUTED, gain.low_ms, gain.high_ms),),
