@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 import grpc
 
@@ -82,7 +82,10 @@ class Backlog:
     says nothing counts only for HELLO_GRACE_S: a client that opens streams and stays silent cannot
     hold admission shut for the Hello timeout (it has to open MAX_OPENING_STREAMS every grace)."""
 
-    def __init__(self) -> None:
+    def __init__(self, demand: Callable[[], float] = _thread_demand_s) -> None:
+        # ``demand``: the seconds the loop's thread has run or waited to run so far (a test gives its
+        # own, to drive the loop's business on its clock).
+        self._thread_demand = demand
         self._unheard: OrderedDict[AgentStream, None] = OrderedDict()
         self._opening: dict[AgentStream, None] = {}
         self._first_acks: deque[tuple[float, float]] = deque(maxlen=4096)  # (answered at, waited)
@@ -91,7 +94,7 @@ class Backlog:
         # when it has been so (None: it is not).
         self.busy = 0.0
         self.busy_since: float | None = None
-        self._demand = _thread_demand_s()
+        self._demand = demand()
         self._tick_at: float | None = None
 
     def opened(self, conn: AgentStream) -> None:
@@ -112,7 +115,7 @@ class Backlog:
 
     def tick(self, now: float) -> None:
         """Called on the loop's thread every liveness tick: how busy the loop was since the last."""
-        demand = _thread_demand_s()
+        demand = self._thread_demand()
         if self._tick_at is not None:
             busy = min(1.0, (demand - self._demand) / max(1e-6, now - self._tick_at))
             self.busy = (self.busy + busy) / 2

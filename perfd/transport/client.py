@@ -89,6 +89,17 @@ class StreamEnded(Exception):
         self.code, self.details, self.trailers = code, details, trailers
 
 
+def reconnect_wait(hint: float | None, delay: float, draw: float) -> float:
+    """Seconds to wait before the next stream, ``draw`` uniform in [0, 1). Refused with a ``hint`` (the
+    aggregator is saturated and said when to come back): that long, jittered to 0.5-1.5 of it so the
+    refused do not return together; it paces the refused by how long its overload has lasted, and the
+    agent's own backoff would only add. Otherwise the backoff's ``delay`` jittered to [delay/2, delay],
+    so that a thousand agents that lost the same aggregator do not reconnect in lockstep."""
+    if hint is not None:
+        return hint * (0.5 + draw)
+    return delay * (0.5 + draw / 2)
+
+
 def retry_after(e: BaseException) -> float | None:
     """When the aggregator that refused a stream said to come back (seconds; perfd.core.limits.RETRY_AFTER_KEY
     in the trailing metadata), within MAX_RETRY_AFTER_S; None when it did not say."""
@@ -276,17 +287,9 @@ class AgentClient(CommandTarget):
             if healthy:
                 delay = self.backoff_initial_s  # the aggregator answered: start the backoff over
             hint, self.retry_after_s = self.retry_after_s, None
-            if hint is not None:
-                # The aggregator refused the stream and said when to come back (it is saturated): that
-                # long, with a jitter of 0.5-1.5 so the refused do not return together. It paces the
-                # refused by how long its overload has lasted; the agent's own backoff would only add.
-                await asyncio.sleep(hint * (0.5 + random.random()))
-                continue
-            else:
-                # Jitter (a uniform draw in [delay/2, delay]) keeps a thousand agents that lost the
-                # same aggregator from reconnecting in lockstep.
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
-            delay = min(delay * 2, self.backoff_max_s)
+            await asyncio.sleep(reconnect_wait(hint, delay, random.random()))
+            if hint is None:
+                delay = min(delay * 2, self.backoff_max_s)
 
     def _note_error(self, e: BaseException) -> None:
         self.stream_errors += 1

@@ -17,6 +17,8 @@ BENCHES = {
     "analysis": ("benchmarks.analysis_bench", "re-analysis of a growing run: from scratch vs incremental"),
     "baseline": ("benchmarks.baseline_bench", "a steady GPU sighting of an N-node job (all ranks placed)"),
     "scale": ("benchmarks.scale_bench", "one aggregator under N simulated agents (separate processes)"),
+    "admission": ("benchmarks.admission_storm",
+                  "a connect storm on an ingest server with no time left: refusals, hints, agents in"),
     "engine": ("benchmarks.engine_bench", "the distributed path: nats-server, shards, a root, N nodes"),
     "engine-storm": ("benchmarks.engine_storm",
                      "N agents on the engine lose it under CPU contention and come back"),
@@ -56,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run_bench(args: argparse.Namespace) -> int:
     module = BENCHES[args.which][0]
-    root = Path(__file__).resolve().parents[2]  # the checkout perfd runs from (editable install)
+    root = Path(__file__).resolve().parents[3]  # the checkout perfd runs from (editable install)
     if (root / "benchmarks").is_dir() and str(root) not in sys.path:
         sys.path.insert(0, str(root))
     try:
