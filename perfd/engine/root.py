@@ -84,7 +84,7 @@ class Root:
         self.advertise_http = advertise_http
         self.leader_http: str | None = None
         self.fold = RootFold()
-        self.summaries = RootSummaries(self.fold.stats)
+        self.summaries = RootSummaries(self.fold.stats, world=self.fold.world)
         # what the summaries were last checked against: jobs the fold forgot, and each job's run
         self._forgotten, self._runs = 0, dict(self.fold.runs)
         self._read_to = 0  # the partials stream's sequence read and folded up to

@@ -4,7 +4,9 @@ partials (which stay what the store gets): each partition's newest summary of ea
 the answer merged from them (:func:`perfd.engine.stepsummary.answer`), the newest ANSWERS_KEPT of each
 job, read-only in the root's stats (/api/stats ``engine.summary_answers``). An answer is made again
 when a summary of its iteration comes after the iteration was whole: the shards send their summaries
-after their partials, and the two streams are read apart. Pure: perfd.engine.root reads the stream.
+after their partials, and the two streams are read apart. A partition whose lease moved while an
+iteration was folded has two holders' summaries of it, each with its ranks: both held, merged
+(perfd.engine.stepsummary.SummaryFold). Pure: perfd.engine.root reads the stream.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ COMPLETE_KEPT = 64  # a job's newest iterations known whole (their answers are m
 
 
 class RootSummaries:
-    def __init__(self, stats: RootStats, keep: int = KEEP_ITERATIONS) -> None:
-        self.stats, self.keep = stats, keep
+    def __init__(self, stats: RootStats, keep: int = KEEP_ITERATIONS,
+                 world: Callable[[str], int] = lambda job: 0) -> None:
+        """``world``: the ranks of a job's iteration as the root's fold knows them (0: not known), so
+        that an answer holding more (a node message in two holders' summaries) is not shown."""
+        self.stats, self.keep, self.world = stats, keep, world
         self.fold = ss.SummaryFold()
         self._its: dict[str, set[int]] = {}  # job -> its iterations held in ``fold``
         self._whole: dict[str, OrderedDict[int, None]] = {}  # job -> iterations the partials made whole
@@ -41,12 +46,13 @@ class RootSummaries:
             if s.iteration not in its and len(its) >= self.keep and s.iteration < min(its):
                 self.stats.summaries_late += 1
                 continue
-            replaced, stale = fold.replaced, fold.stale
+            replaced, stale, dropped = fold.replaced, fold.stale, fold.holders_dropped
             if fold.add(s):
                 its.add(s.iteration)
                 touched.add((s.job, s.iteration))
             self.stats.summaries_replaced += fold.replaced - replaced
             self.stats.summaries_stale += fold.stale - stale
+            self.stats.summaries_holders_dropped += fold.holders_dropped - dropped
         for job in {j for j, _ in touched}:
             its = self._its[job]
             if len(its) > self.keep:
@@ -69,6 +75,13 @@ class RootSummaries:
         if merged is None:
             return
         kept = self.answers.setdefault(job, OrderedDict())
+        world = self.world(job)
+        if world and merged.ranks_in > world:
+            # Two holders of a partition both folded a node message (the former's summary went out, its
+            # ack did not): a rank counted twice, which a sketch cannot take out. Not shown, counted.
+            self.stats.summaries_overcounted += 1
+            kept.pop(iteration, None)
+            return
         kept[iteration] = {"iteration": iteration, **ss.answer_json(ss.answer(merged))}
         for it in sorted(kept)[: max(0, len(kept) - ANSWERS_KEPT)]:
             del kept[it]

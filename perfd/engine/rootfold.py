@@ -89,13 +89,17 @@ class RootStats:
     events_skipped: int = 0
     summaries_skipped: int = 0
     # The shards' step summaries (perfd.engine.root_summaries), beside the partials: read; of those, held
-    # in place of an older one of their partition's iteration (replaced); not newer than the one held,
-    # a copy delivered again or a former holder's (stale: dropped); of an iteration no longer held (late:
-    # dropped)
+    # in place of an older one of their holder's partition's iteration (replaced); not newer than the one
+    # held, a copy delivered again (stale: dropped); of an iteration no longer held (late: dropped); a
+    # holder's let go of for a newer holder's, past MAX_HOLDERS of one partition's iteration
+    # (holders_dropped: its ranks missing from the answer); answers not shown for holding more ranks than
+    # the job has (overcounted: a node message in two holders' summaries)
     summaries: int = 0
     summaries_replaced: int = 0
     summaries_stale: int = 0
     summaries_late: int = 0
+    summaries_holders_dropped: int = 0
+    summaries_overcounted: int = 0
     lag_s: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_SAMPLES))
 
     def to_json(self) -> dict[str, bool | int | dict[str, float] | None]:

@@ -25,6 +25,10 @@ SUMMARY_ITERATIONS = 16
 IDLE_FORGET_S = 600.0
 BATCH_ROOM = 512  # bytes of a summaries message kept for its id, sender and time
 Key = tuple[str, int, int]  # (job, iteration, partition)
+# A job whose info this shard has not read: an agent sends it on change, so a shard that took the
+# partition over mid-run may never see it. Its ranks' stages are then not known (stage_unknown: the
+# root shows no per-stage figures), not left out of the stages the former holder's summaries fill.
+NO_INFO: tuple[str, Callable[[int], int | None] | None] = ("", lambda rank: None)
 
 
 class ShardSummaries:
@@ -73,7 +77,7 @@ class ShardSummaries:
                 continue
             self._newest[job] = max(it, self._newest.get(job, it))
             self._seen[job] = now
-            self.held.add(partition, fold, part.ranks, self._stages.get(job, ("", None))[1],
+            self.held.add(partition, fold, part.ranks, self._stages.get(job, NO_INFO)[1],
                           new_run=part.new_run)
         return too_old
 

@@ -439,29 +439,53 @@ class PartitionSummaries:
             self.touched.discard(key)
 
 
+# Holders (shard epochs) of one partition's iteration whose summaries the root keeps side by side: one
+# more each time the partition's lease moves while the iteration is held. Past it the oldest holder's
+# summary is let go of (counted: its ranks are then missing from the answer, which says how many are in).
+MAX_HOLDERS = 4
+
+
 class SummaryFold:
-    """What a job's root holds of summaries: per (job, iteration), each partition's newest. Its
-    memory is partitions × (timers + stages) a held iteration, whatever the ranks."""
+    """What a job's root holds of summaries: per (job, iteration), each partition's newest of each
+    holder. A holder (a shard, from its start: its epoch) sends its partition's iteration so far, so its
+    newer flush replaces its older; but a partition whose lease moved while the iteration was folded
+    (a rebalance, a lost lease, a restart) has two holders, each with the ranks it folded: the new
+    holder's summary is not the former's made newer, and the two are merged, not one replacing the other
+    (that dropped the former holder's ranks from the iteration for good). A node message both folded
+    (the former's summary sent, its ack lost) is in both: the root's answer then holds more ranks than
+    the job has, which it does not show (perfd.engine.root_summaries). Its memory is partitions ×
+    holders × (timers + stages) a held iteration, whatever the ranks."""
 
     def __init__(self) -> None:
-        self.held: dict[tuple[str, int], dict[int, StepSummary]] = {}
-        self.replaced = 0  # summaries of a partition newer than the one held (a shard's next flush)
-        self.stale = 0  # ... not newer (delivered again, or a former holder's): dropped
+        self.held: dict[tuple[str, int], dict[tuple[int, int], StepSummary]] = {}
+        self.replaced = 0  # summaries of a holder's partition newer than the one held (its next flush)
+        self.stale = 0  # ... not newer (delivered again): dropped
+        self.holders_dropped = 0  # a holder's summary let go of for a newer holder's (past MAX_HOLDERS)
 
     def add(self, s: StepSummary) -> bool:
-        """Hold ``s`` in place of its partition's; False: the one held is as new (nothing changed)."""
+        """Hold ``s`` in place of its holder's for its partition; False: the one held is as new (nothing
+        changed)."""
         parts = self.held.setdefault((s.job, s.iteration), {})
-        had = parts.get(s.partition)
-        if had is not None and (had.epoch, had.seq) >= (s.epoch, s.seq):
+        key = (s.partition, s.epoch)
+        had = parts.get(key)
+        if had is not None and had.seq >= s.seq:
             self.stale += 1
             return False
         self.replaced += had is not None
-        parts[s.partition] = s
+        if had is None:
+            holders = sorted(e for p, e in parts if p == s.partition)
+            if len(holders) >= MAX_HOLDERS:
+                if s.epoch < holders[0]:
+                    self.holders_dropped += 1
+                    return False
+                del parts[(s.partition, holders[0])]
+                self.holders_dropped += 1
+        parts[key] = s
         return True
 
     def trim(self, job: str, keep: int) -> None:
         """Let go of ``job``'s iterations but its newest ``keep`` (perfd.engine.rootfold's
-        KEEP_ITERATIONS): memory bounded by jobs × keep × partitions."""
+        KEEP_ITERATIONS): memory bounded by jobs × keep × partitions × holders."""
         its = sorted(i for j, i in self.held if j == job)
         for i in its[: max(0, len(its) - keep)]:
             del self.held[(job, i)]
@@ -472,9 +496,10 @@ class SummaryFold:
 
 
 def merge(summaries: Iterable[StepSummary]) -> StepSummary:
-    """Summaries of different partitions of one (job, iteration) as one (partition 0: theirs all)."""
+    """Summaries of different partitions (or holders) of one (job, iteration) as one (partition 0: theirs
+    all)."""
     out: StepSummary | None = None
-    for s in sorted(summaries, key=lambda s: s.partition):
+    for s in sorted(summaries, key=lambda s: (s.partition, s.epoch)):
         if out is None:
             out = StepSummary(s.job, s.iteration)
         out.merge(s)

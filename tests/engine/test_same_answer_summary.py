@@ -356,16 +356,18 @@ def test_a_shard_summarises_node_by_node() -> None:
     assert held.held == {}
 
 
-def test_the_root_holds_each_partitions_newest_within_its_iterations() -> None:
-    """Per (job, iteration) the newest of each partition (by its maker's epoch, then flush), the
-    older and the same one again counted and dropped; a job's iterations but the newest ``keep`` let go."""
+def test_the_root_holds_each_holders_newest_within_its_iterations() -> None:
+    """Per (job, iteration) the newest of each partition's holder (by its flush), the older and the same
+    one again counted and dropped; another holder's (the partition's lease moved) held beside it, not in
+    its place; a job's iterations but the newest ``keep`` let go."""
     recs = [r for its in megatron(2).values() for r in its[0]]
     fold = ss.SummaryFold()
     for it in range(1, 6):
-        for epoch, seq in ((1, 5), (1, 4), (2, 1), (2, 1)):
+        for epoch, seq in ((1, 5), (1, 4), (2, 1), (2, 1), (2, 2)):
             fold.add(ss.summarize(JOB, it, recs, None, partition=0, epoch=epoch, seq=seq))
     assert (fold.replaced, fold.stale) == (5, 10)
-    assert all(p[0].epoch == 2 for p in fold.held.values())
+    assert all(sorted(p) == [(0, 1), (0, 2)] and p[(0, 1)].seq == 5 and p[(0, 2)].seq == 2
+               for p in fold.held.values())
     fold.trim(JOB, 3)
     assert sorted(i for _, i in fold.held) == [3, 4, 5]
 
