@@ -47,6 +47,7 @@ from perfd.engine import subjects as S
 from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial, encode_batches, partials_of
 from perfd.engine.root import Root
+from perfd.engine.root_summaries import SummaryFold
 from perfd.engine.shard import DEFAULT_MAX_PAYLOAD, MAX_PARTIAL_RANKS
 from perfd.transport.gen import perfd_pb2 as pb
 
@@ -103,7 +104,7 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
     shard_of = {p: p % shards for p in range(partitions)}
     rng = random.Random(1)
     root = Root(S.EngineConfig(servers=("nats://127.0.0.1:4222",)), _Sink(), "bench")
-    fold = ss.SummaryFold()
+    fold = SummaryFold()
     held = ss.PartitionSummaries()  # the shards' (each holds its own partitions': one object here)
     seq = 0
     rows: list[dict[str, float]] = []

@@ -16,7 +16,7 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +103,12 @@ def _hook_collector(cfg: Mapping[str, object]) -> Collector:
 
 
 MAX_COLLECTIVES_PER_BATCH = 20_000
+# On the engine a job's info goes again this often, changed or not: a partition's lease moves (a
+# rebalance, a shard lost or restarted) and the shard taking it over reads the info only from a node
+# message that carries it; sent on change alone, it may never come, and that shard cannot group the
+# job's ranks by pipeline stage (perfd.engine.shard_summaries.NO_INFO: no per-stage figures meanwhile).
+# A few KB a node a minute.
+JOBINFO_RESEND_S = 60.0
 
 
 class Agent:
@@ -126,6 +132,8 @@ class Agent:
         self._jobinfo_last: dict[str, str] = {}  # job -> its latest job info, re-sent after a reconnect
         self._jobinfo_merged: dict[str, JobInfo] = {}
         self._reconnects_seen = 0
+        self.monotonic: Callable[[], float] = time.monotonic  # a test's clock in its place
+        self._jobinfo_resent_at = self.monotonic()
         self._spool: Spool | None = None  # opened before the collectors: their checkpoints resolve against it
         self.ready_file: str | None = None  # run_agent's: where the /metrics port goes once listening
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
@@ -354,6 +362,10 @@ class Agent:
             # A new stream may reach an aggregator that lost what we sent (restarted without a
             # state dir): send every job's info again; a durable one just overwrites it.
             self._reconnects_seen = reconnects
+            job_info = {**self._jobinfo_last, **job_info}
+        if self.cfg.engine and self._jobinfo_last and self.monotonic() - self._jobinfo_resent_at >= \
+                JOBINFO_RESEND_S:
+            self._jobinfo_resent_at = self.monotonic()
             job_info = {**self._jobinfo_last, **job_info}
         hook = self.scheduler.states.get("hook")
         self.hook_gpus.apply(events, hook_ranks(getattr(hook.collector, "ranks", None) or {}) if hook else [],

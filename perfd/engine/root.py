@@ -84,7 +84,7 @@ class Root:
         self.advertise_http = advertise_http
         self.leader_http: str | None = None
         self.fold = RootFold()
-        self.summaries = RootSummaries(self.fold.stats, world=self.fold.world)
+        self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
         # what the summaries were last checked against: jobs the fold forgot, and each job's run
         self._forgotten, self._runs = 0, dict(self.fold.runs)
         self._read_to = 0  # the partials stream's sequence read and folded up to
@@ -349,6 +349,12 @@ class Root:
             self._forgotten, self._runs = self.stats.jobs_forgotten, dict(self.fold.runs)
         while self.fold.completed:
             self.summaries.whole(*self.fold.completed.popleft())
+
+    def _iteration_ranks(self, job: str, iteration: int) -> set[int] | None:
+        """The ranks the partials brought of an iteration the fold still holds."""
+        held = self.fold.jobs.get(job)
+        acc = held.get(iteration) if held is not None else None
+        return acc.ranks if acc is not None else None
 
     def handle_summaries(self, batch: Sequence[bytes]) -> None:
         """The shards' step summaries (EngineBatch ``step_summaries``), held beside the partials' folds."""

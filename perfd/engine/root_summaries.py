@@ -1,5 +1,5 @@
 """What a job's root holds of the shards' step summaries (perfd.engine.stepsummary), read beside the
-partials (which stay what the store gets): each partition's newest summary of each recent iteration
+partials (which stay what the store gets): each partition's holder's newest summary of each recent iteration
 (a summary delivered again, or older, changes nothing), and for each iteration the partials made whole
 the answer merged from them (:func:`perfd.engine.stepsummary.answer`), the newest ANSWERS_KEPT of each
 job, read-only in the root's stats (/api/stats ``engine.summary_answers``). An answer is made again
@@ -12,7 +12,7 @@ iteration was folded has two holders' summaries of it, each with its ranks: both
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from perfd.engine import stepsummary as ss
 from perfd.engine.rootfold import KEEP_ITERATIONS, RootStats
@@ -21,20 +21,87 @@ ANSWERS_KEPT = 4  # a job's newest iterations whose answers are kept
 COMPLETE_KEPT = 64  # a job's newest iterations known whole (their answers are made again on a summary)
 
 
+# Holders (shard epochs) of one partition's iteration whose summaries the root keeps side by side: one
+# more each time the partition's lease moves while the iteration is held. Past it the holder the root
+# heard from first is let go of (counted: its ranks are then missing from the answer, which says how
+# many are in).
+MAX_HOLDERS = 4
+
+
+class SummaryFold:
+    """What a job's root holds of summaries: per (job, iteration), each partition's newest of each
+    holder. A holder (a shard, from its start: its epoch) sends its partition's iteration so far, so its
+    newer flush replaces its older; but a partition whose lease moved while the iteration was folded
+    (a rebalance, a lost lease, a restart) has two holders, each with the ranks it folded: the new
+    holder's summary is not the former's made newer, and the two are merged, not one replacing the other
+    (that dropped the former holder's ranks from the iteration for good). A node message both folded
+    (the former's summary sent, its ack lost) is in both: the root's answer then holds more ranks than
+    the job has, which it does not show (perfd.engine.root_summaries). Its memory is partitions ×
+    holders × (timers + stages) a held iteration, whatever the ranks."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], dict[tuple[int, int], ss.StepSummary]] = {}
+        self.replaced = 0  # summaries of a holder's partition newer than the one held (its next flush)
+        self.stale = 0  # ... not newer (delivered again): dropped
+        self.holders_dropped = 0  # a holder's summary let go of for a newer holder's (past MAX_HOLDERS)
+
+    def add(self, s: ss.StepSummary) -> bool:
+        """Hold ``s`` in place of its holder's for its partition; False: the one held is as new (nothing
+        changed)."""
+        parts = self.held.setdefault((s.job, s.iteration), {})
+        key = (s.partition, s.epoch)
+        had = parts.get(key)
+        if had is not None and had.seq >= s.seq:
+            self.stale += 1
+            return False
+        self.replaced += had is not None
+        if had is None:
+            # in the order the root first heard from each (a dict's): not by epoch, since a shard
+            # running long that takes the partition back is the newest holder with the oldest epoch
+            holders = [k for k in parts if k[0] == s.partition]
+            if len(holders) >= MAX_HOLDERS:
+                del parts[holders[0]]
+                self.holders_dropped += 1
+        parts[key] = s
+        return True
+
+    def holders(self, job: str, iteration: int) -> int:
+        """The most holders any partition of the iteration has (1: no lease moved while it was folded)."""
+        counts: dict[int, int] = {}
+        for p, _ in self.held.get((job, iteration), {}):
+            counts[p] = counts.get(p, 0) + 1
+        return max(counts.values(), default=0)
+
+    def trim(self, job: str, keep: int) -> None:
+        """Let go of ``job``'s iterations but its newest ``keep`` (perfd.engine.rootfold's
+        KEEP_ITERATIONS): memory bounded by jobs × keep × partitions × holders."""
+        its = sorted(i for j, i in self.held if j == job)
+        for i in its[: max(0, len(its) - keep)]:
+            del self.held[(job, i)]
+
+    def merged(self, job: str, iteration: int) -> ss.StepSummary | None:
+        parts = self.held.get((job, iteration))
+        return ss.merge(parts.values()) if parts else None
+
+
 class RootSummaries:
     def __init__(self, stats: RootStats, keep: int = KEEP_ITERATIONS,
-                 world: Callable[[str], int] = lambda job: 0) -> None:
-        """``world``: the ranks of a job's iteration as the root's fold knows them (0: not known), so
-        that an answer holding more (a node message in two holders' summaries) is not shown."""
-        self.stats, self.keep, self.world = stats, keep, world
-        self.fold = ss.SummaryFold()
+                 world: Callable[[str], int] = lambda job: 0,
+                 ranks: Callable[[str, int], Collection[int] | None] = lambda job, it: None) -> None:
+        """``world``: the ranks of a job's iteration as the root's fold knows them (0: not known);
+        ``ranks``: the ranks the partials brought of an iteration (None: no longer held). An iteration
+        a partition of which had two holders is answered only when its summaries hold exactly those."""
+        self.stats, self.keep, self.world, self.ranks = stats, keep, world, ranks
+        self._exact: OrderedDict[tuple[str, int], int] = OrderedDict()  # rank_hash of a whole one's ranks
+        self.fold = SummaryFold()
         self._its: dict[str, set[int]] = {}  # job -> its iterations held in ``fold``
         self._whole: dict[str, OrderedDict[int, None]] = {}  # job -> iterations the partials made whole
         self.answers: dict[str, OrderedDict[int, dict[str, object]]] = {}
+        self._overcounted: OrderedDict[tuple[str, int], None] = OrderedDict()  # counted in the stats
 
     def add(self, summaries: Iterable[ss.StepSummary], admit: Callable[[str], bool]) -> None:
-        """Hold each summary in place of its partition's (``admit(job)``: whether its job may be held;
-        refused: counted); answers of whole iterations they touched made again."""
+        """Hold each summary in place of its holder's of its partition (``admit(job)``: whether its job
+        may be held; refused: counted); answers of whole iterations they touched made again."""
         touched: set[tuple[str, int]] = set()
         fold = self.fold
         for s in summaries:
@@ -76,15 +143,35 @@ class RootSummaries:
             return
         kept = self.answers.setdefault(job, OrderedDict())
         world = self.world(job)
-        if world and merged.ranks_in > world:
-            # Two holders of a partition both folded a node message (the former's summary went out, its
-            # ack did not): a rank counted twice, which a sketch cannot take out. Not shown, counted.
-            self.stats.summaries_overcounted += 1
+        if self.fold.holders(job, iteration) > 1 and not self._exactly(job, iteration, merged, world):
+            # A partition's lease moved while the iteration was folded. Both holders may have folded a
+            # node message (the former's summary went out, its ack did not): a rank counted twice, which
+            # a sketch cannot take out, and which a rank still missing would hide from a count. Shown only
+            # once the summaries hold the partials' ranks exactly; a rank twice counted, once an iteration.
             kept.pop(iteration, None)
+            if world and merged.ranks_in >= world and (job, iteration) not in self._overcounted:
+                self._overcounted[(job, iteration)] = None
+                while len(self._overcounted) > COMPLETE_KEPT:
+                    self._overcounted.popitem(last=False)
+                self.stats.summaries_overcounted += 1
             return
         kept[iteration] = {"iteration": iteration, **ss.answer_json(ss.answer(merged))}
         for it in sorted(kept)[: max(0, len(kept) - ANSWERS_KEPT)]:
             del kept[it]
+
+    def _exactly(self, job: str, iteration: int, merged: ss.StepSummary, world: int) -> bool:
+        """Whether ``merged`` holds each rank the partials brought of the iteration once, none else."""
+        if not world or merged.ranks_in != world:
+            return False
+        key = (job, iteration)
+        if key not in self._exact:
+            ranks = self.ranks(job, iteration)
+            if ranks is None or len(ranks) != world:
+                return False
+            self._exact[key] = ss.rank_hash(ranks)  # once an iteration, and only one with two holders
+            while len(self._exact) > COMPLETE_KEPT:
+                self._exact.popitem(last=False)
+        return merged.ranks_hash == self._exact[key]
 
     def forget(self, job: str) -> None:
         """Let go of ``job`` (its folds left the root's memory, or it began a new run)."""

@@ -1,12 +1,14 @@
 """What a shard keeps and sends of its partitions' step summaries (perfd.engine.stepsummary), beside
 the partials: per (job, iteration, partition) the summary of the ranks folded in so far, each flush
 sending those it touched, whole, on the job's summaries subject (perfd.engine.subjects). A summary
-sent again (the next flush, a retry after a failed one) stands for the partition's iteration so far,
-ordered by this shard's epoch and flush: the root holds the newest of each partition, never adds two.
+sent again (the next flush, a retry after a failed one) stands for what this shard folded of the
+partition's iteration so far, ordered by its flush: the root holds the newest of each partition's holder
+(this shard's epoch), never adds two of one; a holder before or after this one (the lease moved) adds.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -25,18 +27,20 @@ SUMMARY_ITERATIONS = 16
 IDLE_FORGET_S = 600.0
 BATCH_ROOM = 512  # bytes of a summaries message kept for its id, sender and time
 Key = tuple[str, int, int]  # (job, iteration, partition)
-# A job whose info this shard has not read: an agent sends it on change, so a shard that took the
-# partition over mid-run may never see it. Its ranks' stages are then not known (stage_unknown: the
-# root shows no per-stage figures), not left out of the stages the former holder's summaries fill.
+# A job whose info this shard has not read: a shard that took the partition over mid-run reads it from
+# the next node message carrying it (on change, and once a minute on the engine:
+# perfd.agent.node_agent.JOBINFO_RESEND_S). Until then its ranks' stages are not known (stage_unknown:
+# the root shows no per-stage figures), not left out of the stages the former holder's summaries fill.
 NO_INFO: tuple[str, Callable[[int], int | None] | None] = ("", lambda rank: None)
 
 
 class ShardSummaries:
     def __init__(self) -> None:
         self.held = ss.PartitionSummaries()
-        # What orders this shard's summaries after a former holder's of the same partition (the root
-        # holds the newest by epoch, then flush): its start, in ns
-        self.epoch = time.time_ns()
+        # This shard as a holder of its partitions (the root holds each holder's newest flush, and
+        # merges holders): its start in ns, its low bits random, so that two shards started in the
+        # same tick are two holders, not one
+        self.epoch = (time.time_ns() & ~0xFFFF) | secrets.randbits(16)
         self.seq = 0
         self._stages: dict[str, tuple[str, Callable[[int], int | None] | None]] = {}  # job -> (info, stages)
         self._newest: dict[str, int] = {}  # job -> its newest iteration summarised

@@ -26,10 +26,11 @@ the ranks, in two kinds:
   histogram and the ranks above the straggler ratio are sketched parts: a rank whose ratio is further
   from a bucket's bound than the error is counted where one aggregator counts it.
 
-Merging is a join over partitions: a summary of a partition replaces the one held of it (the newer
-by its maker's epoch and flush), so a summary delivered twice counts once; summaries of different
-partitions add. Sketches add bucket by bucket (integer counts), so a merge's sketch is the sketch of
-all the values, in any order and grouping.
+Merging is a join over partitions: a summary of a partition replaces the one its maker (a shard, from
+its start: its epoch) held of it before (the newer flush), so a summary delivered twice counts once;
+summaries of different partitions, or of different makers of one partition (its lease moved), add
+(perfd.engine.root_summaries.SummaryFold). Sketches add bucket by bucket (integer counts), so a merge's
+sketch is the sketch of all the values, in any order and grouping.
 """
 
 from __future__ import annotations
@@ -55,6 +56,21 @@ from perfd.transport.record_codec import step_to_pb
 SKETCH_ACCURACY: Final = 0.01  # a sketched value's relative error at most
 QUANTILES: Final = (0.5, 0.99)  # what an answer reads of each timer's sketch
 UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
+_MASK64: Final = (1 << 64) - 1
+
+
+def rank_hash(ranks: Iterable[int]) -> int:
+    """The sum (mod 2^64) of each rank's splitmix64 mix: summaries' hashes add as their ranks do, so the
+    merge of a partition's holders equals the hash of the iteration's ranks only if no rank is in two
+    of them and none is missing (a rank twice adds its mix twice; equal by chance with odds ~2^-64).
+    Written here: a set's hash that adds under union is what no library offers."""
+    total = 0
+    for r in ranks:
+        z = (r + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        total += z ^ (z >> 31)
+    return total & _MASK64
 _MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
 
 
@@ -264,6 +280,7 @@ class StepSummary:
     stages: dict[int, StageSummary] = field(default_factory=dict)
     stage_unknown: bool = False
     extremes: dict[str, Extreme] = field(default_factory=dict)
+    ranks_hash: int = 0  # rank_hash of its ranks
     _slow: tuple[float, str, bytes] | None = field(default=None, compare=False, repr=False)
 
     def slow_key(self) -> tuple[float, str, bytes]:
@@ -276,6 +293,7 @@ class StepSummary:
     def merge(self, o: StepSummary) -> None:
         """``o`` (another partition's) added in."""
         self.ranks_in += o.ranks_in
+        self.ranks_hash = (self.ranks_hash + o.ranks_hash) & _MASK64
         self.ranks_expected += o.ranks_expected
         if o.slowest is not None and (self.slowest is None or o.slow_key() > self.slow_key()):
             self.slowest, self._slow = o.slowest, o._slow
@@ -342,7 +360,7 @@ def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord
         t = out.timers[name] = TimerSummary()
         for rk, v in tv.per_rank.items():
             t.add(rk, v)
-    out.ranks_in = len(seen)
+    out.ranks_in, out.ranks_hash = len(seen), rank_hash(seen)
     fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
     if stage_of is not None and fwd is not None and bwd is not None:
         for rk in sorted(fwd.per_rank.keys() & bwd.per_rank.keys()):
@@ -437,62 +455,6 @@ class PartitionSummaries:
         for key in [k for k in self.held if k[0] == job and k[1] < iteration]:
             del self.held[key]
             self.touched.discard(key)
-
-
-# Holders (shard epochs) of one partition's iteration whose summaries the root keeps side by side: one
-# more each time the partition's lease moves while the iteration is held. Past it the oldest holder's
-# summary is let go of (counted: its ranks are then missing from the answer, which says how many are in).
-MAX_HOLDERS = 4
-
-
-class SummaryFold:
-    """What a job's root holds of summaries: per (job, iteration), each partition's newest of each
-    holder. A holder (a shard, from its start: its epoch) sends its partition's iteration so far, so its
-    newer flush replaces its older; but a partition whose lease moved while the iteration was folded
-    (a rebalance, a lost lease, a restart) has two holders, each with the ranks it folded: the new
-    holder's summary is not the former's made newer, and the two are merged, not one replacing the other
-    (that dropped the former holder's ranks from the iteration for good). A node message both folded
-    (the former's summary sent, its ack lost) is in both: the root's answer then holds more ranks than
-    the job has, which it does not show (perfd.engine.root_summaries). Its memory is partitions ×
-    holders × (timers + stages) a held iteration, whatever the ranks."""
-
-    def __init__(self) -> None:
-        self.held: dict[tuple[str, int], dict[tuple[int, int], StepSummary]] = {}
-        self.replaced = 0  # summaries of a holder's partition newer than the one held (its next flush)
-        self.stale = 0  # ... not newer (delivered again): dropped
-        self.holders_dropped = 0  # a holder's summary let go of for a newer holder's (past MAX_HOLDERS)
-
-    def add(self, s: StepSummary) -> bool:
-        """Hold ``s`` in place of its holder's for its partition; False: the one held is as new (nothing
-        changed)."""
-        parts = self.held.setdefault((s.job, s.iteration), {})
-        key = (s.partition, s.epoch)
-        had = parts.get(key)
-        if had is not None and had.seq >= s.seq:
-            self.stale += 1
-            return False
-        self.replaced += had is not None
-        if had is None:
-            holders = sorted(e for p, e in parts if p == s.partition)
-            if len(holders) >= MAX_HOLDERS:
-                if s.epoch < holders[0]:
-                    self.holders_dropped += 1
-                    return False
-                del parts[(s.partition, holders[0])]
-                self.holders_dropped += 1
-        parts[key] = s
-        return True
-
-    def trim(self, job: str, keep: int) -> None:
-        """Let go of ``job``'s iterations but its newest ``keep`` (perfd.engine.rootfold's
-        KEEP_ITERATIONS): memory bounded by jobs × keep × partitions × holders."""
-        its = sorted(i for j, i in self.held if j == job)
-        for i in its[: max(0, len(its) - keep)]:
-            del self.held[(job, i)]
-
-    def merged(self, job: str, iteration: int) -> StepSummary | None:
-        parts = self.held.get((job, iteration))
-        return merge(parts.values()) if parts else None
 
 
 def merge(summaries: Iterable[StepSummary]) -> StepSummary:

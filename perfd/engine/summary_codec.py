@@ -48,6 +48,7 @@ def _sketch_from_pb(m: pb.Sketch) -> Sketch:
 def to_pb(s: StepSummary, m: pb.StepSummary) -> None:
     m.version, m.job, m.iteration, m.partition = VERSION, s.job, s.iteration, s.partition
     m.epoch, m.seq, m.ranks_in, m.ranks_expected = s.epoch, s.seq, s.ranks_in, s.ranks_expected
+    m.ranks_hash = s.ranks_hash
     if s.slowest is not None:
         step_to_pb(s.slowest, m.slowest)
     if s.end_time is not None:
@@ -76,7 +77,8 @@ def from_pb(m: pb.StepSummary) -> StepSummary:
     if slowest is not None and (slowest.job != m.job or slowest.iteration != m.iteration):
         raise ValueError("a summary's slowest record is of another job or iteration")
     s = StepSummary(m.job, m.iteration, m.partition, m.epoch, m.seq, m.ranks_in, m.ranks_expected, slowest,
-                    m.end_time if m.has_end else None, m.armed, m.new_run, stage_unknown=m.stage_unknown)
+                    m.end_time if m.has_end else None, m.armed, m.new_run, stage_unknown=m.stage_unknown,
+                    ranks_hash=m.ranks_hash)
     for tm in m.timers:
         s.timers[tm.name] = TimerSummary(tm.count, ExactSum(tm.sum.partials), tm.min, tm.max, tm.max_rank,
                                          _sketch_from_pb(tm.sketch))

@@ -33,6 +33,7 @@ from perfd.core.stepfold import fold_ranks
 from perfd.engine import stepsummary as ss
 from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial
+from perfd.engine.root_summaries import SummaryFold
 from perfd.engine.subjects import DEFAULT_PARTITIONS, partition_of
 from perfd.exporters.prometheus import rank_picture_rows, rank_ratio_buckets
 from perfd.transport.gen import perfd_pb2 as pb
@@ -97,7 +98,7 @@ def _engine(by_node: dict[int, list[list[StepRecord]]], it: int, order: RankOrde
         wire += [codec.encode(older), codec.encode(newest), codec.encode(newest)]
     rng = random.Random(seed)
     rng.shuffle(wire)
-    fold = ss.SummaryFold()
+    fold = SummaryFold()
     for data in wire:
         fold.add(codec.decode(data))
     merged = fold.merged(JOB, it)
@@ -361,7 +362,7 @@ def test_the_root_holds_each_holders_newest_within_its_iterations() -> None:
     one again counted and dropped; another holder's (the partition's lease moved) held beside it, not in
     its place; a job's iterations but the newest ``keep`` let go."""
     recs = [r for its in megatron(2).values() for r in its[0]]
-    fold = ss.SummaryFold()
+    fold = SummaryFold()
     for it in range(1, 6):
         for epoch, seq in ((1, 5), (1, 4), (2, 1), (2, 1), (2, 2)):
             fold.add(ss.summarize(JOB, it, recs, None, partition=0, epoch=epoch, seq=seq))

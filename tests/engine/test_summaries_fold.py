@@ -15,7 +15,7 @@ from perfd.engine import subjects as S
 from perfd.engine import summary_codec as codec
 from perfd.engine.partial import Partial
 from perfd.engine.root import Root
-from perfd.engine.root_summaries import ANSWERS_KEPT, RootSummaries
+from perfd.engine.root_summaries import ANSWERS_KEPT, RootSummaries, SummaryFold
 from perfd.engine.rootfold import RootStats
 from perfd.engine.shard_summaries import IDLE_FORGET_S, SUMMARY_ITERATIONS, ShardSummaries, batches
 from perfd.transport.gen import perfd_pb2 as pb
@@ -129,7 +129,7 @@ def test_a_partition_whose_lease_moved_mid_iteration_keeps_both_holders_ranks() 
     other = ShardSummaries()
     other.fold_in({}, [_partial(3, 1)], 5)
     stats = RootStats()
-    rs = RootSummaries(stats, world=lambda job: 32)
+    rs = RootSummaries(stats, world=lambda job: 32, ranks=lambda job, it: set(range(32)))
     for shard in (former, other, new):
         rs.add([codec.from_pb(m) for m in shard.take()[0][JOB]], lambda job: True)
     rs.whole(JOB, 1)
@@ -148,25 +148,84 @@ def test_a_partition_whose_lease_moved_mid_iteration_keeps_both_holders_ranks() 
 
 def test_a_node_message_in_two_holders_summaries_is_not_shown_and_holders_are_bounded() -> None:
     """The former holder's summary went out with a node message its ack did not cover; the message went
-    to the new holder again: 8 ranks counted twice, which a sketch cannot take out. The answer is
-    withheld and counted, not shown with 40 ranks of a 32-rank job. And past MAX_HOLDERS holders of one
-    partition's iteration the oldest is let go of, counted."""
+    to the new holder again: 8 ranks counted twice, which a sketch cannot take out. An iteration with
+    two holders of a partition is shown only once its ranks are exactly the job's: not with 40 ranks of
+    a 32-rank job (counted once), nor with a duplicate and a missing rank that add up to fewer. And past
+    MAX_HOLDERS holders of one partition's iteration the one heard from first is let go of, counted."""
     former, new = ShardSummaries(), ShardSummaries()
-    new.epoch = former.epoch + 1
     former.fold_in({}, [_partial(0, 1), _partial(1, 1)], 2)
-    new.fold_in({}, [_partial(1, 1), _partial(2, 1), _partial(3, 1)], 2)
+    new.fold_in({}, [_partial(1, 1), _partial(2, 1)], 2)
     stats = RootStats()
-    rs = RootSummaries(stats, world=lambda job: 32)
+    rs = RootSummaries(stats, world=lambda job: 32, ranks=lambda job, it: set(range(32)))
     rs.whole(JOB, 1)
     rs.add([codec.from_pb(m) for m in former.take()[0][JOB]], lambda job: True)
-    assert rs.to_json()[JOB][0]["ranks_in"] == 16  # so far: shown, as many ranks as are in
+    assert rs.to_json()[JOB][0]["ranks_in"] == 16  # one holder so far: shown, as many ranks as are in
+    # 32 ranks in, node 1's twice and node 3's missing: the count is the world's, the ranks are not
     rs.add([codec.from_pb(m) for m in new.take()[0][JOB]], lambda job: True)
     assert rs.to_json() == {JOB: []} and stats.summaries_overcounted == 1
-    fold = ss.SummaryFold()
+    new.fold_in({}, [_partial(3, 1)], 2)
+    for _ in range(2):  # the new holder's next flush (40 of 32), and one more: counted once
+        rs.add([codec.from_pb(m) for m in new.take()[0][JOB]], lambda job: True)
+        new.give_back([(JOB, 1, 2)])
+    assert rs.to_json() == {JOB: []} and stats.summaries_overcounted == 1
+
+    fold = SummaryFold()
     p = _partial(0, 2)
     assert p.fold is not None
-    for epoch in range(1, ss.MAX_HOLDERS + 3):
+    for epoch in (5, 6, 7, 8, 9, 10):
         fold.add(ss.summarize(JOB, 2, p.fold, None, partition=0, epoch=epoch, seq=1))
-    assert sorted(e for _, e in fold.held[(JOB, 2)]) == list(range(3, ss.MAX_HOLDERS + 3))
-    assert not fold.add(ss.summarize(JOB, 2, p.fold, None, partition=0, epoch=1, seq=2))
-    assert fold.holders_dropped == 3
+    assert [e for _, e in fold.held[(JOB, 2)]] == [7, 8, 9, 10] and fold.holders(JOB, 2) == 4
+    # a shard running long (the oldest epoch) that takes the partition back is its newest holder
+    assert fold.add(ss.summarize(JOB, 2, p.fold, None, partition=0, epoch=1, seq=2))
+    assert [e for _, e in fold.held[(JOB, 2)]] == [8, 9, 10, 1] and fold.holders_dropped == 3
+
+
+def test_a_summarys_rank_hash_adds_under_a_disjoint_union_and_tells_a_rank_twice_from_the_set() -> None:
+    mask = (1 << 64) - 1
+    assert ss.rank_hash(range(100_000)) == (ss.rank_hash(range(0, 60_000, 2)) + ss.rank_hash(
+        range(1, 60_000, 2)) + ss.rank_hash(range(60_000, 100_000))) & mask
+    # rank 7 twice, rank 9 missing, or two ranks swapped for two others of the same sum: not the set's
+    assert ss.rank_hash([*range(9), 7, *range(10, 16)]) != ss.rank_hash(range(16))
+    assert ss.rank_hash([0, 1, 2, 3, 4, 4, 7]) != ss.rank_hash([0, 1, 2, 3, 5, 6, 4])
+    # the summaries carry it through the wire and their merge
+    p = _partial(0, 1)
+    assert p.fold is not None
+    one = ss.summarize(JOB, 1, p.fold, None)
+    assert one.ranks_hash == ss.rank_hash(p.ranks) == codec.from_pb(_pb(one)).ranks_hash
+
+
+def _pb(s: ss.StepSummary) -> pb.StepSummary:
+    m = pb.StepSummary()
+    codec.to_pb(s, m)
+    return m
+
+
+def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_does() -> None:
+    """The job's info names its pipeline (4 stages); a shard that took the partition over mid-run read no
+    node message carrying it: its ranks' stages are unknown (no per-stage figures at the root), not left
+    out of the stages. Once a message brings the info (the agent sends it again on the engine), grouped."""
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
+    from tests.engine.test_same_answer_summary import JOB as MJOB
+    from tests.engine.test_same_answer_summary import PP, megatron
+
+    by_node = megatron(4, 2)
+    info = job_info_to_json(JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"),
+                                    layout=ParallelLayout(world_size=32, tp=1, pp=PP, dp=32 // PP, cp=1)))
+
+    def part(node: int, it: int) -> Partial:
+        p = Partial(MJOB, it)
+        p.add_records(by_node[node][it - 1])
+        return p
+
+    taker = ShardSummaries()
+    taker.fold_in({}, [part(2, 1), part(3, 1)], 1)
+    (m,) = taker.take()[0][MJOB]
+    got = codec.from_pb(m)
+    assert got.stage_unknown and set(got.stages) == {ss.UNKNOWN_STAGE} and got.stages[-1].count == 16
+    assert ss.answer(got).top_ratios == [] and ss.answer(got).ratio_buckets is None
+    taker.fold_in({MJOB: info}, [part(2, 2), part(3, 2)], 1)
+    (m,) = taker.take()[0][MJOB]
+    got = codec.from_pb(m)
+    assert not got.stage_unknown and ss.UNKNOWN_STAGE not in got.stages
+    assert sum(g.count for g in got.stages.values()) == 16

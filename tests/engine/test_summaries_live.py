@@ -8,7 +8,7 @@ the answer of stepsummary's offline merge of the same records (each partition's 
 and merged: equal, whole), and one aggregator's on the exact parts (ranks, the slowest rank's record,
 the latest end, each timer's count, sum, min, max and each stage's count and sum), within the sketch's
 stated error on the medians. A summary delivered again counts once (stale), a newer flush of the same
-partition replaces the one held: the counters say so, and the answer is unchanged."""
+partition's holder replaces the one held: the counters say so, and the answer is unchanged."""
 
 from __future__ import annotations
 
@@ -174,6 +174,9 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
           f"stale, holders dropped {st.summaries_holders_dropped}, overcounted {st.summaries_overcounted}; "
           f"partitions {[s.stats.partitions for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
+    holders = [root.summaries.fold.holders(JOB, it) for it in range(1, ITERATIONS + 1)]
+    # joined: the iteration half folded when the second shard took its share has two holders
+    assert holders == [1] * ITERATIONS if join_after is None else holders[join_after] == 2, holders
     # The partials path as before: every node message folded once, each iteration whole
     assert st.node_messages == NODES * ITERATIONS and st.redelivered == 0 and st.undecodable == 0
     assert st.complete == ITERATIONS

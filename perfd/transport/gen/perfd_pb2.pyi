@@ -459,7 +459,7 @@ class EngineBatch(_message.Message):
     def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
-    __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown", "extremes")
+    __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown", "extremes", "ranks_hash")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +477,7 @@ class StepSummary(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     STAGE_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
     EXTREMES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_HASH_FIELD_NUMBER: _ClassVar[int]
     version: int
     job: str
     iteration: int
@@ -494,7 +495,8 @@ class StepSummary(_message.Message):
     stages: _containers.RepeatedCompositeFieldContainer[StageSummary]
     stage_unknown: bool
     extremes: _containers.RepeatedCompositeFieldContainer[Extreme]
-    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., iteration: _Optional[int] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks_in: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest: _Optional[_Union[StepRecord, _Mapping]] = ..., end_time: _Optional[float] = ..., has_end: _Optional[bool] = ..., armed: _Optional[bool] = ..., new_run: _Optional[bool] = ..., timers: _Optional[_Iterable[_Union[TimerSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., stage_unknown: _Optional[bool] = ..., extremes: _Optional[_Iterable[_Union[Extreme, _Mapping]]] = ...) -> None: ...
+    ranks_hash: int
+    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., iteration: _Optional[int] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks_in: _Optional[int] = ..., ranks_expected: _Optional[int] = ..., slowest: _Optional[_Union[StepRecord, _Mapping]] = ..., end_time: _Optional[float] = ..., has_end: _Optional[bool] = ..., armed: _Optional[bool] = ..., new_run: _Optional[bool] = ..., timers: _Optional[_Iterable[_Union[TimerSummary, _Mapping]]] = ..., stages: _Optional[_Iterable[_Union[StageSummary, _Mapping]]] = ..., stage_unknown: _Optional[bool] = ..., extremes: _Optional[_Iterable[_Union[Extreme, _Mapping]]] = ..., ranks_hash: _Optional[int] = ...) -> None: ...
 
 class Extreme(_message.Message):
     __slots__ = ("name", "count", "max", "max_rank", "min", "min_rank", "unknown")
