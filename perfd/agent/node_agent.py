@@ -134,6 +134,7 @@ class Agent:
         self._reconnects_seen = 0
         self.monotonic: Callable[[], float] = time.monotonic  # a test's clock in its place
         self._jobinfo_resent_at = self.monotonic()
+        self._stepped: set[str] = set()  # jobs that stepped here since the job infos last went again
         self._spool: Spool | None = None  # opened before the collectors: their checkpoints resolve against it
         self.ready_file: str | None = None  # run_agent's: where the /metrics port goes once listening
         self._checkpoints = Checkpoints(cfg.state_dir) if cfg.state_dir else None
@@ -363,10 +364,14 @@ class Agent:
             # state dir): send every job's info again; a durable one just overwrites it.
             self._reconnects_seen = reconnects
             job_info = {**self._jobinfo_last, **job_info}
-        if self.cfg.engine and self._jobinfo_last and self.monotonic() - self._jobinfo_resent_at >= \
-                JOBINFO_RESEND_S:
-            self._jobinfo_resent_at = self.monotonic()
-            job_info = {**self._jobinfo_last, **job_info}
+        if self.cfg.engine:
+            self._stepped.update(r.job for r in steps)
+            if self.monotonic() - self._jobinfo_resent_at >= JOBINFO_RESEND_S:
+                # the jobs that stepped here since the last time only: an ended job's info stays put
+                self._jobinfo_resent_at = self.monotonic()
+                again = {j: self._jobinfo_last[j] for j in self._stepped if j in self._jobinfo_last}
+                job_info = {**again, **job_info}
+                self._stepped.clear()
         hook = self.scheduler.states.get("hook")
         self.hook_gpus.apply(events, hook_ranks(getattr(hook.collector, "ranks", None) or {}) if hook else [],
                              time.time())

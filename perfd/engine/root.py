@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar
 
@@ -56,6 +57,7 @@ log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
+INFO_TEXTS_KEPT = 4096  # jobs whose latest info text the root keeps, to pass the same again by
 SKIPPED_LINE_S = 60.0  # messages a stream let go before they were read: one log line a stream this often
 
 
@@ -85,6 +87,7 @@ class Root:
         self.leader_http: str | None = None
         self.fold = RootFold()
         self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
+        self._info_text: OrderedDict[str, str] = OrderedDict()  # job -> the info it last took in
         # what the summaries were last checked against: jobs the fold forgot, and each job's run
         self._forgotten, self._runs = 0, dict(self.fold.runs)
         self._read_to = 0  # the partials stream's sequence read and folded up to
@@ -312,6 +315,11 @@ class Root:
                 continue
             self.stats.batches += 1
             for job, text in d.job_info_json.items():
+                if job in self.fold.jobs and self._info_text.get(job) == text:
+                    # the same again, of a job held: each node sends it, on the engine once a minute
+                    self._info_text.move_to_end(job)
+                    self.stats.job_info_same += 1
+                    continue
                 if job not in self.fold.jobs and not self.sink.admit_job(job):
                     self.stats.refused += 1
                     continue
@@ -323,6 +331,9 @@ class Root:
                     continue
                 self.sink.ingest_job_info(ENGINE_AGENT, job, info)
                 self.fold.note_world(job, info.layout.world_size)
+                self._info_text[job] = text
+                while len(self._info_text) > INFO_TEXTS_KEPT:
+                    self._info_text.popitem(last=False)
             parts.extend(d.partials)
             for figs in d.figures:
                 if figs.job in self.fold.jobs or self.sink.admit_job(figs.job):

@@ -6,7 +6,8 @@ job, read-only in the root's stats (/api/stats ``engine.summary_answers``). An a
 when a summary of its iteration comes after the iteration was whole: the shards send their summaries
 after their partials, and the two streams are read apart. A partition whose lease moved while an
 iteration was folded has two holders' summaries of it, each with its ranks: both held, merged
-(perfd.engine.stepsummary.SummaryFold). Pure: perfd.engine.root reads the stream.
+(SummaryFold, below), and answered only when they hold exactly the ranks the partials brought. Pure:
+perfd.engine.root reads the stream.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ COMPLETE_KEPT = 64  # a job's newest iterations known whole (their answers are m
 
 # Holders (shard epochs) of one partition's iteration whose summaries the root keeps side by side: one
 # more each time the partition's lease moves while the iteration is held. Past it the holder the root
-# heard from first is let go of (counted: its ranks are then missing from the answer, which says how
-# many are in).
+# heard from first is let go of (counted: its ranks then missing, the iteration is not answered).
 MAX_HOLDERS = 4
 
 
@@ -35,9 +35,9 @@ class SummaryFold:
     (a rebalance, a lost lease, a restart) has two holders, each with the ranks it folded: the new
     holder's summary is not the former's made newer, and the two are merged, not one replacing the other
     (that dropped the former holder's ranks from the iteration for good). A node message both folded
-    (the former's summary sent, its ack lost) is in both: the root's answer then holds more ranks than
-    the job has, which it does not show (perfd.engine.root_summaries). Its memory is partitions ×
-    holders × (timers + stages) a held iteration, whatever the ranks."""
+    (the former's summary sent, its ack lost) is in both, a rank twice: RootSummaries answers such an
+    iteration only when the summaries' ranks (their count and rank_hash) are exactly the partials'. Its
+    memory is partitions × holders × (timers + stages) a held iteration, whatever the ranks."""
 
     def __init__(self) -> None:
         self.held: dict[tuple[str, int], dict[tuple[int, int], ss.StepSummary]] = {}
@@ -149,7 +149,9 @@ class RootSummaries:
             # a sketch cannot take out, and which a rank still missing would hide from a count. Shown only
             # once the summaries hold the partials' ranks exactly; a rank twice counted, once an iteration.
             kept.pop(iteration, None)
-            if world and merged.ranks_in >= world and (job, iteration) not in self._overcounted:
+            twice = world and (merged.ranks_in > world or (
+                merged.ranks_in == world and (job, iteration) in self._exact))  # the ranks known, not these
+            if twice and (job, iteration) not in self._overcounted:
                 self._overcounted[(job, iteration)] = None
                 while len(self._overcounted) > COMPLETE_KEPT:
                     self._overcounted.popitem(last=False)
@@ -175,6 +177,9 @@ class RootSummaries:
 
     def forget(self, job: str) -> None:
         """Let go of ``job`` (its folds left the root's memory, or it began a new run)."""
+        for d in (self._exact, self._overcounted):
+            for key in [k for k in d if k[0] == job]:
+                del d[key]
         for key in [k for k in self.fold.held if k[0] == job]:
             del self.fold.held[key]
         self._its.pop(job, None)

@@ -94,6 +94,7 @@ class RootStats:
     # holder's let go of for a newer holder's, past MAX_HOLDERS of one partition's iteration
     # (holders_dropped: its ranks missing from the answer); answers not shown for holding more ranks than
     # the job has (overcounted: a node message in two holders' summaries)
+    job_info_same: int = 0  # job infos passed by, the same text as the one the job's store took last
     summaries: int = 0
     summaries_replaced: int = 0
     summaries_stale: int = 0

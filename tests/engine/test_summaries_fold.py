@@ -229,3 +229,55 @@ def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_do
     got = codec.from_pb(m)
     assert not got.stage_unknown and ss.UNKNOWN_STAGE not in got.stages
     assert sum(g.count for g in got.stages.values()) == 16
+
+
+def test_the_root_takes_a_jobs_info_in_once_while_it_stays_the_same() -> None:
+    """Every node sends its job's info, and on the engine again once a minute: the root passes the same
+    text by (counted) once the job is held, and takes a changed one in."""
+    from perfd.core.jobinfo_json import job_info_to_json
+    from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
+    from perfd.engine.partial import encode
+
+    sink = EngineSink(AggregatorState(), Guard(Limits(), Refusals()))
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "r")
+    took: list[JobInfo] = []
+    ingest = sink.ingest_job_info
+
+    def counting(agent_id: str, job: str, info: JobInfo, now: float | None = None) -> None:
+        took.append(info)
+        ingest(agent_id, job, info, now)
+    sink.ingest_job_info = counting  # type: ignore[method-assign]
+
+    def info(world: int) -> str:
+        return job_info_to_json(JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"),
+                                        layout=ParallelLayout(world_size=world, tp=1, pp=1, dp=world, cp=1)))
+
+    for k, (text, node) in enumerate([(info(32), 0), (info(32), 1), (info(32), 2), (info(64), 3),
+                                      (info(64), 0)]):
+        root.handle([encode(f"b{k}", "shard", 0, [_partial(node, 1)], {JOB: text})])
+    assert [i.layout.world_size for i in took] == [32, 64]
+    assert root.stats.job_info_same == 3 and root.fold.world(JOB) == 64
+
+
+def test_a_job_begun_again_answers_its_iterations_afresh_after_two_holders() -> None:
+    """What the root knew of an iteration's ranks (and which it counted twice) goes with the job: a
+    resumed run numbers its iterations again, with other ranks."""
+    stats = RootStats()
+    world = [32]
+    rs = RootSummaries(stats, world=lambda job: world[0], ranks=lambda job, it: set(range(world[0])))
+    former, new = ShardSummaries(), ShardSummaries()
+    former.fold_in({}, [_partial(0, 1), _partial(1, 1)], 2)
+    new.fold_in({}, [_partial(1, 1), _partial(2, 1), _partial(3, 1)], 2)
+    rs.whole(JOB, 1)
+    for sh in (former, new):
+        rs.add([codec.from_pb(m) for m in sh.take()[0][JOB]], lambda job: True)
+    assert rs.to_json() == {JOB: []} and stats.summaries_overcounted == 1
+    rs.forget(JOB)  # the job began a new run: 16 ranks, two holders, none twice
+    world[0] = 16
+    former, new = ShardSummaries(), ShardSummaries()
+    former.fold_in({}, [_partial(0, 1)], 2)
+    new.fold_in({}, [_partial(1, 1)], 2)
+    rs.whole(JOB, 1)
+    for sh in (former, new):
+        rs.add([codec.from_pb(m) for m in sh.take()[0][JOB]], lambda job: True)
+    assert rs.to_json()[JOB][0]["ranks_in"] == 16 and stats.summaries_overcounted == 1
