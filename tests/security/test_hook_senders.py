@@ -20,7 +20,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -156,27 +155,21 @@ def _sent_line(out: Path) -> list[str]:
 def _attack(attacker: OtherUser, sock: str, plan: list[list[Any]], steps: int, out: Path, timeout: float,
             errors: Mapping[str, int] | None = None) -> subprocess.Popen[bytes]:
     """The attacker started and waited for until it has sent its records ("sent"); the wait goes on
-    while it steps (a unix datagram socket holds 10 unread: its sends wait for the reader).
-
-    An attacker that printed nothing at all in ``timeout`` is started once more, and where the first
-    was (its output, state and kernel wait) is said in a warning: twice in full suites (2026-11-28) it
-    printed no step while it takes ~1 s alone, each time with gRPC's "Other threads are currently
-    calling into gRPC, skipping fork() handlers" from the worker that forked it; not reproduced alone
-    or under load. One that stepped and then stopped is the reader's fault: no second start."""
-    for attempt in (1, 2):
-        atk = attacker.python(ATTACK, sock, json.dumps(plan), str(steps), out=out)
-        try:
-            wait_for(lambda: "sent" in out.read_text(), timeout, "the attacker's records",
-                     progress=lambda: out.read_text().count("step"))
-            return atk
-        except WaitTimeout as e:
-            where = _where(atk, out)
-            _stop(atk)
-            if attempt == 2 or "step" in out.read_text():
-                raise AssertionError(f"{e}; {where}; collector errors {dict(errors or {})}") from None
-            warnings.warn(f"the attacker printed nothing in {timeout:.0f} s; started again; {where}",
-                          stacklevel=2)
-    raise AssertionError("unreachable")
+    while it steps (a unix datagram socket holds 10 unread: its sends wait for the reader). One that
+    does not get there fails, saying where it was (its output, state and kernel wait): twice in full
+    suites one printed nothing at all, beside gRPC's "Other threads are currently calling into gRPC,
+    skipping fork() handlers" from the worker that forked it — the cause the second user's processes
+    now avoid (tests/security/other_user.py: setpriv, so Popen vforks and execs at once); it was
+    started a second time then, which no longer is."""
+    atk = attacker.python(ATTACK, sock, json.dumps(plan), str(steps), out=out)
+    try:
+        wait_for(lambda: "sent" in out.read_text(), timeout, "the attacker's records",
+                 progress=lambda: out.read_text().count("step"))
+    except WaitTimeout as e:
+        where = _where(atk, out)
+        _stop(atk)
+        raise AssertionError(f"{e}; {where}; collector errors {dict(errors or {})}") from None
+    return atk
 
 
 FLOOD_RANKS, FLOOD_STEPS = 200, 30  # the flooder's plan: 200 datagrams a step, 6,000 in all
