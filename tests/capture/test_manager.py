@@ -111,9 +111,9 @@ def test_kineto_capture_of_one_rank(env):
     t = m["timings"]
     order = ("requested_at", "started_at", "first_event_at", "trace_ready_at", "finished_at")
     assert [t[k] for k in order] == sorted(t[k] for k in order)
-    # The rank's next 0.2 s poll starts it; the bound leaves a loaded machine's scheduling room (the
-    # order of the timings above is the exact part).
-    assert 0 <= m["latency_s"] <= 5.0
+    # The latency is the start's time from the request's (its seconds are the machine's: not bounded
+    # here), and the firing came before the request.
+    assert m["latency_s"] == round(t["started_at"] - t["requested_at"], 3) >= 0
     assert m["latency_from_firing_s"] >= m["latency_s"]
     assert "PROFILE_START_ITERATION=0" in m["config"] and "ACTIVITIES_ITERATIONS=3" in m["config"]
     assert ranks[1].configs and not ranks[0].configs  # only the targeted process got a config
@@ -222,7 +222,8 @@ def test_nsys_session_capture(tmp_path):
     assert "every process" in m["scope"]
     assert sorted(a["kind"] for a in m["artifacts"]) == ["nsys_report", "nsys_sqlite"]
     assert m["analysis"]["perfd-job1"]["devices"][0]["comm_ms"] == pytest.approx(3.0)
-    assert m["latency_s"] is not None and m["latency_s"] < 10
+    t = m["timings"]
+    assert m["latency_s"] == round(t["started_at"] - t["requested_at"], 3) >= 0
     assert kinds(events) == ["capture_started", "capture_finished"]
     assert [c[0] for c in calls(state)] == ["sessions", "start", "stop", "export"]
 
@@ -381,8 +382,11 @@ def test_real_torch_process_end_to_end(tmp_path):
     assert art["name"] == f"rank0_{proc.pid}.json" and trace_complete(art["path"])
     assert isinstance(json.loads(Path(art["path"]).read_text())["traceEvents"], list)
     # The 1 s poll (libkineto's default is 5 s): the period the daemon measured between polls, below
-    # the default's; the capture starts at a poll (bounds with room for a loaded machine).
-    assert daemon.intervals[proc.pid] < 4.5 and m["latency_s"] is not None and m["latency_s"] < 15.0
+    # the default's (room for a loaded machine: this tells the two settings apart, it times nothing).
+    # The capture's latency is its start's time from the request's, not bounded here.
+    assert daemon.intervals[proc.pid] < 4.5
+    t = m["timings"]
+    assert m["latency_s"] == round(t["started_at"] - t["requested_at"], 3) >= 0
     assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
     assert kinds(events) == ["capture_started", "capture_finished"]
     assert os.path.exists(m["artifacts"][0]["path"])

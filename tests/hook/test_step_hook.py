@@ -351,9 +351,11 @@ def test_close_waits_only_up_to_its_timeout(agent: tuple[str, socket.socket]) ->
         pass
     t0 = time.monotonic()
     hook.close(timeout_s=0.05)
-    # It waited its timeout, and not for the pending marker (that never completes): the upper bound
-    # has room for a loaded machine's scheduling, far below forever.
-    assert 0.04 < time.monotonic() - t0 < 5.0
+    # It waited its timeout (its deadline is on the monotonic clock read after t0: an order, not a
+    # speed), and not for the pending marker, which never completes: that it returned at all says so
+    # (the test's own timeout bounds a close that would not). No upper bound on the seconds: what a
+    # loaded machine adds to them is the machine's.
+    assert time.monotonic() - t0 >= 0.05
     assert hook.counters()["pending"] == 1
 
 
