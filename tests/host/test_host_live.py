@@ -4,6 +4,9 @@ what disturbs it done for real — CPU burners pinned to its CPU, SIGSTOP, a lon
 announces (and one it does not), a cgroup CPU quota where this machine lets the test set one: the loop
 and the burners are processes.
 
+The burners' verdict is read from a recording of that scenario (test_cpu_burners_..., below): live,
+it read the suite's load as much as the burners'. The others run live.
+
 Deterministic under load: every wait is on what the aggregator answers (polled), with generous
 timeouts, and no wall-clock time is asserted. The issue's criterion — a stall seen within 10 s of the
 SIGSTOP — is asserted as the stall watch's own limit (the silence after which it opens one); the
@@ -13,6 +16,7 @@ seconds from the signal to the first poll that shows the stall are the machine's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -24,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from perfd.aggregator.http import job_summary
+from tests.host import state_feed
 from tests.host.cgroups import CpuQuota, cpu_quota_cgroup
 from tests.inproc import Pipeline, pipeline
 from tests.procs import (
@@ -42,6 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")]
 
 LOOP = Path(__file__).with_name("hook_loop.py")
+BURNERS = Path(__file__).resolve().parents[1] / "data" / "host" / "cpu_burners" / "feed.jsonl.gz"
 JOB = "hostjob"
 # The loop's --duration: a cap only (each test ends it at its teardown), never a budget that a loaded
 # machine's slower steps overrun before the test has seen what it waits for.
@@ -89,11 +96,20 @@ class Live:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[Live]:
+    with _live(tmp_path) as lv:
+        yield lv
+
+
+@contextlib.contextmanager
+def _live(tmp_path: Path, recorders: list[state_feed.Recorder] | None = None) -> Iterator[Live]:
+    """``recorders``: where a Recorder of the aggregator's state goes, made before the agent starts."""
     sock = str(tmp_path / "hook.sock")
     (tmp_path / "agent.yaml").write_text(
         "batch_interval_s: 0.5\ncollectors:\n"
         f"  hook: {{socket_path: {sock}}}\n  ranks: {{interval_s: 1.0}}\n")
     with Procs(tmp_path) as procs, pipeline(tmp_path, "--rules-interval", "1") as p:
+        if recorders is not None:
+            recorders.append(state_feed.Recorder(p.state))
         p.agent("--job", JOB, "--host", "off", "--node", "node-a", "--nvml", "off",
                 "--config", tmp_path / "agent.yaml")
         p.wait(lambda: os.path.exists(sock), 30, "the agent's hook socket")
@@ -112,6 +128,11 @@ def _lead(inc: dict[str, Any]) -> dict[str, Any]:
     return (inc.get("verdict") or {}).get("lead") or {}
 
 
+def _others(inc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processes the incident's lead sighting saw on the rank's CPUs."""
+    return list((_lead(inc).get("detail") or {}).get("others") or [])
+
+
 def _trace_row(t0: float, hosts: list[dict[str, Any]], pids: set[int]) -> str:
     """One line of what the agent last reported of rank 0 (a failure's trace: short lines, so that a
     CI log's excerpt keeps them): when, its CPU wait, the others' share and who they were."""
@@ -123,7 +144,10 @@ def _trace_row(t0: float, hosts: list[dict[str, Any]], pids: set[int]) -> str:
             f"busy={h.get('allowed_busy_ratio')} [{' '.join(others)}]")
 
 
-def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None:
+def _burners_live(live: Live) -> set[int]:
+    """The burners' scenario live (the recording's: ``python -m tests.host.test_host_live OUT``): the
+    loop steady, six burners on its CPU until an incident names them, then gone until it closes with
+    CPU contention its cause. Returns the burners' pids."""
     # A steady stretch before the contention: the steady reference stays the uncontended step, so every
     # contended step reads as slow. 600 steps (9 s of the loop's CPU): the incidents' reference is the
     # calm windows' median (its first guess the lower quartile of all windows), which a contention of
@@ -226,6 +250,36 @@ def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause(live: Live) -> None
     assert done["cost_s"] and done["cost_s"] > 0.0  # its size depends on the machine's load (1.1-5 s seen)
     recs = get_json(f"{live.base}/api/jobs/{JOB}/summary")["report"]["recommendations"]
     assert any("Keep other processes off rank 0's CPU 0" in r["action"] for r in recs)
+    return pids
+
+
+def test_cpu_burners_on_the_ranks_cpu_are_named_as_the_cause() -> None:
+    """The burners' scenario as it was recorded on a quiet machine (tests/data/host/cpu_burners: what
+    the aggregator's state took in, tests/host/state_feed.py), replayed on the recording's clock: live,
+    the incident's naming read the suite's load as much as the burners (skipped when the loop's steady
+    state already waited for a CPU most of the time). The same verdicts, asserted always."""
+    meta, entries = state_feed.load(BURNERS)
+    pids = set(meta["pids"])
+    assert meta["load"] < 1.0 and len(pids) == 6
+    named = done = None
+    for _t, st in state_feed.replay(entries, JOB):
+        incs = st.incidents.incidents(JOB)
+        named = named or next((i for i in incs if (i.get("verdict") or {}).get("cause") == "cpu_contention"
+                               and pids & {o.get("pid") for o in _others(i)}), None)
+        if named is not None:
+            done = next((i for i in incs if not i["open"] and (i.get("verdict") or {}).get("cause")
+                         == "cpu_contention" and i["first_iteration"] <= named["last_iteration"]), done)
+    assert named is not None, _brief(incs)
+    lead = _lead(named)
+    assert lead["tier"] == 2 and lead["rank"] == 0
+    assert lead["worst"] >= 0.25  # the rank waited for a CPU (thresholds.CPU_WAIT_CONTENTION)
+    assert any(str(p) in named["cause"] for p in pids) and "waited for a CPU" in named["cause"]
+    assert "CPU 0" in named["cause"] and "data loading" not in named["cause"]
+    assert done is not None and done["cost_s"] > 0.0, _brief(incs)
+    full = job_summary(st, JOB)
+    assert full is not None
+    assert any("Keep other processes off rank 0's CPU 0" in r["action"]
+               for r in full["report"]["recommendations"])
 
 
 def test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped(live: Live) -> None:
@@ -342,3 +396,21 @@ def test_a_cpu_quota_is_named_as_throttling(live: Live, tmp_path: Path) -> None:
         assert lead["detail"]["quota_cores"] == pytest.approx(0.1)
         assert "CPU quota of 0.1 CPU" in inc["cause"] and "throttled in" in inc["cause"]
         quota.remove(loop.pid)
+
+
+def _record(out: Path) -> None:
+    """The burners' scenario run live here, what the aggregator's state took in written to ``out``."""
+    import tempfile
+
+    recorders: list[state_feed.Recorder] = []
+    with tempfile.TemporaryDirectory() as tmp, _live(Path(tmp), recorders) as lv:
+        load = load_per_cpu()
+        pids = _burners_live(lv)
+    (rec,) = recorders
+    rec.meta = {"pids": sorted(pids), "load": round(max(load, load_per_cpu()), 2), "job": JOB}
+    rec.save(out)
+    print(f"{out}: {len(rec.entries)} calls, burners {sorted(pids)}, load {rec.meta['load']} per CPU")
+
+
+if __name__ == "__main__":
+    _record(Path(sys.argv[1]) if len(sys.argv) > 1 else BURNERS)
