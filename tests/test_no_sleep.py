@@ -155,8 +155,7 @@ ALLOWED: dict[str, str] = {
     "tests/host/test_agent_side.py::test_the_agent_hands_gpu_and_hook_pids_to_the_ranks_collector": POLL,
     "tests/host/test_data_loader_cpus.py::"
     "test_a_ranks_workers_cpu_is_the_jobs_and_its_full_cpus_call_for_cheaper_transforms": WINDOW,
-    "tests/host/test_host_live.py::"
-    "test_a_stopped_rank_is_stalled_within_10_s_and_its_cause_says_stopped": SCHEDULE,
+    "tests/host/test_host_live.py::_stopped_live": SCHEDULE,
     "tests/host/test_stall_aggregator.py::Harness.observe": WINDOW,
     "tests/host/test_stall_aggregator.py::"
     "test_a_pending_collective_corroborates_a_stall_of_busy_ranks.busy_reading": WINDOW,

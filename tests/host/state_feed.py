@@ -4,7 +4,8 @@ A live scenario (real processes: a hooked loop, CPU burners, the agent reading /
 on a quiet machine: each call the aggregator made into its state (hello, job info, samples, step
 records, events) with the wall time it came at, the records in their wire encoding. The suite replays
 the calls in order into a fresh AggregatorState whose clock is the recording's (perfd.core.clock.ManualClock),
-analysing the job every ``every_s`` of replay time as the refresher does: the verdicts read what the
+ticking as the aggregator's refresher does every ``every_s`` of replay time (each job analysed, its stall
+watched, its snapshot made): the verdicts read what the
 scenario produced, not the load of the machine the suite runs on."""
 
 from __future__ import annotations
@@ -80,17 +81,16 @@ def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return lines[0]["meta"], lines[1:]
 
 
-def replay(entries: list[dict[str, Any]], job: str, every_s: float = 1.0
-           ) -> Iterator[tuple[float, AggregatorState]]:
+def replay(entries: list[dict[str, Any]], every_s: float = 1.0) -> Iterator[tuple[float, AggregatorState]]:
     """The calls in order into a fresh state on the recording's clock; yields (time, state) after each
-    analysis (every ``every_s``), and once more 30 s after the last call (the job has ended)."""
+    refresher tick (every ``every_s``), and once more 30 s after the last call."""
     clock = ManualClock(entries[0]["t"])
     st = AggregatorState(min_recompute_s=0.0, clock=clock)
     next_analysis = entries[0]["t"] + every_s
     for e in entries:
         while e["t"] >= next_analysis:  # the refresher's ticks between the calls
             clock.set(next_analysis)
-            st.analysis(job, force=True)
+            st.refresh()  # the refresher's tick: every job analysed, its stall watched, its snapshot made
             yield next_analysis, st
             next_analysis += every_s
         clock.set(e["t"])
@@ -108,5 +108,5 @@ def replay(entries: list[dict[str, Any]], job: str, every_s: float = 1.0
         elif m == "events":
             st.ingest_events(agent, e["events"])
     clock.set(entries[-1]["t"] + 30.0)
-    st.analysis(job, force=True)
+    st.refresh()
     yield clock.time(), st
