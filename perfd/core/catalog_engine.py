@@ -47,8 +47,12 @@ ROOT: tuple[Row, ...] = (
      "over the newest iterations the root keeps the lag of", ()),
     ("perfd_engine_root_summaries_total", "counter", "count", "Shard step summaries the root read", ()),
     ("perfd_engine_root_summaries_dropped_total", "counter", "count",
-     "Shard step summaries dropped, by reason: stale (delivered again, or older than the one held), late "
-     "(of an iteration no longer held)", ("reason",)),
+     "Shard step summaries dropped, by reason: stale (delivered again, or older than its holder's held), "
+     "late (of an iteration no longer held), holders_dropped (a partition's first-heard holder let go of "
+     "past MAX_HOLDERS: the iteration then goes unanswered)", ("reason",)),
+    ("perfd_engine_root_summaries_overcounted_total", "counter", "count",
+     "Iterations whose summary answer was withheld: a partition's two holders both held a rank (its lease "
+     "moved mid-iteration and a node message went to both)", ()),
 )
 
 SHARD: tuple[Row, ...] = (

@@ -28,10 +28,11 @@ _ROOT_COUNTERS = {
     "perfd_engine_root_iterations_complete_total": "complete",
     "perfd_engine_root_held_back": "held_back",
     "perfd_engine_root_summaries_total": "summaries",
+    "perfd_engine_root_summaries_overcounted_total": "summaries_overcounted",
 }
 # The streams whose skipped messages RootStats counts (``<stream>_skipped``)
 _STREAMS = ("partials", "records", "events", "summaries")
-_SUMMARIES_DROPPED = ("stale", "late")  # RootStats ``summaries_<reason>``
+_SUMMARIES_DROPPED = ("stale", "late", "holders_dropped")  # RootStats ``summaries_<reason>``
 # RootStats.lag_quantiles' quantile -> its gauge
 _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
         0.99: "perfd_engine_root_completion_lag_p99_seconds"}

@@ -36,7 +36,8 @@ def _exposed(collector: object) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 def test_the_root_exports_its_stats_exactly() -> None:
     st = RootStats(leader=True, partials=7, node_messages=41, redelivered=3, late=2, refused=1, undecodable=4,
                    complete=9, held_back=5, partials_skipped=11, records_skipped=12, events_skipped=13,
-                   summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8)
+                   summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8,
+                   summaries_holders_dropped=15, summaries_overcounted=16)
     st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
     got = _exposed(RootMetrics(st))
     want = {
@@ -56,6 +57,8 @@ def test_the_root_exports_its_stats_exactly() -> None:
         ("perfd_engine_root_skipped_total", (("stream", "summaries"),)): 14.0,
         ("perfd_engine_root_summaries_dropped_total", (("reason", "stale"),)): 6.0,
         ("perfd_engine_root_summaries_dropped_total", (("reason", "late"),)): 8.0,
+        ("perfd_engine_root_summaries_dropped_total", (("reason", "holders_dropped"),)): 15.0,
+        ("perfd_engine_root_summaries_overcounted_total", ()): 16.0,
     }
     lag = {k: v for k, v in got.items() if k[0].startswith("perfd_engine_root_completion_lag_")}
     assert {k: v for k, v in got.items() if k not in lag and not k[0].endswith("_created")} == want
