@@ -494,6 +494,8 @@ class Answer:
     flagged: list[int]
     flagged_count: int
     extremes: dict[str, Extreme]  # the per-rank figures' (COMM, IDLE, ...), those the partitions could make
+    # A rank's pipeline stage was not known (a shard without the job's info): no per-stage figure is made
+    stage_unknown: bool = False
 
 
 def answer(s: StepSummary, straggler_ratio: float = STRAGGLER_RATIO) -> Answer:
@@ -527,7 +529,7 @@ def answer(s: StepSummary, straggler_ratio: float = STRAGGLER_RATIO) -> Answer:
         sorted(r for r, v in cands if v > straggler_ratio),
         sum(g.count - g.sketch.at_most(straggler_ratio * medians[st]) for st, g in s.stages.items()
             if st in medians),
-        {n: e for n, e in sorted(s.extremes.items()) if not e.unknown and e.count})
+        {n: e for n, e in sorted(s.extremes.items()) if not e.unknown and e.count}, s.stage_unknown)
 
 
 def answer_json(a: Answer) -> dict[str, object]:
@@ -546,5 +548,6 @@ def answer_json(a: Answer) -> dict[str, object]:
         "top_ratios": [[r, v] for r, v in a.top_ratios],
         "ratio_buckets": None if a.ratio_buckets is None else [[str(le), n] for le, n in a.ratio_buckets],
         "ratio_sum": a.ratio_sum, "flagged": a.flagged, "flagged_count": a.flagged_count,
+        "stage_unknown": a.stage_unknown,
         "extremes": {n: dataclasses.asdict(e) for n, e in a.extremes.items()},
     }
