@@ -50,6 +50,7 @@ from perfd.analytics.breakdown.device_breakdown import (
     NvtxStat,
     Stretch,
 )
+from perfd.analytics.breakdown.job_facts import Loader
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_profiler_step
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
@@ -444,7 +445,8 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
     if ops is None or len(host.marks) < 2:
         return out
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
-                      ops.tails, [a for a, _b in host.data], ops.backward, recomputed=ops.recomputed)
+                      ops.tails, [a for a, _b in host.data], ops.backward, recomputed=ops.recomputed,
+                      fetches=tuple(host.data) if facts.loader is Loader.SINGLE_PROCESS else ())
     return dataclasses.replace(out, devices=tuple(
         dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, dataclasses.replace(
             trace, checkpoint_host=d.recompute.forward_host if d.recompute is not None else 1.0)))

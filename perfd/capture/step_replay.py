@@ -12,7 +12,11 @@ The model, from the trace's complete steps (between its first and last step mark
 - between two events the host works for the time the trace shows between the first's end and the
   second's start (a synchronisation's wait is not work), times a **host scale** ``s``;
 - a launch starts on its stream at max(host time + LAUNCH_LATENCY_NS, the stream's previous end).
-  Streams are otherwise independent (cross-stream event waits are not modelled).
+  Streams are otherwise independent (cross-stream event waits are not modelled);
+- the host's time inside an in-process DataLoader's fetches (the batch made on the training thread) is
+  the job's own at every host scale: the profiler's cost is per op it records, and a fetch records a few
+  dozen in tens of ms (3-4 ops a ms on the H200 recordings of run_clm.py and torchtitan, their steps
+  90-100 a ms).
 
 The profiler slows the host (it records every op), so the trace's own host is slower than the job's.
 :func:`replay` gives the step time over a grid of host scales for the trace as it is and for every
@@ -35,6 +39,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown.op_parts import kernel_part
 from perfd.analytics.breakdown.replay_table import (
     COMPILED_LAUNCH_NS,
+    DATA_HOST,
     DROPOUT_HOST,
     FUSED_DEVICE,
     FUSED_LAUNCHES,
@@ -73,7 +78,7 @@ _DISPATCH_NS = th.SHORT_GAP_S.value * 1e9
 _PARAMS: Mapping[Change, tuple[float, float]] = {
     Change.MICROBATCH: MICROBATCH_DEVICE, Change.GRAPHS: GRAPHED_HOST, Change.DROPOUT: DROPOUT_HOST,
     Change.FUSED: FUSED_DEVICE,  # and FUSED_LAUNCHES, at the same end
-    Change.RECOMPUTE: RECOMPUTE_HOST,
+    Change.RECOMPUTE: RECOMPUTE_HOST, Change.DATA: DATA_HOST,
 }
 
 # The changes the fused layers' (torch.compile's, outside Megatron-LM) are replayed together with: those a
@@ -81,6 +86,8 @@ _PARAMS: Mapping[Change, tuple[float, float]] = {
 # read from it in Megatron-LM only, whose fused layers are Transformer Engine's (not replayed); leaving
 # those combinations out spares a Megatron-LM trace's analysis 12 of 31 replays.
 _FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS})
+# Changes read alone, never with another: one replay (two variants) each
+_ALONE = frozenset({Change.RECOMPUTE, Change.DATA})
 
 # event flags
 (_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE, _RECOMPUTED,
@@ -96,11 +103,12 @@ def fusable(part: Part | None, kernel: str, op: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    gap_ns: float  # the host's work before it (the trace's, at scale 1)
+    gap_ns: float  # the host's work before it (the trace's, at scale 1), its fetch's time included
     stream: int  # -1: a synchronisation
     dur_ns: float
     flags: int
     step: int  # which complete step (0-based)
+    fetch_ns: float = 0.0  # of gap_ns, the time inside an in-process DataLoader's fetches (not scaled)
 
 
 @dataclass(frozen=True)
@@ -111,10 +119,11 @@ class Timeline:
     checkpoint_host: float = 1.0  # HostTrace.checkpoint_host
 
     @functools.cached_property
-    def rows(self) -> tuple[tuple[float, int, float, int, int], ...]:
-        """The events as (gap_ns, stream, dur_ns, flags, step): what :func:`_compiled` reads, unpacked
-        faster than the fields of each event, once for each of :func:`replay`'s ~30 combinations."""
-        return tuple((e.gap_ns, e.stream, e.dur_ns, e.flags, e.step) for e in self.events)
+    def rows(self) -> tuple[tuple[float, int, float, int, int, float], ...]:
+        """The events as (gap_ns, stream, dur_ns, flags, step, fetch_ns): what :func:`_compiled` reads,
+        unpacked faster than the fields of each event, once for each of :func:`replay`'s ~30
+        combinations."""
+        return tuple((e.gap_ns, e.stream, e.dur_ns, e.flags, e.step, e.fetch_ns) for e in self.events)
 
     @functools.cached_property
     def fused(self) -> tuple[int, int, float, float]:
@@ -136,6 +145,8 @@ class Timeline:
             return any(e.flags & _DROPOUT for e in self.events)
         if change is Change.RECOMPUTE:
             return any(e.flags & _RECOMPUTED for e in self.events)
+        if change is Change.DATA:
+            return any(e.fetch_ns > 0 for e in self.events)
         return any(e.flags & _GRAPHABLE for e in self.events)
 
 
@@ -159,6 +170,9 @@ class HostTrace:
     # what a layer's forward launch costs the host without the checkpoint, of what it costs under it, at
     # most (RecomputeSeen.forward_host): the high end of Change.RECOMPUTE
     checkpoint_host: float = 1.0
+    # host ranges of the fetches of a DataLoader without workers (the batch made on the training thread):
+    # the time Change.DATA moves to worker processes, and which no host scale changes
+    fetches: Sequence[tuple[float, float]] = ()
 
 
 def timeline(h: HostTrace) -> Timeline | None:
@@ -213,12 +227,13 @@ def timeline(h: HostTrace) -> Timeline | None:
     passes = forward_starts(h, in_optimizer)
     by_pass = bool(passes) and not _interleaved(fetches, passes)
     bounds = passes if by_pass else fetches
+    inside = _Inside(h.fetches)
     events, prev_end, prev_start = [], raw[0][0], raw[0][0] - 1.0
     for t0, t1, stream, dur, flags, _ in raw:
         step = bisect.bisect_right(marks, t0) - 1
         if bisect.bisect_right(bounds, t0) > bisect.bisect_right(bounds, prev_start):
             flags |= _MB_START  # the first event of a micro-batch (after its fetch, or its forward's first)
-        events.append(Event(max(t0 - prev_end, 0.0), stream, dur, flags, step))
+        events.append(Event(max(t0 - prev_end, 0.0), stream, dur, flags, step, inside.ns(prev_end, t0)))
         prev_start = t0
         prev_end = max(prev_end, t1)
     steps = len(marks) - 1
@@ -229,6 +244,24 @@ def timeline(h: HostTrace) -> Timeline | None:
         per_step = [sum(1 for e in events if e.step == k and e.flags & _MB_START) for k in range(steps)]
     mb = per_step[0] if per_step and len(set(per_step)) == 1 and per_step[0] > 0 else None
     return Timeline(tuple(events), steps, mb, h.checkpoint_host)
+
+
+class _Inside:
+    """How much of a host span lies inside sorted, non-overlapping ranges (the fetches)."""
+
+    def __init__(self, ranges: Sequence[tuple[float, float]]) -> None:
+        self.ranges = sorted(ranges)
+        self.starts = [a for a, _b in self.ranges]
+
+    def ns(self, a: float, b: float) -> float:
+        if b <= a or not self.ranges:
+            return 0.0
+        out, j = 0.0, max(bisect.bisect_right(self.starts, a) - 1, 0)
+        for lo, hi in self.ranges[j:]:
+            if lo >= b:
+                break
+            out += max(min(hi, b) - max(lo, a), 0.0)
+        return out
 
 
 def forward_starts(h: HostTrace, in_optimizer: Callable[[float], bool]) -> list[float]:
@@ -268,10 +301,11 @@ _SYNC_NAMES = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cuda
                          "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize"})
 
 
-# What each compiled row does on the host (see _compiled)
-_WORK, _WAIT, _LAUNCH = 0, 1, 2
+# What each compiled row does on the host (see _compiled); _FETCH: the host works at no scale
+_WORK, _WAIT, _LAUNCH, _FETCH = 0, 1, 2, 3
 # (gap_ns, m1, m2, kind, stream index, dur_ns): the host works gap_ns × scale × m1 × m2 (m1, m2 are 1.0
-# where no change acts, and x × 1.0 is x exactly), then waits for every stream or launches on one
+# where no change acts, and x × 1.0 is x exactly), then waits for every stream or launches on one; a
+# _FETCH row's gap_ns × m1 × m2, whatever the scale
 _Row = tuple[float, float, float, int, int, float]
 
 
@@ -285,18 +319,25 @@ def _compiled(t: Timeline, changes: frozenset[Change], hi: bool) -> tuple[tuple[
     p_graphs, p_dropout, p_mb = p[Change.GRAPHS], p[Change.DROPOUT], p[Change.MICROBATCH]
     fused, p_fused = Change.FUSED in changes, p[Change.FUSED]
     recompute, p_recompute = Change.RECOMPUTE in changes, p[Change.RECOMPUTE]
+    p_fetch = p[Change.DATA] if Change.DATA in changes else 1.0
     # without the checkpoint, the forward's launches at the high end at what the backward's own cost
     fwd_host = t.checkpoint_host if recompute and hi else 1.0
     host_left = _launches_left(t, hi) if fused else 1.0
     keep_mb = (t.microbatches + 1) // 2 if Change.MICROBATCH in changes and t.microbatches else None
+    # half the fetches, each of twice the rows: at the low end a fetch's work is its rows' (the same time
+    # in all), at the high end it is per fetch (half the time)
+    fetch_mb = 0.5 if keep_mb is not None and hi else 1.0
     streams: dict[int, int] = {}
     rows: list[_Row] = []
     mb_seen, step_seen = 0, -1
-    for gap_ns, stream, dur, flags, step in t.rows:
+    for gap_ns, stream, dur, flags, step, fetch_ns in t.rows:
         if step != step_seen:
             step_seen, mb_seen = step, 0
         if flags & _MB_START:
             mb_seen += 1
+        if fetch_ns > 0:
+            gap_ns -= fetch_ns
+            rows.append((fetch_ns, fetch_mb, p_fetch, _FETCH, 0, 0.0))
         if keep_mb is not None and flags & _LAYERS and mb_seen > keep_mb:
             continue  # a micro-batch the larger ones absorb
         m1 = p_graphs if graphs and flags & _GRAPHABLE else 1.0
@@ -347,6 +388,9 @@ def _run(rows: tuple[_Row, ...], n_streams: int, scale: float, steps: int) -> fl
     host, top, latency = 0.0, 0.0, LAUNCH_LATENCY_NS  # the host's clock (never below 0), the last end
     free = [0.0] * n_streams  # each stream's end
     for gap_ns, m1, m2, kind, stream, dur in rows:
+        if kind == _FETCH:
+            host += gap_ns * m1 * m2
+            continue
         host += gap_ns * scale * m1 * m2
         if kind == _LAUNCH:
             ready, busy = host + latency, free[stream]
@@ -381,7 +425,7 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
             cs = frozenset(combo)
             if Change.FUSED in cs and not cs - {Change.FUSED} <= _FUSED_WITH:
                 continue
-            if Change.RECOMPUTE in cs and len(cs) > 1:  # read alone (remedy_recompute): one replay more
+            if cs & _ALONE and len(cs) > 1:  # read alone (remedy_recompute, the data loader's)
                 continue
             lo = _scales(t, scales, cs, hi=False)
             hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo
@@ -390,8 +434,9 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
     host = sum(e.gap_ns for e in t.events) / steps / 1e6
     device = sum(e.dur_ns for e in t.events if e.stream >= 0) / steps / 1e6
     n, k, ns, _ = t.fused
+    fetch = sum(e.fetch_ns for e in t.events) / steps / 1e6
     return ReplayTable.of(tuple(scales), _scales(t, scales), changed, traced_ms, t.microbatches, host, device,
-                          (n / steps, k / steps, ns / steps / 1e6))
+                          (n / steps, k / steps, ns / steps / 1e6), fetch)
 
 
 def replay_device(device: int, kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent],

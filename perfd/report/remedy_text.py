@@ -359,6 +359,9 @@ TEMPLATE: dict[Say, str] = {
                            "the backward",
     Say.DATA_BASIS: "the step waits {0:.0f} ms for its batch; a loader that keeps up hides it (× "
                     "{1:g}–{2:g})",
+    Say.DATA_REPLAYED: "with the batches made by DataLoader workers: the training thread's own fetches "
+                       "({0:.1f} ms a step, the profiler's cost not in them) gone but × {1:g}–{2:g} of them "
+                       "(taking a made batch from the workers' queue)",
     Say.DATA_LOADER: DATA_LOADING_ACTION.replace("{", "{{").replace("}", "}}"),
     Say.DATA_KNOBS: "{0}",  # the framework's knobs (data_text.DATA_KNOBS, which the run's data finding names)
     Say.PIPELINE_BASIS: "pipeline waits {0:.0f} ms per step: the 1F1B bubble (p−1)/(m+p−1) nearly halves as "

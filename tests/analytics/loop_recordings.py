@@ -90,7 +90,8 @@ def raw_gaps(name: str) -> dict[str, float]:
     overlaps counted each: a bound, not the union), and ``steps`` the complete steps (between the first
     and the last ``Optimizer.step#`` mark, each step starting on the GPU where the first activity
     launched after its mark starts; a mark with none launched after it, at the window's end, starts
-    none)."""
+    none); ``fetch`` the host's time inside ``enumerate(DataLoader)`` ranges between the first and the
+    last mark, per step."""
     def read() -> dict[str, float]:
         with lzma.open(LOOPS / name / "trace.json.xz", "rt") as f:
             events = json.load(f)["traceEvents"]
@@ -106,7 +107,9 @@ def raw_gaps(name: str) -> dict[str, float]:
             after = [g["ts"] for g in gpu if calls.get(g["args"].get("correlation"), (-1.0, 0.0))[0] >= m]
             cuts += [min(after)] if after else []  # the window ends after the last mark's host call
         lo, hi = cuts[0], cuts[-1]
-        out = {"ahead": 0.0, "behind": 0.0, "behind_max": 0.0, "steps": float(len(cuts) - 1),
+        fetch = sum(e["dur"] for e in events if e.get("ph") == "X" and marks[0] <= e["ts"] < marks[-1]
+                    and str(e.get("name", "")).startswith("enumerate(DataLoader)")) / 1e3
+        out = {"ahead": 0.0, "behind": 0.0, "behind_max": 0.0, "steps": float(len(cuts) - 1), "fetch": fetch,
                "step_ms": (hi - lo) / 1e3 / (len(cuts) - 1),
                "busy": sum(max(0.0, min(g["ts"] + g["dur"], hi) - max(g["ts"], lo)) for g in gpu) / 1e3}
         end = None
@@ -121,6 +124,6 @@ def raw_gaps(name: str) -> dict[str, float]:
                     out["behind_max"] = max(out["behind_max"], gap)
             end = max(end or 0.0, g["ts"] + g["dur"])
         n = out["steps"]
-        return {k: (v / n if k in ("ahead", "behind", "busy") else v) for k, v in out.items()}
+        return {k: (v / n if k in ("ahead", "behind", "busy", "fetch") else v) for k, v in out.items()}
 
-    return cached("loop-raw-gaps", [LOOPS / name / "trace.json.xz"], (name,), read)
+    return cached("loop-raw-gaps", [LOOPS / name / "trace.json.xz"], (name, "fetch"), read)

@@ -40,11 +40,12 @@ def test_the_jobs_own_spread_widens_each_range_by_a_reruns_move(trainer: list[De
     # the floor each range carried (0.5% of the step) against the spread of two medians of 20 steps
     was, now = RUN_SPREAD_OF_STEP * STEP_MS, math.sqrt(2) * MEDIAN_SE_OF_SD * sd / math.sqrt(RUN_SPREAD_STEPS)
     assert now > was
-    (lo0, hi0), (lo1, hi1) = floor["data_loader"], wide["data_loader"]  # read from the trace's gaps
-    assert lo1 == pytest.approx(lo0 - (now - was), abs=1e-6)
-    assert hi1 == pytest.approx(hi0 + (now - was), abs=1e-6)
-    # the replayed ones also calibrate the replay to the job's median, known only to that spread: wider still
-    for name in ("micro_batch", "fused_layers"):
+    # every remedy of this job is replayed (the data loader's too: its fetches on the training thread):
+    # the replay is calibrated to the job's median, known only to that spread, so each range widens by at
+    # least the spread's growth (a range read from the trace's gaps widens by exactly it: the Lightning
+    # recording's CUDA graphs, below)
+    assert set(floor) == {"micro_batch", "fused_layers", "data_loader"}
+    for name in floor:
         (lo0, hi0), (lo1, hi1) = floor[name], wide[name]
         assert lo1 <= lo0 - (now - was) + 1e-6 and hi1 >= hi0 + (now - was) - 1e-6, name
 
@@ -60,7 +61,7 @@ def test_the_command_takes_the_spread_into_its_ranges(capsys: pytest.CaptureFixt
         return {r["remedy"]: r["gain_ms"] for r in json.loads(capsys.readouterr().out)["recommendations"]}
 
     floor, wide = ranges(), ranges("--job-step-sd-ms", "2")
-    (lo0, hi0), (lo1, hi1) = floor["data_loader"], wide["data_loader"]
+    (lo0, hi0), (lo1, hi1) = floor["cuda_graphs"], wide["cuda_graphs"]  # read from the trace's gaps
     assert lo1 < lo0 and hi1 > hi0 and (lo0 - lo1) == pytest.approx(hi1 - hi0, abs=1e-9)  # both ends alike
 
 

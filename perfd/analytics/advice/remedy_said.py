@@ -172,6 +172,7 @@ class Say(enum.Enum):
     OVERLAP_HF = 2  # the unused-parameters flag, the bucket flag
     OVERLAP_LIGHTNING = 0
     DATA_BASIS = 3  # data wait ms, low, high factor
+    DATA_REPLAYED = 3  # the training thread's fetches ms a step, low, high factor left
     DATA_LOADER = 0  # the data-loading action (the incidents' too)
     DATA_KNOBS = 1  # the framework (perfd.analytics.advice.remedies.Framework value)
     PIPELINE_BASIS = 3  # pipeline wait ms, low, high factor

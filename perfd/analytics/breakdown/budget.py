@@ -234,7 +234,8 @@ class Unprofiled:
     .capture_budget.unprofiled): the capture's steps ran ``captured_ms`` against the job's steady
     ``steady_ms``; the GPU's time (its kernels, and its own switches between kernels it had queued) is as
     captured, the host-side idle the profiler lengthened (``host_idle_ms`` as captured: the gaps after
-    syncs, the launch gaps, the host elsewhere, the data wait) × ``factor``."""
+    syncs, the launch gaps, the host elsewhere) × ``factor``; the data wait as captured (a fetch records
+    few ops for the profiler to slow) or as the timers measured it."""
 
     captured_ms: float
     steady_ms: float

@@ -196,8 +196,8 @@ def unprofiled(b: StepBudget) -> StepBudget:
     capture that far off is another job's, perfd.analytics.breakdown.capture_match): its host-side
     idle (:data:`HOST_IDLE`, its idle rows, phases and sync gaps) scaled by one factor so that the step
     is the steady one, the GPU's time as captured, a data wait the timers measured their share of the
-    steady step; said in ``unprofiled``. Unchanged where nothing is to scale (no steady step, the GPU's
-    time alone past the steady step)."""
+    steady step, one the capture saw as captured; said in ``unprofiled``. Unchanged where nothing is to
+    scale (no steady step, the GPU's time alone past the steady step)."""
     steady = b.steady_step_ms
     if not b.has_kernels or not steady or steady <= 0 or b.unprofiled is not None:
         return b
@@ -206,30 +206,36 @@ def unprofiled(b: StepBudget) -> StepBudget:
         return b
     host = sum(b.ms(p) for p in HOST_IDLE)
     timed = {p.part: share * steady for p in b.parts if (share := _timed_data(p)) is not None}
+    # the capture's own data wait is the job's: the profiler's cost is per op it records, and a data
+    # loader's fetch records a few dozen in tens of ms (perfd.capture.step_replay)
+    timed.update({p.part: p.ms for p in b.parts if p.part is Part.DATA and p.part not in timed})
     rest = host - sum(b.ms(p) for p in timed)  # the host's gaps the factor scales
     gpu = b.step_ms - host
     if rest <= 0 or gpu + sum(timed.values()) >= steady:
         return b
     f = (steady - gpu - sum(timed.values())) / rest
     scaled = {p.part: timed.get(p.part, p.ms * f) for p in b.parts if p.part in HOST_IDLE}
+    each = {p.part: scaled[p.part] / p.ms if p.ms > 0 else f for p in b.parts if p.part in HOST_IDLE}
     step = gpu + sum(scaled.values())
     parts = []
     for p in b.parts:
         if p.part not in HOST_IDLE:
             parts.append(replace(p, share=p.ms / step))
             continue
-        ms, k = scaled[p.part], scaled[p.part] / p.ms if p.ms > 0 else f
+        ms = scaled[p.part]
         detail = PartDetail(**p.detail)
         if isinstance(latency := detail.get("under_5us_ms"), (int, float)):
             detail["under_5us_ms"] = min(float(latency), ms)  # the launches themselves: not lengthened
         if isinstance(taken := detail.get("from_idle_ms"), dict):
-            detail["from_idle_ms"] = {key: v * k for key, v in taken.items()}
+            detail["from_idle_ms"] = {key: v * each[p.part] for key, v in taken.items()}
         parts.append(replace(p, ms=ms, share=ms / step, detail=detail))
-    idle = tuple(replace(r, ms=r.ms * f) if r.cause in _HOST_CAUSES else r for r in b.idle)
-    phases = {ph: {p: v * f if p in HOST_IDLE else v for p, v in d.items()} for ph, d in b.phase_ms.items()}
+    idle = tuple(replace(r, ms=r.ms * (each.get(Part.DATA, f) if r.cause is IdleCause.DATA else f))
+                 if r.cause in _HOST_CAUSES else r for r in b.idle)
+    phases = {ph: {p: v * each.get(p, f) if p in HOST_IDLE else v for p, v in d.items()}
+              for ph, d in b.phase_ms.items()}
     host_side = {k: v * f if k in _HOST_GAP_KEYS else v for k, v in b.host.items()}
     return replace(b, step_ms=step, parts=tuple(parts), idle=idle, phase_ms=phases, host=host_side,
-                   unprofiled=Unprofiled(b.step_ms, steady, host, f))
+                   unprofiled=Unprofiled(b.step_ms, steady, rest, f))
 
 
 def _made_of(kinds: Mapping[str, float], part_ms: float) -> dict[str, float]:

@@ -212,8 +212,10 @@ _COLLECTIVE_OPS = ("c10d::", "nccl:")
 _DDP_COLLECTIVES = ("c10d::allreduce_", "nccl:all_reduce")
 _FSDP_COLLECTIVES = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "c10d::allgather_into_tensor",
                      "c10d::reduce_scatter_tensor")
-_LOADER = (("_multiprocessingdataloaderiter", Loader.MULTIPROCESSING),
-           ("_singleprocessdataloaderiter", Loader.SINGLE_PROCESS))
+# by a part of the iterator's class name that torchdata's stateful iterators keep
+# (``_StatefulSingleProcessDataLoaderIter``, torchtitan's)
+_LOADER = (("multiprocessingdataloaderiter", Loader.MULTIPROCESSING),
+           ("singleprocessdataloaderiter", Loader.SINGLE_PROCESS))
 _PIN_OPS = ("aten::pin_memory", "aten::_pin_memory")
 
 

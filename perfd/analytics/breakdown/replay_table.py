@@ -34,6 +34,14 @@ DROPOUT_HOST = (1.0, 0.3)
 # keeps all (the GPU's side alone: what else the backward's host does in their place no trace shows), the
 # high end none.
 RECOMPUTE_HOST = (1.0, 0.0)
+# A DataLoader without workers makes each batch on the training thread (its fetch: the host inside
+# ``enumerate(DataLoader)``); with workers the thread only takes a made batch from their queue. Of the
+# fetch's host time this much stays on the thread (lo: saves less, hi: saves more): at the low end a
+# quarter (the batch unpickled from the workers' queue, its copy to pinned memory; a fetch that is only a
+# slice of a tensor in memory stays about what it was), at the high end none. On the H200 recordings the
+# workers' change took back 0.75 (run_clm.py: 30.5 ms of fetch a step, 23 ms measured) and 1.2-1.3
+# (torchtitan: 40 ms a step over its two complete steps, 47-53 measured) of the fetch.
+DATA_HOST = (0.25, 0.0)
 # torch.compile fuses an eager model's elementwise kernels (perfd.capture.step_replay.fusable): of their
 # launches this many remain, and of their device time this much. nanoGPT's compiled H200 recording
 # (tests/data/loops) launches 913 elementwise kernels a step in its forward-backward phase (Inductor's,
@@ -63,6 +71,7 @@ class Change(TextEnum):
     DROPOUT = "dropout"  # attention dropout off: its kernels go
     FUSED = "fused"  # torch.compile: the elementwise kernels fused, fewer launches and less device time
     RECOMPUTE = "recompute"  # no activation checkpointing: the recomputed forward's launches go
+    DATA = "data"  # the batch made by DataLoader workers: the training thread's fetches go
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ class ReplayTable:
     launches: float = 0.0
     fusable: float = 0.0
     fusable_ms: float = 0.0
+    # the training thread's time a step inside an in-process DataLoader's fetches (Change.DATA; 0: none)
+    fetch_ms: float = 0.0
 
     @property
     def unmodelled_ms(self) -> float:
@@ -115,21 +126,21 @@ class ReplayTable:
     def of(scales: tuple[float, ...], as_is: Iterable[float],
            changed: Mapping[str, tuple[Iterable[float], Iterable[float]]], traced_ms: float,
            microbatches: int | None, host_ms: float = 0.0, device_ms: float = 0.0,
-           fused: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> ReplayTable:
+           fused: tuple[float, float, float] = (0.0, 0.0, 0.0), fetch_ms: float = 0.0) -> ReplayTable:
         """The table as a replay measured it, its times in ms to the µs (far below any gain the table is
         read for): as it is kept and sent, so that the offline reading of a trace and the live one of
         its event read the same figures. ``fused``: (launches, fusable, fusable_ms)."""
         launches, fusable, fusable_ms = fused
         return ReplayTable(scales, _us(as_is), {k: (_us(lo), _us(hi)) for k, (lo, hi) in changed.items()},
                            round(traced_ms, 3), microbatches, round(host_ms, 3), round(device_ms, 3),
-                           round(launches, 1), round(fusable, 1), round(fusable_ms, 3))
+                           round(launches, 1), round(fusable, 1), round(fusable_ms, 3), round(fetch_ms, 3))
 
     def to_json(self) -> dict[str, object]:
         return {"scales": list(self.scales), "as_is": list(_us(self.as_is)),
                 "traced_ms": round(self.traced_ms, 3),
                 "microbatches": self.microbatches,
                 "host_ms": self.host_ms, "device_ms": self.device_ms, "launches": self.launches,
-                "fusable": self.fusable, "fusable_ms": self.fusable_ms,
+                "fusable": self.fusable, "fusable_ms": self.fusable_ms, "fetch_ms": self.fetch_ms,
                 "changed": {k: [list(_us(lo)), list(_us(hi))] for k, (lo, hi) in self.changed.items()}}
 
     @staticmethod
@@ -148,7 +159,8 @@ class ReplayTable:
             return ReplayTable(scales, as_is, changed, float(d.get("traced_ms") or 0.0),
                                int(mb) if isinstance(mb, int) else None, float(d.get("host_ms") or 0.0),
                                float(d.get("device_ms") or 0.0), float(d.get("launches") or 0.0),
-                               float(d.get("fusable") or 0.0), float(d.get("fusable_ms") or 0.0))
+                               float(d.get("fusable") or 0.0), float(d.get("fusable_ms") or 0.0),
+                               float(d.get("fetch_ms") or 0.0))
         except (KeyError, TypeError, ValueError, IndexError):
             return None
 
