@@ -50,7 +50,7 @@ from perfd.analytics.breakdown.device_breakdown import (
     NvtxStat,
     Stretch,
 )
-from perfd.analytics.breakdown.job_facts import Loader
+from perfd.analytics.breakdown.job_facts import Loader, loader_kind
 from perfd.analytics.breakdown.op_parts import is_data_annotation, is_profiler_step
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind
 from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
@@ -446,11 +446,19 @@ def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> 
         return out
     trace = HostTrace(data.launches, data.syncs, {}, host.marks, ops.parts, ops.op_names, ops.sync_owner,
                       ops.tails, [a for a, _b in host.data], ops.backward, recomputed=ops.recomputed,
-                      fetches=tuple(host.data) if facts.loader is Loader.SINGLE_PROCESS else ())
+                      fetches=training_fetches(data.ranges))
     return dataclasses.replace(out, devices=tuple(
         dataclasses.replace(d, replay=replay_device(d.device, data.kernels, data.memcpys, dataclasses.replace(
             trace, checkpoint_host=d.recompute.forward_host if d.recompute is not None else 1.0)))
         for d in out.devices))
+
+
+def training_fetches(ranges: Sequence[HostRange]) -> tuple[tuple[float, float], ...]:
+    """The batches made on the training thread: a single-process DataLoader's fetches on the thread that
+    marks the steps (a worker loader's ranges are its queue's waits; another thread's are not the step's)."""
+    tids = {r.tid for r in ranges if is_profiler_step(r.name)} or {r.tid for r in optimizer_marks(ranges)}
+    return tuple((r.start_ns, r.end_ns) for r in ranges
+                 if r.tid in tids and loader_kind(r.name) is Loader.SINGLE_PROCESS)
 
 
 def step_marks(ranges: Sequence[HostRange]) -> list[float]:

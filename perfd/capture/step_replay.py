@@ -85,9 +85,9 @@ _PARAMS: Mapping[Change, tuple[float, float]] = {
 # plain loop's or a trainer's remedies read from the replay. The timers' and the attention dropout's are
 # read from it in Megatron-LM only, whose fused layers are Transformer Engine's (not replayed); leaving
 # those combinations out spares a Megatron-LM trace's analysis 12 of 31 replays.
-_FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS})
+_FUSED_WITH = frozenset({Change.MICROBATCH, Change.GRAPHS, Change.DATA})
 # Changes read alone, never with another: one replay (two variants) each
-_ALONE = frozenset({Change.RECOMPUTE, Change.DATA})
+_ALONE = frozenset({Change.RECOMPUTE})
 
 # event flags
 (_SYNC, _BARE_LAYERS_SYNC, _LAYERS, _GRAPHABLE, _DROPOUT, _FIXED, _MB_START, _FUSABLE, _RECOMPUTED,
@@ -247,10 +247,16 @@ def timeline(h: HostTrace) -> Timeline | None:
 
 
 class _Inside:
-    """How much of a host span lies inside sorted, non-overlapping ranges (the fetches)."""
+    """How much of a host span lies inside ranges (the fetches; nested or overlapping ones merged)."""
 
     def __init__(self, ranges: Sequence[tuple[float, float]]) -> None:
-        self.ranges = sorted(ranges)
+        merged: list[tuple[float, float]] = []
+        for a, b in sorted(ranges):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.ranges = merged
         self.starts = [a for a, _b in self.ranges]
 
     def ns(self, a: float, b: float) -> float:
@@ -425,7 +431,7 @@ def replay(t: Timeline, traced_ms: float, scales: Sequence[float] = SCALES) -> R
             cs = frozenset(combo)
             if Change.FUSED in cs and not cs - {Change.FUSED} <= _FUSED_WITH:
                 continue
-            if cs & _ALONE and len(cs) > 1:  # read alone (remedy_recompute, the data loader's)
+            if cs & _ALONE and len(cs) > 1:  # read alone (remedy_recompute): one replay more
                 continue
             lo = _scales(t, scales, cs, hi=False)
             hi = _scales(t, scales, cs, hi=True) if cs & set(_PARAMS) else lo

@@ -243,8 +243,9 @@ def _capture_cost_words(b: StepBudget, run: int | None) -> tuple[str, str]:
             "do not)"
             + (f"; steps counted from {how}" if how else "")
             + (f". The budget's host-side idle ({u.host_idle_ms:.0f} ms as captured) is scaled by "
-               f"{u.factor:.2f} to the steady step before any gain is read from its gaps; the GPU's time and "
-               "the data wait are as captured." if u is not None
+               f"{u.factor:.2f} to the steady step before any gain is read from its gaps; the GPU's time is "
+               "as captured" + (f", the data wait ({u.data_ms:.0f} ms) not scaled." if u.data_ms is not None
+                                else ".") if u is not None
                else ". Read the idle parts with that in mind." if share > th.CAPTURE_SLOWDOWN.value else "."))
 
 

@@ -79,7 +79,8 @@ def unprofiled_text(budget: StepBudget) -> str:
     return (f"{budget.step_ms:.0f} ms per step: the captured {u.captured_ms:.0f} ms step (the profiler added "
             f"{u.captured_ms - u.steady_ms:+.0f} ms) brought back to the job's steady {u.steady_ms:.0f} ms, "
             f"its host-side idle (the gaps after syncs, the launch gaps, the host elsewhere: "
-            f"{u.host_idle_ms:.0f} ms) × {u.factor:.2f}, the GPU's time and the data wait as captured")
+            f"{u.host_idle_ms:.0f} ms) × {u.factor:.2f}, the GPU's time as captured"
+            + (f", the data wait ({u.data_ms:.0f} ms) not scaled" if u.data_ms is not None else ""))
 
 
 def window_cut_text(budget: StepBudget) -> str:

@@ -229,8 +229,9 @@ def test_hf_budget_is_brought_back_to_the_unprofiled_step_before_gains(hf: RunAn
     text = " ".join(render_text(build_report(hf)).split())
     assert (f"the captured 422 ms step (the profiler added +123 ms) brought back to the job's steady 300 ms, "
             f"its host-side idle (the gaps after syncs, the launch gaps, the host elsewhere: "
-            f"{raw['behind'] - data:.0f} ms) × {u.factor:.2f}, the GPU's time and the data wait as "
-            "captured") in text
+            f"{raw['behind'] - data:.0f} ms) × {u.factor:.2f}, the GPU's time as captured, the data wait "
+            f"({data:.0f} ms) not scaled") in text
+    assert u.data_ms == pytest.approx(data)
 
 
 def test_nanogpt_budget_is_read_as_captured(nano: RunAnalysis) -> None:

@@ -15,12 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from perfd.analytics.advice.remedies import RemedyId
+from perfd.analytics.advice.plan import combined
+from perfd.analytics.advice.remedies import FitContext, Framework, JobConfig, RemedyId, run_spread_ms
+from perfd.analytics.advice.remedy_catalog import fit
+from perfd.analytics.breakdown.budget import TimerShares
+from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.job_facts import Loader, loader_kind
 from perfd.analytics.breakdown.replay_table import DATA_HOST, Change, ReplayTable
 from perfd.app.cli import main
-from perfd.capture.step_replay import _LAYERS, _MB_START, Event, Timeline, simulate
+from perfd.capture.analysis import training_fetches
+from perfd.capture.ops import HostRange, RangeKind
+from perfd.capture.step_replay import _LAYERS, _MB_START, Event, Timeline, _Inside, simulate
 from tests.analytics.loop_recordings import HF, raw_gaps
+from tests.trace_cache import analyze_chrome_trace
 
 LOOPS = Path(__file__).resolve().parents[1] / "data" / "loops"
 MS = 1e6
@@ -149,3 +156,70 @@ def test_torchtitans_fetches_are_its_outer_steps_and_lightnings_too_small_to_nam
     table = ReplayTable.from_json(devices[0]["replay"])
     assert table is not None and 0.3 < table.fetch_ms < 0.4
     assert RemedyId.DATA_LOADER.value not in _gains(lt)
+
+
+def test_nested_fetch_ranges_are_counted_once() -> None:
+    """A fetch range inside another (a wrapped iterator's) and one overlapping it: their union, once."""
+    inside = _Inside([(0.0, 10.0), (2.0, 4.0), (8.0, 12.0)])
+    assert inside.ns(5.0, 8.0) == 3.0
+    assert inside.ns(0.0, 10.0) == 10.0
+    assert inside.ns(-5.0, 20.0) == 12.0
+    assert inside.ns(12.0, 15.0) == 0.0
+
+
+def test_only_the_training_threads_own_fetches_are_the_steps() -> None:
+    """The thread that marks the steps makes its batches with a single-process loader: those are its
+    fetches. Another thread's loader ranges, and a worker loader's (the main thread waiting on the
+    workers' queue), are not the training thread's work to move."""
+    single = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+    ranges = [
+        HostRange(1, 0.0, 5.0, "Optimizer.step#AdamW.step", RangeKind.ANNOTATION),
+        HostRange(1, 10.0, 20.0, single, RangeKind.ANNOTATION),
+        HostRange(2, 10.0, 30.0, single, RangeKind.ANNOTATION),  # a validation loader on another thread
+        HostRange(1, 40.0, 45.0, "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+                  RangeKind.ANNOTATION),
+        HostRange(1, 50.0, 55.0, "Optimizer.step#AdamW.step", RangeKind.ANNOTATION),
+    ]
+    assert training_fetches(ranges) == ((10.0, 20.0),)
+
+
+@pytest.mark.slow
+def test_a_plan_with_the_data_loader_is_replayed_together_not_less() -> None:
+    """The Trainer's flag-effort remedies (compile, the micro-batch, the data loader) are replayed
+    together, so their set gains at least what compile and the micro-batch give together, and the fetches
+    the micro-batch halves and the workers take are not counted twice; torchtitan's (compile,
+    checkpointing off, which the replay reads alone, and the data loader) take the largest set the replay
+    ran together, the rest by their slices."""
+    for name, framework, step, sd in (("hf_clm_h200", Framework.HF_TRAINER, 226.358, 14.548),
+                                      ("torchtitan_h200", Framework.TORCHTITAN, 490.687, 27.535)):
+        dev = analyze_chrome_trace(LOOPS / name / "trace.json.xz").devices[0]
+        b = from_capture(dev, dev.trace_steps, timers=TimerShares(step_ms=step, step_sd_ms=sd))
+        assert b is not None
+        ctx = FitContext(b, JobConfig(framework=framework))
+        fitted = {a.remedy: a for a in fit(ctx)}
+        data = fitted[RemedyId.DATA_LOADER]
+        assert data.replay is Change.DATA
+        others = [a for r, a in fitted.items() if r in (RemedyId.FUSED_LAYERS, RemedyId.MICRO_BATCH)]
+        spread = run_spread_ms(b.step_ms, b.step_sd_ms)
+        without = combined(others, spread, ctx.replay)
+        with_data = combined([*others, data], spread, ctx.replay)
+        assert with_data[0] >= without[0] and with_data[1] >= without[1], name
+        if name == "hf_clm_h200":  # all three replayed together: the replay's own figure for the set
+            assert ctx.replay is not None
+            together = ctx.replay.of((Change.FUSED, Change.MICROBATCH, Change.DATA))
+            assert together is not None and with_data == pytest.approx((together[0] - spread,
+                                                                       together[1] + spread))
+
+
+@pytest.mark.slow
+def test_a_data_wait_the_steady_step_leaves_no_room_for_is_scaled_with_the_rest() -> None:
+    """torchtitan's capture: 389.0 ms of the GPU's own time and a 32.2 ms data wait a step. A steady step
+    of 425 ms keeps the data wait as captured and scales the other host gaps; at 421 ms those two leave the
+    other gaps no room, and the data wait is scaled with them (as before it was kept) rather than the
+    budget left at the captured 573 ms step, its launch gaps the profiler's."""
+    dev = analyze_chrome_trace(LOOPS / "torchtitan_h200" / "trace.json.xz").devices[0]
+    for step, kept in ((425.0, True), (421.0, False)):
+        b = from_capture(dev, dev.trace_steps, timers=TimerShares(step_ms=step))
+        assert b is not None and b.unprofiled is not None and b.step_ms == pytest.approx(step)
+        assert (b.unprofiled.data_ms is not None) is kept, step
+        assert 0.0 < b.unprofiled.factor < 1.0

@@ -14,6 +14,7 @@ of attention; timer level 1 and a larger micro-batch act on the same synchronisa
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -270,12 +271,10 @@ def _combined(given: Sequence[Advice | PlanItem], spread_ms: float,
               replay: ReplayGains | None) -> tuple[float, float]:
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
-    replayed = [a for a in given if a.replay is not None
-                and not any(b is not a and b.replay is None and covers(b, a) for b in given)]
-    together = replay.of(a.replay for a in replayed if a.replay is not None) if replay and replayed else None
-    if together is None:
-        replayed = []
-    else:
+    replayed, together = _replayed_together(
+        [a for a in given if a.replay is not None
+         and not any(b is not a and b.replay is None and covers(b, a) for b in given)], replay)
+    if together is not None:
         lo["replay"], hi["replay"] = together
     taken = {atom for a in replayed for atom in _atoms(a)}
     for a in given:
@@ -291,6 +290,22 @@ def _combined(given: Sequence[Advice | PlanItem], spread_ms: float,
             lo[r.atom] = max(lo.get(r.atom, 0.0), r.low_ms)
             hi[r.atom] = max(hi.get(r.atom, 0.0), r.high_ms)
     return sum(lo.values()) - spread_ms, sum(hi.values()) + spread_ms
+
+
+def _replayed_together(candidates: Sequence[Advice | PlanItem], replay: ReplayGains | None
+                       ) -> tuple[list[Advice | PlanItem], tuple[float, float] | None]:
+    """The most of ``candidates`` the replay ran together (a change it reads alone, activation
+    checkpointing off, has no combination with the rest): the largest set with a combination, of those
+    the one that gains most; the others are summed by their slices. None: no set of them replayed."""
+    if replay is None:
+        return [], None
+    for k in range(len(candidates), 0, -1):
+        found = [(g, list(s)) for s in itertools.combinations(candidates, k)
+                 if (g := replay.of(a.replay for a in s if a.replay is not None)) is not None]
+        if found:
+            g, chosen = max(found, key=lambda f: (f[0][1], f[0][0]))
+            return chosen, g
+    return [], None
 
 
 def _id(a: Advice | PlanItem) -> str:

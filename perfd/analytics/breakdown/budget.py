@@ -234,25 +234,28 @@ class Unprofiled:
     .capture_budget.unprofiled): the capture's steps ran ``captured_ms`` against the job's steady
     ``steady_ms``; the GPU's time (its kernels, and its own switches between kernels it had queued) is as
     captured, the host-side idle the profiler lengthened (``host_idle_ms`` as captured: the gaps after
-    syncs, the launch gaps, the host elsewhere) × ``factor``; the data wait as captured (a fetch records
-    few ops for the profiler to slow) or as the timers measured it."""
+    syncs, the launch gaps, the host elsewhere) × ``factor``; the data wait ``data_ms`` unscaled, as
+    captured (a fetch records few ops for the profiler to slow) or as the timers measured it (None: scaled
+    with the rest, where the GPU's time and it left no room for the other gaps)."""
 
     captured_ms: float
     steady_ms: float
     host_idle_ms: float
     factor: float
+    data_ms: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return {"captured_ms": self.captured_ms, "steady_ms": self.steady_ms,
-                "host_idle_ms": self.host_idle_ms, "factor": self.factor}
+                "host_idle_ms": self.host_idle_ms, "factor": self.factor, "data_ms": self.data_ms}
 
     @staticmethod
     def from_json(d: object) -> Unprofiled | None:
         if not isinstance(d, Mapping):
             return None
         try:
+            data = d.get("data_ms")
             return Unprofiled(number(d["captured_ms"]), number(d["steady_ms"]), number(d["host_idle_ms"]),
-                              number(d["factor"]))
+                              number(d["factor"]), None if data is None else number(data))
         except (KeyError, ValueError, TypeError):
             return None
 

@@ -205,13 +205,20 @@ def unprofiled(b: StepBudget) -> StepBudget:
     if ratio < 1 + th.CAPTURE_SLOWDOWN.value or ratio > th.CAPTURE_OTHER_JOB_STEP.value:
         return b
     host = sum(b.ms(p) for p in HOST_IDLE)
-    timed = {p.part: share * steady for p in b.parts if (share := _timed_data(p)) is not None}
-    # the capture's own data wait is the job's: the profiler's cost is per op it records, and a data
-    # loader's fetch records a few dozen in tens of ms (perfd.capture.step_replay)
-    timed.update({p.part: p.ms for p in b.parts if p.part is Part.DATA and p.part not in timed})
-    rest = host - sum(b.ms(p) for p in timed)  # the host's gaps the factor scales
     gpu = b.step_ms - host
-    if rest <= 0 or gpu + sum(timed.values()) >= steady:
+    timers = {p.part: share * steady for p in b.parts if (share := _timed_data(p)) is not None}
+    # the capture's own data wait is the job's: the profiler's cost is per op it records, and a data
+    # loader's fetch records a few dozen in tens of ms (perfd.capture.step_replay); where it and the GPU's
+    # time leave the other gaps no room (a steady step from another machine or configuration), it is
+    # scaled with them, as the timers' is not
+    captured: dict[Part, float] = {p.part: p.ms for p in b.parts
+                                   if p.part is Part.DATA and p.part not in timers}
+    kept: tuple[dict[Part, float], ...] = ({**timers, **captured}, timers)
+    for timed in kept:
+        rest = host - sum(b.ms(p) for p in timed)  # the host's gaps the factor scales
+        if rest > 0 and gpu + sum(timed.values()) < steady:
+            break
+    else:
         return b
     f = (steady - gpu - sum(timed.values())) / rest
     scaled = {p.part: timed.get(p.part, p.ms * f) for p in b.parts if p.part in HOST_IDLE}
@@ -235,7 +242,7 @@ def unprofiled(b: StepBudget) -> StepBudget:
               for ph, d in b.phase_ms.items()}
     host_side = {k: v * f if k in _HOST_GAP_KEYS else v for k, v in b.host.items()}
     return replace(b, step_ms=step, parts=tuple(parts), idle=idle, phase_ms=phases, host=host_side,
-                   unprofiled=Unprofiled(b.step_ms, steady, rest, f))
+                   unprofiled=Unprofiled(b.step_ms, steady, rest, f, timed.get(Part.DATA)))
 
 
 def _made_of(kinds: Mapping[str, float], part_ms: float) -> dict[str, float]:

@@ -39,7 +39,7 @@ RECOMPUTE_HOST = (1.0, 0.0)
 # fetch's host time this much stays on the thread (lo: saves less, hi: saves more): at the low end a
 # quarter (the batch unpickled from the workers' queue, its copy to pinned memory; a fetch that is only a
 # slice of a tensor in memory stays about what it was), at the high end none. On the H200 recordings the
-# workers' change took back 0.75 (run_clm.py: 30.5 ms of fetch a step, 23 ms measured) and 1.2-1.3
+# workers' change took back 0.75 (run_clm.py: 30.3 ms of fetch a step, 23 ms measured) and 1.2-1.3
 # (torchtitan: 40 ms a step over its two complete steps, 47-53 measured) of the fetch.
 DATA_HOST = (0.25, 0.0)
 # torch.compile fuses an eager model's elementwise kernels (perfd.capture.step_replay.fusable): of their

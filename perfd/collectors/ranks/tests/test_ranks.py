@@ -463,10 +463,12 @@ def test_a_rank_writing_to_disk_is_reported_at_every_collect(spawn: Any, tmp_pat
             assert _row(rows, 1)["write_bytes_per_second"] >= 20e6
             assert _row(rows, 0)["write_bytes_per_second"] < 1e6
         assert got == [1, 1, 1]  # while one writes, every collect (event_every_s is 30 s)
-        # writes stopped: one event for the change, then none until event_every_s
-        quiet_events = [len([e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name])
-                        for _ in range(2)]
-        assert quiet_events == [1, 0]
+        # writes stopped: an event for the change, its row with no writes. (None then until event_every_s:
+        # test_the_event_goes_out_on_change_and_every_few_seconds_otherwise. Not read here from a second
+        # collect microseconds later: over such a window a CPU tick the kernel accounts late reads as
+        # 100 cores, and the rank's idle mark flips.)
+        evs = [e for e in c.collect(time.time()).events if e["kind"] == RANK_PROCESSES.name]
+        assert len(evs) == 1 and _row(list(evs[0]["payload"]["ranks"]), 1)["write_bytes_per_second"] < 1e6
     finally:
         writer.kill()
         writer.wait(timeout=10)
