@@ -7,14 +7,13 @@ from perfd, and what the remedy says on each, against the A/Bs applied on an H20
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import lzma
 from pathlib import Path
 
 import pytest
 
+from perfd.analytics.advice.capture_findings import diagnose_capture
 from perfd.analytics.advice.plan import combined
 from perfd.analytics.advice.remedies import FitContext, Framework, JobConfig, RemedyId, run_spread_ms
 from perfd.analytics.advice.remedy_catalog import fit
@@ -22,7 +21,6 @@ from perfd.analytics.breakdown.budget import TimerShares
 from perfd.analytics.breakdown.capture_budget import from_capture
 from perfd.analytics.breakdown.job_facts import Loader, loader_kind
 from perfd.analytics.breakdown.replay_table import DATA_HOST, Change, ReplayTable
-from perfd.app.cli import main
 from perfd.capture.analysis import training_fetches
 from perfd.capture.ops import HostRange, RangeKind
 from perfd.capture.step_replay import _LAYERS, _MB_START, Event, Timeline, _Inside, simulate
@@ -104,19 +102,16 @@ def _outer_fetches(name: str) -> float:
     return float(fetch) / 1e3 / (len(outer) - 1)
 
 
-def _analysed(name: str, framework: str, step_ms: float, sd_ms: float) -> dict[str, object]:
-    out = io.StringIO()  # the command the A/Bs' predictions were made with
-    with contextlib.redirect_stdout(out):
-        assert main(["analyze", "trace", str(LOOPS / name / "trace.json.xz"), "--framework", framework,
-                     "--job-step-ms", str(step_ms), "--job-step-sd-ms", str(sd_ms), "--json"]) == 0
-    got: dict[str, object] = json.loads(out.getvalue())
-    return got
-
-
-def _gains(d: dict[str, object]) -> dict[str, tuple[float, float]]:
-    recs = d["recommendations"]
-    assert isinstance(recs, list)
-    return {r["remedy"]: (r["gain_ms"][0], r["gain_ms"][1]) for r in recs if r.get("gain_ms")}
+def _analysed(name: str, framework: Framework, step_ms: float, sd_ms: float
+              ) -> tuple[ReplayTable, dict[str, tuple[float, float]]]:
+    """The recording's replay table and the remedies' gains as `perfd analyze trace --framework F
+    --job-step-ms STEP --job-step-sd-ms SD` makes them (the A/Bs' predictions), its trace parsed once for
+    the session (tests.trace_cache)."""
+    devices = analyze_chrome_trace(LOOPS / name / "trace.json.xz").devices
+    d = diagnose_capture(devices, framework=framework, timers=TimerShares(step_ms=step_ms, step_sd_ms=sd_ms))
+    table = devices[0].replay
+    assert table is not None
+    return table, {str(r.remedy): (r.gain_ms[0], r.gain_ms[1]) for r in d.recommendations if r.gain_ms}
 
 
 @pytest.mark.slow
@@ -126,13 +121,10 @@ def test_the_trainers_fetches_are_the_raw_traces_and_its_workers_gain_is_measure
     from moving them off the thread: predicted at the first base of the H200 A/B (226.4 ms, SD 14.5)
     16.9-36.0 ms, measured 17.8 and 21.0 (docs/evidence/loops_ab5_h200; 22.7 and 23.0 on the third A/B,
     loops_ab3_h200), where the GPU's idle under the fetches alone gave −1 to 13.5."""
-    d = _analysed("hf_clm_h200", "hf_trainer", 226.358, 14.548)
+    table, gains = _analysed("hf_clm_h200", Framework.HF_TRAINER, 226.358, 14.548)
     fetch = raw_gaps(HF)["fetch"]
-    devices = d["devices"]
-    assert isinstance(devices, list)
-    table = ReplayTable.from_json(devices[0]["replay"])
-    assert table is not None and table.fetch_ms == pytest.approx(fetch, rel=1e-3) and 30 < fetch < 31
-    lo, hi = _gains(d)[RemedyId.DATA_LOADER.value]
+    assert table.fetch_ms == pytest.approx(fetch, rel=1e-3) and 30 < fetch < 31
+    lo, hi = gains[RemedyId.DATA_LOADER.value]
     for measured in (17.8, 21.0, 22.7, 23.0):
         assert lo <= measured <= hi
     assert hi < fetch * (1 - DATA_HOST[1]) + 6.0  # never more than the fetches and the run-to-run spread
@@ -143,19 +135,13 @@ def test_torchtitans_fetches_are_its_outer_steps_and_lightnings_too_small_to_nam
     """torchtitan (torchdata's stateful single-process iterator): 40.1 ms of fetches a step over its two
     complete steps (29.6 and 50.6 ms). Lightning's demo slices a tensor in memory (0.35 ms a step): no
     data-loader remedy (its workers slowed the step 1.6-3.7 ms when applied: loops_ab3_h200)."""
-    d = _analysed("torchtitan_h200", "torchtitan", 490.687, 27.535)
-    devices = d["devices"]
-    assert isinstance(devices, list)
-    table = ReplayTable.from_json(devices[0]["replay"])
-    assert table is not None and table.fetch_ms == pytest.approx(_outer_fetches("torchtitan_h200"), rel=1e-3)
+    table, gains = _analysed("torchtitan_h200", Framework.TORCHTITAN, 490.687, 27.535)
+    assert table.fetch_ms == pytest.approx(_outer_fetches("torchtitan_h200"), rel=1e-3)
     assert 40 < table.fetch_ms < 40.2
-    assert RemedyId.DATA_LOADER.value in _gains(d)
-    lt = _analysed("lightning_h200", "lightning", 15.37, 2.2)
-    devices = lt["devices"]
-    assert isinstance(devices, list)
-    table = ReplayTable.from_json(devices[0]["replay"])
-    assert table is not None and 0.3 < table.fetch_ms < 0.4
-    assert RemedyId.DATA_LOADER.value not in _gains(lt)
+    assert RemedyId.DATA_LOADER.value in gains
+    table, gains = _analysed("lightning_h200", Framework.LIGHTNING, 15.37, 2.2)
+    assert 0.3 < table.fetch_ms < 0.4
+    assert RemedyId.DATA_LOADER.value not in gains
 
 
 def test_nested_fetch_ranges_are_counted_once() -> None:
