@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -324,6 +325,8 @@ def test_example_sbatch_with_engine_runs_nats_shards_and_root(slurm):
     nodes = d / "nodes"
     task = d / "scripts" / "task-engine.sh"
     task.write_text(ENGINE_TASK_SH.replace("{log}", str(MEGATRON_LOG)))
+    sd = d / "sd-engine"
+    sd.mkdir()
     opts = d / "scripts" / "aggregator-engine.opts"
     # perfd-slurm-run's own options first, then the aggregator's (one argument per line, spaces kept).
     opts.write_text("--engine\n--engine-shards\n2\n--peak-tflops\n500\n--gpu\nNVIDIA H200\n"
@@ -344,10 +347,12 @@ def test_example_sbatch_with_engine_runs_nats_shards_and_root(slurm):
         "PERFD_SLURM_DIR": str(nodes),
         "PERFD_AGGREGATOR_OPTS_FILE": str(opts),
         "TRAIN_PROGRAM": f"bash {task}",
+        "PERFD_PROMETHEUS_SD_DIR": str(sd),
     }
     for var in ("PERFD_BIND", "PERFD_GRPC_PORT", "PERFD_HTTP_PORT", "PERFD_AUTH_TOKEN_FILE", "TRAIN_CMD",
-                "PERFD_PROMETHEUS_SD_DIR", "PERFD_ENGINE_TOKEN_FILE", "PERFD_ENGINE_DIR", "PERFD_ENGINE_PORT",
-                "PERFD_ENGINE_TLS_CA", "PERFD_ENGINE_SHARDS", "PERFD_AGGREGATOR", "PERFD_NATS_SERVER"):
+                "PERFD_SHARD_METRICS_PORT", "PERFD_ENGINE_TOKEN_FILE", "PERFD_ENGINE_DIR",
+                "PERFD_ENGINE_PORT", "PERFD_ENGINE_TLS_CA", "PERFD_ENGINE_SHARDS", "PERFD_AGGREGATOR",
+                "PERFD_NATS_SERVER"):
         job_env.pop(var, None)
     res = subprocess.run(["sbatch", "--wait", "--parsable", "--nodes=1", f"--output={out}/batch-%j.out",
                           str(SLURM_DIR / "example.sbatch")],
@@ -379,6 +384,20 @@ def test_example_sbatch_with_engine_runs_nats_shards_and_root(slurm):
     shards = [json.loads((out / f"shard-{i}.json").read_text()) for i in range(2)]
     assert [s["id"] for s in shards] == [f"slurm-{job_id}-shard-{i}" for i in range(2)], shards
     assert sum(s["node_messages"] for s in shards) > 0, shards
+    # Each shard served its /metrics on the job's address (loopback: a one-node job), said in the log and
+    # listed for Prometheus beside the aggregator while the job ran; shard 0's was read then.
+    (root_group, shard_group) = json.loads((out / "sd-while-running.json").read_text())
+    assert "perfd_role" not in root_group["labels"] and shard_group["labels"]["perfd_role"] == "shard"
+    assert shard_group["labels"]["slurm_job_id"] == job_id and len(shard_group["targets"]) == 2
+    for i in range(2):
+        log = (out / f"shard-{i}.log").read_text()
+        m = re.search(r"perfd shard: listening on http://127\.0\.0\.1:(\d+)/metrics", log)
+        assert m is not None, log
+        assert f"shard {i} /metrics at http://127.0.0.1:{m.group(1)}/metrics" in batch_log, diag
+        assert shard_group["targets"][i] == f"127.0.0.1:{m.group(1)}"
+    scraped = (out / "shard-0-metrics.txt").read_text()
+    assert "perfd_engine_shard_partitions_held" in scraped, scraped[-2000:]
+    assert "perfd_engine_shard_leases_taken_total" in scraped, scraped[-2000:]
     # The root: the aggregator with --engine, its engine counters, and every iteration.
     stats = json.loads((out / "stats.json").read_text())
     assert stats["engine"]["node_messages"] > 0, stats.get("engine")
@@ -411,6 +430,12 @@ if [ "$RANK" = 0 ]; then
     sleep 0.1
   done
   cat "/proc/$pid/cmdline" >"$PERFD_OUT/agent-cmdline"
+  # shard 0's /metrics while the job runs, at the port it printed
+  port=$(sed -n 's#^perfd shard: listening on http://127.0.0.1:\\([0-9]*\\)/metrics$#\\1#p' \\
+    "$PERFD_OUT/shard-0.log")
+  python3 -c 'import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=10).read().decode())' \\
+    "http://127.0.0.1:$port/metrics" >"$PERFD_OUT/shard-0-metrics.txt" 2>&1
+  cp "$PERFD_PROMETHEUS_SD_DIR"/perfd-*.json "$PERFD_OUT/sd-while-running.json"
   cat "{log}"
 fi
 """
@@ -424,6 +449,8 @@ fi
     (["--engine", "--engine", "nats://h:4222", "--", "true"], {}, "no --engine URL among"),
     (["--engine", "--engine-tls-ca", "/ca.pem", "--", "true"], {}, "needs the engine's certificate"),
     (["--engine", "--", "true"], {"PERFD_NATS_SERVER": "/nonexistent"}, "is not an executable"),
+    (["--engine", "--", "true"], {"PERFD_SHARD_METRICS_PORT": "99999"}, "got '99999'"),
+    (["--engine", "--", "true"], {"PERFD_SHARD_METRICS_PORT": "9x"}, "got '9x'"),
 ])
 def test_slurm_run_engine_refusals(tmp_path: Path, args: list[str], env: dict[str, str], said: str):
     """What perfd-slurm-run --engine refuses before it starts anything or runs the command (exit 2)."""
