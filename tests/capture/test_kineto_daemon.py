@@ -262,7 +262,7 @@ JOB = textwrap.dedent("""
     while time.time() - t0 < float(sys.argv[1]):
         loss = m(torch.randn(16, 32)).sum()
         opt.zero_grad(); loss.backward(); opt.step()
-        time.sleep(0.02)
+        time.sleep(0.002)
 """)
 
 
@@ -307,34 +307,31 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
                 out = proc.communicate()[0]
                 shutil.rmtree(sdir, ignore_errors=True)
                 pytest.skip(f"this torch build never polled the daemon (no daemon support?): {out[-500:]}")
-            # Up to three armings: the CPU build ends a trace on its controller tick (~0.5 s of
-            # steps, 23 at 25 ms a step), and a 2-core machine running six test workers can starve
-            # the job through all of it (CI once got a trace with no step). Each arming must still
-            # give one trace of this process; one of them must hold the requested steps.
-            for attempt in range(3):
-                out_dir = tmp_path / f"arming{attempt}"
-                out_dir.mkdir()
-                config = build_config(out_dir / "trace.json", iterations=3)
-                arming = daemon.arm({proc.pid}, config, time.time() + 10)
-                assert arming.wait_answered(5), "the process did not poll within 5 s of arming"
-                assert arming.wait_idle(proc.pid, 20)
+            # One arming. The CPU build ends a trace on its controller tick (~0.5 s of steps): the job
+            # steps every ~2.5 ms (a 2 ms pause: ~10% of a core), ~200 steps in such a window, so a
+            # machine whose other test workers take most of its cores still leaves it the three asked
+            # for (at a step every 25 ms, 23 a window, CI once got a trace with no step).
+            out_dir = tmp_path / "arming"
+            out_dir.mkdir()
+            config = build_config(out_dir / "trace.json", iterations=3)
+            arming = daemon.arm({proc.pid}, config, time.time() + 10)
+            assert arming.wait_answered(5), "the process did not poll within 5 s of arming"
+            assert arming.wait_idle(proc.pid, 20)
+            traces = list(out_dir.glob("trace_*.json"))
+            deadline = time.time() + 10
+            while not traces and time.time() < deadline:
+                time.sleep(0.2)
                 traces = list(out_dir.glob("trace_*.json"))
-                deadline = time.time() + 10
-                while not traces and time.time() < deadline:
-                    time.sleep(0.2)
-                    traces = list(out_dir.glob("trace_*.json"))
-                assert [t.name for t in traces] == [f"trace_{proc.pid}.json"]
-                doc = json.loads(traces[0].read_text())
-                steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step")]
-                if len(steps) >= 3:
-                    break
+            assert [t.name for t in traces] == [f"trace_{proc.pid}.json"]
+            doc = json.loads(traces[0].read_text())
+            steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("Optimizer.step")]
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
     shutil.rmtree(sdir, ignore_errors=True)
-    # At least the three requested optimizer steps, in one of the armings' traces.
-    assert len(steps) >= 3
+    # At least the three requested optimizer steps.
+    assert len(steps) >= 3, f"{len(steps)} steps in the trace"
     # The 1 s poll of kineto_env is in effect (libkineto's default asks every 5 s): told by the
     # period the daemon measured between the process's polls, which a loaded machine stretches
     # less than it delays one answer.
