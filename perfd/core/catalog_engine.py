@@ -74,4 +74,10 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_takeover_waits_total", "counter", "count",
      "Partitions taken with a previous holder's messages due again first (redeliveries waited for)", ()),
     ("perfd_engine_shard_consumer_restarts_total", "counter", "count", "Partition consumers restarted", ()),
+    ("perfd_engine_shard_job_infos_read_total", "counter", "count",
+     "Job infos read from the engine's job-info bucket: a job whose node message carried none that this "
+     "shard had not read (a partition taken over), its ranks then grouped by pipeline stage at once", ()),
+    ("perfd_engine_shard_job_info_put_errors_total", "counter", "count",
+     "Job infos the engine's job-info bucket refused (full, or the engine away): a shard taking the job's "
+     "partitions over then waits for the agents' next send", ()),
 )

@@ -115,7 +115,7 @@ async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) 
 
 
 async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1) -> None:
-    """The streams and the lease bucket (its keys expiring after ``cfg.lease_ttl_s``), made if
+    """The streams, the lease bucket (its keys expiring after ``cfg.lease_ttl_s``) and the job infos', made if
     missing (the same call from every process that starts: JetStream's add is idempotent for an
     identical config, and refuses another: a process given another --engine-replicas or
     --engine-lease-ttl than the bucket was made with). ``replicas``: 3 on a cluster of three servers
@@ -152,3 +152,11 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1)
         raise RuntimeError(f"the engine's lease bucket was made with another TTL or replicas than this "
                            f"process's --engine-lease-ttl {cfg.lease_ttl_s:g} and --engine-replicas "
                            f"{replicas} (the same on every shard and root): {exc}") from exc
+    try:
+        await js.create_key_value(bucket=S.JOBINFO_BUCKET, ttl=S.JOBINFO_TTL_S, replicas=replicas, history=1,
+                                  max_bytes=S.JOBINFO_MAX_BYTES)
+    except Exception as exc:
+        if getattr(exc, "err_code", None) != STREAM_CONFIG_DIFFERS:
+            raise
+        raise RuntimeError(f"the engine's job-info bucket was made with other replicas than this process's "
+                           f"--engine-replicas {replicas} (the same on every shard and root): {exc}") from exc

@@ -42,7 +42,7 @@ from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.lease_keeper import LeaseKeeper
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
-from perfd.engine.partial import Partial, decode, encode, encode_batches
+from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
 from perfd.engine.shard_summaries import ShardSummaries, batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
 from perfd.transport.gen import perfd_pb2 as pb
@@ -70,6 +70,10 @@ YIELD_EVERY = 8  # node messages folded with their operations between two turns 
 BEAT_S = 0.5  # the loop tells its lease keeper it is alive this often (lease_keeper.LOOP_STALL_S)
 # A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
 FLUSH_FIRST_S = 1.0
+# A job whose info the engine's job-info bucket did not hold is asked for again after this long (no
+# round trip a node message till then)
+INFO_ASK_AGAIN_S = 5.0
+INFOS_PUT_KEPT = 4096  # jobs whose last put info a shard remembers (to put only a changed one)
 
 
 @dataclass
@@ -87,6 +91,10 @@ class ShardStats:
     figure_rows_forwarded: int = 0
     summaries_published: int = 0  # partition summaries sent (each a partition's iteration so far)
     summaries_too_old: int = 0  # node partials of an iteration whose summaries were let go: not summarised
+    # job infos read from the engine's job-info bucket (a job this shard had not read it of, its node
+    # message carrying none: a partition taken over), and puts to it the engine refused
+    job_infos_read: int = 0
+    job_info_put_errors: int = 0
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -103,6 +111,9 @@ class Shard:
         self._pending: dict[tuple[str, int], list[Partial]] = {}
         self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
+        self._infos: KeyValue | None = None  # the engine's job-info bucket (S.JOBINFO_BUCKET)
+        self._infos_put: dict[str, tuple[str, float]] = {}  # job -> (info, when) this shard put there
+        self._info_asked: dict[str, float] = {}  # job -> when the bucket had none of it (asked again later)
         # Figures an agent folded, by job: handed on as they came, undecoded (the root's join merges
         # them), with or without a fold of this shard's own, their messages acknowledged once they are
         # out. Decoded into rows, joined and encoded again, they were most of the shard's CPU for them.
@@ -157,6 +168,7 @@ class Shard:
             await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
+            self._infos = await js.key_value(S.JOBINFO_BUCKET)
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
             await keeper.start()
             flusher = asyncio.create_task(self._flush_loop(js, stop))
@@ -330,7 +342,10 @@ class Shard:
                     # A fold this slow would have the rest delivered again before folded: their ack
                     # wait starts again (nats' in-progress ack), sent before the next one is folded
                     delivered = await _in_progress(msgs[k:])
-                self._fold_in(m, p, delivered)
+                d = self._decode(m)
+                if d is not None:
+                    await self._read_infos(d)
+                    self._fold_in(d, m, p, delivered)
                 if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
                     # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
                     # flushes run between them (512 in one go held the loop seconds: leases expired)
@@ -352,10 +367,8 @@ class Shard:
             except asyncio.TimeoutError:
                 pass
 
-    def _fold_in(self, m: Msg, partition: int, delivered: float) -> None:
-        """``delivered``: no later than the engine delivered ``m`` (time.monotonic()): a hold on it
-        ends within the hold (``cfg.hold_s``) of that, under the engine's ack wait however long the fold
-        took."""
+    def _decode(self, m: Msg) -> Decoded | None:
+        """A node message decoded (None: it is not one, terminated and counted)."""
         self.stats.node_messages += 1
         try:
             d = decode(m.data, figures_raw=True)
@@ -365,7 +378,59 @@ class Shard:
             self.stats.undecodable += 1
             log.warning("shard %s: a node message that is not an EngineBatch (%s): terminated", self.id, exc)
             self._to_term.append(m)  # never delivered again: it would fail the same way
+            return None
+        return d
+
+    async def _read_infos(self, d: Decoded) -> None:
+        """The info of each job of ``d`` this shard has not read (its message carries none: the agent
+        sends it on change), from the engine's job-info bucket, before ``d`` is folded: its ranks then go
+        into their pipeline stages at once. A job the bucket has none of is asked again after
+        INFO_ASK_AGAIN_S (its info comes with a node message meanwhile, or a shard puts it)."""
+        if self._infos is None:
             return
+        now = time.monotonic()
+        for job in {p.job for p in d.partials if p.fold is not None} - d.job_info_json.keys():
+            asked = self._info_asked.get(job)
+            if self.summaries.has_info(job) or (asked is not None and now - asked < INFO_ASK_AGAIN_S):
+                continue
+            try:
+                entry = await self._infos.get(S.job_token(job))
+                text = entry.value.decode() if entry.value else ""
+            except Exception as exc:  # none there (KeyNotFoundError), or the engine did not answer
+                log.debug("shard %s: job %r's info not in the bucket: %s", self.id, job, exc)
+                text = ""
+            if text:
+                self.summaries.fold_in({job: text}, (), -1)
+                self.stats.job_infos_read += 1
+                self._info_asked.pop(job, None)
+            else:
+                self._info_asked[job] = now
+
+    async def _put_infos(self, infos: dict[str, str]) -> None:
+        """The job infos read from node messages since the last flush, into the engine's job-info bucket
+        where changed (or put more than half its TTL ago: the bucket lets a key go a TTL after its last
+        put)."""
+        if self._infos is None:
+            return
+        now = time.monotonic()
+        for job, text in infos.items():
+            was = self._infos_put.get(job)
+            if was is not None and was[0] == text and now - was[1] < S.JOBINFO_TTL_S / 2:
+                continue
+            try:
+                await self._infos.put(S.job_token(job), text.encode())
+            except Exception as exc:  # the bucket full, the engine away: a taking shard waits for a resend
+                self.stats.job_info_put_errors += 1
+                log.warning("shard %s: job %r's info not put in the engine's bucket: %s", self.id, job, exc)
+                continue
+            self._infos_put[job] = (text, now)
+            while len(self._infos_put) > INFOS_PUT_KEPT:  # the oldest put first (put again when seen)
+                self._infos_put.pop(next(iter(self._infos_put)))
+
+    def _fold_in(self, d: Decoded, m: Msg, partition: int, delivered: float) -> None:
+        """``delivered``: no later than the engine delivered ``m`` (time.monotonic()): a hold on it
+        ends within the hold (``cfg.hold_s``) of that, under the engine's ack wait however long the fold
+        took."""
         self.stats.summaries_too_old += self.summaries.fold_in(d.job_info_json, d.partials, partition)
         for part in d.partials:
             held = self._pending.setdefault((part.job, part.iteration), [])
@@ -464,6 +529,7 @@ class Shard:
                 self._forward[job] = raw + self._forward.get(job, [])
             self.summaries.give_back(summary_keys)
             return
+        await self._put_infos(infos)  # for a shard that takes one of these jobs' partitions over
         terms, self._to_term = self._to_term, []
         for m in terms:
             try:

@@ -28,9 +28,11 @@ IDLE_FORGET_S = 600.0
 BATCH_ROOM = 512  # bytes of a summaries message kept for its id, sender and time
 Key = tuple[str, int, int]  # (job, iteration, partition)
 # A job whose info this shard has not read: a shard that took the partition over mid-run reads it from
-# the next node message carrying it (on change, and once a minute on the engine:
-# perfd.agent.node_agent.JOBINFO_RESEND_S). Until then its ranks' stages are not known (stage_unknown:
-# the root shows no per-stage figures), not left out of the stages the former holder's summaries fill.
+# the engine's job-info bucket (perfd.engine.subjects.JOBINFO_BUCKET: what the shards read from node
+# messages) before it folds the job's first message, else from the next node message carrying it (on
+# change, and once a minute on the engine: perfd.agent.node_agent.JOBINFO_RESEND_S). Until then its
+# ranks' stages are not known (stage_unknown: the root shows no per-stage figures), not left out of the
+# stages the former holder's summaries fill.
 NO_INFO: tuple[str, Callable[[int], int | None] | None] = ("", lambda rank: None)
 
 
@@ -51,6 +53,10 @@ class ShardSummaries:
     @property
     def touched(self) -> bool:
         return bool(self.held.touched)
+
+    def has_info(self, job: str) -> bool:
+        """Whether this shard read ``job``'s info (its ranks are grouped by stage)."""
+        return job in self._stages
 
     def fold_in(self, infos: dict[str, str], parts: Sequence[Partial], partition: int,
                 now: float | None = None) -> int:

@@ -24,6 +24,13 @@ EVENTS_STREAM = "PERFD_EVENTS"
 # takes them without its partials stream's subjects changing (JetStream refuses another config).
 SUMMARIES_STREAM = "PERFD_SUMMARIES"
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
+# KV: job token -> the job's info as a shard last read it from the job's node messages (its layout: which
+# rank is which pipeline stage). A shard that takes a partition over reads it here before it folds that
+# job's first message: the agents send it on change and once a minute (perfd.agent.node_agent
+# .JOBINFO_RESEND_S), so without it the taking shard's ranks went stage-unknown for up to a minute.
+JOBINFO_BUCKET = "perfd_jobinfo"
+JOBINFO_TTL_S = 3600.0  # a job info no shard put for this long is let go (a shard puts it again at half)
+JOBINFO_MAX_BYTES = 64 * 1024 * 1024  # the bucket's bound: ~16k jobs of a 4 KiB info
 NODES_PREFIX = "perfd.nodes"
 PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"

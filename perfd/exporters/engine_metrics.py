@@ -48,6 +48,8 @@ _SHARD_COUNTERS = {
     "perfd_engine_shard_leases_lost_total": "leases_lost",
     "perfd_engine_shard_takeover_waits_total": "takeover_waits",
     "perfd_engine_shard_consumer_restarts_total": "consumer_restarts",
+    "perfd_engine_shard_job_infos_read_total": "job_infos_read",
+    "perfd_engine_shard_job_info_put_errors_total": "job_info_put_errors",
 }
 
 

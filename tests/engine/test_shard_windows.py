@@ -241,8 +241,10 @@ def test_an_agents_figures_go_on_as_they_came_and_malformed_ones_are_refused_wit
     bad.id = "a:e:2"
     bad.window_figures[0].rank.append(3)  # a column longer than the others
     shard = Shard(S.EngineConfig(("nats://unused",)), "s")
-    shard._fold_in(_Msg(1, good.SerializeToString()), 0, 0.0)
-    shard._fold_in(_Msg(2, bad.SerializeToString()), 0, 0.0)
+    for m in (_Msg(1, good.SerializeToString()), _Msg(2, bad.SerializeToString())):
+        d = shard._decode(m)  # the bad one: None, terminated and counted
+        if d is not None:
+            shard._fold_in(d, m, 0, 0.0)
     assert [len(f.iteration) for f in shard._forward["j"]] == [3] and shard.stats.undecodable == 1
     assert [getattr(m, "seq", None) for m in shard._to_ack] == [1]
     assert [getattr(m, "seq", None) for m in shard._to_term] == [2]
