@@ -43,6 +43,7 @@ from perfd.engine.lease_keeper import LeaseKeeper
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
+from perfd.engine.shard_jobinfo import JobInfoBucket
 from perfd.engine.shard_summaries import ShardSummaries, batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
 from perfd.transport.gen import perfd_pb2 as pb
@@ -70,10 +71,7 @@ YIELD_EVERY = 8  # node messages folded with their operations between two turns 
 BEAT_S = 0.5  # the loop tells its lease keeper it is alive this often (lease_keeper.LOOP_STALL_S)
 # A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
 FLUSH_FIRST_S = 1.0
-# A job whose info the engine's job-info bucket did not hold is asked for again after this long (no
-# round trip a node message till then)
-INFO_ASK_AGAIN_S = 5.0
-INFOS_PUT_KEPT = 4096  # jobs whose last put info a shard remembers (to put only a changed one)
+
 
 
 @dataclass
@@ -111,9 +109,7 @@ class Shard:
         self._pending: dict[tuple[str, int], list[Partial]] = {}
         self._max_bytes = DEFAULT_MAX_PAYLOAD - 4096  # the message headers' room kept
         self._job_info: dict[str, str] = {}
-        self._infos: KeyValue | None = None  # the engine's job-info bucket (S.JOBINFO_BUCKET)
-        self._infos_put: dict[str, tuple[str, float]] = {}  # job -> (info, when) this shard put there
-        self._info_asked: dict[str, float] = {}  # job -> when the bucket had none of it (asked again later)
+        self.infos = JobInfoBucket(None)  # the engine's job-info bucket, once a session has it
         # Figures an agent folded, by job: handed on as they came, undecoded (the root's join merges
         # them), with or without a fold of this shard's own, their messages acknowledged once they are
         # out. Decoded into rows, joined and encoded again, they were most of the shard's CPU for them.
@@ -168,7 +164,12 @@ class Shard:
             await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
-            self._infos = await js.key_value(S.JOBINFO_BUCKET)
+            try:
+                self.infos.kv = await js.key_value(S.JOBINFO_BUCKET)
+            except Exception as exc:  # an engine that could not make it (perfd.engine.shard_jobinfo)
+                self.infos.kv = None
+                log.warning("shard %s: no job-info bucket on the engine (%s): a partition taken over "
+                            "groups its ranks by stage once the agents send the job's info", self.id, exc)
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
             await keeper.start()
             flusher = asyncio.create_task(self._flush_loop(js, stop))
@@ -338,13 +339,15 @@ class Shard:
             delivered = asked if short is None else short
             short = None if len(msgs) == FETCH_BATCH else asked
             for k, m in enumerate(msgs):
+                d = self._decode(m)
+                if d is not None:  # a job's info it lacks, before the hold's time is read
+                    await self.infos.fill(d, self.summaries)
+                    self.stats.job_infos_read = self.infos.read
                 if self.windows is not None and time.monotonic() - delivered >= self.cfg.hold_s:
                     # A fold this slow would have the rest delivered again before folded: their ack
                     # wait starts again (nats' in-progress ack), sent before the next one is folded
                     delivered = await _in_progress(msgs[k:])
-                d = self._decode(m)
                 if d is not None:
-                    await self._read_infos(d)
                     self._fold_in(d, m, p, delivered)
                 if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
                     # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
@@ -380,52 +383,6 @@ class Shard:
             self._to_term.append(m)  # never delivered again: it would fail the same way
             return None
         return d
-
-    async def _read_infos(self, d: Decoded) -> None:
-        """The info of each job of ``d`` this shard has not read (its message carries none: the agent
-        sends it on change), from the engine's job-info bucket, before ``d`` is folded: its ranks then go
-        into their pipeline stages at once. A job the bucket has none of is asked again after
-        INFO_ASK_AGAIN_S (its info comes with a node message meanwhile, or a shard puts it)."""
-        if self._infos is None:
-            return
-        now = time.monotonic()
-        for job in {p.job for p in d.partials if p.fold is not None} - d.job_info_json.keys():
-            asked = self._info_asked.get(job)
-            if self.summaries.has_info(job) or (asked is not None and now - asked < INFO_ASK_AGAIN_S):
-                continue
-            try:
-                entry = await self._infos.get(S.job_token(job))
-                text = entry.value.decode() if entry.value else ""
-            except Exception as exc:  # none there (KeyNotFoundError), or the engine did not answer
-                log.debug("shard %s: job %r's info not in the bucket: %s", self.id, job, exc)
-                text = ""
-            if text:
-                self.summaries.fold_in({job: text}, (), -1)
-                self.stats.job_infos_read += 1
-                self._info_asked.pop(job, None)
-            else:
-                self._info_asked[job] = now
-
-    async def _put_infos(self, infos: dict[str, str]) -> None:
-        """The job infos read from node messages since the last flush, into the engine's job-info bucket
-        where changed (or put more than half its TTL ago: the bucket lets a key go a TTL after its last
-        put)."""
-        if self._infos is None:
-            return
-        now = time.monotonic()
-        for job, text in infos.items():
-            was = self._infos_put.get(job)
-            if was is not None and was[0] == text and now - was[1] < S.JOBINFO_TTL_S / 2:
-                continue
-            try:
-                await self._infos.put(S.job_token(job), text.encode())
-            except Exception as exc:  # the bucket full, the engine away: a taking shard waits for a resend
-                self.stats.job_info_put_errors += 1
-                log.warning("shard %s: job %r's info not put in the engine's bucket: %s", self.id, job, exc)
-                continue
-            self._infos_put[job] = (text, now)
-            while len(self._infos_put) > INFOS_PUT_KEPT:  # the oldest put first (put again when seen)
-                self._infos_put.pop(next(iter(self._infos_put)))
 
     def _fold_in(self, d: Decoded, m: Msg, partition: int, delivered: float) -> None:
         """``delivered``: no later than the engine delivered ``m`` (time.monotonic()): a hold on it
@@ -529,7 +486,6 @@ class Shard:
                 self._forward[job] = raw + self._forward.get(job, [])
             self.summaries.give_back(summary_keys)
             return
-        await self._put_infos(infos)  # for a shard that takes one of these jobs' partitions over
         terms, self._to_term = self._to_term, []
         for m in terms:
             try:
@@ -541,6 +497,8 @@ class Shard:
                 await m.ack()
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
+        await self.infos.put(infos)  # after the acks: for a shard taking one of these jobs' partitions over
+        self.stats.job_info_put_errors = self.infos.put_errors
 
 
 def _batches(raw: list[pb.WindowFigures]) -> Iterator[list[pb.WindowFigures]]:
