@@ -174,9 +174,9 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
           f"stale, holders dropped {st.summaries_holders_dropped}, overcounted {st.summaries_overcounted}; "
           f"partitions {[s.stats.partitions for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
-    # the first shard put the job's info in the bucket; the one that joined read it there
+    # the first shard put the job's info in the bucket; the one that joined read it there, once (its
+    # partitions' consumers may each have asked: the first answer read, the rest found it read)
     assert [s.stats.job_infos_read for s in shards] == ([0] * len(shards) if join_after is None else [0, 1])
-    assert all(s.stats.job_info_put_errors == 0 for s in shards)
     holders = [root.summaries.fold.holders(JOB, it) for it in range(1, ITERATIONS + 1)]
     # joined: the iteration half folded when the second shard took its share has two holders
     assert holders == [1] * ITERATIONS if join_after is None else holders[join_after] == 2, holders
