@@ -94,6 +94,10 @@ class JobCollectives:
     analysis_key: tuple[Any, ...] | None = None
     analysis_time: float = 0.0
     analysis_cost: float = 0.0  # seconds the last one took
+    # Analyses run outside the lock, several at once: numbered as they read, one kept only if none that
+    # read later was kept first (an older one ending last put back what the newer had replaced)
+    analyses_begun: int = 0
+    analysis_seq: int = 0  # the number of the one held
 
 
 class CollectiveStore:
@@ -304,6 +308,8 @@ class CollectiveStore:
             hangs = [h for h in jc.hang_events if h is not None]
             agent_nodes = dict(jc.rank_agent)
             cfg = self.job_config.get(job, self.config)
+            jc.analyses_begun += 1
+            seq = jc.analyses_begun
         # What it costs, from here: its inputs, the fold's windows and view as well as the analysis (the
         # first at 100,000 ranks spent as long making the windows as analysing), so that its cadence
         # (ANALYSIS_COST_FACTOR) bounds the whole of it
@@ -329,7 +335,10 @@ class CollectiveStore:
             raise
         with self._lock:
             jc.analysis_cost = time.monotonic() - began  # before the analysis: costly reads it unlocked
+            if seq < jc.analysis_seq and jc.analysis is not None:
+                return jc.analysis  # one that read later records ended first: it stays
             jc.analysis, jc.analysis_key, jc.analysis_time = result, key, time.time()
+            jc.analysis_seq = seq
         return result
 
     # held and costly read a job's last analysis and its cost without the store's lock: the refresh

@@ -47,6 +47,12 @@ class JobState:
     gpu_name: str | None = None  # from the NVML samples of the job's agents ("model" label)
     analysis: RunAnalysis | None = None
     analysis_time: float = 0.0
+    # Analyses run outside the store lock, several at once (the refresher, the API, the rules, W&B):
+    # each is numbered when it reads the records, and one is kept only if none read later was kept
+    # before it ends (an older one ending last once put back an analysis without the newest iteration,
+    # served until the next record: a finished job's last step lost for good).
+    analyses_begun: int = 0
+    analysis_seq: int = 0  # the number of the analysis held
     class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
@@ -142,13 +148,32 @@ class JobState:
         n, newest = self.writers[main]
         return newest, f"the newest held before its batch of the job's main writer ({main[:64]}, {n} records)"
 
-    def analysis_failed(self, exc: BaseException, now: float, log_interval_s: float) -> int:
-        """Note a failed analysis; returns how many failed since the last log line when one is due
-        now (the first failure, then at most one every ``log_interval_s``), else 0."""
-        text = f"{type(exc).__name__}: {exc}"[:300]
-        if self.analysis_failure is None:
-            self.analysis_failed_since = now
-        self.analysis_failure = text
+    def begin_analysis(self) -> int:
+        """Number an analysis that has just read the records (under the store's lock)."""
+        self.analyses_begun += 1
+        return self.analyses_begun
+
+    def keep_analysis(self, seq: int, result: RunAnalysis, now: float, class_key: tuple[Any, ...]
+                      ) -> RunAnalysis:
+        """Hold the analysis numbered ``seq``, unless one that read later records is held already
+        (then that one is returned, and stays)."""
+        if seq < self.analysis_seq and self.analysis is not None:
+            return self.analysis
+        self.analysis, self.analysis_seq, self.analysis_time, self.class_key = result, seq, now, class_key
+        self.analysis_failure = self.analysis_failed_since = None
+        return result
+
+    def analysis_failed(self, seq: int, exc: BaseException, now: float, class_key: tuple[Any, ...],
+                        log_interval_s: float) -> int:
+        """Note that the analysis numbered ``seq`` failed (counted; said in what the job serves unless
+        one that read later records is held: that is the job's answer); returns how many failed since
+        the last log line when one is due now (the first failure, then at most one every
+        ``log_interval_s``), else 0."""
+        if seq >= self.analysis_seq:
+            self.analysis_time, self.class_key = now, class_key
+            if self.analysis_failure is None:
+                self.analysis_failed_since = now
+            self.analysis_failure = f"{type(exc).__name__}: {exc}"[:300]
         self.analysis_failures += 1
         self.failures_unlogged += 1
         if self.failure_logged_at is not None and now - self.failure_logged_at < log_interval_s:

@@ -423,6 +423,7 @@ class JobStore:
             new_normal_at = js.new_normal_at
             earlier, run = list(js.runs), js.run
             js.dirty = False
+            seq = js.begin_analysis()
         try:
             with js.analysis_lock:  # the memo and the caches belong to one analysis at a time
                 records = mark_disturbed(job_level_steps(raw, js.folded), windows, js.disturbed)
@@ -436,16 +437,14 @@ class JobStore:
             # stays served; tried again when new data comes, not on every tick.
             with self._lock:
                 self.stats.analysis_errors += 1
-                js.analysis_time, js.class_key = self.clock.time(), (gpm, timeline, gpm_when)
-                n = js.analysis_failed(exc, js.analysis_time, REFUSAL_LOG_INTERVAL_S)
+                n = js.analysis_failed(seq, exc, self.clock.time(), (gpm, timeline, gpm_when),
+                                       REFUSAL_LOG_INTERVAL_S)
             if n:
                 log.exception("analysis of job %s failed (%d time(s) since the last line; %d in all); its "
                               "last analysis stays served", job[:80], n, js.analysis_failures)
             return js.analysis
         with self._lock:
-            js.analysis, js.analysis_time, js.class_key = result, self.clock.time(), (gpm, timeline, gpm_when)
-            js.analysis_failure = js.analysis_failed_since = None
-        return result
+            return js.keep_analysis(seq, result, self.clock.time(), (gpm, timeline, gpm_when))
 
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
         """Ranks whose records reached the job folded into one (perfd.engine): they count as

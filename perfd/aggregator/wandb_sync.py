@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -130,6 +131,11 @@ class WandbSync:
         self.errors = 0
         self._captures_done: set[str] = set()
         self._failures_seen: set[str] = set()
+        # One round at a time, none after the last: a round on a worker thread runs on after its task
+        # is cancelled at stop, and one still running (or not yet begun) when the runs were finished
+        # logged to a run W&B had closed, or made a new one no stop would finish.
+        self._round_lock = threading.Lock()
+        self._closed = False
 
     def sample_gpus(self) -> None:
         """Each job's GPU values now, if it has stepped since its last sample (WandbSink.sample)."""
@@ -141,20 +147,23 @@ class WandbSync:
     def sync_once(self, force: bool = False) -> int:
         """One round; returns the number of W&B history rows written. ``force`` re-analyses jobs
         with new records even within the state's recompute interval (the last round does)."""
-        rows = 0
-        for job in self.state.job_names():
-            snap = self.state.snapshot(job, Analysed.CURRENT, force=force)
-            if snap is None:
-                continue
-            for sink in self.sinks:
-                rows += sink.publish(snap)
-        for cap in (self.captures() if self.captures else ()):
-            cid = str(cap.get("id") or "")
-            if cid and cap.get("status") in DONE and cid not in self._captures_done:
-                self.exporter.log_capture(str(cap.get("job") or "unknown"), cap)
-                self._captures_done.add(cid)
-        self.rounds += 1
-        return rows
+        with self._round_lock:
+            if self._closed:
+                return 0
+            rows = 0
+            for job in self.state.job_names():
+                snap = self.state.snapshot(job, Analysed.CURRENT, force=force)
+                if snap is None:
+                    continue
+                for sink in self.sinks:
+                    rows += sink.publish(snap)
+            for cap in (self.captures() if self.captures else ()):
+                cid = str(cap.get("id") or "")
+                if cid and cap.get("status") in DONE and cid not in self._captures_done:
+                    self.exporter.log_capture(str(cap.get("job") or "unknown"), cap)
+                    self._captures_done.add(cid)
+            self.rounds += 1
+            return rows
 
     def _failed(self, what: str, exc: Exception) -> None:
         """A failed round: the traceback the first time this kind of failure happens, one line after
@@ -184,10 +193,17 @@ class WandbSync:
             except Exception as exc:  # W&B down, disk full, a bug: logged, retried next round
                 self._failed("export", exc)
 
-    async def close(self) -> None:
-        """A last round (what arrived since the previous one), then every run is finished."""
+    def _last_round(self) -> None:
+        """After the round in flight, if any: what arrived since, then every run finished; no round
+        after it."""
         try:
-            await asyncio.to_thread(self.sync_once, True)
+            self.sync_once(force=True)
         except Exception:
             log.exception("last W&B export failed")
-        await asyncio.to_thread(self.exporter.finish)
+        with self._round_lock:
+            self._closed = True
+            self.exporter.finish()
+
+    async def close(self) -> None:
+        """A last round (what arrived since the previous one), then every run is finished."""
+        await asyncio.to_thread(self._last_round)

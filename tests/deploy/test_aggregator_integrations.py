@@ -5,16 +5,20 @@ the NVML series by GPU UUID."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
 from perfd.analytics.incidents.attribution import place_ranks
@@ -23,6 +27,7 @@ from perfd.analytics.steps.iteration import IterationResult
 from perfd.app.commands.analyze import analyze_megatron_file
 from perfd.exporters.wandb import iteration_metrics
 from tests.cli_main import perfd
+from tests.gates import Gate, GatedLock, joined, started
 from tests.inproc import pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,6 +132,67 @@ def test_wandb_sync_sends_only_new_iterations_and_finished_captures_once():
     sync.sync_once()
     assert exporter.analyses == [("j", list(range(1, 11))), ("j", list(range(11, 41)))]
     assert exporter.captures == ["c1"]
+
+
+class _GatedReader:
+    """The state as the W&B task reads it, a round on the thread named ``round`` held at the gate as it
+    reads a job (its round under way)."""
+
+    def __init__(self, state: AggregatorState, gate: Gate) -> None:
+        self.state, self.gate = state, gate
+
+    def job_names(self) -> list[str]:
+        return self.state.job_names()
+
+    def snapshot(self, job: str, analysed: Analysed = Analysed.CACHED, force: bool = False) -> Any:
+        if threading.current_thread().name == "round":
+            self.gate.pass_through()
+        return self.state.snapshot(job, analysed, force)
+
+
+def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
+    """A round runs on a worker thread, which the stop's cancelling of its task does not end: the last
+    round waits for it, the runs are finished after both, and a round begun after logs nothing."""
+    from perfd.collectors.megatron import parse_file
+
+    parsed = parse_file(DEMO_LOG, job="j")
+    state = AggregatorState(min_recompute_s=0.0)
+    state.ingest_steps("a1", parsed.records[:10])
+    calls: list[str] = []
+
+    class Exporter(_RecordingExporter):
+        def log_analysis(self, job: str, block: JobBlock, iterations: Sequence[IterationResult],
+                         *args: Any, **kw: Any) -> int:
+            its = [it.iteration for it in iterations]
+            calls.append(f"log {min(its)}-{max(its)}")
+            return super().log_analysis(job, block, iterations, *args, **kw)
+
+        def finish(self, job: str | None = None) -> None:
+            calls.append("finish")
+
+    gate, lock_gate = Gate(), Gate()
+    sync = WandbSync(_GatedReader(state, gate), Exporter(), interval_s=1.0)  # type: ignore[arg-type]
+    sync._round_lock = GatedLock(lock_gate)  # type: ignore[assignment]
+    lock_gate.open("round")
+    out: dict[str, Any] = {}
+    in_flight = started("round", sync.sync_once, out)
+    gate.wait_arrived("round")  # the round holds the job's snapshot read: under way
+    state.ingest_steps("a1", parsed.records[10:])  # more arrives, then the aggregator stops
+
+    def stopping() -> None:  # the aggregator's stop: its worker threads named stop_N
+        with asyncio.Runner() as runner:
+            runner.get_loop().set_default_executor(ThreadPoolExecutor(1, thread_name_prefix="stop"))
+            runner.run(sync.close())
+
+    stop = started("stop", stopping, out)
+    lock_gate.wait_arrived("stop_0")  # the last round waits for the one in flight
+    lock_gate.open("stop_0")
+    gate.open("round")
+    joined(in_flight)
+    joined(stop)
+    assert calls == ["log 1-40", "finish"]  # the round in flight read all 40; the last, nothing new
+    lock_gate.open("MainThread")
+    assert sync.sync_once() == 0 and calls[-1] == "finish"  # a round begun after the stop: nothing
 
 
 def test_gpu_pods_join_nvml_series_by_uuid():
