@@ -7,10 +7,15 @@ Each interleaving is made by the test, not by timing: a thread waits at a gate t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from perfd.aggregator import jobs as jobs_module
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.aggregator.job_runs import digest_runs
 from perfd.aggregator.jobs import JobStore
 from perfd.collectors.megatron import parse_file
 from perfd.core.model import CollectiveRecord, StepRecord
@@ -105,3 +110,43 @@ def test_an_older_collective_analysis_ending_last_does_not_replace_the_newer() -
     joined(older)
     assert store.held("j") is out["newer"] is out["older"]
     assert out["newer"] is not None and out["newer"].n_records == 4  # both operations
+
+
+def test_an_analysis_waits_for_the_digest_of_a_replaced_run_another_is_making(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart sends the old run's records to a digest made by the next analysis; a second analysis
+    that came meanwhile found none pending and read the runs without it, and, the newer, was kept:
+    the job's analysis without its earlier run. It waits for the digest now."""
+    parsed = parse_file(DEMO_LOG, job="j")
+    its = _by_iteration(parsed.records)
+    store = JobStore(min_recompute_s=0.0)
+    store.ingest_job_info("a", "j", parsed.job_info)
+    store.ingest_steps("a", [r for i in sorted(its) if i <= 20 for r in its[i]])
+    first = its[1][0]
+    assert first.end_time is not None
+    restart = [dataclasses.replace(first, first_of_run=True, end_time=first.end_time + 3600.0)]
+    store.ingest_steps("a", restart)  # the job started again: the 20 iterations held are a run replaced
+    assert len(store.jobs["j"].closed) == 1
+    digest_gate, lock_gate = Gate(), Gate()
+    real = digest_runs
+
+    def gated_digest(*args: Any, **kw: Any) -> Any:
+        digest_gate.pass_through()
+        return real(*args, **kw)
+
+    monkeypatch.setattr(jobs_module, "digest_runs", gated_digest)
+    store.jobs["j"].digest_lock = GatedLock(lock_gate)  # type: ignore[assignment]
+    lock_gate.open("digesting")
+    lock_gate.open("second")
+    out: dict[str, Any] = {}
+    digesting = started("digesting", lambda: store.analysis("j"), out)
+    digest_gate.wait_arrived("digesting")  # it took the replaced run and is digesting it
+    second = started("second", lambda: store.analysis("j", force=True), out)
+    lock_gate.wait_arrived("second")  # the second comes to the digest lock, and waits there
+    digest_gate.open("digesting")
+    joined(digesting)
+    joined(second)
+    held = store.jobs["j"].analysis
+    assert held is not None and held.summary.runs.current == 2
+    assert [d.run for d in held.summary.runs.earlier] == [1]  # the replaced run, digested
+    assert [d.run for d in store.jobs["j"].runs] == [1]

@@ -89,6 +89,10 @@ class JobState:
     folded: dict[int, tuple[tuple[StepRecord, ...], StepRecord]] = field(default_factory=dict)
     disturbed: dict[int, tuple[StepRecord, StepRecord]] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)  # one analysis at a time
+    # One digest of replaced runs at a time, taken by every analysis before it reads the runs: one that
+    # found none pending while another digested them read the runs without that digest (and, the newer
+    # by its records, was kept), and two digests each stored their own list, the later losing the other's.
+    digest_lock: threading.Lock = field(default_factory=threading.Lock)
     # The iteration from which the user took a lasting shift's level as the new normal
     # (perfd.analytics.steps.changepoint; POST /api/jobs/<job>/new-normal): its cost stops there.
     new_normal_at: int | None = None

@@ -370,16 +370,20 @@ class JobStore:
     # ---- read side ---------------------------------------------------------------------------
     def _digest_closed(self, job: str, js: JobState, windows: list[tuple[float, float]],
                        inputs: AnalysisInputs) -> None:
-        """Digest the runs a new one replaced (outside the store lock: an analysis each, once)."""
-        with self._lock:
-            closed, js.closed = js.closed, []
-            done = list(js.runs)
-            gpu = self.gpu_override or js.gpu_name
-        done, failed = digest_runs(job, closed, done, windows, lambda span: inputs.class_inputs(job, span)[1],
-                                   gpu, self.peak_tflops)
-        with self._lock:
-            js.runs = done[-MAX_DIGESTS:]
-            self.stats.analysis_errors += failed
+        """Digest the runs a new one replaced, if any (outside the store lock: an analysis each, once;
+        under the job's digest lock, which every analysis takes before it reads the runs)."""
+        with js.digest_lock:
+            with self._lock:
+                closed, js.closed = js.closed, []
+                done = list(js.runs)
+                gpu = self.gpu_override or js.gpu_name
+            if not closed:
+                return
+            done, failed = digest_runs(job, closed, done, windows,
+                                       lambda span: inputs.class_inputs(job, span)[1], gpu, self.peak_tflops)
+            with self._lock:
+                js.runs = done[-MAX_DIGESTS:]
+                self.stats.analysis_errors += failed
 
     def analysis(self, job: str, force: bool = False, inputs: AnalysisInputs = NO_INPUTS
                  ) -> RunAnalysis | None:
@@ -391,9 +395,7 @@ class JobStore:
             js = self.jobs.get(job)
             if js is None:
                 return None
-            pending = bool(js.closed)
-        if pending:
-            self._digest_closed(job, js, windows, inputs)
+        self._digest_closed(job, js, windows, inputs)
         with self._lock:
             newest = [js.records[(js.iterations[-1], sc)] for sc in js.by_iteration.get(js.iterations[-1], [])
                       if (js.iterations[-1], sc) in js.records] if js.iterations else []
