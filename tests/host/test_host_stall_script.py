@@ -20,8 +20,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("
 
 
 def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
+    # The burn is short: its verdicts are not required here (below), and six burners on the job's CPU for
+    # longer took that CPU from every other test beside this one; the stop as long as the stall needs.
     got = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "host_stall_live.py"), str(tmp_path),
-                          "--cpu-smoke", "--burn-at", "15", "--burn-s", "12", "--stop-at", "40",
+                          "--cpu-smoke", "--burn-at", "15", "--burn-s", "4", "--stop-at", "30",
                           "--stop-s", "15", "--after-s", "12", "--max-s", "200"],
                          cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=280)
     res = json.loads((tmp_path / "host_stall.json").read_text())
