@@ -467,7 +467,7 @@ class Aggregator:
         if self.http is not None:
             root = self.engine_root
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
-            self.http.app.registry.register(RootMetrics(root.stats))  # on /metrics with --engine only
+            self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine))  # --engine only
         self.state.engine_stats = self.engine_root.stats_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))

@@ -389,6 +389,16 @@ ENGINE_ROOT_LAG_P99_S = Threshold(
     (RuleRef("prometheus", "PerfdEngineRootLagHigh",
              'perfd_engine_root_completion_lag_p99_seconds', ">", "10m"),))
 
+ENGINE_STREAM_NEAR_LIMIT = Threshold(
+    0.8, "an engine stream holding 80% of its byte limit, for 10 minutes: past the limit the engine lets "
+    "the oldest messages go — on the nodes stream, node messages no shard took yet (shards down or behind); "
+    "on the partials, records and events streams, the history a new root replays — so this says before the "
+    "loss what PerfdEngineMessagesSkipped counts after it; 10 minutes, as a burst the shards absorb says "
+    "nothing",
+    "docs/scale.md, the engine's failure model (nothing lost, nothing doubled)",
+    (RuleRef("prometheus", "PerfdEngineStreamNearLimit",
+             "perfd_engine_stream_bytes / perfd_engine_stream_limit_bytes", ">", "10m"),))
+
 
 def all_thresholds() -> dict[str, Threshold]:
     """Every threshold of perfd by name, this module's and perfd.core.shared_thresholds' (for the consistency

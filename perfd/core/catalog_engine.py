@@ -53,6 +53,27 @@ ROOT: tuple[Row, ...] = (
     ("perfd_engine_root_summaries_overcounted_total", "counter", "count",
      "Iterations whose summary answer was withheld: a partition's two holders both held a rank (its lease "
      "moved mid-iteration and a node message went to both)", ()),
+    # The engine's own state, as the leading root reads it from JetStream (perfd.engine.engine_state):
+    # served by the leader only, absent before its first read
+    ("perfd_engine_stream_messages", "gauge", "count",
+     "Messages an engine stream holds now, by stream (JetStream's own count, read by the leading root)",
+     ("stream",)),
+    ("perfd_engine_stream_bytes", "gauge", "bytes",
+     "Bytes an engine stream holds now, by stream: past its limit the engine lets the oldest go",
+     ("stream",)),
+    ("perfd_engine_stream_limit_bytes", "gauge", "bytes",
+     "An engine stream's byte limit, by stream (absent where it has none)", ("stream",)),
+    ("perfd_engine_consumer_pending", "gauge", "count",
+     "Node messages of a partition not yet delivered to a shard, by partition consumer: the shards' "
+     "backlog", ("consumer",)),
+    ("perfd_engine_consumer_ack_pending", "gauge", "count",
+     "Node messages of a partition delivered to its shard and not acknowledged yet, by consumer",
+     ("consumer",)),
+    ("perfd_engine_consumer_redelivered", "gauge", "count",
+     "Node messages of a partition delivered more than once and not acknowledged yet, by consumer",
+     ("consumer",)),
+    ("perfd_engine_state_read_errors_total", "counter", "count",
+     "Reads of the engine's stream and consumer state that failed (the last read stays served)", ()),
 )
 
 SHARD: tuple[Row, ...] = (

@@ -80,10 +80,34 @@ class ConsumerInfo(Protocol):
     @property
     def num_ack_pending(self) -> int | None: ...  # delivered and not acknowledged yet
     @property
+    def num_pending(self) -> int | None: ...  # not delivered yet
+    @property
+    def num_redelivered(self) -> int | None: ...  # delivered more than once, not acknowledged yet
+    @property
     def config(self) -> ConsumerConfig: ...
 
 
+class StreamState(Protocol):
+    @property
+    def messages(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+class StreamLimits(Protocol):
+    @property
+    def max_bytes(self) -> int | None: ...  # -1 or None: no limit
+
+
+class StreamInfo(Protocol):
+    @property
+    def state(self) -> StreamState: ...
+    @property
+    def config(self) -> StreamLimits: ...
+
+
 class JetStream(Protocol):
+    async def stream_info(self, name: str) -> StreamInfo: ...
     async def consumer_info(self, stream: str, consumer: str,
                             timeout: float | None = ...) -> ConsumerInfo: ...
     async def add_consumer(self, stream: str, config: ConsumerConfig | None = ...) -> ConsumerInfo: ...

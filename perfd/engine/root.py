@@ -43,6 +43,8 @@ from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
 from perfd.engine import summary_codec
 from perfd.engine.connect import close_bounded, connect, ensure_streams
+from perfd.engine.engine_state import EngineState
+from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.leases import Lease
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
@@ -99,6 +101,9 @@ class Root:
         self._pending_calls: set[concurrent.futures.Future[None]] = set()  # ... from other threads
         self._said: dict[str, float] = {}  # stream -> when messages it let go were last logged
         self._unsaid: dict[str, int] = {}  # ... and how many since
+        # The engine's streams and consumers as this root last read them while leading (none otherwise:
+        # one root's are the engine's, perfd.engine.engine_state)
+        self.engine = EngineState()
 
     @property
     def stats(self) -> RootStats:
@@ -106,7 +111,8 @@ class Root:
 
     def stats_json(self) -> dict[str, object]:
         """The counters, and the newest answers from the summaries of each job (/api/stats ``engine``)."""
-        return {**self.stats.to_json(), "summary_answers": self.summaries.to_json()}
+        return {**self.stats.to_json(), "summary_answers": self.summaries.to_json(),
+                "streams": self.engine.to_json()}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when the lease is free, follow otherwise; reconnects; never raises but CancelledError."""
@@ -231,6 +237,8 @@ class Root:
                                               ("events", S.EVENTS_STREAM, S.EVENTS_PREFIX),
                                               ("summaries", S.SUMMARIES_STREAM, S.SUMMARIES_PREFIX))}
         readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
+        self.engine = EngineState()
+        watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop))
         await self._advertise(kv)
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.cfg.renew_s
@@ -253,7 +261,8 @@ class Root:
                     self.flush()  # an iteration that is not whole still reaches the store
         finally:
             self.flush(every=True)  # what it read is folded: the store has it all, leading or not
-            for records in readers:
+            self.engine = EngineState()  # not leading: the next leader's are the engine's
+            for records in (*readers, watcher):
                 records.cancel()
                 try:
                     await records

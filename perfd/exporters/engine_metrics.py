@@ -1,7 +1,8 @@
 """The engine's counters as Prometheus families (catalog names: perfd/core/catalog_engine.py): a job's
 root's (perfd.engine.rootfold.RootStats, on the aggregator's /metrics with --engine) and a shard's
-(perfd.engine.shard.ShardStats, on ``perfd shard --metrics-port``). Read from the stats objects at
-scrape time, each value where the engine counts it: nothing here counts.
+(perfd.engine.shard.ShardStats, on ``perfd shard --metrics-port``), and the engine's streams and
+consumers as the leading root last read them (perfd.engine.engine_state.EngineState). Read from those
+objects at scrape time, each value where the engine counts it: nothing here counts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client.core import Metric
 from perfd.exporters.prometheus import Row, build_info_families, series_families
 
 if TYPE_CHECKING:
+    from perfd.engine.engine_state import EngineState
     from perfd.engine.rootfold import RootStats
     from perfd.engine.shard import ShardStats
 
@@ -53,6 +55,23 @@ _SHARD_COUNTERS = {
 }
 
 
+def engine_rows(engine: EngineState) -> list[Row]:
+    """The engine's streams and consumers as the leading root last read them; none before a read."""
+    if engine.read_at is None:
+        return [({}, "perfd_engine_state_read_errors_total", float(engine.read_errors))]
+    rows: list[Row] = [({}, "perfd_engine_state_read_errors_total", float(engine.read_errors))]
+    for name, st in engine.streams.items():
+        rows += [({"stream": name}, "perfd_engine_stream_messages", float(st.messages)),
+                 ({"stream": name}, "perfd_engine_stream_bytes", float(st.bytes))]
+        if st.max_bytes is not None:
+            rows.append(({"stream": name}, "perfd_engine_stream_limit_bytes", float(st.max_bytes)))
+    for name, c in engine.consumers.items():
+        rows += [({"consumer": name}, "perfd_engine_consumer_pending", float(c.pending)),
+                 ({"consumer": name}, "perfd_engine_consumer_ack_pending", float(c.ack_pending)),
+                 ({"consumer": name}, "perfd_engine_consumer_redelivered", float(c.redelivered))]
+    return rows
+
+
 def root_rows(stats: RootStats) -> list[Row]:
     """The root's series: (labels, catalog name, value)."""
     rows: list[Row] = [({}, "perfd_engine_root_leader", float(stats.leader))]
@@ -68,13 +87,18 @@ def root_rows(stats: RootStats) -> list[Row]:
 
 class RootMetrics:
     """A prometheus_client collector: the root's counters at scrape time (registered by the aggregator
-    that runs one: without --engine none of its series exist)."""
+    that runs one: without --engine none of its series exist), and the engine's streams as the root last
+    read them (``engine``: the root's current EngineState; a root that does not lead holds none read)."""
 
-    def __init__(self, stats: RootStats) -> None:
+    def __init__(self, stats: RootStats, engine: Callable[[], EngineState] | None = None) -> None:
         self.stats = stats
+        self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        yield from series_families(root_rows(self.stats))
+        rows = root_rows(self.stats)
+        if self.engine is not None:
+            rows += engine_rows(self.engine())
+        yield from series_families(rows)
 
 
 def shard_rows(stats: ShardStats) -> list[Row]:

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from perfd.core import catalog, catalog_engine
+from perfd.engine import subjects as S
+from perfd.engine.engine_state import ConsumerState, EngineState, StreamState
 from perfd.engine.rootfold import RootStats
 from perfd.engine.shard import ShardStats
 from perfd.exporters.engine_metrics import RootMetrics, ShardMetrics
@@ -39,7 +41,11 @@ def test_the_root_exports_its_stats_exactly() -> None:
                    summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8,
                    summaries_holders_dropped=15, summaries_overcounted=16)
     st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
-    got = _exposed(RootMetrics(st))
+    eng = EngineState(streams={"PERFD_NODES": StreamState(12, 3400, 1 << 30),
+                               "PERFD_EVENTS": StreamState(5, 900, None)},
+                      consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
+                      read_at=1.0, read_errors=3)
+    got = _exposed(RootMetrics(st, lambda: eng))
     want = {
         ("perfd_engine_root_leader", ()): 1.0,
         ("perfd_engine_root_partials_total", ()): 7.0,
@@ -59,6 +65,15 @@ def test_the_root_exports_its_stats_exactly() -> None:
         ("perfd_engine_root_summaries_dropped_total", (("reason", "late"),)): 8.0,
         ("perfd_engine_root_summaries_dropped_total", (("reason", "holders_dropped"),)): 15.0,
         ("perfd_engine_root_summaries_overcounted_total", ()): 16.0,
+        ("perfd_engine_stream_messages", (("stream", "PERFD_NODES"),)): 12.0,
+        ("perfd_engine_stream_bytes", (("stream", "PERFD_NODES"),)): 3400.0,
+        ("perfd_engine_stream_limit_bytes", (("stream", "PERFD_NODES"),)): float(1 << 30),
+        ("perfd_engine_stream_messages", (("stream", "PERFD_EVENTS"),)): 5.0,
+        ("perfd_engine_stream_bytes", (("stream", "PERFD_EVENTS"),)): 900.0,  # no limit: no limit series
+        ("perfd_engine_consumer_pending", (("consumer", "shard-p0"),)): 7.0,
+        ("perfd_engine_consumer_ack_pending", (("consumer", "shard-p0"),)): 2.0,
+        ("perfd_engine_consumer_redelivered", (("consumer", "shard-p0"),)): 1.0,
+        ("perfd_engine_state_read_errors_total", ()): 3.0,
     }
     lag = {k: v for k, v in got.items() if k[0].startswith("perfd_engine_root_completion_lag_")}
     assert {k: v for k, v in got.items() if k not in lag and not k[0].endswith("_created")} == want
@@ -90,6 +105,13 @@ def test_no_lag_series_before_an_iteration_is_whole() -> None:
     got = _exposed(RootMetrics(RootStats()))
     assert not [k for k in got if k[0].startswith("perfd_engine_root_completion_lag_")]
     assert got[("perfd_engine_root_leader", ())] == 0.0
+
+
+def test_no_stream_series_before_the_engine_was_read() -> None:
+    """A root that does not lead (or has not read yet) shows no stream or consumer series: absent, not 0."""
+    got = _exposed(RootMetrics(RootStats(), lambda: EngineState(read_errors=2)))
+    assert not [k for k in got if k[0].startswith(("perfd_engine_stream_", "perfd_engine_consumer_"))]
+    assert got[("perfd_engine_state_read_errors_total", ())] == 2.0
 
 
 def test_the_shard_exports_its_stats_exactly() -> None:
@@ -157,3 +179,11 @@ def test_a_shard_and_a_root_serve_their_counters(rig: Rig) -> None:
     root = wait_for(lambda: (s := _samples(_get(base + "/metrics"))).get(leader) == 1.0 and s, 60,
                     "the root leading on /metrics", ignore=NOT_YET)
     assert root[("perfd_engine_root_skipped_total", (("stream", "partials"),))] == 0.0
+    # the engine's streams and the shard's partition consumers, as the leader reads them (every 15 s)
+    consumers = {(n, (("consumer", S.shard_consumer(p)),)) for p in range(rig.partitions)
+                 for n in ("perfd_engine_consumer_pending", "perfd_engine_consumer_ack_pending",
+                           "perfd_engine_consumer_redelivered")}
+    engine = wait_for(lambda: consumers <= set(s := _samples(_get(base + "/metrics"))) and s, 60,
+                      "every partition's consumer on the root's /metrics", ignore=NOT_YET)
+    assert engine[("perfd_engine_stream_limit_bytes", (("stream", S.NODES_STREAM),))] == S.NODES_MAX_BYTES
+    assert engine[("perfd_engine_state_read_errors_total", ())] == 0.0

@@ -1,0 +1,118 @@
+"""The engine's own state on the root's /metrics: each stream's messages and bytes against its limit,
+each partition consumer's backlog, as the leading root reads them from JetStream — checked against
+nats-server's own monitoring endpoint (/jsz), an independent reading of the same engine. Real
+nats-server; the root in the test's process; node messages published for a partition no shard takes,
+so they wait there as a shard's backlog would."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfd.aggregator.engine_sink import EngineSink
+from perfd.aggregator.guard import Guard
+from perfd.aggregator.state import AggregatorState
+from perfd.core.limits import Limits
+from perfd.core.refusals import Refusals
+from perfd.engine import engine_state
+from perfd.engine import subjects as S
+from perfd.engine.connect import ensure_streams
+from perfd.engine.natsd import NatsCluster
+from perfd.engine.partial import encode
+from perfd.engine.root import Root
+from perfd.exporters.engine_metrics import engine_rows
+from tests.engine.test_natsd import _need_nats_server
+
+JOB = "observed"
+BOUND_S = 60.0  # a failure's bound only
+
+
+def _jsz(cluster: NatsCluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Streams and consumers as nats-server's monitoring says: name -> its detail."""
+    got = cluster.servers[0].monitor("/jsz?streams=true&consumers=true&config=true")
+    streams, consumers = {}, {}
+    for acc in got.get("account_details") or []:
+        for st in acc.get("stream_detail") or []:
+            streams[st["name"]] = st
+            for c in st.get("consumer_detail") or []:
+                consumers[c["name"]] = c
+    return streams, consumers
+
+
+@pytest.mark.timeout(120)
+def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_nats_server()
+    monkeypatch.setattr(engine_state, "ENGINE_STATE_S", 0.2)  # the leader reads every 0.2 s here
+    cluster = NatsCluster(tmp_path / "nats", 1)
+    cluster.start()
+    try:
+        cfg = S.EngineConfig(tuple(cluster.urls), partitions=4)
+        root = Root(cfg, EngineSink(AggregatorState(), Guard(Limits(), Refusals())), "root-a")
+        waiting = 7  # node messages for partition 2, whose consumer no shard pulls from
+
+        async def setup() -> None:
+            import nats
+            from nats.js.api import AckPolicy, ConsumerConfig
+
+            nc = await nats.connect(list(cluster.urls))
+            try:
+                await ensure_streams(nc, cfg)
+                js = nc.jetstream()
+                await js.add_consumer(S.NODES_STREAM, ConsumerConfig(
+                    durable_name=S.shard_consumer(2), filter_subject=S.partition_filter(2),
+                    ack_policy=AckPolicy.EXPLICIT))
+                for k in range(waiting):
+                    await js.publish(S.node_subject(JOB, 2), encode(f"node-{k}:1", f"node-{k}", 1, ()),
+                                     headers={"Nats-Msg-Id": f"n{k}"})
+            finally:
+                await nc.close()
+
+        async def lead_and_read() -> tuple[engine_state.EngineState, bool]:
+            await setup()
+            stop = asyncio.Event()
+            task = asyncio.create_task(root.run(stop))
+            t0 = time.monotonic()
+            try:
+                while time.monotonic() - t0 < BOUND_S:
+                    st = root.engine
+                    if st.read_at is not None and st.streams.get(S.NODES_STREAM, None) is not None \
+                            and st.streams[S.NODES_STREAM].messages == waiting:
+                        break
+                    await asyncio.sleep(0.05)
+                read = root.engine
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 30)
+            return read, root.engine.read_at is None
+
+        read, cleared = asyncio.run(lead_and_read())
+        streams, consumers = _jsz(cluster)
+    finally:
+        cluster.stop()
+
+    assert read.read_at is not None and read.read_errors == 0, read
+    # every engine stream, each as nats-server counts it; the byte limits perfd made them with
+    # (the lease and job-info buckets are streams too, KV_*: not the engine's data, not read)
+    assert set(read.streams) == set(engine_state.STREAMS) == {n for n in streams if not n.startswith("KV_")}
+    for name, st in read.streams.items():
+        want = streams[name]["state"]
+        assert (st.messages, st.bytes) == (want["messages"], want["bytes"])
+        assert st.max_bytes == streams[name]["config"]["max_bytes"] > 0
+    assert read.streams[S.NODES_STREAM].max_bytes == S.NODES_MAX_BYTES
+    assert read.streams[S.NODES_STREAM].messages == waiting and read.streams[S.NODES_STREAM].bytes > 0
+    # the one partition consumer made: its backlog the node messages no shard took
+    # (the root's own readers are consumers too, ephemeral, of the other streams: not read)
+    assert set(read.consumers) == {S.shard_consumer(2)} == {
+        n for n in consumers if n in {S.shard_consumer(p) for p in range(cfg.partitions)}}
+    c, jc = read.consumers[S.shard_consumer(2)], consumers[S.shard_consumer(2)]
+    assert (c.pending, c.ack_pending, c.redelivered) == (jc["num_pending"], jc["num_ack_pending"],
+                                                         jc["num_redelivered"]) == (waiting, 0, 0)
+    rows = {(name, tuple(sorted(labels.items()))): v for labels, name, v in engine_rows(read)}
+    assert rows[("perfd_engine_consumer_pending", (("consumer", S.shard_consumer(2)),))] == waiting
+    assert rows[("perfd_engine_stream_limit_bytes", (("stream", S.NODES_STREAM),))] == S.NODES_MAX_BYTES
+    assert cleared  # no longer leading: nothing read is held (the next leader's are the engine's)
