@@ -307,13 +307,13 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
                 out = proc.communicate()[0]
                 shutil.rmtree(sdir, ignore_errors=True)
                 pytest.skip(f"this torch build never polled the daemon (no daemon support?): {out[-500:]}")
-            # One arming. The CPU build ends a trace on its controller tick (~0.5 s of steps): the job
-            # steps every ~2.5 ms (a 2 ms pause: ~10% of a core), ~200 steps in such a window, so a
-            # machine whose other test workers take most of its cores still leaves it the three asked
-            # for (at a step every 25 ms, 23 a window, CI once got a trace with no step).
+            # One arming. The CPU build traces for the config's duration, not its iterations (libkineto's
+            # default 500 ms where none is given: 17 steps in one such window at a load of ~10 on the
+            # 2-core VM, none in another, the job starved of its CPU for it); so the config gives 3 s, in
+            # which that job made 108 steps. A GPU build ends the trace after the three iterations.
             out_dir = tmp_path / "arming"
             out_dir.mkdir()
-            config = build_config(out_dir / "trace.json", iterations=3)
+            config = build_config(out_dir / "trace.json", iterations=3, duration_ms=3000)
             arming = daemon.arm({proc.pid}, config, time.time() + 10)
             assert arming.wait_answered(5), "the process did not poll within 5 s of arming"
             assert arming.wait_idle(proc.pid, 20)

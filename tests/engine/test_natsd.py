@@ -201,29 +201,33 @@ def test_tls_client_port(make: Make, tmp_path: Path) -> None:
 def test_cluster_loses_its_stream_leader_without_losing_or_doubling_a_message(make: Make) -> None:
     c = make(3)
     expected = [f"m{i}" for i in range(200)]
+    BOUND_S = 140.0  # the test's: every wait on an election ends by then, inside run()'s 150 s
 
     async def main() -> None:
+        bound = time.monotonic() + BOUND_S
         nc = await w(nats.connect(c.urls, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
                                   error_cb=_quiet))
         try:
             js = nc.jetstream(timeout=2)
             seen: dict[str, int] = {}  # what the retries met while a leader was gone, for the log
 
-            async def retrying(call: Callable[[], Awaitable[T]], limit_s: float = 15.0) -> T:
-                # Until a stream (or, for the API, meta) leader is elected again.
-                deadline = time.monotonic() + limit_s
+            async def retrying(call: Callable[[], Awaitable[T]]) -> T:
+                # Until a stream (or, for the API, meta) leader is elected again: the event waited for,
+                # however long the election takes on the machine (a loaded one took over 15 s once), the
+                # test's own bound the only one. What the test proves is that nothing is lost or doubled.
                 while True:
                     try:
                         return await w(call())
                     except LEADERLESS as e:
                         seen[type(e).__name__] = seen.get(type(e).__name__, 0) + 1
-                        if time.monotonic() > deadline:
-                            raise
+                        if time.monotonic() > bound:
+                            raise AssertionError(f"no leader answered within the test's bound ({BOUND_S:g} s"
+                                                 f" from its start); retries met: {seen}") from e
                         await asyncio.sleep(0.1)
 
             # The cluster's meta leader may not be elected yet (a loaded machine: the API's 2 s timed
             # out once); creating the same stream again is no error.
-            si = await retrying(lambda: js.add_stream(name="R", subjects=["r.>"], num_replicas=3), 30)
+            si = await retrying(lambda: js.add_stream(name="R", subjects=["r.>"], num_replicas=3))
             assert si.config.num_replicas == 3
 
             async def publish(msg_id: str) -> None:
@@ -249,11 +253,10 @@ def test_cluster_loses_its_stream_leader_without_losing_or_doubling_a_message(ma
 
             # Creating the consumer needs the meta leader, which may still be being elected.
             # Seen to take up to ~8 s after the publishes went through (2 s API timeouts in a row).
-            sub = await retrying(lambda: js.pull_subscribe("r.>", durable="all", stream="R"), 30)
+            sub = await retrying(lambda: js.pull_subscribe("r.>", durable="all", stream="R"))
             print(f"consumer created {time.monotonic() - t0:.1f}s after the kill; retries: {seen}")
             got: list[str] = []
-            deadline = time.monotonic() + 30
-            while len(got) < 200 and time.monotonic() < deadline:  # a fetch may time out on the way
+            while len(got) < 200 and time.monotonic() < bound:  # a fetch may time out on the way
                 try:
                     msgs = await w(sub.fetch(100, timeout=2))
                 except LEADERLESS as e:  # the new consumer's leader not elected yet: a 503
@@ -271,7 +274,6 @@ def test_cluster_loses_its_stream_leader_without_losing_or_doubling_a_message(ma
             t0 = time.monotonic()
             c.restart(victim)  # waits for its /healthz: meta and streams caught up
             print(f"restart of {leader.leader} took {time.monotonic() - t0:.1f}s")
-            deadline = time.monotonic() + 20
             while True:
                 cl = (await w(js.stream_info("R"))).cluster
                 peers = (cl.replicas or []) if cl is not None else []  # the leader's followers
@@ -283,7 +285,7 @@ def test_cluster_loses_its_stream_leader_without_losing_or_doubling_a_message(ma
                          and all(r.get("current") for r in meta.get("replicas", [])))
                 if whole:
                     break
-                assert time.monotonic() < deadline, f"not whole again: stream {cl}, meta {meta}"
+                assert time.monotonic() < bound, f"not whole again: stream {cl}, meta {meta}"
                 await asyncio.sleep(0.2)
             assert all(s.healthy() for s in c.servers)
         finally:
