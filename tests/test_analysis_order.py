@@ -8,6 +8,7 @@ Each interleaving is made by the test, not by timing: a thread waits at a gate t
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,12 @@ import pytest
 
 from perfd.aggregator import jobs as jobs_module
 from perfd.aggregator.collectives import CollectiveStore
+from perfd.aggregator.job_inputs import NoInputs
 from perfd.aggregator.job_runs import digest_runs
 from perfd.aggregator.jobs import JobStore
+from perfd.aggregator.snapshot import Analysed
+from perfd.aggregator.state import AggregatorState
+from perfd.analytics.run.run_analysis import analyze_run
 from perfd.collectors.megatron import parse_file
 from perfd.core.model import CollectiveRecord, StepRecord
 from tests.gates import Gate, GatedLock, joined, started
@@ -150,3 +155,139 @@ def test_an_analysis_waits_for_the_digest_of_a_replaced_run_another_is_making(
     assert held is not None and held.summary.runs.current == 2
     assert [d.run for d in held.summary.runs.earlier] == [1]  # the replaced run, digested
     assert [d.run for d in store.jobs["j"].runs] == [1]
+
+
+def test_a_run_that_closes_while_an_analysis_reads_is_digested_into_the_next() -> None:
+    """The restart lands between an analysis' digest check and its read of the records (it asks the
+    aggregator's other parts there, outside the store's lock): that analysis is of the new run with no
+    digest of the old; the next one digests it, and the job's analysis is made again with it."""
+    parsed = parse_file(DEMO_LOG, job="j")
+    its = _by_iteration(parsed.records)
+    store = JobStore(min_recompute_s=0.0)
+    store.ingest_job_info("a", "j", parsed.job_info)
+    store.ingest_steps("a", [r for i in sorted(its) if i <= 20 for r in its[i]])
+    first = its[1][0]
+    assert first.end_time is not None
+    restart = [dataclasses.replace(first, first_of_run=True, end_time=first.end_time + 3600.0)]
+
+    class RestartMidway(NoInputs):
+        def class_inputs(self, job: str, span: tuple[float | None, float | None]) -> Any:
+            if not store.jobs["j"].closed and store.jobs["j"].run == 1:
+                store.ingest_steps("a", restart)  # the job started again, now
+            return super().class_inputs(job, span)
+
+    during = store.analysis("j", inputs=RestartMidway())
+    assert during is not None and during.summary.runs.current == 2 and not during.summary.runs.earlier
+    after = store.analysis("j")  # the next (the refresher's tick): the old run digested, and read
+    assert after is not None and after is not during
+    assert [d.run for d in after.summary.runs.earlier] == [1]
+
+
+def test_an_older_analysis_succeeding_after_a_newer_failed_keeps_the_failure_said(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newer analysis (of the last iteration) fails; the older, of fewer iterations, then succeeds:
+    the failure stays said and the analysis held stays the one before both (the older is not the job's
+    newest answer, and its success does not mean the job's records analyse)."""
+    parsed = parse_file(DEMO_LOG, job="j")
+    its = _by_iteration(parsed.records)
+    last = max(its)
+    store = JobStore(min_recompute_s=0.0)
+    store.ingest_job_info("a", "j", parsed.job_info)
+    store.ingest_steps("a", [r for i in sorted(its) if i < last - 1 for r in its[i]])
+    before = store.analysis("j")
+    assert before is not None and before.iterations[-1].iteration == last - 2
+    real = analyze_run
+
+    def failing_on_the_last(info: Any, records: Any, **kw: Any) -> Any:
+        if any(r.iteration == last for r in records):
+            raise ValueError("a value no check foresaw")
+        return real(info, records, **kw)
+
+    monkeypatch.setattr(jobs_module, "analyze_run", failing_on_the_last)
+    store.ingest_steps("a", its[last - 1])
+    gate = Gate()
+    store.jobs["j"].analysis_lock = GatedLock(gate)  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    older = started("older", lambda: store.analysis("j"), out)
+    gate.wait_arrived("older")
+    store.ingest_steps("a", its[last])
+    newer = started("newer", lambda: store.analysis("j", force=True), out)
+    gate.wait_arrived("newer")
+    gate.open("newer")  # it fails
+    joined(newer)
+    gate.open("older")  # then the older succeeds
+    joined(older)
+    js = store.jobs["j"]
+    assert js.analysis is before and out["older"] is before
+    assert js.analysis_failure is not None and "a value no check foresaw" in js.analysis_failure
+    assert store.stats.analysis_errors == 1
+
+
+def test_a_thread_handed_an_older_analysis_tracks_nothing_after_the_newer() -> None:
+    """Thread ``older`` is handed the analysis the store held, then waits; ``newer`` keeps a newer one
+    and tracks its incidents; ``older`` then tracks nothing (the older's incidents would reopen what the
+    newer closed), and a snapshot asked for now is the newer's."""
+    parsed = parse_file(DEMO_LOG, job="j")
+    its = _by_iteration(parsed.records)
+    last = max(its)
+    st = AggregatorState(min_recompute_s=0.0)
+    st.ingest_job_info("a", "j", parsed.job_info)
+    st.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
+    analyses = st._analyses
+    store_analysis = analyses.jobs.analysis
+    gate = Gate()
+
+    def handed(job: str, force: bool = False, inputs: Any = None) -> Any:
+        a = store_analysis(job, force, inputs) if inputs is not None else store_analysis(job, force)
+        if threading.current_thread().name == "older":
+            gate.pass_through()  # handed its analysis; the newer comes meanwhile
+        return a
+
+    analyses.jobs.analysis = handed  # type: ignore[method-assign]
+    out: dict[str, Any] = {}
+    older = started("older", lambda: st.analysis("j"), out)
+    gate.wait_arrived("older")
+    st.ingest_steps("a", its[last])
+    newer = st.analysis("j", force=True)
+    assert newer is not None and newer.iterations[-1].iteration == last
+    gate.open("older")
+    joined(older)
+    assert out["older"] is not newer and out["older"].iterations[-1].iteration == last - 1
+    assert analyses._tracked["j"] is newer  # not the older, tracked after it
+    snap = st.snapshot("j", Analysed.CURRENT)
+    assert snap is not None and snap.analysis is newer
+
+
+def test_a_current_snapshot_is_of_the_analysis_held_while_another_thread_tracks_it() -> None:
+    """The refresher keeps a new analysis and tracks its incidents (its snapshot is rebuilt after them);
+    meanwhile a scrape had built a snapshot at the state's current version, of the analysis before.
+    A snapshot asked for CURRENT then (the W&B task's last round) is of the new one, not that."""
+    parsed = parse_file(DEMO_LOG, job="j")
+    its = _by_iteration(parsed.records)
+    last = max(its)
+    st = AggregatorState(min_recompute_s=0.0)
+    st.ingest_job_info("a", "j", parsed.job_info)
+    st.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
+    before = st.analysis("j")
+    st.ingest_steps("a", its[last])
+    scraped = st.snapshot("j")  # a scrape: the cached analysis, at the version after the ingest
+    assert scraped is not None and scraped.analysis is before
+    analyses = st._analyses
+    track = analyses._track_incidents
+    gate = Gate()
+
+    def tracking(job: str, a: Any) -> None:
+        if threading.current_thread().name == "refresher":
+            gate.pass_through()  # the new analysis kept and taken as tracked; its incidents under way
+        track(job, a)
+
+    analyses._track_incidents = tracking  # type: ignore[method-assign]
+    out: dict[str, Any] = {}
+    refresher = started("refresher", lambda: st.analysis("j"), out)
+    gate.wait_arrived("refresher")
+    snap = st.snapshot("j", Analysed.CURRENT, force=True)
+    gate.open("refresher")
+    joined(refresher)
+    held = st._analyses.jobs.cached_analysis("j")
+    assert held is out["refresher"] and held is not before and held.iterations[-1].iteration == last
+    assert snap is not None and snap.analysis is held

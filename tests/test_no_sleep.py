@@ -109,6 +109,8 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
     "tests/engine/test_shard_lease_busy.py::"
     "test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go.main": TIMER,
+    "tests/engine/test_engine_state.py::"
+    "test_the_leaders_read_of_the_streams_is_what_the_engine_says.lead_and_read": POLL,
     "tests/engine/test_stream_skipped.py::"
     "test_records_the_stream_let_go_while_the_root_was_away_are_counted_and_said.lead_until": POLL,
     "tests/faults/test_caps_release.py::_send": SCHEDULE,

@@ -502,23 +502,23 @@ class Aggregator:
                 await asyncio.wait_for(asyncio.shield(self._engine_task), timeout=STOP_WAIT_WORK_S)
             except (asyncio.TimeoutError, Exception):  # stopping: what the root held is in the stream
                 self._engine_task.cancel()
-        if self.wandb is not None:
-            await self.wandb.close()
         await self.server.stop(grace=1.0)
         phases = [f"gRPC {time.monotonic() - t0:.2f}s"]
         if self.http is not None:
             self.http.stop()
             phases.append(f"HTTP {time.monotonic() - t0:.2f}s")
         if self._working:
-            # The rules tick and the refresh run on worker threads, which a cancelled task does not
-            # stop: the store is closed after them (the issue: "tombstones could not be pruned (Cannot
-            # operate on a closed database)"). A tick ends at its next part once stopping.
+            # The rules tick and the refresh run on worker threads, which a cancelled task does not stop:
+            # the store is closed after them ("Cannot operate on a closed database"), each at its next part.
             _done, late = await asyncio.wait(set(self._working), timeout=STOP_WAIT_WORK_S)
             phases.append(f"tick {time.monotonic() - t0:.2f}s" + (" (still running)" if late else ""))
         if self.store is not None:
             save_documents(self, self.store)
             self.store.close()
             phases.append(f"store {time.monotonic() - t0:.2f}s")
+        if self.wandb is not None:  # last: it waits for a round in flight, which never holds the save back
+            await self.wandb.close()
+            phases.append(f"W&B {time.monotonic() - t0:.2f}s")
         took = time.monotonic() - t0
         log.log(logging.WARNING if took > 1.5 else logging.INFO, "aggregator stopped in %.2f s (%s)", took,
                 ", ".join(phases))

@@ -142,8 +142,13 @@ class JobAnalyses:
 
     @writes
     def _took(self, job: str, a: RunAnalysis) -> None:
-        """A new analysis of the job: its snapshot shows it, and the incidents it found."""
+        """A new analysis of the job: its snapshot shows it, and the incidents it found. Only the one the
+        store holds: a thread handed an analysis the store has since replaced with a newer (tracked
+        already, or about to be) tracks nothing, or the older's incidents would reopen what the newer
+        closed."""
         with self._track_lock:
+            if self.jobs.cached_analysis(job) is not a:
+                return
             self._tracked[job] = a
             self._track_incidents(job, a)
 
@@ -316,8 +321,13 @@ class JobAnalyses:
         if snap is None:  # an unknown job is not analysed
             return None
         if analysed is Analysed.CURRENT or (analysed is Analysed.SERVED and snap.analysis is None):
-            self.analysis(job, force=force)
-            return self.snapshots.get(job)
+            a = self.analysis(job, force=force)
+            snap = self.snapshots.get(job)
+            if a is not None and snap is not None and snap.analysis is not a:
+                # Another thread is tracking this analysis (its snapshot comes after the incidents),
+                # and the snapshot held is of the one before it: built now, not served older.
+                snap = self.snapshots.get(job, rebuild=True)
+            return snap
         return snap
 
     def _snapshot_version(self, job: str) -> Hashable:

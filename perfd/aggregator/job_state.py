@@ -52,7 +52,7 @@ class JobState:
     # before it ends (an older one ending last once put back an analysis without the newest iteration,
     # served until the next record: a finished job's last step lost for good).
     analyses_begun: int = 0
-    analysis_seq: int = 0  # the number of the analysis held
+    analysis_seq: int = 0  # the number of the newest that ended: the analysis held, or one that failed
     class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
@@ -161,8 +161,13 @@ class JobState:
                       ) -> RunAnalysis:
         """Hold the analysis numbered ``seq``, unless one that read later records is held already
         (then that one is returned, and stays)."""
-        if seq < self.analysis_seq and self.analysis is not None:
-            return self.analysis
+        if seq < self.analysis_seq:
+            if self.analysis is not None:
+                return self.analysis
+            # The first to succeed, older than one that failed: held (nothing else is), the failure
+            # still said and still the newest
+            self.analysis = result
+            return result
         self.analysis, self.analysis_seq, self.analysis_time, self.class_key = result, seq, now, class_key
         self.analysis_failure = self.analysis_failed_since = None
         return result
@@ -173,8 +178,8 @@ class JobState:
         one that read later records is held: that is the job's answer); returns how many failed since
         the last log line when one is due now (the first failure, then at most one every
         ``log_interval_s``), else 0."""
-        if seq >= self.analysis_seq:
-            self.analysis_time, self.class_key = now, class_key
+        if seq >= self.analysis_seq:  # the newest ended: an older success after it changes nothing
+            self.analysis_seq, self.analysis_time, self.class_key = seq, now, class_key
             if self.analysis_failure is None:
                 self.analysis_failed_since = now
             self.analysis_failure = f"{type(exc).__name__}: {exc}"[:300]

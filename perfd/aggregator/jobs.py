@@ -383,6 +383,9 @@ class JobStore:
                                        lambda span: inputs.class_inputs(job, span)[1], gpu, self.peak_tflops)
             with self._lock:
                 js.runs = done[-MAX_DIGESTS:]
+                # the job's analysis reads them: one that read its records while this run closed (after
+                # this digest's check) holds none of it, and nothing else would make it again
+                js.dirty = True
                 self.stats.analysis_errors += failed
 
     def analysis(self, job: str, force: bool = False, inputs: AnalysisInputs = NO_INPUTS

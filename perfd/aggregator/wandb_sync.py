@@ -177,21 +177,23 @@ class WandbSync:
         else:
             log.warning("W&B %s failed again: %s (%d failures)", what, exc, self.errors)
 
+    def _guarded(self, what: str, work: Callable[[], object]) -> None:
+        """``work`` on the worker thread, its failure counted and logged there: a round the stop's cancel
+        left running still says how it ended (W&B down, disk full, a bug: retried next round)."""
+        try:
+            work()
+        except Exception as exc:
+            self._failed(what, exc)
+
     async def run(self) -> None:
         next_round = time.monotonic() + self.interval_s
         while True:
             await asyncio.sleep(max(0.0, min(GPU_SAMPLE_S, next_round - time.monotonic())))
             if time.monotonic() < next_round:
-                try:
-                    await asyncio.to_thread(self.sample_gpus)
-                except Exception as exc:
-                    self._failed("GPU sampling", exc)
+                await asyncio.to_thread(self._guarded, "GPU sampling", self.sample_gpus)
                 continue
             next_round = time.monotonic() + self.interval_s
-            try:
-                await asyncio.to_thread(self.sync_once)
-            except Exception as exc:  # W&B down, disk full, a bug: logged, retried next round
-                self._failed("export", exc)
+            await asyncio.to_thread(self._guarded, "export", self.sync_once)
 
     def _last_round(self) -> None:
         """After the round in flight, if any: what arrived since, then every run finished; no round
@@ -202,7 +204,10 @@ class WandbSync:
             log.exception("last W&B export failed")
         with self._round_lock:
             self._closed = True
-            self.exporter.finish()
+            try:
+                self.exporter.finish()
+            except Exception:  # the aggregator's stop goes on
+                log.exception("finishing the W&B runs failed")
 
     async def close(self) -> None:
         """A last round (what arrived since the previous one), then every run is finished."""

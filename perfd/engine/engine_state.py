@@ -26,6 +26,8 @@ STREAMS = (S.NODES_STREAM, S.PARTIALS_STREAM, S.RECORDS_STREAM, S.EVENTS_STREAM,
 # read, which the engine answers from memory
 ENGINE_STATE_S = 15.0
 READ_TIMEOUT_S = 5.0  # one request's bound: a read that cannot be made keeps the last one, counted
+# ... for so long: past it what was read is let go (absent, not served as the engine's state now)
+STALE_AFTER_READS = 4
 
 
 @dataclass(frozen=True)
@@ -86,22 +88,31 @@ async def read_state(js: JetStream, partitions: int
     return streams, consumers
 
 
+async def read_once(js: JetStream, partitions: int, state: EngineState, now: float) -> None:
+    """One read into ``state`` at ``now`` (epoch s). One that fails keeps the last, counted and logged (the
+    first, then once every ten), for STALE_AFTER_READS reads' time; past it the streams and consumers
+    are let go (absent on /metrics: a frozen figure would hold an alert on, or off)."""
+    try:
+        state.streams, state.consumers = await read_state(js, partitions)
+        state.read_at = now
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the engine away or slow: the session around this reconnects
+        state.read_errors += 1
+        if state.read_at is not None and now - state.read_at > STALE_AFTER_READS * ENGINE_STATE_S:
+            state.streams, state.consumers = {}, {}
+        if state.read_errors % 10 == 1:
+            log.warning("engine: its streams' state could not be read (%s: %s; %d time(s)); the last read "
+                        "stays served for %.0f s", type(exc).__name__, exc, state.read_errors,
+                        STALE_AFTER_READS * ENGINE_STATE_S)
+
+
 async def watch(js: JetStream, partitions: int, state: EngineState, stop: asyncio.Event) -> None:
-    """Read the engine's state into ``state`` now and every ENGINE_STATE_S until ``stop`` (or cancelled).
-    A read that fails keeps the last one, counted and logged (the first, then once every ten)."""
+    """Read the engine's state into ``state`` now and every ENGINE_STATE_S until ``stop`` (or
+    cancelled)."""
     while not stop.is_set():
-        try:
-            state.streams, state.consumers = await read_state(js, partitions)
-            state.read_at = time.time()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the engine away or slow: the session around this reconnects
-            state.read_errors += 1
-            if state.read_errors % 10 == 1:
-                log.warning("engine: its streams' state could not be read (%s: %s; %d time(s)); the last "
-                            "read stays served", type(exc).__name__, exc, state.read_errors)
+        await read_once(js, partitions, state, time.time())
         try:
             await asyncio.wait_for(stop.wait(), timeout=ENGINE_STATE_S)
         except asyncio.TimeoutError:
             pass
-

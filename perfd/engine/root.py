@@ -239,10 +239,10 @@ class Root:
         readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
         self.engine = EngineState()
         watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop))
-        await self._advertise(kv)
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.cfg.renew_s
         try:
+            await self._advertise(kv)
             while not stop.is_set():
                 for records in readers:
                     if records.done():  # it stopped on an error: this session ends and reconnects
@@ -260,8 +260,9 @@ class Root:
                 else:
                     self.flush()  # an iteration that is not whole still reaches the store
         finally:
+            watcher.cancel()  # first, and whatever the flush does: the engine's are the next leader's
+            self.engine = EngineState()
             self.flush(every=True)  # what it read is folded: the store has it all, leading or not
-            self.engine = EngineState()  # not leading: the next leader's are the engine's
             for records in (*readers, watcher):
                 records.cancel()
                 try:

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from perfd.aggregator.snapshot import Analysed
 from perfd.aggregator.state import AggregatorState
 from perfd.aggregator.wandb_sync import WandbSync, gpu_labels
 from perfd.analytics.incidents.attribution import place_ranks
@@ -134,25 +133,12 @@ def test_wandb_sync_sends_only_new_iterations_and_finished_captures_once():
     assert exporter.captures == ["c1"]
 
 
-class _GatedReader:
-    """The state as the W&B task reads it, a round on the thread named ``round`` held at the gate as it
-    reads a job (its round under way)."""
-
-    def __init__(self, state: AggregatorState, gate: Gate) -> None:
-        self.state, self.gate = state, gate
-
-    def job_names(self) -> list[str]:
-        return self.state.job_names()
-
-    def snapshot(self, job: str, analysed: Analysed = Analysed.CACHED, force: bool = False) -> Any:
-        if threading.current_thread().name == "round":
-            self.gate.pass_through()
-        return self.state.snapshot(job, analysed, force)
-
-
 def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
     """A round runs on a worker thread, which the stop's cancelling of its task does not end: the last
-    round waits for it, the runs are finished after both, and a round begun after logs nothing."""
+    round waits for it, the runs are finished after both, and a round begun after logs nothing. The round
+    in flight has read 10 iterations and is about to log them when 30 more arrive and the stop comes: a
+    last round run beside it logged all 40 and finished the runs, then the round in flight logged to a
+    finished run."""
     from perfd.collectors.megatron import parse_file
 
     parsed = parse_file(DEMO_LOG, job="j")
@@ -163,20 +149,28 @@ def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
     class Exporter(_RecordingExporter):
         def log_analysis(self, job: str, block: JobBlock, iterations: Sequence[IterationResult],
                          *args: Any, **kw: Any) -> int:
-            its = [it.iteration for it in iterations]
-            calls.append(f"log {min(its)}-{max(its)}")
+            its = [it.iteration for it in iterations if (self.last_step(job) or 0) < it.iteration]
+            calls.append(f"log {min(its)}-{max(its)}" if its else "log none")
             return super().log_analysis(job, block, iterations, *args, **kw)
 
         def finish(self, job: str | None = None) -> None:
             calls.append("finish")
 
-    gate, lock_gate = Gate(), Gate()
-    sync = WandbSync(_GatedReader(state, gate), Exporter(), interval_s=1.0)  # type: ignore[arg-type]
+    publish_gate, lock_gate = Gate(), Gate()
+    sync = WandbSync(state, Exporter(), interval_s=1.0)  # type: ignore[arg-type]
+    publish = sync.sink.publish
+
+    def gated_publish(snap: Any) -> int:
+        if threading.current_thread().name == "round":
+            publish_gate.pass_through()  # the round has read its snapshot: 10 iterations
+        return publish(snap)
+
+    sync.sink.publish = gated_publish  # type: ignore[method-assign,assignment]
     sync._round_lock = GatedLock(lock_gate)  # type: ignore[assignment]
     lock_gate.open("round")
     out: dict[str, Any] = {}
     in_flight = started("round", sync.sync_once, out)
-    gate.wait_arrived("round")  # the round holds the job's snapshot read: under way
+    publish_gate.wait_arrived("round")
     state.ingest_steps("a1", parsed.records[10:])  # more arrives, then the aggregator stops
 
     def stopping() -> None:  # the aggregator's stop: its worker threads named stop_N
@@ -185,12 +179,12 @@ def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
             runner.run(sync.close())
 
     stop = started("stop", stopping, out)
-    lock_gate.wait_arrived("stop_0")  # the last round waits for the one in flight
+    lock_gate.wait_arrived("stop_0")  # the last round comes to the round lock, held by the one in flight
     lock_gate.open("stop_0")
-    gate.open("round")
+    publish_gate.open("round")
     joined(in_flight)
     joined(stop)
-    assert calls == ["log 1-40", "finish"]  # the round in flight read all 40; the last, nothing new
+    assert calls == ["log 1-10", "log 11-40", "finish"]
     lock_gate.open("MainThread")
     assert sync.sync_once() == 0 and calls[-1] == "finish"  # a round begun after the stop: nothing
 

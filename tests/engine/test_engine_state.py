@@ -116,3 +116,47 @@ def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
     assert rows[("perfd_engine_consumer_pending", (("consumer", S.shard_consumer(2)),))] == waiting
     assert rows[("perfd_engine_stream_limit_bytes", (("stream", S.NODES_STREAM),))] == S.NODES_MAX_BYTES
     assert cleared  # no longer leading: nothing read is held (the next leader's are the engine's)
+
+
+def test_a_read_that_fails_keeps_the_last_until_it_is_stale_then_none() -> None:
+    """The engine away: the last read stays served for STALE_AFTER_READS reads' time, counted; past it
+    the streams and consumers are let go (absent, not a frozen figure an alert would read)."""
+    from nats.js.api import StreamConfig, StreamInfo
+    from nats.js.api import StreamState as NatsStreamState
+    from nats.js.errors import NotFoundError
+
+    away = [False]
+
+    class Engine:
+        """The JetStream API as a read calls it: each stream holds 3 messages; no consumer made."""
+
+        async def stream_info(self, name: str) -> StreamInfo:
+            if away[0]:
+                raise TimeoutError("the engine away")
+            return StreamInfo(config=StreamConfig(name=name, max_bytes=-1),
+                              state=NatsStreamState(messages=3, bytes=300, first_seq=1, last_seq=3,
+                                                    consumer_count=0))
+
+        async def consumer_info(self, stream: str, consumer: str) -> Any:
+            raise NotFoundError()
+
+    state, every = engine_state.EngineState(), engine_state.ENGINE_STATE_S
+    limit = engine_state.STALE_AFTER_READS * every
+
+    async def read_at(t: float) -> int:
+        await engine_state.read_once(Engine(), 2, state, t)  # type: ignore[arg-type]
+        return len(state.streams)
+
+    async def main() -> list[int]:
+        held = [await read_at(1000.0)]
+        away[0] = True
+        reads = range(1, engine_state.STALE_AFTER_READS + 3)
+        return held + [await read_at(1000.0 + k * every) for k in reads]
+
+    held = asyncio.run(main())
+    n = len(engine_state.STREAMS)
+    assert held[0] == n and state.streams == {} and state.consumers == {}
+    kept = [h for k, h in enumerate(held) if k * every <= limit]
+    gone = [h for k, h in enumerate(held) if k * every > limit]
+    assert kept == [n] * len(kept) and gone and set(gone) == {0}
+    assert state.read_errors == len(held) - 1 and state.read_at == 1000.0  # the last good read's time
