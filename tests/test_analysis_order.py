@@ -37,55 +37,42 @@ def _by_iteration(records: list[StepRecord]) -> dict[int, list[StepRecord]]:
     return out
 
 
-def test_an_older_step_analysis_ending_last_does_not_replace_the_newer() -> None:
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
-    last = max(its)
+PARSED = parse_file(DEMO_LOG, job="j")  # the demo job's 40 iterations (a real Megatron-LM log)
+ITS = _by_iteration(PARSED.records)
+LAST = max(ITS)
+
+
+def _fed(holder: JobStore | AggregatorState, upto: int) -> None:
+    """The job's info and its iterations up to ``upto``, from agent "a"."""
+    holder.ingest_job_info("a", "j", PARSED.job_info)
+    holder.ingest_steps("a", [r for i in sorted(ITS) if i <= upto for r in ITS[i]])
+
+
+@pytest.mark.parametrize("first", ["newer", "older"])
+def test_the_analysis_held_is_the_newer_whichever_ends_last(first: str) -> None:
+    """"older" reads the records without the last iteration and waits to compute; the last arrives and
+    "newer" reads them all; the one let through first is stored first. The newer is held either way."""
     store = JobStore(min_recompute_s=0.0)
-    store.ingest_job_info("a", "j", parsed.job_info)
-    store.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
+    _fed(store, LAST - 1)
     gate = Gate()
     store.jobs["j"].analysis_lock = GatedLock(gate)  # type: ignore[assignment]
     out: dict[str, Any] = {}
-    # "older" reads the records without the last iteration, then waits to compute
     older = started("older", lambda: store.analysis("j"), out)
     gate.wait_arrived("older")
-    store.ingest_steps("a", its[last])  # the last iteration arrives
+    store.ingest_steps("a", ITS[LAST])  # the last iteration arrives
     newer = started("newer", lambda: store.analysis("j", force=True), out)
     gate.wait_arrived("newer")
-    gate.open("newer")  # the newer computes and is stored first
-    joined(newer)
-    assert out["newer"].iterations[-1].iteration == last
-    gate.open("older")  # then the older ends
-    joined(older)
+    for name, t in sorted([("newer", newer), ("older", older)], key=lambda nt: nt[0] != first):
+        gate.open(name)
+        joined(t)
     held = store.jobs["j"].analysis
-    assert held is out["newer"] and held.iterations[-1].iteration == last
-    assert out["older"] is out["newer"]  # what the older's caller is handed is the newer, held
+    assert held is not None and held is out["newer"] and held.iterations[-1].iteration == LAST
+    if first == "newer":  # the older ended last: its caller is handed the newer, held
+        assert out["older"] is held
+    else:
+        assert out["older"].iterations[-1].iteration == LAST - 1
     assert store.analysis("j") is held  # nothing new: the held one, not a recompute's
     assert store.stats.analysis_errors == 0
-
-
-def test_the_older_ending_first_is_replaced_by_the_newer_as_before() -> None:
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
-    last = max(its)
-    store = JobStore(min_recompute_s=0.0)
-    store.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
-    gate = Gate()
-    store.jobs["j"].analysis_lock = GatedLock(gate)  # type: ignore[assignment]
-    out: dict[str, Any] = {}
-    older = started("older", lambda: store.analysis("j"), out)
-    gate.wait_arrived("older")
-    store.ingest_steps("a", its[last])
-    newer = started("newer", lambda: store.analysis("j", force=True), out)
-    gate.wait_arrived("newer")
-    gate.open("older")
-    joined(older)
-    assert out["older"] is not None and out["older"].iterations[-1].iteration == last - 1
-    gate.open("newer")
-    joined(newer)
-    held = store.jobs["j"].analysis
-    assert held is not None and held is out["newer"] and held.iterations[-1].iteration == last
 
 
 def _ops(seq: int) -> list[CollectiveRecord]:
@@ -122,12 +109,9 @@ def test_an_analysis_waits_for_the_digest_of_a_replaced_run_another_is_making(
     """A restart sends the old run's records to a digest made by the next analysis; a second analysis
     that came meanwhile found none pending and read the runs without it, and, the newer, was kept:
     the job's analysis without its earlier run. It waits for the digest now."""
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
     store = JobStore(min_recompute_s=0.0)
-    store.ingest_job_info("a", "j", parsed.job_info)
-    store.ingest_steps("a", [r for i in sorted(its) if i <= 20 for r in its[i]])
-    first = its[1][0]
+    _fed(store, 20)
+    first = ITS[1][0]
     assert first.end_time is not None
     restart = [dataclasses.replace(first, first_of_run=True, end_time=first.end_time + 3600.0)]
     store.ingest_steps("a", restart)  # the job started again: the 20 iterations held are a run replaced
@@ -161,12 +145,9 @@ def test_a_run_that_closes_while_an_analysis_reads_is_digested_into_the_next() -
     """The restart lands between an analysis' digest check and its read of the records (it asks the
     aggregator's other parts there, outside the store's lock): that analysis is of the new run with no
     digest of the old; the next one digests it, and the job's analysis is made again with it."""
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
     store = JobStore(min_recompute_s=0.0)
-    store.ingest_job_info("a", "j", parsed.job_info)
-    store.ingest_steps("a", [r for i in sorted(its) if i <= 20 for r in its[i]])
-    first = its[1][0]
+    _fed(store, 20)
+    first = ITS[1][0]
     assert first.end_time is not None
     restart = [dataclasses.replace(first, first_of_run=True, end_time=first.end_time + 3600.0)]
 
@@ -188,29 +169,25 @@ def test_an_older_analysis_succeeding_after_a_newer_failed_keeps_the_failure_sai
     """The newer analysis (of the last iteration) fails; the older, of fewer iterations, then succeeds:
     the failure stays said and the analysis held stays the one before both (the older is not the job's
     newest answer, and its success does not mean the job's records analyse)."""
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
-    last = max(its)
     store = JobStore(min_recompute_s=0.0)
-    store.ingest_job_info("a", "j", parsed.job_info)
-    store.ingest_steps("a", [r for i in sorted(its) if i < last - 1 for r in its[i]])
+    _fed(store, LAST - 2)
     before = store.analysis("j")
-    assert before is not None and before.iterations[-1].iteration == last - 2
+    assert before is not None and before.iterations[-1].iteration == LAST - 2
     real = analyze_run
 
     def failing_on_the_last(info: Any, records: Any, **kw: Any) -> Any:
-        if any(r.iteration == last for r in records):
+        if any(r.iteration == LAST for r in records):
             raise ValueError("a value no check foresaw")
         return real(info, records, **kw)
 
     monkeypatch.setattr(jobs_module, "analyze_run", failing_on_the_last)
-    store.ingest_steps("a", its[last - 1])
+    store.ingest_steps("a", ITS[LAST - 1])
     gate = Gate()
     store.jobs["j"].analysis_lock = GatedLock(gate)  # type: ignore[assignment]
     out: dict[str, Any] = {}
     older = started("older", lambda: store.analysis("j"), out)
     gate.wait_arrived("older")
-    store.ingest_steps("a", its[last])
+    store.ingest_steps("a", ITS[LAST])
     newer = started("newer", lambda: store.analysis("j", force=True), out)
     gate.wait_arrived("newer")
     gate.open("newer")  # it fails
@@ -227,12 +204,8 @@ def test_a_thread_handed_an_older_analysis_tracks_nothing_after_the_newer() -> N
     """Thread ``older`` is handed the analysis the store held, then waits; ``newer`` keeps a newer one
     and tracks its incidents; ``older`` then tracks nothing (the older's incidents would reopen what the
     newer closed), and a snapshot asked for now is the newer's."""
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
-    last = max(its)
     st = AggregatorState(min_recompute_s=0.0)
-    st.ingest_job_info("a", "j", parsed.job_info)
-    st.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
+    _fed(st, LAST - 1)
     analyses = st._analyses
     store_analysis = analyses.jobs.analysis
     gate = Gate()
@@ -247,12 +220,12 @@ def test_a_thread_handed_an_older_analysis_tracks_nothing_after_the_newer() -> N
     out: dict[str, Any] = {}
     older = started("older", lambda: st.analysis("j"), out)
     gate.wait_arrived("older")
-    st.ingest_steps("a", its[last])
+    st.ingest_steps("a", ITS[LAST])
     newer = st.analysis("j", force=True)
-    assert newer is not None and newer.iterations[-1].iteration == last
+    assert newer is not None and newer.iterations[-1].iteration == LAST
     gate.open("older")
     joined(older)
-    assert out["older"] is not newer and out["older"].iterations[-1].iteration == last - 1
+    assert out["older"] is not newer and out["older"].iterations[-1].iteration == LAST - 1
     assert analyses._tracked["j"] is newer  # not the older, tracked after it
     snap = st.snapshot("j", Analysed.CURRENT)
     assert snap is not None and snap.analysis is newer
@@ -262,14 +235,10 @@ def test_a_current_snapshot_is_of_the_analysis_held_while_another_thread_tracks_
     """The refresher keeps a new analysis and tracks its incidents (its snapshot is rebuilt after them);
     meanwhile a scrape had built a snapshot at the state's current version, of the analysis before.
     A snapshot asked for CURRENT then (the W&B task's last round) is of the new one, not that."""
-    parsed = parse_file(DEMO_LOG, job="j")
-    its = _by_iteration(parsed.records)
-    last = max(its)
     st = AggregatorState(min_recompute_s=0.0)
-    st.ingest_job_info("a", "j", parsed.job_info)
-    st.ingest_steps("a", [r for i in sorted(its) if i < last for r in its[i]])
+    _fed(st, LAST - 1)
     before = st.analysis("j")
-    st.ingest_steps("a", its[last])
+    st.ingest_steps("a", ITS[LAST])
     scraped = st.snapshot("j")  # a scrape: the cached analysis, at the version after the ingest
     assert scraped is not None and scraped.analysis is before
     analyses = st._analyses
@@ -289,5 +258,5 @@ def test_a_current_snapshot_is_of_the_analysis_held_while_another_thread_tracks_
     gate.open("refresher")
     joined(refresher)
     held = st._analyses.jobs.cached_analysis("j")
-    assert held is out["refresher"] and held is not before and held.iterations[-1].iteration == last
+    assert held is out["refresher"] and held is not before and held.iterations[-1].iteration == LAST
     assert snap is not None and snap.analysis is held
