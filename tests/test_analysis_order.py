@@ -260,3 +260,59 @@ def test_a_current_snapshot_is_of_the_analysis_held_while_another_thread_tracks_
     held = st._analyses.jobs.cached_analysis("j")
     assert held is out["refresher"] and held is not before and held.iterations[-1].iteration == LAST
     assert snap is not None and snap.analysis is held
+
+
+def test_an_analysis_of_a_run_a_restart_replaced_meanwhile_is_not_held() -> None:
+    """An analysis reads run 1's records; the job restarts (run 1's incidents retired, its records sent
+    to a digest) before it is kept. It is not held: tracked, its incidents came back open in run 2."""
+    store = JobStore(min_recompute_s=0.0)
+    _fed(store, 20)
+    before = store.analysis("j")
+    assert before is not None and before.summary.runs.current == 1
+    store.ingest_steps("a", ITS[21])  # more of run 1: the next analysis reads it
+    gate = Gate()
+    store.jobs["j"].analysis_lock = GatedLock(gate)  # type: ignore[assignment]
+    out: dict[str, Any] = {}
+    reading = started("reading", lambda: store.analysis("j"), out)
+    gate.wait_arrived("reading")  # run 1's 21 iterations read
+    first = ITS[1][0]
+    assert first.end_time is not None
+    store.ingest_steps("a", [dataclasses.replace(first, first_of_run=True, end_time=first.end_time + 3600.0)])
+    assert store.jobs["j"].run == 2
+    gate.open("reading")
+    joined(reading)
+    assert store.jobs["j"].analysis is before and out["reading"] is before  # not run 1's newer one
+    gate.open("MainThread")
+    after = store.analysis("j")
+    assert after is not None and after.summary.runs.current == 2
+    assert [d.run for d in after.summary.runs.earlier] == [1]
+
+
+def test_two_refreshes_run_one_after_the_other() -> None:
+    """The refresh loop and the rules tick each refresh, on two worker threads: two stall checks of one
+    job at once opened its stall twice, or brought back one the other had withdrawn. The second waits."""
+    st = AggregatorState(min_recompute_s=0.0)
+    _fed(st, 10)
+    analyses = st._analyses
+    lock_gate, tick_gate = Gate(), Gate()
+    analyses._refresh_lock = GatedLock(lock_gate)  # type: ignore[assignment]
+    tick = analyses.stalls.tick
+
+    def held_tick(*args: Any, **kw: Any) -> Any:
+        tick_gate.pass_through()
+        return tick(*args, **kw)
+
+    analyses.stalls.tick = held_tick  # type: ignore[method-assign]
+    lock_gate.open("one")
+    lock_gate.open("two")
+    tick_gate.open("two")
+    out: dict[str, Any] = {}
+    one = started("one", st.refresh, out)
+    tick_gate.wait_arrived("one")  # inside its refresh: the job's stall check
+    two = started("two", st.refresh, out)
+    lock_gate.wait_arrived("two")  # comes to the refresh lock, held by "one"
+    assert "two" not in tick_gate.arrived
+    tick_gate.open("one")
+    joined(one)
+    joined(two)
+    assert tick_gate.arrived == {"one", "two"}

@@ -84,6 +84,10 @@ class JobAnalyses:
         self._queued: set[str] = set()  # jobs whose collective analysis waits for the worker
         self._queue_lock = threading.Lock()
         self._track_lock = threading.Lock()  # the worker's incident updates and the refresh's, in turn
+        # One refresh at a time: the refresh loop and the rules tick each run one, on two worker threads,
+        # and two stall checks of a job at once opened its stall twice, or brought back one the other
+        # had withdrawn as the job's exit
+        self._refresh_lock = threading.Lock()
 
     def forget(self, job: str) -> None:
         """The job was pruned: what its analyses left here goes."""
@@ -288,7 +292,12 @@ class JobAnalyses:
     def refresh(self) -> None:
         """Analyse every job that has new data and update its incidents (the aggregator's periodic
         tick: incidents open and close while nobody reads the API, and what /metrics and the API
-        serve stays at most one tick old)."""
+        serve stays at most one tick old). One at a time: a second waits for the first, then finds
+        only what came since."""
+        with self._refresh_lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         self.jobs.log_retention()  # what retention dropped, one line per job and minute
         for job in self.jobs.names():
             try:

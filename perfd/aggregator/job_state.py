@@ -157,10 +157,13 @@ class JobState:
         self.analyses_begun += 1
         return self.analyses_begun
 
-    def keep_analysis(self, seq: int, result: RunAnalysis, now: float, class_key: tuple[Any, ...]
-                      ) -> RunAnalysis:
-        """Hold the analysis numbered ``seq``, unless one that read later records is held already
-        (then that one is returned, and stays)."""
+    def keep_analysis(self, seq: int, run: int, result: RunAnalysis, now: float, class_key: tuple[Any, ...]
+                      ) -> RunAnalysis | None:
+        """Hold the analysis numbered ``seq``, of run ``run``, unless one that read later records is held
+        already, or the job's run changed since it read them (a restart retired that run's incidents:
+        tracked again, they came back open); then the one held is returned, and stays."""
+        if run != self.run:
+            return self.analysis
         if seq < self.analysis_seq:
             if self.analysis is not None:
                 return self.analysis
@@ -172,13 +175,15 @@ class JobState:
         self.analysis_failure = self.analysis_failed_since = None
         return result
 
-    def analysis_failed(self, seq: int, exc: BaseException, now: float, class_key: tuple[Any, ...],
+    def analysis_failed(self, seq: int, run: int, exc: BaseException, now: float, class_key: tuple[Any, ...],
                         log_interval_s: float) -> int:
-        """Note that the analysis numbered ``seq`` failed (counted; said in what the job serves unless
-        one that read later records is held: that is the job's answer); returns how many failed since
+        """Note that the analysis numbered ``seq``, of run ``run``, failed (counted; said in what the job
+        serves unless one that read later records is held, or the run changed); returns how many failed since
         the last log line when one is due now (the first failure, then at most one every
         ``log_interval_s``), else 0."""
-        if seq >= self.analysis_seq:  # the newest ended: an older success after it changes nothing
+        # The newest that ended (an older success after it changes nothing); a failure of a run since
+        # replaced says nothing of the job now
+        if seq >= self.analysis_seq and run == self.run:
             self.analysis_seq, self.analysis_time, self.class_key = seq, now, class_key
             if self.analysis_failure is None:
                 self.analysis_failed_since = now

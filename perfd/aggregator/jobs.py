@@ -442,14 +442,14 @@ class JobStore:
             # stays served; tried again when new data comes, not on every tick.
             with self._lock:
                 self.stats.analysis_errors += 1
-                n = js.analysis_failed(seq, exc, self.clock.time(), (gpm, timeline, gpm_when),
+                n = js.analysis_failed(seq, run, exc, self.clock.time(), (gpm, timeline, gpm_when),
                                        REFUSAL_LOG_INTERVAL_S)
             if n:
                 log.exception("analysis of job %s failed (%d time(s) since the last line; %d in all); its "
                               "last analysis stays served", job[:80], n, js.analysis_failures)
             return js.analysis
         with self._lock:
-            return js.keep_analysis(seq, result, self.clock.time(), (gpm, timeline, gpm_when))
+            return js.keep_analysis(seq, run, result, self.clock.time(), (gpm, timeline, gpm_when))
 
     def note_folded_ranks(self, job: str, ranks: Collection[int]) -> None:
         """Ranks whose records reached the job folded into one (perfd.engine): they count as

@@ -177,7 +177,7 @@ class Lifecycle:
             job = self._pruned.popleft()
             self.agg.captures.forget_job(job)
             if self.agg.wandb is not None:
-                self.agg.wandb.exporter.finish(job)
+                self.agg.wandb.finish_job(job)
         with self._lock:
             due = [a for a, t in self._gone_since.items() if now - t >= limits.agent_retention_s]
         if due and self._loop is not None:

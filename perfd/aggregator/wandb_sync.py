@@ -195,6 +195,12 @@ class WandbSync:
             next_round = time.monotonic() + self.interval_s
             await asyncio.to_thread(self._guarded, "export", self.sync_once)
 
+    def finish_job(self, job: str) -> None:
+        """Finish ``job``'s run (the job pruned), after the round in flight: a round that read the job
+        before its pruning and logged after this finish made it a second run, never finished."""
+        with self._round_lock:
+            self.exporter.finish(job)
+
     def _last_round(self) -> None:
         """After the round in flight, if any: what arrived since, then every run finished; no round
         after it."""

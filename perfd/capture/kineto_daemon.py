@@ -540,8 +540,10 @@ class KinetoDaemon:
         with arming._cond:
             st = arming.states[key]
             if st.answered_at is None:
-                if now > arming.expires_at:
-                    pass  # too late: never answered now; the arming ends below
+                if now > arming.expires_at or arming.cancelled:
+                    # too late, or disarmed since this request was looked up (its capture failed and
+                    # said so): never answered now, no trace that nobody collects
+                    pass
                 elif can_accept:
                     st.answered_at = now
                     answer = arming.configs[key]

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +134,21 @@ def test_wandb_sync_sends_only_new_iterations_and_finished_captures_once():
     assert exporter.captures == ["c1"]
 
 
-def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
-    """A round runs on a worker thread, which the stop's cancelling of its task does not end: the last
-    round waits for it, the runs are finished after both, and a round begun after logs nothing. The round
-    in flight has read 10 iterations and is about to log them when 30 more arrive and the stop comes: a
-    last round run beside it logged all 40 and finished the runs, then the round in flight logged to a
-    finished run."""
+@dataclass
+class _RoundInFlight:
+    """A W&B task whose round on the thread named ``round`` has read the job's 10 iterations and waits,
+    holding the round lock, until ``publish_gate`` lets it log them; the other 30 then arrive. Who else
+    comes to the round lock is seen at ``lock_gate``; ``calls`` is what reached the exporter."""
+
+    sync: WandbSync
+    state: AggregatorState
+    calls: list[str]
+    publish_gate: Gate
+    lock_gate: Gate
+    thread: threading.Thread
+
+
+def _round_in_flight() -> _RoundInFlight:
     from perfd.collectors.megatron import parse_file
 
     parsed = parse_file(DEMO_LOG, job="j")
@@ -154,7 +164,7 @@ def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
             return super().log_analysis(job, block, iterations, *args, **kw)
 
         def finish(self, job: str | None = None) -> None:
-            calls.append("finish")
+            calls.append("finish" if job is None else f"finish {job}")
 
     publish_gate, lock_gate = Gate(), Gate()
     sync = WandbSync(state, Exporter(), interval_s=1.0)  # type: ignore[arg-type]
@@ -168,25 +178,46 @@ def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
     sync.sink.publish = gated_publish  # type: ignore[method-assign,assignment]
     sync._round_lock = GatedLock(lock_gate)  # type: ignore[assignment]
     lock_gate.open("round")
-    out: dict[str, Any] = {}
-    in_flight = started("round", sync.sync_once, out)
+    thread = started("round", sync.sync_once, {})
     publish_gate.wait_arrived("round")
-    state.ingest_steps("a1", parsed.records[10:])  # more arrives, then the aggregator stops
+    state.ingest_steps("a1", parsed.records[10:])  # more arrives meanwhile
+    return _RoundInFlight(sync, state, calls, publish_gate, lock_gate, thread)
+
+
+def test_wandb_stop_waits_for_the_round_in_flight_and_no_round_follows_it():
+    """A round runs on a worker thread, which the stop's cancelling of its task does not end: the last
+    round waits for it, the runs are finished after both, and a round begun after logs nothing. (A last
+    round run beside it logged all 40 and finished the runs; the round in flight then logged to a
+    finished run.)"""
+    r = _round_in_flight()
 
     def stopping() -> None:  # the aggregator's stop: its worker threads named stop_N
         with asyncio.Runner() as runner:
             runner.get_loop().set_default_executor(ThreadPoolExecutor(1, thread_name_prefix="stop"))
-            runner.run(sync.close())
+            runner.run(r.sync.close())
 
-    stop = started("stop", stopping, out)
-    lock_gate.wait_arrived("stop_0")  # the last round comes to the round lock, held by the one in flight
-    lock_gate.open("stop_0")
-    publish_gate.open("round")
-    joined(in_flight)
+    stop = started("stop", stopping, {})
+    r.lock_gate.wait_arrived("stop_0")  # the last round comes to the round lock, held by the one in flight
+    r.lock_gate.open("stop_0")
+    r.publish_gate.open("round")
+    joined(r.thread)
     joined(stop)
-    assert calls == ["log 1-10", "log 11-40", "finish"]
-    lock_gate.open("MainThread")
-    assert sync.sync_once() == 0 and calls[-1] == "finish"  # a round begun after the stop: nothing
+    assert r.calls == ["log 1-10", "log 11-40", "finish"]
+    r.lock_gate.open("MainThread")
+    assert r.sync.sync_once() == 0 and r.calls[-1] == "finish"  # a round begun after the stop: nothing
+
+
+def test_a_pruned_jobs_run_is_finished_after_the_round_in_flight():
+    """The job pruned while a round that read it is in flight: its run is finished after that round
+    logged (finished before, the round's log made it a second run that no stop finished)."""
+    r = _round_in_flight()
+    prune = started("prune", lambda: r.sync.finish_job("j"), {})
+    r.lock_gate.wait_arrived("prune")
+    r.lock_gate.open("prune")
+    r.publish_gate.open("round")
+    joined(r.thread)
+    joined(prune)
+    assert r.calls == ["log 1-10", "finish j"]
 
 
 def test_gpu_pods_join_nvml_series_by_uuid():
