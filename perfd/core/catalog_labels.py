@@ -44,7 +44,8 @@ LABELS: dict[str, str] = {
     "python": "Python version the daemon runs on (one per build)",
     "source": "where a GPU series comes from when it is not NVML/GPM (dcgm-exporter)",
     "target": "remote-write URL, scheme, host and path only (one per --remote-write)",
-    "stream": "an engine stream the root reads (partials, records, events, summaries)",
+    "stream": "an engine stream (nodes, partials, records, events, summaries)",
+    "consumer": "a partition's durable consumer of the node stream, shard-pN (one per engine partition)",
 }
 
 

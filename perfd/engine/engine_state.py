@@ -20,8 +20,8 @@ from perfd.engine.nats_api import JetStream
 
 log = logging.getLogger("perfd.engine")
 
-# The streams whose state is read, by their engine names (perfd.engine.subjects)
-STREAMS = (S.NODES_STREAM, S.PARTIALS_STREAM, S.RECORDS_STREAM, S.EVENTS_STREAM, S.SUMMARIES_STREAM)
+# The streams whose state is read (their engine names) -> the short name they are held and shown by
+STREAMS = S.STREAM_LABELS
 # How often the leader reads them: a Prometheus scrape's order (15 s), and 5 + partitions requests a
 # read, which the engine answers from memory
 ENGINE_STATE_S = 15.0
@@ -48,7 +48,7 @@ class ConsumerState:
 class EngineState:
     """The last read (``read_at`` None: none made yet), and the reads that failed."""
 
-    streams: dict[str, StreamState] = field(default_factory=dict)
+    streams: dict[str, StreamState] = field(default_factory=dict)  # by STREAMS' short name
     consumers: dict[str, ConsumerState] = field(default_factory=dict)  # consumer name -> its state
     read_at: float | None = None  # epoch s
     read_errors: int = 0
@@ -70,12 +70,12 @@ async def read_state(js: JetStream, partitions: int
     from nats.js.errors import NotFoundError
 
     streams: dict[str, StreamState] = {}
-    for name in STREAMS:
+    for name, short in STREAMS.items():
         try:
             si = await asyncio.wait_for(js.stream_info(name), READ_TIMEOUT_S)
         except NotFoundError:
             continue
-        streams[name] = StreamState(int(si.state.messages), int(si.state.bytes), _limit(si.config.max_bytes))
+        streams[short] = StreamState(int(si.state.messages), int(si.state.bytes), _limit(si.config.max_bytes))
     consumers: dict[str, ConsumerState] = {}
     for p in range(partitions):
         name = S.shard_consumer(p)

@@ -23,6 +23,10 @@ EVENTS_STREAM = "PERFD_EVENTS"
 # they summarise, read by the job's root: a stream of their own, so that an engine made before them
 # takes them without its partials stream's subjects changing (JetStream refuses another config).
 SUMMARIES_STREAM = "PERFD_SUMMARIES"
+# Each stream's short name: the ``stream`` label of the root's series (what it let go unread, the
+# streams' state) and the keys of its counters
+STREAM_LABELS = {NODES_STREAM: "nodes", PARTIALS_STREAM: "partials", RECORDS_STREAM: "records",
+                 EVENTS_STREAM: "events", SUMMARIES_STREAM: "summaries"}
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
 # KV: job token -> the job's info as a shard last read it from the job's node messages (its layout: which
 # rank is which pipeline stage). A shard that takes a partition over reads it here before it folds that

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
+from perfd.engine.subjects import NODES_STREAM, STREAM_LABELS
 from perfd.exporters.prometheus import Row, build_info_families, series_families
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ _ROOT_COUNTERS = {
     "perfd_engine_root_summaries_total": "summaries",
     "perfd_engine_root_summaries_overcounted_total": "summaries_overcounted",
 }
-# The streams whose skipped messages RootStats counts (``<stream>_skipped``)
-_STREAMS = ("partials", "records", "events", "summaries")
+# The streams whose skipped messages RootStats counts (``<stream>_skipped``): every one the root reads
+_STREAMS = tuple(short for name, short in STREAM_LABELS.items() if name != NODES_STREAM)
 _SUMMARIES_DROPPED = ("stale", "late", "holders_dropped")  # RootStats ``summaries_<reason>``
 # RootStats.lag_quantiles' quantile -> its gauge
 _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",

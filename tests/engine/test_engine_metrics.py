@@ -41,8 +41,7 @@ def test_the_root_exports_its_stats_exactly() -> None:
                    summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8,
                    summaries_holders_dropped=15, summaries_overcounted=16)
     st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
-    eng = EngineState(streams={"PERFD_NODES": StreamState(12, 3400, 1 << 30),
-                               "PERFD_EVENTS": StreamState(5, 900, None)},
+    eng = EngineState(streams={"nodes": StreamState(12, 3400, 1 << 30), "events": StreamState(5, 900, None)},
                       consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
                       read_at=1.0, read_errors=3)
     got = _exposed(RootMetrics(st, lambda: eng))
@@ -65,11 +64,11 @@ def test_the_root_exports_its_stats_exactly() -> None:
         ("perfd_engine_root_summaries_dropped_total", (("reason", "late"),)): 8.0,
         ("perfd_engine_root_summaries_dropped_total", (("reason", "holders_dropped"),)): 15.0,
         ("perfd_engine_root_summaries_overcounted_total", ()): 16.0,
-        ("perfd_engine_stream_messages", (("stream", "PERFD_NODES"),)): 12.0,
-        ("perfd_engine_stream_bytes", (("stream", "PERFD_NODES"),)): 3400.0,
-        ("perfd_engine_stream_limit_bytes", (("stream", "PERFD_NODES"),)): float(1 << 30),
-        ("perfd_engine_stream_messages", (("stream", "PERFD_EVENTS"),)): 5.0,
-        ("perfd_engine_stream_bytes", (("stream", "PERFD_EVENTS"),)): 900.0,  # no limit: no limit series
+        ("perfd_engine_stream_messages", (("stream", "nodes"),)): 12.0,
+        ("perfd_engine_stream_bytes", (("stream", "nodes"),)): 3400.0,
+        ("perfd_engine_stream_limit_bytes", (("stream", "nodes"),)): float(1 << 30),
+        ("perfd_engine_stream_messages", (("stream", "events"),)): 5.0,
+        ("perfd_engine_stream_bytes", (("stream", "events"),)): 900.0,  # no limit: no limit series
         ("perfd_engine_consumer_pending", (("consumer", "shard-p0"),)): 7.0,
         ("perfd_engine_consumer_ack_pending", (("consumer", "shard-p0"),)): 2.0,
         ("perfd_engine_consumer_redelivered", (("consumer", "shard-p0"),)): 1.0,
@@ -185,5 +184,6 @@ def test_a_shard_and_a_root_serve_their_counters(rig: Rig) -> None:
                            "perfd_engine_consumer_redelivered")}
     engine = wait_for(lambda: consumers <= set(s := _samples(_get(base + "/metrics"))) and s, 60,
                       "every partition's consumer on the root's /metrics", ignore=NOT_YET)
-    assert engine[("perfd_engine_stream_limit_bytes", (("stream", S.NODES_STREAM),))] == S.NODES_MAX_BYTES
+    nodes = S.STREAM_LABELS[S.NODES_STREAM]
+    assert engine[("perfd_engine_stream_limit_bytes", (("stream", nodes),))] == S.NODES_MAX_BYTES
     assert engine[("perfd_engine_state_read_errors_total", ())] == 0.0

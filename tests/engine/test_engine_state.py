@@ -80,8 +80,8 @@ def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
             try:
                 while time.monotonic() - t0 < BOUND_S:
                     st = root.engine
-                    if st.read_at is not None and st.streams.get(S.NODES_STREAM, None) is not None \
-                            and st.streams[S.NODES_STREAM].messages == waiting:
+                    nodes = st.streams.get(S.STREAM_LABELS[S.NODES_STREAM])
+                    if st.read_at is not None and nodes is not None and nodes.messages == waiting:
                         break
                     await asyncio.sleep(0.05)
                 read = root.engine
@@ -98,13 +98,15 @@ def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
     assert read.read_at is not None and read.read_errors == 0, read
     # every engine stream, each as nats-server counts it; the byte limits perfd made them with
     # (the lease and job-info buckets are streams too, KV_*: not the engine's data, not read)
-    assert set(read.streams) == set(engine_state.STREAMS) == {n for n in streams if not n.startswith("KV_")}
-    for name, st in read.streams.items():
-        want = streams[name]["state"]
-        assert (st.messages, st.bytes) == (want["messages"], want["bytes"])
-        assert st.max_bytes == streams[name]["config"]["max_bytes"] > 0
-    assert read.streams[S.NODES_STREAM].max_bytes == S.NODES_MAX_BYTES
-    assert read.streams[S.NODES_STREAM].messages == waiting and read.streams[S.NODES_STREAM].bytes > 0
+    named = {short: name for name, short in engine_state.STREAMS.items()}
+    assert set(read.streams) == set(named)
+    assert set(named.values()) == {n for n in streams if not n.startswith("KV_")}
+    for short, st in read.streams.items():
+        want = streams[named[short]]
+        assert (st.messages, st.bytes) == (want["state"]["messages"], want["state"]["bytes"])
+        assert st.max_bytes == want["config"]["max_bytes"] > 0
+    nodes = read.streams[S.STREAM_LABELS[S.NODES_STREAM]]
+    assert nodes.max_bytes == S.NODES_MAX_BYTES and nodes.messages == waiting and nodes.bytes > 0
     # the one partition consumer made: its backlog the node messages no shard took
     # (the root's own readers are consumers too, ephemeral, of the other streams: not read)
     assert set(read.consumers) == {S.shard_consumer(2)} == {
@@ -114,7 +116,7 @@ def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
                                                          jc["num_redelivered"]) == (waiting, 0, 0)
     rows = {(name, tuple(sorted(labels.items()))): v for labels, name, v in engine_rows(read)}
     assert rows[("perfd_engine_consumer_pending", (("consumer", S.shard_consumer(2)),))] == waiting
-    assert rows[("perfd_engine_stream_limit_bytes", (("stream", S.NODES_STREAM),))] == S.NODES_MAX_BYTES
+    assert rows[("perfd_engine_stream_limit_bytes", (("stream", "nodes"),))] == S.NODES_MAX_BYTES
     assert cleared  # no longer leading: nothing read is held (the next leader's are the engine's)
 
 
