@@ -105,6 +105,7 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_same_answer_scale.py::_through_the_engine": POLL,
     "tests/engine/test_shard_hold_redelivery.py::_SlowFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
+    "tests/engine/test_root_lease_busy.py::_SlowSink.ingest_steps": HOLD,
     "tests/engine/test_shard_lease_busy.py::_ShardThread._probe": LAG_PROBE,
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
     "tests/engine/test_shard_lease_busy.py::"

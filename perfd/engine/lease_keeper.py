@@ -1,5 +1,5 @@
-"""A shard's leases (perfd.engine.leases) held and renewed on a thread of their own, with its own event
-loop and its own connection to the engine, so that no fold, however long, delays a renewal.
+"""A shard's or a root's leases (perfd.engine.leases) held and renewed on a thread of their own, with its
+own event loop and its own connection to the engine, so that no fold, however long, delays a renewal.
 
 Why a thread, not the shard's event loop. A shard folds its node messages on its event loop; a fetch
 of them with their collective operations took seconds to fold, and the renewals, each a request and
@@ -11,9 +11,10 @@ shortens the turns; it bounds nothing (a message's fold is as long as its operat
 the renewals run where nothing else does: the fold holds the interpreter's lock, which a waiting
 thread gets within its switch interval (5 ms), so a lease is renewed on time however busy the fold.
 
-A shard that stops acting must still lose its leases: the owner calls :meth:`LeaseKeeper.beat` from
-its loop, and a keeper that has not heard from it for LOOP_STALL_S (a hung loop, not a busy one:
-a fold yields between messages) stops renewing, so its partitions move as a dead shard's would.
+A shard or root that stops acting must still lose its leases: the owner calls :meth:`LeaseKeeper.beat`
+from its loop (:func:`keep_beating`), and a keeper that has not heard from it for LOOP_STALL_S (a hung
+loop, not a busy one: a fold yields between messages) stops renewing, so its partitions (or the root's
+lead) move as a dead holder's would.
 A lease whose renewal failed (taken, expired, or the engine unreachable for the TTL) is lost at once:
 the owner reads it (:meth:`take_lost`, :meth:`held`) and stops consuming that partition.
 """
@@ -40,6 +41,7 @@ T = TypeVar("T")
 # The owner's loop silent this long: it is hung, and its leases are let go (a busy fold yields between
 # messages, each at most seconds: far under this).
 LOOP_STALL_S = 30.0
+BEAT_S = 0.5  # the owner's loop tells its keeper it is alive this often (keep_beating)
 CALL_TIMEOUT_S = 15.0  # an acquire or release through the keeper's thread (one request, or a few)
 
 
@@ -151,7 +153,7 @@ class LeaseKeeper:
             if time.monotonic() - self._beat > self.loop_stall_s:
                 self.stalled += 1
                 if self.stalled == 1:
-                    log.warning("leases %s: the shard's loop silent %.0f s: its leases are let go",
+                    log.warning("leases %s: its owner's loop silent %.0f s: its leases are let go",
                                 self.holder, time.monotonic() - self._beat)
                 continue
             await self._renew_all()
@@ -187,3 +189,10 @@ class LeaseKeeper:
             self._held = frozenset(self._leases)
             with self._lost_lock:
                 self._lost.extend(lost)
+
+
+async def keep_beating(keeper: LeaseKeeper) -> None:
+    """Tell ``keeper`` the owner's loop is alive every BEAT_S, until cancelled (a task of that loop)."""
+    while True:
+        keeper.beat()
+        await asyncio.sleep(BEAT_S)

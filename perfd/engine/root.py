@@ -3,11 +3,13 @@ to the aggregator's store as one record per iteration, so that the analysis, /me
 the rules read a job of 100,000 ranks as they read one that streams to a single aggregator.
 
 One root leads at a time, by lease (perfd.engine.leases); a standby aggregator started the same way
-takes over when the leader stops renewing. The leader reads the partials stream from its first
-message kept (the jobs' history, an hour by default): a new leader, or one that restarted, rebuilds
-what it holds from it, and a partial read twice folds once. The nodes' events come as their agents
-sent them, and their collective records as each agent reduced them
-(perfd.core.collfold), on the records stream, read the same way beside the partials
+takes over when the leader stops renewing. The lease is renewed on a thread of its own
+(perfd.engine.lease_keeper, as a shard's): a fold of a large batch holds this loop for seconds, and a
+renewal waiting its turn behind it lost the lease of a root that was working, not gone. The leader
+reads the partials stream from its first message kept (the jobs' history, an hour by default): a new
+leader, or one that restarted, rebuilds what it holds from it, and a partial read twice folds once.
+The nodes' events come as their agents sent them, and their collective records as each agent reduced
+them (perfd.core.collfold), on the records stream, read the same way beside the partials
 (the engine drops a message published twice within its duplicate window; a reduced one read twice
 merges once: the merge is a join). The reduced collective records (the store's share of each rank's)
 are merged here, in the store the root hands them to: what the analysis reads of whole operations
@@ -45,7 +47,7 @@ from perfd.engine import summary_codec
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.engine_state import EngineState
 from perfd.engine.engine_state import watch as watch_engine
-from perfd.engine.leases import Lease
+from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
 from perfd.engine.root_summaries import RootSummaries
@@ -132,23 +134,26 @@ class Root:
     async def _session(self, stop: asyncio.Event) -> None:
         nc = await connect(self.cfg, f"perfd-root {self.id}")
         self._nc, self._loop = nc, asyncio.get_running_loop()
+        keeper = beats = None
         try:
             await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
-            lease = Lease(kv, S.ROOT_LEASE, self.id)
+            keeper = LeaseKeeper(self.cfg, self.id)
+            await keeper.start()
+            beats = asyncio.create_task(keep_beating(keeper))
             while not stop.is_set():
-                if await lease.acquire():
+                if await keeper.acquire(S.ROOT_LEASE):
                     log.info("engine root %s: leads; reading the partials kept", self.id)
                     self.stats.leader, self.leader_http = True, None
                     try:
-                        await self._lead(js, lease, stop, kv)
+                        await self._lead(js, keeper, stop, kv)
                     finally:
                         self.stats.leader = False
                         if self.advertise_http:  # a standby stops forwarding here at its next read
                             with contextlib.suppress(Exception):
                                 await kv.delete(S.ROOT_HTTP_KEY)
-                        await lease.release()
+                        await keeper.release(S.ROOT_LEASE)
                 else:
                     self.leader_http = await _advertised(kv)
                     try:
@@ -156,6 +161,11 @@ class Root:
                     except asyncio.TimeoutError:
                         pass
         finally:
+            if beats is not None:
+                beats.cancel()
+                await asyncio.gather(beats, return_exceptions=True)
+            if keeper is not None:
+                await keeper.close()
             self._nc = None
             await close_bounded(nc, f"root {self.id}")
 
@@ -196,7 +206,7 @@ class Root:
                         stream, S.PARTIALS_MAX_BYTES) >> 20,
                     S.PARTIALS_MAX_AGE_S, stream)
 
-    async def _lead(self, js: JetStream, lease: Lease, stop: asyncio.Event, kv: KeyValue) -> None:
+    async def _lead(self, js: JetStream, keeper: LeaseKeeper, stop: asyncio.Event, kv: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -240,18 +250,22 @@ class Root:
         self.engine = EngineState()
         watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop))
         loop = asyncio.get_running_loop()
-        renew_at = loop.time() + self.cfg.renew_s
+        advertise_at = loop.time() + self.cfg.renew_s
         try:
             await self._advertise(kv)
             while not stop.is_set():
                 for records in readers:
                     if records.done():  # it stopped on an error: this session ends and reconnects
                         records.result()
-                if loop.time() >= renew_at:
-                    if not await lease.renew():
-                        return  # another leads now: stop reading before it starts
+                if not keeper.held(S.ROOT_LEASE):  # its keeper could not renew it: another may lead now
+                    keeper.take_lost()
+                    self.stats.leadership_lost += 1
+                    log.warning("engine root %s: lost the root lease; stops reading before another leads",
+                                self.id)
+                    return
+                if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
-                    renew_at = loop.time() + self.cfg.renew_s
+                    advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
                 if msgs:
                     self._skipped("partials", self._read_to, msgs)

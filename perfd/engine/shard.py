@@ -39,7 +39,7 @@ from perfd.core.winfigures import WindowFigures
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
-from perfd.engine.lease_keeper import LeaseKeeper
+from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
@@ -68,7 +68,6 @@ MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
 YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
-BEAT_S = 0.5  # the loop tells its lease keeper it is alive this often (lease_keeper.LOOP_STALL_S)
 # A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
 FLUSH_FIRST_S = 1.0
 
@@ -173,7 +172,7 @@ class Shard:
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
             await keeper.start()
             flusher = asyncio.create_task(self._flush_loop(js, stop))
-            beats = asyncio.create_task(_beat(keeper))
+            beats = asyncio.create_task(keep_beating(keeper))
             try:
                 while not stop.is_set():
                     await self._balance(js, kv, keeper)
@@ -514,12 +513,6 @@ def _batches(raw: list[pb.WindowFigures]) -> Iterator[list[pb.WindowFigures]]:
         rows += len(f.iteration)
     if batch:
         yield batch
-
-
-async def _beat(keeper: LeaseKeeper) -> None:
-    while True:
-        keeper.beat()
-        await asyncio.sleep(BEAT_S)
 
 
 async def _in_progress(msgs: Sequence[Msg]) -> float:

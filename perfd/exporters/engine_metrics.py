@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 # catalog name -> the RootStats counter it is
 _ROOT_COUNTERS = {
+    "perfd_engine_root_leadership_lost_total": "leadership_lost",
     "perfd_engine_root_partials_total": "partials",
     "perfd_engine_root_node_messages_total": "node_messages",
     "perfd_engine_root_redelivered_total": "redelivered",

@@ -39,7 +39,7 @@ def test_the_root_exports_its_stats_exactly() -> None:
     st = RootStats(leader=True, partials=7, node_messages=41, redelivered=3, late=2, refused=1, undecodable=4,
                    complete=9, held_back=5, partials_skipped=11, records_skipped=12, events_skipped=13,
                    summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8,
-                   summaries_holders_dropped=15, summaries_overcounted=16)
+                   summaries_holders_dropped=15, summaries_overcounted=16, leadership_lost=17)
     st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
     eng = EngineState(streams={"nodes": StreamState(12, 3400, 1 << 30), "events": StreamState(5, 900, None)},
                       consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
@@ -47,6 +47,7 @@ def test_the_root_exports_its_stats_exactly() -> None:
     got = _exposed(RootMetrics(st, lambda: eng))
     want = {
         ("perfd_engine_root_leader", ()): 1.0,
+        ("perfd_engine_root_leadership_lost_total", ()): 17.0,
         ("perfd_engine_root_partials_total", ()): 7.0,
         ("perfd_engine_root_node_messages_total", ()): 41.0,
         ("perfd_engine_root_redelivered_total", ()): 3.0,
