@@ -108,6 +108,12 @@ class TraceData:
     syncs: list[Launch] = field(default_factory=list)
     steps: int | None = None
 
+    @property
+    def empty(self) -> bool:
+        """Nothing timed in it: no kernel, copy, range, launch or wait (a profiler that recorded
+        nothing in its window writes its metadata alone)."""
+        return not (self.kernels or self.memcpys or self.nvtx or self.ranges or self.launches or self.syncs)
+
 
 # --- interval arithmetic ----------------------------------------------------------------------
 def union(intervals: Iterable[Interval]) -> list[Interval]:

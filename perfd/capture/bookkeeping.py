@@ -7,6 +7,7 @@ importing the manager (imports go manager → runs → here).
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
 import threading
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
-from perfd.capture.chrome_trace import analyze_chrome_trace
+from perfd.capture.chrome_trace import TraceEmpty, analyze_chrome_trace
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore, Manifest
 from perfd.capture.trace_input import TraceRefused
@@ -118,14 +119,33 @@ def record_analysis(m: Manifest, rank: int, fn: Callable[[], CaptureAnalysis],
 _TRACE_READS = threading.Lock()
 
 
-def record_trace(ctx: RunContext, m: Manifest, rank: int, path: Path) -> str | None:
-    """Analyse a rank's Kineto trace into the manifest (record_analysis); when the reader refuses it
-    (perfd.capture.trace_input: the job's process wrote it, and it is past a cap) no analysis is kept,
-    the refusal is counted under its reason, and its sentence for the capture's reason is returned."""
+class TraceMissKind(enum.Enum):
+    """Why a rank's trace, written and taken in, gives no analysis (the capture's status counts it
+    as the rank's miss)."""
+
+    REFUSED = "refused"  # past a cap of the reader's (perfd.capture.trace_input), counted
+    EMPTY = "empty"  # nothing timed in it (perfd.capture.chrome_trace.TraceEmpty)
+
+
+@dataclass(frozen=True)
+class TraceMiss:
+    kind: TraceMissKind
+    text: str  # the sentence the capture's reason shows
+
+
+def record_trace(ctx: RunContext, m: Manifest, rank: int, path: Path) -> TraceMiss | None:
+    """Analyse a rank's Kineto trace into the manifest (record_analysis); None once kept. A trace the
+    reader refuses (perfd.capture.trace_input: the job's process wrote it, and it is past a cap) keeps
+    no analysis and is counted under its reason; one that holds no timed event keeps none either: the
+    rank's miss, typed, with its sentence for the capture's reason."""
     try:
         with _TRACE_READS:
-            record_analysis(m, rank, functools.partial(analyze_chrome_trace, path), passes=TraceRefused)
+            record_analysis(m, rank, functools.partial(analyze_chrome_trace, path),
+                            passes=(TraceRefused, TraceEmpty))
     except TraceRefused as exc:
         ctx.count_error(exc.reason, f"capture {m.get('id')} rank {rank}: {path.name}: {exc}")
-        return f"rank {rank}: its trace {path.name} was {exc}"
+        return TraceMiss(TraceMissKind.REFUSED, f"rank {rank}: its trace {path.name} was {exc}")
+    except TraceEmpty as exc:
+        log.warning("capture %s rank %d: %s: %s", m.get("id"), rank, path.name, exc)
+        return TraceMiss(TraceMissKind.EMPTY, f"rank {rank}: {exc} ({path.name}, kept)")
     return None

@@ -204,5 +204,16 @@ def read_chrome_trace(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> TraceDa
         return parse_chrome_trace(load_trace_json(path, caps), str(path))
 
 
+class TraceEmpty(ValueError):
+    """A trace with nothing timed in it (TraceData.empty): there is nothing to analyse, and an analysis
+    of it would read as a job with no device. torch's on-demand profiler writes one when its window
+    recorded nothing (seen with a CPU build starved of its CPU for the window)."""
+
+
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
-    return analyze_trace(read_chrome_trace(path), top_n, use_frames)
+    """The trace's analysis; TraceEmpty where it holds no timed event (TraceRefused past a cap)."""
+    data = read_chrome_trace(path)
+    if data.empty:
+        raise TraceEmpty("the trace holds no timed event (its metadata only): the profiler recorded "
+                         "nothing in its window")
+    return analyze_trace(data, top_n, use_frames)

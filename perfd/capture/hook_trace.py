@@ -234,9 +234,9 @@ class HookTraceCapture:
                 continue
             m["timings"]["trace_ready_at"] = self.ctx.clock()
             self.ctx.store.add_artifact(m, got, "kineto_trace", r, pids.get(r))
-            refused = record_trace(self.ctx, m, r, got)
-            if refused is not None:
-                missing[r] = refused
+            miss = record_trace(self.ctx, m, r, got)
+            if miss is not None:
+                missing[r] = miss.text
         if len(missing) == len(requests):
             with contextlib.suppress(Exception):
                 self.ctx.store.write(m)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, record_trace
+from perfd.capture.bookkeeping import STARTED, CaptureFailed, RunContext, TraceMissKind, record_trace
 from perfd.capture.dynolog import DynologArming, DynologKineto
 from perfd.capture.kineto_daemon import Arming, KinetoDaemon, build_config, trace_complete
 from perfd.capture.nsys_exec import wait_stable
@@ -45,6 +45,10 @@ class Miss(enum.Enum):
     NEVER_POLLED = "never_polled"  # it polls no Kineto daemon (started without KINETO_USE_DAEMON)
     NO_TRACE = "no_trace"  # it took the config, but wrote no trace before the timeout
     REFUSED = "refused"  # its trace is past a cap of the reader's (perfd.capture.trace_input), counted
+    EMPTY = "empty"  # its trace holds no timed event: its profiler recorded nothing in the window
+
+
+_TRACE_MISS = {TraceMissKind.REFUSED: Miss.REFUSED, TraceMissKind.EMPTY: Miss.EMPTY}
 
 
 @dataclass(frozen=True)
@@ -140,9 +144,9 @@ class KinetoCapture:
                     t["first_event_at"] = min(active, t.get("first_event_at") or active)
                 t["trace_ready_at"] = self.ctx.clock()
                 self.ctx.store.add_artifact(m, got, "kineto_trace", r, pid)
-                refused = record_trace(self.ctx, m, r, got)
-                if refused is not None:
-                    missing[r] = RankMiss(Miss.REFUSED, refused)
+                miss = record_trace(self.ctx, m, r, got)
+                if miss is not None:
+                    missing[r] = RankMiss(_TRACE_MISS[miss.kind], miss.text)
             if len(missing) == len(by_pid):
                 timed_out = any(x.why is Miss.NO_TRACE for x in missing.values())
                 raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(_texts(missing)))

@@ -43,10 +43,11 @@ class FakeRank(threading.Thread):
     ``<log>_<pid>.json`` after ``trace_s``), reports busy meanwhile."""
 
     def __init__(self, daemon_name: str, pid: int, period: float = 0.2, trace_s: float = 0.4,
-                 write: bool = True) -> None:
+                 write: bool = True, trace: dict[str, Any] | None = None) -> None:
         super().__init__(daemon=True)
         self.client = FakeLibkineto(daemon_name)
         self.pid, self.period, self.trace_s, self.write = pid, period, trace_s, write
+        self.trace = TRACE if trace is None else trace
         self.configs: list[str] = []
         self.stop = threading.Event()
 
@@ -60,7 +61,7 @@ class FakeRank(threading.Thread):
             if pending is not None and not busy:
                 if self.write:
                     path = pending.split("ACTIVITIES_LOG_FILE=")[1].splitlines()[0]
-                    Path(path.replace(".json", f"_{self.pid}.json")).write_text(json.dumps(TRACE))
+                    Path(path.replace(".json", f"_{self.pid}.json")).write_text(json.dumps(self.trace))
                 pending = None
             if got:
                 self.configs.append(got)

@@ -231,7 +231,8 @@ def test_the_agent_reads_one_trace_at_a_time(tmp_path: Path, monkeypatch: pytest
     ctx = bookkeeping.RunContext(store, time.time, 0.1, threading.Event(), lambda *a: None,
                                  lambda reason, detail: counted.append(reason))
     m = store.new_capture("job1", (3,), "kineto")
-    assert bookkeeping.record_trace(ctx, m, 3, tmp_path / "t.json") == (
+    assert bookkeeping.record_trace(ctx, m, 3, tmp_path / "t.json") == bookkeeping.TraceMiss(
+        bookkeeping.TraceMissKind.REFUSED,
         "rank 3: its trace t.json was refused (trace_json_values): a test's")
     assert held == [True] and counted == [L.TRACE_REFUSED_VALUES]
 
