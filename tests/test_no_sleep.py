@@ -53,7 +53,7 @@ GUARD = "the suite's leftover-process guard: a bounded moment for the processes 
 ALLOWED: dict[str, str] = {
     "tests/capture/test_hook_trace_run.py::StandInHooks.request_trace.hook": STANDIN,
     "tests/capture/test_kineto_daemon.py::FakeLibkineto.recv": POLL,
-    "tests/capture/test_kineto_daemon.py::test_real_torch_process_writes_an_iteration_aligned_trace": POLL,
+    "tests/capture/test_kineto_daemon.py::test_real_torch_process_traces_the_window_its_config_asks": POLL,
     "tests/capture/test_manager.py::FakeRank.run": STANDIN,
     "tests/capture/test_manager.py::_session_range_manager.hook.training": STANDIN,
     "tests/capture/test_manager.py::test_nsys_step_aligned_range_through_the_hook.hook.training": STANDIN,

@@ -306,9 +306,18 @@ def start_torch_job(tmp_path: Path, env_extra: dict[str, str], seconds: float) -
 # --dist loadgroup): two at once on a small machine starve each other's traced steps.
 @pytest.mark.xdist_group("torch_processes")
 @pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
-def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
-    """An unmodified torch process with KINETO_USE_DAEMON=1 and a 1 s poll: file-socket mode keeps
-    the test off the host-wide abstract name ``dynolog``."""
+def test_real_torch_process_traces_the_window_its_config_asks(tmp_path):
+    """An unmodified torch process with KINETO_USE_DAEMON=1 and a 1 s poll takes the config perfd's
+    daemon hands it and writes its trace where the config says, for the window it says: file-socket
+    mode keeps the test off the host-wide abstract name ``dynolog``.
+
+    The CPU build traces for the config's duration and ignores its iterations (checked: a config of 3
+    iterations alone traced libkineto's default 500 ms, 3 to 18 steps in it at a load of ~11); a GPU
+    build's iteration-aligned window is the GPU machine's to prove (tests/gpu/hook_trace_live.py). What
+    this process makes of its window is the machine's: at a load of ~11 the job's 2 s window held 2 to
+    38 optimizer steps over eight runs, and in one loaded suite run none (the job starved of its CPU
+    for it). So the test holds what the config decides, exactly: the profiler's own span is the 2 s
+    it asked (not libkineto's 500 ms default); the steps in it are printed."""
     # A short directory: libkineto's client binds DIR/dynoconfigclient<uuid> (Unix addresses: 107 bytes).
     sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))
     env = kineto_env(poll_s=1, config_dir=tmp_path, socket_dir=str(sdir), trace_dir=tmp_path)
@@ -324,10 +333,8 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
                 out = proc.communicate()[0]
                 shutil.rmtree(sdir, ignore_errors=True)
                 pytest.skip(f"this torch build never polled the daemon (no daemon support?): {out[-500:]}")
-            # One arming. The CPU build traces for the config's duration, not its iterations (libkineto's
-            # default 500 ms where none is given: 17 steps in one such window at a load of ~10 on the
-            # 2-core VM, none in another, the job starved of its CPU for it); so the config gives 2 s (at
-            # that load ~70 steps). A GPU build ends the trace after the three iterations.
+            # One arming, of a config with both a window (2 s) and iterations (3): the CPU build takes the
+            # window, a GPU build ends the trace after the three iterations.
             out_dir = tmp_path / "arming"
             out_dir.mkdir()
             config = build_config(out_dir / "trace.json", iterations=3, duration_ms=2000)
@@ -354,8 +361,11 @@ def test_real_torch_process_writes_an_iteration_aligned_trace(tmp_path):
                 proc.kill()
                 proc.communicate()
     shutil.rmtree(sdir, ignore_errors=True)
-    # At least the three requested optimizer steps.
-    assert len(steps) >= 3, f"{len(steps)} steps in the trace"
+    spans = [e for e in doc["traceEvents"] if e.get("cat") == "Trace" and e.get("ph") == "X"]
+    print(f"{len(steps)} optimizer steps in the job's 2 s window")
+    # The config's window, 2,000 ms, not libkineto's default 500: the profiler's own span (a loaded
+    # machine only lengthens it, by the wake-up of libkineto's thread; its timer read 1,992 ms once)
+    assert len(spans) == 1 and spans[0]["dur"] >= 1_500_000, spans
     # The 1 s poll of kineto_env is in effect (libkineto's default asks every 5 s): told by the
     # period the daemon measured between the process's polls, which a loaded machine stretches
     # less than it delays one answer.
