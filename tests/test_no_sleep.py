@@ -106,7 +106,7 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_shard_hold_redelivery.py::_SlowFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
     "tests/engine/test_root_lease_busy.py::_SlowSink.ingest_steps": HOLD,
-    "tests/engine/test_shard_lease_busy.py::_ShardThread._probe": LAG_PROBE,
+    "tests/engine/test_shard_lease_busy.py::OwnLoop._probe": LAG_PROBE,
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
     "tests/engine/test_shard_lease_busy.py::"
     "test_a_keeper_not_hearing_from_its_shards_loop_lets_its_leases_go.main": TIMER,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,9 @@ import pytest
 from perfd.capture import bookkeeping
 from perfd.capture.bookkeeping import TraceMiss, TraceMissKind
 from perfd.capture.chrome_trace import TraceEmpty, analyze_chrome_trace
-from perfd.capture.kineto_daemon import KinetoDaemon
 from perfd.capture.manager import CaptureManager
 from perfd.capture.store import CaptureStore
-from tests.capture.test_manager import FakeRank, cmd
+from tests.capture.test_manager import cmd, two_ranks
 from tests.cli_main import perfd
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures" / "kineto_empty_cpu"
@@ -64,22 +62,8 @@ def test_record_trace_keeps_no_analysis_and_says_the_rank_missed(tmp_path: Path)
 @pytest.fixture
 def ranks_one_empty(tmp_path: Path) -> Iterator[tuple[CaptureManager, list[dict[str, Any]]]]:
     """Two ranks on a stand-in libkineto: rank 0 writes a trace with kernels, rank 1 the empty one."""
-    daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
-    events: list[dict[str, Any]] = []
-    store = CaptureStore(tmp_path / "captures", quota_bytes=10**7)
-    pids = {0: 1000, 1: 1001}
-    mgr = CaptureManager(store, daemon, None, pids_for_ranks=lambda job, ranks: {
-        r: p for r, p in pids.items() if not ranks or r in ranks}, emit=events.append, settle_s=0.2,
-        kineto_poll_s=0.2)
-    fakes = [FakeRank(daemon.socket_name, 1000), FakeRank(daemon.socket_name, 1001,
-                                                          trace=json.loads(EMPTY.read_text()))]
-    for f in fakes:
-        f.start()
-    yield mgr, events
-    mgr.close()
-    for f in fakes:
-        f.stop.set()
-    daemon.stop()
+    for mgr, events, _ in two_ranks(tmp_path, {1: json.loads(EMPTY.read_text())}):
+        yield mgr, events
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,10 @@ class FakeRank(threading.Thread):
         self.client.close()
 
 
-@pytest.fixture
-def env(tmp_path):
+def two_ranks(tmp_path: Path, traces: dict[int, dict[str, Any]] | None = None) -> Iterator[
+        tuple[CaptureManager, list[dict[str, Any]], list[FakeRank]]]:
+    """A capture manager over ranks 0 and 1 (pids 1000, 1001) on stand-in libkinetos, each writing
+    TRACE or the trace ``traces`` gives it: the manager, its events, the ranks; ended after."""
     daemon = KinetoDaemon(socket_name=f"perfd-test-{uuid.uuid4().hex[:12]}", socket_dir="").start()
     events: list[dict[str, Any]] = []
     store = CaptureStore(tmp_path / "captures", quota_bytes=10**7)
@@ -79,14 +82,19 @@ def env(tmp_path):
     mgr = CaptureManager(store, daemon, None, pids_for_ranks=lambda job, ranks: {
         r: p for r, p in pids.items() if not ranks or r in ranks}, emit=events.append, settle_s=0.2,
         kineto_poll_s=0.2)
-    ranks = [FakeRank(daemon.socket_name, p) for p in pids.values()]
-    for r in ranks:
-        r.start()
+    ranks = [FakeRank(daemon.socket_name, p, trace=(traces or {}).get(r)) for r, p in pids.items()]
+    for fake in ranks:
+        fake.start()
     yield mgr, events, ranks
     mgr.close()
-    for r in ranks:
-        r.stop.set()
+    for fake in ranks:
+        fake.stop.set()
     daemon.stop()
+
+
+@pytest.fixture
+def env(tmp_path):
+    yield from two_ranks(tmp_path)
 
 
 def cmd(ranks=(1,), **args: str) -> Command:

@@ -7,9 +7,7 @@ taken from it stops leading, counts it, and leads again once the lease is free."
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,7 +25,7 @@ from perfd.engine.connect import ensure_streams
 from perfd.engine.root import Root
 from perfd.engine.shard import Shard
 from tests.engine.engine_driver import Plan, Rig, js_call, nc_call, rig_under
-from tests.engine.test_shard_lease_busy import _ShardThread
+from tests.engine.test_shard_lease_busy import OwnLoop
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -58,38 +56,6 @@ class _SlowSink(EngineSink):
         return super().ingest_steps(agent_id, steps, now)
 
 
-class _RootThread:
-    """The root's own event loop on a thread, as ``perfd aggregator --engine`` runs it."""
-
-    def __init__(self, root: Root) -> None:
-        self.root = root
-        self.error: BaseException | None = None
-        self._ctl: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-        self._thread = threading.Thread(target=self._run, name="root", daemon=True)
-
-    def start(self) -> _RootThread:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # shown by the test
-            self.error = exc
-
-    async def _main(self) -> None:
-        stop = asyncio.Event()
-        self._ctl.append((asyncio.get_running_loop(), stop))
-        await self.root.run(stop)
-
-    def stop(self) -> None:
-        if self._ctl:
-            loop, stop = self._ctl[0]
-            loop.call_soon_threadsafe(stop.set)
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "the root did not stop within 60 s"
-
-
 def _lease_holder(rig: Rig) -> tuple[str, int] | None:
     """The root lease's holder and revision now (None: free)."""
     async def get(js: object) -> tuple[str, int] | None:
@@ -102,12 +68,12 @@ def _lease_holder(rig: Rig) -> tuple[str, int] | None:
     return js_call(rig.urls, get)
 
 
-def _leads_then_runs(rig: Rig, root: Root) -> tuple[_ShardThread, _RootThread]:
+def _leads_then_runs(rig: Rig, root: Root) -> tuple[OwnLoop, OwnLoop]:
     rig.start_cluster()
     nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
     assert rig.cfg().lease_ttl_s == TTL_S
-    shard = _ShardThread(Shard(rig.cfg(), "shard-a")).start()
-    rt = _RootThread(root).start()
+    shard = OwnLoop(Shard(rig.cfg(), "shard-a")).start()
+    rt = OwnLoop(root).start()
     wait_for(lambda: root.stats.leader or rt.error is not None, 60, "the root leading")
     return shard, rt
 

@@ -31,7 +31,7 @@ from perfd.engine.connect import ensure_streams
 from perfd.engine.shard import Shard
 from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, rig_under, stream_state
 from tests.engine.test_engine_collectives_faults import Job
-from tests.engine.test_shard_lease_busy import _ShardThread
+from tests.engine.test_shard_lease_busy import OwnLoop
 from tests.procs import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -94,7 +94,7 @@ def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, b
 
     fold = _SlowFold(block_s)
     shard = Shard(rig.cfg(), "slow", collectives=fold)
-    st = _ShardThread(shard).start()
+    st = OwnLoop(shard).start()
     parts = list(range(rig.partitions))
     try:
         # Nothing unacknowledged (so nothing left to deliver again), and every delivery the engine made,

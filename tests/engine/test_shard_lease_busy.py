@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -81,18 +81,22 @@ class _BusyFold:
         return self.inner.jobs_forgotten
 
 
-class _ShardThread:
-    """The shard's own event loop on a thread, as ``perfd shard`` runs it, with the longest stretch
-    the loop went without a turn (a probe task's)."""
+class Runs(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
 
-    def __init__(self, shard: Shard) -> None:
-        self.shard = shard
+
+class OwnLoop:
+    """A shard's or a root's own event loop on a thread, as ``perfd shard`` and ``perfd aggregator
+    --engine`` run them, with the longest stretch the loop went without a turn (a probe task's)."""
+
+    def __init__(self, owner: Runs) -> None:
+        self.owner = owner
         self.longest_stall_s = 0.0
         self.error: BaseException | None = None
         self._ctl: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-        self._thread = threading.Thread(target=self._run, name="busy-shard", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="own-loop", daemon=True)
 
-    def start(self) -> _ShardThread:
+    def start(self) -> OwnLoop:
         self._thread.start()
         return self
 
@@ -107,7 +111,7 @@ class _ShardThread:
         self._ctl.append((asyncio.get_running_loop(), stop))
         probe = asyncio.create_task(self._probe())
         try:
-            await self.shard.run(stop)
+            await self.owner.run(stop)
         finally:
             probe.cancel()
 
@@ -139,7 +143,7 @@ def test_a_shard_whose_fold_holds_its_loop_past_the_lease_ttl_keeps_its_leases(r
     fold = _BusyFold()
     shard = Shard(rig.cfg(), "busy", collectives=fold)
     balanced = _count_balances(shard)
-    st = _ShardThread(shard).start()
+    st = OwnLoop(shard).start()
     try:
         wait_for(lambda: shard.stats.node_messages >= total or st.error, 120, "every message folded")
         # then a renewal round of the keeper's past the fold, which would find a lease lost by then, and a
