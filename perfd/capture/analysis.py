@@ -107,12 +107,31 @@ class TraceData:
     flows: list[Flow] = field(default_factory=list)
     syncs: list[Launch] = field(default_factory=list)
     steps: int | None = None
+    # Timed events the file held, read or not (a Chrome trace's complete events but the profiler's own
+    # span): what tells an empty window from a trace of kinds perfd does not read
+    timed_events: int = 0
 
     @property
     def empty(self) -> bool:
-        """Nothing timed in it: no kernel, copy, range, launch or wait (a profiler that recorded
-        nothing in its window writes its metadata alone)."""
+        """Nothing perfd reads in it: no kernel, copy, range, launch or wait."""
         return not (self.kernels or self.memcpys or self.nvtx or self.ranges or self.launches or self.syncs)
+
+
+class TraceEmpty(ValueError):
+    """A capture with nothing perfd reads in it (TraceData.empty): there is nothing to analyse, and an
+    analysis of it would read as a job with no device. torch's on-demand profiler writes one when its
+    window recorded nothing (seen with a CPU build starved of its CPU for the window)."""
+
+
+def refuse_empty(data: TraceData) -> None:
+    """TraceEmpty for a capture with nothing perfd reads, saying which of the two it is."""
+    if not data.empty:
+        return
+    if data.timed_events:
+        raise TraceEmpty(f"the trace holds {data.timed_events} timed event(s), none of a kind perfd reads "
+                         "(kernels, memory copies, CPU ops, runtime calls, annotations, by their category)")
+    raise TraceEmpty("the trace holds no timed event (its metadata and the profiler's own marks only): "
+                     "the profiler recorded nothing in its window")
 
 
 # --- interval arithmetic ----------------------------------------------------------------------
@@ -437,7 +456,9 @@ def analyze_intervals(kernels: Iterable[KernelEvent], memcpys: Iterable[MemEvent
 
 def analyze_trace(data: TraceData, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
     """The breakdown of a loaded capture, its kernels charged to their ops where the host side was
-    recorded (perfd.capture.ops; ``use_frames=False``: the op rules alone, Python frames ignored)."""
+    recorded (perfd.capture.ops; ``use_frames=False``: the op rules alone, Python frames ignored).
+    TraceEmpty where it holds nothing to analyse."""
+    refuse_empty(data)
     ops = attribute(data.ranges, data.launches, data.flows, use_frames, data.syncs)
     if ops is not None:  # each kernel's kind: its ops', else its name's (the pointwise part's makeup)
         ops = dataclasses.replace(ops, kinds=kernel_kinds(data.kernels, ops.kinds))

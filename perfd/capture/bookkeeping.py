@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
-from perfd.capture.chrome_trace import TraceEmpty, analyze_chrome_trace
+from perfd.capture.analysis import TraceEmpty
+from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.request import CaptureRequest
 from perfd.capture.store import CaptureStore, Manifest
 from perfd.capture.trace_input import TraceRefused
@@ -124,7 +125,7 @@ class TraceMissKind(enum.Enum):
     as the rank's miss)."""
 
     REFUSED = "refused"  # past a cap of the reader's (perfd.capture.trace_input), counted
-    EMPTY = "empty"  # nothing timed in it (perfd.capture.chrome_trace.TraceEmpty)
+    EMPTY = "empty"  # nothing perfd reads in it (perfd.capture.analysis.TraceEmpty)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ _MEM = {"gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _GPU = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 _HOST = {"cpu_op": RangeKind.OP, "user_annotation": RangeKind.ANNOTATION, "python_function": RangeKind.FRAME}
 _CALLS = ("cuda_runtime", "cuda_driver")
+_PROFILER_SPAN = "trace"  # the profiler's own span of its window ("PyTorch Profiler (0)"), not the job's
 # Runtime calls that wait for the device: the host stands still until the GPU drains.
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "cuCtxSynchronize", "cuStreamSynchronize")
@@ -96,6 +97,7 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
         raise ValueError(f"{source or 'trace'}: not a Chrome trace (expected an object or a list)")
     picked: list[tuple[str, Mapping[str, object], float, float]] = []
     flows: dict[object, dict[str, tuple[int, float]]] = {}  # flow id -> its start and finish
+    timed = 0  # complete events, read or not (TraceData.timed_events)
     for ev in events:
         if not isinstance(ev, dict):
             continue
@@ -105,17 +107,19 @@ def parse_chrome_trace(doc: object, source: str = "") -> TraceData:
             if isinstance(ts, (int, float)) and tid is not None and ev.get("id") is not None:
                 flows.setdefault(ev.get("id"), {})[str(ev["ph"])] = (tid, float(ts))
             continue
-        if ev.get("ph") != "X" or (cat not in _GPU and cat not in _HOST and cat not in _CALLS):
+        if ev.get("ph") != "X":
             continue
         ts, dur = ev.get("ts"), ev.get("dur")
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
             continue
-        picked.append((cat, ev, float(ts), float(dur)))
+        timed += cat != _PROFILER_SPAN
+        if cat in _GPU or cat in _HOST or cat in _CALLS:
+            picked.append((cat, ev, float(ts), float(dur)))
     # Recent Kineto writes ts relative to baseTimeNanoseconds, older traces large absolute µs values
     # (~1e12 and up); scaled to ns those lose resolution in a float64, and kernels can be shorter
     # than a µs. Rebase on the first event before scaling.
     t0 = min((p[2] for p in picked), default=0.0)
-    data = TraceData(source=source, rank=rank)
+    data = TraceData(source=source, rank=rank, timed_events=timed)
     gpu_ann: list[NvtxRange] = []
     cpu_ann: list[NvtxRange] = []
     steps: dict[str, int] = {}  # step annotation kind -> how many
@@ -204,16 +208,6 @@ def read_chrome_trace(path: str | Path, caps: TraceCaps = TRACE_CAPS) -> TraceDa
         return parse_chrome_trace(load_trace_json(path, caps), str(path))
 
 
-class TraceEmpty(ValueError):
-    """A trace with nothing timed in it (TraceData.empty): there is nothing to analyse, and an analysis
-    of it would read as a job with no device. torch's on-demand profiler writes one when its window
-    recorded nothing (seen with a CPU build starved of its CPU for the window)."""
-
-
 def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = True) -> CaptureAnalysis:
-    """The trace's analysis; TraceEmpty where it holds no timed event (TraceRefused past a cap)."""
-    data = read_chrome_trace(path)
-    if data.empty:
-        raise TraceEmpty("the trace holds no timed event (its metadata only): the profiler recorded "
-                         "nothing in its window")
-    return analyze_trace(data, top_n, use_frames)
+    """The trace's analysis; TraceEmpty where it holds nothing perfd reads (TraceRefused past a cap)."""
+    return analyze_trace(read_chrome_trace(path), top_n, use_frames)

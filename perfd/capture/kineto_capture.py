@@ -44,16 +44,11 @@ class Miss(enum.Enum):
     POLLED_LATE = "polled_late"  # it polls the daemon, but did not take the config in time
     NEVER_POLLED = "never_polled"  # it polls no Kineto daemon (started without KINETO_USE_DAEMON)
     NO_TRACE = "no_trace"  # it took the config, but wrote no trace before the timeout
-    REFUSED = "refused"  # its trace is past a cap of the reader's (perfd.capture.trace_input), counted
-    EMPTY = "empty"  # its trace holds no timed event: its profiler recorded nothing in the window
-
-
-_TRACE_MISS = {TraceMissKind.REFUSED: Miss.REFUSED, TraceMissKind.EMPTY: Miss.EMPTY}
 
 
 @dataclass(frozen=True)
 class RankMiss:
-    why: Miss
+    why: Miss | TraceMissKind  # no trace from it, or one that gave no analysis (refused, empty)
     text: str  # the sentence the capture's reason and events show
 
 
@@ -146,7 +141,7 @@ class KinetoCapture:
                 self.ctx.store.add_artifact(m, got, "kineto_trace", r, pid)
                 miss = record_trace(self.ctx, m, r, got)
                 if miss is not None:
-                    missing[r] = RankMiss(_TRACE_MISS[miss.kind], miss.text)
+                    missing[r] = RankMiss(miss.kind, miss.text)
             if len(missing) == len(by_pid):
                 timed_out = any(x.why is Miss.NO_TRACE for x in missing.values())
                 raise CaptureFailed("timeout" if timed_out else "failed", "; ".join(_texts(missing)))

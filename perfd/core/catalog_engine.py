@@ -22,7 +22,8 @@ ROOT: tuple[Row, ...] = (
      "1 while this aggregator leads as the jobs' root (holds the root lease), 0 while it stands by", ()),
     ("perfd_engine_root_leadership_lost_total", "counter", "count",
      "Times this aggregator lost the root lease while leading (not renewed within its TTL: the engine "
-     "away, or the root's event loop silent past the keeper's stall limit); it then stands by", ()),
+     "away, or the root's event loop silent past the keeper's stall limit; or taken); it then stands by",
+     ()),
     ("perfd_engine_root_partials_total", "counter", "count", "Shard partials the root read and folded", ()),
     ("perfd_engine_root_node_messages_total", "counter", "count",
      "Distinct node messages folded in through the partials", ()),

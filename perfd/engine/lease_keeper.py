@@ -16,7 +16,11 @@ from its loop (:func:`keep_beating`), and a keeper that has not heard from it fo
 loop, not a busy one: a fold yields between messages) stops renewing, so its partitions (or the root's
 lead) move as a dead holder's would.
 A lease whose renewal failed (taken, expired, or the engine unreachable for the TTL) is lost at once:
-the owner reads it (:meth:`take_lost`, :meth:`held`) and stops consuming that partition.
+the owner reads it (:meth:`take_lost`, :meth:`held`) and stops consuming that partition. And
+:meth:`held` is a time as well: a lease is held until the TTL past the moment its last successful
+acquire or renewal was *sent* (the engine's key, written after that, expires no sooner). A keeper
+that stopped renewing (its owner's loop silent) or whose renewals hang therefore lets its owner stop
+acting before the key can expire and another take it, not at its next round.
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         # on the keeper's loop only
         self._leases: dict[str, Lease] = {}
-        self._renewed: dict[str, float] = {}  # key -> when last renewed (monotonic)
-        # read by the owner: replaced whole (a reference read is atomic), never changed in place
-        self._held: frozenset[str] = frozenset()
+        self._renewed: dict[str, float] = {}  # key -> when its last good renewal was sent (monotonic)
+        # read by the owner: key -> until when it is held (monotonic); replaced whole (a reference read
+        # is atomic), never changed in place
+        self._until: dict[str, float] = {}
         self._lost: list[str] = []
         self._lost_lock = threading.Lock()
         self._beat = time.monotonic()
@@ -88,7 +93,8 @@ class LeaseKeeper:
         await self._call(self._release(key))
 
     def held(self, key: str) -> bool:
-        return key in self._held
+        """Whether ``key`` is held now: taken or renewed, and its TTL since then not past."""
+        return time.monotonic() < self._until.get(key, 0.0)
 
     def take_lost(self) -> list[str]:
         """The keys lost since the last call."""
@@ -133,17 +139,18 @@ class LeaseKeeper:
     async def _acquire(self, key: str) -> bool:
         assert self._kv is not None
         lease = Lease(self._kv, key, self.holder)
+        sent = time.monotonic()
         if not await lease.acquire():
             return False
         self._leases[key] = lease
-        self._renewed[key] = time.monotonic()
-        self._held = frozenset(self._leases)
+        self._renewed[key] = sent
+        self._until = {**self._until, key: sent + self.cfg.lease_ttl_s}
         return True
 
     async def _release(self, key: str) -> None:
         lease = self._leases.pop(key, None)
         self._renewed.pop(key, None)
-        self._held = frozenset(self._leases)
+        self._until = {k: t for k, t in self._until.items() if k != key}
         if lease is not None:
             await lease.release()
 
@@ -168,14 +175,17 @@ class LeaseKeeper:
                 self.renew_errors += 1
                 log.info("leases %s: member key: %s", self.holder, exc)
         leases = list(self._leases.items())
+        sent = time.monotonic()
         got = await asyncio.gather(*(lease.renew() for _, lease in leases), return_exceptions=True)
         now = time.monotonic()
         lost = []
+        until = dict(self._until)
         for (key, lease), ok in zip(leases, got, strict=True):
             if self._leases.get(key) is not lease:
                 continue  # released (or released and taken again) meanwhile
             if ok is True:
-                self._renewed[key] = now
+                self._renewed[key] = sent
+                until[key] = sent + self.cfg.lease_ttl_s
                 continue
             if isinstance(ok, BaseException):
                 self.renew_errors += 1
@@ -185,8 +195,10 @@ class LeaseKeeper:
             lost.append(key)
             del self._leases[key]
             self._renewed.pop(key, None)
+        for key in lost:
+            until.pop(key, None)
+        self._until = until
         if lost:
-            self._held = frozenset(self._leases)
             with self._lost_lock:
                 self._lost.extend(lost)
 

@@ -150,9 +150,7 @@ class Root:
                         await self._lead(js, keeper, stop, kv)
                     finally:
                         self.stats.leader = False
-                        if self.advertise_http:  # a standby stops forwarding here at its next read
-                            with contextlib.suppress(Exception):
-                                await kv.delete(S.ROOT_HTTP_KEY)
+                        await self._unadvertise(kv)
                         await keeper.release(S.ROOT_LEASE)
                 else:
                     self.leader_http = await _advertised(kv)
@@ -177,6 +175,16 @@ class Root:
                 await kv.put(S.ROOT_HTTP_KEY, self.advertise_http.encode())
             except Exception as exc:
                 log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
+
+    async def _unadvertise(self, kv: KeyValue) -> None:
+        """Take this root's HTTP back, so that a standby stops forwarding here at its next read: only
+        where it is still this root's (a lead lost: the next leader may have put its own already)."""
+        if not self.advertise_http:
+            return
+        with contextlib.suppress(Exception):  # gone already, or the engine away: it expires anyway
+            e = await kv.get(S.ROOT_HTTP_KEY)
+            if e.value == self.advertise_http.encode():
+                await kv.delete(S.ROOT_HTTP_KEY, last=e.revision)
 
     def _skipped(self, stream: str, read_to: int, msgs: Sequence[Msg]) -> None:
         """Count (and say) the messages of ``stream`` the engine let go before this root read them."""
@@ -233,9 +241,9 @@ class Root:
         async def read_records(stream: str, rsub: Subscription) -> None:
             """The records, events or summaries stream (``stream``: its key in ``_records_read_to``)."""
             handle = self.handle_summaries if stream == "summaries" else self.handle_records
-            while True:
+            while keeper.held(S.ROOT_LEASE):  # not held: the loop below ends the lead
                 msgs = await batch(rsub, 0.5)
-                if msgs:
+                if msgs and keeper.held(S.ROOT_LEASE):  # else read again by whoever leads next
                     read_to = self._records_read_to.get(stream, 0)
                     self._skipped(stream, read_to, msgs)
                     handle([m.data for m in msgs])
@@ -257,16 +265,18 @@ class Root:
                 for records in readers:
                     if records.done():  # it stopped on an error: this session ends and reconnects
                         records.result()
-                if not keeper.held(S.ROOT_LEASE):  # its keeper could not renew it: another may lead now
+                if not keeper.held(S.ROOT_LEASE):  # not renewed within its TTL, or taken: stop acting
                     keeper.take_lost()
                     self.stats.leadership_lost += 1
-                    log.warning("engine root %s: lost the root lease; stops reading before another leads",
-                                self.id)
+                    log.warning("engine root %s: lost the root lease (not renewed within its TTL, or taken): "
+                                "stops leading", self.id)
                     return
                 if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
                     advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
+                if not keeper.held(S.ROOT_LEASE):
+                    continue  # unread: read again by whoever leads next (this root, from _read_to)
                 if msgs:
                     self._skipped("partials", self._read_to, msgs)
                     self.handle([m.data for m in msgs])

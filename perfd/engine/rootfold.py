@@ -53,10 +53,7 @@ HAND_ON_MIN_RANKS = 4096
 @dataclass
 class RootStats:
     leader: bool = False
-    # Times the root lease was lost while leading: its keeper could not renew it within the TTL (the
-    # engine away, or this root's loop silent past lease_keeper.LOOP_STALL_S); it stops reading and
-    # stands by until the lease is free again
-    leadership_lost: int = 0
+    leadership_lost: int = 0  # perfd_engine_root_leadership_lost_total (perfd/core/catalog_engine.py)
     batches: int = 0
     partials: int = 0
     undecodable: int = 0

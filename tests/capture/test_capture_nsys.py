@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfd.capture import binaries
+from perfd.capture.analysis import TraceEmpty
 from perfd.capture.binaries import NsysNotFoundError, find_nsys
 from perfd.capture.nsys_sqlite import (
     NsysExportError,
@@ -192,7 +193,9 @@ def test_missing_tables(tmp_path: Path) -> None:
     assert (d.busy_ms, d.comm_ms, d.memcpy_ms, d.nvtx) == (2.0, 1.0, 0.0, ())
     empty = tmp_path / "empty.sqlite"
     sqlite3.connect(empty).close()
-    assert analyze_nsys(empty).devices == ()
+    # no table at all: nothing to analyse, refused (as an empty Kineto window is); the SQL check says none
+    with pytest.raises(TraceEmpty, match="recorded nothing"):
+        analyze_nsys(empty)
     assert direct_sql_check(empty) == {"devices": {}}
 
 

@@ -1,6 +1,7 @@
 """A trace that holds no timed event (tests/data/captures/kineto_empty_cpu: torch's CPU profiler around
 no op) is refused, not analysed as a job with no device: ``perfd analyze trace`` says so and exits 1, and
-a Kineto capture counts it as the rank's miss (Miss.EMPTY), its file kept, no analysis made of it."""
+a Kineto capture counts it as the rank's miss (TraceMissKind.EMPTY), its file kept, no analysis made of it.
+A trace whose timed events are all of kinds perfd does not read is refused too, saying so."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 
 from perfd.capture import bookkeeping
+from perfd.capture.analysis import TraceData, TraceEmpty, analyze_trace
 from perfd.capture.bookkeeping import TraceMiss, TraceMissKind
-from perfd.capture.chrome_trace import TraceEmpty, analyze_chrome_trace
+from perfd.capture.chrome_trace import analyze_chrome_trace
 from perfd.capture.manager import CaptureManager
 from perfd.capture.store import CaptureStore
 from tests.capture.test_manager import cmd, two_ranks
@@ -28,6 +30,25 @@ EMPTY = DATA / "trace.json"
 def test_the_recorded_empty_trace_is_refused_by_the_reader() -> None:
     with pytest.raises(TraceEmpty, match="no timed event"):
         analyze_chrome_trace(EMPTY)
+
+
+def test_a_trace_of_kinds_perfd_does_not_read_says_so(tmp_path: Path) -> None:
+    """Not the profiler's empty window: timed events, none of a category perfd reads (an older Kineto's
+    names, a tool's own) — refused, with what it held."""
+    doc = json.loads(EMPTY.read_text())
+    span = next(e for e in doc["traceEvents"] if e.get("ph") == "X")
+    doc["traceEvents"] += [{"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1,
+                            "ts": span["ts"] + 10 * i, "dur": 5.0} for i in range(3)]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    with pytest.raises(TraceEmpty, match="holds 3 timed event"):
+        analyze_chrome_trace(other)
+
+
+def test_an_empty_capture_from_any_reader_is_refused() -> None:
+    """The refusal is the analysis's, whatever read the capture (an nsys export's reader too)."""
+    with pytest.raises(TraceEmpty, match="recorded nothing"):
+        analyze_trace(TraceData(source="nsys.sqlite"))
 
 
 def test_the_same_trace_with_one_op_is_analysed(tmp_path: Path) -> None:

@@ -363,9 +363,11 @@ def test_real_torch_process_traces_the_window_its_config_asks(tmp_path):
     shutil.rmtree(sdir, ignore_errors=True)
     spans = [e for e in doc["traceEvents"] if e.get("cat") == "Trace" and e.get("ph") == "X"]
     print(f"{len(steps)} optimizer steps in the job's 2 s window")
-    # The config's window, 2,000 ms, not libkineto's default 500: the profiler's own span (a loaded
-    # machine only lengthens it, by the wake-up of libkineto's thread; its timer read 1,992 ms once)
-    assert len(spans) == 1 and spans[0]["dur"] >= 1_500_000, spans
+    # The config's window, 2,000 ms, not libkineto's default 500: the profiler's own span. libkineto ends
+    # the window at the requested start + the duration and begins it when its thread gets there, so a
+    # loaded machine shortens it by that thread's late start (eight loaded runs: 1.99 to 2.11 s); 1 s
+    # tells the two apart with a second of such lateness allowed.
+    assert len(spans) == 1 and spans[0]["dur"] >= 1_000_000, spans
     # The 1 s poll of kineto_env is in effect (libkineto's default asks every 5 s): told by the
     # period the daemon measured between the process's polls, which a loaded machine stretches
     # less than it delays one answer.

