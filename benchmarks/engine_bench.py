@@ -100,7 +100,7 @@ SETTLE_READS = 20
 # The root's engine counters (/api/stats) and the shards' (--stats-file) the result carries, after the drain.
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable",
                  "collectives", "collectives_folded", "figure_rows", "node_records_messages",
-                 "records_skipped", "partials_skipped", "events_skipped")
+                 "records_skipped", "partials_skipped", "events_skipped", "leadership_lost")
 SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
                   "leases_lost", "consumer_restarts", "takeover_waits", "figure_rows_forwarded", "windows")
 # ``--collectives``: each rank's collective operations an iteration (benchmarks.collectives_bench's job:
