@@ -106,6 +106,7 @@ ALLOWED: dict[str, str] = {
     "tests/engine/test_shard_hold_redelivery.py::_SlowFold.add": HOLD,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
     "tests/engine/test_root_lease_busy.py::_SlowSink.ingest_steps": HOLD,
+    "tests/engine/test_root_lead_ends.py::_until": POLL,
     "tests/engine/test_shard_lease_busy.py::OwnLoop._probe": LAG_PROBE,
     "tests/engine/test_shard_lease_busy.py::_beating": SCHEDULE,
     "tests/engine/test_shard_lease_busy.py::"

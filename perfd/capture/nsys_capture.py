@@ -109,11 +109,18 @@ class NsysCapture:
         rank = req.ranks[0] if len(req.ranks) == 1 else None
         self.ctx.store.add_artifact(m, rep, "nsys_report", rank)
         try:
-            sqlite, a = self.nsys.export_and_analyze(rep)
+            sqlite = self.nsys.export(rep)
         except Exception as exc:
             m.setdefault("analysis", {})[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             return
-        self.ctx.store.add_artifact(m, sqlite, "nsys_sqlite", rank)
+        self.ctx.store.add_artifact(m, sqlite, "nsys_sqlite", rank)  # kept whatever its analysis says
+        from perfd.capture.nsys_sqlite import analyze_nsys  # the analysis: only here (as nsys_exec's)
+
+        try:
+            a = analyze_nsys(sqlite)
+        except Exception as exc:  # an empty window (TraceEmpty), or an export it cannot read: said
+            m.setdefault("analysis", {})[key] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            return
         m.setdefault("analysis", {})[key] = {**a.to_json(), "summary": device_summary(a)}
 
     def run_range(self, req: CaptureRequest, m: Manifest, deadline: float,

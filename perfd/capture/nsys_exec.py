@@ -361,13 +361,18 @@ class NsysExecutor:
         return self.range_dir / session_name(job) / f"rank{int(rank)}"
 
     # -- analysis -----------------------------------------------------------------------------
-    def export_and_analyze(self, report: str | Path) -> tuple[Path, CaptureAnalysis]:
-        """Export a report to SQLite next to it and analyse it."""
-        from perfd.capture.nsys_sqlite import analyze_nsys, export_sqlite  # the analysis: only here
+    def export(self, report: str | Path) -> Path:
+        """Export a report to SQLite next to it: the SQLite file."""
+        from perfd.capture.nsys_sqlite import export_sqlite
 
         rep = Path(report)
-        sqlite = export_sqlite(rep, rep.with_suffix(".sqlite"), nsys=self.nsys,
-                               timeout_s=self.export_timeout_s)
+        return export_sqlite(rep, rep.with_suffix(".sqlite"), nsys=self.nsys, timeout_s=self.export_timeout_s)
+
+    def export_and_analyze(self, report: str | Path) -> tuple[Path, CaptureAnalysis]:
+        """Export a report to SQLite next to it and analyse it."""
+        from perfd.capture.nsys_sqlite import analyze_nsys  # the analysis: only here
+
+        sqlite = self.export(report)
         return sqlite, analyze_nsys(sqlite)
 
 

@@ -155,8 +155,12 @@ class LeaseKeeper:
             await lease.release()
 
     async def _renew_loop(self) -> None:
+        # Rounds begin every renew_s from the last one's beginning (not its end): ``held`` counts the TTL
+        # from a renewal's sending, so a slow engine's round trips must not add up between two rounds
+        began = time.monotonic()
         while True:
-            await asyncio.sleep(self.cfg.renew_s)
+            await asyncio.sleep(max(0.0, began + self.cfg.renew_s - time.monotonic()))
+            began = time.monotonic()
             if time.monotonic() - self._beat > self.loop_stall_s:
                 self.stalled += 1
                 if self.stalled == 1:
@@ -165,18 +169,21 @@ class LeaseKeeper:
                 continue
             await self._renew_all()
 
+    async def _put_member(self) -> None:
+        if self.member_key is not None and self._kv is not None:
+            await self._kv.put(self.member_key, self.holder.encode())
+
     async def _renew_all(self) -> None:
         assert self._kv is not None
         self.renewals += 1
-        if self.member_key is not None:
-            try:
-                await self._kv.put(self.member_key, self.holder.encode())
-            except Exception as exc:  # tried again next round; the others count one member less meanwhile
-                self.renew_errors += 1
-                log.info("leases %s: member key: %s", self.holder, exc)
         leases = list(self._leases.items())
         sent = time.monotonic()
-        got = await asyncio.gather(*(lease.renew() for _, lease in leases), return_exceptions=True)
+        # the member key beside the renewals, not before them (its round trip would delay them)
+        member, *got = await asyncio.gather(self._put_member(), *(lease.renew() for _, lease in leases),
+                                            return_exceptions=True)
+        if isinstance(member, BaseException):  # tried again next round; the others count one member less
+            self.renew_errors += 1
+            log.info("leases %s: member key: %s", self.holder, member)
         now = time.monotonic()
         lost = []
         until = dict(self._until)

@@ -176,6 +176,12 @@ class Root:
             except Exception as exc:
                 log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
 
+    def _lead_lost(self, keeper: LeaseKeeper) -> None:
+        keeper.take_lost()
+        self.stats.leadership_lost += 1
+        log.warning("engine root %s: lost the root lease (not renewed within its TTL, or taken): stops "
+                    "leading", self.id)
+
     async def _unadvertise(self, kv: KeyValue) -> None:
         """Take this root's HTTP back, so that a standby stops forwarding here at its next read: only
         where it is still this root's (a lead lost: the next leader may have put its own already)."""
@@ -241,9 +247,11 @@ class Root:
         async def read_records(stream: str, rsub: Subscription) -> None:
             """The records, events or summaries stream (``stream``: its key in ``_records_read_to``)."""
             handle = self.handle_summaries if stream == "summaries" else self.handle_records
-            while keeper.held(S.ROOT_LEASE):  # not held: the loop below ends the lead
+            while True:
                 msgs = await batch(rsub, 0.5)
-                if msgs and keeper.held(S.ROOT_LEASE):  # else read again by whoever leads next
+                if not keeper.held(S.ROOT_LEASE):  # its batch unread (whoever leads next reads it):
+                    return  # it ends, and the lead with it (below), never to read on past a hole
+                if msgs:
                     read_to = self._records_read_to.get(stream, 0)
                     self._skipped(stream, read_to, msgs)
                     handle([m.data for m in msgs])
@@ -262,21 +270,21 @@ class Root:
         try:
             await self._advertise(kv)
             while not stop.is_set():
-                for records in readers:
-                    if records.done():  # it stopped on an error: this session ends and reconnects
-                        records.result()
-                if not keeper.held(S.ROOT_LEASE):  # not renewed within its TTL, or taken: stop acting
-                    keeper.take_lost()
-                    self.stats.leadership_lost += 1
-                    log.warning("engine root %s: lost the root lease (not renewed within its TTL, or taken): "
-                                "stops leading", self.id)
+                # A reader ends on an error (raised here: this session ends and reconnects) or where it
+                # found the lease no longer held, having left its batch unread: the lead ends either way
+                ended = [records for records in readers if records.done()]
+                for records in ended:
+                    records.result()
+                if ended or not keeper.held(S.ROOT_LEASE):  # not renewed within its TTL, or taken
+                    self._lead_lost(keeper)
                     return
                 if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
                     advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
-                if not keeper.held(S.ROOT_LEASE):
-                    continue  # unread: read again by whoever leads next (this root, from _read_to)
+                if not keeper.held(S.ROOT_LEASE):  # the batch unread: whoever leads next reads it (this
+                    self._lead_lost(keeper)  # root from _read_to, leading again on a new subscription)
+                    return
                 if msgs:
                     self._skipped("partials", self._read_to, msgs)
                     self.handle([m.data for m in msgs])

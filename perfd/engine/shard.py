@@ -204,6 +204,8 @@ class Shard:
                 self.stats.leases_lost += 1
                 log.warning("shard %s: partition %d's lease lost", self.id, p)
                 self._drop(p)
+                if key not in lost:  # past its time, still the keeper's: let go (a compare-and-set delete),
+                    await keeper.release(key)  # or it renews a partition nobody consumes
                 continue
             t = self._tasks.get(p)
             if t is not None and t.done():  # a consumer that ended: said, counted, started again

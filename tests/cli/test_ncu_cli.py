@@ -225,6 +225,12 @@ def test_ncu_prefix_with_a_filter_from_the_latest_capture(tmp_path, perfd):
     none = perfd("ncu-prefix", "--job", "other", "--kernels-from", "latest", "--capture-dir", caps,
                  PERFD_NCU=str(exe))
     assert none.returncode == 0 and "no Kineto/nsys capture of job other" in none.stderr
+    # an empty trace (the profiler recorded nothing) names no kernel: no filter, said, the prefix printed
+    empty = ROOT / "tests" / "data" / "captures" / "kineto_empty_cpu" / "trace.json"
+    bare = perfd("ncu-prefix", "--job", "j1", "--kernels-from", empty, "--capture-dir", caps,
+                 PERFD_NCU=str(exe))
+    assert bare.returncode == 0 and f"{empty} holds no kernel" in bare.stderr, bare.stderr
+    assert "--kernel-filter-hex" not in bare.stdout.split() and bare.stdout.split()[-1] == "--"
 
 
 @pytest.mark.e2e

@@ -179,11 +179,15 @@ def _filter_from(args: argparse.Namespace) -> tuple[str | None, str, str | None,
         where = f"capture {cid}" if cid else f"no Kineto/nsys capture of job {args.job} in {store.root}"
         trace = trace_of(caps, cid)
     elif _is_trace(Path(src)):
-        from perfd.capture.analysis import analyze_trace
+        from perfd.capture.analysis import TraceEmpty, analyze_trace
         from perfd.capture.ncu_exec import JOIN_TOP_N
 
         cid, trace = None, read_trace(src)
-        dev = next((d for d in analyze_trace(trace, top_n=JOIN_TOP_N).devices if d.top_kernels), None)
+        try:  # an empty trace names no kernel: no filter, said, as one that holds none
+            devices = analyze_trace(trace, top_n=JOIN_TOP_N).devices
+        except TraceEmpty:
+            devices = ()
+        dev = next((d for d in devices if d.top_kernels), None)
         where = src if dev else f"{src} holds no kernel"
     else:
         cid = None
