@@ -31,6 +31,7 @@ from perfd.capture.store import CaptureStore
 from perfd.transport.codec import Command
 from tests.capture.test_kineto_daemon import FakeLibkineto, start_torch_job, torch_available
 from tests.capture.test_nsys_exec import calls, make_fake_nsys
+from tests.capture.trace_content import holds_ops
 
 TRACE = {"traceEvents": [
     {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0.0, "dur": 2000.0},
@@ -387,10 +388,16 @@ def test_real_torch_process_end_to_end(tmp_path):
             proc.communicate()
             shutil.rmtree(sdir, ignore_errors=True)
     m = store.read(cid)
-    assert m["status"] == "ok", m["reason"]
     art = m["artifacts"][0]
     assert art["name"] == f"rank0_{proc.pid}.json" and trace_complete(art["path"])
     assert isinstance(json.loads(Path(art["path"]).read_text())["traceEvents"], list)
+    # The verdict the file calls for: analysed where the job's window holds its ops; the rank's miss where
+    # its profiler recorded nothing (a starved CPU job: tests/capture/trace_content.py)
+    recorded = holds_ops(art["path"])
+    if recorded:
+        assert m["status"] == "ok", m["reason"]
+    else:
+        assert m["status"] == "failed" and "holds no timed event" in (m["reason"] or ""), m
     # The 1 s poll (libkineto's default is 5 s): the period the daemon measured between polls, below
     # the default's (room for a loaded machine: this tells the two settings apart, it times nothing).
     # The capture's latency is its start's time from the request's, not bounded here.
@@ -398,8 +405,9 @@ def test_real_torch_process_end_to_end(tmp_path):
     t = m["timings"]
     started = t["started_at"]
     assert started is not None and m["latency_s"] == round(started - t["requested_at"], 3) >= 0
-    assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
-    assert kinds(events) == ["capture_started", "capture_finished"]
+    if recorded:
+        assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
+    assert kinds(events) == ["capture_started", "capture_finished" if recorded else "capture_failed"]
     assert os.path.exists(m["artifacts"][0]["path"])
 
 
