@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from perfd.capture.binaries import NsysNotFoundError, find_nsys
 
 if TYPE_CHECKING:
-    from perfd.analytics.breakdown.device_breakdown import CaptureAnalysis
+    pass
 
 DEFAULT_TRACE = "cuda,nvtx,osrt"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -367,13 +367,6 @@ class NsysExecutor:
 
         rep = Path(report)
         return export_sqlite(rep, rep.with_suffix(".sqlite"), nsys=self.nsys, timeout_s=self.export_timeout_s)
-
-    def export_and_analyze(self, report: str | Path) -> tuple[Path, CaptureAnalysis]:
-        """Export a report to SQLite next to it and analyse it."""
-        from perfd.capture.nsys_sqlite import analyze_nsys  # the analysis: only here
-
-        sqlite = self.export(report)
-        return sqlite, analyze_nsys(sqlite)
 
 
 def report_path(output: str | Path) -> Path:

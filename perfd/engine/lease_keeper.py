@@ -69,7 +69,6 @@ class LeaseKeeper:
         self._task: asyncio.Task[None] | None = None
         # on the keeper's loop only
         self._leases: dict[str, Lease] = {}
-        self._renewed: dict[str, float] = {}  # key -> when its last good renewal was sent (monotonic)
         # read by the owner: key -> until when it is held (monotonic); replaced whole (a reference read
         # is atomic), never changed in place
         self._until: dict[str, float] = {}
@@ -143,13 +142,11 @@ class LeaseKeeper:
         if not await lease.acquire():
             return False
         self._leases[key] = lease
-        self._renewed[key] = sent
         self._until = {**self._until, key: sent + self.cfg.lease_ttl_s}
         return True
 
     async def _release(self, key: str) -> None:
         lease = self._leases.pop(key, None)
-        self._renewed.pop(key, None)
         self._until = {k: t for k, t in self._until.items() if k != key}
         if lease is not None:
             await lease.release()
@@ -191,17 +188,15 @@ class LeaseKeeper:
             if self._leases.get(key) is not lease:
                 continue  # released (or released and taken again) meanwhile
             if ok is True:
-                self._renewed[key] = sent
                 until[key] = sent + self.cfg.lease_ttl_s
                 continue
             if isinstance(ok, BaseException):
                 self.renew_errors += 1
                 log.info("leases %s: renewing %s: %s: %s", self.holder, key, type(ok).__name__, ok)
-                if now - self._renewed.get(key, now) < self.cfg.lease_ttl_s:
-                    continue  # again next round: still ours until the TTL
+                if now < until.get(key, 0.0):
+                    continue  # again next round: still ours until the TTL past its last renewal sent
             lost.append(key)
             del self._leases[key]
-            self._renewed.pop(key, None)
         for key in lost:
             until.pop(key, None)
         self._until = until

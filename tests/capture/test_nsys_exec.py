@@ -24,6 +24,7 @@ from perfd.capture.nsys_exec import (
     session_name,
     wait_stable,
 )
+from perfd.capture.nsys_sqlite import analyze_nsys
 
 FAKE_NSYS = r'''#!{python}
 import json, os, sqlite3, sys, time
@@ -127,8 +128,9 @@ def test_session_start_stop_export_analyze(tmp_path):
     assert abs(t - time.time()) < 30
     rep = ex.stop("perfd-j", out)
     assert rep == out.with_name("perfd-j.nsys-rep") and rep.stat().st_size == 256
-    sqlite, analysis = ex.export_and_analyze(rep)
+    sqlite = ex.export(rep)
     assert sqlite.suffix == ".sqlite"
+    analysis = analyze_nsys(sqlite)
     dev = analysis.device(0)
     assert dev.busy_ms == pytest.approx(4.0) and dev.comm_ms == pytest.approx(3.0)
     assert dev.comm_exposed_ms == pytest.approx(2.0)
