@@ -39,12 +39,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from perfd.capture.binaries import NsysNotFoundError, find_nsys
-
-if TYPE_CHECKING:
-    pass
 
 DEFAULT_TRACE = "cuda,nvtx,osrt"
 _SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
