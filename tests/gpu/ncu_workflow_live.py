@@ -51,6 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's perfd
 
+from perfd.core.model import CaptureFailure
 from tests.gpu.megatron_ncu import issue_args, kill_job_leftovers, log_iterations, ncu_prefix, stats
 from tests.procs import Procs, get_json, run_env, start_agent, start_aggregator, wait_manifest
 
@@ -250,7 +251,11 @@ class Workflow:
             its = log_iterations(log)
             last = max(its) if its else None
             ncu = [c for c in self.captures_of() if c.get("tool") == "ncu"]
-            mine = [c for c in ncu if str(c.get("origin")) == f"rule:{name}_ncu"]
+            # A capture its agent refused as not ready (the rank's hook had not reported yet: the
+            # aggregator took an earlier run's hook for it) is asked again by the aggregator once the
+            # target is ready (perfd.aggregator.capture_ready): the range's end is the next one's.
+            mine = [c for c in ncu if str(c.get("origin")) == f"rule:{name}_ncu"
+                    and c.get("cause") != CaptureFailure.NOT_READY.value]
             if mine and mine[-1]["status"] in ENDED and not capture_done:
                 capture_done, ended_at, cap = True, last, mine[-1]
                 ph["capture_ended_at_iteration"] = last
