@@ -1,5 +1,5 @@
-"""No comment or docstring in perfd/ or tests/ cites an issue number: a comment says why the code is as
-it is, and an issue's number means nothing in a clone. Evidence is cited by its file (an entry under
+"""No comment or docstring in perfd/, tests/ or tools/ cites an issue number: a comment says why the code
+is as it is, and an issue's number means nothing in a clone. Evidence is cited by its file (an entry under
 docs/evidence/entries/ or a folder beside it), history by what it taught. Comments are read with
 tokenize and docstrings with ast, so a string that is data (a recorded log line, a report heading a GPU
 script writes) is not read; a third-party bug is cited by its URL, which the pattern does not match."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PATTERN = re.compile(r"\b[Ii]ssues? ?#?[0-9]+")
-TOPS = ("perfd", "tests")
+TOPS = ("perfd", "tests", "tools")
 
 
 def _files() -> Iterator[Path]:

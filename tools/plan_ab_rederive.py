@@ -6,7 +6,7 @@ change ran, and held to what each change measured then (its table.json).
     PYTHONPATH=$PWD python tools/plan_ab_rederive.py [OUT.json]
 
 One line a change (the range the model gives now, the one written then, the measured saving, inside or
-not, within issue 53's width bar or not) and the totals. A model change is judged here on every A/B at
+not, within the plan's width bar or not) and the totals. A model change is judged here on every A/B at
 once; the A/B that tests it is still the one whose plan was written before its changes ran.
 """
 
@@ -45,11 +45,11 @@ class Row:
         return self.now[0] <= self.saved <= self.now[1]
 
     @property
-    def within_20pct(self) -> bool:  # issue 53's bar for a set: its combined gain within 20% of the measured
+    def within_20pct(self) -> bool:  # the plan's bar for a set: its combined gain within 20% of the measured
         return abs((self.now[0] + self.now[1]) / 2 - self.saved) <= 0.2 * abs(self.saved)
 
     @property
-    def width_ok(self) -> bool:  # issue 53's bar: half the midpoint or twice the bases' spread
+    def width_ok(self) -> bool:  # the plan's width bar: half the midpoint or twice the bases' spread
         lo, hi = self.now
         return hi - lo <= max((lo + hi) / 4, 2 * self.spread)
 

@@ -1,4 +1,4 @@
-"""The micro-batch change's kernel factor each recorded plan A/B implies (issue 53, plan_h100_v8): the
+"""The micro-batch change's kernel factor each recorded plan A/B implies (docs/evidence/plan_h100_v8): the
 factor by which the forward-backward kernels of a micro-batch twice the size would have to run
 longer for the replay of the kept capture (perfd.capture.step_replay), at the job's own clock (the first
 base run's median, as tools/plan_ab_rederive reads it), to save what the change measured; with the band

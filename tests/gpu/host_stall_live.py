@@ -450,7 +450,7 @@ def checks(res: dict[str, Any], polls: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     c = res.get("checks") or {}
     burn, stop = res.get("burners") or {}, res.get("stop") or {}
-    lines = [f"# Issue 35 live ({res.get('mode')}): the host and the hang", "",
+    lines = [f"# The host and the hang, live ({res.get('mode')})", "",
              f"Job pinned to CPUs {res.get('pinned_to')}; {len(burn.get('pids') or [])} burners at "
              f"{burn.get('started_s')} s; SIGSTOP at {stop.get('started_s')} s for {stop.get('stopped_s')} "
              f"s; {c.get('saves')} checkpoint saves.", "", "| check | result |", "|---|---|"]

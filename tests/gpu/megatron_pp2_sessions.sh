@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PP=2 question of issue 14 (a 2026-11-21 nsys capture of Megatron-LM PP=2 showed no NCCL kernel
+# The PP=2 question (a 2026-11-21 nsys capture of Megatron-LM PP=2 showed no NCCL kernel
 # on its second device): the same PP=2 run, each rank in its own nsys session (`perfd nsys-prefix`,
 # nothing killed), both sessions recorded for the same 3 s window in steady state (`nsys start` /
 # `nsys stop` from outside: no stall), then `perfd analyze nsys --check-sql` on each rank's report.

@@ -263,7 +263,7 @@ class Run:
 
 def markdown(res: dict[str, Any]) -> str:
     rep = (res.get("summary") or {}).get("report") or {}
-    lines = ["# Issue 45 on real Megatron-LM: ncu by rule, in the answer", "",
+    lines = ["# ncu by rule on real Megatron-LM, in the answer", "",
              f"OK: {res.get('ok')}; stage: {res.get('stage')}; checks: {json.dumps(res.get('checks'))}",
              f"ncu-prefix stderr: {(res.get('ncu_prefix') or {}).get('stderr')}",
              f"range: iteration {res.get('range_iteration')}, {res.get('range_step_ms')} ms",

@@ -417,7 +417,7 @@ class Workflow:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = ["# Issue 51 on real Megatron-LM: the ncu workflow, both ways, each figure from its run", "",
+    lines = ["# The ncu workflow on real Megatron-LM, both ways, each figure from its run", "",
              f"OK: {res.get('ok')}; stage: {res.get('stage')}", "", "Checks:",
              *[f"- {k}: {v}" for k, v in (res.get("checks") or {}).items()], "",
              f"Job's clock, run 1 (unarmed): {json.dumps((res.get('clock') or {}).get('run1'))}",

@@ -3,7 +3,7 @@
 # ~4 s, closes it at ~6 s and runs on to ~40 s; each variant's report directory is watched and the
 # time its .nsys-rep appears is printed (relative to the range's close). Usage (GPU machine):
 #   source .gpu-libs/nsys-env.sh; bash tests/gpu/nsys_range_timing.sh OUT
-# Written for issue 14 (the rule path's nsys range reported only at process exit). Run on an H100 with
+# Why: the rule path's nsys range was reported only at process exit. Run on an H100 with
 # nsys 2025.3.1: docs/evidence/README.md "nsys ranges reported when they close".
 set -u
 OUT=${1:?OUT dir}

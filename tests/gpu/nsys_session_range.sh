@@ -4,7 +4,7 @@
 # (each 2 s long) and runs to ~26 s; before each range the driver runs
 # `nsys start --session=S -c cudaProfilerApi --capture-range-end=stop -o OUT_i`, then watches for
 # OUT_i.nsys-rep. Usage (GPU machine): source .gpu-libs/nsys-env.sh; bash tests/gpu/nsys_session_range.sh OUT
-# Written for issue 14: nsys_range_timing.sh showed that `nsys profile -c cudaProfilerApi
+# Why: nsys_range_timing.sh showed that `nsys profile -c cudaProfilerApi
 # --capture-range-end=repeat` (nsys 2025.3.1) writes every range's report only at process exit.
 set -u
 OUT=${1:?OUT dir}

@@ -281,7 +281,7 @@ def markdown(t: dict[str, Any]) -> str:
     lines.append(
         f"Singles inside their range: {t['inside']}/{t['singles']}; ranges within the width bar: "
         f"{t['widths_ok']}/{t['singles']}; sets within 20%: {t['sets_within_20pct']}/{t['sets']}; "
-        f"issue 53's bar met: {'yes' if t['done'] else 'no'}."
+        f"the plan's bar met (singles inside, widths, sets, predicted first): {'yes' if t['done'] else 'no'}."
     )
     return "\n".join(lines) + "\n"
 

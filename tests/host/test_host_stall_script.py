@@ -55,4 +55,4 @@ def test_the_gpu_scripts_cpu_smoke_passes_its_checks(tmp_path: Path) -> None:
     assert got.returncode == (0 if c["all"] else 1)  # the script's exit says its checks, whatever they read
     assert len(polls) == res["polls"] and any(p.get("stopped") and p.get("state") == "stalled" for p in polls)
     assert "rank processes" in (tmp_path / "raw" / "top_stop.txt").read_text()
-    assert (tmp_path / "host_stall.md").read_text().startswith("# Issue 35 live (cpu-smoke)")
+    assert (tmp_path / "host_stall.md").read_text().startswith("# The host and the hang, live (cpu-smoke)")
