@@ -80,10 +80,17 @@ def _done_before(module: ModuleType, args: tuple[object, ...], kwargs: Mapping[s
 
 
 def install(make_hook: Callable[[], StepBoundaries] = StepHook) -> bool:
-    """Wrap Megatron-LM's ``train_step`` with the hook; False (and a note) when it cannot.
+    """Wrap Megatron-LM's ``train_step`` with the hook.
 
     The hook is made at the first step, not here: its CUDA events belong to the current device,
     which Megatron sets (``torch.cuda.set_device(local_rank)``) only during initialisation.
+
+    Args:
+        make_hook: what makes the hook at the first step (``StepHook``; a test gives its own).
+
+    Returns:
+        True when ``train_step`` is wrapped (or already was); False, with a note on stderr, when
+        Megatron-LM's training module or its ``train_step`` cannot be imported.
     """
     try:
         module = importlib.import_module(_TARGET[0])

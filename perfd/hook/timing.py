@@ -39,18 +39,35 @@ MarkerFactory = Callable[[], Marker]
 
 
 class HostMarker:
+    """A step boundary on the host's clock (``time.perf_counter_ns``): the marker a hook without CUDA
+    uses (``StepHook(cuda=False)``, or no GPU), complete as soon as it is recorded."""
+
     __slots__ = ("t",)
 
     def __init__(self) -> None:
         self.t = 0
 
     def record(self) -> None:
+        """Take the time now."""
         self.t = time.perf_counter_ns()
 
     def query(self) -> bool:
+        """Whether the marker is complete.
+
+        Returns:
+            Always True: a host time is complete once taken.
+        """
         return True
 
     def elapsed_ns(self, end: HostMarker) -> int:
+        """The time from this marker to a later one.
+
+        Args:
+            end: a marker recorded after this one.
+
+        Returns:
+            Nanoseconds between the two recordings.
+        """
         return end.t - self.t
 
 
@@ -316,6 +333,9 @@ class RollingPercentiles:
     hundred nanoseconds: cheap enough for the training thread, unlike sorting per step.
     ``p50_p90_p99()`` caches the three nearest-rank indices, which only change while the window
     fills (profiling showed three generic ``percentile`` calls cost more than the rest of a step).
+
+    Args:
+        window: how many of the latest values the percentiles are of (at least 1).
     """
 
     def __init__(self, window: int = 100) -> None:
@@ -329,6 +349,11 @@ class RollingPercentiles:
         self._idx = (0, 0, 0)
 
     def add(self, value: int) -> None:
+        """Take in a value; the oldest leaves once the window is full.
+
+        Args:
+            value: the value (a step time in nanoseconds, as the hook adds them).
+        """
         srt = self._sorted
         ring = self._ring
         if len(ring) == self.window:
@@ -348,13 +373,26 @@ class RollingPercentiles:
         return min(max(math.ceil(p * n / 100.0), 1), n) - 1
 
     def percentile(self, p: float) -> int | None:
-        """Nearest-rank percentile (a value that was observed), None when empty."""
+        """The nearest-rank percentile of the values in the window.
+
+        Args:
+            p: the percentile, 0 to 100.
+
+        Returns:
+            A value that was added (nearest rank: never an interpolation), or None while the window
+            is empty.
+        """
         n = len(self._sorted)
         if n == 0:
             return None
         return self._sorted[self._rank_index(p, n)]
 
     def p50_p90_p99(self) -> tuple[int, int, int] | None:
+        """The three percentiles the hook sends with each step, as :meth:`percentile` gives them.
+
+        Returns:
+            (p50, p90, p99) of the window, or None while it is empty.
+        """
         srt = self._sorted
         n = len(srt)
         if n == 0:
