@@ -123,7 +123,8 @@ def test_the_values_keys_and_defaults() -> None:
         "shards": {"replicas": 4, "metricsPort": 14401,
                    "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
                    "nodeSelector": {}, "tolerations": [], "affinity": {}, "priorityClassName": ""},
-        "root": {"standby": True}}
+        "root": {"standby": True, "resources": {"requests": {"cpu": "1", "memory": "1536Mi"},
+                                                "limits": {"cpu": "2", "memory": "4Gi"}}}}
 
 
 def test_helm_lint_strict_with_the_engine() -> None:
@@ -328,6 +329,13 @@ def test_the_aggregator_is_the_root_with_a_standby() -> None:
     # The standby forwards the API to the leader's own address (perfd.aggregator.forward).
     assert ns.engine_advertise_http == "http://$(POD_IP):9401"
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    # The root's resources (engine.root.resources), not the aggregator's alone: a 100,000-rank job's root
+    # held 3.0 GiB with collective figures, over the aggregator's 3Gi limit.
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert c["resources"] == values["engine"]["root"]["resources"] != values["aggregator"]["resources"]
+    assert c["resources"]["limits"]["memory"] == "4Gi"
+    alone = _container(_one(_render(), "Deployment", "perfd-aggregator"))
+    assert alone["resources"] == values["aggregator"]["resources"]
     # The same agents and Prometheus reach it as without the engine, and the other root its HTTP port,
     # which the engine's egress policy lets the roots reach (and nothing else of theirs).
     sel = {"app.kubernetes.io/name": "perfd", "app.kubernetes.io/instance": "perfd",

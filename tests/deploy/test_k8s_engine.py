@@ -229,6 +229,7 @@ def test_the_perfd_pods_run_this_perfds_flags_as_the_chart_renders_them() -> Non
     assert ns.http_port == ports["metrics"]
     for key in ("replicas", "strategy"):
         assert agg["spec"][key] == chart_agg["spec"][key], key
+    assert _container(agg)["resources"] == values["root"]["resources"] == _container(chart_agg)["resources"]
     data = {v["name"]: v for v in _pod(agg)["volumes"]}["data"]
     assert data == {"name": "data", "emptyDir": {}}
     assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
