@@ -356,6 +356,15 @@ def consumers(urls: Sequence[str], partitions: Sequence[int]) -> dict[int, dict[
 # ---- the processes --------------------------------------------------------------------------------
 
 
+def _kill9(p: Any) -> None:
+    """SIGKILL to the process's group (its session: tests/procs.py), then reaped."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(10)
+
+
 @dataclass
 class ShardProc:
     name: str  # the log's name (a restart gets a new one, the id stays)
@@ -418,6 +427,7 @@ class Rig:
         self.watch: Watch | None = None
         self.closers: list[Callable[[], None]] = []  # e.g. a fault proxy's close
         self._names: dict[str, int] = {}
+        self._root_names: dict[str, str] = {}  # root id -> its newest process's name
 
     @property
     def urls(self) -> list[str]:
@@ -455,9 +465,9 @@ class Rig:
     def start_root(self, root_id: str = "root-a") -> str:
         """``perfd aggregator --engine --engine-root-id root_id``; returns its HTTP base URL (the
         first one started is ``base``, the one the checks read)."""
+        name = self._root_names[root_id] = self._name(f"aggregator-{root_id}")
         _, _, url = start_aggregator(self.procs, "--no-rules", *self.engine_args(), "--engine-root-id",
-                                     root_id, ready=self.tmp / f"{root_id}.ready",
-                                     name=self._name(f"aggregator-{root_id}"), timeout=60)
+                                     root_id, ready=self.tmp / f"{root_id}.ready", name=name, timeout=60)
         self.roots[root_id] = url
         self.base = self.base or url
         return url
@@ -487,12 +497,13 @@ class Rig:
     # ---- faults
     def kill(self, shard_id: str) -> None:
         """SIGKILL: a crash, nothing flushed, nothing acknowledged, no lease given back."""
-        p = self.shards[shard_id].proc
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(10)
+        _kill9(self.shards[shard_id].proc)
+
+    def kill_root(self, root_id: str) -> None:
+        """SIGKILL the root ``root_id``'s newest process, as :meth:`kill` a shard: its lease is not given
+        back, so a standby leads only once it lapses."""
+        name = self._root_names[root_id]
+        _kill9(next(p for n, _, p in reversed(self.procs.procs) if n == name))
 
     # ---- reading
     def shard_stats(self, shard_id: str) -> dict[str, Any]:

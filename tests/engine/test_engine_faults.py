@@ -32,7 +32,7 @@ from perfd.engine import subjects as S
 from perfd.engine.rootfold import GONE_ITERATIONS, KEEP_ITERATIONS
 from tests.engine.engine_driver import Plan, Rig, consumers, need_nats_server, settle_and_check, stream_state
 from tests.faults.proxy import FaultProxy
-from tests.procs import NOT_YET, wait_for
+from tests.procs import NOT_YET, get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -160,6 +160,34 @@ def test_a_shard_killed_mid_run_loses_and_doubles_nothing(make_rig: MakeRig, res
               f"{ {p: c['ack_pending'] for p, c in in_flight.items()} }; "
               f"{'back and holding' if restart else survivor + ' holds all'} {took:.1f}s after the kill; "
               f"{f.line()}; {d}; wall {time.monotonic() - t0:.1f}s")
+
+
+def test_the_leading_root_killed_mid_run_its_standby_leads_and_nothing_is_lost(make_rig: MakeRig) -> None:
+    """Two shards, a leading root and a standby (two ``perfd aggregator --engine`` processes), 6 nodes,
+    32 iterations; the leader gets SIGKILL after ~10 iterations, under load (nothing flushed, its lease
+    not given back). The standby leads once the lease lapses, rebuilds from the partials stream, and
+    every iteration ends whole at it, each node message folded once, as if it had led from the start."""
+    rig = make_rig(servers=1)
+    plan = Plan(nodes=6, iterations=32, period_s=PERIOD_S)
+    with rig.explained():
+        t0 = time.monotonic()
+        rig.up(("shard-a", "shard-b"))
+        standby = rig.start_root("root-b")
+        assert not get_json(f"{standby}/api/stats", timeout=5)["engine"]["leader"]
+        load = rig.start_load(plan)
+        load.wait_submitted(10)
+        at_kill = rig.engine_stats()
+        t_kill = time.monotonic()
+        rig.kill_root("root-a")
+        rig.base = standby  # what the checks read from now on
+        wait_for(lambda: rig.engine_stats()["leader"], 60, "the standby to lead", ignore=NOT_YET,
+                 interval=0.1)
+        took = time.monotonic() - t_kill
+        f = settle_and_check(rig, plan)
+        assert at_kill["node_messages"] > 0, at_kill  # the leader had worked: the standby rebuilt its part
+        print(f"FIGURES leading root killed: the leader had folded {at_kill['node_messages']} node messages "
+              f"({at_kill['complete']} iterations whole); the standby led {took:.1f}s after the kill (lease "
+              f"TTL {LEASE_TTL_S:.0f}s); {f.line()}; wall {time.monotonic() - t0:.1f}s")
 
 
 def test_partials_delayed_past_the_roots_memory_count_once(make_rig: MakeRig) -> None:
