@@ -192,7 +192,8 @@ def test_the_notes_say_what_a_plain_cluster_needs() -> None:
 def test_values_schema_refuses_bad_values() -> None:
     for bad in ("agent.metricsPort=abc", "agent.bogus=1", "image.pullPolicy=Sometimes",
                 "monitoring.interval=often", "agent.collectors.nvmll.source=real", "podMonitor.bogus=1",
-                "serviceMonitor.enabled=yes-please"):
+                "serviceMonitor.enabled=yes-please", "agent.resources.requests.gpu=1",
+                "aggregator.resources.limits.foo=1", "aggregator.resources.requests.memory=1"):
         r = _run("template", "perfd", str(CHART), "--set", bad)
         assert r.returncode != 0 and "values don't meet the specifications" in r.stderr, (bad, r.stderr)
 

@@ -123,7 +123,7 @@ def test_the_values_keys_and_defaults() -> None:
         "shards": {"replicas": 4, "metricsPort": 14401,
                    "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
                    "nodeSelector": {}, "tolerations": [], "affinity": {}, "priorityClassName": ""},
-        "root": {"standby": True, "resources": {"requests": {"cpu": "1", "memory": "1536Mi"},
+        "root": {"standby": True, "resources": {"requests": {"cpu": "1", "memory": "3Gi"},
                                                 "limits": {"cpu": "2", "memory": "4Gi"}}}}
 
 
@@ -412,7 +412,8 @@ def test_values_schema_refuses_bad_engine_values() -> None:
                 "engine.leaseTTLSeconds=0", "engine.ackWaitSeconds=-1",
                 "engine.urls={http://nats:4222}", "engine.urls={nats://nats:4222/}",
                 "engine.root.standby=yes", "engine.tokenSecret=Not_A_Name",
-                "engine.shards.resources.requests.gpu=1", "engine.tls.enabled=yes",
+                "engine.shards.resources.requests.gpu=1", "engine.root.resources.requests.gpu=1",
+                "engine.root.resources.limits.memory=4", "engine.root.resources=5", "engine.tls.enabled=yes",
                 "engine.tls.secret=Not_A_Name", "engine.tls.secret=", "engine.tls.mutual=no",
                 "engine.tls.caKey=ca.pem"):
         assert "values don't meet the specifications" in _refused("engine.enabled=true", bad), bad

@@ -277,7 +277,9 @@ class Workflow:
         s1 = ((p1.get("summary") or {}).get("summary")) or {}
         med1 = s1.get("medians") or {}
         steps1 = {int(i): ms for i, ms in (p1.get("steps") or {}).items()}
-        kin: dict[str, Any] = next((c for c in p1.get("captures") or [] if c.get("tool") == "kineto"), {})
+        # the Kineto capture that ran (one refused as not ready is asked again)
+        kin: dict[str, Any] = next((c for c in p1.get("captures") or [] if c.get("tool") == "kineto"
+                                    and c.get("cause") != CaptureFailure.NOT_READY.value), {})
         k_its = self.captured_iterations(p1, kin)
         unarmed = [ms for i, ms in steps1.items() if i > WARMUP and i not in k_its]
         res["clock"] = {"run1": stats(unarmed)}
