@@ -7,12 +7,14 @@ where the 790 TFLOP/s ceiling comes from, a next-step line, and no folder left b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -78,8 +80,23 @@ def test_demo_keep_files_keeps_them(tmp_path: Path) -> None:
     assert (kept / "train.log").is_file() and f"(files kept in {kept})" in r.stdout
 
 
-def _sigint_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """While a child starts: this process's SIGINT not ignored, so that the child inherits its default.
+
+    A disposition set to SIG_IGN survives exec, a handler does not (the child gets SIG_DFL). Set here,
+    in the parent, rather than in the child by a ``preexec_fn``: that makes subprocess fork this test
+    process and run Python's fork handlers in the child, and gRPC's, whose threads earlier in-process
+    tests left running in this worker, aborted such a child now and then (SIGABRT, "epoll_wait error:
+    Bad file descriptor": 2-5 of 60 forks in a process with busy gRPC threads, 0 of 60 without it)."""
+    held = signal.getsignal(signal.SIGINT)
+    if held == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if held == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, held)
 
 
 # The demo stops its agent and aggregator (10 s each, then SIGKILL) and removes its folder: on a loaded
@@ -99,9 +116,10 @@ def test_keep_running_stops_everything_on_a_signal(tmp_path: Path, sig: signal.S
     # process can hold it ignored (a library's shutdown path sets SIG_IGN for SIGINT), and Python then
     # installs no KeyboardInterrupt: the demo would be right to ignore the signal.
     worker_sigint = signal.getsignal(signal.SIGINT)
-    p = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "40",
-                          "--keep-running"], cwd=ROOT, env=env, stdout=out.open("wb"),
-                         stderr=subprocess.STDOUT, preexec_fn=_sigint_default)
+    with _sigint_not_ignored():
+        p = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "demo", "--plain", "--speed", "40",
+                              "--keep-running"], cwd=ROOT, env=env, stdout=out.open("wb"),
+                             stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: "keep running" in out.read_text() or p.poll() is not None, 180,
                  "the demo to keep its daemons running")
