@@ -21,6 +21,12 @@ it runs when the loop releases the GIL (any torch op does) or after ``sys.getswi
 ``close()``, at interpreter exit (atexit) or when the hook is garbage; a forked child has none
 (``_after_fork_in_child``).
 
+Datagrams a busy or absent agent did not take are held by the sender (perfd.hook.sender) and go out
+before the next one; while the loop sends nothing (a pause, a checkpoint save) they are tried again
+every ``_DRAIN_S`` all the same — by the harvester thread at each pass, or in an inline hook by a
+drainer thread (``perfd-hook-drain``) that runs only while any is held: held through the pause, the
+steps before it and its announcement reached the agent after it, and the job read as stalled.
+
 Harvesting stays inline in ``step_end()`` where a thread buys nothing: host timing (``cuda=False``
 or no GPU: no query to save, and the GIL would serialize the record's few µs of Python with the
 loop anyway) and ``flush_interval_s=0`` (each record sent at once: tests, debugging).
@@ -34,6 +40,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -50,6 +57,11 @@ _JOB_INTERVAL_NS = 60_000_000_000  # the job record again: an agent restarted si
 # The longest anything waits for the harvester: a pass holds the lock for µs to a few ms; a pass
 # stuck in the driver must not hang close() or flush().
 _LOCK_TIMEOUT_S = 1.0
+# How often held datagrams are tried again while the loop sends nothing else: an agent busy for a
+# moment takes them within this, not at the loop's next step (after a pause of minutes, perhaps).
+_DRAIN_S = 0.1
+# The longest close() waits for an inline hook's drainer (it holds the lock for a few sends at most).
+_DRAIN_JOIN_S = 2.0
 
 _NAN = float("nan")
 
@@ -105,6 +117,9 @@ class Harvester(HookState):
     _ready: bool
     _closed: bool
     enabled: bool
+    _threaded: bool  # a harvester thread runs (else inline in step_end())
+    _drainer: threading.Thread | None = None  # an inline hook's, while the sender holds datagrams
+    _drain_stop: threading.Event | None = None
     steps_begun: int
     _cur: Slot | None
     _final_deadline: float
@@ -320,6 +335,7 @@ class Harvester(HookState):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread = None
+        self._drainer = self._drain_stop = None  # gone with the other threads
         self.pid = os.getpid()
         if not self.enabled or self._closed:
             return
@@ -369,7 +385,33 @@ class Harvester(HookState):
                 self._job_due_ns = 0  # not delivered (or held): it goes with the next datagram too
             self._batch.clear()
             self._batch_n = 0
+            self._drain_later()
         self._flush_at = time.perf_counter_ns() + self._flush_ns
+
+    def _drain_later(self) -> None:
+        """Held datagrams go out while the loop sends nothing else (the module says why): an inline
+        hook starts its drainer thread, for as long as any is held; the harvester thread tries them at
+        each pass itself. Called with the lock held (the drainer takes it for each try)."""
+        if self._threaded or self._drainer is not None or not self.sender.backlog or self._closed:
+            return
+        stop = threading.Event()
+        t = threading.Thread(target=_drain_loop, args=(weakref.ref(self), stop), name="perfd-hook-drain",
+                             daemon=True)
+        self._drainer, self._drain_stop = t, stop
+        try:
+            t.start()
+        except RuntimeError:  # no thread to be had: held until the next send, as without one
+            self._drainer = self._drain_stop = None
+
+    def _stop_drainer(self) -> None:
+        """At close(), before its last sends: the drainer ended (a few sends at most hold it)."""
+        t, stop = self._drainer, self._drain_stop
+        if t is None or stop is None:
+            return
+        stop.set()
+        if t is not threading.current_thread():
+            t.join(_DRAIN_JOIN_S)
+        self._drainer = self._drain_stop = None
 
     def _pass(self) -> None:
         """One wake-up of the harvester thread."""
@@ -385,6 +427,8 @@ class Harvester(HookState):
                     self._harvest_locked(0)
                     if self._batch_n and time.perf_counter_ns() >= self._flush_at:
                         self._flush()
+                    elif self.sender.backlog:  # held for a busy agent: tried at every pass, steps or not
+                        self.sender.flush_backlog()
                 finally:
                     self._lock.release()
         except Exception as exc:
@@ -403,3 +447,23 @@ class Harvester(HookState):
         out = self._outbox
         while out:  # a pause's announcement, a trace's status: held behind the steps, as they are
             self.sender.send(out.popleft(), keep=True)
+
+
+def _drain_loop(ref: weakref.ReferenceType[Harvester], stop: threading.Event) -> None:
+    """An inline hook's drainer thread: every ``_DRAIN_S`` the datagrams its sender holds are tried
+    again, under the hook's lock (the training thread's sends take it too: one order); it ends once
+    none is held, at close(), or when the hook is garbage."""
+    while not stop.wait(_DRAIN_S):
+        hook = ref()
+        if hook is None:
+            return
+        if not hook._lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            continue
+        try:
+            if hook._closed or not hook.sender.backlog:
+                hook._drainer = hook._drain_stop = None
+                return
+            hook.sender.flush_backlog()
+        finally:
+            hook._lock.release()
+        del hook

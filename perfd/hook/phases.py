@@ -57,6 +57,7 @@ class PhaseControl(HookState):
     # StepHook's method order and hide theirs), and the fetch clock it reads (perfd.hook.loader)
     _resolve_rank: Callable[[], None]
     _flush: Callable[[], None]
+    _drain_later: Callable[[], None]
     _fetch: FetchClock
 
     def phase(self, phase: str, step: int | None = None) -> PhaseContext:
@@ -107,6 +108,7 @@ class PhaseControl(HookState):
                     # kept as the steps are while the agent is away or too busy to read: a save whose
                     # announcement is lost reads as a stall
                     self.sender.send(rec, keep=True)
+                    self._drain_later()
                 finally:
                     self._lock.release()
             else:  # the harvester is busy: it sends the announcement at its next pass

@@ -553,6 +553,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._thread = None
             if self._profiling:
                 self._stop_profile(self._next_step - 1, wire.PROFILE_STOPPED)
+            self._stop_drainer()
             self._send_outbox()
             self.flush()
             self.sender.flush_backlog()  # steps held for an agent that came late: a last try
