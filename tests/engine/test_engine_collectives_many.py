@@ -30,6 +30,7 @@ from perfd.engine.rootfold import RootStats
 from perfd.report.collective_text import collectives_json
 from tests.collectives.collective_helpers import MS, T0
 from tests.collectives.test_collective_partial import NODES, PER_NODE, SLOW_RANK, synthetic_job
+from tests.engine.engine_driver import split_settled
 from tests.engine.test_engine_records import _until
 from tests.engine.test_natsd import _need_nats_server
 
@@ -69,8 +70,7 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
             # shard up holds them all until the next balance, and the test's "each shard folded
             # some" reads the start-up order (seen once under load: one shard held all four)
             held = lambda: [s.stats.partitions for s in shard_list]  # noqa: E731
-            every = list(range(cfg.partitions))
-            await _until(lambda: all(held()) and sorted(p for h in held() for p in h) == every, 60, held)
+            await _until(lambda: split_settled(held(), cfg.partitions), 60, held)
         await feed(clients)
         for c in clients:
             assert await c.flush(60), c.stats()

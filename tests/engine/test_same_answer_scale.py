@@ -33,6 +33,7 @@ from perfd.engine.natsd import NatsCluster
 from perfd.engine.partial import encode, partials_of
 from perfd.engine.root import Root
 from perfd.engine.shard import Shard
+from tests.engine.engine_driver import split_settled, until
 from tests.engine.records import RANKS_PER_NODE, job_records
 from tests.engine.test_natsd import _need_nats_server
 from tests.engine.test_same_answer import AHEAD, GPU, JOB, _answer
@@ -101,9 +102,8 @@ async def _through_the_engine(urls: list[str], rooted: AggregatorState, info: Jo
         assert not ack.duplicate, mid
 
     try:
-        deadline = time.monotonic() + 60  # the shards split the partitions before the job starts
-        while not all(s.stats.partitions for s in shards) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await until("the shards split the partitions for good before the job starts",
+                    lambda: split_settled([s.stats.partitions for s in shards], cfg.partitions), 60)
         await publish(0, "node-0:info", encode("node-0:info", _agent(0), time.time_ns(), (),
                                                {JOB: job_info_to_json(info)}))
         for it in range(iterations):  # records' iterations are 1..iterations
@@ -168,7 +168,8 @@ def test_four_shards_give_one_aggregators_analysis_byte_for_byte_at_scale(tmp_pa
     took = time.monotonic() - t0
     st = root.stats
     print(f"FIGURES {world} ranks, {iterations} iterations, {SHARDS} shards: {published} node messages in "
-          f"{took:.1f}s; root {st.to_json()}; shards {[s.stats.node_messages for s in shards]}")
+          f"{took:.1f}s; root {st.to_json()}; shards {[s.stats.node_messages for s in shards]}; leases "
+          f"taken/lost {[(s.stats.leases_taken, s.stats.leases_lost) for s in shards]}")
     # Every node message folded in once, at the shards (the job info's message too) and at the root.
     assert st.node_messages == published and st.redelivered == 0 and st.late == 0 and st.undecodable == 0
     assert sum(s.stats.node_messages for s in shards) == published + 1

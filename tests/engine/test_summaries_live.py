@@ -39,7 +39,7 @@ from perfd.engine.root import Root
 from perfd.engine.root_summaries import ANSWERS_KEPT
 from perfd.engine.shard import Shard
 from perfd.transport.gen import perfd_pb2 as pb
-from tests.engine.engine_driver import until
+from tests.engine.engine_driver import split_settled, until
 from tests.engine.records import RANKS_PER_NODE
 from tests.engine.test_natsd import _need_nats_server
 from tests.engine.test_same_answer import AHEAD, GPU, JOB
@@ -105,7 +105,8 @@ async def _through_the_engine(urls: list[str], by_node: dict[int, list[list[Step
         return held is not None and held.ranks_in == WORLD
 
     try:
-        await until("the shards split the partitions", lambda: all(s.stats.partitions for s in first), 60)
+        await until("the shards split the partitions for good",
+                    lambda: split_settled([s.stats.partitions for s in first], PARTITIONS), 60)
         for it in range(ITERATIONS):  # records' iterations are 1..ITERATIONS
             def caught_up(ahead: int = it - AHEAD) -> bool:  # at most AHEAD iterations past the root
                 return root.stats.complete >= ahead
@@ -129,8 +130,7 @@ async def _through_the_engine(urls: list[str], by_node: dict[int, list[list[Step
                     await until("the first half folded at the root", folded, 60)
                     tasks.append(asyncio.create_task(shards[1].run(stop)))
                     await until("the second shard holds its share",
-                                lambda: all(s.stats.partitions for s in shards)
-                                and sum(len(s.stats.partitions) for s in shards) == PARTITIONS, 60)
+                                lambda: split_settled([s.stats.partitions for s in shards], PARTITIONS), 60)
                 await asyncio.gather(*(publish(*m) for m in msgs[i:i + 64]))
         await until("every node message folded once at the root",
                     lambda: root.stats.node_messages >= NODES * ITERATIONS, 180)
@@ -172,7 +172,8 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
     st = root.stats
     print(f"FIGURES summaries: {st.summaries} read, {st.summaries_replaced} replaced, {st.summaries_stale} "
           f"stale, holders dropped {st.summaries_holders_dropped}, overcounted {st.summaries_overcounted}; "
-          f"partitions {[s.stats.partitions for s in shards]}")
+          f"partitions {[s.stats.partitions for s in shards]}; leases taken/lost, consumers restarted "
+          f"{[(s.stats.leases_taken, s.stats.leases_lost, s.stats.consumer_restarts) for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
     # the first shard put the job's info in the bucket; the one that joined read it there, once (its
     # partitions' consumers may each have asked: the first answer read, the rest found it read)
