@@ -47,8 +47,11 @@ def issue_citations(text: str, name: str) -> list[str]:
 
 
 def test_no_comment_or_docstring_cites_an_issue_number() -> None:
-    found = [hit for path in _files()
-             for hit in issue_citations(path.read_text(), path.relative_to(ROOT).as_posix())]
+    # Only a file whose text matches the pattern anywhere can cite one: the others (nearly all) are not
+    # tokenized and parsed (11 s of the suite's CPU for ~1,000 files, read whole).
+    texts = ((path, path.read_text()) for path in _files())
+    found = [hit for path, text in texts if PATTERN.search(text)
+             for hit in issue_citations(text, path.relative_to(ROOT).as_posix())]
     assert not found, "cite the evidence or say why, not the issue:\n" + "\n".join(found)
 
 
