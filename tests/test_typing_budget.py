@@ -1,7 +1,10 @@
-"""``Any`` stays rare in perfd's own code (under 6 per 1,000 lines): a value from outside is
+"""``Any`` stays rare in perfd's own code (at most 2.5 per 1,000 lines): a value from outside is
 ``object`` narrowed where it is read, a known shape a TypedDict, a dataclass or a Protocol. Counted on
-the source, as the issue counts it: the word ``Any`` in the .py files of perfd/ and collectors/, tests
-and generated code left out."""
+the source as the bound was set: the word ``Any`` in the .py files of perfd/ (the collectors are
+inside it), its import lines not counted (a file that uses it imports it once), tests and generated
+code left out. That count gave 3.61 where the bound was set at "3.7" (a2e3423), 2.62 before the last
+cuts; the word in comments and docstrings counts too (about 20: "Any other ..."), so the typed uses
+alone are fewer (189 of 208, 2026-11-30)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PER_1000_LINES = 6.0  # the issue's bound
+PER_1000_LINES = 2.5
 _WORD = re.compile(r"\bAny\b")
 _GENERATED = "perfd/transport/gen/"
+_IMPORT = re.compile(r"\s*(from typing import|import typing)")
 
 
 def _counted(path: Path) -> bool:
@@ -20,14 +24,13 @@ def _counted(path: Path) -> bool:
 
 
 def any_per_1000_lines() -> tuple[int, int]:
-    """(occurrences of ``Any``, lines) over the counted files."""
+    """(occurrences of ``Any`` outside import lines, lines) over the counted files."""
     hits = lines = 0
-    for top in ("perfd", "collectors"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            if _counted(path):
-                text = path.read_text()
-                hits += len(_WORD.findall(text))
-                lines += len(text.splitlines())
+    for path in sorted((ROOT / "perfd").rglob("*.py")):
+        if _counted(path):
+            text = path.read_text().splitlines()
+            hits += sum(len(_WORD.findall(line)) for line in text if not _IMPORT.match(line))
+            lines += len(text)
     return hits, lines
 
 
@@ -35,4 +38,4 @@ def test_any_stays_under_its_bound() -> None:
     hits, lines = any_per_1000_lines()
     assert lines > 10_000  # the files were found
     per = hits / lines * 1000
-    assert per < PER_1000_LINES, f"{hits} Any in {lines} lines: {per:.2f} per 1,000 (bound {PER_1000_LINES})"
+    assert per <= PER_1000_LINES, f"{hits} Any in {lines} lines: {per:.2f} per 1,000 (bound {PER_1000_LINES})"

@@ -91,7 +91,7 @@ class JobCollectives:
     version: int = 0
     dropped: int = 0
     analysis: CollectiveAnalysis | None = None
-    analysis_key: tuple[Any, ...] | None = None
+    analysis_key: tuple[object, ...] | None = None
     analysis_time: float = 0.0
     analysis_cost: float = 0.0  # seconds the last one took
     # Analyses run outside the lock, several at once: numbered as they read, one kept only if none that
@@ -287,7 +287,7 @@ class CollectiveStore:
         with self._lock:
             return job in self.jobs
 
-    def analysis(self, job: str, steps_key: tuple[Any, ...], inputs: Callable[[], tuple[
+    def analysis(self, job: str, steps_key: tuple[object, ...], inputs: Callable[[], tuple[
             list[StepRecord], ParallelLayout | None, dict[int, str], str | None]],
             force: bool = False, cached: bool = False) -> CollectiveAnalysis | None:
         """The job's analysis; ``inputs()`` (called only when recomputing) gives its step records,

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from perfd.aggregator.captures import CaptureCoordinator
 from perfd.aggregator.durable import Journal, restore, save_documents
@@ -48,6 +48,9 @@ from perfd.transport.delivery import Kept
 from perfd.transport.security import IdentityPolicy, ServerTls, TokenFile
 from perfd.transport.series import Series
 from perfd.transport.server import IngestServer
+
+if TYPE_CHECKING:  # imported where --engine starts it: nats is an optional dependency
+    from perfd.engine.root import Root
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +413,7 @@ class Aggregator:
             d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 
-    engine_root: Any = None  # perfd.engine.root.Root with --engine
+    engine_root: Root | None = None  # with --engine
     _engine_task: asyncio.Task[None] | None = None
     _engine_stop: asyncio.Event
 

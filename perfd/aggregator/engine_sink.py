@@ -15,7 +15,7 @@ jobs pruned to make room as for any other.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.jobs import StepConflicts
@@ -53,7 +53,7 @@ class EngineSink:
     def __init__(self, state: StateSink, guard: Guard) -> None:
         self.state, self.guard = state, guard
 
-    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> Any:
+    def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> object:
         self.guard.bounded(agent_id, steps)  # the values as a batch's are (perfd.core.bounds)
         return self.state.ingest_steps(agent_id, steps, now)
 

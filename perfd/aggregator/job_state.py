@@ -10,7 +10,6 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.aggregator.step_histogram import StepHistogram
 from perfd.analytics.run.run_analysis import AnalysisMemo
@@ -53,7 +52,7 @@ class JobState:
     # served until the next record: a finished job's last step lost for good).
     analyses_begun: int = 0
     analysis_seq: int = 0  # the number of the newest that ended: the analysis held, or one that failed
-    class_key: tuple[Any, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
+    class_key: tuple[object, ...] = ()  # what the last analysis's class read (GPM, capture, GPM window)
     dirty: bool = False
     last_step_time: float = 0.0  # wall time the last step record arrived
     touched_at: float = field(default_factory=time.time)  # the last Hello, job info or step of the job
@@ -157,7 +156,7 @@ class JobState:
         self.analyses_begun += 1
         return self.analyses_begun
 
-    def keep_analysis(self, seq: int, run: int, result: RunAnalysis, now: float, class_key: tuple[Any, ...]
+    def keep_analysis(self, seq: int, run: int, result: RunAnalysis, now: float, class_key: tuple[object, ...]
                       ) -> RunAnalysis | None:
         """Hold the analysis numbered ``seq``, of run ``run``, unless one that read later records is held
         already, or the job's run changed since it read them (a restart retired that run's incidents:
@@ -175,8 +174,8 @@ class JobState:
         self.analysis_failure = self.analysis_failed_since = None
         return result
 
-    def analysis_failed(self, seq: int, run: int, exc: BaseException, now: float, class_key: tuple[Any, ...],
-                        log_interval_s: float) -> int:
+    def analysis_failed(self, seq: int, run: int, exc: BaseException, now: float,
+                        class_key: tuple[object, ...], log_interval_s: float) -> int:
         """Note that the analysis numbered ``seq``, of run ``run``, failed (counted; said in what the job
         serves unless one that read later records is held, or the run changed); returns how many failed since
         the last log line when one is due now (the first failure, then at most one every

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
-from typing import Any
 
 
 class _MallInfo2(ctypes.Structure):
@@ -21,7 +20,7 @@ class _MallInfo2(ctypes.Structure):
         "keepcost")]
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     try:

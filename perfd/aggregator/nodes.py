@@ -104,7 +104,7 @@ def _column(code: str, seq: Sequence[Any]) -> array[Any]:
     return seq if isinstance(seq, array) and seq.typecode == code else array(code, seq)
 
 
-def _placement_fields(procs: Sequence[Any]) -> list[tuple[Any, ...]]:
+def _placement_fields(procs: Sequence[object]) -> list[tuple[object, ...]]:
     """What of a process list rank placement and a job's GPUs depend on (perfd.core.placement,
     perfd.analytics.incidents.attribution.place_ranks): per process its pid, rank, local_rank,
     world_size, job."""

@@ -202,7 +202,7 @@ class StateStore:
             self._db.execute("BEGIN")
             self._open_txn = True
 
-    def _write(self, agent: str, sql: str, params: tuple[Any, ...]) -> bool:
+    def _write(self, agent: str, sql: str, params: tuple[object, ...]) -> bool:
         """One write of ``agent`` into the open transaction (lock held); False when the agent is
         lost or the write failed (then the whole transaction is rolled back)."""
         if agent in self._lost:

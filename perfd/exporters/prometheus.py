@@ -8,7 +8,7 @@ absent series, never a 0.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -78,14 +78,14 @@ def bucket_label(le: float) -> str:
     return "+Inf" if le == float("inf") else repr(le)
 
 
-def rank_picture_rows(job: str, ratios: Mapping[Any, float]) -> list[Row]:
+def rank_picture_rows(job: str, ratios: Mapping[int, float]) -> list[Row]:
     """The rank x step picture at a cardinality no rank count changes, part one: the
     RANK_RATIO_TOP_K slowest ranks' compute ratios (part two: :func:`rank_ratio_buckets`)."""
     slowest = sorted(ratios.items(), key=lambda kv: (-float(kv[1]), int(kv[0])))[:RANK_RATIO_TOP_K]
     return [({"job_name": job, "rank": str(r)}, catalog.RANK_RATIO_TOP, float(v)) for r, v in slowest]
 
 
-def rank_ratio_buckets(ratios: Mapping[Any, float]) -> tuple[list[tuple[str, float]], float] | None:
+def rank_ratio_buckets(ratios: Mapping[int, float]) -> tuple[list[tuple[str, float]], float] | None:
     """How many ranks fall at or below each RANK_RATIO_BUCKETS bound (cumulative, as Prometheus
     buckets are), and the sum of the ratios; None without per-rank ratios."""
     values = sorted(float(v) for v in ratios.values())

@@ -98,7 +98,7 @@ class Report:
         }
 
 
-def plain_json(v: Any) -> Any:
+def plain_json(v: object) -> object:
     """Plain JSON values, as the API serves them: a non-finite float is None, keys are strings."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None

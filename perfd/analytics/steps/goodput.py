@@ -49,7 +49,7 @@ import statistics
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from perfd.analytics.thresholds import GOODPUT_STALL_FLOOR_S, GOODPUT_STALL_STEPS
 from perfd.core.model import HOOK_PAUSE_TIMERS, TimerValue
@@ -142,7 +142,7 @@ class Goodput:
                 "restarts": self.runs - 1, "notes": list(self.notes), "reached_iteration": self.reached}
 
     @classmethod
-    def from_json(cls, d: Any) -> Goodput | None:
+    def from_json(cls, d: object) -> Goodput | None:
         """Back from :meth:`to_json` (an aggregator's answer read by `perfd report`); None when it is
         not one."""
         if not isinstance(d, Mapping):
