@@ -1,22 +1,21 @@
 """`perfd top`, the command, against a real aggregator and a real agent (in the test's process: the e2e
 conftest's ``live`` pair; the demo's inputs: a real Megatron-LM log that grows while the test runs, a real
-NVML recording replayed): `--once` output and exit statuses checked against the aggregator's own API, and
-the live view in a real terminal (tmux) refreshing in place."""
+NVML recording replayed): `--once` output and exit statuses checked against the aggregator's own API. The
+live view in a real terminal is test_top_widths.py's."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import JOB, LOG, NVML, Live
+from tests.cli_main import Ran, perfd
+from tests.e2e.conftest import JOB, NVML, Live
 from tests.procs import free_port, http_get, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,10 +27,12 @@ def _json(url: str) -> dict[str, Any]:
     return got
 
 
-def _top(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "perfd.app.cli", "top", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def top(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Ran]:
+    """``perfd top ARGS`` by the CLI's entry point in this process (tests/cli_main.py), 160 columns wide:
+    its output and exit status as a person's shell would have them."""
+    monkeypatch.setenv("COLUMNS", "160")
+    return partial(perfd, capsys, "top")
 
 
 def _recorded(metric: str) -> set[float]:
@@ -44,7 +45,7 @@ def _recorded(metric: str) -> set[float]:
 
 
 @pytest.mark.e2e
-def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
+def test_top_once_shows_what_the_aggregator_holds(live: Live, top: Callable[..., Ran]) -> None:
     # The per-rank timers reach the analysis after the first iterations (later on a loaded machine).
     wait_for(lambda: (_json(f"{live.base}/api/jobs/{JOB}/summary").get("latest") or {})
              .get("straggler_rank_compute_ratio"), 60, "per-rank compute ratios in the analysis")
@@ -56,7 +57,7 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
         timed_before = max(i["iteration"] for i in
                            _json(f"{live.base}/api/jobs/{JOB}/iterations?sources=0")["iterations"]
                            if i["straggler_rank_compute_ratio"])
-        r = _top("--aggregator", live.base, "--once", "--job", JOB)
+        r = top("--aggregator", live.base, "--once", "--job", JOB)
         after = _json(f"{live.base}/api/jobs/{JOB}/summary")
         if after == summary and _json(f"{live.base}/api/jobs/{JOB}/gpus")["gpus"] == gpus:
             break
@@ -105,58 +106,8 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live) -> None:
 
 
 @pytest.mark.e2e
-def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live) -> None:
-    r = _top("--aggregator", live.base, "--once", "--job", "nope")
+def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live, top: Callable[..., Ran]) -> None:
+    r = top("--aggregator", live.base, "--once", "--job", "nope")
     assert r.returncode == 1 and "no job named 'nope'" in r.stdout
-    r = _top("--aggregator", f"127.0.0.1:{free_port()}", "--once")
+    r = top("--aggregator", f"127.0.0.1:{free_port()}", "--once")
     assert r.returncode == 2 and r.stderr.startswith("perfd: cannot reach the aggregator")
-
-
-@pytest.mark.e2e
-def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):
-            pytest.fail("tmux missing: ci/install-system-deps.sh installs it")
-        pytest.skip("tmux not installed (ci/install-system-deps.sh)")
-    name = f"perfd-top-{os.getpid()}"
-    cmd = f"{sys.executable} -m perfd.app.cli top --aggregator {live.base} --job {JOB} --interval 0.5"
-    # The terminal decides the size: COLUMNS/LINES inherited from the runner (pytest-xdist's workers
-    # set 80x24) would make rich draw for them, not for the 160-column pane.
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TMUX": ""}
-    subprocess.run(["tmux", "-L", name, "new-session", "-d", "-s", name, "-x", "160", "-y", "60", "-c",
-                    str(ROOT), cmd], check=True, env=env, timeout=20)
-    try:
-        def pane() -> str:
-            return subprocess.run(["tmux", "-L", name, "capture-pane", "-p", "-t", name], capture_output=True,
-                                  text=True, timeout=10).stdout
-
-        # The first screen with every part drawn (a loaded machine may draw one refresh without the
-        # straggler line: the aggregator's analysis comes a refresh later).
-        first = wait_for(lambda: (p := pane()) and "GPUs" in p and JOB in p and "slowest: r" in p
-                         and "(replay)" in p and p, 60, "first screen")
-        final = _final_iteration()
-        assert f" {final} " not in first  # the log's last iteration is not written yet
-        live.write_rest()
-        wait_for(lambda: _json(f"{live.base}/api/jobs")["jobs"][0]["last_iteration"] == final, 60,
-                 "the rest of the log at the aggregator")
-        # The same pane, redrawn in place: the new last iteration shows, and the screen holds one
-        # copy of the header (a refresh that printed below the old screen would hold two).
-        refreshed = wait_for(lambda: (p := pane()) and f" {final} " in p and p, 30, "refreshed screen")
-        assert refreshed.count("perfd top —") == 1
-        assert refreshed.count("GPUs") == 1
-        assert "processes" in refreshed and "hosts" in refreshed
-        # Keys are read in the terminal: n with one job keeps the focus, q quits (the terminal's
-        # mode restored; the session closes with the process).
-        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "n"], check=True, timeout=10)
-        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "q"], check=True, timeout=10)
-        wait_for(lambda: subprocess.run(["tmux", "-L", name, "has-session", "-t", name],
-                                        capture_output=True, timeout=10).returncode != 0, 20,
-                 "perfd top to exit on q (the session closes with it)")
-    finally:
-        subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
-
-
-def _final_iteration() -> int:
-    from perfd.collectors.megatron import parse_file
-
-    return max(r.iteration for r in parse_file(LOG).records)

@@ -4,7 +4,8 @@ with the NVML collector as shipped (`--nvml real`: no NVIDIA driver here, so una
 node agent whose replayed NVML recording places a GPU in the job. Before any GPU row the GPU panel
 says why (the agent's NVML unavailable, and its reason); then the GPU row and the rank process row
 are each one line, every value whole, at both widths. The aggregator and both agents run in the test's
-process (tests/inproc.py); `perfd launch`, its rank and `perfd top` in its terminal are processes."""
+process (tests/inproc.py); `perfd launch`, its rank and `perfd top` in its terminal are processes. And
+the live view against the e2e conftest's pair, redrawn in place as the job's log grows, read by its keys."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.conftest import JOB as LIVE_JOB
+from tests.e2e.conftest import LOG as LIVE_LOG
+from tests.e2e.conftest import Live
 from tests.inproc import Pipeline, pipeline
 from tests.procs import PERFD, Procs, get_json, placed_recording, wait_for, wait_manifest
 
@@ -141,3 +145,55 @@ def test_top_at_80_and_120_columns_whole_and_says_why_no_gpu(tmp_path: Path, pro
     finally:
         for term in terminals.values():
             term.close()
+
+
+@pytest.mark.e2e
+def test_top_refreshes_in_a_real_terminal(live: Live, tmp_path: Path) -> None:
+    """The live view (the e2e conftest's ``live`` pair: the demo's log growing, its NVML replayed)
+    refreshing in place in a 160-column pane."""
+    if shutil.which("tmux") is None:
+        if os.environ.get("PERFD_REQUIRE_SYSTEM_DEPS"):
+            pytest.fail("tmux missing: ci/install-system-deps.sh installs it")
+        pytest.skip("tmux not installed (ci/install-system-deps.sh)")
+    name = f"perfd-top-{os.getpid()}"
+    cmd = f"{sys.executable} -m perfd.app.cli top --aggregator {live.base} --job {LIVE_JOB} --interval 0.5"
+    # The terminal decides the size: COLUMNS/LINES inherited from the runner (pytest-xdist's workers
+    # set 80x24) would make rich draw for them, not for the 160-column pane.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"TMUX": ""}
+    subprocess.run(["tmux", "-L", name, "new-session", "-d", "-s", name, "-x", "160", "-y", "60", "-c",
+                    str(ROOT), cmd], check=True, env=env, timeout=20)
+    try:
+        def pane() -> str:
+            return subprocess.run(["tmux", "-L", name, "capture-pane", "-p", "-t", name], capture_output=True,
+                                  text=True, timeout=10).stdout
+
+        # The first screen with every part drawn (a loaded machine may draw one refresh without the
+        # straggler line: the aggregator's analysis comes a refresh later).
+        first = wait_for(lambda: (p := pane()) and "GPUs" in p and LIVE_JOB in p and "slowest: r" in p
+                         and "(replay)" in p and p, 60, "first screen")
+        final = _final_iteration()
+        assert f" {final} " not in first  # the log's last iteration is not written yet
+        live.write_rest()
+        wait_for(lambda: get_json(f"{live.base}/api/jobs")["jobs"][0]["last_iteration"] == final, 60,
+                 "the rest of the log at the aggregator")
+        # The same pane, redrawn in place: the new last iteration shows, and the screen holds one
+        # copy of the header (a refresh that printed below the old screen would hold two).
+        refreshed = wait_for(lambda: (p := pane()) and f" {final} " in p and p, 30, "refreshed screen")
+        assert refreshed.count("perfd top —") == 1
+        assert refreshed.count("GPUs") == 1
+        assert "processes" in refreshed and "hosts" in refreshed
+        # Keys are read in the terminal: n with one job keeps the focus, q quits (the terminal's
+        # mode restored; the session closes with the process).
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "n"], check=True, timeout=10)
+        subprocess.run(["tmux", "-L", name, "send-keys", "-t", name, "q"], check=True, timeout=10)
+        wait_for(lambda: subprocess.run(["tmux", "-L", name, "has-session", "-t", name],
+                                        capture_output=True, timeout=10).returncode != 0, 20,
+                 "perfd top to exit on q (the session closes with it)")
+    finally:
+        subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, timeout=10)
+
+
+def _final_iteration() -> int:
+    from perfd.collectors.megatron import parse_file
+
+    return max(r.iteration for r in parse_file(LIVE_LOG).records)
