@@ -44,7 +44,6 @@ def _recorded(metric: str) -> set[float]:
     return out
 
 
-@pytest.mark.e2e
 def test_top_once_shows_what_the_aggregator_holds(live: Live, top: Callable[..., Ran]) -> None:
     # The per-rank timers reach the analysis after the first iterations (later on a loaded machine).
     wait_for(lambda: (_json(f"{live.base}/api/jobs/{JOB}/summary").get("latest") or {})
@@ -105,7 +104,6 @@ def test_top_once_shows_what_the_aggregator_holds(live: Live, top: Callable[...,
     assert "hosts" in out and "load1" in out
 
 
-@pytest.mark.e2e
 def test_top_refuses_unknown_job_and_unreachable_aggregator(live: Live, top: Callable[..., Ran]) -> None:
     r = top("--aggregator", live.base, "--once", "--job", "nope")
     assert r.returncode == 1 and "no job named 'nope'" in r.stdout
