@@ -23,6 +23,8 @@ class StreamSequence(Protocol):
 class MsgMetadata(Protocol):
     @property
     def sequence(self) -> StreamSequence: ...
+    @property
+    def num_delivered(self) -> int | None: ...  # this delivery's number (1: the first)
 
 
 class Msg(Protocol):

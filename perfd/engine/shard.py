@@ -76,6 +76,9 @@ FLUSH_FIRST_S = 1.0
 @dataclass
 class ShardStats:
     node_messages: int = 0
+    # node messages the engine delivered more than once (an ack wait ran out: a fold or a flush held past
+    # it, a partition moved with messages out): folded once at the root, which counts them (redelivered)
+    delivered_again: int = 0
     undecodable: int = 0
     partials_published: int = 0
     batches_published: int = 0
@@ -374,6 +377,8 @@ class Shard:
     def _decode(self, m: Msg) -> Decoded | None:
         """A node message decoded (None: it is not one, terminated and counted)."""
         self.stats.node_messages += 1
+        if (m.metadata.num_delivered or 1) > 1:
+            self.stats.delivered_again += 1
         try:
             d = decode(m.data, figures_raw=True)
             for f in d.figures_pb:

@@ -44,6 +44,7 @@ _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
 _SHARD_COUNTERS = {
     "perfd_engine_shard_node_messages_total": "node_messages",
     "perfd_engine_shard_undecodable_total": "undecodable",
+    "perfd_engine_shard_delivered_again_total": "delivered_again",
     "perfd_engine_shard_partials_published_total": "partials_published",
     "perfd_engine_shard_batches_published_total": "batches_published",
     "perfd_engine_shard_summaries_published_total": "summaries_published",

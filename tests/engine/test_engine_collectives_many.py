@@ -75,6 +75,7 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
         for c in clients:
             assert await c.flush(60), c.stats()
         root = agg.engine_root
+        assert root is not None  # started with --engine
         sent = sum(c.stats()["records_submitted"] for c in clients)
         await _until(lambda: root.stats.collectives == sent and done(root.stats), 60,
                      lambda: root.stats.to_json())

@@ -101,6 +101,7 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
             for c in clients:
                 assert await c.flush(30), c.stats()
             root = a.engine_root
+            assert root is not None  # started with --engine
             # (the events come on a stream of their own, read beside the records)
             await _until(lambda: root.stats.collectives == len(recs) and root.stats.events == 3 * NODES, 30,
                          lambda: root.stats.to_json())
@@ -113,6 +114,7 @@ def test_events_and_collectives_reach_the_root_as_one_aggregator_holds_them(tmp_
             await b.start()
             await a.stop()
             broot = b.engine_root
+            assert broot is not None
             await _until(lambda: broot.stats.leader and broot.stats.collectives == len(recs)
                          and broot.stats.events == 3 * NODES, 40, lambda: broot.stats.to_json())
             # ... and it has read each stream to its last message: its counts are of every message
@@ -192,6 +194,7 @@ def test_a_capture_reaches_an_agent_on_the_engine_and_its_progress_comes_back(tm
         try:
             client.submit(collectives=recs)  # what makes the agent one of the job's, on this path
             root = agg.engine_root
+            assert root is not None
             await _until(lambda: root.stats.leader and root.stats.collectives == len(recs), 30,
                          lambda: root.stats.to_json())
             await _until(lambda: client.connected, 30, client.stats)
@@ -259,17 +262,19 @@ def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) ->
 
         a, b = aggregator("a"), aggregator("b")
         await a.start()
-        await _until(lambda: a.engine_root.stats.leader, 30, lambda: a.engine_root.stats.to_json())
+        ra = a.engine_root  # started with its engine root
+        assert ra is not None
+        await _until(lambda: ra.stats.leader, 30, lambda: ra.stats.to_json())
         await b.start()
+        rb = b.engine_root
+        assert rb is not None
         client = EngineClient(cfg, f"node-0/{JOB}", node="node-0")
         sender = asyncio.create_task(client.run())
         out: dict[str, Any] = {}
         try:
             client.submit(collectives=recs)
-            await _until(lambda: a.engine_root.stats.collectives == len(recs), 30,
-                         lambda: a.engine_root.stats)
-            await _until(lambda: b.engine_root.leader_http is not None, 15,
-                         lambda: b.engine_root.leader_http)
+            await _until(lambda: ra.stats.collectives == len(recs), 30, lambda: ra.stats)
+            await _until(lambda: rb.leader_http is not None, 15, lambda: rb.leader_http)
             base_a, base_b = (f"http://127.0.0.1:{ports[n]}" for n in "ab")
             path = f"/api/jobs/{urllib.parse.quote(JOB, safe='')}/summary"
             out["leader"] = await asyncio.to_thread(get, base_a, path, auth)
@@ -281,8 +286,8 @@ def test_a_standby_root_answers_the_api_with_the_leaders_jobs(tmp_path: Path) ->
                 get, base_b, "/api/captures", {**auth, "Content-Type": "application/json"}, capture)
             out["leader_captures"] = await asyncio.to_thread(get, base_a, "/api/captures", auth)
             await a.stop()
-            await _until(lambda: b.engine_root.stats.leader and b.engine_root.stats.collectives == len(recs),
-                         40, lambda: b.engine_root.stats.to_json())
+            await _until(lambda: rb.stats.leader and rb.stats.collectives == len(recs), 40,
+                         lambda: rb.stats.to_json())
             out["after"] = await asyncio.to_thread(get, base_b, path, auth)
             return out
         finally:

@@ -168,11 +168,18 @@ def test_four_shards_give_one_aggregators_analysis_byte_for_byte_at_scale(tmp_pa
     took = time.monotonic() - t0
     st = root.stats
     print(f"FIGURES {world} ranks, {iterations} iterations, {SHARDS} shards: {published} node messages in "
-          f"{took:.1f}s; root {st.to_json()}; shards {[s.stats.node_messages for s in shards]}; leases "
-          f"taken/lost {[(s.stats.leases_taken, s.stats.leases_lost) for s in shards]}")
-    # Every node message folded in once, at the shards (the job info's message too) and at the root.
-    assert st.node_messages == published and st.redelivered == 0 and st.late == 0 and st.undecodable == 0
-    assert sum(s.stats.node_messages for s in shards) == published + 1
+          f"{took:.1f}s; root {st.to_json()}; shards {[s.stats.node_messages for s in shards]}, delivered "
+          f"again {[s.stats.delivered_again for s in shards]}; leases taken/lost "
+          f"{[(s.stats.leases_taken, s.stats.leases_lost) for s in shards]}")
+    # Every node message folded in once, at the shards (the job info's message too) and at the root. A
+    # message the engine delivered again (its ack wait ran out: the root, the shards and this test share
+    # one event loop, which a loaded machine can hold past the 10 s) comes to a shard again and to the
+    # root again, and is folded once; the root sees none again that the engine did not deliver again (a
+    # shard sending a partial twice would be).
+    again = sum(s.stats.delivered_again for s in shards)
+    assert st.node_messages == published and st.late == 0 and st.undecodable == 0
+    assert st.redelivered <= again, (st.redelivered, again)
+    assert sum(s.stats.node_messages for s in shards) == published + 1 + again
     assert all(s.stats.node_messages > 0 for s in shards), "every shard held partitions"
     # Whole at the root, each iteration once, the first too: the info named the world.
     assert st.complete == iterations

@@ -15,6 +15,7 @@ acknowledgements past the ack wait too)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -122,3 +123,46 @@ def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, b
     # once in a full suite: 2)
     assert shard.windows is not None and shard.windows.stats.released_unsettled >= 2
     assert shard.windows.stats.extended >= 2
+
+
+def test_messages_folded_past_their_ack_wait_are_delivered_again_and_counted_so(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard without collective holds (no in-progress acks) whose fold of one fetch takes longer than
+    the ack wait: the engine delivers its last messages again, and the shard counts each delivery past
+    a message's first (``delivered_again``, perfd_engine_shard_delivered_again_total) as the server
+    counts them: its deliveries less the messages."""
+    rig.start_cluster()
+    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
+    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
+    load = rig.start_load(plan, Job(plan).feed)
+    load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all
+    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])
+    shard = Shard(rig.cfg(), "slow")
+    fold_in = shard._fold_in
+    slow: list[int] = []
+
+    def folded_slowly(*args: Any) -> None:  # 48 x 0.1 s: the fetch's last messages past the 4 s
+        if len(slow) < ITERATIONS:
+            time.sleep(0.1)
+        slow.append(1)
+        fold_in(*args)
+
+    monkeypatch.setattr(shard, "_fold_in", folded_slowly)
+    st = OwnLoop(shard).start()
+    parts = list(range(rig.partitions))
+    try:
+        def settled() -> dict[int, dict[str, Any]] | None:
+            cs = consumers(rig.urls, parts)
+            deliveries = sum(c["deliveries"] or 0 for c in cs.values())
+            done = (deliveries > total and shard.stats.node_messages >= deliveries
+                    and sum(c["ack_pending"] + c["pending"] for c in cs.values()) == 0)
+            return cs if st.error is not None or done else None
+
+        cs = wait_for(settled, 60, "messages delivered again, each delivery folded, all acknowledged")
+        stats = dataclasses.replace(shard.stats)
+    finally:
+        st.stop()
+    assert st.error is None, st.error
+    deliveries = sum(c["deliveries"] or 0 for c in cs.values())
+    assert stats.delivered_again == deliveries - total > 0, (stats, cs)
+    assert stats.node_messages == deliveries

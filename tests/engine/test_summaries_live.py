@@ -173,7 +173,8 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
     print(f"FIGURES summaries: {st.summaries} read, {st.summaries_replaced} replaced, {st.summaries_stale} "
           f"stale, holders dropped {st.summaries_holders_dropped}, overcounted {st.summaries_overcounted}; "
           f"partitions {[s.stats.partitions for s in shards]}; leases taken/lost, consumers restarted "
-          f"{[(s.stats.leases_taken, s.stats.leases_lost, s.stats.consumer_restarts) for s in shards]}")
+          f"{[(s.stats.leases_taken, s.stats.leases_lost, s.stats.consumer_restarts) for s in shards]}; "
+          f"delivered again {[s.stats.delivered_again for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
     # the first shard put the job's info in the bucket; the one that joined read it there, once (its
     # partitions' consumers may each have asked: the first answer read, the rest found it read)
@@ -181,8 +182,10 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
     holders = [root.summaries.fold.holders(JOB, it) for it in range(1, ITERATIONS + 1)]
     # joined: the iteration half folded when the second shard took its share has two holders
     assert holders == [1] * ITERATIONS if join_after is None else holders[join_after] == 2, holders
-    # The partials path as before: every node message folded once, each iteration whole
-    assert st.node_messages == NODES * ITERATIONS and st.redelivered == 0 and st.undecodable == 0
+    # The partials path as before: every node message folded once, each iteration whole; none seen again
+    # at the root that the engine did not deliver again (an ack wait run out on a loaded machine)
+    assert st.node_messages == NODES * ITERATIONS and st.undecodable == 0
+    assert st.redelivered <= sum(s.stats.delivered_again for s in shards)
     assert st.complete == ITERATIONS
     # Summaries went out (each flush sends a partition's iteration so far: the root held the newest)
     assert sum(s.stats.summaries_published for s in shards) == st.summaries - 2
