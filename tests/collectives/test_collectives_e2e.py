@@ -1,4 +1,5 @@
-"""End to end on loopback: `perfd launch` (a process) runs a stand-in training process that sends
+"""End to end on loopback: `perfd launch` (in the test's process: tests/inlaunch.py) runs a stand-in
+training process that sends
 step-hook records and writes Flight Recorder dumps (the recorded H200 ones) where the launch told it
 to; the agent (`perfd agent --launch-manifest`, in the test's process: tests/inproc.py) picks up the
 nccl and hook collectors from the manifest; the aggregator (in the test's process too) serves the
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ from typing import Any
 import pytest
 
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
+from perfd.app.launcher import LaunchOptions
 from perfd.core.model import StepRecord
 from tests.collectives.collective_helpers import FIXTURES, MS, load_fixture_records
+from tests.inlaunch import InLaunch
 from tests.inproc import pipeline
-from tests.procs import stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -70,25 +70,19 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
     plan.write_text(json.dumps({"steps": steps, "fixtures": str(FIXTURES / "timing")}))
     child = tmp_path / "child.py"
     child.write_text(CHILD.format(root=str(ROOT), plan=str(plan)))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    launch_log = (tmp_path / "launch.out").open("wb")
-    launch: subprocess.Popen[bytes] | None = None
+    launch = InLaunch(LaunchOptions([sys.executable, str(child)], job="ddp", run_dir=str(tmp_path / "run"),
+                                    flight_recorder=str(tmp_path / "fr"),
+                                    agent_socket=str(tmp_path / "hook.sock"), env={"PYTHONUNBUFFERED": "1"}),
+                      tmp_path / "launch.out")
     try:
         with pipeline(tmp_path, "--no-rules") as p:
-            manifest = tmp_path / "run" / "launch.json"
-            launch = subprocess.Popen(
-                [sys.executable, "-m", "perfd.app.cli", "launch", "--job", "ddp", "--run-dir",
-                 str(tmp_path / "run"),
-                 "--flight-recorder", str(tmp_path / "fr"), "--agent-socket", str(tmp_path / "hook.sock"),
-                 "--", sys.executable, str(child)],
-                cwd=ROOT, env=env, stdout=launch_log, stderr=subprocess.STDOUT)
-            wait_for(manifest.exists, 30, "the launch manifest", interval=0.05)
+            manifest = launch.start().manifest_written()
             cfg = tmp_path / "agent.yaml"  # tuning from the file, paths from the manifest
             cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
                            "      interval_s: 0.5\n      read_existing: true\n")
             p.agent("--config", cfg, "--launch-manifest", manifest, "--nvml", "off", "--host", "off",
                     "--metrics-port", "-1", "--node", "n1")
-            assert launch.wait(timeout=60) == 0
+            assert launch.wait(60) == 0, launch.output()[-2000:]
             want = _expected(steps)
 
             def caught_up() -> dict[str, Any] | None:
@@ -106,9 +100,7 @@ def test_launch_agent_aggregator_collectives(tmp_path: Path) -> None:
             metrics = p.get("/metrics").decode()
             assert 'perfd_job_comm_total_ratio{job_name="ddp"}' in metrics
     finally:
-        if launch is not None:
-            stop(launch)
-        launch_log.close()
+        launch.stop()
 
 
 def _expected(steps: list[tuple[int, int, int]]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Runs and armed ranks through every real piece but the GPU: a real aggregator, ``perfd
-launch`` and agents (the aggregator and the agents in the test's process: tests/inproc.py; each launch
-and its job processes), a training loop with the step hook; run 1 plain, then the same job restarted with
+launch`` and agents (all in the test's process: tests/inproc.py, tests/inlaunch.py; each launch's job a
+process), a training loop with the step hook; run 1 plain, then the same job restarted with
 its rank under ``perfd ncu-exec`` and a stand-in ncu that runs its command as a child (as ncu does),
 each step 1.5x as long. The job ends at once when its launch exits; the armed run's steps are
 labelled from the first; the job's figures stay run 1's; the arming is measured against run 1;
@@ -8,6 +8,7 @@ goodput counts two runs and a restart. Real Megatron-LM under real ncu: tests/gp
 
 from __future__ import annotations
 
+import contextlib
 import stat
 import statistics
 import sys
@@ -17,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from perfd.app.launcher import LaunchOptions
+from tests.inlaunch import InLaunch
 from tests.inproc import pipeline
-from tests.procs import Procs, get_json, run_env, wait_for, wait_manifest
+from tests.procs import get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -65,34 +68,42 @@ def _job(base: str) -> dict[str, Any] | None:
     return next((j for j in get_json(f"{base}/api/jobs")["jobs"] if j["job"] == JOB), None)
 
 
-def _launch(procs: Procs, tmp: Path, name: str, cmd: list[str]) -> tuple[Any, Path]:
-    run_dir = tmp / f"run_{name}"
-    launch = procs.perfd(f"launch_{name}", "launch", "--job", JOB, "--run-dir", str(run_dir),
-                         "--agent-socket", str(tmp / f"hook_{name}.sock"), "--", *cmd)
-    return launch, wait_manifest(run_dir / "launch.json", launch)
+def _launch(launches: list[InLaunch], tmp: Path, name: str, cmd: list[str],
+            ncu: Path) -> tuple[InLaunch, Path]:
+    opts = LaunchOptions(cmd, job=JOB, run_dir=str(tmp / f"run_{name}"),
+                         agent_socket=str(tmp / f"hook_{name}.sock"),
+                         env={"PYTHONUNBUFFERED": "1", "PERFD_NCU": str(ncu)})
+    launch = InLaunch(opts, tmp / f"launch_{name}.out").start()
+    launches.append(launch)
+    return launch, launch.manifest_written()
 
 
-def _ended_within(base: str, launch: Any, limit_s: float) -> tuple[float, dict[str, Any]]:
-    wait_for(lambda: launch.poll() is not None, 120, "the launch to exit", interval=0.2)
+def _stop_all(launches: list[InLaunch]) -> None:
+    for launch in launches:
+        launch.stop()
+
+
+def _ended_within(base: str, launch: InLaunch, limit_s: float) -> tuple[float, dict[str, Any]]:
+    wait_for(lambda: not launch.running, 120, "the launch to exit", interval=0.2)
     t0 = time.time()
     job = wait_for(lambda: (j := _job(base)) is not None and j.get("state") == "ended" and j, limit_s,
                    "the job ended", interval=0.5, ignore=(OSError, KeyError, ValueError))
     return time.time() - t0, job
 
 
-@pytest.mark.e2e
 def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_path: Path) -> None:
     (tmp_path / "loop.py").write_text(LOOP)
     ncu = tmp_path / "ncu"
     ncu.write_text(STAND_IN.format(python=sys.executable))
     ncu.chmod(ncu.stat().st_mode | stat.S_IXUSR)
     caps = tmp_path / "captures"
-    env = run_env(PERFD_NCU=str(ncu))
-    with Procs(tmp_path, env) as procs, pipeline(tmp_path, "--no-rules") as p:
+    launches: list[InLaunch] = []
+    with contextlib.ExitStack() as ends, pipeline(tmp_path, "--no-rules") as p:
+        ends.callback(_stop_all, launches)  # whatever happened, after the pipeline
         base = p.base
         # run 1: the loop as it is
-        launch, manifest = _launch(procs, tmp_path, "1", [sys.executable, str(tmp_path / "loop.py"), "0.02",
-                                                         str(STEPS), str(tmp_path / "own_1.txt")])
+        launch, manifest = _launch(launches, tmp_path, "1", [
+            sys.executable, str(tmp_path / "loop.py"), "0.02", str(STEPS), str(tmp_path / "own_1.txt")], ncu)
         p.agent("--launch-manifest", manifest, "--nvml", "off", "--host", "off", name="agent_1")
         took, job = _ended_within(base, launch, 30)
         assert took < 30 and "exited" in job["state_reason"], job  # at once, not after 60 s of "running"
@@ -102,10 +113,10 @@ def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_p
         p.stop_agent("agent_1")
         # run 2: the same job restarted, its rank under ncu (perfd ncu-exec, the stand-in), each step
         # 1.5x as long (what arming costs a launch-heavy step is the job's business here: the sleep)
-        launch, manifest = _launch(procs, tmp_path, "2", [
+        launch, manifest = _launch(launches, tmp_path, "2", [
             sys.executable, "-m", "perfd.app.cli", "ncu-exec", "--job", JOB, "--ranks", "0", "--capture-dir",
             str(caps), "--", sys.executable, str(tmp_path / "loop.py"), "0.03", str(STEPS),
-            str(tmp_path / "own_2.txt")])
+            str(tmp_path / "own_2.txt")], ncu)
         p.agent("--launch-manifest", manifest, "--nvml", "off", "--host", "off", name="agent_2")
         took, job = _ended_within(base, launch, 30)
         summary = wait_for(lambda: (s := get_json(f"{base}/api/jobs/{JOB}/summary"))["summary"]["runs"]
