@@ -30,6 +30,14 @@ async def one(addr, i):
     c = AgentClient(addr, f"flood-{i}", node=f"n{i}", jobs=[f"flood-job-{i}"], backoff_initial_s=0.05,
                     backoff_max_s=0.5)
     t = asyncio.create_task(c.run())
+    # Connected (its Hello answered) before its flood: a Hello names every series defined so far, and
+    # with the flood's batches submitted first each was ~50,000 series, which a loaded machine's
+    # aggregator did not have within its 10 s Hello timeout: refused, reconnected with a larger one,
+    # and no sample went in for a minute (seen twice). Bounded: the flood goes on after 60 s anyway.
+    for _ in range(1200):
+        if c.connected:
+            break
+        await asyncio.sleep(0.05)
     for b in range(20):
         c.submit([Sample("perfd_gpu_utilization_ratio", 0.5, 1.0, {"gpu": str(b * 2500 + k), "x": str(i)})
                   for k in range(2500)])
