@@ -33,6 +33,8 @@ class InLaunch:
 
     def __init__(self, opts: LaunchOptions, out: Path) -> None:
         self.opts, self.out = opts, out
+        # where the launch will write its manifest: its own plan, made again by run_launch (a plan makes
+        # the run's folder, which a second plan finds made)
         self.manifest = plan_launch(opts).manifest_path
         self.rc: int | None = None
         self.error: BaseException | None = None
@@ -83,15 +85,21 @@ class InLaunch:
         return "\n".join(f.read_text(errors="replace") for f in files if f.exists())
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """End the job (SIGTERM to its process group, SIGKILL after ``grace_s``) and the launch with it."""
+        """End the job (SIGTERM to its process group, SIGKILL after ``grace_s``) and the launch with it;
+        AssertionError if the launch still runs after that (a job left running is said, not leaked)."""
         if not self._thread.is_alive():
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
+            try:  # the manifest's pid: the job's, which leads its own process group
                 pid = int(json.loads(self.manifest.read_text())["pid"])
-                os.killpg(pid, sig)
-            except (OSError, ValueError, KeyError, TypeError):  # not started yet, or gone
-                pass
+            except (OSError, ValueError, KeyError, TypeError):  # no manifest yet: no job to signal yet
+                pid = None
+            if pid is not None and self._thread.is_alive():  # (once it returned, the pid may be another's)
+                try:
+                    os.killpg(pid, sig)
+                except ProcessLookupError:  # ended meanwhile
+                    pass
             self._thread.join(grace_s)
             if not self._thread.is_alive():
                 return
+        raise AssertionError(f"perfd launch still running after SIGKILL to its job: {self.output()[-2000:]}")

@@ -85,7 +85,7 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_undecodable_total", "counter", "count", "Node messages the shard could not decode",
      ()),
     ("perfd_engine_shard_delivered_again_total", "counter", "count",
-     "Node messages delivered to the shard more than once (an ack wait ran out: folds or flushes held past "
+     "Node messages delivered to the shard more than once (an ack wait ran out: the shard's loop held past "
      "it, or a partition moved with messages out); the root folds each once", ()),
     ("perfd_engine_shard_partials_published_total", "counter", "count",
      "Partials the shard published to the jobs' roots", ()),

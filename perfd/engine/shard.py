@@ -67,7 +67,7 @@ MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # ~4.8 MB, which the engine refused at every flush (perfd bench engine --shards 1): nothing got through.
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
-YIELD_EVERY = 8  # node messages folded with their operations between two turns of the event loop
+YIELD_EVERY = 8  # node messages folded between two turns of the event loop
 # A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
 FLUSH_FIRST_S = 1.0
 
@@ -343,19 +343,23 @@ class Shard:
             delivered = asked if short is None else short
             short = None if len(msgs) == FETCH_BATCH else asked
             for k, m in enumerate(msgs):
+                if (m.metadata.num_delivered or 1) > 1:
+                    self.stats.delivered_again += 1
                 d = self._decode(m)
                 if d is not None:  # a job's info it lacks, before the hold's time is read
                     await self.infos.fill(d, self.summaries)
                     self.stats.job_infos_read = self.infos.read
-                if self.windows is not None and time.monotonic() - delivered >= self.cfg.hold_s:
+                if time.monotonic() - delivered >= self.cfg.hold_s:
                     # A fold this slow would have the rest delivered again before folded: their ack
                     # wait starts again (nats' in-progress ack), sent before the next one is folded
                     delivered = await _in_progress(msgs[k:])
                 if d is not None:
                     self._fold_in(d, m, p, delivered)
-                if self.windows is not None and k % YIELD_EVERY == YIELD_EVERY - 1:
-                    # a node message with its operations takes ~1-5 ms to fold: the lease renewals and
-                    # flushes run between them (512 in one go held the loop seconds: leases expired)
+                if k % YIELD_EVERY == YIELD_EVERY - 1:
+                    # a node message takes ~1-5 ms to fold with its operations, ~0.1-1 without: the
+                    # flushes that acknowledge what is folded run between them (512 in one go held the
+                    # loop seconds: with operations the leases expired; without, on a starved CPU,
+                    # the fetch's last messages were delivered again before their flush)
                     await asyncio.sleep(0)
                     await self._flush_first()
         try:
@@ -377,8 +381,6 @@ class Shard:
     def _decode(self, m: Msg) -> Decoded | None:
         """A node message decoded (None: it is not one, terminated and counted)."""
         self.stats.node_messages += 1
-        if (m.metadata.num_delivered or 1) > 1:
-            self.stats.delivered_again += 1
         try:
             d = decode(m.data, figures_raw=True)
             for f in d.figures_pb:

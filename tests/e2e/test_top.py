@@ -9,7 +9,6 @@ import json
 import re
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,6 @@ from tests.cli_main import Ran, perfd
 from tests.e2e.conftest import JOB, NVML, Live
 from tests.procs import free_port, http_get, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

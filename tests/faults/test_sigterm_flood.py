@@ -33,11 +33,14 @@ async def one(addr, i):
     # Connected (its Hello answered) before its flood: a Hello names every series defined so far, and
     # with the flood's batches submitted first each was ~50,000 series, which a loaded machine's
     # aggregator did not have within its 10 s Hello timeout: refused, reconnected with a larger one,
-    # and no sample went in for a minute (seen twice). Bounded: the flood goes on after 60 s anyway.
+    # and no sample went in for a minute (seen twice). Bounded: a client not connected in 60 s ends
+    # the flood, saying so (the test shows the flood's output).
     for _ in range(1200):
         if c.connected:
             break
         await asyncio.sleep(0.05)
+    else:
+        raise SystemExit(f"flood-{i}: never connected in 60 s: {c.counters()}")
     for b in range(20):
         c.submit([Sample("perfd_gpu_utilization_ratio", 0.5, 1.0, {"gpu": str(b * 2500 + k), "x": str(i)})
                   for k in range(2500)])

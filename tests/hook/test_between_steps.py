@@ -231,9 +231,10 @@ def loop_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 def test_the_step_time_and_the_data_share_are_the_loops_own(loop_run: dict[str, Any]) -> None:
     a = loop_run["a"]
     period_ms, share = _own_over(loop_run)
-    # What the loop is: data-bound by design (about 0.95 on a quiet machine; the step's work takes longer
-    # on a loaded one, so the bound is loose: the checks below compare perfd with this very figure).
-    assert 0.6 < share < 0.97
+    # What the loop is: data-bound by design (about 0.95 on a quiet machine, at most 46/48 with the
+    # step's 2 ms sleep; its work takes longer on a loaded one, so the bound is loose: the checks below
+    # compare perfd with this very figure).
+    assert share > 0.6
     assert a.summary.median("step_time_ms") == pytest.approx(period_ms, rel=0.03)
     assert a.summary.median("data_share") == pytest.approx(share, abs=0.03)
     # MFU from the same period: the FLOPs over the loop's own time per step
