@@ -210,8 +210,7 @@ class Aggregator:
                 log.exception("analysis refresh failed")
 
     async def _rules_loop(self) -> None:
-        """Every rules interval: analyse jobs with new data (incidents open and close even when
-        nobody reads the API), then evaluate the rules."""
+        """Every rules interval: the jobs with new data analysed (their incidents too), then the rules."""
         while True:
             await asyncio.sleep(self.cfg.rules_interval_s)
             try:
@@ -292,16 +291,14 @@ class Aggregator:
         return said[0] if said is not None else None
 
     def _job_allowed(self, agent_id: str, job: str) -> bool:
-        """The identity policy's word on ``agent_id`` writing ``job``. An agent with no identity
-        bound is one replayed from the state store at start: what it wrote passed the policy when
-        it arrived."""
+        """The identity policy's word on ``agent_id`` writing ``job`` (an agent with no identity bound
+        was replayed from the state store at start: what it wrote passed the policy when it came)."""
         policy, identity = self.server.policy, self.server.identity_of(agent_id)
         return policy is None or identity is None or policy.may_write_job(identity, job)
 
     def _admit_series(self, agent_id: str, sid: int, s: Series) -> bool:
-        """The ingest server asks for each series definition it reads (IngestServer.admit_series):
-        a definition held already is admitted again without counting it twice against the cap (a
-        reconnect redefines every series); a refused one is kept nowhere, here or in the server."""
+        """IngestServer.admit_series, for each series definition it reads: one held already is admitted
+        again, not counted twice (a reconnect redefines every series); a refused one is kept nowhere."""
         cache = self._series.get(agent_id)
         held = cache.get(sid) if cache is not None else None
         if held == s:

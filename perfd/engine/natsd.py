@@ -237,8 +237,13 @@ class NatsServer:
         on 2.15.1), so a cluster also needs /jsz's meta_cluster.leader."""
         try:
             _http_get(self.monitor_url + "/healthz?js-enabled-only=true")
+            # This server's answer, not another's: a monitoring port taken between its choice and this
+            # server's bind (another cluster of a parallel test took it) answered for its own server,
+            # while this one exited on the port (its clients' port then refused every connection)
+            if self.monitor("/varz").get("port") != self.client_port:
+                return False
             return not meta or bool((self.monitor("/jsz").get("meta_cluster") or {}).get("leader"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             return False
 
     def healthy(self) -> bool:
@@ -376,7 +381,7 @@ class NatsCluster:
                     code = s.process.returncode if s.process is not None else None
                     raise NatsUnavailable(f"nats-server {s.name} exited ({code}) before it was {what}; "
                                           f"{s.log_path}:\n{s.log_tail()}")
-                if ready(s):
+                if ready(s) and s.running:  # (running still: it may have exited while answering)
                     pending.remove(s)
             if pending and time.monotonic() > deadline:
                 tails = "\n".join(f"--- {s.log_path}:\n{s.log_tail()}" for s in pending)

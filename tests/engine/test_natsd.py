@@ -9,9 +9,12 @@ also prints the servers' logs (shown by pytest when the test failed)."""
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -318,6 +321,44 @@ def test_a_port_taken_before_the_server_binds_it_is_chosen_again(tmp_path: Path)
             assert natsd.PORT_TAKEN in c.servers[0].log_path.read_text()
         finally:
             c.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_monitoring_port_another_server_answers_on_is_not_taken_for_this_ones(tmp_path: Path) -> None:
+    """The monitoring port chosen for this server taken before it binds it by another server that
+    answers there (another test's nats-server on a busy machine: its /healthz says ok, its /varz names
+    its own client port). Before, that answer was taken for this server's readiness: the cluster
+    "started", its server exited on the taken port, and the test using it met a refused connection at
+    every try until its timeout (once in a full suite). Now the cluster starts on ports chosen again."""
+    _need_nats_server()
+    c = NatsCluster(tmp_path, 1)
+    first = c.servers[0].monitor_port
+
+    class Another(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"server_name": "n0", "port": c.servers[0].client_port + 1}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with http.server.HTTPServer(("127.0.0.1", first), Another) as another:
+        threading.Thread(target=another.serve_forever, daemon=True).start()
+        try:
+            c.start(timeout_s=10)
+            s = c.servers[0]
+            assert s.running and s.monitor_port != first
+            assert s.monitor("/varz")["port"] == s.client_port
+            with socket.create_connection(("127.0.0.1", s.client_port), timeout=5):
+                pass  # its clients' port is its own, open
+            assert natsd.PORT_TAKEN in s.log_path.read_text()
+        finally:
+            c.stop()
+            another.shutdown()
 
 
 @pytest.mark.timeout(60)
