@@ -18,6 +18,7 @@ acknowledgements past the ack wait too)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -82,6 +83,53 @@ class _SlowFold:
         return self.inner.jobs_forgotten
 
 
+class ProcessGaps:
+    """The longest the machine left this process unscheduled while the shard ran: a thread of its own
+    ticking every 50 ms (the shard's fold holding its event loop does not hold this thread back: a
+    sleeping fold releases the interpreter's lock, a busy one hands it over within the switch
+    interval), its longest gap between two ticks."""
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="process-gaps", daemon=True)
+
+    def _tick(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(0.05):
+            now = time.monotonic()
+            self.longest_s = max(self.longest_s, now - last)
+            last = now
+
+    def start(self) -> ProcessGaps:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _once_unless_stalled(gaps: ProcessGaps, rig: Rig, cs: dict[int, dict[str, Any]], total: int, folds: int,
+                         delivered_again: int) -> None:
+    """Each message delivered and folded once: the shard's promise while its process runs, its loop
+    held by its own fold at most a few messages at a time. Where the machine left the whole process
+    unscheduled longer than the ack wait's margin over the hold (ack_wait_s - hold_s: 2 s here; a
+    loaded run's process descheduled for seconds, in the run where the 8,000-rank test lost every
+    lease), no in-progress ack can go in time: the engine then delivers again, and each delivery is
+    folded and counted as such, none lost. Which was the case is read from ProcessGaps, not from the
+    event loop's gaps (which the shard's own fold makes, the very thing tested), and printed."""
+    cfg = rig.cfg()
+    margin = cfg.ack_wait_s - cfg.hold_s
+    deliveries = sum(c["deliveries"] or 0 for c in cs.values())
+    print(f"FIGURES the process's longest gap {gaps.longest_s:.2f} s (margin {margin:.1f} s); "
+          f"{deliveries} deliveries of {total} messages, {folds} folds")
+    if gaps.longest_s < margin:
+        assert (deliveries, folds, delivered_again) == (total, total, 0), cs
+        assert sum(c["redelivered"] for c in cs.values()) == 0, cs
+    else:
+        assert folds == deliveries and delivered_again == deliveries - total, (folds, deliveries, cs)
+
 # The fetch's fold: 2.4 s (under the ack wait; its last holds, counted from their fold, ended past
 # it), 4.8 s (past the ack wait itself)
 @pytest.mark.parametrize("block_s", [0.05, 0.1])
@@ -97,6 +145,7 @@ def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, b
 
     fold = _SlowFold(block_s)
     shard = Shard(rig.cfg(), "slow", collectives=fold)
+    gaps = ProcessGaps().start()
     st = OwnLoop(shard).start()
     parts = list(range(rig.partitions))
     try:
@@ -111,14 +160,13 @@ def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, b
             return cs if st.error is not None or done else None
 
         cs = wait_for(all_acked, 60, "every message delivered, folded and acknowledged")
-        node_messages = shard.stats.node_messages
+        node_messages, again = shard.stats.node_messages, shard.stats.delivered_again
     finally:
         st.stop()
+        gaps.stop()
     assert st.error is None, st.error
-    assert fold.blocked == ITERATIONS
-    assert sum(c["redelivered"] for c in cs.values()) == 0, cs
-    assert sum(c["deliveries"] or 0 for c in cs.values()) == total, cs
-    assert node_messages == total
+    assert node_messages == sum(c["deliveries"] or 0 for c in cs.values())
+    _once_unless_stalled(gaps, rig, cs, total, fold.blocked, again)
     # the last ones (no later iteration settles their windows), their holds started again first: the
     # last two always; the third's too unless the load's iterations bunched up (a loaded machine: the
     # feed's operations then fall past their step end, and its next window settles on them; seen
@@ -193,6 +241,7 @@ def test_a_slow_fold_without_holds_is_not_delivered_twice(rig: Rig, monkeypatch:
         fold_in(*args)
 
     monkeypatch.setattr(shard, "_fold_in", slowly)
+    gaps = ProcessGaps().start()
     st = OwnLoop(shard).start()
     parts = list(range(rig.partitions))
     try:
@@ -207,6 +256,6 @@ def test_a_slow_fold_without_holds_is_not_delivered_twice(rig: Rig, monkeypatch:
         stats = dataclasses.replace(shard.stats)
     finally:
         st.stop()
+        gaps.stop()
     assert st.error is None, st.error
-    assert sum(c["deliveries"] or 0 for c in cs.values()) == total, cs
-    assert (stats.node_messages, stats.delivered_again) == (total, 0), stats
+    _once_unless_stalled(gaps, rig, cs, total, stats.node_messages, stats.delivered_again)
