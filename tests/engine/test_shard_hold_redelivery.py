@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from perfd.core.model import ParallelLayout, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
 from perfd.engine.connect import ensure_streams
-from perfd.engine.shard import Shard
+from perfd.engine.shard import Shard, ShardStats
 from tests.engine.engine_driver import Plan, Rig, consumers, nc_call, rig_under, stream_state
 from tests.engine.test_engine_collectives_faults import Job
 from tests.engine.test_shard_lease_busy import OwnLoop
@@ -130,43 +130,67 @@ def _once_unless_stalled(gaps: ProcessGaps, rig: Rig, cs: dict[int, dict[str, An
     else:
         assert folds == deliveries and delivered_again == deliveries - total, (folds, deliveries, cs)
 
+def _all_waiting(rig: Rig) -> int:
+    """The engine started and one node's ITERATIONS messages in the stream before a shard starts: one
+    fetch takes them all. Their number."""
+    rig.start_cluster()
+    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
+    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
+    load = rig.start_load(plan, Job(plan).feed)
+    load.finish(60)
+    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])  # (the records stream has the rest)
+    assert total == ITERATIONS
+    return total
+
+
+Consumers = dict[int, dict[str, Any]]
+
+
+def _run(rig: Rig, shard: Shard, done: Callable[[Consumers, ShardStats], bool],
+         what: str) -> tuple[Consumers, ShardStats, ProcessGaps]:
+    """``shard`` on its own loop until ``done`` (the partitions' consumers as the server reports them,
+    the shard's counters); those, and the process's gaps meanwhile."""
+    gaps = ProcessGaps().start()
+    st = OwnLoop(shard).start()
+    parts = list(range(rig.partitions))
+    try:
+        def ready() -> Consumers | None:
+            cs = consumers(rig.urls, parts)
+            return cs if st.error is not None or done(cs, shard.stats) else None
+
+        cs = wait_for(ready, 60, what)
+        stats = dataclasses.replace(shard.stats)
+    finally:
+        st.stop()
+        gaps.stop()
+    assert st.error is None, st.error
+    return cs, stats, gaps
+
+
+def _deliveries(cs: Consumers) -> int:
+    return sum(c["deliveries"] or 0 for c in cs.values())  # redeliveries too
+
+
+def _acked(total: int) -> Callable[[Consumers, ShardStats], bool]:
+    """Nothing unacknowledged or undelivered (so nothing left to deliver again), and every delivery the
+    engine made, a redelivery too, folded: a late acknowledgement's redelivery is counted by now."""
+    def done(cs: Consumers, stats: ShardStats) -> bool:
+        return (stats.node_messages >= max(total, _deliveries(cs))
+                and sum(c["ack_pending"] + c["pending"] for c in cs.values()) == 0)
+    return done
+
+
 # The fetch's fold: 2.4 s (under the ack wait; its last holds, counted from their fold, ended past
 # it), 4.8 s (past the ack wait itself)
 @pytest.mark.parametrize("block_s", [0.05, 0.1])
 def test_a_held_message_is_not_delivered_twice_however_slow_the_fold(rig: Rig, block_s: float) -> None:
     assert rig.cfg().hold_s == 2.0  # the shard's holds; its consumer is made with the ack wait
-    rig.start_cluster()
-    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
-    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
-    load = rig.start_load(plan, Job(plan).feed)
-    load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all
-    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])  # (the records stream has the rest)
-    assert total == ITERATIONS
-
+    total = _all_waiting(rig)
     fold = _SlowFold(block_s)
     shard = Shard(rig.cfg(), "slow", collectives=fold)
-    gaps = ProcessGaps().start()
-    st = OwnLoop(shard).start()
-    parts = list(range(rig.partitions))
-    try:
-        # Nothing unacknowledged (so nothing left to deliver again), and every delivery the engine made,
-        # a redelivery too, folded: a late acknowledgement's redelivery is counted by now.
-        def all_acked() -> dict[int, dict[str, Any]] | None:
-            cs = consumers(rig.urls, parts)
-            deliveries = sum(c["deliveries"] or 0 for c in cs.values())
-            done = (shard.stats.node_messages >= max(total, deliveries)
-                    and sum(c["ack_pending"] for c in cs.values()) == 0
-                    and sum(c["delivered"] or 0 for c in cs.values()) >= total)
-            return cs if st.error is not None or done else None
-
-        cs = wait_for(all_acked, 60, "every message delivered, folded and acknowledged")
-        node_messages, again = shard.stats.node_messages, shard.stats.delivered_again
-    finally:
-        st.stop()
-        gaps.stop()
-    assert st.error is None, st.error
-    assert node_messages == sum(c["deliveries"] or 0 for c in cs.values())
-    _once_unless_stalled(gaps, rig, cs, total, fold.blocked, again)
+    cs, stats, gaps = _run(rig, shard, _acked(total), "every message delivered, folded and acknowledged")
+    assert stats.node_messages == _deliveries(cs)
+    _once_unless_stalled(gaps, rig, cs, total, fold.blocked, stats.delivered_again)
     # the last ones (no later iteration settles their windows), their holds started again first: the
     # last two always; the third's too unless the load's iterations bunched up (a loaded machine: the
     # feed's operations then fall past their step end, and its next window settles on them; seen
@@ -183,12 +207,7 @@ def test_messages_held_past_their_ack_wait_are_delivered_again_and_counted_so(
     counts each delivery past a message's first (``delivered_again``,
     perfd_engine_shard_delivered_again_total) as the server counts them: its deliveries less the
     messages. Each is still folded and acknowledged."""
-    rig.start_cluster()
-    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
-    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
-    load = rig.start_load(plan, Job(plan).feed)
-    load.finish(60)  # every message in the stream before the shard starts: one fetch takes them all
-    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])
+    total = _all_waiting(rig)
     shard = Shard(rig.cfg(), "held")
     fold_in = shard._fold_in
     held: list[int] = []
@@ -200,24 +219,11 @@ def test_messages_held_past_their_ack_wait_are_delivered_again_and_counted_so(
         fold_in(*args)
 
     monkeypatch.setattr(shard, "_fold_in", held_once)
-    st = OwnLoop(shard).start()
-    parts = list(range(rig.partitions))
-    try:
-        def settled() -> dict[int, dict[str, Any]] | None:
-            cs = consumers(rig.urls, parts)
-            deliveries = sum(c["deliveries"] or 0 for c in cs.values())
-            done = (deliveries > total and shard.stats.node_messages >= deliveries
-                    and sum(c["ack_pending"] + c["pending"] for c in cs.values()) == 0)
-            return cs if st.error is not None or done else None
-
-        cs = wait_for(settled, 60, "messages delivered again, each delivery folded, all acknowledged")
-        stats = dataclasses.replace(shard.stats)
-    finally:
-        st.stop()
-    assert st.error is None, st.error
-    deliveries = sum(c["deliveries"] or 0 for c in cs.values())
-    assert stats.delivered_again == deliveries - total > 0, (stats, cs)
-    assert stats.node_messages == deliveries
+    acked = _acked(total)
+    cs, stats, _ = _run(rig, shard, lambda cs, st: _deliveries(cs) > total and acked(cs, st),
+                        "messages delivered again, each delivery folded, all acknowledged")
+    assert stats.delivered_again == _deliveries(cs) - total > 0, (stats, cs)
+    assert stats.node_messages == _deliveries(cs)
 
 
 def test_a_slow_fold_without_holds_is_not_delivered_twice(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,12 +233,7 @@ def test_a_slow_fold_without_holds_is_not_delivered_twice(rig: Rig, monkeypatch:
     holds' path. Before, that path folded a whole fetch in one turn of the loop: the fetch's last
     messages were delivered again (an 8,000-rank engine test sharing one loop with its root, on a
     loaded machine, saw 458)."""
-    rig.start_cluster()
-    nc_call(rig.urls, lambda nc: ensure_streams(nc, rig.cfg()))
-    plan = Plan(nodes=1, iterations=ITERATIONS, period_s=0.05)
-    load = rig.start_load(plan, Job(plan).feed)
-    load.finish(60)
-    total = int(stream_state(rig.urls, S.NODES_STREAM)["messages"])
+    total = _all_waiting(rig)
     shard = Shard(rig.cfg(), "slow")
     fold_in = shard._fold_in
 
@@ -241,21 +242,5 @@ def test_a_slow_fold_without_holds_is_not_delivered_twice(rig: Rig, monkeypatch:
         fold_in(*args)
 
     monkeypatch.setattr(shard, "_fold_in", slowly)
-    gaps = ProcessGaps().start()
-    st = OwnLoop(shard).start()
-    parts = list(range(rig.partitions))
-    try:
-        def all_acked() -> dict[int, dict[str, Any]] | None:
-            cs = consumers(rig.urls, parts)
-            deliveries = sum(c["deliveries"] or 0 for c in cs.values())
-            done = (shard.stats.node_messages >= max(total, deliveries)
-                    and sum(c["ack_pending"] + c["pending"] for c in cs.values()) == 0)
-            return cs if st.error is not None or done else None
-
-        cs = wait_for(all_acked, 60, "every message delivered, folded and acknowledged")
-        stats = dataclasses.replace(shard.stats)
-    finally:
-        st.stop()
-        gaps.stop()
-    assert st.error is None, st.error
+    cs, stats, gaps = _run(rig, shard, _acked(total), "every message delivered, folded and acknowledged")
     _once_unless_stalled(gaps, rig, cs, total, stats.node_messages, stats.delivered_again)
