@@ -275,12 +275,12 @@ def test_a_restart_cuts_back_the_log_and_free_pages_a_kill_left(tmp_path: Path) 
     for suffix in ("", "-wal"):
         (dead / f"state.sqlite3{suffix}").write_bytes((live / f"state.sqlite3{suffix}").read_bytes())
     left = sum(f.stat().st_size for f in dead.iterdir())
-    assert (dead / "state.sqlite3-wal").stat().st_size > 4 << 20
+    assert (dead / "state.sqlite3-wal").stat().st_size > 4e6  # the 4 MB written, never checkpointed
     again = StateStore(dead)
     assert [b[0] for k, _, b in again.replay() if k == BATCH] == [i % 256 for i in range(150, 200)]
     assert (dead / "state.sqlite3-wal").stat().st_size == 0
-    # 50 rows of 20 KB: ~1 MB of pages, where the files had ~9 MB.
-    assert again.disk_bytes() < 1.3e6 < left / 4, (again.disk_bytes(), left)
+    # 50 rows of 20 KB: ~1 MB of pages, where the files had ~4.2 MB.
+    assert again.disk_bytes() < 1.3e6 < left / 3, (again.disk_bytes(), left)
 
 
 def test_the_write_ahead_log_stays_in_the_room_a_small_cap_leaves_it(tmp_path: Path) -> None:

@@ -406,7 +406,7 @@ class Aggregator:
                 "commits", "commit_failures", "rollbacks", "agents_lost", "journal_batches", "pruned",
                 "pruned_for_bytes", "hellos", "held_bytes", "max_bytes", "jobs_deleted",
                 "rows_of_pruned_jobs", "logical_bytes", "budget_bytes", "pruned_hellos", "pruned_seqs",
-                "shrinks")})
+                "shrinks", "settled_bytes", "settled_logical_bytes")})
             d.update({f"state_restored_{k}": v for k, v in self.restored.items()})
         return d
 

@@ -16,25 +16,19 @@ Durability: the ingest server acknowledges a batch only after :meth:`StateStore.
 commit survives a power cut, not only a killed process). A failed write is never acknowledged:
 the server closes the stream, the agent keeps the batches in its spool and resends them.
 
-Bounded on disk (a Hello per row once grew the file by 36 MB/s; a Hello
-of 100 refused 100 KB names was stored whole, 1 GB in 40 s; a pruned file never shrank, 49.7 MB under an 8
-MiB cap): what is stored is only what the aggregator took (the jobs a Hello was given, the parts of a
-batch it kept: perfd.transport.delivery.Kept); the journal keeps its newest ``max_batches`` batches and
-the files — the database and its write-ahead log — stay under ``max_bytes`` (``--state-max-mib``): the
-oldest batches go first, then the oldest Hellos and dedupe rows, and the file gives its free pages back
-(``auto_vacuum=INCREMENTAL``, :meth:`StateStore.shrink` every rules tick; a file of an older build is
-converted once, at open). The logical budget the pruning aims at is the cap less the write-ahead log's
-room, divided by SQLite's measured overhead (page slack, the index), so that the files, not an estimate,
-stay under the cap (the log's room and checkpoint interval scale with a small cap). A job the lifecycle
-prunes loses its rows here too (its batches, its job info), so it stays pruned across a restart; a batch
-that also held other jobs' data stays, and a tombstone (job, when pruned) keeps the pruned job's part of
-it from being replayed — a tombstone goes once no journal row older than it is left.
+Bounded on disk: what is stored is only what the aggregator took (the jobs a Hello was given, the
+parts of a batch it kept: perfd.transport.delivery.Kept); the journal keeps its newest ``max_batches``
+batches and the files — the database and its write-ahead log — are brought under ``max_bytes``
+(``--state-max-mib``) every rules tick: the oldest batches go first, then the oldest Hellos and dedupe
+rows, and the file gives its free pages back (``auto_vacuum=INCREMENTAL``, :meth:`StateStore.shrink`).
+The pruning aims at the cap less the log's room, divided by SQLite's measured overhead, so that the
+files, not an estimate, stay under it. A job the lifecycle prunes loses its rows here too, so it stays
+pruned across a restart; a batch that also held other jobs' data stays, and a tombstone (job, when
+pruned) keeps the pruned job's part of it from being replayed until no older journal row is left.
 
-Versioned (``SCHEMA_VERSION``, in the file's user_version; the tables, the checks and the upgrade are
-perfd/aggregator/state_schema.py's): a newer build reads the files of older ones (upgraded once, at
-open); an older build stops at start-up on a file of a newer schema, with one line and exit 2, and
-leaves it untouched, rather than read it lossy (a downgrade once read 29 of 40 iterations
-and said nothing).
+Versioned (``SCHEMA_VERSION`` in the file's user_version; tables, checks and upgrade: state_schema.py):
+a newer build reads older files (upgraded once, at open); an older build stops at start-up on a newer
+schema with one line and exit 2 and leaves the file untouched, rather than read it lossy.
 
 Why SQLite and not a file of our own: the stdlib has it, WAL gives one writer with readers beside
 it, and its transactions are what "acknowledged means durable" needs.
@@ -66,14 +60,12 @@ from perfd.core.privdir import private_dir
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCHES = 200_000  # journal rows kept; the oldest batches go first (job info is kept apart)
-# Bytes of the whole state (journal batches, Hellos, job info, documents): the oldest batches go
-# first to keep under it (``--state-max-mib``). What a restart replays is bounded by it too.
+# Bytes of the whole state (--state-max-mib): the oldest batches go first. A restart's replay too.
 DEFAULT_MAX_BYTES = 1 << 30
 MAX_TOMBSTONES = 10_000  # pruned jobs remembered (the oldest are forgotten first)
-# The WAL is checkpointed into the database every this many pages (SQLite's default is 1,000, 4 MB)
-# and its file cut back to WAL_LIMIT_BYTES after: a commit rewrites the journal's last page and the
-# seq page, so the WAL grows ~3x faster than the data, and on a 3 MB disk it filled the disk before
-# reaching 4 MB — after which not even a checkpoint had room to run (measured: tests/faults).
+# The WAL is checkpointed every this many pages (SQLite's default 1,000 pages, 4 MB, filled a 3 MB disk:
+# a commit rewrites the journal's last page and the seq page, the WAL grows ~3x faster than the data;
+# then not even a checkpoint had room to run) and its file cut back to WAL_LIMIT_BYTES after.
 WAL_CHECKPOINT_PAGES = 256
 WAL_LIMIT_BYTES = 1 << 20
 FAILURE_LOG_INTERVAL_S = 60.0  # a full disk fails every commit: one log line per interval
@@ -114,6 +106,9 @@ class StateStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"{self.path}: SQLite refused WAL mode ({mode})")
             self._db.execute("PRAGMA synchronous=FULL")
+            # Freed pages not zeroed (Debian's SQLite zeroes them: a 1 MB pruning wrote 1 MB more of log,
+            # a 4 MiB cap's files at 4.8 MB until the checkpoint); shrink() gives them back each tick.
+            self._db.execute("PRAGMA secure_delete=FAST")
             self.wal_room = min(WAL_ROOM_BYTES, max_bytes // 4)
             self.wal_limit = self.wal_room * WAL_LIMIT_BYTES // WAL_ROOM_BYTES
             page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
@@ -195,6 +190,9 @@ class StateStore:
         self.pruned_seqs = 0  # dedupe rows pruned for bytes
         self.shrinks = 0  # times the file gave pages back
         self.overhead = 1.0  # the files' bytes per logical byte, as last measured (shrink)
+        # The files' and the logical bytes as the last shrink ended (at open: cut back): where the cap
+        # holds. Between two ticks what arrived, inside one the pruning's own log, can pass it a moment.
+        self.settled_bytes, self.settled_logical_bytes = self.disk_bytes(), self.held_bytes()
 
     # ---- the journal (ingest thread) ---------------------------------------------------------
     def _begin(self) -> None:
@@ -459,6 +457,7 @@ class StateStore:
                 log.warning("state store: %s", self.last_error)
                 return False
             logical = self.held_bytes()
+            self.settled_bytes, self.settled_logical_bytes = self.disk_bytes(), logical
             if logical >= (256 << 10):  # too little data to say what a byte costs
                 self.overhead = max(1.0, min(4.0, pages * page / logical))
             return True
@@ -582,6 +581,7 @@ class StateStore:
                 "journal_batches": self._batch_rows, "pruned": self.pruned, "pruned_bytes": self.pruned_bytes,
                 "pruned_for_bytes": self.pruned_for_bytes, "hellos": hellos, "bytes": sizes,
                 "logical_bytes": sum(sizes.values()), "held_bytes": disk, "disk_bytes": disk,
+                "settled_bytes": self.settled_bytes, "settled_logical_bytes": self.settled_logical_bytes,
                 "max_bytes": self.max_bytes, "budget_bytes": self.budget(),
                 "overhead": round(self.overhead, 3),
                 "pruned_hellos": self.pruned_hellos, "pruned_seqs": self.pruned_seqs, "shrinks": self.shrinks,
