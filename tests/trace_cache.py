@@ -16,9 +16,10 @@ its parent's. Outside pytest (no folder named) each call computes afresh. Where 
 result at once, the second waits on a lock for the first's rather than computing it too (two cores).
 
 ``perfd_cli`` runs perfd's CLI in this process with perfd.capture.chrome_trace's reading and analysis
-through the session's results: for the tests of what a command concludes from a trace (the ncu
-commands read and analyse their capture's trace, 5-10 s of CPU a run, the same each time), not of
-the process it runs in (exit by exec, signals, a shell's quoting: those keep a subprocess).
+through the session's results (``session_traces``: the same for a test's own call of the CLI's main):
+for the tests of what a command concludes from a trace (the ncu commands read and analyse their
+capture's trace, 5-10 s of CPU a run, the same each time), not of the process it runs in (exit by exec,
+signals, a shell's quoting: those keep a subprocess).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def analyze_chrome_trace(path: str | Path, top_n: int = 10, use_frames: bool = T
 
 
 @contextlib.contextmanager
-def _session_traces() -> Iterator[None]:
+def session_traces() -> Iterator[None]:
     """perfd.capture.chrome_trace's read_chrome_trace and analyze_chrome_trace, and analysis.analyze_trace
     of what the former read, as the session's, for perfd's code that looks them up at its call (the
     commands import them where they use them)."""
@@ -158,7 +159,7 @@ def perfd_cli(*args: str | Path, **env: str) -> subprocess.CompletedProcess[str]
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()
     handlers = list(root.handlers)
-    with _session_traces(), pytest.MonkeyPatch.context() as mp, \
+    with session_traces(), pytest.MonkeyPatch.context() as mp, \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         for k, v in env.items():
             mp.setenv(k, v)

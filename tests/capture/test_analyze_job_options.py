@@ -1,7 +1,8 @@
 """`perfd analyze trace FILE --framework F --job-step-ms MS`: a trace read offline as a live capture of
 that job is (the remedies in its framework's words, the profiler's slowdown brought back to the job's
 own step before any gain is modelled), on the recorded Hugging Face Trainer run. The command by the CLI's
-own entry point, in the test's process (tests/cli_main.py)."""
+own entry point, in the test's process (tests/cli_main.py), each recording read and analysed once a
+session (tests/trace_cache.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.cli_main import Ran, perfd
+from tests.trace_cache import session_traces
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPS = ROOT / "tests" / "data" / "loops"
@@ -21,7 +23,8 @@ HF = LOOPS / "hf_clm_h200"
 @pytest.fixture
 def _analyze(capsys: pytest.CaptureFixture[str]):
     def run(*args: str, trace: Path = HF) -> Ran:
-        return perfd(capsys, "analyze", "trace", trace / "trace.json.xz", *args)
+        with session_traces():
+            return perfd(capsys, "analyze", "trace", trace / "trace.json.xz", *args)
     return run
 
 

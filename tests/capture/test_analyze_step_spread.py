@@ -1,8 +1,9 @@
 """`perfd analyze trace FILE --job-step-sd-ms SD`: the job's own steps' spread, as the aggregator reads
 it live, widens each range by how far a rerun of such a job moves (perfd.analytics.advice.remedies
-.run_spread_ms), on the recorded Hugging Face Trainer run (its trace parsed once for the module; the
-command's own run on the small Lightning recording); a negative spread is refused before any file is
-read. The CLI's main() in the test's process: its output from capsys, its return value the exit status."""
+.run_spread_ms), on the recorded Hugging Face Trainer run (its trace analysed once a session:
+tests/trace_cache.py; the command's own run on the small Lightning recording); a negative spread is
+refused before any file is read. The CLI's main() in the test's process: its output from capsys, its
+return value the exit status."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from perfd.analytics.advice.remedies import MEDIAN_SE_OF_SD, RUN_SPREAD_OF_STEP,
 from perfd.analytics.breakdown.budget import TimerShares
 from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.app.cli import main
-from perfd.capture.chrome_trace import analyze_chrome_trace
+from tests.trace_cache import analyze_chrome_trace
 
 LOOPS = Path(__file__).resolve().parents[2] / "tests" / "data" / "loops"
 STEP_MS = 225.0
