@@ -46,13 +46,14 @@ from perfd.analytics.collectives.collective_facts import (
 )
 from perfd.analytics.collectives.collective_hangs import HangView, merge_hangs
 from perfd.analytics.collectives.collective_windows import (
-    StepWindow,
     Windows,
     rank_timeline,
     step_windows,
     union_ns,
 )
 from perfd.analytics.collectives.groups import classify_group
+from perfd.analytics.collectives.rank_shares import WindowShare, rank_shares
+from perfd.analytics.collectives.rank_shares import median as _median
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.core.collfold import CollectivePartial, reduce, world_size_from
@@ -60,10 +61,6 @@ from perfd.core.hang_fact import HangEvent
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 
 DP_SHARE_HIGH = 0.2  # docs/design.md §2 playbook: DP all-reduce > 20% of the step
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return float(statistics.median(xs)) if xs else None
 
 
 @dataclass
@@ -270,7 +267,7 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
     rank_windows, job_windows = by_step
     folded = None if fold is None else fold.figures(lambda r: rank_windows.get(r) or job_windows, layout,
                                                       cfg.order)
-    per_it: dict[int, dict[int, tuple[float, float, dict[str, float], int, str | None]]] = {}
+    per_it: dict[int, dict[int, WindowShare]] = {}
     rank_share: dict[int, float] = {}
     rank_weighted: dict[int, float] = {}
     rank_group: dict[int, dict[str, float]] = {}
@@ -283,24 +280,13 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             else:
                 tl = rank_timeline(by_rank[rank], cls)
                 figures = [(w, *tl.window(w)) for w in windows if tl.complete(w)]
-            used: list[tuple[StepWindow, int, dict[str, int]]] = []
-            for w, comm, by in figures:
-                span = w.end_ns - w.start_ns
-                shares = {c: v / span for c, v in by.items()}
-                per_it.setdefault(w.iteration, {})[rank] = (comm / span, w.ms, shares, w.n_iterations,
-                                                            w.excluded)
-                if w.excluded is None:
-                    used.append((w, comm, by))
-            recent = used[-cfg.recent_windows:]
-            if recent:
-                spans = [w.end_ns - w.start_ns for w, _, _ in recent]
-                pairs = list(zip(recent, spans, strict=True))
-                rank_share[rank] = _median([c / sp for (_, c, _), sp in pairs]) or 0.0
-                rank_weighted[rank] = sum(c for _, c, _ in recent) / sum(spans)
-                seen = {c for _, _, by in recent for c in by}
-                rank_group[rank] = {c: _median([by.get(c, 0) / sp for (_, _, by), sp in pairs]) or 0.0
-                                    for c in sorted(seen)}
-                out.n_windows = max(out.n_windows, len(recent))
+            rs = rank_shares(figures, cfg.recent_windows)
+            for ws in rs.windows:
+                per_it.setdefault(ws.iteration, {})[rank] = ws
+            if rs.recent is not None:
+                rank_share[rank], rank_weighted[rank] = rs.recent.share, rs.recent.weighted
+                rank_group[rank] = rs.recent.by_group
+                out.n_windows = max(out.n_windows, rs.recent.windows)
             continue
         if rank not in by_rank:
             continue  # its operations folded, none held: no window to read them in, no span either
@@ -331,13 +317,13 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
         out.absent = ShareAbsent.NO_WINDOW
     for it in sorted(per_it)[-cfg.max_iterations_out:]:
         rows = per_it[it]
-        classes = sorted({c for v in rows.values() for c in v[2]})
+        classes = sorted({c for v in rows.values() for c in v.by})
         out.iterations.append(IterationComm(
-            iteration=it, n_iterations=max(v[3] for v in rows.values()),
-            window_ms=_median([v[1] for v in rows.values()]), share=_median([v[0] for v in rows.values()]),
-            share_by_rank={r: v[0] for r, v in rows.items()},
-            by_group={c: _median([v[2].get(c, 0.0) for v in rows.values()]) or 0.0 for c in classes},
-            excluded=next((v[4] for v in rows.values() if v[4]), None)))
+            iteration=it, n_iterations=max(v.n_iterations for v in rows.values()),
+            window_ms=_median([v.ms for v in rows.values()]), share=_median([v.share for v in rows.values()]),
+            share_by_rank={r: v.share for r, v in rows.items()},
+            by_group={c: _median([v.by.get(c, 0.0) for v in rows.values()]) or 0.0 for c in classes},
+            excluded=next((v.excluded for v in rows.values() if v.excluded), None)))
 
 
 def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:

@@ -58,6 +58,7 @@ from perfd.analytics.collectives.collective_windows import (
 )
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.groups import classify_group
+from perfd.analytics.collectives.rank_shares import Figure
 from perfd.core import limits as L
 from perfd.core.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.core.model import ParallelLayout, StepRecord
@@ -80,7 +81,6 @@ LATE_END_WINDOWS = 64
 # iteration has its windows folded away uncovered at that scale, counted).
 PENDING = Retention(per_rank=4096, per_job=2_000_000)
 
-Figure = tuple[StepWindow, int, dict[str, int]]  # a window, the union of its intervals, per class
 
 
 class _Block:
