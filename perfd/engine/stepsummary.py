@@ -71,6 +71,11 @@ def rank_hash(ranks: Iterable[int]) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         total += z ^ (z >> 31)
     return total & _MASK64
+
+
+def hashes_joined(a: int, b: int) -> int:
+    """The :func:`rank_hash` of two sets of ranks together, from theirs."""
+    return (a + b) & _MASK64
 _MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
 
 
@@ -293,7 +298,7 @@ class StepSummary:
     def merge(self, o: StepSummary) -> None:
         """``o`` (another partition's) added in."""
         self.ranks_in += o.ranks_in
-        self.ranks_hash = (self.ranks_hash + o.ranks_hash) & _MASK64
+        self.ranks_hash = hashes_joined(self.ranks_hash, o.ranks_hash)
         self.ranks_expected += o.ranks_expected
         if o.slowest is not None and (self.slowest is None or o.slow_key() > self.slow_key()):
             self.slowest, self._slow = o.slowest, o._slow

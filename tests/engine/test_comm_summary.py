@@ -1,0 +1,138 @@
+"""The shards' communication-share summaries (perfd.engine.commsummary) against the job's collective
+analysis itself (perfd.analytics.collectives.collective_analysis.finish over every rank's window
+figures, as the engine root reads the agents' rows): at 1,000 and 8,000 ranks, the exact parts equal,
+the medians within the sketch's relative error; and a join: the partitions' summaries merged in any
+order are the summary of all the ranks, a rank summarised twice told apart by the ranks' hash."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
+from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.collective_windows import StepWindow
+from perfd.analytics.collectives.fold_counts import FoldCounts
+from perfd.analytics.collectives.rank_shares import Figure
+from perfd.analytics.collectives.winfold import FoldView
+from perfd.core.collfold import CollectivePartial
+from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.winfigures import RankWindow
+from perfd.engine import commsummary as cs
+from perfd.engine.stepsummary import SKETCH_ACCURACY, rank_hash
+
+JOB = "comm-job"
+S = 1_000_000_000
+CLASSES = ("dp", "pp", "tp")
+
+
+def _job(ranks: int, iterations: int, seed: int) -> dict[int, list[RankWindow]]:
+    """Iteration -> every rank's figures: warm-up windows excluded, a capture's window on a few ranks,
+    windows a rank lacks (uncovered), classes some ranks or windows lack, a rank whose every window is
+    excluded, and shares alike across ranks (ties) beside spread ones."""
+    rng = random.Random(seed)
+    has_tp = {r for r in range(ranks) if rng.random() < 0.7}
+    captured = set(rng.sample(range(ranks), max(1, ranks // 100)))
+    out: dict[int, list[RankWindow]] = {}
+    for it in range(iterations):
+        rows = out[it] = []
+        for r in range(ranks):
+            if rng.random() < 0.05:
+                continue  # uncovered: no figures of this window
+            start = it * 2 * S + rng.randrange(0, S // 10)
+            span = rng.randrange(S, 3 * S // 2) if r % 10 else S  # a tenth of the ranks step alike
+            comm = int(span * (0.25 if r % 10 == 0 else rng.uniform(0.05, 0.6)))
+            by = {"dp": int(comm * rng.uniform(0.2, 0.8))}
+            if r in has_tp:
+                by["tp"] = int(comm * rng.uniform(0.0, 0.5))
+            if rng.random() < 0.3:
+                by["pp"] = int(comm * rng.uniform(0.0, 0.3))
+            excluded = ("warmup" if it < 3 or r == ranks - 1 else
+                        "capture" if r in captured and it == iterations // 2 else None)
+            rows.append(RankWindow(r, start, start + span, 1 + (r % 3 == 0 and it % 7 == 0), excluded, comm,
+                                   tuple((c, by[c]) for c in CLASSES if c in by), True, 0))
+    return out
+
+
+def _figures(rows: dict[int, list[RankWindow]]) -> dict[int, list[Figure]]:
+    """Each rank's figures in window order, as FoldView.figures hands the rows made elsewhere."""
+    out: dict[int, list[Figure]] = {}
+    for it in sorted(rows):
+        for f in rows[it]:
+            w = StepWindow(it, f.start_ns, f.end_ns, f.n_iterations, f.excluded)
+            out.setdefault(f.rank, []).append((w, f.comm_ns, dict(f.by)))
+    return out
+
+
+def _analysis(rows: dict[int, list[RankWindow]], cfg: CollectiveConfig) -> CollectiveAnalysis:
+    view = FoldView(blocks={}, waiting={}, biggest=0, top=0,
+                    counts=FoldCounts(received=sum(map(len, rows.values()))), outside=rows)
+    # the job's step windows: any non-empty list has each rank's figures read (their own windows)
+    return finish(CollectivePartial(JOB), fold=view, config=cfg, windows=({}, [StepWindow(0, 0, S, 1)]))
+
+
+def _near(got: float | None, want: float | None) -> bool:
+    if got is None or want is None:
+        return got is want
+    return abs(got - want) <= SKETCH_ACCURACY * abs(want) + 1e-12
+
+
+def _summaries(figures: dict[int, list[Figure]], parts: int, cfg: CollectiveConfig,
+               rng: random.Random) -> list[cs.CommSummary]:
+    owner = {r: rng.randrange(parts) for r in figures}
+    return [cs.summarize(JOB, {r: f for r, f in figures.items() if owner[r] == p}, cfg.recent_windows,
+                         cfg.max_iterations_out, partition=p, epoch=7) for p in range(parts)]
+
+
+@pytest.mark.parametrize("ranks, iterations, parts", [(1000, 70, 4), (8000, 12, 16), (7, 9, 3)])
+def test_the_merged_summaries_answer_what_the_analysis_of_every_rank_says(
+        ranks: int, iterations: int, parts: int) -> None:
+    cfg = CollectiveConfig(recent_windows=50, max_iterations_out=min(40, iterations - 2))
+    rows = _job(ranks, iterations, seed=ranks)
+    want = _analysis(rows, cfg)
+    merged = cs.merge(_summaries(_figures(rows), parts, cfg, random.Random(1)))
+    assert merged is not None
+    got = cs.answer(merged, cfg.max_iterations_out)
+    assert want.method == "step_windows" and got.ranks == len(want.comm_share_by_rank) == ranks - 1
+    assert _near(got.share, want.comm_total_share) and _near(got.weighted, want.weighted_share)
+    assert got.by_group.keys() == want.comm_share_by_group.keys() == set(CLASSES)
+    assert all(_near(got.by_group[c], v) for c, v in want.comm_share_by_group.items()), (
+        got.by_group, want.comm_share_by_group)
+    assert got.windows == want.n_windows
+    by_share = sorted(want.comm_share_by_rank.items(), key=lambda rv: (-rv[1], rv[0]))
+    assert list(got.top) == by_share[:RANK_RATIO_TOP_K]
+    assert [a.iteration for a in got.iterations] == [it.iteration for it in want.iterations]
+    for a, it in zip(got.iterations, want.iterations, strict=True):
+        assert (a.ranks, a.n_iterations, a.excluded) == (len(it.share_by_rank), it.n_iterations, it.excluded)
+        assert _near(a.share, it.share) and _near(a.window_ms, it.window_ms), it.iteration
+        assert a.by_group.keys() == it.by_group.keys()
+        assert all(_near(a.by_group[c], v) for c, v in it.by_group.items()), it.iteration
+        ranked = sorted(it.share_by_rank.items(), key=lambda rv: (-rv[1], rv[0]))
+        assert list(a.top) == ranked[:RANK_RATIO_TOP_K]
+    # the exclusions the job holds reach the answer as the analysis's (the first in rank order)
+    assert {a.excluded for a in got.iterations} >= {"capture", "warmup"}
+
+
+def test_the_merge_is_a_join_and_a_rank_twice_is_told_apart() -> None:
+    cfg = CollectiveConfig(max_iterations_out=20)
+    figures = _figures(_job(300, 30, seed=3))
+    whole = cs.summarize(JOB, figures, cfg.recent_windows, cfg.max_iterations_out)
+    rng = random.Random(5)
+    parts = _summaries(figures, 5, cfg, rng)
+    for _ in range(3):
+        rng.shuffle(parts)
+        merged = cs.merge(parts)
+        assert merged is not None
+        assert cs.answer(merged, 20) == cs.answer(whole, 20)
+        assert merged.rank_hash == whole.rank_hash == rank_hash(r for r in figures if r != 299)
+    twice = cs.merge([*parts, parts[0]])
+    assert twice is not None and twice.rank_hash != whole.rank_hash
+
+
+def test_a_partition_without_windows_answers_nothing_it_does_not_have() -> None:
+    empty = cs.summarize(JOB, {}, 50, 20)
+    got = cs.answer(empty, 20)
+    assert (got.ranks, got.share, got.weighted, got.by_group, got.windows, got.top, got.iterations) == (
+        0, None, None, {}, 0, (), ())
+    assert cs.merge([]) is None
