@@ -117,6 +117,11 @@ JOB_RETENTION_S = 24 * 3600.0
 # KB a row), and every
 # one of them up to 40,000 ranks. The iterations let go for it are counted (``evicted_for_rows``).
 MAX_FIGURE_ROWS_PER_JOB = 4_000_000
+# The collective analysis's summary of each rank's communication share: over its newest this many
+# complete windows; and the newest iterations it lists (CollectiveConfig's defaults; the engine's shards
+# and root summarise and answer over the same: perfd.core.commsummary).
+COMM_RECENT_WINDOWS = 50
+COMM_ITERATIONS_OUT = 100
 # Retention of each job's step records (perfd.aggregator.jobs keeps the window): the newest
 # RETAIN_ITERATIONS iterations, and no more than RETAIN_BYTES of them (estimated by record_bytes): with
 # per-rank timers a record of a 1,000-rank job holds ~1.3 MB, so iterations alone would let one job

@@ -39,17 +39,19 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import DecodeError
 
 from perfd.core.collfold import CollectivePartial
+from perfd.core.commsummary import CommSummary
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.core.winfigures import WindowFigures
+from perfd.engine import comm_codec, summary_codec
 from perfd.engine import subjects as S
-from perfd.engine import summary_codec
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.engine_state import EngineState
 from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
+from perfd.engine.root_comm import RootComm
 from perfd.engine.root_summaries import RootSummaries
 from perfd.engine.rootfold import RootFold, RootStats, stream_gap
 from perfd.engine.stepsummary import StepSummary
@@ -91,6 +93,7 @@ class Root:
         self.leader_http: str | None = None
         self.fold = RootFold()
         self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
+        self.comm = RootComm()  # the shards' communication-share summaries (perfd.engine.root_comm)
         self._info_text: OrderedDict[str, str] = OrderedDict()  # job -> the info it last took in
         # what the summaries were last checked against: jobs the fold forgot, and each job's run
         self._forgotten, self._runs = 0, dict(self.fold.runs)
@@ -114,7 +117,7 @@ class Root:
     def stats_json(self) -> dict[str, object]:
         """The counters, and the newest answers from the summaries of each job (/api/stats ``engine``)."""
         return {**self.stats.to_json(), "summary_answers": self.summaries.to_json(),
-                "streams": self.engine.to_json()}
+                "comm_answers": self.comm.to_json(), "streams": self.engine.to_json()}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when the lease is free, follow otherwise; reconnects; never raises but CancelledError."""
@@ -399,6 +402,8 @@ class Root:
             for job in list(self.summaries.answers.keys() | self.summaries.fold_jobs()):
                 if job not in self.fold.jobs or self.fold.runs.get(job) != self._runs.get(job):
                     self.summaries.forget(job)
+            for job in [j for j in self.comm.held if j not in self.fold.jobs]:
+                self.comm.forget(job)
             self._forgotten, self._runs = self.stats.jobs_forgotten, dict(self.fold.runs)
         while self.fold.completed:
             self.summaries.whole(*self.fold.completed.popleft())
@@ -410,11 +415,15 @@ class Root:
         return acc.ranks if acc is not None else None
 
     def handle_summaries(self, batch: Sequence[bytes]) -> None:
-        """The shards' step summaries (EngineBatch ``step_summaries``), held beside the partials' folds."""
+        """The shards' step and communication summaries (EngineBatch ``step_summaries``,
+        ``comm_summaries``), held beside the partials' folds."""
         got: list[StepSummary] = []
+        comm: list[CommSummary] = []
         for data in batch:
             try:
-                ms = pb.EngineBatch.FromString(data).step_summaries
+                b = pb.EngineBatch.FromString(data)
+                ms = b.step_summaries
+                comm.extend(self._comm_summaries(b.comm_summaries))
             except DecodeError as exc:
                 self.stats.undecodable += 1
                 log.warning("engine root %s: a summaries message that does not decode (%s): skipped",
@@ -428,6 +437,18 @@ class Root:
                     log.warning("engine root %s: a step summary that does not read (%s): skipped",
                                 self.id, exc)
         self.summaries.add(got, lambda job: job in self.fold.jobs or self.sink.admit_job(job))
+        self.comm.add(comm, lambda job: job in self.fold.jobs or self.sink.admit_job(job))
+
+    def _comm_summaries(self, ms: Sequence[pb.CommSummary]) -> list[CommSummary]:
+        out = []
+        for m in ms:
+            try:
+                out.append(comm_codec.from_pb(m))
+            except ValueError as exc:  # another version, or malformed
+                self.stats.undecodable += 1
+                log.warning("engine root %s: a communication summary that does not read (%s): skipped",
+                            self.id, exc)
+        return out
 
     def flush(self, every: bool = False) -> None:
         """Hand the store what the fold held back (perfd.engine.rootfold.HAND_ON_S) and is now due;

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
 
+from perfd.core.sketch import rank_hash
 from perfd.engine import stepsummary as ss
 from perfd.engine.rootfold import KEEP_ITERATIONS, RootStats
 
@@ -170,7 +171,7 @@ class RootSummaries:
             ranks = self.ranks(job, iteration)
             if ranks is None or len(ranks) != world:
                 return False
-            self._exact[key] = ss.rank_hash(ranks)  # once an iteration, and only one with two holders
+            self._exact[key] = rank_hash(ranks)  # once an iteration, and only one with two holders
             while len(self._exact) > COMPLETE_KEPT:
                 self._exact.popitem(last=False)
         return merged.ranks_hash == self._exact[key]

@@ -21,7 +21,9 @@ windows it fed to settle (perfd.engine.shard_windows says why). Figures an agent
 on as they came, fold or none, with the partials of the same flush; their messages are acknowledged
 once they are out, as the partials' are (a message delivered again hands the same rows on: a join).
 Each partition's step summaries (perfd.engine.shard_summaries) go out beside the partials, after them
-in the same flush: a node message is acknowledged once what it fed of both is out.
+in the same flush: a node message is acknowledged once what it fed of both is out. Given a summariser
+(``perfd shard`` wires perfd.analytics.collectives.comm_summary's in), the agents' figures are also held
+by partition and summarised (perfd.engine.shard_comm), sent on the same subject as they come due.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
+from perfd.engine.shard_comm import CommSummaries, ShardComm, comm_messages
 from perfd.engine.shard_jobinfo import JobInfoBucket
 from perfd.engine.shard_summaries import ShardSummaries, batches
 from perfd.engine.shard_windows import CollectiveFold, Holds
@@ -91,6 +94,7 @@ class ShardStats:
     figure_rows_forwarded: int = 0
     summaries_published: int = 0  # partition summaries sent (each a partition's iteration so far)
     summaries_too_old: int = 0  # node partials of an iteration whose summaries were let go: not summarised
+    comm_summaries_published: int = 0  # partitions' communication-share summaries sent
     # job infos read from the engine's job-info bucket (a job this shard had not read it of, its node
     # message carrying none: a partition taken over), and puts to it the engine refused
     job_infos_read: int = 0
@@ -103,7 +107,7 @@ class ShardStats:
 
 class Shard:
     def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1,
-                 collectives: CollectiveFold | None = None) -> None:
+                 collectives: CollectiveFold | None = None, comm: ShardComm | None = None) -> None:
         self.cfg, self.id, self.replicas = cfg, shard_id, replicas
         self.windows = Holds(collectives, cfg.hold_s) if collectives is not None else None
         self.epoch = uuid.uuid4().hex[:12]
@@ -129,6 +133,7 @@ class Shard:
         self._flushed = asyncio.Event()  # set while none is
         self._flushed.set()
         self.summaries = ShardSummaries()
+        self.comm = comm
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -406,6 +411,8 @@ class Shard:
         self._job_info.update(d.job_info_json)
         for f in d.figures_pb:
             self._forward.setdefault(f.job, []).append(f)
+        if self.comm is not None and d.figures_pb:
+            self.comm.fold_in(d.figures_pb, partition)
         if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 
@@ -426,20 +433,21 @@ class Shard:
         figures = self.windows.take() if self.windows is not None else []
         released = self.windows.release(time.monotonic()) if self.windows is not None else []
         forward, self._forward = self._forward, {}
+        comm = self.comm.take(time.monotonic()) if self.comm is not None else {}
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released
-                or forward or self.summaries.touched):
+                or forward or self.summaries.touched or comm):
             return
         self._flushing += 1
         self._flushed.clear()
         try:
-            await self._publish(js, figures, released, forward)
+            await self._publish(js, figures, released, forward, comm)
         finally:
             self._flushing -= 1
             if not self._flushing:
                 self._flushed.set()
 
     async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg],
-                       forward: dict[str, list[pb.WindowFigures]]) -> None:
+                       forward: dict[str, list[pb.WindowFigures]], comm: CommSummaries) -> None:
         """What was folded to the job's root (``figures``: this shard's fold's; ``forward``: its agents'),
         then what it fed acknowledged."""
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
@@ -480,6 +488,9 @@ class Shard:
                     await js.publish(S.summaries_subject(job), data, timeout=5.0,
                                      headers={"Nats-Msg-Id": bid})
                 self.stats.summaries_published += len(ms)
+            for job, bid, data in comm_messages(comm, self._next_batch_id, self.id):
+                await js.publish(S.summaries_subject(job), data, timeout=5.0, headers={"Nats-Msg-Id": bid})
+                self.stats.comm_summaries_published += 1
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
@@ -493,6 +504,8 @@ class Shard:
             for job, raw in forward.items():
                 self._forward[job] = raw + self._forward.get(job, [])
             self.summaries.give_back(summary_keys)
+            if self.comm is not None:
+                self.comm.again(comm)
             return
         terms, self._to_term = self._to_term, []
         for m in terms:

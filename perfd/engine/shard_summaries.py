@@ -36,13 +36,17 @@ Key = tuple[str, int, int]  # (job, iteration, partition)
 NO_INFO: tuple[str, Callable[[int], int | None] | None] = ("", lambda rank: None)
 
 
+def holder_epoch() -> int:
+    """This shard as a holder of its partitions (the root holds each holder's newest flush, and merges
+    holders): its start in ns, its low bits random, so that two shards started in the same tick are two
+    holders, not one."""
+    return (time.time_ns() & ~0xFFFF) | secrets.randbits(16)
+
+
 class ShardSummaries:
     def __init__(self) -> None:
         self.held = ss.PartitionSummaries()
-        # This shard as a holder of its partitions (the root holds each holder's newest flush, and
-        # merges holders): its start in ns, its low bits random, so that two shards started in the
-        # same tick are two holders, not one
-        self.epoch = (time.time_ns() & ~0xFFFF) | secrets.randbits(16)
+        self.epoch = holder_epoch()
         self.seq = 0
         self._stages: dict[str, tuple[str, Callable[[int], int | None] | None]] = {}  # job -> (info, stages)
         self._newest: dict[str, int] = {}  # job -> its newest iteration summarised

@@ -15,16 +15,13 @@ the ranks, in two kinds:
   exposed communication, its idle share of forward-backward, its compute), each made as the analysis
   makes it. Sums are kept exactly (:class:`ExactSum`, Shewchuk's partials: math.fsum's), so a sum is
   the correctly rounded sum of the values, whatever the shards and the order of merging.
-- sketched: each timer's and each stage's values in a log-bucket sketch (:class:`Sketch`), with
-  DDSketch's logarithmic mapping (the ``ddsketch`` package, perfd[engine]): a value is stood for by
-  its bucket's, within SKETCH_ACCURACY of it (relative), so the value read at a rank (a quantile:
-  the value at rank q·(n-1)) is within SKETCH_ACCURACY of the exact value there, and the median
-  (statistics.median's: the mean of the two middle values of an even count) within it of the exact
-  median. The compute ratio (a rank's compute over its stage's median:
-  perfd.analytics.steps.stragglers) has the median as its divisor, so the ratios (each within
-  SKETCH_ACCURACY / (1 - SKETCH_ACCURACY) of one aggregator's), their catalog.RANK_RATIO_BUCKETS
-  histogram and the ranks above the straggler ratio are sketched parts: a rank whose ratio is further
-  from a bucket's bound than the error is counted where one aggregator counts it.
+- sketched: each timer's and each stage's values in a log-bucket sketch (perfd.core.sketch.Sketch: a
+  quantile, the median too, within SKETCH_ACCURACY of the exact one, relative). The compute ratio (a
+  rank's compute over its stage's median: perfd.analytics.steps.stragglers) has the median as its
+  divisor, so the ratios (each within SKETCH_ACCURACY / (1 - SKETCH_ACCURACY) of one aggregator's),
+  their catalog.RANK_RATIO_BUCKETS histogram and the ranks above the straggler ratio are sketched parts:
+  a rank whose ratio is further from a bucket's bound than the error is counted where one aggregator
+  counts it.
 
 Merging is a join over partitions: a summary of a partition replaces the one its maker (a shard, from
 its start: its epoch) held of it before (the newer flush), so a summary delivered twice counts once;
@@ -41,42 +38,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ddsketch.mapping import LogarithmicMapping
-
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_BACKWARD, FORWARD_COMPUTE
 from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder
 from perfd.analytics.steps.vocabulary import vocabulary_of
 from perfd.core.catalog import RANK_RATIO_BUCKETS
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.model import ParallelLayout, StepRecord
+from perfd.core.sketch import Sketch, hashes_joined, rank_hash
 from perfd.core.stepfold import ALL_RANKS, RankFold
 from perfd.transport.gen import perfd_pb2 as pb
 from perfd.transport.record_codec import step_to_pb
 
-SKETCH_ACCURACY: Final = 0.01  # a sketched value's relative error at most
 QUANTILES: Final = (0.5, 0.99)  # what an answer reads of each timer's sketch
 UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
-_MASK64: Final = (1 << 64) - 1
-
-
-def rank_hash(ranks: Iterable[int]) -> int:
-    """The sum (mod 2^64) of each rank's splitmix64 mix: summaries' hashes add as their ranks do, so the
-    merge of a partition's holders equals the hash of the iteration's ranks only if no rank is in two
-    of them and none is missing (a rank twice adds its mix twice; equal by chance with odds ~2^-64).
-    Written here: a set's hash that adds under union is what no library offers."""
-    total = 0
-    for r in ranks:
-        z = (r + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        total += z ^ (z >> 31)
-    return total & _MASK64
-
-
-def hashes_joined(a: int, b: int) -> int:
-    """The :func:`rank_hash` of two sets of ranks together, from theirs."""
-    return (a + b) & _MASK64
-_MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
 
 
 class ExactSum:
@@ -120,63 +94,6 @@ class ExactSum:
             out.append(v)
             rest.add(-v)
         return out
-
-
-class Sketch:
-    """Counts of values by their DDSketch logarithmic bucket (``_MAPPING``); values at or below zero
-    counted apart (they are read as 0)."""
-
-    __slots__ = ("bins", "zeros")
-
-    def __init__(self) -> None:
-        self.bins: dict[int, int] = {}
-        self.zeros = 0
-
-    def add(self, v: float) -> None:
-        if v <= 0 or v < _MAPPING.min_possible:
-            self.zeros += 1
-        else:
-            k = _MAPPING.key(v)
-            self.bins[k] = self.bins.get(k, 0) + 1
-
-    def merge(self, other: Sketch) -> None:
-        for k, n in other.bins.items():
-            self.bins[k] = self.bins.get(k, 0) + n
-        self.zeros += other.zeros
-
-    @property
-    def count(self) -> int:
-        return self.zeros + sum(self.bins.values())
-
-    def quantile(self, q: float) -> float | None:
-        """The value at rank q·(count-1) (0-based, rounded down), as its bucket stands for it."""
-        n = self.count
-        return self.at_rank(int(q * (n - 1))) if n else None
-
-    def at_rank(self, rank: int) -> float | None:
-        """The value at ``rank`` (0-based, in ascending order), as its bucket stands for it."""
-        seen = self.zeros
-        if rank < seen:
-            return 0.0
-        for k in sorted(self.bins):
-            seen += self.bins[k]
-            if rank < seen:
-                return float(_MAPPING.value(k))
-        return None
-
-    def median(self) -> float | None:
-        """statistics.median's: the middle value, or the mean of the two middle ones (each within the
-        sketch's relative error, so the mean is too)."""
-        n = self.count
-        if not n:
-            return None
-        lo, hi = self.at_rank((n - 1) // 2), self.at_rank(n // 2)
-        return None if lo is None or hi is None else (lo + hi) / 2
-
-    def at_most(self, x: float) -> int:
-        """How many values' buckets stand for at most ``x``."""
-        n = self.zeros if x >= 0 else 0
-        return n + sum(c for k, c in self.bins.items() if _MAPPING.value(k) <= x)
 
 
 @dataclass

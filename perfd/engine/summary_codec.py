@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Final
 
 from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.sketch import SKETCH_ACCURACY, Sketch
 from perfd.engine.stepsummary import (
-    SKETCH_ACCURACY,
     ExactSum,
     Extreme,
-    Sketch,
     StageSummary,
     StepSummary,
     TimerSummary,
@@ -27,7 +26,7 @@ def _sum_to_pb(x: ExactSum, m: pb.ExactSum) -> None:
     m.partials.extend(x.canonical())
 
 
-def _sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
+def sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
     m.relative_accuracy = SKETCH_ACCURACY
     m.zeros = sk.zeros
     if sk.bins:
@@ -36,7 +35,7 @@ def _sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
         m.counts.extend(sk.bins.get(k, 0) for k in range(lo, hi + 1))
 
 
-def _sketch_from_pb(m: pb.Sketch) -> Sketch:
+def sketch_from_pb(m: pb.Sketch) -> Sketch:
     if m.relative_accuracy != SKETCH_ACCURACY:
         raise ValueError(f"a sketch of relative accuracy {m.relative_accuracy}, not {SKETCH_ACCURACY}")
     sk = Sketch()
@@ -57,13 +56,13 @@ def to_pb(s: StepSummary, m: pb.StepSummary) -> None:
     for name, t in sorted(s.timers.items()):
         tm = m.timers.add(name=name, count=t.count, min=t.min, max=t.max, max_rank=t.max_rank)
         _sum_to_pb(t.sum, tm.sum)
-        _sketch_to_pb(t.sketch, tm.sketch)
+        sketch_to_pb(t.sketch, tm.sketch)
     for st, g in sorted(s.stages.items()):
         gm = m.stages.add(stage=st, count=g.count)
         _sum_to_pb(g.sum, gm.sum)
         gm.top_rank.extend(r for r, _ in g.top)
         gm.top_value.extend(v for _, v in g.top)
-        _sketch_to_pb(g.sketch, gm.sketch)
+        sketch_to_pb(g.sketch, gm.sketch)
     for name, e in sorted(s.extremes.items()):
         m.extremes.add(name=name, count=e.count, max=e.max, max_rank=e.max_rank, min=e.min,
                        min_rank=e.min_rank, unknown=e.unknown)
@@ -81,13 +80,13 @@ def from_pb(m: pb.StepSummary) -> StepSummary:
                     ranks_hash=m.ranks_hash)
     for tm in m.timers:
         s.timers[tm.name] = TimerSummary(tm.count, ExactSum(tm.sum.partials), tm.min, tm.max, tm.max_rank,
-                                         _sketch_from_pb(tm.sketch))
+                                         sketch_from_pb(tm.sketch))
     for gm in m.stages:
         if len(gm.top_rank) != len(gm.top_value) or len(gm.top_rank) > RANK_RATIO_TOP_K:
             raise ValueError("a stage's slowest ranks and values differ in number, or are too many")
         s.stages[gm.stage] = StageSummary(gm.count, ExactSum(gm.sum.partials),
                                           list(zip(gm.top_rank, gm.top_value, strict=True)),
-                                          _sketch_from_pb(gm.sketch))
+                                          sketch_from_pb(gm.sketch))
     for em in m.extremes:
         s.extremes[em.name] = Extreme(em.count, em.max, em.max_rank, em.min, em.min_rank, em.unknown)
     return s

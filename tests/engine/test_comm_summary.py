@@ -1,4 +1,5 @@
-"""The shards' communication-share summaries (perfd.engine.commsummary) against the job's collective
+"""The shards' communication-share summaries (perfd.core.commsummary, made by
+perfd.analytics.collectives.comm_summary) against the job's collective
 analysis itself (perfd.analytics.collectives.collective_analysis.finish over every rank's window
 figures, as the engine root reads the agents' rows): at 1,000 and 8,000 ranks, the exact parts equal,
 the medians within the sketch's relative error; and a join: the partitions' summaries merged in any
@@ -7,20 +8,21 @@ order are the summary of all the ranks, a rank summarised twice told apart by th
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 
 import pytest
 
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.collective_config import CollectiveConfig
 from perfd.analytics.collectives.collective_windows import StepWindow
+from perfd.analytics.collectives.comm_summary import summarize, summarize_figures
 from perfd.analytics.collectives.fold_counts import FoldCounts
-from perfd.analytics.collectives.rank_shares import Figure
 from perfd.analytics.collectives.winfold import FoldView
+from perfd.core import commsummary as cs
 from perfd.core.collfold import CollectivePartial
 from perfd.core.limits import RANK_RATIO_TOP_K
-from perfd.core.winfigures import RankWindow
-from perfd.engine import commsummary as cs
-from perfd.engine.stepsummary import SKETCH_ACCURACY, rank_hash
+from perfd.core.sketch import SKETCH_ACCURACY, rank_hash
+from perfd.core.winfigures import RankWindow, WindowFigures
 
 JOB = "comm-job"
 S = 1_000_000_000
@@ -55,14 +57,11 @@ def _job(ranks: int, iterations: int, seed: int) -> dict[int, list[RankWindow]]:
     return out
 
 
-def _figures(rows: dict[int, list[RankWindow]]) -> dict[int, list[Figure]]:
-    """Each rank's figures in window order, as FoldView.figures hands the rows made elsewhere."""
-    out: dict[int, list[Figure]] = {}
-    for it in sorted(rows):
-        for f in rows[it]:
-            w = StepWindow(it, f.start_ns, f.end_ns, f.n_iterations, f.excluded)
-            out.setdefault(f.rank, []).append((w, f.comm_ns, dict(f.by)))
-    return out
+def _joins(rows: dict[int, list[RankWindow]],
+           ranks: Collection[int] | None = None) -> dict[int, WindowFigures]:
+    """The rows of ``ranks`` (None: all), by iteration, as a shard holds its partition's."""
+    return {it: WindowFigures(JOB, {(it, w.rank): w for w in ws if ranks is None or w.rank in ranks})
+            for it, ws in rows.items()}
 
 
 def _analysis(rows: dict[int, list[RankWindow]], cfg: CollectiveConfig) -> CollectiveAnalysis:
@@ -78,11 +77,14 @@ def _near(got: float | None, want: float | None) -> bool:
     return abs(got - want) <= SKETCH_ACCURACY * abs(want) + 1e-12
 
 
-def _summaries(figures: dict[int, list[Figure]], parts: int, cfg: CollectiveConfig,
+def _summaries(rows: dict[int, list[RankWindow]], parts: int, cfg: CollectiveConfig,
                rng: random.Random) -> list[cs.CommSummary]:
-    owner = {r: rng.randrange(parts) for r in figures}
-    return [cs.summarize(JOB, {r: f for r, f in figures.items() if owner[r] == p}, cfg.recent_windows,
-                         cfg.max_iterations_out, partition=p, epoch=7) for p in range(parts)]
+    owner = {w.rank: rng.randrange(parts) for ws in rows.values() for w in ws}
+    out = []
+    for p in range(parts):
+        joins = _joins(rows, {r for r, o in owner.items() if o == p})
+        out.append(summarize(JOB, joins, cfg.recent_windows, cfg.max_iterations_out, partition=p, epoch=7))
+    return out
 
 
 @pytest.mark.parametrize("ranks, iterations, parts", [(1000, 70, 4), (8000, 12, 16), (7, 9, 3)])
@@ -91,7 +93,7 @@ def test_the_merged_summaries_answer_what_the_analysis_of_every_rank_says(
     cfg = CollectiveConfig(recent_windows=50, max_iterations_out=min(40, iterations - 2))
     rows = _job(ranks, iterations, seed=ranks)
     want = _analysis(rows, cfg)
-    merged = cs.merge(_summaries(_figures(rows), parts, cfg, random.Random(1)))
+    merged = cs.merge(_summaries(rows, parts, cfg, random.Random(1)))
     assert merged is not None
     got = cs.answer(merged, cfg.max_iterations_out)
     assert want.method == "step_windows" and got.ranks == len(want.comm_share_by_rank) == ranks - 1
@@ -116,22 +118,22 @@ def test_the_merged_summaries_answer_what_the_analysis_of_every_rank_says(
 
 def test_the_merge_is_a_join_and_a_rank_twice_is_told_apart() -> None:
     cfg = CollectiveConfig(max_iterations_out=20)
-    figures = _figures(_job(300, 30, seed=3))
-    whole = cs.summarize(JOB, figures, cfg.recent_windows, cfg.max_iterations_out)
+    rows = _job(300, 30, seed=3)
+    whole = summarize(JOB, _joins(rows), cfg.recent_windows, cfg.max_iterations_out)
     rng = random.Random(5)
-    parts = _summaries(figures, 5, cfg, rng)
+    parts = _summaries(rows, 5, cfg, rng)
     for _ in range(3):
         rng.shuffle(parts)
         merged = cs.merge(parts)
         assert merged is not None
         assert cs.answer(merged, 20) == cs.answer(whole, 20)
-        assert merged.rank_hash == whole.rank_hash == rank_hash(r for r in figures if r != 299)
+        assert merged.rank_hash == whole.rank_hash == rank_hash(range(299))  # the last: always excluded
     twice = cs.merge([*parts, parts[0]])
     assert twice is not None and twice.rank_hash != whole.rank_hash
 
 
 def test_a_partition_without_windows_answers_nothing_it_does_not_have() -> None:
-    empty = cs.summarize(JOB, {}, 50, 20)
+    empty = summarize_figures(JOB, {}, 50, 20)
     got = cs.answer(empty, 20)
     assert (got.ranks, got.share, got.weighted, got.by_group, got.windows, got.top, got.iterations) == (
         0, None, None, {}, 0, (), ())

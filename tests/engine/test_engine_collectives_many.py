@@ -22,7 +22,10 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.app.commands.engine import make_shard
+from perfd.core.commsummary import CommAnswer
+from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.model import CollectiveRecord
+from perfd.core.sketch import SKETCH_ACCURACY
 from perfd.engine import subjects as S
 from perfd.engine.natsd import NatsCluster
 from perfd.engine.publisher import EngineClient
@@ -82,7 +85,11 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
         if want is not None:
             with contextlib.suppress(AssertionError):  # what it is then is compared by the caller
                 await _until(lambda: _answer(agg.state) == want, 30, lambda: "")
-        return {"got": _answer(agg.state), "stats": root.stats.to_json(),
+            if at_agents:  # the shards' summaries of the figures, made at their cadence (a second)
+                with contextlib.suppress(AssertionError):
+                    await _until(lambda: _comm_agrees(root.comm.answer("j"), json.loads(want)) == "", 30,
+                                 lambda: "")
+        return {"got": _answer(agg.state), "stats": root.stats.to_json(), "comm": root.comm.answer("j"),
                 "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts(),
                 "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None],
                 "forwarded": [s.stats.figure_rows_forwarded for s in shard_list],
@@ -96,6 +103,34 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
         for c in clients:
             c.close()
         await agg.stop()
+
+
+def _comm_agrees(got: CommAnswer | None, want: dict[str, Any]) -> str:
+    """Where the shards' summaries' answer (perfd.core.commsummary) differs from the analysis's JSON
+    (collectives_json's): "" where it does not — the exact parts equal, the medians within the sketch's
+    relative error."""
+    near = lambda a, b: a is b or (a is not None and b is not None  # noqa: E731
+                                   and abs(a - b) <= SKETCH_ACCURACY * abs(b) + 1e-12)
+    if got is None:
+        return "no summary"
+    summ = want["summary"]
+    if not (near(got.share, summ["comm_total_share"]) and near(got.weighted, summ["weighted_share"])
+            and got.windows == summ["windows"] and got.ranks == len(summ["comm_share_by_rank"])
+            and got.by_group.keys() == summ["comm_share_by_group"].keys()
+            and all(near(got.by_group[c], v) for c, v in summ["comm_share_by_group"].items())):
+        return f"summary {got} against {summ}"
+    if [a.iteration for a in got.iterations] != [it["iteration"] for it in want["iterations"]]:
+        return f"iterations {[a.iteration for a in got.iterations]}"
+    for a, it in zip(got.iterations, want["iterations"], strict=True):
+        top = sorted(((int(r), v) for r, v in it["share_by_rank"].items()), key=lambda rv: (-rv[1], rv[0]))
+        if not ((a.ranks, a.n_iterations, a.excluded) == (len(it["share_by_rank"]), it["n_iterations"],
+                                                           it["excluded"])
+                and near(a.share, it["share"]) and near(a.window_ms, it["window_ms"])
+                and a.by_group.keys() == it["by_group"].keys()
+                and all(near(a.by_group[c], v) for c, v in it["by_group"].items())
+                and list(a.top) == top[:RANK_RATIO_TOP_K]):
+            return f"iteration {a} against {it}"
+    return ""
 
 
 def test_many_nodes_reduced_through_the_engine_give_the_one_aggregator_answer(tmp_path: Path) -> None:
@@ -187,6 +222,8 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
         # handed on as they came, a flush's rows of one (iteration, rank) merged (settled over provisional)
         sent = sum(a["figure_rows_sent"] for a in out["agents"])
         assert 0 < sum(out["forwarded"]) <= sent, out["forwarded"]
+        # and summarised by partition at the shards: the root's merge of them answers as its analysis
+        assert _comm_agrees(out["comm"], a) == "", _comm_agrees(out["comm"], a)
     elif where == "shards":  # the windows were folded at the shards, from every operation; none at the root
         assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
         assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]

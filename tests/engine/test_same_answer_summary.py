@@ -29,6 +29,7 @@ from perfd.analytics.steps.pipeline import analytic_bubble, stage_idle
 from perfd.analytics.steps.stragglers import STRAGGLER_RATIO, RankOrder, detect
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.model import HOOK_COMPUTE, ParallelLayout, Provenance, StepRecord, TimerValue
+from perfd.core.sketch import SKETCH_ACCURACY, Sketch
 from perfd.core.stepfold import fold_ranks
 from perfd.engine import stepsummary as ss
 from perfd.engine import summary_codec as codec
@@ -42,7 +43,7 @@ from tests.engine.records import RANKS_PER_NODE, job_records
 JOB = "summary-job"
 ITERATIONS = 3
 PP = 4
-A = ss.SKETCH_ACCURACY
+A = SKETCH_ACCURACY
 
 
 def megatron(nodes: int, iterations: int = ITERATIONS, job: str = JOB) -> dict[int, list[list[StepRecord]]]:
@@ -278,16 +279,16 @@ def test_sketch_and_sums_on_random_values() -> None:
         xs = [0.0] * rng.randint(0, 5) + [10 ** rng.uniform(-3, 6) for _ in range(rng.randint(1, 400))]
         xs += xs[: rng.randint(0, 10)]  # ties
         rng.shuffle(xs)
-        one = ss.Sketch()
+        one = Sketch()
         for x in xs:
             one.add(x)
         pieces = []
         for k in range(0, len(xs), 37):
-            p = ss.Sketch()
+            p = Sketch()
             for x in xs[k:k + 37]:
                 p.add(x)
             pieces.append(p)
-        merged = ss.Sketch()
+        merged = Sketch()
         for p in reversed(pieces):
             merged.merge(p)
         assert (merged.bins, merged.zeros) == (one.bins, one.zeros)

@@ -10,6 +10,7 @@ from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
 from perfd.core.limits import Limits
 from perfd.core.refusals import Refusals
+from perfd.core.sketch import rank_hash
 from perfd.engine import stepsummary as ss
 from perfd.engine import subjects as S
 from perfd.engine import summary_codec as codec
@@ -182,16 +183,16 @@ def test_a_node_message_in_two_holders_summaries_is_not_shown_and_holders_are_bo
 
 def test_a_summarys_rank_hash_adds_under_a_disjoint_union_and_tells_a_rank_twice_from_the_set() -> None:
     mask = (1 << 64) - 1
-    assert ss.rank_hash(range(100_000)) == (ss.rank_hash(range(0, 60_000, 2)) + ss.rank_hash(
-        range(1, 60_000, 2)) + ss.rank_hash(range(60_000, 100_000))) & mask
+    assert rank_hash(range(100_000)) == (rank_hash(range(0, 60_000, 2)) + rank_hash(
+        range(1, 60_000, 2)) + rank_hash(range(60_000, 100_000))) & mask
     # rank 7 twice, rank 9 missing, or two ranks swapped for two others of the same sum: not the set's
-    assert ss.rank_hash([*range(9), 7, *range(10, 16)]) != ss.rank_hash(range(16))
-    assert ss.rank_hash([0, 1, 2, 3, 4, 4, 7]) != ss.rank_hash([0, 1, 2, 3, 5, 6, 4])
+    assert rank_hash([*range(9), 7, *range(10, 16)]) != rank_hash(range(16))
+    assert rank_hash([0, 1, 2, 3, 4, 4, 7]) != rank_hash([0, 1, 2, 3, 5, 6, 4])
     # the summaries carry it through the wire and their merge
     p = _partial(0, 1)
     assert p.fold is not None
     one = ss.summarize(JOB, 1, p.fold, None)
-    assert one.ranks_hash == ss.rank_hash(p.ranks) == codec.from_pb(_pb(one)).ranks_hash
+    assert one.ranks_hash == rank_hash(p.ranks) == codec.from_pb(_pb(one)).ranks_hash
 
 
 def _pb(s: ss.StepSummary) -> pb.StepSummary:

@@ -28,6 +28,7 @@ from perfd.core.jobinfo_json import job_info_to_json
 from perfd.core.limits import Limits
 from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout, StepRecord
 from perfd.core.refusals import Refusals
+from perfd.core.sketch import SKETCH_ACCURACY
 from perfd.core.stepfold import fold_ranks
 from perfd.engine import stepsummary as ss
 from perfd.engine import subjects as S
@@ -49,7 +50,7 @@ NODES, ITERATIONS, SHARDS, PARTITIONS = 125, 6, 2, 8
 WORLD = NODES * RANKS_PER_NODE
 LAYOUT = ParallelLayout(world_size=WORLD, tp=1, pp=PP, dp=WORLD // PP, cp=1)
 INFO = JobInfo(framework=HOOK_FRAMEWORK, spec=ModelSpec(dtype="bf16"), layout=LAYOUT)
-A = ss.SKETCH_ACCURACY
+A = SKETCH_ACCURACY
 
 
 def _agent(n: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfd.analytics.collectives.groups import DEFAULT_INTER_NODE_LINK, DEFAULT_ORDER
+from perfd.core import limits as L
 
 FR = "flight_recorder"
 INSPECTOR = "nccl_inspector"
@@ -22,7 +23,7 @@ class CollectiveConfig:
     inter_node_busbw_gbs: float | None = None
     min_bandwidth_bytes: int = 64 << 20
     low_bandwidth_fraction: float = 0.5
-    recent_windows: int = 50  # the summary is over the latest complete windows of each rank
+    recent_windows: int = L.COMM_RECENT_WINDOWS  # the summary: over the latest complete windows a rank
     straggler_min_ops: int = 20
     order: str = DEFAULT_ORDER
-    max_iterations_out: int = 100
+    max_iterations_out: int = L.COMM_ITERATIONS_OUT

@@ -10,13 +10,15 @@ ranks.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from perfd.analytics.collectives.collective_windows import StepWindow
+from perfd.core.winfigures import ABSENT, RankWindow
 
 Figure = tuple[StepWindow, int, dict[str, int]]  # a window, the union of its intervals, per class
+WindowKey = tuple[int, int, int, int, str | None]  # a StepWindow's fields: one object a window
 
 
 def median(xs: Sequence[float]) -> float | None:
@@ -75,3 +77,17 @@ def rank_shares(figures: Sequence[Figure], recent_windows: int) -> RankShares:
         len(recent), median([c / sp for (_, c, _), sp in pairs]) or 0.0,
         sum(c for _, c, _ in recent) / sum(spans),
         {c: median([by.get(c, 0) / sp for (_, _, by), sp in pairs]) or 0.0 for c in sorted(seen)}))
+
+
+def outside_figures(iteration: int, rows: Iterable[RankWindow], shared: dict[WindowKey, StepWindow],
+                    out: dict[int, list[Figure]]) -> None:
+    """Rows of ``iteration`` made elsewhere (an agent's or a shard's fold) as each rank's figures, added
+    to ``out`` (an uncovered row left out); ``shared``: one window object a window, across calls."""
+    for f in rows:
+        if f.comm_ns == ABSENT:
+            continue
+        key = (iteration, f.start_ns, f.end_ns, f.n_iterations, f.excluded)
+        w = shared.get(key)
+        if w is None:
+            w = shared[key] = StepWindow(*key)
+        out.setdefault(f.rank, []).append((w, f.comm_ns, dict(f.by)))

@@ -58,7 +58,7 @@ from perfd.analytics.collectives.collective_windows import (
 )
 from perfd.analytics.collectives.fold_counts import FoldCounts
 from perfd.analytics.collectives.groups import classify_group
-from perfd.analytics.collectives.rank_shares import Figure
+from perfd.analytics.collectives.rank_shares import Figure, WindowKey, outside_figures
 from perfd.core import limits as L
 from perfd.core.collfold import GroupRef, OpKey, OpRow, Retention, op_key
 from perfd.core.model import ParallelLayout, StepRecord
@@ -566,16 +566,9 @@ class FoldView:
                 if block.comm[i] != ABSENT:
                     by = {c: col[i] for c, col in cols if col[i] != ABSENT}
                     out.setdefault(block.ranks[i], []).append((block.windows[i], block.comm[i], by))
-        shared: dict[tuple[int, int, int, int, str | None], StepWindow] = {}  # one window object a window
+        shared: dict[WindowKey, StepWindow] = {}  # one window object a window
         for it in sorted(self.outside):
-            for f in self.outside[it]:
-                if f.comm_ns == ABSENT:
-                    continue
-                key = (it, f.start_ns, f.end_ns, f.n_iterations, f.excluded)
-                w = shared.get(key)
-                if w is None:
-                    w = shared[key] = StepWindow(*key)
-                out.setdefault(f.rank, []).append((w, f.comm_ns, dict(f.by)))
+            outside_figures(it, self.outside[it], shared, out)
         if self.outside and self.blocks:  # a rank folded here and elsewhere: its windows in order
             for figs in out.values():
                 figs.sort(key=lambda f: f[0].start_ns)

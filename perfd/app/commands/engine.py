@@ -136,12 +136,16 @@ def _nats_missing(prog: str) -> bool:
 
 
 def make_shard(cfg: EngineConfig, shard_id: str, replicas: int = 1) -> Shard:
-    """A shard with the collective window fold wired in: the engine imports nothing of the analytics
-    (tests/test_layering.py), so the command, which sees every layer, hands the fold to it."""
+    """A shard with the collective window fold and the communication summaries wired in: the engine
+    imports nothing of the analytics (tests/test_layering.py), so the command, which sees every layer,
+    hands them to it."""
+    from perfd.analytics.collectives.comm_summary import summarize
     from perfd.analytics.collectives.shardfold import ShardCollectives
     from perfd.engine.shard import Shard
+    from perfd.engine.shard_comm import ShardComm
 
-    return Shard(cfg, shard_id, replicas=replicas, collectives=ShardCollectives())
+    comm = ShardComm(summarize, L.COMM_RECENT_WINDOWS, L.COMM_ITERATIONS_OUT)  # as the root's analysis
+    return Shard(cfg, shard_id, replicas=replicas, collectives=ShardCollectives(), comm=comm)
 
 
 def _shard(args: argparse.Namespace) -> int:

@@ -426,7 +426,7 @@ class Partial(_message.Message):
     def __init__(self, job: _Optional[str] = ..., iteration: _Optional[int] = ..., fold: _Optional[_Union[StepRecord, _Mapping]] = ..., ranks_le: _Optional[bytes] = ..., job_level: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., messages: _Optional[_Iterable[str]] = ..., new_run: _Optional[bool] = ...) -> None: ...
 
 class EngineBatch(_message.Message):
-    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials", "window_figures", "collectives_folded", "to_partition", "step_summaries")
+    __slots__ = ("id", "sender", "created_ns", "partials", "job_info_json", "records", "collective_partials", "window_figures", "collectives_folded", "to_partition", "step_summaries", "comm_summaries")
     class JobInfoJsonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +445,7 @@ class EngineBatch(_message.Message):
     COLLECTIVES_FOLDED_FIELD_NUMBER: _ClassVar[int]
     TO_PARTITION_FIELD_NUMBER: _ClassVar[int]
     STEP_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    COMM_SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     id: str
     sender: str
     created_ns: int
@@ -456,7 +457,8 @@ class EngineBatch(_message.Message):
     collectives_folded: bool
     to_partition: bool
     step_summaries: _containers.RepeatedCompositeFieldContainer[StepSummary]
-    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ...) -> None: ...
+    comm_summaries: _containers.RepeatedCompositeFieldContainer[CommSummary]
+    def __init__(self, id: _Optional[str] = ..., sender: _Optional[str] = ..., created_ns: _Optional[int] = ..., partials: _Optional[_Iterable[_Union[Partial, _Mapping]]] = ..., job_info_json: _Optional[_Mapping[str, str]] = ..., records: _Optional[_Union[Batch, _Mapping]] = ..., collective_partials: _Optional[_Iterable[_Union[CollectivePartial, _Mapping]]] = ..., window_figures: _Optional[_Iterable[_Union[WindowFigures, _Mapping]]] = ..., collectives_folded: _Optional[bool] = ..., to_partition: _Optional[bool] = ..., step_summaries: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., comm_summaries: _Optional[_Iterable[_Union[CommSummary, _Mapping]]] = ...) -> None: ...
 
 class StepSummary(_message.Message):
     __slots__ = ("version", "job", "iteration", "partition", "epoch", "seq", "ranks_in", "ranks_expected", "slowest", "end_time", "has_end", "armed", "new_run", "timers", "stages", "stage_unknown", "extremes", "ranks_hash")
@@ -521,6 +523,74 @@ class ExactSum(_message.Message):
     PARTIALS_FIELD_NUMBER: _ClassVar[int]
     partials: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, partials: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CommSummary(_message.Message):
+    __slots__ = ("version", "job", "partition", "epoch", "seq", "ranks", "ranks_hash", "share", "weighted", "by", "windows", "top_rank", "top_value", "iterations")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_HASH_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTED_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    TOP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TOP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    job: str
+    partition: int
+    epoch: int
+    seq: int
+    ranks: int
+    ranks_hash: int
+    share: Sketch
+    weighted: Sketch
+    by: _containers.RepeatedCompositeFieldContainer[ClassSketch]
+    windows: int
+    top_rank: _containers.RepeatedScalarFieldContainer[int]
+    top_value: _containers.RepeatedScalarFieldContainer[float]
+    iterations: _containers.RepeatedCompositeFieldContainer[CommIteration]
+    def __init__(self, version: _Optional[int] = ..., job: _Optional[str] = ..., partition: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., ranks: _Optional[int] = ..., ranks_hash: _Optional[int] = ..., share: _Optional[_Union[Sketch, _Mapping]] = ..., weighted: _Optional[_Union[Sketch, _Mapping]] = ..., by: _Optional[_Iterable[_Union[ClassSketch, _Mapping]]] = ..., windows: _Optional[int] = ..., top_rank: _Optional[_Iterable[int]] = ..., top_value: _Optional[_Iterable[float]] = ..., iterations: _Optional[_Iterable[_Union[CommIteration, _Mapping]]] = ...) -> None: ...
+
+class ClassSketch(_message.Message):
+    __slots__ = ("name", "sketch")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SKETCH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sketch: Sketch
+    def __init__(self, name: _Optional[str] = ..., sketch: _Optional[_Union[Sketch, _Mapping]] = ...) -> None: ...
+
+class CommIteration(_message.Message):
+    __slots__ = ("iteration", "ranks", "ranks_hash", "share", "window_ms", "by", "n_iterations", "has_excluded", "excluded_rank", "excluded", "top_rank", "top_value")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_HASH_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    N_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_RANK_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    TOP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TOP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    ranks: int
+    ranks_hash: int
+    share: Sketch
+    window_ms: Sketch
+    by: _containers.RepeatedCompositeFieldContainer[ClassSketch]
+    n_iterations: int
+    has_excluded: bool
+    excluded_rank: int
+    excluded: str
+    top_rank: _containers.RepeatedScalarFieldContainer[int]
+    top_value: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, iteration: _Optional[int] = ..., ranks: _Optional[int] = ..., ranks_hash: _Optional[int] = ..., share: _Optional[_Union[Sketch, _Mapping]] = ..., window_ms: _Optional[_Union[Sketch, _Mapping]] = ..., by: _Optional[_Iterable[_Union[ClassSketch, _Mapping]]] = ..., n_iterations: _Optional[int] = ..., has_excluded: _Optional[bool] = ..., excluded_rank: _Optional[int] = ..., excluded: _Optional[str] = ..., top_rank: _Optional[_Iterable[int]] = ..., top_value: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Sketch(_message.Message):
     __slots__ = ("relative_accuracy", "min_key", "counts", "zeros")

@@ -19,19 +19,20 @@ partition's holder can send, in place of its ranks' rows, what the medians are m
   lengths and class shares. A rank without a class counts 0 for it, as in the analysis: a class's
   sketch holds the ranks that have it, and the answer counts the others as zeros.
 
-Each rank's figures are read by perfd.analytics.collectives.rank_shares, as the analysis reads
-them. Merging adds counts and buckets (a join: any order, any grouping gives the same summary);
-which summaries to merge (a holder's newest of each partition) is the reader's.
+A summary is made by perfd.analytics.collectives.comm_summary (each rank's figures read as the
+analysis reads them: perfd.analytics.collectives.rank_shares), sent by the shards (perfd.engine), merged
+and answered at the job's root. Merging adds counts and buckets (a join: any order, any grouping gives
+the same summary); which summaries to merge (a holder's newest of each partition) is the reader's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from perfd.analytics.collectives.rank_shares import Figure, WindowShare, rank_shares
 from perfd.core.limits import RANK_RATIO_TOP_K
-from perfd.engine.stepsummary import Sketch, hashes_joined, rank_hash
+from perfd.core.sketch import Sketch, hashes_joined, rank_hash
+from perfd.core.winfigures import WindowFigures
 
 Top = list[tuple[int, float]]  # (rank, share), the highest share first, the lower rank first on a tie
 
@@ -66,17 +67,19 @@ class IterationPart:
     excluded: tuple[int, str] | None = None  # (the lowest excluded rank, its exclusion)
     top: Top = field(default_factory=list)
 
-    def add(self, rank: int, w: WindowShare) -> None:
+    def add(self, rank: int, share: float, ms: float, by: Mapping[str, float], n_iterations: int,
+            excluded: str | None) -> None:
+        """One rank's window of the iteration."""
         self.ranks += 1
         self.rank_hash = hashes_joined(self.rank_hash, rank_hash((rank,)))
-        self.share.add(w.share)
-        self.window_ms.add(w.ms)
-        for c, v in w.by.items():
+        self.share.add(share)
+        self.window_ms.add(ms)
+        for c, v in by.items():
             self.by.setdefault(c, Sketch()).add(v)
-        self.n_iterations = max(self.n_iterations, w.n_iterations)
-        if w.excluded and (self.excluded is None or rank < self.excluded[0]):
-            self.excluded = (rank, w.excluded)
-        self.top = _top([*self.top, (rank, w.share)])
+        self.n_iterations = max(self.n_iterations, n_iterations)
+        if excluded and (self.excluded is None or rank < self.excluded[0]):
+            self.excluded = (rank, excluded)
+        self.top = _top([*self.top, (rank, share)])
 
     def merge(self, o: IterationPart) -> None:
         self.ranks += o.ranks
@@ -108,6 +111,18 @@ class CommSummary:
     top: Top = field(default_factory=list)
     iterations: dict[int, IterationPart] = field(default_factory=dict)
 
+    def add_rank(self, rank: int, share: float, weighted: float, by: Mapping[str, float],
+                 windows: int) -> None:
+        """One rank's medians over its ``windows`` recent windows."""
+        self.ranks += 1
+        self.rank_hash = hashes_joined(self.rank_hash, rank_hash((rank,)))
+        self.share.add(share)
+        self.weighted.add(weighted)
+        for c, v in by.items():
+            self.by.setdefault(c, Sketch()).add(v)
+        self.windows = max(self.windows, windows)
+        self.top = _top([*self.top, (rank, share)])
+
     def merge(self, o: CommSummary) -> None:
         """``o`` (another partition's, or another holder's) added in."""
         self.ranks += o.ranks
@@ -121,30 +136,9 @@ class CommSummary:
             self.iterations.setdefault(it, IterationPart()).merge(part)
 
 
-def summarize(job: str, figures: Mapping[int, Sequence[Figure]], recent_windows: int, keep_iterations: int,
-              partition: int = 0, epoch: int = 0, seq: int = 0) -> CommSummary:
-    """The summary of a partition's ranks' complete windows (rank -> its figures in window order, as
-    perfd.analytics.collectives.winfold.FoldView.figures gives them), each rank's medians over its newest
-    ``recent_windows`` not excluded, the newest ``keep_iterations`` iterations."""
-    out = CommSummary(job, partition, epoch, seq)
-    its: dict[int, IterationPart] = {}
-    for rank in sorted(figures):
-        rs = rank_shares(figures[rank], recent_windows)
-        for w in rs.windows:
-            its.setdefault(w.iteration, IterationPart()).add(rank, w)
-        r = rs.recent
-        if r is None:
-            continue
-        out.ranks += 1
-        out.rank_hash = hashes_joined(out.rank_hash, rank_hash((rank,)))
-        out.share.add(r.share)
-        out.weighted.add(r.weighted)
-        for c, v in r.by_group.items():
-            out.by.setdefault(c, Sketch()).add(v)
-        out.windows = max(out.windows, r.windows)
-        out.top = _top([*out.top, (rank, r.share)])
-    out.iterations = {it: its[it] for it in sorted(its)[-keep_iterations:]} if keep_iterations > 0 else {}
-    return out
+# How a summary is made of a partition's rows (perfd.analytics.collectives.comm_summary.summarize, handed
+# to the shard): (job, iteration -> its rows, recent windows, iterations kept, partition, epoch, seq).
+Summarize = Callable[[str, Mapping[int, WindowFigures], int, int, int, int, int], "CommSummary"]
 
 
 def merge(summaries: Iterable[CommSummary]) -> CommSummary | None:
