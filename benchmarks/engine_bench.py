@@ -101,8 +101,9 @@ SETTLE_READS = 20
 ROOT_COUNTERS = ("complete", "node_messages", "redelivered", "late", "batches", "partials", "undecodable",
                  "collectives", "collectives_folded", "figure_rows", "node_records_messages",
                  "records_skipped", "partials_skipped", "events_skipped", "leadership_lost")
-SHARD_COUNTERS = ("id", "partitions", "node_messages", "batches_published", "publish_errors", "leases_taken",
-                  "leases_lost", "consumer_restarts", "takeover_waits", "figure_rows_forwarded", "windows")
+SHARD_COUNTERS = ("id", "partitions", "node_messages", "delivered_again", "batches_published",
+                  "publish_errors", "leases_taken", "leases_lost", "consumer_restarts", "takeover_waits",
+                  "figure_rows_forwarded", "windows", "comm_summaries_published", "comm")
 # ``--collectives``: each rank's collective operations an iteration (benchmarks.collectives_bench's job:
 # COLLECTIVE_OPS tensor-parallel all-reduces, one data-parallel all-reduce and a world barrier)
 COLLECTIVE_OPS = 4
@@ -896,6 +897,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             shf = [_read_json(f) for f in stats_files]
 
         final_rows = _settled_rows(job_url)
+        comm = ef.get("comm_answers") or {}
         figs = {w.name: w.figures() for w in watched}
         busy = _busy(m1) - _busy(m0)
         ours = sum(f["cpu_cores"] for f in figs.values())
@@ -979,6 +981,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                       "all_complete": ef.get("complete", 0) >= countable,
                       "node_messages_equal_published": ef.get("node_messages") == total_pub},
             "engine_consumers": consumers,
+            # the shards' communication-share summaries as the root merged them (perfd.engine.root_comm):
+            # its counters, and per job the ranks, partitions and job-level shares (not the iterations)
+            "comm_answers": {"counts": comm.get("counts"),
+                             "jobs": {j: {k: v for k, v in a.items() if k != "iterations"}
+                                      for j, a in (comm.get("jobs") or {}).items()}},
         }
         if keep:
             out["dir"] = str(tmp)

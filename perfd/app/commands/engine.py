@@ -180,7 +180,9 @@ def _shard(args: argparse.Namespace) -> int:
             if args.stats_file:  # whole or not at all: written beside, then renamed
                 tmp = Path(args.stats_file + ".tmp")
                 windows = shard.windows.stats.__dict__ if shard.windows is not None else {}
-                tmp.write_text(json.dumps({"id": shard.id, **shard.stats.to_json(), "windows": windows}))
+                comm = shard.comm.stats.__dict__ if shard.comm is not None else {}
+                tmp.write_text(json.dumps({"id": shard.id, **shard.stats.to_json(), "windows": windows,
+                                           "comm": comm}))
                 tmp.replace(args.stats_file)
         task.result()
 
