@@ -412,7 +412,7 @@ class Shard:
         for f in d.figures_pb:
             self._forward.setdefault(f.job, []).append(f)
         if self.comm is not None and d.figures_pb:
-            self.comm.fold_in(d.figures_pb, partition)
+            self.comm.fold_in(d.figures_pb, partition, delivered)
         if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 

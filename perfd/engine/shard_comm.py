@@ -6,9 +6,9 @@ Per (job, partition) the rows are held as the root's fold holds what it receives
 (perfd.analytics.collectives.winfold.WindowFold.add_figures: a join by (iteration, rank), a settled row
 over a provisional one, the newest ``keep`` iterations within MAX_FIGURE_ROWS_PER_JOB rows), so that a
 summary is made of the rows the root's analysis would read of these ranks. Making one reads every row
-held (each rank's recent windows: perfd.analytics.collectives.rank_shares), so a (job, partition) is
-summarised again no sooner than ANALYSIS_COST_FACTOR times what its last summary took, as the root's
-analysis is run again (perfd.aggregator.collectives), and only when rows came since.
+held (each rank's recent windows: perfd.analytics.collectives.rank_shares), so a job's partitions are
+summarised again no sooner than COST_FACTOR times what their last summaries took together, as the
+root's analysis is run again (perfd.aggregator.collectives), each only when rows came since.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from perfd.core import commsummary as cs
 from perfd.core import limits as L
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import comm_codec, figures_codec
-from perfd.engine.shard_summaries import holder_epoch
+from perfd.engine.shard_summaries import IDLE_FORGET_S, holder_epoch
 from perfd.transport.gen import perfd_pb2 as pb
 
 # A (job, partition)'s summary is made again no sooner than this many times what the last took: the
@@ -39,8 +39,8 @@ class _Held:
     joins: dict[int, WindowFigures] = field(default_factory=dict)  # iteration -> its rows
     rows: int = 0
     changed: bool = False
-    due: float = 0.0  # monotonic time before which it is not summarised again
     seq: int = 0
+    seen: float = 0.0  # monotonic time its last rows came
 
 
 @dataclass
@@ -64,13 +64,16 @@ class ShardComm:
         self.max_rows = L.MAX_FIGURE_ROWS_PER_JOB
         self._cpu = cpu
         self.held: dict[tuple[str, int], _Held] = {}
+        self._due: dict[str, float] = {}  # job -> monotonic time before which it is not summarised again
         self.stats = CommStats()
 
-    def fold_in(self, figures: list[pb.WindowFigures], partition: int) -> None:
-        """An agent's figures (checked: perfd.engine.figures_codec.check) into its partition's rows."""
+    def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float) -> None:
+        """An agent's figures (checked: perfd.engine.figures_codec.check) into its partition's rows
+        (``now``: time.monotonic())."""
         for m in figures:
             figs = figures_codec.from_pb(m)
             h = self.held.setdefault((figs.job, partition), _Held())
+            h.seen = now
             for (it, _rank), w in figs.rows.items():
                 join = h.joins.get(it)
                 if join is None:
@@ -91,21 +94,32 @@ class ShardComm:
             self.stats.rows_evicted += gone
 
     def take(self, now: float) -> CommSummaries:
-        """By job, the summaries due: of each (job, partition) that took rows since its last, once its
-        cadence allows (``now``: time.monotonic())."""
+        """By job, the summaries due: of each of its partitions that took rows since its last, once the
+        job's cadence allows (``now``: time.monotonic()). The cadence is the job's, all its partitions'
+        summaries' cost together: per partition, a shard holding four of a 100,000-rank job's spent a
+        third of a core on them (0.65 s of CPU each) and fell behind its node messages."""
+        seen: dict[str, float] = {}
+        for (job, _), h in self.held.items():
+            seen[job] = max(seen.get(job, 0.0), h.seen)
+        for job in [j for j, t in seen.items() if now - t > IDLE_FORGET_S]:
+            self.forget(job)  # what it holds is its live jobs', as the step summaries (shard_summaries)
         out: CommSummaries = {}
+        spent: dict[str, float] = {}
         for (job, partition), h in self.held.items():
-            if not h.changed or now < h.due:
+            if not h.changed or now < self._due.get(job, 0.0):
                 continue
             t0 = self._cpu()
             h.seq += 1
             s = self._summarize(job, h.joins, self.recent_windows, self.iterations_out, partition, self.epoch,
                                 h.seq)
             took = self._cpu() - t0
-            h.changed, h.due = False, now + max(MIN_EVERY_S, COST_FACTOR * took)
+            h.changed = False
+            spent[job] = spent.get(job, 0.0) + took
             self.stats.summaries += 1
             self.stats.summary_cpu_s += took
             out.setdefault(job, []).append(s)
+        for job, took in spent.items():
+            self._due[job] = now + max(MIN_EVERY_S, COST_FACTOR * took)
         return out
 
     def again(self, summaries: CommSummaries) -> None:
@@ -114,11 +128,13 @@ class ShardComm:
             for s in ss:
                 h = self.held.get((job, s.partition))
                 if h is not None:
-                    h.changed, h.due = True, 0.0
+                    h.changed = True
+            self._due.pop(job, None)
 
     def forget(self, job: str) -> None:
         for key in [k for k in self.held if k[0] == job]:
             del self.held[key]
+        self._due.pop(job, None)
 
 
 def comm_messages(summaries: CommSummaries, next_id: Callable[[], str], sender: str

@@ -16,6 +16,7 @@ from perfd.core.winfigures import RankWindow
 from perfd.engine import comm_codec, figures_codec
 from perfd.engine.root_comm import RootComm
 from perfd.engine.shard_comm import COST_FACTOR, MIN_EVERY_S, ShardComm, comm_messages
+from perfd.engine.shard_summaries import IDLE_FORGET_S
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.test_comm_summary import JOB, _job, _joins
 
@@ -78,8 +79,8 @@ def test_a_shard_summarises_its_partitions_rows_as_they_are_and_then_at_its_cade
     # each message twice, the second a provisional row of each window over a settled one: no change
     provisional = {it: [w._replace(settled=False, comm_ns=w.comm_ns + 1) for w in ws]
                    for it, ws in rows.items()}
-    comm.fold_in(_pb(rows, part) + _pb(provisional, part), partition=3)
-    comm.fold_in(_pb(rows, {0}), partition=1)
+    comm.fold_in(_pb(rows, part) + _pb(provisional, part), partition=3, now=90.0)
+    comm.fold_in(_pb(rows, {0}), partition=1, now=90.0)
     got = comm.take(now=100.0)
     mine = {s.partition: s for s in got[JOB]}
     want = summarize(JOB, _joins(rows, part), RECENT, OUT, partition=3, epoch=comm.epoch, seq=1)
@@ -87,9 +88,9 @@ def test_a_shard_summarises_its_partitions_rows_as_they_are_and_then_at_its_cade
     assert comm.stats.summaries == 2 and comm.stats.summary_cpu_s == pytest.approx(0.5)
     assert comm.take(now=100.0) == {}  # nothing came since
     newer = next(w for w in rows[11] if w.rank in part)
-    comm.fold_in(_pb({11: [newer._replace(basis=newer.basis + 1)]}, part), partition=3)  # a newer fold's
-    due = 100.0 + max(MIN_EVERY_S, COST_FACTOR * 0.25)
-    assert comm.take(now=due - 0.01) == {}  # its last took 0.25 s: not again before 2.5 s
+    comm.fold_in(_pb({11: [newer._replace(basis=newer.basis + 1)]}, part), partition=3, now=100.0)  # newer
+    due = 100.0 + max(MIN_EVERY_S, COST_FACTOR * 0.5)
+    assert comm.take(now=due - 0.01) == {}  # the job's two took 0.5 s together: not again before 5 s
     again = comm.take(now=due)
     assert [s.seq for s in again[JOB]] == [2]
 
@@ -97,7 +98,7 @@ def test_a_shard_summarises_its_partitions_rows_as_they_are_and_then_at_its_cade
 def test_a_shard_keeps_the_newest_iterations_and_summarises_again_what_it_could_not_send() -> None:
     rows = _job(8, 30, seed=4)
     comm = ShardComm(summarize, 5, 10)  # keeps max(5, 10) iterations, as the root's fold would
-    comm.fold_in(_pb(rows), partition=0)
+    comm.fold_in(_pb(rows), partition=0, now=0.0)
     assert comm.stats.rows_evicted == sum(len(rows[it]) for it in range(20))
     sent = comm.take(now=0.0)
     assert sorted(sent[JOB][0].iterations) == list(range(20, 30))
@@ -107,6 +108,8 @@ def test_a_shard_keeps_the_newest_iterations_and_summarises_again_what_it_could_
     assert [(job, bid) for job, bid, _ in out] == [(JOB, "b1")]
     b = pb.EngineBatch.FromString(out[0][2])
     assert b.sender == "shard-x" and comm_codec.from_pb(b.comm_summaries[0]).seq == 2
+    comm.take(now=IDLE_FORGET_S + 0.01)  # no rows of it since: let go of
+    assert comm.held == {}
 
 
 def test_the_root_keeps_each_holders_newest_and_merges_holders() -> None:
@@ -139,7 +142,7 @@ def test_rows_in_any_order_and_pieces_summarise_alike() -> None:
             piece: dict[int, list[RankWindow]] = {}
             for it, w in flat[k:k + 37]:
                 piece.setdefault(it, []).append(w)
-            comm.fold_in(_pb(piece), partition=0)
+            comm.fold_in(_pb(piece), partition=0, now=0.0)
         (s,) = comm.take(now=0.0)[JOB]
         got.append(dataclasses.replace(s, epoch=0))
     assert got[0] == got[1] == got[2] and got[0].ranks == 29  # the last rank's windows all excluded
