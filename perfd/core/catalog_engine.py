@@ -93,6 +93,8 @@ SHARD: tuple[Row, ...] = (
      "Messages those partials went out in", ()),
     ("perfd_engine_shard_summaries_published_total", "counter", "count",
      "Partition step summaries the shard published", ()),
+    ("perfd_engine_shard_comm_summaries_published_total", "counter", "count",
+     "Partition communication-share summaries the shard published (of the figures its agents folded)", ()),
     ("perfd_engine_shard_publish_errors_total", "counter", "count",
      "Publishes the engine did not acknowledge (their node messages left unacknowledged: delivered again)",
      ()),

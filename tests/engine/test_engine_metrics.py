@@ -117,8 +117,8 @@ def test_no_stream_series_before_the_engine_was_read() -> None:
 def test_the_shard_exports_its_stats_exactly() -> None:
     st = ShardStats(node_messages=50, delivered_again=9, undecodable=1, partials_published=20,
                     batches_published=6, publish_errors=2, leases_taken=4, leases_lost=1, consumer_restarts=3,
-                    takeover_waits=2,
-                    summaries_published=17, partitions=[0, 3, 5], job_infos_read=5, job_info_put_errors=7)
+                    takeover_waits=2, summaries_published=17, comm_summaries_published=11,
+                    partitions=[0, 3, 5], job_infos_read=5, job_info_put_errors=7)
     got = {k: v for k, v in _exposed(ShardMetrics(lambda: st)).items()
            if k[0].startswith("perfd_engine_") and not k[0].endswith("_created")}
     assert got == {
@@ -133,6 +133,7 @@ def test_the_shard_exports_its_stats_exactly() -> None:
         ("perfd_engine_shard_consumer_restarts_total", ()): 3.0,
         ("perfd_engine_shard_takeover_waits_total", ()): 2.0,
         ("perfd_engine_shard_summaries_published_total", ()): 17.0,
+        ("perfd_engine_shard_comm_summaries_published_total", ()): 11.0,
         ("perfd_engine_shard_partitions_held", ()): 3.0,
         ("perfd_engine_shard_job_infos_read_total", ()): 5.0,
         ("perfd_engine_shard_job_info_put_errors_total", ()): 7.0,
