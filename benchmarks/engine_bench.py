@@ -721,7 +721,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
                log: bool = False, collectives: bool = False, fold_at_agents: bool = False,
                profile_root: Path | None = None, root_switch_ms: float | None = None,
-               share_every_s: float | None = None) -> dict[str, Any]:
+               share_every_s: float | None = None, comm_summaries: bool = False) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -754,7 +754,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                      sampled=profile_root)
         stats_files = [tmp / f"shard-{i}.json" for i in range(shards)]
         shard_procs = [spawn(f"shard-{i}", ["shard", *eng, "--id", f"bench-shard-{i}", "--stats-file",
-                                            str(stats_files[i]), "--stats-interval", "0.5"])
+                                            str(stats_files[i]), "--stats-interval", "0.5",
+                                            *(["--comm-summaries"] if comm_summaries else [])])
                        for i in range(shards)]
         _wait("the root's ready file", lambda: ready_file.read_text().strip(), 60, children)
         http = int(ready_file.read_text().split()[1])
@@ -916,6 +917,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                         "others_cores": round(max(0.0, busy / wall - ours), 3)},
             "config": {"nodes": nodes, "ranks": nodes * RANKS_PER_NODE, "shards": shards, "procs": procs,
                        "log": log, "collectives": collectives, "fold_at_agents": fold_at_agents,
+                       "comm_summaries": comm_summaries,
                        "share_every_iterations": share_every if collectives else None,
                        "partitions": partitions, "iteration_s": iteration_s, "seconds": seconds,
                        "warmup_s": warmup_s, "auth": auth, "tls": tls, "inflight": inflight,
@@ -1072,6 +1074,9 @@ def main(argv: list[str] | None = None) -> int:
                          "figures beside its partial, which the shard hands on (perfd agent's default; the "
                          "load sends a real fold's figures of its first node, moved to each node and "
                          "iteration); without it the operations go to the shard, which folds them")
+    ap.add_argument("--comm-summaries", action="store_true",
+                    help="with --fold-at-agents: the shards summarise the figures per partition for the root "
+                         "(perfd shard --comm-summaries)")
     ap.add_argument("--share-every-s", type=float, metavar="S",
                     help="with --collectives: each node's agent sends the store's share of its operations "
                          "this often, the nodes in turn (default: perfd.engine.shares.SHARE_EVERY_S, what "
@@ -1093,7 +1098,8 @@ def main(argv: list[str] | None = None) -> int:
                      inflight=ns.inflight, drain_s=ns.drain, keep=ns.keep, log=ns.log,
                      collectives=ns.collectives, fold_at_agents=ns.fold_at_agents,
                      profile_root=ns.profile_root.resolve() if ns.profile_root else None,
-                     root_switch_ms=ns.root_gil_switch_ms, share_every_s=ns.share_every_s)
+                     root_switch_ms=ns.root_gil_switch_ms, share_every_s=ns.share_every_s,
+                     comm_summaries=ns.comm_summaries)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

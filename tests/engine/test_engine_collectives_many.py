@@ -63,7 +63,7 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
                                       engine_root_id="root-a"))
     await agg.start()
     stop = asyncio.Event()
-    shard_list = [make_shard(cfg, f"shard-{i}") for i in range(shards)]
+    shard_list = [make_shard(cfg, f"shard-{i}", comm_summaries=at_agents) for i in range(shards)]
     shard_tasks = [asyncio.create_task(s.run(stop)) for s in shard_list]
     clients = [EngineClient(cfg, f"node-{n}/j", node=f"node-{n}", collectives_at_shards=at_shards,
                             window_fold=ShardCollectives() if at_agents else None) for n in range(NODES)]

@@ -135,7 +135,7 @@ def _nats_missing(prog: str) -> bool:
     return False
 
 
-def make_shard(cfg: EngineConfig, shard_id: str, replicas: int = 1) -> Shard:
+def make_shard(cfg: EngineConfig, shard_id: str, replicas: int = 1, comm_summaries: bool = False) -> Shard:
     """A shard with the collective window fold and the communication summaries wired in: the engine
     imports nothing of the analytics (tests/test_layering.py), so the command, which sees every layer,
     hands them to it."""
@@ -144,7 +144,7 @@ def make_shard(cfg: EngineConfig, shard_id: str, replicas: int = 1) -> Shard:
     from perfd.engine.shard import Shard
     from perfd.engine.shard_comm import ShardComm
 
-    comm = ShardComm(summarize, L.COMM_RECENT_WINDOWS, L.COMM_ITERATIONS_OUT)  # as the root's analysis
+    comm = ShardComm(summarize, L.COMM_RECENT_WINDOWS, L.COMM_ITERATIONS_OUT) if comm_summaries else None
     return Shard(cfg, shard_id, replicas=replicas, collectives=ShardCollectives(), comm=comm)
 
 
@@ -158,7 +158,8 @@ def _shard(args: argparse.Namespace) -> int:
         return 2
     from perfd.aggregator.runtime import tune_gc
 
-    shard = make_shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", args.engine_replicas)
+    shard = make_shard(cfg, args.id or f"{socket.gethostname()}-{int(time.time())}", args.engine_replicas,
+                       args.comm_summaries)
     try:
         http = _shard_metrics(shard, args.metrics_host, args.metrics_port)
     except OSError as exc:
@@ -247,6 +248,10 @@ def register(sub: SubParsers) -> None:
     s = sub.add_parser("shard", help="reduce a large job's node messages between the engine and its root")
     s.add_argument("--id", help="this shard's id, unique and stable across its restarts (default: host-time)")
     s.add_argument("--stats-file", metavar="FILE", help="write the shard's counters here (JSON) as it runs")
+    s.add_argument("--comm-summaries", action="store_true",
+                   help="summarise the window figures the agents folded, per partition, for the job's root "
+                        "(/api/stats engine.comm_answers; the root's analysis does not read them yet, and at "
+                        "100,000 ranks they cost each of 4 shards ~0.35 core: docs/scale.md)")
     s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between writes of --stats-file")
     s.add_argument("--metrics-port", type=int, metavar="PORT",
