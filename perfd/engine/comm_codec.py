@@ -73,14 +73,3 @@ def from_pb(m: pb.CommSummary) -> CommSummary:
             _top(im.top_rank, im.top_value))
     return s
 
-
-def encode(s: CommSummary) -> bytes:
-    m = pb.CommSummary()
-    to_pb(s, m)
-    return m.SerializeToString(deterministic=True)
-
-
-def decode(data: bytes) -> CommSummary:
-    m = pb.CommSummary()
-    m.ParseFromString(data)
-    return from_pb(m)

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
@@ -61,6 +61,7 @@ from perfd.transport.record_codec import DecodedEvent
 
 log = logging.getLogger("perfd.engine")
 T = TypeVar("T")
+M = TypeVar("M")
 
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
 INFO_TEXTS_KEPT = 4096  # jobs whose latest info text the root keeps, to pass the same again by
@@ -422,32 +423,25 @@ class Root:
         for data in batch:
             try:
                 b = pb.EngineBatch.FromString(data)
-                ms = b.step_summaries
-                comm.extend(self._comm_summaries(b.comm_summaries))
             except DecodeError as exc:
                 self.stats.undecodable += 1
                 log.warning("engine root %s: a summaries message that does not decode (%s): skipped",
                             self.id, exc)
                 continue
-            for m in ms:
-                try:
-                    got.append(summary_codec.from_pb(m))
-                except ValueError as exc:  # another version, or malformed
-                    self.stats.undecodable += 1
-                    log.warning("engine root %s: a step summary that does not read (%s): skipped",
-                                self.id, exc)
+            got.extend(self._read(b.step_summaries, summary_codec.from_pb, "step summary"))
+            comm.extend(self._read(b.comm_summaries, comm_codec.from_pb, "communication summary"))
         self.summaries.add(got, lambda job: job in self.fold.jobs or self.sink.admit_job(job))
         self.comm.add(comm, lambda job: job in self.fold.jobs or self.sink.admit_job(job))
 
-    def _comm_summaries(self, ms: Sequence[pb.CommSummary]) -> list[CommSummary]:
+    def _read(self, ms: Iterable[M], read: Callable[[M], T], what: str) -> list[T]:
+        """Each of ``ms`` read; one that does not (another version, malformed) counted and skipped."""
         out = []
         for m in ms:
             try:
-                out.append(comm_codec.from_pb(m))
-            except ValueError as exc:  # another version, or malformed
+                out.append(read(m))
+            except ValueError as exc:
                 self.stats.undecodable += 1
-                log.warning("engine root %s: a communication summary that does not read (%s): skipped",
-                            self.id, exc)
+                log.warning("engine root %s: a %s that does not read (%s): skipped", self.id, what, exc)
         return out
 
     def flush(self, every: bool = False) -> None:

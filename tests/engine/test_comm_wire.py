@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import cast
 
 import pytest
 
@@ -14,6 +15,8 @@ from perfd.analytics.collectives.comm_summary import summarize
 from perfd.core import commsummary as cs
 from perfd.core.winfigures import RankWindow
 from perfd.engine import comm_codec, figures_codec
+from perfd.engine import subjects as S
+from perfd.engine.root import Root, RootSink
 from perfd.engine.root_comm import RootComm
 from perfd.engine.shard_comm import COST_FACTOR, MIN_EVERY_S, ShardComm, comm_messages
 from perfd.engine.shard_summaries import IDLE_FORGET_S
@@ -30,9 +33,13 @@ def _summary(seed: int = 1, partition: int = 0, seq: int = 1) -> cs.CommSummary:
 def test_a_summary_reads_back_as_it_was_written() -> None:
     s = _summary()
     assert s.iterations and s.by and s.top
-    data = comm_codec.encode(s)
-    back = comm_codec.decode(data)
-    assert back == s and comm_codec.encode(back) == data
+    m = pb.CommSummary()
+    comm_codec.to_pb(s, m)
+    data = m.SerializeToString(deterministic=True)
+    back = comm_codec.from_pb(pb.CommSummary.FromString(data))
+    again = pb.CommSummary()
+    comm_codec.to_pb(back, again)
+    assert back == s and again.SerializeToString(deterministic=True) == data
     assert cs.answer(back, OUT) == cs.answer(s, OUT)
 
 
@@ -146,3 +153,25 @@ def test_rows_in_any_order_and_pieces_summarise_alike() -> None:
         (s,) = comm.take(now=0.0)[JOB]
         got.append(dataclasses.replace(s, epoch=0))
     assert got[0] == got[1] == got[2] and got[0].ranks == 29  # the last rank's windows all excluded
+
+
+class _Sink:
+    """What the root asks of its sink when it reads summaries: whether it takes a job."""
+
+    def admit_job(self, job: str) -> bool:
+        return job == JOB
+
+
+def test_the_root_reads_what_reads_and_counts_what_does_not() -> None:
+    """A summaries message that does not decode, a communication summary of another version beside a
+    good one, and one of a job the root does not take: the good one held, the bad ones counted."""
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), cast(RootSink, _Sink()), "root-t")
+    b = pb.EngineBatch(id="s:1:1", sender="s")
+    comm_codec.to_pb(_summary(seed=9), b.comm_summaries.add())
+    bad = b.comm_summaries.add()
+    bad.CopyFrom(b.comm_summaries[0])
+    bad.version = 99
+    comm_codec.to_pb(cs.CommSummary("not-taken", 0, 1, 1), b.comm_summaries.add())
+    root.handle_summaries([b"\xff\x00 not an EngineBatch", b.SerializeToString()])
+    assert root.stats.undecodable == 2 and root.comm.counts.refused == 1
+    assert root.comm.answer(JOB) == cs.answer(_summary(seed=9), root.comm.iterations_out)
