@@ -52,10 +52,7 @@ Row = tuple[Mapping[str, str], str, float]
 # its step records and layout, and a call that gives them.
 FoldInputs = tuple[object, Callable[[], tuple[Sequence[StepRecord], ParallelLayout | None]]]
 # A job's analysis that took COSTLY_ANALYSIS_S or more is made again no sooner than
-# ANALYSIS_COST_FACTOR times what it took (unless forced): a 100,000-rank job's takes ~20 s of CPU
-# (perfd bench collectives), which made again as soon as its records changed — every node message —
-# would hold a core. Below it, min_recompute_s alone, as before.
-ANALYSIS_COST_FACTOR = 10
+# limits.ANALYSIS_COST_FACTOR times what it took (unless forced). Below it, min_recompute_s alone.
 COSTLY_ANALYSIS_S = 1.0
 # Before a job's first analysis says what it costs: the operations held from which it is taken to be
 # costly (8,000 ranks' 248,000 took 0.8-8.8 s of CPU, ``perfd bench root-refresh --collectives``).
@@ -102,7 +99,7 @@ class JobCollectives:
 
 class CollectiveStore:
     def __init__(self, max_records_per_job: int = 20_000, max_hang_events: int = 500,
-                 min_recompute_s: float = 0.5, config: CollectiveConfig | None = None,
+                 min_recompute_s: float = L.ANALYSIS_MIN_EVERY_S, config: CollectiveConfig | None = None,
                  max_hang_bytes: int = L.MAX_WHOLE_EVENT_BYTES_PER_JOB,
                  reduced_retention: Retention = REDUCED_RETENTION,
                  job_config: Mapping[str, CollectiveConfig] | None = None,
@@ -312,7 +309,7 @@ class CollectiveStore:
             seq = jc.analyses_begun
         # What it costs, from here: its inputs, the fold's windows and view as well as the analysis (the
         # first at 100,000 ranks spent as long making the windows as analysing), so that its cadence
-        # (ANALYSIS_COST_FACTOR) bounds the whole of it
+        # (limits.ANALYSIS_COST_FACTOR) bounds the whole of it
         began = time.monotonic()
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
@@ -364,7 +361,7 @@ class CollectiveStore:
     def _recompute_after(self, jc: JobCollectives) -> float:
         if jc.analysis_cost < COSTLY_ANALYSIS_S:
             return self.min_recompute_s
-        return max(self.min_recompute_s, ANALYSIS_COST_FACTOR * jc.analysis_cost)
+        return max(self.min_recompute_s, L.ANALYSIS_COST_FACTOR * jc.analysis_cost)
 
     def job_names(self) -> list[str]:
         with self._lock:

@@ -7,13 +7,13 @@ The job's collective analysis reads every rank's window figures (perfd.analytics
 to reading them. What it answers from them is medians across ranks, counts and extremes, so each
 partition's holder can send, in place of its ranks' rows, what the medians are made of:
 
-- exact: the ranks summarised (their count and :func:`perfd.engine.stepsummary.rank_hash`, so that a
+- exact: the ranks summarised (their count and :func:`perfd.core.sketch.rank_hash`, so that a
   merge of holders that counted a rank twice or missed one is told apart), the most recent windows
   any rank has (the analysis's ``n_windows``); per iteration its ranks, its largest
   ``n_iterations``, the exclusion of its lowest excluded rank (the analysis takes the first in rank
   order) and its ``limits.RANK_RATIO_TOP_K`` ranks of the highest share (the lower rank first on a
   tie); the job's top ranks by their recent median share likewise.
-- sketched (perfd.engine.stepsummary.Sketch: DDSketch's logarithmic buckets, each value within
+- sketched (perfd.core.sketch.Sketch: DDSketch's logarithmic buckets, each value within
   SKETCH_ACCURACY of it, relative): the median across ranks of each rank's recent median share, its
   weighted share and its share of each group class; per iteration, of the ranks' shares, window
   lengths and class shares. A rank without a class counts 0 for it, as in the analysis: a class's

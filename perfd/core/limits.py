@@ -122,6 +122,12 @@ MAX_FIGURE_ROWS_PER_JOB = 4_000_000
 # and root summarise and answer over the same: perfd.core.commsummary).
 COMM_RECENT_WINDOWS = 50
 COMM_ITERATIONS_OUT = 100
+# A job's collective analysis (the aggregator's) and its shards' communication summaries are made again
+# no sooner than this many times what the last took: a 100,000-rank job's takes ~20 s of CPU (perfd bench
+# collectives), which made again as soon as its records changed — every node message — would hold a
+# core; and no sooner than ANALYSIS_MIN_EVERY_S after the last.
+ANALYSIS_COST_FACTOR = 10
+ANALYSIS_MIN_EVERY_S = 0.5
 # Retention of each job's step records (perfd.aggregator.jobs keeps the window): the newest
 # RETAIN_ITERATIONS iterations, and no more than RETAIN_BYTES of them (estimated by record_bytes): with
 # per-rank timers a record of a 1,000-rank job holds ~1.3 MB, so iterations alone would let one job

@@ -42,6 +42,9 @@ def hashes_joined(a: int, b: int) -> int:
 
 
 _MAPPING: Final = LogarithmicMapping(SKETCH_ACCURACY)
+# The buckets a value can fall in (the mapping's keys of the least and the greatest it tells apart)
+MIN_KEY: Final = int(_MAPPING.key(_MAPPING.min_possible))
+MAX_KEY: Final = int(_MAPPING.key(_MAPPING.max_possible))
 
 
 class Sketch:

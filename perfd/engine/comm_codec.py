@@ -1,4 +1,4 @@
-"""The wire form of a communication-share summary (perfd.engine.commsummary): protobuf's CommSummary,
+"""The wire form of a communication-share summary (perfd.core.commsummary): protobuf's CommSummary,
 versioned (``VERSION``: a root reads the version it knows, and counts and drops another), in an
 EngineBatch's ``comm_summaries`` on a job's summaries subject (perfd.engine.subjects.summaries_subject).
 Sketches travel as their buckets' counts (perfd.engine.summary_codec), classes and iterations in
@@ -11,6 +11,7 @@ from typing import Final
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from perfd.core import limits as L
 from perfd.core.commsummary import CommSummary, IterationPart, Top
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.sketch import Sketch
@@ -18,6 +19,13 @@ from perfd.engine.summary_codec import sketch_from_pb, sketch_to_pb
 from perfd.transport.gen import perfd_pb2 as pb
 
 VERSION: Final = 1  # CommSummary.version this code writes and reads
+# What one summary may hold (a shard's hold far less): its iterations (a shard keeps the analysis's
+# recent windows' or listed iterations, whichever more), group classes a sketch set, and sketch buckets
+# in all (a share's values span ~700 buckets, a window's length ~1,200). Past them it is refused: a
+# message of 1 MiB read whole could hold a million buckets.
+MAX_ITERATIONS: Final = max(L.COMM_RECENT_WINDOWS, L.COMM_ITERATIONS_OUT)
+MAX_CLASSES: Final = 32
+MAX_BUCKETS: Final = 1 << 18
 
 
 def _classes_to_pb(by: dict[str, Sketch], out: RepeatedCompositeFieldContainer[pb.ClassSketch]) -> None:
@@ -59,9 +67,18 @@ def to_pb(s: CommSummary, m: pb.CommSummary) -> None:
 
 
 def from_pb(m: pb.CommSummary) -> CommSummary:
-    """ValueError for a summary of another version, or malformed (the caller counts and drops it)."""
+    """ValueError for a summary of another version, malformed, or past what a summary holds (the caller
+    counts and drops it)."""
     if m.version != VERSION:
         raise ValueError(f"a communication summary of version {m.version}; this root reads {VERSION}")
+    classes = (m.by, *(i.by for i in m.iterations))
+    if len(m.iterations) > MAX_ITERATIONS or any(len(c) > MAX_CLASSES for c in classes):
+        raise ValueError("a communication summary of more iterations or group classes than a shard sends")
+    sketches = [m.share, m.weighted, *(c.sketch for c in m.by)]
+    for im in m.iterations:
+        sketches += [im.share, im.window_ms, *(c.sketch for c in im.by)]
+    if sum(len(sk.counts) for sk in sketches) > MAX_BUCKETS:
+        raise ValueError("a communication summary of more sketch buckets than a shard sends")
     s = CommSummary(m.job, m.partition, m.epoch, m.seq, m.ranks, m.ranks_hash, sketch_from_pb(m.share),
                     sketch_from_pb(m.weighted), _classes(m.by), m.windows, _top(m.top_rank, m.top_value))
     for im in m.iterations:

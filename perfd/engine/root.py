@@ -94,7 +94,7 @@ class Root:
         self.leader_http: str | None = None
         self.fold = RootFold()
         self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
-        self.comm = RootComm()  # the shards' communication-share summaries (perfd.engine.root_comm)
+        self.comm = RootComm(cfg.partitions)  # the shards' communication-share summaries (root_comm)
         self._info_text: OrderedDict[str, str] = OrderedDict()  # job -> the info it last took in
         # what the summaries were last checked against: jobs the fold forgot, and each job's run
         self._forgotten, self._runs = 0, dict(self.fold.runs)
@@ -403,8 +403,9 @@ class Root:
             for job in list(self.summaries.answers.keys() | self.summaries.fold_jobs()):
                 if job not in self.fold.jobs or self.fold.runs.get(job) != self._runs.get(job):
                     self.summaries.forget(job)
-            for job in [j for j in self.comm.held if j not in self.fold.jobs]:
-                self.comm.forget(job)
+            for job in [j for j in self.comm.held
+                        if j not in self.fold.jobs or self.fold.runs.get(j) != self._runs.get(j)]:
+                self.comm.forget(job)  # gone, or a new run (whose iterations may bear the last run's numbers)
             self._forgotten, self._runs = self.stats.jobs_forgotten, dict(self.fold.runs)
         while self.fold.completed:
             self.summaries.whole(*self.fold.completed.popleft())

@@ -257,6 +257,8 @@ class Shard:
         wait before fetching (shard_windows): those come to it first either way."""
         if self.windows is not None:
             self._hand_back(self.windows.drop(p))
+        if self.comm is not None:
+            self.comm.drop_partition(p)
         self._stops.pop(p, asyncio.Event()).set()
         t = self._tasks.pop(p, None)
         if t is not None:

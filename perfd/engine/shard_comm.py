@@ -1,5 +1,5 @@
 """What a shard keeps of the window figures its partitions' agents folded, and what it sends of them: the
-communication-share summaries (perfd.engine.commsummary) a job's root merges in place of every rank's
+communication-share summaries (perfd.core.commsummary) a job's root merges in place of every rank's
 rows.
 
 Per (job, partition) the rows are held as the root's fold holds what it receives
@@ -7,12 +7,17 @@ Per (job, partition) the rows are held as the root's fold holds what it receives
 over a provisional one, the newest ``keep`` iterations within MAX_FIGURE_ROWS_PER_JOB rows), so that a
 summary is made of the rows the root's analysis would read of these ranks. Making one reads every row
 held (each rank's recent windows: perfd.analytics.collectives.rank_shares), so a job's partitions are
-summarised again no sooner than COST_FACTOR times what their last summaries took together, as the
-root's analysis is run again (perfd.aggregator.collectives), each only when rows came since.
+summarised again no sooner than limits.ANALYSIS_COST_FACTOR times what their last summaries took
+together, as the root's analysis is run again (perfd.aggregator.collectives), each only when rows came
+since — and one partition a take (a flush), so that the shard's loop is held one summary at a time
+(four of a 100,000-rank job's at once held it 2.6 s, past the node messages' hold). A row whose window
+has no length (garbage: no share can be read of it) is refused and counted; a summary that fails is
+logged and counted, never the flush's end.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,12 +29,7 @@ from perfd.engine import comm_codec, figures_codec
 from perfd.engine.shard_summaries import IDLE_FORGET_S, holder_epoch
 from perfd.transport.gen import perfd_pb2 as pb
 
-# A (job, partition)'s summary is made again no sooner than this many times what the last took: the
-# root's analysis's cadence rule (perfd.aggregator.collectives.ANALYSIS_COST_FACTOR), kept equal so
-# that a shard spends on its ranks what the root spent on them.
-COST_FACTOR = 10
-MIN_EVERY_S = 1.0  # ... and no sooner than this after the last
-
+log = logging.getLogger("perfd.engine")
 
 CommSummaries = dict[str, list[cs.CommSummary]]  # by job
 
@@ -39,32 +39,37 @@ class _Held:
     joins: dict[int, WindowFigures] = field(default_factory=dict)  # iteration -> its rows
     rows: int = 0
     changed: bool = False
-    seq: int = 0
     seen: float = 0.0  # monotonic time its last rows came
 
 
 @dataclass
 class CommStats:
     rows_in: int = 0  # rows that went into a join (a row again, or an older one, does not)
+    rows_refused: int = 0  # rows whose window has no length
     rows_evicted: int = 0  # let go with their iteration (older than the kept ones, or past the rows' cap)
     summaries: int = 0  # summaries made
+    summary_errors: int = 0  # summaries that failed (logged; their rows summarised at the job's next turn)
     summary_cpu_s: float = 0.0  # the CPU they took
 
 
 class ShardComm:
     """``summarize``: perfd.analytics.collectives.comm_summary.summarize (``perfd shard`` hands it on);
-    ``recent_windows``, ``iterations_out``: the job's analysis's (its CollectiveConfig's)."""
+    ``recent_windows``, ``iterations_out``: the job's analysis's (limits.COMM_RECENT_WINDOWS, ...)."""
 
     def __init__(self, summarize: cs.Summarize, recent_windows: int, iterations_out: int,
                  cpu: Callable[[], float] = time.thread_time) -> None:
         self.epoch = holder_epoch()
+        self.seq = 0  # this holder's summaries in order, whatever their job or partition
         self._summarize = summarize
         self.recent_windows, self.iterations_out = recent_windows, iterations_out
         self.keep = max(recent_windows, iterations_out)  # the iterations the root's fold keeps
         self.max_rows = L.MAX_FIGURE_ROWS_PER_JOB
         self._cpu = cpu
         self.held: dict[tuple[str, int], _Held] = {}
-        self._due: dict[str, float] = {}  # job -> monotonic time before which it is not summarised again
+        self._due: dict[str, float] = {}  # job -> monotonic time before which no new round begins
+        self._round: dict[str, list[int]] = {}  # job -> its partitions still to summarise this round
+        self._spent: dict[str, float] = {}  # job -> the CPU its round took so far
+        self._unsent: CommSummaries = {}  # made, their publishing failed: sent at the next take
         self.stats = CommStats()
 
     def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float) -> None:
@@ -75,6 +80,9 @@ class ShardComm:
             h = self.held.setdefault((figs.job, partition), _Held())
             h.seen = now
             for (it, _rank), w in figs.rows.items():
+                if w.end_ns <= w.start_ns:
+                    self.stats.rows_refused += 1
+                    continue
                 join = h.joins.get(it)
                 if join is None:
                     join = h.joins[it] = WindowFigures(figs.job)
@@ -94,47 +102,77 @@ class ShardComm:
             self.stats.rows_evicted += gone
 
     def take(self, now: float) -> CommSummaries:
-        """By job, the summaries due: of each of its partitions that took rows since its last, once the
-        job's cadence allows (``now``: time.monotonic()). The cadence is the job's, all its partitions'
-        summaries' cost together: per partition, a shard holding four of a 100,000-rank job's spent a
-        third of a core on them (0.65 s of CPU each) and fell behind its node messages."""
+        """By job, the summaries to send now (``now``: time.monotonic()): those whose publishing failed,
+        and at most one newly made — the next partition of a job's round. A round begins, once the job's
+        cadence allows, with each of its partitions that took rows since its last summary."""
+        self._forget_idle(now)
+        out, self._unsent = self._unsent, {}
+        for job in sorted({j for j, _ in self.held}):
+            pending = self._round.get(job)
+            if not pending:
+                if now < self._due.get(job, 0.0):
+                    continue
+                pending = self._round[job] = sorted(p for (j, p), h in self.held.items()
+                                                    if j == job and h.changed)
+                if not pending:
+                    continue
+            made = self._make(job, pending.pop(0))
+            if not pending:  # the round is over: the next begins after its cost times the factor
+                took = self._spent.pop(job, 0.0)
+                self._due[job] = now + max(L.ANALYSIS_MIN_EVERY_S, L.ANALYSIS_COST_FACTOR * took)
+            if made is not None:
+                out.setdefault(job, []).append(made)
+                break  # one summary a take: the loop held one at a time
+        return out
+
+    def _make(self, job: str, partition: int) -> cs.CommSummary | None:
+        h = self.held.get((job, partition))
+        if h is None:  # let go of since the round began
+            return None
+        h.changed = False
+        t0 = self._cpu()
+        self.seq += 1
+        try:
+            s = self._summarize(job, h.joins, self.recent_windows, self.iterations_out, partition, self.epoch,
+                                self.seq)
+        except Exception:  # rows it cannot read: said, counted, its next rows tried again
+            self.stats.summary_errors += 1
+            log.exception("shard: the communication summary of job %s partition %d failed", job, partition)
+            return None
+        finally:
+            took = self._cpu() - t0
+            self._spent[job] = self._spent.get(job, 0.0) + took
+            self.stats.summary_cpu_s += took
+        self.stats.summaries += 1
+        return s
+
+    def again(self, summaries: CommSummaries) -> None:
+        """Summaries whose publishing failed: sent again at the next take, as they were made."""
+        for job, ss in summaries.items():
+            self._unsent.setdefault(job, []).extend(ss)
+
+    def drop_partition(self, partition: int) -> None:
+        """The partition's lease is gone: its rows are its next holder's to summarise."""
+        for key in [k for k in self.held if k[1] == partition]:
+            del self.held[key]
+        for pending in self._round.values():
+            if partition in pending:
+                pending.remove(partition)
+
+    def _forget_idle(self, now: float) -> None:
+        """A job no rows came for in IDLE_FORGET_S is let go of, as the step summaries let go of theirs
+        (perfd.engine.shard_summaries)."""
         seen: dict[str, float] = {}
         for (job, _), h in self.held.items():
             seen[job] = max(seen.get(job, 0.0), h.seen)
         for job in [j for j, t in seen.items() if now - t > IDLE_FORGET_S]:
-            self.forget(job)  # what it holds is its live jobs', as the step summaries (shard_summaries)
-        out: CommSummaries = {}
-        spent: dict[str, float] = {}
-        for (job, partition), h in self.held.items():
-            if not h.changed or now < self._due.get(job, 0.0):
-                continue
-            t0 = self._cpu()
-            h.seq += 1
-            s = self._summarize(job, h.joins, self.recent_windows, self.iterations_out, partition, self.epoch,
-                                h.seq)
-            took = self._cpu() - t0
-            h.changed = False
-            spent[job] = spent.get(job, 0.0) + took
-            self.stats.summaries += 1
-            self.stats.summary_cpu_s += took
-            out.setdefault(job, []).append(s)
-        for job, took in spent.items():
-            self._due[job] = now + max(MIN_EVERY_S, COST_FACTOR * took)
-        return out
-
-    def again(self, summaries: CommSummaries) -> None:
-        """Summaries whose publishing failed: made again at the next take (from the rows then)."""
-        for job, ss in summaries.items():
-            for s in ss:
-                h = self.held.get((job, s.partition))
-                if h is not None:
-                    h.changed = True
-            self._due.pop(job, None)
+            self.forget(job)
 
     def forget(self, job: str) -> None:
         for key in [k for k in self.held if k[0] == job]:
             del self.held[key]
-        self._due.pop(job, None)
+        for d in (self._due, self._round, self._spent, self._unsent):
+            d.pop(job, None)
 
 
 def comm_messages(summaries: CommSummaries, next_id: Callable[[], str], sender: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from perfd.core.limits import RANK_RATIO_TOP_K
-from perfd.core.sketch import SKETCH_ACCURACY, Sketch
+from perfd.core.sketch import MAX_KEY, MIN_KEY, SKETCH_ACCURACY, Sketch
 from perfd.engine.stepsummary import (
     ExactSum,
     Extreme,
@@ -36,8 +36,12 @@ def sketch_to_pb(sk: Sketch, m: pb.Sketch) -> None:
 
 
 def sketch_from_pb(m: pb.Sketch) -> Sketch:
+    """ValueError for another accuracy, or buckets past the mapping's keys (a value no float has: a
+    garbage key read back as a value raised OverflowError wherever the sketch was read)."""
     if m.relative_accuracy != SKETCH_ACCURACY:
         raise ValueError(f"a sketch of relative accuracy {m.relative_accuracy}, not {SKETCH_ACCURACY}")
+    if m.counts and not (MIN_KEY <= m.min_key and m.min_key + len(m.counts) - 1 <= MAX_KEY):
+        raise ValueError(f"a sketch's buckets {m.min_key}..{m.min_key + len(m.counts) - 1} are past its keys")
     sk = Sketch()
     sk.zeros = m.zeros
     sk.bins = {m.min_key + i: c for i, c in enumerate(m.counts) if c}

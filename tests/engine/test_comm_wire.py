@@ -13,12 +13,13 @@ import pytest
 
 from perfd.analytics.collectives.comm_summary import summarize
 from perfd.core import commsummary as cs
+from perfd.core import limits as L
 from perfd.core.winfigures import RankWindow
 from perfd.engine import comm_codec, figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.root import Root, RootSink
 from perfd.engine.root_comm import RootComm
-from perfd.engine.shard_comm import COST_FACTOR, MIN_EVERY_S, ShardComm, comm_messages
+from perfd.engine.shard_comm import ShardComm, comm_messages
 from perfd.engine.shard_summaries import IDLE_FORGET_S
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.test_comm_summary import JOB, _job, _joins
@@ -43,7 +44,8 @@ def test_a_summary_reads_back_as_it_was_written() -> None:
     assert cs.answer(back, OUT) == cs.answer(s, OUT)
 
 
-@pytest.mark.parametrize("spoil", ["version", "top", "class twice", "iteration twice", "accuracy"])
+@pytest.mark.parametrize("spoil", ["version", "top", "class twice", "iteration twice",
+                                   "key past the mapping's", "too many iterations", "accuracy"])
 def test_a_malformed_summary_is_refused(spoil: str) -> None:
     m = pb.CommSummary()
     comm_codec.to_pb(_summary(), m)
@@ -55,6 +57,11 @@ def test_a_malformed_summary_is_refused(spoil: str) -> None:
         m.by.add().CopyFrom(m.by[0])
     elif spoil == "iteration twice":
         m.iterations.add().CopyFrom(m.iterations[0])
+    elif spoil == "key past the mapping's":
+        m.share.min_key = 40_000  # read back as a value, no float: OverflowError wherever it was read
+    elif spoil == "too many iterations":
+        for k in range(comm_codec.MAX_ITERATIONS):
+            m.iterations.add(iteration=10_000 + k)
     else:
         m.share.relative_accuracy = 0.05
     with pytest.raises(ValueError):
@@ -79,7 +86,7 @@ class _Cpu:
         return self.t
 
 
-def test_a_shard_summarises_its_partitions_rows_as_they_are_and_then_at_its_cadence() -> None:
+def test_a_shard_summarises_its_partitions_rows_one_a_take_and_then_at_the_jobs_cadence() -> None:
     rows = _job(60, 12, seed=2)
     part = {r for r in range(60) if r % 2}
     comm = ShardComm(summarize, RECENT, OUT, cpu=_Cpu())
@@ -88,39 +95,57 @@ def test_a_shard_summarises_its_partitions_rows_as_they_are_and_then_at_its_cade
                    for it, ws in rows.items()}
     comm.fold_in(_pb(rows, part) + _pb(provisional, part), partition=3, now=90.0)
     comm.fold_in(_pb(rows, {0}), partition=1, now=90.0)
-    got = comm.take(now=100.0)
-    mine = {s.partition: s for s in got[JOB]}
-    want = summarize(JOB, _joins(rows, part), RECENT, OUT, partition=3, epoch=comm.epoch, seq=1)
-    assert mine[3] == want and mine[1].ranks == 1
+    first, second = comm.take(now=100.0)[JOB], comm.take(now=100.0)[JOB]  # one a take, partitions in order
+    assert [(s.partition, s.seq) for s in (*first, *second)] == [(1, 1), (3, 2)]
+    want = summarize(JOB, _joins(rows, part), RECENT, OUT, partition=3, epoch=comm.epoch, seq=2)
+    assert second[0] == want and first[0].ranks == 1
     assert comm.stats.summaries == 2 and comm.stats.summary_cpu_s == pytest.approx(0.5)
     assert comm.take(now=100.0) == {}  # nothing came since
     newer = next(w for w in rows[11] if w.rank in part)
-    comm.fold_in(_pb({11: [newer._replace(basis=newer.basis + 1)]}, part), partition=3, now=100.0)  # newer
-    due = 100.0 + max(MIN_EVERY_S, COST_FACTOR * 0.5)
-    assert comm.take(now=due - 0.01) == {}  # the job's two took 0.5 s together: not again before 5 s
-    again = comm.take(now=due)
-    assert [s.seq for s in again[JOB]] == [2]
+    comm.fold_in(_pb({11: [newer._replace(basis=newer.basis + 1)]}, part), partition=3, now=100.0)
+    due = 100.0 + max(L.ANALYSIS_MIN_EVERY_S, L.ANALYSIS_COST_FACTOR * 0.5)
+    assert comm.take(now=due - 0.01) == {}  # the round took 0.5 s together: the next not before 5 s
+    assert [(s.partition, s.seq) for s in comm.take(now=due)[JOB]] == [(3, 3)]
 
 
-def test_a_shard_keeps_the_newest_iterations_and_summarises_again_what_it_could_not_send() -> None:
+def test_a_shard_keeps_the_newest_iterations_and_sends_again_what_it_could_not() -> None:
     rows = _job(8, 30, seed=4)
     comm = ShardComm(summarize, 5, 10)  # keeps max(5, 10) iterations, as the root's fold would
     comm.fold_in(_pb(rows), partition=0, now=0.0)
     assert comm.stats.rows_evicted == sum(len(rows[it]) for it in range(20))
     sent = comm.take(now=0.0)
     assert sorted(sent[JOB][0].iterations) == list(range(20, 30))
-    comm.again(sent)  # its publishing failed
+    comm.again(sent)  # its publishing failed: the same summary goes at the next take, not made again
     ids = iter(["b1", "b2"])
     out = list(comm_messages(comm.take(now=0.0), lambda: next(ids), "shard-x"))
-    assert [(job, bid) for job, bid, _ in out] == [(JOB, "b1")]
+    assert [(job, bid) for job, bid, _ in out] == [(JOB, "b1")] and comm.stats.summaries == 1
     b = pb.EngineBatch.FromString(out[0][2])
-    assert b.sender == "shard-x" and comm_codec.from_pb(b.comm_summaries[0]).seq == 2
+    assert b.sender == "shard-x" and comm_codec.from_pb(b.comm_summaries[0]) == sent[JOB][0]
     comm.take(now=IDLE_FORGET_S + 0.01)  # no rows of it since: let go of
     assert comm.held == {}
 
 
-def test_the_root_keeps_each_holders_newest_and_merges_holders() -> None:
-    root = RootComm(iterations_out=OUT)
+def test_a_shard_refuses_rows_of_no_length_and_survives_a_summary_that_fails() -> None:
+    rows = _job(6, 5, seed=6)
+    w = rows[4][0]
+    rows[4][0] = w._replace(end_ns=w.start_ns)  # garbage: a window of no length
+    comm = ShardComm(summarize, RECENT, OUT)
+    comm.fold_in(_pb(rows), partition=0, now=0.0)
+    assert comm.stats.rows_refused == 1 and len(comm.take(now=0.0)[JOB]) == 1
+
+    def fails(*args: object) -> cs.CommSummary:
+        raise ZeroDivisionError("a row it cannot read")
+
+    broken = ShardComm(fails, RECENT, OUT)
+    broken.fold_in(_pb(rows), partition=0, now=0.0)
+    assert broken.take(now=0.0) == {} and broken.stats.summary_errors == 1
+    broken.fold_in(_pb(rows), partition=2, now=0.0)
+    broken.drop_partition(2)  # its lease is gone: its rows are its next holder's
+    assert [p for _, p in broken.held] == [0]
+
+
+def test_the_root_keeps_each_partitions_newest_and_a_new_holder_replaces_the_former() -> None:
+    root = RootComm(partitions=4, iterations_out=OUT)
     a1, a2 = _summary(seed=5, partition=0, seq=1), _summary(seed=6, partition=0, seq=2)
     b = dataclasses.replace(_summary(seed=7, partition=1, seq=1), epoch=11)
     root.add([a1, a2, a1, b], admit=lambda job: True)
@@ -129,12 +154,19 @@ def test_the_root_keeps_each_holders_newest_and_merges_holders() -> None:
     assert merged is not None and root.answer(JOB) == cs.answer(merged, OUT)
     shown = root.to_json()["jobs"]
     assert isinstance(shown, dict) and shown[JOB]["partitions"] == 2 and len(shown[JOB]["iterations"]) == 4
-    root.add([_summary(partition=0, seq=1)], admit=lambda job: False)  # known job: kept
-    other = cs.CommSummary("other", 0, 1, 1)
-    root.add([other], admit=lambda job: False)
-    assert root.counts.refused == 1 and "other" not in root.held
+    # partition 1's lease moves: the new holder's summary, once it holds a newer iteration, replaces the
+    # former's (added, its ranks would count twice); the former's delivered again does not take it back
+    moved = dataclasses.replace(b, epoch=12, seq=1,
+                                iterations={**b.iterations, 99: next(iter(b.iterations.values()))})
+    root.add([moved, b], admit=lambda job: True)
+    assert root.counts.holders_replaced == 1 and root.counts.stale == 2 and root.held[JOB][1] is moved
+    merged = cs.merge([a2, moved])
+    assert merged is not None and root.answer(JOB) == cs.answer(merged, OUT)
+    root.add([_summary(partition=4, seq=9)], admit=lambda job: True)  # no such partition
+    root.add([cs.CommSummary("other", 0, 1, 1)], admit=lambda job: False)
+    assert root.counts.refused == 2 and "other" not in root.held
     root.forget(JOB)
-    assert root.answer(JOB) is None
+    assert root.answer(JOB) is None and root.to_json()["jobs"] == {}
 
 
 def test_rows_in_any_order_and_pieces_summarise_alike() -> None:
@@ -165,7 +197,7 @@ class _Sink:
 def test_the_root_reads_what_reads_and_counts_what_does_not() -> None:
     """A summaries message that does not decode, a communication summary of another version beside a
     good one, and one of a job the root does not take: the good one held, the bad ones counted."""
-    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), cast(RootSink, _Sink()), "root-t")
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",), partitions=4), cast(RootSink, _Sink()), "root-t")
     b = pb.EngineBatch(id="s:1:1", sender="s")
     comm_codec.to_pb(_summary(seed=9), b.comm_summaries.add())
     bad = b.comm_summaries.add()

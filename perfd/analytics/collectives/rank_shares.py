@@ -2,7 +2,7 @@
 per group class, and the medians over the rank's recent windows the job's summary is made of. Pure.
 
 The one place this is computed: the job's analysis (perfd.analytics.collectives.collective_analysis)
-reads every rank's shares from here, and the engine's shards (perfd.engine.commsummary) summarise their
+reads every rank's shares from here, and the engine's shards (perfd.core.commsummary) summarise their
 ranks' from here, so that the two answers differ only where a sketch stands in for a median across
 ranks.
 """
