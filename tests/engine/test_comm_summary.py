@@ -138,3 +138,19 @@ def test_a_partition_without_windows_answers_nothing_it_does_not_have() -> None:
     assert (got.ranks, got.share, got.weighted, got.by_group, got.windows, got.top, got.iterations) == (
         0, None, None, {}, 0, (), ())
     assert cs.merge([]) is None
+
+
+def test_ranks_tied_at_the_top_are_listed_lowest_first_whatever_the_partitions() -> None:
+    """Ten ranks tied at the highest share: the top lists the eight lowest, as the analysis's ranking
+    of every rank's share does, however the ranks were split and merged."""
+    cfg = CollectiveConfig(max_iterations_out=5)
+    rows = _job(40, 8, seed=11)
+    tied = set(range(30, 40, 1)) - {39}  # the last rank's windows are all excluded
+    rows = {it: [w._replace(end_ns=w.start_ns + S, comm_ns=9 * S // 10) if w.rank in tied else w for w in ws]
+            for it, ws in rows.items()}  # each window of theirs 0.9 exactly
+    want = _analysis(rows, cfg)
+    ranked = sorted(want.comm_share_by_rank.items(), key=lambda rv: (-rv[1], rv[0]))[:RANK_RATIO_TOP_K]
+    assert {r for r, _ in ranked} <= tied and [r for r, _ in ranked] == sorted(r for r, _ in ranked)
+    for seed in range(3):
+        merged = cs.merge(_summaries(rows, 4, cfg, random.Random(seed)))
+        assert merged is not None and list(cs.answer(merged, 5).top) == ranked

@@ -114,6 +114,10 @@ def _comm_agrees(got: CommAnswer | None, want: dict[str, Any]) -> str:
     if got is None:
         return "no summary"
     summ = want["summary"]
+    ranked = sorted(((int(r), v) for r, v in summ["comm_share_by_rank"].items()),
+                    key=lambda rv: (-rv[1], rv[0]))
+    if list(got.top) != ranked[:RANK_RATIO_TOP_K]:
+        return f"top {got.top} against {ranked[:RANK_RATIO_TOP_K]}"
     if not (near(got.share, summ["comm_total_share"]) and near(got.weighted, summ["weighted_share"])
             and got.windows == summ["windows"] and got.ranks == len(summ["comm_share_by_rank"])
             and got.by_group.keys() == summ["comm_share_by_group"].keys()
