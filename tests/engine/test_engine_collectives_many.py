@@ -93,6 +93,7 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
                 "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts(),
                 "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None],
                 "forwarded": [s.stats.figure_rows_forwarded for s in shard_list],
+                "delivered_again": sum(s.stats.delivered_again for s in shard_list),
                 "agents": [c.stats() for c in clients]}
     finally:
         stop.set()
@@ -231,7 +232,12 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
     elif where == "shards":  # the windows were folded at the shards, from every operation; none at the root
         assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
         assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]
-        assert sum(s["operations"] for s in out["shards"]) == len(recs), out["shards"]
+        # each operation once, but for the node messages the engine delivered again (an ack wait run out
+        # under load: a CI run's shards took 21 messages twice), whose operations a shard takes again
+        # (the root's join merges their figures once: the answer below is one aggregator's all the same)
+        taken, most = sum(s["operations"] for s in out["shards"]), max(map(len, coll_at.values()))
+        assert len(recs) <= taken <= len(recs) + out["delivered_again"] * most, (out["delivered_again"],
+                                                                                  out["shards"])
         assert all(s["operations"] for s in out["shards"]), out["shards"]  # both shards folded some
     else:
         assert out["fold"]["folded"] > 0 and out["fold"]["received"] == 0, out["fold"]
