@@ -222,7 +222,8 @@ def test_any_rows_read_back_equal(recs: list[CollectiveRecord]) -> None:
 
 
 def test_a_costly_analysis_is_made_again_no_sooner_than_ten_times_its_cost() -> None:
-    from perfd.aggregator.collectives import ANALYSIS_COST_FACTOR, CollectiveStore
+    from perfd.aggregator.collectives import CollectiveStore
+    from perfd.core.limits import ANALYSIS_COST_FACTOR
 
     recs = load_fixture_records("timing")
     store = CollectiveStore(min_recompute_s=0.0)
