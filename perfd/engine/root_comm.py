@@ -13,8 +13,8 @@ its own): counted in ``holders_replaced``. Within a holder, a newer summary (its
 held; one delivered again, or older, changes nothing. A summary of a partition the engine does not have
 is refused.
 
-The answers are made on the root's loop as summaries come (a merge of 16 partitions of a 100,000-rank
-job's costs ~0.3 s of CPU) and copied out to the HTTP threads that read them.
+The answers shown are made on the root's loop as summaries come, of the newest ANSWERS_KEPT iterations
+only, and copied out to the HTTP threads that read them.
 """
 
 from __future__ import annotations
@@ -63,9 +63,15 @@ class RootComm:
             parts[s.partition] = s
             touched.add(s.job)
         for job in touched:
-            a = self.answer(job)
-            if a is not None:
-                shown = dataclasses.replace(a, iterations=a.iterations[-ANSWERS_KEPT:])
+            # only the iterations shown merged: the whole merge (16 partitions' hundred iterations of
+            # sketches) took 0.47 s of CPU a summary on the 2-core VM, the newest four's 0.015 s, on a
+            # root's loop already at a core
+            mine = list(self.held[job].values())
+            newest = set(sorted({it for s in mine for it in s.iterations})[-ANSWERS_KEPT:])
+            merged = cs.merge(dataclasses.replace(s, iterations={it: p for it, p in s.iterations.items()
+                                                                  if it in newest}) for s in mine)
+            if merged is not None:
+                shown = cs.answer(merged, self.iterations_out)
                 self._shown[job] = {**dataclasses.asdict(shown), "partitions": len(self.held[job])}
 
     def answer(self, job: str) -> cs.CommAnswer | None:

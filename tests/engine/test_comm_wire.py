@@ -154,6 +154,8 @@ def test_the_root_keeps_each_partitions_newest_and_a_new_holder_replaces_the_for
     assert merged is not None and root.answer(JOB) == cs.answer(merged, OUT)
     shown = root.to_json()["jobs"]
     assert isinstance(shown, dict) and shown[JOB]["partitions"] == 2 and len(shown[JOB]["iterations"]) == 4
+    whole = dataclasses.asdict(cs.answer(merged, OUT))  # what it shows is the whole merge's, its newest four
+    assert shown[JOB] == {**whole, "iterations": whole["iterations"][-4:], "partitions": 2}
     # partition 1's lease moves: the new holder's summary, once it holds a newer iteration, replaces the
     # former's (added, its ranks would count twice); the former's delivered again does not take it back
     moved = dataclasses.replace(b, epoch=12, seq=1,
