@@ -69,6 +69,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -899,6 +900,12 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
 
         final_rows = _settled_rows(job_url)
         comm = ef.get("comm_answers") or {}
+        coll_stats = dict(_get_json(f"{base}/api/stats")[0].get("collectives") or {})
+        try:  # a run whose job the root never took: its other figures say so, this part is empty
+            job_doc = _get_json(f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}")[0] or {}
+        except urllib.error.URLError:
+            job_doc = {}
+        coll = job_doc.get("collectives") or {}
         figs = {w.name: w.figures() for w in watched}
         busy = _busy(m1) - _busy(m0)
         ours = sum(f["cpu_cores"] for f in figs.values())
@@ -988,6 +995,15 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
             "comm_answers": {"counts": comm.get("counts"),
                              "jobs": {j: {k: v for k, v in a.items() if k != "iterations"}
                                       for j, a in (comm.get("jobs") or {}).items()}},
+            # the job's collective analysis after the drain (its shares read from the summaries where the
+            # shards summarise: method.summarised_ranks) and the root store's counts of what it read
+            "collective_analysis": {
+                "method": {k: v for k, v in (coll.get("method") or {}).items() if k != "detail"},
+                "comm_total_share": (coll.get("summary") or {}).get("comm_total_share"),
+                "iterations": len(coll.get("iterations") or []),
+                "shares_answered": coll_stats.get("shares_answered"),
+                "shares_mixed": coll_stats.get("shares_mixed"),
+                "figure_rows_received": (coll_stats.get("window_fold") or {}).get("received")},
         }
         if keep:
             out["dir"] = str(tmp)

@@ -42,6 +42,7 @@ from perfd.core.collfold import (
     reduce,
     sort_key,
 )
+from perfd.core.commsummary import CommShares
 from perfd.core.hang_fact import HangEvent
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 from perfd.core.typed import obj
@@ -125,6 +126,13 @@ class CollectiveStore:
         # perfd.aggregator.state): the window fold settles windows as operations come, not only when an
         # analysis runs
         self.fold_inputs = fold_inputs
+        # Where the shards summarise their ranks' figures (the engine root's, wired by the aggregator):
+        # a job's shares are read from the summaries' answer where its fold holds no figure of its own
+        self.shares: CommShares | None = None
+        self.shares_answered = 0  # analyses whose shares came from the summaries
+        # analyses of a job with both summaries and figure rows (shards set apart: some summarise, some
+        # forward): its shares read from the rows, the summarised partitions' ranks not among them
+        self.shares_mixed = 0
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
         with self._lock:
@@ -294,7 +302,8 @@ class CollectiveStore:
             jc = self.jobs.get(job)
             if jc is None:
                 return None
-            key = (jc.version, *steps_key)
+            shares_version = self.shares.version(job) if self.shares is not None else 0
+            key = (jc.version, shares_version, *steps_key)
             fresh = jc.analysis is not None and (
                 cached or jc.analysis_key == key
                 or (not force and time.time() - jc.analysis_time < self._recompute_after(jc)))
@@ -314,7 +323,21 @@ class CollectiveStore:
         steps, layout, placed, gpu = inputs()
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
         view = windows = None
-        if partial is not None:
+        answer = self.shares.answer(job) if self.shares is not None and shares_version else None
+        if answer is not None and jc.fold is not None and (jc.fold.counts.folded or jc.fold.counts.received):
+            answer = None
+            with self._lock:
+                self.shares_mixed += 1
+                line = self._drop_line("mixed", 1)
+            if line:
+                log.warning("collectives: %d analysis(es) of a job whose shards both summarise and forward "
+                            "their figures (latest: job %s): its shares read from the rows, without the "
+                            "summarised partitions' ranks; give every shard the same --comm-summaries",
+                            line, job[:80])
+        if answer is not None:
+            with self._lock:
+                self.shares_answered += 1
+        elif partial is not None:
             self._set_windows(job, (steps_key, layout), lambda: (steps, layout))
             with jc.windows_lock:  # the memo's windows of these steps (a copy: an ingest may update it)
                 windows = (dict(jc.windows.rank_windows), list(jc.windows.job_windows))
@@ -325,7 +348,7 @@ class CollectiveStore:
         try:
             result = finish(partial if partial is not None else reduce(job, records), steps, layout=layout,
                             rank_nodes=nodes, gpu_name=gpu, hang_events=hangs, config=cfg, fold=view,
-                            windows=windows)
+                            windows=windows, shares=answer)
         except Exception:
             with self._lock:
                 self.analysis_errors += 1

@@ -461,11 +461,11 @@ class Aggregator:
         from perfd.exporters.engine_metrics import RootMetrics
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
-        self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id,
-                                replicas=self.cfg.engine_replicas,
-                                advertise_http=self.cfg.engine_advertise_http)
+        self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id, self.cfg.engine_replicas,
+                                self.cfg.engine_advertise_http)
+        root = self.engine_root
+        self.state.collectives.shares = root.comm  # shares from the shards' summaries, where they summarise
         if self.http is not None:
-            root = self.engine_root
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
             self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine))  # --engine only
         self.state.engine_stats = self.engine_root.stats_json

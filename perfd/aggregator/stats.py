@@ -63,7 +63,9 @@ def stats_json(state: CounterSources) -> dict[str, object]:
         "events_ingested": state.log.ingested,
         "events_malformed": dict(state.log.malformed),
         # hang events held; the window fold's operations folded, waiting, late (collectives/winfold)
-        "collectives": {**state.collectives.hang_stats(), "window_fold": state.collectives.fold_counts()},
+        "collectives": {**state.collectives.hang_stats(), "window_fold": state.collectives.fold_counts(),
+                        "shares_answered": state.collectives.shares_answered,
+                        "shares_mixed": state.collectives.shares_mixed},
         # held, bytes, last_seq, cut (events kept cut), cut_bytes, pools, share_evicted (event_share)
         "event_log": state.log.stats(),
         "serving_records_ingested": state.serving.records,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.sketch import Sketch, hashes_joined, rank_hash
@@ -197,3 +198,15 @@ def _iteration(it: int, p: IterationPart) -> IterationAnswer:
         share=p.share.median(),
         by_group={c: _median_with_zeros(sk, p.ranks) for c, sk in sorted(p.by.items())},
         excluded=p.excluded[1] if p.excluded is not None else None, top=tuple(p.top))
+
+
+class CommShares(Protocol):
+    """Where a job's analysis reads its shares from summaries (the engine root's RootComm): any thread."""
+
+    def version(self, job: str) -> int:
+        """Changes whenever the job's answer may have: 0 while none is held."""
+        ...
+
+    def answer(self, job: str) -> CommAnswer | None:
+        """The merge of the job's summaries held, answered; None while none is held."""
+        ...

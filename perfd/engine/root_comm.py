@@ -14,7 +14,9 @@ held; one delivered again, or older, changes nothing. A summary of a partition t
 is refused.
 
 The answers shown are made on the root's loop as summaries come, of the newest ANSWERS_KEPT iterations
-only, and copied out to the HTTP threads that read them.
+only, and copied out to the HTTP threads that read them. The job's collective analysis reads the whole
+answer (:meth:`RootComm.answer`, a perfd.core.commsummary.CommShares) on its worker thread, where the
+aggregator wires it: its shares come from here for a job whose figure rows never reach the root.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class RootComm:
         self.held: dict[str, dict[int, cs.CommSummary]] = {}  # job -> partition -> its newest
         self.counts = CommCounts()
         self._shown: dict[str, dict[str, object]] = {}  # job -> its answer as /api/stats shows it
+        # job -> the count of summaries taken (of every job) when its newest came: an analysis made
+        # before it is stale; never the same again for a job forgotten and held anew
+        self._versions: dict[str, int] = {}
+        self._taken = 0
 
     def add(self, summaries: Iterable[cs.CommSummary], admit: Callable[[str], bool]) -> None:
         touched: set[str] = set()
@@ -61,6 +67,8 @@ class RootComm:
                 else:
                     self.counts.holders_replaced += 1
             parts[s.partition] = s
+            self._taken += 1
+            self._versions[s.job] = self._taken
             touched.add(s.job)
         for job in touched:
             # only the iterations shown merged: the whole merge (16 partitions' hundred iterations of
@@ -74,13 +82,19 @@ class RootComm:
                 shown = cs.answer(merged, self.iterations_out)
                 self._shown[job] = {**dataclasses.asdict(shown), "partitions": len(self.held[job])}
 
+    def version(self, job: str) -> int:
+        return self._versions.get(job, 0)
+
     def answer(self, job: str) -> cs.CommAnswer | None:
-        merged = cs.merge(self.held.get(job, {}).values())
+        """For any thread: the merge of every partition's summary held, answered. The partitions' map is
+        copied in one step (the loop replaces its entries; a summary held is never changed)."""
+        merged = cs.merge(list(self.held.get(job, {}).values()))
         return None if merged is None else cs.answer(merged, self.iterations_out)
 
     def forget(self, job: str) -> None:
         self.held.pop(job, None)
         self._shown.pop(job, None)
+        self._versions.pop(job, None)
 
     def to_json(self) -> dict[str, object]:
         """For any thread: the answers as last made on the loop (a copy of the map; each answer is

@@ -22,8 +22,12 @@ on as they came, fold or none, with the partials of the same flush; their messag
 once they are out, as the partials' are (a message delivered again hands the same rows on: a join).
 Each partition's step summaries (perfd.engine.shard_summaries) go out beside the partials, after them
 in the same flush: a node message is acknowledged once what it fed of both is out. Given a summariser
-(``perfd shard`` wires perfd.analytics.collectives.comm_summary's in), the agents' figures are also held
-by partition and summarised (perfd.engine.shard_comm), sent on the same subject as they come due.
+(``perfd shard --comm-summaries`` wires perfd.analytics.collectives.comm_summary's in), the agents' figures
+are held by partition and summarised (perfd.engine.shard_comm), the summaries sent on the same subject as
+they come due, in place of the rows: the root reads the job's shares from them (its work no longer grows
+with the ranks'). A message is acknowledged as before, once its partials are out: the rows it fed stay
+with this shard until it stops; a partition's next holder summarises from what it gets (the root takes
+its summary in place of this one's once it holds a newer iteration: perfd.engine.root_comm).
 """
 
 from __future__ import annotations
@@ -411,10 +415,12 @@ class Shard:
             else:
                 held.append(part)
         self._job_info.update(d.job_info_json)
-        for f in d.figures_pb:
-            self._forward.setdefault(f.job, []).append(f)
-        if self.comm is not None and d.figures_pb:
-            self.comm.fold_in(d.figures_pb, partition, delivered)
+        if self.comm is not None:  # summarised, in place of the rows: the root reads its shares from those
+            if d.figures_pb:
+                self.comm.fold_in(d.figures_pb, partition, delivered)
+        else:
+            for f in d.figures_pb:
+                self._forward.setdefault(f.job, []).append(f)
         if self.windows is None or not self.windows.fold_in(d, m, partition, delivered):
             self._to_ack.append(m)
 

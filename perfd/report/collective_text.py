@@ -28,6 +28,8 @@ from perfd.analytics.collectives.collective_facts import (
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.collectives.groups import LINKS, Capability, LinkHow, Placement
 from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.sketch import SKETCH_ACCURACY
 
 # Why the analysis has no total communication share.
 ABSENT_TEXT: dict[ShareAbsent, str] = {
@@ -102,12 +104,20 @@ def method_text(a: CollectiveAnalysis) -> str:
                 "the end of the previous op of the same process group, whichever is later, ÷ window length; "
                 "windows the records do not cover are left out; summary = median over each rank's latest "
                 f"{a.windows_kept} complete windows (warm-up and capture windows excluded), then median over "
-                "ranks")
+                "ranks" + _summarised_text(a))
     if a.method == "observation_window":
         return ("no step records with end times: per rank, union of its collectives' [start, start + "
                 "duration_ms] ÷ the span they cover (first enqueue to last end); one number per rank, not "
                 "per iteration; then median over ranks")
     return ""
+
+
+def _summarised_text(a: CollectiveAnalysis) -> str:
+    if a.summarised_ranks is None:
+        return ""
+    return (f"; each partition's ranks summarised by the shard that holds it ({a.summarised_ranks} ranks in "
+            f"all): medians across ranks within {SKETCH_ACCURACY:.0%} (a DDSketch), per-rank shares the "
+            f"{RANK_RATIO_TOP_K} highest only")
 
 
 def resolution_text(h: HangView) -> str:
@@ -248,7 +258,7 @@ def collectives_json(a: CollectiveAnalysis) -> dict[str, Any]:
     share, how each group's link was chosen and where its bandwidth comes from, each hang's resolution
     and line, and its findings and recommendations worded."""
     out = a.to_json()
-    out["method"] = {"name": a.method, "detail": method_text(a)}
+    out["method"] = {"name": a.method, "detail": method_text(a), "summarised_ranks": a.summarised_ranks}
     out["summary"]["absent_reason"] = ABSENT_TEXT[a.absent] if a.absent is not None else None
     out["bandwidth"] = [bandwidth_json(b) for b in a.bandwidth]
     out["hangs"] = [hang_json(h) for h in a.hangs]

@@ -14,6 +14,7 @@ import pytest
 
 from perfd.analytics.collectives.collective_analysis import CollectiveAnalysis, finish
 from perfd.analytics.collectives.collective_config import CollectiveConfig
+from perfd.analytics.collectives.collective_facts import ShareAbsent
 from perfd.analytics.collectives.collective_windows import StepWindow
 from perfd.analytics.collectives.comm_summary import summarize, summarize_figures
 from perfd.analytics.collectives.fold_counts import FoldCounts
@@ -23,6 +24,7 @@ from perfd.core.collfold import CollectivePartial
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.sketch import SKETCH_ACCURACY, rank_hash
 from perfd.core.winfigures import RankWindow, WindowFigures
+from perfd.report.collective_text import collectives_json
 
 JOB = "comm-job"
 S = 1_000_000_000
@@ -154,3 +156,32 @@ def test_ranks_tied_at_the_top_are_listed_lowest_first_whatever_the_partitions()
     for seed in range(3):
         merged = cs.merge(_summaries(rows, 4, cfg, random.Random(seed)))
         assert merged is not None and list(cs.answer(merged, 5).top) == ranked
+
+
+def test_the_analysis_given_the_answer_reads_its_shares_from_it() -> None:
+    """``finish(shares=...)``, as the engine root's store calls it where its shards summarise: the
+    analysis's share fields are the answer's (the per-rank ones its top), the ranks it was over said in
+    the method (and in the method's words, where served), and a job with no summarised window says why."""
+    cfg = CollectiveConfig(recent_windows=50, max_iterations_out=20)
+    rows = _job(500, 30, seed=11)
+    want = _analysis(rows, cfg)
+    merged = cs.merge(_summaries(rows, 4, cfg, random.Random(2)))
+    assert merged is not None
+    ans = cs.answer(merged, cfg.max_iterations_out)
+    got = finish(CollectivePartial(JOB), config=cfg, shares=ans)
+    assert (got.method, got.summarised_ranks, want.summarised_ranks) == ("step_windows", 499, None)
+    assert (got.comm_total_share, got.weighted_share, got.n_windows) == (ans.share, ans.weighted, ans.windows)
+    assert _near(got.comm_total_share, want.comm_total_share) and got.comm_share_by_group == ans.by_group
+    assert got.comm_share_by_rank == dict(ans.top) and len(got.comm_share_by_rank) == RANK_RATIO_TOP_K
+    assert [it.iteration for it in got.iterations] == [it.iteration for it in want.iterations]
+    for g, w in zip(got.iterations, want.iterations, strict=True):
+        assert g.ranks == w.ranks == len(w.share_by_rank) and _near(g.share, w.share)
+        assert g.share_by_rank == {r: v for r, v in sorted(w.share_by_rank.items(),
+                                                           key=lambda rv: (-rv[1], rv[0]))[:RANK_RATIO_TOP_K]}
+    served = collectives_json(got)["method"]
+    assert served["summarised_ranks"] == 499 and "499 ranks" in served["detail"]
+    assert collectives_json(want)["method"]["summarised_ranks"] is None
+    assert "summarised" not in collectives_json(want)["method"]["detail"]
+    assert {f.id for f in got.findings} >= {"comm-total-share"}
+    empty = finish(CollectivePartial(JOB), config=cfg, shares=cs.answer(cs.CommSummary(JOB), 20))
+    assert (empty.comm_total_share, empty.absent, empty.iterations) == (None, ShareAbsent.NO_WINDOW, [])

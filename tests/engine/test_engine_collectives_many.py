@@ -22,7 +22,7 @@ from perfd.aggregator.daemon import Aggregator, AggregatorConfig
 from perfd.aggregator.state import AggregatorState
 from perfd.analytics.collectives.shardfold import ShardCollectives
 from perfd.app.commands.engine import make_shard
-from perfd.core.commsummary import CommAnswer
+from perfd.core.commsummary import CommAnswer, IterationAnswer
 from perfd.core.limits import RANK_RATIO_TOP_K
 from perfd.core.model import CollectiveRecord
 from perfd.core.sketch import SKETCH_ACCURACY
@@ -83,14 +83,16 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
         await _until(lambda: root.stats.collectives == sent and done(root.stats), 60,
                      lambda: root.stats.to_json())
         if want is not None:
-            with contextlib.suppress(AssertionError):  # what it is then is compared by the caller
-                await _until(lambda: _answer(agg.state) == want, 30, lambda: "")
-            if at_agents:  # the shards' summaries of the figures, made at their cadence (a second)
-                with contextlib.suppress(AssertionError):
-                    await _until(lambda: _comm_agrees(root.comm.answer("j"), json.loads(want)) == "", 30,
-                                 lambda: "")
+            # what it is then is compared by the caller; where the agents fold, the shards send summaries
+            # in place of the figures, made at their cadence (a second), and the analysis reads those
+            agrees = ((lambda: _summarised_agrees(json.loads(_answer(agg.state)), json.loads(want)) == "")
+                      if at_agents else (lambda: _answer(agg.state) == want))
+            with contextlib.suppress(AssertionError):
+                await _until(agrees, 30, lambda: "")
         return {"got": _answer(agg.state), "stats": root.stats.to_json(), "comm": root.comm.answer("j"),
                 "again": agg.state.collectives.merged_again, "fold": agg.state.collectives.fold_counts(),
+                "shares": {"answered": agg.state.collectives.shares_answered > 0,
+                           "mixed": agg.state.collectives.shares_mixed},
                 "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None],
                 "forwarded": [s.stats.figure_rows_forwarded for s in shard_list],
                 "delivered_again": sum(s.stats.delivered_again for s in shard_list),
@@ -135,6 +137,46 @@ def _comm_agrees(got: CommAnswer | None, want: dict[str, Any]) -> str:
                 and all(near(a.by_group[c], v) for c, v in it["by_group"].items())
                 and list(a.top) == top[:RANK_RATIO_TOP_K]):
             return f"iteration {a} against {it}"
+    return ""
+
+
+SHARE_PARTS = {"summary": ("comm_total_share", "weighted_share", "comm_share_by_group", "comm_share_by_rank"),
+               "findings": ("comm-total-share", "comm-dp-high"), "recommendations": ("comm-dp-high",)}
+
+
+def _summarised_agrees(got: dict[str, Any], want: dict[str, Any]) -> str:
+    """Where the analysis that read its shares from the shards' summaries (``got``, served JSON) differs
+    from the one that read every rank's figures (``want``): "" where the shares agree as the summaries'
+    answer does (:func:`_comm_agrees`: its figures read back from ``got``'s JSON), the method says how
+    many ranks were summarised, and everything else is the same, byte for byte."""
+    summ, its = got["summary"], got["iterations"]
+    answer = CommAnswer(
+        ranks=got["method"]["summarised_ranks"], share=summ["comm_total_share"],
+        weighted=summ["weighted_share"],
+        by_group=summ["comm_share_by_group"], windows=summ["windows"],
+        top=tuple(sorted(((int(r), v) for r, v in summ["comm_share_by_rank"].items()),
+                         key=lambda rv: (-rv[1], rv[0]))),
+        iterations=tuple(IterationAnswer(
+            iteration=it["iteration"], ranks=it["ranks"], n_iterations=it["n_iterations"],
+            window_ms=it["window_ms"], share=it["share"], by_group=it["by_group"], excluded=it["excluded"],
+            top=tuple(sorted(((int(r), v) for r, v in it["share_by_rank"].items()),
+                             key=lambda rv: (-rv[1], rv[0])))) for it in its))
+    said = _comm_agrees(answer, want)
+    if said:
+        return said
+    if [it["ranks"] for it in its] != [len(it["share_by_rank"]) for it in want["iterations"]]:
+        return f"iteration ranks {[it['ranks'] for it in its]}"
+    if "summarised" not in got["method"]["detail"] or want["method"]["summarised_ranks"] is not None:
+        return f"method {got['method']} against {want['method']}"
+
+    def rest(a: dict[str, Any]) -> dict[str, Any]:
+        return {**a, "method": a["method"]["name"], "iterations": None,
+                "summary": {k: v for k, v in a["summary"].items() if k not in SHARE_PARTS["summary"]},
+                "findings": [f for f in a["findings"] if f["id"] not in SHARE_PARTS["findings"]],
+                "recommendations": [r for r in a["recommendations"]
+                                    if r["finding_id"] not in SHARE_PARTS["recommendations"]]}
+    if rest(got) != rest(want):
+        return f"the rest {rest(got)} against {rest(want)}"
     return ""
 
 
@@ -218,17 +260,21 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
                                               at_shards=where != "root", want=want,
                                               at_agents=where == "agents"))
     assert out["stats"]["undecodable"] == 0 and out["stats"]["late"] == 0, out["stats"]
-    if where == "agents":  # every operation folded where it was sent from; the shards only hand on
-        assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
+    if where == "agents":  # every operation folded where it was sent from; the shards only summarise
+        assert out["fold"]["folded"] == 0 and out["fold"]["received"] == 0, out["fold"]
         assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]
         assert sum(a["operations_folded"] for a in out["agents"]) == len(recs), out["agents"]
         assert all(a["figure_rows_sent"] for a in out["agents"]), out["agents"]
         assert sum(s["operations"] for s in out["shards"]) == 0, out["shards"]
-        # handed on as they came, a flush's rows of one (iteration, rank) merged (settled over provisional)
-        sent = sum(a["figure_rows_sent"] for a in out["agents"])
-        assert 0 < sum(out["forwarded"]) <= sent, out["forwarded"]
-        # and summarised by partition at the shards: the root's merge of them answers as its analysis
+        # no row reaches the root: each partition's summary in their place, whose merge answers as the
+        # analysis of every rank's rows, and the root's analysis reads its shares from it
+        assert sum(out["forwarded"]) == 0, out["forwarded"]
         assert _comm_agrees(out["comm"], a) == "", _comm_agrees(out["comm"], a)
+        got = json.loads(out["got"])
+        assert got["method"]["summarised_ranks"] == NODES * PER_NODE, got["method"]
+        assert _summarised_agrees(got, a) == "", _summarised_agrees(got, a)
+        assert out["shares"] == {"answered": True, "mixed": 0}, out["shares"]
+        return
     elif where == "shards":  # the windows were folded at the shards, from every operation; none at the root
         assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]
         assert out["stats"]["collectives_folded"] == out["stats"]["collective_partials"] > 0, out["stats"]

@@ -57,6 +57,7 @@ from perfd.analytics.collectives.rank_shares import median as _median
 from perfd.analytics.collectives.winfold import FoldView
 from perfd.analytics.finding_types import SEVERITY_ORDER, Finding, Recommendation, Severity
 from perfd.core.collfold import CollectivePartial, reduce, world_size_from
+from perfd.core.commsummary import CommAnswer
 from perfd.core.hang_fact import HangEvent
 from perfd.core.model import CollectiveRecord, ParallelLayout, StepRecord
 
@@ -72,10 +73,11 @@ class IterationComm:
     share_by_rank: dict[int, float]
     by_group: dict[str, float]  # group class -> median over ranks
     excluded: str | None = None
+    ranks: int = 0  # the ranks with a window of the iteration (share_by_rank may hold only the top)
 
     def to_json(self) -> dict[str, object]:
         return {"iteration": self.iteration, "n_iterations": self.n_iterations, "window_ms": self.window_ms,
-                "share": self.share,
+                "share": self.share, "ranks": self.ranks,
                 "share_by_rank": {str(r): v for r, v in sorted(self.share_by_rank.items())},
                 "by_group": self.by_group, "excluded": self.excluded}
 
@@ -139,6 +141,10 @@ class CollectiveAnalysis:
     absent: ShareAbsent | None = None  # why no total share (its JSON's absent_reason, worded where served)
     # large ops left out of the bandwidth, by reason: "single_rank_group", "not_credible"
     bandwidth_rejected: dict[str, int] = field(default_factory=dict)
+    # the ranks the shares are over where they came from the shards' summaries of them (finish's
+    # ``shares``): the medians then within the sketch's error, and the per-rank shares (the job's and
+    # each iteration's) only the highest RANK_RATIO_TOP_K; None where every rank's figures were read here
+    summarised_ranks: int | None = None
 
     @property
     def active_hangs(self) -> int:
@@ -149,7 +155,8 @@ class CollectiveAnalysis:
         where the JSON is served (perfd.report.collective_text.collectives_json adds them)."""
         return {
             "job": self.job, "records": self.n_records, "sources": self.sources, "timing": self.timing,
-            "method": {"name": self.method, "windows_kept": self.windows_kept},
+            "method": {"name": self.method, "windows_kept": self.windows_kept,
+                       "summarised_ranks": self.summarised_ranks},
             "summary": {"comm_total_share": self.comm_total_share,
                         "comm_share_by_rank": {str(r): v for r, v in sorted(self.comm_share_by_rank.items())},
                         "comm_share_by_group": self.comm_share_by_group,
@@ -180,7 +187,7 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
            layout: ParallelLayout | None = None, rank_nodes: Mapping[int, str] | None = None,
            gpu_name: str | None = None, hang_events: Sequence[HangEvent] = (),
            config: CollectiveConfig | None = None, fold: FoldView | None = None,
-           windows: Windows | None = None) -> CollectiveAnalysis:
+           windows: Windows | None = None, shares: CommAnswer | None = None) -> CollectiveAnalysis:
     """The analysis of a partial (perfd.core.collfold: one node's, or all nodes'
     merged) with the job's step records, layout and placement: its operations are read in the
     partial's order (rank by rank, each in enqueue order: CollectivePartial.ordered), so partials that
@@ -189,7 +196,10 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
     the step-window shares are read from instead of the partial's rows (it may hold 2 a rank).
     ``windows``: ``step_windows(steps)`` where the caller has them (the store's StepWindowMemo, made
     again only where the records changed): made here from every record, they were a fifth of the
-    engine root's analysis of a 10,000-rank job (the figures made elsewhere, 40 iterations)."""
+    engine root's analysis of a 10,000-rank job (the figures made elsewhere, 40 iterations).
+    ``shares``: the merge of the shards' summaries of every rank's figures (perfd.core.commsummary), the
+    shares read from it in place of ``fold`` and the records: what the engine's root has where its shards
+    summarise (its figure rows never reach it)."""
     cfg = config or CollectiveConfig()
     job = partial.job
     records = partial.records()
@@ -222,7 +232,10 @@ def finish(partial: CollectivePartial, steps: Sequence[StepRecord] = (), *,
                              groups=list(groups.values())[:64], iterations=[], comm_total_share=None,
                              comm_share_by_rank={}, comm_share_by_group={}, weighted_share=None, n_windows=0,
                              bandwidth=[], waits=[], hangs=[])
-    _shares(out, timed, cls, step_windows(steps) if windows is None else windows, cfg, fold, layout)
+    if shares is not None:
+        _answered(out, shares, cfg)
+    else:
+        _shares(out, timed, cls, step_windows(steps) if windows is None else windows, cfg, fold, layout)
     out.bandwidth = group_bandwidth(records, cls, nodes, gpu_name, cfg, out.bandwidth_rejected)
     out.waits = _waits(timed)
     out.hangs = merge_hangs(hang_events, partial.progress)
@@ -323,7 +336,24 @@ def _shares(out: CollectiveAnalysis, timed: Sequence[CollectiveRecord], cls: Map
             window_ms=_median([v.ms for v in rows.values()]), share=_median([v.share for v in rows.values()]),
             share_by_rank={r: v.share for r, v in rows.items()},
             by_group={c: _median([v.by.get(c, 0.0) for v in rows.values()]) or 0.0 for c in classes},
-            excluded=next((v.excluded for v in rows.values() if v.excluded), None)))
+            excluded=next((v.excluded for v in rows.values() if v.excluded), None), ranks=len(rows)))
+
+
+def _answered(out: CollectiveAnalysis, a: CommAnswer, cfg: CollectiveConfig) -> None:
+    """``_shares``' output from the summaries' answer: the same fields, the per-rank ones the top."""
+    out.summarised_ranks = a.ranks
+    if a.ranks and a.share is not None:
+        out.method = "step_windows"
+        out.comm_share_by_rank = dict(a.top)
+        out.comm_total_share, out.weighted_share = a.share, a.weighted
+        out.comm_share_by_group = dict(a.by_group)
+        out.n_windows = a.windows
+    else:
+        out.absent = ShareAbsent.NO_WINDOW
+    for it in a.iterations[-cfg.max_iterations_out:] if cfg.max_iterations_out > 0 else ():
+        out.iterations.append(IterationComm(
+            iteration=it.iteration, n_iterations=it.n_iterations, window_ms=it.window_ms, share=it.share,
+            share_by_rank=dict(it.top), by_group=dict(it.by_group), excluded=it.excluded, ranks=it.ranks))
 
 
 def _waits(timed: Sequence[CollectiveRecord]) -> list[RankWait]:

@@ -249,9 +249,10 @@ def register(sub: SubParsers) -> None:
     s.add_argument("--id", help="this shard's id, unique and stable across its restarts (default: host-time)")
     s.add_argument("--stats-file", metavar="FILE", help="write the shard's counters here (JSON) as it runs")
     s.add_argument("--comm-summaries", action="store_true",
-                   help="summarise the window figures the agents folded, per partition, for the job's root "
-                        "(/api/stats engine.comm_answers; the root's analysis does not read them yet, and at "
-                        "100,000 ranks they cost each of 4 shards ~0.35 core: docs/scale.md)")
+                   help="send the job's root a summary of each partition's window figures (those the agents "
+                        "folded) in place of the rows: the root's analysis reads the shares from them (the "
+                        "medians within 1%%, per-rank shares the top ranks only); give every shard of an "
+                        "engine the same (docs/scale.md)")
     s.add_argument("--stats-interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between writes of --stats-file")
     s.add_argument("--metrics-port", type=int, metavar="PORT",
