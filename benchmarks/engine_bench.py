@@ -902,7 +902,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         comm = ef.get("comm_answers") or {}
         coll_stats = dict(_get_json(f"{base}/api/stats")[0].get("collectives") or {})
         try:  # a run whose job the root never took: its other figures say so, this part is empty
-            job_doc = _get_json(f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}")[0] or {}
+            job_doc = _get_json(f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}/summary")[0] or {}
         except urllib.error.URLError:
             job_doc = {}
         coll = job_doc.get("collectives") or {}
