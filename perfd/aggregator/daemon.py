@@ -467,7 +467,7 @@ class Aggregator:
         self.state.collectives.shares = root.comm  # shares from the shards' summaries, where they summarise
         if self.http is not None:
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
-            self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine))  # --engine only
+            self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine, root.comm.counts))
         self.state.engine_stats = self.engine_root.stats_json
         self._engine_stop = asyncio.Event()
         self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))

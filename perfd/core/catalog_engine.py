@@ -3,7 +3,8 @@
 MetricDef of its CATALOG. Apart only because catalog.py stands at the module size limit; pure data, read
 through the catalog (catalog.get, catalog.names), never on its own.
 
-Each is a counter or gauge of perfd.engine.rootfold.RootStats or perfd.engine.shard.ShardStats, derived
+Each is a counter or gauge of perfd.engine.rootfold.RootStats or perfd.engine.shard.ShardStats (the
+communication summaries': perfd.engine.root_comm.CommCounts, perfd.engine.shard_comm.CommStats), derived
 at scrape time by perfd.exporters.engine_metrics; absent where no root (an aggregator without --engine)
 or no shard runs, never 0.
 """
@@ -54,6 +55,17 @@ ROOT: tuple[Row, ...] = (
      "Shard step summaries dropped, by reason: stale (delivered again, or older than its holder's held), "
      "late (of an iteration no longer held), holders_dropped (a partition's first-heard holder let go of "
      "past MAX_HOLDERS: the iteration then goes unanswered)", ("reason",)),
+    ("perfd_engine_root_comm_summaries_total", "counter", "count",
+     "Shard communication-share summaries the root read (perfd shard --comm-summaries): each partition's "
+     "newest is what the job's collective analysis reads its shares from", ()),
+    ("perfd_engine_root_comm_summaries_dropped_total", "counter", "count",
+     "Shard communication-share summaries dropped, by reason: stale (delivered again, or not newer than "
+     "the partition's held), refused (of a job the root does not take, or a partition the engine does not "
+     "have)", ("reason",)),
+    ("perfd_engine_root_comm_holders_replaced_total", "counter", "count",
+     "A partition's communication-share summary from a new holder taken in place of its former holder's "
+     "(a lease moved, a shard restarted): the partition's shares are then over its new holder's rows only",
+     ()),
     ("perfd_engine_root_summaries_overcounted_total", "counter", "count",
      "Iterations whose summary answer was withheld: a partition's two holders both held a rank (its lease "
      "moved mid-iteration and a node message went to both)", ()),
@@ -95,6 +107,13 @@ SHARD: tuple[Row, ...] = (
      "Partition step summaries the shard published", ()),
     ("perfd_engine_shard_comm_summaries_published_total", "counter", "count",
      "Partition communication-share summaries the shard published (of the figures its agents folded)", ()),
+    ("perfd_engine_shard_comm_rows_refused_total", "counter", "count",
+     "Window-figure rows the shard did not summarise: a window of no length (with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_summarising_errors_total", "counter", "count",
+     "Communication-share summaries that failed (logged; the partition's rows summarised at the job's next "
+     "turn; with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_summarising_cpu_seconds_total", "counter", "seconds",
+     "CPU the shard's communication-share summaries took (with --comm-summaries)", ()),
     ("perfd_engine_shard_publish_errors_total", "counter", "count",
      "Publishes the engine did not acknowledge (their node messages left unacknowledged: delivered again)",
      ()),

@@ -17,8 +17,10 @@ from perfd.exporters.prometheus import Row, build_info_families, series_families
 
 if TYPE_CHECKING:
     from perfd.engine.engine_state import EngineState
+    from perfd.engine.root_comm import CommCounts
     from perfd.engine.rootfold import RootStats
     from perfd.engine.shard import ShardStats
+    from perfd.engine.shard_comm import CommStats
 
 # catalog name -> the RootStats counter it is
 _ROOT_COUNTERS = {
@@ -40,6 +42,14 @@ _SUMMARIES_DROPPED = ("stale", "late", "holders_dropped")  # RootStats ``summari
 # RootStats.lag_quantiles' quantile -> its gauge
 _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
         0.99: "perfd_engine_root_completion_lag_p99_seconds"}
+
+_COMM_DROPPED = ("stale", "refused")  # CommCounts' own names
+# catalog name -> the CommStats counter it is (a shard's communication summaries)
+_SHARD_COMM = {
+    "perfd_engine_shard_comm_rows_refused_total": "rows_refused",
+    "perfd_engine_shard_comm_summarising_errors_total": "summary_errors",
+    "perfd_engine_shard_comm_summarising_cpu_seconds_total": "summary_cpu_s",
+}
 
 _SHARD_COUNTERS = {
     "perfd_engine_shard_node_messages_total": "node_messages",
@@ -76,9 +86,14 @@ def engine_rows(engine: EngineState) -> list[Row]:
     return rows
 
 
-def root_rows(stats: RootStats) -> list[Row]:
-    """The root's series: (labels, catalog name, value)."""
+def root_rows(stats: RootStats, comm: CommCounts | None = None) -> list[Row]:
+    """The root's series: (labels, catalog name, value); ``comm``: its communication summaries' counts."""
     rows: list[Row] = [({}, "perfd_engine_root_leader", float(stats.leader))]
+    if comm is not None:
+        rows += [({}, "perfd_engine_root_comm_summaries_total", float(comm.received)),
+                 ({}, "perfd_engine_root_comm_holders_replaced_total", float(comm.holders_replaced))]
+        rows += [({"reason": r}, "perfd_engine_root_comm_summaries_dropped_total", float(getattr(comm, r)))
+                 for r in _COMM_DROPPED]
     rows += [({}, name, float(getattr(stats, attr))) for name, attr in _ROOT_COUNTERS.items()]
     rows += [({"stream": s}, "perfd_engine_root_skipped_total", float(getattr(stats, f"{s}_skipped")))
              for s in _STREAMS]
@@ -94,29 +109,35 @@ class RootMetrics:
     that runs one: without --engine none of its series exist), and the engine's streams as the root last
     read them (``engine``: the root's current EngineState; a root that does not lead holds none read)."""
 
-    def __init__(self, stats: RootStats, engine: Callable[[], EngineState] | None = None) -> None:
+    def __init__(self, stats: RootStats, engine: Callable[[], EngineState] | None = None,
+                 comm: CommCounts | None = None) -> None:
         self.stats = stats
         self.engine = engine
+        self.comm = comm
 
     def collect(self) -> Iterator[Metric]:
-        rows = root_rows(self.stats)
+        rows = root_rows(self.stats, self.comm)
         if self.engine is not None:
             rows += engine_rows(self.engine())
         yield from series_families(rows)
 
 
-def shard_rows(stats: ShardStats) -> list[Row]:
+def shard_rows(stats: ShardStats, comm: CommStats | None = None) -> list[Row]:
+    """``comm``: the shard's communication summaries' counts (absent without --comm-summaries)."""
     rows: list[Row] = [({}, name, float(getattr(stats, attr))) for name, attr in _SHARD_COUNTERS.items()]
     rows.append(({}, "perfd_engine_shard_partitions_held", float(len(stats.partitions))))
+    if comm is not None:
+        rows += [({}, name, float(getattr(comm, attr))) for name, attr in _SHARD_COMM.items()]
     return rows
 
 
 class ShardMetrics:
     """A prometheus_client collector: the shard's counters at scrape time, and perfd_build_info."""
 
-    def __init__(self, stats: Callable[[], ShardStats]) -> None:
+    def __init__(self, stats: Callable[[], ShardStats], comm: CommStats | None = None) -> None:
         self.stats = stats
+        self.comm = comm
 
     def collect(self) -> Iterator[Metric]:
-        yield from series_families(shard_rows(self.stats()))
+        yield from series_families(shard_rows(self.stats(), self.comm))
         yield from build_info_families()

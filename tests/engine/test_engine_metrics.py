@@ -17,8 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from perfd.core import catalog, catalog_engine
 from perfd.engine import subjects as S
 from perfd.engine.engine_state import ConsumerState, EngineState, StreamState
+from perfd.engine.root_comm import CommCounts
 from perfd.engine.rootfold import RootStats
 from perfd.engine.shard import ShardStats
+from perfd.engine.shard_comm import CommStats
 from perfd.exporters.engine_metrics import RootMetrics, ShardMetrics
 from tests.engine.engine_driver import Rig
 from tests.procs import NOT_YET, wait_for
@@ -44,8 +46,13 @@ def test_the_root_exports_its_stats_exactly() -> None:
     eng = EngineState(streams={"nodes": StreamState(12, 3400, 1 << 30), "events": StreamState(5, 900, None)},
                       consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
                       read_at=1.0, read_errors=3)
-    got = _exposed(RootMetrics(st, lambda: eng))
+    comm = CommCounts(received=31, replaced=20, stale=4, holders_replaced=2, refused=3)
+    got = _exposed(RootMetrics(st, lambda: eng, comm))
     want = {
+        ("perfd_engine_root_comm_summaries_total", ()): 31.0,
+        ("perfd_engine_root_comm_holders_replaced_total", ()): 2.0,
+        ("perfd_engine_root_comm_summaries_dropped_total", (("reason", "stale"),)): 4.0,
+        ("perfd_engine_root_comm_summaries_dropped_total", (("reason", "refused"),)): 3.0,
         ("perfd_engine_root_leader", ()): 1.0,
         ("perfd_engine_root_leadership_lost_total", ()): 17.0,
         ("perfd_engine_root_partials_total", ()): 7.0,
@@ -93,7 +100,8 @@ def test_promtool_finds_nothing_to_say_of_the_exposition() -> None:
     st = RootStats(leader=True, complete=3)
     st.lag_s.extend([0.5, 1.5])
     text = b""
-    for collector in (RootMetrics(st), ShardMetrics(ShardStats)):
+    for collector in (RootMetrics(st, comm=CommCounts(received=2)),
+                      ShardMetrics(ShardStats, CommStats(summary_cpu_s=0.5))):
         reg = CollectorRegistry(auto_describe=False)
         reg.register(collector)
         text += generate_latest(reg)
@@ -121,6 +129,17 @@ def test_the_shard_exports_its_stats_exactly() -> None:
                     partitions=[0, 3, 5], job_infos_read=5, job_info_put_errors=7)
     got = {k: v for k, v in _exposed(ShardMetrics(lambda: st)).items()
            if k[0].startswith("perfd_engine_") and not k[0].endswith("_created")}
+    # with --comm-summaries, the summaries' counts beside them (absent without)
+    comm = CommStats(rows_in=900, rows_refused=6, rows_evicted=40, summaries=12, summary_errors=1,
+                     summary_cpu_s=2.25)
+    with_comm = {k: v for k, v in _exposed(ShardMetrics(lambda: st, comm)).items()
+                 if k[0].startswith("perfd_engine_shard_comm_") and not k[0].endswith("_created")}
+    assert with_comm == {
+        ("perfd_engine_shard_comm_summaries_published_total", ()): 11.0,
+        ("perfd_engine_shard_comm_rows_refused_total", ()): 6.0,
+        ("perfd_engine_shard_comm_summarising_errors_total", ()): 1.0,
+        ("perfd_engine_shard_comm_summarising_cpu_seconds_total", ()): 2.25,
+    }
     assert got == {
         ("perfd_engine_shard_node_messages_total", ()): 50.0,
         ("perfd_engine_shard_undecodable_total", ()): 1.0,
@@ -138,7 +157,7 @@ def test_the_shard_exports_its_stats_exactly() -> None:
         ("perfd_engine_shard_job_infos_read_total", ()): 5.0,
         ("perfd_engine_shard_job_info_put_errors_total", ()): 7.0,
     }
-    assert {n for n, _ in got} == {n for n, *_ in catalog_engine.SHARD}
+    assert {n for n, _ in got} | {n for n, _ in with_comm} == {n for n, *_ in catalog_engine.SHARD}
     assert all(catalog.get(n).source == catalog_engine.SHARD_SOURCE for n, *_ in catalog_engine.SHARD)
 
 
@@ -159,13 +178,15 @@ def _get(url: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_shard_and_a_root_serve_their_counters(rig: Rig) -> None:
-    """Real nats-server, ``perfd aggregator --engine`` and ``perfd shard --metrics-port 0``: the shard
+    """Real nats-server, ``perfd aggregator --engine`` and ``perfd shard --metrics-port 0
+    --comm-summaries``: the shard
     says where it listens (loopback), and its /metrics shows every shard counter, holding every partition
     once its leases are in; the root's /metrics shows it leads."""
     rig.start_cluster()
     base = rig.start_root()
     log = rig.tmp / "shard-m.out"
-    rig.procs.perfd("shard-m", "shard", "--id", "shard-m", "--metrics-port", "0", *rig.engine_args())
+    rig.procs.perfd("shard-m", "shard", "--id", "shard-m", "--metrics-port", "0", "--comm-summaries",
+                    *rig.engine_args())
 
     def address() -> str | None:
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+/metrics)", log.read_text())
@@ -182,6 +203,9 @@ def test_a_shard_and_a_root_serve_their_counters(rig: Rig) -> None:
     root = wait_for(lambda: (s := _samples(_get(base + "/metrics"))).get(leader) == 1.0 and s, 60,
                     "the root leading on /metrics", ignore=NOT_YET)
     assert root[("perfd_engine_root_skipped_total", (("stream", "partials"),))] == 0.0
+    # no job yet: the communication summaries' counters there, at 0
+    assert root[("perfd_engine_root_comm_summaries_total", ())] == 0.0
+    assert root[("perfd_engine_root_comm_summaries_dropped_total", (("reason", "refused"),))] == 0.0
     # the engine's streams and the shard's partition consumers, as the leader reads them (every 15 s)
     consumers = {(n, (("consumer", S.shard_consumer(p)),)) for p in range(rig.partitions)
                  for n in ("perfd_engine_consumer_pending", "perfd_engine_consumer_ack_pending",

@@ -211,7 +211,7 @@ def _shard_metrics(shard: Shard, host: str, port: int | None) -> HttpServer | No
     from perfd.exporters.engine_metrics import ShardMetrics
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ShardMetrics(lambda: shard.stats))
+    reg.register(ShardMetrics(lambda: shard.stats, shard.comm.stats if shard.comm is not None else None))
     try:
         http = httpd.HttpServer(host, port, MetricsHandler, reg, api_threads=1, name="shard-http")
     except OSError as exc:
