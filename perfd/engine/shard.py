@@ -225,7 +225,7 @@ class Shard:
                 self.stats.consumer_restarts += 1
                 log.warning("shard %s: partition %d's consumer ended (%r): started again", self.id, p, why)
                 self._start(js, p, kv)
-        members = max(1, len(await holders(kv, MEMBER_PREFIX)))
+        members = max(1, len(await holders(js, kv, MEMBER_PREFIX)))
         share = math.ceil(self.cfg.partitions / members)
         # Each shard starts looking at its own offset, so shards starting together take different ones.
         start = int.from_bytes(self.id.encode()[-4:].rjust(4, b"\0"), "big") % self.cfg.partitions

@@ -28,6 +28,18 @@ SUMMARIES_STREAM = "PERFD_SUMMARIES"
 STREAM_LABELS = {NODES_STREAM: "nodes", PARTIALS_STREAM: "partials", RECORDS_STREAM: "records",
                  EVENTS_STREAM: "events", SUMMARIES_STREAM: "summaries"}
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream under a KV bucket, as JetStream names it (nats.js.kv's KV_STREAM_TEMPLATE)."""
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    """A key's subject in its bucket's stream (a subject filter where ``key`` ends in ``>``)."""
+    return f"$KV.{bucket}.{key}"
+
+
 # KV: job token -> the job's info as a shard last read it from the job's node messages (its layout: which
 # rank is which pipeline stage). A shard that takes a partition over reads it here before it folds that
 # job's first message: the agents send it on change and once a minute (perfd.agent.node_agent

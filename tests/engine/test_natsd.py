@@ -154,6 +154,40 @@ def test_key_value_create_update_and_ttl(make: Make) -> None:
     run(main())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_listing_the_lease_holders_leaves_no_consumer_behind(make: Make) -> None:
+    """perfd.engine.leases.holders, as every shard calls it each balance (two seconds): the live keys under
+    a prefix and their holders, a deleted one left out, and not one consumer left on the bucket's stream
+    after 1,100 calls (a KV ``keys()`` leaves one a call, and the server refuses a stream's 1,001st)."""
+    from perfd.engine import subjects as S
+    from perfd.engine.connect import ensure_streams
+    from perfd.engine.leases import holders
+
+    c = make(1)
+
+    async def main() -> None:
+        nc = await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=5)
+            await w(ensure_streams(nc, S.EngineConfig(tuple(c.urls), partitions=4)))
+            kv = await w(js.key_value(S.LEASES_BUCKET))
+            for key, who in (("member.a", "shard-a"), ("member.b", "shard-b"), ("member.c", "shard-c"),
+                             ("partition.1", "shard-a")):
+                await w(kv.put(key, who.encode()))
+            await w(kv.delete("member.b"))
+            assert await w(holders(js, kv, "member.")) == {"member.a": "shard-a", "member.c": "shard-c"}
+            for _ in range(1100):
+                await w(holders(js, kv, "member."))
+            info = await w(js.stream_info(S.kv_stream(S.LEASES_BUCKET)))
+            assert info.state.consumer_count == 0
+            assert await w(holders(js, kv, "nobody.")) == {}
+        finally:
+            await w(nc.close())
+
+    run(main(), timeout=110)
+
+
 @pytest.mark.timeout(120)
 def test_token_is_required(make: Make) -> None:
     token = 'tok "quoted" \\ $notavar'  # the config file's quoting: a nats-server variable is $NAME
