@@ -127,11 +127,12 @@ class CollectiveStore:
         # analysis runs
         self.fold_inputs = fold_inputs
         # Where the shards summarise their ranks' figures (the engine root's, wired by the aggregator):
-        # a job's shares are read from the summaries' answer where its fold holds no figure of its own
+        # a job's shares are read from the summaries' answer unless its fold holds figures of an
+        # iteration as new as theirs (old rows, or a stray dump the root folded, do not count)
         self.shares: CommShares | None = None
         self.shares_answered = 0  # analyses whose shares came from the summaries
-        # analyses of a job with both summaries and figure rows (shards set apart: some summarise, some
-        # forward): its shares read from the rows, the summarised partitions' ranks not among them
+        # analyses of a job with summaries and figure rows of its newest iterations (shards set apart:
+        # some summarise, some forward): its shares read from the rows, without the summarised ranks
         self.shares_mixed = 0
 
     def ingest(self, agent_id: str, recs: Sequence[CollectiveRecord]) -> None:
@@ -324,16 +325,21 @@ class CollectiveStore:
         nodes = {**agent_nodes, **placed}  # NVML placement wins; else the agent that read the dump
         view = windows = None
         answer = self.shares.answer(job) if self.shares is not None and shares_version else None
-        if answer is not None and jc.fold is not None and (jc.fold.counts.folded or jc.fold.counts.received):
-            answer = None
-            with self._lock:
-                self.shares_mixed += 1
-                line = self._drop_line("mixed", 1)
-            if line:
-                log.warning("collectives: %d analysis(es) of a job whose shards both summarise and forward "
-                            "their figures (latest: job %s): its shares read from the rows, without the "
-                            "summarised partitions' ranks; give every shard the same --comm-summaries",
-                            line, job[:80])
+        if answer is not None:
+            with self._lock:  # figure rows as new as the summaries' newest: both sources current
+                rows_newest = jc.fold.newest_figures() if jc.fold is not None else None
+            newest = answer.iterations[-1].iteration if answer.iterations else None
+            if rows_newest is not None and (newest is None or rows_newest >= newest):
+                answer = None
+                with self._lock:
+                    self.shares_mixed += 1
+                    line = self._drop_line("mixed", 1)
+                if line:
+                    log.warning("collectives: %d analysis(es) of a job with shards' summaries and figure "
+                                "rows of its newest iterations both (latest: job %s): its shares read from "
+                                "the rows, without the summarised partitions' ranks (shards set apart: "
+                                "some with --comm-summaries, some without; or agents that do not fold)",
+                                line, job[:80])
         if answer is not None:
             with self._lock:
                 self.shares_answered += 1

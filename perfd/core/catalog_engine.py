@@ -60,8 +60,9 @@ ROOT: tuple[Row, ...] = (
      "newest is what the job's collective analysis reads its shares from", ()),
     ("perfd_engine_root_comm_summaries_dropped_total", "counter", "count",
      "Shard communication-share summaries dropped, by reason: stale (delivered again, or not newer than "
-     "the partition's held), refused (of a job the root does not take, or a partition the engine does not "
-     "have)", ("reason",)),
+     "the partition's held), partial_holder (a new holder's of fewer ranks than its former's: its first, "
+     "of the few nodes it had then), refused (of a job the root does not take, or a partition the engine "
+     "does not have)", ("reason",)),
     ("perfd_engine_root_comm_holders_replaced_total", "counter", "count",
      "A partition's communication-share summary from a new holder taken in place of its former holder's "
      "(a lease moved, a shard restarted): the partition's shares are then over its new holder's rows only",
@@ -110,8 +111,8 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_comm_rows_refused_total", "counter", "count",
      "Window-figure rows the shard did not summarise: a window of no length (with --comm-summaries)", ()),
     ("perfd_engine_shard_comm_summarising_errors_total", "counter", "count",
-     "Communication-share summaries that failed (logged; the partition's rows summarised at the job's next "
-     "turn; with --comm-summaries)", ()),
+     "Communication-share summaries that failed (logged; the partition summarised again at the job's next "
+     "round; with --comm-summaries)", ()),
     ("perfd_engine_shard_comm_summarising_cpu_seconds_total", "counter", "seconds",
      "CPU the shard's communication-share summaries took (with --comm-summaries)", ()),
     ("perfd_engine_shard_publish_errors_total", "counter", "count",

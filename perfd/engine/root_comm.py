@@ -1,17 +1,18 @@
 """What a job's root holds of the shards' communication-share summaries (perfd.core.commsummary): each
 partition's newest, merged per job into the answer the job's collective analysis gives of its shares
 (perfd.core.commsummary.answer), shown in the root's stats (/api/stats ``engine.comm_answers``: each
-job's, with its newest ANSWERS_KEPT iterations). Read beside the figure rows, which the root's analysis
-still reads: nothing reads these answers yet. Pure: perfd.engine.root reads the stream.
+job's, with its newest ANSWERS_KEPT iterations). Pure: perfd.engine.root reads the stream.
 
 A summary stands for its holder's rows of the partition now (each rank's recent windows, the newest
 iterations), not for one iteration as a step summary does: so a partition's summary from a new holder
-(its lease moved, its shard restarted: another epoch) replaces the former holder's, once it holds a
-newer iteration, rather than adding to it — added, the ranks of both would count twice for as long as
-the job ran. The partition's older iterations are then its new holder's rows only (fewer, until it has
-its own): counted in ``holders_replaced``. Within a holder, a newer summary (its seq) replaces the one
-held; one delivered again, or older, changes nothing. A summary of a partition the engine does not have
-is refused.
+(its lease moved, its shard restarted: another epoch) replaces the former holder's rather than adding to
+it — added, the ranks of both would count twice for as long as the job ran — once it holds a newer
+iteration and as many ranks (a new holder's first summary is made of the messages it had at its first
+flush: a few nodes'; counted ``partial_holder`` while held back), or once the former's newest iteration is
+COMM_RECENT_WINDOWS behind (its ranks gone, or the job smaller). The partition's older iterations are
+then its new holder's rows only (fewer, until it has its own): counted in ``holders_replaced``. Within a
+holder, a newer summary (its seq) replaces the one held; one delivered again, or older, changes nothing. A
+summary of a partition the engine does not have is refused.
 
 The answers shown are made on the root's loop as summaries come, of the newest ANSWERS_KEPT iterations
 only, and copied out to the HTTP threads that read them. The job's collective analysis reads the whole
@@ -35,6 +36,7 @@ class CommCounts:
     replaced: int = 0  # a holder's newer summary of its partition, in place of the one held
     stale: int = 0  # not newer than the one held (delivered again): dropped
     holders_replaced: int = 0  # a partition's summary from a new holder, in place of its former's
+    partial_holder: int = 0  # a new holder's of fewer ranks than its former's, newer: held back
     refused: int = 0  # of a job the root does not take, or of a partition the engine does not have
 
 
@@ -60,6 +62,9 @@ class RootComm:
             had = parts.get(s.partition)
             if had is not None and not _newer(s, had):
                 self.counts.stale += 1
+                continue
+            if had is not None and had.epoch != s.epoch and not _whole(s, had):
+                self.counts.partial_holder += 1
                 continue
             if had is not None:
                 if had.epoch == s.epoch:
@@ -100,6 +105,13 @@ class RootComm:
         """For any thread: the answers as last made on the loop (a copy of the map; each answer is
         replaced whole, never changed)."""
         return {"counts": dataclasses.asdict(self.counts), "jobs": dict(sorted(dict(self._shown).items()))}
+
+
+def _whole(s: cs.CommSummary, had: cs.CommSummary) -> bool:
+    """Whether a new holder's (newer) summary may stand for the partition in place of the former's: it
+    has as many ranks, or the former's is too old to (its newest iteration COMM_RECENT_WINDOWS behind)."""
+    return s.ranks >= had.ranks or (max(s.iterations, default=-1) - max(had.iterations, default=-1)
+                                    >= L.COMM_RECENT_WINDOWS)
 
 
 def _newer(s: cs.CommSummary, had: cs.CommSummary) -> bool:

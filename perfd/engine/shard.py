@@ -295,6 +295,9 @@ class Shard:
             for t in late:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        if self.comm is not None:  # the next holder's to summarise
+            for p in partitions:
+                self.comm.drop_partition(p)
         if self.windows is not None:
             for p in partitions:
                 self._hand_back(self.windows.drop(p))
@@ -416,6 +419,9 @@ class Shard:
                 held.append(part)
         self._job_info.update(d.job_info_json)
         if self.comm is not None:  # summarised, in place of the rows: the root reads its shares from those
+            for part in d.partials:
+                if part.new_run:
+                    self.comm.new_run(part.job, partition, part.iteration)
             if d.figures_pb:
                 self.comm.fold_in(d.figures_pb, partition, delivered)
         else:

@@ -12,7 +12,13 @@ together, as the root's analysis is run again (perfd.aggregator.collectives), ea
 since — and one partition a take (a flush), so that the shard's loop is held one summary at a time
 (four of a 100,000-rank job's at once held it 2.6 s, past the node messages' hold). A row whose window
 has no length (garbage: no share can be read of it) is refused and counted; a summary that fails is
-logged and counted, never the flush's end.
+logged and counted, never the flush's end; its partition is summarised again at the job's next round.
+
+A job's new run (a rank's step hook began a new process: the node partial's ``new_run``, as the root
+reads it) lets go of the rows the partition held of the last run, once, at the iteration it began:
+the new run's iterations may bear lower numbers, which the newest-iterations window would otherwise
+evict as they came while the last run's rows stayed (every node of the partition flags the same
+iteration; a second restart resuming from the same iteration reads as the same run, as at the root).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class _Held:
     rows: int = 0
     changed: bool = False
     seen: float = 0.0  # monotonic time its last rows came
+    run_began: int | None = None  # the iteration its rows' run began at, where a new run was seen
 
 
 @dataclass
@@ -48,8 +55,9 @@ class CommStats:
     rows_refused: int = 0  # rows whose window has no length
     rows_evicted: int = 0  # let go with their iteration (older than the kept ones, or past the rows' cap)
     summaries: int = 0  # summaries made
-    summary_errors: int = 0  # summaries that failed (logged; their rows summarised at the job's next turn)
+    summary_errors: int = 0  # summaries that failed (logged; the partition again at the job's next round)
     summary_cpu_s: float = 0.0  # the CPU they took
+    runs_begun: int = 0  # a (job, partition)'s rows let go of for a new run of the job
 
 
 class ShardComm:
@@ -91,6 +99,18 @@ class ShardComm:
                     h.changed = True
             h.rows = sum(len(j) for j in h.joins.values())
             self._trim(h)
+
+    def new_run(self, job: str, partition: int, iteration: int) -> None:
+        """A node partial of the partition says a rank began a new run of ``job`` at ``iteration``."""
+        h = self.held.get((job, partition))
+        if h is None:
+            self.held[(job, partition)] = _Held(run_began=iteration)
+        elif h.run_began != iteration:
+            gone = h.rows
+            h.joins.clear()
+            h.rows, h.changed, h.run_began = 0, True, iteration
+            self.stats.rows_evicted += gone
+            self.stats.runs_begun += 1
 
     def _trim(self, h: _Held) -> None:
         its = sorted(h.joins)
@@ -135,7 +155,8 @@ class ShardComm:
         try:
             s = self._summarize(job, h.joins, self.recent_windows, self.iterations_out, partition, self.epoch,
                                 self.seq)
-        except Exception:  # rows it cannot read: said, counted, its next rows tried again
+        except Exception:  # rows it cannot read: said, counted, tried again at the job's next round
+            h.changed = True
             self.stats.summary_errors += 1
             log.exception("shard: the communication summary of job %s partition %d failed", job, partition)
             return None

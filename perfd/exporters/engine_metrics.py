@@ -43,7 +43,7 @@ _SUMMARIES_DROPPED = ("stale", "late", "holders_dropped")  # RootStats ``summari
 _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
         0.99: "perfd_engine_root_completion_lag_p99_seconds"}
 
-_COMM_DROPPED = ("stale", "refused")  # CommCounts' own names
+_COMM_DROPPED = ("stale", "partial_holder", "refused")  # CommCounts' own names
 # catalog name -> the CommStats counter it is (a shard's communication summaries)
 _SHARD_COMM = {
     "perfd_engine_shard_comm_rows_refused_total": "rows_refused",

@@ -22,6 +22,7 @@ from perfd.analytics.collectives.winfold import FoldView
 from perfd.core import commsummary as cs
 from perfd.core.collfold import CollectivePartial
 from perfd.core.limits import RANK_RATIO_TOP_K
+from perfd.core.model import StepRecord
 from perfd.core.sketch import SKETCH_ACCURACY, rank_hash
 from perfd.core.winfigures import RankWindow, WindowFigures
 from perfd.report.collective_text import collectives_json
@@ -185,3 +186,56 @@ def test_the_analysis_given_the_answer_reads_its_shares_from_it() -> None:
     assert {f.id for f in got.findings} >= {"comm-total-share"}
     empty = finish(CollectivePartial(JOB), config=cfg, shares=cs.answer(cs.CommSummary(JOB), 20))
     assert (empty.comm_total_share, empty.absent, empty.iterations) == (None, ShareAbsent.NO_WINDOW, [])
+
+
+class _Shares:
+    """perfd.core.commsummary.CommShares as the engine root's RootComm gives it: a version and an answer."""
+
+    def __init__(self, answer: cs.CommAnswer | None, version: int = 1) -> None:
+        self.held, self.v, self.asked = answer, version, 0
+
+    def version(self, job: str) -> int:
+        return self.v if self.held is not None else 0
+
+    def answer(self, job: str) -> cs.CommAnswer | None:
+        self.asked += 1
+        return self.held
+
+
+def test_the_store_reads_the_summaries_until_rows_as_new_as_theirs_come() -> None:
+    """perfd.aggregator.collectives.CollectiveStore with ``shares`` set (the engine root's): a job's shares
+    from the summaries' answer, made again when the summaries change (their version in the analysis's
+    key) and not before; figure rows of older iterations (a stray dump the root folded, rows from before
+    the shards summarised) leave it so; rows of an iteration as new as the summaries' newest are read
+    instead (counted ``shares_mixed``); summaries gone (a job forgotten), the rows."""
+    from perfd.aggregator.collectives import CollectiveStore
+
+    cfg = CollectiveConfig(recent_windows=50, max_iterations_out=20)
+    rows = _job(60, 30, seed=12)
+    merged = cs.merge(_summaries(rows, 2, cfg, random.Random(3)))
+    assert merged is not None
+    ans = cs.answer(merged, cfg.max_iterations_out)
+    newest = ans.iterations[-1].iteration
+    store = CollectiveStore(config=cfg, min_recompute_s=0.0)
+    shares = store.shares = _Shares(ans)
+    store.ingest_partial("node-0", CollectivePartial(JOB), folded=True)
+
+    def inputs() -> tuple[list[StepRecord], None, dict[int, str], None]:
+        return [], None, {}, None
+
+    first = store.analysis(JOB, ("steps", 1), inputs)
+    assert first is not None and first.summarised_ranks == 59 and first.comm_total_share == ans.share
+    assert store.analysis(JOB, ("steps", 1), inputs) is first and shares.asked == 1  # nothing changed
+    shares.v = 2
+    again = store.analysis(JOB, ("steps", 1), inputs)
+    assert again is not first and again is not None and again.summarised_ranks == 59 and shares.asked == 2
+    store.ingest_figures(WindowFigures(JOB, {(newest - 5, w.rank): w for w in rows[newest - 5][:3]}))
+    old_rows = store.analysis(JOB, ("steps", 1), inputs)
+    assert old_rows is not None and old_rows.summarised_ranks == 59 and store.shares_mixed == 0
+    store.ingest_figures(WindowFigures(JOB, {(newest, w.rank): w for w in rows[newest][:3]}))
+    mixed = store.analysis(JOB, ("steps", 1), inputs)
+    assert mixed is not None and mixed.summarised_ranks is None and store.shares_mixed == 1
+    assert store.shares_answered == 3
+    shares.held = None  # the job forgotten at the root: version 0
+    gone = store.analysis(JOB, ("steps", 1), inputs)
+    assert gone is not None and gone.summarised_ranks is None and shares.asked == 4

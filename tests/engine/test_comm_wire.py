@@ -139,6 +139,8 @@ def test_a_shard_refuses_rows_of_no_length_and_survives_a_summary_that_fails() -
     broken = ShardComm(fails, RECENT, OUT)
     broken.fold_in(_pb(rows), partition=0, now=0.0)
     assert broken.take(now=0.0) == {} and broken.stats.summary_errors == 1
+    # tried again at the job's next round, no new rows needed
+    assert broken.take(now=L.ANALYSIS_MIN_EVERY_S + 0.01) == {} and broken.stats.summary_errors == 2
     broken.fold_in(_pb(rows), partition=2, now=0.0)
     broken.drop_partition(2)  # its lease is gone: its rows are its next holder's
     assert [p for _, p in broken.held] == [0]
@@ -158,17 +160,47 @@ def test_the_root_keeps_each_partitions_newest_and_a_new_holder_replaces_the_for
     assert shown[JOB] == {**whole, "iterations": whole["iterations"][-4:], "partitions": 2}
     # partition 1's lease moves: the new holder's summary, once it holds a newer iteration, replaces the
     # former's (added, its ranks would count twice); the former's delivered again does not take it back
+    nxt = max(b.iterations) + 1
     moved = dataclasses.replace(b, epoch=12, seq=1,
-                                iterations={**b.iterations, 99: next(iter(b.iterations.values()))})
-    root.add([moved, b], admit=lambda job: True)
-    assert root.counts.holders_replaced == 1 and root.counts.stale == 2 and root.held[JOB][1] is moved
+                                iterations={**b.iterations, nxt: next(iter(b.iterations.values()))})
+    partial = dataclasses.replace(moved, ranks=b.ranks - 1)  # its first: of the few nodes it had then
+    root.add([partial, moved, b], admit=lambda job: True)
+    assert root.counts.partial_holder == 1 and root.held[JOB][1] is moved
+    assert root.counts.holders_replaced == 1 and root.counts.stale == 2
     merged = cs.merge([a2, moved])
     assert merged is not None and root.answer(JOB) == cs.answer(merged, OUT)
+    # a holder of fewer ranks takes the partition once its former's newest is RECENT windows behind
+    later = dataclasses.replace(moved, epoch=13, ranks=moved.ranks - 5, iterations={
+        nxt + L.COMM_RECENT_WINDOWS - 1: moved.iterations[nxt]})
+    gone = dataclasses.replace(later, iterations={nxt + L.COMM_RECENT_WINDOWS: moved.iterations[nxt]})
+    root.add([later, gone], admit=lambda job: True)
+    assert root.counts.partial_holder == 2 and root.held[JOB][1] is gone and root.counts.holders_replaced == 2
+    root.held[JOB][1] = moved
     root.add([_summary(partition=4, seq=9)], admit=lambda job: True)  # no such partition
     root.add([cs.CommSummary("other", 0, 1, 1)], admit=lambda job: False)
     assert root.counts.refused == 2 and "other" not in root.held
     root.forget(JOB)
     assert root.answer(JOB) is None and root.to_json()["jobs"] == {}
+
+
+def test_a_new_run_lets_go_of_the_last_runs_rows_once() -> None:
+    """A job restarted from iteration 0 after its iterations 100-129: the new run's rows, of lower numbers,
+    are summarised (not evicted as older than the window while the last run's stayed); a second node's
+    partial flagging the same run's beginning lets go of nothing more."""
+    last = {it + 100: ws for it, ws in _job(12, 30, seed=9).items()}
+    comm = ShardComm(summarize, RECENT, OUT)
+    comm.fold_in(_pb(last), partition=1, now=0.0)
+    comm.take(now=0.0)
+    new = _job(12, 10, seed=10)
+    comm.new_run(JOB, 1, 0)
+    comm.fold_in(_pb(new, set(range(6))), partition=1, now=1.0)
+    comm.new_run(JOB, 1, 0)  # another node of the partition: the same run
+    comm.fold_in(_pb(new, set(range(6, 12))), partition=1, now=1.0)
+    assert sorted(comm.held[(JOB, 1)].joins) == list(range(10)) and comm.stats.runs_begun == 1
+    (s,) = comm.take(now=10.0)[JOB]
+    assert max(s.iterations) < 10 and s.ranks == 11  # the last rank's windows all excluded
+    comm.new_run(JOB, 2, 0)  # a partition with no rows yet: nothing to let go of
+    assert comm.stats.runs_begun == 1 and comm.held[(JOB, 2)].rows == 0
 
 
 def test_rows_in_any_order_and_pieces_summarise_alike() -> None:

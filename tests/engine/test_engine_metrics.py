@@ -46,13 +46,14 @@ def test_the_root_exports_its_stats_exactly() -> None:
     eng = EngineState(streams={"nodes": StreamState(12, 3400, 1 << 30), "events": StreamState(5, 900, None)},
                       consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
                       read_at=1.0, read_errors=3)
-    comm = CommCounts(received=31, replaced=20, stale=4, holders_replaced=2, refused=3)
+    comm = CommCounts(received=31, replaced=20, stale=4, holders_replaced=2, partial_holder=5, refused=3)
     got = _exposed(RootMetrics(st, lambda: eng, comm))
     want = {
         ("perfd_engine_root_comm_summaries_total", ()): 31.0,
         ("perfd_engine_root_comm_holders_replaced_total", ()): 2.0,
         ("perfd_engine_root_comm_summaries_dropped_total", (("reason", "stale"),)): 4.0,
         ("perfd_engine_root_comm_summaries_dropped_total", (("reason", "refused"),)): 3.0,
+        ("perfd_engine_root_comm_summaries_dropped_total", (("reason", "partial_holder"),)): 5.0,
         ("perfd_engine_root_leader", ()): 1.0,
         ("perfd_engine_root_leadership_lost_total", ()): 17.0,
         ("perfd_engine_root_partials_total", ()): 7.0,

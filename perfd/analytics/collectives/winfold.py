@@ -304,6 +304,11 @@ class WindowFold:
                         {r: (list(st.buffer.values()), st.ctx, st.frontier) for r, st in self.ranks.items()},
                         self._biggest, self._top, FoldCounts(**vars(self.counts)), outside)
 
+    def newest_figures(self) -> int | None:
+        """The newest iteration it holds a figure of (its own or one made elsewhere); None: none."""
+        return max([it for it, b in self.blocks.items() if len(b)]
+                   + [it for it, f in self._outside.items() if f.rows], default=None)
+
     # ---- figures made in one fold and read in another (a shard's, the root's) ---------------------
     @property
     def outside(self) -> WindowFigures:
