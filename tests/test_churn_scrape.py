@@ -4,7 +4,8 @@ changes the stream table) while 2,000 agent streams connect, send a batch and dr
 AgentClients on the test's own event loop, as agents on other hosts are: on the aggregator's, their work
 counted as its loop's business, and under a loaded suite its admission refused them, rightly — "busy 94%
 for 10 s" — until 6 of 2,000 missed their 60 s), and this test scrapes /metrics, /api/stats and /api/jobs
-the whole time: every scrape answers 200 with a whole body, every stream's batch is counted once, and the
+the whole time: every scrape answers 200 with a whole body, every stream's batch is counted once (one sent
+again after its stream broke counted a duplicate, no more than the clients sent again), and the
 aggregator logs no traceback (before the copies in IngestServer, /api/stats answered HTTP 500
 "dictionary changed size during iteration" under this load)."""
 
@@ -30,7 +31,10 @@ STREAMS, WAVE = 2000, 250
 SCRAPE_EVERY_S = 0.05
 
 
-async def _one(addr: str, i: int) -> bool:
+async def _one(addr: str, i: int) -> tuple[bool, int]:
+    """Whether the stream's batch was acknowledged, and how often the client sent it again (a stream
+    broken before the acknowledgement came: the aggregator may have taken it, and counts the second a
+    duplicate)."""
     c = AgentClient(addr, f"churn-{i:04d}", node=f"n{i:04d}", jobs=[f"churn-job-{i % 10}"],
                     backoff_initial_s=0.05, backoff_max_s=0.5)
     t = asyncio.create_task(c.run())
@@ -41,15 +45,18 @@ async def _one(addr: str, i: int) -> bool:
         await t
     except asyncio.CancelledError:
         pass
-    return ok
+    return ok, c.resent
 
 
-async def _load(addr: str, n: int, wave: int, said: list[str]) -> int:
-    ok = 0
+async def _load(addr: str, n: int, wave: int, said: list[str]) -> tuple[int, int]:
+    """(batches acknowledged, batches sent again)."""
+    ok = resent = 0
     for w in range(0, n, wave):
-        ok += sum(await asyncio.gather(*(_one(addr, i) for i in range(w, min(n, w + wave)))))
-        said.append(f"wave {w // wave} acked {ok}")
-    return ok
+        got = await asyncio.gather(*(_one(addr, i) for i in range(w, min(n, w + wave))))
+        ok += sum(a for a, _ in got)
+        resent += sum(r for _, r in got)
+        said.append(f"wave {w // wave} acked {ok}, sent again {resent}")
+    return ok, resent
 
 
 def _tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -94,7 +101,7 @@ def test_scrapes_stay_whole_while_2000_streams_connect_and_drop(tmp_path: Path,
         scraper = threading.Thread(target=scrape, daemon=True)
         try:
             scraper.start()
-            acked = asyncio.run(_load(p.target, STREAMS, WAVE, said))  # the clients' own loop, this thread
+            acked, resent = asyncio.run(_load(p.target, STREAMS, WAVE, said))  # the clients' own loop
             stop.set()
             scraper.join(60)
             assert acked == STREAMS, said  # every stream's batch acknowledged
@@ -102,7 +109,9 @@ def test_scrapes_stay_whole_while_2000_streams_connect_and_drop(tmp_path: Path,
             transport = stats.get("transport", stats)
             assert transport["streams_opened"] >= STREAMS, transport
             assert transport["batches"] == STREAMS and transport["samples"] == STREAMS * 8, transport
-            assert transport["duplicates"] == 0 and transport["decode_errors"] == 0, transport
+            # each batch counted once: one sent again is a duplicate only where its first had been taken
+            # (a loaded run: 53 streams broke before their acknowledgement, 3 batches duplicates)
+            assert transport["duplicates"] <= resent and transport["decode_errors"] == 0, (resent, transport)
         finally:
             stop.set()
             scraper.join(60)

@@ -118,6 +118,9 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_publish_errors_total", "counter", "count",
      "Publishes the engine did not acknowledge (their node messages left unacknowledged: delivered again)",
      ()),
+    ("perfd_engine_shard_messages_resent_total", "counter", "count",
+     "Node messages in partials a failed publish held, sent again (where the engine had stored the first, "
+     "the root reads them twice and folds them once: its redelivered count)", ()),
     ("perfd_engine_shard_partitions_held", "gauge", "count", "Partitions of the node stream held now", ()),
     ("perfd_engine_shard_leases_taken_total", "counter", "count", "Partition leases taken", ()),
     ("perfd_engine_shard_leases_lost_total", "counter", "count", "Partition leases lost", ()),

@@ -90,6 +90,9 @@ class ShardStats:
     partials_published: int = 0
     batches_published: int = 0
     publish_errors: int = 0
+    # node messages in partials a failed publish held (sent again: where the engine had stored the first
+    # before its acknowledgement was lost, the root reads them twice, folds them once, counts redelivered)
+    messages_resent: int = 0
     leases_taken: int = 0
     leases_lost: int = 0
     consumer_restarts: int = 0
@@ -507,6 +510,7 @@ class Shard:
                 self.stats.comm_summaries_published += 1
         except Exception as exc:  # the engine is away: fold it back, acknowledge nothing, retry
             self.stats.publish_errors += 1
+            self.stats.messages_resent += sum(len(p.messages) for parts in pending.values() for p in parts)
             log.warning("shard %s: publishing partials failed (%s): kept, retried", self.id, exc)
             for key, parts in pending.items():
                 self._pending[key] = parts + self._pending.get(key, [])

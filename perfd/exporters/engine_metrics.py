@@ -60,6 +60,7 @@ _SHARD_COUNTERS = {
     "perfd_engine_shard_summaries_published_total": "summaries_published",
     "perfd_engine_shard_comm_summaries_published_total": "comm_summaries_published",
     "perfd_engine_shard_publish_errors_total": "publish_errors",
+    "perfd_engine_shard_messages_resent_total": "messages_resent",
     "perfd_engine_shard_leases_taken_total": "leases_taken",
     "perfd_engine_shard_leases_lost_total": "leases_lost",
     "perfd_engine_shard_takeover_waits_total": "takeover_waits",

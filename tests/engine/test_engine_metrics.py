@@ -125,7 +125,8 @@ def test_no_stream_series_before_the_engine_was_read() -> None:
 
 def test_the_shard_exports_its_stats_exactly() -> None:
     st = ShardStats(node_messages=50, delivered_again=9, undecodable=1, partials_published=20,
-                    batches_published=6, publish_errors=2, leases_taken=4, leases_lost=1, consumer_restarts=3,
+                    batches_published=6, publish_errors=2, messages_resent=12, leases_taken=4, leases_lost=1,
+                    consumer_restarts=3,
                     takeover_waits=2, summaries_published=17, comm_summaries_published=11,
                     partitions=[0, 3, 5], job_infos_read=5, job_info_put_errors=7)
     got = {k: v for k, v in _exposed(ShardMetrics(lambda: st)).items()
@@ -148,6 +149,7 @@ def test_the_shard_exports_its_stats_exactly() -> None:
         ("perfd_engine_shard_partials_published_total", ()): 20.0,
         ("perfd_engine_shard_batches_published_total", ()): 6.0,
         ("perfd_engine_shard_publish_errors_total", ()): 2.0,
+        ("perfd_engine_shard_messages_resent_total", ()): 12.0,
         ("perfd_engine_shard_leases_taken_total", ()): 4.0,
         ("perfd_engine_shard_leases_lost_total", ()): 1.0,
         ("perfd_engine_shard_consumer_restarts_total", ()): 3.0,

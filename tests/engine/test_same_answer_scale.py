@@ -169,18 +169,22 @@ def test_four_shards_give_one_aggregators_analysis_byte_for_byte_at_scale(tmp_pa
     st = root.stats
     print(f"FIGURES {world} ranks, {iterations} iterations, {SHARDS} shards: {published} node messages in "
           f"{took:.1f}s; root {st.to_json()}; shards {[s.stats.node_messages for s in shards]}, delivered "
-          f"again {[s.stats.delivered_again for s in shards]}; leases taken/lost "
+          f"again {[s.stats.delivered_again for s in shards]}, resent "
+          f"{[s.stats.messages_resent for s in shards]}; leases taken/lost "
           f"{[(s.stats.leases_taken, s.stats.leases_lost) for s in shards]}")
     # Every node message folded in once, at the shards (the job info's message too) and at the root. A
     # message the engine delivered again (its ack wait ran out: the root, the shards and this test share
     # one event loop, which a loaded machine can hold past the 10 s; or a lease lost, the fetch dropped)
     # comes to a shard again, and to the root again if its first delivery was folded, and is folded once;
-    # the root sees none again that the engine did not deliver again (a shard sending a partial twice
-    # would be). Every message is folded at a shard at least once, and at most once a delivery (a fetch
+    # the root sees none again that the engine did not deliver again or a shard did not send again (a
+    # publish whose acknowledgement timed out under load, sent again, the engine having stored the first:
+    # a loaded run's four shards each had one, 2,653 messages at the root again against 2,399 delivered
+    # again). Every message is folded at a shard at least once, and at most once a delivery (a fetch
     # dropped with a lost lease folds none of its messages: a loaded run lost 4 leases a shard).
     again = sum(s.stats.delivered_again for s in shards)
+    resent = sum(s.stats.messages_resent for s in shards)
     assert st.node_messages == published and st.late == 0 and st.undecodable == 0
-    assert st.redelivered <= again, (st.redelivered, again)
+    assert st.redelivered <= again + resent, (st.redelivered, again, resent)
     assert published + 1 <= sum(s.stats.node_messages for s in shards) <= published + 1 + again
     assert all(s.stats.node_messages > 0 for s in shards), "every shard held partitions"
     # Whole at the root, each iteration once, the first too: the info named the world.

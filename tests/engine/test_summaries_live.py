@@ -184,9 +184,10 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
     # joined: the iteration half folded when the second shard took its share has two holders
     assert holders == [1] * ITERATIONS if join_after is None else holders[join_after] == 2, holders
     # The partials path as before: every node message folded once, each iteration whole; none seen again
-    # at the root that the engine did not deliver again (an ack wait run out on a loaded machine)
+    # at the root that the engine did not deliver again (an ack wait run out on a loaded machine) or a
+    # shard did not send again (a publish whose acknowledgement timed out, the engine having stored it)
     assert st.node_messages == NODES * ITERATIONS and st.undecodable == 0
-    assert st.redelivered <= sum(s.stats.delivered_again for s in shards)
+    assert st.redelivered <= sum(s.stats.delivered_again + s.stats.messages_resent for s in shards)
     assert st.complete == ITERATIONS
     # Summaries went out (each flush sends a partition's iteration so far: the root held the newest)
     assert sum(s.stats.summaries_published for s in shards) == st.summaries - 2
