@@ -115,36 +115,31 @@ _AGG = _aggregator()
 
 @pytest.mark.slow
 def test_what_the_producers_send_is_of_its_declared_type() -> None:
-    """The contract from the other side: a real ranks collector following two real processes (one
-    gone before the last reading) sends rank_processes events the edge takes whole."""
+    """The contract from the other side: a real ranks collector following real processes — this test's
+    own (busy: it computes between the readings) and its parent (waiting on it) — sends rank_processes
+    events the edge takes whole. A rank gone between two readings: the recorded ``gone`` case below (the
+    collector reports a pid as gone only once it had seen it, so that shape needs a process that exits)."""
     import os
-    import subprocess
     import sys
 
     from perfd.collectors.ranks import RanksCollector
 
     if not sys.platform.startswith("linux"):
         return
-    busy = subprocess.Popen([sys.executable, "-c", "while True: sum(range(10000))"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
-    try:
-        c = RanksCollector({"job": "j", "event_every_s": 0})
-        c.note(busy.pid, 0, "hook", uid=os.getuid())
-        c.note(idle.pid, 1, "gpu")
-        evs = []
-        for k in range(3):
-            if k == 2:
-                idle.kill()
-                idle.wait()
-            time.sleep(0.3)
-            evs += [e for e in c.collect(time.time()).events if e["kind"] == events.RANK_PROCESSES.name]
-    finally:
-        busy.kill()
-        busy.wait()
+    c = RanksCollector({"job": "j", "event_every_s": 0})
+    c.note(os.getpid(), 0, "hook", uid=os.getuid())
+    c.note(os.getppid(), 1, "gpu")
+    evs = []
+    for _ in range(3):
+        until = time.monotonic() + 0.1
+        while time.monotonic() < until:  # the busy rank's CPU between two readings
+            sum(range(10000))
+        evs += [e for e in c.collect(time.time()).events if e["kind"] == events.RANK_PROCESSES.name]
     assert len(evs) == 3
     for ev in evs:
         got, problems = events.checked(ev)
         assert problems == [] and got is not None and len(got["payload"]["ranks"]) == 2
+    assert {r["rank"]: r["pid"] for r in evs[-1]["payload"]["ranks"]} == {0: os.getpid(), 1: os.getppid()}
 
 
 _RECORDED = Path(__file__).resolve().parent / "data" / "host" / "rank_observations.json"

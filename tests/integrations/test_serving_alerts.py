@@ -1,13 +1,13 @@
 """Serving in Grafana and Alertmanager: deploy/grafana/perfd-serving-dashboard.json and the
 perfd-serving alert group of deploy/prometheus/perfd.rules.yml. Every query names only catalog
-metrics and perfd labels; promtool runs the alerts' unit tests; the alert thresholds are the ones of
-perfd/analytics/serving/serving_findings.py (and so of rules/serving.yaml)."""
+metrics and perfd labels; the alert thresholds are the ones of
+perfd/analytics/serving/serving_findings.py (and so of rules/serving.yaml). promtool runs the alerts'
+unit tests beside the training alerts' (tests/integrations/test_prometheus_rules.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 from typing import Any
 
 import yaml
@@ -16,11 +16,9 @@ from perfd.analytics.serving import serving_findings as sf
 from perfd.core import catalog
 from tests.integrations.integrations_helpers import (
     KNOWN_LABELS,
-    PROM_DIR,
     ROOT,
     RULES,
     catalog_problems,
-    need,
     promql_label_names,
     promql_metric_names,
 )
@@ -116,12 +114,3 @@ def test_serving_alert_thresholds_are_the_playbook_constants() -> None:
     for name, values in want.items():
         assert sorted(_numbers(str(alerts[name]["expr"]))) == sorted(values), name
         assert alerts[name]["for"] == pack[fors[name]]["for"], name
-
-
-def test_promtool_unit_tests_of_the_serving_alerts() -> None:
-    r = subprocess.run([need("promtool"), "test", "rules", "perfd-serving.rules.test.yml"], cwd=PROM_DIR,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "SUCCESS" in r.stdout + r.stderr, r.stdout + r.stderr
-    r = subprocess.run([need("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
