@@ -190,7 +190,6 @@ ALLOWED: dict[str, str] = {
     "test_a_hook_datagram_with_absurd_numbers_is_counted_and_kept_without_them": POLL,
     "tests/test_agent_failures.py::"
     "test_failures_are_counted_logged_once_and_the_agent_keeps_running.body": POLL,
-    "tests/test_event_types.py::test_what_the_producers_send_is_of_its_declared_type": WINDOW,
     "tests/test_host_procs.py::"
     "test_a_runs_leftovers_are_named_and_killed_and_a_busy_neighbour_is_counted": POLL,
     "tests/test_httpd.py::test_answers_waiting_to_be_read_are_bounded_per_connection_and_in_all": POLL,

@@ -383,7 +383,7 @@ def test_example_sbatch_with_engine_runs_nats_shards_and_root(slurm):
     # Two shards, each holding partitions of the node stream and having folded node messages.
     shards = [json.loads((out / f"shard-{i}.json").read_text()) for i in range(2)]
     assert [s["id"] for s in shards] == [f"slurm-{job_id}-shard-{i}" for i in range(2)], shards
-    assert sum(s["node_messages"] for s in shards) > 0, shards
+    assert sum(s["node_messages"] for s in shards) > 0, (shards, diag)
     # Each shard served its /metrics on the job's address (loopback: a one-node job), said in the log and
     # listed for Prometheus beside the aggregator while the job ran; shard 0's was read then.
     (root_group, shard_group) = json.loads((out / "sd-while-running.json").read_text())

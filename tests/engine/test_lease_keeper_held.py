@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 from typing import Any
 
 from nats.js.errors import KeyWrongLastSequenceError
@@ -64,6 +65,20 @@ class _KV:
         return list(self.d)
 
 
+class _JS:
+    """What the shard's balance asks of JetStream: the lease bucket's subjects under a filter (its keys)."""
+
+    def __init__(self, kv: _KV) -> None:
+        self.kv = kv
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> Any:
+        assert name == S.kv_stream(S.LEASES_BUCKET) and subjects_filter is not None
+        head = subjects_filter.removesuffix(">")
+        subjects = {S.kv_subject(S.LEASES_BUCKET, k): 1 for k in self.kv.d
+                    if S.kv_subject(S.LEASES_BUCKET, k).startswith(head)}
+        return types.SimpleNamespace(state=types.SimpleNamespace(subjects=subjects or None))
+
+
 def test_a_partition_past_its_time_is_let_go_at_the_keeper_too() -> None:
     async def main() -> dict[str, Any]:
         cfg = S.EngineConfig(("nats://127.0.0.1:1",), partitions=4)
@@ -80,13 +95,13 @@ def test_a_partition_past_its_time_is_let_go_at_the_keeper_too() -> None:
         shard._start = lambda js, p, kv: started.append(p)  # type: ignore[method-assign]
         for key in ("member.s1", "member.s2", "partition.1", "partition.3"):  # two shards: a share of 2
             kv.d[key] = (b"s1" if key == "member.s1" else b"s2", kv._next())
-        await shard._balance(None, kv, keeper)  # type: ignore[arg-type]
+        await shard._balance(_JS(kv), kv, keeper)  # type: ignore[arg-type]
         took = sorted(shard._leases)
         # partition 2's time runs out (a renewal's reply late: not lost, not held), and partition 1 is
         # free now (its shard gone): the balance drops 2 and takes 1, which comes first in its scan
         keeper._until = {**keeper._until, "partition.2": time.monotonic() - 1.0}
         del kv.d["partition.1"]
-        await shard._balance(None, kv, keeper)  # type: ignore[arg-type]
+        await shard._balance(_JS(kv), kv, keeper)  # type: ignore[arg-type]
         out = {"took": took, "after": sorted(shard._leases.values()), "keeper": sorted(keeper._leases),
                "lost": shard.stats.leases_lost, "engine": kv.d.get("partition.2")}
         await keeper.close()
