@@ -722,7 +722,8 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                tls: bool = False, inflight: int = 1000, drain_s: float = 30.0, keep: bool = False,
                log: bool = False, collectives: bool = False, fold_at_agents: bool = False,
                profile_root: Path | None = None, root_switch_ms: float | None = None,
-               share_every_s: float | None = None, comm_summaries: bool = False) -> dict[str, Any]:
+               share_every_s: float | None = None, comm_summaries: bool = False,
+               kill_shard_at: float | None = None) -> dict[str, Any]:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
@@ -834,7 +835,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         job_url = f"{base}/api/jobs/{urllib.parse.quote(JOB, safe='')}/iterations?sources=0"
         end = time.monotonic() + seconds
         next_poll = 0.0
+        killed: dict[str, Any] | None = None
         while time.monotonic() < end:
+            if kill_shard_at is not None and killed is None and time.perf_counter() - w0 >= kill_shard_at:
+                shard_procs[0].kill()  # SIGKILL: what it held is the survivors' after the lease TTL
+                killed = {"shard": "shard-0", "at_s": round(time.perf_counter() - w0, 2)}
             for w in watched:
                 w.sample()
             if time.monotonic() >= next_poll:
@@ -960,6 +965,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
                      "lag_s_after_drain": ef.get("lag_s")},
             "shards": [{**{k: s.get(k) for k in SHARD_COUNTERS}, **figs[f"shard-{i}"]}
                        for i, s in enumerate(shf)],
+            "killed": killed,
             "shards_cpu_cores": round(sum(figs[f"shard-{i}"]["cpu_cores"] for i in range(shards)), 3),
             "nats": figs["nats"],
             "load": {"cpu_cores": round(sum(figs[f"load-{i}"]["cpu_cores"] for i in range(procs)), 3),
@@ -1102,6 +1108,9 @@ def main(argv: list[str] | None = None) -> int:
                          "OUT.json (python -m benchmarks.frame_sampler --show OUT.json)")
     ap.add_argument("--root-gil-switch-ms", type=float, metavar="MS",
                     help="the root's --gil-switch-ms (default: perfd aggregator's own)")
+    ap.add_argument("--kill-shard-at", type=float, metavar="S",
+                    help="SIGKILL the first shard S seconds into the measured window (its partitions go to "
+                         "the others after the lease TTL; with --comm-summaries they read its rows back)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ns = ap.parse_args(argv)
     if min(ns.nodes, ns.shards, ns.procs, ns.partitions, ns.inflight) < 1 or ns.seconds <= 0 \
@@ -1115,7 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
                      collectives=ns.collectives, fold_at_agents=ns.fold_at_agents,
                      profile_root=ns.profile_root.resolve() if ns.profile_root else None,
                      root_switch_ms=ns.root_gil_switch_ms, share_every_s=ns.share_every_s,
-                     comm_summaries=ns.comm_summaries)
+                     comm_summaries=ns.comm_summaries, kill_shard_at=ns.kill_shard_at)
     print(json.dumps(res) if ns.json else _table(res))
     return 0
 

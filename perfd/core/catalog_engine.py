@@ -115,6 +115,18 @@ SHARD: tuple[Row, ...] = (
      "round; with --comm-summaries)", ()),
     ("perfd_engine_shard_comm_summarising_cpu_seconds_total", "counter", "seconds",
      "CPU the shard's communication-share summaries took (with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_saved_messages_total", "counter", "count",
+     "Agents' window-figure messages the shard saved to the engine before acknowledging them, for its "
+     "partitions' next holders to read back (with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_rows_read_back_total", "counter", "count",
+     "Window-figure rows read back from the engine that the shard did not hold (a partition taken over; "
+     "with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_read_back_errors_total", "counter", "count",
+     "Readings back of a partition's saved rows that failed or ended early, and saved messages that did "
+     "not decode (logged; what was read is kept; with --comm-summaries)", ()),
+    ("perfd_engine_shard_comm_purge_errors_total", "counter", "count",
+     "Purges of saved rows the shard let go of that the engine did not do (logged; they age out with the "
+     "stream; with --comm-summaries)", ()),
     ("perfd_engine_shard_publish_errors_total", "counter", "count",
      "Publishes the engine did not acknowledge (their node messages left unacknowledged: delivered again)",
      ()),

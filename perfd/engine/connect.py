@@ -144,6 +144,10 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1)
         name=S.SUMMARIES_STREAM, subjects=[f"{S.SUMMARIES_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
         max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.SUMMARIES_MAX_BYTES))
+    await js.add_stream(StreamConfig(
+        name=S.COMMROWS_STREAM, subjects=[f"{S.COMMROWS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+        max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.COMMROWS_MAX_BYTES))
     try:
         await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=cfg.lease_ttl_s, replicas=replicas, history=1)
     except Exception as exc:

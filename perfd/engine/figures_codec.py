@@ -98,3 +98,18 @@ def chunks(figs: WindowFigures, rows: int = MAX_ROWS) -> Iterator[WindowFigures]
     items = sorted(figs.rows.items())
     for k in range(0, len(items), rows):
         yield WindowFigures(figs.job, dict(items[k:k + rows]))
+
+
+def grouped(raw: list[pb.WindowFigures]) -> Iterator[list[pb.WindowFigures]]:
+    """Agents' figures as they came, in groups of at most MAX_ROWS rows (a message each; each came in
+    pieces of at most that many: perfd.engine.publisher)."""
+    batch: list[pb.WindowFigures] = []
+    rows = 0
+    for f in raw:
+        if batch and rows + len(f.iteration) > MAX_ROWS:
+            yield batch
+            batch, rows = [], 0
+        batch.append(f)
+        rows += len(f.iteration)
+    if batch:
+        yield batch

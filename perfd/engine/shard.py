@@ -25,9 +25,10 @@ in the same flush: a node message is acknowledged once what it fed of both is ou
 (``perfd shard --comm-summaries`` wires perfd.analytics.collectives.comm_summary's in), the agents' figures
 are held by partition and summarised (perfd.engine.shard_comm), the summaries sent on the same subject as
 they come due, in place of the rows: the root reads the job's shares from them (its work no longer grows
-with the ranks'). A message is acknowledged as before, once its partials are out: the rows it fed stay
-with this shard until it stops; a partition's next holder summarises from what it gets (the root takes
-its summary in place of this one's once it holds a newer iteration: perfd.engine.root_comm).
+with the ranks'). The rows are saved to the engine as they are taken, before their messages are
+acknowledged, and a partition's next holder reads them back before it summarises it (perfd.engine
+.comm_rows): a lease that moves takes no row with it (the root takes the new holder's summary in place of
+this one's once it holds a newer iteration: perfd.engine.root_comm).
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfd.core.winfigures import WindowFigures
-from perfd.engine import figures_codec
+from perfd.engine import comm_rows, figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
@@ -141,6 +142,7 @@ class Shard:
         self._flushed.set()
         self.summaries = ShardSummaries()
         self.comm = comm
+        self._later: set[asyncio.Task[int]] = set()  # partitions' second readings back (comm_rows)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a connection lost after the first is made again (backoff), with what was
@@ -343,6 +345,13 @@ class Shard:
                 await asyncio.wait_for(stop.wait(), timeout=self.cfg.ack_wait_s)
             except asyncio.TimeoutError:
                 pass
+        if self.comm is not None:  # the rows its former holders saved, then (where it had messages out)
+            # what it saves late, once they are due again
+            await comm_rows.read_back(js, self.comm, p, stop)
+            if info.num_ack_pending:
+                self._later.add(asyncio.create_task(comm_rows.read_back(js, self.comm, p, stop,
+                                                                        after_s=self.cfg.ack_wait_s)))
+                self._later = {t for t in self._later if not t.done()}
         key = S.partition_lease(p)
         # When the last fetch asked, if it came back short: its pull may have delivered more after it
         # stopped waiting (until the pull expired, within FETCH_TIMEOUT_S), which nats-py queued for
@@ -470,6 +479,7 @@ class Shard:
         pending, infos, to_ack = self._pending, self._job_info, self._to_ack
         self._pending, self._job_info, self._to_ack = {}, {}, []
         summaries, summary_keys = self.summaries.take()
+        saves = self.comm.take_saves() if self.comm is not None else {}
         by_job: dict[str, list[Partial]] = {}
         for (job, _), parts in pending.items():
             by_job.setdefault(job, []).extend(parts)
@@ -493,13 +503,17 @@ class Shard:
                     if self.windows is not None:
                         self.windows.stats.figure_messages += 1
             for job, raw in forward.items():
-                for batch in _batches(raw):
+                for batch in figures_codec.grouped(raw):
                     bid = self._next_batch_id()
                     b = pb.EngineBatch(id=bid, sender=self.id, created_ns=time.time_ns())
                     b.window_figures.extend(batch)
                     await js.publish(S.partials_subject(job), b.SerializeToString(), timeout=5.0,
                                      headers={"Nats-Msg-Id": bid})
             self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
+            if self.comm is not None:  # what it let go of, then what it took: before their messages' acks
+                await comm_rows.purge(js, self.comm)
+                n = await comm_rows.save(js, saves, self._next_batch_id, self.id)
+                self.comm.stats.saved_messages += n
             for job, ms in summaries.items():  # after the partials they summarise
                 for bid, data in batches(ms, self._next_batch_id, self.id, self._max_bytes):
                     await js.publish(S.summaries_subject(job), data, timeout=5.0,
@@ -524,6 +538,7 @@ class Shard:
             self.summaries.give_back(summary_keys)
             if self.comm is not None:
                 self.comm.again(comm)
+                self.comm.saves_again(saves)
             return
         terms, self._to_term = self._to_term, []
         for m in terms:
@@ -538,21 +553,6 @@ class Shard:
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
         await self.infos.put(infos)  # after the acks: for a shard taking one of these jobs' partitions over
         self.stats.job_info_put_errors = self.infos.put_errors
-
-
-def _batches(raw: list[pb.WindowFigures]) -> Iterator[list[pb.WindowFigures]]:
-    """An agent's figures as they came, in messages of at most figures_codec.MAX_ROWS rows (each came
-    in pieces of at most that many: perfd.engine.publisher)."""
-    batch: list[pb.WindowFigures] = []
-    rows = 0
-    for f in raw:
-        if batch and rows + len(f.iteration) > figures_codec.MAX_ROWS:
-            yield batch
-            batch, rows = [], 0
-        batch.append(f)
-        rows += len(f.iteration)
-    if batch:
-        yield batch
 
 
 async def _in_progress(msgs: Sequence[Msg]) -> float:

@@ -19,6 +19,14 @@ reads it) lets go of the rows the partition held of the last run, once, at the i
 the new run's iterations may bear lower numbers, which the newest-iterations window would otherwise
 evict as they came while the last run's rows stayed (every node of the partition flags the same
 iteration; a second restart resuming from the same iteration reads as the same run, as at the root).
+
+The rows are the partition's, not the holder's: each agent message whose rows went in is kept to be saved
+to the engine (:meth:`ShardComm.take_saves`; perfd.engine.comm_rows publishes them before the node
+message is acknowledged), and what the holder lets go of is purged there (:meth:`ShardComm.take_purges`:
+an iteration evicted, the last run's rows, a job forgotten). A partition's next holder reads the saved rows
+back (:meth:`ShardComm.fold_in` ``replayed``) before it summarises the partition: a lease that moves
+takes no row with it. A partition whose lease is lost keeps its rows not yet saved, to be saved at the
+next flush (their messages are acknowledged then), and drops its purges (the next holder's now).
 """
 
 from __future__ import annotations
@@ -58,6 +66,12 @@ class CommStats:
     summary_errors: int = 0  # summaries that failed (logged; the partition again at the job's next round)
     summary_cpu_s: float = 0.0  # the CPU they took
     runs_begun: int = 0  # a (job, partition)'s rows let go of for a new run of the job
+    saved_messages: int = 0  # agents' figure messages saved to the engine (perfd.engine.comm_rows)
+    rows_replayed: int = 0  # rows read back from the engine that went into a join (a partition taken)
+    replays: int = 0  # partitions read back
+    read_back_s: float = 0.0  # the wall time those readings took, together
+    replay_errors: int = 0  # readings back that failed or ended early (logged; the rows read kept)
+    purge_errors: int = 0  # purges of let-go rows the engine did not do (logged; they age out)
 
 
 class ShardComm:
@@ -78,27 +92,41 @@ class ShardComm:
         self._round: dict[str, list[int]] = {}  # job -> its partitions still to summarise this round
         self._spent: dict[str, float] = {}  # job -> the CPU its round took so far
         self._unsent: CommSummaries = {}  # made, their publishing failed: sent at the next take
+        # (job, partition, its newest iteration) -> agents' figures whose rows went in, not saved yet
+        self._saves: dict[tuple[str, int, int], list[pb.WindowFigures]] = {}
+        self._purges: set[tuple[str, int, int | None]] = set()  # (job, partition, iteration; None: all)
+        self.replaying: set[int] = set()  # partitions being read back: summarised once they are
         self.stats = CommStats()
 
-    def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float) -> None:
+    def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float,
+                replayed: bool = False) -> None:
         """An agent's figures (checked: perfd.engine.figures_codec.check) into its partition's rows
-        (``now``: time.monotonic())."""
+        (``now``: time.monotonic()); ``replayed``: read back from the engine (saved already)."""
         for m in figures:
             figs = figures_codec.from_pb(m)
             h = self.held.setdefault((figs.job, partition), _Held())
             h.seen = now
+            went_in = 0
             for (it, _rank), w in figs.rows.items():
                 if w.end_ns <= w.start_ns:
-                    self.stats.rows_refused += 1
+                    self.stats.rows_refused += not replayed  # counted when it came
                     continue
                 join = h.joins.get(it)
                 if join is None:
                     join = h.joins[it] = WindowFigures(figs.job)
                 if join.add(it, w):
-                    self.stats.rows_in += 1
+                    went_in += 1
                     h.changed = True
             h.rows = sum(len(j) for j in h.joins.values())
-            self._trim(h)
+            self._trim(h, figs.job, partition)
+            if replayed:
+                self.stats.rows_replayed += went_in
+                continue
+            self.stats.rows_in += went_in
+            newest = max((it for it, _ in figs.rows), default=None)
+            if went_in and newest in h.joins:  # saved under its newest iteration, purged when that one goes
+                # (one of iterations let go of already is not)
+                self._saves.setdefault((figs.job, partition, newest), []).append(m)
 
     def new_run(self, job: str, partition: int, iteration: int) -> None:
         """A node partial of the partition says a rank began a new run of ``job`` at ``iteration``."""
@@ -111,8 +139,11 @@ class ShardComm:
             h.rows, h.changed, h.run_began = 0, True, iteration
             self.stats.rows_evicted += gone
             self.stats.runs_begun += 1
+            self._purges.add((job, partition, None))
+            for key in [k for k in self._saves if k[:2] == (job, partition)]:
+                del self._saves[key]
 
-    def _trim(self, h: _Held) -> None:
+    def _trim(self, h: _Held, job: str, partition: int) -> None:
         its = sorted(h.joins)
         for k, it in enumerate(its[:-1]):  # the newest iteration stays, whatever its rows
             if len(its) - k <= self.keep and h.rows <= self.max_rows:
@@ -120,6 +151,7 @@ class ShardComm:
             gone = len(h.joins.pop(it))
             h.rows -= gone
             self.stats.rows_evicted += gone
+            self._purges.add((job, partition, it))
 
     def take(self, now: float) -> CommSummaries:
         """By job, the summaries to send now (``now``: time.monotonic()): those whose publishing failed,
@@ -133,7 +165,7 @@ class ShardComm:
                 if now < self._due.get(job, 0.0):
                     continue
                 pending = self._round[job] = sorted(p for (j, p), h in self.held.items()
-                                                    if j == job and h.changed)
+                                                    if j == job and h.changed and p not in self.replaying)
                 if not pending:
                     continue
             made = self._make(job, pending.pop(0))
@@ -172,10 +204,30 @@ class ShardComm:
         for job, ss in summaries.items():
             self._unsent.setdefault(job, []).extend(ss)
 
+    def take_saves(self) -> dict[tuple[str, int, int], list[pb.WindowFigures]]:
+        """The agents' figures to save now (perfd.engine.comm_rows.save), by (job, partition, newest
+        iteration); given back (:meth:`saves_again`) where the flush failed."""
+        out, self._saves = self._saves, {}
+        return out
+
+    def saves_again(self, saves: dict[tuple[str, int, int], list[pb.WindowFigures]]) -> None:
+        for key, figs in saves.items():
+            self._saves[key] = figs + self._saves.get(key, [])
+
+    def take_purges(self) -> list[tuple[str, int, int | None]]:
+        """The rows let go of since the last take, to purge from the engine (iteration None: every one of
+        the job's partition)."""
+        out = sorted(self._purges, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]))
+        self._purges.clear()
+        return out
+
     def drop_partition(self, partition: int) -> None:
-        """The partition's lease is gone: its rows are its next holder's to summarise."""
+        """The partition's lease is gone: its rows are its next holder's to summarise (read back from the
+        engine: its rows not saved yet are saved at the next flush, before their messages are
+        acknowledged; what it would purge is the next holder's to)."""
         for key in [k for k in self.held if k[1] == partition]:
             del self.held[key]
+        self._purges = {k for k in self._purges if k[1] != partition}
         for pending in self._round.values():
             if partition in pending:
                 pending.remove(partition)
@@ -192,6 +244,9 @@ class ShardComm:
     def forget(self, job: str) -> None:
         for key in [k for k in self.held if k[0] == job]:
             del self.held[key]
+            self._purges.add((job, key[1], None))
+        for save in [k for k in self._saves if k[0] == job]:
+            del self._saves[save]
         for d in (self._due, self._round, self._spent, self._unsent):
             d.pop(job, None)
 

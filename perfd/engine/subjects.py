@@ -23,10 +23,17 @@ EVENTS_STREAM = "PERFD_EVENTS"
 # they summarise, read by the job's root: a stream of their own, so that an engine made before them
 # takes them without its partials stream's subjects changing (JetStream refuses another config).
 SUMMARIES_STREAM = "PERFD_SUMMARIES"
+# The agents' window-figure rows a shard holds for its partitions' communication summaries
+# (perfd shard --comm-summaries: perfd.engine.comm_rows), saved as they are taken, a subject per
+# (job, partition, iteration), purged as the shard lets an iteration go: a partition's next holder reads
+# them back, so that a lease that moves (a shard killed, or its loop held past the TTL) takes no row with
+# it. Read by no root.
+COMMROWS_STREAM = "PERFD_COMMROWS"
 # Each stream's short name: the ``stream`` label of the root's series (what it let go unread, the
 # streams' state) and the keys of its counters
 STREAM_LABELS = {NODES_STREAM: "nodes", PARTIALS_STREAM: "partials", RECORDS_STREAM: "records",
-                 EVENTS_STREAM: "events", SUMMARIES_STREAM: "summaries"}
+                 EVENTS_STREAM: "events", SUMMARIES_STREAM: "summaries", COMMROWS_STREAM: "commrows"}
+ROOT_STREAMS = (PARTIALS_STREAM, RECORDS_STREAM, EVENTS_STREAM, SUMMARIES_STREAM)  # those a job's root reads
 LEASES_BUCKET = "perfd_leases"  # KV: partition -> shard, "root" -> root (expire unless renewed)
 
 
@@ -52,6 +59,7 @@ PARTIALS_PREFIX = "perfd.partials"
 RECORDS_PREFIX = "perfd.records"
 EVENTS_PREFIX = "perfd.events"  # a subject on the wire, not a module path
 SUMMARIES_PREFIX = "perfd.summaries"
+COMMROWS_PREFIX = "perfd.commrows"
 # Commands to one agent (a capture, a stall's stacks): core NATS request/reply, not a stream — a
 # command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
 COMMANDS_PREFIX = "perfd.commands"
@@ -108,6 +116,17 @@ def partials_subject(job: str) -> str:
 def summaries_subject(job: str) -> str:
     """A shard's summaries of ``job``'s partitions (perfd.engine.summary_codec, in an EngineBatch)."""
     return f"{SUMMARIES_PREFIX}.{job_token(job)}"
+
+
+def commrows_subject(job: str, partition: int, iteration: int | None = None) -> str:
+    """Where a shard saves ``job``'s rows of ``partition`` whose newest iteration is ``iteration`` (None:
+    a filter of every iteration)."""
+    return f"{COMMROWS_PREFIX}.{job_token(job)}.{partition}.{'*' if iteration is None else iteration}"
+
+
+def commrows_filter(partition: int) -> str:
+    """Every job's saved rows of one partition."""
+    return f"{COMMROWS_PREFIX}.*.{partition}.*"
 
 
 def records_subject(job: str) -> str:
@@ -181,3 +200,6 @@ RECORDS_MAX_BYTES = 1 << 30
 EVENTS_MAX_BYTES = 256 << 20
 # A summary is a few KB whatever the ranks, one a partition and iteration a flush touched
 SUMMARIES_MAX_BYTES = 256 << 20
+# The rows the shards hold (~60-100 bytes a row: a 100,000-rank job's hundred kept iterations ~0.8 GB);
+# the oldest go first past it (a partition then read back with fewer windows than its holder had)
+COMMROWS_MAX_BYTES = 2 << 30

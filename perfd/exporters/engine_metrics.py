@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from perfd.engine.subjects import NODES_STREAM, STREAM_LABELS
+from perfd.engine.subjects import ROOT_STREAMS, STREAM_LABELS
 from perfd.exporters.prometheus import Row, build_info_families, series_families
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ _ROOT_COUNTERS = {
     "perfd_engine_root_summaries_overcounted_total": "summaries_overcounted",
 }
 # The streams whose skipped messages RootStats counts (``<stream>_skipped``): every one the root reads
-_STREAMS = tuple(short for name, short in STREAM_LABELS.items() if name != NODES_STREAM)
+_STREAMS = tuple(STREAM_LABELS[name] for name in ROOT_STREAMS)
 _SUMMARIES_DROPPED = ("stale", "late", "holders_dropped")  # RootStats ``summaries_<reason>``
 # RootStats.lag_quantiles' quantile -> its gauge
 _LAG = {0.5: "perfd_engine_root_completion_lag_p50_seconds",
@@ -49,6 +49,10 @@ _SHARD_COMM = {
     "perfd_engine_shard_comm_rows_refused_total": "rows_refused",
     "perfd_engine_shard_comm_summarising_errors_total": "summary_errors",
     "perfd_engine_shard_comm_summarising_cpu_seconds_total": "summary_cpu_s",
+    "perfd_engine_shard_comm_saved_messages_total": "saved_messages",
+    "perfd_engine_shard_comm_rows_read_back_total": "rows_replayed",
+    "perfd_engine_shard_comm_read_back_errors_total": "replay_errors",
+    "perfd_engine_shard_comm_purge_errors_total": "purge_errors",
 }
 
 _SHARD_COUNTERS = {

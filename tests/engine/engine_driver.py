@@ -441,6 +441,7 @@ class Rig:
         self.closers: list[Callable[[], None]] = []  # e.g. a fault proxy's close
         self._names: dict[str, int] = {}
         self._root_names: dict[str, str] = {}  # root id -> its newest process's name
+        self.shard_flags: tuple[str, ...] = ()  # more flags of every shard started (e.g. --comm-summaries)
 
     @property
     def urls(self) -> list[str]:
@@ -471,7 +472,7 @@ class Rig:
         name = self._name(shard_id)
         stats = self.tmp / f"{name}.stats.json"  # each process its own: a killed one's last stays
         p = self.procs.perfd(name, "-v", "shard", "--id", shard_id, "--stats-file", str(stats),
-                             "--stats-interval", "0.2", *self.engine_args(urls))
+                             "--stats-interval", "0.2", *self.shard_flags, *self.engine_args(urls))
         sp = self.shards[shard_id] = ShardProc(name, shard_id, stats, p)
         return sp
 

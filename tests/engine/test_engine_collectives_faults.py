@@ -30,6 +30,7 @@ from tests.engine.engine_driver import (
     rig_under,
     settle_and_check,
 )
+from tests.engine.test_engine_collectives_many import _summarised_agrees
 from tests.procs import NOT_YET, WaitTimeout, get_json, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -149,19 +150,26 @@ def _root_answer(rig: Rig, job: str) -> str:
     return json.dumps(doc.get("collectives"), sort_keys=True)
 
 
-@pytest.mark.parametrize(("restart", "at_agents"), [
-    pytest.param(True, False, id="restarted"),
-    pytest.param(False, False, id="not-restarted"),
-    pytest.param(False, True, id="agents-fold")])
+@pytest.mark.parametrize(("restart", "at_agents", "summarised"), [
+    pytest.param(True, False, False, id="restarted"),
+    pytest.param(False, False, False, id="not-restarted"),
+    pytest.param(False, True, False, id="agents-fold"),
+    pytest.param(False, True, True, id="agents-fold-summarised")])
 def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: Rig, restart: bool,
-                                                                          at_agents: bool) -> None:
+                                                                          at_agents: bool,
+                                                                          summarised: bool) -> None:
     """``agents-fold``: the agents fold their ranks' windows (perfd agent's default) and the shards hand
     the figures on: the messages the killed shard had not acknowledged (their figures not yet out)
-    come again to the next holder, whose figures join what the root has, once."""
+    come again to the next holder, whose figures join what the root has, once. ``agents-fold-summarised``:
+    the shards hold the rows and summarise them (``perfd shard --comm-summaries``): the killed shard's
+    rows, acknowledged and gone with it, are read back from the engine by the next holder, whose summaries
+    then answer as the analysis of every rank's rows (no window missing, none twice)."""
     # Killed at iteration 8, its partitions' messages of then are folded at 36-44 or after the last (48):
     # 28-40 iterations after the others of theirs
     plan = Plan(nodes=4, iterations=48, period_s=KILL_PERIOD_S)
     job = Job(plan)
+    if summarised:
+        rig.shard_flags = ("--comm-summaries",)
     with rig.explained():
         rig.up(("shard-a", "shard-b"))
         by_part = rig.node_partitions(plan)
@@ -185,11 +193,15 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
         want = job.one_aggregator()
         doc = json.loads(want)
         assert len(doc["iterations"]) >= plan.iterations - 3, doc["iterations"]
+        if summarised:  # the shares from the summaries (within the sketch's error), the rest byte for byte
+            agrees = lambda: _summarised_agrees(json.loads(_root_answer(rig, plan.job)), doc)  # noqa: E731
+        else:
+            agrees = lambda: "" if _root_answer(rig, plan.job) == want else "differs"  # noqa: E731
         try:
-            wait_for(lambda: _root_answer(rig, plan.job) == want or None, 60,
+            wait_for(lambda: agrees() == "" or None, 60,
                      "the root's collective analysis to be one aggregator's", ignore=NOT_YET, interval=0.5)
         except WaitTimeout:
-            raise AssertionError(_differences(json.loads(_root_answer(rig, plan.job)), doc)
+            raise AssertionError(agrees() + "\n" + _differences(json.loads(_root_answer(rig, plan.job)), doc)
                                  + "\n" + _why(rig, (victim, survivor))) from None
         took = time.monotonic() - t_kill
         stats = {s: rig.shard_stats(s) for s in (victim, survivor) if rig.shards[s].proc.poll() is None}
@@ -198,6 +210,13 @@ def test_a_shard_killed_while_folding_windows_loses_and_doubles_no_figures(rig: 
               f"held {held[victim]}/{plan.nodes} nodes, {pending} messages unacknowledged at the kill; "
               f"{f.line()}; partials late at the root {rig.engine_stats()['late']}; answer equal "
               f"{took:.1f}s after the kill; shards {stats}")
+        if summarised:  # no row reached the root; the survivor read back the rows the victim had saved
+            got = json.loads(_root_answer(rig, plan.job))
+            assert got["method"]["summarised_ranks"] == plan.nodes * RANKS_PER_NODE, got["method"]
+            assert rig.engine_stats()["figure_rows"] == 0, rig.engine_stats()
+            last = json.loads(rig.shards[victim].stats_file.read_text())["comm"]
+            assert last["saved_messages"] > 0, last
+            assert stats[survivor]["comm"]["rows_replayed"] > 0, stats[survivor]["comm"]
         if at_agents:  # the shard acknowledges each flush's messages once out: it held those of one flush
             assert pending > 0, f.line()
         else:  # the kill had messages delivered again: the case under test

@@ -58,13 +58,11 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
     ``feed``; once every collective record submitted is at the root and
     ``done(root.stats)`` (and the answer is ``want``, for a while: the shards' last figures come a
     flush after the last message): the root's answer and counters."""
-    # Folded at the agents, the shards summarise their partitions' rows in place of handing them on, and a
-    # partition whose lease is lost takes its rows with it (acknowledged: the engine delivers them to no
-    # one again; docs/scale.md says so). This test's root, shards and clients share its one event loop,
-    # which a loaded CI run held past the 6-s lease TTL: every lease lost, the summaries then of fewer
-    # windows than the analysis of every row. What it tests is the answer without a lease lost: the TTL
-    # that case runs with is past any stall of the loop (the losses are the fault tests' subject).
-    cfg = S.EngineConfig(tuple(urls), partitions=4, lease_ttl_s=60.0 if at_agents else S.LEASE_TTL_S)
+    # Folded at the agents, the shards summarise their partitions' rows in place of handing them on; a
+    # partition whose lease is lost (this test's one event loop held past the TTL, as a loaded run did)
+    # is read back from the engine by its next holder (perfd.engine.comm_rows), so the answer is the same
+    # (the kill test in test_engine_collectives_faults.py is that path's own)
+    cfg = S.EngineConfig(tuple(urls), partitions=4)
     agg = Aggregator(AggregatorConfig(grpc_port=0, http_port=0, rules_files=[], engine=cfg,
                                       engine_root_id="root-a"))
     await agg.start()
@@ -102,7 +100,6 @@ async def _through_the_engine(urls: list[str], feed: Callable[[list[EngineClient
                 "shards": [vars(s.windows.stats) for s in shard_list if s.windows is not None],
                 "forwarded": [s.stats.figure_rows_forwarded for s in shard_list],
                 "delivered_again": sum(s.stats.delivered_again for s in shard_list),
-                "leases_lost": sum(s.stats.leases_lost for s in shard_list),
                 "agents": [c.stats() for c in clients]}
     finally:
         stop.set()
@@ -281,7 +278,6 @@ def test_step_records_and_collectives_through_the_engine_give_one_aggregators_an
         assert got["method"]["summarised_ranks"] == NODES * PER_NODE, got["method"]
         assert _summarised_agrees(got, a) == "", _summarised_agrees(got, a)
         assert out["shares"] == {"answered": True, "mixed": 0}, out["shares"]
-        assert out["leases_lost"] == 0, out["leases_lost"]  # the premise above
         return
     elif where == "shards":  # the windows were folded at the shards, from every operation; none at the root
         assert out["fold"]["folded"] == 0 and out["fold"]["received"] >= windows, out["fold"]

@@ -133,7 +133,8 @@ def test_the_shard_exports_its_stats_exactly() -> None:
            if k[0].startswith("perfd_engine_") and not k[0].endswith("_created")}
     # with --comm-summaries, the summaries' counts beside them (absent without)
     comm = CommStats(rows_in=900, rows_refused=6, rows_evicted=40, summaries=12, summary_errors=1,
-                     summary_cpu_s=2.25)
+                     summary_cpu_s=2.25, saved_messages=31, rows_replayed=250, replays=3, replay_errors=2,
+                     purge_errors=4)
     with_comm = {k: v for k, v in _exposed(ShardMetrics(lambda: st, comm)).items()
                  if k[0].startswith("perfd_engine_shard_comm_") and not k[0].endswith("_created")}
     assert with_comm == {
@@ -141,6 +142,10 @@ def test_the_shard_exports_its_stats_exactly() -> None:
         ("perfd_engine_shard_comm_rows_refused_total", ()): 6.0,
         ("perfd_engine_shard_comm_summarising_errors_total", ()): 1.0,
         ("perfd_engine_shard_comm_summarising_cpu_seconds_total", ()): 2.25,
+        ("perfd_engine_shard_comm_saved_messages_total", ()): 31.0,
+        ("perfd_engine_shard_comm_rows_read_back_total", ()): 250.0,
+        ("perfd_engine_shard_comm_read_back_errors_total", ()): 2.0,
+        ("perfd_engine_shard_comm_purge_errors_total", ()): 4.0,
     }
     assert got == {
         ("perfd_engine_shard_node_messages_total", ()): 50.0,

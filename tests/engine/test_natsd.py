@@ -404,3 +404,55 @@ def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
         c.start(timeout_s=10)
     assert str(c.servers[0].log_path) in str(err.value)
     assert not c.servers[0].running
+
+
+def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) -> None:
+    """perfd.engine.comm_rows through a real server: one holder saves what it took and purges what it let
+    go of; a fresh holder reading the partition back holds the same rows (the other partition's not), and
+    summarises them as the first would; the reading's consumer does not stay."""
+    from dataclasses import replace
+
+    from perfd.analytics.collectives.comm_summary import summarize
+    from perfd.engine import comm_rows
+    from perfd.engine import subjects as S
+    from perfd.engine.connect import ensure_streams
+    from perfd.engine.shard_comm import ShardComm
+    from tests.engine.test_comm_summary import JOB, _job
+    from tests.engine.test_comm_wire import _pb
+
+    c = make(1)
+    rows = _job(16, 14, seed=3)
+
+    async def main() -> None:
+        nc = await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
+        try:
+            js = nc.jetstream(timeout=5)
+            await w(ensure_streams(nc, S.EngineConfig(tuple(c.urls), partitions=4)))
+            ids = iter(range(1000))
+            first = ShardComm(summarize, 5, 10)
+            for it in range(14):  # the partition's ranks, and another partition's
+                first.fold_in(_pb({it: rows[it]}, set(range(8))), partition=1, now=0.0)
+                first.fold_in(_pb({it: rows[it]}, set(range(8, 16))), partition=2, now=0.0)
+                if it % 5 == 4 or it == 13:  # a flush: what it let go of purged, then what it took saved
+                    await w(comm_rows.purge(js, first))
+                    await w(comm_rows.save(js, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
+            assert first.stats.purge_errors == 0
+            info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
+            assert sorted(int(s.rsplit(".", 1)[1]) for s in info.state.subjects or {}) == list(range(4, 14))
+            second = ShardComm(summarize, 5, 10)
+            read = await w(comm_rows.read_back(js, second, 1, asyncio.Event()))
+            assert read == 10 and second.stats.replays == 1 and second.stats.replay_errors == 0
+            assert list(second.held) == [(JOB, 1)]
+            assert second.held[(JOB, 1)].joins == first.held[(JOB, 1)].joins
+            assert second.stats.rows_replayed == first.held[(JOB, 1)].rows and not second.replaying
+            mine, theirs = first.take(now=100.0)[JOB], second.take(now=100.0)[JOB]
+            assert replace(theirs[0], epoch=0, seq=0) == replace(mine[0], epoch=0, seq=0)
+            stopped = asyncio.Event()
+            stopped.set()  # a partition let go of before its reading: nothing read, nothing held
+            third = ShardComm(summarize, 5, 10)
+            assert await w(comm_rows.read_back(js, third, 1, stopped)) == 0 and third.held == {}
+            assert (await w(js.stream_info(S.COMMROWS_STREAM))).state.consumer_count == 0
+        finally:
+            await w(nc.close())
+
+    run(main(), timeout=110)

@@ -26,7 +26,8 @@
 # PROFILE_ROOT=1 runs the root under benchmarks.frame_sampler (its threads' CPU and stacks, from inside:
 # py-spy cannot attach there), to ..._root_profile.json, summarised in ..._root_profile.txt.
 # COMM=1: the shards summarise the agents' figures per partition (perfd shard --comm-summaries), files
-# ..._comm.json. RUN_S= the measured seconds (default 30; 120 for a point's steady state). ROOT_SWITCH_MS= the root's
+# ..._comm.json. KILL_AT= SIGKILLs the first shard that many seconds into the window (bench engine
+# --kill-shard-at), files ..._kill<S>.json. RUN_S= the measured seconds (default 30; 120 for a point's steady state). ROOT_SWITCH_MS= the root's
 # --gil-switch-ms (perfd aggregator's default otherwise), files ..._sw<MS>.json. SHARE_EVERY_S= how often
 # each node sends the store's share of its operations (bench engine --share-every-s; default: what the
 # agent holds it to, perfd.engine.shares; 0: every iteration, as before), files ..._share<S>.json.
@@ -53,6 +54,7 @@ for p in "${points[@]}"; do
   sw=(); [ -n "${ROOT_SWITCH_MS:-}" ] && { sw=(--root-gil-switch-ms "$ROOT_SWITCH_MS"); tag="${tag}_sw${ROOT_SWITCH_MS}"; }
   [ -n "${SHARE_EVERY_S:-}" ] && { sw+=(--share-every-s "$SHARE_EVERY_S"); tag="${tag}_share${SHARE_EVERY_S}"; }
   [ "${COMM:-}" = 1 ] && { sw+=(--comm-summaries); tag="${tag}_comm"; }
+  [ -n "${KILL_AT:-}" ] && { sw+=(--kill-shard-at "$KILL_AT"); tag="${tag}_kill${KILL_AT}"; }
   name="$out/engine_16core_n${nodes}_s${shards}_tls${tag}"
   prof=(); [ "${PROFILE_ROOT:-}" = 1 ] && prof=(--profile-root "${name}_root_profile.json")
   timeout 540 python3 -m perfd.app.cli bench engine --nodes "$nodes" --shards "$shards" --procs "$procs" \
