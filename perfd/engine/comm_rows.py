@@ -28,7 +28,7 @@ from collections.abc import Callable
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.nats_api import JetStream
-from perfd.engine.shard_comm import ShardComm
+from perfd.engine.shard_comm import Saves, ShardComm
 from perfd.transport.gen import perfd_pb2 as pb
 
 log = logging.getLogger("perfd.engine")
@@ -38,14 +38,24 @@ READ_BATCH = 64  # messages a fetch of the reading back (each up to figures_code
 READ_TIMEOUT_S = 5.0  # a fetch that brings nothing in this long ends the reading (counted)
 READER_IDLE_S = 10.0  # the reading's consumer, ephemeral, is let go by the server once idle this long
 
-Saves = dict[tuple[str, int, int], list[pb.WindowFigures]]
+RUN_HEADER = "Perfd-New-Run"  # a run's mark: the iteration the job's run began at
+JOB_HEADER = "Perfd-Job"
 
 
-async def save(js: JetStream, saves: Saves, next_id: Callable[[], str], sender: str) -> int:
-    """Publish ``saves`` (ShardComm.take_saves); raises where the engine refused one (the caller gives
-    them back and acknowledges nothing). Returns the messages published."""
+async def save(js: JetStream, comm: ShardComm, saves: Saves, next_id: Callable[[], str], sender: str) -> int:
+    """Publish ``saves`` (ShardComm.take_saves), in their order; raises where the engine refused one (the
+    caller gives them back and acknowledges nothing). A run's mark goes as a message of its own, and what
+    the stream held of the job's partition before it is purged (best effort: bounded by the mark's
+    sequence, so that nothing saved after it goes, whoever saved it). Returns the messages published."""
     n = 0
-    for (job, partition, iteration), raw in saves.items():
+    for (job, partition, iteration, run), raw in saves.items():
+        if run:
+            bid = next_id()
+            ack = await js.publish(S.commrows_subject(job, partition, "run"), b"", timeout=PUBLISH_TIMEOUT_S,
+                                   headers={"Nats-Msg-Id": bid, JOB_HEADER: job, RUN_HEADER: str(iteration)})
+            n += 1
+            await _purge(js, comm, job, partition, None, before=ack.seq)
+            continue
         for group in figures_codec.grouped(raw):
             bid = next_id()
             b = pb.EngineBatch(id=bid, sender=sender, created_ns=time.time_ns())
@@ -57,22 +67,29 @@ async def save(js: JetStream, saves: Saves, next_id: Callable[[], str], sender: 
 
 
 async def purge(js: JetStream, comm: ShardComm) -> None:
-    """What the holder let go of since the last flush, purged (best effort: one the engine does not do is
-    logged and counted, and ages out with the stream's max age)."""
+    """What the holder let go of since the last flush, purged, after its saves (best effort: one the
+    engine does not do is logged and counted, and ages out with the stream's max age)."""
     for job, partition, iteration in comm.take_purges():
-        try:
-            await js.purge_stream(S.COMMROWS_STREAM, subject=S.commrows_subject(job, partition, iteration))
-        except Exception as exc:
-            comm.stats.purge_errors += 1
-            log.info("shard: saved rows of job %s partition %d not purged (%s): they age out", job, partition,
-                     exc)
+        await _purge(js, comm, job, partition, iteration)
+
+
+async def _purge(js: JetStream, comm: ShardComm, job: str, partition: int, iteration: int | None,
+                 before: int | None = None) -> None:
+    try:
+        await js.purge_stream(S.COMMROWS_STREAM, seq=before,
+                              subject=S.commrows_subject(job, partition, iteration))
+    except Exception as exc:
+        comm.stats.purge_errors += 1
+        log.info("shard: saved rows of job %s partition %d not purged (%s): they age out", job, partition,
+                 exc)
 
 
 async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asyncio.Event,
-                    after_s: float = 0.0) -> int:
+                    held: Callable[[], bool], after_s: float = 0.0) -> int:
     """The partition's saved rows folded into ``comm`` (its summaries held back meanwhile), ``after_s``
     from now; returns the messages read. A reading that fails or ends early keeps what it read, logged and
-    counted; one whose partition was let go meanwhile (``stop``) leaves nothing of it held."""
+    counted; one whose partition was let go meanwhile (``stop``) and is not held again (``held``) leaves
+    nothing of it held."""
     from nats.errors import TimeoutError as NatsTimeout
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -83,7 +100,7 @@ async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asynci
             pass
     if stop.is_set():
         return 0
-    comm.replaying.add(partition)
+    comm.replaying[partition] = comm.replaying.get(partition, 0) + 1
     comm.stats.replays += 1
     read, began = 0, time.monotonic()
     try:
@@ -103,7 +120,8 @@ async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asynci
                                 partition, read)
                     break
                 for m in msgs:
-                    _fold_back(comm, m.data, partition)
+                    # (nats' JetStream messages carry their headers; the Msg protocol does not name them)
+                    _fold_back(comm, m.data, getattr(m, "headers", None) or {}, partition)
                 read += len(msgs)
                 if not msgs or (msgs[-1].metadata.num_pending or 0) == 0:
                     break
@@ -120,8 +138,10 @@ async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asynci
         log.warning("shard: reading back partition %d's saved rows failed after %d messages (%s)", partition,
                     read, exc)
     finally:
-        comm.replaying.discard(partition)
-        if stop.is_set():  # let go of meanwhile (_drop): its rows are the next holder's
+        left = comm.replaying.pop(partition, 1) - 1
+        if left:
+            comm.replaying[partition] = left
+        if stop.is_set() and not held():  # let go of meanwhile (_drop): its rows are the next holder's
             comm.drop_partition(partition)
         took = time.monotonic() - began
         comm.stats.read_back_s += took
@@ -129,7 +149,14 @@ async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asynci
     return read
 
 
-def _fold_back(comm: ShardComm, data: bytes, partition: int) -> None:
+def _fold_back(comm: ShardComm, data: bytes, headers: dict[str, str], partition: int) -> None:
+    if RUN_HEADER in headers:  # the rows read before it were the last run's
+        try:
+            comm.new_run(headers[JOB_HEADER], partition, int(headers[RUN_HEADER]), replayed=True)
+        except (KeyError, ValueError) as exc:
+            comm.stats.replay_errors += 1
+            log.warning("shard: partition %d: a run's mark that does not read (%s): skipped", partition, exc)
+        return
     try:
         b = pb.EngineBatch.FromString(data)
         for f in b.window_figures:

@@ -114,7 +114,8 @@ async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) 
     return True
 
 
-async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1) -> None:
+async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1,
+                         comm_rows: bool = False) -> None:
     """The streams, the lease bucket (its keys expiring after ``cfg.lease_ttl_s``) and the job infos', made if
     missing (the same call from every process that starts: JetStream's add is idempotent for an
     identical config, and refuses another: a process given another --engine-replicas or
@@ -144,10 +145,11 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1)
         name=S.SUMMARIES_STREAM, subjects=[f"{S.SUMMARIES_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
         max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.SUMMARIES_MAX_BYTES))
-    await js.add_stream(StreamConfig(
-        name=S.COMMROWS_STREAM, subjects=[f"{S.COMMROWS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
-        max_age=S.PARTIALS_MAX_AGE_S, max_bytes=S.COMMROWS_MAX_BYTES))
+    if comm_rows:  # only where a shard saves them (--comm-summaries): its bytes are reserved of the store
+        await js.add_stream(StreamConfig(
+            name=S.COMMROWS_STREAM, subjects=[f"{S.COMMROWS_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, num_replicas=replicas, duplicate_window=S.DUPLICATE_WINDOW_S,
+            max_age=S.COMMROWS_MAX_AGE_S, max_bytes=S.COMMROWS_MAX_BYTES))
     try:
         await js.create_key_value(bucket=S.LEASES_BUCKET, ttl=cfg.lease_ttl_s, replicas=replicas, history=1)
     except Exception as exc:

@@ -177,7 +177,7 @@ class Shard:
         self._max_bytes = (nc.max_payload or DEFAULT_MAX_PAYLOAD) - 4096
         keeper = None
         try:
-            await ensure_streams(nc, self.cfg, self.replicas)
+            await ensure_streams(nc, self.cfg, self.replicas, comm_rows=self.comm is not None)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
             try:
@@ -347,9 +347,10 @@ class Shard:
                 pass
         if self.comm is not None:  # the rows its former holders saved, then (where it had messages out)
             # what it saves late, once they are due again
-            await comm_rows.read_back(js, self.comm, p, stop)
+            held = lambda: p in self._leases  # noqa: E731
+            await comm_rows.read_back(js, self.comm, p, stop, held)
             if info.num_ack_pending:
-                self._later.add(asyncio.create_task(comm_rows.read_back(js, self.comm, p, stop,
+                self._later.add(asyncio.create_task(comm_rows.read_back(js, self.comm, p, stop, held,
                                                                         after_s=self.cfg.ack_wait_s)))
                 self._later = {t for t in self._later if not t.done()}
         key = S.partition_lease(p)
@@ -510,10 +511,10 @@ class Shard:
                     await js.publish(S.partials_subject(job), b.SerializeToString(), timeout=5.0,
                                      headers={"Nats-Msg-Id": bid})
             self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
-            if self.comm is not None:  # what it let go of, then what it took: before their messages' acks
-                await comm_rows.purge(js, self.comm)
-                n = await comm_rows.save(js, saves, self._next_batch_id, self.id)
+            if self.comm is not None:  # what it took (before their messages' acks), then what it let go of
+                n = await comm_rows.save(js, self.comm, saves, self._next_batch_id, self.id)
                 self.comm.stats.saved_messages += n
+                await comm_rows.purge(js, self.comm)
             for job, ms in summaries.items():  # after the partials they summarise
                 for bid, data in batches(ms, self._next_batch_id, self.id, self._max_bytes):
                     await js.publish(S.summaries_subject(job), data, timeout=5.0,

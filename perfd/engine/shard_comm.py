@@ -22,11 +22,13 @@ iteration; a second restart resuming from the same iteration reads as the same r
 
 The rows are the partition's, not the holder's: each agent message whose rows went in is kept to be saved
 to the engine (:meth:`ShardComm.take_saves`; perfd.engine.comm_rows publishes them before the node
-message is acknowledged), and what the holder lets go of is purged there (:meth:`ShardComm.take_purges`:
-an iteration evicted, the last run's rows, a job forgotten). A partition's next holder reads the saved rows
-back (:meth:`ShardComm.fold_in` ``replayed``) before it summarises the partition: a lease that moves
-takes no row with it. A partition whose lease is lost keeps its rows not yet saved, to be saved at the
-next flush (their messages are acknowledged then), and drops its purges (the next holder's now).
+message is acknowledged), with a job's new run marked among them (read back, the mark lets go of the
+rows before it, and the holder purges those), and what the holder lets go of is purged there
+(:meth:`ShardComm.take_purges`: an iteration evicted, a job forgotten). A partition's next holder reads the
+saved rows back (:meth:`ShardComm.fold_in` ``replayed``) before it summarises the partition: a lease that
+moves takes no row with it. A partition whose lease is lost keeps its rows not yet saved, to be saved at the
+next flush (their messages are acknowledged then; a run's mark with them), and drops its purges (the next
+holder's now).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ from perfd.transport.gen import perfd_pb2 as pb
 log = logging.getLogger("perfd.engine")
 
 CommSummaries = dict[str, list[cs.CommSummary]]  # by job
+# What a holder saves (perfd.engine.comm_rows): (job, partition, iteration, run): the agents' figures whose
+# newest iteration that is, or (run) the mark that the job's run began there (its figures none)
+SaveKey = tuple[str, int, int, bool]
+Saves = dict[SaveKey, list[pb.WindowFigures]]
 
 
 @dataclass
@@ -93,9 +99,9 @@ class ShardComm:
         self._spent: dict[str, float] = {}  # job -> the CPU its round took so far
         self._unsent: CommSummaries = {}  # made, their publishing failed: sent at the next take
         # (job, partition, its newest iteration) -> agents' figures whose rows went in, not saved yet
-        self._saves: dict[tuple[str, int, int], list[pb.WindowFigures]] = {}
+        self._saves: Saves = {}  # in the order taken: a run's mark before its rows
         self._purges: set[tuple[str, int, int | None]] = set()  # (job, partition, iteration; None: all)
-        self.replaying: set[int] = set()  # partitions being read back: summarised once they are
+        self.replaying: dict[int, int] = {}  # partition -> its readings back under way: summarised after
         self.stats = CommStats()
 
     def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float,
@@ -106,7 +112,7 @@ class ShardComm:
             figs = figures_codec.from_pb(m)
             h = self.held.setdefault((figs.job, partition), _Held())
             h.seen = now
-            went_in = 0
+            went_in, newest = 0, None
             for (it, _rank), w in figs.rows.items():
                 if w.end_ns <= w.start_ns:
                     self.stats.rows_refused += not replayed  # counted when it came
@@ -116,6 +122,7 @@ class ShardComm:
                     join = h.joins[it] = WindowFigures(figs.job)
                 if join.add(it, w):
                     went_in += 1
+                    newest = it if newest is None else max(newest, it)
                     h.changed = True
             h.rows = sum(len(j) for j in h.joins.values())
             self._trim(h, figs.job, partition)
@@ -123,25 +130,29 @@ class ShardComm:
                 self.stats.rows_replayed += went_in
                 continue
             self.stats.rows_in += went_in
-            newest = max((it for it, _ in figs.rows), default=None)
-            if went_in and newest in h.joins:  # saved under its newest iteration, purged when that one goes
-                # (one of iterations let go of already is not)
-                self._saves.setdefault((figs.job, partition, newest), []).append(m)
+            if newest is not None and newest in h.joins:  # saved under the newest iteration that went in,
+                # purged when that one goes (one of iterations let go of already is not)
+                self._saves.setdefault((figs.job, partition, newest, False), []).append(m)
 
-    def new_run(self, job: str, partition: int, iteration: int) -> None:
-        """A node partial of the partition says a rank began a new run of ``job`` at ``iteration``."""
+    def new_run(self, job: str, partition: int, iteration: int, replayed: bool = False) -> None:
+        """A node partial of the partition says a rank began a new run of ``job`` at ``iteration``
+        (``replayed``: a run's mark read back from the engine). A new run's mark is saved before its rows,
+        and what was not saved of the last run is not."""
         h = self.held.get((job, partition))
+        if h is not None and h.run_began == iteration:
+            return
         if h is None:
             self.held[(job, partition)] = _Held(run_began=iteration)
-        elif h.run_began != iteration:
+        else:
             gone = h.rows
             h.joins.clear()
             h.rows, h.changed, h.run_began = 0, True, iteration
             self.stats.rows_evicted += gone
             self.stats.runs_begun += 1
-            self._purges.add((job, partition, None))
+        if not replayed:
             for key in [k for k in self._saves if k[:2] == (job, partition)]:
                 del self._saves[key]
+            self._saves[(job, partition, iteration, True)] = []
 
     def _trim(self, h: _Held, job: str, partition: int) -> None:
         its = sorted(h.joins)
@@ -204,15 +215,18 @@ class ShardComm:
         for job, ss in summaries.items():
             self._unsent.setdefault(job, []).extend(ss)
 
-    def take_saves(self) -> dict[tuple[str, int, int], list[pb.WindowFigures]]:
+    def take_saves(self) -> Saves:
         """The agents' figures to save now (perfd.engine.comm_rows.save), by (job, partition, newest
         iteration); given back (:meth:`saves_again`) where the flush failed."""
         out, self._saves = self._saves, {}
         return out
 
-    def saves_again(self, saves: dict[tuple[str, int, int], list[pb.WindowFigures]]) -> None:
-        for key, figs in saves.items():
-            self._saves[key] = figs + self._saves.get(key, [])
+    def saves_again(self, saves: Saves) -> None:
+        """Before what was taken since, in their order; but a (job, partition)'s whose new run began since:
+        the last run's rows, which the new run's mark would let go of."""
+        runs = {k[:2] for k in self._saves if k[3]}
+        back = {k: figs + self._saves.pop(k, []) for k, figs in saves.items() if k[:2] not in runs}
+        self._saves = {**back, **self._saves}
 
     def take_purges(self) -> list[tuple[str, int, int | None]]:
         """The rows let go of since the last take, to purge from the engine (iteration None: every one of

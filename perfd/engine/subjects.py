@@ -118,9 +118,9 @@ def summaries_subject(job: str) -> str:
     return f"{SUMMARIES_PREFIX}.{job_token(job)}"
 
 
-def commrows_subject(job: str, partition: int, iteration: int | None = None) -> str:
-    """Where a shard saves ``job``'s rows of ``partition`` whose newest iteration is ``iteration`` (None:
-    a filter of every iteration)."""
+def commrows_subject(job: str, partition: int, iteration: int | str | None = None) -> str:
+    """Where a shard saves ``job``'s rows of ``partition`` whose newest iteration is ``iteration`` ("run":
+    the job's run marks; None: a filter of every one)."""
     return f"{COMMROWS_PREFIX}.{job_token(job)}.{partition}.{'*' if iteration is None else iteration}"
 
 
@@ -203,3 +203,5 @@ SUMMARIES_MAX_BYTES = 256 << 20
 # The rows the shards hold (~60-100 bytes a row: a 100,000-rank job's hundred kept iterations ~0.8 GB);
 # the oldest go first past it (a partition then read back with fewer windows than its holder had)
 COMMROWS_MAX_BYTES = 2 << 30
+# Past the hundred iterations a holder keeps at an iteration every ~14 minutes: what is let go of is purged
+COMMROWS_MAX_AGE_S = 24 * 3600.0

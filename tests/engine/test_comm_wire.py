@@ -245,45 +245,54 @@ def test_the_root_reads_what_reads_and_counts_what_does_not() -> None:
 
 def test_a_shard_keeps_what_it_took_to_save_and_what_it_let_go_of_to_purge() -> None:
     """The rows are the partition's (perfd.engine.comm_rows): each agent message whose rows went in is kept
-    to be saved under its newest iteration (one of rows held already is not), each iteration evicted is
-    to be purged, and a lease lost keeps the saves (their messages are acknowledged at the next flush)
-    but drops the purges (the next holder's); a new run, or a job forgotten, purges the partition's whole
-    and drops what it had not saved."""
+    to be saved under the newest iteration that went in (one of rows held already is not), each iteration
+    evicted is to be purged, a new run is marked before its rows (what was not saved of the last run is not
+    saved), a flush that failed gives its saves back before what came since (but the last run's, where a
+    new run began since), and a lease lost keeps the saves but drops the purges (the next holder's)."""
     rows = _job(8, 14, seed=11)
     comm = ShardComm(summarize, 5, 10)  # keeps 10 iterations
     first = _pb({it: rows[it] for it in range(12)})
     comm.fold_in(first, partition=2, now=0.0)
     comm.fold_in(first[:3], partition=2, now=0.0)  # delivered again: nothing went in, nothing to save
     saves = comm.take_saves()
-    assert {k: len(v) for k, v in saves.items()} == {(JOB, 2, it): 1 for it in range(12)}
+    assert {k: len(v) for k, v in saves.items()} == {(JOB, 2, it, False): 1 for it in range(12)}
     assert comm.take_purges() == [(JOB, 2, 0), (JOB, 2, 1)]  # the two past the ten kept
-    comm.saves_again(saves)  # the flush failed: saved at the next, in the order taken
     comm.fold_in(_pb({12: rows[12]}), partition=2, now=1.0)
+    comm.saves_again(saves)  # the flush failed: saved at the next, before what came since
     again = comm.take_saves()
-    assert [k[2] for k in again] == [*range(12), 12] and again[(JOB, 2, 0)] == saves[(JOB, 2, 0)]
+    assert [k[2] for k in again] == [*range(12), 12]
+    assert again[(JOB, 2, 0, False)] == saves[(JOB, 2, 0, False)]
     assert comm.take_purges() == [(JOB, 2, 2)]
     comm.fold_in(_pb({13: rows[13]}), partition=2, now=1.0)
     comm.drop_partition(2)  # the lease lost
-    assert comm.take_purges() == [] and list(comm.take_saves()) == [(JOB, 2, 13)]
+    assert comm.take_purges() == [] and list(comm.take_saves()) == [(JOB, 2, 13, False)]
     assert comm.held == {}
-    comm.fold_in(_pb({13: rows[13]}), partition=1, now=2.0)
-    comm.new_run(JOB, 1, 0)  # first seen: nothing to let go of
-    comm.new_run(JOB, 1, 5)  # a new run: the partition's rows gone, here and saved
-    assert comm.take_saves() == {} and comm.take_purges() == [(JOB, 1, None)]
+    old = _pb({13: rows[13]})
+    comm.fold_in(old, partition=1, now=2.0)
+    taken = comm.take_saves()  # in flight, then a new run begins and the flush fails
+    comm.new_run(JOB, 1, 0)
+    comm.fold_in(_pb({0: rows[0]}), partition=1, now=2.0)
+    comm.new_run(JOB, 1, 0)  # another node of the same run: nothing more
+    comm.saves_again(taken)
+    assert list(comm.take_saves()) == [(JOB, 1, 0, True), (JOB, 1, 0, False)]
+    assert sorted(comm.held[(JOB, 1)].joins) == [0]
+    comm.fold_in(_pb({3: rows[3]}), partition=3, now=2.0)
+    comm.new_run(JOB, 3, 1)  # not saved yet, the last run's rows are not saved at all
+    assert list(comm.take_saves()) == [(JOB, 3, 1, True)]
     comm.fold_in(_pb({13: rows[13]}), partition=3, now=2.0)
-    comm.forget(JOB)  # every partition of it held, the one of no rows since its new run too
+    comm.forget(JOB)
     assert comm.take_saves() == {} and comm.take_purges() == [(JOB, 1, None), (JOB, 3, None)]
 
 
 def test_rows_read_back_are_counted_apart_not_saved_and_summarised_once_read() -> None:
     rows = _job(10, 6, seed=12)
     comm = ShardComm(summarize, RECENT, OUT)
-    comm.replaying.add(0)
+    comm.replaying[0] = 1
     comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=True)
     comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=True)  # read back twice: one row each
     assert comm.stats.rows_replayed == sum(map(len, rows.values())) and comm.stats.rows_in == 0
     assert comm.take_saves() == {}
     assert comm.take(now=0.0) == {}  # being read back: not summarised yet
-    comm.replaying.discard(0)
+    del comm.replaying[0]
     (s,) = comm.take(now=100.0)[JOB]
     assert s == summarize(JOB, _joins(rows), RECENT, OUT, partition=0, epoch=comm.epoch, seq=1)

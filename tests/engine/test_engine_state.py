@@ -61,7 +61,7 @@ def test_the_leaders_read_of_the_streams_is_what_the_engine_says(tmp_path: Path,
 
             nc = await nats.connect(list(cluster.urls))
             try:
-                await ensure_streams(nc, cfg)
+                await ensure_streams(nc, cfg, comm_rows=True)  # every stream, the saved rows' too
                 js = nc.jetstream()
                 await js.add_consumer(S.NODES_STREAM, ConsumerConfig(
                     durable_name=S.shard_consumer(2), filter_subject=S.partition_filter(2),

@@ -427,7 +427,7 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
         nc = await w(nats.connect(c.urls, allow_reconnect=False, error_cb=_quiet))
         try:
             js = nc.jetstream(timeout=5)
-            await w(ensure_streams(nc, S.EngineConfig(tuple(c.urls), partitions=4)))
+            await w(ensure_streams(nc, S.EngineConfig(tuple(c.urls), partitions=4), comm_rows=True))
             ids = iter(range(1000))
             first = ShardComm(summarize, 5, 10)
             for it in range(14):  # the partition's ranks, and another partition's
@@ -435,12 +435,12 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
                 first.fold_in(_pb({it: rows[it]}, set(range(8, 16))), partition=2, now=0.0)
                 if it % 5 == 4 or it == 13:  # a flush: what it let go of purged, then what it took saved
                     await w(comm_rows.purge(js, first))
-                    await w(comm_rows.save(js, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
+                    await w(comm_rows.save(js, first, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
             assert first.stats.purge_errors == 0
             info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
             assert sorted(int(s.rsplit(".", 1)[1]) for s in info.state.subjects or {}) == list(range(4, 14))
             second = ShardComm(summarize, 5, 10)
-            read = await w(comm_rows.read_back(js, second, 1, asyncio.Event()))
+            read = await w(comm_rows.read_back(js, second, 1, asyncio.Event(), lambda: True))
             assert read == 10 and second.stats.replays == 1 and second.stats.replay_errors == 0
             assert list(second.held) == [(JOB, 1)]
             assert second.held[(JOB, 1)].joins == first.held[(JOB, 1)].joins
@@ -450,7 +450,19 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
             stopped = asyncio.Event()
             stopped.set()  # a partition let go of before its reading: nothing read, nothing held
             third = ShardComm(summarize, 5, 10)
-            assert await w(comm_rows.read_back(js, third, 1, stopped)) == 0 and third.held == {}
+            assert await w(comm_rows.read_back(js, third, 1, stopped, lambda: False)) == 0
+            assert third.held == {}
+            # A new run of the job at iteration 0: its mark saved before its rows, what the stream held of
+            # the partition before the mark purged; read back, the partition holds the new run's rows only
+            first.new_run(JOB, 1, 0)
+            first.fold_in(_pb({0: rows[0]}, set(range(8))), partition=1, now=1.0)
+            await w(comm_rows.save(js, first, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
+            info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
+            assert sorted(s.rsplit(".", 1)[1] for s in info.state.subjects or {}) == ["0", "run"]
+            fourth = ShardComm(summarize, 5, 10)
+            assert await w(comm_rows.read_back(js, fourth, 1, asyncio.Event(), lambda: True)) == 2
+            assert fourth.held[(JOB, 1)].joins == first.held[(JOB, 1)].joins
+            assert sorted(fourth.held[(JOB, 1)].joins) == [0] and fourth.held[(JOB, 1)].run_began == 0
             assert (await w(js.stream_info(S.COMMROWS_STREAM))).state.consumer_count == 0
         finally:
             await w(nc.close())
