@@ -452,6 +452,17 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
             third = ShardComm(summarize, 5, 10)
             assert await w(comm_rows.read_back(js, third, 1, stopped, lambda: False)) == 0
             assert third.held == {}
+            # Let go of while it read (a _drop: the stop set by its end): what it read is let go of too,
+            # unless the partition is held again (taken back by the same shard); and a reading that ends
+            # while another is under way leaves the partition unsummarised until that one ends
+            for again in (False, True):
+                fifth = ShardComm(summarize, 5, 10)
+                fifth.replaying[1] = 1  # another reading, under way
+                assert await w(comm_rows.read_back(js, fifth, 1, _LetGoWhileReading(), lambda again=again: again)) == 10
+                assert ((JOB, 1) in fifth.held) is again and fifth.replaying == {1: 1}
+                assert fifth.take(now=100.0) == {}
+                del fifth.replaying[1]
+                assert bool(fifth.take(now=100.0)) is again
             # A new run of the job at iteration 0: its mark saved before its rows, what the stream held of
             # the partition before the mark purged; read back, the partition holds the new run's rows only
             first.new_run(JOB, 1, 0)
@@ -468,3 +479,15 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
             await w(nc.close())
 
     run(main(), timeout=110)
+
+
+class _LetGoWhileReading(asyncio.Event):
+    """A partition's stop not set when its reading back begins (its first two looks) and set by its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks > 2
