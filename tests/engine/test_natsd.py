@@ -410,6 +410,7 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
     """perfd.engine.comm_rows through a real server: one holder saves what it took and purges what it let
     go of; a fresh holder reading the partition back holds the same rows (the other partition's not), and
     summarises them as the first would; the reading's consumer does not stay."""
+    import functools
     from dataclasses import replace
 
     from perfd.analytics.collectives.comm_summary import summarize
@@ -458,7 +459,8 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
             for again in (False, True):
                 fifth = ShardComm(summarize, 5, 10)
                 fifth.replaying[1] = 1  # another reading, under way
-                assert await w(comm_rows.read_back(js, fifth, 1, _LetGoWhileReading(), lambda again=again: again)) == 10
+                held_again = functools.partial(bool, again)
+                assert await w(comm_rows.read_back(js, fifth, 1, _LetGoWhileReading(), held_again)) == 10
                 assert ((JOB, 1) in fifth.held) is again and fifth.replaying == {1: 1}
                 assert fifth.take(now=100.0) == {}
                 del fifth.replaying[1]
