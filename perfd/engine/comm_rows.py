@@ -7,9 +7,12 @@ rows are acknowledged once their partials are out (the step path needs no more),
 lease moved — its shard killed, or its loop held past the lease's TTL — took every row it had with it, and
 its next holder's summaries were of the windows that came after (the root then read fewer windows than one
 aggregator would). Each agent message whose rows went in is published here before its node message is
-acknowledged, under its newest iteration's subject; what the holder lets go of is purged; the next holder
-reads the partition's subjects back before it summarises it. A row read back twice, or read back and
-delivered again, is one row (the holder's join by (iteration, rank)).
+acknowledged, under its newest iteration's subject and tagged with the job's run the holder knows (a
+restart's rows, perhaps of lower iteration numbers, must not join the last run's); what the holder lets go
+of is purged; the next holder reads the partition's subjects back before it summarises it. A row read back
+twice, or read back and delivered again, is one row (the holder's join by (iteration, rank)); a later
+run's rows read back let go of an earlier run's held, and an earlier run's are skipped. A restart's last-run
+rows are not purged (a purge by subject cannot tell the runs apart): they age out with the stream.
 
 The readings back: at the take, and again after the ack wait where the former holder had messages out (a
 holder that lost its lease saves and acknowledges what it folded at its next flush, which a holder held
@@ -28,7 +31,7 @@ from collections.abc import Callable
 from perfd.engine import figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.nats_api import JetStream
-from perfd.engine.shard_comm import Saves, ShardComm
+from perfd.engine.shard_comm import NO_RUN, Run, Saves, ShardComm
 from perfd.transport.gen import perfd_pb2 as pb
 
 log = logging.getLogger("perfd.engine")
@@ -38,30 +41,33 @@ READ_BATCH = 64  # messages a fetch of the reading back (each up to figures_code
 READ_TIMEOUT_S = 5.0  # a fetch that brings nothing in this long ends the reading (counted)
 READER_IDLE_S = 10.0  # the reading's consumer, ephemeral, is let go by the server once idle this long
 
-RUN_HEADER = "Perfd-New-Run"  # a run's mark: the iteration the job's run began at
-JOB_HEADER = "Perfd-Job"
+RUN_HEADER = "Perfd-Run"  # the run a saved message's rows are of: "<ns>:<iteration>" (ShardComm's Run)
 
 
-async def save(js: JetStream, comm: ShardComm, saves: Saves, next_id: Callable[[], str], sender: str) -> int:
-    """Publish ``saves`` (ShardComm.take_saves), in their order; raises where the engine refused one (the
-    caller gives them back and acknowledges nothing). A run's mark goes as a message of its own, and what
-    the stream held of the job's partition before it is purged (best effort: bounded by the mark's
-    sequence, so that nothing saved after it goes, whoever saved it). Returns the messages published."""
+def run_header(run: Run) -> str:
+    return f"{run[0]}:{'' if run[1] is None else run[1]}"
+
+
+def read_run(value: str | None) -> Run:
+    """ValueError for a value run_header does not write."""
+    if value is None:
+        return NO_RUN
+    ns, _, it = value.partition(":")
+    return (int(ns), int(it) if it else None)
+
+
+async def save(js: JetStream, saves: Saves, next_id: Callable[[], str], sender: str) -> int:
+    """Publish ``saves`` (ShardComm.take_saves), each tagged with its run; raises where the engine refused
+    one (the caller gives them back and acknowledges nothing). Returns the messages published."""
     n = 0
     for (job, partition, iteration, run), raw in saves.items():
-        if run:
-            bid = next_id()
-            ack = await js.publish(S.commrows_subject(job, partition, "run"), b"", timeout=PUBLISH_TIMEOUT_S,
-                                   headers={"Nats-Msg-Id": bid, JOB_HEADER: job, RUN_HEADER: str(iteration)})
-            n += 1
-            await _purge(js, comm, job, partition, None, before=ack.seq)
-            continue
         for group in figures_codec.grouped(raw):
             bid = next_id()
             b = pb.EngineBatch(id=bid, sender=sender, created_ns=time.time_ns())
             b.window_figures.extend(group)
             await js.publish(S.commrows_subject(job, partition, iteration), b.SerializeToString(),
-                             timeout=PUBLISH_TIMEOUT_S, headers={"Nats-Msg-Id": bid})
+                             timeout=PUBLISH_TIMEOUT_S,
+                             headers={"Nats-Msg-Id": bid, RUN_HEADER: run_header(run)})
             n += 1
     return n
 
@@ -73,11 +79,9 @@ async def purge(js: JetStream, comm: ShardComm) -> None:
         await _purge(js, comm, job, partition, iteration)
 
 
-async def _purge(js: JetStream, comm: ShardComm, job: str, partition: int, iteration: int | None,
-                 before: int | None = None) -> None:
+async def _purge(js: JetStream, comm: ShardComm, job: str, partition: int, iteration: int | None) -> None:
     try:
-        await js.purge_stream(S.COMMROWS_STREAM, seq=before,
-                              subject=S.commrows_subject(job, partition, iteration))
+        await js.purge_stream(S.COMMROWS_STREAM, subject=S.commrows_subject(job, partition, iteration))
     except Exception as exc:
         comm.stats.purge_errors += 1
         log.info("shard: saved rows of job %s partition %d not purged (%s): they age out", job, partition,
@@ -150,14 +154,8 @@ async def read_back(js: JetStream, comm: ShardComm, partition: int, stop: asynci
 
 
 def _fold_back(comm: ShardComm, data: bytes, headers: dict[str, str], partition: int) -> None:
-    if RUN_HEADER in headers:  # the rows read before it were the last run's
-        try:
-            comm.new_run(headers[JOB_HEADER], partition, int(headers[RUN_HEADER]), replayed=True)
-        except (KeyError, ValueError) as exc:
-            comm.stats.replay_errors += 1
-            log.warning("shard: partition %d: a run's mark that does not read (%s): skipped", partition, exc)
-        return
     try:
+        run = read_run(headers.get(RUN_HEADER))
         b = pb.EngineBatch.FromString(data)
         for f in b.window_figures:
             figures_codec.check(f)
@@ -165,4 +163,4 @@ def _fold_back(comm: ShardComm, data: bytes, headers: dict[str, str], partition:
         comm.stats.replay_errors += 1
         log.warning("shard: partition %d: saved rows that do not decode (%s): skipped", partition, exc)
         return
-    comm.fold_in(list(b.window_figures), partition, time.monotonic(), replayed=True)
+    comm.fold_in(list(b.window_figures), partition, time.monotonic(), replayed=run)

@@ -434,7 +434,7 @@ class Shard:
         if self.comm is not None:  # summarised, in place of the rows: the root reads its shares from those
             for part in d.partials:
                 if part.new_run:
-                    self.comm.new_run(part.job, partition, part.iteration)
+                    self.comm.new_run(part.job, partition, part.iteration, delivered)
             if d.figures_pb:
                 self.comm.fold_in(d.figures_pb, partition, delivered)
         else:
@@ -512,7 +512,7 @@ class Shard:
                                      headers={"Nats-Msg-Id": bid})
             self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
             if self.comm is not None:  # what it took (before their messages' acks), then what it let go of
-                n = await comm_rows.save(js, self.comm, saves, self._next_batch_id, self.id)
+                n = await comm_rows.save(js, saves, self._next_batch_id, self.id)
                 self.comm.stats.saved_messages += n
                 await comm_rows.purge(js, self.comm)
             for job, ms in summaries.items():  # after the partials they summarise

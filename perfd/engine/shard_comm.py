@@ -22,13 +22,13 @@ iteration; a second restart resuming from the same iteration reads as the same r
 
 The rows are the partition's, not the holder's: each agent message whose rows went in is kept to be saved
 to the engine (:meth:`ShardComm.take_saves`; perfd.engine.comm_rows publishes them before the node
-message is acknowledged), with a job's new run marked among them (read back, the mark lets go of the
-rows before it, and the holder purges those), and what the holder lets go of is purged there
-(:meth:`ShardComm.take_purges`: an iteration evicted, a job forgotten). A partition's next holder reads the
+message is acknowledged), each tagged with the job's run the holder knows (when it saw the run begin, and
+where: :data:`Run`; read back, a later run's rows let go of those of an earlier one held, and an earlier
+run's are skipped), and what the holder lets go of is purged there (:meth:`ShardComm.take_purges`: an
+iteration evicted, a job forgotten). A partition's next holder reads the
 saved rows back (:meth:`ShardComm.fold_in` ``replayed``) before it summarises the partition: a lease that
 moves takes no row with it. A partition whose lease is lost keeps its rows not yet saved, to be saved at the
-next flush (their messages are acknowledged then; a run's mark with them), and drops its purges (the next
-holder's now).
+next flush (their messages are acknowledged then), and drops its purges (the next holder's now).
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ from perfd.transport.gen import perfd_pb2 as pb
 log = logging.getLogger("perfd.engine")
 
 CommSummaries = dict[str, list[cs.CommSummary]]  # by job
-# What a holder saves (perfd.engine.comm_rows): (job, partition, iteration, run): the agents' figures whose
-# newest iteration that is, or (run) the mark that the job's run began there (its figures none)
-SaveKey = tuple[str, int, int, bool]
+# A job's run as a holder knows it: (when it saw the run begin, wall-clock ns; the iteration it began at).
+# (0, None): no new run seen (the job's first, or one that began before any holder saved its rows). Runs
+# are ordered by that time: a later one's restart was seen later, whichever shard saw it.
+Run = tuple[int, int | None]
+NO_RUN: Run = (0, None)
+# What a holder saves (perfd.engine.comm_rows): (job, partition, newest iteration, run) -> the agents'
+# figures of the run whose newest iteration that is
+SaveKey = tuple[str, int, int, Run]
 Saves = dict[SaveKey, list[pb.WindowFigures]]
 
 
@@ -61,6 +66,11 @@ class _Held:
     changed: bool = False
     seen: float = 0.0  # monotonic time its last rows came
     run_began: int | None = None  # the iteration its rows' run began at, where a new run was seen
+    run_ns: int = 0  # when that run's beginning was seen (wall clock; 0: none seen)
+
+    @property
+    def run(self) -> Run:
+        return (self.run_ns, self.run_began)
 
 
 @dataclass
@@ -73,6 +83,7 @@ class CommStats:
     summary_cpu_s: float = 0.0  # the CPU they took
     runs_begun: int = 0  # a (job, partition)'s rows let go of for a new run of the job
     saved_messages: int = 0  # agents' figure messages saved to the engine (perfd.engine.comm_rows)
+    rows_past_run: int = 0  # rows read back of an earlier run than the one held: skipped
     rows_replayed: int = 0  # rows read back from the engine that went into a join (a partition taken)
     replays: int = 0  # partitions read back
     read_back_s: float = 0.0  # the wall time those readings took, together
@@ -85,33 +96,40 @@ class ShardComm:
     ``recent_windows``, ``iterations_out``: the job's analysis's (limits.COMM_RECENT_WINDOWS, ...)."""
 
     def __init__(self, summarize: cs.Summarize, recent_windows: int, iterations_out: int,
-                 cpu: Callable[[], float] = time.thread_time) -> None:
+                 cpu: Callable[[], float] = time.thread_time,
+                 wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.epoch = holder_epoch()
         self.seq = 0  # this holder's summaries in order, whatever their job or partition
         self._summarize = summarize
         self.recent_windows, self.iterations_out = recent_windows, iterations_out
         self.keep = max(recent_windows, iterations_out)  # the iterations the root's fold keeps
         self.max_rows = L.MAX_FIGURE_ROWS_PER_JOB
-        self._cpu = cpu
+        self._cpu, self._wall_ns = cpu, wall_ns
         self.held: dict[tuple[str, int], _Held] = {}
         self._due: dict[str, float] = {}  # job -> monotonic time before which no new round begins
         self._round: dict[str, list[int]] = {}  # job -> its partitions still to summarise this round
         self._spent: dict[str, float] = {}  # job -> the CPU its round took so far
         self._unsent: CommSummaries = {}  # made, their publishing failed: sent at the next take
-        # (job, partition, its newest iteration) -> agents' figures whose rows went in, not saved yet
-        self._saves: Saves = {}  # in the order taken: a run's mark before its rows
+        self._saves: Saves = {}  # agents' figures whose rows went in, not saved yet
         self._purges: set[tuple[str, int, int | None]] = set()  # (job, partition, iteration; None: all)
         self.replaying: dict[int, int] = {}  # partition -> its readings back under way: summarised after
         self.stats = CommStats()
 
     def fold_in(self, figures: list[pb.WindowFigures], partition: int, now: float,
-                replayed: bool = False) -> None:
+                replayed: Run | None = None) -> None:
         """An agent's figures (checked: perfd.engine.figures_codec.check) into its partition's rows
-        (``now``: time.monotonic()); ``replayed``: read back from the engine (saved already)."""
+        (``now``: time.monotonic()); ``replayed``: read back from the engine (saved already), of that run:
+        of a later run than the one held, the rows held are the last run's and go; of an earlier one, they
+        are skipped (counted)."""
         for m in figures:
             figs = figures_codec.from_pb(m)
             h = self.held.setdefault((figs.job, partition), _Held())
             h.seen = now
+            if replayed is not None and replayed[0] != h.run_ns:
+                if replayed[0] < h.run_ns:
+                    self.stats.rows_past_run += len(figs.rows)
+                    continue
+                self._begin(h, replayed)
             went_in, newest = 0, None
             for (it, _rank), w in figs.rows.items():
                 if w.end_ns <= w.start_ns:
@@ -120,39 +138,36 @@ class ShardComm:
                 join = h.joins.get(it)
                 if join is None:
                     join = h.joins[it] = WindowFigures(figs.job)
+                had = len(join.rows)
                 if join.add(it, w):
                     went_in += 1
+                    h.rows += len(join.rows) - had  # (a row over one held adds none)
                     newest = it if newest is None else max(newest, it)
                     h.changed = True
-            h.rows = sum(len(j) for j in h.joins.values())
             self._trim(h, figs.job, partition)
-            if replayed:
+            if replayed is not None:
                 self.stats.rows_replayed += went_in
                 continue
             self.stats.rows_in += went_in
             if newest is not None and newest in h.joins:  # saved under the newest iteration that went in,
                 # purged when that one goes (one of iterations let go of already is not)
-                self._saves.setdefault((figs.job, partition, newest, False), []).append(m)
+                self._saves.setdefault((figs.job, partition, newest, h.run), []).append(m)
 
-    def new_run(self, job: str, partition: int, iteration: int, replayed: bool = False) -> None:
-        """A node partial of the partition says a rank began a new run of ``job`` at ``iteration``
-        (``replayed``: a run's mark read back from the engine). A new run's mark is saved before its rows,
-        and what was not saved of the last run is not."""
-        h = self.held.get((job, partition))
-        if h is not None and h.run_began == iteration:
-            return
-        if h is None:
-            self.held[(job, partition)] = _Held(run_began=iteration)
-        else:
-            gone = h.rows
-            h.joins.clear()
-            h.rows, h.changed, h.run_began = 0, True, iteration
-            self.stats.rows_evicted += gone
+    def new_run(self, job: str, partition: int, iteration: int, now: float) -> None:
+        """A node partial of the partition says a rank began a new run of ``job`` at ``iteration`` (``now``:
+        time.monotonic()). The rows saved from then on are of the new run (their tag: perfd.engine
+        .comm_rows); the last run's saved ones are skipped where read back, and age out."""
+        h = self.held.setdefault((job, partition), _Held(seen=now))
+        if h.run_began != iteration:
+            self._begin(h, (self._wall_ns(), iteration))
+
+    def _begin(self, h: _Held, run: Run) -> None:
+        if h.rows:
+            self.stats.rows_evicted += h.rows
             self.stats.runs_begun += 1
-        if not replayed:
-            for key in [k for k in self._saves if k[:2] == (job, partition)]:
-                del self._saves[key]
-            self._saves[(job, partition, iteration, True)] = []
+        h.joins.clear()
+        h.rows, h.changed = 0, True
+        h.run_ns, h.run_began = run
 
     def _trim(self, h: _Held, job: str, partition: int) -> None:
         its = sorted(h.joins)
@@ -222,10 +237,8 @@ class ShardComm:
         return out
 
     def saves_again(self, saves: Saves) -> None:
-        """Before what was taken since, in their order; but a (job, partition)'s whose new run began since:
-        the last run's rows, which the new run's mark would let go of."""
-        runs = {k[:2] for k in self._saves if k[3]}
-        back = {k: figs + self._saves.pop(k, []) for k, figs in saves.items() if k[:2] not in runs}
+        """Saved at the next take, before what was taken since."""
+        back = {k: figs + self._saves.pop(k, []) for k, figs in saves.items()}
         self._saves = {**back, **self._saves}
 
     def take_purges(self) -> list[tuple[str, int, int | None]]:

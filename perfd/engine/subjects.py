@@ -118,9 +118,9 @@ def summaries_subject(job: str) -> str:
     return f"{SUMMARIES_PREFIX}.{job_token(job)}"
 
 
-def commrows_subject(job: str, partition: int, iteration: int | str | None = None) -> str:
-    """Where a shard saves ``job``'s rows of ``partition`` whose newest iteration is ``iteration`` ("run":
-    the job's run marks; None: a filter of every one)."""
+def commrows_subject(job: str, partition: int, iteration: int | None = None) -> str:
+    """Where a shard saves ``job``'s rows of ``partition`` whose newest iteration is ``iteration`` (None:
+    a filter of every one)."""
     return f"{COMMROWS_PREFIX}.{job_token(job)}.{partition}.{'*' if iteration is None else iteration}"
 
 

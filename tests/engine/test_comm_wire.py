@@ -19,7 +19,7 @@ from perfd.engine import comm_codec, figures_codec
 from perfd.engine import subjects as S
 from perfd.engine.root import Root, RootSink
 from perfd.engine.root_comm import RootComm
-from perfd.engine.shard_comm import ShardComm, comm_messages
+from perfd.engine.shard_comm import NO_RUN, ShardComm, comm_messages
 from perfd.engine.shard_summaries import IDLE_FORGET_S
 from perfd.transport.gen import perfd_pb2 as pb
 from tests.engine.test_comm_summary import JOB, _job, _joins
@@ -192,14 +192,14 @@ def test_a_new_run_lets_go_of_the_last_runs_rows_once() -> None:
     comm.fold_in(_pb(last), partition=1, now=0.0)
     comm.take(now=0.0)
     new = _job(12, 10, seed=10)
-    comm.new_run(JOB, 1, 0)
+    comm.new_run(JOB, 1, 0, now=1.0)
     comm.fold_in(_pb(new, set(range(6))), partition=1, now=1.0)
-    comm.new_run(JOB, 1, 0)  # another node of the partition: the same run
+    comm.new_run(JOB, 1, 0, now=1.0)  # another node of the partition: the same run
     comm.fold_in(_pb(new, set(range(6, 12))), partition=1, now=1.0)
     assert sorted(comm.held[(JOB, 1)].joins) == list(range(10)) and comm.stats.runs_begun == 1
     (s,) = comm.take(now=10.0)[JOB]
     assert max(s.iterations) < 10 and s.ranks == 11  # the last rank's windows all excluded
-    comm.new_run(JOB, 2, 0)  # a partition with no rows yet: nothing to let go of
+    comm.new_run(JOB, 2, 0, now=10.0)  # a partition with no rows yet: nothing to let go of
     assert comm.stats.runs_begun == 1 and comm.held[(JOB, 2)].rows == 0
 
 
@@ -243,53 +243,72 @@ def test_the_root_reads_what_reads_and_counts_what_does_not() -> None:
     assert root.comm.answer(JOB) == cs.answer(_summary(seed=9), root.comm.iterations_out)
 
 
+class _Wall:
+    def __init__(self) -> None:
+        self.ns = 1_000
+
+    def __call__(self) -> int:
+        self.ns += 1_000
+        return self.ns
+
+
 def test_a_shard_keeps_what_it_took_to_save_and_what_it_let_go_of_to_purge() -> None:
     """The rows are the partition's (perfd.engine.comm_rows): each agent message whose rows went in is kept
-    to be saved under the newest iteration that went in (one of rows held already is not), each iteration
-    evicted is to be purged, a new run is marked before its rows (what was not saved of the last run is not
-    saved), a flush that failed gives its saves back before what came since (but the last run's, where a
-    new run began since), and a lease lost keeps the saves but drops the purges (the next holder's)."""
+    to be saved under the newest iteration that went in (one of rows held already is not), tagged with the
+    job's run the holder knows; each iteration evicted is to be purged; a flush that failed gives its saves
+    back before what came since; a lease lost keeps the saves but drops the purges (the next holder's); a
+    job forgotten is purged whole, its saves dropped."""
     rows = _job(8, 14, seed=11)
-    comm = ShardComm(summarize, 5, 10)  # keeps 10 iterations
+    comm = ShardComm(summarize, 5, 10, wall_ns=_Wall())  # keeps 10 iterations
     first = _pb({it: rows[it] for it in range(12)})
     comm.fold_in(first, partition=2, now=0.0)
     comm.fold_in(first[:3], partition=2, now=0.0)  # delivered again: nothing went in, nothing to save
     saves = comm.take_saves()
-    assert {k: len(v) for k, v in saves.items()} == {(JOB, 2, it, False): 1 for it in range(12)}
+    assert {k: len(v) for k, v in saves.items()} == {(JOB, 2, it, NO_RUN): 1 for it in range(12)}
     assert comm.take_purges() == [(JOB, 2, 0), (JOB, 2, 1)]  # the two past the ten kept
     comm.fold_in(_pb({12: rows[12]}), partition=2, now=1.0)
     comm.saves_again(saves)  # the flush failed: saved at the next, before what came since
     again = comm.take_saves()
     assert [k[2] for k in again] == [*range(12), 12]
-    assert again[(JOB, 2, 0, False)] == saves[(JOB, 2, 0, False)]
+    assert again[(JOB, 2, 0, NO_RUN)] == saves[(JOB, 2, 0, NO_RUN)]
     assert comm.take_purges() == [(JOB, 2, 2)]
     comm.fold_in(_pb({13: rows[13]}), partition=2, now=1.0)
     comm.drop_partition(2)  # the lease lost
-    assert comm.take_purges() == [] and list(comm.take_saves()) == [(JOB, 2, 13, False)]
+    assert comm.take_purges() == [] and list(comm.take_saves()) == [(JOB, 2, 13, NO_RUN)]
     assert comm.held == {}
-    old = _pb({13: rows[13]})
-    comm.fold_in(old, partition=1, now=2.0)
-    taken = comm.take_saves()  # in flight, then a new run begins and the flush fails
-    comm.new_run(JOB, 1, 0)
+    comm.fold_in(_pb({13: rows[13]}), partition=1, now=2.0)
+    comm.new_run(JOB, 1, 0, now=2.0)  # the rows of the new run tagged with it; the last run's as they were
     comm.fold_in(_pb({0: rows[0]}), partition=1, now=2.0)
-    comm.new_run(JOB, 1, 0)  # another node of the same run: nothing more
-    comm.saves_again(taken)
-    assert list(comm.take_saves()) == [(JOB, 1, 0, True), (JOB, 1, 0, False)]
-    assert sorted(comm.held[(JOB, 1)].joins) == [0]
-    comm.fold_in(_pb({3: rows[3]}), partition=3, now=2.0)
-    comm.new_run(JOB, 3, 1)  # not saved yet, the last run's rows are not saved at all
-    assert list(comm.take_saves()) == [(JOB, 3, 1, True)]
-    comm.fold_in(_pb({13: rows[13]}), partition=3, now=2.0)
+    comm.new_run(JOB, 1, 0, now=2.0)  # another node of the same run: nothing more
+    run = comm.held[(JOB, 1)].run
+    assert run == (2_000, 0) and list(comm.take_saves()) == [(JOB, 1, 13, NO_RUN), (JOB, 1, 0, run)]
+    assert sorted(comm.held[(JOB, 1)].joins) == [0] and comm.stats.runs_begun == 1
     comm.forget(JOB)
-    assert comm.take_saves() == {} and comm.take_purges() == [(JOB, 1, None), (JOB, 3, None)]
+    assert comm.take_saves() == {} and comm.take_purges() == [(JOB, 1, None)]
+
+
+def test_rows_read_back_take_the_later_run_and_skip_an_earlier_ones() -> None:
+    """Read back (tagged with their run), rows of a later run than the one held let go of those held; an
+    earlier run's are skipped, counted; a run's beginning flagged again by a node (a message delivered
+    again) once its rows were read back lets go of nothing."""
+    old, new = _job(8, 6, seed=13), _job(8, 3, seed=14)
+    comm = ShardComm(summarize, RECENT, OUT)
+    comm.fold_in(_pb({it + 50: ws for it, ws in old.items()}), partition=0, now=0.0, replayed=NO_RUN)
+    comm.fold_in(_pb(new), partition=0, now=0.0, replayed=(5_000, 0))
+    comm.fold_in(_pb({it + 50: ws for it, ws in old.items()}), partition=0, now=0.0, replayed=NO_RUN)
+    h = comm.held[(JOB, 0)]
+    assert sorted(h.joins) == [0, 1, 2] and h.run == (5_000, 0)
+    assert comm.stats.rows_past_run == sum(map(len, old.values())) and comm.stats.runs_begun == 1
+    comm.new_run(JOB, 0, 0, now=1.0)
+    assert sorted(h.joins) == [0, 1, 2] and h.run == (5_000, 0)
 
 
 def test_rows_read_back_are_counted_apart_not_saved_and_summarised_once_read() -> None:
     rows = _job(10, 6, seed=12)
     comm = ShardComm(summarize, RECENT, OUT)
     comm.replaying[0] = 1
-    comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=True)
-    comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=True)  # read back twice: one row each
+    comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=NO_RUN)
+    comm.fold_in(_pb(rows), partition=0, now=0.0, replayed=NO_RUN)  # read back twice: one row each
     assert comm.stats.rows_replayed == sum(map(len, rows.values())) and comm.stats.rows_in == 0
     assert comm.take_saves() == {}
     assert comm.take(now=0.0) == {}  # being read back: not summarised yet

@@ -436,7 +436,7 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
                 first.fold_in(_pb({it: rows[it]}, set(range(8, 16))), partition=2, now=0.0)
                 if it % 5 == 4 or it == 13:  # a flush: what it let go of purged, then what it took saved
                     await w(comm_rows.purge(js, first))
-                    await w(comm_rows.save(js, first, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
+                    await w(comm_rows.save(js, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
             assert first.stats.purge_errors == 0
             info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
             assert sorted(int(s.rsplit(".", 1)[1]) for s in info.state.subjects or {}) == list(range(4, 14))
@@ -465,17 +465,16 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
                 assert fifth.take(now=100.0) == {}
                 del fifth.replaying[1]
                 assert bool(fifth.take(now=100.0)) is again
-            # A new run of the job at iteration 0: its mark saved before its rows, what the stream held of
-            # the partition before the mark purged; read back, the partition holds the new run's rows only
-            first.new_run(JOB, 1, 0)
+            # A new run of the job at iteration 0: its rows saved tagged with it; read back, the partition
+            # holds the new run's rows only (the last run's, still in the stream, read first and let go of)
+            first.new_run(JOB, 1, 0, now=1.0)
             first.fold_in(_pb({0: rows[0]}, set(range(8))), partition=1, now=1.0)
-            await w(comm_rows.save(js, first, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
-            info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
-            assert sorted(s.rsplit(".", 1)[1] for s in info.state.subjects or {}) == ["0", "run"]
+            await w(comm_rows.save(js, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
             fourth = ShardComm(summarize, 5, 10)
-            assert await w(comm_rows.read_back(js, fourth, 1, asyncio.Event(), lambda: True)) == 2
+            assert await w(comm_rows.read_back(js, fourth, 1, asyncio.Event(), lambda: True)) == 11
             assert fourth.held[(JOB, 1)].joins == first.held[(JOB, 1)].joins
-            assert sorted(fourth.held[(JOB, 1)].joins) == [0] and fourth.held[(JOB, 1)].run_began == 0
+            assert sorted(fourth.held[(JOB, 1)].joins) == [0]
+            assert fourth.held[(JOB, 1)].run == first.held[(JOB, 1)].run and fourth.stats.runs_begun == 1
             assert (await w(js.stream_info(S.COMMROWS_STREAM))).state.consumer_count == 0
         finally:
             await w(nc.close())
