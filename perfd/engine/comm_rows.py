@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 
@@ -48,12 +49,18 @@ def run_header(run: Run) -> str:
     return f"{run[0]}:{'' if run[1] is None else run[1]}"
 
 
+_RUN_VALUE = re.compile(r"(\d{1,19}):(\d{0,19})")
+
+
 def read_run(value: str | None) -> Run:
-    """ValueError for a value run_header does not write."""
+    """ValueError for a value run_header does not write (a time past any clock's would have every later
+    reading let go of what it holds)."""
     if value is None:
         return NO_RUN
-    ns, _, it = value.partition(":")
-    return (int(ns), int(it) if it else None)
+    m = _RUN_VALUE.fullmatch(value)
+    if m is None or int(m[1]) >= 1 << 63:
+        raise ValueError(f"not a run: {value[:40]!r}")
+    return (int(m[1]), int(m[2]) if m[2] else None)
 
 
 async def save(js: JetStream, saves: Saves, next_id: Callable[[], str], sender: str) -> int:
@@ -72,10 +79,12 @@ async def save(js: JetStream, saves: Saves, next_id: Callable[[], str], sender: 
     return n
 
 
-async def purge(js: JetStream, comm: ShardComm) -> None:
-    """What the holder let go of since the last flush, purged, after its saves (best effort: one the
-    engine does not do is logged and counted, and ages out with the stream's max age)."""
-    for job, partition, iteration in comm.take_purges():
+async def purge(js: JetStream, comm: ShardComm, whole: bool) -> None:
+    """What the holder let go of since the last flush, purged (best effort: one the engine does not do is
+    logged and counted, and ages out with the stream's max age): a job's whole partition (``whole``: a job
+    forgotten) before the flush's saves, whose rows came since; an iteration evicted after them, as one
+    saved in the same flush goes with it."""
+    for job, partition, iteration in comm.take_purges(whole):
         await _purge(js, comm, job, partition, iteration)
 
 

@@ -511,10 +511,11 @@ class Shard:
                     await js.publish(S.partials_subject(job), b.SerializeToString(), timeout=5.0,
                                      headers={"Nats-Msg-Id": bid})
             self.stats.figure_rows_forwarded += sum(len(f.iteration) for raw in forward.values() for f in raw)
-            if self.comm is not None:  # what it took (before their messages' acks), then what it let go of
+            if self.comm is not None:  # what it took (before their messages' acks), what it let go of around
+                await comm_rows.purge(js, self.comm, whole=True)
                 n = await comm_rows.save(js, saves, self._next_batch_id, self.id)
                 self.comm.stats.saved_messages += n
-                await comm_rows.purge(js, self.comm)
+                await comm_rows.purge(js, self.comm, whole=False)
             for job, ms in summaries.items():  # after the partials they summarise
                 for bid, data in batches(ms, self._next_batch_id, self.id, self._max_bytes):
                     await js.publish(S.summaries_subject(job), data, timeout=5.0,

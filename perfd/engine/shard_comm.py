@@ -83,7 +83,7 @@ class CommStats:
     summary_cpu_s: float = 0.0  # the CPU they took
     runs_begun: int = 0  # a (job, partition)'s rows let go of for a new run of the job
     saved_messages: int = 0  # agents' figure messages saved to the engine (perfd.engine.comm_rows)
-    rows_past_run: int = 0  # rows read back of an earlier run than the one held: skipped
+    rows_past_run: int = 0  # rows of messages read back of an earlier run than the one held: skipped
     rows_replayed: int = 0  # rows read back from the engine that went into a join (a partition taken)
     replays: int = 0  # partitions read back
     read_back_s: float = 0.0  # the wall time those readings took, together
@@ -125,11 +125,13 @@ class ShardComm:
             figs = figures_codec.from_pb(m)
             h = self.held.setdefault((figs.job, partition), _Held())
             h.seen = now
-            if replayed is not None and replayed[0] != h.run_ns:
+            # (the same beginning iteration is the same run, whichever shard saw it when: the rule live)
+            if replayed is not None and replayed[0] != h.run_ns and (replayed[1] is None
+                                                                     or replayed[1] != h.run_began):
                 if replayed[0] < h.run_ns:
                     self.stats.rows_past_run += len(figs.rows)
                     continue
-                self._begin(h, replayed)
+                self._begin(h, replayed, figs.job, partition)
             went_in, newest = 0, None
             for (it, _rank), w in figs.rows.items():
                 if w.end_ns <= w.start_ns:
@@ -159,9 +161,13 @@ class ShardComm:
         .comm_rows); the last run's saved ones are skipped where read back, and age out."""
         h = self.held.setdefault((job, partition), _Held(seen=now))
         if h.run_began != iteration:
-            self._begin(h, (self._wall_ns(), iteration))
+            # later than the run held whatever this shard's clock says (another's saw that one)
+            self._begin(h, (max(self._wall_ns(), h.run_ns + 1), iteration), job, partition)
 
-    def _begin(self, h: _Held, run: Run) -> None:
+    def _begin(self, h: _Held, run: Run, job: str, partition: int) -> None:
+        """The rows held are the last run's: let go of, and so are the purges of their iterations (subjects
+        the new run's rows may be saved under too)."""
+        self._purges = {k for k in self._purges if k[:2] != (job, partition) or k[2] is None}
         if h.rows:
             self.stats.rows_evicted += h.rows
             self.stats.runs_begun += 1
@@ -241,11 +247,12 @@ class ShardComm:
         back = {k: figs + self._saves.pop(k, []) for k, figs in saves.items()}
         self._saves = {**back, **self._saves}
 
-    def take_purges(self) -> list[tuple[str, int, int | None]]:
+    def take_purges(self, whole: bool | None = None) -> list[tuple[str, int, int | None]]:
         """The rows let go of since the last take, to purge from the engine (iteration None: every one of
-        the job's partition)."""
-        out = sorted(self._purges, key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]))
-        self._purges.clear()
+        the job's partition); ``whole``: only those of a whole (job, partition), or only an iteration's."""
+        out = sorted((k for k in self._purges if whole is None or (k[2] is None) == whole),
+                     key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]))
+        self._purges.difference_update(out)
         return out
 
     def drop_partition(self, partition: int) -> None:

@@ -301,6 +301,41 @@ def test_rows_read_back_take_the_later_run_and_skip_an_earlier_ones() -> None:
     assert comm.stats.rows_past_run == sum(map(len, old.values())) and comm.stats.runs_begun == 1
     comm.new_run(JOB, 0, 0, now=1.0)
     assert sorted(h.joins) == [0, 1, 2] and h.run == (5_000, 0)
+    # the same run as another shard saw it begin (another time, the same iteration): folded, not skipped
+    more = _job(16, 3, seed=15)
+    comm.fold_in(_pb(more, set(range(8, 16))), partition=0, now=0.0, replayed=(3_000, 0))
+    comm.fold_in(_pb(more, set(range(8, 16))), partition=0, now=0.0, replayed=(9_000, 0))
+    assert sorted({r for j in h.joins.values() for _, r in j.rows}) == list(range(16))
+    assert h.run == (5_000, 0) and comm.stats.runs_begun == 1
+
+
+def test_a_new_run_is_later_than_the_one_held_and_drops_the_last_runs_purges() -> None:
+    """A restart seen by a shard whose clock is behind the one that saw the run held is still the later run;
+    the purges of the last run's iterations, pending, go (the new run's rows may be saved under the same
+    subjects); the job's whole, where forgotten, stays."""
+    rows = _job(8, 14, seed=16)
+    comm = ShardComm(summarize, 5, 10, wall_ns=lambda: 1_000)
+    comm.fold_in(_pb({it: rows[it] for it in range(12)}), partition=0, now=0.0, replayed=(9_000, 50))
+    comm.fold_in(_pb({12: rows[12]}), partition=0, now=0.0)  # live: iterations 0-2 evicted, to purge
+    comm.fold_in(_pb({13: rows[13]}), partition=1, now=0.0)
+    comm.forget(JOB)  # (its partitions' whole, to purge)
+    comm.fold_in(_pb({it: rows[it] for it in range(13)}), partition=0, now=0.0, replayed=(9_000, 50))
+    pending = set(comm._purges)
+    assert {(JOB, 0, 0), (JOB, 0, None), (JOB, 1, None)} <= pending
+    comm.new_run(JOB, 0, 0, now=1.0)
+    assert comm.held[(JOB, 0)].run == (9_001, 0)
+    assert comm.take_purges(whole=False) == []  # the last run's iterations': gone
+    assert comm.take_purges(whole=True) == [(JOB, 0, None), (JOB, 1, None)]  # before the next saves
+
+
+@pytest.mark.parametrize("value", ["-5:", " 7 : 3 ", "1_0:+2", "5", "1:2:3", "99999999999999999999:", "x:1"])
+def test_a_run_tag_not_as_written_is_refused(value: str) -> None:
+    from perfd.engine.comm_rows import read_run, run_header
+
+    with pytest.raises(ValueError):
+        read_run(value)
+    assert read_run(run_header((12, 3))) == (12, 3) and read_run(run_header(NO_RUN)) == NO_RUN
+    assert read_run(None) == NO_RUN
 
 
 def test_rows_read_back_are_counted_apart_not_saved_and_summarised_once_read() -> None:

@@ -434,9 +434,10 @@ def test_a_partitions_saved_rows_read_back_are_what_its_holder_held(make: Make) 
             for it in range(14):  # the partition's ranks, and another partition's
                 first.fold_in(_pb({it: rows[it]}, set(range(8))), partition=1, now=0.0)
                 first.fold_in(_pb({it: rows[it]}, set(range(8, 16))), partition=2, now=0.0)
-                if it % 5 == 4 or it == 13:  # a flush: what it let go of purged, then what it took saved
-                    await w(comm_rows.purge(js, first))
+                if it % 5 == 4 or it == 13:  # a flush, as a shard's: saved, then purged
+                    await w(comm_rows.purge(js, first, whole=True))
                     await w(comm_rows.save(js, first.take_saves(), lambda: f"b{next(ids)}", "shard-a"))
+                    await w(comm_rows.purge(js, first, whole=False))
             assert first.stats.purge_errors == 0
             info = await w(js.stream_info(S.COMMROWS_STREAM, subjects_filter=S.commrows_filter(1)))
             assert sorted(int(s.rsplit(".", 1)[1]) for s in info.state.subjects or {}) == list(range(4, 14))
