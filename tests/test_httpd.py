@@ -4,6 +4,7 @@ no timings."""
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
@@ -138,3 +139,34 @@ def test_answers_waiting_to_be_read_are_bounded_per_connection_and_in_all(
     finally:
         for c in stalled:
             c.close()
+
+
+def test_a_request_that_arrived_while_the_front_thread_was_held_is_served_not_cut() -> None:
+    """The deadline sweep can run seconds after the select it follows (the process not scheduled, the
+    interpreter's lock held elsewhere: a loaded run's aggregator cut a scraper whose whole request was
+    waiting, "0 bytes in 5.8 s", the client then reset): what the kernel holds is read before a client
+    is judged late. One that sent nothing is still cut at the deadline. Driven without the front thread,
+    the sweep given a time past the head's deadline."""
+    refusals = Refusals()
+    srv = httpd.HttpServer("127.0.0.1", 0, _Handler, _App(), refusals=refusals, max_connections=16)
+    try:
+        sent, silent = (socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(2))
+        with sent, silent:
+            srv._accept()  # both (connected: in the listen backlog already)
+            assert srv.open_connections() == 2
+            sent.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            # in the kernel's buffer, unread: what the held thread has not seen
+            assert _kernel_holds(srv), "the request never reached the server's socket"
+            srv._sweep(time.monotonic() + L.HTTP_HEADER_TIMEOUT_S + 1.0)
+            assert refusals.counts.get(L.REFUSED_HTTP_DEADLINE) == 1, refusals.counts  # the silent one only
+            assert srv.open_connections() == 1
+    finally:
+        srv.stop()
+
+
+def _kernel_holds(srv: httpd.HttpServer) -> bool:
+    """Whether a connection of ``srv`` has bytes waiting to be read, within 5 s (nothing taken)."""
+    with selectors.DefaultSelector() as sel:
+        for conn in list(srv._conns):
+            sel.register(conn.sock, selectors.EVENT_READ)
+        return bool(sel.select(5.0))

@@ -508,6 +508,12 @@ class HttpServer:
                         else "a byte" if now - conn.last_io > L.HTTP_IDLE_TIMEOUT_S else None)
                 if late is None:
                     continue
+                # What arrived while this thread was held is read before the client is judged: the sweep can
+                # run seconds after the select it follows (a process the machine did not schedule, a lock
+                # it waited for), and a request waiting in the kernel then is not the client's lateness
+                self._io(conn, selectors.EVENT_READ)
+                if conn not in self._conns or conn.state != _READING:
+                    continue
                 self.refusals.refuse(L.REFUSED_HTTP_DEADLINE, f"HTTP connection from {conn.addr[0]}: "
                                      f"{late} did not arrive in time ({len(conn.buf)} bytes in "
                                      f"{now - conn.opened:.1f} s); closed")
