@@ -48,8 +48,6 @@ class Msg(Protocol):
 class PubAck(Protocol):
     @property
     def duplicate(self) -> bool | None: ...  # the stream had a message of that id already
-    @property
-    def seq(self) -> int: ...  # its sequence in the stream
 
 
 class Subscription(Protocol):
