@@ -108,6 +108,7 @@ class AggregatorConfig:
     engine: EngineConfig | None = None
     engine_replicas: int = 1
     engine_root_id: str | None = None  # default: HOST:GRPC_PORT
+    engine_job: str | None = None  # the one job this root leads (its own root); None: every job without one
     # This aggregator's HTTP as the other roots reach it (http://POD_IP:PORT): while it leads, a
     # standby forwards its API there (perfd.aggregator.forward); None: a standby answers for itself
     engine_advertise_http: str | None = None
@@ -461,16 +462,15 @@ class Aggregator:
         from perfd.exporters.engine_metrics import RootMetrics
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
-        self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id, self.cfg.engine_replicas,
-                                self.cfg.engine_advertise_http)
-        root = self.engine_root
+        c = self.cfg
+        root = self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id, c.engine_replicas,
+                                       c.engine_advertise_http, c.engine_job)
         self.state.collectives.shares = root.comm  # shares from the shards' summaries, where they summarise
         if self.http is not None:
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
             self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine, root.comm.counts))
-        self.state.engine_stats = self.engine_root.stats_json
-        self._engine_stop = asyncio.Event()
-        self._engine_task = asyncio.create_task(self.engine_root.run(self._engine_stop))
+        self.state.engine_stats, self._engine_stop = root.stats_json, asyncio.Event()
+        self._engine_task = asyncio.create_task(root.run(self._engine_stop))
         log.info("engine root %s on %s (%d partitions)", root_id, ",".join(engine.servers), engine.partitions)
 
     def _start_remote_write(self) -> None:

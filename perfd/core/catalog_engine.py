@@ -37,7 +37,7 @@ ROOT: tuple[Row, ...] = (
     ("perfd_engine_root_undecodable_total", "counter", "count", "Messages the root could not decode", ()),
     ("perfd_engine_root_skipped_total", "counter", "count",
      "Messages the engine let go before the root read them (the stream's limits: size, age), by stream; "
-     "lost to the job's analysis", ("stream",)),
+     "lost to the job's analysis. Absent on a job's own root (--engine-job), which cannot tell", ("stream",)),
     ("perfd_engine_root_iterations_complete_total", "counter", "count",
      "Iterations made whole (every rank of the job folded in)", ()),
     ("perfd_engine_root_held_back", "gauge", "count",
@@ -70,6 +70,12 @@ ROOT: tuple[Row, ...] = (
     ("perfd_engine_root_summaries_overcounted_total", "counter", "count",
      "Iterations whose summary answer was withheld: a partition's two holders both held a rank (its lease "
      "moved mid-iteration and a node message went to both)", ()),
+    ("perfd_engine_root_led_elsewhere_total", "counter", "count",
+     "Messages of jobs a root of their own leads (perfd aggregator --engine-job), left to it by the root "
+     "of every job", ()),
+    ("perfd_engine_root_jobs_led_elsewhere", "gauge", "count",
+     "Jobs a root of their own leads now (or did within the grace after its lease was last seen), whose "
+     "messages the root of every job leaves to it", ()),
     # The engine's own state, as the leading root reads it from JetStream (perfd.engine.engine_state):
     # served by the leader only, absent before its first read
     ("perfd_engine_stream_messages", "gauge", "count",

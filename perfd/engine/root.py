@@ -23,6 +23,13 @@ What the root pays is linear in what arrives: 0.37 ms of CPU a node message of a
 :class:`RootSink` — the aggregator — so nothing here knows the aggregator. The shards' step summaries
 are read beside the partials, on a stream of their own, and answered per whole iteration
 (perfd.engine.root_summaries): shown in the root's stats, never handed to the store.
+
+A root leads every job, or one (``perfd aggregator --engine-job NAME``): a job's own root holds a lease
+of its own (subjects.root_lease) and reads that job's subjects alone, so two large jobs need not share
+one interpreter. The root of every job leaves the messages of a job whose own root holds its lease to
+it (counted, ``led_elsewhere``), and goes on leaving them for LED_ELSEWHERE_GRACE_S after that lease was
+last seen: the job's standby takes its lease within the TTL, and the root of every job must not fold a
+few of the job's iterations meanwhile.
 """
 
 from __future__ import annotations
@@ -49,11 +56,12 @@ from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.engine_state import EngineState
 from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
+from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
 from perfd.engine.root_comm import RootComm
 from perfd.engine.root_summaries import RootSummaries
-from perfd.engine.rootfold import RootFold, RootStats, stream_gap
+from perfd.engine.rootfold import IDLE_FORGET_S, RootFold, RootStats, stream_gap
 from perfd.engine.stepsummary import StepSummary
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 from perfd.transport.gen import perfd_pb2 as pb
@@ -66,6 +74,10 @@ M = TypeVar("M")
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
 INFO_TEXTS_KEPT = 4096  # jobs whose latest info text the root keeps, to pass the same again by
 SKIPPED_LINE_S = 60.0  # messages a stream let go before they were read: one log line a stream this often
+# A job whose own root's lease lapsed is left to it this long (its standby leads within the TTL); past
+# it the root of every job reads the job's messages again, from then on, as a job it had not seen:
+# the time after which the root's fold forgets a silent job too.
+LED_ELSEWHERE_GRACE_S = IDLE_FORGET_S
 
 
 class RootSink(Protocol):
@@ -86,13 +98,19 @@ class Root:
     """The leader's loop: ``await Root(cfg, sink, id).run(stop)`` in the aggregator's event loop."""
 
     def __init__(self, cfg: S.EngineConfig, sink: RootSink, root_id: str, replicas: int = 1,
-                 advertise_http: str | None = None) -> None:
+                 advertise_http: str | None = None, job: str | None = None) -> None:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
+        # The one job this root leads (its own root), or None: every job without a root of its own
+        self.job, self.lease = job, S.root_lease(job)
+        # (the root of every job) the tokens of jobs whose own root leads them -> when last seen leading
+        self._elsewhere: dict[str, float] = {}
         # This root's HTTP as the others reach it (put while it leads); the leader's, as last read
         # while standing by (None: leading, or no leader advertises one)
         self.advertise_http = advertise_http
         self.leader_http: str | None = None
         self.fold = RootFold()
+        # A job's own root reads its job's subjects alone: the stream's other messages are no gap
+        self.fold.stats.reads_every_job = job is None
         self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
         self.comm = RootComm(cfg.partitions)  # the shards' communication-share summaries (root_comm)
         self._info_text: OrderedDict[str, str] = OrderedDict()  # job -> the info it last took in
@@ -117,7 +135,7 @@ class Root:
 
     def stats_json(self) -> dict[str, object]:
         """The counters, and the newest answers from the summaries of each job (/api/stats ``engine``)."""
-        return {**self.stats.to_json(), "summary_answers": self.summaries.to_json(),
+        return {**self.stats.to_json(), "job": self.job, "summary_answers": self.summaries.to_json(),
                 "comm_answers": self.comm.to_json(), "streams": self.engine.to_json()}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -147,17 +165,19 @@ class Root:
             await keeper.start()
             beats = asyncio.create_task(keep_beating(keeper))
             while not stop.is_set():
-                if await keeper.acquire(S.ROOT_LEASE):
-                    log.info("engine root %s: leads; reading the partials kept", self.id)
+                if await keeper.acquire(self.lease):
+                    log.info("engine root %s: leads %s; reading the partials kept", self.id,
+                             "every job without a root of its own" if self.job is None
+                             else f"job {self.job[:80]!r}")
                     self.stats.leader, self.leader_http = True, None
                     try:
                         await self._lead(js, keeper, stop, kv)
                     finally:
                         self.stats.leader = False
                         await self._unadvertise(kv)
-                        await keeper.release(S.ROOT_LEASE)
+                        await keeper.release(self.lease)
                 else:
-                    self.leader_http = await _advertised(kv)
+                    self.leader_http = await _advertised(kv, S.root_http_key(self.job))
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
                     except asyncio.TimeoutError:
@@ -176,15 +196,15 @@ class Root:
         again at each renewal); a failure only leaves the standby answering for itself."""
         if self.advertise_http:
             try:
-                await kv.put(S.ROOT_HTTP_KEY, self.advertise_http.encode())
+                await kv.put(S.root_http_key(self.job), self.advertise_http.encode())
             except Exception as exc:
                 log.warning("engine root %s: could not advertise its HTTP (%s)", self.id, exc)
 
     def _lead_lost(self, keeper: LeaseKeeper) -> None:
         keeper.take_lost()
         self.stats.leadership_lost += 1
-        log.warning("engine root %s: lost the root lease (not renewed within its TTL, or taken): stops "
-                    "leading", self.id)
+        log.warning("engine root %s: lost the root lease %s (not renewed within its TTL, or taken): stops "
+                    "leading", self.id, self.lease)
 
     async def _unadvertise(self, kv: KeyValue) -> None:
         """Take this root's HTTP back, so that a standby stops forwarding here at its next read: only
@@ -192,12 +212,15 @@ class Root:
         if not self.advertise_http:
             return
         with contextlib.suppress(Exception):  # gone already, or the engine away: it expires anyway
-            e = await kv.get(S.ROOT_HTTP_KEY)
+            e = await kv.get(S.root_http_key(self.job))
             if e.value == self.advertise_http.encode():
-                await kv.delete(S.ROOT_HTTP_KEY, last=e.revision)
+                await kv.delete(S.root_http_key(self.job), last=e.revision)
 
     def _skipped(self, stream: str, read_to: int, msgs: Sequence[Msg]) -> None:
-        """Count (and say) the messages of ``stream`` the engine let go before this root read them."""
+        """Count (and say) the messages of ``stream`` the engine let go before this root read them (a job's
+        own root cannot tell: the stream's sequence numbers it is not delivered are other jobs')."""
+        if self.job is not None:
+            return
         gap = stream_gap(read_to, [m.metadata.sequence.stream for m in msgs])
         if not gap:
             return
@@ -231,11 +254,12 @@ class Root:
         # From the first partial kept, or — leading again in the same process, whose fold and store
         # hold what it read — from the one after the last it read (a replay would fold it all again).
         async def subscribe(stream: str, prefix: str, read_to: int) -> Subscription:
+            subject = S.root_filter(prefix, self.job)
             if read_to:
-                return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
+                return await js.subscribe(subject, stream=stream, ordered_consumer=True,
                                           deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                                           config=ConsumerConfig(opt_start_seq=read_to + 1))
-            return await js.subscribe(f"{prefix}.>", stream=stream, ordered_consumer=True,
+            return await js.subscribe(subject, stream=stream, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL)
 
         async def batch(sub: Subscription, wait_s: float) -> list[Msg]:
@@ -253,14 +277,15 @@ class Root:
             handle = self.handle_summaries if stream == "summaries" else self.handle_records
             while True:
                 msgs = await batch(rsub, 0.5)
-                if not keeper.held(S.ROOT_LEASE):  # its batch unread (whoever leads next reads it):
+                if not keeper.held(self.lease):  # its batch unread (whoever leads next reads it):
                     return  # it ends, and the lead with it (below), never to read on past a hole
                 if msgs:
                     read_to = self._records_read_to.get(stream, 0)
                     self._skipped(stream, read_to, msgs)
-                    handle([m.data for m in msgs])
+                    handle(self.ours((m.subject, m.data) for m in msgs))
                     self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
+        await self._look_for_job_roots(js, kv)  # before the first read: none of their messages folded here
         sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
         rsubs = {name: await subscribe(stream, prefix, self._records_read_to.get(name, 0))
                  for name, stream, prefix in (("records", S.RECORDS_STREAM, S.RECORDS_PREFIX),
@@ -279,19 +304,20 @@ class Root:
                 ended = [records for records in readers if records.done()]
                 for records in ended:
                     records.result()
-                if ended or not keeper.held(S.ROOT_LEASE):  # not renewed within its TTL, or taken
+                if ended or not keeper.held(self.lease):  # not renewed within its TTL, or taken
                     self._lead_lost(keeper)
                     return
                 if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
+                    await self._look_for_job_roots(js, kv)
                     advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
-                if not keeper.held(S.ROOT_LEASE):  # the batch unread: whoever leads next reads it (this
+                if not keeper.held(self.lease):  # the batch unread: whoever leads next reads it (this
                     self._lead_lost(keeper)  # root from _read_to, leading again on a new subscription)
                     return
                 if msgs:
                     self._skipped("partials", self._read_to, msgs)
-                    self.handle([m.data for m in msgs])
+                    self.handle(self.ours((m.subject, m.data) for m in msgs))
                     self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
                 else:
                     self.flush()  # an iteration that is not whole still reaches the store
@@ -308,6 +334,48 @@ class Root:
             await sub.unsubscribe()
             for rsub in rsubs.values():
                 await rsub.unsubscribe()
+
+    async def _look_for_job_roots(self, js: JetStream, kv: KeyValue) -> None:
+        """(The root of every job) which jobs have a root of their own leading them now: their messages
+        are left to it, and for LED_ELSEWHERE_GRACE_S after its lease was last seen. A failed read keeps
+        what was known (the engine away: the reads fail too)."""
+        if self.job is not None:
+            return
+        try:
+            keys = await holders(js, kv, S.JOB_ROOTS_PREFIX)
+        except Exception as exc:
+            log.warning("engine root %s: could not read which jobs have a root of their own (%s)", self.id,
+                        exc)
+            return
+        self.note_job_roots({key[len(S.JOB_ROOTS_PREFIX):]: holder for key, holder in keys.items()},
+                            time.monotonic())
+
+    def note_job_roots(self, held: dict[str, str], now: float) -> None:
+        """``held``: the job tokens whose own root's lease is held now, and by whom (``now``: monotonic)."""
+        for token, holder in held.items():
+            if token not in self._elsewhere:
+                log.info("engine root %s: the job of token %s has a root of its own (%s): its messages are "
+                         "left to it", self.id, token, holder[:80])
+            self._elsewhere[token] = now
+        for token, seen in list(self._elsewhere.items()):
+            if now - seen > LED_ELSEWHERE_GRACE_S:
+                del self._elsewhere[token]
+                log.info("engine root %s: the job of token %s has had no root of its own for %.0f s: this "
+                         "root reads its messages again, from now on", self.id, token, now - seen)
+        self.stats.jobs_led_elsewhere = len(self._elsewhere)
+
+    def ours(self, msgs: Iterable[tuple[str, bytes]]) -> list[bytes]:
+        """Of ``msgs`` (subject, data), the data this root folds: all but those of jobs a root of their
+        own leads (counted)."""
+        if not self._elsewhere:
+            return [data for _, data in msgs]
+        out = []
+        for subject, data in msgs:
+            if S.token_of(subject) in self._elsewhere:
+                self.stats.led_elsewhere += 1
+            else:
+                out.append(data)
+        return out
 
     def send_command(self, agent_id: str, command: Command) -> bool:
         """Send ``command`` to an agent on the engine; False (counted) without an engine connection.
@@ -480,10 +548,10 @@ def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:
     return d, decode_batch(d.records, {}) if d.records is not None else None
 
 
-async def _advertised(kv: KeyValue) -> str | None:
-    """The leading root's HTTP, if it advertises one (None: none, or the key expired with it)."""
+async def _advertised(kv: KeyValue, key: str) -> str | None:
+    """The leading root's HTTP under ``key``, if it advertises one (None: none, or it expired with it)."""
     try:
-        e = await kv.get(S.ROOT_HTTP_KEY)
+        e = await kv.get(key)
     except Exception:  # no such key (nats' KeyNotFoundError and kin): no leader advertises
         return None
     return e.value.decode(errors="replace") if e.value else None

@@ -89,6 +89,12 @@ class RootStats:
     records_skipped: int = 0
     events_skipped: int = 0
     summaries_skipped: int = 0
+    # False on a job's own root (--engine-job): it reads one job's subjects, so the sequence numbers it
+    # is not delivered are other jobs', not messages let go: its ``*_skipped`` are unknown (None, absent)
+    reads_every_job: bool = True
+    # (the root of every job) messages of jobs a root of their own leads, left to it; those jobs, now
+    led_elsewhere: int = 0
+    jobs_led_elsewhere: int = 0
     # The shards' step summaries (perfd.engine.root_summaries), beside the partials: read; of those, held
     # in place of an older one of their holder's partition's iteration (replaced); not newer than the one
     # held, a copy delivered again (stale: dropped); of an iteration no longer held (late: dropped); a
@@ -108,6 +114,8 @@ class RootStats:
         """The counters; ``lag_s``: its p50, p99, max and n (None: no iteration complete yet)."""
         out: dict[str, bool | int | dict[str, float] | None] = {
             k: v for k, v in self.__dict__.items() if k != "lag_s"}
+        if not self.reads_every_job:
+            out.update((k, None) for k in out if k.endswith("_skipped"))
         lag: dict[str, float] | None = None
         if quantiles := self.lag_quantiles():
             lag = {name: round(quantiles[q], 4) for name, q in LAG_QUANTILES.items()}

@@ -64,9 +64,13 @@ COMMROWS_PREFIX = "perfd.commrows"
 # command is only meaningful now (as on a stream to an aggregator), and the reply says it arrived.
 COMMANDS_PREFIX = "perfd.commands"
 COMMAND_REPLY_TIMEOUT_S = 5.0
+# The lease of the root that leads every job without a root of its own; a job's own root (perfd
+# aggregator --engine-job NAME) holds ROOT_LEASE.<job token> (root_lease) and reads only that job's subjects.
 ROOT_LEASE = "root"
+JOB_ROOTS_PREFIX = ROOT_LEASE + "."  # the lease keys of jobs' own roots (leases.holders' prefix)
 # The leading root's HTTP as it advertises it (--engine-advertise-http), in the lease bucket: it expires
-# with the leadership, and a standby forwards the API there (perfd.aggregator.forward).
+# with the leadership, and a standby forwards the API there (perfd.aggregator.forward). A job's own root
+# puts it under ROOT_HTTP_KEY.<job token>.
 ROOT_HTTP_KEY = "root-http"
 DEFAULT_PARTITIONS = 16
 # Where a job's collective operations are folded into per-window figures when its ranks' step records
@@ -98,6 +102,27 @@ def partition_of(job: str, node: str, partitions: int) -> int:
     """The partition of ``node``'s records of ``job`` (0 .. partitions-1)."""
     h = hashlib.sha256(f"{job}\0{node}".encode()).digest()
     return int.from_bytes(h[:8], "big") % partitions
+
+
+def root_lease(job: str | None) -> str:
+    """The lease of ``job``'s own root, or (None) of the root of every job without one."""
+    return ROOT_LEASE if job is None else JOB_ROOTS_PREFIX + job_token(job)
+
+
+def root_http_key(job: str | None) -> str:
+    """Where the leading root of ``job`` (None: of every job without one) advertises its HTTP."""
+    return ROOT_HTTP_KEY if job is None else f"{ROOT_HTTP_KEY}.{job_token(job)}"
+
+
+def root_filter(prefix: str, job: str | None) -> str:
+    """What a root reads of a stream whose subjects are ``prefix.<job token>``: ``job``'s subject alone
+    (its own root: the engine delivers it no other job's message), or every job's (None)."""
+    return f"{prefix}.{'>' if job is None else job_token(job)}"
+
+
+def token_of(subject: str) -> str:
+    """The job token of a partials, records, events or summaries subject (its last token)."""
+    return subject.rpartition(".")[2]
 
 
 def node_subject(job: str, partition: int) -> str:

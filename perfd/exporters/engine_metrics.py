@@ -35,6 +35,8 @@ _ROOT_COUNTERS = {
     "perfd_engine_root_held_back": "held_back",
     "perfd_engine_root_summaries_total": "summaries",
     "perfd_engine_root_summaries_overcounted_total": "summaries_overcounted",
+    "perfd_engine_root_led_elsewhere_total": "led_elsewhere",
+    "perfd_engine_root_jobs_led_elsewhere": "jobs_led_elsewhere",
 }
 # The streams whose skipped messages RootStats counts (``<stream>_skipped``): every one the root reads
 _STREAMS = tuple(STREAM_LABELS[name] for name in ROOT_STREAMS)
@@ -100,8 +102,9 @@ def root_rows(stats: RootStats, comm: CommCounts | None = None) -> list[Row]:
         rows += [({"reason": r}, "perfd_engine_root_comm_summaries_dropped_total", float(getattr(comm, r)))
                  for r in _COMM_DROPPED]
     rows += [({}, name, float(getattr(stats, attr))) for name, attr in _ROOT_COUNTERS.items()]
-    rows += [({"stream": s}, "perfd_engine_root_skipped_total", float(getattr(stats, f"{s}_skipped")))
-             for s in _STREAMS]
+    if stats.reads_every_job:  # a job's own root cannot tell what its streams let go (rootfold.RootStats)
+        rows += [({"stream": s}, "perfd_engine_root_skipped_total", float(getattr(stats, f"{s}_skipped")))
+                 for s in _STREAMS]
     rows += [({"reason": r}, "perfd_engine_root_summaries_dropped_total",
               float(getattr(stats, f"summaries_{r}"))) for r in _SUMMARIES_DROPPED]
     # No iteration whole yet: no lag series (absent, not 0 s)

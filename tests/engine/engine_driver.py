@@ -330,13 +330,14 @@ def nc_call(urls: Sequence[str], fn: Callable[[Any], Awaitable[T]], timeout: flo
     return asyncio.run(main())
 
 
-def stream_state(urls: Sequence[str], stream: str) -> dict[str, Any]:
-    """messages, first_seq, last_seq, leader of ``stream``."""
+def stream_state(urls: Sequence[str], stream: str, subject: str | None = None) -> dict[str, Any]:
+    """messages (of ``subject`` alone where given), first_seq, last_seq, leader of ``stream``."""
 
     async def fn(js: Any) -> dict[str, Any]:
-        si = await js.stream_info(stream)
+        si = await js.stream_info(stream, subjects_filter=subject)
         leader = si.cluster.leader if si.cluster is not None else None
-        return {"messages": si.state.messages, "first_seq": si.state.first_seq,
+        messages = si.state.messages if subject is None else (si.state.subjects or {}).get(subject, 0)
+        return {"messages": messages, "first_seq": si.state.first_seq,
                 "last_seq": si.state.last_seq, "leader": leader}
 
     return js_call(urls, fn)
@@ -476,12 +477,13 @@ class Rig:
         sp = self.shards[shard_id] = ShardProc(name, shard_id, stats, p)
         return sp
 
-    def start_root(self, root_id: str = "root-a") -> str:
-        """``perfd aggregator --engine --engine-root-id root_id``; returns its HTTP base URL (the
+    def start_root(self, root_id: str = "root-a", *flags: str) -> str:
+        """``perfd aggregator --engine --engine-root-id root_id FLAGS``; returns its HTTP base URL (the
         first one started is ``base``, the one the checks read)."""
         name = self._root_names[root_id] = self._name(f"aggregator-{root_id}")
         _, _, url = start_aggregator(self.procs, "--no-rules", *self.engine_args(), "--engine-root-id",
-                                     root_id, ready=self.tmp / f"{root_id}.ready", name=name, timeout=60)
+                                     root_id, *flags, ready=self.tmp / f"{root_id}.ready", name=name,
+                                     timeout=60)
         self.roots[root_id] = url
         self.base = self.base or url
         return url
@@ -495,13 +497,13 @@ class Rig:
         return self.watch
 
     def up(self, shard_ids: Sequence[str] = ("shard-a", "shard-b"),
-           shard_urls: dict[str, Sequence[str]] | None = None) -> None:
-        """Servers, shards and the root started; the root leads, the streams exist and the shards
-        hold the partitions between them (none twice)."""
+           shard_urls: dict[str, Sequence[str]] | None = None, root_flags: Sequence[str] = ()) -> None:
+        """Servers, shards and the root (``root-a``, with ``root_flags``) started; the root leads, the
+        streams exist and the shards hold the partitions between them (none twice)."""
         self.start_cluster()
         for sid in shard_ids:
             self.start_shard(sid, (shard_urls or {}).get(sid))
-        self.start_root()
+        self.start_root("root-a", *root_flags)
         wait_for(lambda: self.engine_stats()["leader"], 60, "the root to lead", ignore=NOT_YET)
         wait_for(lambda: stream_state(self.urls, S.NODES_STREAM), 30, "the node stream")
         wait_for(lambda: self.split(shard_ids), 60, "the shards to split the partitions",
@@ -662,7 +664,8 @@ class Figures:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
 
 
-def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | None = False) -> Figures:
+def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | None = False,
+                     others: int = 0) -> Figures:
     """Wait until the engine is at rest — every message published and acknowledged by the engine,
     the node stream empty (every message acknowledged by a shard after its partial was stored),
     every partial read by the root — then assert nothing lost and nothing doubled:
@@ -674,7 +677,9 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | N
       wait), and the root counted every iteration whole (``complete``; the first may not count).
 
     Of the clients' messages, those that went to the records stream (the store's share of a feed's
-    collective records, held and sent as the agent does: perfd.engine.shares) are not node messages."""
+    collective records, held and sent as the agent does: perfd.engine.shares) are not node messages.
+    ``others``: the node messages other jobs' loads published (the stream holds them too); the root read
+    (``rig.base``) may lead ``plan.job`` alone, so its partials are counted on the job's subject."""
     load = rig.load
     assert load is not None
     load.finish(timeout)
@@ -682,7 +687,7 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | N
 
     def at_rest() -> bool:
         nodes = stream_state(rig.urls, S.NODES_STREAM)
-        parts = stream_state(rig.urls, S.PARTIALS_STREAM)
+        parts = stream_state(rig.urls, S.PARTIALS_STREAM, S.partials_subject(plan.job))
         st = rig.engine_stats()
         return bool(nodes["messages"] == 0 and st["batches"] + st["undecodable"] >= parts["messages"]
                     and st["node_messages"] >= distinct)
@@ -690,13 +695,13 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | N
     try:
         wait_for(at_rest, timeout, "the engine at rest (node stream empty, every partial read, every "
                  "node message folded)", interval=0.25, ignore=NOT_YET)
-        wait_for(lambda: not row_problems(plan, load, rig.rows()), 30, "every iteration row right",
+        wait_for(lambda: not row_problems(plan, load, rig.rows(plan.job)), 30, "every iteration row right",
                  interval=0.25, ignore=NOT_YET)
     except WaitTimeout as exc:
         raise WaitTimeout(f"{exc}\n{rig.describe(plan)}") from None
     st = rig.engine_stats()
     nodes = stream_state(rig.urls, S.NODES_STREAM)
-    parts = stream_state(rig.urls, S.PARTIALS_STREAM)
+    parts = stream_state(rig.urls, S.PARTIALS_STREAM, S.partials_subject(plan.job))
     cs = load.stats()
     f = Figures(published=sum(s["published"] for s in cs), duplicates=sum(s["duplicates"] for s in cs),
                 duplicates_unanswered=sum(s["duplicates_unanswered"] for s in cs),
@@ -704,9 +709,10 @@ def settle_and_check(rig: Rig, plan: Plan, timeout: float = 60.0, late: bool | N
                 redelivered=st["redelivered"], complete=st["complete"], batches=st["batches"],
                 partials_stream=parts["messages"], lag=st["lag_s"],
                 publish_errors=sum(s["publish_errors"] for s in cs), shard_folds=rig.shard_folds())
-    assert not row_problems(plan, load, rig.rows())
+    assert not row_problems(plan, load, rig.rows(plan.job))
     assert distinct == plan.nodes * plan.iterations, f"clients' distinct messages: {f.line()}"
-    assert f.stream_last_seq == distinct, f"the node stream stored a message twice or lost one: {f.line()}"
+    assert f.stream_last_seq == distinct + others, \
+        f"the node stream stored a message twice or lost one: {f.line()}"
     assert f.node_messages == distinct, f"root folded {f.node_messages} node messages: {f.line()}"
     # Whole: every rank in. The root holds an iteration to the world the job has shown, and not the
     # job's first while it is the only one it has seen (perfd.engine.rootfold.RootFold.add): the first

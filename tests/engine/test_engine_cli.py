@@ -40,6 +40,8 @@ def _run(capsys: pytest.CaptureFixture[str]):
     (["aggregator", "--engine-advertise-http", "http://10.0.0.7:8080"], "needs --engine"),
     (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-advertise-http", "10.0.0.7:8080"],
      "takes http(s)://HOST:PORT"),
+    (["aggregator", "--engine-job", "pretrain"], "--engine-job takes a job's name and needs --engine"),
+    (["aggregator", "--engine", "nats://127.0.0.1:4222", "--engine-job", " "], "(got ' ')"),
 ])
 def test_engine_flags_that_cannot_work_are_refused_with_a_reason(args, says, _run):
     res = _run(*args)

@@ -30,7 +30,15 @@ import pytest
 
 from perfd.engine import subjects as S
 from perfd.engine.rootfold import GONE_ITERATIONS, KEEP_ITERATIONS
-from tests.engine.engine_driver import Plan, Rig, consumers, need_nats_server, settle_and_check, stream_state
+from tests.engine.engine_driver import (
+    Load,
+    Plan,
+    Rig,
+    consumers,
+    need_nats_server,
+    settle_and_check,
+    stream_state,
+)
 from tests.faults.proxy import FaultProxy
 from tests.procs import NOT_YET, get_json, wait_for
 
@@ -194,6 +202,64 @@ def test_the_leading_root_killed_mid_run_its_standby_leads_and_nothing_is_lost(m
               f"({at_kill['complete']} iterations whole); the standby led {took:.1f}s after the kill (lease "
               f"TTL {LEASE_TTL_S:.0f}s), at iteration {led_at} of {plan.iterations}; {f.line()}; "
               f"wall {time.monotonic() - t0:.1f}s")
+
+
+def test_a_jobs_own_root_killed_its_standby_leads_and_the_root_of_every_job_never_reads_the_job(
+        make_rig: MakeRig) -> None:
+    """Two jobs through two shards at once: job A led by a root of its own (``--engine-job``, a leader and
+    a standby), job B by the root of every job (no ``--engine-job``). A's leader gets SIGKILL mid-run;
+    its standby leads once the lease lapses and every iteration of A ends whole there, each node message
+    folded once. The root of every job folds all of B and no message of A — it leaves them to A's root,
+    counted, across the failover too (its lease lapsed a TTL) — and A's roots fold none of B's: two
+    jobs, two processes, as two large jobs need."""
+    rig = make_rig(servers=1)
+    plan = Plan(nodes=6, iterations=32, period_s=PERIOD_S)
+    other = Plan(nodes=2, iterations=32, period_s=PERIOD_S, job="engine faults/job B")
+    own = ("--engine-job", plan.job)
+    with rig.explained():
+        t0 = time.monotonic()
+        rig.up(("shard-a", "shard-b"), root_flags=own)
+        standby = rig.start_root("root-b", *own)
+        every = rig.start_root("root-every")
+        wait_for(lambda: get_json(f"{every}/api/stats", timeout=5)["engine"]["jobs_led_elsewhere"] == 1, 30,
+                 "the root of every job to see job A's own root", ignore=NOT_YET, interval=0.1)
+        assert get_json(f"{every}/api/stats", timeout=5)["engine"]["leader"]  # its lease is not A's
+        load_b = Load(rig.cfg(), other).start()
+        rig.closers.append(load_b.close)
+        load = rig.start_load(plan)
+        load.wait_submitted(10)
+        at_kill = rig.engine_stats()
+        assert at_kill["leader"] and at_kill["job"] == plan.job and at_kill["node_messages"] > 0, at_kill
+        t_kill = time.monotonic()
+        rig.kill_root("root-a")
+        rig.base = standby
+        wait_for(lambda: rig.engine_stats()["leader"], 60, "A's standby to lead", ignore=NOT_YET,
+                 interval=0.1)
+        took, led_at = time.monotonic() - t_kill, load.submitted
+        assert led_at < plan.iterations, f"the standby led after the load's end, {took:.1f}s after the kill"
+        load_b.finish(60)
+        b_messages = load_b.distinct_published()
+        assert b_messages == other.nodes * other.iterations
+        f = settle_and_check(rig, plan, others=b_messages)  # A's root folded A's alone: node_messages
+        st = rig.engine_stats()
+        # A job's own root cannot tell what a stream let go (other jobs' sequence numbers): unknown, not 0
+        assert st["partials_skipped"] is None and st["led_elsewhere"] == 0, st
+        wait_for(lambda: get_json(f"{every}/api/stats", timeout=5)["engine"]["node_messages"] >= b_messages,
+                 30, "the root of every job to fold job B", ignore=NOT_YET, interval=0.25)
+        ev = get_json(f"{every}/api/stats", timeout=5)["engine"]
+        assert ev["node_messages"] == b_messages and ev["partials_skipped"] == 0, ev
+        assert ev["led_elsewhere"] >= f.batches and ev["jobs_led_elsewhere"] == 1, ev
+        assert _jobs(every) == [other.job] and _jobs(standby) == [plan.job]
+        print(f"FIGURES a job's own root killed: the leader had folded {at_kill['node_messages']} node "
+              f"messages; its standby led {took:.1f}s after the kill (TTL {LEASE_TTL_S:.0f}s) at iteration "
+              f"{led_at} of {plan.iterations}; {f.line()}; the root of every job folded "
+              f"{ev['node_messages']} of job B's {b_messages} and left {ev['led_elsewhere']} of job A's "
+              f"messages to its root; wall "
+              f"{time.monotonic() - t0:.1f}s")
+
+
+def _jobs(base: str) -> list[str]:
+    return sorted(j["job"] for j in get_json(f"{base}/api/jobs", timeout=10)["jobs"])
 
 
 def test_partials_delayed_past_the_roots_memory_count_once(make_rig: MakeRig) -> None:

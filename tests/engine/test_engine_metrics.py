@@ -41,7 +41,8 @@ def test_the_root_exports_its_stats_exactly() -> None:
     st = RootStats(leader=True, partials=7, node_messages=41, redelivered=3, late=2, refused=1, undecodable=4,
                    complete=9, held_back=5, partials_skipped=11, records_skipped=12, events_skipped=13,
                    summaries_skipped=14, summaries=21, summaries_stale=6, summaries_late=8,
-                   summaries_holders_dropped=15, summaries_overcounted=16, leadership_lost=17)
+                   summaries_holders_dropped=15, summaries_overcounted=16, leadership_lost=17,
+                   led_elsewhere=18, jobs_led_elsewhere=2)
     st.lag_s.extend([0.1 * i for i in range(1, 101)])  # 0.1 .. 10.0 s
     eng = EngineState(streams={"nodes": StreamState(12, 3400, 1 << 30), "events": StreamState(5, 900, None)},
                       consumers={"shard-p0": ConsumerState(pending=7, ack_pending=2, redelivered=1)},
@@ -73,6 +74,8 @@ def test_the_root_exports_its_stats_exactly() -> None:
         ("perfd_engine_root_summaries_dropped_total", (("reason", "late"),)): 8.0,
         ("perfd_engine_root_summaries_dropped_total", (("reason", "holders_dropped"),)): 15.0,
         ("perfd_engine_root_summaries_overcounted_total", ()): 16.0,
+        ("perfd_engine_root_led_elsewhere_total", ()): 18.0,
+        ("perfd_engine_root_jobs_led_elsewhere", ()): 2.0,
         ("perfd_engine_stream_messages", (("stream", "nodes"),)): 12.0,
         ("perfd_engine_stream_bytes", (("stream", "nodes"),)): 3400.0,
         ("perfd_engine_stream_limit_bytes", (("stream", "nodes"),)): float(1 << 30),
@@ -92,6 +95,10 @@ def test_the_root_exports_its_stats_exactly() -> None:
     # every root metric of the catalog comes out, and nothing outside it
     assert {n.removesuffix("_total") for n, _ in got if not n.endswith("_created")} == {
         n.removesuffix("_total") for n, *_ in catalog_engine.ROOT}
+    # A job's own root cannot tell what its streams let go: no skipped series, unknown in its stats
+    st.reads_every_job = False
+    assert not [k for k in _exposed(RootMetrics(st)) if k[0] == "perfd_engine_root_skipped_total"]
+    assert st.to_json()["partials_skipped"] is None and st.to_json()["node_messages"] == 41
 
 
 def test_promtool_finds_nothing_to_say_of_the_exposition() -> None:

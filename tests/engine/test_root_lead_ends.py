@@ -26,8 +26,8 @@ class _Sub:
 
     def push(self, data: bytes) -> None:
         self.seq += 1
-        self.q.put_nowait(SimpleNamespace(data=data, metadata=SimpleNamespace(
-            sequence=SimpleNamespace(stream=self.seq))))
+        self.q.put_nowait(SimpleNamespace(subject="perfd.x.0123456789abcdef", data=data,
+                                          metadata=SimpleNamespace(sequence=SimpleNamespace(stream=self.seq))))
 
     async def next_msg(self, timeout: float) -> Any:
         from nats.errors import TimeoutError as NatsTimeout

@@ -40,6 +40,7 @@ class _Msg:
     seq: int
     data: bytes
     reply: str = ""
+    subject: str = ""
 
     @property
     def metadata(self) -> MsgMetadata:

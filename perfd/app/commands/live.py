@@ -168,6 +168,10 @@ def _aggregator(args: argparse.Namespace,
         print("perfd aggregator: --engine-advertise-http takes http(s)://HOST:PORT and needs --engine "
               f"(got {adv!r}{'' if engine is not None else ', no --engine'})", file=sys.stderr)
         return 2
+    if args.engine_job is not None and (engine is None or not args.engine_job.strip()):
+        print("perfd aggregator: --engine-job takes a job's name and needs --engine "
+              f"(got {args.engine_job!r}{'' if engine is not None else ', no --engine'})", file=sys.stderr)
+        return 2
     cfg = AggregatorConfig(collectives=coll, collectives_per_job=coll_jobs,
                            grpc_host=args.grpc_host or every, grpc_port=args.grpc_port,
                            http_host=args.http_host or every, http_port=args.http_port, gpu=args.gpu,
@@ -192,7 +196,7 @@ def _aggregator(args: argparse.Namespace,
                            remote_write_labels=labels, remote_write_credentials=credentials,
                            engine=engine,
                            engine_replicas=args.engine_replicas, engine_root_id=args.engine_root_id,
-                           engine_advertise_http=args.engine_advertise_http)
+                           engine_advertise_http=args.engine_advertise_http, engine_job=args.engine_job)
     if args.job_stale_after is not None and args.job_stale_after <= 0:
         print("perfd aggregator: --job-stale-after must be > 0 seconds", file=sys.stderr)
         return 2
@@ -410,6 +414,9 @@ def register(sub: SubParsers) -> None:
     g.add_argument("--engine-advertise-http", metavar="URL", help="with --engine: this aggregator's HTTP "
                    "as the other roots reach it (http://POD_IP:PORT); a standby forwards its API to the "
                    "leader's, so a Service in front of both answers with the jobs")
+    g.add_argument("--engine-job", metavar="NAME", help="with --engine: lead this job alone, as its own root "
+                   "(a lease of its own; the engine delivers it no other job's messages), so that two large "
+                   "jobs do not share one process; a root without it leads every job that has none")
     g.set_defaults(handler=_aggregator)
 
     d = sub.add_parser("demo", help="run aggregator + agent locally on recorded real data "
