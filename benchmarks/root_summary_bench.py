@@ -13,7 +13,8 @@ messages spread over an iteration's flushes.
 - partials: each shard's flush merges what came into partials of at most MAX_PARTIAL_RANKS ranks and
   encodes them as the shard does (perfd.engine.partial.encode_batches); the root's own code folds
   them (perfd.engine.root.Root.handle: decode, RootFold, the fold's record for the store; a sink that
-  keeps nothing, so the store's own cost is not in it).
+  keeps nothing, so the store's own cost is not in it; with ``--store``, the aggregator's own sink:
+  every record checked against its bounds by the guard and taken by the store, as a live root's).
 - summaries: each node's fold is summarised as it comes and merged into its partition's
   (stepsummary.PartitionSummaries); each shard's flush sends the summaries of the partitions that got
   nodes in it, of all their ranks of the iteration so far (a partition's newer summary replaces the one
@@ -98,12 +99,24 @@ def _iteration_nodes(nodes: int, it: int) -> list[tuple[int, Partial]]:
             for n in range(nodes)]
 
 
-def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int, warmup: int
-        ) -> dict[str, Any]:
+def _store_sink() -> Any:
+    """What a live root hands its records to: the aggregator's EngineSink (its guard, its store)."""
+    from perfd.aggregator.engine_sink import EngineSink
+    from perfd.aggregator.guard import Guard
+    from perfd.aggregator.state import AggregatorState
+    from perfd.core.limits import Limits
+    from perfd.core.refusals import Refusals
+
+    return EngineSink(AggregatorState(), Guard(Limits(), Refusals()))
+
+
+def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int, warmup: int,
+        store: bool = False) -> dict[str, Any]:
     part_of = {n: S.partition_of(JOB, node_name(n), partitions) for n in range(nodes)}
     shard_of = {p: p % shards for p in range(partitions)}
     rng = random.Random(1)
-    root = Root(S.EngineConfig(servers=("nats://127.0.0.1:4222",)), _Sink(), "bench")
+    root = Root(S.EngineConfig(servers=("nats://127.0.0.1:4222",)), _store_sink() if store else _Sink(),
+                "bench")
     fold = SummaryFold()
     held = ss.PartitionSummaries()  # the shards' (each holds its own partitions': one object here)
     seq = 0
@@ -169,7 +182,7 @@ def run(nodes: int, iterations: int, flushes: int, shards: int, partitions: int,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "processor": platform.machine()},
         "config": {"nodes": nodes, "ranks": ranks, "iterations": iterations, "flushes": flushes,
-                   "shards": shards, "partitions": partitions, "warmup": warmup},
+                   "shards": shards, "partitions": partitions, "warmup": warmup, "store": store},
         "per_iteration": {k: round(v, 6) for k, v in mean.items()},
         "per_rank_iteration": {
             "partials_bytes": round(mean["partials_bytes"] / ranks, 2),
@@ -190,11 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=4, help="shards (default %(default)s)")
     ap.add_argument("--partitions", type=int, default=S.DEFAULT_PARTITIONS,
                     help="partitions (default %(default)s)")
+    ap.add_argument("--store", action="store_true",
+                    help="the partials' records go to the aggregator's own sink (its guard and store), "
+                    "as a live root's; default: a sink that keeps nothing")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     if a.nodes < 1 or not 0 <= a.warmup < a.iterations or a.flushes < 1 or a.shards < 1:
         ap.error("--nodes >= 1, 0 <= --warmup < --iterations, --flushes >= 1, --shards >= 1")
-    res = run(a.nodes, a.iterations, a.flushes, a.shards, a.partitions, a.warmup)
+    res = run(a.nodes, a.iterations, a.flushes, a.shards, a.partitions, a.warmup, a.store)
     print(json.dumps(res) if a.json else json.dumps(res, indent=1))
     return 0
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfd.aggregator import jobs as jobs_mod
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
@@ -31,7 +33,7 @@ from perfd.collectors.hook import HookCollector
 from perfd.collectors.megatron import parse_file
 from perfd.core import bounds
 from perfd.core import limits as L
-from perfd.core.model import StepRecord
+from perfd.core.model import StepRecord, TimerValue
 from perfd.hook import wire
 from perfd.transport.client import AgentClient
 
@@ -85,6 +87,42 @@ def test_every_kind_of_step_value_is_bounded() -> None:
     assert rec.lm_loss != rec.lm_loss and rec.grad_norm == float("inf")
     real = parse_file(REAL_LOG).records
     assert real and all(bounds.check_step_record(r) == [] for r in real)
+
+
+class _Float(float):
+    """A float subclass: not a number in_range takes (its type is not float)."""
+
+
+_ANY_VALUE = st.one_of(
+    st.floats(), st.integers(min_value=-(10**400), max_value=10**400), st.booleans(), st.none(),
+    st.text(max_size=2), st.floats(allow_nan=False).map(_Float),
+    st.sampled_from([0.0, -0.0, 1e10, 1e10 + 1, 5e9, 10**10, 10**10 + 1, float("nan"), float("inf")]),
+    st.floats(min_value=0.0, max_value=1e4), st.integers(min_value=0, max_value=10**4))
+_LIMITS = st.sampled_from([(0.0, bounds.MAX_STEP_MS), (0.0, bounds.MAX_EPOCH_S)])
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_ANY_VALUE, max_size=12), _LIMITS)
+def test_checking_a_collection_at_once_is_checking_each_value(values: list[object],
+                                                              limits: tuple[float, float]) -> None:
+    """A root checks every rank's timers and ends of a fold in one call (``all_in_range``, loops in C):
+    the same answer as each value's ``in_range``, whatever nan, inf, bool, huge int or float subclass
+    sits where."""
+    low, high = limits
+    assert bounds.all_in_range(values, low, high) == all(bounds.in_range(v, low, high) for v in values)
+
+
+def test_one_ranks_bad_timer_or_end_in_a_fold_is_caught() -> None:
+    per = {r: 100.0 + r for r in range(4096)}
+    ends = {r: 1_795_000_000.0 + r for r in range(4096)}
+    for bad in (float("nan"), float("inf"), -1.0, True, 1e308):
+        rec = StepRecord(job="j", iteration=1, rank="all", timers={
+            "forward-compute": TimerValue(100.0, 4195.0, {**per, 2048: bad}),
+            "backward-compute": TimerValue(100.0, 4195.0, dict(per))},
+            rank_end_times={**ends, 7: bad})
+        reasons = bounds.check_step_record(rec)
+        assert list(rec.timers) == ["backward-compute"] and 7 not in rec.rank_end_times, bad
+        assert len(rec.rank_end_times) == 4095 and len(reasons) == 2, (bad, reasons)
 
 
 @pytest.fixture
