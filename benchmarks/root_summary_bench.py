@@ -82,6 +82,9 @@ class _Sink:
     def admit_job(self, job: str) -> bool:
         return True
 
+    def let_go(self, tokens: Collection[str]) -> list[str]:
+        return []
+
 
 def _copy(p: Partial) -> Partial:
     return Partial(p.job, p.iteration, p.fold, p.ranks, p.job_level, p.messages)

@@ -462,9 +462,9 @@ class Aggregator:
         from perfd.exporters.engine_metrics import RootMetrics
 
         root_id = self.cfg.engine_root_id or f"{socket.gethostname()}:{self.grpc_port}"
-        c = self.cfg
-        root = self.engine_root = Root(engine, EngineSink(self.state, self.guard), root_id, c.engine_replicas,
-                                       c.engine_advertise_http, c.engine_job)
+        c, sink = self.cfg, EngineSink(self.state, self.guard, self.lifecycle.prune)
+        root = self.engine_root = Root(engine, sink, root_id, c.engine_replicas, c.engine_advertise_http,
+                                       c.engine_job)
         self.state.collectives.shares = root.comm  # shares from the shards' summaries, where they summarise
         if self.http is not None:
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http

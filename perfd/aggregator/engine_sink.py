@@ -14,7 +14,7 @@ jobs pruned to make room as for any other.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from perfd.aggregator.guard import Guard
@@ -46,12 +46,32 @@ class StateSink(Protocol):
 
     def ingest_window_figures(self, figs: WindowFigures) -> None: ...
 
+    def forget_job(self, job: str) -> None: ...
+
+    def job_names(self) -> list[str]: ...
+
 
 class EngineSink:
-    """perfd.engine.root.RootSink over the aggregator's state and guard."""
+    """perfd.engine.root.RootSink over the aggregator's state and guard; ``prune``: the aggregator's
+    own pruning of a job (perfd.aggregator.retention.Lifecycle.prune: its state, journal, captures)."""
 
-    def __init__(self, state: StateSink, guard: Guard) -> None:
-        self.state, self.guard = state, guard
+    def __init__(self, state: StateSink, guard: Guard,
+                 prune: Callable[[str, str], None] | None = None) -> None:
+        self.state, self.guard, self.prune = state, guard, prune
+
+    def let_go(self, tokens: Collection[str]) -> list[str]:
+        """The jobs of ``tokens`` (perfd.engine.subjects.job_token) pruned: a root of their own leads
+        them, and the copy here would stand still while they run (a stalled job to the rules)."""
+        from perfd.engine.subjects import job_token
+
+        jobs = sorted(j for j in {*self.guard.held_jobs(), *self.state.job_names()} if job_token(j) in tokens)
+        for job in jobs:
+            if self.prune is not None:
+                self.prune(job, "a root of its own leads it (perfd aggregator --engine-job)")
+            else:
+                self.state.forget_job(job)
+                self.guard.forget_job(job)
+        return jobs
 
     def ingest_steps(self, agent_id: str, steps: Sequence[StepRecord], now: float | None = None) -> object:
         self.guard.bounded(agent_id, steps)  # the values as a batch's are (perfd.core.bounds)

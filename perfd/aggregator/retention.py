@@ -140,6 +140,11 @@ class Lifecycle:
         act = st.activity(job)
         return act[1] if act is not None else 0.0
 
+    def prune(self, job: str, why: str) -> None:
+        """Prune ``job`` now, on the event loop (its state, journal rows, guard; captures and W&B at the
+        next housekeeping): the engine's root of every job lets go of a job a root of its own leads."""
+        self._prune(job, why)
+
     def _prune(self, job: str, why: str) -> None:
         log.info("job %s pruned %s", job, why)
         agents = self.agg.guard.hosts(job) | self.agg.state.job_agents(job)

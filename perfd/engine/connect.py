@@ -158,6 +158,8 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1,
         raise RuntimeError(f"the engine's lease bucket was made with another TTL or replicas than this "
                            f"process's --engine-lease-ttl {cfg.lease_ttl_s:g} and --engine-replicas "
                            f"{replicas} (the same on every shard and root): {exc}") from exc
+    # The jobs' own roots: as the lease bucket, a bucket every root needs the same
+    await js.create_key_value(bucket=S.JOB_ROOTS_BUCKET, ttl=S.JOB_ROOTS_TTL_S, replicas=replicas, history=1)
     try:  # best effort (perfd.engine.shard_jobinfo): without it a taking shard waits for the agents' send
         await js.create_key_value(bucket=S.JOBINFO_BUCKET, ttl=S.JOBINFO_TTL_S, replicas=replicas, history=1,
                                   max_bytes=S.JOBINFO_MAX_BYTES)

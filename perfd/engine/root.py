@@ -25,11 +25,15 @@ are read beside the partials, on a stream of their own, and answered per whole i
 (perfd.engine.root_summaries): shown in the root's stats, never handed to the store.
 
 A root leads every job, or one (``perfd aggregator --engine-job NAME``): a job's own root holds a lease
-of its own (subjects.root_lease) and reads that job's subjects alone, so two large jobs need not share
-one interpreter. The root of every job leaves the messages of a job whose own root holds its lease to
-it (counted, ``led_elsewhere``), and goes on leaving them for LED_ELSEWHERE_GRACE_S after that lease was
-last seen: the job's standby takes its lease within the TTL, and the root of every job must not fold a
-few of the job's iterations meanwhile.
+of its own (subjects.root_lease) and reads that job's subjects alone — and the events of no job (the
+nodes' process lists, which place its ranks on their GPUs) — so two large jobs need not share one
+interpreter. While it leads it puts its job's key in the job-roots bucket (subjects.JOB_ROOTS_BUCKET,
+kept JOB_ROOTS_TTL_S past the last put). The root of every job, leading or standing by, reads that
+bucket every third of the TTL (a failed first read ends its session: it never reads the streams
+without it): a job with a key is left to its own root (its messages skipped, counted
+``led_elsewhere``), through the root's failover and for the grace after, whichever process of the
+root of every job leads; what it held of the job before is let go of (the store's copy would stand
+still while the job runs: a stalled job to the rules).
 """
 
 from __future__ import annotations
@@ -50,18 +54,17 @@ from perfd.core.commsummary import CommSummary
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
 from perfd.core.winfigures import WindowFigures
-from perfd.engine import comm_codec, summary_codec
+from perfd.engine import comm_codec, job_roots, summary_codec
 from perfd.engine import subjects as S
 from perfd.engine.connect import close_bounded, connect, ensure_streams
 from perfd.engine.engine_state import EngineState
 from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
-from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
 from perfd.engine.root_comm import RootComm
 from perfd.engine.root_summaries import RootSummaries
-from perfd.engine.rootfold import IDLE_FORGET_S, RootFold, RootStats, stream_gap
+from perfd.engine.rootfold import RootFold, RootStats, stream_gap
 from perfd.engine.stepsummary import StepSummary
 from perfd.transport.codec import Command, DecodedBatch, command_to_pb, decode_batch
 from perfd.transport.gen import perfd_pb2 as pb
@@ -74,10 +77,6 @@ M = TypeVar("M")
 ENGINE_AGENT = "engine"  # the sender the store sees for every record that came through the engine
 INFO_TEXTS_KEPT = 4096  # jobs whose latest info text the root keeps, to pass the same again by
 SKIPPED_LINE_S = 60.0  # messages a stream let go before they were read: one log line a stream this often
-# A job whose own root's lease lapsed is left to it this long (its standby leads within the TTL); past
-# it the root of every job reads the job's messages again, from then on, as a job it had not seen:
-# the time after which the root's fold forgets a silent job too.
-LED_ELSEWHERE_GRACE_S = IDLE_FORGET_S
 
 
 class RootSink(Protocol):
@@ -92,6 +91,7 @@ class RootSink(Protocol):
                                   folded: bool = False) -> None: ...
     def ingest_window_figures(self, figs: WindowFigures) -> None: ...
     def admit_job(self, job: str) -> bool: ...
+    def let_go(self, tokens: Collection[str]) -> list[str]: ...  # jobs of those tokens, let go of: which
 
 
 class Root:
@@ -102,15 +102,20 @@ class Root:
         self.cfg, self.sink, self.id, self.replicas = cfg, sink, root_id, replicas
         # The one job this root leads (its own root), or None: every job without a root of its own
         self.job, self.lease = job, S.root_lease(job)
-        # (the root of every job) the tokens of jobs whose own root leads them -> when last seen leading
-        self._elsewhere: dict[str, float] = {}
         # This root's HTTP as the others reach it (put while it leads); the leader's, as last read
         # while standing by (None: leading, or no leader advertises one)
         self.advertise_http = advertise_http
         self.leader_http: str | None = None
         self.fold = RootFold()
+        self.job_roots = job_roots.JobRoots(self.fold.stats)  # (the root of every job) jobs left to theirs
         # A job's own root reads its job's subjects alone: the stream's other messages are no gap
         self.fold.stats.reads_every_job = job is None
+        self._readers: tuple[tuple[str, str, str], ...] = (
+            ("records", S.RECORDS_STREAM, S.root_filter(S.RECORDS_PREFIX, job)),
+            ("events", S.EVENTS_STREAM, S.root_filter(S.EVENTS_PREFIX, job)),
+            ("summaries", S.SUMMARIES_STREAM, S.root_filter(S.SUMMARIES_PREFIX, job)))
+        if job is not None:  # the nodes' own events (process lists): the ranks' placement on GPUs
+            self._readers += (("node events", S.EVENTS_STREAM, S.events_subject("")),)
         self.summaries = RootSummaries(self.fold.stats, world=self.fold.world, ranks=self._iteration_ranks)
         self.comm = RootComm(cfg.partitions)  # the shards' communication-share summaries (root_comm)
         self._info_text: OrderedDict[str, str] = OrderedDict()  # job -> the info it last took in
@@ -161,6 +166,8 @@ class Root:
             await ensure_streams(nc, self.cfg, self.replicas)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
+            roots = await js.key_value(S.JOB_ROOTS_BUCKET)
+            await self._look_for_job_roots(js, first=True)
             keeper = LeaseKeeper(self.cfg, self.id)
             await keeper.start()
             beats = asyncio.create_task(keep_beating(keeper))
@@ -171,13 +178,14 @@ class Root:
                              else f"job {self.job[:80]!r}")
                     self.stats.leader, self.leader_http = True, None
                     try:
-                        await self._lead(js, keeper, stop, kv)
+                        await self._lead(js, keeper, stop, kv, roots)
                     finally:
                         self.stats.leader = False
                         await self._unadvertise(kv)
                         await keeper.release(self.lease)
                 else:
                     self.leader_http = await _advertised(kv, S.root_http_key(self.job))
+                    await self._look_for_job_roots(js)  # a standby knows them when it leads
                     try:
                         await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
                     except asyncio.TimeoutError:
@@ -247,14 +255,14 @@ class Root:
                         stream, S.PARTIALS_MAX_BYTES) >> 20,
                     S.PARTIALS_MAX_AGE_S, stream)
 
-    async def _lead(self, js: JetStream, keeper: LeaseKeeper, stop: asyncio.Event, kv: KeyValue) -> None:
+    async def _lead(self, js: JetStream, keeper: LeaseKeeper, stop: asyncio.Event, kv: KeyValue,
+                    roots: KeyValue) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
         # From the first partial kept, or — leading again in the same process, whose fold and store
         # hold what it read — from the one after the last it read (a replay would fold it all again).
-        async def subscribe(stream: str, prefix: str, read_to: int) -> Subscription:
-            subject = S.root_filter(prefix, self.job)
+        async def subscribe(stream: str, subject: str, read_to: int) -> Subscription:
             if read_to:
                 return await js.subscribe(subject, stream=stream, ordered_consumer=True,
                                           deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
@@ -275,29 +283,33 @@ class Root:
         async def read_records(stream: str, rsub: Subscription) -> None:
             """The records, events or summaries stream (``stream``: its key in ``_records_read_to``)."""
             handle = self.handle_summaries if stream == "summaries" else self.handle_records
+            skipped = "events" if stream == "node events" else stream
             while True:
                 msgs = await batch(rsub, 0.5)
                 if not keeper.held(self.lease):  # its batch unread (whoever leads next reads it):
                     return  # it ends, and the lead with it (below), never to read on past a hole
                 if msgs:
                     read_to = self._records_read_to.get(stream, 0)
-                    self._skipped(stream, read_to, msgs)
-                    handle(self.ours((m.subject, m.data) for m in msgs))
+                    self._skipped(skipped, read_to, msgs)
+                    handle(self.job_roots.ours((m.subject, m.data) for m in msgs))
                     self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
-        await self._look_for_job_roots(js, kv)  # before the first read: none of their messages folded here
-        sub = await subscribe(S.PARTIALS_STREAM, S.PARTIALS_PREFIX, self._read_to)
-        rsubs = {name: await subscribe(stream, prefix, self._records_read_to.get(name, 0))
-                 for name, stream, prefix in (("records", S.RECORDS_STREAM, S.RECORDS_PREFIX),
-                                              ("events", S.EVENTS_STREAM, S.EVENTS_PREFIX),
-                                              ("summaries", S.SUMMARIES_STREAM, S.SUMMARIES_PREFIX))}
+        await self._look_for_job_roots(js, first=True)  # before the first read: their messages not folded
+        sub = await subscribe(S.PARTIALS_STREAM, S.root_filter(S.PARTIALS_PREFIX, self.job), self._read_to)
+        rsubs = {name: await subscribe(stream, subject, self._records_read_to.get(name, 0))
+                 for name, stream, subject in self._readers}
         readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
         self.engine = EngineState()
-        watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop))
+        # The engine's streams and consumers, read by the root of every job only (one set of series,
+        # one alert, however many jobs have roots of their own)
+        watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop)
+                                      if self.job is None else _until_set(stop))
         loop = asyncio.get_running_loop()
         advertise_at = loop.time() + self.cfg.renew_s
         try:
             await self._advertise(kv)
+            if self.job is not None:
+                await job_roots.mark(roots, self.job, self.id)
             while not stop.is_set():
                 # A reader ends on an error (raised here: this session ends and reconnects) or where it
                 # found the lease no longer held, having left its batch unread: the lead ends either way
@@ -309,7 +321,9 @@ class Root:
                     return
                 if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
-                    await self._look_for_job_roots(js, kv)
+                    if self.job is not None:
+                        await job_roots.mark(roots, self.job, self.id)
+                    await self._look_for_job_roots(js)
                     advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
                 if not keeper.held(self.lease):  # the batch unread: whoever leads next reads it (this
@@ -317,7 +331,7 @@ class Root:
                     return
                 if msgs:
                     self._skipped("partials", self._read_to, msgs)
-                    self.handle(self.ours((m.subject, m.data) for m in msgs))
+                    self.handle(self.job_roots.ours((m.subject, m.data) for m in msgs))
                     self._read_to = max(self._read_to, msgs[-1].metadata.sequence.stream)
                 else:
                     self.flush()  # an iteration that is not whole still reaches the store
@@ -335,47 +349,42 @@ class Root:
             for rsub in rsubs.values():
                 await rsub.unsubscribe()
 
-    async def _look_for_job_roots(self, js: JetStream, kv: KeyValue) -> None:
-        """(The root of every job) which jobs have a root of their own leading them now: their messages
-        are left to it, and for LED_ELSEWHERE_GRACE_S after its lease was last seen. A failed read keeps
-        what was known (the engine away: the reads fail too)."""
+    async def _look_for_job_roots(self, js: JetStream, first: bool = False) -> None:
+        """(The root of every job) which jobs have roots of their own (job_roots). ``first``: the read
+        before this root reads any stream, whose failure is raised (the session starts again), never
+        read past; a later failure keeps what was read last."""
         if self.job is not None:
             return
         try:
-            keys = await holders(js, kv, S.JOB_ROOTS_PREFIX)
+            tokens = await job_roots.read(js)
         except Exception as exc:
+            if first:
+                raise
             log.warning("engine root %s: could not read which jobs have a root of their own (%s)", self.id,
                         exc)
             return
-        self.note_job_roots({key[len(S.JOB_ROOTS_PREFIX):]: holder for key, holder in keys.items()},
-                            time.monotonic())
+        self.note_job_roots(tokens)
 
-    def note_job_roots(self, held: dict[str, str], now: float) -> None:
-        """``held``: the job tokens whose own root's lease is held now, and by whom (``now``: monotonic)."""
-        for token, holder in held.items():
-            if token not in self._elsewhere:
-                log.info("engine root %s: the job of token %s has a root of its own (%s): its messages are "
-                         "left to it", self.id, token, holder[:80])
-            self._elsewhere[token] = now
-        for token, seen in list(self._elsewhere.items()):
-            if now - seen > LED_ELSEWHERE_GRACE_S:
-                del self._elsewhere[token]
-                log.info("engine root %s: the job of token %s has had no root of its own for %.0f s: this "
-                         "root reads its messages again, from now on", self.id, token, now - seen)
-        self.stats.jobs_led_elsewhere = len(self._elsewhere)
-
-    def ours(self, msgs: Iterable[tuple[str, bytes]]) -> list[bytes]:
-        """Of ``msgs`` (subject, data), the data this root folds: all but those of jobs a root of their
-        own leads (counted)."""
-        if not self._elsewhere:
-            return [data for _, data in msgs]
-        out = []
-        for subject, data in msgs:
-            if S.token_of(subject) in self._elsewhere:
-                self.stats.led_elsewhere += 1
-            else:
-                out.append(data)
-        return out
+    def note_job_roots(self, tokens: Collection[str]) -> None:
+        """``tokens``: the jobs with a root of their own now. A job newly among them is let go of here —
+        the fold's, the summaries' and the store's (the aggregator prunes it) — and its messages skipped
+        from now on; one no longer among them is read again from the next message, as a job not seen."""
+        new, gone = self.job_roots.note(tokens)
+        for token in gone:
+            log.info("engine root %s: the job of token %s has had no root of its own for %.0f s: this root "
+                     "reads its messages again, from now on", self.id, token, S.JOB_ROOTS_TTL_S)
+        if not new:
+            return
+        held = {j for j in (*self.fold.jobs, *self.summaries.fold_jobs(), *self.comm.held)
+                if S.job_token(j) in new}
+        for job in held:
+            self.fold.forget(job, "has a root of its own")
+            self.summaries.forget(job)
+            self.comm.forget(job)
+        let_go = {*held, *self.sink.let_go(new)}
+        log.info("engine root %s: job(s) of token %s have a root of their own: their messages are left to "
+                 "it, what this root held of them let go of (%s)", self.id, ", ".join(sorted(new)),
+                 ", ".join(repr(j[:80]) for j in sorted(let_go)) or "none")
 
     def send_command(self, agent_id: str, command: Command) -> bool:
         """Send ``command`` to an agent on the engine; False (counted) without an engine connection.
@@ -546,6 +555,10 @@ def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:
     if d.records is None and not d.collectives:
         raise ValueError("a records message without records")
     return d, decode_batch(d.records, {}) if d.records is not None else None
+
+
+async def _until_set(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 async def _advertised(kv: KeyValue, key: str) -> str | None:

@@ -95,6 +95,7 @@ class RootStats:
     # (the root of every job) messages of jobs a root of their own leads, left to it; those jobs, now
     led_elsewhere: int = 0
     jobs_led_elsewhere: int = 0
+
     # The shards' step summaries (perfd.engine.root_summaries), beside the partials: read; of those, held
     # in place of an older one of their holder's partition's iteration (replaced); not newer than the one
     # held, a copy delivered again (stale: dropped); of an iteration no longer held (late: dropped); a
@@ -115,7 +116,7 @@ class RootStats:
         out: dict[str, bool | int | dict[str, float] | None] = {
             k: v for k, v in self.__dict__.items() if k != "lag_s"}
         if not self.reads_every_job:
-            out.update((k, None) for k in out if k.endswith("_skipped"))
+            out.update((k, None) for k in out if k in EVERY_JOB_ONLY or k.endswith("_skipped"))
         lag: dict[str, float] | None = None
         if quantiles := self.lag_quantiles():
             lag = {name: round(quantiles[q], 4) for name, q in LAG_QUANTILES.items()}
@@ -129,6 +130,10 @@ class RootStats:
         lags = sorted(self.lag_s)
         n = len(lags)
         return {q: lags[min(n - 1, int(q * n))] for q in LAG_QUANTILES.values()} if lags else {}
+
+
+# The counters of the root of every job alone: None (absent from /metrics) on a job's own root
+EVERY_JOB_ONLY = ("led_elsewhere", "jobs_led_elsewhere")
 
 
 def stream_gap(read_to: int, seqs: Sequence[int]) -> int:
@@ -332,7 +337,7 @@ class RootFold:
         ranks it has shown where they are more (an info that undercounts is not believed)."""
         return max(self.worlds.get(job, 0), len(self.ranks.get(job, ())))
 
-    def forget(self, job: str) -> None:
+    def forget(self, job: str, why: str = f"silent {IDLE_FORGET_S:.0f} s") -> None:
         """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""
         self.jobs.pop(job, None)
         self.worlds.pop(job, None)
@@ -340,7 +345,7 @@ class RootFold:
         self.ranks.pop(job, None)
         self.seen.pop(job, None)
         self.stats.jobs_forgotten += 1
-        log.info("engine root: job %s silent %.0f s: its folds leave memory", job[:80], IDLE_FORGET_S)
+        log.info("engine root: job %s %s: its folds leave memory", job[:80], why)
 
     def _note_ranks(self, part: Partial, new_ranks: dict[str, set[int]]) -> None:
         known = self.ranks.setdefault(part.job, set())

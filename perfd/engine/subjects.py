@@ -67,7 +67,13 @@ COMMAND_REPLY_TIMEOUT_S = 5.0
 # The lease of the root that leads every job without a root of its own; a job's own root (perfd
 # aggregator --engine-job NAME) holds ROOT_LEASE.<job token> (root_lease) and reads only that job's subjects.
 ROOT_LEASE = "root"
-JOB_ROOTS_PREFIX = ROOT_LEASE + "."  # the lease keys of jobs' own roots (leases.holders' prefix)
+JOB_ROOTS_PREFIX = ROOT_LEASE + "."  # the lease keys of jobs' own roots
+# KV: job token -> the id of the job's own root that led it last, put while it leads (every renew):
+# a key lasts JOB_ROOTS_TTL_S past the last put, so the root of every job — any of its processes, a
+# standby that takes over or one started again included — leaves the job to its own root across that
+# root's failover (a lease TTL) and for the grace after, and then reads it again.
+JOB_ROOTS_BUCKET = "perfd_jobroots"
+JOB_ROOTS_TTL_S = 600.0
 # The leading root's HTTP as it advertises it (--engine-advertise-http), in the lease bucket: it expires
 # with the leadership, and a standby forwards the API there (perfd.aggregator.forward). A job's own root
 # puts it under ROOT_HTTP_KEY.<job token>.

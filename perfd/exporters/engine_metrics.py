@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
+from perfd.engine.rootfold import EVERY_JOB_ONLY
 from perfd.engine.subjects import ROOT_STREAMS, STREAM_LABELS
 from perfd.exporters.prometheus import Row, build_info_families, series_families
 
@@ -101,7 +102,8 @@ def root_rows(stats: RootStats, comm: CommCounts | None = None) -> list[Row]:
                  ({}, "perfd_engine_root_comm_holders_replaced_total", float(comm.holders_replaced))]
         rows += [({"reason": r}, "perfd_engine_root_comm_summaries_dropped_total", float(getattr(comm, r)))
                  for r in _COMM_DROPPED]
-    rows += [({}, name, float(getattr(stats, attr))) for name, attr in _ROOT_COUNTERS.items()]
+    rows += [({}, name, float(getattr(stats, attr))) for name, attr in _ROOT_COUNTERS.items()
+             if stats.reads_every_job or attr not in EVERY_JOB_ONLY]
     if stats.reads_every_job:  # a job's own root cannot tell what its streams let go (rootfold.RootStats)
         rows += [({"stream": s}, "perfd_engine_root_skipped_total", float(getattr(stats, f"{s}_skipped")))
                  for s in _STREAMS]

@@ -204,58 +204,68 @@ def test_the_leading_root_killed_mid_run_its_standby_leads_and_nothing_is_lost(m
               f"wall {time.monotonic() - t0:.1f}s")
 
 
-def test_a_jobs_own_root_killed_its_standby_leads_and_the_root_of_every_job_never_reads_the_job(
+def test_a_job_given_its_own_root_mid_run_is_let_go_of_and_both_roots_survive_a_kill(
         make_rig: MakeRig) -> None:
-    """Two jobs through two shards at once: job A led by a root of its own (``--engine-job``, a leader and
-    a standby), job B by the root of every job (no ``--engine-job``). A's leader gets SIGKILL mid-run;
-    its standby leads once the lease lapses and every iteration of A ends whole there, each node message
-    folded once. The root of every job folds all of B and no message of A — it leaves them to A's root,
-    counted, across the failover too (its lease lapsed a TTL) — and A's roots fold none of B's: two
-    jobs, two processes, as two large jobs need."""
+    """Two jobs through two shards at once, led by the root of every job (a leader and a standby). Mid-run
+    job A is given a root of its own (``--engine-job``, a leader and a standby): the root of every job
+    lets go of what it held of A (its copy would stand still while A runs) and leaves A's messages to
+    it. Then A's own leader and the leader of every job get SIGKILL together: each standby leads once its
+    lease lapses. A's ends with every iteration of A whole, each node message folded once; the other
+    reads the streams from their start and folds all of job B and none of A (the job-roots bucket, not
+    a process's memory, says A has its own root): two jobs, two processes, as two large jobs need."""
     rig = make_rig(servers=1)
     plan = Plan(nodes=6, iterations=32, period_s=PERIOD_S)
     other = Plan(nodes=2, iterations=32, period_s=PERIOD_S, job="engine faults/job B")
     own = ("--engine-job", plan.job)
     with rig.explained():
         t0 = time.monotonic()
-        rig.up(("shard-a", "shard-b"), root_flags=own)
-        standby = rig.start_root("root-b", *own)
-        every = rig.start_root("root-every")
-        wait_for(lambda: get_json(f"{every}/api/stats", timeout=5)["engine"]["jobs_led_elsewhere"] == 1, 30,
-                 "the root of every job to see job A's own root", ignore=NOT_YET, interval=0.1)
-        assert get_json(f"{every}/api/stats", timeout=5)["engine"]["leader"]  # its lease is not A's
+        rig.up(("shard-a", "shard-b"))  # root-a: the root of every job
+        every, every_b = rig.base, rig.start_root("every-b")
         load_b = Load(rig.cfg(), other).start()
         rig.closers.append(load_b.close)
         load = rig.start_load(plan)
-        load.wait_submitted(10)
-        at_kill = rig.engine_stats()
+        load.wait_submitted(4)
+        wait_for(lambda: _jobs(every) == sorted((plan.job, other.job)), 30,
+                 "the root of every job to hold both", ignore=NOT_YET, interval=0.1)
+        own_a, own_b = rig.start_root("own-a", *own), rig.start_root("own-b", *own)
+        wait_for(lambda: _stats(every)["jobs_led_elsewhere"] == 1 and _jobs(every) == [other.job], 30,
+                 "the root of every job to let go of job A", ignore=NOT_YET, interval=0.1)
+        let_go_at = load.submitted
+        load.wait_submitted(max(let_go_at + 4, 12))
+        at_kill = _stats(own_a)
         assert at_kill["leader"] and at_kill["job"] == plan.job and at_kill["node_messages"] > 0, at_kill
+        assert not _stats(own_b)["leader"] and not _stats(every_b)["leader"]
         t_kill = time.monotonic()
+        rig.kill_root("own-a")
         rig.kill_root("root-a")
-        rig.base = standby
-        wait_for(lambda: rig.engine_stats()["leader"], 60, "A's standby to lead", ignore=NOT_YET,
-                 interval=0.1)
+        rig.base = own_b
+        wait_for(lambda: _stats(own_b)["leader"] and _stats(every_b)["leader"], 60, "both standbys to lead",
+                 ignore=NOT_YET, interval=0.1)
         took, led_at = time.monotonic() - t_kill, load.submitted
-        assert led_at < plan.iterations, f"the standby led after the load's end, {took:.1f}s after the kill"
+        assert led_at < plan.iterations, f"the standbys led after the load's end, {took:.1f}s after the kill"
         load_b.finish(60)
         b_messages = load_b.distinct_published()
         assert b_messages == other.nodes * other.iterations
         f = settle_and_check(rig, plan, others=b_messages)  # A's root folded A's alone: node_messages
-        st = rig.engine_stats()
+        st = _stats(own_b)
         # A job's own root cannot tell what a stream let go (other jobs' sequence numbers): unknown, not 0
-        assert st["partials_skipped"] is None and st["led_elsewhere"] == 0, st
-        wait_for(lambda: get_json(f"{every}/api/stats", timeout=5)["engine"]["node_messages"] >= b_messages,
-                 30, "the root of every job to fold job B", ignore=NOT_YET, interval=0.25)
-        ev = get_json(f"{every}/api/stats", timeout=5)["engine"]
+        assert st["partials_skipped"] is None and _jobs(own_b) == [plan.job], st
+        wait_for(lambda: _stats(every_b)["node_messages"] >= b_messages, 30, "the new root of every job to "
+                 "fold job B", ignore=NOT_YET, interval=0.25)
+        ev = _stats(every_b)
         assert ev["node_messages"] == b_messages and ev["partials_skipped"] == 0, ev
         assert ev["led_elsewhere"] >= f.batches and ev["jobs_led_elsewhere"] == 1, ev
-        assert _jobs(every) == [other.job] and _jobs(standby) == [plan.job]
-        print(f"FIGURES a job's own root killed: the leader had folded {at_kill['node_messages']} node "
-              f"messages; its standby led {took:.1f}s after the kill (TTL {LEASE_TTL_S:.0f}s) at iteration "
-              f"{led_at} of {plan.iterations}; {f.line()}; the root of every job folded "
-              f"{ev['node_messages']} of job B's {b_messages} and left {ev['led_elsewhere']} of job A's "
-              f"messages to its root; wall "
+        assert _jobs(every_b) == [other.job]
+        print(f"FIGURES a job given its own root mid-run: let go of by the root of every job at iteration "
+              f"{let_go_at}; its own leader had folded {at_kill['node_messages']} node messages; both "
+              f"standbys led {took:.1f}s after the kills (TTL {LEASE_TTL_S:.0f}s) at iteration {led_at} of "
+              f"{plan.iterations}; {f.line()}; the new root of every job folded {ev['node_messages']} of job "
+              f"B's {b_messages} and left {ev['led_elsewhere']} of job A's messages to its root; wall "
               f"{time.monotonic() - t0:.1f}s")
+
+
+def _stats(base: str) -> dict[str, Any]:
+    return dict(get_json(f"{base}/api/stats", timeout=5)["engine"])
 
 
 def _jobs(base: str) -> list[str]:

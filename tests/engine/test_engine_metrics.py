@@ -95,10 +95,14 @@ def test_the_root_exports_its_stats_exactly() -> None:
     # every root metric of the catalog comes out, and nothing outside it
     assert {n.removesuffix("_total") for n, _ in got if not n.endswith("_created")} == {
         n.removesuffix("_total") for n, *_ in catalog_engine.ROOT}
-    # A job's own root cannot tell what its streams let go: no skipped series, unknown in its stats
+    # A job's own root cannot tell what its streams let go, and leaves no job to another root: those
+    # series absent, unknown in its stats
     st.reads_every_job = False
-    assert not [k for k in _exposed(RootMetrics(st)) if k[0] == "perfd_engine_root_skipped_total"]
-    assert st.to_json()["partials_skipped"] is None and st.to_json()["node_messages"] == 41
+    absent = {"perfd_engine_root_skipped_total", "perfd_engine_root_led_elsewhere_total",
+              "perfd_engine_root_jobs_led_elsewhere"}
+    assert not [k for k in _exposed(RootMetrics(st)) if k[0] in absent]
+    doc = st.to_json()
+    assert doc["partials_skipped"] is None and doc["led_elsewhere"] is None and doc["node_messages"] == 41
 
 
 def test_promtool_finds_nothing_to_say_of_the_exposition() -> None:

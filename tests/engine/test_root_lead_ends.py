@@ -45,6 +45,9 @@ class _JS:
     def __init__(self) -> None:
         self.subs: dict[str, _Sub] = {}
 
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> Any:
+        return SimpleNamespace(state=SimpleNamespace(subjects=None))  # the job-roots bucket: no job root
+
     async def subscribe(self, subject: str, stream: str, **kw: Any) -> _Sub:
         sub = self.subs[stream] = _Sub()
         return sub
@@ -95,7 +98,7 @@ def test_a_reader_that_finds_the_lease_gone_ends_the_lead(monkeypatch: pytest.Mo
 
     async def main() -> tuple[bool, int]:
         js, keeper, stop = _JS(), _Keeper(), asyncio.Event()
-        lead = asyncio.create_task(root._lead(js, keeper, stop, _KV()))  # type: ignore[arg-type]
+        lead = asyncio.create_task(root._lead(js, keeper, stop, _KV(), _KV()))  # type: ignore[arg-type]
         await _until(lambda: S.RECORDS_STREAM in js.subs and S.PARTIALS_STREAM in js.subs)
         records = js.subs[S.RECORDS_STREAM]
         records.push(b"r1")
@@ -119,7 +122,7 @@ def test_a_batch_fetched_after_the_lease_went_is_left_unread(monkeypatch: pytest
 
     async def main() -> int:
         js, keeper, stop = _JS(), _Keeper(), asyncio.Event()
-        lead = asyncio.create_task(root._lead(js, keeper, stop, _KV()))  # type: ignore[arg-type]
+        lead = asyncio.create_task(root._lead(js, keeper, stop, _KV(), _KV()))  # type: ignore[arg-type]
         await _until(lambda: S.PARTIALS_STREAM in js.subs)
         partials = js.subs[S.PARTIALS_STREAM]
 
