@@ -304,12 +304,12 @@ class Root:
         # one alert, however many jobs have roots of their own)
         watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop)
                                       if self.job is None else _until_set(stop))
+        # ... and the job roots, marked or read, on a task of their own: a slow answer never holds the reads
+        marker = asyncio.create_task(self._keep_job_roots(js, roots, stop))
         loop = asyncio.get_running_loop()
         advertise_at = loop.time() + self.cfg.renew_s
         try:
             await self._advertise(kv)
-            if self.job is not None:
-                await job_roots.mark(roots, self.job, self.id)
             while not stop.is_set():
                 # A reader ends on an error (raised here: this session ends and reconnects) or where it
                 # found the lease no longer held, having left its batch unread: the lead ends either way
@@ -321,9 +321,6 @@ class Root:
                     return
                 if loop.time() >= advertise_at:  # put again before the bucket's TTL lets it go
                     await self._advertise(kv)
-                    if self.job is not None:
-                        await job_roots.mark(roots, self.job, self.id)
-                    await self._look_for_job_roots(js)
                     advertise_at = loop.time() + self.cfg.renew_s
                 msgs = await batch(sub, 0.5)
                 if not keeper.held(self.lease):  # the batch unread: whoever leads next reads it (this
@@ -339,7 +336,7 @@ class Root:
             watcher.cancel()  # first, and whatever the flush does: the engine's are the next leader's
             self.engine = EngineState()
             self.flush(every=True)  # what it read is folded: the store has it all, leading or not
-            for records in (*readers, watcher):
+            for records in (*readers, watcher, marker):
                 records.cancel()
                 try:
                     await records
@@ -348,6 +345,17 @@ class Root:
             await sub.unsubscribe()
             for rsub in rsubs.values():
                 await rsub.unsubscribe()
+
+    async def _keep_job_roots(self, js: JetStream, roots: KeyValue, stop: asyncio.Event) -> None:
+        """While leading, every third of the TTL: a job's own root marks its job (job_roots.mark), the root
+        of every job reads which jobs have roots of their own."""
+        while not stop.is_set():
+            if self.job is not None:
+                await job_roots.mark(roots, self.job, self.id)
+            else:
+                await self._look_for_job_roots(js)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
 
     async def _look_for_job_roots(self, js: JetStream, first: bool = False) -> None:
         """(The root of every job) which jobs have roots of their own (job_roots). ``first``: the read
