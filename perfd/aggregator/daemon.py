@@ -468,7 +468,7 @@ class Aggregator:
         self.state.collectives.shares = root.comm  # shares from the shards' summaries, where they summarise
         if self.http is not None:
             self.http.app.leader = lambda: None if root.stats.leader else root.leader_http
-            self.http.app.registry.register(RootMetrics(root.stats, lambda: root.engine, root.comm.counts))
+            self.http.app.registry.register(RootMetrics(root.stats, root.engine_state, root.comm.counts))
         self.state.engine_stats, self._engine_stop = root.stats_json, asyncio.Event()
         self._engine_task = asyncio.create_task(root.run(self._engine_stop))
         log.info("engine root %s on %s (%d partitions)", root_id, ",".join(engine.servers), engine.partitions)

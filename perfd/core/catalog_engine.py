@@ -74,12 +74,13 @@ ROOT: tuple[Row, ...] = (
      "Messages of jobs a root of their own leads (perfd aggregator --engine-job), left to it by the root "
      "of every job", ()),
     ("perfd_engine_root_jobs_led_elsewhere", "gauge", "count",
-     "Jobs a root of their own leads now (or did within the grace after its lease was last seen), whose "
-     "messages the root of every job leaves to it", ()),
-    # The engine's own state, as the leading root reads it from JetStream (perfd.engine.engine_state):
-    # served by the leader only, absent before its first read
+     "Jobs a root of their own leads now (its key in the engine's job-roots bucket: put within the hour), "
+     "whose messages the root of every job leaves to it", ()),
+    # The engine's own state, as the leading root of every job reads it from JetStream
+    # (perfd.engine.engine_state): served by it only, absent before its first read
     ("perfd_engine_stream_messages", "gauge", "count",
-     "Messages an engine stream holds now, by stream (JetStream's own count, read by the leading root)",
+     "Messages an engine stream holds now, by stream (JetStream's own count, read by the leading root of "
+     "every job)",
      ("stream",)),
     ("perfd_engine_stream_bytes", "gauge", "bytes",
      "Bytes an engine stream holds now, by stream: past its limit the engine lets the oldest go",

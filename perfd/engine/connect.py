@@ -115,7 +115,7 @@ async def close_bounded(nc: NatsClient, who: str, timeout: float | None = None) 
 
 
 async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1,
-                         comm_rows: bool = False) -> None:
+                         comm_rows: bool = False, job_roots: bool = False) -> None:
     """The streams, the lease bucket (its keys expiring after ``cfg.lease_ttl_s``) and the job infos', made if
     missing (the same call from every process that starts: JetStream's add is idempotent for an
     identical config, and refuses another: a process given another --engine-replicas or
@@ -158,8 +158,13 @@ async def ensure_streams(nc: NatsClient, cfg: S.EngineConfig, replicas: int = 1,
         raise RuntimeError(f"the engine's lease bucket was made with another TTL or replicas than this "
                            f"process's --engine-lease-ttl {cfg.lease_ttl_s:g} and --engine-replicas "
                            f"{replicas} (the same on every shard and root): {exc}") from exc
-    # The jobs' own roots: as the lease bucket, a bucket every root needs the same
-    await js.create_key_value(bucket=S.JOB_ROOTS_BUCKET, ttl=S.JOB_ROOTS_TTL_S, replicas=replicas, history=1)
+    if job_roots:  # a root's (perfd.engine.job_roots), best effort: a job's own root needs it (it says so)
+        try:
+            await js.create_key_value(bucket=S.JOB_ROOTS_BUCKET, ttl=S.JOB_ROOTS_TTL_S, replicas=replicas,
+                                      history=1)
+        except Exception as exc:  # the account's limits, another version's config: used where it is there
+            log.warning("engine: the job-roots bucket %s not made as this process would (%s)",
+                        S.JOB_ROOTS_BUCKET, exc)
     try:  # best effort (perfd.engine.shard_jobinfo): without it a taking shard waits for the agents' send
         await js.create_key_value(bucket=S.JOBINFO_BUCKET, ttl=S.JOBINFO_TTL_S, replicas=replicas, history=1,
                                   max_bytes=S.JOBINFO_MAX_BYTES)

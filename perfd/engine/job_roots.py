@@ -29,13 +29,26 @@ async def mark(roots: KeyValue, job: str, holder: str) -> None:
 
 
 async def read(js: JetStream) -> set[str]:
-    """The tokens of the jobs with a root of their own now: the bucket's keys, read from its stream's
-    subjects (no watch: a watch's consumer is kept by the server after it stops). Raises what the
-    engine raised."""
-    info = await js.stream_info(S.kv_stream(S.JOB_ROOTS_BUCKET),
-                                subjects_filter=S.kv_subject(S.JOB_ROOTS_BUCKET, ">"))
-    base = len(S.kv_subject(S.JOB_ROOTS_BUCKET, ""))
-    return {subject[base:] for subject in info.state.subjects or {}}
+    """The tokens of the jobs with a root of their own now: the bucket's keys, listed from its stream's
+    subjects (no watch: a watch's consumer is kept by the server after it stops), each one's value read
+    (a key deleted or purged by hand keeps its subject: not a root's). No bucket: none (a job's own root
+    cannot lead without one). Raises what else the engine raised."""
+    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+
+    try:
+        roots = await js.key_value(S.JOB_ROOTS_BUCKET)
+        info = await js.stream_info(S.kv_stream(S.JOB_ROOTS_BUCKET),
+                                    subjects_filter=S.kv_subject(S.JOB_ROOTS_BUCKET, ">"))
+    except (BucketNotFoundError, NotFoundError):
+        return set()
+    base, out = len(S.kv_subject(S.JOB_ROOTS_BUCKET, "")), set()
+    for subject in info.state.subjects or {}:
+        try:
+            if (await roots.get(subject[base:])).value:
+                out.add(subject[base:])
+        except KeyNotFoundError:  # deleted, purged or expired since (KeyDeletedError among them)
+            continue
+    return out
 
 
 class JobRoots:

@@ -138,6 +138,11 @@ class Root:
     def stats(self) -> RootStats:
         return self.fold.stats
 
+    def engine_state(self) -> EngineState | None:
+        """The engine's streams and consumers as last read, by the root of every job (None on a job's own
+        root, which does not read them: its series absent, not 0)."""
+        return self.engine if self.job is None else None
+
     def stats_json(self) -> dict[str, object]:
         """The counters, and the newest answers from the summaries of each job (/api/stats ``engine``)."""
         return {**self.stats.to_json(), "job": self.job, "summary_answers": self.summaries.to_json(),
@@ -163,10 +168,10 @@ class Root:
         self._nc, self._loop = nc, asyncio.get_running_loop()
         keeper = beats = None
         try:
-            await ensure_streams(nc, self.cfg, self.replicas)
+            await ensure_streams(nc, self.cfg, self.replicas, job_roots=True)
             js = nc.jetstream()
             kv = await js.key_value(S.LEASES_BUCKET)
-            roots = await js.key_value(S.JOB_ROOTS_BUCKET)
+            roots = await self._job_roots_bucket(js)
             await self._look_for_job_roots(js, first=True)
             keeper = LeaseKeeper(self.cfg, self.id)
             await keeper.start()
@@ -256,7 +261,7 @@ class Root:
                     S.PARTIALS_MAX_AGE_S, stream)
 
     async def _lead(self, js: JetStream, keeper: LeaseKeeper, stop: asyncio.Event, kv: KeyValue,
-                    roots: KeyValue) -> None:
+                    roots: KeyValue | None) -> None:
         from nats.errors import TimeoutError as NatsTimeout
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -346,11 +351,22 @@ class Root:
             for rsub in rsubs.values():
                 await rsub.unsubscribe()
 
-    async def _keep_job_roots(self, js: JetStream, roots: KeyValue, stop: asyncio.Event) -> None:
+    async def _job_roots_bucket(self, js: JetStream) -> KeyValue | None:
+        """The job-roots bucket a job's own root marks its job in (the root of every job reads it
+        otherwise: None). One without it cannot lead: the root of every job would fold its job too."""
+        if self.job is None:
+            return None
+        try:
+            return await js.key_value(S.JOB_ROOTS_BUCKET)
+        except Exception as exc:
+            raise RuntimeError(f"a job's own root needs the engine's job-roots bucket {S.JOB_ROOTS_BUCKET}, "
+                               f"which could not be read or made ({exc}); it does not lead") from exc
+
+    async def _keep_job_roots(self, js: JetStream, roots: KeyValue | None, stop: asyncio.Event) -> None:
         """While leading, every third of the TTL: a job's own root marks its job (job_roots.mark), the root
         of every job reads which jobs have roots of their own."""
         while not stop.is_set():
-            if self.job is not None:
+            if self.job is not None and roots is not None:
                 await job_roots.mark(roots, self.job, self.id)
             else:
                 await self._look_for_job_roots(js)
@@ -386,13 +402,17 @@ class Root:
         held = {j for j in (*self.fold.jobs, *self.summaries.fold_jobs(), *self.comm.held)
                 if S.job_token(j) in new}
         for job in held:
-            self.fold.forget(job, "has a root of its own")
+            self.fold.forget(job, "has a root of its own", idle=False)
             self.summaries.forget(job)
             self.comm.forget(job)
         let_go = {*held, *self.sink.let_go(new)}
-        log.info("engine root %s: job(s) of token %s have a root of their own: their messages are left to "
-                 "it, what this root held of them let go of (%s)", self.id, ", ".join(sorted(new)),
-                 ", ".join(repr(j[:80]) for j in sorted(let_go)) or "none")
+        # A job given its own root while it runs: its history before what the streams keep (an hour, their
+        # bytes) is in neither root from now on (its own root rebuilds from the streams)
+        (log.warning if let_go else log.info)(
+            "engine root %s: job(s) of token %s have a root of their own: their messages are left to it; "
+            "what this root held of them let go of (%s)%s", self.id, ", ".join(sorted(new)),
+            ", ".join(repr(j[:80]) for j in sorted(let_go)) or "none",
+            ": their history older than the engine's streams keep is lost to both roots" if let_go else "")
 
     def send_command(self, agent_id: str, command: Command) -> bool:
         """Send ``command`` to an agent on the engine; False (counted) without an engine connection.

@@ -337,14 +337,15 @@ class RootFold:
         ranks it has shown where they are more (an info that undercounts is not believed)."""
         return max(self.worlds.get(job, 0), len(self.ranks.get(job, ())))
 
-    def forget(self, job: str, why: str = f"silent {IDLE_FORGET_S:.0f} s") -> None:
-        """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S)."""
+    def forget(self, job: str, why: str = f"silent {IDLE_FORGET_S:.0f} s", idle: bool = True) -> None:
+        """Let go of what memory holds of ``job`` (not its run count: see IDLE_FORGET_S); ``idle``: counted
+        in ``jobs_forgotten`` (a job let go of for its own root is not)."""
         self.jobs.pop(job, None)
         self.worlds.pop(job, None)
         self.gone.pop(job, None)
         self.ranks.pop(job, None)
         self.seen.pop(job, None)
-        self.stats.jobs_forgotten += 1
+        self.stats.jobs_forgotten += idle
         log.info("engine root: job %s %s: its folds leave memory", job[:80], why)
 
     def _note_ranks(self, part: Partial, new_ranks: dict[str, set[int]]) -> None:

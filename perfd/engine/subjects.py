@@ -71,9 +71,10 @@ JOB_ROOTS_PREFIX = ROOT_LEASE + "."  # the lease keys of jobs' own roots
 # KV: job token -> the id of the job's own root that led it last, put while it leads (every renew):
 # a key lasts JOB_ROOTS_TTL_S past the last put, so the root of every job — any of its processes, a
 # standby that takes over or one started again included — leaves the job to its own root across that
-# root's failover (a lease TTL) and for the grace after, and then reads it again.
+# root's failover (a lease TTL) and for the grace after, and then reads it again. As long as the
+# partials are kept (below): a root of every job that starts reading the streams again after the key
+# went finds none of the job's history there to rebuild a stale copy from.
 JOB_ROOTS_BUCKET = "perfd_jobroots"
-JOB_ROOTS_TTL_S = 600.0
 # The leading root's HTTP as it advertises it (--engine-advertise-http), in the lease bucket: it expires
 # with the leadership, and a standby forwards the API there (perfd.aggregator.forward). A job's own root
 # puts it under ROOT_HTTP_KEY.<job token>.
@@ -226,6 +227,7 @@ class EngineConfig:
 NODES_MAX_BYTES = 1 << 30
 PARTIALS_MAX_BYTES = 4 << 30
 PARTIALS_MAX_AGE_S = 3600.0
+JOB_ROOTS_TTL_S = PARTIALS_MAX_AGE_S
 RECORDS_MAX_BYTES = 1 << 30
 # Events are few (a node's hang events, XIDs, process lists: KBs a minute) and each may matter alone
 EVENTS_MAX_BYTES = 256 << 20

@@ -119,7 +119,7 @@ class RootMetrics:
     that runs one: without --engine none of its series exist), and the engine's streams as the root last
     read them (``engine``: the root's current EngineState; a root that does not lead holds none read)."""
 
-    def __init__(self, stats: RootStats, engine: Callable[[], EngineState] | None = None,
+    def __init__(self, stats: RootStats, engine: Callable[[], EngineState | None] | None = None,
                  comm: CommCounts | None = None) -> None:
         self.stats = stats
         self.engine = engine
@@ -127,8 +127,9 @@ class RootMetrics:
 
     def collect(self) -> Iterator[Metric]:
         rows = root_rows(self.stats, self.comm)
-        if self.engine is not None:
-            rows += engine_rows(self.engine())
+        engine = self.engine() if self.engine is not None else None
+        if engine is not None:
+            rows += engine_rows(engine)
         yield from series_families(rows)
 
 

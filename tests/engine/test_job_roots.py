@@ -1,12 +1,13 @@
 """A root per job (``perfd aggregator --engine --engine-job NAME``): its lease and subjects are the
-job's alone, and the root of every job leaves a job with a root of its own to it — through its
-standby's takeover (the lease lapses a TTL) and for the grace after — then reads it again. The reading
-of the lease bucket is perfd.engine.leases.holders (real servers: tests/engine/test_engine_faults.py's
-own-root test); here what the root does with what it read, at the times given."""
+job's alone (and the events of no job), and the root of every job leaves a job with a root of its own
+to it, letting go of what it held of it, while the engine's job-roots bucket has the job's key
+(perfd.engine.job_roots; a real nats-server below, and tests/engine/test_engine_faults.py's own-root
+test with real processes); here what the root does with what it read."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +18,13 @@ from perfd.aggregator.state import AggregatorState
 from perfd.core.limits import Limits
 from perfd.core.model import StepRecord
 from perfd.core.refusals import Refusals
+from perfd.engine import job_roots
 from perfd.engine import subjects as S
+from perfd.engine.connect import ensure_streams
+from perfd.engine.natsd import NatsCluster
+from perfd.engine.partial import Partial, encode
 from perfd.engine.root import Root
+from tests.engine.test_natsd import _need_nats_server
 
 BIG, SMALL = "pretrain 405b", "sft.small *"  # a dot, a space, a wildcard: subject syntax, as tokens
 
@@ -99,3 +105,70 @@ def test_a_jobs_own_root_also_reads_the_nodes_events_of_no_job(monkeypatch: pyte
     asyncio.run(lead(_root()))  # the root of every job: every job's, those of no job among them
     assert sorted(subjects) == sorted(f"{p}.>" for p in (S.PARTIALS_PREFIX, S.RECORDS_PREFIX, S.EVENTS_PREFIX,
                                                          S.SUMMARIES_PREFIX))
+
+
+def _message(job: str, it: int, ranks: range) -> tuple[str, bytes]:
+    """A shard's partials message of ``job``'s iteration ``it``, ``ranks`` folded in."""
+    p = Partial(job, it, ranks=set(ranks), messages=[f"{job}:{it}:{min(ranks)}"])
+    p.add_records([StepRecord(job=job, iteration=it, rank=r, end_time=1_795_000_000.0 + it,
+                              step_time_ms=100.0) for r in ranks])
+    return S.partials_subject(job), encode(f"{job}:{it}:{min(ranks)}", "shard-0", 0, [p])
+
+
+def test_what_the_root_held_back_of_a_job_let_go_of_never_reaches_the_store_after() -> None:
+    """A large job's iterations held back at the root (not whole, under HAND_ON_S) when the job gets a root
+    of its own: let go of with the rest, so the lead's last flush brings no half-copy of it back."""
+    state = AggregatorState()
+    sink = EngineSink(state, Guard(Limits(), Refusals()))
+    root = Root(S.EngineConfig(("nats://127.0.0.1:1",)), sink, "every")
+    root.handle(root.job_roots.ours([_message(BIG, it, range(0, 3000)) for it in (1, 2, 3)]))
+    root.handle(root.job_roots.ours([_message(BIG, it, range(3000, 5000)) for it in (1, 2, 3)]))
+    assert BIG in state.job_names()
+    root.note_job_roots({S.job_token(BIG)})
+    assert BIG not in state.job_names() and root.stats.jobs_forgotten == 0  # let go of, not idle
+    root.handle(root.job_roots.ours([_message(BIG, 3, range(5000, 6000)), _message(SMALL, 1, range(0, 8))]))
+    root.flush(every=True)  # the lead's end: whatever the fold held back goes to the store
+    assert sorted(state.job_names()) == [SMALL], "a half-copy of the job came back"
+
+
+class _FailingJS:
+    async def key_value(self, bucket: str) -> object:
+        raise TimeoutError("nats: timeout")
+
+
+def test_a_failed_first_reading_of_the_job_roots_ends_the_session_a_later_one_keeps_the_last() -> None:
+    root = _root()
+    root.note_job_roots({S.job_token(BIG)})
+    with pytest.raises(TimeoutError):  # before any stream is read: never read past
+        asyncio.run(root._look_for_job_roots(_FailingJS(), first=True))  # type: ignore[arg-type]
+    asyncio.run(root._look_for_job_roots(_FailingJS()))  # type: ignore[arg-type]
+    assert root.job_roots.tokens == {S.job_token(BIG)}
+
+
+@pytest.mark.timeout(60)
+def test_the_bucket_says_which_jobs_have_roots_a_key_deleted_by_hand_not_among_them(tmp_path: Path) -> None:
+    _need_nats_server()
+
+    async def main(urls: list[str]) -> list[set[str]]:
+        import nats
+
+        nc = await nats.connect(urls)
+        try:
+            js = nc.jetstream()
+            seen = [await job_roots.read(js)]  # no bucket yet: no job has a root of its own
+            await ensure_streams(nc, S.EngineConfig(tuple(urls)), job_roots=True)
+            roots = await js.key_value(S.JOB_ROOTS_BUCKET)
+            await job_roots.mark(roots, BIG, "root-a")
+            await job_roots.mark(roots, SMALL, "root-b")
+            seen.append(await job_roots.read(js))
+            await roots.delete(S.job_token(SMALL))  # an operator handing the job back
+            seen.append(await job_roots.read(js))
+            info = await js.stream_info(S.kv_stream(S.JOB_ROOTS_BUCKET))
+            assert info.config.max_age == S.JOB_ROOTS_TTL_S == S.PARTIALS_MAX_AGE_S
+            return seen
+        finally:
+            await nc.close()
+
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        seen = asyncio.run(main(list(cluster.urls)))
+    assert seen == [set(), {S.job_token(BIG), S.job_token(SMALL)}, {S.job_token(BIG)}]

@@ -45,6 +45,9 @@ class _JS:
     def __init__(self) -> None:
         self.subs: dict[str, _Sub] = {}
 
+    async def key_value(self, bucket: str) -> _KV:
+        return _KV()
+
     async def stream_info(self, name: str, subjects_filter: str | None = None) -> Any:
         return SimpleNamespace(state=SimpleNamespace(subjects=None))  # the job-roots bucket: no job root
 
