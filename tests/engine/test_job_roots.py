@@ -85,15 +85,20 @@ def test_a_jobs_own_root_also_reads_the_nodes_events_of_no_job(monkeypatch: pyte
     subjects: dict[str, str] = {}
 
     class JS(_JS):
+        def __init__(self, expected: int) -> None:
+            super().__init__()
+            self.expected, self.all_made = expected, asyncio.Event()
+
         async def subscribe(self, subject: str, stream: str, **kw: object) -> Any:
             subjects[subject] = stream
+            if len(subjects) == self.expected:  # the partials' and each reader's
+                self.all_made.set()
             return await super().subscribe(subject, stream)
 
     async def lead(root: Root) -> None:
-        stop = asyncio.Event()
-        task = asyncio.create_task(root._lead(JS(), _Keeper(), stop, _KV(), _KV()))  # type: ignore[arg-type]
-        while len(subjects) < len(root._readers) + 1:
-            await asyncio.sleep(0.01)
+        stop, js = asyncio.Event(), JS(len(root._readers) + 1)
+        task = asyncio.create_task(root._lead(js, _Keeper(), stop, _KV(), _KV()))  # type: ignore[arg-type]
+        await asyncio.wait_for(js.all_made.wait(), 10)
         stop.set()
         await asyncio.wait_for(task, 10)
 
