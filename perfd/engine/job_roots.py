@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable
 
 from perfd.engine import subjects as S
+from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue
 from perfd.engine.rootfold import RootStats
 
@@ -33,22 +34,13 @@ async def read(js: JetStream) -> set[str]:
     subjects (no watch: a watch's consumer is kept by the server after it stops), each one's value read
     (a key deleted or purged by hand keeps its subject: not a root's). No bucket: none (a job's own root
     cannot lead without one). Raises what else the engine raised."""
-    from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+    from nats.js.errors import BucketNotFoundError, NotFoundError
 
     try:
         roots = await js.key_value(S.JOB_ROOTS_BUCKET)
-        info = await js.stream_info(S.kv_stream(S.JOB_ROOTS_BUCKET),
-                                    subjects_filter=S.kv_subject(S.JOB_ROOTS_BUCKET, ">"))
+        return set(await holders(js, roots, "", S.JOB_ROOTS_BUCKET))
     except (BucketNotFoundError, NotFoundError):
         return set()
-    base, out = len(S.kv_subject(S.JOB_ROOTS_BUCKET, "")), set()
-    for subject in info.state.subjects or {}:
-        try:
-            if (await roots.get(subject[base:])).value:
-                out.add(subject[base:])
-        except KeyNotFoundError:  # deleted, purged or expired since (KeyDeletedError among them)
-            continue
-    return out
 
 
 class JobRoots:

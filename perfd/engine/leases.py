@@ -64,8 +64,9 @@ class Lease:
             self.revision = None
 
 
-async def holders(js: JetStream, kv: KeyValue, prefix: str) -> dict[str, str]:
-    """Every live key of the lease bucket under ``prefix`` (ending in ".") and its holder.
+async def holders(js: JetStream, kv: KeyValue, prefix: str, bucket: str | None = None) -> dict[str, str]:
+    """Every live key of ``kv``, the bucket ``bucket`` (default: the lease bucket), under ``prefix`` (ending
+    in ".", or "" for all) and its holder.
 
     The keys are read from the bucket's stream's subjects (``stream_info`` with a subject filter), not
     with ``kv.keys()``: that opens a watch, an ephemeral consumer the server keeps after it is stopped
@@ -76,9 +77,9 @@ async def holders(js: JetStream, kv: KeyValue, prefix: str) -> dict[str, str]:
     and its partitions stalled."""
     from perfd.engine import subjects as S
 
-    info = await js.stream_info(S.kv_stream(S.LEASES_BUCKET),
-                                subjects_filter=S.kv_subject(S.LEASES_BUCKET, prefix + ">"))
-    base = len(S.kv_subject(S.LEASES_BUCKET, ""))
+    bucket = bucket or S.LEASES_BUCKET
+    info = await js.stream_info(S.kv_stream(bucket), subjects_filter=S.kv_subject(bucket, prefix + ">"))
+    base = len(S.kv_subject(bucket, ""))
     out = {}
     for subject in sorted(info.state.subjects or {}):
         k = subject[base:]
