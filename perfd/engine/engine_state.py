@@ -107,12 +107,12 @@ async def read_once(js: JetStream, partitions: int, state: EngineState, now: flo
                         STALE_AFTER_READS * ENGINE_STATE_S)
 
 
-async def watch(js: JetStream, partitions: int, state: EngineState, stop: asyncio.Event) -> None:
-    """Read the engine's state into ``state`` now and every ENGINE_STATE_S until ``stop`` (or
-    cancelled)."""
-    while not stop.is_set():
+async def watch(js: JetStream, partitions: int, state: EngineState, over: asyncio.Event) -> None:
+    """Read the engine's state into ``state`` now and every ENGINE_STATE_S until ``over`` is set (a
+    cancel alone may be lost: perfd.engine.phase says why)."""
+    while not over.is_set():
         await read_once(js, partitions, state, time.time())
         try:
-            await asyncio.wait_for(stop.wait(), timeout=ENGINE_STATE_S)
+            await asyncio.wait_for(over.wait(), timeout=ENGINE_STATE_S)
         except asyncio.TimeoutError:
             pass

@@ -62,6 +62,7 @@ from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
+from perfd.engine.phase import Phase
 from perfd.engine.root_comm import RootComm
 from perfd.engine.root_summaries import RootSummaries
 from perfd.engine.rootfold import RootFold, RootStats, stream_gap
@@ -289,7 +290,7 @@ class Root:
             """The records, events or summaries stream (``stream``: its key in ``_records_read_to``)."""
             handle = self.handle_summaries if stream == "summaries" else self.handle_records
             skipped = "events" if stream == "node events" else stream
-            while True:
+            while not phase.over.is_set():
                 msgs = await batch(rsub, 0.5)
                 if not keeper.held(self.lease):  # its batch unread (whoever leads next reads it):
                     return  # it ends, and the lead with it (below), never to read on past a hole
@@ -300,17 +301,18 @@ class Root:
                     self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
         await self._look_for_job_roots(js, first=True)  # before the first read: their messages not folded
+        phase = Phase(f"root {self.id}")  # its readers and watchers end with the lead (engine.phase says why)
         sub = await subscribe(S.PARTIALS_STREAM, S.root_filter(S.PARTIALS_PREFIX, self.job), self._read_to)
         rsubs = {name: await subscribe(stream, subject, self._records_read_to.get(name, 0))
                  for name, stream, subject in self._readers}
-        readers = [asyncio.create_task(read_records(name, rsub)) for name, rsub in rsubs.items()]
+        readers = [phase.spawn(read_records(name, rsub)) for name, rsub in rsubs.items()]
         self.engine = EngineState()
         # The engine's streams and consumers, read by the root of every job only (one set of series,
         # one alert, however many jobs have roots of their own)
-        watcher = asyncio.create_task(watch_engine(js, self.cfg.partitions, self.engine, stop)
-                                      if self.job is None else _until_set(stop))
+        if self.job is None:
+            phase.spawn(watch_engine(js, self.cfg.partitions, self.engine, phase.over))
         # ... and the job roots, marked or read, on a task of their own: a slow answer never holds the reads
-        marker = asyncio.create_task(self._keep_job_roots(js, roots, stop))
+        phase.spawn(self._keep_job_roots(js, roots, phase.over))
         loop = asyncio.get_running_loop()
         advertise_at = loop.time() + self.cfg.renew_s
         try:
@@ -338,15 +340,10 @@ class Root:
                 else:
                     self.flush()  # an iteration that is not whole still reaches the store
         finally:
-            watcher.cancel()  # first, and whatever the flush does: the engine's are the next leader's
+            phase.over.set()  # first, and whatever the flush does: the engine's state is the next leader's
             self.engine = EngineState()
             self.flush(every=True)  # what it read is folded: the store has it all, leading or not
-            for records in (*readers, watcher, marker):
-                records.cancel()
-                try:
-                    await records
-                except (asyncio.CancelledError, Exception):  # its error, if any, was raised above
-                    pass
+            await phase.end()  # a reader's error, if any, was raised above
             await sub.unsubscribe()
             for rsub in rsubs.values():
                 await rsub.unsubscribe()
@@ -362,16 +359,16 @@ class Root:
             raise RuntimeError(f"a job's own root needs the engine's job-roots bucket {S.JOB_ROOTS_BUCKET}, "
                                f"which could not be read or made ({exc}); it does not lead") from exc
 
-    async def _keep_job_roots(self, js: JetStream, roots: KeyValue | None, stop: asyncio.Event) -> None:
-        """While leading, every third of the TTL: a job's own root marks its job (job_roots.mark), the root
-        of every job reads which jobs have roots of their own."""
-        while not stop.is_set():
+    async def _keep_job_roots(self, js: JetStream, roots: KeyValue | None, over: asyncio.Event) -> None:
+        """While leading (until ``over``), every third of the TTL: a job's own root marks its job
+        (job_roots.mark), the root of every job reads which jobs have roots of their own."""
+        while not over.is_set():
             if self.job is not None and roots is not None:
                 await job_roots.mark(roots, self.job, self.id)
             else:
                 await self._look_for_job_roots(js)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.cfg.renew_s)
+                await asyncio.wait_for(over.wait(), timeout=self.cfg.renew_s)
 
     async def _look_for_job_roots(self, js: JetStream, first: bool = False) -> None:
         """(The root of every job) which jobs have roots of their own (job_roots). ``first``: the read
@@ -583,10 +580,6 @@ def _records_of(d: Decoded) -> tuple[Decoded, DecodedBatch | None]:
     if d.records is None and not d.collectives:
         raise ValueError("a records message without records")
     return d, decode_batch(d.records, {}) if d.records is not None else None
-
-
-async def _until_set(event: asyncio.Event) -> None:
-    await event.wait()
 
 
 async def _advertised(kv: KeyValue, key: str) -> str | None:

@@ -50,6 +50,7 @@ from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
+from perfd.engine.phase import Phase
 from perfd.engine.shard_comm import CommSummaries, ShardComm, comm_messages
 from perfd.engine.shard_jobinfo import JobInfoBucket
 from perfd.engine.shard_summaries import ShardSummaries, batches
@@ -188,8 +189,9 @@ class Shard:
                             "groups its ranks by stage once the agents send the job's info", self.id, exc)
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
             await keeper.start()
-            flusher = asyncio.create_task(self._flush_loop(js, stop))
-            beats = asyncio.create_task(keep_beating(keeper))
+            tasks = Phase(f"shard {self.id}")  # they end with the session (engine.phase says why)
+            tasks.spawn(self._flush_loop(js, tasks.over))
+            tasks.spawn(keep_beating(keeper))
             try:
                 while not stop.is_set():
                     await self._balance(js, kv, keeper)
@@ -201,9 +203,7 @@ class Shard:
                 leases = list(self._leases.values())
                 await self._retire(list(self._tasks), kv)
                 await self._flush(js)  # what was folded leaves before the leases do
-                for t in (flusher, beats):
-                    t.cancel()
-                await asyncio.gather(flusher, beats, return_exceptions=True)
+                await tasks.end()
                 for key in leases:
                     await keeper.release(key)
         finally:
@@ -447,8 +447,8 @@ class Shard:
         self._flushes += 1
         return f"{self.id}:{self.epoch}:{self._flushes}"
 
-    async def _flush_loop(self, js: JetStream, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+    async def _flush_loop(self, js: JetStream, over: asyncio.Event) -> None:
+        while not over.is_set():
             await asyncio.sleep(FLUSH_S)
             await self._flush(js)
 
