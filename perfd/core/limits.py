@@ -90,9 +90,9 @@ MAX_OPENING_STREAMS = 512
 # is spread further out.
 MAX_LOOP_BUSY = 0.9
 MAX_LOOP_BUSY_S = MAX_FIRST_ACK_WAIT_S
-# A refused stream is told when to come back (gRPC trailing metadata RETRY_AFTER_KEY, milliseconds): the
-# agent waits that long at least, times a jitter of 0.5-1.5 (perfd.transport.client), so that the
-# refused spread out instead of coming back together.
+# A refused stream is told when to come back (gRPC metadata RETRY_AFTER_KEY, milliseconds, initial and
+# trailing): the agent waits that long at least, times a jitter of 0.5-1.5 (perfd.transport.client), so
+# that the refused spread out instead of coming back together.
 RETRY_AFTER_KEY = "perfd-retry-after-ms"
 MIN_RETRY_AFTER_S = 1.0
 MAX_RETRY_AFTER_S = 30.0

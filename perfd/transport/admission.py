@@ -7,9 +7,10 @@ a message read in one place. The server calls each where it always did, in the s
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 
 import grpc
 
@@ -30,17 +31,49 @@ from perfd.transport.stream import AgentStream
 
 
 class StreamRefused(Exception):
-    """``retry_after_s``: when the client may come back (sent as trailing metadata, L.RETRY_AFTER_KEY)."""
+    """``retry_after_s``: when the client may come back (L.RETRY_AFTER_KEY, sent as initial and as
+    trailing metadata: perfd.transport.client.retry_after says why both)."""
 
     def __init__(self, code: grpc.StatusCode, reason: str, text: str,
                  retry_after_s: float | None = None) -> None:
         super().__init__(text)
         self.code, self.reason, self.retry_after_s = code, reason, retry_after_s
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    def hint_metadata(self) -> tuple[tuple[str, str], ...]:
         if self.retry_after_s is None:
             return ()
         return ((L.RETRY_AFTER_KEY, str(round(self.retry_after_s * 1000))),)
+
+
+async def refuse_stream(context: ServicerContext, request_iterator: AsyncIterator[pb.AgentMessage],
+                        exc: StreamRefused) -> None:
+    """End a stream refused before it began. The hint of when to come back goes as initial metadata first,
+    then with the status: an agent's grpcio may lose the status's trailers (perfd.transport.client.
+    retry_after says when), never the initial metadata."""
+    if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+        await _drain_refused(request_iterator)
+    if hint := exc.hint_metadata():
+        await context.send_initial_metadata(hint)
+    await context.abort(exc.code, str(exc), hint)
+
+
+async def _drain_refused(request_iterator: AsyncIterator[pb.AgentMessage]) -> None:
+    """Take what an unauthenticated agent is already writing (its Hello, then the batches a reconnect
+    resends at once) before its stream is ended: ended under one of those writes, the agent's call
+    finishes "INTERNAL: Internal error from Core" (gRPC core loses the status in the race) and the
+    agent never learns why. Bounded in time and count (perfd.core.limits); nothing read is used."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + L.REFUSAL_DRAIN_S
+    wait = L.REFUSAL_DRAIN_S
+    try:
+        for _ in range(L.REFUSAL_DRAIN_MESSAGES):
+            wait = min(wait, deadline - loop.time())
+            if wait <= 0:
+                return
+            await asyncio.wait_for(anext(request_iterator), wait)
+            wait = L.REFUSAL_QUIET_S  # after the first, what follows it at once
+    except (Exception, asyncio.CancelledError):
+        return  # the agent went quiet (the wait's timeout), hung up, or the stream ended
 
 
 def authenticate(context: ServicerContext, token: TokenFile | None) -> tuple[str, int | None]:

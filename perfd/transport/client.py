@@ -81,12 +81,14 @@ class StreamEnded(Exception):
     """The status the aggregator ended a stream with, when a write on it failed first: a write
     to a stream the server already closed fails with INTERNAL ("Internal error from Core") or "RPC
     already finished", which names no reason; the call's own status does (UNAUTHENTICATED, ...),
-    and its trailing metadata says when a refused agent may come back (L.RETRY_AFTER_KEY)."""
+    and its metadata says when a refused agent may come back (L.RETRY_AFTER_KEY): ``trailers``, and
+    ``initial`` (the initial metadata, where the aggregator sends the hint as well: below)."""
 
     def __init__(self, code: grpc.StatusCode, details: str,
-                 trailers: tuple[tuple[str, str | bytes], ...] = ()) -> None:
+                 trailers: tuple[tuple[str, str | bytes], ...] = (),
+                 initial: tuple[tuple[str, str | bytes], ...] = ()) -> None:
         super().__init__(f"{code.name}: {details}")
-        self.code, self.details, self.trailers = code, details, trailers
+        self.code, self.details, self.trailers, self.initial = code, details, trailers, initial
 
 
 def reconnect_wait(hint: float | None, delay: float, draw: float) -> float:
@@ -102,19 +104,27 @@ def reconnect_wait(hint: float | None, delay: float, draw: float) -> float:
 
 def retry_after(e: BaseException) -> float | None:
     """When the aggregator that refused a stream said to come back (seconds; perfd.core.limits.RETRY_AFTER_KEY
-    in the trailing metadata), within MAX_RETRY_AFTER_S; None when it did not say."""
+    in the trailing metadata, or in the initial metadata), within MAX_RETRY_AFTER_S; None when it did not
+    say.
+
+    Why the initial metadata too: grpcio's asyncio client (1.85; grpc/grpc#36066) replaces the status a
+    server ended the stream with — its trailers with it — by INTERNAL "Internal error from Core" when
+    a write failing on the closed stream is handled after that status arrived, which a busy agent's loop
+    does (4 of 1,000 refused streams with two busy loops beside, 2026-11-30). The initial metadata is
+    kept, and the aggregator sends its hint there before it refuses (perfd.transport.server)."""
     if isinstance(e, grpc.aio.AioRpcError):
-        meta = e.trailing_metadata()
+        metas = (e.trailing_metadata(), e.initial_metadata())
     elif isinstance(e, StreamEnded):  # the refusal came back through a failed write
-        meta = e.trailers
+        metas = (e.trailers, e.initial)
     else:
-        meta = None
-    for key, value in meta or ():
-        if key == L.RETRY_AFTER_KEY:
-            try:
-                return min(L.MAX_RETRY_AFTER_S, max(0.0, int(value) / 1000))
-            except (TypeError, ValueError):
-                return None
+        return None
+    for meta in metas:
+        for key, value in meta or ():
+            if key == L.RETRY_AFTER_KEY:
+                try:
+                    return min(L.MAX_RETRY_AFTER_S, max(0.0, int(value) / 1000))
+                except (TypeError, ValueError):
+                    return None
     return None
 
 
@@ -126,11 +136,15 @@ async def _ended_with(call: AgentCall) -> StreamEnded | None:
         return None
     try:
         trailers = tuple(await call.trailing_metadata() or ())
-    except Exception:  # the status stands without its trailers (then no retry hint)
+    except Exception:  # the status stands without its trailers (then the hint from the initial metadata)
         trailers = ()
+    try:
+        initial = tuple(await call.initial_metadata() or ())
+    except Exception:
+        initial = ()
     if code in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):
         return None
-    return StreamEnded(code, str(details or ""), trailers)
+    return StreamEnded(code, str(details or ""), trailers, initial)
 
 
 class AgentClient(CommandTarget):

@@ -39,6 +39,7 @@ from perfd.transport.admission import (
     check_agent_id,
     check_liveness,
     check_token,
+    refuse_stream,
     trim_batch,
 )
 from perfd.transport.codec import (
@@ -68,25 +69,6 @@ OnStreamEnd = Callable[[str], None]  # the agent whose live stream ended (it may
 # (agent id, series id, definition) -> whether the series is held (the aggregator's caps). A refused
 # definition is kept nowhere: its samples are dropped as samples of an undefined id.
 SeriesAdmission = Callable[[str, int, Series], bool]
-
-
-async def _drain_refused(request_iterator: AsyncIterator[pb.AgentMessage]) -> None:
-    """Take what an unauthenticated agent is already writing (its Hello, then the batches a reconnect
-    resends at once) before its stream is ended: ended under one of those writes, the agent's call
-    finishes "INTERNAL: Internal error from Core" (gRPC core loses the status in the race) and the
-    agent never learns why. Bounded in time and count (perfd.core.limits); nothing read is used."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + L.REFUSAL_DRAIN_S
-    wait = L.REFUSAL_DRAIN_S
-    try:
-        for _ in range(L.REFUSAL_DRAIN_MESSAGES):
-            wait = min(wait, deadline - loop.time())
-            if wait <= 0:
-                return
-            await asyncio.wait_for(anext(request_iterator), wait)
-            wait = L.REFUSAL_QUIET_S  # after the first, what follows it at once
-    except (Exception, asyncio.CancelledError):
-        return  # the agent went quiet (the wait's timeout), hung up, or the stream ended
 
 
 class IngestServer:
@@ -296,9 +278,7 @@ class IngestServer:
             admit_stream(self._open, self.loop_lag_s, self.limits, *self.backlog.now(loop.time()))
         except StreamRefused as exc:
             self.refusals.refuse(exc.reason, str(exc))
-            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
-                await _drain_refused(request_iterator)
-            await context.abort(exc.code, str(exc), exc.trailing_metadata())
+            await refuse_stream(context, request_iterator, exc)
             return
         conn = AgentStream(str(context.peer()), identity, loop.time(), token_gen)
         self.backlog.opened(conn)
