@@ -727,7 +727,7 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
     import psutil
 
     from perfd.engine.natsd import NatsCluster
-    from perfd.engine.shares import SHARE_EVERY_S
+    from perfd.engine.shares import SHARE_EVERY_S, share_round_s
 
     tmp = Path(tempfile.mkdtemp(prefix="perfd-engine-bench-"))
     ok = False
@@ -790,8 +790,11 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         ready, results = ctx.Queue(), ctx.Queue()
         per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
         first = 0
-        # a node's share every this many iterations, as its agent holds it (0 s: every iteration)
-        share_every = max(1, round((SHARE_EVERY_S if share_every_s is None else share_every_s) / iteration_s))
+        # a node's share every this many iterations, as its agent holds it: the job's round at its size
+        # (perfd.engine.shares.share_round_s; 0 s: every iteration)
+        every_s = SHARE_EVERY_S if share_every_s is None else share_every_s
+        round_s = share_round_s(nodes * RANKS_PER_NODE, every_s) if every_s > 0 else 0.0
+        share_every = max(1, round(round_s / iteration_s))
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,
                           first, n, nodes * RANKS_PER_NODE, iteration_s, inflight, log, collectives,
@@ -1101,8 +1104,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(perfd shard --comm-summaries)")
     ap.add_argument("--share-every-s", type=float, metavar="S",
                     help="with --collectives: each node's agent sends the store's share of its operations "
-                         "this often, the nodes in turn (default: perfd.engine.shares.SHARE_EVERY_S, what "
-                         "the agent holds it to; 0: every iteration, as an agent before it did)")
+                         "this often at the least, the nodes in turn, a large job's round longer as an agent "
+                         "holds it (default: perfd.engine.shares.SHARE_EVERY_S; share_round_s says how much "
+                         "longer; 0: every iteration, as an agent before it did)")
     ap.add_argument("--profile-root", type=Path, metavar="OUT.json",
                     help="run the root under benchmarks.frame_sampler: its threads' CPU and stacks to "
                          "OUT.json (python -m benchmarks.frame_sampler --show OUT.json)")

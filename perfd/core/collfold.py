@@ -224,9 +224,11 @@ REDUCED_RETENTION = Retention(per_rank=512, per_job=250_000)
 # perfd bench collectives), and sending every rank's every operation of a 100,000-rank job running 6
 # collectives an iteration is 600,000 rows an iteration, 17 s of the root's one core for a 2 s
 # iteration: the root, which also folds the job's step records, would fall behind for good. At this
-# share a dump round (10 s by default: collectors/nccl) costs the root at most ~7 s of CPU whatever
-# the job's size; at 8,000 ranks (31 a rank: a 10 s dump of 6 collectives an iteration whole) every
-# window is covered, at 100,000 (2 a rank) few are, and those are absent, not invented.
+# share a dump costs the root at most ~7 s of CPU whatever the job's size (and where the job's windows
+# were folded below the root, its agents send a round of it only as often as the root reads it at
+# ~0.12 core: perfd.engine.shares); where the root folds the windows, at 8,000 ranks (31 a rank: a 10 s
+# dump of 6 collectives an iteration whole) every window is covered, at 100,000 (2 a rank) few are, and
+# those are absent, not invented.
 SENT_RETENTION = REDUCED_RETENTION
 
 
@@ -342,13 +344,19 @@ def for_sending(p: CollectivePartial, keep: Retention) -> CollectivePartial:
     so what is dropped here the store would drop as well; until then it may hold fewer of a rank's
     older operations than it could. The engine's agents send with ``SENT_RETENTION`` (the store's
     share: the root folds each per window before its store lets it go)."""
-    groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
-    world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
-                            (row.rank for rows in p.streams.values() for row in rows.values()))
-    k = keep.k(world or len(p.streams))
+    k = keep.k(world_of(p))
     for rows in p.streams.values():
         _bound_stream(rows, k)
     return p
+
+
+def world_of(p: CollectivePartial) -> int:
+    """The job's ranks as ``p``'s rows show them (the largest group, or the highest rank + 1; its
+    streams where neither shows)."""
+    groups = {id(row.group): row.group for rows in p.streams.values() for row in rows.values()}
+    world = world_size_from((g.pg_ranks for g in groups.values()),  # each group once: a world group is big
+                            (row.rank for rows in p.streams.values() for row in rows.values()))
+    return world or len(p.streams)
 
 
 def merge(a: CollectivePartial, b: CollectivePartial, keep: Retention | None = None) -> CollectivePartial:

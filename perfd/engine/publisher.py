@@ -90,6 +90,7 @@ class PublisherStats(TypedDict):
     collectives_not_sent: int
     collective_shares_sent: int
     collective_rows_held: int
+    collective_share_round_s: float | None  # the round the last share sent set (shares.share_round_s)
     operations_folded: int
     figure_rows_sent: int
     bad_job_info: int
@@ -431,7 +432,7 @@ class EngineClient(CommandTarget):
 
     def stats(self) -> PublisherStats:
         with self._lock:
-            held = self._shares.rows
+            held, round_s = self._shares.rows, self._shares.round_s
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
                 "distinct_published": self.distinct_published,
@@ -442,7 +443,7 @@ class EngineClient(CommandTarget):
                 "pending": self.spool.pending_count(), "records_submitted": self.records_submitted,
                 "collectives_not_sent": self.collectives_not_sent,
                 "collective_shares_sent": self.collective_shares_sent,
-                "collective_rows_held": held,
+                "collective_rows_held": held, "collective_share_round_s": round_s,
                 "operations_folded": self.operations_folded, "figure_rows_sent": self.figure_rows_sent,
                 "bad_job_info": self._layouts.bad if self._layouts is not None else 0,
                 "fold_jobs_forgotten": self.window_fold.jobs_forgotten if self.window_fold is not None else 0,

@@ -134,6 +134,36 @@ def test_held_shares_go_at_their_jittered_time_and_past_the_jobs_bound() -> None
     assert [x.part.job for x in out] == ["j0", "late"]
 
 
+def _world_part(job: str, world: int, rank: int, seq: int) -> CollectivePartial:
+    """An operation of ``rank`` on the job's world group: its rows show the job's size."""
+    r = CollectiveRecord(job=job, source="flight_recorder", op="all_reduce", rank=rank, pg_id=0, pg_name="0",
+                         pg_ranks=list(range(world)), group_rank=rank, group_size=world,
+                         collective_seq_id=seq, state="completed", time_created_ns=T0 + seq * MS,
+                         duration_ms=1.0)
+    return reduce(job, [r])
+
+
+def test_a_large_jobs_share_goes_as_often_as_the_root_can_take_its_round() -> None:
+    """A job's round: every_s for a small one; for a large one, as long as the root takes to read the
+    whole job's share (each rank's newest k) at SHARE_ROWS_PER_S. Each agent tells the size from its
+    rows, as it bounds what it sends."""
+    rate = shares.SHARE_ROWS_PER_S
+    for world in (2, 64, 1_000, 8_000, 100_000):
+        k = SENT_RETENTION.k(world)
+        assert k is not None
+        want = max(10.0, world * k / rate)
+        assert shares.share_round_s(world, 10.0) == want
+        h = HeldShares(every_s=10.0, rng=random.Random(1))
+        h.hold(_world_part("a", world, 0, 1), 1, now=0.0)  # the first, at once
+        assert h.round_s == want
+        assert 0.75 * want <= h._next["a"] <= 1.25 * want  # the next after its round, jittered
+        assert h.hold(_world_part("a", world, 0, 2), 1, now=0.74 * want) == []
+        assert len(h.due(now=1.26 * want)) == 1
+    # the sizes the bound was chosen by (shares.py): a small job unchanged, a large one not every 10 s
+    assert shares.share_round_s(64, 10.0) == 10.0
+    assert shares.share_round_s(100_000, 10.0) == 50.0
+
+
 def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
     """Two dumps held then sent are what the store keeps of both sent apart (SENT_RETENTION's k)."""
     h = HeldShares(every_s=10.0)
