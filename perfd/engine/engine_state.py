@@ -109,7 +109,7 @@ async def read_once(js: JetStream, partitions: int, state: EngineState, now: flo
 
 async def watch(js: JetStream, partitions: int, state: EngineState, over: asyncio.Event) -> None:
     """Read the engine's state into ``state`` now and every ENGINE_STATE_S until ``over`` is set (a
-    cancel alone may be lost: perfd.engine.phase says why)."""
+    cancel alone may be lost: perfd.core.phase says why)."""
     while not over.is_set():
         await read_once(js, partitions, state, time.time())
         try:

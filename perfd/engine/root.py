@@ -53,6 +53,7 @@ from perfd.core.collfold import CollectivePartial
 from perfd.core.commsummary import CommSummary
 from perfd.core.jobinfo_json import job_info_from_json
 from perfd.core.model import CollectiveRecord, JobInfo, StepRecord
+from perfd.core.phase import Phase
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import comm_codec, job_roots, summary_codec
 from perfd.engine import subjects as S
@@ -62,7 +63,6 @@ from perfd.engine.engine_state import watch as watch_engine
 from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.nats_api import JetStream, KeyValue, Msg, NatsClient, Subscription
 from perfd.engine.partial import Decoded, Partial, decode
-from perfd.engine.phase import Phase
 from perfd.engine.root_comm import RootComm
 from perfd.engine.root_summaries import RootSummaries
 from perfd.engine.rootfold import RootFold, RootStats, stream_gap
@@ -301,7 +301,7 @@ class Root:
                     self._records_read_to[stream] = max(read_to, msgs[-1].metadata.sequence.stream)
 
         await self._look_for_job_roots(js, first=True)  # before the first read: their messages not folded
-        phase = Phase(f"root {self.id}")  # its readers and watchers end with the lead (engine.phase says why)
+        phase = Phase(f"engine root {self.id}")  # its readers and watchers end with the lead (core.phase)
         sub = await subscribe(S.PARTIALS_STREAM, S.root_filter(S.PARTIALS_PREFIX, self.job), self._read_to)
         rsubs = {name: await subscribe(stream, subject, self._records_read_to.get(name, 0))
                  for name, stream, subject in self._readers}

@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from perfd.core.phase import Phase
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import comm_rows, figures_codec
 from perfd.engine import subjects as S
@@ -50,7 +51,6 @@ from perfd.engine.lease_keeper import LeaseKeeper, keep_beating
 from perfd.engine.leases import holders
 from perfd.engine.nats_api import JetStream, KeyValue, Msg
 from perfd.engine.partial import Decoded, Partial, decode, encode, encode_batches
-from perfd.engine.phase import Phase
 from perfd.engine.shard_comm import CommSummaries, ShardComm, comm_messages
 from perfd.engine.shard_jobinfo import JobInfoBucket
 from perfd.engine.shard_summaries import ShardSummaries, batches
@@ -189,7 +189,7 @@ class Shard:
                             "groups its ranks by stage once the agents send the job's info", self.id, exc)
             keeper = self._keeper = LeaseKeeper(self.cfg, self.id, f"{MEMBER_PREFIX}{self.id}")
             await keeper.start()
-            tasks = Phase(f"shard {self.id}")  # they end with the session (engine.phase says why)
+            tasks = Phase(f"engine shard {self.id}")  # they end with the session (perfd.core.phase)
             tasks.spawn(self._flush_loop(js, tasks.over))
             tasks.spawn(keep_beating(keeper))
             try:

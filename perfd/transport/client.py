@@ -27,6 +27,7 @@ import grpc
 from perfd import __version__
 from perfd.core import limits as L
 from perfd.core.model import CollectiveRecord, Sample, StepRecord
+from perfd.core.phase import Phase
 from perfd.transport.codec import (
     Command,
     command_from_pb,
@@ -332,7 +333,8 @@ class AgentClient(CommandTarget):
             channel = grpc.aio.insecure_channel(self.target, options=self._grpc_options)
         metadata = ((AUTH_HEADER, self.token.header()),) if self.token is not None else None
         call = None
-        tasks: list[asyncio.Task[None]] = []
+        # The stream's tasks end with it, through an event (perfd.core.phase: a cancel alone can be lost)
+        phase = Phase(f"perfd agent {self.agent_id}")
         try:
             call = channel.stream_stream(STREAM_METHOD, request_serializer=_passthrough,
                                          response_deserializer=pb.AggregatorMessage.FromString)(
@@ -347,8 +349,8 @@ class AgentClient(CommandTarget):
             self._last_heard = asyncio.get_running_loop().time()
             await call.write(hello.SerializeToString())
             self.connects += 1
-            tasks = [asyncio.create_task(self._read_loop(call)), asyncio.create_task(self._write_loop(call)),
-                     asyncio.create_task(self._watchdog())]
+            tasks = [phase.spawn(self._read_loop(call)), phase.spawn(self._write_loop(call, phase.over)),
+                     phase.spawn(self._watchdog(phase.over))]
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error that ended the stream, if any
@@ -359,22 +361,16 @@ class AgentClient(CommandTarget):
                 raise ended from exc
             raise
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                try:
-                    await t
-                except BaseException:  # already reported through t.result() above
-                    pass
-            if call is not None:
+            if call is not None:  # first: the reads and writes on it end, whatever their tasks' cancels do
                 call.cancel()
+            await phase.end()  # their errors were reported through t.result() above
             await channel.close(grace=None)
 
-    async def _watchdog(self) -> None:
+    async def _watchdog(self, over: asyncio.Event) -> None:
         """End the stream when the aggregator has acknowledged nothing for ack_timeout_s: a
         half-open or black-holed connection looks open to the socket and, for a while, to gRPC."""
         loop = asyncio.get_running_loop()
-        while True:
+        while not over.is_set():
             silent = loop.time() - self._last_heard
             if silent > self.ack_timeout_s:
                 self.ack_timeouts += 1
@@ -395,9 +391,9 @@ class AgentClient(CommandTarget):
                 self._dispatch(command_from_pb(msg.command))
         # The aggregator closed the stream (shutdown): the session ends and run() reconnects.
 
-    async def _write_loop(self, call: AgentCall) -> None:
+    async def _write_loop(self, call: AgentCall, over: asyncio.Event) -> None:
         assert self._wake is not None
-        while True:
+        while not over.is_set():
             self._wake.clear()  # before reading the spool, so a submit() in between is not missed
             room = self.window - len(self._inflight)
             recs: list[tuple[int, bytes]] = []

@@ -1,4 +1,4 @@
-"""A phase's tasks (perfd.engine.phase) end when the phase does, even where the interpreter drops their
+"""A phase's tasks (perfd.core.phase) end when the phase does, even where the interpreter drops their
 cancel: on Python 3.11, ``asyncio.wait_for`` returns a reply that landed in the same turn as the
 cancel and drops the cancel. A root's lead ended that way (its lease taken in a loaded run) waited for
 ever on its job-roots task, and never led again. In process, no engine: a request stands in whose
@@ -16,11 +16,11 @@ from perfd.aggregator.engine_sink import EngineSink
 from perfd.aggregator.guard import Guard
 from perfd.aggregator.state import AggregatorState
 from perfd.core.limits import Limits
+from perfd.core.phase import Phase
 from perfd.core.refusals import Refusals
 from perfd.engine import subjects as S
 from perfd.engine.engine_state import EngineState
 from perfd.engine.engine_state import watch as watch_engine
-from perfd.engine.phase import Phase
 from perfd.engine.root import Root
 
 

@@ -1,11 +1,12 @@
-"""Tasks that live as long as a phase of a shard or root (a root's lead, a shard's session), ended by
-an event the phase sets, not by a cancel alone.
+"""Tasks that live as long as a phase of something (an engine root's lead, a shard's session, an agent's
+stream to its aggregator), ended by an event the phase sets, not by a cancel alone.
 
 Why not a cancel alone. Python 3.11's ``asyncio.wait_for`` returns its future's result and drops the
 task's cancellation when the two land in the same turn of the loop (fixed in 3.12). Every request to
 the engine waits through it (nats-py's request, ``next_msg``): a cancel that arrived with a reply was
 lost, the task's loop went round again, and the phase's teardown, awaiting it, waited for ever — a
-root whose lease was taken never led again (a loaded run of the suite). So a phase's tasks loop
+root whose lease was taken never led again (a loaded run of the suite); an agent's stream whose
+aggregator stopped answering would likewise never have been torn down. So a phase's tasks loop
 ``while not phase.over.is_set()``, and :meth:`Phase.end` sets it before it cancels them: a cancel
 lost in a reply ends the task at its next round instead.
 """
@@ -17,7 +18,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-log = logging.getLogger("perfd.engine")
+log = logging.getLogger("perfd")
 
 # A task that neither takes its cancel nor sees ``over`` within this is left running, said, not awaited
 # (its teardown must end: a session that cannot end cannot start again)
@@ -49,7 +50,7 @@ class Phase:
         _, late = await asyncio.wait(self.tasks, timeout=timeout_s)
         self.stuck += len(late)
         for t in late:
-            log.warning("engine %s: a task (%s) did not end within %.0f s of its phase's end; left running",
+            log.warning("%s: a task (%s) did not end within %.0f s of its phase's end; left running",
                         self.name, t.get_coro(), timeout_s)
         for t in self.tasks:
             if t.done() and not t.cancelled():

@@ -1,0 +1,42 @@
+"""An agent's stream ends whole when its session does (perfd.core.phase): its write loop, parked on
+its wake, is woken by a submit in the very turn its session's teardown cancels it. On Python 3.11
+``asyncio.wait_for`` then drops the cancel; the loop, written ``while True``, went on sending heartbeats
+on a stream nobody read, and the teardown awaiting it never ended — an agent whose aggregator stopped
+acknowledging (the watchdog's case) never reconnected. In process, a stand-in call."""
+
+from __future__ import annotations
+
+import asyncio
+
+from perfd.core.phase import Phase
+from perfd.transport.client import AgentClient
+
+
+class _Call:
+    """A stream the aggregator stopped answering: writes go into the void."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.written = asyncio.Event()
+
+    async def write(self, request: bytes) -> None:
+        self.writes += 1
+        self.written.set()
+
+
+def test_the_write_loop_ends_with_its_session_when_a_wake_lands_with_the_cancel() -> None:
+    async def body() -> tuple[Phase, int, int, bool]:
+        c = AgentClient("127.0.0.1:1", "agent-a", heartbeat_s=0.2)
+        c._loop, c._wake = asyncio.get_running_loop(), asyncio.Event()
+        call, phase = _Call(), Phase("perfd agent agent-a")
+        task = phase.spawn(c._write_loop(call, phase.over))  # type: ignore[arg-type]
+        await call.written.wait()  # its first heartbeat: then parked on its wake until the next
+        parked = call.writes
+        c._wake.set()  # a submit's wake ...
+        await asyncio.sleep(0)  # ... whose wait ends in this turn, before the loop's task wakes
+        await phase.end(timeout_s=2.0)  # the session's teardown: its cancel lands with the wake
+        return phase, parked, call.writes, task.done()
+
+    phase, parked, writes, ended = asyncio.run(body())
+    assert ended and phase.stuck == 0
+    assert writes - parked <= 1  # a heartbeat at most before it saw the end, none after
