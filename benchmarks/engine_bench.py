@@ -108,6 +108,7 @@ SHARD_COUNTERS = ("id", "partitions", "node_messages", "delivered_again", "batch
 # ``--collectives``: each rank's collective operations an iteration (benchmarks.collectives_bench's job:
 # COLLECTIVE_OPS tensor-parallel all-reduces, one data-parallel all-reduce and a world barrier)
 COLLECTIVE_OPS = 4
+OPS_PER_RANK_ITERATION = COLLECTIVE_OPS + 2
 
 
 # --------------------------------------------------------------------------------------- load side
@@ -791,9 +792,10 @@ def run_engine(nodes: int, shards: int, seconds: float, procs: int, iteration_s:
         per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
         first = 0
         # a node's share every this many iterations, as its agent holds it: the job's round at its size
-        # (perfd.engine.shares.share_round_s; 0 s: every iteration)
+        # (perfd.engine.shares.share_round_s, at its ranks' operations a second; 0 s: every iteration)
         every_s = SHARE_EVERY_S if share_every_s is None else share_every_s
-        round_s = share_round_s(nodes * RANKS_PER_NODE, every_s) if every_s > 0 else 0.0
+        rate = OPS_PER_RANK_ITERATION / iteration_s if collectives else None
+        round_s = share_round_s(nodes * RANKS_PER_NODE, rate, every_s) if every_s > 0 else 0.0
         share_every = max(1, round(round_s / iteration_s))
         for i, n in enumerate(per):
             la = LoadArgs(i, tuple(cluster.urls), token, str(tls_files[2]) if tls_files else None, partitions,

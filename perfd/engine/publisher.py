@@ -45,6 +45,7 @@ from typing import TypedDict
 from google.protobuf.message import DecodeError
 
 from perfd.core.collfold import SENT_RETENTION, CollectivePartial, for_sending, reduce
+from perfd.core.events import NCCL_HANG
 from perfd.core.model import CollectiveRecord, Sample, StepRecord
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import subjects as S
@@ -90,7 +91,7 @@ class PublisherStats(TypedDict):
     collectives_not_sent: int
     collective_shares_sent: int
     collective_rows_held: int
-    collective_share_round_s: float | None  # the round the last share sent set (shares.share_round_s)
+    collective_share_round_s: float | None  # the longest round of its jobs' shares now (shares.share_round_s)
     operations_folded: int
     figure_rows_sent: int
     bad_job_info: int
@@ -214,6 +215,8 @@ class EngineClient(CommandTarget):
                     batch = encode_batch(self.agent_id, seq, (), (), evs, self._no_series)
                     self._append(seq, encode(f"{self.agent_id}:{self.spool.epoch}:{seq}", self.agent_id,
                                              time.time_ns(), (), records=batch), on_seq)
+                if any(ev.get("kind") == NCCL_HANG.name for ev in evs):  # its completion goes soon
+                    self._shares.note_hang(job, time.monotonic())
                 if colls and job in to_shard and self._shares.every_s > 0:
                     for held in self._shares.hold(reduce(job, colls), len(colls), time.monotonic()):
                         seq = self._send_share(held, on_seq)
@@ -432,7 +435,7 @@ class EngineClient(CommandTarget):
 
     def stats(self) -> PublisherStats:
         with self._lock:
-            held, round_s = self._shares.rows, self._shares.round_s
+            held, round_s = self._shares.rows, max(self._shares.rounds.values(), default=None)
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
                 "distinct_published": self.distinct_published,

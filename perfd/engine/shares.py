@@ -14,23 +14,32 @@ merged (a keyed union: perfd.core.collfold's join) and sent as one, whatever the
 store ends with the same rows as if each dump had been sent (the newest k of a union is the newest k
 of the newest k of its parts), up to ``every_s`` later.
 
-How often: every ``every_s`` (SHARE_EVERY_S) for a small job; for a large one, its round is as long as
-the root needs to take one round of the whole job's share at SHARE_ROWS_PER_S (:func:`share_round_s`).
-A round of a job's share is each rank's newest SENT_RETENTION.k(world) operations, ~250,000 rows
-for any job past ~500 ranks (2 a rank at 100,000): each 10 s, the root merged ~25,000 rows a second
-for one job (714,624 in 30 s at 100,000 ranks, two thirds of its busy loop:
-docs/evidence/entries/48-scale-history.md), ~29 µs each on the 2-core VM (perfd bench collectives).
-What reads them is the analysis of whole operations, which runs every ten times what its last took
-(limits.ANALYSIS_COST_FACTOR): over ~200,000 rows it takes ~20 s of CPU, so it runs every few
-minutes there, and a share every 10 s was replaced several times before it was read. Each agent tells
-its job's size from its rows (perfd.core.collfold.world_of, as the round's bound is told), so no agent
-asks the root or the others.
+How often: every ``every_s`` (SHARE_EVERY_S), unless the job's whole share would then reach the root
+faster than SHARE_ROWS_PER_S rows a second; then a round of it only as often as the root takes it at
+that rate (:func:`share_round_s`). A round of a job's share is each rank's newest operations since the
+last, at most SENT_RETENTION.k(world) a rank (~250,000 rows for any job past ~500 ranks, 2 a rank at
+100,000). Each 10 s, a 100,000-rank job running 3 operations a rank a second gave the root ~20,000 rows
+a second for that job alone (714,624 in 30 s, two thirds of its busy loop:
+docs/evidence/entries/48-scale-history.md), ~29 µs each on the 2-core VM (perfd bench collectives),
+while what reads them, the analysis of whole operations, runs every ten times what its last took
+(limits.ANALYSIS_COST_FACTOR): over ~200,000 rows it takes ~20 s of CPU, so it ran every few minutes
+and most shares were replaced before they were read. A longer round saves only where it is long
+enough for each rank's operations to pass the k a send keeps (a shorter one sends every operation
+however it is cut), so the round is either ``every_s`` or that long: 50 s at 100,000 ranks, 62 s at
+4,096 running 3 a second; a job of 1,024 ranks running 3 a second (3,072 rows a second) keeps its
+10 s. Each agent tells the job's size from its rows (perfd.core.collfold.world_of, as the bound a send
+keeps is told) and its ranks' rate from its last round (its first share goes at once, the next after
+``every_s``), so no agent asks the root or the others. A job this agent reported a collective hang of
+(an ``nccl_hang`` event) sends its next share within ``every_s`` and at ``every_s`` after it: the
+completion that resolves the hang travels in a share, and the hang alert waits for it.
 
 What it changes: the analysis of whole operations (who arrives last, the wait asymmetry, the groups,
-a hang's settling) sees a rank's operations up to ``every_s`` later; the per-iteration shares do not
-wait (their figures were folded below the root and go on as they are made); a hang is told by the
-agent's own event at once (collectors/nccl). An agent killed loses the share it held (at most
-``every_s`` of it), as it loses the operations its window fold held (perfd.engine.publisher).
+a hang's settling) sees a rank's operations up to a round later (a job past the rate: up to ~78 s
+with the jitter; a job restarted on the same agent waits out the round its last run set); the
+per-iteration shares do not wait (their figures were folded below the root and go on as they are
+made); a hang is told by the agent's own event at once (collectors/nccl). An agent killed loses the
+share it held (at most a round of it), as it loses the operations its window fold held
+(perfd.engine.publisher).
 A job whose windows only the root folds (a Megatron-LM log's, whose step ends are not on the node)
 is not held: every operation its agent read goes to the root, which folds them per window.
 """
@@ -47,8 +56,7 @@ from perfd.core.collfold import SENT_RETENTION, CollectivePartial, Retention, wo
 # always did, and a faster one (dumps every iteration, for per-iteration figures) no more.
 SHARE_EVERY_S = 10.0
 # The rows of one job's store share the root takes a second, all its agents together, past which a job's
-# round is longer than ``every_s``: ~0.12 core at ~29 µs a row. At 100,000 ranks (2 a rank) a round
-# every 50 s, at 8,000 (31 a rank) every 62 s; a job of 64 ranks keeps its 10 s (32,768 rows a round).
+# round is longer than ``every_s`` (share_round_s): ~0.12 core at ~29 µs a row.
 SHARE_ROWS_PER_S = 4_000
 # Each send's next one is this fraction of ``every_s`` either way, at random: agents started with
 # their job dump together, and their shares would otherwise reach the root in one burst a round.
@@ -74,7 +82,9 @@ class HeldShares:
     rng: random.Random = field(default_factory=random.Random)
     _held: dict[str, Held] = field(default_factory=dict)
     _next: dict[str, float] = field(default_factory=dict)  # job -> when its next share may go
-    round_s: float | None = None  # the round the last share sent set for its job's next (None: none sent)
+    _sent: dict[str, float] = field(default_factory=dict)  # job -> when its last share went
+    _hung: set[str] = field(default_factory=set)  # jobs with a hang reported since their last share
+    rounds: dict[str, float] = field(default_factory=dict)  # job -> the round its last share set
 
     def hold(self, part: CollectivePartial, records: int, now: float) -> list[Held]:
         """Merge ``part`` (of ``records`` records) into its job's held share; returns what must go
@@ -98,13 +108,34 @@ class HeldShares:
         """Every held share, due or not (a flush: what was submitted goes)."""
         return [self._pop(job, now) for job in list(self._held)]
 
+    def note_hang(self, job: str, now: float) -> None:
+        """This agent reported a collective hang of ``job``: its share goes within ``every_s`` (the
+        operations that resolve it travel in it), and at ``every_s`` after while it is held here."""
+        if len(self._hung) < MAX_HELD_JOBS:
+            self._hung.add(job)
+        soon = now + self.every_s
+        if self._next.get(job, soon) > soon:
+            self._next[job] = soon
+        held = self._held.get(job)
+        if held is not None and held.due > soon:
+            held.due = soon
+
     def _pop(self, job: str, now: float) -> Held:
         held = self._held.pop(job)
-        self.round_s = share_round_s(world_of(held.part), self.every_s)
-        self._next.pop(job, None)  # re-put: the oldest first below
-        self._next[job] = now + self.round_s * self.rng.uniform(1 - JITTER, 1 + JITTER)
-        if len(self._next) > MAX_HELD_JOBS:  # jobs long gone: their next time is past anyway
-            del self._next[next(iter(self._next))]
+        rate = None  # its ranks' operations a second since the last share (None: its first)
+        sent = self._sent.pop(job, None)
+        if sent is not None and now > sent:
+            rate = len(held.part) / max(1, len(held.part.streams)) / (now - sent)
+        hung = job in self._hung
+        self._hung.discard(job)
+        round_s = self.every_s if hung else share_round_s(world_of(held.part), rate, self.every_s)
+        for times in (self._next, self._sent, self.rounds):  # re-put: the oldest first below
+            times.pop(job, None)
+        self._next[job] = now + round_s * self.rng.uniform(1 - JITTER, 1 + JITTER)
+        self._sent[job], self.rounds[job] = now, round_s
+        for times in (self._next, self._sent, self.rounds):
+            if len(times) > MAX_HELD_JOBS:  # jobs long gone: their next time is past anyway
+                del times[next(iter(times))]
         return held
 
     @property
@@ -113,8 +144,12 @@ class HeldShares:
         return sum(len(h.part) for h in self._held.values())
 
 
-def share_round_s(world: int, every_s: float) -> float:
-    """How often the agents of a job of ``world`` ranks send its share: ``every_s``, or as long as the
-    root takes to read one round of the whole job's share (each rank's newest SENT_RETENTION.k(world))
-    at SHARE_ROWS_PER_S, if longer."""
-    return max(every_s, world * (SENT_RETENTION.k(world) or 0) / SHARE_ROWS_PER_S)
+def share_round_s(world: int, rate: float | None, every_s: float) -> float:
+    """How often the agents of a job of ``world`` ranks, each running ``rate`` collective operations a
+    second (None: not known), send its share: ``every_s``, unless the whole job's share would then
+    reach the root faster than SHARE_ROWS_PER_S rows a second; then as long as the root takes to read
+    one round of it (each rank's newest SENT_RETENTION.k(world)) at that rate."""
+    k = SENT_RETENTION.k(world) or 0
+    if rate is None or world * min(k, rate * every_s) <= SHARE_ROWS_PER_S * every_s:
+        return every_s
+    return max(every_s, world * k / SHARE_ROWS_PER_S)

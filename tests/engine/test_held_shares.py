@@ -16,6 +16,7 @@ from perfd.core.collfold import (
     merge_all,
     reduce,
 )
+from perfd.core.events import NCCL_HANG, XID
 from perfd.core.model import CollectiveRecord, StepRecord
 from perfd.engine import shares
 from perfd.engine import subjects as S
@@ -143,25 +144,64 @@ def _world_part(job: str, world: int, rank: int, seq: int) -> CollectivePartial:
     return reduce(job, [r])
 
 
+def _round_of(world: int, ops_per_s: float, every_s: float = 10.0) -> tuple[float, HeldShares]:
+    """The round HeldShares sets for a job of ``world`` ranks whose rank 0 (this agent's one rank, on
+    the world group) runs ``ops_per_s`` operations a second: its first share at once (no rate known:
+    every_s), the next when due, holding what the rank ran meanwhile (all of it held before the
+    earliest the jitter could make it due)."""
+    h = HeldShares(every_s=every_s, rng=random.Random(1))
+    h.hold(_world_part("a", world, 0, 0), 1, now=0.0)
+    assert h.rounds["a"] == every_s
+    pop = 1.26 * every_s
+    n = round(ops_per_s * pop)
+    for seq in range(1, n + 1):
+        assert h.hold(_world_part("a", world, 0, seq), 1, now=0.7 * every_s * seq / n) == []
+    went = h.due(now=pop)
+    assert len(went) == 1 and len(went[0].part) == n
+    return h.rounds["a"], h
+
+
 def test_a_large_jobs_share_goes_as_often_as_the_root_can_take_its_round() -> None:
-    """A job's round: every_s for a small one; for a large one, as long as the root takes to read the
-    whole job's share (each rank's newest k) at SHARE_ROWS_PER_S. Each agent tells the size from its
-    rows, as it bounds what it sends."""
+    """A job's round: every_s, unless its whole share would reach the root past SHARE_ROWS_PER_S; then
+    as long as the root takes to read one round of it (each rank's newest k) at that rate. Each agent
+    tells the size from its rows and the rate from its last round; a job that runs few operations
+    keeps every_s whatever its size (a longer round would only cost freshness)."""
     rate = shares.SHARE_ROWS_PER_S
-    for world in (2, 64, 1_000, 8_000, 100_000):
+    assert shares.share_round_s(100_000, None, 10.0) == 10.0  # its first share: no rate yet
+    for world, ops_per_s, want in ((64, 3.0, 10.0), (512, 3.0, 10.0), (1_024, 3.0, 10.0),
+                                   (4_096, 3.0, 4_096 * 61 / rate), (100_000, 3.0, 50.0),
+                                   (100_000, 0.02, 10.0)):
         k = SENT_RETENTION.k(world)
         assert k is not None
-        want = max(10.0, world * k / rate)
-        assert shares.share_round_s(world, 10.0) == want
-        h = HeldShares(every_s=10.0, rng=random.Random(1))
-        h.hold(_world_part("a", world, 0, 1), 1, now=0.0)  # the first, at once
-        assert h.round_s == want
-        assert 0.75 * want <= h._next["a"] <= 1.25 * want  # the next after its round, jittered
-        assert h.hold(_world_part("a", world, 0, 2), 1, now=0.74 * want) == []
-        assert len(h.due(now=1.26 * want)) == 1
-    # the sizes the bound was chosen by (shares.py): a small job unchanged, a large one not every 10 s
-    assert shares.share_round_s(64, 10.0) == 10.0
-    assert shares.share_round_s(100_000, 10.0) == 50.0
+        assert shares.share_round_s(world, ops_per_s, 10.0) == want, (world, ops_per_s)
+        # the rows a second the root gets from the job: under the rate, or no more than before
+        before = world * min(k, ops_per_s * 10.0) / 10.0
+        after = world * min(k, ops_per_s * want) / want
+        assert after <= max(rate, before) + 1e-9 and (want == 10.0 or after <= rate + 1e-9)
+        if ops_per_s * 12.6 >= 1:  # what an agent measures of a rank running that many
+            got, h = _round_of(world, ops_per_s)
+            assert got == want, (world, ops_per_s)
+            nxt = h._next["a"]
+            assert 12.6 + 0.75 * want <= nxt + 1e-9 and nxt <= 12.6 + 1.25 * want + 1e-9
+    # a job of 100,000 ranks: every 50 s, the bench's (engine_16core_2026-11-30f)
+    assert shares.share_round_s(100_000, 3.0, 10.0) == 50.0
+
+
+def test_a_hang_this_agent_reported_brings_its_jobs_share_within_every_s() -> None:
+    """The completion that resolves a hang travels in a share: a job's hang reported here pulls its
+    next share in to every_s (it was set 50 s on) and keeps that round for the share after."""
+    got, h = _round_of(100_000, 3.0)
+    assert got == 50.0 and h._next["a"] > 40.0
+    h.hold(_world_part("a", 100_000, 0, 100), 1, now=14.0)  # held, due at the long round
+    assert h._held["a"].due > 40.0
+    h.note_hang("a", now=15.0)
+    assert h._held["a"].due == 25.0 and h._next["a"] == 25.0
+    assert h.due(now=24.9) == [] and len(h.due(now=25.0)) == 1
+    assert h.rounds["a"] == 10.0  # the share after it within every_s too
+    # with no hang since, the round goes back to the job's size and rate at the share after
+    for seq in range(101, 131):
+        assert h.hold(_world_part("a", 100_000, 0, seq), 1, now=25.0 + (seq - 100) * 0.2) == []
+    assert len(h.due(now=37.6)) == 1 and h.rounds["a"] == 50.0
 
 
 def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
@@ -176,3 +216,15 @@ def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
     got = _store([for_sending(one.part, SENT_RETENTION)], "a")
     assert got == _store([for_sending(p, SENT_RETENTION) for p in parts], "a")
     assert len(got) == 2 * (shares.HELD_RETENTION.per_rank or 0)  # each rank's newest, of 699
+
+
+def test_the_agents_hang_event_reaches_its_held_shares() -> None:
+    """The publisher reads what it sends: an ``nccl_hang`` event of a job marks it (HeldShares.note_hang),
+    any other event does not."""
+    steps, ops = _dumps()
+    client = _client(every_s=10.0)
+    client.submit(steps=steps[0], collectives=ops[0])
+    client.submit(events=[{"kind": XID.name, "job": "j", "time": 1.0}])
+    assert not client._shares._hung
+    client.submit(events=[{"kind": NCCL_HANG.name, "job": "j", "time": 2.0, "severity": "critical"}])
+    assert client._shares._hung == {"j"}
