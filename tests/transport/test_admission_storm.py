@@ -198,6 +198,10 @@ def test_the_hint_is_read_from_the_initial_metadata_where_grpc_replaced_the_stat
     assert retry_after(replaced) == 1.5
     assert retry_after(StreamEnded(grpc.StatusCode.UNAVAILABLE, "overloaded", hint, ())) == 1.5
     assert retry_after(StreamEnded(grpc.StatusCode.INTERNAL, "Internal error from Core", (), ())) is None
+    # ... and as the read's error, the way it reaches the agent when both statuses read INTERNAL
+    read = grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(*hint), grpc.aio.Metadata(),
+                                "Internal error from Core")
+    assert retry_after(read) == 1.5
 
 
 def test_a_refused_agent_waits_its_hint_jittered_and_otherwise_its_own_backoff() -> None:
