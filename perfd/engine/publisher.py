@@ -118,6 +118,8 @@ class EngineClient(CommandTarget):
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self._lock = threading.Lock()  # submit() runs on the agent's threads
         self._wake: asyncio.Event | None = None
+        # Set by close(): run() ends at its next round even where its cancel was lost (perfd.core.phase)
+        self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         # the session's connection (nats-py's: it reconnects by itself a while)
         self._nc: NatsClient | None = None
@@ -297,7 +299,7 @@ class EngineClient(CommandTarget):
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         delay = self.backoff_initial_s
-        while True:
+        while not self._closed:
             nc = None
             try:
                 nc = await connect(self.cfg, f"perfd-agent {self.agent_id}", reconnected_cb=self._reconnected)
@@ -352,7 +354,7 @@ class EngineClient(CommandTarget):
     async def _publish_loop(self, nc: NatsClient) -> None:
         js = nc.jetstream()
         assert self._wake is not None
-        while True:
+        while not self._closed:
             self._send_due_shares()  # a job's held share goes in time though nothing else is submitted
             with self._lock:
                 pending = self.spool.read(0, self.window)
@@ -429,6 +431,7 @@ class EngineClient(CommandTarget):
     def close(self) -> None:
         """Persist the spool state, the collective shares held spooled first (a spool on disk
         sends them after a restart). Cancel the run() task first."""
+        self._closed = True
         self._send_due_shares(every=True)
         with self._lock:
             self.spool.close()

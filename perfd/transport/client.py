@@ -198,6 +198,8 @@ class AgentClient(CommandTarget):
         self._lock = threading.Lock()  # guards spool and table: submit() may run on other threads
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        # Set by close(): run() ends at its next round even where its cancel was lost (perfd.core.phase)
+        self._closed = False
         self._inflight: deque[int] = deque()  # seqs sent on this stream and not yet acknowledged
         self._last_sent = 0
         self._max_sent = 0  # highest seq ever sent, across streams: anything at or below is a resend
@@ -286,7 +288,7 @@ class AgentClient(CommandTarget):
         self._wake = asyncio.Event()
         delay = self.backoff_initial_s
         first = True
-        while True:
+        while not self._closed:
             if not first:
                 self.reconnects += 1
             first = False
@@ -473,5 +475,6 @@ class AgentClient(CommandTarget):
 
     def close(self) -> None:
         """Persist the spool state. Cancel the run() task first."""
+        self._closed = True
         with self._lock:
             self.spool.close()

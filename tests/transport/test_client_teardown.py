@@ -7,6 +7,7 @@ acknowledging (the watchdog's case) never reconnected. In process, a stand-in ca
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from perfd.core.phase import Phase
 from perfd.transport.client import AgentClient
@@ -40,3 +41,21 @@ def test_the_write_loop_ends_with_its_session_when_a_wake_lands_with_the_cancel(
     phase, parked, writes, ended = asyncio.run(body())
     assert ended and phase.stuck == 0
     assert writes - parked <= 1  # a heartbeat at most before it saw the end, none after
+
+
+def test_a_closed_clients_run_ends_at_its_next_round_without_its_cancel(tmp_path: Path) -> None:
+    """run() is cancelled, then close() called; where the cancel was lost (above), closing ends it at
+    its next round (here: its next reconnect, nothing listening) instead of leaving it retrying."""
+    from perfd.transport.spool import Spool
+
+    async def body() -> bool:
+        c = AgentClient("127.0.0.1:9", "agent-a", spool=Spool(tmp_path / "spool"), backoff_initial_s=0.05,
+                        backoff_max_s=0.05)
+        task = asyncio.create_task(c.run())
+        await asyncio.sleep(0)  # its first stream begun: nothing listens, it fails and backs off
+        c.close()  # no cancel at all: the lost one's case
+        done, _ = await asyncio.wait({task}, timeout=10.0)
+        task.cancel()
+        return task in done
+
+    assert asyncio.run(body())
