@@ -91,7 +91,7 @@ class PublisherStats(TypedDict):
     collectives_not_sent: int
     collective_shares_sent: int
     collective_rows_held: int
-    collective_share_round_s: float | None  # the longest round of its jobs' shares now (shares.share_round_s)
+    collective_share_round_s: float | None  # the longest of its live jobs' rounds (shares)
     operations_folded: int
     figure_rows_sent: int
     bad_job_info: int
@@ -438,7 +438,7 @@ class EngineClient(CommandTarget):
 
     def stats(self) -> PublisherStats:
         with self._lock:
-            held, round_s = self._shares.rows, max(self._shares.rounds.values(), default=None)
+            held, round_s = self._shares.rows, self._shares.live_round_s(time.monotonic())
         return {"connected": self.connected, "connects": self.connects, "published": self.published,
                 "duplicates": self.duplicates, "duplicates_unanswered": self.duplicates_unanswered,
                 "distinct_published": self.distinct_published,

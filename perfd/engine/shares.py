@@ -27,11 +27,14 @@ and most shares were replaced before they were read. A longer round saves only w
 enough for each rank's operations to pass the k a send keeps (a shorter one sends every operation
 however it is cut), so the round is either ``every_s`` or that long: 50 s at 100,000 ranks, 62 s at
 4,096 running 3 a second; a job of 1,024 ranks running 3 a second (3,072 rows a second) keeps its
-10 s. Each agent tells the job's size from its rows (perfd.core.collfold.world_of, as the bound a send
-keeps is told) and its ranks' rate from its last round (its first share goes at once, the next after
-``every_s``), so no agent asks the root or the others. A job this agent reported a collective hang of
-(an ``nccl_hang`` event) sends its next share within ``every_s`` and at ``every_s`` after it: the
-completion that resolves the hang travels in a share, and the hang alert waits for it.
+10 s. A job goes long ROUND_HYSTERESIS past the bound and comes back as far under it. Each agent tells
+the job's size from its rows (perfd.core.collfold.world_of, as the bound a send keeps is told) and its
+ranks' rate from their rows' enqueue times (:func:`ops_rate`), so no agent asks the root or the others.
+A job this agent reported a collective hang of (an ``nccl_hang`` event) sends its next share within
+``every_s`` and at ``every_s`` for HANG_SOON_S after: the completion that resolves the hang travels in
+a share (the collector reports a hang of its own node's ranks, so it is the reporter's share), and the
+hang alert waits for it; the root's analysis of whole operations, which resolves it, runs at its own
+cadence on top (minutes at 100,000 ranks).
 
 What it changes: the analysis of whole operations (who arrives last, the wait asymmetry, the groups,
 a hang's settling) sees a rank's operations up to a round later (a job past the rate: up to ~78 s
@@ -46,6 +49,7 @@ is not held: every operation its agent read goes to the root, which folds them p
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -58,6 +62,13 @@ SHARE_EVERY_S = 10.0
 # The rows of one job's store share the root takes a second, all its agents together, past which a job's
 # round is longer than ``every_s`` (share_round_s): ~0.12 core at ~29 µs a row.
 SHARE_ROWS_PER_S = 4_000
+# A job goes to its long round once its share would pass SHARE_ROWS_PER_S by this factor, and back to
+# ``every_s`` once under it by the same factor: a rate near the bound does not flip its round each send.
+ROUND_HYSTERESIS = 1.25
+# A job this agent reported a collective hang of sends at ``every_s`` this long after the report: the
+# operations that resolve the hang travel in its share, and the hang alert (PerfdCollectiveHang, for 2
+# minutes) waits for them. Past it, a job still hung runs few operations: its rate keeps it at every_s.
+HANG_SOON_S = 300.0
 # Each send's next one is this fraction of ``every_s`` either way, at random: agents started with
 # their job dump together, and their shares would otherwise reach the root in one burst a round.
 JITTER = 0.25
@@ -82,9 +93,9 @@ class HeldShares:
     rng: random.Random = field(default_factory=random.Random)
     _held: dict[str, Held] = field(default_factory=dict)
     _next: dict[str, float] = field(default_factory=dict)  # job -> when its next share may go
-    _sent: dict[str, float] = field(default_factory=dict)  # job -> when its last share went
-    _hung: set[str] = field(default_factory=set)  # jobs with a hang reported since their last share
+    _hung: dict[str, float] = field(default_factory=dict)  # job -> until when its hang keeps it at every_s
     rounds: dict[str, float] = field(default_factory=dict)  # job -> the round its last share set
+    _sent: dict[str, float] = field(default_factory=dict)  # job -> when its last share went
 
     def hold(self, part: CollectivePartial, records: int, now: float) -> list[Held]:
         """Merge ``part`` (of ``records`` records) into its job's held share; returns what must go
@@ -110,9 +121,11 @@ class HeldShares:
 
     def note_hang(self, job: str, now: float) -> None:
         """This agent reported a collective hang of ``job``: its share goes within ``every_s`` (the
-        operations that resolve it travel in it), and at ``every_s`` after while it is held here."""
-        if len(self._hung) < MAX_HELD_JOBS:
-            self._hung.add(job)
+        operations that resolve it travel in it), and at ``every_s`` for HANG_SOON_S after."""
+        self._hung.pop(job, None)  # re-put: the oldest first below
+        self._hung[job] = now + HANG_SOON_S
+        if len(self._hung) > MAX_HELD_JOBS:  # a job that hung and was killed never sends again
+            del self._hung[next(iter(self._hung))]
         soon = now + self.every_s
         if self._next.get(job, soon) > soon:
             self._next[job] = soon
@@ -122,21 +135,25 @@ class HeldShares:
 
     def _pop(self, job: str, now: float) -> Held:
         held = self._held.pop(job)
-        rate = None  # its ranks' operations a second since the last share (None: its first)
-        sent = self._sent.pop(job, None)
-        if sent is not None and now > sent:
-            rate = len(held.part) / max(1, len(held.part.streams)) / (now - sent)
-        hung = job in self._hung
-        self._hung.discard(job)
-        round_s = self.every_s if hung else share_round_s(world_of(held.part), rate, self.every_s)
-        for times in (self._next, self._sent, self.rounds):  # re-put: the oldest first below
+        if now < self._hung.get(job, now):
+            round_s = self.every_s
+        else:
+            self._hung.pop(job, None)
+            round_s = share_round_s(world_of(held.part), ops_rate(held.part), self.every_s,
+                                    self.rounds.get(job, self.every_s) > self.every_s)
+        for times in (self._next, self.rounds, self._sent):  # re-put: the oldest first below
             times.pop(job, None)
         self._next[job] = now + round_s * self.rng.uniform(1 - JITTER, 1 + JITTER)
-        self._sent[job], self.rounds[job] = now, round_s
-        for times in (self._next, self._sent, self.rounds):
+        self.rounds[job], self._sent[job] = round_s, now
+        for times in (self._next, self.rounds, self._sent):
             if len(times) > MAX_HELD_JOBS:  # jobs long gone: their next time is past anyway
                 del times[next(iter(times))]
         return held
+
+    def live_round_s(self, now: float) -> float | None:
+        """The longest round of the jobs whose last share went within twice their round (None: none)."""
+        return max((r for job, r in self.rounds.items() if now - self._sent.get(job, -math.inf) <= 2 * r),
+                   default=None)
 
     @property
     def rows(self) -> int:
@@ -144,12 +161,28 @@ class HeldShares:
         return sum(len(h.part) for h in self._held.values())
 
 
-def share_round_s(world: int, rate: float | None, every_s: float) -> float:
+def ops_rate(part: CollectivePartial) -> float | None:
+    """The operations a rank of ``part`` runs a second, from its rows' own enqueue times (each rank's
+    count over the time its rows span, the ranks pooled): not from when dumps came, which a round may
+    catch one or two of, nor from how many rows were held, which a dump of the rank's whole ring
+    overstates. None where the rows span no time."""
+    n = span = 0
+    for rows in part.streams.values():
+        times = [t for row in rows.values() if (t := row.time_created_ns) is not None]
+        if len(times) >= 2:
+            n += len(times) - 1
+            span += max(times) - min(times)
+    return n / (span / 1e9) if span > 0 else None
+
+
+def share_round_s(world: int, rate: float | None, every_s: float, was_long: bool = False) -> float:
     """How often the agents of a job of ``world`` ranks, each running ``rate`` collective operations a
     second (None: not known), send its share: ``every_s``, unless the whole job's share would then
-    reach the root faster than SHARE_ROWS_PER_S rows a second; then as long as the root takes to read
+    reach the root faster than SHARE_ROWS_PER_S rows a second (ROUND_HYSTERESIS past it, or short of it
+    where the job's last round, ``was_long``, was long already); then as long as the root takes to read
     one round of it (each rank's newest SENT_RETENTION.k(world)) at that rate."""
     k = SENT_RETENTION.k(world) or 0
-    if rate is None or world * min(k, rate * every_s) <= SHARE_ROWS_PER_S * every_s:
+    bound = SHARE_ROWS_PER_S * every_s * (1 / ROUND_HYSTERESIS if was_long else ROUND_HYSTERESIS)
+    if rate is None or world * min(k, rate * every_s) <= bound:
         return every_s
     return max(every_s, world * k / SHARE_ROWS_PER_S)

@@ -372,7 +372,7 @@ class AgentClient(CommandTarget):
         """End the stream when the aggregator has acknowledged nothing for ack_timeout_s: a
         half-open or black-holed connection looks open to the socket and, for a while, to gRPC."""
         loop = asyncio.get_running_loop()
-        while not over.is_set():
+        while not over.is_set() and not self._closed:
             silent = loop.time() - self._last_heard
             if silent > self.ack_timeout_s:
                 self.ack_timeouts += 1
@@ -395,7 +395,7 @@ class AgentClient(CommandTarget):
 
     async def _write_loop(self, call: AgentCall, over: asyncio.Event) -> None:
         assert self._wake is not None
-        while not over.is_set():
+        while not over.is_set() and not self._closed:
             self._wake.clear()  # before reading the spool, so a submit() in between is not missed
             room = self.window - len(self._inflight)
             recs: list[tuple[int, bytes]] = []

@@ -135,73 +135,105 @@ def test_held_shares_go_at_their_jittered_time_and_past_the_jobs_bound() -> None
     assert [x.part.job for x in out] == ["j0", "late"]
 
 
-def _world_part(job: str, world: int, rank: int, seq: int) -> CollectivePartial:
-    """An operation of ``rank`` on the job's world group: its rows show the job's size."""
+def _world_part(job: str, world: int, rank: int, seq: int, rate: float = 1000.0) -> CollectivePartial:
+    """Operation ``seq`` of ``rank`` on the job's world group (its rows show the job's size), enqueued
+    as a rank running ``rate`` operations a second enqueues its ``seq``-th."""
     r = CollectiveRecord(job=job, source="flight_recorder", op="all_reduce", rank=rank, pg_id=0, pg_name="0",
                          pg_ranks=list(range(world)), group_rank=rank, group_size=world,
-                         collective_seq_id=seq, state="completed", time_created_ns=T0 + seq * MS,
-                         duration_ms=1.0)
+                         collective_seq_id=seq, state="completed",
+                         time_created_ns=T0 + round(seq / rate * 1e9), duration_ms=1.0)
     return reduce(job, [r])
 
 
 def _round_of(world: int, ops_per_s: float, every_s: float = 10.0) -> tuple[float, HeldShares]:
     """The round HeldShares sets for a job of ``world`` ranks whose rank 0 (this agent's one rank, on
     the world group) runs ``ops_per_s`` operations a second: its first share at once (no rate known:
-    every_s), the next when due, holding what the rank ran meanwhile (all of it held before the
-    earliest the jitter could make it due)."""
+    every_s), the next when due, holding what the rank ran meanwhile (a round's worth, at least two)."""
     h = HeldShares(every_s=every_s, rng=random.Random(1))
-    h.hold(_world_part("a", world, 0, 0), 1, now=0.0)
+    h.hold(_world_part("a", world, 0, 0, ops_per_s), 1, now=0.0)
     assert h.rounds["a"] == every_s
-    pop = 1.26 * every_s
-    n = round(ops_per_s * pop)
-    for seq in range(1, n + 1):
-        assert h.hold(_world_part("a", world, 0, seq), 1, now=0.7 * every_s * seq / n) == []
-    went = h.due(now=pop)
+    n = max(2, round(ops_per_s * 12.6))
+    for seq in range(1, n + 1):  # the dumps' parts come before the earliest the jitter could make it due
+        assert h.hold(_world_part("a", world, 0, seq, ops_per_s), 1, now=0.7 * every_s * seq / n) == []
+    went = h.due(now=12.6)
     assert len(went) == 1 and len(went[0].part) == n
     return h.rounds["a"], h
 
 
 def test_a_large_jobs_share_goes_as_often_as_the_root_can_take_its_round() -> None:
-    """A job's round: every_s, unless its whole share would reach the root past SHARE_ROWS_PER_S; then
-    as long as the root takes to read one round of it (each rank's newest k) at that rate. Each agent
-    tells the size from its rows and the rate from its last round; a job that runs few operations
-    keeps every_s whatever its size (a longer round would only cost freshness)."""
+    """A job's round: every_s, unless its whole share would reach the root past SHARE_ROWS_PER_S (by
+    ROUND_HYSTERESIS); then as long as the root takes to read one round of it (each rank's newest k)
+    at that rate. Each agent tells the size from its rows and the rate from their enqueue times; a job
+    that runs few operations keeps every_s whatever its size (a longer round would only cost
+    freshness)."""
     rate = shares.SHARE_ROWS_PER_S
-    assert shares.share_round_s(100_000, None, 10.0) == 10.0  # its first share: no rate yet
+    assert shares.share_round_s(100_000, None, 10.0) == 10.0  # no rate known
     for world, ops_per_s, want in ((64, 3.0, 10.0), (512, 3.0, 10.0), (1_024, 3.0, 10.0),
                                    (4_096, 3.0, 4_096 * 61 / rate), (100_000, 3.0, 50.0),
                                    (100_000, 0.02, 10.0)):
         k = SENT_RETENTION.k(world)
         assert k is not None
         assert shares.share_round_s(world, ops_per_s, 10.0) == want, (world, ops_per_s)
-        # the rows a second the root gets from the job: under the rate, or no more than before
+        # the rows a second the root gets from the job: no more than before, and under the bound
+        # (and its hysteresis) where the round went long
         before = world * min(k, ops_per_s * 10.0) / 10.0
         after = world * min(k, ops_per_s * want) / want
-        assert after <= max(rate, before) + 1e-9 and (want == 10.0 or after <= rate + 1e-9)
-        if ops_per_s * 12.6 >= 1:  # what an agent measures of a rank running that many
-            got, h = _round_of(world, ops_per_s)
-            assert got == want, (world, ops_per_s)
-            nxt = h._next["a"]
-            assert 12.6 + 0.75 * want <= nxt + 1e-9 and nxt <= 12.6 + 1.25 * want + 1e-9
-    # a job of 100,000 ranks: every 50 s, the bench's (engine_16core_2026-11-30f)
-    assert shares.share_round_s(100_000, 3.0, 10.0) == 50.0
+        assert after <= before + 1e-9 and (want == 10.0 or after <= rate + 1e-9)
+        got, h = _round_of(world, ops_per_s)
+        assert got == want, (world, ops_per_s)
+        nxt = h._next["a"]
+        assert 12.6 + 0.75 * want <= nxt + 1e-9 and nxt <= 12.6 + 1.25 * want + 1e-9
+    # near the bound the round holds: long past it by the hysteresis, back only as far under it
+    assert shares.share_round_s(1_333, 3.0, 10.0) == 10.0  # 3,999 rows a second
+    assert shares.share_round_s(1_600, 3.0, 10.0) == 10.0  # 4,800: within the hysteresis
+    assert shares.share_round_s(1_700, 3.0, 10.0) > 10.0  # 5,100: past it
+    assert shares.share_round_s(1_200, 3.0, 10.0, was_long=True) > 10.0  # 3,600: not as far under
+    assert shares.share_round_s(1_000, 3.0, 10.0, was_long=True) == 10.0  # 3,000: under by as much
 
 
-def test_a_hang_this_agent_reported_brings_its_jobs_share_within_every_s() -> None:
+def test_a_ranks_rate_is_read_from_its_operations_own_times() -> None:
+    """Not from when the dumps came or how many rows they held: a dump of the rank's whole ring repeats
+    its older operations (one row each in the union), and a round may catch one dump or two."""
+    h = HeldShares(every_s=10.0, rng=random.Random(2))
+    h.hold(_world_part("a", 1_000, 0, 0, 3.0), 1, now=0.0)
+    # two dumps in the round, the second repeating the first's operations (a ring read whole)
+    for dump in (range(1, 31), range(1, 61)):
+        for seq in dump:
+            h.hold(_world_part("a", 1_000, 0, seq, 3.0), 1, now=5.0)
+    (went,) = h.due(now=12.6)
+    got = shares.ops_rate(went.part)
+    assert got is not None and abs(got - 3.0) < 1e-6
+    one = CollectivePartial("a")
+    one.absorb(_world_part("a", 1_000, 0, 5, 3.0))
+    assert shares.ops_rate(one) is None  # one operation spans no time: not known
+
+
+def test_a_hang_this_agent_reported_keeps_its_jobs_share_at_every_s_for_a_while() -> None:
     """The completion that resolves a hang travels in a share: a job's hang reported here pulls its
-    next share in to every_s (it was set 50 s on) and keeps that round for the share after."""
+    next share in to every_s (it was set 50 s on) and keeps that round for HANG_SOON_S; after it,
+    the job's size and rate decide again."""
     got, h = _round_of(100_000, 3.0)
     assert got == 50.0 and h._next["a"] > 40.0
-    h.hold(_world_part("a", 100_000, 0, 100), 1, now=14.0)  # held, due at the long round
+    h.hold(_world_part("a", 100_000, 0, 100, 3.0), 1, now=14.0)  # held, due at the long round
     assert h._held["a"].due > 40.0
     h.note_hang("a", now=15.0)
     assert h._held["a"].due == 25.0 and h._next["a"] == 25.0
     assert h.due(now=24.9) == [] and len(h.due(now=25.0)) == 1
-    assert h.rounds["a"] == 10.0  # the share after it within every_s too
-    # with no hang since, the round goes back to the job's size and rate at the share after
-    for seq in range(101, 131):
-        assert h.hold(_world_part("a", 100_000, 0, seq), 1, now=25.0 + (seq - 100) * 0.2) == []
-    assert len(h.due(now=37.6)) == 1 and h.rounds["a"] == 50.0
+    assert h.rounds["a"] == 10.0
+
+    def a_round(first: int, held_at: float, sent_at: float) -> None:
+        for seq in range(first, first + 30):  # the rank at its 3 a second, well past k = 2
+            assert h.hold(_world_part("a", 100_000, 0, seq, 3.0), 1, now=held_at) == []
+        assert len(h.due(now=sent_at)) == 1
+
+    a_round(101, 25.5, 37.6)
+    assert h.rounds["a"] == 10.0  # within HANG_SOON_S of the report: every_s still
+    a_round(131, 38.0, 15.0 + shares.HANG_SOON_S + 13.0)
+    assert h.rounds["a"] == 50.0  # past it: the job's size and rate again
+    # a job that hung and never sent again does not hold a flag for ever: the oldest go past the bound
+    for j in range(shares.MAX_HELD_JOBS + 1):
+        h.note_hang(f"gone{j}", now=400.0)
+    assert "gone0" not in h._hung and len(h._hung) == shares.MAX_HELD_JOBS
 
 
 def test_a_held_share_is_the_newest_operations_a_send_would_carry() -> None:
@@ -227,4 +259,4 @@ def test_the_agents_hang_event_reaches_its_held_shares() -> None:
     client.submit(events=[{"kind": XID.name, "job": "j", "time": 1.0}])
     assert not client._shares._hung
     client.submit(events=[{"kind": NCCL_HANG.name, "job": "j", "time": 2.0, "severity": "critical"}])
-    assert client._shares._hung == {"j"}
+    assert list(client._shares._hung) == ["j"]
