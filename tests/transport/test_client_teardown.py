@@ -59,3 +59,20 @@ def test_a_closed_clients_run_ends_at_its_next_round_without_its_cancel(tmp_path
         return task in done
 
     assert asyncio.run(body())
+
+
+def test_a_live_streams_write_loop_ends_once_the_client_is_closed() -> None:
+    """On a stream the aggregator answers, close() ends the write loop at its next round (a heartbeat's
+    wait at most), cancel or none."""
+    async def body() -> bool:
+        c = AgentClient("127.0.0.1:1", "agent-a", heartbeat_s=0.2)
+        c._loop, c._wake = asyncio.get_running_loop(), asyncio.Event()
+        call = _Call()
+        task = asyncio.create_task(c._write_loop(call, asyncio.Event()))  # type: ignore[arg-type]
+        await call.written.wait()
+        c._closed = True  # what close() sets (its spool closed too, not needed here)
+        done, _ = await asyncio.wait({task}, timeout=5.0)
+        task.cancel()
+        return task in done
+
+    assert asyncio.run(body())
