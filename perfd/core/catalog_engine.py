@@ -152,4 +152,10 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_job_info_put_errors_total", "counter", "count",
      "Job infos the engine's job-info bucket refused (full, or the engine away): a shard taking the job's "
      "partitions over then waits for the agents' next send", ()),
+    ("perfd_engine_shard_job_info_gets_late_total", "counter", "count",
+     "Job-info bucket gets not answered within the fold's wait (the engine slow): the job's info read "
+     "when the answer comes, the ranks folded meanwhile grouped by stage then", ()),
+    ("perfd_engine_shard_summaries_restaged_total", "counter", "count",
+     "Partition step summaries whose ranks were grouped by pipeline stage once their job's info was read "
+     "(folded before it: stage unknown), sent again", ()),
 )

@@ -108,6 +108,8 @@ class ShardStats:
     # message carrying none: a partition taken over), and puts to it the engine refused
     job_infos_read: int = 0
     job_info_put_errors: int = 0
+    job_info_gets_late: int = 0  # bucket gets not answered in time: read when answered
+    summaries_restaged: int = 0  # summaries whose ranks were grouped by stage once their job's info was read
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -375,7 +377,6 @@ class Shard:
                 d = self._decode(m)
                 if d is not None:  # a job's info it lacks, before the hold's time is read
                     await self.infos.fill(d, self.summaries)
-                    self.stats.job_infos_read = self.infos.read
                 if time.monotonic() - delivered >= self.cfg.hold_s:
                     # A fold this slow would have the rest delivered again before folded: their ack
                     # wait starts again (nats' in-progress ack), sent before the next one is folded
@@ -453,6 +454,9 @@ class Shard:
             await self._flush(js)
 
     async def _flush(self, js: JetStream) -> None:
+        st, infos = self.stats, self.infos  # the bucket's counts (a late get's answer lands between folds)
+        st.job_infos_read, st.job_info_put_errors = infos.read, infos.put_errors
+        st.job_info_gets_late, st.summaries_restaged = infos.late, self.summaries.restaged
         if self.windows is not None:
             extended = self.windows.extend(time.monotonic())
             if extended:  # their ack wait started again before their holds run out
@@ -554,7 +558,6 @@ class Shard:
             except Exception as exc:  # delivered again later, folded once at the root
                 log.info("shard %s: ack failed (%s): the engine delivers it again", self.id, exc)
         await self.infos.put(infos)  # after the acks: for a shard taking one of these jobs' partitions over
-        self.stats.job_info_put_errors = self.infos.put_errors
 
 
 async def _in_progress(msgs: Sequence[Msg]) -> float:

@@ -5,19 +5,22 @@ is folded, so that its ranks go into their pipeline stages at once rather than s
 
 Best effort by design: the bucket only shortens the wait for the agents' next send. A bucket the engine
 could not make, a get or put that fails or is slow, leaves the shard as it was without it (counted,
-logged); no fold waits on it longer than GET_TIMEOUT_S, and no acknowledgement on a put.
+logged); no fold waits on it longer than GET_TIMEOUT_S, and no acknowledgement on a put. A get
+answered later is read then: the ranks folded meanwhile are grouped by stage then, their summaries
+sent again (perfd.engine.stepsummary.PartitionSummaries.restage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from perfd.engine import subjects as S
-from perfd.engine.nats_api import KeyValue
+from perfd.engine.nats_api import KeyValue, KVEntry
 from perfd.engine.partial import Decoded
 from perfd.engine.shard_summaries import ShardSummaries
 
@@ -31,7 +34,7 @@ ASK_AGAIN_S = 5.0
 # delivered again, an agent behind) is overwritten within it by the shards that read the current one,
 # as the agents' own send (JOBINFO_RESEND_S) would correct a taking shard
 PUT_AGAIN_S = 60.0
-GET_TIMEOUT_S = 0.5  # a get slower than this is let go (the fold goes on without the info)
+GET_TIMEOUT_S = 0.5  # a get slower than this is not waited on (the fold goes on; its answer read later)
 PUT_TIMEOUT_S = 2.0  # the puts of one flush, together
 KEPT = 4096  # jobs whose last put, or last miss, a shard remembers (the oldest let go first)
 
@@ -43,30 +46,50 @@ class JobInfoBucket:
         self.put_errors = 0  # puts the engine refused or did not answer in time
         self._put: dict[str, tuple[str, float]] = {}  # job -> (info, when) this shard put
         self._missed: dict[str, float] = {}  # job -> when the bucket had none of it
+        self._pending: dict[str, asyncio.Future[KVEntry]] = {}  # job -> its get, not answered in time
+        self.late = 0  # gets answered past GET_TIMEOUT_S, or not at all
 
     async def fill(self, d: Decoded, summaries: ShardSummaries) -> None:
         """The info of each job of ``d`` that ``summaries`` has not read and ``d`` does not carry, from
-        the bucket, into ``summaries``."""
+        the bucket, into ``summaries``. A get not answered within GET_TIMEOUT_S is not waited on but
+        not let go either: its answer, when it comes, is read then (the ranks folded meanwhile grouped
+        by stage then: ShardSummaries.fold_in)."""
         if self.kv is None:
             return
         now = self.clock()
         for job in {p.job for p in d.partials if p.fold is not None} - d.job_info_json.keys():
             missed = self._missed.get(job)
-            if summaries.has_info(job) or (missed is not None and now - missed < ASK_AGAIN_S):
+            if (summaries.has_info(job) or job in self._pending
+                    or (missed is not None and now - missed < ASK_AGAIN_S)):
                 continue
-            try:
-                entry = await asyncio.wait_for(self.kv.get(S.job_token(job)), GET_TIMEOUT_S)
-                text = entry.value.decode() if entry.value else ""
-            except Exception as exc:  # none there (KeyNotFoundError), too slow, or the engine away
-                log.debug("engine: job %r's info not read from the bucket: %s", job, exc)
-                text = ""
-            # another partition's consumer may have read a newer one from a node message meanwhile
-            if text and not summaries.has_info(job):
-                summaries.fold_in({job: text}, (), -1)
-                self.read += 1
-                self._missed.pop(job, None)
-            elif not text:
-                _remember(self._missed, job, now)
+            get = asyncio.ensure_future(self.kv.get(S.job_token(job)))
+            await asyncio.wait((get,), timeout=GET_TIMEOUT_S)
+            if get.done():
+                self._answered(job, summaries, get)
+            else:  # the engine slow: the fold goes on, the answer read when it comes
+                self.late += 1
+                log.info("engine: job %r's info not read from the bucket within %.1f s: its ranks' "
+                         "stages once it is", job, GET_TIMEOUT_S)
+                self._pending[job] = get
+                get.add_done_callback(functools.partial(self._answered, job, summaries))
+
+    def _answered(self, job: str, summaries: ShardSummaries, get: asyncio.Future[KVEntry]) -> None:
+        self._pending.pop(job, None)
+        text = ""
+        if get.cancelled():
+            log.debug("engine: job %r's info not read from the bucket: the get cancelled", job)
+        elif (exc := get.exception()) is not None:  # none there (KeyNotFoundError), or the engine away
+            log.debug("engine: job %r's info not read from the bucket: %s", job, exc)
+        else:
+            value = get.result().value
+            text = value.decode() if value else ""
+        # another partition's consumer may have read a newer one from a node message meanwhile
+        if text and not summaries.has_info(job):
+            summaries.fold_in({job: text}, (), -1)
+            self.read += 1
+            self._missed.pop(job, None)
+        elif not text:
+            _remember(self._missed, job, self.clock())
 
     async def put(self, infos: Mapping[str, str]) -> None:
         """The infos read from node messages since the last flush, put where changed or put PUT_AGAIN_S

@@ -32,7 +32,8 @@ Key = tuple[str, int, int]  # (job, iteration, partition)
 # messages) before it folds the job's first message, else from the next node message carrying it (on
 # change, and once a minute on the engine: perfd.agent.node_agent.JOBINFO_RESEND_S). Until then its
 # ranks' stages are not known (stage_unknown: the root shows no per-stage figures), not left out of the
-# stages the former holder's summaries fill.
+# stages the former holder's summaries fill; once it is read, the summaries made meanwhile have their
+# ranks grouped by stage and are sent again (stepsummary.PartitionSummaries.restage).
 NO_INFO: tuple[str, Callable[[int], int | None] | None] = ("", lambda rank: None)
 
 
@@ -53,6 +54,7 @@ class ShardSummaries:
         self._floor: dict[str, int] = {}  # job -> its oldest iteration still summarised
         self._run_began: dict[str, int] = {}  # job -> the iteration its newest run began at (new_run)
         self._seen: dict[str, float] = {}  # job -> when a node message of it was last summarised
+        self.restaged = 0  # summaries whose ranks were grouped by stage when their job's info was read late
 
     @property
     def touched(self) -> bool:
@@ -69,10 +71,13 @@ class ShardSummaries:
         partials not summarised (of an iteration let go)."""
         for job, text in infos.items():
             if self._stages.get(job, ("", None))[0] != text:
+                first = job not in self._stages
                 try:
                     self._stages[job] = (text, ss.stages_of(job_info_from_json(text).layout))
                 except ValueError:  # the root counts it undecodable; the ranks go ungrouped here
                     self._stages[job] = (text, None)
+                if first:  # the ranks folded before it was read, into their stages now
+                    self.restaged += self.held.restage(job, self._stages[job][1])
         too_old = 0
         now = time.monotonic() if now is None else now
         for part in parts:
@@ -92,7 +97,7 @@ class ShardSummaries:
             self._newest[job] = max(it, self._newest.get(job, it))
             self._seen[job] = now
             self.held.add(partition, fold, part.ranks, self._stages.get(job, NO_INFO)[1],
-                          new_run=part.new_run)
+                          new_run=part.new_run, layout_unread=job not in self._stages)
         return too_old
 
     def take(self, now: float | None = None) -> tuple[dict[str, list[pb.StepSummary]], list[Key]]:

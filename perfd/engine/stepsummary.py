@@ -51,6 +51,10 @@ from perfd.transport.record_codec import step_to_pb
 
 QUANTILES: Final = (0.5, 0.99)  # what an answer reads of each timer's sketch
 UNKNOWN_STAGE: Final = -1  # the stage of ranks when the layout names none (stage_unknown)
+# The stage rows a shard keeps of ranks summarised before their job's layout was read
+# (PartitionSummaries.restage): ~110 bytes each, ~29 MB at most; a 16-iteration window of a 16,384-rank
+# shard's share whose layout is read late
+UNSTAGED_MAX_ROWS: Final = 1 << 18
 
 
 class ExactSum:
@@ -283,16 +287,29 @@ def summarize(job: str, iteration: int, ranks: Sequence[StepRecord] | StepRecord
         for rk, v in tv.per_rank.items():
             t.add(rk, v)
     out.ranks_in, out.ranks_hash = len(seen), rank_hash(seen)
-    fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
-    if stage_of is not None and fwd is not None and bwd is not None:
-        for rk in sorted(fwd.per_rank.keys() & bwd.per_rank.keys()):
-            s = stage_of(rk)
-            if s is None:
-                out.stage_unknown = True
-                s = UNKNOWN_STAGE
-            out.stages.setdefault(s, StageSummary()).add(rk, fwd.per_rank[rk] + bwd.per_rank[rk])
+    if stage_of is not None:
+        _add_stages(out, stage_rows(rec), stage_of)
     _extremes(rec, out.extremes)
     return out
+
+
+def stage_rows(rec: StepRecord) -> list[tuple[int, float]]:
+    """Each rank's forward + backward compute, in rank order: what its pipeline stage's summary adds."""
+    fwd, bwd = rec.timers.get(FORWARD_COMPUTE), rec.timers.get(BACKWARD_COMPUTE)
+    if fwd is None or bwd is None:
+        return []
+    both = sorted(fwd.per_rank.keys() & bwd.per_rank.keys())
+    return [(rk, fwd.per_rank[rk] + bwd.per_rank[rk]) for rk in both]
+
+
+def _add_stages(out: StepSummary, rows: Iterable[tuple[int, float]],
+                stage_of: Callable[[int], int | None]) -> None:
+    for rk, v in rows:
+        s = stage_of(rk)
+        if s is None:
+            out.stage_unknown = True
+            s = UNKNOWN_STAGE
+        out.stages.setdefault(s, StageSummary()).add(rk, v)
 
 
 def _extremes(rec: StepRecord, out: dict[str, Extreme]) -> None:
@@ -341,9 +358,18 @@ class PartitionSummaries:
         self.touched: set[tuple[str, int, int]] = set()
         self.redelivered = 0
         self.overlapping = 0
+        # Per (job, iteration, partition), the stage rows (stage_rows) of the ranks summarised before
+        # the job's layout was read, in stage_unknown: grouped by stage once it is (restage), so that a
+        # job's info read late (a slow bucket) leaves no iteration without its per-stage figures
+        self.unstaged: dict[tuple[str, int, int], list[tuple[int, float]]] = {}
+        self.unstaged_rows = 0  # their rows, bounded by UNSTAGED_MAX_ROWS
+        self.unstaged_dropped = 0  # rows not kept past the bound: their iterations stay stage_unknown
 
     def add(self, partition: int, fold: StepRecord, ranks: set[int],
-            stage_of: Callable[[int], int | None] | None, expected: int = 0, new_run: bool = False) -> None:
+            stage_of: Callable[[int], int | None] | None, expected: int = 0, new_run: bool = False,
+            layout_unread: bool = False) -> None:
+        """``fold`` (a node's) into its partition's summary. ``layout_unread``: ``stage_of`` stands in
+        for a layout not read yet (every rank's stage unknown): the ranks' rows are kept for restage."""
         key = (fold.job, fold.iteration, partition)
         have = self.held.get(key)
         if have is not None and ranks <= have[1]:
@@ -359,6 +385,34 @@ class PartitionSummaries:
         have[0].merge(one)
         have[1].update(ranks)
         self.touched.add(key)
+        if layout_unread and one.stage_unknown:
+            rows = stage_rows(fold)
+            if self.unstaged_rows + len(rows) <= UNSTAGED_MAX_ROWS:
+                self.unstaged.setdefault(key, []).extend(rows)
+                self.unstaged_rows += len(rows)
+            else:  # the key stays stage_unknown (restage finds its unknown stage not all kept)
+                self.unstaged_dropped += len(rows)
+
+    def restage(self, job: str, stage_of: Callable[[int], int | None] | None) -> int:
+        """``job``'s ranks summarised before its layout was read, grouped by stage as ``stage_of`` (the
+        layout now read) groups them, their summaries touched (sent again). Returns the summaries
+        changed."""
+        changed = 0
+        for key in [k for k in self.unstaged if k[0] == job]:
+            rows = self.unstaged.pop(key)
+            self.unstaged_rows -= len(rows)
+            have = self.held.get(key)
+            unknown = have[0].stages.get(UNKNOWN_STAGE) if have is not None else None
+            if have is None or unknown is None or unknown.count != len(rows):
+                continue  # its unknown stage holds ranks these rows are not (not the layout's): as it is
+            s = have[0]
+            del s.stages[UNKNOWN_STAGE]
+            s.stage_unknown = False
+            if stage_of is not None:
+                _add_stages(s, rows, stage_of)
+            self.touched.add(key)
+            changed += 1
+        return changed
 
     def take(self, epoch: int, seq: int) -> list[StepSummary]:
         """The summaries of the partitions folded into since the last take, made ``epoch``'s
@@ -377,6 +431,7 @@ class PartitionSummaries:
         for key in [k for k in self.held if k[0] == job and k[1] < iteration]:
             del self.held[key]
             self.touched.discard(key)
+            self.unstaged_rows -= len(self.unstaged.pop(key, ()))
 
 
 def merge(summaries: Iterable[StepSummary]) -> StepSummary:

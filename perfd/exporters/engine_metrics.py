@@ -74,6 +74,8 @@ _SHARD_COUNTERS = {
     "perfd_engine_shard_consumer_restarts_total": "consumer_restarts",
     "perfd_engine_shard_job_infos_read_total": "job_infos_read",
     "perfd_engine_shard_job_info_put_errors_total": "job_info_put_errors",
+    "perfd_engine_shard_job_info_gets_late_total": "job_info_gets_late",
+    "perfd_engine_shard_summaries_restaged_total": "summaries_restaged",
 }
 
 

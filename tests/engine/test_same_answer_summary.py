@@ -358,6 +358,58 @@ def test_a_shard_summarises_node_by_node() -> None:
     assert held.held == {}
 
 
+def _held_before_the_layout(by_node: dict[int, list[list[StepRecord]]], read_after: int,
+                            order: RankOrder | None) -> tuple[ss.PartitionSummaries, list[StepRecord]]:
+    """One partition's node folds, the first ``read_after`` summarised before the job's layout was read
+    (as a shard that took the partition over does: every rank's stage unknown), the rest with it."""
+    held, folds = ss.PartitionSummaries(), []
+    for n, its in by_node.items():
+        p = Partial(JOB, 1)
+        p.add_records(its[0])
+        assert p.fold is not None
+        folds.append(p.fold)
+        unread = n < read_after
+        stage = (lambda rank: None) if unread else (order.stage if order is not None else None)
+        held.add(3, p.fold, p.ranks, stage, layout_unread=unread)
+    return held, folds
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["stages", "no-pipeline"])
+def test_ranks_summarised_before_the_layout_was_read_are_grouped_by_stage_once_it_is(pipeline: bool) -> None:
+    """The summary a restage leaves is the summary made with the layout from the start (the same bytes),
+    sent again; a layout with no pipeline leaves no stage and nothing unknown."""
+    by_node = megatron(12)
+    order = _layout(12 * RANKS_PER_NODE) if pipeline else None
+    held, folds = _held_before_the_layout(by_node, 5, order)
+    (before,) = held.take(epoch=2, seq=9)
+    assert before.stage_unknown and held.unstaged_rows == 5 * RANKS_PER_NODE
+    assert held.restage(JOB, order.stage if order is not None else None) == 1
+    assert held.unstaged == {} and held.unstaged_rows == 0
+    (got,) = held.take(epoch=2, seq=10)
+    want = ss.summarize(JOB, 1, folds, order.stage if order is not None else None, partition=3, epoch=2,
+                        seq=10)
+    assert not got.stage_unknown and codec.encode(got) == codec.encode(want)
+    assert held.restage(JOB, None) == 0  # nothing left to group
+
+
+def test_rows_past_the_bound_are_not_kept_and_their_summary_stays_stage_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past UNSTAGED_MAX_ROWS a partition's unknown stage is no longer all kept: a restage leaves it as
+    it is (stage_unknown, said) rather than group some of its ranks; the rows dropped are counted, and
+    those kept let go with their iteration."""
+    monkeypatch.setattr(ss, "UNSTAGED_MAX_ROWS", 3 * RANKS_PER_NODE)
+    order = _layout(12 * RANKS_PER_NODE)
+    held, _ = _held_before_the_layout(megatron(12), 5, order)
+    assert (held.unstaged_rows, held.unstaged_dropped) == (3 * RANKS_PER_NODE, 2 * RANKS_PER_NODE)
+    assert held.restage(JOB, order.stage) == 0 and held.unstaged_rows == 0
+    held.take(2, 9)
+    (s, _) = held.held[(JOB, 1, 3)]
+    assert s.stage_unknown and s.stages[ss.UNKNOWN_STAGE].count == 5 * RANKS_PER_NODE
+    held2, _ = _held_before_the_layout(megatron(12), 5, order)
+    held2.drop_before(JOB, 2)
+    assert held2.unstaged == {} and held2.unstaged_rows == 0
+
+
 def test_the_root_holds_each_holders_newest_within_its_iterations() -> None:
     """Per (job, iteration) the newest of each partition's holder (by its flush), the older and the same
     one again counted and dropped; another holder's (the partition's lease moved) held beside it, not in

@@ -131,25 +131,64 @@ def test_a_read_that_raced_a_newer_info_leaves_the_newer() -> None:
     assert b.read == 0 and sums._stages["a"][0] == NEW
 
 
-def test_a_slow_or_failing_get_is_let_go_and_the_fold_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A get the engine never answers is let go at GET_TIMEOUT_S (here made short): fill returns, the
-    job not read, asked again later; a get that fails the same."""
+def test_a_slow_get_is_not_waited_on_and_its_answer_is_read_when_it_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A get not answered within GET_TIMEOUT_S (here made short): fill returns, the fold goes on with the
+    job not read; the job is not asked again while its get is out; the answer, when it comes, is read
+    then (counted late), and the ranks folded meanwhile go into their stages."""
     monkeypatch.setattr(sj, "GET_TIMEOUT_S", 0.01)
     kv, clock = Bucket(), Clock()
     kv.data[S.job_token("a")] = OLD.encode()
+    answer = asyncio.Event()
+
+    async def slow() -> None:
+        await answer.wait()
+
+    async def scenario() -> None:
+        kv.gate = slow
+        b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
+        d = message("a")
+        await b.fill(d, sums)  # returns: the get not waited on
+        sums.fold_in({}, d.partials, 0)  # the fold goes on, its rank's stage unknown
+        assert not sums.has_info("a") and b.late == 1 and b.read == 0
+        clock.now += sj.ASK_AGAIN_S
+        await b.fill(message("a"), sums)
+        assert kv.gets == [S.job_token("a")]  # its get still out: not asked again
+        get = b._pending["a"]
+        answer.set()
+        await asyncio.wait((get,))  # answered: its callbacks ran in order, the bucket's first
+        assert sums.has_info("a") and b.read == 1 and b._pending == {}
+
+    run(scenario())
+
+
+def test_a_failing_or_cancelled_get_leaves_the_job_to_be_asked_again_later() -> None:
+    kv, clock = Bucket(), Clock()
+    kv.data[S.job_token("a")] = OLD.encode()
+    kv.fail = ConnectionError("engine away")
+    b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
+    run(b.fill(message("a"), sums))
+    assert not sums.has_info("a") and b.read == 0 and b._missed == {"a": clock.now}
+    clock.now += sj.ASK_AGAIN_S / 2
+    run(b.fill(message("a"), sums))
+    assert len(kv.gets) == 1
     never = asyncio.Event()
 
     async def stall() -> None:
         await never.wait()
 
-    kv.gate = stall
-    b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
-    run(b.fill(message("a"), sums))  # returns: the get let go
-    assert not sums.has_info("a") and b._missed == {"a": clock.now}
-    kv.gate, kv.fail = None, ConnectionError("engine away")
-    clock.now += sj.ASK_AGAIN_S
-    run(b.fill(message("a"), sums))
-    assert not sums.has_info("a") and b.read == 0
+    async def cancelled() -> None:  # a session ended with the get out: the shard's loop cancels it
+        kv.gate, kv.fail = stall, None
+        clock.now += sj.ASK_AGAIN_S
+        await b.fill(message("a"), sums)
+        get = b._pending["a"]
+        get.cancel()
+        await asyncio.wait((get,))
+        assert b._pending == {} and not sums.has_info("a") and b._missed == {"a": clock.now}
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sj, "GET_TIMEOUT_S", 0.01)
+        run(cancelled())
 
 
 def test_infos_are_put_when_changed_or_due_again_and_failures_counted() -> None:

@@ -204,7 +204,8 @@ def _pb(s: ss.StepSummary) -> pb.StepSummary:
 def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_does() -> None:
     """The job's info names its pipeline (4 stages); a shard that took the partition over mid-run read no
     node message carrying it: its ranks' stages are unknown (no per-stage figures at the root), not left
-    out of the stages. Once a message brings the info (the agent sends it again on the engine), grouped."""
+    out of the stages. Once a message brings the info (the agent sends it again on the engine), grouped,
+    those folded before it too (their summary sent again)."""
     from perfd.core.jobinfo_json import job_info_to_json
     from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout
     from tests.engine.test_same_answer_summary import JOB as MJOB
@@ -226,10 +227,11 @@ def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_do
     assert got.stage_unknown and set(got.stages) == {ss.UNKNOWN_STAGE} and got.stages[-1].count == 16
     assert ss.answer(got).top_ratios == [] and ss.answer(got).ratio_buckets is None
     taker.fold_in({MJOB: info}, [part(2, 2), part(3, 2)], 1)
-    (m,) = taker.take()[0][MJOB]
-    got = codec.from_pb(m)
-    assert not got.stage_unknown and ss.UNKNOWN_STAGE not in got.stages
-    assert sum(g.count for g in got.stages.values()) == 16
+    sent = [codec.from_pb(m) for m in taker.take()[0][MJOB]]
+    assert [g.iteration for g in sent] == [1, 2] and taker.restaged == 1
+    for got in sent:
+        assert not got.stage_unknown and ss.UNKNOWN_STAGE not in got.stages
+        assert sum(g.count for g in got.stages.values()) == 16
 
 
 def test_the_root_takes_a_jobs_info_in_once_while_it_stays_the_same() -> None:

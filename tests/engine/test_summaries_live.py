@@ -30,6 +30,7 @@ from perfd.core.model import HOOK_FRAMEWORK, JobInfo, ModelSpec, ParallelLayout,
 from perfd.core.refusals import Refusals
 from perfd.core.sketch import SKETCH_ACCURACY
 from perfd.core.stepfold import fold_ranks
+from perfd.engine import shard_jobinfo
 from perfd.engine import stepsummary as ss
 from perfd.engine import subjects as S
 from perfd.engine import summary_codec as codec
@@ -137,6 +138,10 @@ async def _through_the_engine(urls: list[str], by_node: dict[int, list[list[Step
                     lambda: root.stats.node_messages >= NODES * ITERATIONS, 180)
         await until("every kept iteration's summaries whole at the root",
                     lambda: all(summaries_whole(it) for it in range(1, ITERATIONS + 1)), 60)
+        # a shard that took partitions over may have had the bucket's answer late (a loaded machine):
+        # its ranks folded meanwhile go into their stages when it lands, their summaries sent again
+        await until("every shard holds the job's info",
+                    lambda: all(s.summaries.has_info(JOB) for s in shards), 60)
         await until("every summary the shards sent read at the root, none left to send",
                     lambda: not any(s.summaries.touched for s in shards)
                     and root.stats.summaries == sum(s.stats.summaries_published for s in shards), 30)
@@ -160,13 +165,18 @@ async def _through_the_engine(urls: list[str], by_node: dict[int, list[list[Step
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("join_after", [None, 2], ids=["together", "joined-mid-run"])
-def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tmp_path: Path,
-                                                                              join_after: int | None) -> None:
+@pytest.mark.parametrize(("join_after", "late"), [(None, False), (2, False), (2, True)],
+                         ids=["together", "joined-mid-run", "joined-mid-run-info-late"])
+def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(
+        tmp_path: Path, join_after: int | None, late: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``joined-mid-run``: the partitions the second shard takes over have two holders' summaries of
     the iterations folded across the move, merged at the root (the newer holder's once replaced the
-    former's, and those iterations' answers lacked ranks for good)."""
+    former's, and those iterations' answers lacked ranks for good). ``-info-late``: the bucket's answer
+    to the joining shard not waited on (GET_TIMEOUT_S 0: as a slow engine is), its ranks folded before it
+    came grouped by stage when it came, their summaries sent again: the same answers."""
     _need_nats_server()
+    if late:
+        monkeypatch.setattr(shard_jobinfo, "GET_TIMEOUT_S", 0.0)
     by_node = megatron(NODES, ITERATIONS, JOB)
     with NatsCluster(tmp_path / "nats", 1) as cluster:
         root, shards, before = asyncio.run(_through_the_engine(cluster.urls, by_node, join_after))
@@ -175,11 +185,16 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(tm
           f"stale, holders dropped {st.summaries_holders_dropped}, overcounted {st.summaries_overcounted}; "
           f"partitions {[s.stats.partitions for s in shards]}; leases taken/lost, consumers restarted "
           f"{[(s.stats.leases_taken, s.stats.leases_lost, s.stats.consumer_restarts) for s in shards]}; "
-          f"delivered again {[s.stats.delivered_again for s in shards]}")
+          f"delivered again {[s.stats.delivered_again for s in shards]}; job-info gets late "
+          f"{[s.stats.job_info_gets_late for s in shards]}, summaries restaged "
+          f"{[s.stats.summaries_restaged for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
     # the first shard put the job's info in the bucket; the one that joined read it there, once (its
     # partitions' consumers may each have asked: the first answer read, the rest found it read)
     assert [s.stats.job_infos_read for s in shards] == ([0] * len(shards) if join_after is None else [0, 1])
+    if late:
+        assert [s.stats.job_info_gets_late for s in shards] == [0, 1]
+        assert shards[1].stats.summaries_restaged >= 1
     holders = [root.summaries.fold.holders(JOB, it) for it in range(1, ITERATIONS + 1)]
     # joined: the iteration half folded when the second shard took its share has two holders
     assert holders == [1] * ITERATIONS if join_after is None else holders[join_after] == 2, holders
