@@ -13,8 +13,6 @@ torch 2.11; same line format) is one, with its ``perfd launch`` line-time sideca
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -161,22 +159,22 @@ def test_the_agent_knows_the_collector() -> None:
     assert "torchtitan" in default_registry().names()
 
 
-@pytest.mark.slow
-def test_perfd_analyze_torchtitan_offline(tmp_path: Path) -> None:
-    model = tmp_path / "model.yaml"
-    model.write_text(yaml.safe_dump(yaml.safe_load(SAMPLE.read_text())["model"]))
-    cmd = [sys.executable, "-m", "perfd.app.cli"]
-    out = subprocess.run([*cmd, "analyze", "torchtitan", str(LOG), "--model", str(model), "--dtype", "bf16",
-                          "--gpu", H100, "--json"], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).parents[4])
-    assert out.returncode == 0, out.stderr
+def test_perfd_analyze_torchtitan_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``perfd analyze torchtitan`` as a person runs it (the CLI's main() in this process:
+    tests/cli_main.py): its JSON, and a log with no step line refused with exit status 2."""
     import json
 
+    from tests.cli_main import perfd
+
+    model = tmp_path / "model.yaml"
+    model.write_text(yaml.safe_dump(yaml.safe_load(SAMPLE.read_text())["model"]))
+    out = perfd(capsys, "analyze", "torchtitan", LOG, "--model", model, "--dtype", "bf16", "--gpu", H100,
+                "--json")
+    assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["summary"]["tflops_check_n_disagree"] == 0 and data["summary"]["medians"]["mfu"] > 0
     assert "None" not in data["report"]["summary"]["headline"]
-    bad = subprocess.run([*cmd, "analyze", "torchtitan", str(model)], capture_output=True, text=True,
-                         timeout=120, cwd=Path(__file__).parents[4])
+    bad = perfd(capsys, "analyze", "torchtitan", model)
     assert bad.returncode == 2 and "no torchtitan step lines" in bad.stderr
 
 
