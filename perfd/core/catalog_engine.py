@@ -158,4 +158,7 @@ SHARD: tuple[Row, ...] = (
     ("perfd_engine_shard_summaries_restaged_total", "counter", "count",
      "Partition step summaries whose ranks were grouped by pipeline stage once their job's info was read "
      "(folded before it: stage unknown), sent again", ()),
+    ("perfd_engine_shard_stage_rows_dropped_total", "counter", "count",
+     "Ranks folded while their job's info was on its way whose rows were not kept to group them by stage "
+     "(the shard's bound on them reached): their iterations stay stage unknown", ()),
 )

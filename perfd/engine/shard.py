@@ -110,6 +110,7 @@ class ShardStats:
     job_info_put_errors: int = 0
     job_info_gets_late: int = 0  # bucket gets not answered in time: read when answered
     summaries_restaged: int = 0  # summaries whose ranks were grouped by stage once their job's info was read
+    stage_rows_dropped: int = 0  # ranks' rows not kept for that past stepsummary.UNSTAGED_MAX_ROWS
     partitions: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
@@ -457,6 +458,7 @@ class Shard:
         st, infos = self.stats, self.infos  # the bucket's counts (a late get's answer lands between folds)
         st.job_infos_read, st.job_info_put_errors = infos.read, infos.put_errors
         st.job_info_gets_late, st.summaries_restaged = infos.late, self.summaries.restaged
+        st.stage_rows_dropped = self.summaries.held.unstaged_dropped
         if self.windows is not None:
             extended = self.windows.extend(time.monotonic())
             if extended:  # their ack wait started again before their holds run out

@@ -62,19 +62,22 @@ class JobInfoBucket:
             if (summaries.has_info(job) or job in self._pending
                     or (missed is not None and now - missed < ASK_AGAIN_S)):
                 continue
-            get = asyncio.ensure_future(self.kv.get(S.job_token(job)))
+            # Its answer read by the callback, whenever it comes (the callback runs before the wait
+            # returns where it comes within it): a get is never left without a reader, the consumer
+            # cancelled mid-wait (its partition let go) included, and one get a job at a time, whichever
+            # partition's consumer asks meanwhile
+            get = self._pending[job] = asyncio.ensure_future(self.kv.get(S.job_token(job)))
+            summaries.expect(job)
+            get.add_done_callback(functools.partial(self._answered, job, summaries))
             await asyncio.wait((get,), timeout=GET_TIMEOUT_S)
-            if get.done():
-                self._answered(job, summaries, get)
-            else:  # the engine slow: the fold goes on, the answer read when it comes
+            if not get.done():  # the engine slow: the fold goes on, the answer read when it comes
                 self.late += 1
                 log.info("engine: job %r's info not read from the bucket within %.1f s: its ranks' "
                          "stages once it is", job, GET_TIMEOUT_S)
-                self._pending[job] = get
-                get.add_done_callback(functools.partial(self._answered, job, summaries))
 
     def _answered(self, job: str, summaries: ShardSummaries, get: asyncio.Future[KVEntry]) -> None:
-        self._pending.pop(job, None)
+        if self._pending.get(job) is get:
+            del self._pending[job]
         text = ""
         if get.cancelled():
             log.debug("engine: job %r's info not read from the bucket: the get cancelled", job)
@@ -88,8 +91,10 @@ class JobInfoBucket:
             summaries.fold_in({job: text}, (), -1)
             self.read += 1
             self._missed.pop(job, None)
-        elif not text:
-            _remember(self._missed, job, self.clock())
+        else:
+            summaries.not_expected(job)  # what was kept to group by stage let go (none is coming now)
+            if not text:
+                _remember(self._missed, job, self.clock())
 
     async def put(self, infos: Mapping[str, str]) -> None:
         """The infos read from node messages since the last flush, put where changed or put PUT_AGAIN_S

@@ -55,6 +55,7 @@ class ShardSummaries:
         self._run_began: dict[str, int] = {}  # job -> the iteration its newest run began at (new_run)
         self._seen: dict[str, float] = {}  # job -> when a node message of it was last summarised
         self.restaged = 0  # summaries whose ranks were grouped by stage when their job's info was read late
+        self._expecting: set[str] = set()  # jobs whose info a get of the engine's bucket is fetching
 
     @property
     def touched(self) -> bool:
@@ -63,6 +64,21 @@ class ShardSummaries:
     def has_info(self, job: str) -> bool:
         """Whether this shard read ``job``'s info (its ranks are grouped by stage)."""
         return job in self._stages
+
+    def expect(self, job: str) -> None:
+        """``job``'s info is on its way (a get of the engine's bucket out): its ranks folded until it
+        comes are kept to be grouped by stage then. Only then: a job whose info never comes (no layout
+        anywhere) keeps nothing for it."""
+        if job not in self._stages:
+            self._expecting.add(job)
+
+    def not_expected(self, job: str) -> None:
+        """No info of ``job`` is coming after all (the bucket had none, or did not answer): what was kept
+        to group its ranks by stage let go; its summaries stay stage_unknown until a node message brings
+        the info."""
+        if job in self._expecting:
+            self._expecting.discard(job)
+            self.held.forget_unstaged(job)
 
     def fold_in(self, infos: dict[str, str], parts: Sequence[Partial], partition: int,
                 now: float | None = None) -> int:
@@ -78,6 +94,7 @@ class ShardSummaries:
                     self._stages[job] = (text, None)
                 if first:  # the ranks folded before it was read, into their stages now
                     self.restaged += self.held.restage(job, self._stages[job][1])
+                    self._expecting.discard(job)
         too_old = 0
         now = time.monotonic() if now is None else now
         for part in parts:
@@ -97,7 +114,7 @@ class ShardSummaries:
             self._newest[job] = max(it, self._newest.get(job, it))
             self._seen[job] = now
             self.held.add(partition, fold, part.ranks, self._stages.get(job, NO_INFO)[1],
-                          new_run=part.new_run, layout_unread=job not in self._stages)
+                          new_run=part.new_run, layout_unread=job in self._expecting)
         return too_old
 
     def take(self, now: float | None = None) -> tuple[dict[str, list[pb.StepSummary]], list[Key]]:
@@ -122,6 +139,7 @@ class ShardSummaries:
             self.held.drop_before(job, 1 << 62)
             for d in (self._stages, self._newest, self._floor, self._run_began, self._seen):
                 d.pop(job, None)
+            self._expecting.discard(job)
         return by_job, keys
 
     def give_back(self, keys: Sequence[Key]) -> None:

@@ -426,6 +426,11 @@ class PartitionSummaries:
         self.touched.clear()
         return out
 
+    def forget_unstaged(self, job: str) -> None:
+        """Let go of the rows kept to group ``job``'s ranks by stage (its summaries stay as they are)."""
+        for key in [k for k in self.unstaged if k[0] == job]:
+            self.unstaged_rows -= len(self.unstaged.pop(key))
+
     def drop_before(self, job: str, iteration: int) -> None:
         """Let go of ``job``'s iterations before ``iteration`` (their summaries went out)."""
         for key in [k for k in self.held if k[0] == job and k[1] < iteration]:

@@ -76,6 +76,7 @@ _SHARD_COUNTERS = {
     "perfd_engine_shard_job_info_put_errors_total": "job_info_put_errors",
     "perfd_engine_shard_job_info_gets_late_total": "job_info_gets_late",
     "perfd_engine_shard_summaries_restaged_total": "summaries_restaged",
+    "perfd_engine_shard_stage_rows_dropped_total": "stage_rows_dropped",
 }
 
 

@@ -140,7 +140,7 @@ def test_the_shard_exports_its_stats_exactly() -> None:
                     consumer_restarts=3,
                     takeover_waits=2, summaries_published=17, comm_summaries_published=11,
                     partitions=[0, 3, 5], job_infos_read=5, job_info_put_errors=7, job_info_gets_late=8,
-                    summaries_restaged=13)
+                    summaries_restaged=13, stage_rows_dropped=21)
     got = {k: v for k, v in _exposed(ShardMetrics(lambda: st)).items()
            if k[0].startswith("perfd_engine_") and not k[0].endswith("_created")}
     # with --comm-summaries, the summaries' counts beside them (absent without)
@@ -178,6 +178,7 @@ def test_the_shard_exports_its_stats_exactly() -> None:
         ("perfd_engine_shard_job_info_put_errors_total", ()): 7.0,
         ("perfd_engine_shard_job_info_gets_late_total", ()): 8.0,
         ("perfd_engine_shard_summaries_restaged_total", ()): 13.0,
+        ("perfd_engine_shard_stage_rows_dropped_total", ()): 21.0,
     }
     assert {n for n, _ in got} | {n for n, _ in with_comm} == {n for n, *_ in catalog_engine.SHARD}
     assert all(catalog.get(n).source == catalog_engine.SHARD_SOURCE for n, *_ in catalog_engine.SHARD)

@@ -11,14 +11,15 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.core.jobinfo_json import job_info_to_json
-from perfd.core.model import JobInfo, ParallelLayout, StepRecord
+from perfd.core.model import JobInfo, ParallelLayout, StepRecord, TimerValue
 from perfd.engine import shard_jobinfo as sj
 from perfd.engine import subjects as S
 from perfd.engine.partial import Decoded, Partial
 from perfd.engine.shard_summaries import ShardSummaries
 
-OLD = job_info_to_json(JobInfo(layout=ParallelLayout(tp=1, pp=2, dp=2)))
+OLD = job_info_to_json(JobInfo(layout=ParallelLayout(world_size=4, tp=1, pp=2, dp=2, cp=1)))
 NEW = job_info_to_json(JobInfo(layout=ParallelLayout(tp=1, pp=4, dp=1)))
 
 
@@ -83,8 +84,11 @@ class Clock:
 
 
 def message(*jobs: str, carries: dict[str, str] | None = None) -> Decoded:
-    parts = [Partial(j, 1, StepRecord(job=j, iteration=1, rank=0, step_time_ms=10.0), ranks=[0])
-             for j in jobs]
+    """A node message of rank 0 of each job, with its forward and backward compute (its stage's row)."""
+    timers = {FORWARD_COMPUTE: TimerValue(1.0, 1.0, {0: 1.0}),
+              BACKWARD_COMPUTE: TimerValue(2.0, 2.0, {0: 2.0})}
+    parts = [Partial(j, 1, StepRecord(job=j, iteration=1, rank=0, step_time_ms=10.0, timers=timers),
+                     ranks=[0]) for j in jobs]
     return Decoded("m", "agent", 0, parts, dict(carries or {}))
 
 
@@ -151,13 +155,55 @@ def test_a_slow_get_is_not_waited_on_and_its_answer_is_read_when_it_comes(
         await b.fill(d, sums)  # returns: the get not waited on
         sums.fold_in({}, d.partials, 0)  # the fold goes on, its rank's stage unknown
         assert not sums.has_info("a") and b.late == 1 and b.read == 0
+        (before,) = sums.take()[0]["a"]
+        assert before.stage_unknown
         clock.now += sj.ASK_AGAIN_S
         await b.fill(message("a"), sums)
         assert kv.gets == [S.job_token("a")]  # its get still out: not asked again
         get = b._pending["a"]
         answer.set()
         await asyncio.wait((get,))  # answered: its callbacks ran in order, the bucket's first
+        assert sums.has_info("a") and b.read == 1 and b._pending == {} and sums.restaged == 1
+        (after,) = sums.take()[0]["a"]  # sent again, its rank in its stage
+        assert not after.stage_unknown and after.seq > before.seq
+
+    run(scenario())
+
+
+def test_one_get_a_job_however_many_partitions_ask_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two partitions' consumers fold the job's first messages at once while the engine is slow: one
+    get, counted late once, its answer read by whichever; a consumer cancelled in its wait (its
+    partition let go) leaves the get read still, no error left unretrieved."""
+    monkeypatch.setattr(sj, "GET_TIMEOUT_S", 0.01)
+    kv, clock = Bucket(), Clock()
+    kv.data[S.job_token("a")] = OLD.encode()
+    answer = asyncio.Event()
+
+    async def slow() -> None:
+        await answer.wait()
+
+    async def scenario() -> None:
+        kv.gate = slow
+        b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
+        await asyncio.gather(b.fill(message("a"), sums), b.fill(message("a"), sums))
+        assert kv.gets == [S.job_token("a")] and b.late == 1
+        get = b._pending["a"]
+        answer.set()
+        await asyncio.wait((get,))
         assert sums.has_info("a") and b.read == 1 and b._pending == {}
+
+        kv.data[S.job_token("c")] = NEW.encode()
+        answer.clear()
+        c_sums = ShardSummaries()
+        consumer = asyncio.create_task(b.fill(message("c"), c_sums))
+        while S.job_token("c") not in kv.gets:
+            await asyncio.sleep(0)
+        consumer.cancel()  # the shard let the partition go mid-wait
+        await asyncio.gather(consumer, return_exceptions=True)
+        get = b._pending["c"]
+        answer.set()
+        await asyncio.wait((get,))
+        assert c_sums.has_info("c") and b._pending == {}
 
     run(scenario())
 
@@ -177,7 +223,7 @@ def test_a_failing_or_cancelled_get_leaves_the_job_to_be_asked_again_later() -> 
     async def stall() -> None:
         await never.wait()
 
-    async def cancelled() -> None:  # a session ended with the get out: the shard's loop cancels it
+    async def cancelled() -> None:  # a get cancelled (the engine's connection closing under it)
         kv.gate, kv.fail = stall, None
         clock.now += sj.ASK_AGAIN_S
         await b.fill(message("a"), sums)

@@ -221,6 +221,7 @@ def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_do
         return p
 
     taker = ShardSummaries()
+    taker.expect(MJOB)  # a get of the engine's job-info bucket out (perfd.engine.shard_jobinfo)
     taker.fold_in({}, [part(2, 1), part(3, 1)], 1)
     (m,) = taker.take()[0][MJOB]
     got = codec.from_pb(m)
@@ -232,6 +233,21 @@ def test_a_shard_that_never_read_a_jobs_info_groups_no_rank_by_stage_until_it_do
     for got in sent:
         assert not got.stage_unknown and ss.UNKNOWN_STAGE not in got.stages
         assert sum(g.count for g in got.stages.values()) == 16
+
+    # No info on its way (no get out, or the bucket answered it had none): nothing kept to group the
+    # ranks by stage later; the iteration folded before the info stays as it was, not sent again
+    for expected in (False, True):
+        other = ShardSummaries()
+        if expected:
+            other.expect(MJOB)
+        other.fold_in({}, [part(2, 1), part(3, 1)], 1)
+        if expected:
+            assert other.held.unstaged_rows == 16
+            other.not_expected(MJOB)
+        assert other.held.unstaged_rows == 0 and other.held.unstaged == {}
+        other.take()
+        other.fold_in({MJOB: info}, [part(2, 2), part(3, 2)], 1)
+        assert [codec.from_pb(m).iteration for m in other.take()[0][MJOB]] == [2] and other.restaged == 0
 
 
 def test_the_root_takes_a_jobs_info_in_once_while_it_stays_the_same() -> None:

@@ -189,8 +189,9 @@ def test_the_roots_summary_answers_are_the_offline_merges_and_one_aggregators(
           f"{[s.stats.job_info_gets_late for s in shards]}, summaries restaged "
           f"{[s.stats.summaries_restaged for s in shards]}")
     assert st.summaries_holders_dropped == 0 and st.summaries_overcounted == 0
-    # the first shard put the job's info in the bucket; the one that joined read it there, once (its
-    # partitions' consumers may each have asked: the first answer read, the rest found it read)
+    # the first shard put the job's info in the bucket; the one that joined read it there, once (one get
+    # a job, whichever of its partitions' consumers asked: the others fold on meanwhile, their ranks
+    # grouped by stage when the answer comes)
     assert [s.stats.job_infos_read for s in shards] == ([0] * len(shards) if join_after is None else [0, 1])
     if late:
         assert [s.stats.job_info_gets_late for s in shards] == [0, 1]
