@@ -34,6 +34,7 @@ from perfd.analytics.advice.remedy_said import Said
 from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
+from perfd.core import record_json
 from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
 
 
@@ -226,7 +227,7 @@ class Plan:
             "items": [i.to_json() for i in self.items],
             "stages": [s.to_json() for s in self.stages],
             "spread_ms": self.spread_ms,
-            "replay": self.replay.to_json() if self.replay is not None else None,
+            "replay": record_json.to_json(self.replay) if self.replay is not None else None,
             "unmodelled": [u.to_json() for u in self.unmodelled],
         }
 
@@ -242,7 +243,7 @@ class Plan:
                 tuple(PlanItem.from_json(i) for i in d.get("items") or []),
                 tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
                 float(spread) if isinstance(spread, (int, float)) else run_spread_ms(step, None),
-                ReplayGains.from_json(d.get("replay")),
+                record_json.from_json(ReplayGains, d.get("replay")),
                 tuple(Unmodelled.from_json(u) for u in d.get("unmodelled") or []),
             )
         except (KeyError, ValueError, TypeError, IndexError):

@@ -67,24 +67,6 @@ class ReplayGains:
     def of(self, changes: Iterable[Change]) -> tuple[float, float] | None:
         return self.gains.get(ReplayTable.key(changes))
 
-    def to_json(self) -> dict[str, object]:
-        return {"clock_ms": self.clock_ms, "scale": self.scale, "scales": list(self.scales),
-                "gains": {k: list(v) for k, v in self.gains.items()}, "traced_ms": self.traced_ms,
-                "host_share": self.host_share}
-
-    @staticmethod
-    def from_json(d: object) -> ReplayGains | None:
-        if not isinstance(d, Mapping):
-            return None
-        try:
-            gains = {str(k): (float(v[0]), float(v[1])) for k, v in (d.get("gains") or {}).items()}
-            return ReplayGains(float(d["clock_ms"]), float(d["scale"]),
-                               (float(d["scales"][0]), float(d["scales"][1])), gains,
-                               float(d.get("traced_ms") or 0.0),
-                               None if d.get("host_share") is None else float(d["host_share"]))
-        except (KeyError, TypeError, ValueError, IndexError):
-            return None
-
 
 def _at(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     """ys at x, linear between the grid's points (xs ascending)."""

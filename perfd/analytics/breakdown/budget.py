@@ -44,6 +44,8 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.flops import FlopsBasis
+from perfd.core import record_json
+from perfd.core.record_json import absent
 from perfd.core.typed import fit, number, obj, objs
 
 
@@ -172,21 +174,9 @@ class IdleShare:
 
     cause: IdleCause
     phase: Phase
-    owner: str
-    ms: float
-    gaps: float
-
-    def to_json(self) -> dict[str, object]:
-        return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
-                "gaps": self.gaps}
-
-    @staticmethod
-    def from_json(d: Mapping[str, object]) -> IdleShare | None:
-        try:
-            return IdleShare(IdleCause(str(d["cause"])), Phase(str(d["phase"])), str(d.get("owner") or ""),
-                             number(d["ms"]), number(d.get("gaps") or 0.0))
-        except (KeyError, ValueError, TypeError):
-            return None
+    owner: str = field(metadata=absent(""))
+    ms: float = field()
+    gaps: float = field(metadata=absent(0.0))
 
 
 @dataclass(frozen=True)
@@ -208,25 +198,6 @@ class Window:
     complete: int
     cut: tuple[CutPart, ...] = ()
 
-    def to_json(self) -> dict[str, object]:
-        return {"marked": self.marked, "complete": self.complete,
-                "cut": [{"part": c.part.value, "edge_ms": c.edge_ms, "expected_ms": c.expected_ms}
-                        for c in self.cut]}
-
-    @staticmethod
-    def from_json(d: object) -> Window | None:
-        if not isinstance(d, Mapping):
-            return None
-        try:
-            cuts = d.get("cut") or []
-            if not isinstance(cuts, list):
-                return None
-            cut = tuple(CutPart(Part(str(c["part"])), number(c["edge_ms"]), number(c["expected_ms"]))
-                        for c in map(_mapping, cuts))
-            return Window(int(number(d["marked"])), int(number(d["complete"])), cut)
-        except (KeyError, ValueError, TypeError):
-            return None
-
 
 @dataclass(frozen=True)
 class Unprofiled:
@@ -243,21 +214,6 @@ class Unprofiled:
     host_idle_ms: float
     factor: float
     data_ms: float | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {"captured_ms": self.captured_ms, "steady_ms": self.steady_ms,
-                "host_idle_ms": self.host_idle_ms, "factor": self.factor, "data_ms": self.data_ms}
-
-    @staticmethod
-    def from_json(d: object) -> Unprofiled | None:
-        if not isinstance(d, Mapping):
-            return None
-        try:
-            data = d.get("data_ms")
-            return Unprofiled(number(d["captured_ms"]), number(d["steady_ms"]), number(d["host_idle_ms"]),
-                              number(d["factor"]), None if data is None else number(data))
-        except (KeyError, ValueError, TypeError):
-            return None
 
 
 @dataclass(frozen=True)
@@ -330,13 +286,14 @@ class StepBudget:
                 "ideal_ms": self.ideal_ms, "ceiling_ms": self.ceiling_ms,
                 "ceiling_tflops": self.ceiling_tflops, "peak_tflops": self.peak_tflops, "mfu": self.mfu,
                 "steps_from": self.steps_from, "capture_overhead_ms": self.capture_overhead_ms,
-                "host": dict(self.host), "idle": [r.to_json() for r in self.idle],
+                "host": dict(self.host), "idle": [record_json.to_json(r) for r in self.idle],
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
-                "window": self.window.to_json() if self.window is not None else None,
+                "window": record_json.to_json(self.window) if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
                 "replay": self.replay.to_json() if self.replay is not None else None,
                 "facts": self.facts.to_json() if self.facts is not None else None,
-                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
+                "unprofiled": (record_json.to_json(self.unprofiled) if self.unprofiled is not None
+                               else None),
                 "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
                 "casts": self.casts.to_json() if self.casts is not None else None,
                 "splitk": self.splitk.to_json() if self.splitk is not None else None,
@@ -361,17 +318,18 @@ class StepBudget:
             return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
-        idle = tuple(s for x in objs(d.get("idle")) if (s := IdleShare.from_json(x)) is not None)
+        idle = tuple(s for x in objs(d.get("idle")) if (s := record_json.from_json(IdleShare, x)) is not None)
         return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
                           str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
                           num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),
                           str(d.get("steps_from") or ""),
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
-                          idle, phase_parts(d.get("phase_ms")), Window.from_json(d.get("window")),
+                          idle, phase_parts(d.get("phase_ms")),
+                          record_json.from_json(Window, d.get("window")),
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
                           JobFacts.from_json(d.get("facts")),
-                          Unprofiled.from_json(d.get("unprofiled")),
+                          record_json.from_json(Unprofiled, d.get("unprofiled")),
                           OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")),
                           SplitKSeen.from_json(d.get("splitk")), RecomputeSeen.from_json(d.get("recompute")))
 

@@ -26,6 +26,8 @@ from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen
+from perfd.core import record_json
+from perfd.core.record_json import absent
 from perfd.core.typed import obj, objs
 
 
@@ -83,29 +85,14 @@ class IdleRow:
 
     cause: IdleCause
     phase: Phase
-    owner: str  # the op that made the sync ("aten::item"); "" for other causes
-    ms: float
-    gaps: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"cause": self.cause.value, "phase": self.phase.value, "owner": self.owner, "ms": self.ms,
-                "gaps": self.gaps}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> IdleRow | None:
-        """None: not one (a cause or phase this version does not know, no time)."""
-        try:
-            ms = _num(d.get("ms"))
-            if ms is None:
-                return None
-            return cls(IdleCause(str(d["cause"])), Phase(str(d["phase"])), str(d.get("owner") or ""), ms,
-                       int(_num(d.get("gaps")) or 0))
-        except (KeyError, ValueError):
-            return None
+    owner: str = field(metadata=absent(""))  # the op that made the sync ("aten::item"); "" for other causes
+    ms: float = field()
+    gaps: int = field(metadata=absent(0))
 
 
 def _idle(v: object) -> tuple[IdleRow, ...]:
-    return tuple(r for x in objs(v) if (r := IdleRow.from_json(x)) is not None)
+    """The rows that fit (a cause or phase this version does not know, no time: left out)."""
+    return tuple(r for x in objs(v) if (r := record_json.from_json(IdleRow, x)) is not None)
 
 
 @dataclass(frozen=True)
@@ -125,7 +112,7 @@ class Stretch:
         return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
                 "launch_latency_ms": self.launch_latency_ms,
                 "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
-                "idle": [r.to_json() for r in self.idle],
+                "idle": [record_json.to_json(r) for r in self.idle],
                 "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
 
     @classmethod
@@ -222,7 +209,7 @@ class DeviceBreakdown:
             "attribution": self.attribution, "attention_fused": self.attention_fused,
             "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
-            "idle": [r.to_json() for r in self.idle],
+            "idle": [record_json.to_json(r) for r in self.idle],
             "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
             "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
             "complete": self.complete.to_json() if self.complete is not None else None,

@@ -14,11 +14,13 @@ nanoGPT compiled, transformers' Trainer eager; tests/data/captures: Megatron-LM)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from perfd.analytics.breakdown.step_parts import Phase
 from perfd.analytics.common import TextEnum
+from perfd.core import record_json
+from perfd.core.record_json import absent
 from perfd.core.typed import obj, objs
 
 E = TypeVar("E", bound=TextEnum)
@@ -80,23 +82,9 @@ class HostSync:
     """Synchronisations the device stood idle after, of one owner in one phase: the op that made them
     (``aten::item``; "" or the runtime call for a bare one) and how many a step."""
 
-    owner: str
-    phase: Phase
-    per_step: float
-
-    def to_json(self) -> dict[str, object]:
-        return {"owner": self.owner, "phase": self.phase.value, "per_step": self.per_step}
-
-    @staticmethod
-    def from_json(d: Mapping[str, object]) -> HostSync | None:
-        n = d.get("per_step")
-        try:
-            phase = Phase(str(d.get("phase")))
-        except ValueError:
-            return None
-        if not isinstance(n, (int, float)) or isinstance(n, bool):
-            return None
-        return HostSync(str(d.get("owner") or ""), phase, float(n))
+    owner: str = field(metadata=absent(""))
+    phase: Phase = field()
+    per_step: float = field()
 
 
 @dataclass(frozen=True)
@@ -137,7 +125,7 @@ class JobFacts:
             "optimizer_class": self.optimizer_class, "checkpointing": self.checkpointing,
             "data_parallel": _value(self.data_parallel), "dp_collectives": self.dp_collectives,
             "precision": _value(self.precision), "micro_batches": self.micro_batches,
-            "syncs": [s.to_json() for s in self.syncs] if self.syncs is not None else None,
+            "syncs": [record_json.to_json(s) for s in self.syncs] if self.syncs is not None else None,
             "loader": _value(self.loader), "pin_memory": self.pin_memory,
         }
 
@@ -158,7 +146,7 @@ class JobFacts:
             data_parallel=_enum(DataParallel, d.get("data_parallel")),
             dp_collectives=_num(d.get("dp_collectives")), precision=_enum(Precision, d.get("precision")),
             micro_batches=_num(d.get("micro_batches")),
-            syncs=tuple(s for x in objs(syncs) if (s := HostSync.from_json(x)) is not None)
+            syncs=tuple(s for x in objs(syncs) if (s := record_json.from_json(HostSync, x)) is not None)
             if isinstance(syncs, list) else None,
             loader=_enum(Loader, d.get("loader")), pin_memory=_bool(d.get("pin_memory")),
         )

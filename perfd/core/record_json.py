@@ -1,0 +1,151 @@
+"""A frozen dataclass's JSON, written and read by reflection on its declaration (pure).
+
+A record that travels as JSON (an analysis's parts, kept and served) is declared once, as a dataclass;
+its JSON is its fields in their declared order, each value by its type:
+
+- an enum its value; a nested dataclass its JSON (its own ``to_json``/``from_json`` where it declares
+  them, else this module's); a tuple or a list a list; a mapping a JSON object (enum keys their values);
+  a number, a string, a bool or None as it is;
+- read back, each value is checked against the field's type (perfd.core.typed's ``number`` for floats:
+  a bool is not one) and a value that does not fit makes the whole record not fit: ``from_json`` returns
+  None, as the hand-written readers did, and the caller says what it left out;
+- a field absent from the JSON, or null, reads as its default where it has one, as None where it is
+  optional, as its ``absent`` (:func:`absent`) where its JSON may lack it though the record always has
+  it (a value an older version did not write); else the record does not fit.
+
+Written here, not with a library: the JSON must stay byte for byte what the hand-written functions
+wrote (what is kept on disk and served), which the libraries that do this (dataclasses-json, cattrs,
+pydantic) each shape their own way, and none reads perfd's numbers as perfd.core.typed does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+from collections.abc import Hashable, Mapping
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+from perfd.core.typed import number
+
+T = TypeVar("T")
+_ABSENT = "record_json.absent"
+
+
+class _Unfit(Exception):
+    """A value that does not fit its field's type."""
+
+
+def absent(value: object) -> dict[str, object]:
+    """A field's metadata: its JSON may lack it (or hold null), read then as ``value``."""
+    return {_ABSENT: value}
+
+
+def to_json(obj: object) -> dict[str, object]:
+    """``obj``'s fields in their declared order, each value as its JSON."""
+    return {f.name: _out(getattr(obj, f.name)) for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+
+
+def _out(v: object) -> object:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        own = getattr(v, "to_json", None)
+        return own() if own is not None else to_json(v)
+    if isinstance(v, (tuple, list)):
+        return [_out(x) for x in v]
+    if isinstance(v, Mapping):
+        return {(k.value if isinstance(k, enum.Enum) else k): _out(x) for k, x in v.items()}
+    return v
+
+
+def from_json(cls: type[T], d: object) -> T | None:
+    """A ``cls`` from its JSON (:func:`to_json`'s), or None where it does not fit its declaration."""
+    try:
+        return _record(cls, d)
+    except _Unfit:
+        return None
+
+
+@functools.cache
+def _hints(cls: Hashable) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _record(cls: type[T], d: object) -> T:
+    if not isinstance(d, Mapping):
+        raise _Unfit(cls.__name__)
+    hints: dict[str, Any] = _hints(cast(Hashable, cls))
+    kw: dict[str, object] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        v = d.get(f.name)
+        if v is not None:
+            kw[f.name] = _in(hints[f.name], v)
+        elif _ABSENT in f.metadata:
+            kw[f.name] = f.metadata[_ABSENT]
+        elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        elif type(None) in get_args(hints[f.name]):
+            kw[f.name] = None
+        else:
+            raise _Unfit(f"{cls.__name__}.{f.name}")
+    return cls(**kw)
+
+
+def _in(tp: Any, v: object) -> object:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if v is None and len(inner) < len(args):
+            return None
+        for a in inner:
+            try:
+                return _in(a, v)
+            except _Unfit:
+                continue
+        raise _Unfit(repr(tp))
+    if origin in (tuple, list):
+        if not isinstance(v, list):
+            raise _Unfit(repr(tp))
+        if origin is list or (len(args) == 2 and args[1] is Ellipsis):  # list[X], tuple[X, ...]
+            items = [_in(args[0], x) for x in v]
+            return tuple(items) if origin is tuple else items
+        if len(v) != len(args):  # tuple[X, Y]: as many, each its own
+            raise _Unfit(repr(tp))
+        return tuple(_in(a, x) for a, x in zip(args, v, strict=True))
+    if origin is dict or origin is Mapping:
+        if not isinstance(v, Mapping):
+            raise _Unfit(repr(tp))
+        return {_in(args[0], k): _in(args[1], x) for k, x in v.items()}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(v)
+        except ValueError as exc:
+            raise _Unfit(repr(tp)) from exc
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        own = tp.__dict__.get("from_json")
+        got = own.__func__(v) if isinstance(own, staticmethod) else _record(tp, v)
+        if got is None:
+            raise _Unfit(tp.__name__)
+        return got
+    if tp is float:
+        try:
+            return number(v)
+        except (TypeError, ValueError) as exc:
+            raise _Unfit("float") from exc
+    if tp is int:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+            raise _Unfit("int")
+        return int(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise _Unfit("str")
+        return v
+    if tp is bool:
+        if not isinstance(v, bool):
+            raise _Unfit("bool")
+        return v
+    if tp is Any or tp is object:
+        return v
+    raise _Unfit(f"no reading of {tp!r}")

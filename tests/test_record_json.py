@@ -1,0 +1,104 @@
+"""A dataclass's JSON by reflection (perfd.core.record_json): what it writes is what the hand-written
+functions it replaced wrote, key for key and in their order (the JSON kept on disk and served must not
+move), and what it reads back is the record, or None where the JSON does not fit the declaration."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfd.analytics.breakdown.budget import CutPart, IdleCause, IdleShare, Unprofiled, Window
+from perfd.analytics.breakdown.step_parts import Part, Phase
+from perfd.core import record_json as rj
+from perfd.core.record_json import absent
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclass(frozen=True)
+class Inner:
+    n: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"n": self.n, "own": True}
+
+    @staticmethod
+    def from_json(d: object) -> Inner | None:
+        return Inner(d["n"]) if isinstance(d, dict) and d.get("own") else None
+
+
+@dataclass(frozen=True)
+class Outer:
+    colour: Colour
+    inner: Inner
+    xs: tuple[float, ...]
+    by: dict[str, float]
+    maybe: float | None
+    said: str = field(metadata=absent("none said"))
+    flag: bool = False
+
+
+def test_written_in_declared_order_each_value_by_its_type_nested_records_by_their_own() -> None:
+    o = Outer(Colour.RED, Inner(3), (1.0, 2.5), {"a": 1.0}, None, "x", True)
+    got = rj.to_json(o)
+    assert json.dumps(got) == ('{"colour": "red", "inner": {"n": 3, "own": true}, "xs": [1.0, 2.5], '
+                               '"by": {"a": 1.0}, "maybe": null, "said": "x", "flag": true}')
+    assert rj.from_json(Outer, got) == o
+
+
+def test_what_is_absent_reads_as_declared_and_what_does_not_fit_reads_as_none() -> None:
+    base = {"colour": "red", "inner": {"n": 1, "own": True}, "xs": [], "by": {}}
+    assert rj.from_json(Outer, base) == Outer(Colour.RED, Inner(1), (), {}, None, "none said", False)
+    for bad in ({"colour": "blue"}, {"inner": {"n": 1}}, {"xs": [True]}, {"xs": 1.0}, {"by": {"a": "1"}},
+                {"maybe": "1"}, {"said": 7}, {"flag": 1}, {"colour": None}):
+        assert rj.from_json(Outer, {**base, **bad}) is None, bad
+    assert rj.from_json(Outer, [base]) is None
+    assert rj.from_json(Window, {"marked": 2.5, "complete": 1}) is None
+
+
+def _idle_hand(r: IdleShare) -> dict[str, object]:  # what IdleShare.to_json wrote
+    return {"cause": r.cause.value, "phase": r.phase.value, "owner": r.owner, "ms": r.ms, "gaps": r.gaps}
+
+
+def _window_hand(w: Window) -> dict[str, object]:  # what Window.to_json wrote
+    return {"marked": w.marked, "complete": w.complete,
+            "cut": [{"part": c.part.value, "edge_ms": c.edge_ms, "expected_ms": c.expected_ms}
+                    for c in w.cut]}
+
+
+def _unprofiled_hand(u: Unprofiled) -> dict[str, object]:  # what Unprofiled.to_json wrote
+    return {"captured_ms": u.captured_ms, "steady_ms": u.steady_ms, "host_idle_ms": u.host_idle_ms,
+            "factor": u.factor, "data_ms": u.data_ms}
+
+
+ms = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(st.sampled_from(list(IdleCause)), st.sampled_from(list(Phase)), st.text(max_size=8), ms, ms)
+def test_the_budgets_idle_shares_are_written_as_before_and_read_back(cause: IdleCause, phase: Phase,
+                                                                     owner: str, t: float, g: float) -> None:
+    r = IdleShare(cause, phase, owner, t, g)
+    assert json.dumps(rj.to_json(r)) == json.dumps(_idle_hand(r))
+    assert rj.from_json(IdleShare, rj.to_json(r)) == r
+    # a budget an older version kept: no owner, no gaps
+    assert rj.from_json(IdleShare, {"cause": cause.value, "phase": phase.value, "ms": t}) == \
+        IdleShare(cause, phase, "", t, 0.0)
+
+
+@given(st.integers(0, 50), st.integers(0, 50),
+       st.lists(st.tuples(st.sampled_from(list(Part)), ms, ms), max_size=3), ms, st.none() | ms)
+def test_the_budgets_window_and_unprofiled_step_are_written_as_before_and_read_back(
+        marked: int, complete: int, cuts: list[tuple[Part, float, float]], f: float,
+        data: float | None) -> None:
+    w = Window(marked, complete, tuple(CutPart(*c) for c in cuts))
+    assert json.dumps(rj.to_json(w)) == json.dumps(_window_hand(w))
+    assert rj.from_json(Window, rj.to_json(w)) == w
+    u = Unprofiled(f, f + 1, f / 2, 1.5, data)
+    assert json.dumps(rj.to_json(u)) == json.dumps(_unprofiled_hand(u))
+    assert rj.from_json(Unprofiled, rj.to_json(u)) == u
