@@ -20,19 +20,17 @@ from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
 from perfd.analytics.incidents.stall import silence_cost_s
 from perfd.core.events import INCIDENT_OPENED
+from perfd.core.record_json import JsonRecord
 from perfd.report.incident_text import cause_line, unworded_evidence, worded_evidence
 
 
 @dataclass(frozen=True)
-class CostParts:
+class CostParts(JsonRecord):
     """An incident that carries a live stall: its steps' part of the cost (Σ step − steady median;
     goodput's incident part) and the stall's silence beyond one usual interval."""
 
     steps_s: float | None
     silence_s: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return {"steps_s": self.steps_s, "silence_s": self.silence_s}
 
 
 @dataclass(frozen=True)

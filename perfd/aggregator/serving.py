@@ -19,6 +19,7 @@ from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
 from perfd.core.clock import REAL_CLOCK, Clock
+from perfd.core.record_json import JsonRecord
 from perfd.core.serving_model import ServingModelSpec
 from perfd.core.serving_records import ServingData
 from perfd.report.serving_report import build_serving_report
@@ -54,7 +55,7 @@ class _Job:
 
 
 @dataclass(frozen=True)
-class ServingView:
+class ServingView(JsonRecord):
     """A serving job's gauges (catalog name -> value) and its latest report (None: no data to report
     on yet), with the report's age; JSON where it is served (perfd/aggregator/http.py)."""
 
@@ -62,10 +63,6 @@ class ServingView:
     report: Report | None
     report_age_s: float | None
     source: str = SOURCE
-
-    def to_json(self) -> dict[str, object]:
-        return {"metrics": dict(self.metrics), "report": self.report.to_json() if self.report is not None
-                else None, "report_age_s": self.report_age_s, "source": self.source}
 
 
 class ServingStore:

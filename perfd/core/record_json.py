@@ -25,7 +25,7 @@ import enum
 import functools
 import types
 from collections.abc import Hashable, Mapping
-from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+from typing import Any, Self, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from perfd.core.typed import number
 
@@ -40,6 +40,20 @@ class _Unfit(Exception):
 def absent(value: object) -> dict[str, object]:
     """A field's metadata: its JSON may lack it (or hold null), read then as ``value``."""
     return {_ABSENT: value}
+
+
+class JsonRecord:
+    """A dataclass's ``to_json`` and ``from_json`` by reflection (:func:`to_json`, :func:`from_json`): a
+    record that travels as JSON declares itself one, and writes no field list."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, object]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, d: object) -> Self | None:
+        return from_json(cls, d)
 
 
 def to_json(obj: object) -> dict[str, object]:
@@ -124,8 +138,13 @@ def _in(tp: Any, v: object) -> object:
         except ValueError as exc:
             raise _Unfit(repr(tp)) from exc
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        own = tp.__dict__.get("from_json")
-        got = own.__func__(v) if isinstance(own, staticmethod) else _record(tp, v)
+        own = tp.__dict__.get("from_json")  # a reader of its own (not JsonRecord's: this module's)
+        if isinstance(own, staticmethod):
+            got = own.__func__(v)
+        elif isinstance(own, classmethod):
+            got = own.__func__(tp, v)
+        else:
+            got = _record(tp, v)
         if got is None:
             raise _Unfit(tp.__name__)
         return got

@@ -37,7 +37,6 @@ from perfd.capture.step_replay import (
     fusable,
     simulate,
 )
-from perfd.core import record_json
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "captures"
 V2, V3 = DATA / "kineto_h200_v2_megatron", DATA / "kineto_h200_v3_megatron"
@@ -137,10 +136,10 @@ def test_the_host_share_is_how_the_replayed_step_follows_the_hosts_time() -> Non
     assert host is not None and host.host_share == pytest.approx(1.0) and not host.host_hidden
     assert gpu is not None and gpu.host_share == pytest.approx(0.75 * 20.0 / 195.0)
     assert gpu.host_share is not None and gpu.host_share < HOST_HIDDEN_SHARE and gpu.host_hidden
-    assert record_json.from_json(ReplayGains, record_json.to_json(gpu)) == gpu
+    assert ReplayGains.from_json(gpu.to_json()) == gpu
     # written before the share was kept (gain models up to 6): read, the host not said to be hidden
-    old = {k: v for k, v in record_json.to_json(gpu).items() if k != "host_share"}
-    back = record_json.from_json(ReplayGains, old)
+    old = {k: v for k, v in gpu.to_json().items() if k != "host_share"}
+    back = ReplayGains.from_json(old)
     assert back is not None and back.host_share is None and not back.host_hidden
 
 

@@ -37,7 +37,6 @@ from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import DataAction, DataLoading, Finding, Recommendation, Severity
 from perfd.analytics.ncu.ncu_verdicts import ncu_rows
-from perfd.core import record_json
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def capture_cost(ctx: BudgetContext) -> Out:
     sev = Severity.WARNING if over / b.steady_step_ms > th.CAPTURE_SLOWDOWN.value else Severity.INFO
     evidence = {"captured_step_ms": b.captured_step_ms, "steady_step_ms": b.steady_step_ms,
                 "overhead_ms": over, "steps": b.iterations, "steps_from": b.steps_from,
-                "unprofiled": record_json.to_json(b.unprofiled) if b.unprofiled is not None else None}
+                "unprofiled": b.unprofiled.to_json() if b.unprofiled is not None else None}
     facts = BudgetFacts(BudgetSaid.CAPTURE_COST, b, run=ctx.run, label=ctx.label or b.basis)
     return [BudgetFinding(CAPTURE_COST_FINDING, sev, "", "", evidence, "", facts=facts)], []
 

@@ -34,8 +34,8 @@ from perfd.analytics.advice.remedy_said import Said
 from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
-from perfd.core import record_json
 from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
+from perfd.core.record_json import JsonRecord
 
 
 class Relation(TextEnum):
@@ -73,15 +73,12 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Prerequisite:
+class Prerequisite(JsonRecord):
     package: str
     presence: Presence
     # what the package must bring beyond being importable: "" until the report words it (by the package:
     # perfd.report.remedy_text.PACKAGE_NOTES), or as read back from JSON
     note: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        return {"package": self.package, "presence": self.presence.value, "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -227,7 +224,7 @@ class Plan:
             "items": [i.to_json() for i in self.items],
             "stages": [s.to_json() for s in self.stages],
             "spread_ms": self.spread_ms,
-            "replay": record_json.to_json(self.replay) if self.replay is not None else None,
+            "replay": self.replay.to_json() if self.replay is not None else None,
             "unmodelled": [u.to_json() for u in self.unmodelled],
         }
 
@@ -243,7 +240,7 @@ class Plan:
                 tuple(PlanItem.from_json(i) for i in d.get("items") or []),
                 tuple(PlanStage.from_json(s) for s in d.get("stages") or []),
                 float(spread) if isinstance(spread, (int, float)) else run_spread_ms(step, None),
-                record_json.from_json(ReplayGains, d.get("replay")),
+                ReplayGains.from_json(d.get("replay")),
                 tuple(Unmodelled.from_json(u) for u in d.get("unmodelled") or []),
             )
         except (KeyError, ValueError, TypeError, IndexError):

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.replay_table import Change, ReplayTable
+from perfd.core.record_json import JsonRecord
 
 # The trace's slices (its gaps by cause) are the job's while the profiler did not slow the host: the
 # captured step within this share of the job's steady one (the H100 jobs: 1.4-2.5%, their slices held
@@ -44,7 +45,7 @@ HOST_BAND = 0.05
 
 
 @dataclass(frozen=True)
-class ReplayGains:
+class ReplayGains(JsonRecord):
     """Each combination's gain (ms a step, low and high) at the job's host speed."""
 
     clock_ms: float  # the job's steady step the replay was matched to (its unmodelled time included)

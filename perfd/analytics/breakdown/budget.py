@@ -44,8 +44,7 @@ from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.breakdown.step_parts import Phase as Phase  # declared beside Part; read from here too
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.flops import FlopsBasis
-from perfd.core import record_json
-from perfd.core.record_json import absent
+from perfd.core.record_json import JsonRecord, absent
 from perfd.core.typed import fit, number, obj, objs
 
 
@@ -168,7 +167,7 @@ class BudgetPart:
 
 
 @dataclass(frozen=True)
-class IdleShare:
+class IdleShare(JsonRecord):
     """Idle per step of one cause, in one phase, after one owner's synchronisations (``aten::item``;
     "" for the other causes), and its gaps per step."""
 
@@ -189,7 +188,7 @@ class CutPart:
 
 
 @dataclass(frozen=True)
-class Window:
+class Window(JsonRecord):
     """How the captured span divides into steps: the steps the trace marks, the complete ones between
     its first and last mark that the budget is the mean of (0: none: the whole span over the steps), and
     the parts the window's edges hold less of than complete steps do (a step the window cut)."""
@@ -200,7 +199,7 @@ class Window:
 
 
 @dataclass(frozen=True)
-class Unprofiled:
+class Unprofiled(JsonRecord):
     """A captured budget brought back to the job's unprofiled step (perfd.analytics.breakdown
     .capture_budget.unprofiled): the capture's steps ran ``captured_ms`` against the job's steady
     ``steady_ms``; the GPU's time (its kernels, and its own switches between kernels it had queued) is as
@@ -286,14 +285,13 @@ class StepBudget:
                 "ideal_ms": self.ideal_ms, "ceiling_ms": self.ceiling_ms,
                 "ceiling_tflops": self.ceiling_tflops, "peak_tflops": self.peak_tflops, "mfu": self.mfu,
                 "steps_from": self.steps_from, "capture_overhead_ms": self.capture_overhead_ms,
-                "host": dict(self.host), "idle": [record_json.to_json(r) for r in self.idle],
+                "host": dict(self.host), "idle": [r.to_json() for r in self.idle],
                 "phase_ms": {ph.value: {p.value: v for p, v in d.items()} for ph, d in self.phase_ms.items()},
-                "window": record_json.to_json(self.window) if self.window is not None else None,
+                "window": self.window.to_json() if self.window is not None else None,
                 "step_sd_ms": self.step_sd_ms,
                 "replay": self.replay.to_json() if self.replay is not None else None,
                 "facts": self.facts.to_json() if self.facts is not None else None,
-                "unprofiled": (record_json.to_json(self.unprofiled) if self.unprofiled is not None
-                               else None),
+                "unprofiled": self.unprofiled.to_json() if self.unprofiled is not None else None,
                 "optimizer": self.optimizer.to_json() if self.optimizer is not None else None,
                 "casts": self.casts.to_json() if self.casts is not None else None,
                 "splitk": self.splitk.to_json() if self.splitk is not None else None,
@@ -318,7 +316,7 @@ class StepBudget:
             return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
         host = d.get("host")
-        idle = tuple(s for x in objs(d.get("idle")) if (s := record_json.from_json(IdleShare, x)) is not None)
+        idle = tuple(s for x in objs(d.get("idle")) if (s := IdleShare.from_json(x)) is not None)
         return StepBudget(step, tuple(parts), sources, num("iterations"), str(d.get("basis") or ""),
                           str(d.get("attribution") or ""), num("steady_step_ms"), num("ideal_ms"),
                           num("ceiling_ms"), num("ceiling_tflops"), num("peak_tflops"), num("mfu"),
@@ -326,10 +324,10 @@ class StepBudget:
                           {str(k): float(v) for k, v in host.items() if isinstance(v, (int, float))
                            and not isinstance(v, bool)} if isinstance(host, Mapping) else {},
                           idle, phase_parts(d.get("phase_ms")),
-                          record_json.from_json(Window, d.get("window")),
+                          Window.from_json(d.get("window")),
                           num("step_sd_ms"), ReplayTable.from_json(d.get("replay")),
                           JobFacts.from_json(d.get("facts")),
-                          record_json.from_json(Unprofiled, d.get("unprofiled")),
+                          Unprofiled.from_json(d.get("unprofiled")),
                           OptimizerSeen.from_json(d.get("optimizer")), CastsSeen.from_json(d.get("casts")),
                           SplitKSeen.from_json(d.get("splitk")), RecomputeSeen.from_json(d.get("recompute")))
 

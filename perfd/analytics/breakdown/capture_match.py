@@ -32,6 +32,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.core.model import JobInfo
+from perfd.core.record_json import JsonRecord
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -60,7 +61,7 @@ class Check(TextEnum):
 
 
 @dataclass(frozen=True)
-class Evidence:
+class Evidence(JsonRecord):
     """One check's figures: the capture's and the job's (what they count: ``unit``), and whether they
     agree. ``extra``: the other numbers the check read (launches, steps, the peak)."""
 
@@ -70,10 +71,6 @@ class Evidence:
     job: float | None
     unit: str
     extra: Mapping[str, float] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, object]:
-        return {"check": self.check.value, "matches": self.matches, "capture": self.capture, "job": self.job,
-                "unit": self.unit, "extra": dict(self.extra)}
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,7 @@ from perfd.analytics.breakdown.optimizer_seen import OptimizerSeen
 from perfd.analytics.breakdown.recompute_seen import RecomputeSeen
 from perfd.analytics.breakdown.replay_table import ReplayTable
 from perfd.analytics.breakdown.splitk_seen import SplitKSeen
-from perfd.core import record_json
-from perfd.core.record_json import absent
+from perfd.core.record_json import JsonRecord, absent
 from perfd.core.typed import obj, objs
 
 
@@ -80,7 +79,7 @@ class NvtxStat:
 
 
 @dataclass(frozen=True)
-class IdleRow:
+class IdleRow(JsonRecord):
     """Idle of one cause, in one phase, after one owner's synchronisations (perfd.capture.sweep)."""
 
     cause: IdleCause
@@ -92,7 +91,7 @@ class IdleRow:
 
 def _idle(v: object) -> tuple[IdleRow, ...]:
     """The rows that fit (a cause or phase this version does not know, no time: left out)."""
-    return tuple(r for x in objs(v) if (r := record_json.from_json(IdleRow, x)) is not None)
+    return tuple(r for x in objs(v) if (r := IdleRow.from_json(x)) is not None)
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ class Stretch:
         return {"steps": self.steps, "span_ms": self.span_ms, "parts_ms": dict(self.parts_ms),
                 "launch_latency_ms": self.launch_latency_ms,
                 "part_op_ms": {p: dict(d) for p, d in self.part_op_ms.items()},
-                "idle": [record_json.to_json(r) for r in self.idle],
+                "idle": [r.to_json() for r in self.idle],
                 "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()}}
 
     @classmethod
@@ -209,7 +208,7 @@ class DeviceBreakdown:
             "attribution": self.attribution, "attention_fused": self.attention_fused,
             "trace_steps": self.trace_steps, "syncs": self.syncs, "sync_gap_ms": self.sync_gap_ms,
             "stream_syncs": self.stream_syncs, "stream_sync_gap_ms": self.stream_sync_gap_ms,
-            "idle": [record_json.to_json(r) for r in self.idle],
+            "idle": [r.to_json() for r in self.idle],
             "phase_ms": {k: dict(v) for k, v in self.phase_ms.items()},
             "side_stream_ms": dict(self.side_stream_ms), "launch_latency_ms": self.launch_latency_ms,
             "complete": self.complete.to_json() if self.complete is not None else None,

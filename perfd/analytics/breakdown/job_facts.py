@@ -19,8 +19,7 @@ from typing import TypeVar
 
 from perfd.analytics.breakdown.step_parts import Phase
 from perfd.analytics.common import TextEnum
-from perfd.core import record_json
-from perfd.core.record_json import absent
+from perfd.core.record_json import JsonRecord, absent
 from perfd.core.typed import obj, objs
 
 E = TypeVar("E", bound=TextEnum)
@@ -78,7 +77,7 @@ class Loader(TextEnum):
 
 
 @dataclass(frozen=True)
-class HostSync:
+class HostSync(JsonRecord):
     """Synchronisations the device stood idle after, of one owner in one phase: the op that made them
     (``aten::item``; "" or the runtime call for a bare one) and how many a step."""
 
@@ -125,7 +124,7 @@ class JobFacts:
             "optimizer_class": self.optimizer_class, "checkpointing": self.checkpointing,
             "data_parallel": _value(self.data_parallel), "dp_collectives": self.dp_collectives,
             "precision": _value(self.precision), "micro_batches": self.micro_batches,
-            "syncs": [record_json.to_json(s) for s in self.syncs] if self.syncs is not None else None,
+            "syncs": [s.to_json() for s in self.syncs] if self.syncs is not None else None,
             "loader": _value(self.loader), "pin_memory": self.pin_memory,
         }
 
@@ -146,7 +145,7 @@ class JobFacts:
             data_parallel=_enum(DataParallel, d.get("data_parallel")),
             dp_collectives=_num(d.get("dp_collectives")), precision=_enum(Precision, d.get("precision")),
             micro_batches=_num(d.get("micro_batches")),
-            syncs=tuple(s for x in objs(syncs) if (s := record_json.from_json(HostSync, x)) is not None)
+            syncs=tuple(s for x in objs(syncs) if (s := HostSync.from_json(x)) is not None)
             if isinstance(syncs, list) else None,
             loader=_enum(Loader, d.get("loader")), pin_memory=_bool(d.get("pin_memory")),
         )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.gpus import lookup_gpu
 from perfd.core.model import ParallelLayout
+from perfd.core.record_json import JsonRecord
 
 GROUP_CLASSES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp", "world", "other")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -189,7 +190,7 @@ class Capability(TextEnum):
 
 
 @dataclass(frozen=True)
-class LinkHow:
+class LinkHow(JsonRecord):
     """How the link and its bandwidth were chosen (worded where served: perfd.report.collective_text):
     the placement, the capability's source, the link (a LINKS key, or the unknown one's name) and the
     GPU's name where no link is known for it."""
@@ -198,10 +199,6 @@ class LinkHow:
     capability: Capability = Capability.NONE
     link: str | None = None
     gpu: str | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {"placement": self.placement.value, "capability": self.capability.value, "link": self.link,
-                "gpu": self.gpu}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from perfd.analytics import thresholds as th
+from perfd.core.record_json import JsonRecord
 
 PAUSE_MAX_STEPS = int(th.PAUSE_MAX_STEPS.value)
 MIN_EVERY = int(th.CADENCE_MIN_EVERY.value)
@@ -71,7 +72,7 @@ class PauseSighting:
 
 
 @dataclass(frozen=True, slots=True)
-class PauseSeen:
+class PauseSeen(JsonRecord):
     """One item of what was seen during a cadence's pauses: its kind, the rank, the most seen value and
     how many sightings it is read from."""
 
@@ -79,9 +80,6 @@ class PauseSeen:
     rank: int
     value: float
     n: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "rank": self.rank, "value": self.value, "n": self.n}
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
 from perfd.core.model import StepRecord
+from perfd.core.record_json import JsonRecord
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.budget import StepBudget
@@ -33,16 +34,12 @@ MAX_DIGESTS = 32  # earlier runs a job keeps digests of (the goodput carried cov
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureSteps:
+class CaptureSteps(JsonRecord):
     """One stretch of a run's iterations a perfd capture disturbed, and their mean logged step."""
 
     first_iteration: int
     last_iteration: int
     step_ms: float | None
-
-    def to_json(self) -> dict[str, object]:
-        return {"first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
-                "step_ms": self.step_ms}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.steps import windows
+from perfd.core.record_json import JsonRecord
 
 SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
 MIN_SLOW = int(th.BEAT_MIN_SLOW_STEPS.value)
@@ -38,7 +39,7 @@ BAND = 0.05  # in steps of a tenth of a cycle's drift over the span
 
 
 @dataclass(frozen=True, slots=True)
-class SlowSteps:
+class SlowSteps(JsonRecord):
     """A jittering run's slow steps (:func:`slow_steps`): how many, what they cost, and the period
     they keep where they keep one."""
 
@@ -47,10 +48,6 @@ class SlowSteps:
     excess_share: float  # the slow steps' time over their prediction ÷ all the steps' time
     period_s: float | None = None  # None: no period passes the test
     concentration: float | None = None  # R: the mean phase vector's length at the period (0-1)
-
-    def to_json(self) -> dict[str, object]:
-        return {"count": self.count, "steps": self.steps, "excess_share": self.excess_share,
-                "period_s": self.period_s, "concentration": self.concentration}
 
 
 def _fit(steps: Sequence[float], work: Sequence[float] | None) -> list[float]:
