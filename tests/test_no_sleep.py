@@ -201,8 +201,6 @@ ALLOWED: dict[str, str] = {
     "tests/transport/test_transport_e2e.py::_produce": SCHEDULE,
     "tests/transport/test_transport_e2e.py::_restart_mid_stream": SCHEDULE,
     "tests/transport/test_transport_e2e.py::"
-    "test_a_command_from_another_thread_never_waits_on_a_busy_loop.body": HOLD,
-    "tests/transport/test_transport_e2e.py::"
     "test_acks_coalesce_per_interval_and_arrive_without_a_flush.body": SCHEDULE,
     "tests/transport/test_transport_e2e.py::test_many_agents_at_once_each_batch_exactly_once.body": SCHEDULE,
     "tests/transport/test_transport_e2e.py::"
