@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel
 from perfd.analytics.common import TextEnum
+from perfd.core.record_json import JsonRecord
 from perfd.core.typed import obj, objs
 
 
@@ -44,7 +44,7 @@ class MatchHow(TextEnum):
 
 
 @dataclass(frozen=True)
-class Coverage:
+class Coverage(JsonRecord):
     """What a range's profiled launches were: by phase, layer and part (the report says it with the
     rows, perfd.report.ncu_text.coverage_text)."""
 
@@ -61,25 +61,6 @@ class Coverage:
     @property
     def both_passes(self) -> bool:
         return bool(self.phases.get(Phase.FORWARD.value)) and bool(self.phases.get(Phase.BACKWARD.value))
-
-    def to_json(self) -> dict[str, object]:
-        return {"launches": self.launches, "matched": self.matched, "how": self.how.value,
-                "phases": dict(self.phases), "layers": {k: list(v) for k, v in self.layers.items()},
-                "layers_total": self.layers_total, "parts": dict(self.parts),
-                "microbatches": list(self.microbatches), "filtered_per_step": self.filtered_per_step}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Coverage | None:
-        try:
-            return cls(int(d["launches"]), int(d["matched"]), MatchHow(d["how"]),
-                       {str(k): int(v) for k, v in (d.get("phases") or {}).items()},
-                       {str(k): tuple(int(x) for x in v) for k, v in (d.get("layers") or {}).items()},
-                       int(d["layers_total"]) if d.get("layers_total") is not None else None,
-                       {str(k): int(v) for k, v in (d.get("parts") or {}).items()},
-                       tuple(int(x) for x in d.get("microbatches") or ()),
-                       _num(d.get("filtered_per_step")))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
 
 
 @dataclass(frozen=True)

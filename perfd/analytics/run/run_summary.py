@@ -32,6 +32,7 @@ from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import ExcludedRange, Exclusion, SteadyState, excluded_ranges
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.core.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout, TextEnum
+from perfd.core.record_json import JsonRecord
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
@@ -245,7 +246,7 @@ DISTRIBUTION_OVER = "iterations after warm-up, incidents included"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StepTimeDistribution:
+class StepTimeDistribution(JsonRecord):
     """Nearest-rank percentiles of the step time (ms) over ``over``."""
 
     p50: float
@@ -254,21 +255,6 @@ class StepTimeDistribution:
     max: float
     n: int
     over: str = DISTRIBUTION_OVER
-
-    @classmethod
-    def from_json(cls, d: object) -> StepTimeDistribution | None:
-        """Back from to_json (a served summary); None when absent or unreadable."""
-        if not isinstance(d, Mapping):
-            return None
-        try:
-            return cls(p50=float(d["p50"]), p90=float(d["p90"]), p99=float(d["p99"]), max=float(d["max"]),
-                       n=int(d["n"]), over=str(d.get("over") or DISTRIBUTION_OVER))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def to_json(self) -> dict[str, object]:
-        return {"p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max, "n": self.n,
-                "over": self.over}
 
 
 class StretchJSON(TypedDict):
