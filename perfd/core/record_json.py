@@ -42,14 +42,21 @@ def absent(value: object) -> dict[str, object]:
     return {_ABSENT: value}
 
 
-class JsonRecord:
-    """A dataclass's ``to_json`` and ``from_json`` by reflection (:func:`to_json`, :func:`from_json`): a
-    record that travels as JSON declares itself one, and writes no field list."""
+class JsonWritten:
+    """A dataclass's ``to_json`` by reflection (:func:`to_json`): a record whose JSON is its fields
+    declares itself one, and writes no field list. One whose reading is its own (a reader that keeps
+    what fits of a list, or raises) keeps its ``from_json``."""
 
     __slots__ = ()
 
     def to_json(self) -> dict[str, object]:
         return to_json(self)
+
+
+class JsonRecord(JsonWritten):
+    """... and its ``from_json`` by reflection too (:func:`from_json`)."""
+
+    __slots__ = ()
 
     @classmethod
     def from_json(cls, d: object) -> Self | None:

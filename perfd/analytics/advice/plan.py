@@ -35,7 +35,7 @@ from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
 from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonRecord, JsonWritten
 
 
 class Relation(TextEnum):
@@ -149,7 +149,7 @@ class PlanItem:
 
 
 @dataclass(frozen=True)
-class PlanStage:
+class PlanStage(JsonWritten):
     """One round of changes, then a re-capture: the items applied in it, what it installs (none for
     options), the combined gain of the stage on top of the ones before, and of everything up to it."""
 
@@ -158,15 +158,6 @@ class PlanStage:
     gain_ms: tuple[float, float]
     total_ms: tuple[float, float]
     install: tuple[str, ...] = ()  # packages (any one of them, where several)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "effort": self.effort.value,
-            "items": list(self.items),
-            "gain_ms": list(self.gain_ms),
-            "total_ms": list(self.total_ms),
-            "install": list(self.install),
-        }
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> PlanStage:

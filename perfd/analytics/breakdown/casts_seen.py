@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind, is_fused_kernel, kernel_kind
+from perfd.core.record_json import JsonWritten
 from perfd.core.typed import obj, objs
 
 # A weight's cast and its gradient's move the same elements at 6 bytes each (fp32 read and bf16 written
@@ -41,7 +42,7 @@ _SAME_COUNT = 1e-6
 
 
 @dataclass(frozen=True)
-class CastGroup:
+class CastGroup(JsonWritten):
     """One kind of cast kernel in the complete steps, per step."""
 
     name: str  # the kernel's name
@@ -53,10 +54,6 @@ class CastGroup:
     @property
     def each_ms(self) -> float:
         return self.ms / self.count if self.count > 0 else 0.0
-
-    def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "backward": self.backward, "linked": self.linked, "count": self.count,
-                "ms": self.ms}
 
     @staticmethod
     def from_json(d: Mapping[str, object]) -> CastGroup | None:

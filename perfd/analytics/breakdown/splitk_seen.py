@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from perfd.analytics.breakdown.casts_seen import per_microbatch
+from perfd.core.record_json import JsonWritten
 from perfd.core.typed import obj
 
 # cuBLAS / cuBLASLt's reduction of a split-K GEMM's partial outputs (the name the trace keeps)
@@ -24,14 +25,11 @@ def is_splitk_reduce(kernel: str) -> bool:
 
 
 @dataclass(frozen=True)
-class SplitKSeen:
+class SplitKSeen(JsonWritten):
     """The split-K reduction kernels of a capture's complete steps, per step."""
 
     count: float  # kernels a step
     ms: float  # their summed time a step
-
-    def to_json(self) -> dict[str, object]:
-        return {"count": self.count, "ms": self.ms}
 
     @staticmethod
     def from_json(v: object) -> SplitKSeen | None:

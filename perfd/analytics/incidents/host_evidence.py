@@ -15,6 +15,7 @@ from typing import Any
 
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 from perfd.core import shared_thresholds as th
+from perfd.core.record_json import JsonWritten
 from perfd.core.typed import obj, objs
 
 K = EvidenceKind
@@ -38,7 +39,7 @@ class CpuRoom(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class CpuUse:
+class CpuUse(JsonWritten):
     """How a rank's process and its own children (data-loader workers) use the CPUs it may run on:
     what decides between more workers and cheaper transforms (perfd.report.incident_text)."""
 
@@ -56,13 +57,6 @@ class CpuUse:
     # A finished (or stalled) job's: the last observation taken while it stepped, said as such (after
     # its exit its process shows no workers and no load: "its 0 child process(es)").
     while_running: bool = False
-
-    def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "room": self.room.value, "rank_cores": self.rank_cores,
-                "children_cores": self.children_cores, "children": self.children, "cpus": self.cpus,
-                "busy_ratio": self.busy_ratio, "quota_cores": self.quota_cores,
-                "throttled_ratio": self.throttled_ratio, "node": self.node, "observed_at": self.observed_at,
-                "while_running": self.while_running}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> CpuUse | None:
