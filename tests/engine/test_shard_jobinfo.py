@@ -135,11 +135,9 @@ def test_a_read_that_raced_a_newer_info_leaves_the_newer() -> None:
     assert b.read == 0 and sums._stages["a"][0] == NEW
 
 
-def test_a_slow_get_is_not_waited_on_and_its_answer_is_read_when_it_comes(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A get not answered within GET_TIMEOUT_S (here made short): fill returns, the fold goes on with the
-    job not read; the job is not asked again while its get is out; the answer, when it comes, is read
-    then (counted late), and the ranks folded meanwhile go into their stages."""
+def _slow_engine(monkeypatch: pytest.MonkeyPatch) -> tuple[Bucket, Clock, asyncio.Event]:
+    """A bucket holding job "a"'s info whose gets are answered only once the event is set, and a
+    GET_TIMEOUT_S made short: every get is one the fold does not wait on."""
     monkeypatch.setattr(sj, "GET_TIMEOUT_S", 0.01)
     kv, clock = Bucket(), Clock()
     kv.data[S.job_token("a")] = OLD.encode()
@@ -148,8 +146,18 @@ def test_a_slow_get_is_not_waited_on_and_its_answer_is_read_when_it_comes(
     async def slow() -> None:
         await answer.wait()
 
+    kv.gate = slow
+    return kv, clock, answer
+
+
+def test_a_slow_get_is_not_waited_on_and_its_answer_is_read_when_it_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A get not answered within GET_TIMEOUT_S (here made short): fill returns, the fold goes on with the
+    job not read; the job is not asked again while its get is out; the answer, when it comes, is read
+    then (counted late), and the ranks folded meanwhile go into their stages."""
+    kv, clock, answer = _slow_engine(monkeypatch)
+
     async def scenario() -> None:
-        kv.gate = slow
         b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
         d = message("a")
         await b.fill(d, sums)  # returns: the get not waited on
@@ -174,16 +182,9 @@ def test_one_get_a_job_however_many_partitions_ask_meanwhile(monkeypatch: pytest
     """Two partitions' consumers fold the job's first messages at once while the engine is slow: one
     get, counted late once, its answer read by whichever; a consumer cancelled in its wait (its
     partition let go) leaves the get read still, no error left unretrieved."""
-    monkeypatch.setattr(sj, "GET_TIMEOUT_S", 0.01)
-    kv, clock = Bucket(), Clock()
-    kv.data[S.job_token("a")] = OLD.encode()
-    answer = asyncio.Event()
-
-    async def slow() -> None:
-        await answer.wait()
+    kv, clock, answer = _slow_engine(monkeypatch)
 
     async def scenario() -> None:
-        kv.gate = slow
         b, sums = sj.JobInfoBucket(kv, clock), ShardSummaries()
         await asyncio.gather(b.fill(message("a"), sums), b.fill(message("a"), sums))
         assert kv.gets == [S.job_token("a")] and b.late == 1
