@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from perfd.core.model import LabelSet, Provenance
+from perfd.core.record_json import JsonWritten
 
 BatchKind = Literal["prefill", "decode"]
 
@@ -225,7 +226,7 @@ class MetricsSnapshot:
 
 
 @dataclass
-class ServingData:
+class ServingData(JsonWritten):
     """The payload of the perfd.core.events SERVING_DATA event. What the SGLang collector sends: batch
     records new since its last send, the server's start-up
     facts (when they changed, and again now and then so a restarted aggregator has them), the latest
@@ -237,11 +238,6 @@ class ServingData:
     server: ServerInfo | None = None
     scrape: MetricsSnapshot | None = None
     config: dict[str, object] = field(default_factory=dict)  # checked where it is read
-
-    def to_json(self) -> dict[str, object]:
-        return {"job": self.job, "records": [r.to_json() for r in self.records],
-                "server": self.server.to_json() if self.server else None,
-                "scrape": self.scrape.to_json() if self.scrape else None, "config": dict(self.config)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ServingData:

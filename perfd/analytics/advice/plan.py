@@ -193,7 +193,7 @@ class Unmodelled:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(JsonWritten):
     step_ms: float
     items: tuple[PlanItem, ...]  # in the plan's order: each with a modelled gain
     stages: tuple[PlanStage, ...]
@@ -208,16 +208,6 @@ class Plan:
         """The combined gain of applying these of its items together (overlaps once, spread once)."""
         want = set(remedies)
         return combined([i for i in self.items if i.remedy in want], self.spread_ms, self.replay)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "step_ms": self.step_ms,
-            "items": [i.to_json() for i in self.items],
-            "stages": [s.to_json() for s in self.stages],
-            "spread_ms": self.spread_ms,
-            "replay": self.replay.to_json() if self.replay is not None else None,
-            "unmodelled": [u.to_json() for u in self.unmodelled],
-        }
 
     @staticmethod
     def from_json(d: object) -> Plan | None:

@@ -66,13 +66,10 @@ class CastGroup(JsonWritten):
 
 
 @dataclass(frozen=True)
-class CastsSeen:
+class CastsSeen(JsonWritten):
     """The cast kernels of a capture's complete steps, by kernel, per step (the largest groups)."""
 
     groups: tuple[CastGroup, ...]
-
-    def to_json(self) -> dict[str, object]:
-        return {"groups": [g.to_json() for g in self.groups]}
 
     @staticmethod
     def from_json(v: object) -> CastsSeen | None:

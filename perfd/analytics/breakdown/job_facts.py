@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from perfd.analytics.breakdown.step_parts import Phase
 from perfd.analytics.common import TextEnum
-from perfd.core.record_json import JsonRecord, absent
+from perfd.core.record_json import JsonRecord, JsonWritten, absent
 from perfd.core.typed import obj, objs
 
 E = TypeVar("E", bound=TextEnum)
@@ -87,7 +87,7 @@ class HostSync(JsonRecord):
 
 
 @dataclass(frozen=True)
-class JobFacts:
+class JobFacts(JsonWritten):
     """What the job does, each fact None where the trace cannot say."""
 
     compiled: bool | None = None  # inductor's Triton kernels or CompiledFunction ops ran
@@ -116,18 +116,6 @@ class JobFacts:
         """No collective ran: no data parallelism, no framework's own (Megatron-LM's) communication."""
         return self.data_parallel is DataParallel.NONE
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "compiled": self.compiled, "compiled_regions": self.compiled_regions,
-            "compiled_share": self.compiled_share, "cuda_graphs": self.cuda_graphs,
-            "sdpa": _value(self.sdpa), "optimizer": _value(self.optimizer),
-            "optimizer_class": self.optimizer_class, "checkpointing": self.checkpointing,
-            "data_parallel": _value(self.data_parallel), "dp_collectives": self.dp_collectives,
-            "precision": _value(self.precision), "micro_batches": self.micro_batches,
-            "syncs": [s.to_json() for s in self.syncs] if self.syncs is not None else None,
-            "loader": _value(self.loader), "pin_memory": self.pin_memory,
-        }
-
     @staticmethod
     def from_json(v: object) -> JobFacts | None:
         """Back from :meth:`to_json`; None for anything else (a breakdown written before the facts). A
@@ -149,10 +137,6 @@ class JobFacts:
             if isinstance(syncs, list) else None,
             loader=_enum(Loader, d.get("loader")), pin_memory=_bool(d.get("pin_memory")),
         )
-
-
-def _value(e: TextEnum | None) -> str | None:
-    return e.value if e is not None else None
 
 
 def _bool(v: object) -> bool | None:

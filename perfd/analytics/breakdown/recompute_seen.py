@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfd.core.record_json import JsonWritten
 from perfd.core.typed import obj
 
 
@@ -18,7 +19,7 @@ def _number(v: object) -> float | None:
 
 
 @dataclass(frozen=True)
-class RecomputeSeen:
+class RecomputeSeen(JsonWritten):
     """The recomputed forward's kernels a complete step: how many, their summed time, and that time by
     the part each computes (norm, linear, pointwise...), largest first."""
 
@@ -40,10 +41,6 @@ class RecomputeSeen:
         if not self.forward_us or self.backward_us is None:
             return 1.0
         return min(1.0, self.backward_us / self.forward_us)
-
-    def to_json(self) -> dict[str, object]:
-        return {"launches": self.launches, "ms": self.ms, "by_part": [list(x) for x in self.by_part],
-                "forward_us": self.forward_us, "backward_us": self.backward_us}
 
     @staticmethod
     def from_json(v: object) -> RecomputeSeen | None:
