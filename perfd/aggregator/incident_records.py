@@ -20,12 +20,12 @@ from perfd.analytics.incidents.evidence import verdict_from_json
 from perfd.analytics.incidents.incident_evidence import IncidentEvidence, Withdrawal
 from perfd.analytics.incidents.stall import silence_cost_s
 from perfd.core.events import INCIDENT_OPENED
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 from perfd.report.incident_text import cause_line, unworded_evidence, worded_evidence
 
 
 @dataclass(frozen=True)
-class CostParts(JsonRecord):
+class CostParts(JsonWritten):
     """An incident that carries a live stall: its steps' part of the cost (Σ step − steady median;
     goodput's incident part) and the stall's silence beyond one usual interval."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from perfd.analytics.serving.serving_analysis import ServingWindow, analyze_window
 from perfd.core.clock import REAL_CLOCK, Clock
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 from perfd.core.serving_model import ServingModelSpec
 from perfd.core.serving_records import ServingData
 from perfd.report.serving_report import build_serving_report
@@ -55,7 +55,7 @@ class _Job:
 
 
 @dataclass(frozen=True)
-class ServingView(JsonRecord):
+class ServingView(JsonWritten):
     """A serving job's gauges (catalog name -> value) and its latest report (None: no data to report
     on yet), with the report's age; JSON where it is served (perfd/aggregator/http.py)."""
 

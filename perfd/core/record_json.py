@@ -174,4 +174,4 @@ def _in(tp: Any, v: object) -> object:
         return v
     if tp is Any or tp is object:
         return v
-    raise _Unfit(f"no reading of {tp!r}")
+    raise TypeError(f"record_json reads no {tp!r}: declare the field with a type it reads")  # perfd's bug

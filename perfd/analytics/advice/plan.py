@@ -35,7 +35,7 @@ from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
 from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
-from perfd.core.record_json import JsonRecord, JsonWritten
+from perfd.core.record_json import JsonWritten
 
 
 class Relation(TextEnum):
@@ -73,7 +73,7 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Prerequisite(JsonRecord):
+class Prerequisite(JsonWritten):
     package: str
     presence: Presence
     # what the package must bring beyond being importable: "" until the report words it (by the package:

@@ -32,7 +32,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.core.model import JobInfo
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -61,7 +61,7 @@ class Check(TextEnum):
 
 
 @dataclass(frozen=True)
-class Evidence(JsonRecord):
+class Evidence(JsonWritten):
     """One check's figures: the capture's and the job's (what they count: ``unit``), and whether they
     agree. ``extra``: the other numbers the check read (launches, steps, the peak)."""
 

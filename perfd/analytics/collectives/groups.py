@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from perfd.analytics.common import TextEnum
 from perfd.analytics.steps.gpus import lookup_gpu
 from perfd.core.model import ParallelLayout
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 
 GROUP_CLASSES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp", "world", "other")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -190,7 +190,7 @@ class Capability(TextEnum):
 
 
 @dataclass(frozen=True)
-class LinkHow(JsonRecord):
+class LinkHow(JsonWritten):
     """How the link and its bandwidth were chosen (worded where served: perfd.report.collective_text):
     the placement, the capability's source, the link (a LINKS key, or the unknown one's name) and the
     GPU's name where no link is known for it."""

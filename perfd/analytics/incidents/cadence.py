@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from perfd.analytics import thresholds as th
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 
 PAUSE_MAX_STEPS = int(th.PAUSE_MAX_STEPS.value)
 MIN_EVERY = int(th.CADENCE_MIN_EVERY.value)
@@ -72,7 +72,7 @@ class PauseSighting:
 
 
 @dataclass(frozen=True, slots=True)
-class PauseSeen(JsonRecord):
+class PauseSeen(JsonWritten):
     """One item of what was seen during a cadence's pauses: its kind, the rank, the most seen value and
     how many sightings it is read from."""
 

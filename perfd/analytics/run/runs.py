@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from perfd.analytics.breakdown.bottleneck import Bottleneck, BottleneckClass
 from perfd.analytics.steps.goodput import Goodput
 from perfd.core.model import StepRecord
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 
 if TYPE_CHECKING:
     from perfd.analytics.breakdown.budget import StepBudget
@@ -34,7 +34,7 @@ MAX_DIGESTS = 32  # earlier runs a job keeps digests of (the goodput carried cov
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureSteps(JsonRecord):
+class CaptureSteps(JsonWritten):
     """One stretch of a run's iterations a perfd capture disturbed, and their mean logged step."""
 
     first_iteration: int

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.steps import windows
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonWritten
 
 SLOW_EXCESS = th.BEAT_SLOW_STEP_EXCESS.value
 MIN_SLOW = int(th.BEAT_MIN_SLOW_STEPS.value)
@@ -39,7 +39,7 @@ BAND = 0.05  # in steps of a tenth of a cycle's drift over the span
 
 
 @dataclass(frozen=True, slots=True)
-class SlowSteps(JsonRecord):
+class SlowSteps(JsonWritten):
     """A jittering run's slow steps (:func:`slow_steps`): how many, what they cost, and the period
     they keep where they keep one."""
 
