@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 import types
 from collections.abc import Hashable, Mapping
 from typing import Any, Self, TypeVar, Union, cast, get_args, get_origin, get_type_hints
@@ -145,23 +146,22 @@ def _in(tp: Any, v: object) -> object:
         except ValueError as exc:
             raise _Unfit(repr(tp)) from exc
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        own = tp.__dict__.get("from_json")  # a reader of its own (not JsonRecord's: this module's)
-        if isinstance(own, staticmethod):
-            got = own.__func__(v)
-        elif isinstance(own, classmethod):
-            got = own.__func__(tp, v)
-        else:
-            got = _record(tp, v)
+        own = getattr(tp, "from_json", None)  # a reader of its own, or JsonRecord's (this module's)
+        try:
+            got = own(v) if callable(own) else _record(tp, v)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a reader of its own that raises
+            raise _Unfit(tp.__name__) from exc
         if got is None:
             raise _Unfit(tp.__name__)
         return got
-    if tp is float:
-        try:
+    if tp is float or tp is int:
+        # a number, not a bool; finite (json.loads reads NaN and Infinity: no record's value); an int
+        # where one is declared (2.0 reads as 2, 2.5 does not fit)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise _Unfit(tp.__name__)
+        if tp is float:
             return number(v)
-        except (TypeError, ValueError) as exc:
-            raise _Unfit("float") from exc
-    if tp is int:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v):
+        if v != int(v):
             raise _Unfit("int")
         return int(v)
     if tp is str:
