@@ -134,7 +134,6 @@ def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_p
     assert all(it["armed"] for it in its) and its[0]["iteration"] == 1  # armed from the first step
     # the job's figures are run 1's: step time, jitter, class
     assert s["medians"]["step_time_ms"] == run1["step_time_ms"]
-    assert run1["step_time_ms"] == pytest.approx(own[0], rel=0.05), (run1, own)  # run 1's own, not run 2's
     assert s["step_time_cv"] == run1["step_time_cv"] and s["bottleneck"] == run1["bottleneck"]
     arming = report["arming"]
     assert arming["basis"] == "previous_run" and arming["reference_run"] == 1 and arming["run"] == 2
@@ -144,6 +143,10 @@ def test_a_restart_under_ncu_is_a_new_armed_run_measured_against_the_first(tmp_p
     assert arming["armed_ms"] == pytest.approx(own[1], rel=0.05), (arming, own)
     assert arming["ratio"] == pytest.approx(own[1] / own[0], rel=0.07), (arming, own)
     assert arming["ratio"] > 1.1, (arming, own)
+    # run 1's step, not run 2's: below what run 2 ran at, both read on the same machine under the same load
+    # (a loaded machine overruns each loop's sleeps alike: run 1's mean read 25.5 ms against its own 20.9 ms
+    # median in one loaded run, so neither a bound in ms nor the loop's median is its reference)
+    assert run1["step_time_ms"] < arming["armed_ms"], (run1, arming)
     assert any(f["id"] == "ncu-arming-cost" for f in report["findings"])
     gp = summary["goodput"]
     assert gp["runs"] == 2 and gp["restarts"] == 1 and gp["parts_s"]["restart"] > 0
