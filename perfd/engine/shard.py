@@ -141,7 +141,7 @@ class Shard:
         self._flushes = 0
         self._connected_once = False
         self._naks: set[asyncio.Future[list[BaseException | None]]] = set()
-        self._flushing = 0  # flushes publishing now
+        self._flushing = 0  # flushes under way
         self._flushed = asyncio.Event()  # set while none is
         self._flushed.set()
         self.summaries = ShardSummaries()
@@ -455,6 +455,19 @@ class Shard:
             await self._flush(js)
 
     async def _flush(self, js: JetStream) -> None:
+        # A flush from its start, its holds' in-progress acks too, is one a fold lets finish first
+        # (_flush_first): marked only from its publishing, the acks of the holds it extended waited
+        # a turn of the loop behind each 8 messages folded, and the engine delivered 8 again.
+        self._flushing += 1
+        self._flushed.clear()
+        try:
+            await self._flush_now(js)
+        finally:
+            self._flushing -= 1
+            if not self._flushing:
+                self._flushed.set()
+
+    async def _flush_now(self, js: JetStream) -> None:
         st, infos = self.stats, self.infos  # the bucket's counts (a late get's answer lands between folds)
         st.job_infos_read, st.job_info_put_errors = infos.read, infos.put_errors
         st.job_info_gets_late, st.summaries_restaged = infos.late, self.summaries.restaged
@@ -470,14 +483,7 @@ class Shard:
         if not (self._pending or self._job_info or self._to_term or self._to_ack or figures or released
                 or forward or self.summaries.touched or comm):
             return
-        self._flushing += 1
-        self._flushed.clear()
-        try:
-            await self._publish(js, figures, released, forward, comm)
-        finally:
-            self._flushing -= 1
-            if not self._flushing:
-                self._flushed.set()
+        await self._publish(js, figures, released, forward, comm)
 
     async def _publish(self, js: JetStream, figures: list[WindowFigures], released: list[Msg],
                        forward: dict[str, list[pb.WindowFigures]], comm: CommSummaries) -> None:

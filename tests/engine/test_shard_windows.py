@@ -9,9 +9,11 @@ doubled. Acknowledged as soon as folded, the same kill loses windows (the contro
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -22,8 +24,9 @@ from perfd.core.jobinfo_json import job_info_from_json, job_info_to_json
 from perfd.core.model import JobInfo, ParallelLayout
 from perfd.engine import shard_windows
 from perfd.engine import subjects as S
-from perfd.engine.nats_api import MsgMetadata
+from perfd.engine.nats_api import JetStream, MsgMetadata
 from perfd.engine.partial import decode, encode, partials_of
+from perfd.engine.shard import Shard
 from perfd.engine.shard_windows import Holds
 from perfd.report.collective_text import collectives_json
 from tests.engine.engine_driver import Plan
@@ -275,3 +278,37 @@ def test_operations_that_come_after_their_window_settled_are_counted_in_the_shar
         in_order.release(0.0)
     assert in_order.stats.fold["late"] == 0 and in_order.stats.fold["retracted"] == 0, in_order.stats.fold
     assert in_order.stats.fold["folded"] > counts["folded"]
+
+
+def test_a_fold_lets_the_in_progress_acks_of_the_holds_a_flush_extends_go_first() -> None:
+    """A fold gives its turn of the loop to a flush under way (Shard._flush_first) before folding its
+    next messages, which hold the loop (8 a turn, 0.1 s each in the slow-fold test): the in-progress
+    acks that start again the ack wait of the holds the flush extends are part of that flush. Counted
+    from its publishing only, they waited behind the next messages folded, and under load the engine
+    delivered 8 messages again (56 deliveries of 48). Here the acks take two turns to go, as nats-py's
+    take its flusher's; the fold must not go on before they went."""
+    _, msgs, _, _ = _messages()
+    order: list[str] = []
+
+    @dataclass
+    class _Slow(_Msg):
+        async def in_progress(self) -> None:
+            await asyncio.sleep(0)  # the publish's turn, then its flusher's
+            await asyncio.sleep(0)
+            order.append("in-progress ack sent")
+
+    last = _Slow(msgs[-1].seq, msgs[-1].data)  # no later message: its windows never settle
+    shard = Shard(S.EngineConfig(()), "s", collectives=ShardCollectives())
+    assert shard.windows is not None
+    assert shard.windows.fold_in(decode(last.data), last, 0, time.monotonic() - HOLD_S)  # its hold ran out
+
+    async def fold_turn() -> None:
+        flush = asyncio.create_task(shard._flush(cast(JetStream, None)))  # nothing else to publish
+        await asyncio.sleep(0)  # the fold's turn of the loop (the flush loop's timer fired before it)
+        await shard._flush_first()
+        order.append("next messages folded")
+        await flush
+
+    asyncio.run(fold_turn())
+    assert order == ["in-progress ack sent", "next messages folded"]
+    assert shard.windows.stats.extended == 1
