@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from perfd.analytics.breakdown.budget import CutPart, IdleCause, IdleShare, Unprofiled, Window
 from perfd.analytics.breakdown.step_parts import Part, Phase
 from perfd.core import record_json as rj
-from perfd.core.record_json import absent
+from perfd.core.record_json import absent, flat, key, unless_none
 
 
 class Colour(enum.Enum):
@@ -63,6 +63,38 @@ def test_written_in_declared_order_each_value_by_its_type_nested_records_by_thei
     assert json.dumps(got) == ('{"colour": "red", "inner": {"n": 3, "own": true}, "xs": [1.0, 2.5], '
                                '"by": {"a": 1.0}, "maybe": null, "said": "x", "flag": true}')
     assert rj.from_json(Outer, got) == o
+
+
+@dataclass(frozen=True)
+class Kernel(rj.JsonRecord):
+    name: str
+    ms: float
+
+
+@dataclass(frozen=True)
+class Marked(rj.JsonRecord):
+    kernel: Kernel = field(metadata=flat())
+    source: str | None = field(default=None, metadata=key("from"))
+    note: str | None = field(default=None, metadata=unless_none())
+    n: int = 0
+
+
+def test_a_field_marked_is_written_under_its_key_left_out_when_none_or_spread_into_its_parent() -> None:
+    m = Marked(Kernel("gemm", 1.5), "trace.json", None, 2)
+    assert json.dumps(m.to_json()) == '{"name": "gemm", "ms": 1.5, "from": "trace.json", "n": 2}'
+    assert Marked.from_json(m.to_json()) == m
+    noted = Marked(Kernel("gemm", 1.5), None, "why", 0)
+    assert json.dumps(noted.to_json()) == '{"name": "gemm", "ms": 1.5, "from": null, "note": "why", "n": 0}'
+    assert Marked.from_json(noted.to_json()) == noted
+    assert Marked.from_json({"name": "gemm"}) is None  # the flattened record's own fields must fit
+    assert Marked.from_json({"name": "gemm", "ms": 1, "source": "x"}) == Marked(Kernel("gemm", 1.0))
+
+    @dataclass(frozen=True)
+    class NotARecord(rj.JsonWritten):
+        n: int = field(metadata=flat())
+
+    with pytest.raises(TypeError, match="flattens records only"):
+        NotARecord(1).to_json()
 
 
 def test_what_is_absent_reads_as_declared_and_what_does_not_fit_reads_as_none() -> None:

@@ -13,6 +13,11 @@ its JSON is its fields in their declared order, each value by its type:
   optional, as its ``absent`` (:func:`absent`) where its JSON may lack it though the record always has
   it (a value an older version did not write); else the record does not fit.
 
+Three more marks on a field, each for a JSON that was not simply its fields: :func:`key` (its JSON's
+key is another word: one Python reserves, ``class``, ``from``), :func:`unless_none` (written only when
+it is not None: a key older readers did not expect, or that the JSON leaves out while absent) and
+:func:`flat` (a nested record whose keys are written into this one's, where its fields lie).
+
 Written here, not with a library: the JSON must stay byte for byte what the hand-written functions
 wrote (what is kept on disk and served), which the libraries that do this (dataclasses-json, cattrs,
 pydantic) each shape their own way, and none reads perfd's numbers as perfd.core.typed does.
@@ -32,6 +37,9 @@ from perfd.core.typed import number
 
 T = TypeVar("T")
 _ABSENT = "record_json.absent"
+_KEY = "record_json.key"
+_UNLESS_NONE = "record_json.unless_none"
+_FLAT = "record_json.flat"
 
 
 class _Unfit(Exception):
@@ -41,6 +49,30 @@ class _Unfit(Exception):
 def absent(value: object) -> dict[str, object]:
     """A field's metadata: its JSON may lack it (or hold null), read then as ``value``."""
     return {_ABSENT: value}
+
+
+def key(name: str) -> dict[str, object]:
+    """A field's metadata: its JSON key is ``name``, not the field's name."""
+    return {_KEY: name}
+
+
+def unless_none() -> dict[str, object]:
+    """A field's metadata: written only when it is not None (read, where absent, as its default)."""
+    return {_UNLESS_NONE: True}
+
+
+def flat() -> dict[str, object]:
+    """A field's metadata: a nested record whose JSON's keys are written into this record's JSON in
+    the field's place, and read back from it."""
+    return {_FLAT: True}
+
+
+@functools.cache
+def _plan(cls: Hashable) -> tuple[tuple[str, str, bool, bool], ...]:
+    """(field, JSON key, written only when not None, flattened) for each field of ``cls``, in order."""
+    return tuple((f.name, str(f.metadata.get(_KEY, f.name)), bool(f.metadata.get(_UNLESS_NONE)),
+                  bool(f.metadata.get(_FLAT)))
+                 for f in dataclasses.fields(cast(Any, cls)))
 
 
 class JsonWritten:
@@ -66,7 +98,17 @@ class JsonRecord(JsonWritten):
 
 def to_json(obj: object) -> dict[str, object]:
     """``obj``'s fields in their declared order, each value as its JSON."""
-    return {f.name: _out(getattr(obj, f.name)) for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+    out: dict[str, object] = {}
+    for name, k, unless_none_, flat_ in _plan(cast(Hashable, type(obj))):
+        v = getattr(obj, name)
+        if flat_:
+            nested = _out(v)
+            if not isinstance(nested, dict):
+                raise TypeError(f"record_json flattens records only: {type(obj).__name__}.{name}")
+            out.update(nested)
+        elif not (unless_none_ and v is None):
+            out[k] = _out(v)
+    return out
 
 
 def _out(v: object) -> object:
@@ -101,7 +143,7 @@ def _record(cls: type[T], d: object) -> T:
     hints: dict[str, Any] = _hints(cast(Hashable, cls))
     kw: dict[str, object] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        v = d.get(f.name)
+        v = d if f.metadata.get(_FLAT) else d.get(f.metadata.get(_KEY, f.name))
         if v is not None:
             kw[f.name] = _in(hints[f.name], v)
         elif _ABSENT in f.metadata:

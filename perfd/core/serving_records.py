@@ -10,7 +10,7 @@ path never does. Each carries its own JSON form, the event's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from perfd.core.model import LabelSet, Provenance
@@ -118,7 +118,7 @@ class ServingRecord:
 
 
 @dataclass
-class ServerInfo:
+class ServerInfo(JsonWritten):
     """What an SGLang server prints once at start-up (each scheduler prints its own copy)."""
 
     max_total_num_tokens: int | None = None
@@ -149,9 +149,6 @@ class ServerInfo:
     def arg_str(self, key: str) -> str | None:
         v = self.args.get(key)
         return None if v in (None, "None") else v
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ServerInfo:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from perfd.analytics.incidents.detect import CAPTURE, SLOW, detect_incidents
 from perfd.analytics.run.run_summary import CaptureDisturbances
 from perfd.analytics.steps.iteration import IterationResult
@@ -53,7 +55,7 @@ def test_a_capture_inside_an_incident_is_left_out_of_its_cost() -> None:
     # incident went as the arming's); their time is the incident's capture_cost_s, not counted again.
     (d,) = found.disturbances
     assert (d.first_iteration, d.last_iteration) == (14, 15) and d.evidence.inside_incident == inc.id
-    listed = CaptureDisturbances.of(found.disturbances).to_json()
+    listed: Any = CaptureDisturbances.of(found.disturbances).to_json()  # as served
     assert listed["excess_s"] is None and listed["stretches"][0]["inside_incident"] == inc.id
     assert listed["stretches"][0]["excess_s"] == d.capture_cost_s
 

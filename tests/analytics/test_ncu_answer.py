@@ -145,8 +145,8 @@ def test_through_the_aggregator_the_ranges_step_is_the_captures_disturbance() ->
     a = st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None and a.incidents == [] and st.incidents.incidents(JOB) == []
     range_it = RESUMED_AT + int(recording()["range_step"])
-    stretches = a.summary.capture_disturbances.to_json()["stretches"]
-    assert any(s["first_iteration"] <= range_it <= s["last_iteration"] for s in stretches)
+    stretches = a.summary.capture_disturbances.stretches
+    assert any(s.first_iteration <= range_it <= s.last_iteration for s in stretches)
     assert range_it not in a.steady.iterations
     done = coord.book.of_job(JOB)[0]
     assert done.range_held_s == 35.0 and done.arming is None

@@ -90,9 +90,8 @@ def test_an_ncu_range_that_holds_a_step_for_38_s_is_the_captures_not_a_stall(ran
     assert h.st.stalls.opened_total.get(JOB, 0) == 0
     a = h.st.snapshot(JOB, Analysed.SERVED).analysis  # type: ignore[union-attr]
     assert a is not None
-    dist = a.summary.capture_disturbances.to_json()
-    assert dist["n"] >= 1 and any(s["first_iteration"] <= 21 <= s["last_iteration"]
-                                  for s in dist["stretches"])
+    dist = a.summary.capture_disturbances
+    assert dist.n >= 1 and any(s.first_iteration <= 21 <= s.last_iteration for s in dist.stretches)
     assert a.incidents == [] and 21 not in a.steady.iterations
     done = coord.book.of_job(JOB)[0]
     assert done.status == "finished" and done.range_held_s == pytest.approx(HELD_S - 0.2)

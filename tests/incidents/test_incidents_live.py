@@ -57,8 +57,8 @@ def test_a_capture_window_is_listed_apart_never_an_incident_and_informs_the_clas
     # perfd's own disturbance is no incident: no incident, no incident_opened event, not the headline.
     assert st.incidents.incidents("dp2") == []
     assert events.INCIDENT_OPENED.name not in [e["kind"] for e in st.recent_events("dp2")]
-    dist = a.summary.capture_disturbances.to_json()
-    assert dist["n"] == 1 and dist["stretches"][0]["last_iteration"] == 16
+    dist = a.summary.capture_disturbances
+    assert dist.n == 1 and dist.stretches[0].last_iteration == 16
     assert all(not it.steady_state for it in a.iterations if 15 <= it.iteration <= 16)
     assert a.summary.excluded[15].code is Code.IN_CAPTURE
     summary = job_summary(st, "dp2")

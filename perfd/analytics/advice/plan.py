@@ -59,17 +59,10 @@ PACKAGE_NAMES = {PACKAGE_TE: "Transformer Engine", PACKAGE_APEX: "Apex", PACKAGE
 
 
 @dataclass(frozen=True)
-class Link:
+class Link(JsonWritten):
     relation: Relation
     target: str  # a RemedyId value, or a package for REQUIRES
     shared_ms: tuple[float, float] | None = None  # OVERLAPS / REPLACES: the gain they share, counted once
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "relation": self.relation.value,
-            "target": self.target,
-            "shared_ms": list(self.shared_ms) if self.shared_ms else None,
-        }
 
 
 @dataclass(frozen=True)

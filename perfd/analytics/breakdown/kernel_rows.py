@@ -34,6 +34,7 @@ from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKer
 from perfd.analytics.breakdown.ncu_rows import JoinedKernel
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.common import TextEnum
+from perfd.core.record_json import JsonWritten
 
 NCU_KERNEL_ROWS = 3  # the top profiled kernels each budget part carries (and the report shows)
 _POINTWISE = (kc.ELEMENTWISE, kc.NORMALIZATION, kc.REDUCTION, kc.OTHER)
@@ -102,7 +103,7 @@ class Reading(TextEnum):
 
 
 @dataclass(frozen=True)
-class KernelRow:
+class KernelRow(JsonWritten):
     """One kernel (or the ncu rows of one timeline kernel) on one budget part. Ratios in [0, 1];
     None: the input has no such figure."""
 
@@ -138,10 +139,6 @@ class KernelRow:
     op: str = ""
     theoretical_occupancy: float | None = None
     occupancy_limiter: str | None = None  # registers, shared_mem, barriers: what caps its occupancy
-
-    def to_json(self) -> dict[str, object]:
-        return {k: (v.value if isinstance(v, TextEnum) else list(v) if isinstance(v, tuple) else v)
-                for k, v in self.__dict__.items()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> KernelRow | None:

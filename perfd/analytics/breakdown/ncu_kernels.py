@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics import thresholds as th
+from perfd.core.record_json import JsonWritten
 
 # A measured field of a kernel (one of the parser's FIELDS): written in to_json in declaration order.
 _MEASURED = {"measured": True}
@@ -38,7 +39,7 @@ class StallReason:
 
 
 @dataclass(frozen=True)
-class NcuKernel:
+class NcuKernel(JsonWritten):
     """One kernel of a report: the launches with the same name, grid and block (as ncu's per-kernel
     summary groups them). Ratios in [0, 1]; None: the report does not hold that value."""
 
@@ -71,17 +72,6 @@ class NcuKernel:
     def profiled_ms(self) -> float | None:
         """Time of all its profiled launches (under ncu's clock control)."""
         return None if self.duration_ms is None else self.duration_ms * self.invocations
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"name": self.name, "grid": self.grid, "block": self.block,
-                               "invocations": self.invocations, "ids": list(self.ids)}
-        for f in dataclasses.fields(self):
-            if f.metadata.get("measured"):
-                out[f.name] = getattr(self, f.name)
-        out["stalls"] = [{"reason": s.reason, "cycles": s.cycles, "share": s.share} for s in self.stalls]
-        out["bound"] = self.bound.value if self.bound is not None else None
-        out["occupancy_limiter"] = self.occupancy_limiter
-        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> NcuKernel | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.ncu_kernels import KernelBound, MatchKind, NcuKernel
 from perfd.analytics.common import TextEnum
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonRecord, JsonWritten, flat, key
 from perfd.core.typed import obj, objs
 
 
@@ -64,20 +64,16 @@ class Coverage(JsonRecord):
 
 
 @dataclass(frozen=True)
-class KernelChoiceNote:
+class KernelChoiceNote(JsonWritten):
     """How a range's kernels were chosen (perfd.capture.ncu_exec.NcuOptions.choice_json), for the
     report: ``text`` says it."""
 
     how: str  # perfd.capture.ncu_exec.KernelChoice value
-    source: str | None  # the capture whose timeline named them ("from" in the JSON)
+    source: str | None = field(metadata=key("from"))  # the capture whose timeline named them
     text: str
     launch_skip: int = 0
     window_layer: int | None = None
     window_layers: int | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {"how": self.how, "from": self.source, "text": self.text, "launch_skip": self.launch_skip,
-                "window_layer": self.window_layer, "window_layers": self.window_layers}
 
     @classmethod
     def from_json(cls, d: object) -> KernelChoiceNote | None:
@@ -91,8 +87,8 @@ class KernelChoiceNote:
 
 
 @dataclass(frozen=True)
-class JoinedKernel:
-    kernel: NcuKernel
+class JoinedKernel(JsonWritten):
+    kernel: NcuKernel = field(metadata=flat())  # its keys first in the row's JSON
     category: str  # perfd.analytics.breakdown.kernels category (of the timeline name when matched)
     match: MatchKind
     timeline_name: str | None = None
@@ -116,13 +112,6 @@ class JoinedKernel:
             return None
         return self.captured_ms / self.timeline_steps
 
-    def to_json(self) -> dict[str, object]:
-        return {**self.kernel.to_json(), "category": self.category, "match": self.match.value,
-                "timeline_name": self.timeline_name, "captured_ms": self.captured_ms,
-                "captured_share": self.captured_share, "candidates": self.candidates,
-                "timeline_steps": self.timeline_steps, "part": self.part, "phase": self.phase,
-                "layers": list(self.layers), "op": self.op}
-
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> JoinedKernel | None:
         """A row as a capture's event carries it; None when it is not one (no name)."""
@@ -144,7 +133,7 @@ class JoinedKernel:
 
 
 @dataclass(frozen=True)
-class CategorySummary:
+class CategorySummary(JsonWritten):
     """The profiled kernels of one category: means weighted by profiled time (ratios in [0, 1])."""
 
     category: str
@@ -161,12 +150,6 @@ class CategorySummary:
     bound_ms: Mapping[str, float]  # class -> profiled ms
     top_stall: str | None  # the stall with the most weighted cycles
     part: str | None = None  # the budget part its launches' op is in (rows joined launch by launch)
-
-    def to_json(self) -> dict[str, object]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["bound"] = self.bound.value if self.bound is not None else None
-        out["bound_ms"] = dict(self.bound_ms)
-        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> CategorySummary | None:

@@ -8,9 +8,10 @@ a per-parameter ``aten::add_``). perfd.capture.ops reads them off the trace; the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum
+from perfd.core.record_json import JsonWritten, key
 
 _STEP_PREFIX = "optimizer.step#"
 
@@ -32,20 +33,17 @@ ADAM_CLASSES = frozenset({"Adam", "AdamW"})
 
 
 @dataclass(frozen=True)
-class OptimizerSeen:
+class OptimizerSeen(JsonWritten):
     """The optimizer of the captured steps: its class (None: the trace names no one class) and its
     implementation (None: its step launched nothing the trace shows)."""
 
-    cls: str | None
+    cls: str | None = field(metadata=key("class"))
     impl: OptimizerImpl | None
 
     @property
     def fusable(self) -> bool:
         """torch has a fused CUDA kernel for the class, and the job does not run it already."""
         return self.cls in FUSED_ON_CUDA and self.impl is not OptimizerImpl.FUSED
-
-    def to_json(self) -> dict[str, object]:
-        return {"class": self.cls, "impl": self.impl.value if self.impl is not None else None}
 
     @staticmethod
     def from_json(v: object) -> OptimizerSeen | None:

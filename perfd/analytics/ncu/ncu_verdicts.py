@@ -34,8 +34,8 @@ from perfd.analytics.breakdown.bottleneck import BottleneckClass, RowsWhy
 from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
 from perfd.analytics.breakdown.ncu_rows import CategorySummary, Coverage
-from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
+from perfd.core.record_json import JsonWritten
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 # NVIDIA's kernel bound -> the class ncu rows vote for (the registry's ClassEntry.ncu_bound)
@@ -43,7 +43,7 @@ NCU_CLASSES = ncu_classes()
 
 
 @dataclass(frozen=True)
-class PartVerdict:
+class PartVerdict(JsonWritten):
     """One category's verdict on one budget part, with the figures that decided it."""
 
     verdict: RowVerdict
@@ -59,12 +59,6 @@ class PartVerdict:
     chosen: str = ""  # how the profiled kernels were chosen (perfd.capture.ncu_exec.KernelChoice text)
     covered: Coverage | None = None  # what the profiled launches were (worded: perfd.report.ncu_text)
     of: str | None = None  # the part of the op that launched the kernels, where the budget has no such part
-
-    def to_json(self) -> dict[str, object]:
-        """The verdict's figures; ``covered`` as its typed JSON (where shown, its sentence:
-        perfd.report.ncu_text.verdict_json)."""
-        return {k: (v.value if isinstance(v, TextEnum) else v.to_json() if isinstance(v, Coverage) else v)
-                for k, v in self.__dict__.items()}
 
 
 @dataclass

@@ -12,7 +12,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.breakdown import bottleneck as bn
@@ -32,7 +32,7 @@ from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.steady import ExcludedRange, Exclusion, SteadyState, excluded_ranges
 from perfd.analytics.steps.stragglers import PersistentStragglers
 from perfd.core.model import DEVICES, Device, JobInfo, ModelSpec, ParallelLayout, TextEnum
-from perfd.core.record_json import JsonRecord
+from perfd.core.record_json import JsonRecord, JsonWritten, unless_none
 
 if TYPE_CHECKING:
     from perfd.analytics.steps.iteration import IterationResult
@@ -257,33 +257,15 @@ class StepTimeDistribution(JsonRecord):
     over: str = DISTRIBUTION_OVER
 
 
-class StretchJSON(TypedDict):
-    """DisturbanceStretch as JSON."""
-
-    first_iteration: int
-    last_iteration: int
-    excess_s: float | None
-    inside_incident: NotRequired[str]
-
-
-class DisturbancesJSON(TypedDict):
-    """CaptureDisturbances as JSON."""
-
-    n: int
-    iterations: int
-    excess_s: float | None
-    stretches: list[StretchJSON]
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DisturbanceStretch:
+class DisturbanceStretch(JsonWritten):
     """One stretch of iterations a perfd capture disturbed; ``inside_incident``: the incident it lies
     in (its time is that incident's capture_cost_s)."""
 
     first_iteration: int
     last_iteration: int
     excess_s: float | None
-    inside_incident: str | None = None
+    inside_incident: str | None = field(default=None, metadata=unless_none())
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> DisturbanceStretch | None:
@@ -297,16 +279,9 @@ class DisturbanceStretch:
                    excess_s=float(cost) if isinstance(cost, (int, float)) else None,
                    inside_incident=str(inside) if inside is not None else None)
 
-    def to_json(self) -> StretchJSON:
-        out: StretchJSON = {"first_iteration": self.first_iteration, "last_iteration": self.last_iteration,
-                            "excess_s": self.excess_s}
-        if self.inside_incident is not None:
-            out["inside_incident"] = self.inside_incident
-        return out
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaptureDisturbances:
+class CaptureDisturbances(JsonWritten):
     """perfd's own captures' disturbance: how many stretches and iterations, and the excess time they
     took apart from the incidents (a stretch inside an incident names it: its time is that incident's
     capture_cost_s, not counted again)."""
@@ -326,10 +301,6 @@ class CaptureDisturbances:
                        first_iteration=d.first_iteration, last_iteration=d.last_iteration,
                        excess_s=d.capture_cost_s, inside_incident=d.evidence.inside_incident)
                        for d in ds))
-
-    def to_json(self) -> DisturbancesJSON:
-        return {"n": self.n, "iterations": self.iterations, "excess_s": self.excess_s,
-                "stretches": [s.to_json() for s in self.stretches]}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -417,7 +388,7 @@ class RunSummary:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobLayout:
+class JobLayout(JsonWritten):
     """The job's parallel layout as its sources stated it (perfd.core.model.ParallelLayout, in its field
     order), the world size resolved and the micro-batches per iteration derived."""
 
@@ -436,9 +407,6 @@ class JobLayout:
     @classmethod
     def of(cls, lay: ParallelLayout, world: int | None) -> JobLayout:
         return cls(**{**dataclasses.asdict(lay), "world_size": world, "microbatches": lay.microbatches()})
-
-    def to_json(self) -> dict[str, int | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_json(cls, d: object) -> JobLayout:

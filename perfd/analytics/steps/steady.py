@@ -19,6 +19,7 @@ from perfd.analytics.finding_types import StepSpan
 from perfd.analytics.steps import windows
 from perfd.analytics.steps.provenance import Cited, Code, cite
 from perfd.core.model import StepRecord
+from perfd.core.record_json import JsonWritten, unless_none
 
 WARMUP_MIN_ITERATIONS = 3
 WARMUP_FRACTION = 0.10
@@ -121,19 +122,14 @@ def steady_state_of(iterations: Sequence[int], steps: Sequence[float | None],
 
 
 @dataclass(frozen=True)
-class ExcludedRange:
+class ExcludedRange(JsonWritten):
     """Consecutive iterations left out of the steady state for one reason."""
 
     first: int
     last: int
     kind: Exclusion
-    ref: str | None = None  # the incident or capture disturbance they belong to
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"first": self.first, "last": self.last, "kind": self.kind.value}
-        if self.ref is not None:
-            out["ref"] = self.ref
-        return out
+    # the incident or capture disturbance they belong to
+    ref: str | None = field(default=None, metadata=unless_none())
 
 
 def excluded_ranges(kinds: Mapping[int, Exclusion], refs: Mapping[int, str],
