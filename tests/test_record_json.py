@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from perfd.analytics.breakdown.budget import CutPart, IdleCause, IdleShare, Unprofiled, Window
 from perfd.analytics.breakdown.step_parts import Part, Phase
 from perfd.core import record_json as rj
-from perfd.core.record_json import absent, flat, key, unless_none
+from perfd.core.record_json import absent, flat, key, unless_none, written_after
 
 
 class Colour(enum.Enum):
@@ -95,6 +95,36 @@ def test_a_field_marked_is_written_under_its_key_left_out_when_none_or_spread_in
 
     with pytest.raises(TypeError, match="flattens records only"):
         NotARecord(1).to_json()
+
+
+@dataclass(frozen=True)
+class Shift(rj.JsonRecord):
+    before_ms: float
+    after_ms: float
+    steps: int = 0
+
+    @property
+    @written_after("after_ms")
+    def ratio(self) -> float | None:
+        return self.after_ms / self.before_ms if self.before_ms else None
+
+
+def test_a_property_marked_is_written_after_its_field_and_derived_again_when_read() -> None:
+    s = Shift(2.0, 3.0, 5)
+    assert json.dumps(s.to_json()) == '{"before_ms": 2.0, "after_ms": 3.0, "ratio": 1.5, "steps": 5}'
+    assert Shift.from_json({**s.to_json(), "ratio": 99.0}) == s  # derived, not read
+
+    @dataclass(frozen=True)
+    class Misnamed(rj.JsonWritten):
+        n: int
+
+        @property
+        @written_after("m")
+        def twice(self) -> int:
+            return 2 * self.n
+
+    with pytest.raises(TypeError, match="written_after names no field"):
+        Misnamed(1).to_json()
 
 
 def test_what_is_absent_reads_as_declared_and_what_does_not_fit_reads_as_none() -> None:

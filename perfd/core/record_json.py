@@ -16,7 +16,9 @@ its JSON is its fields in their declared order, each value by its type:
 Three more marks on a field, each for a JSON that was not simply its fields: :func:`key` (its JSON's
 key is another word: one Python reserves, ``class``, ``from``), :func:`unless_none` (written only when
 it is not None: a key older readers did not expect, or that the JSON leaves out while absent) and
-:func:`flat` (a nested record whose keys are written into this one's, where its fields lie).
+:func:`flat` (a nested record whose keys are written into this one's, where its fields lie). A property
+whose getter is marked :func:`written_after` a field is written after that field (a figure derived from
+the fields, a ratio: read back, it is derived again, not read).
 
 Written here, not with a library: the JSON must stay byte for byte what the hand-written functions
 wrote (what is kept on disk and served), which the libraries that do this (dataclasses-json, cattrs,
@@ -30,7 +32,7 @@ import enum
 import functools
 import math
 import types
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Self, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from perfd.core.typed import number
@@ -40,6 +42,8 @@ _ABSENT = "record_json.absent"
 _KEY = "record_json.key"
 _UNLESS_NONE = "record_json.unless_none"
 _FLAT = "record_json.flat"
+_AFTER = "_record_json_after"
+F = TypeVar("F", bound=Callable[..., object])
 
 
 class _Unfit(Exception):
@@ -67,12 +71,31 @@ def flat() -> dict[str, object]:
     return {_FLAT: True}
 
 
+def written_after(name: str) -> Callable[[F], F]:
+    """A property's getter (under ``@property``): its value is written after the field ``name``."""
+    def mark(getter: F) -> F:
+        setattr(getter, _AFTER, name)
+        return getter
+    return mark
+
+
 @functools.cache
 def _plan(cls: Hashable) -> tuple[tuple[str, str, bool, bool], ...]:
-    """(field, JSON key, written only when not None, flattened) for each field of ``cls``, in order."""
-    return tuple((f.name, str(f.metadata.get(_KEY, f.name)), bool(f.metadata.get(_UNLESS_NONE)),
-                  bool(f.metadata.get(_FLAT)))
-                 for f in dataclasses.fields(cast(Any, cls)))
+    """(attribute, JSON key, written only when not None, flattened) for each field of ``cls`` in order,
+    each followed by the properties written after it."""
+    after: dict[str, list[str]] = {}
+    for klass in reversed(cast(type, cls).__mro__):
+        for name, v in vars(klass).items():
+            if isinstance(v, property) and (f := getattr(v.fget, _AFTER, None)) is not None:
+                after.setdefault(f, []).append(name)
+    plan: list[tuple[str, str, bool, bool]] = []
+    for f in dataclasses.fields(cast(Any, cls)):
+        plan.append((f.name, str(f.metadata.get(_KEY, f.name)), bool(f.metadata.get(_UNLESS_NONE)),
+                     bool(f.metadata.get(_FLAT))))
+        plan.extend((p, p, False, False) for p in after.pop(f.name, ()))
+    if after:  # perfd's bug: a property marked after a field the record lacks
+        raise TypeError(f"{cast(type, cls).__name__}: written_after names no field: {sorted(after)}")
+    return tuple(plan)
 
 
 class JsonWritten:

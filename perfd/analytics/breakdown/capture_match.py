@@ -32,7 +32,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.core.model import JobInfo
-from perfd.core.record_json import JsonWritten
+from perfd.core.record_json import JsonWritten, written_after
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -74,7 +74,7 @@ class Evidence(JsonWritten):
 
 
 @dataclass(frozen=True)
-class CaptureMatch:
+class CaptureMatch(JsonWritten):
     """Every check made of one capture against one job."""
 
     capture: str  # the capture's name (file or id)
@@ -85,10 +85,12 @@ class CaptureMatch:
         return tuple(e for e in self.evidence if not e.matches)
 
     @property
+    @written_after("capture")
     def matches(self) -> bool:
         return not self.mismatches
 
     @property
+    @written_after("capture")
     def refused(self) -> bool:
         """A decisive check says the capture is another job's (or another run's, of other shape)."""
         return any(e.check.decisive for e in self.mismatches)
@@ -96,10 +98,6 @@ class CaptureMatch:
     @property
     def checked(self) -> tuple[Check, ...]:
         return tuple(e.check for e in self.evidence)
-
-    def to_json(self) -> dict[str, object]:
-        return {"capture": self.capture, "matches": self.matches, "refused": self.refused,
-                "evidence": [e.to_json() for e in self.evidence]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> CaptureMatch | None:

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from perfd.analytics.collectives.collective_config import FR, INSPECTOR, CollectiveConfig
 from perfd.analytics.collectives.groups import CREDIBLE_BUSBW_FACTOR, LinkChoice, LinkHow, link_for_group
 from perfd.core.model import CollectiveRecord
+from perfd.core.record_json import JsonWritten, written_after
 
 
 @dataclass
-class GroupBandwidth:
+class GroupBandwidth(JsonWritten):
     group: str
     scope: str
     link: str | None
@@ -36,15 +37,9 @@ class GroupBandwidth:
     source: str  # the record sources' names (what they mean, where served: collective_text)
 
     @property
+    @written_after("max_busbw_gbs")
     def ratio(self) -> float | None:
         return self.median_busbw_gbs / self.capability_gbs if self.capability_gbs else None
-
-    def to_json(self) -> dict[str, object]:
-        return {"group": self.group, "scope": self.scope, "link": self.link,
-                "capability_gbs": self.capability_gbs, "n_ops": self.n_ops,
-                "median_busbw_gbs": self.median_busbw_gbs, "max_busbw_gbs": self.max_busbw_gbs,
-                "ratio": self.ratio, "median_bytes": self.median_bytes, "ops": self.ops,
-                "link_how": self.link_how.to_json(), "source": self.source}
 
 
 def _group_size(r: CollectiveRecord) -> int | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from perfd.analytics import thresholds as th
+from perfd.core.record_json import JsonWritten, written_after
 
 
 class EvidenceKind(str, enum.Enum):
@@ -141,7 +142,7 @@ class Missing(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Evidence:
+class Evidence(JsonWritten):
     """One observation, accumulated over the time it was seen."""
 
     kind: EvidenceKind
@@ -157,13 +158,13 @@ class Evidence:
     def spec(self) -> KindSpec:
         return KIND_SPECS[self.kind]
 
+    @property
+    @written_after("n")
+    def tier(self) -> int:
+        return int(self.spec.tier)
+
     def ident(self) -> tuple[EvidenceKind, int | None, str]:
         return self.kind, self.rank, self.key
-
-    def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "rank": self.rank, "key": self.key, "worst": self.worst,
-                "first_seen": self.first_seen, "last_seen": self.last_seen, "n": self.n,
-                "tier": int(self.spec.tier), "detail": dict(self.detail)}
 
     @staticmethod
     def from_json(d: Mapping[str, Any], as_written: bool = False) -> Evidence | None:
@@ -220,7 +221,7 @@ def causal_key(e: Evidence) -> tuple[int, int, int, str]:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(JsonWritten):
     """The lead cause of an incident and what it explains; ``cause`` None: unexplained."""
 
     cause: EvidenceKind | None
@@ -230,12 +231,11 @@ class Verdict:
     also: tuple[Evidence, ...] = ()  # other evidence present, in causal order
     missing: tuple[Missing, ...] = ()
 
-    def to_json(self) -> dict[str, object]:
-        return {"cause": self.cause.value if self.cause else None, "rank": self.rank,
-                "tier": int(self.lead.spec.tier) if self.lead else None,
-                "lead": self.lead.to_json() if self.lead else None,
-                "effects": [e.to_json() for e in self.effects], "also": [e.to_json() for e in self.also],
-                "missing": [m.value for m in self.missing]}
+    @property
+    @written_after("rank")
+    def tier(self) -> int | None:
+        """The lead's tier (None: unexplained)."""
+        return self.lead.tier if self.lead else None
 
 
 # A verdict's cause as a label value (perfd_job_incident_cause_info's `cause`): the kind of its lead,

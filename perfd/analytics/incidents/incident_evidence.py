@@ -23,6 +23,7 @@ from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint
+from perfd.core.record_json import JsonWritten, written_after
 from perfd.core.typed import objs
 
 
@@ -63,7 +64,7 @@ def _evidence(xs: object) -> tuple[Evidence, ...]:
 
 
 @dataclass(frozen=True)
-class LevelShift:
+class LevelShift(JsonWritten):
     """A lasting shift of the step time (perfd.analytics.steps.changepoint) as its incident keeps it."""
 
     iteration: int  # where the new level began
@@ -77,12 +78,9 @@ class LevelShift:
         return LevelShift(iteration, cp.before_ms, cp.after_ms, cp.n_after, accepted_iteration)
 
     @property
+    @written_after("after_ms")
     def ratio(self) -> float | None:
         return self.after_ms / self.before_ms if self.before_ms else None
-
-    def to_json(self) -> dict[str, object]:
-        return {"iteration": self.iteration, "before_ms": self.before_ms, "after_ms": self.after_ms,
-                "ratio": self.ratio, "steps_after": self.steps_after, "new_normal_at": self.new_normal_at}
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> LevelShift:

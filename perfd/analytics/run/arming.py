@@ -29,6 +29,7 @@ from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.detect import CAPTURE, LEVEL_SHIFT, SLOW, Incident
 from perfd.analytics.run.runs import RunDigest
 from perfd.core.model import StepRecord
+from perfd.core.record_json import JsonWritten, written_after
 
 MIN_STEPS = int(th.ARMING_MIN_STEPS.value)
 
@@ -46,7 +47,7 @@ class ArmingBasis(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ArmingCost:
+class ArmingCost(JsonWritten):
     basis: ArmingBasis
     ranks: tuple[int, ...]  # the armed ranks
     armed_ms: float  # median step of the armed steps
@@ -58,18 +59,14 @@ class ArmingCost:
     reference_run: int | None = None  # ... and the run of the reference (PREVIOUS_RUN*)
 
     @property
+    @written_after("n_reference")
     def extra_ms(self) -> float:
         return self.armed_ms - self.reference_ms
 
     @property
+    @written_after("n_reference")
     def ratio(self) -> float:
         return self.armed_ms / self.reference_ms if self.reference_ms > 0 else float("nan")
-
-    def to_json(self) -> dict[str, object]:
-        return {"basis": self.basis.value, "ranks": list(self.ranks), "armed_ms": self.armed_ms,
-                "reference_ms": self.reference_ms, "n_armed": self.n_armed, "n_reference": self.n_reference,
-                "extra_ms": self.extra_ms, "ratio": self.ratio, "first_iteration": self.first_iteration,
-                "run": self.run, "reference_run": self.reference_run}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> ArmingCost | None:
