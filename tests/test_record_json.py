@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from perfd.analytics.breakdown.budget import CutPart, IdleCause, IdleShare, Unprofiled, Window
 from perfd.analytics.breakdown.step_parts import Part, Phase
 from perfd.core import record_json as rj
-from perfd.core.record_json import absent, flat, key, unless_none, written_after
+from perfd.core.record_json import absent, flat, key, unless_none, unwritten, written_after
 
 
 class Colour(enum.Enum):
@@ -77,6 +77,7 @@ class Marked(rj.JsonRecord):
     source: str | None = field(default=None, metadata=key("from"))
     note: str | None = field(default=None, metadata=unless_none())
     n: int = 0
+    seen_by: str = field(default="", metadata=unwritten())
 
 
 def test_a_field_marked_is_written_under_its_key_left_out_when_none_or_spread_into_its_parent() -> None:
@@ -88,6 +89,9 @@ def test_a_field_marked_is_written_under_its_key_left_out_when_none_or_spread_in
     assert Marked.from_json(noted.to_json()) == noted
     assert Marked.from_json({"name": "gemm"}) is None  # the flattened record's own fields must fit
     assert Marked.from_json({"name": "gemm", "ms": 1, "source": "x"}) == Marked(Kernel("gemm", 1.0))
+    seen = Marked(Kernel("gemm", 1.5), seen_by="rank 3")
+    assert "seen_by" not in seen.to_json() and "rank 3" not in json.dumps(seen.to_json())
+    assert Marked.from_json({**seen.to_json(), "seen_by": "x"}) == Marked(Kernel("gemm", 1.5))
 
     @dataclass(frozen=True)
     class NotARecord(rj.JsonWritten):

@@ -37,6 +37,7 @@ from perfd.analytics.finding_types import Finding, Recommendation
 from perfd.analytics.run.arming import ArmingCost, measure_arming
 from perfd.core import limits as L
 from perfd.core.model import CaptureFailure, CaptureStatus, CaptureTool, capture_tool
+from perfd.core.record_json import JsonWritten, unwritten
 from perfd.core.typed import obj, objs
 from perfd.report.bottleneck_text import vote_reason
 
@@ -145,14 +146,14 @@ class CaptureResult:
 
 
 @dataclass(frozen=True)
-class Decided:
+class Decided(JsonWritten):
     """The (rank, device) whose step budget decided a capture's class, with the breakdowns its agent
     reported for that rank's devices (``devices``, from the record's ``result``: the job's budget is
     built from the deciding device's, the capture match reads them all)."""
 
     rank: str
     device: int
-    devices: tuple[DeviceBreakdown, ...] = field(default=(), compare=False)
+    devices: tuple[DeviceBreakdown, ...] = field(default=(), compare=False, metadata=unwritten())
 
     @property
     def breakdown(self) -> DeviceBreakdown | None:
@@ -162,9 +163,6 @@ class Decided:
     def of_result(self, result: CaptureResult) -> Decided:
         """The same decision over another result of the capture (its agent reported again)."""
         return dataclasses.replace(self, devices=result.devices(self.rank))
-
-    def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "device": self.device}
 
     @classmethod
     def from_json(cls, d: object, result: CaptureResult | None) -> Decided | None:
@@ -329,7 +327,7 @@ def ncu_of(captures: Sequence[CaptureRecord]) -> NcuRows:
 
 
 @dataclass(frozen=True)
-class CaptureSeen:
+class CaptureSeen(JsonWritten):
     """A capture taken during an incident, as the incident keeps it (perfd.aggregator.incident_records):
     what it was and when it ran, its findings, the class it supports and its kernels' slowdown."""
 
@@ -350,14 +348,6 @@ class CaptureSeen:
         return cls(c.id, c.tool, tuple(c.ranks) if c.ranks is not None else None, c.status, c.origin,
                    c.requested_at, c.started_at, c.finished_at, tuple(c.findings), c.bottleneck,
                    dict(c.slowdown))
-
-    def to_json(self) -> dict[str, object]:
-        ranks = list(self.ranks) if self.ranks is not None else None
-        return {"id": self.id, "tool": self.tool, "ranks": ranks, "status": self.status,
-                "origin": self.origin, "requested_at": self.requested_at, "started_at": self.started_at,
-                "finished_at": self.finished_at, "findings": [f.to_json() for f in self.findings],
-                "bottleneck": self.bottleneck.value if self.bottleneck is not None else None,
-                "slowdown": dict(self.slowdown)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CaptureSeen | None:

@@ -16,6 +16,7 @@ from perfd.analytics.run.run_analysis import AnalysisMemo
 from perfd.analytics.run.run_result import RunAnalysis
 from perfd.analytics.run.runs import RunDigest
 from perfd.core.model import JobInfo, StepRecord
+from perfd.core.record_json import JsonWritten, unwritten
 
 
 @dataclass
@@ -238,7 +239,7 @@ class JobStats:
 
 
 @dataclass(frozen=True, slots=True)
-class JobOverview:
+class JobOverview(JsonWritten):
     """A job as the job store holds it (JobStore.overview): what /api/jobs lists of it first, in this
     order (:meth:`to_json`), and what the rows, the stall watch and the retention read."""
 
@@ -255,14 +256,6 @@ class JobOverview:
     nan_iterations_total: int | None
     # Why its analysis failed last, since when, how many failed (JobState.analysis_failed); not in
     # to_json: the snapshot's overview_at serves it (``analysis_error``).
-    analysis_failure: str | None = None
-    analysis_failed_since: float | None = None
-    analysis_failures: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        return {"job": self.job, "agents": list(self.agents), "gpu": self.gpu,
-                "iterations_seen": self.iterations_seen, "first_iteration": self.first_iteration,
-                "last_iteration": self.last_iteration, "has_job_info": self.has_job_info,
-                "last_step_age_s": self.last_step_age_s, "last_step_time": self.last_step_time,
-                "skipped_iterations_total": self.skipped_iterations_total,
-                "nan_iterations_total": self.nan_iterations_total}
+    analysis_failure: str | None = field(default=None, metadata=unwritten())
+    analysis_failed_since: float | None = field(default=None, metadata=unwritten())
+    analysis_failures: int = field(default=0, metadata=unwritten())

@@ -13,12 +13,13 @@ its JSON is its fields in their declared order, each value by its type:
   optional, as its ``absent`` (:func:`absent`) where its JSON may lack it though the record always has
   it (a value an older version did not write); else the record does not fit.
 
-Three more marks on a field, each for a JSON that was not simply its fields: :func:`key` (its JSON's
+Four more marks on a field, each for a JSON that was not simply its fields: :func:`key` (its JSON's
 key is another word: one Python reserves, ``class``, ``from``), :func:`unless_none` (written only when
-it is not None: a key older readers did not expect, or that the JSON leaves out while absent) and
-:func:`flat` (a nested record whose keys are written into this one's, where its fields lie). A property
-whose getter is marked :func:`written_after` a field is written after that field (a figure derived from
-the fields, a ratio: read back, it is derived again, not read).
+it is not None: a key older readers did not expect, or that the JSON leaves out while absent),
+:func:`unwritten` (never written: what the record carries for its readers in process, read back as its
+default) and :func:`flat` (a nested record whose keys are written into this one's, where its fields
+lie). A property whose getter is marked :func:`written_after` a field is written after that field (a
+figure derived from the fields, a ratio: read back, it is derived again, not read).
 
 Written here, not with a library: the JSON must stay byte for byte what the hand-written functions
 wrote (what is kept on disk and served), which the libraries that do this (dataclasses-json, cattrs,
@@ -42,6 +43,7 @@ _ABSENT = "record_json.absent"
 _KEY = "record_json.key"
 _UNLESS_NONE = "record_json.unless_none"
 _FLAT = "record_json.flat"
+_UNWRITTEN = "record_json.unwritten"
 _AFTER = "_record_json_after"
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -63,6 +65,11 @@ def key(name: str) -> dict[str, object]:
 def unless_none() -> dict[str, object]:
     """A field's metadata: written only when it is not None (read, where absent, as its default)."""
     return {_UNLESS_NONE: True}
+
+
+def unwritten() -> dict[str, object]:
+    """A field's metadata: not written (read as its default)."""
+    return {_UNWRITTEN: True}
 
 
 def flat() -> dict[str, object]:
@@ -90,8 +97,9 @@ def _plan(cls: Hashable) -> tuple[tuple[str, str, bool, bool], ...]:
                 after.setdefault(f, []).append(name)
     plan: list[tuple[str, str, bool, bool]] = []
     for f in dataclasses.fields(cast(Any, cls)):
-        plan.append((f.name, str(f.metadata.get(_KEY, f.name)), bool(f.metadata.get(_UNLESS_NONE)),
-                     bool(f.metadata.get(_FLAT))))
+        if not f.metadata.get(_UNWRITTEN):
+            plan.append((f.name, str(f.metadata.get(_KEY, f.name)), bool(f.metadata.get(_UNLESS_NONE)),
+                         bool(f.metadata.get(_FLAT))))
         plan.extend((p, p, False, False) for p in after.pop(f.name, ()))
     if after:  # perfd's bug: a property marked after a field the record lacks
         raise TypeError(f"{cast(type, cls).__name__}: written_after names no field: {sorted(after)}")
@@ -166,6 +174,8 @@ def _record(cls: type[T], d: object) -> T:
     hints: dict[str, Any] = _hints(cast(Hashable, cls))
     kw: dict[str, object] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.metadata.get(_UNWRITTEN):
+            continue  # its default (a field without one is perfd's bug: the constructor says so)
         v = d if f.metadata.get(_FLAT) else d.get(f.metadata.get(_KEY, f.name))
         if v is not None:
             kw[f.name] = _in(hints[f.name], v)

@@ -33,8 +33,9 @@ Step records sent while the agent is absent or busy are kept (``keep=True``): a 
 its agent listens, or an agent stalled for a moment, loses none of its first steps. The backlog is
 bounded in records and bytes (perfd.core.limits.HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_BYTES); past it the
 oldest are dropped and counted, and whatever is still held when the hook closes is counted as
-dropped too. Held datagrams go out, oldest first, before the next one kept (at most
-HOOK_BACKLOG_SENDS per call: the agent queues ~10).
+dropped too: at the close, while the agent is there but busy, it is tried again for up to
+HOOK_CLOSE_DRAIN_S (an absent agent is not waited for). Held datagrams go out, oldest first, before
+the next one kept (at most HOOK_BACKLOG_SENDS per call: the agent queues ~10).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import time
 from collections import deque
 
 from perfd.core.limits import HOOK_BACKLOG_BYTES, HOOK_BACKLOG_RECORDS, HOOK_BACKLOG_SENDS
+
+_DRAIN_POLL_S = 0.005  # a busy agent's queue tried again this often while a close drains it
 
 # errno -> drop reason. ENOENT/ECONNREFUSED: no agent (no socket file, or nobody bound to it).
 _ABSENT = {errno.ENOENT, errno.ECONNREFUSED, errno.ENOTDIR}
@@ -83,6 +86,7 @@ class DatagramSender:
         self.held_total = 0  # records ever held (delivered late or dropped later)
         self.late = 0  # records delivered from the backlog
         self.retry_ns = int(retry_s * 1e9)
+        self._refused: str | None = None  # why the agent did not take the last held datagram tried
         self.sent = 0  # records
         self.datagrams = 0
         self.dropped = 0  # records
@@ -203,6 +207,7 @@ class DatagramSender:
                 return True
             data, n, _ = self.backlog[0]
             reason = self._send(data, n)
+            self._refused = reason  # why the agent did not take the last one tried (None: it did)
             if reason is not None:
                 if reason not in ("agent_absent", "agent_busy"):  # never deliverable: give it up
                     self.backlog.popleft()
@@ -216,13 +221,17 @@ class DatagramSender:
             self.late += n
         return not self.backlog
 
-    def flush_backlog(self) -> None:
-        """Send every held datagram the agent takes now (at close: the last chance)."""
+    def flush_backlog(self, drain_s: float = 0.0) -> None:
+        """Send every held datagram the agent takes now (at close: the last chance); while the agent is
+        there but busy (its queue full), try again for up to ``drain_s``."""
+        deadline = time.monotonic() + drain_s
         while self.backlog:
             before = len(self.backlog)
             self._send_backlog()
             if len(self.backlog) == before:
-                return
+                if self._refused != "agent_busy" or time.monotonic() >= deadline:
+                    return
+                time.sleep(_DRAIN_POLL_S)
 
     def drop_backlog(self) -> None:
         """At close: what is still held will never be sent; counted as dropped, by its reason."""

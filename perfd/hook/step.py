@@ -45,7 +45,7 @@ from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
 from perfd.core.armed import ARMED_ENV
-from perfd.core.limits import HOOK_OUTBOX_MAX
+from perfd.core.limits import HOOK_CLOSE_DRAIN_S, HOOK_OUTBOX_MAX
 from perfd.core.model import ModelSpec
 from perfd.hook import arguments as A
 from perfd.hook import lifecycle, wire
@@ -556,7 +556,7 @@ class StepHook(PhaseControl, ProfileControl, Harvester):
             self._stop_drainer()
             self._send_outbox()
             self.flush()
-            self.sender.flush_backlog()  # steps held for an agent that came late: a last try
+            self.sender.flush_backlog(HOOK_CLOSE_DRAIN_S)  # held for a late or busy agent: a last try
         except Exception as exc:
             self._internal(exc)
         self.sender.drop_backlog()  # never sent now: counted as dropped

@@ -202,6 +202,56 @@ def test_slow_agent_never_blocks_the_loop(agent: tuple[str, socket.socket]) -> N
     assert len(got) == c["sent"] and [m.step for m in got] == list(range(1, len(got) + 1))
 
 
+class _DrainClock:
+    """The sender's ``time``: its monotonic clock simulated, each sleep the agent's turn (``reads``:
+    whether the agent reads its queue then) and that long on the clock."""
+
+    def __init__(self, sock: socket.socket, reads: bool) -> None:
+        self.sock, self.reads, self.now = sock, reads, time.monotonic()
+        self.got: list[wire.StepMsg] = []
+        self.sleeps = 0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def monotonic_ns(self) -> int:
+        return int(self.now * 1e9)
+
+    def sleep(self, s: float) -> None:
+        self.sleeps += 1
+        self.now += s
+        if self.reads:
+            self.got.extend(steps_of(drain(self.sock)))
+
+
+@pytest.mark.parametrize("reads", [True, False], ids=["agent-catches-up", "agent-stuck"])
+def test_at_close_what_a_busy_agent_was_not_given_is_tried_again_for_a_bounded_while(
+        agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch, reads: bool) -> None:
+    """The job's last steps, held while its agent was busy (its queue full), go once the agent reads
+    again, however late in the close (a starved agent's reader lost a job's last 4 of 60 steps when the
+    close tried once); an agent that never reads costs the close HOOK_CLOSE_DRAIN_S, then they are
+    dropped and counted."""
+    from perfd.core.limits import HOOK_CLOSE_DRAIN_S
+    from perfd.hook import sender
+
+    path, sock = agent  # bound; read only where the test says
+    hook = Hook(path, cuda=False, rank=0)
+    run(hook, 300)
+    c = hook.counters()
+    assert c["held"] > 0 and c["send_drops"] == 0, c
+    clock = _DrainClock(sock, reads)
+    monkeypatch.setattr(sender, "time", clock)
+    hook.close()
+    c = hook.counters()
+    if reads:
+        got = [m.step for m in clock.got + steps_of(drain(sock))]
+        assert got == list(range(1, 301)) and c["send_drops"] == 0 and c["held"] == 0, c
+    else:
+        assert c["send_drop_reasons"] == {"agent_busy": c["send_drops"]} and c["send_drops"] > 0, c
+        polls = HOOK_CLOSE_DRAIN_S / sender._DRAIN_POLL_S
+        assert c["held"] == 0 and clock.sleeps == pytest.approx(polls, abs=2)
+
+
 def test_present_agent_gets_every_step(agent: tuple[str, socket.socket], sim_clock: SimClock) -> None:
     path, sock = agent
     hook = Hook(path, warmup_steps=2, tokens_per_step=4096, flops_per_step=1.5e15, cuda=False, rank=3)
