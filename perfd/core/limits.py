@@ -238,8 +238,8 @@ HOOK_BACKLOG_RECORDS = 4096
 HOOK_BACKLOG_SENDS = 8  # held datagrams one flush sends before its own (the agent queues ~10)
 HOOK_BACKLOG_BYTES = 1 << 20  # ... and their bytes (a record is 104 B: the count binds first)
 # At the hook's close, how long what is held is tried again while the agent is there but busy (its queue
-# full): the job has ended and its last steps are its run's end (a starved agent once lost the last 4 of
-# 60). An absent agent is not waited for.
+# full): the job has ended and its last steps are its run's end (a loaded test's job lost its last 4 of
+# 60 steps, likely so: one try). An absent agent is not waited for.
 HOOK_CLOSE_DRAIN_S = 2.0
 HOOK_TRACE_PATH_MAX_BYTES = 1024  # the path of a written trace a hook reports (UTF-8)
 HOOK_MAX_RANKS = 4096  # ranks one hook collector keeps peers, devices and job flags of (far above a node's)
