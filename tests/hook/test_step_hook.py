@@ -229,8 +229,8 @@ def test_at_close_what_a_busy_agent_was_not_given_is_tried_again_for_a_bounded_w
         agent: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch, reads: bool) -> None:
     """The job's last steps, held while its agent was busy (its queue full), go once the agent reads
     again, however late in the close (one try at the close is the likely cause of a loaded test's job
-    losing its last 4 of 60 steps); an agent that never reads costs the close HOOK_CLOSE_DRAIN_S, then they are
-    dropped and counted."""
+    losing its last 4 of 60 steps); an agent that never reads costs the close HOOK_CLOSE_DRAIN_S, then
+    they are dropped and counted."""
     from perfd.core.limits import HOOK_CLOSE_DRAIN_S
     from perfd.hook import sender
 
