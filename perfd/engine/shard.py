@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from perfd.core.phase import Phase
+from perfd.core.record_json import JsonWritten
 from perfd.core.winfigures import WindowFigures
 from perfd.engine import comm_rows, figures_codec
 from perfd.engine import subjects as S
@@ -68,8 +69,7 @@ MEMBER_PREFIX = "member."
 MAX_ACK_PENDING = 4 * FETCH_BATCH
 # With a collective fold, a message stays unacknowledged until its windows settle (about three
 # iterations, 14 s at most: shard_windows): a partition of a 100,000-rank job over 16 partitions has
-# ~780 node messages an iteration out at once. (The consumer's first creator sets it: a durable
-# consumer keeps it.)
+# ~780 node messages an iteration out at once. (Set by the durable consumer's first creator.)
 MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 # A partial's ranks at most: ~48 bytes a rank on the wire (the step hook's records), so ~200 KB, well
 # under nats-server's 1 MiB message. One shard holding a 100,000-rank job folded it into one partial of
@@ -77,13 +77,12 @@ MAX_ACK_PENDING_HELD = 16 * FETCH_BATCH
 MAX_PARTIAL_RANKS = 4096
 DEFAULT_MAX_PAYLOAD = 1 << 20  # nats-server's default, where the server did not say its own
 YIELD_EVERY = 8  # node messages folded between two turns of the event loop
-# A fold's turn of the loop waits this long at most for a flush under way (Shard._flush_first)
-FLUSH_FIRST_S = 1.0
+FLUSH_FIRST_S = 1.0  # a fold's turn waits this long at most for a flush under way (Shard._flush_first)
 
 
 
 @dataclass
-class ShardStats:
+class ShardStats(JsonWritten):
     node_messages: int = 0
     # node messages the engine delivered more than once (an ack wait ran out: a fold or a flush held past
     # it, a partition moved with messages out): folded once at the root, which counts them (redelivered)
@@ -113,9 +112,6 @@ class ShardStats:
     stage_rows_dropped: int = 0  # ranks' rows not kept for that past stepsummary.UNSTAGED_MAX_ROWS
     partitions: list[int] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, object]:
-        return dict(self.__dict__)
-
 
 class Shard:
     def __init__(self, cfg: S.EngineConfig, shard_id: str, replicas: int = 1,
@@ -144,6 +140,7 @@ class Shard:
         self._flushing = 0  # flushes under way
         self._flushed = asyncio.Event()  # set while none is
         self._flushed.set()
+        self._flush_due_at = math.inf  # the flush loop's next flush (inf: no loop running)
         self.summaries = ShardSummaries()
         self.comm = comm
         self._later: set[asyncio.Task[int]] = set()  # partitions' second readings back (comm_rows)
@@ -329,9 +326,8 @@ class Shard:
         info = await js.consumer_info(S.NODES_STREAM, S.shard_consumer(p))
         if info.config.ack_wait != self.cfg.ack_wait_s:
             # The durable consumer keeps the ack wait its first maker gave it (nats-py's pull_subscribe
-            # changes nothing of one that exists): a deployment whose --engine-ack-wait changed would
-            # have its messages delivered again on the old one, not on the one this shard's holds and
-            # takeover wait are sized to
+            # changes nothing of one that exists): a changed --engine-ack-wait would have its messages
+            # delivered again on the old one, not the one this shard's holds and takeover are sized to
             log.warning("shard %s: partition %d's consumer has an ack wait of %s s: set to this shard's "
                         "%s s (--engine-ack-wait, the same on every shard)", self.id, p,
                         info.config.ack_wait, self.cfg.ack_wait_s)
@@ -387,21 +383,22 @@ class Shard:
                 if k % YIELD_EVERY == YIELD_EVERY - 1:
                     # a node message takes ~1-5 ms to fold with its operations, ~0.1-1 without: the
                     # flushes that acknowledge what is folded run between them (512 in one go held the
-                    # loop seconds: with operations the leases expired; without, on a starved CPU,
-                    # the fetch's last messages were delivered again before their flush)
+                    # loop seconds: the leases expired, or the fetch's last were delivered again)
                     await asyncio.sleep(0)
-                    await self._flush_first()
+                    await self._flush_first(js)
         try:
             await sub.unsubscribe()
         except Exception as exc:  # the connection is going: the server forgets the subscription
             log.debug("shard %s: partition %d unsubscribe: %s", self.id, p, exc)
 
-    async def _flush_first(self) -> None:
-        """A flush under way finishes before the fold goes on (for FLUSH_FIRST_S at most): its
-        publishes and acknowledgements each need turns of the loop, and a fold taking the turns in
-        between (8 messages folded 0.1 s each a turn) held what it released past the ack wait, delivered
-        again."""
-        if self._flushing:
+    async def _flush_first(self, js: JetStream) -> None:
+        """A flush under way finishes before the fold goes on (FLUSH_FIRST_S at most): a fold taking the
+        turns its acks need (8 messages, 0.1 s each) held them past the ack wait. One due and not begun
+        runs here: its timer's wake-up is queued behind the fold's turn, so its task began only after one
+        or two more turns' folds."""
+        if not self._flushing and time.monotonic() >= self._flush_due_at:
+            await self._flush(js)
+        elif self._flushing:
             try:
                 await asyncio.wait_for(self._flushed.wait(), FLUSH_FIRST_S)
             except asyncio.TimeoutError:
@@ -450,14 +447,20 @@ class Shard:
         return f"{self.id}:{self.epoch}:{self._flushes}"
 
     async def _flush_loop(self, js: JetStream, over: asyncio.Event) -> None:
-        while not over.is_set():
-            await asyncio.sleep(FLUSH_S)
-            await self._flush(js)
+        self._flush_due_at = time.monotonic() + FLUSH_S
+        try:
+            while not over.is_set():
+                await asyncio.sleep(max(0.0, self._flush_due_at - time.monotonic()))
+                if self._flushing:  # one a fold ran (_flush_first): its end says when the next is due
+                    await self._flushed.wait()
+                elif time.monotonic() >= self._flush_due_at:
+                    await self._flush(js)
+        finally:
+            self._flush_due_at = math.inf
 
     async def _flush(self, js: JetStream) -> None:
-        # A flush from its start, its holds' in-progress acks too, is one a fold lets finish first
-        # (_flush_first): marked only from its publishing, the acks of the holds it extended waited
-        # a turn of the loop behind each 8 messages folded, and the engine delivered 8 again.
+        # Under way from its start (_flush_first): marked from its publishing only, the in-progress acks
+        # of the holds it extended waited behind 8 messages folded; the engine delivered 8 again.
         self._flushing += 1
         self._flushed.clear()
         try:
@@ -466,6 +469,8 @@ class Shard:
             self._flushing -= 1
             if not self._flushing:
                 self._flushed.set()
+            if self._flush_due_at != math.inf:  # the loop's next one: FLUSH_S after this one ended
+                self._flush_due_at = time.monotonic() + FLUSH_S
 
     async def _flush_now(self, js: JetStream) -> None:
         st, infos = self.stats, self.infos  # the bucket's counts (a late get's answer lands between folds)

@@ -302,13 +302,33 @@ def test_a_fold_lets_the_in_progress_acks_of_the_holds_a_flush_extends_go_first(
     assert shard.windows is not None
     assert shard.windows.fold_in(decode(last.data), last, 0, time.monotonic() - HOLD_S)  # its hold ran out
 
+    js = cast(JetStream, None)  # nothing else to publish
+
     async def fold_turn() -> None:
-        flush = asyncio.create_task(shard._flush(cast(JetStream, None)))  # nothing else to publish
+        flush = asyncio.create_task(shard._flush(js))
         await asyncio.sleep(0)  # the fold's turn of the loop (the flush loop's timer fired before it)
-        await shard._flush_first()
+        await shard._flush_first(js)
         order.append("next messages folded")
         await flush
 
     asyncio.run(fold_turn())
     assert order == ["in-progress ack sent", "next messages folded"]
     assert shard.windows.stats.extended == 1
+
+    # The flush loop's flush due while the fold held the loop, its task not begun (a timer's wake-up
+    # comes after the fold's own turn): the fold runs it before folding on.
+    again = Shard(S.EngineConfig(()), "s", collectives=ShardCollectives())
+    assert again.windows is not None
+    again.windows.fold_in(decode(last.data), last, 0, time.monotonic() - HOLD_S)
+    order.clear()
+
+    async def fold_turn_flush_due() -> None:
+        again._flush_due_at = time.monotonic()  # as the flush loop set it FLUSH_S ago
+        await again._flush_first(js)
+        order.append("next messages folded")
+        assert again._flush_due_at > time.monotonic()  # the loop's next one FLUSH_S after it
+        await again._flush_first(js)  # not due again: nothing runs
+        assert again.windows is not None and again.windows.stats.extended == 1
+
+    asyncio.run(fold_turn_flush_due())
+    assert order == ["in-progress ack sent", "next messages folded"]
