@@ -77,6 +77,8 @@ def _frozen_copy(pid: int, src: Path, dst: Path) -> None:
     of 72). Straight copies of the two files had read 66 and 73 missing."""
     db, wal = src / "state.sqlite3", src / "state.sqlite3-wal"
     dst.mkdir(exist_ok=True)
+    # the aggregator itself (unshare and sh exec into it): a wrapper stopped would leave it copying live
+    assert b"perfd.app.cli\0aggregator" in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
     os.kill(pid, signal.SIGSTOP)
     try:
         # SIGSTOP is delivered to each thread as it next runs: a thread inside a write finishes it first
