@@ -97,11 +97,12 @@ class PhaseControl(HookState):
             if code is None:
                 raise ValueError(f"unknown phase {phase!r} (one of {', '.join(wire.PHASE_CODES)})")
             self._phase_open = phase if state == wire.PHASE_BEGIN else None
-            self._time_pause(state)
+            took_ns = self._time_pause(state)
             if self._rank is None:
                 self._resolve_rank()
             at = self._next_step - 1 if step is None else step
-            rec = wire.pack_phase(wire.PhaseMsg(self._rank or 0, self.pid, code, state, at, time.time_ns()))
+            rec = wire.pack_phase(wire.PhaseMsg(self._rank or 0, self.pid, code, state, at, time.time_ns(),
+                                                max(1, took_ns // 1000) if took_ns is not None else 0))
             if self._lock.acquire(timeout=_PHASE_LOCK_TIMEOUT_S):
                 try:
                     self._flush()  # the steps before the pause reach the agent first
@@ -116,17 +117,18 @@ class PhaseControl(HookState):
         except Exception as exc:
             self._internal(exc)
 
-    def _time_pause(self, state: int) -> None:
+    def _time_pause(self, state: int) -> int | None:
         """The pause's host time and its fetches (an evaluation's loader) leave the period of the
         step they fall in, and its data wait: the collector counts the pause as checkpoint or
-        evaluation time (its ``paused-*`` timer) on the record whose period holds it."""
+        evaluation time (its ``paused-*`` timer) on the record whose period holds it. Returns an
+        end's pause length (ns, this monotonic clock's), which its end message carries."""
         now, fetched = time.perf_counter_ns(), self._fetch.total_ns
         if state == wire.PHASE_BEGIN:
             self._pause_at = (now, fetched)
-            return
+            return None
         began, self._pause_at = self._pause_at, None
         if began is None:
-            return
+            return None
         took, fetch = now - began[0], fetched - began[1]
         cur = self._cur
         if cur is not None:
@@ -135,3 +137,4 @@ class PhaseControl(HookState):
         else:
             self._paused_ns += took
             self._paused_fetch_ns += fetch
+        return took

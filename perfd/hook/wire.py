@@ -103,8 +103,10 @@ TRACE_WRITTEN = struct.Struct("<BBHiIIqH")
 PROFILE_STATUS = struct.Struct("<BBHiIIq")
 # version, kind, reserved, request_id, start_step, num_steps
 PROFILE_REQUEST = struct.Struct("<BBHIqI")
-# version, kind, phase, rank, pid, step, time_ns (wall clock), state, padding
-PHASE = struct.Struct("<BBHiIqqB7x")
+# version, kind, phase, rank, pid, step, time_ns (wall clock), state, padding, the pause's length in
+# microseconds by the hook's monotonic clock (an end's; 0: not said — a begin, an older hook, a pause
+# past the field's 71 minutes); what was padding before, so an older hook's end reads as not said
+PHASE = struct.Struct("<BBHiIqqB3xI")
 # version, kind, reason (REFUSED_*), the job the agent serves (UTF-8, NUL-padded, cut at a character)
 REFUSED = struct.Struct("<BBH56s")  # within the 64 bytes the hook reads a control datagram in
 REFUSED_OTHER_JOB = 1  # the process declares another job (PERFD_JOB)
@@ -388,16 +390,19 @@ class PhaseMsg:
     state: int  # PHASE_BEGIN or PHASE_END
     step: int
     time_ns: int
+    # An end's pause length by the hook's monotonic clock (µs; 0: not said): a step of the wall
+    # clock between the begin and the end stamps moves their difference, not this.
+    took_us: int = 0
 
 
 def pack_phase(m: PhaseMsg) -> bytes:
     return PHASE.pack(VERSION, KIND_PHASE, m.phase & 0xFFFF, m.rank, m.pid & _U32, m.step, m.time_ns,
-                      m.state & 0xFF)
+                      m.state & 0xFF, m.took_us if 0 < m.took_us <= _U32 else 0)
 
 
 def unpack_phase(data: bytes) -> PhaseMsg:
-    _, _, phase, rank, pid, step, time_ns, state = PHASE.unpack(data)
-    return PhaseMsg(rank, pid, phase, state, step, time_ns)
+    _, _, phase, rank, pid, step, time_ns, state, took_us = PHASE.unpack(data)
+    return PhaseMsg(rank, pid, phase, state, step, time_ns, took_us)
 
 
 @dataclass

@@ -219,11 +219,34 @@ class HookCollector(RequestSender):
         self._rx = threading.Thread(target=self._receive, args=(sock,), name="perfd-hook-rx", daemon=True)
         self._rx.start()
 
-    def stop(self) -> None:
+    def flush(self, now: float) -> Collected:
+        """At the agent's stop: what the job sent before it ended and no collect took yet — queued in
+        the inbox, or still in the socket's buffer behind a receiver thread the load kept waiting —
+        is handed over, not dropped with the socket (a job's last steps, often exactly these)."""
+        self._stop_receiver()
+        if self.sock is None:
+            return Collected()
+        put, anc = self.inbox.put, P.ANCILLARY_BYTES
+        self.sock.setblocking(False)
+        while True:  # the buffer holds what it holds: the loop ends when it is empty
+            try:
+                data, ancdata, _flags, addr = self.sock.recvmsg(65536, anc)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._recv_errors += 1
+                break
+            put(data, addr, P.credentials(ancdata))
+        return self.collect(now)
+
+    def _stop_receiver(self) -> None:
         self._stopping.set()
         if self._rx is not None:
             self._rx.join(timeout=2.0)
             self._rx = None
+
+    def stop(self) -> None:
+        self._stop_receiver()
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -50,7 +50,7 @@ class Pauses:
         self.until: dict[int, int] = {}
 
     def time(self, m: wire.PhaseMsg, phase: str, state: str) -> None:
-        """The pause's length by the hook's own clock (begin -> end), held for the rank's next
+        """The pause's length by the hook's own monotonic clock (begin -> end), held for the rank's next
         record (``HOOK_PAUSE_TIMERS``): goodput counts it as a checkpoint save or an evaluation in
         the window before that record instead of an unexplained gap (a stall)."""
         if state == "begin":
@@ -67,7 +67,9 @@ class Pauses:
             self._count("pause_over_cap")
             return
         held = self.held.setdefault(m.rank, {})
-        held[phase] = held.get(phase, 0.0) + (m.time_ns - began[1]) / 1e6
+        # the hook's monotonic length where it says one; the wall stamps' difference from an older hook
+        took_ms = m.took_us / 1e3 if m.took_us else (m.time_ns - began[1]) / 1e6
+        held[phase] = held.get(phase, 0.0) + took_ms
         self.until[m.rank] = max(m.time_ns, self.until.get(m.rank, 0))
 
     def take(self, m: wire.StepMsg, kind: int) -> dict[str, float] | None:

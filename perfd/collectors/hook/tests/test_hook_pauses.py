@@ -4,6 +4,7 @@ StepHooks on the same machine, the real collector, the aggregator's fold per ite
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -98,6 +99,27 @@ def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:
     c._handle(wire.pack_phase(msg), "addr", Sender(me, os.getuid(), os.getgid()), time.time(), out)
     assert c.counts["pause_end_unmatched"] == 1 and len(out.events) == 1  # the event still goes
     assert c.pauses.held == {}
+
+
+@pytest.mark.parametrize(("took_us", "held_ms"), [(150_000, 150.0), (0, 4_150.0)])
+def test_a_pause_is_timed_by_the_hooks_monotonic_length_where_it_says_one(took_us: int,
+                                                                          held_ms: float) -> None:
+    """The wall clock stepped 4 s forward during a 150-ms save: the end's monotonic length (through
+    the wire) is the pause's; an older hook's end (no length: 0) is timed by the two wall stamps."""
+    c = HookCollector({"job": "j"})
+    me, code = os.getpid(), wire.PHASE_CODES["checkpoint"]
+    sender, out = Sender(me, os.getuid(), os.getgid()), Collected()
+    t0 = time.time_ns()
+    for state, at, took in ((wire.PHASE_BEGIN, t0, 0), (wire.PHASE_END, t0 + 4_150_000_000, took_us)):
+        msg = wire.PhaseMsg(rank=0, pid=me, phase=code, state=state, step=3, time_ns=at, took_us=took)
+        c._handle(wire.pack_phase(msg), "addr", sender, time.time(), out)
+    assert c.pauses.held == {0: {"checkpoint": held_ms}} and c.errors == {}
+
+
+def test_the_phase_wire_carries_a_pause_length_up_to_its_field_and_not_past_it() -> None:
+    m = wire.PhaseMsg(rank=1, pid=2, phase=1, state=wire.PHASE_END, step=3, time_ns=4, took_us=2**32 - 1)
+    assert wire.unpack_phase(wire.pack_phase(m)) == m
+    assert wire.unpack_phase(wire.pack_phase(dataclasses.replace(m, took_us=2**32))).took_us == 0
 
 
 def test_goodput_counts_a_long_pause_before_a_record_as_its_kind_not_a_stall() -> None:
