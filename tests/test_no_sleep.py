@@ -108,6 +108,8 @@ ALLOWED: dict[str, str] = {
     "test_messages_held_past_their_ack_wait_are_delivered_again_and_counted_so.held_once": HOLD,
     "tests/engine/test_shard_hold_redelivery.py::"
     "test_a_slow_fold_without_holds_is_not_delivered_twice.slowly": HOLD,
+    "tests/engine/test_lease_keeper_late.py::_SlowKV.update": HOLD,
+    "tests/engine/test_lease_keeper_late.py::_hold": HOLD,
     "tests/engine/test_shard_lease_busy.py::_BusyFold.add": HOLD,
     "tests/engine/test_root_lease_busy.py::_SlowSink.ingest_steps": HOLD,
     "tests/engine/test_root_lead_ends.py::_until": POLL,

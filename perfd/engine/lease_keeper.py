@@ -62,6 +62,12 @@ class LeaseKeeper:
         self.renewals = 0  # rounds of renewal done
         self.renew_errors = 0  # renewals that did not reach the engine (retried until the TTL)
         self.stalled = 0  # rounds skipped: the owner's loop silent past loop_stall_s
+        # Rounds too late to keep a lease (each one logged), by where the time went: a round that began
+        # past its time by more than the margin a lease has between two renewals (the keeper's own
+        # thread not run: this process starved), or whose answers were read later than that margin
+        # after it was sent (the engine slow to answer, or again this process).
+        self.late_rounds = 0
+        self.slow_rounds = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"leases {holder}", daemon=True)
         self._nc: NatsClient | None = None
@@ -156,8 +162,15 @@ class LeaseKeeper:
         # from a renewal's sending, so a slow engine's round trips must not add up between two rounds
         began = time.monotonic()
         while True:
-            await asyncio.sleep(max(0.0, began + self.cfg.renew_s - time.monotonic()))
+            due = max(began + self.cfg.renew_s, time.monotonic())  # a slow last round is not lateness
+            await asyncio.sleep(due - time.monotonic())
+            late = time.monotonic() - due
             began = time.monotonic()
+            if late > self._margin_s:
+                self.late_rounds += 1
+                log.warning("leases %s: a renewal round began %.1f s late (this process's threads not run), "
+                            "past the %.1f s its leases have between two renewals", self.holder, late,
+                            self._margin_s)
             if time.monotonic() - self._beat > self.loop_stall_s:
                 self.stalled += 1
                 if self.stalled == 1:
@@ -165,6 +178,11 @@ class LeaseKeeper:
                                 self.holder, time.monotonic() - self._beat)
                 continue
             await self._renew_all()
+
+    @property
+    def _margin_s(self) -> float:
+        """How late a renewal may come and its lease still be held: the TTL less the round's period."""
+        return self.cfg.lease_ttl_s - self.cfg.renew_s
 
     async def _put_member(self) -> None:
         if self.member_key is not None and self._kv is not None:
@@ -182,6 +200,11 @@ class LeaseKeeper:
             self.renew_errors += 1
             log.info("leases %s: member key: %s", self.holder, member)
         now = time.monotonic()
+        if now - sent > self._margin_s:
+            self.slow_rounds += 1
+            log.warning("leases %s: a renewal round's answers were read %.1f s after it was sent (the engine "
+                        "slow to answer, or this process not run), past the %.1f s its leases have between "
+                        "two renewals", self.holder, now - sent, self._margin_s)
         lost = []
         until = dict(self._until)
         for (key, lease), ok in zip(leases, got, strict=True):
