@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.advice.remedies import (
@@ -35,7 +35,7 @@ from perfd.analytics.advice.replay_gains import ReplayGains
 from perfd.analytics.breakdown.replay_table import Change
 from perfd.analytics.common import TextEnum
 from perfd.core.model import ABSENT, PACKAGE_APEX, PACKAGE_FLASH_ATTN, PACKAGE_TE
-from perfd.core.record_json import JsonWritten
+from perfd.core.record_json import JsonWritten, unwritten
 
 
 class Relation(TextEnum):
@@ -164,7 +164,7 @@ class PlanStage(JsonWritten):
 
 
 @dataclass(frozen=True)
-class Unmodelled:
+class Unmodelled(JsonWritten):
     """A remedy that fits the job but has no modelled gain (``why``): listed apart from the plan's items,
     neither ordered among them nor combined with them (a plan orders and adds up gains only)."""
 
@@ -172,11 +172,8 @@ class Unmodelled:
     action: str  # its words: "" until the report words ``said`` (perfd.report.remedy_text.worded_plan)
     effort: Effort
     why: NoGain
-    said: Said | None = None  # the action as its code; None once worded, or read back
-
-    def to_json(self) -> dict[str, object]:
-        return {"remedy": self.remedy, "action": self.action, "effort": self.effort.value,
-                "why": self.why.value}
+    said: Said | None = field(default=None, metadata=unwritten())  # the action as its code; None once
+    # worded, or read back
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> Unmodelled:
