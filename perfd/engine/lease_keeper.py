@@ -62,12 +62,13 @@ class LeaseKeeper:
         self.renewals = 0  # rounds of renewal done
         self.renew_errors = 0  # renewals that did not reach the engine (retried until the TTL)
         self.stalled = 0  # rounds skipped: the owner's loop silent past loop_stall_s
-        # Rounds too late to keep a lease (each one logged), by where the time went: a round that began
-        # past its time by more than the margin a lease has between two renewals (the keeper's own
-        # thread not run: this process starved), or whose answers were read later than that margin
-        # after it was sent (the engine slow to answer, or again this process).
-        self.late_rounds = 0
-        self.slow_rounds = 0
+        # Rounds whose answers were read more than a TTL after the round before was sent: its leases
+        # lapsed in between (``held`` said so). Each one logged with where the time went: the round
+        # beginning late (this process's threads not run) or its answers coming late (the engine slow
+        # to answer, or again this process).
+        self.lapses = 0
+        self._last_sent: float | None = None  # when the last round (or acquire) was sent
+        self._late_s = 0.0  # how late the round under way began
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"leases {holder}", daemon=True)
         self._nc: NatsClient | None = None
@@ -149,6 +150,7 @@ class LeaseKeeper:
             return False
         self._leases[key] = lease
         self._until = {**self._until, key: sent + self.cfg.lease_ttl_s}
+        self._last_sent = max(sent, self._last_sent or sent)
         return True
 
     async def _release(self, key: str) -> None:
@@ -164,25 +166,16 @@ class LeaseKeeper:
         while True:
             due = max(began + self.cfg.renew_s, time.monotonic())  # a slow last round is not lateness
             await asyncio.sleep(due - time.monotonic())
-            late = time.monotonic() - due
             began = time.monotonic()
-            if late > self._margin_s:
-                self.late_rounds += 1
-                log.warning("leases %s: a renewal round began %.1f s late (this process's threads not run), "
-                            "past the %.1f s its leases have between two renewals", self.holder, late,
-                            self._margin_s)
+            self._late_s = began - due
             if time.monotonic() - self._beat > self.loop_stall_s:
                 self.stalled += 1
                 if self.stalled == 1:
                     log.warning("leases %s: its owner's loop silent %.0f s: its leases are let go",
                                 self.holder, time.monotonic() - self._beat)
+                self._last_sent = None  # let go on purpose: no lapse to tell of when it beats again
                 continue
             await self._renew_all()
-
-    @property
-    def _margin_s(self) -> float:
-        """How late a renewal may come and its lease still be held: the TTL less the round's period."""
-        return self.cfg.lease_ttl_s - self.cfg.renew_s
 
     async def _put_member(self) -> None:
         if self.member_key is not None and self._kv is not None:
@@ -200,11 +193,14 @@ class LeaseKeeper:
             self.renew_errors += 1
             log.info("leases %s: member key: %s", self.holder, member)
         now = time.monotonic()
-        if now - sent > self._margin_s:
-            self.slow_rounds += 1
-            log.warning("leases %s: a renewal round's answers were read %.1f s after it was sent (the engine "
-                        "slow to answer, or this process not run), past the %.1f s its leases have between "
-                        "two renewals", self.holder, now - sent, self._margin_s)
+        last, self._last_sent = self._last_sent, sent
+        if leases and last is not None and now - last > self.cfg.lease_ttl_s:
+            self.lapses += 1
+            log.warning("leases %s: renewals answered %.1f s after the round before them was sent, past the "
+                        "leases' %.1f s TTL: they lapsed meanwhile (this round began %.1f s late: this "
+                        "process's threads not run; its answers were read %.1f s after it was sent: the "
+                        "engine slow to answer, or this process)", self.holder, now - last,
+                        self.cfg.lease_ttl_s, self._late_s, now - sent)
         lost = []
         until = dict(self._until)
         for (key, lease), ok in zip(leases, got, strict=True):

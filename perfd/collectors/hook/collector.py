@@ -222,10 +222,15 @@ class HookCollector(RequestSender):
     def flush(self, now: float) -> Collected:
         """At the agent's stop: what the job sent before it ended and no collect took yet — queued in
         the inbox, or still in the socket's buffer behind a receiver thread the load kept waiting —
-        is handed over, not dropped with the socket (a job's last steps, often exactly these)."""
+        is handed over, not dropped with the socket (a job's last steps, often exactly these). The
+        socket's name goes first, so that a hook sending after this drain is refused, and counts it."""
+        with contextlib.suppress(OSError):
+            if self.sock is not None:
+                os.unlink(self.config.socket_path)
         self._stop_receiver()
+        out = Collected()
         if self.sock is None:
-            return Collected()
+            return out
         put, anc = self.inbox.put, P.ANCILLARY_BYTES
         self.sock.setblocking(False)
         while True:  # the buffer holds what it holds: the loop ends when it is empty
@@ -237,12 +242,28 @@ class HookCollector(RequestSender):
                 self._recv_errors += 1
                 break
             put(data, addr, P.credentials(ancdata))
-        return self.collect(now)
+        # every collect takes at most max_records_per_collect: as many as the queue can hold (bounded,
+        # should a receiver not stopped go on queueing)
+        for _ in range(-(-self.config.max_queued // self.config.max_records_per_collect) + 1):
+            got = self.collect(now)
+            out.samples += got.samples
+            out.steps += got.steps
+            out.events += got.events
+            out.collectives += got.collectives
+            out.job_info.update(got.job_info)
+            if not self.inbox.items:
+                break
+        return out
 
     def _stop_receiver(self) -> None:
+        """The receiver thread ended; one still running after its join's bound (not run for that long:
+        it may yet queue a datagram no collect takes) is counted."""
         self._stopping.set()
         if self._rx is not None:
             self._rx.join(timeout=2.0)
+            if self._rx.is_alive():
+                self.count_error("receiver_not_stopped", "the receiver thread did not end within 2 s of "
+                                                         "the stop: a datagram it holds may be lost")
             self._rx = None
 
     def stop(self) -> None:

@@ -60,8 +60,10 @@ class Pauses:
                 self._count("pause_over_cap")
             return
         began = self.began.pop(m.rank, None)
-        if began is None or began[0] != phase or m.time_ns < began[1]:
-            self._count("pause_end_unmatched")  # an end without its begin (a hook started mid-phase)
+        # an end without its begin (a hook started mid-phase); an end stamped before its begin is one
+        # only where no monotonic length says otherwise (the wall clock may have stepped back)
+        if began is None or began[0] != phase or (not m.took_us and m.time_ns < began[1]):
+            self._count("pause_end_unmatched")
             return
         if m.rank not in self.held and len(self.held) >= MAX_PAUSE_RANKS:
             self._count("pause_over_cap")

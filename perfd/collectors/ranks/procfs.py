@@ -72,7 +72,9 @@ def parse_stat(pid: int, text: str) -> ProcStat | None:
 @functools.cache
 def boot_time(proc: str = PROC) -> float | None:
     """When the node booted (epoch s, /proc/stat ``btime``): a process's start ticks count from it.
-    Read once per proc root (it does not change while the node is up)."""
+    Read once per proc root: the kernel gives it as the wall clock's now less the time since boot, so a
+    step of the wall clock moves it, and a rank's start time read again with it would move too (and a
+    start that moves reads as a new process)."""
     for line in (read_text(f"{proc}/stat") or "").splitlines():
         if line.startswith("btime "):
             try:

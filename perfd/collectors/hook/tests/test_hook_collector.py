@@ -130,11 +130,14 @@ def test_the_receiver_thread_drains_the_socket_without_collect(collector: HookCo
     assert collector.errors == {}
 
 
-def test_at_stop_what_no_collect_took_is_handed_over_from_the_queue_and_the_socket(
-        collector: HookCollector) -> None:
+def test_at_stop_what_no_collect_took_is_handed_over_from_the_queue_and_the_socket(tmp_path: Path) -> None:
     """A job's last steps reach the agent just before its launch stops it: at the stop the collector
     hands over what its receiver queued and no collect took, and what the socket still holds behind
-    a receiver the load kept waiting (here: stopped, so the datagrams stay in the socket)."""
+    a receiver the load kept waiting (here: stopped, so the datagrams stay in the socket), however
+    few records a collect takes; and a hook sending after it is refused, and counts it."""
+    collector = HookCollector({"socket_path": str(tmp_path / "hook.sock"), "job": "j",
+                               "max_records_per_collect": 2})
+    collector.start()
     hook = Hook(collector.config.socket_path, warmup_steps=0, cuda=False, rank=0)
     for _ in range(3):
         with hook.step():
@@ -149,8 +152,14 @@ def test_at_stop_what_no_collect_took_is_handed_over_from_the_queue_and_the_sock
     hook.close()
     assert len(collector.inbox.items) == 3  # three queued, three in the socket's buffer
     out = collector.flush(time.time())
+    late = Hook(collector.config.socket_path, warmup_steps=0, cuda=False, rank=1)
+    with late.step():
+        pass
+    late.close()
+    collector.stop()
     assert sorted(s.iteration for s in out.steps) == [1, 2, 3, 4, 5, 6]
     assert collector.errors == {} and hook.sender.dropped == 0
+    assert late.sender.dropped == 1
 
 
 def test_warmup_can_be_left_out(tmp_path: Path) -> None:

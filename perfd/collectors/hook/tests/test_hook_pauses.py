@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -101,19 +102,45 @@ def test_an_end_without_its_begin_is_counted_not_timed(tmp_path: Path) -> None:
     assert c.pauses.held == {}
 
 
-@pytest.mark.parametrize(("took_us", "held_ms"), [(150_000, 150.0), (0, 4_150.0)])
-def test_a_pause_is_timed_by_the_hooks_monotonic_length_where_it_says_one(took_us: int,
+@pytest.mark.parametrize(("step_ns", "took_us", "held_ms"),
+                         [(4_000_000_000, 150_000, 150.0), (-4_000_000_000, 150_000, 150.0),
+                          (4_000_000_000, 0, 4_150.0)])
+def test_a_pause_is_timed_by_the_hooks_monotonic_length_where_it_says_one(step_ns: int, took_us: int,
                                                                           held_ms: float) -> None:
-    """The wall clock stepped 4 s forward during a 150-ms save: the end's monotonic length (through
-    the wire) is the pause's; an older hook's end (no length: 0) is timed by the two wall stamps."""
+    """The wall clock stepped 4 s forward (or back) during a 150-ms save: the end's monotonic length
+    (through the wire) is the pause's; an older hook's end (no length: 0) is timed by the two wall
+    stamps."""
     c = HookCollector({"job": "j"})
     me, code = os.getpid(), wire.PHASE_CODES["checkpoint"]
     sender, out = Sender(me, os.getuid(), os.getgid()), Collected()
     t0 = time.time_ns()
-    for state, at, took in ((wire.PHASE_BEGIN, t0, 0), (wire.PHASE_END, t0 + 4_150_000_000, took_us)):
+    for state, at, took in ((wire.PHASE_BEGIN, t0, 0), (wire.PHASE_END, t0 + step_ns + 150_000_000, took_us)):
         msg = wire.PhaseMsg(rank=0, pid=me, phase=code, state=state, step=3, time_ns=at, took_us=took)
         c._handle(wire.pack_phase(msg), "addr", sender, time.time(), out)
     assert c.pauses.held == {0: {"checkpoint": held_ms}} and c.errors == {}
+
+
+def test_a_real_hooks_end_says_its_pause_length_and_its_begin_none(tmp_path: Path) -> None:
+    path = str(tmp_path / "hook.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(30)
+    try:
+        h = Hook(path, rank=0)
+        with h.phase("checkpoint"):
+            pass
+        msgs = []
+        while len(msgs) < 2:
+            data = sock.recv(65536)
+            records, problem = wire.split_records(data)
+            assert problem is None
+            msgs += [wire.unpack_phase(r) for kind, r in records if kind == wire.KIND_PHASE]
+        h.close()
+    finally:
+        sock.close()
+    begin, end = msgs
+    assert (begin.state, end.state) == (wire.PHASE_BEGIN, wire.PHASE_END)
+    assert begin.took_us == 0 and end.took_us >= 1
 
 
 def test_the_phase_wire_carries_a_pause_length_up_to_its_field_and_not_past_it() -> None:
