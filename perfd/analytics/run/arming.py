@@ -23,13 +23,12 @@ import enum
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics import thresholds as th
 from perfd.analytics.incidents.detect import CAPTURE, LEVEL_SHIFT, SLOW, Incident
 from perfd.analytics.run.runs import RunDigest
 from perfd.core.model import StepRecord
-from perfd.core.record_json import JsonWritten, written_after
+from perfd.core.record_json import JsonRecord, written_after
 
 MIN_STEPS = int(th.ARMING_MIN_STEPS.value)
 
@@ -47,7 +46,7 @@ class ArmingBasis(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ArmingCost(JsonWritten):
+class ArmingCost(JsonRecord):
     basis: ArmingBasis
     ranks: tuple[int, ...]  # the armed ranks
     armed_ms: float  # median step of the armed steps
@@ -67,20 +66,6 @@ class ArmingCost(JsonWritten):
     @written_after("n_reference")
     def ratio(self) -> float:
         return self.armed_ms / self.reference_ms if self.reference_ms > 0 else float("nan")
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any] | None) -> ArmingCost | None:
-        if not isinstance(d, Mapping) or d.get("basis") not in ArmingBasis._value2member_map_:
-            return None
-        try:
-            return cls(ArmingBasis(d["basis"]), tuple(int(r) for r in d.get("ranks") or ()),
-                       float(d["armed_ms"]), float(d["reference_ms"]), int(d["n_armed"]),
-                       int(d["n_reference"]),
-                       int(d["first_iteration"]) if isinstance(d.get("first_iteration"), int) else None,
-                       int(d["run"]) if isinstance(d.get("run"), int) else None,
-                       int(d["reference_run"]) if isinstance(d.get("reference_run"), int) else None)
-        except (KeyError, TypeError, ValueError):
-            return None
 
 
 def _start(r: StepRecord) -> float | None:
