@@ -64,7 +64,7 @@ class Coverage(JsonRecord):
 
 
 @dataclass(frozen=True)
-class KernelChoiceNote(JsonWritten):
+class KernelChoiceNote(JsonRecord):
     """How a range's kernels were chosen (perfd.capture.ncu_exec.NcuOptions.choice_json), for the
     report: ``text`` says it."""
 
@@ -74,16 +74,6 @@ class KernelChoiceNote(JsonWritten):
     launch_skip: int = 0
     window_layer: int | None = None
     window_layers: int | None = None
-
-    @classmethod
-    def from_json(cls, d: object) -> KernelChoiceNote | None:
-        m = obj(d)
-        text = _str(m.get("text"))
-        if text is None:
-            return None
-        skip, layer, layers = m.get("launch_skip"), m.get("window_layer"), m.get("window_layers")
-        return cls(str(m.get("how") or ""), _str(m.get("from")), text, skip if isinstance(skip, int) else 0,
-                   layer if isinstance(layer, int) else None, layers if isinstance(layers, int) else None)
 
 
 @dataclass(frozen=True)

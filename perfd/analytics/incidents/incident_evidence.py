@@ -23,7 +23,7 @@ from perfd.analytics.incidents.attribution import GpuSeen
 from perfd.analytics.incidents.evidence import Evidence
 from perfd.analytics.incidents.stall import StallSeen
 from perfd.analytics.steps.changepoint import ChangePoint
-from perfd.core.record_json import JsonWritten, written_after
+from perfd.core.record_json import JsonRecord, written_after
 from perfd.core.typed import objs
 
 
@@ -64,7 +64,7 @@ def _evidence(xs: object) -> tuple[Evidence, ...]:
 
 
 @dataclass(frozen=True)
-class LevelShift(JsonWritten):
+class LevelShift(JsonRecord):
     """A lasting shift of the step time (perfd.analytics.steps.changepoint) as its incident keeps it."""
 
     iteration: int  # where the new level began
@@ -81,11 +81,6 @@ class LevelShift(JsonWritten):
     @written_after("after_ms")
     def ratio(self) -> float | None:
         return self.after_ms / self.before_ms if self.before_ms else None
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> LevelShift:
-        return LevelShift(int(d["iteration"]), d["before_ms"], d["after_ms"], int(d.get("steps_after") or 0),
-                          d.get("new_normal_at"))
 
 
 @dataclass(frozen=True)

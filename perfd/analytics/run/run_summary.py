@@ -258,7 +258,7 @@ class StepTimeDistribution(JsonRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DisturbanceStretch(JsonWritten):
+class DisturbanceStretch(JsonRecord):
     """One stretch of iterations a perfd capture disturbed; ``inside_incident``: the incident it lies
     in (its time is that incident's capture_cost_s)."""
 
@@ -266,18 +266,6 @@ class DisturbanceStretch(JsonWritten):
     last_iteration: int
     excess_s: float | None
     inside_incident: str | None = field(default=None, metadata=unless_none())
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, object]) -> DisturbanceStretch | None:
-        """Back from to_json (a served summary); None without its iterations."""
-        a, b = d.get("first_iteration"), d.get("last_iteration")
-        if not isinstance(a, int) or not isinstance(b, int):
-            return None
-        cost = d.get("excess_s")
-        inside = d.get("inside_incident")
-        return cls(first_iteration=a, last_iteration=b,
-                   excess_s=float(cost) if isinstance(cost, (int, float)) else None,
-                   inside_incident=str(inside) if inside is not None else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
