@@ -11,11 +11,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from perfd.analytics.incidents.evidence import Evidence, EvidenceKind
 from perfd.core import shared_thresholds as th
-from perfd.core.record_json import JsonWritten
+from perfd.core.record_json import JsonRecord
 from perfd.core.typed import obj, objs
 
 K = EvidenceKind
@@ -39,7 +38,7 @@ class CpuRoom(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class CpuUse(JsonWritten):
+class CpuUse(JsonRecord):
     """How a rank's process and its own children (data-loader workers) use the CPUs it may run on:
     what decides between more workers and cheaper transforms (perfd.report.incident_text)."""
 
@@ -57,18 +56,6 @@ class CpuUse(JsonWritten):
     # A finished (or stalled) job's: the last observation taken while it stepped, said as such (after
     # its exit its process shows no workers and no load: "its 0 child process(es)").
     while_running: bool = False
-
-    @staticmethod
-    def from_json(d: Mapping[str, Any]) -> CpuUse | None:
-        node = d.get("node")
-        try:
-            return CpuUse(int(d["rank"]), CpuRoom(d["room"]), _num(d.get("rank_cores")),
-                          _num(d.get("children_cores")), _int(d.get("children")), _int(d.get("cpus")),
-                          _num(d.get("busy_ratio")), _num(d.get("quota_cores")),
-                          _num(d.get("throttled_ratio")), node if isinstance(node, str) else None,
-                          _num(d.get("observed_at")), bool(d.get("while_running")))
-        except (KeyError, TypeError, ValueError):
-            return None
 
 
 def _int(v: object) -> int | None:
