@@ -306,13 +306,15 @@ class KinetoDaemon:
     """
 
     def __init__(self, socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str | None = None,
-                 clock: Callable[[], float] = time.time, file_mode: int = 0o666) -> None:
+                 clock: Callable[[], float] = time.time, file_mode: int = 0o666,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         if socket_dir is None:
             socket_dir = os.environ.get("KINETO_IPC_SOCKET_DIR") or None
         self.socket_name = socket_name
         self.socket_dir = socket_dir
         self.address = socket_address(socket_name, socket_dir)
-        self.clock = clock
+        self.clock = clock  # the wall clock: armings' times, as the capture reads them
+        self.monotonic = monotonic  # what times a process's polls (a wall clock's step does not move it)
         self.file_mode = file_mode
         self.sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -323,12 +325,15 @@ class KinetoDaemon:
         self._ids = itertools.count(1)
         # Per process (the first pid of its requests): how often it polled, when last, what it said.
         self.requests_seen: dict[int, int] = {}
-        self.last_seen: dict[int, float] = {}
+        self.last_seen: dict[int, float] = {}  # the monotonic clock's
         self.last_type: dict[int, int] = {}
         self.ancestors: dict[int, tuple[int, ...]] = {}
         self.job_ids: dict[int, int] = {}
         self.sender_pids: dict[int, int] = {}  # first pid -> pid the kernel reported (when known)
         self.intervals: dict[int, float] = {}  # first pid -> seconds between its last two polls
+        # ... and the shortest between two of its polls: the period it polls at (a busy machine only
+        # ever lengthens one)
+        self.shortest_intervals: dict[int, float] = {}
         self.errors: dict[str, int] = {}
         self.answers_sent = 0
         self.on_answer: Callable[[int, Arming, float], None] | None = None  # (pid, arming, time)
@@ -438,7 +443,7 @@ class KinetoDaemon:
 
     def polling(self, within_s: float = 30.0) -> dict[int, tuple[int, ...]]:
         """Processes that polled in the last ``within_s`` seconds: first pid -> its ancestors."""
-        cutoff = self.clock() - within_s
+        cutoff = self.monotonic() - within_s
         with self._lock:
             return {p: self.ancestors.get(p, ()) for p, t in self.last_seen.items() if t >= cutoff}
 
@@ -514,13 +519,14 @@ class KinetoDaemon:
 
     def _on_request(self, config_type: int, job_id: int, pids: tuple[int, ...], sender: int | None,
                     sender_uid: int | None = None) -> str:
-        now = self.clock()
+        now, polled = self.clock(), self.monotonic()
         me = pids[0]
         with self._lock:
             self.requests_seen[me] = self.requests_seen.get(me, 0) + 1
             if me in self.last_seen:
-                self.intervals[me] = now - self.last_seen[me]
-            self.last_seen[me] = now
+                self.intervals[me] = took = polled - self.last_seen[me]
+                self.shortest_intervals[me] = min(took, self.shortest_intervals.get(me, took))
+            self.last_seen[me] = polled
             self.last_type[me] = config_type
             self.ancestors[me] = pids[1:]
             self.job_ids[me] = job_id

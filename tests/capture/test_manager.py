@@ -398,10 +398,10 @@ def test_real_torch_process_end_to_end(tmp_path):
         assert m["status"] == "ok", m["reason"]
     else:
         assert m["status"] == "failed" and "holds no timed event" in (m["reason"] or ""), m
-    # The 1 s poll (libkineto's default is 5 s): the period the daemon measured between polls, below
-    # the default's (room for a loaded machine: this tells the two settings apart, it times nothing).
-    # The capture's latency is its start's time from the request's, not bounded here.
-    assert daemon.intervals[proc.pid] < 4.5
+    # The 1 s poll (libkineto's default is 5 s): the shortest period the daemon measured between polls
+    # (a loaded machine only lengthens one), below the default's: this tells the two settings apart, it
+    # times nothing. The capture's latency is its start's time from the request's, not bounded here.
+    assert daemon.shortest_intervals[proc.pid] < 3.0
     t = m["timings"]
     started = t["started_at"]
     assert started is not None and m["latency_s"] == round(started - t["requested_at"], 3) >= 0
