@@ -7,12 +7,13 @@ code under test reads a clock, the test moves that clock (tests/hook/sim_clock.p
 ``KinetoDaemon(clock=...)``, the aggregator's perfd.core.clock.ManualClock and its tick); where it waits for
 another thread or process, it polls for the state with a deadline that bounds a failure only.
 
-The scan reads every tests/**/*.py (an AST, so code in strings, run by child processes, is not test code
-here) for calls of ``time.sleep`` and ``asyncio.sleep`` (under any name they are imported as). Each site is
-named ``path::function`` (nested functions and methods dotted); a name missing from ALLOWED fails, and so
-does an entry with no sleep left in it, so the list only shrinks. ``asyncio.sleep(0)`` yields to the
-event loop and waits for no time: not counted. Scripts run by hand (tests/gpu and tests/data, other than
-their test_*.py modules) are not collected by pytest and not scanned."""
+The scan reads every tests/**/*.py and perfd/collectors/*/tests/*.py (an AST, so code in strings, run by
+child processes, is not test code here) for calls of ``time.sleep`` and ``asyncio.sleep`` (under any name
+they are imported as). Each site is named ``path::function`` (nested functions and methods dotted); a name
+missing from ALLOWED fails, and so does an entry with no sleep left in it, so the list only shrinks.
+``asyncio.sleep(0)`` yields to the event loop and waits for no time: not counted. Scripts run by hand
+(tests/gpu and tests/data, other than their test_*.py modules) are not collected by pytest and not
+scanned."""
 
 from __future__ import annotations
 
@@ -51,6 +52,27 @@ CHILD = "the program a test starts as a real process (a hooked training loop): i
 GUARD = "the suite's leftover-process guard: a bounded moment for the processes a test left to exit"
 
 ALLOWED: dict[str, str] = {
+    "perfd/collectors/hook/tests/test_hook_collector.py::collect_until": POLL,
+    "perfd/collectors/hook/tests/test_hook_collector.py::test_step_records_from_two_ranks": LOOP,
+    "perfd/collectors/hook/tests/test_hook_collector.py::"
+    "test_at_stop_what_no_collect_took_is_handed_over_from_the_queue_and_the_socket": POLL,
+    "perfd/collectors/hook/tests/test_hook_collector.py::test_malformed_datagrams_are_counted": POLL,
+    "perfd/collectors/hook/tests/test_hook_jobs.py::_collect": POLL,
+    "perfd/collectors/hook/tests/test_hook_pauses.py::"
+    "test_an_announced_save_and_evaluation_are_timed_onto_the_next_record.pause": LOOP,
+    "perfd/collectors/hook/tests/test_hook_pauses.py::"
+    "test_an_announced_save_and_evaluation_are_timed_onto_the_next_record.run_rank": LOOP,
+    "perfd/collectors/host/tests/test_host.py::test_real_psutil_values_in_range": WINDOW,
+    "perfd/collectors/nccl/tests/test_collector.py::test_trigger_read_dedupe_and_hang_event": TIMER,
+    "perfd/collectors/ranks/tests/test_ranks.py::_collect": WINDOW,
+    "perfd/collectors/ranks/tests/test_ranks.py::_wait_state": POLL,
+    "perfd/collectors/ranks/tests/test_ranks.py::test_states_cpu_and_absent_before_two_readings": WINDOW,
+    "perfd/collectors/ranks/tests/test_ranks.py::test_the_launch_manifests_tree_gives_the_ranks": POLL,
+    "perfd/collectors/ranks/tests/test_ranks.py::test_a_wrapper_declaring_the_rank_is_not_the_rank": POLL,
+    "perfd/collectors/ranks/tests/test_ranks.py::test_the_event_goes_out_on_change_and_every_few_seconds_otherwise":
+        WINDOW,
+    "perfd/collectors/ranks/tests/test_ranks.py::"
+    "test_the_event_goes_out_on_change_and_every_few_seconds_otherwise.after": WINDOW,
     "tests/capture/test_hook_trace_run.py::StandInHooks.request_trace.hook": STANDIN,
     "tests/capture/test_kineto_daemon.py::FakeLibkineto.recv": POLL,
     "tests/capture/test_kineto_daemon.py::test_real_torch_process_traces_the_window_its_config_asks": POLL,
@@ -254,7 +276,8 @@ def sleep_sites(source: str) -> list[tuple[str, int]]:
 def sites() -> dict[str, list[int]]:
     """``path::function`` -> the lines of its sleeps, over the tests."""
     out: dict[str, list[int]] = {}
-    for path in sorted(TESTS.rglob("*.py")):
+    # the suite's test paths (pyproject's testpaths): tests/ and each collector's own tests/
+    for path in sorted([*TESTS.rglob("*.py"), *(ROOT / "perfd" / "collectors").glob("*/tests/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         if _is_script(rel):
             continue

@@ -1,17 +1,27 @@
 import os
 import subprocess
 import sys
-import time
+
+import psutil
 
 from perfd.collectors.nvml.processes import GpuProcess, ProcessTracker, psutil_rank_env, psutil_user
+from tests.procs import wait_for
+
+
+def _started(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A process running with ``env``: until it has exec'd, its /proc environ is still its parent's (a
+    fork's copy), so wait for its command line to be its own (the bound is a failure's only)."""
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    p = subprocess.Popen(argv, env=env)
+    wait_for(lambda: psutil.Process(p.pid).cmdline()[1:] == argv[1:], 30, "the child exec'd")
+    return p
 
 
 def test_rank_env_of_a_real_process_and_nothing_else_of_its_environment():
     env = {k: v for k, v in os.environ.items() if k != "PERFD_JOB"}
     env.update({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "SECRET_TOKEN": "x", "SLURM_PROCID": "99"})
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    p = _started(env)
     try:
-        time.sleep(0.2)
         assert psutil_rank_env(p.pid) == {"rank": 5, "local_rank": 1, "world_size": 8}
     finally:
         p.kill()
@@ -24,9 +34,8 @@ def test_job_env_of_a_real_process_places_its_gpu_in_the_job():
     an empty or oversized value is no job, never a made-up one."""
     for value, want in (("gpt-8b", "gpt-8b"), ("  ", None), ("x" * 300, None)):
         env = {**os.environ, "PERFD_JOB": value, "RANK": "3"}
-        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+        p = _started(env)
         try:
-            time.sleep(0.2)
             got = psutil_rank_env(p.pid)
         finally:
             p.kill()
