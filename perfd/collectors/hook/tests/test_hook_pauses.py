@@ -129,7 +129,7 @@ def test_a_real_hooks_end_says_its_pause_length_and_its_begin_none(tmp_path: Pat
         h = Hook(path, rank=0)
         with h.phase("checkpoint"):
             pass
-        msgs = []
+        msgs: list[wire.PhaseMsg] = []
         while len(msgs) < 2:
             data = sock.recv(65536)
             records, problem = wire.split_records(data)
