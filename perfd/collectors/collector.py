@@ -43,6 +43,16 @@ class Collected:
     # latest one per collector under its --state-dir and hands it back as config["resume"]).
     checkpoint: dict[str, object] | None = None
 
+    def extend(self, other: Collected) -> None:
+        """``other``'s output after this one's (its checkpoint, where it has one, the newer)."""
+        self.samples += other.samples
+        self.steps += other.steps
+        self.events += other.events
+        self.collectives += other.collectives
+        self.job_info.update(other.job_info)
+        if other.checkpoint is not None:
+            self.checkpoint = other.checkpoint
+
 
 class Collector(abc.ABC):
     """Base class. Subclasses set ``name`` and implement probe/collect."""

@@ -231,26 +231,11 @@ class HookCollector(RequestSender):
         out = Collected()
         if self.sock is None:
             return out
-        put, anc = self.inbox.put, P.ANCILLARY_BYTES
-        self.sock.setblocking(False)
-        while True:  # the buffer holds what it holds: the loop ends when it is empty
-            try:
-                data, ancdata, _flags, addr = self.sock.recvmsg(65536, anc)
-            except BlockingIOError:
-                break
-            except OSError:
-                self._recv_errors += 1
-                break
-            put(data, addr, P.credentials(ancdata))
+        self._recv_errors += self.inbox.take_pending(self.sock)
         # every collect takes at most max_records_per_collect: as many as the queue can hold (bounded,
         # should a receiver not stopped go on queueing)
         for _ in range(-(-self.config.max_queued // self.config.max_records_per_collect) + 1):
-            got = self.collect(now)
-            out.samples += got.samples
-            out.steps += got.steps
-            out.events += got.events
-            out.collectives += got.collectives
-            out.job_info.update(got.job_info)
+            out.extend(self.collect(now))
             if not self.inbox.items:
                 break
         return out

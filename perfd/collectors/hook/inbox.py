@@ -19,6 +19,7 @@ few dict and deque operations per datagram).
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections import deque
 
@@ -73,6 +74,19 @@ class Inbox:
                 held = self._held[sender.pid] = [0, 0]
             held[0] += 1
             held[1] += cost
+
+    def take_pending(self, sock: socket.socket) -> int:
+        """At a stop, with the receiver thread ended: queue what ``sock`` still holds (non-blocking: the
+        buffer holds what it holds). Returns the receive errors met (0 or 1: the read ends at one)."""
+        sock.setblocking(False)
+        while True:
+            try:
+                data, ancdata, _flags, addr = sock.recvmsg(65536, P.ANCILLARY_BYTES)
+            except BlockingIOError:
+                return 0
+            except OSError:
+                return 1
+            self.put(data, addr, P.credentials(ancdata))
 
     def pop(self) -> Item | None:
         """``collect()``: the oldest queued datagram, None when there is none."""
