@@ -91,3 +91,13 @@ def test_failures_are_counted_logged_once_and_the_agent_keeps_running(
     assert 'collector="bad-config"' in metrics and 'reason="config"' in metrics
     assert 'collector="megatron"' in metrics and "tail:missing" in metrics
     assert "perfd_host_load1" in metrics
+
+
+def test_collected_extend_keeps_both_outputs_in_order_and_the_newer_checkpoint() -> None:
+    a = Collected(samples=[Sample("a", 1.0, 0.0)], events=[{"kind": "x"}], checkpoint={"offset": 1})
+    b = Collected(samples=[Sample("b", 2.0, 0.0)], events=[{"kind": "y"}])
+    a.extend(b)
+    assert [s.name for s in a.samples] == ["a", "b"] and [e["kind"] for e in a.events] == ["x", "y"]
+    assert a.checkpoint == {"offset": 1}  # b has none: a's stays
+    a.extend(Collected(checkpoint={"offset": 2}))
+    assert a.checkpoint == {"offset": 2}
