@@ -7,7 +7,7 @@ code under test reads a clock, the test moves that clock (tests/hook/sim_clock.p
 ``KinetoDaemon(clock=...)``, the aggregator's perfd.core.clock.ManualClock and its tick); where it waits for
 another thread or process, it polls for the state with a deadline that bounds a failure only.
 
-The scan reads every tests/**/*.py and perfd/collectors/*/tests/*.py (an AST, so code in strings, run by
+The scan reads every tests/**/*.py and perfd/collectors/*/tests/**/*.py (an AST, so code in strings, run by
 child processes, is not test code here) for calls of ``time.sleep`` and ``asyncio.sleep`` (under any name
 they are imported as). Each site is named ``path::function`` (nested functions and methods dotted); a name
 missing from ALLOWED fails, and so does an entry with no sleep left in it, so the list only shrinks.
@@ -277,7 +277,7 @@ def sites() -> dict[str, list[int]]:
     """``path::function`` -> the lines of its sleeps, over the tests."""
     out: dict[str, list[int]] = {}
     # the suite's test paths (pyproject's testpaths): tests/ and each collector's own tests/
-    for path in sorted([*TESTS.rglob("*.py"), *(ROOT / "perfd" / "collectors").glob("*/tests/*.py")]):
+    for path in sorted([*TESTS.rglob("*.py"), *(ROOT / "perfd" / "collectors").glob("*/tests/**/*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         if _is_script(rel):
             continue
