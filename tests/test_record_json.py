@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 from perfd.analytics.breakdown.budget import CutPart, IdleCause, IdleShare, Unprofiled, Window
 from perfd.analytics.breakdown.step_parts import Part, Phase
 from perfd.core import record_json as rj
-from perfd.core.record_json import absent, flat, key, unless_none, unwritten, written_after
+from perfd.core.record_json import (
+    absent,
+    fitting,
+    flat,
+    key,
+    or_absent,
+    unless_none,
+    unwritten,
+    written_after,
+)
 
 
 class Colour(enum.Enum):
@@ -139,6 +148,24 @@ def test_what_is_absent_reads_as_declared_and_what_does_not_fit_reads_as_none() 
         assert rj.from_json(Outer, {**base, **bad}) is None, bad
     assert rj.from_json(Outer, [base]) is None
     assert Window.from_json({"marked": 2.5, "complete": 1}) is None
+
+
+@dataclass(frozen=True)
+class Lenient(rj.JsonRecord):
+    kernels: tuple[Kernel, ...] = field(metadata=fitting())
+    label: str = field(default="", metadata=or_absent())
+    ms: float | None = field(default=None, metadata=or_absent())
+    tag: str = field(default="x", metadata=absent("none said") | or_absent())
+
+
+def test_a_lenient_field_keeps_what_fits_and_reads_what_does_not_as_absent() -> None:
+    ok = {"name": "gemm", "ms": 2}
+    got = Lenient.from_json({"kernels": [ok, {"name": 5}, "junk", ok], "label": 7, "ms": "fast", "tag": []})
+    assert got == Lenient((Kernel("gemm", 2), Kernel("gemm", 2)), "", None, "none said")
+    assert Lenient.from_json({"kernels": "junk"}) == Lenient((), tag="none said")
+    assert Lenient.from_json({"kernels": [ok], "ms": 2, "tag": "t"}) == Lenient((Kernel("gemm", 2),), ms=2.0,
+                                                                                  tag="t")
+    assert Lenient.from_json({}) is None  # the list itself absent, with no default: still not one
 
 
 def _idle_hand(r: IdleShare) -> dict[str, object]:  # what IdleShare.to_json wrote

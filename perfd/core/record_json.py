@@ -19,7 +19,10 @@ it is not None: a key older readers did not expect, or that the JSON leaves out 
 :func:`unwritten` (never written: what the record carries for its readers in process, read back as its
 default) and :func:`flat` (a nested record whose keys are written into this one's, where its fields
 lie). A property whose getter is marked :func:`written_after` a field is written after that field (a
-figure derived from the fields, a ratio: read back, it is derived again, not read).
+figure derived from the fields, a ratio: read back, it is derived again, not read). Two marks make its
+reading lenient where a record is read that an older or damaged store may hold: :func:`fitting` (a
+list's items that do not fit are left out, not the record) and :func:`or_absent` (a value that does not
+fit reads as if the key were absent).
 
 Written here, not with a library: the JSON must stay byte for byte what the hand-written functions
 wrote (what is kept on disk and served), which the libraries that do this (dataclasses-json, cattrs,
@@ -44,6 +47,8 @@ _KEY = "record_json.key"
 _UNLESS_NONE = "record_json.unless_none"
 _FLAT = "record_json.flat"
 _UNWRITTEN = "record_json.unwritten"
+_FITTING = "record_json.fitting"
+_OR_ABSENT = "record_json.or_absent"
 _AFTER = "_record_json_after"
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -70,6 +75,18 @@ def unless_none() -> dict[str, object]:
 def unwritten() -> dict[str, object]:
     """A field's metadata: not written (read as its default)."""
     return {_UNWRITTEN: True}
+
+
+def fitting() -> dict[str, object]:
+    """A list field's metadata: read back, the items that fit (one that does not is left out, not the
+    record); a value that is not a list reads as none."""
+    return {_FITTING: True}
+
+
+def or_absent() -> dict[str, object]:
+    """A field's metadata: a value that does not fit reads as if absent (its ``absent``, its default, or
+    None), not as the record not fitting."""
+    return {_OR_ABSENT: True}
 
 
 def flat() -> dict[str, object]:
@@ -178,8 +195,13 @@ def _record(cls: type[T], d: object) -> T:
             continue  # its default (a field without one is perfd's bug: the constructor says so)
         v = d if f.metadata.get(_FLAT) else d.get(f.metadata.get(_KEY, f.name))
         if v is not None:
-            kw[f.name] = _in(hints[f.name], v)
-        elif _ABSENT in f.metadata:
+            try:
+                kw[f.name] = (_fitting if f.metadata.get(_FITTING) else _in)(hints[f.name], v)
+                continue
+            except _Unfit:
+                if not f.metadata.get(_OR_ABSENT):
+                    raise
+        if _ABSENT in f.metadata:
             kw[f.name] = f.metadata[_ABSENT]
         elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
@@ -188,6 +210,20 @@ def _record(cls: type[T], d: object) -> T:
         else:
             raise _Unfit(f"{cls.__name__}.{f.name}")
     return cls(**kw)
+
+
+def _fitting(tp: Any, v: object) -> object:
+    """A list field's items that fit its item type (:func:`fitting`)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin not in (tuple, list) or not (origin is list or (len(args) == 2 and args[1] is Ellipsis)):
+        raise TypeError(f"record_json: fitting() marks a list or tuple[X, ...], not {tp!r}")  # perfd's bug
+    items = []
+    for x in v if isinstance(v, list) else ():
+        try:
+            items.append(_in(args[0], x))
+        except _Unfit:
+            continue
+    return tuple(items) if origin is tuple else items
 
 
 def _in(tp: Any, v: object) -> object:

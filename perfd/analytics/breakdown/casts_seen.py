@@ -23,12 +23,10 @@ step are a whole multiple of the micro-batches: one set a micro-batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from perfd.analytics.breakdown.pointwise_kinds import PointwiseKind, is_fused_kernel, kernel_kind
-from perfd.core.record_json import JsonWritten
-from perfd.core.typed import obj, objs
+from perfd.core.record_json import JsonRecord, absent, fitting, or_absent
 
 # A weight's cast and its gradient's move the same elements at 6 bytes each (fp32 read and bf16 written
 # in the forward, bf16 read and fp32 written in the backward): their times a kernel agree but for the
@@ -41,13 +39,19 @@ PAIRED_TIME = 2.0
 _SAME_COUNT = 1e-6
 
 
+# read back, a name or a flag that does not fit reads as none (counts and times must: the group is the
+# numbers)
+_LENIENT_STR, _LENIENT_FLAG = absent("") | or_absent(), absent(False) | or_absent()
+
+
 @dataclass(frozen=True)
-class CastGroup(JsonWritten):
+class CastGroup(JsonRecord):
     """One kind of cast kernel in the complete steps, per step."""
 
-    name: str  # the kernel's name
-    backward: bool  # launched by the autograd engine
-    linked: bool  # autograd links it to a parameter's gradient (an eager model's weight cast)
+    name: str = field(metadata=_LENIENT_STR)  # the kernel's name
+    backward: bool = field(metadata=_LENIENT_FLAG)  # launched by the autograd engine
+    # autograd links it to a parameter's gradient (an eager model's weight cast)
+    linked: bool = field(metadata=_LENIENT_FLAG)
     count: float  # kernels a step
     ms: float  # their summed time a step
 
@@ -55,28 +59,14 @@ class CastGroup(JsonWritten):
     def each_ms(self) -> float:
         return self.ms / self.count if self.count > 0 else 0.0
 
-    @staticmethod
-    def from_json(d: Mapping[str, object]) -> CastGroup | None:
-        count, ms = d.get("count"), d.get("ms")
-        if not isinstance(count, (int, float)) or not isinstance(ms, (int, float)) \
-                or isinstance(count, bool) or isinstance(ms, bool):
-            return None
-        return CastGroup(str(d.get("name") or ""), d.get("backward") is True, d.get("linked") is True,
-                         float(count), float(ms))
-
 
 @dataclass(frozen=True)
-class CastsSeen(JsonWritten):
-    """The cast kernels of a capture's complete steps, by kernel, per step (the largest groups)."""
+class CastsSeen(JsonRecord):
+    """The cast kernels of a capture's complete steps, by kernel, per step (the largest groups). Read
+    back (None: absent, a breakdown or budget from before they were counted, or not one), the groups
+    that fit."""
 
-    groups: tuple[CastGroup, ...]
-
-    @staticmethod
-    def from_json(v: object) -> CastsSeen | None:
-        """None: absent (a breakdown or budget from before they were counted) or not one."""
-        if not isinstance(v, Mapping):
-            return None
-        return CastsSeen(tuple(g for x in objs(obj(v).get("groups")) if (g := CastGroup.from_json(x))))
+    groups: tuple[CastGroup, ...] = field(metadata=absent(()) | fitting())
 
 
 def _pure_compiled(g: CastGroup) -> bool:
