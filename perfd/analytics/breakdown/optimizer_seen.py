@@ -7,11 +7,10 @@ a per-parameter ``aten::add_``). perfd.capture.ops reads them off the trace; the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum
-from perfd.core.record_json import JsonWritten, key
+from perfd.core.record_json import JsonRecord, key, or_absent
 
 _STEP_PREFIX = "optimizer.step#"
 
@@ -33,29 +32,17 @@ ADAM_CLASSES = frozenset({"Adam", "AdamW"})
 
 
 @dataclass(frozen=True)
-class OptimizerSeen(JsonWritten):
+class OptimizerSeen(JsonRecord):
     """The optimizer of the captured steps: its class (None: the trace names no one class) and its
     implementation (None: its step launched nothing the trace shows)."""
 
-    cls: str | None = field(metadata=key("class"))
+    cls: str | None = field(metadata=key("class") | or_absent())  # read back: a name, or none
     impl: OptimizerImpl | None
 
     @property
     def fusable(self) -> bool:
         """torch has a fused CUDA kernel for the class, and the job does not run it already."""
         return self.cls in FUSED_ON_CUDA and self.impl is not OptimizerImpl.FUSED
-
-    @staticmethod
-    def from_json(v: object) -> OptimizerSeen | None:
-        """None: absent (a breakdown or budget from before it was kept) or not one."""
-        if not isinstance(v, Mapping):
-            return None
-        cls, impl = v.get("class"), v.get("impl")
-        try:
-            return OptimizerSeen(str(cls) if isinstance(cls, str) and cls else None,
-                                 OptimizerImpl(str(impl)) if impl is not None else None)
-        except ValueError:
-            return None
 
 
 def step_class(annotation: str) -> str | None:
