@@ -331,8 +331,8 @@ class KinetoDaemon:
         self.job_ids: dict[int, int] = {}
         self.sender_pids: dict[int, int] = {}  # first pid -> pid the kernel reported (when known)
         self.intervals: dict[int, float] = {}  # first pid -> seconds between its last two polls
-        # ... and the shortest between two of its polls: the period it polls at (a busy machine only
-        # ever lengthens one)
+        # ... and the shortest between two of its polls: the period it polls at (a busy machine delays a
+        # poll's receipt; only a late receipt followed by a prompt one reads a period short, by that delay)
         self.shortest_intervals: dict[int, float] = {}
         self.errors: dict[str, int] = {}
         self.answers_sent = 0
