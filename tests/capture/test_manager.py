@@ -400,7 +400,8 @@ def test_real_torch_process_end_to_end(tmp_path):
         assert m["status"] == "failed" and "holds no timed event" in (m["reason"] or ""), m
     # The 1 s poll (libkineto's default is 5 s): the shortest period the daemon measured between polls
     # (a loaded machine mostly lengthens one; a 5 s poller reads under 3 s only after a receipt 2 s late),
-    # below the default's: this tells the two settings apart, it times nothing. The capture's latency is its start's time from the request's, not bounded here.
+    # below the default's: this tells the two settings apart, it times nothing. The capture's latency is
+    # its start's time from the request's, not bounded here.
     assert daemon.shortest_intervals[proc.pid] < 3.0
     t = m["timings"]
     started = t["started_at"]
