@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.gpu import host_procs
+from tests.procs import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +23,10 @@ def test_a_runs_leftovers_are_named_and_killed_and_a_busy_neighbour_is_counted()
     run = subprocess.Popen(["bash", "-c", "sleep 300 & exit 0"], start_new_session=True)
     try:
         run.wait(timeout=30)
+        # bash forks its background child, which is named bash until it has exec'd sleep: the leader's
+        # exit does not wait for that (a loaded run once read the leftover as "bash")
+        wait_for(lambda: [n for n, sid, _ in host_procs.snapshot().values() if sid == run.pid] == ["sleep"],
+                 30, "the run's leftover exec'd sleep")
         deadline = time.monotonic() + 60
         while ((s := host_procs.stat_of(neighbour.pid)) is None or s[2] < 0.4) \
                 and time.monotonic() < deadline:
