@@ -79,7 +79,7 @@ ALLOWED: dict[str, str] = {
     "tests/capture/test_manager.py::FakeRank.run": STANDIN,
     "tests/capture/test_manager.py::_session_range_manager.hook.training": STANDIN,
     "tests/capture/test_manager.py::test_nsys_step_aligned_range_through_the_hook.hook.training": STANDIN,
-    "tests/capture/test_manager.py::test_real_torch_process_end_to_end": POLL,
+    "tests/capture/test_kineto_daemon.py::test_real_torch_process_captured_by_the_manager": POLL,
     "tests/capture/test_ncu_capture.py::Job.hook.training": STANDIN,
     "tests/capture/test_nsys_exec.py::test_range_reports_and_wait_stable.grow": STANDIN,
     "tests/captures/test_agent_capture_loop.py::"

@@ -5,9 +5,6 @@ out, with manifests, analyses, events, the busy rule, the quota and argument val
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -21,17 +18,14 @@ from perfd.capture.kineto_daemon import (
     CONFIG_ACTIVITIES,
     CONFIG_EVENTS,
     KinetoDaemon,
-    kineto_env,
-    trace_complete,
 )
 from perfd.capture.manager import CaptureManager
 from perfd.capture.nsys_exec import NsysExecutor, session_name
 from perfd.capture.request import BUSY_REASON, parse_command
 from perfd.capture.store import CaptureStore
 from perfd.transport.codec import Command
-from tests.capture.test_kineto_daemon import FakeLibkineto, start_torch_job, torch_available
+from tests.capture.test_kineto_daemon import FakeLibkineto
 from tests.capture.test_nsys_exec import calls, make_fake_nsys
-from tests.capture.trace_content import holds_ops
 
 TRACE = {"traceEvents": [
     {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 0.0, "dur": 2000.0},
@@ -300,12 +294,14 @@ def _session_range_manager(tmp_path: Path, hook_states: tuple[str, ...], write_r
 
     def hook(rank: int, start: int, n: int) -> tuple[int, int]:
         asked.append((rank, start, n))
+        # The hook's answers before the requester returns (a real one's may race its return: the
+        # manager keeps them): they are in whatever the capture's deadline, however long the stand-in
+        # nsys took to run before this request on a loaded machine.
+        for st in hook_states:
+            mgr.on_hook_event({"kind": "hook_profile", "request_id": 20 + rank, "state": st,
+                               "step": start, "rank": rank, "pid": 10 + rank, "time": time.time()})
 
         def training() -> None:
-            time.sleep(0.1)
-            for st in hook_states:
-                mgr.on_hook_event({"kind": "hook_profile", "request_id": 20 + rank, "state": st,
-                                   "step": start, "rank": rank, "pid": 10 + rank, "time": time.time()})
             time.sleep(0.2)
             out = (state / "sessions" / session_name("job1", rank)).read_text()  # set by nsys start
             if write_report and "started" in hook_states:
@@ -359,57 +355,6 @@ def test_nsys_session_range_without_a_report_times_out_and_disarms(tmp_path):
     m = mgr.store.read(cid)
     assert m["status"] == "timeout" and "session perfd-job1-r1 wrote no report" in (m["reason"] or "")
     assert [c[1] for c in calls(state) if c[0] == "cancel"] == ["--session=perfd-job1-r1"]
-
-
-@pytest.mark.slow
-# One worker runs the real torch processes one after another (`make test` runs pytest-xdist with
-# --dist loadgroup): two at once on a small machine starve each other's traced steps.
-@pytest.mark.xdist_group("torch_processes")
-@pytest.mark.skipif(not torch_available(), reason="torch is not installed (CPU torch enables this test)")
-def test_real_torch_process_end_to_end(tmp_path):
-    sdir = Path(tempfile.mkdtemp(prefix="pk", dir="/tmp"))
-    store = CaptureStore(tmp_path / "captures", 10**8)
-    env = kineto_env(poll_s=1, config_dir=tmp_path, socket_dir=str(sdir), trace_dir=store.root)
-    events: list[dict[str, Any]] = []
-    with KinetoDaemon(socket_dir=str(sdir)) as daemon:
-        proc = start_torch_job(tmp_path, env, 30)
-        mgr = CaptureManager(store, daemon, pids_for_ranks=lambda j, r: {0: proc.pid}, emit=events.append)
-        try:
-            deadline = time.time() + 20
-            while proc.pid not in daemon.requests_seen and time.time() < deadline:
-                time.sleep(0.1)
-            if proc.pid not in daemon.requests_seen:
-                pytest.skip("this torch build never polled the daemon")
-            cid = mgr.handle(Command("capture", "cpu-job", (0,), {"steps": "3", "timeout_s": "40"}))
-            assert cid and mgr.wait_idle(45)
-        finally:
-            mgr.close()
-            proc.kill()
-            proc.communicate()
-            shutil.rmtree(sdir, ignore_errors=True)
-    m = store.read(cid)
-    art = m["artifacts"][0]
-    assert art["name"] == f"rank0_{proc.pid}.json" and trace_complete(art["path"])
-    assert isinstance(json.loads(Path(art["path"]).read_text())["traceEvents"], list)
-    # The verdict the file calls for: analysed where the job's window holds its ops; the rank's miss where
-    # its profiler recorded nothing (a starved CPU job: tests/capture/trace_content.py)
-    recorded = holds_ops(art["path"])
-    if recorded:
-        assert m["status"] == "ok", m["reason"]
-    else:
-        assert m["status"] == "failed" and "holds no timed event" in (m["reason"] or ""), m
-    # The 1 s poll (libkineto's default is 5 s): the shortest period the daemon measured between polls
-    # (a loaded machine mostly lengthens one; a 5 s poller reads under 3 s only after a receipt 2 s late),
-    # below the default's: this tells the two settings apart, it times nothing. The capture's latency is
-    # its start's time from the request's, not bounded here.
-    assert daemon.shortest_intervals[proc.pid] < 3.0
-    t = m["timings"]
-    started = t["started_at"]
-    assert started is not None and m["latency_s"] == round(started - t["requested_at"], 3) >= 0
-    if recorded:
-        assert m["analysis"]["0"]["devices"] == []  # CPU only: no kernels, and nothing invented
-    assert kinds(events) == ["capture_started", "capture_finished" if recorded else "capture_failed"]
-    assert os.path.exists(m["artifacts"][0]["path"])
 
 
 @pytest.mark.slow
