@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfd.aggregator.daemon import Aggregator, AggregatorConfig
@@ -81,7 +81,7 @@ TYPED = [k.name for k in events.KINDS.values() if k.item is not None]
 
 
 @pytest.mark.slow
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=150, derandomize=True)
 @given(kind=st.sampled_from(TYPED), payload=JSON, job=st.sampled_from(["victim", "", "other"]))
 def test_no_payload_raises_past_the_edge(kind: str, payload: Any, job: str) -> None:
     """Whatever the payload, an aggregator takes the batch, its refresh, /metrics and the job's views

@@ -50,8 +50,7 @@ PACK = ROOT / "rules" / "default.yaml"
 
 # derandomize: CI runs the same examples every time (a new failure shows up in a change that causes
 # it, not at random); to explore further, run it locally with derandomize=False.
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                    derandomize=True)
+SETTINGS = settings(max_examples=60, derandomize=True)
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 # What a corrupt or hostile source puts where a number belongs.
@@ -122,7 +121,7 @@ def test_sglang_parser_and_analysis(lines: list[str]) -> None:
     json.loads(finite_json.dumps(build_serving_report(analysis).to_json()))
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.one_of(
     st.text(max_size=300),
     st.builds(lambda pre, mid, post: INSPECTOR[:pre] + mid + INSPECTOR[post:],
@@ -138,7 +137,7 @@ def test_inspector_parser_raises_only_its_own_error(line: str) -> None:
     assert rec.job == "fuzz"
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.lists(st.tuples(st.integers(0, len(FR_DUMP) - 1), st.integers(0, 255)), max_size=8),
        st.integers(0, len(FR_DUMP)))
 def test_flight_recorder_unpickler_and_parser(flips: list[tuple[int, int]], cut: int) -> None:
@@ -154,7 +153,7 @@ def test_flight_recorder_unpickler_and_parser(flips: list[tuple[int, int]], cut:
     assert all(isinstance(v, int) and v > 0 for v in dump.issues.values())
 
 
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.one_of(
     st.text(max_size=200),
     st.text(alphabet="()+-*/<>=! andotr0123456789.gpu_util%ms", max_size=200),
@@ -184,7 +183,7 @@ JOB_INFO_KEYS = st.sampled_from(["layout", "spec", "startup_timers", "log_interv
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.recursive(JSON_VALUES, lambda inner: st.dictionaries(JOB_INFO_KEYS, inner, max_size=5),
                     max_leaves=30))
 def test_job_info_from_the_network_is_decoded_or_refused(obj: object) -> None:
@@ -258,8 +257,8 @@ BODIES = st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=150, derandomize=True,
+          suppress_health_check=[HealthCheck.data_too_large])
 @given(method=st.sampled_from(["POST", "POST", "GET", "PUT"]),
        path=st.sampled_from(["/api/captures", "/api/alertmanager", "/healthz", "/metrics", "/api/jobs",
                              "/api/jobs/x/summary", "/nowhere"]),
@@ -275,7 +274,7 @@ def test_http_bodies_get_an_answer_below_500(api: tuple[int, _Tracebacks], metho
 
 
 @pytest.mark.slow
-@settings(max_examples=100, deadline=None, derandomize=True)
+@settings(max_examples=100, derandomize=True)
 @given(st.one_of(st.binary(max_size=300),
                  st.builds(lambda a, b: b"GET " + a + b" HTTP/1.1\r\n" + b + b"\r\n\r\n",
                            st.binary(max_size=60), st.binary(max_size=120))))

@@ -123,7 +123,7 @@ def _batches(draw: st.DrawFn) -> list[tuple[str, list[int], list[int], list[floa
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=300, derandomize=True)
 @given(_batches())
 def test_columns_keep_the_latest_value_of_each_series_whatever_the_batch_shapes(
         batches: list[tuple[str, list[int], list[int], list[float]]]) -> None:
@@ -222,7 +222,7 @@ def _apply(view: NodeView, op: tuple[object, ...], sid: list[int]) -> None:
         view.forget_agent(str(op[1]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(_OPS, max_size=30))
 def test_a_jobs_nodes_kept_between_reads_are_what_reading_them_afresh_gives(ops: list[tuple[object, ...]]
                                                                             ) -> None:

@@ -220,7 +220,7 @@ _RETENTIONS = st.one_of(st.none(), st.builds(Retention, st.one_of(st.none(), st.
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(_records(), _records(), _records(), _RETENTIONS)
 def test_merge_is_a_join(ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord],
                          bound: Retention | None) -> None:
@@ -260,7 +260,7 @@ def test_a_resolved_hang_stays_resolved_when_the_retention_lets_its_rows_go() ->
 _G = GroupRef("pg0", None, None, None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 5)), st.one_of(st.none(), st.integers(0, 9)),
                           st.booleans()), max_size=30, unique_by=lambda x: (x[1], x[2])),
        st.one_of(st.none(), st.integers(0, 31)))

@@ -212,7 +212,7 @@ def _any_record(draw: st.DrawFn) -> CollectiveRecord:
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(_any_record(), max_size=12))
 def test_any_rows_read_back_equal(recs: list[CollectiveRecord]) -> None:
     p = reduce("j", recs)
@@ -273,7 +273,7 @@ def _colliding(draw: st.DrawFn) -> CollectiveRecord:
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(*(st.lists(_colliding(), max_size=8) for _ in range(3)))
 def test_merge_is_a_join_whatever_two_records_of_one_operation_differ_in(
         ra: list[CollectiveRecord], rb: list[CollectiveRecord], rc: list[CollectiveRecord]) -> None:

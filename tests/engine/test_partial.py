@@ -32,7 +32,7 @@ def _grouped(recs: list[StepRecord], cuts: list[int], order: list[int]) -> list[
     return [partials_of(shuffled[a:b], f"m{a}")[0] for a, b in itertools.pairwise(bounds) if b > a]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.integers(0, 64), max_size=6), st.randoms(use_true_random=False), st.integers(0, 3))
 def test_any_grouping_order_and_redelivery_folds_to_the_single_aggregators_record(cuts, rnd, again):
     order = list(range(len(RANKS)))

@@ -101,7 +101,7 @@ _ANY_VALUE = st.one_of(
 _LIMITS = st.sampled_from([(0.0, bounds.MAX_STEP_MS), (0.0, bounds.MAX_EPOCH_S)])
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=600)
 @given(st.lists(_ANY_VALUE, max_size=12), _LIMITS)
 def test_checking_a_collection_at_once_is_checking_each_value(values: list[object],
                                                               limits: tuple[float, float]) -> None:
