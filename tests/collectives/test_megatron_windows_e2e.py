@@ -1,23 +1,21 @@
-"""End to end on loopback with real processes, the Megatron-LM way: no step hook, the step windows
-come from the job's iteration lines, whose log stamps are whole seconds.
+"""End to end on loopback, the Megatron-LM way: no step hook, the step windows come from the job's
+iteration lines, whose log stamps are whole seconds.
 
-`perfd launch` runs a stand-in Megatron job that replays the recorded 2×H200 Flight Recorder run
-shifted to now: it prints an iteration line at each step boundary of the recording, as it happens,
-then writes the shifted dumps where the launch told it to. The agent (`perfd agent --launch-manifest`)
-tails the log with the launch's line-times sidecar (perfd.core.linetimes) and reads the dumps; the aggregator
-maps the collectives to iterations (both in the test's process, tests/inproc.py; the launch and its job
-are processes). Checked: the iteration end times are the lines' print times (not
-their one-second stamps), and the aggregator's per-iteration shares equal an in-process analysis of
-the same records and step records.
+The launch runs a stand-in Megatron job that replays the recorded 2×H200 Flight Recorder run shifted to
+now: it prints an iteration line at each step boundary of the recording, as it happens, then writes the
+shifted dumps where the launch told it to. The agent (`perfd agent --launch-manifest`) tails the log
+with the launch's line-times sidecar (perfd.core.linetimes) and reads the dumps; the aggregator maps the
+collectives to iterations. The launch, the agent and the aggregator run in the test's process
+(tests/inlaunch.py, tests/inproc.py); the job is a process. Checked: the iteration end times are the
+lines' print times (not their one-second stamps), and the aggregator's per-iteration shares equal an
+in-process analysis of the same records and step records.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,14 +23,15 @@ from typing import Any
 import pytest
 
 from perfd.analytics.collectives.collective_analysis import analyze_collectives
+from perfd.app.launcher import LaunchOptions
 from perfd.collectors.megatron.collector import MegatronCollector
 from perfd.collectors.nccl.flight_recorder import FlightRecorderTracker, load_dump_bytes, parse_dump
 from perfd.core.manifest import load_manifest
 from tests.collectives.collective_helpers import FIXTURES
+from tests.inlaunch import InLaunch
 from tests.inproc import Pipeline, pipeline
-from tests.procs import http_get, stop, wait_for
+from tests.procs import http_get
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 STAND_IN = r"""
@@ -88,30 +87,25 @@ def test_megatron_windows_from_line_times(tmp_path: Path) -> None:
     script.write_text(STAND_IN)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-    log = (tmp_path / "launch.out").open("wb")
-    launch: subprocess.Popen[bytes] | None = None
+    run = tmp_path / "run"
+    job = [sys.executable, str(script), str(FIXTURES / "timing"), str(out)]
+    launch = InLaunch(LaunchOptions(job, job="meg", run_dir=str(run), flight_recorder=str(tmp_path / "fr"),
+                                    agent_socket=str(tmp_path / "hook.sock"), env={"PYTHONUNBUFFERED": "1"}),
+                      tmp_path / "launch.out")
     try:
         with pipeline(tmp_path, "--no-rules") as p:
-            run = tmp_path / "run"
-            launch = subprocess.Popen([sys.executable, "-m", "perfd.app.cli", "launch", "--job", "meg",
-                                       "--run-dir", str(run), "--flight-recorder", str(tmp_path / "fr"),
-                                       "--agent-socket", str(tmp_path / "hook.sock"), "--", sys.executable,
-                                       str(script), str(FIXTURES / "timing"), str(out)],
-                                      cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-            wait_for((run / "launch.json").exists, 30, "launch manifest")
+            launch.start()
+            manifest = launch.manifest_written()
             cfg = tmp_path / "agent.yaml"
             cfg.write_text("batch_interval_s: 0.2\ncollectors:\n  nccl:\n    flight_recorder:\n"
                            "      interval_s: 0.5\n      read_existing: true\n"
                            "  megatron:\n    flush_after_s: 0.5\n")
-            p.agent("--config", cfg, "--launch-manifest", run / "launch.json", "--nvml", "off", "--host",
+            p.agent("--config", cfg, "--launch-manifest", manifest, "--nvml", "off", "--host",
                     "off", "--metrics-port", "-1", "--node", "n1")
-            assert launch.wait(timeout=60) == 0, (tmp_path / "launch.out").read_text()[-2000:]
+            assert launch.wait(60) == 0, launch.output()[-2000:]
             _check(p, tmp_path, run, out)
     finally:
-        if launch is not None:
-            stop(launch)
-        log.close()
+        launch.stop()
 
 
 def _check(p: Pipeline, tmp_path: Path, run: Path, out: Path) -> None:
