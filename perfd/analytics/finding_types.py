@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfd.analytics.common import TextEnum
+from perfd.core.record_json import JsonWritten, unwritten
 
 
 class Severity(TextEnum):
@@ -36,16 +37,6 @@ class FindingOrigin(TextEnum):
     INCIDENT = "incident"
 
 
-def json_fields(obj: Finding | Recommendation) -> dict[str, object]:
-    """A finding's or recommendation's JSON: every field but those marked ``json: False`` (kept in the
-    process)."""
-    d = dataclasses.asdict(obj)
-    for f in dataclasses.fields(obj):
-        if not f.metadata.get("json", True):
-            del d[f.name]
-    return d
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepSpan:
     """The steps a run finding's figures are over, its ``iterations`` where it is shown
@@ -61,8 +52,9 @@ class StepSpan:
 
 
 @dataclass
-class Finding:
-    """An observation with its evidence (numbers and the iterations they cover)."""
+class Finding(JsonWritten):
+    """An observation with its evidence (numbers and the iterations they cover). Its JSON: every field
+    but those kept in the process (``unwritten``), the same whoever made it."""
 
     id: str
     severity: Severity
@@ -71,10 +63,10 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     iterations: str = ""  # e.g. "iterations 5–40 (36 steady)"
     source: str = ""
-    # Kept in the process, not in the JSON (to_json): a finding's JSON is the same whoever made it.
-    origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata={"json": False})
+    # Kept in the process, not in the JSON: a finding's JSON is the same whoever made it.
+    origin: FindingOrigin = field(default=FindingOrigin.RUN, metadata=unwritten())
     # The steps a run finding is over, worded into ``iterations`` where it is shown (None: as it is).
-    steps: StepSpan | None = field(default=None, metadata={"json": False})
+    steps: StepSpan | None = field(default=None, metadata=unwritten())
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Finding:
@@ -83,10 +75,6 @@ class Finding:
         is not a finding."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{**{k: v for k, v in d.items() if k in known}, "severity": Severity(d["severity"])})
-
-    def to_json(self) -> dict[str, object]:
-        """The finding's JSON: every field but those kept in the process."""
-        return json_fields(self)
 
 
 class DataAction(TextEnum):
@@ -110,8 +98,9 @@ class DataLoading:
 
 
 @dataclass
-class Recommendation:
-    """An action, tied to a finding; priority 1 is the first thing to do."""
+class Recommendation(JsonWritten):
+    """An action, tied to a finding; priority 1 is the first thing to do. Its JSON: every field but
+    those kept in the process (``unwritten``)."""
 
     id: str
     finding_id: str
@@ -129,14 +118,10 @@ class Recommendation:
     effort: str | None = None  # perfd.analytics.advice.remedies.Effort value: a flag, an install, code
     # The typed action of a data-loading recommendation, what merges it (order_findings); in the
     # process only: its JSON is the action's words.
-    data_loading: DataLoading | None = field(default=None, metadata={"json": False})
+    data_loading: DataLoading | None = field(default=None, metadata=unwritten())
     # What else makes two recommendations one (an incident's action: its kind, cause and ranks, the
     # inputs its words are made of); in the process only. None: merged with none.
-    same_as: Hashable | None = field(default=None, metadata={"json": False})
-
-    def to_json(self) -> dict[str, object]:
-        """The recommendation's JSON: every field but those kept in the process."""
-        return json_fields(self)
+    same_as: Hashable | None = field(default=None, metadata=unwritten())
 
 
 def order_findings(f: list[Finding], r: list[Recommendation]) -> tuple[list[Finding], list[Recommendation]]:

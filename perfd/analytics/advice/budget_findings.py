@@ -37,6 +37,7 @@ from perfd.analytics.breakdown.capture_match import CAPTURE_COST_FINDING
 from perfd.analytics.breakdown.step_parts import Part
 from perfd.analytics.finding_types import DataAction, DataLoading, Finding, Recommendation, Severity
 from perfd.analytics.ncu.ncu_verdicts import ncu_rows
+from perfd.core.record_json import unwritten
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class BudgetFinding(Finding):
     """One of the budget's findings, its title and observation left to the report (perfd.report.budget_text
     words them from ``facts``); its severity, evidence and source are set here."""
 
-    facts: BudgetFacts | None = field(default=None, metadata={"json": False})
+    facts: BudgetFacts | None = field(default=None, metadata=unwritten())
 
 
 def parts(ctx: BudgetContext) -> Out:
@@ -172,7 +173,7 @@ class RemedyRecommendation(Recommendation):
     """A remedy fitted to the job, its action and detail left to the report (perfd.report.remedy_text
     words them from ``facts``); its typed fields (remedy, gain, flags, needs, effort) are set here."""
 
-    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+    facts: RemedyFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
@@ -180,7 +181,7 @@ class SmallerRemedies(Finding):
     """The remedies whose gain is within a rerun's spread, in one finding: its title, observation and
     evidence left to the report (perfd.report.remedy_text)."""
 
-    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+    facts: RemedyFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
@@ -189,7 +190,7 @@ class UnmodelledRemedies(Finding):
     named, never a recommendation ordered by a gain they do not have (the plan lists them apart too:
     Plan.unmodelled). Its title, observation and evidence are the report's (perfd.report.remedy_text)."""
 
-    facts: RemedyFacts | None = field(default=None, metadata={"json": False})
+    facts: RemedyFacts | None = field(default=None, metadata=unwritten())
 
 
 def remedies(ctx: BudgetContext) -> Out:

@@ -36,6 +36,7 @@ from perfd.analytics.breakdown.device_breakdown import DeviceBreakdown
 from perfd.analytics.common import BACKWARD_COMPUTE, FORWARD_COMPUTE
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
 from perfd.core.model import StepRecord
+from perfd.core.record_json import unwritten
 
 SLOWER_THAN_STEADY = 1.3  # kernel time per captured iteration ÷ the job's steady compute
 
@@ -55,7 +56,7 @@ class SlowerFacts:
 class SlowerFinding(Finding):
     """The capture's slower-than-steady finding, its title and observation left to the report."""
 
-    facts: SlowerFacts | None = field(default=None, metadata={"json": False})
+    facts: SlowerFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass

@@ -32,7 +32,7 @@ from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Severity
 from perfd.analytics.steps.gpus import GPU_TABLE
 from perfd.core.model import JobInfo
-from perfd.core.record_json import JsonWritten, written_after
+from perfd.core.record_json import JsonWritten, unwritten, written_after
 
 # The id of the finding that reads a capture's extra step time as the profiler's cost
 # (perfd.analytics.advice.budget_findings.capture_cost): a capture whose steps are not the job's
@@ -260,7 +260,7 @@ class MatchFinding(Finding):
     """The finding that a capture is not of the job (or not of its steady steps), its title and
     observation left to where it is shown (perfd.report.capture_text words them from ``facts``)."""
 
-    facts: MatchFacts | None = field(default=None, metadata={"json": False})
+    facts: MatchFacts | None = field(default=None, metadata=unwritten())
 
 
 def finding(m: CaptureMatch, forced: bool, label: str = "") -> MatchFinding | None:

@@ -10,6 +10,7 @@ from perfd.analytics.collectives.bandwidth import GroupBandwidth
 from perfd.analytics.collectives.collective_hangs import HangView
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Finding, Recommendation
+from perfd.core.record_json import unwritten
 
 
 class ShareAbsent(TextEnum):
@@ -94,11 +95,11 @@ CollectiveRecFacts = HangFacts | DpShareFacts | BandwidthFacts | TpNodesFacts | 
 class CollectiveFinding(Finding):
     """A collective finding with its title and observation left to where it is served."""
 
-    facts: CollectiveFacts | None = field(default=None, metadata={"json": False})
+    facts: CollectiveFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
 class CollectiveRecommendation(Recommendation):
     """A collective recommendation with its action and detail left to where it is served."""
 
-    facts: CollectiveRecFacts | None = field(default=None, metadata={"json": False})
+    facts: CollectiveRecFacts | None = field(default=None, metadata=unwritten())

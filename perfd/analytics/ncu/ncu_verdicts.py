@@ -35,7 +35,7 @@ from perfd.analytics.breakdown.budget import StepBudget
 from perfd.analytics.breakdown.kernel_rows import RowVerdict, figure, verdict_of
 from perfd.analytics.breakdown.ncu_rows import CategorySummary, Coverage
 from perfd.analytics.finding_types import Finding, Recommendation, Severity
-from perfd.core.record_json import JsonWritten
+from perfd.core.record_json import JsonWritten, unwritten
 
 CLASS_COVERAGE = th.NCU_CLASS_COVERAGE.value
 # NVIDIA's kernel bound -> the class ncu rows vote for (the registry's ClassEntry.ncu_bound)
@@ -66,14 +66,14 @@ class NcuFinding(Finding):
     """An Nsight Compute verdict's finding: its title, observation and evidence's coverage sentence are
     the report's (perfd.report.ncu_text), from ``facts``."""
 
-    facts: PartVerdict | None = field(default=None, metadata={"json": False})
+    facts: PartVerdict | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
 class NcuRecommendation(Recommendation):
     """What an Nsight Compute verdict calls for, its action and detail left to the report."""
 
-    facts: PartVerdict | None = field(default=None, metadata={"json": False})
+    facts: PartVerdict | None = field(default=None, metadata=unwritten())
 
 
 def _f(v: float | None) -> float | None:

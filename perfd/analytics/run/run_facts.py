@@ -14,6 +14,7 @@ from perfd.analytics.incidents.cadence import CadencePause
 from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.beat import SlowSteps
 from perfd.analytics.steps.untimed import Untimed
+from perfd.core.record_json import unwritten
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,11 +233,11 @@ class RunFinding(Finding):
     """One of the run's findings with its title and observation left to the report
     (perfd.report.finding_text words them from ``facts``)."""
 
-    facts: RunFacts | None = field(default=None, metadata={"json": False})
+    facts: RunFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
 class RunRecommendation(Recommendation):
     """One of the run's recommendations with its action and detail left to the report."""
 
-    facts: RunRecFacts | None = field(default=None, metadata={"json": False})
+    facts: RunRecFacts | None = field(default=None, metadata=unwritten())

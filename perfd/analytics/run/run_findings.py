@@ -75,6 +75,7 @@ from perfd.analytics.steps.stragglers import rank_order
 from perfd.analytics.steps.untimed import names, untimed_groups
 from perfd.analytics.steps.vocabulary import FRAMEWORK_VOCABULARIES, MEGATRON_VOCABULARY
 from perfd.core.model import CPU, JobInfo
+from perfd.core.record_json import unwritten
 
 if TYPE_CHECKING:
     from perfd.analytics.run.run_result import RunAnalysis
@@ -90,7 +91,7 @@ class QuotingFinding(RunFinding):
     lead and a code, as a metric's source or an iteration's exclusion): they are worded where the
     finding is shown (perfd.report.build_report appends them to ``observation``, "; " between)."""
 
-    quotes: tuple[tuple[str, Cited], ...] = field(default=(), metadata={"json": False})
+    quotes: tuple[tuple[str, Cited], ...] = field(default=(), metadata=unwritten())
 
 
 @dataclass(frozen=True)

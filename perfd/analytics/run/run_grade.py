@@ -20,6 +20,7 @@ from perfd.analytics.run.runs import Runs
 from perfd.analytics.steps.flops import MfuConvention
 from perfd.analytics.steps.provenance import Cited
 from perfd.analytics.steps.untimed import Untimed
+from perfd.core.record_json import unwritten
 
 
 def grade_mfu(mfu: float | None, steady_steps: int | None = None) -> Grade:
@@ -146,11 +147,11 @@ class MfuFinding(Finding):
     """One of the run's MFU findings (its grade, or the check of its throughput) with its title and
     observation left to the report (perfd.report.grade_text words them from ``facts``)."""
 
-    facts: MfuFacts | CrosscheckFacts | None = field(default=None, metadata={"json": False})
+    facts: MfuFacts | CrosscheckFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass
 class CrosscheckRecommendation(Recommendation):
     """What to check where the throughput disagrees, its action and detail left to the report."""
 
-    facts: CrosscheckFacts | None = field(default=None, metadata={"json": False})
+    facts: CrosscheckFacts | None = field(default=None, metadata=unwritten())

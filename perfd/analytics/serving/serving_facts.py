@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from perfd.analytics.common import TextEnum
 from perfd.analytics.finding_types import Recommendation
+from perfd.core.record_json import unwritten
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,4 +112,4 @@ class ServingStatus(TextEnum):
 class ServingRecommendation(Recommendation):
     """A serving recommendation with its action and detail left to the report."""
 
-    facts: ServingRecFacts | None = field(default=None, metadata={"json": False})
+    facts: ServingRecFacts | None = field(default=None, metadata=unwritten())

@@ -30,6 +30,7 @@ from perfd.analytics.serving.serving_facts import (
 )
 from perfd.analytics.serving.spec import MetricValue
 from perfd.analytics.steps.provenance import Cited
+from perfd.core.record_json import unwritten
 from perfd.core.serving_records import ServerInfo
 
 # Thresholds: perfd/analytics/thresholds.py (declared once; rules/serving.yaml is checked against it).
@@ -64,11 +65,11 @@ class ServingFinding(Finding):
     .shown_finding): ``span`` becomes ``iterations``, ``cited`` its ``source``, ``facts`` its title and
     observation, and ``quotes`` fill the ``{}`` of that observation in order (None: nothing to quote)."""
 
-    span: Cited | None = field(default=None, metadata={"json": False})
-    cited: Cited | None = field(default=None, metadata={"json": False})
-    quotes: tuple[Cited | None, ...] = field(default=(), metadata={"json": False})
+    span: Cited | None = field(default=None, metadata=unwritten())
+    cited: Cited | None = field(default=None, metadata=unwritten())
+    quotes: tuple[Cited | None, ...] = field(default=(), metadata=unwritten())
     # the finding's kind and numbers: its title and observation are the report's (perfd.report.serving_text)
-    facts: ServingFacts | None = field(default=None, metadata={"json": False})
+    facts: ServingFacts | None = field(default=None, metadata=unwritten())
 
 
 @dataclass(frozen=True)
