@@ -237,13 +237,9 @@ class CollectiveStore:
     def fold_counts(self) -> dict[str, int]:
         """The window folds' counters over every job, and the operations waiting (for /api/stats)."""
         with self._lock:
-            total = FoldCounts()
-            pending = 0
-            for jc in self.jobs.values():
-                if jc.fold is not None:
-                    pending += jc.fold.pending
-                    for k, v in vars(jc.fold.counts).items():
-                        setattr(total, k, getattr(total, k) + v)
+            folds = [jc.fold for jc in self.jobs.values() if jc.fold is not None]
+            total = FoldCounts.summed(f.counts for f in folds)
+            pending = sum(f.pending for f in folds)
         return {**total.to_json(), "pending": pending}
 
     def add_hang_event(self, agent_id: str, ev: Mapping[str, object]) -> None:

@@ -4,6 +4,7 @@ why (pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -27,5 +28,14 @@ class FoldCounts:
     # (rank, window) settled with the figures its provisional row handed on had: not handed on again
     settled_as_handed: int = 0
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int]:  # every counter: an int, as the engine's stats type them
         return dict(vars(self))
+
+    @staticmethod
+    def summed(counts: Iterable[FoldCounts]) -> FoldCounts:
+        """Every counter added over ``counts`` (several jobs' folds: one figure for /api/stats)."""
+        total = FoldCounts()
+        for c in counts:
+            for k, v in vars(c).items():
+                setattr(total, k, getattr(total, k) + v)
+        return total

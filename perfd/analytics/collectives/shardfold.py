@@ -138,11 +138,7 @@ class ShardCollectives:
     def fold_counts(self) -> dict[str, int]:
         """Its folds' counters summed over the jobs it holds (a shard's stats: where a window's figures
         went, as the root's /api/stats says of its own fold)."""
-        total = FoldCounts()
-        for j in self.jobs.values():
-            for k, v in vars(j.fold.counts).items():
-                setattr(total, k, getattr(total, k) + v)
-        return total.to_json()
+        return FoldCounts.summed(j.fold.counts for j in self.jobs.values()).to_json()
 
     def frontier(self, job: str, rank: int) -> int | None:
         """The enqueue time up to which the rank's operations are folded and handed on (None: none)."""
